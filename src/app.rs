@@ -1,0 +1,64 @@
+//! The application context shared by every stage and handler.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::availability::{AvailabilityContext, DeviceInfo};
+use crate::config::RuntimeConfig;
+use crate::error::{Error, Result};
+use crate::exposure::Ranker;
+use crate::harness::Harness;
+use crate::registry::{ErrorClass, Registry, ToolError};
+use crate::store::{RunRow, Store};
+use crate::workspace::Workspace;
+
+/// Everything the chain needs, cheap to clone (typed axum state).
+#[derive(Clone)]
+pub struct App {
+    /// Storage.
+    pub store: Store,
+    /// What exists.
+    pub registry: Arc<Registry>,
+    /// Orders candidates when more than 20 are available.
+    pub ranker: Arc<dyn Ranker>,
+    /// Runs cleared invocations.
+    pub harness: Arc<Harness>,
+    /// Settings.
+    pub config: Arc<RuntimeConfig>,
+    /// Cancelled when the server shuts down (ends SSE streams and workers).
+    pub shutdown: CancellationToken,
+}
+
+impl App {
+    /// The availability context of a run: its owner and its device (the server host when
+    /// the run names none).
+    pub async fn availability_context(&self, user_id: &str, device_id: Option<&str>) -> Result<AvailabilityContext> {
+        let device = match device_id {
+            None => DeviceInfo::local(),
+            Some(id) if id == crate::availability::LOCAL_DEVICE_ID => DeviceInfo::local(),
+            Some(id) => {
+                let row = self.store.device_for(user_id, id).await?.ok_or(Error::NotFound("device"))?;
+                let capabilities: Vec<String> = serde_json::from_str(&row.capabilities).unwrap_or_default();
+                DeviceInfo { id: row.id, local: false, capabilities }
+            }
+        };
+        Ok(AvailabilityContext { user_id: user_id.to_owned(), device })
+    }
+
+    /// Opens the run's workspace root on this host.
+    pub async fn workspace_of(&self, run: &RunRow) -> Result<Workspace> {
+        let ws = self
+            .store
+            .workspace_for(&run.owner_id, &run.workspace_id)
+            .await?
+            .ok_or(Error::NotFound("workspace"))?;
+        Workspace::open(std::path::Path::new(&ws.path)).map_err(|e| {
+            Error::Tool(ToolError::new(
+                ErrorClass::Unavailable,
+                "workspace_unavailable",
+                format!("workspace {} at {} cannot be opened: {e}", ws.id, ws.path),
+            ))
+        })
+    }
+}

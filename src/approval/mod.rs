@@ -1,0 +1,86 @@
+//! Policy / Approval: one concrete frozen call, not a standing pass.
+//!
+//! A grant names the frozen triple `tool_id + tool_call_id + input_hash`; the store compares
+//! all three with the invocation itself, atomically, and the grant is used once: the harness
+//! claims the invocation with a compare-and-set, and its claim requires a granted approval
+//! whose triple equals the invocation's ([`crate::store::Store::claim_next`]). There is no
+//! matcher on `tool_id + input_hash` anywhere, so a grant can never be reused by another
+//! call with the same input (the "approval identity drift" of the original product).
+
+pub mod policy;
+
+use serde_json::json;
+
+use crate::app::App;
+use crate::error::{Error, Result};
+use crate::store::{ApprovalRow, DecideOutcome, GrantRequest};
+
+/// Who decides, for the record.
+#[derive(Debug, Clone)]
+pub struct Decider<'a> {
+    /// The deciding user (must own the approval).
+    pub user_id: &'a str,
+    /// The token used.
+    pub token_id: &'a str,
+}
+
+/// Grants approval `id` if `triple` equals the frozen invocation; wakes the harness.
+///
+/// Errors: 404; 409 `approval_mismatch` (nothing changed), `approval_decided`,
+/// `approval_expired`.
+pub async fn grant(app: &App, who: &Decider<'_>, id: &str, triple: &GrantRequest<'_>) -> Result<ApprovalRow> {
+    let outcome = app.store.grant_approval(who.user_id, id, triple, who.user_id, who.token_id).await?;
+    let row = settle(outcome, Some(triple))?;
+    app.harness.wake();
+    Ok(row)
+}
+
+/// Denies approval `id`. Errors: 404; 409 `approval_decided`, `approval_expired`.
+pub async fn deny(app: &App, who: &Decider<'_>, id: &str, reason: Option<&str>) -> Result<ApprovalRow> {
+    let outcome = app.store.deny_approval(who.user_id, id, reason, who.user_id, who.token_id).await?;
+    settle(outcome, None)
+}
+
+fn settle(outcome: DecideOutcome, triple: Option<&GrantRequest<'_>>) -> Result<ApprovalRow> {
+    match outcome {
+        DecideOutcome::Decided(row) => Ok(row),
+        DecideOutcome::NotFound => Err(Error::NotFound("approval")),
+        DecideOutcome::Mismatch(row) => {
+            let given = triple.map(|t| json!({"tool_id": t.tool_id, "tool_call_id": t.tool_call_id, "input_hash": t.input_hash}));
+            let mismatched: Vec<&str> = triple
+                .map(|t| {
+                    [
+                        ("tool_id", t.tool_id != row.tool_id),
+                        ("tool_call_id", t.tool_call_id != row.tool_call_id),
+                        ("input_hash", t.input_hash != row.input_hash),
+                    ]
+                    .into_iter()
+                    .filter_map(|(name, differs)| differs.then_some(name))
+                    .collect()
+                })
+                .unwrap_or_default();
+            Err(Error::conflict(
+                "approval_mismatch",
+                format!(
+                    "the grant does not name this approval's frozen invocation ({} differ); nothing was granted",
+                    mismatched.join(", ")
+                ),
+                json!({"approval_id": row.id, "mismatched": mismatched, "given": given}),
+            ))
+        }
+        DecideOutcome::AlreadyDecided(row) => Err(Error::conflict(
+            "approval_decided",
+            format!("approval {} was already decided: {}", row.id, decision_word(&row)),
+            json!({"approval_id": row.id, "status": row.status, "invocation_status": row.invocation_status}),
+        )),
+        DecideOutcome::Expired(row) => Err(Error::conflict(
+            "approval_expired",
+            format!("approval {} expired at {}", row.id, row.expires_at),
+            json!({"approval_id": row.id, "expires_at": row.expires_at}),
+        )),
+    }
+}
+
+fn decision_word(row: &ApprovalRow) -> String {
+    if row.status == "pending" { format!("invocation is {}", row.invocation_status) } else { row.status.clone() }
+}

@@ -1,0 +1,38 @@
+//! The approval policy: does this frozen call need a person's decision?
+//!
+//! Rules are evaluated independently and the strictest answer wins. Only registry facts
+//! count — the tool's declared `requires_approval`, its kind and its domain. Nothing in the
+//! input (a `"requires_approval": false` field) and nothing a tool server says (an MCP
+//! `readOnlyHint`) is ever consulted, so nothing the model or a server says can lower the bar.
+
+use crate::registry::{ToolKind, ToolSpec};
+
+/// Domains whose every call changes the world and therefore always needs approval.
+pub const ALWAYS_APPROVE_DOMAINS: [&str; 2] = ["edit", "terminal"];
+
+/// The policy's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Runs without approval (read tools inside the workspace).
+    Skip,
+    /// Waits for an exact-invocation approval.
+    NeedsApproval {
+        /// Why, one line per rule that demanded it.
+        reasons: Vec<String>,
+    },
+}
+
+/// Decides for a tool (see the module docs).
+pub fn decide(spec: &ToolSpec) -> Decision {
+    let mut reasons = Vec::new();
+    if spec.requires_approval {
+        reasons.push(format!("{} requires approval for every call", spec.id));
+    }
+    if ALWAYS_APPROVE_DOMAINS.contains(&spec.domain.as_str()) {
+        reasons.push(format!("{} tools always need approval", spec.domain));
+    }
+    if spec.kind == ToolKind::McpProjection {
+        reasons.push("every External MCP call needs approval, whatever the server's annotations say".to_owned());
+    }
+    if reasons.is_empty() { Decision::Skip } else { Decision::NeedsApproval { reasons } }
+}

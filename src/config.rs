@@ -1,0 +1,90 @@
+//! Service configuration: flags with environment fallbacks (`mira serve --help`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Settings of `mira serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "MIRA_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub storage: StorageConfig,
+    /// Folder registered as the default workspace (default: the current directory).
+    #[arg(long, env = "MIRA_WORKSPACE")]
+    pub workspace: Option<PathBuf>,
+    /// Folders under which users may register their own workspaces (colon-separated).
+    /// Admins may register any folder.
+    #[arg(long, env = "MIRA_WORKSPACE_ROOTS", value_delimiter = ':')]
+    pub workspace_roots: Vec<PathBuf>,
+    /// Seconds an approval stays pending before it expires.
+    #[arg(long, env = "MIRA_APPROVAL_TTL_SECS", default_value_t = 3600)]
+    pub approval_ttl_secs: u64,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "MIRA_BODY_LIMIT", default_value_t = 8 * 1024 * 1024)]
+    pub body_limit: usize,
+    /// Seconds a non-streaming request may take.
+    #[arg(long, env = "MIRA_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+    pub request_timeout_secs: u64,
+    /// Seconds one tool execution may take before it is cancelled and failed.
+    #[arg(long, env = "MIRA_EXECUTION_TIMEOUT_SECS", default_value_t = 600)]
+    pub execution_timeout_secs: u64,
+    /// Tool executions running at once on this server.
+    #[arg(long, env = "MIRA_EXECUTION_CONCURRENCY", default_value_t = 16)]
+    pub execution_concurrency: usize,
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "MIRA_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+/// Where data lives.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StorageConfig {
+    /// Data folder: the SQLite database, the admin token, the node id.
+    #[arg(long, env = "MIRA_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+    /// `postgres://…` for hosted deployments; default SQLite at `<data-dir>/mira.db`.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+}
+
+impl StorageConfig {
+    /// The database URL in force.
+    pub fn url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => {
+                let path = self.data_dir.join("mira.db");
+                format!("sqlite://{}?mode=rwc", path.display())
+            }
+        }
+    }
+}
+
+/// Runtime settings derived from [`ServeConfig`], shared by the chain.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Approval TTL in seconds.
+    pub approval_ttl_secs: u64,
+    /// Per-execution time limit in seconds.
+    pub execution_timeout_secs: u64,
+    /// Concurrent executions.
+    pub execution_concurrency: usize,
+    /// Folders under which non-admins may register workspaces.
+    pub workspace_roots: Vec<PathBuf>,
+    /// Largest task text accepted for a turn, in bytes.
+    pub max_task_bytes: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            approval_ttl_secs: 3600,
+            execution_timeout_secs: 600,
+            execution_concurrency: 16,
+            workspace_roots: Vec::new(),
+            max_task_bytes: 64 * 1024,
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The chain's error type. Every stage returns [`Error`]; `crate::http::error` maps it to
+//! an HTTP status and the `{"error": {code, message, details}}` body in one place.
+
+use serde_json::Value;
+
+use crate::registry::ToolError;
+use crate::store::StoreError;
+
+/// An error of the chain, with a stable machine-readable code.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Missing, malformed or unknown bearer token (401).
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// The caller may not do this (403; only for admin-only actions, never to hide objects).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The object does not exist or is not the caller's (404).
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// The request is malformed (400).
+    #[error("{message}")]
+    BadRequest {
+        /// Stable code.
+        code: &'static str,
+        /// Human sentence.
+        message: String,
+        /// Structured details.
+        details: Value,
+    },
+    /// The request conflicts with stored state (409).
+    #[error("{message}")]
+    Conflict {
+        /// Stable code (`tool_call_id_conflict`, `not_exposed`, `approval_mismatch`…).
+        code: &'static str,
+        /// Human sentence.
+        message: String,
+        /// Structured details.
+        details: Value,
+    },
+    /// The input fails the tool's JSON Schema (422).
+    #[error("input does not match the tool's input schema")]
+    InputInvalid {
+        /// One line per violation, each naming its location.
+        errors: Vec<String>,
+    },
+    /// Too large (413).
+    #[error("{message}")]
+    TooLarge {
+        /// Stable code.
+        code: &'static str,
+        /// Human sentence.
+        message: String,
+    },
+    /// A tool refused the input while freezing.
+    #[error("{0}")]
+    Tool(ToolError),
+    /// The store failed (503 when unreachable, else 500; details are logged, not returned).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A bug or an unexpected condition (500; logged, not returned).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// A 400 with code and message.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Error::BadRequest { code, message: message.into(), details: Value::Null }
+    }
+
+    /// A 409 with code, message and details.
+    pub fn conflict(code: &'static str, message: impl Into<String>, details: Value) -> Self {
+        Error::Conflict { code, message: message.into(), details }
+    }
+}
+
+impl From<ToolError> for Error {
+    fn from(e: ToolError) -> Self {
+        Error::Tool(e)
+    }
+}
+
+/// Result of a chain operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

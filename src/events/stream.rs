@@ -1,0 +1,59 @@
+//! Following a run's event log: stored events after an id, then new ones as they commit.
+
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{EventRow, Store, StoreError};
+
+/// Events read from the store per query.
+const BATCH: i64 = 500;
+/// A follower re-reads the store at least this often even without a wake-up.
+const POLL: Duration = Duration::from_secs(5);
+
+/// A stream of `run_id`'s events with id > `after`, in id order, without gaps or repeats:
+/// first what is stored, then each newly committed event. Ends when the receiver is dropped,
+/// on `shutdown`, or after a store error (yielded as the last item).
+pub fn follow(store: Store, run_id: String, after: i64, shutdown: CancellationToken) -> ReceiverStream<Result<EventRow, StoreError>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        // Subscribe before the first read so that nothing committed in between is missed.
+        let mut signals = store.bus().subscribe();
+        let mut last = after;
+        loop {
+            let batch = match store.events_after(&run_id, last, BATCH).await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            let full = batch.len() as i64 == BATCH;
+            for event in batch {
+                last = event.seq;
+                if tx.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+            if full {
+                continue;
+            }
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(POLL) => break,
+                    signal = signals.recv() => match signal {
+                        Ok(s) if s.run_id == run_id && s.seq > last => break,
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                }
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}

@@ -1,0 +1,190 @@
+//! Approvals: the inbox, grant (echoing the exact triple) and deny.
+
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::AuthUser;
+use super::error::{Json, Path, Query};
+use crate::app::App;
+use crate::approval::{self, Decider};
+use crate::error::{Error, Result};
+use crate::store::{json_col, ApprovalRow, GrantRequest};
+
+/// The frozen invocation an approval is about.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct FrozenCall {
+    /// `inv_…`
+    pub invocation_id: String,
+    /// Turn.
+    pub turn_id: String,
+    /// Tool id.
+    pub tool_id: String,
+    /// Call id.
+    pub tool_call_id: String,
+    /// Input hash.
+    pub input_hash: String,
+    /// Canonical input: what will run, exactly.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// Invocation status.
+    pub status: String,
+}
+
+/// An approval request with the whole frozen invocation.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ApprovalView {
+    /// `apr_…`
+    pub id: String,
+    /// Run.
+    pub run_id: String,
+    /// `pending|granted|denied|expired|cancelled`.
+    pub status: String,
+    /// The frozen call.
+    pub invocation: FrozenCall,
+    /// Why approval is needed and tool-specific facts (diff preview, real cwd…).
+    #[schema(value_type = Object)]
+    pub preview: Value,
+    /// RFC 3339 expiry.
+    pub expires_at: String,
+    /// Deciding user.
+    pub decided_by: Option<String>,
+    /// Deciding token id.
+    pub decided_token_id: Option<String>,
+    /// RFC 3339.
+    pub decided_at: Option<String>,
+    /// Deny reason.
+    pub reason: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+fn view(row: ApprovalRow) -> Result<ApprovalView> {
+    Ok(ApprovalView {
+        invocation: FrozenCall {
+            invocation_id: row.invocation_id,
+            turn_id: row.turn_id,
+            tool_id: row.tool_id,
+            tool_call_id: row.tool_call_id,
+            input_hash: row.input_hash,
+            input: json_col(&row.input)?,
+            status: row.invocation_status,
+        },
+        preview: row.preview.as_deref().map(json_col).transpose()?.unwrap_or(Value::Null),
+        id: row.id,
+        run_id: row.run_id,
+        status: row.status,
+        expires_at: row.expires_at,
+        decided_by: row.decided_by,
+        decided_token_id: row.decided_token_id,
+        decided_at: row.decided_at,
+        reason: row.reason,
+        created_at: row.created_at,
+    })
+}
+
+/// Query of the inbox.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalQuery {
+    /// Only this status.
+    pub status: Option<String>,
+    /// Only this run.
+    pub run_id: Option<String>,
+    /// Page size (1–200, default 50).
+    pub limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// `{"approvals": [...], "next_cursor"}`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ApprovalList {
+    /// Oldest first.
+    pub approvals: Vec<ApprovalView>,
+    /// Cursor of the next page.
+    pub next_cursor: Option<String>,
+}
+
+const STATUSES: [&str; 5] = ["pending", "granted", "denied", "expired", "cancelled"];
+
+/// The caller's approvals.
+#[utoipa::path(get, path = "/v1/approvals", tag = "approvals", params(ApprovalQuery),
+    responses((status = 200, body = ApprovalList), (status = 400)), security(("bearer" = [])))]
+pub async fn list_approvals(State(app): State<App>, user: AuthUser, Query(q): Query<ApprovalQuery>) -> Result<Json<ApprovalList>> {
+    if let Some(s) = &q.status {
+        if !STATUSES.contains(&s.as_str()) {
+            return Err(Error::bad_request("invalid_query", format!("status must be one of {}", STATUSES.join(", "))));
+        }
+    }
+    let page = super::Page { limit: q.limit, cursor: q.cursor };
+    let limit = page.limit()?;
+    let rows = app.store.list_approvals(&user.user_id, q.status.as_deref(), q.run_id.as_deref(), page.cursor.as_deref(), limit + 1).await?;
+    let (rows, next_cursor) = super::Page::split(rows, limit, |r| r.id.clone());
+    Ok(Json(ApprovalList { approvals: rows.into_iter().map(view).collect::<Result<_>>()?, next_cursor }))
+}
+
+/// One approval.
+#[utoipa::path(get, path = "/v1/approvals/{approval_id}", tag = "approvals", params(("approval_id" = String, Path)),
+    responses((status = 200, body = ApprovalView), (status = 404)), security(("bearer" = [])))]
+pub async fn get_approval(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<ApprovalView>> {
+    let row = app.store.approval_for(&user.user_id, &id).await?.ok_or(Error::NotFound("approval"))?;
+    Ok(Json(view(row)?))
+}
+
+/// Body of a grant: the triple the approver saw. Any other field is refused: the approver
+/// cannot edit the call.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrantBody {
+    /// Must equal the frozen tool id.
+    pub tool_id: String,
+    /// Must equal the frozen call id.
+    pub tool_call_id: String,
+    /// Must equal the frozen input hash.
+    pub input_hash: String,
+}
+
+/// Grants one frozen invocation, once.
+#[utoipa::path(post, path = "/v1/approvals/{approval_id}/grant", tag = "approvals", params(("approval_id" = String, Path)),
+    request_body = GrantBody,
+    responses((status = 200, body = ApprovalView), (status = 404),
+        (status = 409, description = "approval_mismatch, approval_decided or approval_expired")),
+    security(("bearer" = [])))]
+pub async fn grant(State(app): State<App>, user: AuthUser, Path(id): Path<String>, Json(body): Json<GrantBody>) -> Result<Json<ApprovalView>> {
+    let who = Decider { user_id: &user.user_id, token_id: &user.token_id };
+    let triple = GrantRequest { tool_id: &body.tool_id, tool_call_id: &body.tool_call_id, input_hash: &body.input_hash };
+    Ok(Json(view(approval::grant(&app, &who, &id, &triple).await?)?))
+}
+
+/// Body of a deny.
+#[derive(Deserialize, utoipa::ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DenyBody {
+    /// Why (at most 2,000 characters).
+    pub reason: Option<String>,
+}
+
+/// Denies one frozen invocation.
+#[utoipa::path(post, path = "/v1/approvals/{approval_id}/deny", tag = "approvals", params(("approval_id" = String, Path)),
+    request_body = DenyBody,
+    responses((status = 200, body = ApprovalView), (status = 404), (status = 409, description = "approval_decided or approval_expired")),
+    security(("bearer" = [])))]
+pub async fn deny(State(app): State<App>, user: AuthUser, Path(id): Path<String>, Json(body): Json<DenyBody>) -> Result<Json<ApprovalView>> {
+    if body.reason.as_ref().is_some_and(|r| r.len() > 2000) {
+        return Err(Error::bad_request("invalid_request", "reason must be at most 2000 characters"));
+    }
+    let who = Decider { user_id: &user.user_id, token_id: &user.token_id };
+    Ok(Json(view(approval::deny(&app, &who, &id, body.reason.as_deref()).await?)?))
+}
+
+/// Routes of this module.
+pub fn router() -> OpenApiRouter<App> {
+    OpenApiRouter::new()
+        .routes(routes!(list_approvals))
+        .routes(routes!(get_approval))
+        .routes(routes!(grant))
+        .routes(routes!(deny))
+}

@@ -1,0 +1,178 @@
+//! Invocations: freeze a call, read it back, cancel it.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::AuthUser;
+use super::error::{Json, Path, Query};
+use super::runs::owned_run;
+use super::Page;
+use crate::app::App;
+use crate::error::{Error, Result};
+use crate::invocation::{self, CallRequest};
+use crate::store::{json_col, InvocationRow};
+
+/// Body of `POST /v1/runs/{run_id}/invocations`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateInvocation {
+    /// The turn whose exposure showed the tool.
+    pub turn_id: String,
+    /// Tool id, or the exposure's `function_name` for it.
+    pub tool_id: String,
+    /// The model's call id (1–256 bytes, unique per run).
+    pub tool_call_id: String,
+    /// The tool input.
+    #[schema(value_type = Object)]
+    pub input: Value,
+}
+
+/// A frozen invocation.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct InvocationView {
+    /// `inv_…`
+    pub invocation_id: String,
+    /// The run.
+    pub run_id: String,
+    /// The turn.
+    pub turn_id: String,
+    /// Tool id.
+    pub tool_id: String,
+    /// Call id.
+    pub tool_call_id: String,
+    /// SHA-256 of the canonical `{"input", "tool_id"}` (RFC 8785).
+    pub input_hash: String,
+    /// Canonical input as frozen.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// `awaiting_approval|queued|running|completed|failed|denied|expired|cancelled|interrupted`.
+    pub status: String,
+    /// The approval request, when the call needs one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<String>,
+    /// `{ok, output, error?}` when finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    /// Evidence produced.
+    pub evidence_ids: Vec<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+    /// RFC 3339.
+    pub started_at: Option<String>,
+    /// RFC 3339.
+    pub finished_at: Option<String>,
+}
+
+/// Builds the view of a stored invocation.
+pub fn view(row: InvocationRow, approval_id: Option<String>, evidence_ids: Vec<String>) -> Result<InvocationView> {
+    Ok(InvocationView {
+        input: json_col(&row.input)?,
+        result: row.result.as_deref().map(json_col).transpose()?,
+        invocation_id: row.id,
+        run_id: row.run_id,
+        turn_id: row.turn_id,
+        tool_id: row.tool_id,
+        tool_call_id: row.tool_call_id,
+        input_hash: row.input_hash,
+        status: row.status,
+        approval_id,
+        evidence_ids,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        started_at: row.started_at,
+        finished_at: row.finished_at,
+    })
+}
+
+async fn full_view(app: &App, row: InvocationRow) -> Result<InvocationView> {
+    let approval_id = app.store.approval_id_of(&row.id).await?;
+    let evidence_ids = app.store.evidence_ids_of(&row.id).await?;
+    view(row, approval_id, evidence_ids)
+}
+
+/// Freezes a call. 201 new; 200 idempotent replay of the same triple.
+#[utoipa::path(post, path = "/v1/runs/{run_id}/invocations", tag = "invocations", params(("run_id" = String, Path)),
+    request_body = CreateInvocation,
+    responses((status = 201, body = InvocationView), (status = 200, body = InvocationView), (status = 404),
+        (status = 409, description = "tool_call_id_conflict, or the failed ladder stage"), (status = 422, description = "input_invalid")),
+    security(("bearer" = [])))]
+pub async fn create_invocation(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(run_id): Path<String>,
+    Json(body): Json<CreateInvocation>,
+) -> Result<(StatusCode, Json<InvocationView>)> {
+    let run = owned_run(&app, &user, &run_id).await?;
+    let req = CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input };
+    let frozen = invocation::freeze(&app, &user.user_id, &run, req).await?;
+    let status = if frozen.created { StatusCode::CREATED } else { StatusCode::OK };
+    let evidence_ids = if frozen.created { Vec::new() } else { app.store.evidence_ids_of(&frozen.row.id).await? };
+    Ok((status, Json(view(frozen.row, frozen.approval_id, evidence_ids)?)))
+}
+
+/// `{"invocations": [...], "next_cursor"}`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct InvocationList {
+    /// Oldest first.
+    pub invocations: Vec<InvocationView>,
+    /// Cursor of the next page.
+    pub next_cursor: Option<String>,
+}
+
+/// A run's invocations.
+#[utoipa::path(get, path = "/v1/runs/{run_id}/invocations", tag = "invocations", params(("run_id" = String, Path), Page),
+    responses((status = 200, body = InvocationList), (status = 404)), security(("bearer" = [])))]
+pub async fn list_invocations(State(app): State<App>, user: AuthUser, Path(run_id): Path<String>, Query(page): Query<Page>) -> Result<Json<InvocationList>> {
+    let run = owned_run(&app, &user, &run_id).await?;
+    let limit = page.limit()?;
+    let rows = app.store.list_invocations(&run.id, page.cursor.as_deref(), limit + 1).await?;
+    let (rows, next_cursor) = Page::split(rows, limit, |r| r.id.clone());
+    let mut invocations = Vec::with_capacity(rows.len());
+    for row in rows {
+        invocations.push(full_view(&app, row).await?);
+    }
+    Ok(Json(InvocationList { invocations, next_cursor }))
+}
+
+/// One invocation with its result and evidence ids.
+#[utoipa::path(get, path = "/v1/invocations/{invocation_id}", tag = "invocations", params(("invocation_id" = String, Path)),
+    responses((status = 200, body = InvocationView), (status = 404)), security(("bearer" = [])))]
+pub async fn get_invocation(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<InvocationView>> {
+    let row = app.store.invocation_for(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
+    Ok(Json(full_view(&app, row).await?))
+}
+
+/// Cancels an invocation that has not finished: before it runs (its approval is
+/// cancelled too) or while it runs on this server. A finished one answers 409
+/// `invalid_state`.
+#[utoipa::path(post, path = "/v1/invocations/{invocation_id}/cancel", tag = "invocations", params(("invocation_id" = String, Path)),
+    responses((status = 200, body = InvocationView), (status = 404), (status = 409)), security(("bearer" = [])))]
+pub async fn cancel_invocation(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<InvocationView>> {
+    let (row, cancelled) = app.store.cancel_invocation(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
+    if !cancelled {
+        if row.status == "running" && app.harness.cancel_running(&row.id) {
+            return Ok(Json(full_view(&app, row).await?));
+        }
+        return Err(Error::conflict(
+            "invalid_state",
+            format!("invocation {} is {} and can no longer be cancelled", row.id, row.status),
+            serde_json::json!({"status": row.status}),
+        ));
+    }
+    Ok(Json(full_view(&app, row).await?))
+}
+
+/// Routes of this module.
+pub fn router() -> OpenApiRouter<App> {
+    OpenApiRouter::new()
+        .routes(routes!(create_invocation, list_invocations))
+        .routes(routes!(get_invocation))
+        .routes(routes!(cancel_invocation))
+}

@@ -1,0 +1,118 @@
+//! HTTP: the API of `../shared/docs/api.md`, one module per resource, each exposing a
+//! `router()`; this module merges them, adds the layers (body limit, timeout, tracing) and
+//! assembles the OpenAPI document from the handlers' annotations.
+
+pub mod approvals;
+pub mod auth;
+pub mod error;
+pub mod events;
+pub mod evidence;
+pub mod invocations;
+pub mod runs;
+pub mod service;
+pub mod tools;
+pub mod users;
+pub mod workspaces;
+
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::Router;
+use serde::Deserialize;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::app::App;
+use crate::error::{Error, Result};
+
+/// Pagination query: `?limit=&cursor=`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct Page {
+    /// Page size, 1–200 (default 50).
+    pub limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+impl Page {
+    /// The page size, or 400 `invalid_query`.
+    pub fn limit(&self) -> Result<i64> {
+        match self.limit {
+            None => Ok(50),
+            Some(n) if (1..=200).contains(&n) => Ok(n),
+            Some(n) => Err(Error::bad_request("invalid_query", format!("limit must be 1-200, not {n}"))),
+        }
+    }
+
+    /// Splits a `limit + 1` fetch into the page and the next cursor.
+    pub fn split<T>(mut rows: Vec<T>, limit: i64, key: impl Fn(&T) -> String) -> (Vec<T>, Option<String>) {
+        let limit = usize::try_from(limit).unwrap_or(50);
+        if rows.len() > limit {
+            rows.truncate(limit);
+            let next = rows.last().map(key);
+            (rows, next)
+        } else {
+            (rows, None)
+        }
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Mira Tool Runtime", description = "The tool control plane between an agent Planner and every tool: registry, public surface, availability, exposure, frozen invocations, exact-invocation approval, harness execution and evidence."),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "service"), (name = "users"), (name = "workspaces"), (name = "devices"), (name = "tools"),
+        (name = "runs"), (name = "invocations"), (name = "approvals"), (name = "evidence"), (name = "events"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+/// The API routes with their OpenAPI document, before layers and state.
+fn api() -> OpenApiRouter<App> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(service::router())
+        .merge(users::router())
+        .merge(workspaces::router())
+        .merge(tools::router())
+        .merge(runs::router())
+        .merge(invocations::router())
+        .merge(approvals::router())
+        .merge(evidence::router())
+}
+
+/// The OpenAPI document (also committed as `openapi/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut doc) = api().merge(events::router()).split_for_parts();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    doc
+}
+
+/// The whole HTTP application. Streaming routes are outside the request timeout.
+pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router {
+    let doc = openapi();
+    let (api, _) = api().split_for_parts();
+    let (streams, _) = events::router().split_for_parts();
+    let api = api
+        .route("/openapi.json", axum::routing::get(move || async move { axum::Json(doc) }))
+        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout));
+    api.merge(streams)
+        .fallback(|| async { Error::NotFound("route") })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(TraceLayer::new_for_http())
+        .with_state(app)
+}

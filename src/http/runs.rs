@@ -1,0 +1,172 @@
+//! Runs and turns (each turn computes and stores its exposure).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::AuthUser;
+use super::error::{Json, Path, Query};
+use super::Page;
+use crate::app::App;
+use crate::error::{Error, Result};
+use crate::exposure::{self, Exposure};
+use crate::store::RunRow;
+
+/// A run.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct RunView {
+    /// `run_…`
+    pub id: String,
+    /// Workspace.
+    pub workspace_id: String,
+    /// Device; absent = the server host.
+    pub device_id: Option<String>,
+    /// Title.
+    pub title: Option<String>,
+    /// Newest event id.
+    pub last_event_id: i64,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+impl From<RunRow> for RunView {
+    fn from(r: RunRow) -> Self {
+        Self { id: r.id, workspace_id: r.workspace_id, device_id: r.device_id, title: r.title, last_event_id: r.event_seq, created_at: r.created_at }
+    }
+}
+
+/// Body of `POST /v1/runs`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRun {
+    /// Workspace (default: the deployment's default workspace).
+    pub workspace_id: Option<String>,
+    /// Device (default: the server host).
+    pub device_id: Option<String>,
+    /// Title, at most 256 characters.
+    pub title: Option<String>,
+}
+
+/// `{"runs": [...], "next_cursor"}`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct RunList {
+    /// Newest first.
+    pub runs: Vec<RunView>,
+    /// Cursor of the next page.
+    pub next_cursor: Option<String>,
+}
+
+/// Opens a run.
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
+    responses((status = 201, body = RunView), (status = 404)), security(("bearer" = [])))]
+pub async fn create_run(State(app): State<App>, user: AuthUser, Json(body): Json<CreateRun>) -> Result<(StatusCode, Json<RunView>)> {
+    if body.title.as_ref().is_some_and(|t| t.len() > 256) {
+        return Err(Error::bad_request("invalid_request", "title must be at most 256 characters"));
+    }
+    let workspace = match &body.workspace_id {
+        Some(id) => app.store.workspace_for(&user.user_id, id).await?,
+        None => app.store.default_workspace().await?,
+    }
+    .ok_or(Error::NotFound("workspace"))?;
+    if let Some(device) = &body.device_id {
+        if device != crate::availability::LOCAL_DEVICE_ID {
+            app.store.device_for(&user.user_id, device).await?.ok_or(Error::NotFound("device"))?;
+        }
+    }
+    let run = app.store.create_run(&user.user_id, &workspace.id, body.device_id.as_deref(), body.title.as_deref()).await?;
+    Ok((StatusCode::CREATED, Json(run.into())))
+}
+
+/// The caller's runs.
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", params(Page), responses((status = 200, body = RunList)), security(("bearer" = [])))]
+pub async fn list_runs(State(app): State<App>, user: AuthUser, Query(page): Query<Page>) -> Result<Json<RunList>> {
+    let limit = page.limit()?;
+    let rows = app.store.list_runs(&user.user_id, page.cursor.as_deref(), limit + 1).await?;
+    let (rows, next_cursor) = Page::split(rows, limit, |r| r.id.clone());
+    Ok(Json(RunList { runs: rows.into_iter().map(Into::into).collect(), next_cursor }))
+}
+
+/// One run.
+#[utoipa::path(get, path = "/v1/runs/{run_id}", tag = "runs", params(("run_id" = String, Path)),
+    responses((status = 200, body = RunView), (status = 404)), security(("bearer" = [])))]
+pub async fn get_run(State(app): State<App>, user: AuthUser, Path(run_id): Path<String>) -> Result<Json<RunView>> {
+    Ok(Json(owned_run(&app, &user, &run_id).await?.into()))
+}
+
+/// The caller's run or 404.
+pub async fn owned_run(app: &App, user: &AuthUser, run_id: &str) -> Result<RunRow> {
+    app.store.run_for(&user.user_id, run_id).await?.ok_or(Error::NotFound("run"))
+}
+
+/// Body of `POST /v1/runs/{run_id}/turns`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTurn {
+    /// The task of this Planner step (ranking query when more than 20 tools are available).
+    pub task: String,
+    /// Extra context for ranking.
+    pub context: Option<String>,
+}
+
+/// A turn and the exposure the model sees.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TurnView {
+    /// `turn_…`
+    pub turn_id: String,
+    /// The run.
+    pub run_id: String,
+    /// The task.
+    pub task: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// The stored exposure, exactly as first returned.
+    #[schema(value_type = Exposure)]
+    pub exposure: serde_json::Value,
+}
+
+/// Starts a turn: computes the exposure for the task and stores it.
+#[utoipa::path(post, path = "/v1/runs/{run_id}/turns", tag = "runs", params(("run_id" = String, Path)), request_body = CreateTurn,
+    responses((status = 201, body = TurnView), (status = 404), (status = 413)), security(("bearer" = [])))]
+pub async fn create_turn(State(app): State<App>, user: AuthUser, Path(run_id): Path<String>, Json(body): Json<CreateTurn>) -> Result<(StatusCode, Json<TurnView>)> {
+    let run = owned_run(&app, &user, &run_id).await?;
+    let size = body.task.len() + body.context.as_ref().map_or(0, String::len);
+    if size > app.config.max_task_bytes {
+        return Err(Error::TooLarge {
+            code: "task_too_large",
+            message: format!("task and context are {size} bytes; the limit is {}", app.config.max_task_bytes),
+        });
+    }
+    let ctx = app.availability_context(&user.user_id, run.device_id.as_deref()).await?;
+    let candidates = exposure::candidates(&app.registry, &ctx);
+    let query = match &body.context {
+        Some(c) => format!("{}\n{c}", body.task),
+        None => body.task.clone(),
+    };
+    let ranker = app.ranker.clone();
+    let exposure = tokio::task::spawn_blocking(move || exposure::expose(&candidates, &query, ranker.as_ref()))
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    let doc = serde_json::to_value(&exposure).map_err(|e| Error::Internal(e.to_string()))?;
+    let turn = app.store.create_turn(&run, &body.task, body.context.as_deref(), &doc).await?;
+    Ok((StatusCode::CREATED, Json(TurnView { turn_id: turn.id, run_id: turn.run_id, task: turn.task, created_at: turn.created_at, exposure: doc })))
+}
+
+/// A stored turn with its exposure.
+#[utoipa::path(get, path = "/v1/turns/{turn_id}", tag = "runs", params(("turn_id" = String, Path)),
+    responses((status = 200, body = TurnView), (status = 404)), security(("bearer" = [])))]
+pub async fn get_turn(State(app): State<App>, user: AuthUser, Path(turn_id): Path<String>) -> Result<Json<TurnView>> {
+    let turn = app.store.turn_for(&user.user_id, &turn_id).await?.ok_or(Error::NotFound("turn"))?;
+    let exposure = crate::store::json_col(&turn.exposure)?;
+    Ok(Json(TurnView { turn_id: turn.id, run_id: turn.run_id, task: turn.task, created_at: turn.created_at, exposure }))
+}
+
+/// Routes of this module.
+pub fn router() -> OpenApiRouter<App> {
+    OpenApiRouter::new()
+        .routes(routes!(create_run, list_runs))
+        .routes(routes!(get_run))
+        .routes(routes!(create_turn))
+        .routes(routes!(get_turn))
+}

@@ -1,0 +1,61 @@
+//! Identifiers and timestamps shared by every stage.
+//!
+//! Ids are `<prefix>_<uuidv7 as 32 hex digits>`: opaque to clients, but ordered by creation
+//! time (UUIDv7, RFC 9562 §5.7), which lets lists paginate on the id alone. Timestamps are
+//! RFC 3339 UTC strings with millisecond precision and a fixed width, so their text order is
+//! their time order in both SQLite and Postgres.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+
+/// A new id such as `run_01936c0e8f9a7c3b8e4d2a1f0b9c8d7e`.
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// The current time as stored: `2026-11-29T23:23:25.123Z`.
+pub fn now() -> String {
+    format_time(Utc::now())
+}
+
+/// Formats a time the way the store keeps it (RFC 3339, UTC, milliseconds, `Z`).
+pub fn format_time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// The current time plus `ms` milliseconds, formatted as stored.
+pub fn now_plus_ms(ms: u64) -> String {
+    let delta = chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 2));
+    format_time(Utc::now() + delta)
+}
+
+/// True when `id` looks like one of ours with the given prefix (used to answer 404 early
+/// for malformed ids without touching the store).
+pub fn is_well_formed(id: &str, prefix: &str) -> bool {
+    id.len() == prefix.len() + 33
+        && id.starts_with(prefix)
+        && id.as_bytes().get(prefix.len()) == Some(&b'_')
+        && id[prefix.len() + 1..].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_ordered_and_well_formed() {
+        let a = new_id("run");
+        let b = new_id("run");
+        assert!(a < b, "{a} !< {b}");
+        assert!(is_well_formed(&a, "run"));
+        assert!(!is_well_formed(&a, "inv"));
+        assert!(!is_well_formed("run_xyz", "run"));
+    }
+
+    #[test]
+    fn times_sort_as_text() {
+        let t = now();
+        assert_eq!(t.len(), 24, "{t}");
+        assert!(t.ends_with('Z'));
+        assert!(now_plus_ms(1000) > t);
+    }
+}

@@ -1,0 +1,29 @@
+//! Mira Tool Runtime: the tool control plane between an agent's Planner and every tool that
+//! touches files, processes, networks and external systems.
+//!
+//! The modules follow the chain of `../shared/docs/contract.md`, each stage narrower than
+//! the one before:
+//!
+//! [`registry`] → [`surface`] → [`availability`] → [`exposure`] → [`invocation`] →
+//! [`approval`] → [`harness`] → [`evidence`], with [`events`] recording every step in the
+//! [`store`] and [`http`] serving it all. Tool implementations live in [`tools`].
+
+pub mod app;
+pub mod approval;
+pub mod auth;
+pub mod availability;
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod evidence;
+pub mod exposure;
+pub mod harness;
+pub mod http;
+pub mod ids;
+pub mod invocation;
+pub mod registry;
+pub mod server;
+pub mod store;
+pub mod surface;
+pub mod tools;
+pub mod workspace;

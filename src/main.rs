@@ -1,0 +1,136 @@
+//! `mira`: serve the runtime, migrate its store, create users.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use mira::config::{RuntimeConfig, ServeConfig, StorageConfig};
+use mira::server::{self, Server, Settings};
+
+#[derive(Parser)]
+#[command(name = "mira", version, about = "Mira Tool Runtime: the tool control plane between an agent Planner and its tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP/SSE service.
+    Serve(ServeConfig),
+    /// Apply database migrations and exit.
+    Migrate(StorageConfig),
+    /// Manage users.
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// Print the OpenAPI document.
+    Openapi,
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Create a user and print its token (shown once).
+    Create {
+        /// Unique name.
+        #[arg(long)]
+        name: String,
+        /// Grant admin rights.
+        #[arg(long)]
+        admin: bool,
+        #[command(flatten)]
+        storage: StorageConfig,
+    },
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,tower_http=info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
+    let workspace = match &cfg.workspace {
+        Some(w) => w.clone(),
+        None => std::env::current_dir().context("reading the current directory")?,
+    };
+    let settings = Settings {
+        listen: cfg.listen,
+        database_url: cfg.storage.url(),
+        data_dir: cfg.storage.data_dir.clone(),
+        workspace,
+        runtime: RuntimeConfig {
+            approval_ttl_secs: cfg.approval_ttl_secs,
+            execution_timeout_secs: cfg.execution_timeout_secs,
+            execution_concurrency: cfg.execution_concurrency,
+            workspace_roots: cfg.workspace_roots.clone(),
+            ..RuntimeConfig::default()
+        },
+        body_limit: cfg.body_limit,
+        request_timeout: Duration::from_secs(cfg.request_timeout_secs),
+    };
+    let server = Server::start(settings.clone()).await?;
+    if let Some(file) = &server.admin_token_file {
+        // The path only: the token itself never goes to the log.
+        eprintln!("admin token written to {}", file.display());
+    }
+    tracing::info!(addr = %server.addr, backend = server.app.store.backend().name(), workspace = %settings.workspace.display(), "mira listening");
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json_logs = matches!(&cli.command, Command::Serve(c) if c.log_format == "json");
+    init_tracing(json_logs);
+    let result = match cli.command {
+        Command::Serve(cfg) => serve(cfg).await,
+        Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
+            eprintln!("migrations applied");
+        }),
+        Command::User { command: UserCommand::Create { name, admin, storage } } => async {
+            let store = server::open_store(&storage.data_dir, &storage.url()).await?;
+            let (user, token) = mira::http::users::create(&store, &name, admin).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("{}", serde_json::json!({"user": user, "token": token}));
+            Ok(())
+        }
+        .await,
+        Command::Openapi => serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

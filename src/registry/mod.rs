@@ -1,0 +1,149 @@
+//! Registry: "is there an implementation?"
+//!
+//! Holds every implementation the runtime can run — public tools, internal primitives,
+//! legacy compatibility entries, dynamic capabilities, External MCP projections and
+//! skill-private tools — each as an `Arc<dyn Tool>` with its [`ToolSpec`] and compiled input
+//! validator. Being registered says nothing about whether the Planner may use a tool; the
+//! later stages ([`crate::surface`], [`crate::availability`], [`crate::exposure`]) decide
+//! that.
+
+mod tool;
+
+pub use tool::{
+    ErrorClass, ExecContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
+};
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+/// A registered tool with its compiled input validator.
+#[derive(Clone)]
+pub struct Entry {
+    /// The implementation.
+    pub tool: Arc<dyn Tool>,
+    validator: Arc<jsonschema::Validator>,
+}
+
+impl Entry {
+    /// The tool's spec.
+    pub fn spec(&self) -> &ToolSpec {
+        self.tool.spec()
+    }
+
+    /// Checks `input` against the tool's JSON Schema; the errors name the failing location.
+    pub fn validate(&self, input: &serde_json::Value) -> Result<(), Vec<String>> {
+        let errors: Vec<String> = self
+            .validator
+            .iter_errors(input)
+            .take(20)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
+            })
+            .collect();
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
+}
+
+/// Why a tool could not be registered.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The input schema does not compile as JSON Schema.
+    #[error("tool {id}: input schema is invalid: {message}")]
+    InvalidSchema {
+        /// Tool id.
+        id: String,
+        /// Compiler message.
+        message: String,
+    },
+    /// Another tool already has this id.
+    #[error("tool {0} is already registered")]
+    Duplicate(String),
+}
+
+/// The set of implementations, changed only by [`Registry::register`] and
+/// [`Registry::unregister`]. `version` increases on every change.
+#[derive(Default)]
+pub struct Registry {
+    inner: RwLock<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    tools: BTreeMap<String, Entry>,
+    version: u64,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a tool. Fails on a duplicate id or a schema that does not compile.
+    pub fn register(&self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        let spec = tool.spec();
+        let validator = jsonschema::validator_for(&spec.input_schema).map_err(|e| RegistryError::InvalidSchema {
+            id: spec.id.clone(),
+            message: e.to_string(),
+        })?;
+        let id = spec.id.clone();
+        let mut inner = self.inner.write();
+        if inner.tools.contains_key(&id) {
+            return Err(RegistryError::Duplicate(id));
+        }
+        inner.tools.insert(id, Entry { tool, validator: Arc::new(validator) });
+        inner.version += 1;
+        Ok(())
+    }
+
+    /// Removes a tool (dynamic capabilities and MCP projections come and go). True when it
+    /// was there.
+    pub fn unregister(&self, id: &str) -> bool {
+        let mut inner = self.inner.write();
+        let removed = inner.tools.remove(id).is_some();
+        if removed {
+            inner.version += 1;
+        }
+        removed
+    }
+
+    /// The entry for `id` if registered and visible to `user_id` (tools with an owner are
+    /// visible to that owner only).
+    pub fn get(&self, id: &str, user_id: &str) -> Option<Entry> {
+        self.inner
+            .read()
+            .tools
+            .get(id)
+            .filter(|e| e.spec().visible_to(user_id))
+            .cloned()
+    }
+
+    /// The entry for `id` whoever owns it (for the harness, which runs stored invocations).
+    pub fn get_any(&self, id: &str) -> Option<Entry> {
+        self.inner.read().tools.get(id).cloned()
+    }
+
+    /// Every entry visible to `user_id`, in id order.
+    pub fn visible_to(&self, user_id: &str) -> Vec<Entry> {
+        self.inner
+            .read()
+            .tools
+            .values()
+            .filter(|e| e.spec().visible_to(user_id))
+            .cloned()
+            .collect()
+    }
+
+    /// Every entry, in id order.
+    pub fn all(&self) -> Vec<Entry> {
+        self.inner.read().tools.values().cloned().collect()
+    }
+
+    /// Increases on every registration change.
+    pub fn version(&self) -> u64 {
+        self.inner.read().version
+    }
+}

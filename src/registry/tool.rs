@@ -1,0 +1,169 @@
+//! The tool interface every implementation provides.
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::availability::{Availability, AvailabilityContext};
+use crate::evidence::EvidenceDraft;
+use crate::workspace::Workspace;
+
+/// What sort of implementation a registry entry is (the contract's six kinds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolKind {
+    /// A core tool of the public surface.
+    Public,
+    /// An internal primitive, never shown to the Planner.
+    Internal,
+    /// An old call shape kept for compatibility; maps onto a public tool.
+    Legacy,
+    /// A dynamic capability (browser, mail, GitHub…) that joins the surface when registered.
+    Dynamic,
+    /// An External MCP tool projected as `mcp:<serverId>:tool:<toolName>`.
+    McpProjection,
+    /// A tool private to a skill's runtime; never in a main-Planner exposure.
+    SkillPrivate,
+}
+
+/// The static description of a tool.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolSpec {
+    /// Stable id, e.g. `read_open` or `mcp:srv_…:tool:search`.
+    pub id: String,
+    /// Kind of implementation.
+    pub kind: ToolKind,
+    /// Capability domain: `read`, `edit`, `search`, `terminal`, `mcp`, …
+    pub domain: String,
+    /// Short human title.
+    pub title: String,
+    /// What the tool does, as shown to the model.
+    pub description: String,
+    /// JSON Schema of the input.
+    pub input_schema: Value,
+    /// When true every call waits for an exact-invocation approval. Nothing in the input can
+    /// lower this.
+    pub requires_approval: bool,
+    /// Device capability the tool needs (`fs.read`, `fs.write`, `pty`, `net`), if any.
+    pub capability: Option<String>,
+    /// For legacy entries: the public tool that replaces it.
+    pub replacement: Option<String>,
+    /// For per-user tools (MCP projections, a user's dynamic capabilities): the owner.
+    /// None = every user.
+    pub owner: Option<String>,
+}
+
+impl ToolSpec {
+    /// Whether `user_id` can see this registry entry at all.
+    pub fn visible_to(&self, user_id: &str) -> bool {
+        self.owner.as_deref().is_none_or(|o| o == user_id)
+    }
+}
+
+/// How a tool error maps onto the HTTP status when it happens while freezing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// The input is wrong (400).
+    BadInput,
+    /// The target is not in the state the call assumed (409).
+    Conflict,
+    /// The target does not exist (404 at freeze time).
+    NotFound,
+    /// Too large (413).
+    TooLarge,
+    /// A dependency is down (503).
+    Unavailable,
+    /// The action itself failed (an OS error, a remote error…).
+    Failed,
+}
+
+/// A tool's error: a stable code, a sentence, details. At freeze time it becomes an HTTP
+/// error; during execution it becomes the invocation's `result.error`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolError {
+    /// Stable snake_case code (`outside_workspace`, `binary_file`, `stale_target`…).
+    pub code: String,
+    /// Human sentence.
+    pub message: String,
+    /// Structured details (may be `null`).
+    pub details: Value,
+    /// HTTP mapping class.
+    #[serde(skip)]
+    pub class: ErrorClass,
+}
+
+impl ToolError {
+    /// A new error without details.
+    pub fn new(class: ErrorClass, code: &str, message: impl Into<String>) -> Self {
+        Self { code: code.to_owned(), message: message.into(), details: Value::Null, class }
+    }
+
+    /// Adds details.
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = details;
+        self
+    }
+}
+
+impl std::fmt::Display for ToolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// Canonical input plus what the approver should see.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The canonical input that is frozen and hashed (defaults filled, paths normalised,
+    /// cwd resolved…).
+    pub input: Value,
+    /// Extra facts for the approval view (a diff preview, the real cwd…); `null` if none.
+    pub preview: Value,
+}
+
+/// A tool's successful output and the evidence it yields.
+#[derive(Debug, Clone)]
+pub struct ToolOutput {
+    /// The result the Planner reads.
+    pub output: Value,
+    /// Citable facts, stored with the result.
+    pub evidence: Vec<EvidenceDraft>,
+}
+
+/// Everything an execution may use.
+pub struct ExecContext {
+    /// The run's workspace on this host.
+    pub workspace: Workspace,
+    /// Owner of the invocation.
+    pub owner_id: String,
+    /// The run.
+    pub run_id: String,
+    /// The invocation being executed.
+    pub invocation_id: String,
+    /// Cancelled when the invocation is cancelled or the server stops.
+    pub cancel: CancellationToken,
+}
+
+/// One implementation in the registry.
+#[async_trait]
+pub trait Tool: Send + Sync {
+    /// The static description.
+    fn spec(&self) -> &ToolSpec;
+
+    /// Tool-specific availability beyond device capabilities (connections, providers…).
+    fn availability(&self, _ctx: &AvailabilityContext) -> Availability {
+        Availability::Available
+    }
+
+    /// Turns schema-valid input into the canonical input that will be frozen. Runs before
+    /// the hash is taken, so anything resolved here (defaults, normalised paths, real cwd)
+    /// is part of what an approval covers. The default keeps the input as given.
+    async fn prepare(&self, input: Value, _workspace: &Workspace) -> Result<Prepared, ToolError> {
+        Ok(Prepared { input, preview: Value::Null })
+    }
+
+    /// Executes a frozen, policy-cleared invocation. Only the harness calls this.
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError>;
+}

@@ -1,0 +1,173 @@
+//! Assembling and running the service: store, registry, harness, HTTP, graceful shutdown.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::App;
+use crate::config::RuntimeConfig;
+use crate::events::EventBus;
+use crate::exposure::lexical::Bm25Ranker;
+use crate::exposure::Ranker;
+use crate::harness::{Harness, HarnessLimits, LocalExecutor};
+use crate::registry::Registry;
+use crate::store::Store;
+
+/// Everything needed to start a server.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Address to bind (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// Data folder (SQLite file, admin token, node id).
+    pub data_dir: PathBuf,
+    /// Database URL.
+    pub database_url: String,
+    /// Default workspace folder.
+    pub workspace: PathBuf,
+    /// Chain settings.
+    pub runtime: RuntimeConfig,
+    /// Largest request body, bytes.
+    pub body_limit: usize,
+    /// Request timeout for non-streaming routes.
+    pub request_timeout: Duration,
+}
+
+/// A running server.
+pub struct Server {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The application context (tests register extra tools through it).
+    pub app: App,
+    /// Path of the bootstrap admin token file, when this start created the admin.
+    pub admin_token_file: Option<PathBuf>,
+    http: tokio::task::JoinHandle<std::io::Result<()>>,
+    harness: tokio::task::JoinHandle<()>,
+}
+
+/// Opens the store and applies migrations.
+pub async fn open_store(data_dir: &Path, url: &str) -> anyhow::Result<Store> {
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating data dir {}", data_dir.display()))?;
+    let store = Store::connect(url, EventBus::new())
+        .await
+        .with_context(|| format!("connecting to {}", crate::store::redact_url(url)))?;
+    store.migrate().await.context("applying migrations")?;
+    Ok(store)
+}
+
+/// Builds the application around a migrated store: registers the core tools, opens the
+/// default workspace, recovers invocations a previous incarnation left running.
+pub async fn build(settings: &Settings, store: Store, ranker: Arc<dyn Ranker>) -> anyhow::Result<App> {
+    let registry = Arc::new(Registry::new());
+    crate::tools::register_core(&registry).context("registering core tools")?;
+    let workspace = std::fs::canonicalize(&settings.workspace)
+        .with_context(|| format!("workspace {} does not exist", settings.workspace.display()))?;
+    store.upsert_default_workspace(&workspace.to_string_lossy()).await?;
+    let stable = node_id(&settings.data_dir)?;
+    let node = format!("{stable}:{}", uuid::Uuid::now_v7().simple());
+    let executor = Arc::new(LocalExecutor::new(store.clone()));
+    let limits = HarnessLimits {
+        concurrency: settings.runtime.execution_concurrency,
+        timeout: Duration::from_secs(settings.runtime.execution_timeout_secs),
+        lease: Duration::from_secs(30),
+    };
+    let harness = Arc::new(Harness::new(store.clone(), registry.clone(), executor, node, limits));
+    let interrupted = harness.recover(&format!("{stable}:")).await?;
+    if interrupted > 0 {
+        tracing::warn!(interrupted, "invocations left running by the previous process were marked interrupted");
+    }
+    Ok(App {
+        store,
+        registry,
+        ranker,
+        harness,
+        config: Arc::new(settings.runtime.clone()),
+        shutdown: CancellationToken::new(),
+    })
+}
+
+/// A stable id for this data directory (kept in `<data-dir>/node.id`).
+fn node_id(data_dir: &Path) -> anyhow::Result<String> {
+    let file = data_dir.join("node.id");
+    if let Ok(id) = std::fs::read_to_string(&file) {
+        let id = id.trim().to_owned();
+        if !id.is_empty() {
+            return Ok(id);
+        }
+    }
+    let id = format!("node-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+    std::fs::write(&file, &id).with_context(|| format!("writing {}", file.display()))?;
+    Ok(id)
+}
+
+/// Creates the first admin on an empty store and writes its token to
+/// `<data-dir>/admin.token` (mode 0600). Returns the file path when it did.
+pub async fn bootstrap_admin(store: &Store, data_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    if store.count_users().await? > 0 {
+        return Ok(None);
+    }
+    let token = crate::auth::new_token();
+    let file = data_dir.join("admin.token");
+    write_secret(&file, &token)?;
+    match store.create_user("admin", true, &crate::auth::hash_token(&token)).await {
+        Ok(_) => Ok(Some(file)),
+        // Another replica bootstrapped first: its token file is the valid one.
+        Err(e) if e.is_unique_violation() => {
+            let _ = std::fs::remove_file(&file);
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn write_secret(file: &Path, secret: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(file)
+        .with_context(|| format!("writing {}", file.display()))?;
+    f.write_all(secret.as_bytes())?;
+    f.write_all(b"\n")?;
+    Ok(())
+}
+
+impl Server {
+    /// Opens the store, builds the app, binds and starts serving and executing.
+    pub async fn start(settings: Settings) -> anyhow::Result<Server> {
+        let store = open_store(&settings.data_dir, &settings.database_url).await?;
+        let admin_token_file = bootstrap_admin(&store, &settings.data_dir).await?;
+        let app = build(&settings, store, Arc::new(Bm25Ranker::new())).await?;
+        Self::serve(settings, app, admin_token_file).await
+    }
+
+    /// Binds and serves an already built app.
+    pub async fn serve(settings: Settings, app: App, admin_token_file: Option<PathBuf>) -> anyhow::Result<Server> {
+        let listener = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .with_context(|| format!("binding {}", settings.listen))?;
+        let addr = listener.local_addr()?;
+        let harness = app.harness.spawn(app.shutdown.clone());
+        let router = crate::http::router(app.clone(), settings.body_limit, settings.request_timeout);
+        let shutdown = app.shutdown.clone();
+        let http = tokio::spawn(async move {
+            axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+        });
+        Ok(Server { addr, app, admin_token_file, http, harness })
+    }
+
+    /// Stops accepting requests, ends streams, lets running executions finish (5 s) and
+    /// closes the store.
+    pub async fn shutdown(self) {
+        self.app.shutdown.cancel();
+        let _ = self.http.await;
+        let _ = self.harness.await;
+        self.app.store.close().await;
+    }
+}

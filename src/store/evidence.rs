@@ -1,0 +1,105 @@
+//! Evidence rows and the Planner's acceptance of them.
+
+use serde::Serialize;
+use serde_json::json;
+
+use super::{Store, StoreResult};
+use crate::events::EventKind;
+pub use crate::evidence::EvidenceDraft;
+use crate::ids;
+
+/// A stored piece of evidence.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct EvidenceRow {
+    /// `evd_…`
+    pub id: String,
+    /// The run.
+    pub run_id: String,
+    /// The invocation that produced it.
+    pub invocation_id: String,
+    /// Owner.
+    pub owner_id: String,
+    /// The tool.
+    pub tool_id: String,
+    /// Kind of fact.
+    pub kind: String,
+    /// Provenance JSON text.
+    pub provenance: String,
+    /// Lowercase hex SHA-256.
+    pub content_sha256: String,
+    /// Bounded excerpt.
+    pub excerpt: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// NULL until judged; 1 accepted, 0 rejected.
+    pub accepted: Option<i64>,
+    /// The Planner's note.
+    pub acceptance_note: Option<String>,
+    /// RFC 3339.
+    pub accepted_at: Option<String>,
+    /// The judging user.
+    pub accepted_by: Option<String>,
+}
+
+impl Store {
+    /// The caller's evidence, or None.
+    pub async fn evidence_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<EvidenceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM evidence WHERE id = $1 AND owner_id = $2")
+            .bind(id)
+            .bind(owner_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// A run's evidence, oldest first.
+    pub async fn list_evidence(&self, run_id: &str, cursor: Option<&str>, limit: i64) -> StoreResult<Vec<EvidenceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM evidence WHERE run_id = $1 AND ($2 = '' OR id > $2) ORDER BY id LIMIT $3")
+            .bind(run_id)
+            .bind(cursor.unwrap_or(""))
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// Evidence ids of one invocation, oldest first.
+    pub async fn evidence_ids_of(&self, invocation_id: &str) -> StoreResult<Vec<String>> {
+        Ok(sqlx::query_scalar("SELECT id FROM evidence WHERE invocation_id = $1 ORDER BY id")
+            .bind(invocation_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// Records the Planner's judgement (a later judgement replaces an earlier one; each is an
+    /// `evidence.accepted` event). None when the evidence is not the caller's.
+    pub async fn judge_evidence(
+        &self,
+        owner_id: &str,
+        id: &str,
+        accepted: bool,
+        note: Option<&str>,
+    ) -> StoreResult<Option<EvidenceRow>> {
+        let now = ids::now();
+        let mut tx = self.begin_write().await?;
+        let row: Option<EvidenceRow> = sqlx::query_as(
+            "UPDATE evidence SET accepted = $1, acceptance_note = $2, accepted_at = $3, accepted_by = $4
+             WHERE id = $5 AND owner_id = $4 RETURNING *",
+        )
+        .bind(i64::from(accepted))
+        .bind(note)
+        .bind(&now)
+        .bind(owner_id)
+        .bind(id)
+        .fetch_optional(tx.conn())
+        .await?;
+        if let Some(row) = &row {
+            tx.append_event(
+                &row.run_id,
+                EventKind::EvidenceAccepted,
+                &json!({"evidence_id": row.id, "invocation_id": row.invocation_id, "accepted": accepted, "note": note}),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(row)
+    }
+}

@@ -1,0 +1,246 @@
+//! Storage: one interface over SQLite (the embedded default) and Postgres (hosted).
+//!
+//! Both back-ends run the same SQL through sqlx's `Any` driver: text ids, text RFC 3339
+//! times, text JSON and 64-bit integers only, and `$N` placeholders (which SQLite accepts
+//! by name). Where the dialects differ (row locking for claims) the statement is chosen by
+//! [`Backend`]. Each back-end owns its migrations under `migrations/<backend>/`.
+//!
+//! Writes that touch several rows go through [`WriteTx`], which on SQLite takes the write
+//! lock up front (`BEGIN IMMEDIATE`) so that concurrent writers wait on the busy timeout
+//! instead of failing on a lock upgrade, and which broadcasts the events it appended only
+//! after the commit succeeded.
+
+mod approvals;
+mod events;
+mod evidence;
+mod invocations;
+mod runs;
+mod users;
+
+pub use approvals::{ApprovalRow, DecideOutcome, GrantRequest};
+pub use events::EventRow;
+pub use evidence::{EvidenceDraft, EvidenceRow};
+pub use invocations::{ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation};
+pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
+pub use users::{TokenIdentity, UserRow};
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{Any, AnyPool, Transaction};
+
+use crate::events::{EventBus, EventKind, RunSignal};
+
+/// Errors of the storage layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused or failed a statement (connection lost, constraint, busy…).
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    /// Applying migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored document could not be decoded (a bug or a hand-edited row).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    /// The database URL is not one we support.
+    #[error("unsupported database url: {0}")]
+    UnsupportedUrl(String),
+}
+
+impl StoreError {
+    /// True for a unique-constraint violation (used to turn races into clean conflicts).
+    pub fn is_unique_violation(&self) -> bool {
+        matches!(self, StoreError::Db(sqlx::Error::Database(e)) if e.is_unique_violation())
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        StoreError::Corrupt(e.to_string())
+    }
+}
+
+/// Result of a storage call.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Which SQL dialect the store speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// SQLite file in WAL mode (embedded default).
+    Sqlite,
+    /// A Postgres server (hosted, multi-user, multi-replica).
+    Postgres,
+}
+
+impl Backend {
+    /// `sqlite` or `postgres`, as reported by `/readyz`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// The store: a connection pool plus the event bus it wakes after commits.
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+    bus: EventBus,
+}
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+impl Store {
+    /// Connects to `url` (`sqlite://PATH?mode=rwc` or `postgres://…`). For SQLite the file
+    /// is switched to WAL mode. Does not migrate; call [`Store::migrate`].
+    pub async fn connect(url: &str, bus: EventBus) -> StoreResult<Store> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(StoreError::UnsupportedUrl(redact_url(url)));
+        };
+        let options = AnyConnectOptions::from_str(url)?;
+        let pool = match backend {
+            Backend::Sqlite => {
+                // WAL is a property of the file: set it once, before the pool opens more
+                // connections (changing it needs an exclusive lock).
+                let pool = AnyPoolOptions::new()
+                    .max_connections(8)
+                    .acquire_timeout(Duration::from_secs(30))
+                    .connect_with(options)
+                    .await?;
+                sqlx::query("PRAGMA journal_mode = WAL").execute(&pool).await?;
+                sqlx::query("PRAGMA synchronous = NORMAL").execute(&pool).await?;
+                pool
+            }
+            Backend::Postgres => {
+                AnyPoolOptions::new()
+                    .max_connections(16)
+                    .acquire_timeout(Duration::from_secs(30))
+                    .connect_with(options)
+                    .await?
+            }
+        };
+        Ok(Store { pool, backend, bus })
+    }
+
+    /// Applies this back-end's pending migrations.
+    pub async fn migrate(&self) -> StoreResult<()> {
+        let migrator = match self.backend {
+            Backend::Sqlite => &SQLITE_MIGRATIONS,
+            Backend::Postgres => &POSTGRES_MIGRATIONS,
+        };
+        migrator.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Which dialect this store speaks.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The bus this store wakes after commits.
+    pub fn bus(&self) -> &EventBus {
+        &self.bus
+    }
+
+    /// A cheap round trip, for `/readyz`.
+    pub async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Closes the pool (waits for checked-out connections to return).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Starts a write transaction (see the module docs).
+    pub async fn begin_write(&self) -> StoreResult<WriteTx> {
+        let tx = match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.pool.begin().await?,
+        };
+        Ok(WriteTx { tx, appended: Vec::new(), bus: self.bus.clone() })
+    }
+
+    pub(crate) fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+}
+
+/// A write transaction that appends events and broadcasts them after commit.
+pub struct WriteTx {
+    tx: Transaction<'static, Any>,
+    appended: Vec<RunSignal>,
+    bus: EventBus,
+}
+
+impl WriteTx {
+    /// Appends an event to `run_id`'s log and returns its id (monotonic per run). The per-run
+    /// counter row is locked by the update, so concurrent appends to one run serialize and
+    /// commit in id order.
+    pub async fn append_event(
+        &mut self,
+        run_id: &str,
+        kind: EventKind,
+        data: &serde_json::Value,
+    ) -> StoreResult<i64> {
+        let seq: i64 = sqlx::query_scalar(
+            "UPDATE runs SET event_seq = event_seq + 1 WHERE id = $1 RETURNING event_seq",
+        )
+        .bind(run_id)
+        .fetch_one(&mut *self.tx)
+        .await?;
+        sqlx::query("INSERT INTO events (run_id, seq, type, data, created_at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(run_id)
+            .bind(seq)
+            .bind(kind.as_str())
+            .bind(data.to_string())
+            .bind(crate::ids::now())
+            .execute(&mut *self.tx)
+            .await?;
+        self.appended.push(RunSignal { run_id: run_id.to_owned(), seq });
+        Ok(seq)
+    }
+
+    /// Commits, then wakes subscribers of every run that got events.
+    pub async fn commit(self) -> StoreResult<()> {
+        self.tx.commit().await?;
+        for signal in self.appended {
+            self.bus.publish(signal);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn conn(&mut self) -> &mut sqlx::AnyConnection {
+        &mut self.tx
+    }
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`, for messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let creds = &url[scheme_end + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!("{}{}:***{}", &url[..scheme_end + 3], &creds[..colon], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Decodes a JSON text column (a stored document that fails to parse is `Corrupt`).
+pub fn json_col(text: &str) -> StoreResult<serde_json::Value> {
+    Ok(serde_json::from_str(text)?)
+}

@@ -1,0 +1,301 @@
+//! Devices, workspaces, runs and turns.
+
+use serde::Serialize;
+
+use super::{Store, StoreResult};
+use crate::events::EventKind;
+use crate::ids;
+
+/// A device a user's work can run on.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct DeviceRow {
+    /// `dev_…`
+    pub id: String,
+    /// Owner.
+    pub owner_id: String,
+    /// Display name.
+    pub name: String,
+    /// JSON array of capability strings.
+    pub capabilities: String,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+/// A workspace: a root folder on a device (the server host when `device_id` is NULL).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct WorkspaceRow {
+    /// `ws_…`
+    pub id: String,
+    /// NULL for deployment-wide workspaces.
+    pub owner_id: Option<String>,
+    /// Display name (`default` for the one given to `mira serve --workspace`).
+    pub name: String,
+    /// Absolute root path on its device.
+    pub path: String,
+    /// The device holding the folder; NULL = the server host.
+    pub device_id: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+/// A run: one agent task in one workspace.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct RunRow {
+    /// `run_…`
+    pub id: String,
+    /// Owner.
+    pub owner_id: String,
+    /// Workspace the run's paths are relative to.
+    pub workspace_id: String,
+    /// Device the run works on; NULL = the server host.
+    pub device_id: Option<String>,
+    /// Optional title.
+    pub title: Option<String>,
+    /// Last event id handed out.
+    pub event_seq: i64,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+/// A turn with its stored exposure (JSON text, exactly as returned to the Planner).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TurnRow {
+    /// `turn_…`
+    pub id: String,
+    /// The run.
+    pub run_id: String,
+    /// Owner.
+    pub owner_id: String,
+    /// The Planner's task text.
+    pub task: String,
+    /// Optional extra context used for ranking.
+    pub context: Option<String>,
+    /// The exposure document.
+    pub exposure: String,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+impl Store {
+    /// Creates a device owned by `owner_id`.
+    pub async fn create_device(&self, owner_id: &str, name: &str, capabilities: &[String]) -> StoreResult<DeviceRow> {
+        let row = DeviceRow {
+            id: ids::new_id("dev"),
+            owner_id: owner_id.to_owned(),
+            name: name.to_owned(),
+            capabilities: serde_json::to_string(capabilities)?,
+            created_at: ids::now(),
+        };
+        sqlx::query("INSERT INTO devices (id, owner_id, name, capabilities, created_at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(&row.id)
+            .bind(&row.owner_id)
+            .bind(&row.name)
+            .bind(&row.capabilities)
+            .bind(&row.created_at)
+            .execute(self.pool())
+            .await?;
+        Ok(row)
+    }
+
+    /// The caller's device, or None (also for another user's device).
+    pub async fn device_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<DeviceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM devices WHERE id = $1 AND owner_id = $2")
+            .bind(id)
+            .bind(owner_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// The caller's devices, oldest first.
+    pub async fn list_devices(&self, owner_id: &str) -> StoreResult<Vec<DeviceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM devices WHERE owner_id = $1 ORDER BY id")
+            .bind(owner_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// Registers (or moves) the deployment-wide `default` workspace at `path`.
+    pub async fn upsert_default_workspace(&self, path: &str) -> StoreResult<WorkspaceRow> {
+        let mut tx = self.begin_write().await?;
+        let existing: Option<WorkspaceRow> =
+            sqlx::query_as("SELECT * FROM workspaces WHERE owner_id IS NULL AND name = 'default'")
+                .fetch_optional(tx.conn())
+                .await?;
+        let row = match existing {
+            Some(mut row) => {
+                sqlx::query("UPDATE workspaces SET path = $1 WHERE id = $2")
+                    .bind(path)
+                    .bind(&row.id)
+                    .execute(tx.conn())
+                    .await?;
+                row.path = path.to_owned();
+                row
+            }
+            None => {
+                let row = WorkspaceRow {
+                    id: ids::new_id("ws"),
+                    owner_id: None,
+                    name: "default".to_owned(),
+                    path: path.to_owned(),
+                    device_id: None,
+                    created_at: ids::now(),
+                };
+                sqlx::query("INSERT INTO workspaces (id, owner_id, name, path, device_id, created_at) VALUES ($1, NULL, $2, $3, NULL, $4)")
+                    .bind(&row.id)
+                    .bind(&row.name)
+                    .bind(&row.path)
+                    .bind(&row.created_at)
+                    .execute(tx.conn())
+                    .await?;
+                row
+            }
+        };
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    /// Creates a workspace owned by `owner_id` on the server host.
+    pub async fn create_workspace(&self, owner_id: &str, name: &str, path: &str) -> StoreResult<WorkspaceRow> {
+        let row = WorkspaceRow {
+            id: ids::new_id("ws"),
+            owner_id: Some(owner_id.to_owned()),
+            name: name.to_owned(),
+            path: path.to_owned(),
+            device_id: None,
+            created_at: ids::now(),
+        };
+        sqlx::query("INSERT INTO workspaces (id, owner_id, name, path, device_id, created_at) VALUES ($1, $2, $3, $4, NULL, $5)")
+            .bind(&row.id)
+            .bind(owner_id)
+            .bind(&row.name)
+            .bind(&row.path)
+            .bind(&row.created_at)
+            .execute(self.pool())
+            .await?;
+        Ok(row)
+    }
+
+    /// Workspaces the caller may use: their own and the deployment-wide ones.
+    pub async fn list_workspaces(&self, owner_id: &str) -> StoreResult<Vec<WorkspaceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM workspaces WHERE owner_id = $1 OR owner_id IS NULL ORDER BY id")
+            .bind(owner_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// A workspace the caller may use, or None.
+    pub async fn workspace_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<WorkspaceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM workspaces WHERE id = $1 AND (owner_id = $2 OR owner_id IS NULL)")
+            .bind(id)
+            .bind(owner_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// The deployment-wide default workspace, if one was registered.
+    pub async fn default_workspace(&self) -> StoreResult<Option<WorkspaceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM workspaces WHERE owner_id IS NULL AND name = 'default'")
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// Creates a run.
+    pub async fn create_run(
+        &self,
+        owner_id: &str,
+        workspace_id: &str,
+        device_id: Option<&str>,
+        title: Option<&str>,
+    ) -> StoreResult<RunRow> {
+        let row = RunRow {
+            id: ids::new_id("run"),
+            owner_id: owner_id.to_owned(),
+            workspace_id: workspace_id.to_owned(),
+            device_id: device_id.map(str::to_owned),
+            title: title.map(str::to_owned),
+            event_seq: 0,
+            created_at: ids::now(),
+        };
+        sqlx::query("INSERT INTO runs (id, owner_id, workspace_id, device_id, title, event_seq, created_at) VALUES ($1, $2, $3, $4, $5, 0, $6)")
+            .bind(&row.id)
+            .bind(&row.owner_id)
+            .bind(&row.workspace_id)
+            .bind(row.device_id.as_deref())
+            .bind(row.title.as_deref())
+            .bind(&row.created_at)
+            .execute(self.pool())
+            .await?;
+        Ok(row)
+    }
+
+    /// The caller's run, or None (also for another user's run).
+    pub async fn run_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<RunRow>> {
+        Ok(sqlx::query_as("SELECT * FROM runs WHERE id = $1 AND owner_id = $2")
+            .bind(id)
+            .bind(owner_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// The caller's runs, newest first, `limit` at a time after `cursor` (a run id).
+    pub async fn list_runs(&self, owner_id: &str, cursor: Option<&str>, limit: i64) -> StoreResult<Vec<RunRow>> {
+        Ok(sqlx::query_as(
+            "SELECT * FROM runs WHERE owner_id = $1 AND ($2 = '' OR id < $2) ORDER BY id DESC LIMIT $3",
+        )
+        .bind(owner_id)
+        .bind(cursor.unwrap_or(""))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Stores a turn with its exposure and appends `exposure.created`, atomically.
+    pub async fn create_turn(
+        &self,
+        run: &RunRow,
+        task: &str,
+        context: Option<&str>,
+        exposure: &serde_json::Value,
+    ) -> StoreResult<TurnRow> {
+        let row = TurnRow {
+            id: ids::new_id("turn"),
+            run_id: run.id.clone(),
+            owner_id: run.owner_id.clone(),
+            task: task.to_owned(),
+            context: context.map(str::to_owned),
+            exposure: exposure.to_string(),
+            created_at: ids::now(),
+        };
+        let mut tx = self.begin_write().await?;
+        sqlx::query("INSERT INTO turns (id, run_id, owner_id, task, context, exposure, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+            .bind(&row.id)
+            .bind(&row.run_id)
+            .bind(&row.owner_id)
+            .bind(&row.task)
+            .bind(row.context.as_deref())
+            .bind(&row.exposure)
+            .bind(&row.created_at)
+            .execute(tx.conn())
+            .await?;
+        let summary = serde_json::json!({
+            "turn_id": row.id,
+            "strategy": exposure.get("strategy"),
+            "candidate_count": exposure.get("candidate_count"),
+            "tool_ids": exposure.get("tools").and_then(|t| t.as_array()).map(|tools| {
+                tools.iter().filter_map(|t| t.get("id").cloned()).collect::<Vec<_>>()
+            }),
+        });
+        tx.append_event(&row.run_id, EventKind::ExposureCreated, &summary).await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    /// The caller's turn, or None.
+    pub async fn turn_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<TurnRow>> {
+        Ok(sqlx::query_as("SELECT * FROM turns WHERE id = $1 AND owner_id = $2")
+            .bind(id)
+            .bind(owner_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+}

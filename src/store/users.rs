@@ -1,0 +1,88 @@
+//! Users and their bearer tokens (stored as SHA-256 hashes only).
+
+use serde::Serialize;
+
+use super::{Store, StoreResult};
+use crate::ids;
+
+/// A stored user.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct UserRow {
+    /// `usr_…`
+    pub id: String,
+    /// Unique name.
+    pub name: String,
+    /// 1 when the user may create users and workspaces.
+    #[serde(serialize_with = "as_bool")]
+    #[schema(value_type = bool)]
+    pub is_admin: i64,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+fn as_bool<S: serde::Serializer>(v: &i64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bool(*v != 0)
+}
+
+/// Who a valid token belongs to.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TokenIdentity {
+    /// The user.
+    pub user_id: String,
+    /// The user's name.
+    pub name: String,
+    /// 1 for admins.
+    pub is_admin: i64,
+    /// The token row, recorded on decisions ("from which token").
+    pub token_id: String,
+}
+
+impl Store {
+    /// Number of users (0 on a fresh store: time to bootstrap the admin).
+    pub async fn count_users(&self) -> StoreResult<i64> {
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM users").fetch_one(self.pool()).await?)
+    }
+
+    /// Creates a user and its first token (given as its SHA-256 hex). A taken name is a
+    /// unique violation ([`super::StoreError::is_unique_violation`]).
+    pub async fn create_user(&self, name: &str, is_admin: bool, token_sha256: &str) -> StoreResult<UserRow> {
+        let user = UserRow {
+            id: ids::new_id("usr"),
+            name: name.to_owned(),
+            is_admin: i64::from(is_admin),
+            created_at: ids::now(),
+        };
+        let mut tx = self.begin_write().await?;
+        sqlx::query("INSERT INTO users (id, name, is_admin, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(&user.id)
+            .bind(&user.name)
+            .bind(user.is_admin)
+            .bind(&user.created_at)
+            .execute(tx.conn())
+            .await?;
+        sqlx::query(
+            "INSERT INTO tokens (id, user_id, token_sha256, label, created_at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(ids::new_id("tok"))
+        .bind(&user.id)
+        .bind(token_sha256)
+        .bind("initial")
+        .bind(&user.created_at)
+        .execute(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(user)
+    }
+
+    /// The identity behind a token hash, if the token exists and is not revoked.
+    pub async fn identity_by_token(&self, token_sha256: &str) -> StoreResult<Option<TokenIdentity>> {
+        Ok(sqlx::query_as(
+            "SELECT u.id AS user_id, u.name, u.is_admin, t.id AS token_id
+             FROM tokens t JOIN users u ON u.id = t.user_id
+             WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
+        )
+        .bind(token_sha256)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+}

@@ -1,0 +1,36 @@
+//! Tool implementations, one folder per domain. [`register_core`] puts every core tool of
+//! this build into a registry.
+
+pub mod read;
+
+use std::sync::Arc;
+
+use crate::registry::{Registry, RegistryError};
+
+/// Registers the core tools and their legacy compatibility entries.
+pub fn register_core(registry: &Registry) -> Result<(), RegistryError> {
+    let discover = Arc::new(read::discover::ReadDiscover::new());
+    let open = Arc::new(read::open::ReadOpen::new());
+    registry.register(discover.clone())?;
+    registry.register(Arc::new(read::grep::Grep::new()))?;
+    registry.register(open.clone())?;
+    for legacy in read::legacy::entries(discover, open) {
+        registry.register(Arc::new(legacy))?;
+    }
+    Ok(())
+}
+
+/// Reads an optional unsigned integer field with a default and an upper bound.
+pub(crate) fn uint_field(input: &serde_json::Value, name: &str, default: u64, max: u64) -> u64 {
+    input.get(name).and_then(serde_json::Value::as_u64).unwrap_or(default).min(max)
+}
+
+/// Reads an optional string field.
+pub(crate) fn str_field<'a>(input: &'a serde_json::Value, name: &str) -> Option<&'a str> {
+    input.get(name).and_then(serde_json::Value::as_str)
+}
+
+/// Reads an optional boolean field (default false).
+pub(crate) fn bool_field(input: &serde_json::Value, name: &str) -> bool {
+    input.get(name).and_then(serde_json::Value::as_bool).unwrap_or(false)
+}

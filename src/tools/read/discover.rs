@@ -1,0 +1,222 @@
+//! `read_discover`: directories, paths and file-name candidates.
+//!
+//! Walks the workspace (or a folder of it) with ripgrep's `ignore` walker, honouring
+//! `.gitignore`, `.ignore` and hidden-file rules, never following symlinks. Without a
+//! `query` entries come in path order; with one, names are matched fuzzily (the `nucleo`
+//! matcher used by the Helix editor) and come best first. At most 200,000 entries are
+//! scanned; results are paginated with an opaque cursor.
+
+use async_trait::async_trait;
+use nucleo_matcher::pattern::{AtomKind, CaseMatching, Normalization, Pattern};
+use nucleo_matcher::{Config, Matcher, Utf32Str};
+use serde_json::{json, Value};
+
+use super::blocking;
+use crate::evidence::EvidenceDraft;
+use crate::registry::{ErrorClass, ExecContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use crate::tools::{str_field, uint_field};
+use crate::workspace::{self, Workspace};
+
+/// Entries scanned at most per call.
+pub const MAX_SCANNED: usize = 200_000;
+/// Default and largest page size.
+pub const DEFAULT_LIMIT: u64 = 100;
+/// Largest page size.
+pub const MAX_LIMIT: u64 = 1000;
+
+/// The `read_discover` tool.
+pub struct ReadDiscover {
+    spec: ToolSpec,
+}
+
+impl ReadDiscover {
+    /// The tool with its spec.
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                id: "read_discover".into(),
+                kind: ToolKind::Public,
+                domain: "read".into(),
+                title: "Discover files and folders".into(),
+                description: "List directories, paths and file-name candidates in the workspace. Honours .gitignore. \
+                    Give `query` to fuzzy-match file and folder names (best first), `path` to look inside a folder."
+                    .into(),
+                input_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string", "maxLength": 512, "description": "File or folder name fragment, matched fuzzily"},
+                        "path": {"type": "string", "maxLength": 4096, "description": "Folder to look in, relative to the workspace root (default the root)"},
+                        "kind": {"type": "string", "enum": ["any", "file", "dir"], "description": "Only files or only folders"},
+                        "max_depth": {"type": "integer", "minimum": 1, "maximum": 64, "description": "Deepest level to descend"},
+                        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": "Entries per page (default 100)"},
+                        "cursor": {"type": "string", "maxLength": 64, "description": "next_cursor of the previous page"}
+                    },
+                    "additionalProperties": false
+                }),
+                requires_approval: false,
+                capability: Some("fs.read".into()),
+                replacement: None,
+                owner: None,
+            },
+        }
+    }
+}
+
+impl Default for ReadDiscover {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn parse_cursor(cursor: Option<&str>) -> Result<usize, ToolError> {
+    match cursor {
+        None => Ok(0),
+        Some(c) => c
+            .strip_prefix("o")
+            .and_then(|n| n.parse::<usize>().ok())
+            .ok_or_else(|| ToolError::new(ErrorClass::BadInput, "invalid_cursor", format!("cursor {c:?} was not issued by read_discover"))),
+    }
+}
+
+#[async_trait]
+impl Tool for ReadDiscover {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn prepare(&self, input: Value, ws: &Workspace) -> Result<Prepared, ToolError> {
+        let path = workspace::normalize(str_field(&input, "path").unwrap_or("."))?;
+        ws.check_beneath(&path)?;
+        parse_cursor(str_field(&input, "cursor"))?;
+        let mut canonical = json!({
+            "path": path,
+            "kind": str_field(&input, "kind").unwrap_or("any"),
+            "limit": uint_field(&input, "limit", DEFAULT_LIMIT, MAX_LIMIT),
+        });
+        for key in ["query", "cursor", "max_depth"] {
+            if let Some(v) = input.get(key) {
+                canonical[key] = v.clone();
+            }
+        }
+        Ok(Prepared { input: canonical, preview: Value::Null })
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let input = input.clone();
+        let ws = ctx.workspace.clone();
+        let cancel = ctx.cancel.clone();
+        blocking(move || discover(&ws, &input, &cancel)).await
+    }
+}
+
+struct Found {
+    path: String,
+    kind: &'static str,
+    size: Option<u64>,
+    score: Option<u32>,
+}
+
+fn discover(ws: &Workspace, input: &Value, cancel: &tokio_util::sync::CancellationToken) -> Result<ToolOutput, ToolError> {
+    let rel = str_field(input, "path").unwrap_or(".").to_owned();
+    let kind_filter = str_field(input, "kind").unwrap_or("any");
+    let limit = usize::try_from(uint_field(input, "limit", DEFAULT_LIMIT, MAX_LIMIT)).unwrap_or(100);
+    let offset = parse_cursor(str_field(input, "cursor"))?;
+    let query = str_field(input, "query").filter(|q| !q.trim().is_empty());
+
+    let start = ws.root().join(&rel);
+    let meta = ws.dir().metadata(&rel).map_err(|e| workspace::io_error(&rel, &e))?;
+    if !meta.is_dir() {
+        return Err(ToolError::new(ErrorClass::BadInput, "not_a_directory", format!("{rel} is not a directory")));
+    }
+    // The start folder must really be beneath the root (no symlinked folder leading out).
+    let real_root = std::fs::canonicalize(ws.root()).map_err(|e| workspace::io_error(".", &e))?;
+    let real_start = std::fs::canonicalize(&start).map_err(|e| workspace::io_error(&rel, &e))?;
+    if !real_start.starts_with(&real_root) {
+        return Err(workspace::outside(&rel));
+    }
+
+    let mut walker = ignore::WalkBuilder::new(&real_start);
+    walker.follow_links(false).sort_by_file_name(|a, b| a.cmp(b)).require_git(false);
+    if let Some(depth) = input.get("max_depth").and_then(Value::as_u64) {
+        walker.max_depth(usize::try_from(depth).ok());
+    }
+    let mut matcher = Matcher::new(Config::DEFAULT.match_paths());
+    let pattern = query.map(|q| Pattern::new(q, CaseMatching::Smart, Normalization::Smart, AtomKind::Fuzzy));
+    let mut found = Vec::new();
+    let mut scanned = 0usize;
+    let mut scan_capped = false;
+    let mut buf = Vec::new();
+    for entry in walker.build() {
+        if cancel.is_cancelled() {
+            return Err(ToolError::new(ErrorClass::Failed, "cancelled", "the invocation was cancelled"));
+        }
+        let Ok(entry) = entry else { continue };
+        if entry.depth() == 0 {
+            continue;
+        }
+        scanned += 1;
+        if scanned > MAX_SCANNED {
+            scan_capped = true;
+            break;
+        }
+        let Ok(path) = entry.path().strip_prefix(&real_root) else { continue };
+        let path = path.to_string_lossy().into_owned();
+        let ft = entry.file_type();
+        let kind = match ft {
+            Some(t) if t.is_dir() => "dir",
+            Some(t) if t.is_file() => "file",
+            Some(t) if t.is_symlink() => "symlink",
+            _ => "other",
+        };
+        if (kind_filter == "file" && kind != "file") || (kind_filter == "dir" && kind != "dir") {
+            continue;
+        }
+        let score = match &pattern {
+            Some(p) => {
+                let Some(score) = p.score(Utf32Str::new(&path, &mut buf), &mut matcher) else { continue };
+                Some(score)
+            }
+            None => None,
+        };
+        let size = if kind == "file" { entry.metadata().ok().map(|m| m.len()) } else { None };
+        found.push(Found { path, kind, size, score });
+    }
+    if pattern.is_some() {
+        found.sort_by(|a, b| b.score.cmp(&a.score).then_with(|| a.path.len().cmp(&b.path.len())).then_with(|| a.path.cmp(&b.path)));
+    }
+    let total = found.len();
+    let page: Vec<&Found> = found.iter().skip(offset).take(limit).collect();
+    let next = offset + page.len();
+    let next_cursor = (next < total).then(|| format!("o{next}"));
+    let entries: Vec<Value> = page
+        .iter()
+        .map(|f| {
+            let mut e = json!({"path": f.path, "kind": f.kind});
+            if let Some(size) = f.size {
+                e["size"] = json!(size);
+            }
+            if let Some(score) = f.score {
+                e["score"] = json!(score);
+            }
+            e
+        })
+        .collect();
+    let listing: String = page.iter().map(|f| format!("{}\t{}\n", f.kind, f.path)).collect();
+    let evidence = EvidenceDraft::of_text(
+        "directory_listing",
+        json!({"path": rel, "query": query, "offset": offset, "count": page.len(), "total": total, "scan_capped": scan_capped}),
+        &listing,
+    );
+    Ok(ToolOutput {
+        output: json!({
+            "path": rel,
+            "query": query,
+            "entries": entries,
+            "total": total,
+            "scanned": scanned.min(MAX_SCANNED),
+            "scan_capped": scan_capped,
+            "next_cursor": next_cursor,
+        }),
+        evidence: vec![evidence],
+    })
+}

@@ -1,0 +1,298 @@
+//! `grep`: content search (text, symbols, references, config keys) with ripgrep's crates.
+//!
+//! Regex (Rust `regex` syntax) or literal, case options, include/exclude globs, context
+//! lines. Files are found with the `ignore` walker (honours `.gitignore`, never follows
+//! symlinks) and opened through the workspace boundary; binary files (a NUL byte) and files
+//! over 20 MiB are skipped and counted. Caps: `max_per_file` matches per file, `limit`
+//! matches in all, 100,000 files searched.
+
+use std::io::Read;
+
+use async_trait::async_trait;
+use grep_matcher::Matcher;
+use grep_regex::{RegexMatcher, RegexMatcherBuilder};
+use grep_searcher::{Searcher, SearcherBuilder, Sink, SinkContext, SinkContextKind, SinkMatch};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::blocking;
+use crate::evidence::{sha256_hex, EvidenceDraft};
+use crate::registry::{ErrorClass, ExecContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use crate::tools::{bool_field, str_field, uint_field};
+use crate::workspace::{self, Workspace};
+
+/// Files larger than this are skipped, in bytes.
+pub const MAX_FILE_BYTES: u64 = 20 * 1024 * 1024;
+/// Files searched at most per call.
+pub const MAX_FILES: usize = 100_000;
+/// Longest line text returned, in bytes (longer lines are cut with `…`).
+pub const MAX_LINE_BYTES: usize = 1000;
+/// Evidence items at most per call (one per file with matches).
+pub const MAX_EVIDENCE_FILES: usize = 50;
+
+/// The `grep` tool.
+pub struct Grep {
+    spec: ToolSpec,
+}
+
+impl Grep {
+    /// The tool with its spec.
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                id: "grep".into(),
+                kind: ToolKind::Public,
+                domain: "read".into(),
+                title: "Search file contents".into(),
+                description: "Search the contents of workspace files for a regex or literal: text, symbols, references, \
+                    config keys. Honours .gitignore, skips binary files, returns matching lines with line numbers and \
+                    optional context."
+                    .into(),
+                input_schema: json!({
+                    "type": "object",
+                    "required": ["pattern"],
+                    "properties": {
+                        "pattern": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "Regular expression (Rust regex syntax), or literal text when literal is true"},
+                        "path": {"type": "string", "maxLength": 4096, "description": "File or folder to search, relative to the workspace root (default the root)"},
+                        "literal": {"type": "boolean", "description": "Treat pattern as plain text"},
+                        "case_insensitive": {"type": "boolean", "description": "Ignore case"},
+                        "glob": {"description": "Only files matching these globs; prefix ! to exclude", "oneOf": [
+                            {"type": "string", "maxLength": 1024},
+                            {"type": "array", "items": {"type": "string", "maxLength": 1024}, "maxItems": 32}
+                        ]},
+                        "context": {"type": "integer", "minimum": 0, "maximum": 10, "description": "Lines of context before and after each match"},
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 2000, "description": "Most matches in all (default 200)"},
+                        "max_per_file": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "Most matches per file (default 50)"}
+                    },
+                    "additionalProperties": false
+                }),
+                requires_approval: false,
+                capability: Some("fs.read".into()),
+                replacement: None,
+                owner: None,
+            },
+        }
+    }
+}
+
+impl Default for Grep {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn matcher_for(input: &Value) -> Result<RegexMatcher, ToolError> {
+    let pattern = str_field(input, "pattern").unwrap_or_default();
+    RegexMatcherBuilder::new()
+        .case_insensitive(bool_field(input, "case_insensitive"))
+        .fixed_strings(bool_field(input, "literal"))
+        .size_limit(16 * 1024 * 1024)
+        .build(pattern)
+        .map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_pattern", format!("pattern does not compile: {e}")))
+}
+
+fn globs(input: &Value) -> Vec<String> {
+    match input.get("glob") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[async_trait]
+impl Tool for Grep {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn prepare(&self, input: Value, ws: &Workspace) -> Result<Prepared, ToolError> {
+        matcher_for(&input)?;
+        let path = workspace::normalize(str_field(&input, "path").unwrap_or("."))?;
+        ws.check_beneath(&path)?;
+        let globs = globs(&input);
+        let mut overrides = ignore::overrides::OverrideBuilder::new(ws.root());
+        for g in &globs {
+            overrides
+                .add(g)
+                .map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", format!("glob {g:?}: {e}")))?;
+        }
+        Ok(Prepared {
+            input: json!({
+                "pattern": str_field(&input, "pattern"),
+                "path": path,
+                "literal": bool_field(&input, "literal"),
+                "case_insensitive": bool_field(&input, "case_insensitive"),
+                "glob": globs,
+                "context": uint_field(&input, "context", 0, 10),
+                "limit": uint_field(&input, "limit", 200, 2000),
+                "max_per_file": uint_field(&input, "max_per_file", 50, 1000),
+            }),
+            preview: Value::Null,
+        })
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let input = input.clone();
+        let ws = ctx.workspace.clone();
+        let cancel = ctx.cancel.clone();
+        blocking(move || grep(&ws, &input, &cancel)).await
+    }
+}
+
+#[derive(Default)]
+struct Hit {
+    line: u64,
+    column: usize,
+    text: String,
+    before: Vec<Value>,
+    after: Vec<Value>,
+}
+
+struct Collect<'m> {
+    matcher: &'m RegexMatcher,
+    hits: Vec<Hit>,
+    pending_before: Vec<Value>,
+    max: usize,
+}
+
+fn line_text(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.trim_end_matches(['\n', '\r']);
+    crate::evidence::excerpt(text, MAX_LINE_BYTES)
+}
+
+impl Sink for Collect<'_> {
+    type Error = std::io::Error;
+
+    fn matched(&mut self, _s: &Searcher, m: &SinkMatch<'_>) -> Result<bool, Self::Error> {
+        let column = self.matcher.find(m.bytes()).ok().flatten().map_or(1, |found| found.start() + 1);
+        self.hits.push(Hit {
+            line: m.line_number().unwrap_or(0),
+            column,
+            text: line_text(m.bytes()),
+            before: std::mem::take(&mut self.pending_before),
+            after: Vec::new(),
+        });
+        Ok(self.hits.len() < self.max)
+    }
+
+    fn context(&mut self, _s: &Searcher, c: &SinkContext<'_>) -> Result<bool, Self::Error> {
+        let line = json!({"line": c.line_number().unwrap_or(0), "text": line_text(c.bytes())});
+        match c.kind() {
+            SinkContextKind::Before => self.pending_before.push(line),
+            SinkContextKind::After => {
+                if let Some(last) = self.hits.last_mut() {
+                    last.after.push(line);
+                }
+            }
+            SinkContextKind::Other => {}
+        }
+        Ok(true)
+    }
+}
+
+fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<ToolOutput, ToolError> {
+    let matcher = matcher_for(input)?;
+    let rel = str_field(input, "path").unwrap_or(".").to_owned();
+    let context = usize::try_from(uint_field(input, "context", 0, 10)).unwrap_or(0);
+    let limit = usize::try_from(uint_field(input, "limit", 200, 2000)).unwrap_or(200);
+    let per_file = usize::try_from(uint_field(input, "max_per_file", 50, 1000)).unwrap_or(50);
+    let globs = globs(input);
+
+    let real_root = std::fs::canonicalize(ws.root()).map_err(|e| workspace::io_error(".", &e))?;
+    let start_meta = ws.dir().metadata(&rel).map_err(|e| workspace::io_error(&rel, &e))?;
+    let files: Box<dyn Iterator<Item = String>> = if start_meta.is_file() {
+        Box::new(std::iter::once(rel.clone()))
+    } else {
+        let real_start = std::fs::canonicalize(ws.root().join(&rel)).map_err(|e| workspace::io_error(&rel, &e))?;
+        if !real_start.starts_with(&real_root) {
+            return Err(workspace::outside(&rel));
+        }
+        let mut overrides = ignore::overrides::OverrideBuilder::new(&real_root);
+        for g in &globs {
+            overrides.add(g).map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", e.to_string()))?;
+        }
+        let overrides = overrides.build().map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", e.to_string()))?;
+        let mut walker = ignore::WalkBuilder::new(&real_start);
+        walker.follow_links(false).sort_by_file_name(|a, b| a.cmp(b)).require_git(false).overrides(overrides);
+        let root = real_root.clone();
+        Box::new(walker.build().filter_map(Result::ok).filter(|e| e.file_type().is_some_and(|t| t.is_file())).filter_map(
+            move |e| e.path().strip_prefix(&root).ok().map(|p| p.to_string_lossy().into_owned()),
+        ))
+    };
+
+    let mut searcher = SearcherBuilder::new()
+        .line_number(true)
+        .before_context(context)
+        .after_context(context)
+        .build();
+    let mut matches = Vec::new();
+    let mut evidence = Vec::new();
+    let (mut searched, mut with_matches, mut skipped_binary, mut skipped_large) = (0usize, 0usize, 0usize, 0usize);
+    let mut truncated = false;
+    for path in files {
+        if cancel.is_cancelled() {
+            return Err(ToolError::new(ErrorClass::Failed, "cancelled", "the invocation was cancelled"));
+        }
+        if searched >= MAX_FILES || matches.len() >= limit {
+            truncated = true;
+            break;
+        }
+        let Ok((file, meta)) = ws.open_regular(&path) else { continue };
+        if meta.len() > MAX_FILE_BYTES {
+            skipped_large += 1;
+            continue;
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        if file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).is_err() {
+            continue;
+        }
+        searched += 1;
+        if memchr_nul(&bytes) {
+            skipped_binary += 1;
+            continue;
+        }
+        let room = (limit - matches.len()).min(per_file);
+        let mut sink = Collect { matcher: &matcher, hits: Vec::new(), pending_before: Vec::new(), max: room };
+        if searcher.search_slice(&matcher, &bytes, &mut sink).is_err() || sink.hits.is_empty() {
+            continue;
+        }
+        with_matches += 1;
+        if sink.hits.len() >= room {
+            truncated = true;
+        }
+        if evidence.len() < MAX_EVIDENCE_FILES {
+            let lines: Vec<u64> = sink.hits.iter().map(|h| h.line).collect();
+            let excerpt: String = sink.hits.iter().map(|h| format!("{}:{}: {}\n", path, h.line, h.text)).collect();
+            evidence.push(EvidenceDraft {
+                kind: "grep_match".into(),
+                provenance: json!({"path": path, "lines": lines, "pattern": str_field(input, "pattern"), "file_sha256": sha256_hex(&bytes)}),
+                content_sha256: sha256_hex(&bytes),
+                excerpt: crate::evidence::excerpt(&excerpt, crate::evidence::EXCERPT_MAX_BYTES),
+            });
+        }
+        for h in sink.hits {
+            let mut m = json!({"path": path, "line": h.line, "column": h.column, "text": h.text});
+            if context > 0 {
+                m["before"] = Value::Array(h.before);
+                m["after"] = Value::Array(h.after);
+            }
+            matches.push(m);
+        }
+    }
+    Ok(ToolOutput {
+        output: json!({
+            "matches": matches,
+            "files_searched": searched,
+            "files_with_matches": with_matches,
+            "skipped_binary": skipped_binary,
+            "skipped_large": skipped_large,
+            "truncated": truncated,
+        }),
+        evidence,
+    })
+}
+
+fn memchr_nul(bytes: &[u8]) -> bool {
+    bytes.contains(&0)
+}

@@ -1,0 +1,20 @@
+//! Read: `read_discover` (directories, paths, file-name candidates), `grep` (content),
+//! `read_open` (a known file or line range), and the legacy read entries. All confined to
+//! the run's workspace and run without approval.
+
+pub mod discover;
+pub mod grep;
+pub mod legacy;
+pub mod open;
+
+use crate::registry::{ErrorClass, ToolError};
+
+/// Runs blocking file-system work on the blocking pool, mapping a panic or cancellation of
+/// that task to a tool error.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
+) -> Result<T, ToolError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ToolError::new(ErrorClass::Failed, "internal", format!("worker failed: {e}")))?
+}

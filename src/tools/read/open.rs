@@ -1,0 +1,280 @@
+//! `read_open`: a known file, whole or a line range.
+//!
+//! The file is opened through the workspace boundary and streamed once: every byte feeds
+//! the SHA-256 (so the evidence names the exact file version, and an Edit tool's
+//! `expected_sha256` can refer to it), lines are counted, and the requested lines are kept
+//! up to `max_bytes`, cut only at line boundaries, with a truncation marker. Binary files
+//! (a NUL byte in the first 8 KiB) and invalid UTF-8 are answered with `binary_file` and
+//! `invalid_utf8` rather than garbled text; UTF-16 files with a byte-order mark are decoded.
+//! Line endings are returned as stored (a CRLF file's text keeps its CRLFs).
+
+use std::io::Read;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::blocking;
+use crate::evidence::EvidenceDraft;
+use crate::registry::{ErrorClass, ExecContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use crate::tools::{str_field, uint_field};
+use crate::workspace::{self, Workspace};
+
+/// Default cap on returned content, in bytes.
+pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024;
+/// Largest allowed `max_bytes`.
+pub const MAX_MAX_BYTES: u64 = 1024 * 1024;
+/// Bytes inspected for a NUL to call a file binary (the same heuristic as git and ripgrep).
+pub const BINARY_SNIFF_BYTES: usize = 8192;
+/// Largest UTF-16 file decoded, in bytes.
+pub const MAX_UTF16_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The `read_open` tool.
+pub struct ReadOpen {
+    spec: ToolSpec,
+}
+
+impl ReadOpen {
+    /// The tool with its spec.
+    pub fn new() -> Self {
+        Self {
+            spec: ToolSpec {
+                id: "read_open".into(),
+                kind: ToolKind::Public,
+                domain: "read".into(),
+                title: "Open a file".into(),
+                description: "Open a known workspace file, whole or a line range (1-based, inclusive). Returns the text \
+                    with its SHA-256, line count and line-ending style; large output is truncated with a marker; binary \
+                    and non-UTF-8 files are reported as such."
+                    .into(),
+                input_schema: json!({
+                    "type": "object",
+                    "required": ["path"],
+                    "properties": {
+                        "path": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "File path relative to the workspace root"},
+                        "start_line": {"type": "integer", "minimum": 1, "description": "First line to return (1-based)"},
+                        "end_line": {"type": "integer", "minimum": 1, "description": "Last line to return (inclusive)"},
+                        "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_MAX_BYTES, "description": "Most bytes of text to return (default 262144)"}
+                    },
+                    "additionalProperties": false
+                }),
+                requires_approval: false,
+                capability: Some("fs.read".into()),
+                replacement: None,
+                owner: None,
+            },
+        }
+    }
+}
+
+impl Default for ReadOpen {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[async_trait]
+impl Tool for ReadOpen {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn prepare(&self, input: Value, ws: &Workspace) -> Result<Prepared, ToolError> {
+        let path = workspace::normalize(str_field(&input, "path").unwrap_or_default())?;
+        ws.check_beneath(&path)?;
+        let start = input.get("start_line").and_then(Value::as_u64);
+        let end = input.get("end_line").and_then(Value::as_u64);
+        if let (Some(s), Some(e)) = (start, end) {
+            if s > e {
+                return Err(ToolError::new(ErrorClass::BadInput, "invalid_range", format!("start_line {s} is after end_line {e}")));
+            }
+        }
+        let mut canonical = json!({"path": path, "max_bytes": uint_field(&input, "max_bytes", DEFAULT_MAX_BYTES, MAX_MAX_BYTES)});
+        if let Some(s) = start {
+            canonical["start_line"] = json!(s);
+        }
+        if let Some(e) = end {
+            canonical["end_line"] = json!(e);
+        }
+        Ok(Prepared { input: canonical, preview: Value::Null })
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let input = input.clone();
+        let ws = ctx.workspace.clone();
+        blocking(move || open(&ws, &input)).await
+    }
+}
+
+/// What one streaming pass over a file found.
+struct Scan {
+    sha256: String,
+    size: u64,
+    total_lines: u64,
+    crlf: u64,
+    lf_only: u64,
+    kept: Vec<u8>,
+    first_kept: u64,
+    last_kept: u64,
+    truncated: bool,
+}
+
+fn scan(mut file: impl Read, start: u64, end: u64, max_bytes: usize, rel: &str) -> Result<Scan, ToolError> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut s = Scan { sha256: String::new(), size: 0, total_lines: 0, crlf: 0, lf_only: 0, kept: Vec::new(), first_kept: 0, last_kept: 0, truncated: false };
+    let mut line_no: u64 = 1;
+    let mut line = Vec::new();
+    let mut prev: u8 = 0;
+    let mut sniffed = false;
+    loop {
+        let n = file.read(&mut buf).map_err(|e| workspace::io_error(rel, &e))?;
+        if n == 0 {
+            break;
+        }
+        let chunk = &buf[..n];
+        if !sniffed {
+            sniffed = true;
+            let head = &chunk[..chunk.len().min(BINARY_SNIFF_BYTES)];
+            if head.contains(&0) {
+                return Err(ToolError::new(ErrorClass::BadInput, "binary_file", format!("{rel} is a binary file; read_open returns text only"))
+                    .with_details(json!({"path": rel})));
+            }
+        }
+        hasher.update(chunk);
+        s.size += n as u64;
+        for &b in chunk {
+            let in_range = line_no >= start && line_no <= end;
+            if in_range && !s.truncated {
+                line.push(b);
+            }
+            if b == b'\n' {
+                if prev == b'\r' { s.crlf += 1 } else { s.lf_only += 1 }
+                if in_range && !s.truncated {
+                    keep_line(&mut s, &mut line, line_no, max_bytes);
+                }
+                line_no += 1;
+            }
+            prev = b;
+        }
+    }
+    if !line.is_empty() && !s.truncated {
+        keep_line(&mut s, &mut line, line_no, max_bytes);
+    }
+    s.total_lines = if s.size == 0 { 0 } else if prev == b'\n' { line_no - 1 } else { line_no };
+    s.sha256 = hex::encode(hasher.finalize());
+    Ok(s)
+}
+
+fn keep_line(s: &mut Scan, line: &mut Vec<u8>, line_no: u64, max_bytes: usize) {
+    if s.kept.len() + line.len() > max_bytes {
+        if s.kept.is_empty() {
+            // A single line longer than the cap: keep its head (cut on a char boundary later).
+            s.kept.extend_from_slice(&line[..max_bytes]);
+            s.first_kept = line_no;
+            s.last_kept = line_no;
+        }
+        s.truncated = true;
+    } else {
+        if s.kept.is_empty() && s.first_kept == 0 {
+            s.first_kept = line_no;
+        }
+        s.kept.extend_from_slice(line);
+        s.last_kept = line_no;
+    }
+    line.clear();
+}
+
+fn open(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
+    let rel = str_field(input, "path").unwrap_or_default().to_owned();
+    let start = input.get("start_line").and_then(Value::as_u64).unwrap_or(1);
+    let end = input.get("end_line").and_then(Value::as_u64).unwrap_or(u64::MAX);
+    let max_bytes = usize::try_from(uint_field(input, "max_bytes", DEFAULT_MAX_BYTES, MAX_MAX_BYTES)).unwrap_or(262_144);
+    let (file, meta) = ws.open_regular(&rel)?;
+    let mut bom = [0u8; 2];
+    let bom_len = std::os::unix::fs::FileExt::read_at(&file, &mut bom, 0).map_err(|e| workspace::io_error(&rel, &e))?;
+    let utf16 = bom_len == 2 && (bom == [0xFF, 0xFE] || bom == [0xFE, 0xFF]);
+    let (scan, encoding) = if utf16 {
+        (decode_utf16(file, &rel, meta.len(), start, end, max_bytes)?, "utf-16")
+    } else {
+        (scan(&file, start, end, max_bytes, &rel)?, "utf-8")
+    };
+    if scan.total_lines > 0 && start > scan.total_lines {
+        return Err(ToolError::new(
+            ErrorClass::BadInput,
+            "invalid_range",
+            format!("start_line {start} is beyond the end of {rel} ({} lines)", scan.total_lines),
+        )
+        .with_details(json!({"path": rel, "total_lines": scan.total_lines})));
+    }
+    let content = match String::from_utf8(scan.kept) {
+        Ok(text) => text,
+        Err(e) if scan.truncated && e.utf8_error().error_len().is_none() => {
+            // The cut fell inside a character: drop the partial sequence.
+            let valid = e.utf8_error().valid_up_to();
+            let mut bytes = e.into_bytes();
+            bytes.truncate(valid);
+            String::from_utf8(bytes).unwrap_or_default()
+        }
+        Err(e) => {
+            return Err(ToolError::new(
+                ErrorClass::BadInput,
+                "invalid_utf8",
+                format!("{rel} is not valid UTF-8 (first invalid byte at offset {} of the returned range)", e.utf8_error().valid_up_to()),
+            )
+            .with_details(json!({"path": rel, "offset_in_range": e.utf8_error().valid_up_to(), "sha256": scan.sha256})));
+        }
+    };
+    let line_ending = match (scan.crlf, scan.lf_only) {
+        (0, 0) => "none",
+        (_, 0) => "crlf",
+        (0, _) => "lf",
+        _ => "mixed",
+    };
+    let (first, last) = if content.is_empty() { (start, start.saturating_sub(1)) } else { (scan.first_kept, scan.last_kept) };
+    let marker = scan.truncated.then(|| {
+        format!("[truncated: returned lines {first}-{last} of {}; {} bytes cap reached; ask for start_line {} to continue]", scan.total_lines, max_bytes, last + 1)
+    });
+    let evidence = EvidenceDraft {
+        kind: "file_excerpt".into(),
+        provenance: json!({
+            "path": rel, "start_line": first, "end_line": last, "total_lines": scan.total_lines,
+            "file_sha256": scan.sha256, "size_bytes": scan.size, "truncated": scan.truncated,
+        }),
+        content_sha256: scan.sha256.clone(),
+        excerpt: crate::evidence::excerpt(&content, crate::evidence::EXCERPT_MAX_BYTES),
+    };
+    Ok(ToolOutput {
+        output: json!({
+            "path": rel,
+            "content": content,
+            "start_line": first,
+            "end_line": last,
+            "total_lines": scan.total_lines,
+            "size_bytes": scan.size,
+            "sha256": scan.sha256,
+            "encoding": encoding,
+            "line_ending": line_ending,
+            "truncated": scan.truncated,
+            "truncation_marker": marker,
+        }),
+        evidence: vec![evidence],
+    })
+}
+
+/// Decodes a UTF-16 file (byte-order mark present; `decode` sniffs LE/BE and strips it).
+fn decode_utf16(file: std::fs::File, rel: &str, size: u64, start: u64, end: u64, max_bytes: usize) -> Result<Scan, ToolError> {
+    if size > MAX_UTF16_BYTES {
+        return Err(ToolError::new(ErrorClass::TooLarge, "file_too_large", format!("{rel} is UTF-16 and larger than {MAX_UTF16_BYTES} bytes")));
+    }
+    let mut raw = Vec::new();
+    file.take(MAX_UTF16_BYTES).read_to_end(&mut raw).map_err(|e| workspace::io_error(rel, &e))?;
+    let (text, _, had_errors) = encoding_rs::UTF_16LE.decode(&raw);
+    if had_errors {
+        return Err(ToolError::new(ErrorClass::BadInput, "invalid_utf16", format!("{rel} has a UTF-16 byte-order mark but is not valid UTF-16")));
+    }
+    let mut s = scan(text.as_bytes(), start, end, max_bytes, rel)?;
+    s.sha256 = crate::evidence::sha256_hex(&raw);
+    s.size = raw.len() as u64;
+    Ok(s)
+}
