@@ -1,0 +1,330 @@
+//! Test harness: a real server on a free port over a real database — a fresh SQLite file,
+//! or a fresh Postgres database on `TEST_DATABASE_URL` (default the local server) that is
+//! dropped afterwards — with a temporary workspace and helpers for the HTTP API.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use mira::config::RuntimeConfig;
+use mira::server::{Server, Settings};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+/// Which store a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Generates `<name>::sqlite` and `<name>::postgres` tests from `async fn <name>(Backend)`.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() { super::$name($crate::common::Backend::Sqlite).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() { super::$name($crate::common::Backend::Postgres).await }
+        }
+    )*};
+}
+
+pub fn admin_url() -> String {
+    std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A database for one test; Postgres databases are dropped on drop.
+pub struct TestDb {
+    pub url: String,
+    pg_name: Option<String>,
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend, data_dir: &Path) -> TestDb {
+        match backend {
+            Backend::Sqlite => TestDb { url: format!("sqlite://{}?mode=rwc", data_dir.join("mira.db").display()), pg_name: None },
+            Backend::Postgres => {
+                let name = format!("mira_test_{}", uuid::Uuid::now_v7().simple());
+                let admin = admin_url();
+                let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&admin).await.expect("TEST_DATABASE_URL reachable");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.expect("create test database");
+                pool.close().await;
+                let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b).to_owned();
+                TestDb { url: format!("{base}/{name}"), pg_name: Some(name) }
+            }
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(name) = self.pg_name.take() {
+            let admin = admin_url();
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async move {
+                    if let Ok(pool) = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&admin).await {
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))).execute(&pool).await;
+                        pool.close().await;
+                    }
+                });
+            })
+            .join();
+        }
+    }
+}
+
+/// A running server for one test.
+pub struct TestApp {
+    pub backend: Backend,
+    pub base: String,
+    pub client: reqwest::Client,
+    pub admin_token: String,
+    pub workspace: PathBuf,
+    pub data_dir: PathBuf,
+    pub server: Option<Server>,
+    pub settings: Settings,
+    _tmp: tempfile::TempDir,
+    pub db: TestDb,
+}
+
+/// Options for [`spawn_with`].
+pub struct Options {
+    pub runtime: RuntimeConfig,
+    pub body_limit: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { runtime: RuntimeConfig { execution_concurrency: 4, ..RuntimeConfig::default() }, body_limit: 1024 * 1024 }
+    }
+}
+
+pub async fn spawn(backend: Backend) -> TestApp {
+    spawn_with(backend, Options::default()).await
+}
+
+pub async fn spawn_with(backend: Backend, options: Options) -> TestApp {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data_dir = tmp.path().join("data");
+    let workspace = tmp.path().join("ws");
+    std::fs::create_dir_all(&workspace).expect("workspace");
+    std::fs::create_dir_all(&data_dir).expect("data");
+    let db = TestDb::new(backend, &data_dir).await;
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        data_dir: data_dir.clone(),
+        database_url: db.url.clone(),
+        workspace: workspace.clone(),
+        runtime: options.runtime,
+        body_limit: options.body_limit,
+        request_timeout: Duration::from_secs(30),
+    };
+    let server = Server::start(settings.clone()).await.expect("server starts");
+    let token_file = server.admin_token_file.clone().expect("fresh store bootstraps an admin");
+    let admin_token = std::fs::read_to_string(token_file).expect("token file").trim().to_owned();
+    TestApp {
+        backend,
+        base: format!("http://{}", server.addr),
+        client: reqwest::Client::new(),
+        admin_token,
+        workspace: std::fs::canonicalize(&workspace).expect("canonical workspace"),
+        data_dir,
+        server: Some(server),
+        settings,
+        _tmp: tmp,
+        db,
+    }
+}
+
+/// A JSON response.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl Resp {
+    /// The error code of an error body.
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+}
+
+impl TestApp {
+    pub fn app(&self) -> &mira::app::App {
+        &self.server.as_ref().expect("running").app
+    }
+
+    pub async fn request(&self, method: reqwest::Method, path: &str, token: Option<&str>, body: Option<Value>) -> Resp {
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("request sent");
+        let status = resp.status();
+        let text = resp.text().await.expect("body");
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Resp { status, body }
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> Resp {
+        self.request(reqwest::Method::GET, path, Some(token), None).await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: Value) -> Resp {
+        self.request(reqwest::Method::POST, path, Some(token), Some(body)).await
+    }
+
+    /// Creates a user and returns its token.
+    pub async fn user(&self, name: &str) -> String {
+        let r = self.post("/v1/users", &self.admin_token, json!({"name": name})).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        r.body["token"].as_str().expect("token").to_owned()
+    }
+
+    /// Opens a run on the default workspace; returns its id.
+    pub async fn run(&self, token: &str) -> String {
+        let r = self.post("/v1/runs", token, json!({"title": "test"})).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        r.body["id"].as_str().expect("run id").to_owned()
+    }
+
+    /// Starts a turn; returns (turn id, exposure).
+    pub async fn turn(&self, token: &str, run: &str, task: &str) -> (String, Value) {
+        let r = self.post(&format!("/v1/runs/{run}/turns"), token, json!({"task": task})).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        (r.body["turn_id"].as_str().expect("turn id").to_owned(), r.body["exposure"].clone())
+    }
+
+    /// Freezes a call.
+    pub async fn call(&self, token: &str, run: &str, turn: &str, tool: &str, call_id: &str, input: Value) -> Resp {
+        self.post(
+            &format!("/v1/runs/{run}/invocations"),
+            token,
+            json!({"turn_id": turn, "tool_id": tool, "tool_call_id": call_id, "input": input}),
+        )
+        .await
+    }
+
+    /// Polls an invocation until it reaches a final status (10 s at most).
+    pub async fn wait_final(&self, token: &str, invocation: &str) -> Value {
+        for _ in 0..200 {
+            let r = self.get(&format!("/v1/invocations/{invocation}"), token).await;
+            let status = r.body["status"].as_str().unwrap_or("");
+            if !matches!(status, "queued" | "running" | "awaiting_approval") {
+                return r.body;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("invocation {invocation} did not finish");
+    }
+
+    /// Stops the server (graceful shutdown).
+    pub async fn stop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+    }
+
+    /// Starts a new server process on the same store and data dir.
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        let server = Server::start(self.settings.clone()).await.expect("server restarts");
+        self.base = format!("http://{}", server.addr);
+        self.server = Some(server);
+    }
+}
+
+/// Reads SSE events from a response until `n` events arrived or `timeout` passed.
+/// Returns (id, event, data) triples; comments are skipped.
+pub async fn read_sse(resp: reqwest::Response, n: usize, timeout: Duration) -> Vec<(i64, String, Value)> {
+    use futures::StreamExt;
+    let mut stream = resp.bytes_stream();
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while out.len() < n {
+        let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Some(Ok(c))) => c,
+            _ => break,
+        };
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let (mut id, mut event, mut data) = (None, String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().parse().ok();
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                }
+            }
+            if let Some(id) = id {
+                out.push((id, event, serde_json::from_str(&data).unwrap_or(Value::String(data))));
+            }
+        }
+    }
+    out
+}
+
+/// A dynamic tool for tests: counts its executions, optionally requires approval, can block.
+pub struct TestTool {
+    pub spec: mira::registry::ToolSpec,
+    pub runs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub delay: Duration,
+}
+
+impl TestTool {
+    pub fn new(id: &str, description: &str, requires_approval: bool) -> TestTool {
+        TestTool {
+            spec: mira::registry::ToolSpec {
+                id: id.to_owned(),
+                kind: mira::registry::ToolKind::Dynamic,
+                domain: "test".to_owned(),
+                title: id.to_owned(),
+                description: description.to_owned(),
+                input_schema: json!({"type": "object", "properties": {"value": {"type": "string", "description": "any text"}}}),
+                requires_approval,
+                capability: None,
+                replacement: None,
+                owner: None,
+            },
+            runs: Default::default(),
+            delay: Duration::ZERO,
+        }
+    }
+
+    pub fn kind(mut self, kind: mira::registry::ToolKind) -> Self {
+        self.spec.kind = kind;
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl mira::registry::Tool for TestTool {
+    fn spec(&self) -> &mira::registry::ToolSpec {
+        &self.spec
+    }
+
+    async fn execute(&self, input: &Value, ctx: &mira::registry::ExecContext) -> Result<mira::registry::ToolOutput, mira::registry::ToolError> {
+        let n = self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if !self.delay.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(self.delay) => {}
+                () = ctx.cancel.cancelled() => return Err(mira::registry::ToolError::new(mira::registry::ErrorClass::Failed, "cancelled", "cancelled")),
+            }
+        }
+        Ok(mira::registry::ToolOutput {
+            output: json!({"echo": input, "execution": n}),
+            evidence: vec![mira::evidence::EvidenceDraft::of_text("test_echo", json!({"tool": self.spec.id}), &input.to_string())],
+        })
+    }
+}

@@ -1,0 +1,345 @@
+//! The spine end to end over HTTP, on SQLite and on Postgres: exposure, freezing, the Read
+//! tools, evidence, events, and every bad input of the spine issue.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{read_sse, spawn, spawn_with, Backend, Options, TestTool};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+async fn read_chain_end_to_end(backend: Backend) {
+    let t = spawn(backend).await;
+    std::fs::create_dir_all(t.workspace.join("src")).unwrap();
+    std::fs::write(t.workspace.join("src/lib.rs"), "pub fn frobnicate() -> u32 {\n    42\n}\n").unwrap();
+    let token = t.user("alice").await;
+    let run = t.run(&token).await;
+    let (turn, exposure) = t.turn(&token, &run, "find frobnicate").await;
+    assert_eq!(exposure["strategy"], "all");
+    let ids: Vec<&str> = exposure["tools"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["grep", "read_discover", "read_open"]);
+
+    let r = t.call(&token, &run, &turn, "grep", "call-1", json!({"pattern": "fn frobnicate"})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    assert_eq!(r.body["status"], "queued");
+    assert_eq!(r.body["input_hash"].as_str().unwrap().len(), 64);
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let m = &done["result"]["output"]["matches"][0];
+    assert_eq!((m["path"].as_str(), m["line"].as_u64()), (Some("src/lib.rs"), Some(1)));
+
+    let r = t.call(&token, &run, &turn, "read_open", "call-2", json!({"path": "src/lib.rs", "start_line": 1, "end_line": 2})).await;
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    let out = &done["result"]["output"];
+    assert_eq!(out["content"], "pub fn frobnicate() -> u32 {\n    42\n");
+    assert_eq!(out["total_lines"], 3);
+    let sha = mira::evidence::sha256_hex(&std::fs::read(t.workspace.join("src/lib.rs")).unwrap());
+    assert_eq!(out["sha256"], sha);
+
+    let evidence_id = done["evidence_ids"][0].as_str().unwrap().to_owned();
+    let ev = t.get(&format!("/v1/evidence/{evidence_id}"), &token).await;
+    assert_eq!(ev.body["kind"], "file_excerpt");
+    assert_eq!(ev.body["content_sha256"], sha);
+    assert_eq!(ev.body["provenance"]["start_line"], 1);
+    assert_eq!(ev.body["provenance"]["end_line"], 2);
+    let acc = t.post(&format!("/v1/evidence/{evidence_id}/acceptance"), &token, json!({"accepted": true, "note": "answers the question"})).await;
+    assert_eq!(acc.status, StatusCode::OK, "{acc:?}");
+    assert_eq!(acc.body["acceptance"]["accepted"], true);
+
+    let resp = t.client.get(format!("{}/v1/runs/{run}/events", t.base)).bearer_auth(&token).send().await.unwrap();
+    let events = read_sse(resp, 10, Duration::from_secs(5)).await;
+    let kinds: Vec<&str> = events.iter().map(|(_, k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "exposure.created", "invocation.frozen", "execution.started", "execution.completed", "evidence.recorded",
+            "invocation.frozen", "execution.started", "execution.completed", "evidence.recorded", "evidence.accepted"
+        ]
+    );
+    let ids: Vec<i64> = events.iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(ids, (1..=10).collect::<Vec<_>>());
+}
+
+async fn idempotent_replay_and_call_id_conflict(backend: Backend) {
+    let t = spawn(backend).await;
+    std::fs::write(t.workspace.join("a.txt"), "alpha\n").unwrap();
+    let token = t.user("bob").await;
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "read").await;
+    let first = t.call(&token, &run, &turn, "read_open", "c", json!({"path": "a.txt"})).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    // Same triple (different key order and a redundant "./") → the same invocation, 200.
+    let again = t.call(&token, &run, &turn, "read_open", "c", json!({"path": "./a.txt"})).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_eq!(again.body["invocation_id"], first.body["invocation_id"]);
+    // Same call id, other input → 409.
+    let changed = t.call(&token, &run, &turn, "read_open", "c", json!({"path": "b.txt"})).await;
+    assert_eq!((changed.status, changed.code()), (StatusCode::CONFLICT, "tool_call_id_conflict"), "{changed:?}");
+    // Same call id, other tool → 409.
+    let other_tool = t.call(&token, &run, &turn, "grep", "c", json!({"pattern": "x"})).await;
+    assert_eq!((other_tool.status, other_tool.code()), (StatusCode::CONFLICT, "tool_call_id_conflict"));
+    // The exposure's function name is accepted in place of the id.
+    let by_name = t.call(&token, &run, &turn, "read_open", "d", json!({"path": "a.txt"})).await;
+    assert_eq!(by_name.status, StatusCode::CREATED);
+}
+
+async fn bad_inputs_are_refused_clearly(backend: Backend) {
+    let t = spawn_with(backend, Options { body_limit: 64 * 1024, ..Options::default() }).await;
+    let token = t.user("carol").await;
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "anything").await;
+    let url = format!("{}/v1/runs/{run}/invocations", t.base);
+
+    // Malformed JSON.
+    let r = t.client.post(&url).bearer_auth(&token).header("content-type", "application/json").body("{\"turn_id\": ").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "invalid_json");
+    // Body over the limit.
+    let big = json!({"turn_id": turn, "tool_id": "grep", "tool_call_id": "x", "input": {"pattern": "a".repeat(100_000)}});
+    let r = t.client.post(&url).bearer_auth(&token).json(&big).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "body_too_large");
+    // Unknown tool.
+    let r = t.call(&token, &run, &turn, "no_such_tool", "u1", json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "not_registered"), "{r:?}");
+    assert_eq!(r.body["error"]["details"]["ladder"]["stages"][0]["status"], "blocked");
+    // A core id with no implementation yet.
+    let r = t.call(&token, &run, &turn, "web_search", "u2", json!({"query": "x"})).await;
+    assert_eq!(r.code(), "not_registered");
+    // Schema-invalid input.
+    let r = t.call(&token, &run, &turn, "grep", "s1", json!({"pattern": 7})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::UNPROCESSABLE_ENTITY, "input_invalid"), "{r:?}");
+    let r = t.call(&token, &run, &turn, "read_open", "s2", json!({"path": "a", "surprise": true})).await;
+    assert_eq!(r.code(), "input_invalid");
+    // Path traversal and absolute paths.
+    for (i, p) in ["../outside.txt", "/etc/passwd", "a/../../x"].iter().enumerate() {
+        let r = t.call(&token, &run, &turn, "read_open", &format!("p{i}"), json!({"path": p})).await;
+        assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "outside_workspace"), "{p}: {r:?}");
+    }
+    // Symlink escape.
+    std::os::unix::fs::symlink("/etc", t.workspace.join("etc-link")).unwrap();
+    let r = t.call(&token, &run, &turn, "read_open", "sym", json!({"path": "etc-link/passwd"})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "outside_workspace"), "{r:?}");
+    let r = t.call(&token, &run, &turn, "grep", "sym2", json!({"pattern": "root", "path": "etc-link"})).await;
+    assert_eq!(r.code(), "outside_workspace", "{r:?}");
+    // Missing and wrong token; another user's run.
+    let r = t.request(reqwest::Method::GET, &format!("/v1/runs/{run}"), None, None).await;
+    assert_eq!((r.status, r.code()), (StatusCode::UNAUTHORIZED, "unauthorized"));
+    let r = t.get(&format!("/v1/runs/{run}"), "mira_wrong").await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let mallory = t.user("mallory").await;
+    for path in [format!("/v1/runs/{run}"), format!("/v1/turns/{turn}"), format!("/v1/runs/{run}/evidence")] {
+        let r = t.get(&path, &mallory).await;
+        assert_eq!((r.status, r.code()), (StatusCode::NOT_FOUND, "not_found"), "{path}");
+    }
+    let r = t.call(&mallory, &run, &turn, "grep", "m", json!({"pattern": "x"})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    // Last-Event-ID from the future.
+    let r = t.client.get(format!("{}/v1/runs/{run}/events", t.base)).bearer_auth(&token).header("Last-Event-ID", "999").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "invalid_last_event_id");
+    // Nothing above left an invocation behind.
+    let list = t.get(&format!("/v1/runs/{run}/invocations"), &token).await;
+    assert_eq!(list.body["invocations"].as_array().unwrap().len(), 0, "{list:?}");
+}
+
+async fn read_open_answers_large_binary_and_non_utf8_files_clearly(backend: Backend) {
+    let t = spawn(backend).await;
+    let line = "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstu\n";
+    let big: String = line.repeat(50 * 1024 * 1024 / line.len());
+    std::fs::write(t.workspace.join("big.txt"), &big).unwrap();
+    std::fs::write(t.workspace.join("blob.bin"), [0x7f, b'E', b'L', b'F', 0, 0, 1, 2]).unwrap();
+    std::fs::write(t.workspace.join("latin1.txt"), b"caf\xe9\n").unwrap();
+    let token = t.user("dave").await;
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "open").await;
+
+    let r = t.call(&token, &run, &turn, "read_open", "big", json!({"path": "big.txt"})).await;
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    let out = &done["result"]["output"];
+    assert_eq!(done["status"], "completed");
+    assert_eq!(out["truncated"], true);
+    assert!(out["content"].as_str().unwrap().len() <= 256 * 1024);
+    assert!(out["truncation_marker"].as_str().unwrap().contains("truncated"));
+    assert_eq!(out["total_lines"].as_u64().unwrap() as usize, big.len() / line.len());
+    assert_eq!(out["sha256"], mira::evidence::sha256_hex(big.as_bytes()));
+
+    let r = t.call(&token, &run, &turn, "read_open", "bin", json!({"path": "blob.bin"})).await;
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!((done["status"].as_str(), done["result"]["error"]["code"].as_str()), (Some("failed"), Some("binary_file")), "{done}");
+
+    let r = t.call(&token, &run, &turn, "read_open", "latin", json!({"path": "latin1.txt"})).await;
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["result"]["error"]["code"], "invalid_utf8", "{done}");
+
+    let r = t.call(&token, &run, &turn, "grep", "g", json!({"pattern": "caf|ELF|xyz0123"})).await;
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    let out = &done["result"]["output"];
+    assert_eq!(out["skipped_binary"], 1, "{out}");
+    assert_eq!(out["skipped_large"], 1, "{out}");
+}
+
+async fn legacy_entries_are_internal_only(backend: Backend) {
+    let t = spawn(backend).await;
+    std::fs::write(t.workspace.join("notes.md"), "one\ntwo\nthree\n").unwrap();
+    let token = t.user("erin").await;
+    let run = t.run(&token).await;
+    let (turn, exposure) = t.turn(&token, &run, "read notes").await;
+    assert!(!exposure.to_string().contains("read_slice"));
+    let r = t.call(&token, &run, &turn, "read_slice", "l1", json!({"path": "notes.md", "start": 2, "end": 3})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "not_public"), "{r:?}");
+    assert_eq!(r.body["error"]["details"]["replacement"], "read_open");
+    let view = t.get("/v1/tools/read_slice", &token).await;
+    assert_eq!((view.body["state"].as_str(), view.body["replacement"].as_str()), (Some("not_public"), Some("read_open")));
+
+    // An internal caller still gets the old shape served by the new tool.
+    let app = t.app();
+    let me = t.get("/v1/me", &token).await;
+    let run_row = app.store.run_for(me.body["id"].as_str().unwrap(), &run).await.unwrap().unwrap();
+    let ws = app.workspace_of(&run_row).await.unwrap();
+    let out = app.harness.call_internal(&run_row.owner_id, &run, "read_slice", ws, json!({"path": "notes.md", "start": 2, "end": 3})).await.unwrap();
+    assert_eq!(out.output["content"], "two\nthree\n");
+    assert_eq!(out.output["served_by"], "read_open");
+}
+
+async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
+    struct Panicking;
+    impl mira::exposure::Ranker for Panicking {
+        fn name(&self) -> String {
+            "panicking".into()
+        }
+        fn strategy(&self) -> mira::exposure::Strategy {
+            mira::exposure::Strategy::Ranked
+        }
+        fn score(&self, _: &str, _: &[&mira::registry::ToolSpec]) -> Vec<f64> {
+            panic!("ranking ran with 20 or fewer candidates")
+        }
+    }
+    let t = spawn(backend).await;
+    let token = t.user("frank").await;
+    let app = t.app();
+    // 3 core + 17 dynamic = 20 candidates, plus a skill-private tool that must never appear.
+    for i in 0..17 {
+        app.registry.register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false))).unwrap();
+    }
+    app.registry
+        .register(Arc::new(TestTool::new("skill_tool", "private helper of a skill", false).kind(mira::registry::ToolKind::SkillPrivate)))
+        .unwrap();
+    let candidates = mira::exposure::candidates(&app.registry, &app.availability_context("x", None).await.unwrap());
+    let exposure = mira::exposure::expose(&candidates, "anything", &Panicking);
+    assert_eq!((exposure.strategy, exposure.tools.len()), (mira::exposure::Strategy::All, 20));
+    assert!(exposure.tools.iter().all(|t| t.id != "skill_tool"));
+
+    // 25 candidates → exactly 20, best first, the relevant one on top, deterministic.
+    for i in 17..21 {
+        app.registry.register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false))).unwrap();
+    }
+    app.registry.register(Arc::new(TestTool::new("weather_forecast", "Weather forecast for a city: temperature and rain", false))).unwrap();
+    let run = t.run(&token).await;
+    let (turn, exposure) = t.turn(&token, &run, "what will the weather be in Paris tomorrow, rain?").await;
+    assert_eq!(exposure["strategy"], "ranked_lexical");
+    assert_eq!(exposure["candidate_count"], 25);
+    let tools = exposure["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 20);
+    assert_eq!(tools[0]["id"], "weather_forecast");
+    assert!(tools.iter().all(|t| t["score"].is_number() && t["id"] != "skill_tool"));
+    let scores: Vec<f64> = tools.iter().map(|t| t["score"].as_f64().unwrap()).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]));
+    let (_, again) = t.turn(&token, &run, "what will the weather be in Paris tomorrow, rain?").await;
+    assert_eq!(again["tools"], exposure["tools"]);
+    // The stored exposure is returned exactly.
+    let stored = t.get(&format!("/v1/turns/{turn}"), &token).await;
+    assert_eq!(stored.body["exposure"], exposure);
+    // A tool left out of the 20 is `available`, not `exposed`, and a call to it is 409 not_exposed.
+    let left_out = (0..21).map(|i| format!("dyn_{i:02}")).find(|id| !tools.iter().any(|t| t["id"] == *id)).unwrap();
+    let view = t.get(&format!("/v1/tools/{left_out}?turn={turn}"), &token).await;
+    assert_eq!(view.body["state"], "available");
+    assert_eq!(view.body["reason"]["code"], "not_exposed");
+    let r = t.call(&token, &run, &turn, &left_out, "n1", json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "not_exposed"));
+    let skill = t.get("/v1/tools/skill_tool", &token).await;
+    assert_eq!(skill.body["state"], "not_public");
+}
+
+async fn events_resume_without_loss_or_repeats(backend: Backend) {
+    let t = spawn(backend).await;
+    std::fs::write(t.workspace.join("f.txt"), "x\n").unwrap();
+    let token = t.user("gina").await;
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "t").await;
+    for i in 0..3 {
+        let r = t.call(&token, &run, &turn, "read_open", &format!("c{i}"), json!({"path": "f.txt"})).await;
+        t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    }
+    let url = format!("{}/v1/runs/{run}/events", t.base);
+    let first = read_sse(t.client.get(&url).bearer_auth(&token).send().await.unwrap(), 6, Duration::from_secs(5)).await;
+    assert_eq!(first.len(), 6);
+    let last = first.last().unwrap().0;
+    // Reconnect while new events are being produced.
+    let resumed = t.client.get(&url).bearer_auth(&token).header("Last-Event-ID", last.to_string()).send().await.unwrap();
+    let r = t.call(&token, &run, &turn, "read_open", "late", json!({"path": "f.txt"})).await;
+    t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    let total = 1 + 4 * 4;
+    let rest = read_sse(resumed, total - 6, Duration::from_secs(5)).await;
+    let ids: Vec<i64> = first.iter().chain(rest.iter()).map(|e| e.0).collect();
+    assert_eq!(ids, (1..=total as i64).collect::<Vec<_>>());
+    // ?after= works the same way.
+    let tail = read_sse(t.client.get(format!("{url}?after={}", total - 2)).bearer_auth(&token).send().await.unwrap(), 2, Duration::from_secs(5)).await;
+    assert_eq!(tail.iter().map(|e| e.0).collect::<Vec<_>>(), [total as i64 - 1, total as i64]);
+}
+
+async fn running_invocations_become_interrupted_after_a_crash(backend: Backend) {
+    let mut t = spawn(backend).await;
+    let token = t.user("hank").await;
+    let slow = TestTool { delay: Duration::from_secs(60), ..TestTool::new("slow_tool", "takes a minute", false) };
+    t.app().registry.register(Arc::new(slow)).unwrap();
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "slow").await;
+    let r = t.call(&token, &run, &turn, "slow_tool", "s", json!({})).await;
+    let id = r.body["invocation_id"].as_str().unwrap().to_owned();
+    for _ in 0..100 {
+        if t.get(&format!("/v1/invocations/{id}"), &token).await.body["status"] == "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Graceful stop: the running invocation is interrupted, never re-run.
+    t.stop().await;
+    // A crash: a previous incarnation of this node claimed an invocation and died.
+    let store = mira::server::open_store(&t.data_dir, &t.db.url).await.unwrap();
+    let me_id = store.identity_by_token(&mira::auth::hash_token(&token)).await.unwrap().unwrap().user_id;
+    let new = mira::store::NewInvocation {
+        run_id: run.clone(),
+        turn_id: turn.clone(),
+        owner_id: me_id,
+        tool_id: "slow_tool".into(),
+        tool_call_id: "crashed".into(),
+        input: "{}".into(),
+        input_hash: mira::invocation::canonical::input_hash("slow_tool", &json!({})),
+        approval: None,
+    };
+    store.freeze_invocation(&new).await.unwrap();
+    let stable = std::fs::read_to_string(t.data_dir.join("node.id")).unwrap();
+    let claimed = store.claim_next(&format!("{}:crashed-boot", stable.trim()), 60_000).await.unwrap().unwrap();
+    assert_eq!(claimed.tool_call_id, "crashed");
+    store.close().await;
+    t.restart().await;
+    for inv in [id, claimed.id] {
+        let after = t.get(&format!("/v1/invocations/{inv}"), &token).await;
+        assert_eq!(after.body["status"], "interrupted", "{after:?}");
+        assert_eq!(after.body["result"]["error"]["code"], "interrupted");
+    }
+}
+
+both_backends!(
+    read_chain_end_to_end,
+    idempotent_replay_and_call_id_conflict,
+    bad_inputs_are_refused_clearly,
+    read_open_answers_large_binary_and_non_utf8_files_clearly,
+    legacy_entries_are_internal_only,
+    exposure_all_runs_no_ranker_and_ranked_keeps_twenty,
+    events_resume_without_loss_or_repeats,
+    running_invocations_become_interrupted_after_a_crash,
+);
