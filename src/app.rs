@@ -48,11 +48,8 @@ impl App {
 
     /// Opens the run's workspace root on this host.
     pub async fn workspace_of(&self, run: &RunRow) -> Result<Workspace> {
-        let ws = self
-            .store
-            .workspace_for(&run.owner_id, &run.workspace_id)
-            .await?
-            .ok_or(Error::NotFound("workspace"))?;
+        let ws =
+            self.store.workspace_for(&run.owner_id, &run.workspace_id).await?.ok_or(Error::NotFound("workspace"))?;
         Workspace::open(std::path::Path::new(&ws.path)).map_err(|e| {
             Error::Tool(ToolError::new(
                 ErrorClass::Unavailable,

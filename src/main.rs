@@ -9,7 +9,11 @@ use mira::config::{RuntimeConfig, ServeConfig, StorageConfig};
 use mira::server::{self, Server, Settings};
 
 #[derive(Parser)]
-#[command(name = "mira", version, about = "Mira Tool Runtime: the tool control plane between an agent Planner and its tools")]
+#[command(
+    name = "mira",
+    version,
+    about = "Mira Tool Runtime: the tool control plane between an agent Planner and its tools"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -117,14 +121,19 @@ async fn main() -> ExitCode {
         Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
             eprintln!("migrations applied");
         }),
-        Command::User { command: UserCommand::Create { name, admin, storage } } => async {
-            let store = server::open_store(&storage.data_dir, &storage.url()).await?;
-            let (user, token) = mira::http::users::create(&store, &name, admin).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-            println!("{}", serde_json::json!({"user": user, "token": token}));
-            Ok(())
+        Command::User { command: UserCommand::Create { name, admin, storage } } => {
+            async {
+                let store = server::open_store(&storage.data_dir, &storage.url()).await?;
+                let (user, token) =
+                    mira::http::users::create(&store, &name, admin).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                println!("{}", serde_json::json!({"user": user, "token": token}));
+                Ok(())
+            }
+            .await
         }
-        .await,
-        Command::Openapi => serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into),
+        Command::Openapi => {
+            serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

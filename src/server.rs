@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use crate::app::App;
 use crate::config::RuntimeConfig;
 use crate::events::EventBus;
-use crate::exposure::lexical::Bm25Ranker;
 use crate::exposure::Ranker;
+use crate::exposure::lexical::Bm25Ranker;
 use crate::harness::{Harness, HarnessLimits, LocalExecutor};
 use crate::registry::Registry;
 use crate::store::Store;
@@ -61,8 +61,14 @@ pub async fn open_store(data_dir: &Path, url: &str) -> anyhow::Result<Store> {
 /// Builds the application around a migrated store: registers the core tools, opens the
 /// default workspace, recovers invocations a previous incarnation left running.
 pub async fn build(settings: &Settings, store: Store, ranker: Arc<dyn Ranker>) -> anyhow::Result<App> {
+    let shutdown = CancellationToken::new();
     let registry = Arc::new(Registry::new());
-    crate::tools::register_core(&registry).context("registering core tools")?;
+    let deps = crate::tools::ToolDeps {
+        store: store.clone(),
+        data_dir: settings.data_dir.clone(),
+        shutdown: shutdown.clone(),
+    };
+    crate::tools::register_core(&registry, &deps).context("registering core tools")?;
     let workspace = std::fs::canonicalize(&settings.workspace)
         .with_context(|| format!("workspace {} does not exist", settings.workspace.display()))?;
     store.upsert_default_workspace(&workspace.to_string_lossy()).await?;
@@ -79,14 +85,7 @@ pub async fn build(settings: &Settings, store: Store, ranker: Arc<dyn Ranker>) -
     if interrupted > 0 {
         tracing::warn!(interrupted, "invocations left running by the previous process were marked interrupted");
     }
-    Ok(App {
-        store,
-        registry,
-        ranker,
-        harness,
-        config: Arc::new(settings.runtime.clone()),
-        shutdown: CancellationToken::new(),
-    })
+    Ok(App { store, registry, ranker, harness, config: Arc::new(settings.runtime.clone()), shutdown })
 }
 
 /// A stable id for this data directory (kept in `<data-dir>/node.id`).

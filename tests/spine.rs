@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The spine end to end over HTTP, on SQLite and on Postgres: exposure, freezing, the Read
 //! tools, evidence, events, and every bad input of the spine issue.
 
@@ -6,9 +7,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{read_sse, spawn, spawn_with, Backend, Options, TestTool};
+use common::{Backend, Options, TestTool, read_sse, spawn, spawn_with};
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 async fn read_chain_end_to_end(backend: Backend) {
     let t = spawn(backend).await;
@@ -30,7 +31,9 @@ async fn read_chain_end_to_end(backend: Backend) {
     let m = &done["result"]["output"]["matches"][0];
     assert_eq!((m["path"].as_str(), m["line"].as_u64()), (Some("src/lib.rs"), Some(1)));
 
-    let r = t.call(&token, &run, &turn, "read_open", "call-2", json!({"path": "src/lib.rs", "start_line": 1, "end_line": 2})).await;
+    let r = t
+        .call(&token, &run, &turn, "read_open", "call-2", json!({"path": "src/lib.rs", "start_line": 1, "end_line": 2}))
+        .await;
     let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     let out = &done["result"]["output"];
     assert_eq!(out["content"], "pub fn frobnicate() -> u32 {\n    42\n");
@@ -44,7 +47,13 @@ async fn read_chain_end_to_end(backend: Backend) {
     assert_eq!(ev.body["content_sha256"], sha);
     assert_eq!(ev.body["provenance"]["start_line"], 1);
     assert_eq!(ev.body["provenance"]["end_line"], 2);
-    let acc = t.post(&format!("/v1/evidence/{evidence_id}/acceptance"), &token, json!({"accepted": true, "note": "answers the question"})).await;
+    let acc = t
+        .post(
+            &format!("/v1/evidence/{evidence_id}/acceptance"),
+            &token,
+            json!({"accepted": true, "note": "answers the question"}),
+        )
+        .await;
     assert_eq!(acc.status, StatusCode::OK, "{acc:?}");
     assert_eq!(acc.body["acceptance"]["accepted"], true);
 
@@ -54,8 +63,16 @@ async fn read_chain_end_to_end(backend: Backend) {
     assert_eq!(
         kinds,
         [
-            "exposure.created", "invocation.frozen", "execution.started", "execution.completed", "evidence.recorded",
-            "invocation.frozen", "execution.started", "execution.completed", "evidence.recorded", "evidence.accepted"
+            "exposure.created",
+            "invocation.frozen",
+            "execution.started",
+            "execution.completed",
+            "evidence.recorded",
+            "invocation.frozen",
+            "execution.started",
+            "execution.completed",
+            "evidence.recorded",
+            "evidence.accepted"
         ]
     );
     let ids: Vec<i64> = events.iter().map(|(id, _, _)| *id).collect();
@@ -93,11 +110,20 @@ async fn bad_inputs_are_refused_clearly(backend: Backend) {
     let url = format!("{}/v1/runs/{run}/invocations", t.base);
 
     // Malformed JSON.
-    let r = t.client.post(&url).bearer_auth(&token).header("content-type", "application/json").body("{\"turn_id\": ").send().await.unwrap();
+    let r = t
+        .client
+        .post(&url)
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .body("{\"turn_id\": ")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "invalid_json");
     // Body over the limit.
-    let big = json!({"turn_id": turn, "tool_id": "grep", "tool_call_id": "x", "input": {"pattern": "a".repeat(100_000)}});
+    let big =
+        json!({"turn_id": turn, "tool_id": "grep", "tool_call_id": "x", "input": {"pattern": "a".repeat(100_000)}});
     let r = t.client.post(&url).bearer_auth(&token).json(&big).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "body_too_large");
@@ -137,7 +163,14 @@ async fn bad_inputs_are_refused_clearly(backend: Backend) {
     let r = t.call(&mallory, &run, &turn, "grep", "m", json!({"pattern": "x"})).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     // Last-Event-ID from the future.
-    let r = t.client.get(format!("{}/v1/runs/{run}/events", t.base)).bearer_auth(&token).header("Last-Event-ID", "999").send().await.unwrap();
+    let r = t
+        .client
+        .get(format!("{}/v1/runs/{run}/events", t.base))
+        .bearer_auth(&token)
+        .header("Last-Event-ID", "999")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "invalid_last_event_id");
     // Nothing above left an invocation behind.
@@ -147,7 +180,8 @@ async fn bad_inputs_are_refused_clearly(backend: Backend) {
 
 async fn read_open_answers_large_binary_and_non_utf8_files_clearly(backend: Backend) {
     let t = spawn(backend).await;
-    let line = "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstu\n";
+    let line =
+        "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstu\n";
     let big: String = line.repeat(50 * 1024 * 1024 / line.len());
     std::fs::write(t.workspace.join("big.txt"), &big).unwrap();
     std::fs::write(t.workspace.join("blob.bin"), [0x7f, b'E', b'L', b'F', 0, 0, 1, 2]).unwrap();
@@ -168,7 +202,11 @@ async fn read_open_answers_large_binary_and_non_utf8_files_clearly(backend: Back
 
     let r = t.call(&token, &run, &turn, "read_open", "bin", json!({"path": "blob.bin"})).await;
     let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
-    assert_eq!((done["status"].as_str(), done["result"]["error"]["code"].as_str()), (Some("failed"), Some("binary_file")), "{done}");
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("failed"), Some("binary_file")),
+        "{done}"
+    );
 
     let r = t.call(&token, &run, &turn, "read_open", "latin", json!({"path": "latin1.txt"})).await;
     let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
@@ -192,14 +230,21 @@ async fn legacy_entries_are_internal_only(backend: Backend) {
     assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "not_public"), "{r:?}");
     assert_eq!(r.body["error"]["details"]["replacement"], "read_open");
     let view = t.get("/v1/tools/read_slice", &token).await;
-    assert_eq!((view.body["state"].as_str(), view.body["replacement"].as_str()), (Some("not_public"), Some("read_open")));
+    assert_eq!(
+        (view.body["state"].as_str(), view.body["replacement"].as_str()),
+        (Some("not_public"), Some("read_open"))
+    );
 
     // An internal caller still gets the old shape served by the new tool.
     let app = t.app();
     let me = t.get("/v1/me", &token).await;
     let run_row = app.store.run_for(me.body["id"].as_str().unwrap(), &run).await.unwrap().unwrap();
     let ws = app.workspace_of(&run_row).await.unwrap();
-    let out = app.harness.call_internal(&run_row.owner_id, &run, "read_slice", ws, json!({"path": "notes.md", "start": 2, "end": 3})).await.unwrap();
+    let out = app
+        .harness
+        .call_internal(&run_row.owner_id, &run, "read_slice", ws, json!({"path": "notes.md", "start": 2, "end": 3}))
+        .await
+        .unwrap();
     assert_eq!(out.output["content"], "two\nthree\n");
     assert_eq!(out.output["served_by"], "read_open");
 }
@@ -225,7 +270,10 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
         app.registry.register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false))).unwrap();
     }
     app.registry
-        .register(Arc::new(TestTool::new("skill_tool", "private helper of a skill", false).kind(mira::registry::ToolKind::SkillPrivate)))
+        .register(Arc::new(
+            TestTool::new("skill_tool", "private helper of a skill", false)
+                .kind(mira::registry::ToolKind::SkillPrivate),
+        ))
         .unwrap();
     let candidates = mira::exposure::candidates(&app.registry, &app.availability_context("x", None).await.unwrap());
     let exposure = mira::exposure::expose(&candidates, "anything", &Panicking);
@@ -236,7 +284,13 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
     for i in 17..21 {
         app.registry.register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false))).unwrap();
     }
-    app.registry.register(Arc::new(TestTool::new("weather_forecast", "Weather forecast for a city: temperature and rain", false))).unwrap();
+    app.registry
+        .register(Arc::new(TestTool::new(
+            "weather_forecast",
+            "Weather forecast for a city: temperature and rain",
+            false,
+        )))
+        .unwrap();
     let run = t.run(&token).await;
     let (turn, exposure) = t.turn(&token, &run, "what will the weather be in Paris tomorrow, rain?").await;
     assert_eq!(exposure["strategy"], "ranked_lexical");
@@ -278,7 +332,8 @@ async fn events_resume_without_loss_or_repeats(backend: Backend) {
     assert_eq!(first.len(), 6);
     let last = first.last().unwrap().0;
     // Reconnect while new events are being produced.
-    let resumed = t.client.get(&url).bearer_auth(&token).header("Last-Event-ID", last.to_string()).send().await.unwrap();
+    let resumed =
+        t.client.get(&url).bearer_auth(&token).header("Last-Event-ID", last.to_string()).send().await.unwrap();
     let r = t.call(&token, &run, &turn, "read_open", "late", json!({"path": "f.txt"})).await;
     t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     let total = 1 + 4 * 4;
@@ -286,7 +341,12 @@ async fn events_resume_without_loss_or_repeats(backend: Backend) {
     let ids: Vec<i64> = first.iter().chain(rest.iter()).map(|e| e.0).collect();
     assert_eq!(ids, (1..=total as i64).collect::<Vec<_>>());
     // ?after= works the same way.
-    let tail = read_sse(t.client.get(format!("{url}?after={}", total - 2)).bearer_auth(&token).send().await.unwrap(), 2, Duration::from_secs(5)).await;
+    let tail = read_sse(
+        t.client.get(format!("{url}?after={}", total - 2)).bearer_auth(&token).send().await.unwrap(),
+        2,
+        Duration::from_secs(5),
+    )
+    .await;
     assert_eq!(tail.iter().map(|e| e.0).collect::<Vec<_>>(), [total as i64 - 1, total as i64]);
 }
 

@@ -46,7 +46,8 @@ fn settle(outcome: DecideOutcome, triple: Option<&GrantRequest<'_>>) -> Result<A
         DecideOutcome::Decided(row) => Ok(row),
         DecideOutcome::NotFound => Err(Error::NotFound("approval")),
         DecideOutcome::Mismatch(row) => {
-            let given = triple.map(|t| json!({"tool_id": t.tool_id, "tool_call_id": t.tool_call_id, "input_hash": t.input_hash}));
+            let given = triple
+                .map(|t| json!({"tool_id": t.tool_id, "tool_call_id": t.tool_call_id, "input_hash": t.input_hash}));
             let mismatched: Vec<&str> = triple
                 .map(|t| {
                     [

@@ -16,7 +16,12 @@ const POLL: Duration = Duration::from_secs(5);
 /// A stream of `run_id`'s events with id > `after`, in id order, without gaps or repeats:
 /// first what is stored, then each newly committed event. Ends when the receiver is dropped,
 /// on `shutdown`, or after a store error (yielded as the last item).
-pub fn follow(store: Store, run_id: String, after: i64, shutdown: CancellationToken) -> ReceiverStream<Result<EventRow, StoreError>> {
+pub fn follow(
+    store: Store,
+    run_id: String,
+    after: i64,
+    shutdown: CancellationToken,
+) -> ReceiverStream<Result<EventRow, StoreError>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         // Subscribe before the first read so that nothing committed in between is missed.

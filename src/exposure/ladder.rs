@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::{Exposure, ExposedTool};
+use super::{ExposedTool, Exposure};
 use crate::availability::{self, Availability, AvailabilityContext};
 use crate::registry::{Registry, ToolKind};
 use crate::surface;
@@ -112,7 +112,10 @@ pub fn view(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, turn:
         let reason = if surface::CORE_PUBLIC.contains(&tool_id) {
             Reason {
                 code: "not_implemented".into(),
-                message: format!("{tool_id} is on public surface {} but no implementation is registered", surface::SURFACE_VERSION),
+                message: format!(
+                    "{tool_id} is on public surface {} but no implementation is registered",
+                    surface::SURFACE_VERSION
+                ),
             }
         } else {
             Reason { code: "unknown_tool".into(), message: format!("no tool {tool_id} is registered") }
@@ -208,7 +211,9 @@ fn stage_list(ok_until: usize, blocked: Option<Reason>) -> Vec<StageView> {
         .enumerate()
         .map(|(i, stage)| match i.cmp(&ok_until) {
             std::cmp::Ordering::Less => StageView { stage, status: "ok", reason: None },
-            std::cmp::Ordering::Equal if blocked.is_some() => StageView { stage, status: "blocked", reason: blocked.take() },
+            std::cmp::Ordering::Equal if blocked.is_some() => {
+                StageView { stage, status: "blocked", reason: blocked.take() }
+            }
             _ => StageView { stage, status: "not_reached", reason: None },
         })
         .collect()

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rust_stemmers::{Algorithm, Stemmer};
 
-use super::{tool_text, Ranker, Strategy};
+use super::{Ranker, Strategy, tool_text};
 use crate::registry::ToolSpec;
 
 const K1: f64 = 1.2;
@@ -21,8 +21,8 @@ const B: f64 = 0.75;
 
 /// Common English words that carry no signal for tool choice.
 const STOP_WORDS: [&str; 48] = [
-    "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "for", "from", "get", "has", "have", "how", "i", "if",
-    "in", "into", "is", "it", "its", "me", "my", "not", "of", "on", "or", "please", "so", "that", "the", "their",
+    "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "for", "from", "get", "has", "have", "how", "i",
+    "if", "in", "into", "is", "it", "its", "me", "my", "not", "of", "on", "or", "please", "so", "that", "the", "their",
     "then", "this", "to", "use", "want", "was", "we", "what", "when", "which", "with", "you", "your", "will",
 ];
 
@@ -87,10 +87,10 @@ impl Bm25Ranker {
     fn doc(&self, spec: &ToolSpec) -> Arc<Doc> {
         let text = tool_text(spec);
         let text_hash = fxhash(&text);
-        if let Some(doc) = self.cache.lock().get(&spec.id) {
-            if doc.text_hash == text_hash {
-                return doc.clone();
-            }
+        if let Some(doc) = self.cache.lock().get(&spec.id)
+            && doc.text_hash == text_hash
+        {
+            return doc.clone();
         }
         let tokens = tokenize(&text);
         let mut tf = HashMap::new();

@@ -12,10 +12,8 @@ pub fn function_name(id: &str) -> String {
     if is_valid(id) {
         return id.to_owned();
     }
-    let cleaned: String = id
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
-        .collect();
+    let cleaned: String =
+        id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
     let hash = hex::encode(&Sha256::digest(id.as_bytes())[..4]);
     let head: String = cleaned.chars().take(55).collect();
     format!("{head}_{hash}")

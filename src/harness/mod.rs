@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -130,7 +130,8 @@ impl Harness {
                 _ = sweep.tick() => self.sweep().await,
             }
         }
-        let drained = tokio::time::timeout(Duration::from_secs(5), async { while tasks.join_next().await.is_some() {} }).await;
+        let drained =
+            tokio::time::timeout(Duration::from_secs(5), async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tasks.abort_all();
         }
@@ -196,7 +197,8 @@ impl Harness {
         entry
             .validate(&input)
             .map_err(|errors| ToolError::new(ErrorClass::BadInput, "input_invalid", errors.join("; ")))?;
-        let prepared = entry.tool.prepare(input, &workspace).await?;
+        let prepare_ctx = crate::registry::PrepareContext { workspace: &workspace, owner_id, run_id };
+        let prepared = entry.tool.prepare(input, &prepare_ctx).await?;
         let ctx = crate::registry::ExecContext {
             workspace,
             owner_id: owner_id.to_owned(),
@@ -256,7 +258,8 @@ impl Harness {
                 }
             }
         };
-        let work = tokio::time::timeout(self.limits.timeout, self.executor.execute(inv, &entry, &input, cancel.clone()));
+        let work =
+            tokio::time::timeout(self.limits.timeout, self.executor.execute(inv, &entry, &input, cancel.clone()));
         tokio::select! {
             res = work => match res {
                 Ok(out) => out,

@@ -11,7 +11,7 @@ use super::error::{Json, Path, Query};
 use crate::app::App;
 use crate::approval::{self, Decider};
 use crate::error::{Error, Result};
-use crate::store::{json_col, ApprovalRow, GrantRequest};
+use crate::store::{ApprovalRow, GrantRequest, json_col};
 
 /// The frozen invocation an approval is about.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -113,15 +113,22 @@ const STATUSES: [&str; 5] = ["pending", "granted", "denied", "expired", "cancell
 /// The caller's approvals.
 #[utoipa::path(get, path = "/v1/approvals", tag = "approvals", params(ApprovalQuery),
     responses((status = 200, body = ApprovalList), (status = 400)), security(("bearer" = [])))]
-pub async fn list_approvals(State(app): State<App>, user: AuthUser, Query(q): Query<ApprovalQuery>) -> Result<Json<ApprovalList>> {
-    if let Some(s) = &q.status {
-        if !STATUSES.contains(&s.as_str()) {
-            return Err(Error::bad_request("invalid_query", format!("status must be one of {}", STATUSES.join(", "))));
-        }
+pub async fn list_approvals(
+    State(app): State<App>,
+    user: AuthUser,
+    Query(q): Query<ApprovalQuery>,
+) -> Result<Json<ApprovalList>> {
+    if let Some(s) = &q.status
+        && !STATUSES.contains(&s.as_str())
+    {
+        return Err(Error::bad_request("invalid_query", format!("status must be one of {}", STATUSES.join(", "))));
     }
     let page = super::Page { limit: q.limit, cursor: q.cursor };
     let limit = page.limit()?;
-    let rows = app.store.list_approvals(&user.user_id, q.status.as_deref(), q.run_id.as_deref(), page.cursor.as_deref(), limit + 1).await?;
+    let rows = app
+        .store
+        .list_approvals(&user.user_id, q.status.as_deref(), q.run_id.as_deref(), page.cursor.as_deref(), limit + 1)
+        .await?;
     let (rows, next_cursor) = super::Page::split(rows, limit, |r| r.id.clone());
     Ok(Json(ApprovalList { approvals: rows.into_iter().map(view).collect::<Result<_>>()?, next_cursor }))
 }
@@ -129,7 +136,11 @@ pub async fn list_approvals(State(app): State<App>, user: AuthUser, Query(q): Qu
 /// One approval.
 #[utoipa::path(get, path = "/v1/approvals/{approval_id}", tag = "approvals", params(("approval_id" = String, Path)),
     responses((status = 200, body = ApprovalView), (status = 404)), security(("bearer" = [])))]
-pub async fn get_approval(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<ApprovalView>> {
+pub async fn get_approval(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+) -> Result<Json<ApprovalView>> {
     let row = app.store.approval_for(&user.user_id, &id).await?.ok_or(Error::NotFound("approval"))?;
     Ok(Json(view(row)?))
 }
@@ -153,9 +164,15 @@ pub struct GrantBody {
     responses((status = 200, body = ApprovalView), (status = 404),
         (status = 409, description = "approval_mismatch, approval_decided or approval_expired")),
     security(("bearer" = [])))]
-pub async fn grant(State(app): State<App>, user: AuthUser, Path(id): Path<String>, Json(body): Json<GrantBody>) -> Result<Json<ApprovalView>> {
+pub async fn grant(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+    Json(body): Json<GrantBody>,
+) -> Result<Json<ApprovalView>> {
     let who = Decider { user_id: &user.user_id, token_id: &user.token_id };
-    let triple = GrantRequest { tool_id: &body.tool_id, tool_call_id: &body.tool_call_id, input_hash: &body.input_hash };
+    let triple =
+        GrantRequest { tool_id: &body.tool_id, tool_call_id: &body.tool_call_id, input_hash: &body.input_hash };
     Ok(Json(view(approval::grant(&app, &who, &id, &triple).await?)?))
 }
 
@@ -172,7 +189,12 @@ pub struct DenyBody {
     request_body = DenyBody,
     responses((status = 200, body = ApprovalView), (status = 404), (status = 409, description = "approval_decided or approval_expired")),
     security(("bearer" = [])))]
-pub async fn deny(State(app): State<App>, user: AuthUser, Path(id): Path<String>, Json(body): Json<DenyBody>) -> Result<Json<ApprovalView>> {
+pub async fn deny(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+    Json(body): Json<DenyBody>,
+) -> Result<Json<ApprovalView>> {
     if body.reason.as_ref().is_some_and(|r| r.len() > 2000) {
         return Err(Error::bad_request("invalid_request", "reason must be at most 2000 characters"));
     }

@@ -4,11 +4,11 @@
 //! Also the request extractors ([`Json`], [`Query`], [`Path`]) whose rejections (malformed
 //! JSON, a body over the limit, a bad query string) are turned into the same error shape.
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::FromRequest;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::error::Error;
 use crate::registry::ErrorClass;
@@ -86,7 +86,9 @@ impl IntoResponse for Error {
         let body = ErrorResponse { error: ErrorBody { code, message, details } };
         let mut response = (status, axum::Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+            response
+                .headers_mut()
+                .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
         }
         response
     }
@@ -95,14 +97,17 @@ impl IntoResponse for Error {
 impl From<JsonRejection> for Error {
     fn from(r: JsonRejection) -> Self {
         match r {
-            JsonRejection::JsonSyntaxError(e) => Error::bad_request("invalid_json", format!("body is not valid JSON: {}", e.body_text())),
+            JsonRejection::JsonSyntaxError(e) => {
+                Error::bad_request("invalid_json", format!("body is not valid JSON: {}", e.body_text()))
+            }
             JsonRejection::JsonDataError(e) => Error::bad_request("invalid_request", e.body_text()),
             JsonRejection::MissingJsonContentType(_) => {
                 Error::bad_request("unsupported_media_type", "expected Content-Type: application/json")
             }
-            JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Error::TooLarge { code: "body_too_large", message: "request body is larger than the server's limit".into() }
-            }
+            JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Error::TooLarge {
+                code: "body_too_large",
+                message: "request body is larger than the server's limit".into(),
+            },
             other => Error::bad_request("invalid_request", other.body_text()),
         }
     }

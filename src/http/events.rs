@@ -44,11 +44,9 @@ pub async fn run_events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let run = owned_run(&app, &user, &run_id).await?;
     let after = match headers.get("last-event-id") {
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
-            .ok_or_else(|| Error::bad_request("invalid_last_event_id", "Last-Event-ID must be an event id (an integer)"))?,
+        Some(v) => v.to_str().ok().and_then(|s| s.trim().parse::<i64>().ok()).ok_or_else(|| {
+            Error::bad_request("invalid_last_event_id", "Last-Event-ID must be an event id (an integer)")
+        })?,
         None => q.after.unwrap_or(0),
     };
     let newest = app.store.last_event_seq(&run.id).await?;
@@ -64,7 +62,9 @@ pub async fn run_events(
             Ok(ev) => Event::default().id(ev.seq.to_string()).event(ev.kind).data(ev.data),
             Err(e) => {
                 tracing::warn!(error = %e, "event stream failed");
-                Event::default().event("error").data(r#"{"code":"store_error","message":"the event stream failed; reconnect with Last-Event-ID"}"#)
+                Event::default()
+                    .event("error")
+                    .data(r#"{"code":"store_error","message":"the event stream failed; reconnect with Last-Event-ID"}"#)
             }
         })
     });

@@ -6,13 +6,13 @@ use serde_json::Value;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::Page;
 use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use super::runs::owned_run;
-use super::Page;
 use crate::app::App;
 use crate::error::{Error, Result};
-use crate::store::{json_col, EvidenceRow};
+use crate::store::{EvidenceRow, json_col};
 
 /// The Planner's judgement.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -57,7 +57,12 @@ pub struct EvidenceView {
 fn view(row: EvidenceRow) -> Result<EvidenceView> {
     Ok(EvidenceView {
         provenance: json_col(&row.provenance)?,
-        acceptance: row.accepted.map(|a| Acceptance { accepted: a != 0, note: row.acceptance_note, at: row.accepted_at, by: row.accepted_by }),
+        acceptance: row.accepted.map(|a| Acceptance {
+            accepted: a != 0,
+            note: row.acceptance_note,
+            at: row.accepted_at,
+            by: row.accepted_by,
+        }),
         id: row.id,
         invocation_id: row.invocation_id,
         run_id: row.run_id,
@@ -81,7 +86,12 @@ pub struct EvidenceList {
 /// A run's evidence.
 #[utoipa::path(get, path = "/v1/runs/{run_id}/evidence", tag = "evidence", params(("run_id" = String, Path), Page),
     responses((status = 200, body = EvidenceList), (status = 404)), security(("bearer" = [])))]
-pub async fn list_evidence(State(app): State<App>, user: AuthUser, Path(run_id): Path<String>, Query(page): Query<Page>) -> Result<Json<EvidenceList>> {
+pub async fn list_evidence(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(run_id): Path<String>,
+    Query(page): Query<Page>,
+) -> Result<Json<EvidenceList>> {
     let run = owned_run(&app, &user, &run_id).await?;
     let limit = page.limit()?;
     let rows = app.store.list_evidence(&run.id, page.cursor.as_deref(), limit + 1).await?;
@@ -92,7 +102,11 @@ pub async fn list_evidence(State(app): State<App>, user: AuthUser, Path(run_id):
 /// One piece of evidence.
 #[utoipa::path(get, path = "/v1/evidence/{evidence_id}", tag = "evidence", params(("evidence_id" = String, Path)),
     responses((status = 200, body = EvidenceView), (status = 404)), security(("bearer" = [])))]
-pub async fn get_evidence(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<EvidenceView>> {
+pub async fn get_evidence(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+) -> Result<Json<EvidenceView>> {
     let row = app.store.evidence_for(&user.user_id, &id).await?.ok_or(Error::NotFound("evidence"))?;
     Ok(Json(view(row)?))
 }
@@ -110,18 +124,24 @@ pub struct AcceptanceBody {
 /// Records the Planner's judgement of a piece of evidence (a later one replaces it).
 #[utoipa::path(post, path = "/v1/evidence/{evidence_id}/acceptance", tag = "evidence", params(("evidence_id" = String, Path)),
     request_body = AcceptanceBody, responses((status = 200, body = EvidenceView), (status = 404)), security(("bearer" = [])))]
-pub async fn accept(State(app): State<App>, user: AuthUser, Path(id): Path<String>, Json(body): Json<AcceptanceBody>) -> Result<Json<EvidenceView>> {
+pub async fn accept(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+    Json(body): Json<AcceptanceBody>,
+) -> Result<Json<EvidenceView>> {
     if body.note.as_ref().is_some_and(|n| n.len() > 2000) {
         return Err(Error::bad_request("invalid_request", "note must be at most 2000 characters"));
     }
-    let row = app.store.judge_evidence(&user.user_id, &id, body.accepted, body.note.as_deref()).await?.ok_or(Error::NotFound("evidence"))?;
+    let row = app
+        .store
+        .judge_evidence(&user.user_id, &id, body.accepted, body.note.as_deref())
+        .await?
+        .ok_or(Error::NotFound("evidence"))?;
     Ok(Json(view(row)?))
 }
 
 /// Routes of this module.
 pub fn router() -> OpenApiRouter<App> {
-    OpenApiRouter::new()
-        .routes(routes!(list_evidence))
-        .routes(routes!(get_evidence))
-        .routes(routes!(accept))
+    OpenApiRouter::new().routes(routes!(list_evidence)).routes(routes!(get_evidence)).routes(routes!(accept))
 }

@@ -7,14 +7,14 @@ use serde_json::Value;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::Page;
 use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use super::runs::owned_run;
-use super::Page;
 use crate::app::App;
 use crate::error::{Error, Result};
 use crate::invocation::{self, CallRequest};
-use crate::store::{json_col, InvocationRow};
+use crate::store::{InvocationRow, json_col};
 
 /// Body of `POST /v1/runs/{run_id}/invocations`.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -110,7 +110,8 @@ pub async fn create_invocation(
     Json(body): Json<CreateInvocation>,
 ) -> Result<(StatusCode, Json<InvocationView>)> {
     let run = owned_run(&app, &user, &run_id).await?;
-    let req = CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input };
+    let req =
+        CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input };
     let frozen = invocation::freeze(&app, &user.user_id, &run, req).await?;
     let status = if frozen.created { StatusCode::CREATED } else { StatusCode::OK };
     let evidence_ids = if frozen.created { Vec::new() } else { app.store.evidence_ids_of(&frozen.row.id).await? };
@@ -129,7 +130,12 @@ pub struct InvocationList {
 /// A run's invocations.
 #[utoipa::path(get, path = "/v1/runs/{run_id}/invocations", tag = "invocations", params(("run_id" = String, Path), Page),
     responses((status = 200, body = InvocationList), (status = 404)), security(("bearer" = [])))]
-pub async fn list_invocations(State(app): State<App>, user: AuthUser, Path(run_id): Path<String>, Query(page): Query<Page>) -> Result<Json<InvocationList>> {
+pub async fn list_invocations(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(run_id): Path<String>,
+    Query(page): Query<Page>,
+) -> Result<Json<InvocationList>> {
     let run = owned_run(&app, &user, &run_id).await?;
     let limit = page.limit()?;
     let rows = app.store.list_invocations(&run.id, page.cursor.as_deref(), limit + 1).await?;
@@ -144,7 +150,11 @@ pub async fn list_invocations(State(app): State<App>, user: AuthUser, Path(run_i
 /// One invocation with its result and evidence ids.
 #[utoipa::path(get, path = "/v1/invocations/{invocation_id}", tag = "invocations", params(("invocation_id" = String, Path)),
     responses((status = 200, body = InvocationView), (status = 404)), security(("bearer" = [])))]
-pub async fn get_invocation(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<InvocationView>> {
+pub async fn get_invocation(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+) -> Result<Json<InvocationView>> {
     let row = app.store.invocation_for(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
     Ok(Json(full_view(&app, row).await?))
 }
@@ -154,8 +164,13 @@ pub async fn get_invocation(State(app): State<App>, user: AuthUser, Path(id): Pa
 /// `invalid_state`.
 #[utoipa::path(post, path = "/v1/invocations/{invocation_id}/cancel", tag = "invocations", params(("invocation_id" = String, Path)),
     responses((status = 200, body = InvocationView), (status = 404), (status = 409)), security(("bearer" = [])))]
-pub async fn cancel_invocation(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<InvocationView>> {
-    let (row, cancelled) = app.store.cancel_invocation(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
+pub async fn cancel_invocation(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+) -> Result<Json<InvocationView>> {
+    let (row, cancelled) =
+        app.store.cancel_invocation(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
     if !cancelled {
         if row.status == "running" && app.harness.cancel_running(&row.id) {
             return Ok(Json(full_view(&app, row).await?));

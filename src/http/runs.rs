@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::Page;
 use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
-use super::Page;
 use crate::app::App;
 use crate::error::{Error, Result};
 use crate::exposure::{self, Exposure};
@@ -33,7 +33,14 @@ pub struct RunView {
 
 impl From<RunRow> for RunView {
     fn from(r: RunRow) -> Self {
-        Self { id: r.id, workspace_id: r.workspace_id, device_id: r.device_id, title: r.title, last_event_id: r.event_seq, created_at: r.created_at }
+        Self {
+            id: r.id,
+            workspace_id: r.workspace_id,
+            device_id: r.device_id,
+            title: r.title,
+            last_event_id: r.event_seq,
+            created_at: r.created_at,
+        }
     }
 }
 
@@ -61,7 +68,11 @@ pub struct RunList {
 /// Opens a run.
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = CreateRun,
     responses((status = 201, body = RunView), (status = 404)), security(("bearer" = [])))]
-pub async fn create_run(State(app): State<App>, user: AuthUser, Json(body): Json<CreateRun>) -> Result<(StatusCode, Json<RunView>)> {
+pub async fn create_run(
+    State(app): State<App>,
+    user: AuthUser,
+    Json(body): Json<CreateRun>,
+) -> Result<(StatusCode, Json<RunView>)> {
     if body.title.as_ref().is_some_and(|t| t.len() > 256) {
         return Err(Error::bad_request("invalid_request", "title must be at most 256 characters"));
     }
@@ -70,12 +81,13 @@ pub async fn create_run(State(app): State<App>, user: AuthUser, Json(body): Json
         None => app.store.default_workspace().await?,
     }
     .ok_or(Error::NotFound("workspace"))?;
-    if let Some(device) = &body.device_id {
-        if device != crate::availability::LOCAL_DEVICE_ID {
-            app.store.device_for(&user.user_id, device).await?.ok_or(Error::NotFound("device"))?;
-        }
+    if let Some(device) = &body.device_id
+        && device != crate::availability::LOCAL_DEVICE_ID
+    {
+        app.store.device_for(&user.user_id, device).await?.ok_or(Error::NotFound("device"))?;
     }
-    let run = app.store.create_run(&user.user_id, &workspace.id, body.device_id.as_deref(), body.title.as_deref()).await?;
+    let run =
+        app.store.create_run(&user.user_id, &workspace.id, body.device_id.as_deref(), body.title.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(run.into())))
 }
 
@@ -129,7 +141,12 @@ pub struct TurnView {
 /// Starts a turn: computes the exposure for the task and stores it.
 #[utoipa::path(post, path = "/v1/runs/{run_id}/turns", tag = "runs", params(("run_id" = String, Path)), request_body = CreateTurn,
     responses((status = 201, body = TurnView), (status = 404), (status = 413)), security(("bearer" = [])))]
-pub async fn create_turn(State(app): State<App>, user: AuthUser, Path(run_id): Path<String>, Json(body): Json<CreateTurn>) -> Result<(StatusCode, Json<TurnView>)> {
+pub async fn create_turn(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(run_id): Path<String>,
+    Json(body): Json<CreateTurn>,
+) -> Result<(StatusCode, Json<TurnView>)> {
     let run = owned_run(&app, &user, &run_id).await?;
     let size = body.task.len() + body.context.as_ref().map_or(0, String::len);
     if size > app.config.max_task_bytes {
@@ -150,7 +167,16 @@ pub async fn create_turn(State(app): State<App>, user: AuthUser, Path(run_id): P
         .map_err(|e| Error::Internal(e.to_string()))?;
     let doc = serde_json::to_value(&exposure).map_err(|e| Error::Internal(e.to_string()))?;
     let turn = app.store.create_turn(&run, &body.task, body.context.as_deref(), &doc).await?;
-    Ok((StatusCode::CREATED, Json(TurnView { turn_id: turn.id, run_id: turn.run_id, task: turn.task, created_at: turn.created_at, exposure: doc })))
+    Ok((
+        StatusCode::CREATED,
+        Json(TurnView {
+            turn_id: turn.id,
+            run_id: turn.run_id,
+            task: turn.task,
+            created_at: turn.created_at,
+            exposure: doc,
+        }),
+    ))
 }
 
 /// A stored turn with its exposure.

@@ -1,8 +1,8 @@
 //! `/healthz`, `/readyz`, `/openapi.json`.
 
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::extract::State;
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -59,9 +59,13 @@ pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
     let embedding = EmbeddingState {
         state: "lexical_only".into(),
         model: None,
-        reason: Some(format!("no embedding model is configured; exposures beyond 20 tools are ranked by {}", app.ranker.name())),
+        reason: Some(format!(
+            "no embedding model is configured; exposures beyond 20 tools are ranked by {}",
+            app.ranker.name()
+        )),
     };
-    let body = Ready { store, backend: app.store.backend().name(), embedding, tools_registered: app.registry.all().len() };
+    let body =
+        Ready { store, backend: app.store.backend().name(), embedding, tools_registered: app.registry.all().len() };
     (status, axum::Json(body))
 }
 

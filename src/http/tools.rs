@@ -9,7 +9,7 @@ use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use crate::app::App;
 use crate::error::{Error, Result};
-use crate::exposure::{ladder, Exposure, ToolView};
+use crate::exposure::{Exposure, ToolView, ladder};
 use crate::surface;
 
 /// Query of the ladder endpoints.
@@ -32,7 +32,11 @@ pub struct ToolList {
     pub tools: Vec<ToolView>,
 }
 
-async fn context(app: &App, user: &AuthUser, q: &LadderQuery) -> Result<(crate::availability::AvailabilityContext, Option<Exposure>)> {
+async fn context(
+    app: &App,
+    user: &AuthUser,
+    q: &LadderQuery,
+) -> Result<(crate::availability::AvailabilityContext, Option<Exposure>)> {
     let mut device = q.device.clone();
     let exposure = match &q.turn {
         None => None,
@@ -52,7 +56,11 @@ async fn context(app: &App, user: &AuthUser, q: &LadderQuery) -> Result<(crate::
 /// Every tool with its ladder state.
 #[utoipa::path(get, path = "/v1/tools", tag = "tools", params(LadderQuery),
     responses((status = 200, body = ToolList), (status = 404)), security(("bearer" = [])))]
-pub async fn list_tools(State(app): State<App>, user: AuthUser, Query(q): Query<LadderQuery>) -> Result<Json<ToolList>> {
+pub async fn list_tools(
+    State(app): State<App>,
+    user: AuthUser,
+    Query(q): Query<LadderQuery>,
+) -> Result<Json<ToolList>> {
     let (ctx, exposure) = context(&app, &user, &q).await?;
     let mut tools: Vec<ToolView> = app
         .registry
@@ -71,7 +79,12 @@ pub async fn list_tools(State(app): State<App>, user: AuthUser, Query(q): Query<
 /// One tool's full ladder. An id nothing registered answers 200 `not_registered`.
 #[utoipa::path(get, path = "/v1/tools/{tool_id}", tag = "tools", params(("tool_id" = String, Path), LadderQuery),
     responses((status = 200, body = ToolView), (status = 404)), security(("bearer" = [])))]
-pub async fn get_tool(State(app): State<App>, user: AuthUser, Path(tool_id): Path<String>, Query(q): Query<LadderQuery>) -> Result<Json<ToolView>> {
+pub async fn get_tool(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(tool_id): Path<String>,
+    Query(q): Query<LadderQuery>,
+) -> Result<Json<ToolView>> {
     let well_formed = !tool_id.is_empty()
         && tool_id.len() <= 256
         && tool_id.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));

@@ -35,7 +35,11 @@ pub struct CreatedUser {
 /// Creates a user (admin only).
 #[utoipa::path(post, path = "/v1/users", tag = "users", request_body = CreateUser,
     responses((status = 201, body = CreatedUser), (status = 403), (status = 409)), security(("bearer" = [])))]
-pub async fn create_user(State(app): State<App>, user: AuthUser, Json(body): Json<CreateUser>) -> Result<(StatusCode, Json<CreatedUser>)> {
+pub async fn create_user(
+    State(app): State<App>,
+    user: AuthUser,
+    Json(body): Json<CreateUser>,
+) -> Result<(StatusCode, Json<CreatedUser>)> {
     user.require_admin()?;
     let (user, token) = create(&app.store, &body.name, body.admin).await?;
     Ok((StatusCode::CREATED, Json(CreatedUser { user, token })))
@@ -43,14 +47,20 @@ pub async fn create_user(State(app): State<App>, user: AuthUser, Json(body): Jso
 
 /// Creates a user with a fresh token (shared by the API and `mira user create`).
 pub async fn create(store: &Store, name: &str, admin: bool) -> Result<(UserRow, String)> {
-    let valid = !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    let valid =
+        !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     if !valid {
-        return Err(Error::bad_request("invalid_name", "name must be 1-64 characters of letters, digits, '-', '_' or '.'"));
+        return Err(Error::bad_request(
+            "invalid_name",
+            "name must be 1-64 characters of letters, digits, '-', '_' or '.'",
+        ));
     }
     let token = crate::auth::new_token();
     match store.create_user(name, admin, &crate::auth::hash_token(&token)).await {
         Ok(user) => Ok((user, token)),
-        Err(e) if e.is_unique_violation() => Err(Error::conflict("name_taken", format!("a user named {name} exists"), serde_json::Value::Null)),
+        Err(e) if e.is_unique_violation() => {
+            Err(Error::conflict("name_taken", format!("a user named {name} exists"), serde_json::Value::Null))
+        }
         Err(e) => Err(e.into()),
     }
 }

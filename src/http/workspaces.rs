@@ -33,7 +33,14 @@ pub struct WorkspaceView {
 
 impl From<WorkspaceRow> for WorkspaceView {
     fn from(w: WorkspaceRow) -> Self {
-        Self { shared: w.owner_id.is_none(), id: w.id, name: w.name, path: w.path, device_id: w.device_id, created_at: w.created_at }
+        Self {
+            shared: w.owner_id.is_none(),
+            id: w.id,
+            name: w.name,
+            path: w.path,
+            device_id: w.device_id,
+            created_at: w.created_at,
+        }
     }
 }
 
@@ -57,7 +64,11 @@ pub struct WorkspaceList {
 /// Registers a workspace: admins anywhere, others only inside the configured roots.
 #[utoipa::path(post, path = "/v1/workspaces", tag = "workspaces", request_body = CreateWorkspace,
     responses((status = 201, body = WorkspaceView), (status = 400), (status = 403)), security(("bearer" = [])))]
-pub async fn create_workspace(State(app): State<App>, user: AuthUser, Json(body): Json<CreateWorkspace>) -> Result<(StatusCode, Json<WorkspaceView>)> {
+pub async fn create_workspace(
+    State(app): State<App>,
+    user: AuthUser,
+    Json(body): Json<CreateWorkspace>,
+) -> Result<(StatusCode, Json<WorkspaceView>)> {
     if body.name.is_empty() || body.name.len() > 128 {
         return Err(Error::bad_request("invalid_name", "name must be 1-128 characters"));
     }
@@ -66,7 +77,9 @@ pub async fn create_workspace(State(app): State<App>, user: AuthUser, Json(body)
     if !path.is_dir() {
         return Err(Error::bad_request("invalid_workspace_path", format!("{} is not a directory", body.path)));
     }
-    if !user.is_admin && !app.config.workspace_roots.iter().any(|root| std::fs::canonicalize(root).is_ok_and(|r| path.starts_with(r))) {
+    if !user.is_admin
+        && !app.config.workspace_roots.iter().any(|root| std::fs::canonicalize(root).is_ok_and(|r| path.starts_with(r)))
+    {
         return Err(Error::Forbidden("workspaces outside the configured roots need an admin".into()));
     }
     let row = app.store.create_workspace(&user.user_id, &body.name, &path.to_string_lossy()).await?;
@@ -97,7 +110,13 @@ pub struct DeviceView {
 
 impl From<DeviceRow> for DeviceView {
     fn from(d: DeviceRow) -> Self {
-        Self { capabilities: serde_json::from_str(&d.capabilities).unwrap_or_default(), id: d.id, name: d.name, connected: false, created_at: d.created_at }
+        Self {
+            capabilities: serde_json::from_str(&d.capabilities).unwrap_or_default(),
+            id: d.id,
+            name: d.name,
+            connected: false,
+            created_at: d.created_at,
+        }
     }
 }
 
@@ -122,9 +141,20 @@ pub struct DeviceList {
 /// Registers a device; availability of tools on runs bound to it follows its capabilities.
 #[utoipa::path(post, path = "/v1/devices", tag = "devices", request_body = CreateDevice,
     responses((status = 201, body = DeviceView), (status = 400)), security(("bearer" = [])))]
-pub async fn create_device(State(app): State<App>, user: AuthUser, Json(body): Json<CreateDevice>) -> Result<(StatusCode, Json<DeviceView>)> {
-    if body.name.is_empty() || body.name.len() > 128 || body.capabilities.len() > 32 || body.capabilities.iter().any(|c| c.is_empty() || c.len() > 64) {
-        return Err(Error::bad_request("invalid_request", "name must be 1-128 characters; at most 32 capabilities of 1-64 characters"));
+pub async fn create_device(
+    State(app): State<App>,
+    user: AuthUser,
+    Json(body): Json<CreateDevice>,
+) -> Result<(StatusCode, Json<DeviceView>)> {
+    if body.name.is_empty()
+        || body.name.len() > 128
+        || body.capabilities.len() > 32
+        || body.capabilities.iter().any(|c| c.is_empty() || c.len() > 64)
+    {
+        return Err(Error::bad_request(
+            "invalid_request",
+            "name must be 1-128 characters; at most 32 capabilities of 1-64 characters",
+        ));
     }
     let row = app.store.create_device(&user.user_id, &body.name, &body.capabilities).await?;
     Ok((StatusCode::CREATED, Json(row.into())))
@@ -139,7 +169,5 @@ pub async fn list_devices(State(app): State<App>, user: AuthUser) -> Result<Json
 
 /// Routes of this module.
 pub fn router() -> OpenApiRouter<App> {
-    OpenApiRouter::new()
-        .routes(routes!(create_workspace, list_workspaces))
-        .routes(routes!(create_device, list_devices))
+    OpenApiRouter::new().routes(routes!(create_workspace, list_workspaces)).routes(routes!(create_device, list_devices))
 }

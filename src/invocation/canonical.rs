@@ -5,7 +5,7 @@
 //! serialises numbers the ECMAScript way, so equal JSON values hash equally whatever their
 //! key order or number spelling.
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::evidence::sha256_hex;
 
@@ -33,6 +33,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::excessive_precision)]
     fn canonical_form_matches_rfc8785_example_shapes() {
         let v = json!({"numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001], "b": "\u{20ac}$\u{000F}\nA'B\"\\\\\"/"});
         assert_eq!(

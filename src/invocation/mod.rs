@@ -8,13 +8,14 @@
 
 pub mod canonical;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::app::App;
 use crate::approval::policy::{self, Decision};
 use crate::error::{Error, Result};
-use crate::exposure::{ladder, Exposure, LadderState};
+use crate::exposure::{Exposure, LadderState, ladder};
 use crate::ids;
+use crate::registry::PrepareContext;
 use crate::store::{FreezeOutcome, InvocationRow, NewInvocation, RunRow};
 
 /// A Planner's call as received.
@@ -62,10 +63,10 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
     let tool_id = exposure.find(&req.tool).map_or(req.tool.clone(), |t| t.id.clone());
 
     let existing = app.store.invocation_by_call(&run.id, &req.tool_call_id).await?;
-    if let Some(existing) = &existing {
-        if existing.tool_id != tool_id {
-            return Err(call_id_conflict(existing));
-        }
+    if let Some(existing) = &existing
+        && existing.tool_id != tool_id
+    {
+        return Err(call_id_conflict(existing));
     }
 
     let ctx = app.availability_context(user_id, run.device_id.as_deref()).await?;
@@ -80,7 +81,8 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
     entry.validate(&req.input).map_err(|errors| Error::InputInvalid { errors })?;
 
     let workspace = app.workspace_of(run).await?;
-    let prepared = entry.tool.prepare(req.input, &workspace).await?;
+    let prepare_ctx = PrepareContext { workspace: &workspace, owner_id: user_id, run_id: &run.id };
+    let prepared = entry.tool.prepare(req.input, &prepare_ctx).await?;
     let input_hash = canonical::input_hash(&tool_id, &prepared.input);
 
     if let Some(existing) = existing {

@@ -9,9 +9,7 @@
 
 mod tool;
 
-pub use tool::{
-    ErrorClass, ExecContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+pub use tool::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -85,10 +83,8 @@ impl Registry {
     /// Registers a tool. Fails on a duplicate id or a schema that does not compile.
     pub fn register(&self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
         let spec = tool.spec();
-        let validator = jsonschema::validator_for(&spec.input_schema).map_err(|e| RegistryError::InvalidSchema {
-            id: spec.id.clone(),
-            message: e.to_string(),
-        })?;
+        let validator = jsonschema::validator_for(&spec.input_schema)
+            .map_err(|e| RegistryError::InvalidSchema { id: spec.id.clone(), message: e.to_string() })?;
         let id = spec.id.clone();
         let mut inner = self.inner.write();
         if inner.tools.contains_key(&id) {
@@ -113,12 +109,7 @@ impl Registry {
     /// The entry for `id` if registered and visible to `user_id` (tools with an owner are
     /// visible to that owner only).
     pub fn get(&self, id: &str, user_id: &str) -> Option<Entry> {
-        self.inner
-            .read()
-            .tools
-            .get(id)
-            .filter(|e| e.spec().visible_to(user_id))
-            .cloned()
+        self.inner.read().tools.get(id).filter(|e| e.spec().visible_to(user_id)).cloned()
     }
 
     /// The entry for `id` whoever owns it (for the harness, which runs stored invocations).
@@ -128,13 +119,7 @@ impl Registry {
 
     /// Every entry visible to `user_id`, in id order.
     pub fn visible_to(&self, user_id: &str) -> Vec<Entry> {
-        self.inner
-            .read()
-            .tools
-            .values()
-            .filter(|e| e.spec().visible_to(user_id))
-            .cloned()
-            .collect()
+        self.inner.read().tools.values().filter(|e| e.spec().visible_to(user_id)).cloned().collect()
     }
 
     /// Every entry, in id order.

@@ -132,6 +132,16 @@ pub struct ToolOutput {
     pub evidence: Vec<EvidenceDraft>,
 }
 
+/// What canonicalisation may look at: the run's workspace and who is calling.
+pub struct PrepareContext<'a> {
+    /// The run's workspace on this host.
+    pub workspace: &'a Workspace,
+    /// The calling user.
+    pub owner_id: &'a str,
+    /// The run.
+    pub run_id: &'a str,
+}
+
 /// Everything an execution may use.
 pub struct ExecContext {
     /// The run's workspace on this host.
@@ -160,7 +170,7 @@ pub trait Tool: Send + Sync {
     /// Turns schema-valid input into the canonical input that will be frozen. Runs before
     /// the hash is taken, so anything resolved here (defaults, normalised paths, real cwd)
     /// is part of what an approval covers. The default keeps the input as given.
-    async fn prepare(&self, input: Value, _workspace: &Workspace) -> Result<Prepared, ToolError> {
+    async fn prepare(&self, input: Value, _ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         Ok(Prepared { input, preview: Value::Null })
     }
 

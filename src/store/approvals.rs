@@ -86,11 +86,7 @@ impl Store {
     /// The caller's approval, or None.
     pub async fn approval_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<ApprovalRow>> {
         let sql = format!("{SELECT} WHERE a.id = $1 AND a.owner_id = $2");
-        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(id)
-            .bind(owner_id)
-            .fetch_optional(self.pool())
-            .await?)
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(id).bind(owner_id).fetch_optional(self.pool()).await?)
     }
 
     /// The approval of an invocation, whoever owns it (for the harness's gate).
@@ -165,11 +161,13 @@ impl Store {
             drop(tx);
             return self.diagnose(owner_id, id, Some(triple)).await;
         };
-        sqlx::query("UPDATE invocations SET status = 'queued', updated_at = $1 WHERE id = $2 AND status = 'awaiting_approval'")
-            .bind(&now)
-            .bind(&invocation_id)
-            .execute(tx.conn())
-            .await?;
+        sqlx::query(
+            "UPDATE invocations SET status = 'queued', updated_at = $1 WHERE id = $2 AND status = 'awaiting_approval'",
+        )
+        .bind(&now)
+        .bind(&invocation_id)
+        .execute(tx.conn())
+        .await?;
         tx.append_event(
             &run_id,
             EventKind::ApprovalGranted,
@@ -234,7 +232,12 @@ impl Store {
     }
 
     /// Why a decision changed nothing.
-    async fn diagnose(&self, owner_id: &str, id: &str, triple: Option<&GrantRequest<'_>>) -> StoreResult<DecideOutcome> {
+    async fn diagnose(
+        &self,
+        owner_id: &str,
+        id: &str,
+        triple: Option<&GrantRequest<'_>>,
+    ) -> StoreResult<DecideOutcome> {
         let Some(row) = self.approval_for(owner_id, id).await? else {
             return Ok(DecideOutcome::NotFound);
         };
@@ -243,7 +246,11 @@ impl Store {
             "pending" if row.expires_at <= ids::now() => DecideOutcome::Expired(row),
             "pending" if row.invocation_status != "awaiting_approval" => DecideOutcome::AlreadyDecided(row),
             "pending" => match triple {
-                Some(t) if t.tool_id != row.tool_id || t.tool_call_id != row.tool_call_id || t.input_hash != row.input_hash => {
+                Some(t)
+                    if t.tool_id != row.tool_id
+                        || t.tool_call_id != row.tool_call_id
+                        || t.input_hash != row.input_hash =>
+                {
                     DecideOutcome::Mismatch(row)
                 }
                 // Equal triple but the guarded update still missed: a concurrent decision.
@@ -266,19 +273,25 @@ impl Store {
         let mut count = 0;
         for (id, invocation_id, run_id) in due {
             let mut tx = self.begin_write().await?;
-            let done = sqlx::query("UPDATE approvals SET status = 'expired', decided_at = $1 WHERE id = $2 AND status = 'pending'")
-                .bind(&now)
-                .bind(&id)
-                .execute(tx.conn())
-                .await?;
+            let done = sqlx::query(
+                "UPDATE approvals SET status = 'expired', decided_at = $1 WHERE id = $2 AND status = 'pending'",
+            )
+            .bind(&now)
+            .bind(&id)
+            .execute(tx.conn())
+            .await?;
             if done.rows_affected() == 1 {
                 sqlx::query("UPDATE invocations SET status = 'expired', finished_at = $1, updated_at = $1 WHERE id = $2 AND status = 'awaiting_approval'")
                     .bind(&now)
                     .bind(&invocation_id)
                     .execute(tx.conn())
                     .await?;
-                tx.append_event(&run_id, EventKind::ApprovalExpired, &json!({"approval_id": id, "invocation_id": invocation_id}))
-                    .await?;
+                tx.append_event(
+                    &run_id,
+                    EventKind::ApprovalExpired,
+                    &json!({"approval_id": id, "invocation_id": invocation_id}),
+                )
+                .await?;
                 count += 1;
             }
             tx.commit().await?;

@@ -115,10 +115,7 @@ impl Store {
             Ok(created) => Ok(created),
             Err(e) if e.is_unique_violation() => {
                 // Lost a race with the same call id: report the winner.
-                let existing = self
-                    .invocation_by_call(&new.run_id, &new.tool_call_id)
-                    .await?
-                    .ok_or(e)?;
+                let existing = self.invocation_by_call(&new.run_id, &new.tool_call_id).await?.ok_or(e)?;
                 let approval = self.approval_id_of(&existing.id).await?;
                 Ok(FreezeOutcome::Existing(existing, approval))
             }
@@ -151,14 +148,18 @@ impl Store {
         let mut tx = self.begin_write().await?;
         // Re-check inside the write lock (SQLite serializes here; Postgres relies on the
         // unique index and the caller's retry).
-        let dup: Option<String> = sqlx::query_scalar("SELECT id FROM invocations WHERE run_id = $1 AND tool_call_id = $2")
-            .bind(&new.run_id)
-            .bind(&new.tool_call_id)
-            .fetch_optional(tx.conn())
-            .await?;
+        let dup: Option<String> =
+            sqlx::query_scalar("SELECT id FROM invocations WHERE run_id = $1 AND tool_call_id = $2")
+                .bind(&new.run_id)
+                .bind(&new.tool_call_id)
+                .fetch_optional(tx.conn())
+                .await?;
         if let Some(id) = dup {
             drop(tx);
-            let existing = self.invocation_by_id(&id).await?.ok_or_else(|| StoreError::Corrupt(format!("invocation {id} vanished")))?;
+            let existing = self
+                .invocation_by_id(&id)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt(format!("invocation {id} vanished")))?;
             let approval = self.approval_id_of(&existing.id).await?;
             return Ok(FreezeOutcome::Existing(existing, approval));
         }
@@ -238,10 +239,7 @@ impl Store {
 
     /// An invocation by id, whoever owns it (for the harness).
     pub async fn invocation_by_id(&self, id: &str) -> StoreResult<Option<InvocationRow>> {
-        Ok(sqlx::query_as("SELECT * FROM invocations WHERE id = $1")
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await?)
+        Ok(sqlx::query_as("SELECT * FROM invocations WHERE id = $1").bind(id).fetch_optional(self.pool()).await?)
     }
 
     /// The caller's invocation, or None.
@@ -254,15 +252,18 @@ impl Store {
     }
 
     /// A run's invocations, oldest first.
-    pub async fn list_invocations(&self, run_id: &str, cursor: Option<&str>, limit: i64) -> StoreResult<Vec<InvocationRow>> {
-        Ok(sqlx::query_as(
-            "SELECT * FROM invocations WHERE run_id = $1 AND ($2 = '' OR id > $2) ORDER BY id LIMIT $3",
-        )
-        .bind(run_id)
-        .bind(cursor.unwrap_or(""))
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?)
+    pub async fn list_invocations(
+        &self,
+        run_id: &str,
+        cursor: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<InvocationRow>> {
+        Ok(sqlx::query_as("SELECT * FROM invocations WHERE run_id = $1 AND ($2 = '' OR id > $2) ORDER BY id LIMIT $3")
+            .bind(run_id)
+            .bind(cursor.unwrap_or(""))
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?)
     }
 
     /// Claims the oldest queued invocation that may run: approval-free, or carrying a
@@ -459,10 +460,14 @@ impl Store {
         tx.commit().await?;
         Ok(Some((row, true)))
     }
-
 }
 
-async fn insert_evidence(tx: &mut WriteTx, inv: &InvocationRow, draft: &EvidenceDraft, now: &str) -> StoreResult<String> {
+async fn insert_evidence(
+    tx: &mut WriteTx,
+    inv: &InvocationRow,
+    draft: &EvidenceDraft,
+    now: &str,
+) -> StoreResult<String> {
     let id = ids::new_id("evd");
     sqlx::query(
         "INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256, excerpt, created_at)

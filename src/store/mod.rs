@@ -188,18 +188,12 @@ impl WriteTx {
     /// Appends an event to `run_id`'s log and returns its id (monotonic per run). The per-run
     /// counter row is locked by the update, so concurrent appends to one run serialize and
     /// commit in id order.
-    pub async fn append_event(
-        &mut self,
-        run_id: &str,
-        kind: EventKind,
-        data: &serde_json::Value,
-    ) -> StoreResult<i64> {
-        let seq: i64 = sqlx::query_scalar(
-            "UPDATE runs SET event_seq = event_seq + 1 WHERE id = $1 RETURNING event_seq",
-        )
-        .bind(run_id)
-        .fetch_one(&mut *self.tx)
-        .await?;
+    pub async fn append_event(&mut self, run_id: &str, kind: EventKind, data: &serde_json::Value) -> StoreResult<i64> {
+        let seq: i64 =
+            sqlx::query_scalar("UPDATE runs SET event_seq = event_seq + 1 WHERE id = $1 RETURNING event_seq")
+                .bind(run_id)
+                .fetch_one(&mut *self.tx)
+                .await?;
         sqlx::query("INSERT INTO events (run_id, seq, type, data, created_at) VALUES ($1, $2, $3, $4, $5)")
             .bind(run_id)
             .bind(seq)

@@ -60,16 +60,14 @@ impl Store {
             .bind(&user.created_at)
             .execute(tx.conn())
             .await?;
-        sqlx::query(
-            "INSERT INTO tokens (id, user_id, token_sha256, label, created_at) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(ids::new_id("tok"))
-        .bind(&user.id)
-        .bind(token_sha256)
-        .bind("initial")
-        .bind(&user.created_at)
-        .execute(tx.conn())
-        .await?;
+        sqlx::query("INSERT INTO tokens (id, user_id, token_sha256, label, created_at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(ids::new_id("tok"))
+            .bind(&user.id)
+            .bind(token_sha256)
+            .bind("initial")
+            .bind(&user.created_at)
+            .execute(tx.conn())
+            .await?;
         tx.commit().await?;
         Ok(user)
     }

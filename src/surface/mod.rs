@@ -47,9 +47,8 @@ pub fn why_not_public(spec: &ToolSpec) -> (&'static str, String) {
         ),
         ToolKind::SkillPrivate => ("skill_private", format!("{} is private to a skill runtime", spec.id)),
         ToolKind::Internal => ("internal_primitive", format!("{} is an internal primitive", spec.id)),
-        ToolKind::Public | ToolKind::Dynamic | ToolKind::McpProjection => (
-            "not_on_surface",
-            format!("{} is not on public surface {SURFACE_VERSION}", spec.id),
-        ),
+        ToolKind::Public | ToolKind::Dynamic | ToolKind::McpProjection => {
+            ("not_on_surface", format!("{} is not on public surface {SURFACE_VERSION}", spec.id))
+        }
     }
 }

@@ -3,12 +3,28 @@
 
 pub mod read;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::registry::{Registry, RegistryError};
+use crate::store::Store;
+
+/// What tool implementations may hold on to: the store (for their own tables), the data
+/// directory (for caches and indexes) and the server's shutdown signal.
+#[derive(Clone)]
+pub struct ToolDeps {
+    /// The store.
+    pub store: Store,
+    /// The data directory.
+    pub data_dir: PathBuf,
+    /// Cancelled when the server stops; background work of tools must end with it.
+    pub shutdown: CancellationToken,
+}
 
 /// Registers the core tools and their legacy compatibility entries.
-pub fn register_core(registry: &Registry) -> Result<(), RegistryError> {
+pub fn register_core(registry: &Registry, _deps: &ToolDeps) -> Result<(), RegistryError> {
     let discover = Arc::new(read::discover::ReadDiscover::new());
     let open = Arc::new(read::open::ReadOpen::new());
     registry.register(discover.clone())?;

@@ -92,12 +92,8 @@ pub fn normalize(rel: &str) -> Result<String, ToolError> {
 
 /// The `outside_workspace` error for `rel`.
 pub fn outside(rel: &str) -> ToolError {
-    ToolError::new(
-        ErrorClass::BadInput,
-        "outside_workspace",
-        format!("path {rel:?} leads outside the workspace"),
-    )
-    .with_details(json!({"path": rel}))
+    ToolError::new(ErrorClass::BadInput, "outside_workspace", format!("path {rel:?} leads outside the workspace"))
+        .with_details(json!({"path": rel}))
 }
 
 /// The `unsupported_file_type` error (FIFO, socket, device) for `rel`.
@@ -129,8 +125,7 @@ pub fn io_error(rel: &str, e: &io::Error) -> ToolError {
         _ if e.raw_os_error() == Some(40) => (ErrorClass::BadInput, "symlink_loop"),
         _ => (ErrorClass::Failed, "io_error"),
     };
-    ToolError::new(class, code, format!("{rel}: {e}"))
-        .with_details(json!({"path": rel, "os_error": e.raw_os_error()}))
+    ToolError::new(class, code, format!("{rel}: {e}")).with_details(json!({"path": rel, "os_error": e.raw_os_error()}))
 }
 
 const fn libc_exdev() -> i32 {

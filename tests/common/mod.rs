@@ -1,7 +1,7 @@
 //! Test harness: a real server on a free port over a real database — a fresh SQLite file,
 //! or a fresh Postgres database on `TEST_DATABASE_URL` (default the local server) that is
 //! dropped afterwards — with a temporary workspace and helpers for the HTTP API.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use mira::config::RuntimeConfig;
 use mira::server::{Server, Settings};
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// Which store a test runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,12 +44,21 @@ pub struct TestDb {
 impl TestDb {
     pub async fn new(backend: Backend, data_dir: &Path) -> TestDb {
         match backend {
-            Backend::Sqlite => TestDb { url: format!("sqlite://{}?mode=rwc", data_dir.join("mira.db").display()), pg_name: None },
+            Backend::Sqlite => {
+                TestDb { url: format!("sqlite://{}?mode=rwc", data_dir.join("mira.db").display()), pg_name: None }
+            }
             Backend::Postgres => {
                 let name = format!("mira_test_{}", uuid::Uuid::now_v7().simple());
                 let admin = admin_url();
-                let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&admin).await.expect("TEST_DATABASE_URL reachable");
-                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.expect("create test database");
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&admin)
+                    .await
+                    .expect("TEST_DATABASE_URL reachable");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&pool)
+                    .await
+                    .expect("create test database");
                 pool.close().await;
                 let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b).to_owned();
                 TestDb { url: format!("{base}/{name}"), pg_name: Some(name) }
@@ -66,7 +75,10 @@ impl Drop for TestDb {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
                 rt.block_on(async move {
                     if let Ok(pool) = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&admin).await {
-                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))).execute(&pool).await;
+                        let _ =
+                            sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+                                .execute(&pool)
+                                .await;
                         pool.close().await;
                     }
                 });
@@ -98,7 +110,10 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { runtime: RuntimeConfig { execution_concurrency: 4, ..RuntimeConfig::default() }, body_limit: 1024 * 1024 }
+        Options {
+            runtime: RuntimeConfig { execution_concurrency: 4, ..RuntimeConfig::default() },
+            body_limit: 1024 * 1024,
+        }
     }
 }
 
@@ -314,7 +329,11 @@ impl mira::registry::Tool for TestTool {
         &self.spec
     }
 
-    async fn execute(&self, input: &Value, ctx: &mira::registry::ExecContext) -> Result<mira::registry::ToolOutput, mira::registry::ToolError> {
+    async fn execute(
+        &self,
+        input: &Value,
+        ctx: &mira::registry::ExecContext,
+    ) -> Result<mira::registry::ToolOutput, mira::registry::ToolError> {
         let n = self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         if !self.delay.is_zero() {
             tokio::select! {
@@ -324,7 +343,11 @@ impl mira::registry::Tool for TestTool {
         }
         Ok(mira::registry::ToolOutput {
             output: json!({"echo": input, "execution": n}),
-            evidence: vec![mira::evidence::EvidenceDraft::of_text("test_echo", json!({"tool": self.spec.id}), &input.to_string())],
+            evidence: vec![mira::evidence::EvidenceDraft::of_text(
+                "test_echo",
+                json!({"tool": self.spec.id}),
+                &input.to_string(),
+            )],
         })
     }
 }

@@ -9,11 +9,13 @@
 use async_trait::async_trait;
 use nucleo_matcher::pattern::{AtomKind, CaseMatching, Normalization, Pattern};
 use nucleo_matcher::{Config, Matcher, Utf32Str};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use super::blocking;
 use crate::evidence::EvidenceDraft;
-use crate::registry::{ErrorClass, ExecContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use crate::registry::{
+    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
+};
 use crate::tools::{str_field, uint_field};
 use crate::workspace::{self, Workspace};
 
@@ -71,10 +73,13 @@ impl Default for ReadDiscover {
 fn parse_cursor(cursor: Option<&str>) -> Result<usize, ToolError> {
     match cursor {
         None => Ok(0),
-        Some(c) => c
-            .strip_prefix("o")
-            .and_then(|n| n.parse::<usize>().ok())
-            .ok_or_else(|| ToolError::new(ErrorClass::BadInput, "invalid_cursor", format!("cursor {c:?} was not issued by read_discover"))),
+        Some(c) => c.strip_prefix("o").and_then(|n| n.parse::<usize>().ok()).ok_or_else(|| {
+            ToolError::new(
+                ErrorClass::BadInput,
+                "invalid_cursor",
+                format!("cursor {c:?} was not issued by read_discover"),
+            )
+        }),
     }
 }
 
@@ -84,7 +89,8 @@ impl Tool for ReadDiscover {
         &self.spec
     }
 
-    async fn prepare(&self, input: Value, ws: &Workspace) -> Result<Prepared, ToolError> {
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        let ws = ctx.workspace;
         let path = workspace::normalize(str_field(&input, "path").unwrap_or("."))?;
         ws.check_beneath(&path)?;
         parse_cursor(str_field(&input, "cursor"))?;
@@ -116,7 +122,11 @@ struct Found {
     score: Option<u32>,
 }
 
-fn discover(ws: &Workspace, input: &Value, cancel: &tokio_util::sync::CancellationToken) -> Result<ToolOutput, ToolError> {
+fn discover(
+    ws: &Workspace,
+    input: &Value,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Result<ToolOutput, ToolError> {
     let rel = str_field(input, "path").unwrap_or(".").to_owned();
     let kind_filter = str_field(input, "kind").unwrap_or("any");
     let limit = usize::try_from(uint_field(input, "limit", DEFAULT_LIMIT, MAX_LIMIT)).unwrap_or(100);
@@ -182,7 +192,9 @@ fn discover(ws: &Workspace, input: &Value, cancel: &tokio_util::sync::Cancellati
         found.push(Found { path, kind, size, score });
     }
     if pattern.is_some() {
-        found.sort_by(|a, b| b.score.cmp(&a.score).then_with(|| a.path.len().cmp(&b.path.len())).then_with(|| a.path.cmp(&b.path)));
+        found.sort_by(|a, b| {
+            b.score.cmp(&a.score).then_with(|| a.path.len().cmp(&b.path.len())).then_with(|| a.path.cmp(&b.path))
+        });
     }
     let total = found.len();
     let page: Vec<&Found> = found.iter().skip(offset).take(limit).collect();

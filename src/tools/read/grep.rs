@@ -12,12 +12,14 @@ use async_trait::async_trait;
 use grep_matcher::Matcher;
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{Searcher, SearcherBuilder, Sink, SinkContext, SinkContextKind, SinkMatch};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::blocking;
-use crate::evidence::{sha256_hex, EvidenceDraft};
-use crate::registry::{ErrorClass, ExecContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use crate::evidence::{EvidenceDraft, sha256_hex};
+use crate::registry::{
+    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
+};
 use crate::tools::{bool_field, str_field, uint_field};
 use crate::workspace::{self, Workspace};
 
@@ -44,10 +46,11 @@ impl Grep {
                 kind: ToolKind::Public,
                 domain: "read".into(),
                 title: "Search file contents".into(),
-                description: "Search the contents of workspace files for a regex or literal: text, symbols, references, \
+                description:
+                    "Search the contents of workspace files for a regex or literal: text, symbols, references, \
                     config keys. Honours .gitignore, skips binary files, returns matching lines with line numbers and \
                     optional context."
-                    .into(),
+                        .into(),
                 input_schema: json!({
                     "type": "object",
                     "required": ["pattern"],
@@ -105,7 +108,8 @@ impl Tool for Grep {
         &self.spec
     }
 
-    async fn prepare(&self, input: Value, ws: &Workspace) -> Result<Prepared, ToolError> {
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        let ws = ctx.workspace;
         matcher_for(&input)?;
         let path = workspace::normalize(str_field(&input, "path").unwrap_or("."))?;
         ws.check_beneath(&path)?;
@@ -212,20 +216,21 @@ fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<Too
         for g in &globs {
             overrides.add(g).map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", e.to_string()))?;
         }
-        let overrides = overrides.build().map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", e.to_string()))?;
+        let overrides =
+            overrides.build().map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", e.to_string()))?;
         let mut walker = ignore::WalkBuilder::new(&real_start);
         walker.follow_links(false).sort_by_file_name(|a, b| a.cmp(b)).require_git(false).overrides(overrides);
         let root = real_root.clone();
-        Box::new(walker.build().filter_map(Result::ok).filter(|e| e.file_type().is_some_and(|t| t.is_file())).filter_map(
-            move |e| e.path().strip_prefix(&root).ok().map(|p| p.to_string_lossy().into_owned()),
-        ))
+        Box::new(
+            walker
+                .build()
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_some_and(|t| t.is_file()))
+                .filter_map(move |e| e.path().strip_prefix(&root).ok().map(|p| p.to_string_lossy().into_owned())),
+        )
     };
 
-    let mut searcher = SearcherBuilder::new()
-        .line_number(true)
-        .before_context(context)
-        .after_context(context)
-        .build();
+    let mut searcher = SearcherBuilder::new().line_number(true).before_context(context).after_context(context).build();
     let mut matches = Vec::new();
     let mut evidence = Vec::new();
     let (mut searched, mut with_matches, mut skipped_binary, mut skipped_large) = (0usize, 0usize, 0usize, 0usize);

@@ -8,10 +8,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
-use crate::registry::{ExecContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
-use crate::workspace::Workspace;
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 
 /// Maps an old input shape to the replacement's input.
 type Mapper = fn(&Value) -> Value;
@@ -63,7 +62,10 @@ fn object(pairs: Vec<(&str, Option<Value>)>) -> Value {
 }
 
 fn map_list(input: &Value) -> Value {
-    object(vec![("path", pick(input, &["path", "dir", "directory"])), ("max_depth", pick(input, &["depth", "max_depth"]))])
+    object(vec![
+        ("path", pick(input, &["path", "dir", "directory"])),
+        ("max_depth", pick(input, &["depth", "max_depth"])),
+    ])
 }
 
 fn map_locate(input: &Value) -> Value {
@@ -88,8 +90,8 @@ impl Tool for Legacy {
         &self.spec
     }
 
-    async fn prepare(&self, input: Value, ws: &Workspace) -> Result<Prepared, ToolError> {
-        self.target.prepare((self.map)(&input), ws).await
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        self.target.prepare((self.map)(&input), ctx).await
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {

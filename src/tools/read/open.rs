@@ -11,12 +11,14 @@
 use std::io::Read;
 
 use async_trait::async_trait;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::blocking;
 use crate::evidence::EvidenceDraft;
-use crate::registry::{ErrorClass, ExecContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use crate::registry::{
+    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
+};
 use crate::tools::{str_field, uint_field};
 use crate::workspace::{self, Workspace};
 
@@ -79,17 +81,23 @@ impl Tool for ReadOpen {
         &self.spec
     }
 
-    async fn prepare(&self, input: Value, ws: &Workspace) -> Result<Prepared, ToolError> {
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        let ws = ctx.workspace;
         let path = workspace::normalize(str_field(&input, "path").unwrap_or_default())?;
         ws.check_beneath(&path)?;
         let start = input.get("start_line").and_then(Value::as_u64);
         let end = input.get("end_line").and_then(Value::as_u64);
-        if let (Some(s), Some(e)) = (start, end) {
-            if s > e {
-                return Err(ToolError::new(ErrorClass::BadInput, "invalid_range", format!("start_line {s} is after end_line {e}")));
-            }
+        if let (Some(s), Some(e)) = (start, end)
+            && s > e
+        {
+            return Err(ToolError::new(
+                ErrorClass::BadInput,
+                "invalid_range",
+                format!("start_line {s} is after end_line {e}"),
+            ));
         }
-        let mut canonical = json!({"path": path, "max_bytes": uint_field(&input, "max_bytes", DEFAULT_MAX_BYTES, MAX_MAX_BYTES)});
+        let mut canonical =
+            json!({"path": path, "max_bytes": uint_field(&input, "max_bytes", DEFAULT_MAX_BYTES, MAX_MAX_BYTES)});
         if let Some(s) = start {
             canonical["start_line"] = json!(s);
         }
@@ -122,7 +130,17 @@ struct Scan {
 fn scan(mut file: impl Read, start: u64, end: u64, max_bytes: usize, rel: &str) -> Result<Scan, ToolError> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
-    let mut s = Scan { sha256: String::new(), size: 0, total_lines: 0, crlf: 0, lf_only: 0, kept: Vec::new(), first_kept: 0, last_kept: 0, truncated: false };
+    let mut s = Scan {
+        sha256: String::new(),
+        size: 0,
+        total_lines: 0,
+        crlf: 0,
+        lf_only: 0,
+        kept: Vec::new(),
+        first_kept: 0,
+        last_kept: 0,
+        truncated: false,
+    };
     let mut line_no: u64 = 1;
     let mut line = Vec::new();
     let mut prev: u8 = 0;
@@ -137,8 +155,12 @@ fn scan(mut file: impl Read, start: u64, end: u64, max_bytes: usize, rel: &str) 
             sniffed = true;
             let head = &chunk[..chunk.len().min(BINARY_SNIFF_BYTES)];
             if head.contains(&0) {
-                return Err(ToolError::new(ErrorClass::BadInput, "binary_file", format!("{rel} is a binary file; read_open returns text only"))
-                    .with_details(json!({"path": rel})));
+                return Err(ToolError::new(
+                    ErrorClass::BadInput,
+                    "binary_file",
+                    format!("{rel} is a binary file; read_open returns text only"),
+                )
+                .with_details(json!({"path": rel})));
             }
         }
         hasher.update(chunk);
@@ -149,7 +171,11 @@ fn scan(mut file: impl Read, start: u64, end: u64, max_bytes: usize, rel: &str) 
                 line.push(b);
             }
             if b == b'\n' {
-                if prev == b'\r' { s.crlf += 1 } else { s.lf_only += 1 }
+                if prev == b'\r' {
+                    s.crlf += 1
+                } else {
+                    s.lf_only += 1
+                }
                 if in_range && !s.truncated {
                     keep_line(&mut s, &mut line, line_no, max_bytes);
                 }
@@ -161,7 +187,13 @@ fn scan(mut file: impl Read, start: u64, end: u64, max_bytes: usize, rel: &str) 
     if !line.is_empty() && !s.truncated {
         keep_line(&mut s, &mut line, line_no, max_bytes);
     }
-    s.total_lines = if s.size == 0 { 0 } else if prev == b'\n' { line_no - 1 } else { line_no };
+    s.total_lines = if s.size == 0 {
+        0
+    } else if prev == b'\n' {
+        line_no - 1
+    } else {
+        line_no
+    };
     s.sha256 = hex::encode(hasher.finalize());
     Ok(s)
 }
@@ -189,7 +221,8 @@ fn open(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     let rel = str_field(input, "path").unwrap_or_default().to_owned();
     let start = input.get("start_line").and_then(Value::as_u64).unwrap_or(1);
     let end = input.get("end_line").and_then(Value::as_u64).unwrap_or(u64::MAX);
-    let max_bytes = usize::try_from(uint_field(input, "max_bytes", DEFAULT_MAX_BYTES, MAX_MAX_BYTES)).unwrap_or(262_144);
+    let max_bytes =
+        usize::try_from(uint_field(input, "max_bytes", DEFAULT_MAX_BYTES, MAX_MAX_BYTES)).unwrap_or(262_144);
     let (file, meta) = ws.open_regular(&rel)?;
     let mut bom = [0u8; 2];
     let bom_len = std::os::unix::fs::FileExt::read_at(&file, &mut bom, 0).map_err(|e| workspace::io_error(&rel, &e))?;
@@ -220,9 +253,14 @@ fn open(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
             return Err(ToolError::new(
                 ErrorClass::BadInput,
                 "invalid_utf8",
-                format!("{rel} is not valid UTF-8 (first invalid byte at offset {} of the returned range)", e.utf8_error().valid_up_to()),
+                format!(
+                    "{rel} is not valid UTF-8 (first invalid byte at offset {} of the returned range)",
+                    e.utf8_error().valid_up_to()
+                ),
             )
-            .with_details(json!({"path": rel, "offset_in_range": e.utf8_error().valid_up_to(), "sha256": scan.sha256})));
+            .with_details(
+                json!({"path": rel, "offset_in_range": e.utf8_error().valid_up_to(), "sha256": scan.sha256}),
+            ));
         }
     };
     let line_ending = match (scan.crlf, scan.lf_only) {
@@ -231,9 +269,15 @@ fn open(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
         (0, _) => "lf",
         _ => "mixed",
     };
-    let (first, last) = if content.is_empty() { (start, start.saturating_sub(1)) } else { (scan.first_kept, scan.last_kept) };
+    let (first, last) =
+        if content.is_empty() { (start, start.saturating_sub(1)) } else { (scan.first_kept, scan.last_kept) };
     let marker = scan.truncated.then(|| {
-        format!("[truncated: returned lines {first}-{last} of {}; {} bytes cap reached; ask for start_line {} to continue]", scan.total_lines, max_bytes, last + 1)
+        format!(
+            "[truncated: returned lines {first}-{last} of {}; {} bytes cap reached; ask for start_line {} to continue]",
+            scan.total_lines,
+            max_bytes,
+            last + 1
+        )
     });
     let evidence = EvidenceDraft {
         kind: "file_excerpt".into(),
@@ -263,15 +307,30 @@ fn open(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
 }
 
 /// Decodes a UTF-16 file (byte-order mark present; `decode` sniffs LE/BE and strips it).
-fn decode_utf16(file: std::fs::File, rel: &str, size: u64, start: u64, end: u64, max_bytes: usize) -> Result<Scan, ToolError> {
+fn decode_utf16(
+    file: std::fs::File,
+    rel: &str,
+    size: u64,
+    start: u64,
+    end: u64,
+    max_bytes: usize,
+) -> Result<Scan, ToolError> {
     if size > MAX_UTF16_BYTES {
-        return Err(ToolError::new(ErrorClass::TooLarge, "file_too_large", format!("{rel} is UTF-16 and larger than {MAX_UTF16_BYTES} bytes")));
+        return Err(ToolError::new(
+            ErrorClass::TooLarge,
+            "file_too_large",
+            format!("{rel} is UTF-16 and larger than {MAX_UTF16_BYTES} bytes"),
+        ));
     }
     let mut raw = Vec::new();
     file.take(MAX_UTF16_BYTES).read_to_end(&mut raw).map_err(|e| workspace::io_error(rel, &e))?;
     let (text, _, had_errors) = encoding_rs::UTF_16LE.decode(&raw);
     if had_errors {
-        return Err(ToolError::new(ErrorClass::BadInput, "invalid_utf16", format!("{rel} has a UTF-16 byte-order mark but is not valid UTF-16")));
+        return Err(ToolError::new(
+            ErrorClass::BadInput,
+            "invalid_utf16",
+            format!("{rel} has a UTF-16 byte-order mark but is not valid UTF-16"),
+        ));
     }
     let mut s = scan(text.as_bytes(), start, end, max_bytes, rel)?;
     s.sha256 = crate::evidence::sha256_hex(&raw);
