@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command of the README: installs what the tests need (idempotent, cached under
+# ./.cache), makes sure PostgreSQL runs, then runs every test on SQLite and Postgres.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export TEST_DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+scripts/ensure-postgres.sh
+# Feature set-up scripts add what their tests need and print `export` lines.
+for setup in scripts/setup-*.sh; do
+  [ -e "$setup" ] || continue
+  echo "== $setup" >&2
+  eval "$(bash "$setup")"
+done
+exec cargo nextest run --profile "${NEXTEST_PROFILE:-ci}" "$@"

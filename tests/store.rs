@@ -1,0 +1,291 @@
+//! Storage conformance: the same assertions against SQLite and Postgres, calling the store
+//! directly — concurrency properties (event ids, claims, decisions) included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use common::{Backend, TestDb};
+use mira::events::{EventBus, EventKind};
+use mira::store::{DecideOutcome, FreezeOutcome, GrantRequest, NewInvocation, Store};
+use serde_json::json;
+
+struct Fixture {
+    store: Store,
+    user: String,
+    run: mira::store::RunRow,
+    turn: String,
+    _db: TestDb,
+    _tmp: tempfile::TempDir,
+}
+
+async fn fixture(backend: Backend) -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = TestDb::new(backend, tmp.path()).await;
+    let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
+    let user = store.create_user("u", false, &mira::auth::hash_token("t")).await.unwrap();
+    let ws = store.upsert_default_workspace(tmp.path().to_str().unwrap()).await.unwrap();
+    let run = store.create_run(&user.id, &ws.id, None, None).await.unwrap();
+    let turn = store.create_turn(&run, "task", None, &json!({"strategy": "all", "tools": []})).await.unwrap();
+    Fixture { store, user: user.id, run, turn: turn.id, _db: db, _tmp: tmp }
+}
+
+fn new_inv(f: &Fixture, call: &str, approval: bool) -> NewInvocation {
+    let input = json!({"n": call});
+    NewInvocation {
+        run_id: f.run.id.clone(),
+        turn_id: f.turn.clone(),
+        owner_id: f.user.clone(),
+        tool_id: "t".into(),
+        tool_call_id: call.into(),
+        input: input.to_string(),
+        input_hash: mira::invocation::canonical::input_hash("t", &input),
+        approval: approval.then(|| (json!({}), mira::ids::now_plus_ms(60_000))),
+    }
+}
+
+async fn freeze(f: &Fixture, call: &str, approval: bool) -> (mira::store::InvocationRow, Option<String>) {
+    match f.store.freeze_invocation(&new_inv(f, call, approval)).await.unwrap() {
+        FreezeOutcome::Created(row, apr) => (row, apr),
+        FreezeOutcome::Existing(..) => panic!("expected a new invocation"),
+    }
+}
+
+async fn users_tokens_and_isolation(backend: Backend) {
+    let f = fixture(backend).await;
+    let dup = f.store.create_user("u", false, &mira::auth::hash_token("other")).await;
+    assert!(dup.unwrap_err().is_unique_violation());
+    let id = f.store.identity_by_token(&mira::auth::hash_token("t")).await.unwrap().unwrap();
+    assert_eq!(id.user_id, f.user);
+    assert!(f.store.identity_by_token(&mira::auth::hash_token("nope")).await.unwrap().is_none());
+    let other = f.store.create_user("v", false, &mira::auth::hash_token("v")).await.unwrap();
+    assert!(f.store.run_for(&other.id, &f.run.id).await.unwrap().is_none());
+    assert!(f.store.turn_for(&other.id, &f.turn).await.unwrap().is_none());
+}
+
+async fn runs_paginate_newest_first(backend: Backend) {
+    let f = fixture(backend).await;
+    for _ in 0..4 {
+        f.store.create_run(&f.user, &f.run.workspace_id, None, None).await.unwrap();
+    }
+    let page1 = f.store.list_runs(&f.user, None, 3).await.unwrap();
+    let page2 = f.store.list_runs(&f.user, Some(&page1[2].id), 3).await.unwrap();
+    let ids: Vec<String> = page1.iter().chain(page2.iter()).map(|r| r.id.clone()).collect();
+    assert_eq!(ids.len(), 5);
+    assert!(ids.windows(2).all(|w| w[0] > w[1]), "{ids:?}");
+}
+
+async fn concurrent_event_appends_get_distinct_monotonic_ids(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tx = f.store.begin_write().await.unwrap();
+            let seq = tx.append_event(&f.run.id, EventKind::TerminalOutput, &json!({"i": i})).await.unwrap();
+            tx.commit().await.unwrap();
+            seq
+        }));
+    }
+    let mut seqs: Vec<i64> = Vec::new();
+    for t in tasks {
+        seqs.push(t.await.unwrap());
+    }
+    seqs.sort();
+    // Event 1 is the fixture's exposure.created.
+    assert_eq!(seqs, (2..=41).collect::<Vec<_>>());
+    let stored = f.store.events_after(&f.run.id, 0, 100).await.unwrap();
+    assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), (1..=41).collect::<Vec<_>>());
+    assert_eq!(f.store.last_event_seq(&f.run.id).await.unwrap(), 41);
+}
+
+async fn freezing_is_idempotent_per_call_id(backend: Backend) {
+    let f = fixture(backend).await;
+    let (row, _) = freeze(&f, "c1", false).await;
+    match f.store.freeze_invocation(&new_inv(&f, "c1", false)).await.unwrap() {
+        FreezeOutcome::Existing(existing, _) => assert_eq!(existing.id, row.id),
+        FreezeOutcome::Created(..) => panic!("a call id names one invocation"),
+    }
+    // Racing freezes of one call id: exactly one row.
+    let f = Arc::new(f);
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move { f.store.freeze_invocation(&new_inv(&f, "race", true)).await.unwrap() }));
+    }
+    let mut created = 0;
+    let mut ids = HashSet::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            FreezeOutcome::Created(row, _) => {
+                created += 1;
+                ids.insert(row.id);
+            }
+            FreezeOutcome::Existing(row, _) => {
+                ids.insert(row.id);
+            }
+        }
+    }
+    assert_eq!((created, ids.len()), (1, 1));
+}
+
+async fn claims_are_exclusive_and_gated(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    for i in 0..30 {
+        freeze(&f, &format!("q{i}"), false).await;
+    }
+    let (gated, _) = freeze(&f, "needs-approval", true).await;
+    let mut tasks = Vec::new();
+    for worker in 0..6 {
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(inv) = f.store.claim_next(&format!("node-{worker}"), 60_000).await.unwrap() {
+                got.push(inv.id);
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!((all.len(), unique.len()), (30, 30), "every queued invocation claimed exactly once");
+    assert!(!unique.contains(&gated.id), "an approval-gated invocation is never claimed without a grant");
+}
+
+async fn racing_grants_have_one_winner(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    let (inv, apr) = freeze(&f, "g", true).await;
+    let apr = apr.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (f, inv, apr) = (f.clone(), inv.clone(), apr.clone());
+        tasks.push(tokio::spawn(async move {
+            let triple =
+                GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
+            f.store.grant_approval(&f.user, &apr, &triple, &f.user, "tok").await.unwrap()
+        }));
+    }
+    let mut won = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            DecideOutcome::Decided(_) => won += 1,
+            DecideOutcome::AlreadyDecided(row) => assert_eq!(row.status, "granted"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(won, 1);
+    let claimed = f.store.claim_next("n", 60_000).await.unwrap().unwrap();
+    assert_eq!(claimed.id, inv.id);
+    assert!(f.store.claim_next("n", 60_000).await.unwrap().is_none(), "a grant runs its invocation once");
+}
+
+async fn grant_and_deny_race_one_wins(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    for round in 0..5 {
+        let (inv, apr) = freeze(&f, &format!("r{round}"), true).await;
+        let apr = apr.unwrap();
+        let (fg, fd) = (f.clone(), f.clone());
+        let (ag, ad, ig) = (apr.clone(), apr.clone(), inv.clone());
+        let g = tokio::spawn(async move {
+            let triple =
+                GrantRequest { tool_id: &ig.tool_id, tool_call_id: &ig.tool_call_id, input_hash: &ig.input_hash };
+            fg.store.grant_approval(&fg.user, &ag, &triple, &fg.user, "tok").await.unwrap()
+        });
+        let d =
+            tokio::spawn(
+                async move { fd.store.deny_approval(&fd.user, &ad, Some("no"), &fd.user, "tok").await.unwrap() },
+            );
+        let (g, d) = (g.await.unwrap(), d.await.unwrap());
+        let winners = [&g, &d].iter().filter(|o| matches!(o, DecideOutcome::Decided(_))).count();
+        assert_eq!(winners, 1, "{g:?} {d:?}");
+        let row = f.store.invocation_by_id(&inv.id).await.unwrap().unwrap();
+        let approval = f.store.approval_for(&f.user, &apr).await.unwrap().unwrap();
+        match approval.status.as_str() {
+            "granted" => assert_eq!(row.status, "queued"),
+            "denied" => assert_eq!(row.status, "denied"),
+            s => panic!("status {s}"),
+        }
+    }
+}
+
+async fn mismatch_changes_nothing_and_expiry_ends_the_wait(backend: Backend) {
+    let f = fixture(backend).await;
+    let (inv, apr) = freeze(&f, "m", true).await;
+    let apr = apr.unwrap();
+    let (other, _) = freeze(&f, "m2", true).await;
+    // The other call's triple (same tool, other call id and hash) does not grant this one.
+    let wrong =
+        GrantRequest { tool_id: &other.tool_id, tool_call_id: &other.tool_call_id, input_hash: &other.input_hash };
+    assert!(matches!(
+        f.store.grant_approval(&f.user, &apr, &wrong, &f.user, "tok").await.unwrap(),
+        DecideOutcome::Mismatch(_)
+    ));
+    let same_input_other_call = GrantRequest { tool_id: &inv.tool_id, tool_call_id: "m2", input_hash: &inv.input_hash };
+    assert!(matches!(
+        f.store.grant_approval(&f.user, &apr, &same_input_other_call, &f.user, "tok").await.unwrap(),
+        DecideOutcome::Mismatch(_)
+    ));
+    assert_eq!(f.store.invocation_by_id(&inv.id).await.unwrap().unwrap().status, "awaiting_approval");
+    // Another user cannot see or decide it.
+    let right = GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
+    assert!(matches!(
+        f.store.grant_approval("usr_other", &apr, &right, "usr_other", "tok").await.unwrap(),
+        DecideOutcome::NotFound
+    ));
+
+    // Expiry.
+    let mut expiring = new_inv(&f, "e", true);
+    expiring.approval = Some((json!({}), mira::ids::now_plus_ms(0)));
+    let FreezeOutcome::Created(exp_inv, Some(exp_apr)) = f.store.freeze_invocation(&expiring).await.unwrap() else {
+        panic!("created")
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let triple = GrantRequest {
+        tool_id: &exp_inv.tool_id,
+        tool_call_id: &exp_inv.tool_call_id,
+        input_hash: &exp_inv.input_hash,
+    };
+    assert!(matches!(
+        f.store.grant_approval(&f.user, &exp_apr, &triple, &f.user, "tok").await.unwrap(),
+        DecideOutcome::Expired(_)
+    ));
+    assert_eq!(f.store.expire_approvals().await.unwrap(), 1);
+    assert_eq!(f.store.invocation_by_id(&exp_inv.id).await.unwrap().unwrap().status, "expired");
+    let events = f.store.events_after(&f.run.id, 0, 100).await.unwrap();
+    assert!(events.iter().any(|e| e.kind == "approval.expired"));
+}
+
+async fn bus_wakes_after_commit_only(backend: Backend) {
+    let f = fixture(backend).await;
+    let mut rx = f.store.bus().subscribe();
+    let mut tx = f.store.begin_write().await.unwrap();
+    let seq = tx.append_event(&f.run.id, EventKind::TerminalOutput, &json!({})).await.unwrap();
+    assert!(rx.try_recv().is_err(), "no signal before commit");
+    tx.commit().await.unwrap();
+    let signal = rx.recv().await.unwrap();
+    assert_eq!((signal.run_id.as_str(), signal.seq), (f.run.id.as_str(), seq));
+    // A rolled-back append leaves no event and sends no signal.
+    let mut tx = f.store.begin_write().await.unwrap();
+    tx.append_event(&f.run.id, EventKind::TerminalOutput, &json!({})).await.unwrap();
+    drop(tx);
+    assert!(rx.try_recv().is_err());
+    assert_eq!(f.store.last_event_seq(&f.run.id).await.unwrap(), seq);
+    let _ = EventBus::new();
+}
+
+both_backends!(
+    users_tokens_and_isolation,
+    runs_paginate_newest_first,
+    concurrent_event_appends_get_distinct_monotonic_ids,
+    freezing_is_idempotent_per_call_id,
+    claims_are_exclusive_and_gated,
+    racing_grants_have_one_winner,
+    grant_and_deny_race_one_wins,
+    mismatch_changes_nothing_and_expiry_ends_the_wait,
+    bus_wakes_after_commit_only,
+);
