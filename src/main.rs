@@ -32,6 +32,17 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// Benchmarks that print figures.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Frozen invocations per second (concurrent `read_open` calls).
+    Invocations(mira::bench::invocations::InvocationBench),
 }
 
 #[derive(Subcommand)]
@@ -131,6 +142,7 @@ async fn main() -> ExitCode {
             }
             .await
         }
+        Command::Bench { command: BenchCommand::Invocations(opts) } => mira::bench::invocations::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }
