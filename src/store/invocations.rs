@@ -107,10 +107,6 @@ impl Store {
     /// Inserts a frozen invocation (plus its approval request and events) unless the run
     /// already has `tool_call_id`, in which case the existing one is returned untouched.
     pub async fn freeze_invocation(&self, new: &NewInvocation) -> StoreResult<FreezeOutcome> {
-        if let Some(existing) = self.invocation_by_call(&new.run_id, &new.tool_call_id).await? {
-            let approval = self.approval_id_of(&existing.id).await?;
-            return Ok(FreezeOutcome::Existing(existing, approval));
-        }
         match self.insert_invocation(new).await {
             Ok(created) => Ok(created),
             Err(e) if e.is_unique_violation() => {
