@@ -58,37 +58,43 @@ impl McpManager {
             token.clone(),
             ProgressRoute { run_id: ctx.run_id.clone(), invocation_id: ctx.invocation_id.clone(), tool_id },
         );
+        // The harness drops this future when the invocation is cancelled or times out; the
+        // guard then tells the server (notifications/cancelled) and forgets the progress route.
+        let mut guard = CancelGuard { peer: live.peer.clone(), id: Some(request_id), token, manager: self.me.clone() };
         let outcome = tokio::select! {
             r = handle.await_response() => Some(r),
             () = ctx.cancel.cancelled() => None,
         };
-        self.progress.lock().remove(&token);
         let repaired = live.facts.as_ref().is_some_and(|f| f.repaired.lock().remove(&id_json));
         let oversized = live.facts.as_ref().is_some_and(|f| f.oversized.lock().remove(&id_json));
         let result = match outcome {
             None => {
-                let note = ClientNotification::CancelledNotification(rmcp::model::CancelledNotification::new(
-                    CancelledNotificationParam::new(Some(request_id), Some("the invocation was cancelled".into())),
-                ));
-                let _ = live.peer.send_notification(note).await;
+                drop(guard);
                 return Err(failed("cancelled", "the invocation was cancelled; the MCP server was sent notifications/cancelled"));
             }
-            Some(Ok(r)) => serde_json::to_value(r).map_err(|e| failed("mcp_bad_result", e.to_string()))?,
-            Some(Err(ServiceError::McpError(e))) if oversized || e.code.0 == i32::try_from(stdio::OVERSIZED_ERROR_CODE).unwrap_or(0) => {
+            Some(r) => {
+                guard.id = None;
+                drop(guard);
+                r
+            }
+        };
+        let result = match result {
+            Ok(r) => serde_json::to_value(r).map_err(|e| failed("mcp_bad_result", e.to_string()))?,
+            Err(ServiceError::McpError(e)) if oversized || e.code.0 == i32::try_from(stdio::OVERSIZED_ERROR_CODE).unwrap_or(0) => {
                 return Err(failed("mcp_message_too_large", e.message.to_string())
                     .with_details(json!({"limit_bytes": self.settings().max_message_bytes})));
             }
-            Some(Err(ServiceError::McpError(e))) => {
+            Err(ServiceError::McpError(e)) => {
                 return Err(failed("mcp_error", format!("the MCP server answered with error {}: {}", e.code.0, e.message))
                     .with_details(json!({"code": e.code.0, "data": e.data})));
             }
-            Some(Err(ServiceError::Timeout { timeout })) => {
+            Err(ServiceError::Timeout { timeout }) => {
                 return Err(failed(
                     "mcp_timeout",
                     format!("the MCP server did not answer within {} ms; it was sent notifications/cancelled", timeout.as_millis()),
                 ));
             }
-            Some(Err(e)) => return Err(lost(&live, &e)),
+            Err(e) => return Err(lost(&live, &e)),
         };
         Ok(self.shape(result, server_id, &server_name, &transport, tool, &live.protocol_version, repaired)?)
     }
@@ -206,4 +212,32 @@ fn lost(live: &super::connection::Live, e: &ServiceError) -> ToolError {
     let tail = live.stderr.as_ref().map(|s| s.text()).unwrap_or_default();
     failed("mcp_connection_lost", format!("the connection to the MCP server was lost during the call: {e}"))
         .with_details(json!({"stderr_tail": tail}))
+}
+
+/// Sends `notifications/cancelled` for a request that is abandoned (dropped or cancelled)
+/// before its answer, and removes its progress route.
+struct CancelGuard {
+    peer: rmcp::service::Peer<rmcp::service::RoleClient>,
+    id: Option<rmcp::model::RequestId>,
+    token: String,
+    manager: std::sync::Weak<McpManager>,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if let Some(m) = self.manager.upgrade() {
+            m.progress.lock().remove(&self.token);
+        }
+        if let Some(id) = self.id.take() {
+            let peer = self.peer.clone();
+            let note = ClientNotification::CancelledNotification(rmcp::model::CancelledNotification::new(
+                CancelledNotificationParam::new(Some(id), Some("the invocation was cancelled".into())),
+            ));
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = peer.send_notification(note).await;
+                });
+            }
+        }
+    }
 }

@@ -133,8 +133,8 @@ pub(super) async fn supervise(manager: Arc<McpManager>, slot: Arc<ServerSlot>, m
                 conn.stderr_tail = None;
                 conn.attempts = 0;
                 conn.connected_at = Some(crate::ids::now());
-                manager.save_conn(&slot, conn).await;
                 *slot.live.lock() = Some(live.clone());
+                manager.save_conn(&slot, conn).await;
                 if let Err(e) = super::discovery::run(&manager, &slot, &live).await {
                     tracing::warn!(server = %slot.id, error = %e, "discovery after connect failed");
                 }

@@ -161,7 +161,7 @@ pub struct McpManager {
     tasks: TaskTracker,
     servers: RwLock<BTreeMap<String, Arc<ServerSlot>>>,
     pub(crate) progress: Mutex<HashMap<String, ProgressRoute>>,
-    me: Weak<McpManager>,
+    pub(crate) me: Weak<McpManager>,
 }
 
 /// An install request, validated by [`McpManager::install`].
