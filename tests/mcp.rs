@@ -75,7 +75,15 @@ async fn access(t: &TestApp, token: &str, id: &str, tool: &str, on: bool) {
 }
 
 /// Freezes a call, grants its approval with the exact triple and waits for the result.
-async fn call_approved(t: &TestApp, token: &str, run: &str, turn: &str, tool: &str, call_id: &str, input: Value) -> Value {
+async fn call_approved(
+    t: &TestApp,
+    token: &str,
+    run: &str,
+    turn: &str,
+    tool: &str,
+    call_id: &str,
+    input: Value,
+) -> Value {
     let r = t.call(token, run, turn, tool, call_id, input).await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
@@ -203,13 +211,22 @@ async fn six_stages_end_to_end(backend: Backend) {
     assert_eq!(out["structured_content"]["color"], "red");
 
     // Disable: the projection disappears and the ladder names the stage; access survives.
-    let r = t.request(reqwest::Method::PATCH, &format!("/v1/mcp/servers/{id}"), Some(&alice), Some(json!({"enabled": false}))).await;
+    let r = t
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/v1/mcp/servers/{id}"),
+            Some(&alice),
+            Some(json!({"enabled": false})),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
     let ladder = t.get(&format!("/v1/tools/{echo}"), &alice).await.body;
     assert_eq!(ladder_code(&ladder), ("not_registered", "mcp_server_disabled"));
     let again = t.call(&alice, &run, &turn, &echo, "c3", json!({"text": "x"})).await;
     assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "not_registered"), "{again:?}");
-    t.request(reqwest::Method::PATCH, &format!("/v1/mcp/servers/{id}"), Some(&alice), Some(json!({"enabled": true}))).await;
+    wait_for(&t, &alice, &id, "disconnect", |v| v["connection"]["state"] == "disconnected").await;
+    t.request(reqwest::Method::PATCH, &format!("/v1/mcp/servers/{id}"), Some(&alice), Some(json!({"enabled": true})))
+        .await;
     let v = wait_for(&t, &alice, &id, "reconnect", |v| v["connection"]["state"] == "connected").await;
     assert_eq!(v["tools"].as_array().unwrap().iter().find(|x| x["name"] == "echo").unwrap()["agent_access"], true);
     let ladder = t.get(&format!("/v1/tools/{echo}"), &alice).await.body;
@@ -269,7 +286,8 @@ async fn crash_mid_call_fails_the_call_and_reconnects() {
     // The supervisor reconnects with backoff, re-discovers, and the next call works.
     wait_for(&t, &token, &id, "reconnect", |v| v["connection"]["state"] == "connected").await;
     let (turn, _) = t.turn(&token, &run, "echo").await;
-    let done = call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:echo"), "c2", json!({"text": "back"})).await;
+    let done =
+        call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:echo"), "c2", json!({"text": "back"})).await;
     assert_eq!(done["status"], "completed", "{done:#}");
 }
 
@@ -281,15 +299,24 @@ async fn hang_times_out_and_cancellation_reaches_the_server() {
     let done = call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:hang"), "c1", json!({})).await;
     assert_eq!(done["result"]["error"]["code"], "mcp_timeout", "{done:#}");
     // A cancelled invocation sends notifications/cancelled too.
-    let id2 = install(&t, &token, json!({"name": "slow", "transport": fault(&["--log", &log_path]), "default_agent_access": true,
-        "request_timeout_ms": 60000})).await;
+    let id2 = install(
+        &t,
+        &token,
+        json!({"name": "slow", "transport": fault(&["--log", &log_path]), "default_agent_access": true,
+        "request_timeout_ms": 60000}),
+    )
+    .await;
     wait_for(&t, &token, &id2, "connect", connected).await;
     let (turn, _) = t.turn(&token, &run, "hang").await;
     let tool = format!("mcp:{id2}:tool:hang");
     let r = t.call(&token, &run, &turn, &tool, "c2", json!({})).await;
     let inv = r.body["invocation_id"].as_str().unwrap().to_owned();
-    t.post(&format!("/v1/approvals/{}/grant", r.body["approval_id"].as_str().unwrap()), &token,
-        json!({"tool_id": tool, "tool_call_id": "c2", "input_hash": r.body["input_hash"]})).await;
+    t.post(
+        &format!("/v1/approvals/{}/grant", r.body["approval_id"].as_str().unwrap()),
+        &token,
+        json!({"tool_id": tool, "tool_call_id": "c2", "input_hash": r.body["input_hash"]}),
+    )
+    .await;
     for _ in 0..100 {
         if std::fs::read_to_string(&log_path).unwrap().matches("hanging").count() >= 2 {
             break;
@@ -337,7 +364,8 @@ async fn results_errors_progress_and_bad_bytes() {
     assert_eq!(done["status"], "completed");
     let resp = t.client.get(format!("{}/v1/runs/{run}/events", t.base)).bearer_auth(&token).send().await.unwrap();
     let events = common::read_sse(resp, 200, Duration::from_secs(3)).await;
-    let progress: Vec<&Value> = events.iter().filter(|(_, k, _)| k == "execution.progress").map(|(_, _, d)| d).collect();
+    let progress: Vec<&Value> =
+        events.iter().filter(|(_, k, _)| k == "execution.progress").map(|(_, _, d)| d).collect();
     assert_eq!(progress.len(), 3, "{events:?}");
     assert_eq!(progress[2]["message"], "step 3");
     assert_eq!(progress[0]["invocation_id"], done["invocation_id"]);
@@ -351,16 +379,20 @@ fn short(v: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_of_hundreds_of_megabytes_is_dropped_without_exhausting_memory() {
     let (t, token, id, run, turn) = fault_app(&[], 60000).await;
-    let done = call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:huge_line"), "c1", json!({"megabytes": 400})).await;
+    let done =
+        call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:huge_line"), "c1", json!({"megabytes": 400}))
+            .await;
     assert_eq!(done["status"], "failed", "{}", short(&done));
     assert_eq!(done["result"]["error"]["code"], "mcp_message_too_large", "{}", short(&done));
     // The limit is 128 MiB, so the peak resident set stays far below the line's 400 MB.
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let hwm_kb: u64 = status.lines().find(|l| l.starts_with("VmHWM")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let hwm_kb: u64 =
+        status.lines().find(|l| l.starts_with("VmHWM")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(hwm_kb < 380 * 1024, "peak RSS {hwm_kb} kB");
     // The connection survived.
     let (turn, _) = t.turn(&token, &run, "echo").await;
-    let done = call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:echo"), "c2", json!({"text": "alive"})).await;
+    let done =
+        call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:echo"), "c2", json!({"text": "alive"})).await;
     assert_eq!(done["status"], "completed");
 }
 
@@ -380,8 +412,11 @@ async fn list_changed_rediscovers_and_a_tool_removed_after_exposure_fails_cleanl
     let ladder = t.get(&format!("/v1/tools/{tool}"), &token).await.body;
     assert_eq!(ladder_code(&ladder), ("not_registered", "mcp_tool_removed"), "{ladder:#}");
     let g = t
-        .post(&format!("/v1/approvals/{}/grant", r.body["approval_id"].as_str().unwrap()), &token,
-            json!({"tool_id": tool, "tool_call_id": "c1", "input_hash": r.body["input_hash"]}))
+        .post(
+            &format!("/v1/approvals/{}/grant", r.body["approval_id"].as_str().unwrap()),
+            &token,
+            json!({"tool_id": tool, "tool_call_id": "c1", "input_hash": r.body["input_hash"]}),
+        )
         .await;
     assert_eq!(g.status, StatusCode::OK);
     let done = wait_final_long(&t, &token, r.body["invocation_id"].as_str().unwrap()).await;
@@ -401,17 +436,36 @@ fn sdk_server(count: &str, label: Option<&str>) -> Value {
 async fn two_servers_offering_search_never_collide() {
     let t = spawn(Backend::Sqlite).await;
     let token = t.user("erin").await;
-    let a = install(&t, &token, json!({"name": "alpha", "transport": sdk_server("0", Some("alpha")), "default_agent_access": true})).await;
-    let b = install(&t, &token, json!({"name": "beta", "transport": sdk_server("0", Some("beta")), "default_agent_access": true})).await;
+    let a = install(
+        &t,
+        &token,
+        json!({"name": "alpha", "transport": sdk_server("0", Some("alpha")), "default_agent_access": true}),
+    )
+    .await;
+    let b = install(
+        &t,
+        &token,
+        json!({"name": "beta", "transport": sdk_server("0", Some("beta")), "default_agent_access": true}),
+    )
+    .await;
     wait_for(&t, &token, &a, "alpha", connected).await;
     wait_for(&t, &token, &b, "beta", connected).await;
     let run = t.run(&token).await;
     let (turn, exposure) = t.turn(&token, &run, "search").await;
-    let names: Vec<&str> = exposure["tools"].as_array().unwrap().iter().filter(|x| x["kind"] == "mcp_projection")
-        .map(|x| x["function_name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = exposure["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["kind"] == "mcp_projection")
+        .map(|x| x["function_name"].as_str().unwrap())
+        .collect();
     assert_eq!(names.len(), 2, "{exposure:#}");
     assert_ne!(names[0], names[1]);
-    for (i, (fname, label)) in names.iter().zip(if names[0].contains(&a[..20].replace(':', "_")) { ["alpha", "beta"] } else { ["beta", "alpha"] }).enumerate() {
+    for (i, (fname, label)) in names
+        .iter()
+        .zip(if names[0].contains(&a[..20].replace(':', "_")) { ["alpha", "beta"] } else { ["beta", "alpha"] })
+        .enumerate()
+    {
         let done = call_approved(&t, &token, &run, &turn, fname, &format!("s{i}"), json!({"query": "rust"})).await;
         assert_eq!(done["status"], "completed", "{done:#}");
         let text = done["result"]["output"]["content"][0]["text"].as_str().unwrap();
@@ -423,7 +477,12 @@ async fn two_servers_offering_search_never_collide() {
 async fn three_hundred_real_tools_are_ranked() {
     let t = spawn(Backend::Sqlite).await;
     let token = t.user("fay").await;
-    let id = install(&t, &token, json!({"name": "many", "transport": sdk_server("300", None), "default_agent_access": true})).await;
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "many", "transport": sdk_server("300", None), "default_agent_access": true}),
+    )
+    .await;
     let v = wait_for(&t, &token, &id, "300 tools", connected).await;
     assert_eq!(v["tools"].as_array().unwrap().len(), 300);
     let run = t.run(&token).await;
@@ -454,15 +513,19 @@ async fn secrets_are_sealed_and_never_echoed_and_deployment_wide_servers_are_adm
     assert_eq!(v["config"]["stdio"]["env"]["API_KEY"]["source"], "encrypted");
     assert_eq!(v["config"]["stdio"]["env"]["OTHER"]["from_env"], "MIRA_TEST_FROM_ENV");
     assert_eq!(v["deployment_wide"], true);
-    let row: (String, String) = sqlx::query_as(sqlx::AssertSqlSafe("SELECT config, secrets FROM mcp_servers".to_owned()))
-        .fetch_one(&sqlx::SqlitePool::connect(&t.db.url).await.unwrap())
-        .await
-        .unwrap();
+    let row: (String, String) =
+        sqlx::query_as(sqlx::AssertSqlSafe("SELECT config, secrets FROM mcp_servers".to_owned()))
+            .fetch_one(&sqlx::SqlitePool::connect(&t.db.url).await.unwrap())
+            .await
+            .unwrap();
     assert!(!row.0.contains("sk-very-secret") && !row.1.contains("sk-very-secret"));
     wait_for(&t, &user, &id, "connect", connected).await;
-    let r = t.request(reqwest::Method::PATCH, &format!("/v1/mcp/servers/{id}"), Some(&user), Some(json!({"enabled": false}))).await;
+    let r = t
+        .request(reqwest::Method::PATCH, &format!("/v1/mcp/servers/{id}"), Some(&user), Some(json!({"enabled": false})))
+        .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{r:?}");
-    let r = t.post("/v1/mcp/servers", &user, json!({"name": "x", "deployment_wide": true, "transport": fault(&[])})).await;
+    let r =
+        t.post("/v1/mcp/servers", &user, json!({"name": "x", "deployment_wide": true, "transport": fault(&[])})).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     let r = t.post("/v1/mcp/servers", &user, json!({"name": "x", "transport": {"http": {"url": "ftp://x"}}})).await;
     assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_request"));

@@ -17,7 +17,11 @@ fn env_path(var: &str) -> String {
 
 async fn install(t: &TestApp, token: &str, name: &str, transport: Value) -> String {
     let r = t
-        .post("/v1/mcp/servers", token, json!({"name": name, "transport": transport, "default_agent_access": true, "request_timeout_ms": 30000}))
+        .post(
+            "/v1/mcp/servers",
+            token,
+            json!({"name": name, "transport": transport, "default_agent_access": true, "request_timeout_ms": 30000}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let id = r.body["id"].as_str().unwrap().to_owned();
@@ -53,18 +57,36 @@ async fn call(t: &TestApp, token: &str, run: &str, tool: &str, call_id: &str, in
 }
 
 fn text(v: &Value) -> String {
-    v["result"]["output"]["content"].as_array().unwrap().iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("\n")
+    v["result"]["output"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn tool_names(t: &Value) -> Vec<String> {
-    t["tools"].as_array().unwrap().iter().filter(|x| x["status"] == "ok").map(|x| x["name"].as_str().unwrap().to_owned()).collect()
+    t["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["status"] == "ok")
+        .map(|x| x["name"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_over_stdio() {
     let t = spawn(Backend::Sqlite).await;
     let token = t.user("amy").await;
-    let id = install(&t, &token, "everything", json!({"stdio": {"command": env_path("MIRA_MCP_EVERYTHING"), "args": ["stdio"]}})).await;
+    let id = install(
+        &t,
+        &token,
+        "everything",
+        json!({"stdio": {"command": env_path("MIRA_MCP_EVERYTHING"), "args": ["stdio"]}}),
+    )
+    .await;
     // Tools registered after initialization arrive through list_changed → re-discovery.
     let mut names = Vec::new();
     for _ in 0..100 {
@@ -82,7 +104,15 @@ async fn everything_over_stdio() {
     assert!(text(&done).contains("hi there"), "{done:#}");
     let done = call(&t, &token, &run, &format!("mcp:{id}:tool:get-sum"), "e2", json!({"a": 2, "b": 40})).await;
     assert!(text(&done).contains("42"), "{done:#}");
-    let done = call(&t, &token, &run, &format!("mcp:{id}:tool:trigger-long-running-operation"), "e3", json!({"duration": 1, "steps": 3})).await;
+    let done = call(
+        &t,
+        &token,
+        &run,
+        &format!("mcp:{id}:tool:trigger-long-running-operation"),
+        "e3",
+        json!({"duration": 1, "steps": 3}),
+    )
+    .await;
     assert_eq!(done["status"], "completed", "{done:#}");
     let resp = t.client.get(format!("{}/v1/runs/{run}/events", t.base)).bearer_auth(&token).send().await.unwrap();
     let events = common::read_sse(resp, 200, Duration::from_secs(3)).await;
@@ -113,7 +143,9 @@ async fn everything_over_streamable_http() {
     let t = spawn(Backend::Sqlite).await;
     let token = t.user("ben").await;
     let url = format!("http://127.0.0.1:{port}/mcp");
-    let id = install(&t, &token, "everything-http", json!({"http": {"url": url, "headers": {"X-Api-Key": "k-secret-9"}}})).await;
+    let id =
+        install(&t, &token, "everything-http", json!({"http": {"url": url, "headers": {"X-Api-Key": "k-secret-9"}}}))
+            .await;
     let v = t.get(&format!("/v1/mcp/servers/{id}"), &token).await.body;
     assert!(!v.to_string().contains("k-secret-9"));
     assert_eq!(v["transport"], "http");
@@ -143,7 +175,8 @@ async fn everything_over_streamable_http() {
     assert_eq!(r.status, StatusCode::ACCEPTED);
     let mut last = Value::Null;
     for i in 0..40 {
-        last = call(&t, &token, &run, &format!("mcp:{id}:tool:echo"), &format!("h2-{i}"), json!({"message": "again"})).await;
+        last = call(&t, &token, &run, &format!("mcp:{id}:tool:echo"), &format!("h2-{i}"), json!({"message": "again"}))
+            .await;
         if last["status"] == "completed" {
             break;
         }
@@ -160,20 +193,43 @@ async fn filesystem_memory_and_time() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), "remember the milk").unwrap();
     let root = std::fs::canonicalize(dir.path()).unwrap().to_string_lossy().into_owned();
-    let fs = install(&t, &token, "fs", json!({"stdio": {"command": env_path("MIRA_MCP_FILESYSTEM"), "args": [root]}})).await;
+    let fs =
+        install(&t, &token, "fs", json!({"stdio": {"command": env_path("MIRA_MCP_FILESYSTEM"), "args": [root]}})).await;
     let mem_file = dir.path().join("memory.jsonl");
-    let mem = install(&t, &token, "memory", json!({"stdio": {"command": env_path("MIRA_MCP_MEMORY"),
-        "env": {"MEMORY_FILE_PATH": mem_file.to_string_lossy()}}})).await;
+    let mem = install(
+        &t,
+        &token,
+        "memory",
+        json!({"stdio": {"command": env_path("MIRA_MCP_MEMORY"),
+        "env": {"MEMORY_FILE_PATH": mem_file.to_string_lossy()}}}),
+    )
+    .await;
     let time = install(&t, &token, "time", json!({"stdio": {"command": env_path("MIRA_MCP_TIME")}})).await;
     let run = t.run(&token).await;
-    let done = call(&t, &token, &run, &format!("mcp:{fs}:tool:read_text_file"), "f1", json!({"path": format!("{root}/notes.txt")})).await;
+    let done = call(
+        &t,
+        &token,
+        &run,
+        &format!("mcp:{fs}:tool:read_text_file"),
+        "f1",
+        json!({"path": format!("{root}/notes.txt")}),
+    )
+    .await;
     assert!(text(&done).contains("remember the milk"), "{done:#}");
-    let done = call(&t, &token, &run, &format!("mcp:{mem}:tool:create_entities"), "m1",
-        json!({"entities": [{"name": "Mira", "entityType": "project", "observations": ["speaks MCP"]}]})).await;
+    let done = call(
+        &t,
+        &token,
+        &run,
+        &format!("mcp:{mem}:tool:create_entities"),
+        "m1",
+        json!({"entities": [{"name": "Mira", "entityType": "project", "observations": ["speaks MCP"]}]}),
+    )
+    .await;
     assert_eq!(done["status"], "completed", "{done:#}");
     let done = call(&t, &token, &run, &format!("mcp:{mem}:tool:read_graph"), "m2", json!({})).await;
     assert!(text(&done).contains("speaks MCP"), "{done:#}");
-    let done = call(&t, &token, &run, &format!("mcp:{time}:tool:get_current_time"), "t1", json!({"timezone": "UTC"})).await;
+    let done =
+        call(&t, &token, &run, &format!("mcp:{time}:tool:get_current_time"), "t1", json!({"timezone": "UTC"})).await;
     assert_eq!(done["status"], "completed", "{done:#}");
     assert!(text(&done).contains("UTC"), "{done:#}");
 }

@@ -144,7 +144,11 @@ pub async fn connect(
 #[utoipa::path(post, path = "/v1/mcp/servers/{server_id}/disclaimer/accept", tag = "mcp", params(("server_id" = String, Path)),
     responses((status = 200, body = ServerView), (status = 404), (status = 409, description = "no_disclaimer")),
     security(("bearer" = [])))]
-pub async fn accept_disclaimer(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<ServerView>> {
+pub async fn accept_disclaimer(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+) -> Result<Json<ServerView>> {
     let slot = app.mcp.accept_disclaimer(&user.user_id, user.is_admin, &id).await?;
     Ok(Json(server_view(&app.mcp, &slot)))
 }

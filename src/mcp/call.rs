@@ -24,16 +24,30 @@ fn failed(code: &str, message: impl Into<String>) -> ToolError {
 
 impl McpManager {
     /// Calls `tool` on `server_id` with `arguments` for the invocation in `ctx`.
-    pub async fn call(&self, server_id: &str, tool: &str, arguments: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+    pub async fn call(
+        &self,
+        server_id: &str,
+        tool: &str,
+        arguments: &Value,
+        ctx: &ExecContext,
+    ) -> Result<ToolOutput, ToolError> {
         let slot = self.slot(server_id).ok_or_else(|| {
-            ToolError::new(ErrorClass::Unavailable, "mcp_server_not_installed", format!("MCP server {server_id} is gone"))
+            ToolError::new(
+                ErrorClass::Unavailable,
+                "mcp_server_not_installed",
+                format!("MCP server {server_id} is gone"),
+            )
         })?;
         let live = slot.live.lock().clone().ok_or_else(|| {
             let s = slot.state.read();
             ToolError::new(
                 ErrorClass::Unavailable,
                 "mcp_not_connected",
-                format!("MCP server {server_id} is {}: {}", s.conn.state, s.conn.last_error.as_deref().unwrap_or("not connected")),
+                format!(
+                    "MCP server {server_id} is {}: {}",
+                    s.conn.state,
+                    s.conn.last_error.as_deref().unwrap_or("not connected")
+                ),
             )
         })?;
         let (timeout_ms, server_name, transport) = {
@@ -70,7 +84,10 @@ impl McpManager {
         let result = match outcome {
             None => {
                 drop(guard);
-                return Err(failed("cancelled", "the invocation was cancelled; the MCP server was sent notifications/cancelled"));
+                return Err(failed(
+                    "cancelled",
+                    "the invocation was cancelled; the MCP server was sent notifications/cancelled",
+                ));
             }
             Some(r) => {
                 guard.id = None;
@@ -80,18 +97,26 @@ impl McpManager {
         };
         let result = match result {
             Ok(r) => serde_json::to_value(r).map_err(|e| failed("mcp_bad_result", e.to_string()))?,
-            Err(ServiceError::McpError(e)) if oversized || e.code.0 == i32::try_from(stdio::OVERSIZED_ERROR_CODE).unwrap_or(0) => {
+            Err(ServiceError::McpError(e))
+                if oversized || e.code.0 == i32::try_from(stdio::OVERSIZED_ERROR_CODE).unwrap_or(0) =>
+            {
                 return Err(failed("mcp_message_too_large", e.message.to_string())
                     .with_details(json!({"limit_bytes": self.settings().max_message_bytes})));
             }
             Err(ServiceError::McpError(e)) => {
-                return Err(failed("mcp_error", format!("the MCP server answered with error {}: {}", e.code.0, e.message))
-                    .with_details(json!({"code": e.code.0, "data": e.data})));
+                return Err(failed(
+                    "mcp_error",
+                    format!("the MCP server answered with error {}: {}", e.code.0, e.message),
+                )
+                .with_details(json!({"code": e.code.0, "data": e.data})));
             }
             Err(ServiceError::Timeout { timeout }) => {
                 return Err(failed(
                     "mcp_timeout",
-                    format!("the MCP server did not answer within {} ms; it was sent notifications/cancelled", timeout.as_millis()),
+                    format!(
+                        "the MCP server did not answer within {} ms; it was sent notifications/cancelled",
+                        timeout.as_millis()
+                    ),
                 ));
             }
             Err(e) => return Err(lost(&live, &e)),
@@ -125,7 +150,11 @@ impl McpManager {
             .collect();
         let joined = texts.join("\n");
         if result.get("isError").and_then(Value::as_bool) == Some(true) {
-            let message = if joined.is_empty() { "the MCP tool reported an error".to_owned() } else { crate::evidence::excerpt(&joined, 4096) };
+            let message = if joined.is_empty() {
+                "the MCP tool reported an error".to_owned()
+            } else {
+                crate::evidence::excerpt(&joined, 4096)
+            };
             return Err(failed("mcp_tool_error", message).with_details(json!({
                 "server_id": server_id, "tool": tool, "content_sha256": content_sha256, "utf8_replaced": repaired,
             })));

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    ClientCapabilities, ClientRequest, CustomRequest, Implementation, InitializeRequestParams, ProgressNotificationParam,
-    ProtocolVersion,
+    ClientCapabilities, ClientRequest, CustomRequest, Implementation, InitializeRequestParams,
+    ProgressNotificationParam, ProtocolVersion,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, ServiceExt};
 use rmcp::{ClientHandler, ServiceError};
@@ -90,7 +90,11 @@ enum End {
 }
 
 /// The supervisor loop of one server (see the module docs of [`super`]).
-pub(super) async fn supervise(manager: Arc<McpManager>, slot: Arc<ServerSlot>, mut rx: mpsc::UnboundedReceiver<Control>) {
+pub(super) async fn supervise(
+    manager: Arc<McpManager>,
+    slot: Arc<ServerSlot>,
+    mut rx: mpsc::UnboundedReceiver<Control>,
+) {
     let shutdown = manager.shutdown_token().clone();
     let settings = manager.settings().clone();
     let mut backoff = settings.backoff_min;
@@ -213,8 +217,9 @@ async fn connect(
 ) -> Result<(Running, Live, Option<stdio::ChildGuard>), ConnectError> {
     let row = slot.state.read().row.clone();
     let cfg: serde_json::Value = serde_json::from_str(&row.config).map_err(|e| (e.to_string(), None))?;
-    let resolved = config::resolve(&cfg, row.secrets.as_deref(), row.secrets_key_id.as_deref(), manager.secrets(), &row.id)
-        .map_err(|e| (e, None))?;
+    let resolved =
+        config::resolve(&cfg, row.secrets.as_deref(), row.secrets_key_id.as_deref(), manager.secrets(), &row.id)
+            .map_err(|e| (e, None))?;
     let max = manager.settings().max_message_bytes;
     match resolved {
         Resolved::Stdio { command, args, env, cwd } => {
@@ -271,7 +276,12 @@ async fn connect(
     }
 }
 
-fn live_of(running: &Running, facts: Option<Arc<LineFacts>>, stderr: Option<Arc<StderrTail>>, ct: CancellationToken) -> Live {
+fn live_of(
+    running: &Running,
+    facts: Option<Arc<LineFacts>>,
+    stderr: Option<Arc<StderrTail>>,
+    ct: CancellationToken,
+) -> Live {
     let peer = running.peer().clone();
     let protocol_version = peer.peer_info().map(|i| i.protocol_version.to_string()).unwrap_or_default();
     Live { peer, facts, stderr, protocol_version, ct }

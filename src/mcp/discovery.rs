@@ -107,7 +107,8 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
             }
             Some(schema) if schema.get("type").and_then(Value::as_str) != Some("object") => reject(
                 &mut row,
-                "invalid_input_schema: inputSchema must have \"type\": \"object\" (MCP tools take named arguments)".into(),
+                "invalid_input_schema: inputSchema must have \"type\": \"object\" (MCP tools take named arguments)"
+                    .into(),
             ),
             Some(schema) => {
                 if let Err(e) = jsonschema::validator_for(schema) {

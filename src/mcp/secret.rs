@@ -104,7 +104,10 @@ impl SecretBox {
     /// Opens a value sealed by [`SecretBox::seal`] under key `key_id` with `aad`.
     pub fn open(&self, sealed: &str, key_id: &str, aad: &str) -> Result<String, String> {
         if key_id != self.key_id {
-            return Err(format!("the secrets were sealed with key {key_id}, but this server holds key {}", self.key_id));
+            return Err(format!(
+                "the secrets were sealed with key {key_id}, but this server holds key {}",
+                self.key_id
+            ));
         }
         let corrupt = || "the stored secrets do not decrypt (corrupt, or bound to another server)".to_owned();
         let raw = base64::engine::general_purpose::STANDARD.decode(sealed).map_err(|_| corrupt())?;

@@ -118,7 +118,13 @@ fn parse(text: Option<&str>) -> Option<Value> {
 fn base(s: &ServerState) -> Vec<McpStage> {
     let id = &s.row.id;
     let path = format!("/v1/mcp/servers/{id}");
-    let mut out = vec![stage("install", "ok", "installed", format!("installed {} by {}", s.row.created_at, s.row.installed_by), None)];
+    let mut out = vec![stage(
+        "install",
+        "ok",
+        "installed",
+        format!("installed {} by {}", s.row.created_at, s.row.installed_by),
+        None,
+    )];
     out.push(if s.row.enabled != 0 {
         stage("enabled", "ok", "enabled", "the server is enabled".into(), None)
     } else {
@@ -144,7 +150,11 @@ fn base(s: &ServerState) -> Vec<McpStage> {
             "connect",
             "pending",
             "mcp_connecting",
-            format!("connecting (attempt {}){}", c.attempts, c.last_error.as_deref().map(|e| format!("; last error: {e}")).unwrap_or_default()),
+            format!(
+                "connecting (attempt {}){}",
+                c.attempts,
+                c.last_error.as_deref().map(|e| format!("; last error: {e}")).unwrap_or_default()
+            ),
             None,
         ),
         _ if s.row.enabled == 0 => {
@@ -167,7 +177,13 @@ fn base(s: &ServerState) -> Vec<McpStage> {
             act("POST", format!("{path}/disclaimer/accept"), None),
         )
     } else if s.row.disclaimer.is_some() {
-        stage("disclaimer", "ok", "accepted", format!("accepted {}", s.row.disclaimer_accepted_at.as_deref().unwrap_or("")), None)
+        stage(
+            "disclaimer",
+            "ok",
+            "accepted",
+            format!("accepted {}", s.row.disclaimer_accepted_at.as_deref().unwrap_or("")),
+            None,
+        )
     } else {
         stage("disclaimer", "ok", "none", "the server carries no disclaimer".into(), None)
     });
@@ -179,9 +195,27 @@ fn discover_stage(s: &ServerState) -> McpStage {
     let ok = s.tools.iter().filter(|t| t.status == "ok").count();
     let rejected = s.tools.iter().filter(|t| t.status == "rejected").count();
     match (&s.conn.discovered_at, &s.conn.discovery_error) {
-        (_, Some(e)) => stage("discover", "blocked", "mcp_discovery_failed", format!("tools/list failed: {e}"), act("POST", format!("{path}/discover"), None)),
-        (Some(at), None) if ok > 0 => stage("discover", "ok", "discovered", format!("{ok} tools listed, {rejected} rejected (last listing {at})"), None),
-        (Some(_), None) => stage("discover", "blocked", "mcp_no_tools", format!("the server lists no usable tool ({rejected} rejected)"), act("POST", format!("{path}/discover"), None)),
+        (_, Some(e)) => stage(
+            "discover",
+            "blocked",
+            "mcp_discovery_failed",
+            format!("tools/list failed: {e}"),
+            act("POST", format!("{path}/discover"), None),
+        ),
+        (Some(at), None) if ok > 0 => stage(
+            "discover",
+            "ok",
+            "discovered",
+            format!("{ok} tools listed, {rejected} rejected (last listing {at})"),
+            None,
+        ),
+        (Some(_), None) => stage(
+            "discover",
+            "blocked",
+            "mcp_no_tools",
+            format!("the server lists no usable tool ({rejected} rejected)"),
+            act("POST", format!("{path}/discover"), None),
+        ),
         (None, None) if s.conn.state == "connected" || s.conn.state == "connecting" => {
             stage("discover", "pending", "mcp_not_discovered", "tools/list has not completed yet".into(), None)
         }
@@ -198,7 +232,13 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
     let usable: Vec<_> = s.tools.iter().filter(|t| t.status == "ok").collect();
     let accessible = usable.iter().filter(|t| s.access_of(&t.name).0).count();
     stages.push(if accessible > 0 {
-        stage("agent_access", "ok", "agent_access_on", format!("{accessible} of {} tools have agent access", usable.len()), None)
+        stage(
+            "agent_access",
+            "ok",
+            "agent_access_on",
+            format!("{accessible} of {} tools have agent access", usable.len()),
+            None,
+        )
     } else if usable.is_empty() {
         stage("agent_access", "pending", "mcp_no_tools", "waits for discovered tools".into(), None)
     } else {
@@ -266,8 +306,13 @@ fn approval_stage() -> McpStage {
         "approval",
         "pending",
         "approval_per_call",
-        "every call of an MCP tool waits for its own exact-invocation approval, whatever the server's annotations say".into(),
-        act("POST", "/v1/approvals/{approval_id}/grant".into(), Some(json!({"tool_id": "…", "tool_call_id": "…", "input_hash": "…"}))),
+        "every call of an MCP tool waits for its own exact-invocation approval, whatever the server's annotations say"
+            .into(),
+        act(
+            "POST",
+            "/v1/approvals/{approval_id}/grant".into(),
+            Some(json!({"tool_id": "…", "tool_call_id": "…", "input_hash": "…"})),
+        ),
     )
 }
 
@@ -280,7 +325,9 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
     let mut stages = base(s);
     let path = format!("/v1/mcp/servers/{}", s.row.id);
     stages.push(match row {
-        Some(t) if t.status == "ok" => stage("discover", "ok", "discovered", format!("listed at {}", t.discovered_at), None),
+        Some(t) if t.status == "ok" => {
+            stage("discover", "ok", "discovered", format!("listed at {}", t.discovered_at), None)
+        }
         Some(t) if t.status == "rejected" => stage(
             "discover",
             "blocked",
@@ -298,7 +345,13 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
         None => {
             let mut d = discover_stage(s);
             if d.status == "ok" {
-                d = stage("discover", "blocked", "mcp_tool_not_listed", format!("the server does not list {name}"), act("POST", format!("{path}/discover"), None));
+                d = stage(
+                    "discover",
+                    "blocked",
+                    "mcp_tool_not_listed",
+                    format!("the server does not list {name}"),
+                    act("POST", format!("{path}/discover"), None),
+                );
             }
             d
         }
@@ -345,26 +398,56 @@ pub fn tool_view(manager: &McpManager, slot: &ServerSlot, name: &str) -> ToolSta
 pub fn why_not_projected(s: &ServerState, tool: &str) -> (String, String) {
     let id = &s.row.id;
     if s.row.enabled == 0 {
-        return ("mcp_server_disabled".into(), format!("stage enabled: MCP server {id} is disabled (PATCH /v1/mcp/servers/{id} {{\"enabled\": true}})"));
+        return (
+            "mcp_server_disabled".into(),
+            format!("stage enabled: MCP server {id} is disabled (PATCH /v1/mcp/servers/{id} {{\"enabled\": true}})"),
+        );
     }
     if s.disclaimer_pending() {
-        return ("mcp_disclaimer_not_accepted".into(), format!("stage disclaimer: the disclaimer of MCP server {id} is not accepted (POST /v1/mcp/servers/{id}/disclaimer/accept)"));
+        return (
+            "mcp_disclaimer_not_accepted".into(),
+            format!(
+                "stage disclaimer: the disclaimer of MCP server {id} is not accepted (POST /v1/mcp/servers/{id}/disclaimer/accept)"
+            ),
+        );
     }
     match s.tools.iter().find(|t| t.name == tool) {
         None if s.conn.discovered_at.is_none() => {
-            return ("mcp_not_discovered".into(), format!("stage discover: MCP server {id} has not been discovered yet (connection {})", s.conn.state));
+            return (
+                "mcp_not_discovered".into(),
+                format!("stage discover: MCP server {id} has not been discovered yet (connection {})", s.conn.state),
+            );
         }
-        None => return ("mcp_tool_not_listed".into(), format!("stage discover: MCP server {id} does not list a tool {tool}")),
+        None => {
+            return (
+                "mcp_tool_not_listed".into(),
+                format!("stage discover: MCP server {id} does not list a tool {tool}"),
+            );
+        }
         Some(t) if t.status == "rejected" => {
-            return ("mcp_tool_rejected".into(), format!("stage discover: tool {tool} was rejected: {}", t.rejection.as_deref().unwrap_or("")));
+            return (
+                "mcp_tool_rejected".into(),
+                format!("stage discover: tool {tool} was rejected: {}", t.rejection.as_deref().unwrap_or("")),
+            );
         }
         Some(t) if t.status == "removed" => {
-            return ("mcp_tool_removed".into(), format!("stage discover: MCP server {id} dropped tool {tool} at {}", t.removed_at.as_deref().unwrap_or("?")));
+            return (
+                "mcp_tool_removed".into(),
+                format!(
+                    "stage discover: MCP server {id} dropped tool {tool} at {}",
+                    t.removed_at.as_deref().unwrap_or("?")
+                ),
+            );
         }
         Some(_) => {}
     }
     if !s.access_of(tool).0 {
-        return ("mcp_agent_access_off".into(), format!("stage agent_access: agent access to {tool} is off (PUT /v1/mcp/servers/{id}/tools/{tool}/agent-access {{\"enabled\": true}})"));
+        return (
+            "mcp_agent_access_off".into(),
+            format!(
+                "stage agent_access: agent access to {tool} is off (PUT /v1/mcp/servers/{id}/tools/{tool}/agent-access {{\"enabled\": true}})"
+            ),
+        );
     }
     ("mcp_not_projected".into(), format!("stage tool_exposure: {tool} of MCP server {id} could not be projected"))
 }

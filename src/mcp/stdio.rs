@@ -251,7 +251,10 @@ pub fn top_level_id(head: &[u8]) -> Option<String> {
         rest.iter().position(|b| matches!(b, b',' | b'}' | b' ' | b'\n' | b'\r' | b'\t')).unwrap_or(rest.len())
     };
     let text = std::str::from_utf8(rest.get(..end)?).ok()?;
-    serde_json::from_str::<serde_json::Value>(text).ok().filter(|v| v.is_number() || v.is_string()).map(|v| v.to_string())
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .filter(|v| v.is_number() || v.is_string())
+        .map(|v| v.to_string())
 }
 
 fn top_level_key(head: &[u8], key: &str) -> bool {

@@ -244,11 +244,13 @@ impl Store {
     pub async fn replace_mcp_tools(&self, server_id: &str, listed: &[McpToolRow]) -> StoreResult<()> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
-        sqlx::query("UPDATE mcp_tools SET status = 'removed', removed_at = $2 WHERE server_id = $1 AND status <> 'removed'")
-            .bind(server_id)
-            .bind(&now)
-            .execute(tx.conn())
-            .await?;
+        sqlx::query(
+            "UPDATE mcp_tools SET status = 'removed', removed_at = $2 WHERE server_id = $1 AND status <> 'removed'",
+        )
+        .bind(server_id)
+        .bind(&now)
+        .execute(tx.conn())
+        .await?;
         for t in listed {
             sqlx::query(
                 "INSERT INTO mcp_tools (server_id, name, status, rejection, title, description, input_schema,

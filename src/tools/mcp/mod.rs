@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 
 use crate::availability::{Availability, AvailabilityContext};
 use crate::mcp::{McpManager, ServerState, projection_id};
-use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use crate::registry::{
+    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
+};
 use crate::store::McpToolRow;
 
 /// A projected MCP tool.
@@ -27,14 +29,18 @@ impl McpTool {
     pub fn new(state: &ServerState, t: &McpToolRow, manager: Weak<McpManager>) -> Result<Self, String> {
         let input_schema: Value =
             serde_json::from_str(t.input_schema.as_deref().unwrap_or("null")).map_err(|e| e.to_string())?;
-        let annotations: Value = t.annotations.as_deref().and_then(|a| serde_json::from_str(a).ok()).unwrap_or(Value::Null);
+        let annotations: Value =
+            t.annotations.as_deref().and_then(|a| serde_json::from_str(a).ok()).unwrap_or(Value::Null);
         let title = t.title.clone().unwrap_or_else(|| t.name.clone());
         let spec = ToolSpec {
             id: projection_id(&state.row.id, &t.name),
             kind: ToolKind::McpProjection,
             domain: "mcp".into(),
             title: format!("{title} ({})", state.row.name),
-            description: t.description.clone().unwrap_or_else(|| format!("{} from MCP server {}", t.name, state.row.name)),
+            description: t
+                .description
+                .clone()
+                .unwrap_or_else(|| format!("{} from MCP server {}", t.name, state.row.name)),
             input_schema,
             requires_approval: true,
             capability: None,
@@ -53,7 +59,8 @@ impl McpTool {
 
     /// A hash of everything the projection shows, to notice a changed definition.
     pub fn fingerprint(&self) -> String {
-        let doc = json!([self.spec.title, self.spec.description, self.spec.input_schema, self.annotations, self.spec.owner]);
+        let doc =
+            json!([self.spec.title, self.spec.description, self.spec.input_schema, self.annotations, self.spec.owner]);
         crate::evidence::sha256_hex(doc.to_string().as_bytes())
     }
 }
@@ -69,7 +76,10 @@ impl Tool for McpTool {
             return Availability::unavailable("mcp_stopped", "the MCP client is stopped");
         };
         let Some(slot) = manager.slot(&self.server_id) else {
-            return Availability::unavailable("mcp_server_not_installed", format!("MCP server {} is gone", self.server_id));
+            return Availability::unavailable(
+                "mcp_server_not_installed",
+                format!("MCP server {} is gone", self.server_id),
+            );
         };
         if slot.live.lock().is_some() {
             return Availability::Available;
@@ -102,9 +112,10 @@ impl Tool for McpTool {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let manager = self.manager.upgrade().ok_or_else(|| {
-            ToolError::new(ErrorClass::Unavailable, "mcp_stopped", "the MCP client is stopped")
-        })?;
+        let manager = self
+            .manager
+            .upgrade()
+            .ok_or_else(|| ToolError::new(ErrorClass::Unavailable, "mcp_stopped", "the MCP client is stopped"))?;
         manager.call(&self.server_id, &self.tool, input, ctx).await
     }
 }
