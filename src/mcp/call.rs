@@ -121,7 +121,7 @@ impl McpManager {
             }
             Err(e) => return Err(lost(&live, &e)),
         };
-        Ok(self.shape(result, server_id, &server_name, &transport, tool, &live.protocol_version, repaired)?)
+        self.shape(result, server_id, &server_name, &transport, tool, &live.protocol_version, repaired)
     }
 
     #[allow(clippy::too_many_arguments)]
