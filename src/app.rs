@@ -26,6 +26,8 @@ pub struct App {
     pub harness: Arc<Harness>,
     /// Settings.
     pub config: Arc<RuntimeConfig>,
+    /// External MCP servers, connections and projections.
+    pub mcp: Arc<crate::mcp::McpManager>,
     /// Cancelled when the server shuts down (ends SSE streams and workers).
     pub shutdown: CancellationToken,
 }

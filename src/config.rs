@@ -75,6 +75,8 @@ pub struct RuntimeConfig {
     pub workspace_roots: Vec<PathBuf>,
     /// Largest task text accepted for a turn, in bytes.
     pub max_task_bytes: usize,
+    /// Limits of the External MCP client.
+    pub mcp: crate::mcp::McpSettings,
 }
 
 impl Default for RuntimeConfig {
@@ -85,6 +87,7 @@ impl Default for RuntimeConfig {
             execution_concurrency: 16,
             workspace_roots: Vec::new(),
             max_task_bytes: 64 * 1024,
+            mcp: crate::mcp::McpSettings::default(),
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod harness;
 pub mod http;
 pub mod ids;
 pub mod invocation;
+pub mod mcp;
 pub mod registry;
 pub mod server;
 pub mod store;

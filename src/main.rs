@@ -43,6 +43,8 @@ enum Command {
 enum BenchCommand {
     /// Frozen invocations per second (concurrent `read_open` calls).
     Invocations(mira::bench::invocations::InvocationBench),
+    /// External MCP: install → first call, call overhead vs direct rmcp, memory per server.
+    Mcp(mira::bench::mcp::McpBench),
 }
 
 #[derive(Subcommand)]
@@ -143,6 +145,7 @@ async fn main() -> ExitCode {
             .await
         }
         Command::Bench { command: BenchCommand::Invocations(opts) } => mira::bench::invocations::run(opts).await,
+        Command::Bench { command: BenchCommand::Mcp(opts) } => mira::bench::mcp::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

@@ -69,6 +69,13 @@ pub async fn build(settings: &Settings, store: Store, ranker: Arc<dyn Ranker>) -
         shutdown: shutdown.clone(),
     };
     crate::tools::register_core(&registry, &deps).context("registering core tools")?;
+    let mcp = crate::mcp::McpManager::new(
+        store.clone(),
+        registry.clone(),
+        &settings.data_dir,
+        settings.runtime.mcp.clone(),
+        deps.shutdown.clone(),
+    )?;
     let workspace = std::fs::canonicalize(&settings.workspace)
         .with_context(|| format!("workspace {} does not exist", settings.workspace.display()))?;
     store.upsert_default_workspace(&workspace.to_string_lossy()).await?;
@@ -85,7 +92,8 @@ pub async fn build(settings: &Settings, store: Store, ranker: Arc<dyn Ranker>) -
     if interrupted > 0 {
         tracing::warn!(interrupted, "invocations left running by the previous process were marked interrupted");
     }
-    Ok(App { store, registry, ranker, harness, config: Arc::new(settings.runtime.clone()), shutdown })
+    mcp.start().await.context("loading External MCP servers")?;
+    Ok(App { store, registry, ranker, harness, mcp, config: Arc::new(settings.runtime.clone()), shutdown })
 }
 
 /// A stable id for this data directory (kept in `<data-dir>/node.id`).
@@ -167,6 +175,7 @@ impl Server {
         self.app.shutdown.cancel();
         let _ = self.http.await;
         let _ = self.harness.await;
+        self.app.mcp.stopped(Duration::from_secs(5)).await;
         self.app.store.close().await;
     }
 }

@@ -2,6 +2,7 @@
 //! Not tests: their numbers go into issue notes, not assertions.
 
 pub mod invocations;
+pub mod mcp;
 
 use std::time::Duration;
 

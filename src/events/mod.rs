@@ -51,6 +51,9 @@ pub enum EventKind {
     /// The Planner accepted or rejected a piece of evidence.
     #[serde(rename = "evidence.accepted")]
     EvidenceAccepted,
+    /// Progress reported by a running tool (an MCP server's `notifications/progress`).
+    #[serde(rename = "execution.progress")]
+    ExecutionProgress,
     /// Output of a terminal session (see the terminal tool).
     #[serde(rename = "terminal.output")]
     TerminalOutput,
@@ -70,6 +73,7 @@ impl EventKind {
             Self::ExecutionStarted => "execution.started",
             Self::ExecutionCompleted => "execution.completed",
             Self::ExecutionFailed => "execution.failed",
+            Self::ExecutionProgress => "execution.progress",
             Self::EvidenceRecorded => "evidence.recorded",
             Self::EvidenceAccepted => "evidence.accepted",
             Self::TerminalOutput => "terminal.output",

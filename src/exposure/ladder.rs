@@ -101,6 +101,12 @@ pub struct ToolView {
     pub score: Option<f64>,
     /// Every stage with its status.
     pub stages: Vec<StageView>,
+    /// For External MCP ids: the MCP stages of the tool (install, enabled, connect,
+    /// disclaimer, discover, agent_access, tool_exposure, approval), as in
+    /// `GET /v1/mcp/servers/{id}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub mcp: Option<serde_json::Value>,
 }
 
 const STAGES: [&str; 4] = ["registered", "public", "available", "exposed"];
@@ -108,8 +114,19 @@ const STAGES: [&str; 4] = ["registered", "public", "available", "exposed"];
 /// Computes the ladder of `tool_id` for the user and device in `ctx`, and for `turn` when
 /// given (its stored exposure).
 pub fn view(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, turn: Option<&Exposure>) -> ToolView {
+    let mut v = view_inner(registry, tool_id, ctx, turn);
+    if let Some(explainer) = registry.explainer_for(tool_id) {
+        v.mcp = explainer.detail(tool_id, &ctx.user_id);
+    }
+    v
+}
+
+fn view_inner(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, turn: Option<&Exposure>) -> ToolView {
     let Some(entry) = registry.get(tool_id, &ctx.user_id) else {
-        let reason = if surface::CORE_PUBLIC.contains(&tool_id) {
+        let explained = registry.explainer_for(tool_id).and_then(|e| e.why_absent(tool_id, &ctx.user_id));
+        let reason = if let Some((code, message)) = explained {
+            Reason { code, message }
+        } else if surface::CORE_PUBLIC.contains(&tool_id) {
             Reason {
                 code: "not_implemented".into(),
                 message: format!(
@@ -188,6 +205,7 @@ fn empty(tool_id: &str) -> ToolView {
         function_name: None,
         score: None,
         stages: Vec::new(),
+        mcp: None,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod error;
 pub mod events;
 pub mod evidence;
 pub mod invocations;
+pub mod mcp;
 pub mod runs;
 pub mod service;
 pub mod tools;
@@ -68,7 +69,7 @@ impl Page {
     modifiers(&BearerAuth),
     tags(
         (name = "service"), (name = "users"), (name = "workspaces"), (name = "devices"), (name = "tools"),
-        (name = "runs"), (name = "invocations"), (name = "approvals"), (name = "evidence"), (name = "events"),
+        (name = "runs"), (name = "invocations"), (name = "approvals"), (name = "evidence"), (name = "events"), (name = "mcp"),
     )
 )]
 struct ApiDoc;
@@ -96,6 +97,7 @@ fn api() -> OpenApiRouter<App> {
         .merge(invocations::router())
         .merge(approvals::router())
         .merge(evidence::router())
+        .merge(mcp::router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).

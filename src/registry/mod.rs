@@ -12,7 +12,7 @@ mod tool;
 pub use tool::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
 
@@ -61,11 +61,22 @@ pub enum RegistryError {
     Duplicate(String),
 }
 
+/// Explains ids of one family (by prefix) that the registry does not hold, or adds detail to
+/// those it does: External MCP projections say which MCP stage keeps them out.
+pub trait Explainer: Send + Sync {
+    /// Why `id` is not registered for `user_id` (a stable code and a sentence naming the
+    /// blocking stage), when this explainer knows the id's family.
+    fn why_absent(&self, id: &str, user_id: &str) -> Option<(String, String)>;
+    /// Extra stage detail for `id` as seen by `user_id` (a JSON document), if any.
+    fn detail(&self, id: &str, user_id: &str) -> Option<serde_json::Value>;
+}
+
 /// The set of implementations, changed only by [`Registry::register`] and
 /// [`Registry::unregister`]. `version` increases on every change.
 #[derive(Default)]
 pub struct Registry {
     inner: RwLock<Inner>,
+    explainers: RwLock<Vec<(String, Weak<dyn Explainer>)>>,
 }
 
 #[derive(Default)]
@@ -125,6 +136,17 @@ impl Registry {
     /// Every entry, in id order.
     pub fn all(&self) -> Vec<Entry> {
         self.inner.read().tools.values().cloned().collect()
+    }
+
+    /// Adds an explainer for ids starting with `prefix` (held weakly: it lives as long as its
+    /// owner).
+    pub fn add_explainer(&self, prefix: &str, explainer: Weak<dyn Explainer>) {
+        self.explainers.write().push((prefix.to_owned(), explainer));
+    }
+
+    /// The explainer of `id`'s family, if one is alive.
+    pub fn explainer_for(&self, id: &str) -> Option<Arc<dyn Explainer>> {
+        self.explainers.read().iter().filter(|(p, _)| id.starts_with(p.as_str())).find_map(|(_, e)| e.upgrade())
     }
 
     /// Increases on every registration change.

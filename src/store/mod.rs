@@ -14,6 +14,7 @@ mod approvals;
 mod events;
 mod evidence;
 mod invocations;
+mod mcp;
 mod runs;
 mod users;
 
@@ -21,6 +22,7 @@ pub use approvals::{ApprovalRow, DecideOutcome, GrantRequest};
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation};
+pub use mcp::{McpAccessRow, McpConnectionRow, McpServerRow, McpToolRow};
 pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
 pub use users::{TokenIdentity, UserRow};
 

@@ -1,6 +1,7 @@
 //! Tool implementations, one folder per domain. [`register_core`] puts every core tool of
 //! this build into a registry.
 
+pub mod mcp;
 pub mod read;
 
 use std::path::PathBuf;

@@ -1,0 +1,356 @@
+//! One supervisor task per server: connect, discover, watch, reconnect.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    ClientCapabilities, ClientRequest, CustomRequest, Implementation, InitializeRequestParams,
+    ProgressNotificationParam, ProtocolVersion,
+};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, ServiceError};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::config::{self, Resolved};
+use super::stdio::{self, LineFacts, StderrTail};
+use super::{Control, McpManager, ServerSlot};
+use crate::events::EventKind;
+
+/// Protocol version this client asks for. The server answers with the version it speaks;
+/// that negotiated version is what gets recorded.
+pub const CLIENT_PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+
+/// A live connection.
+#[derive(Clone)]
+pub struct Live {
+    /// Sends requests.
+    pub peer: Peer<RoleClient>,
+    /// The stdout guard's observations (stdio only).
+    pub facts: Option<Arc<LineFacts>>,
+    /// The stderr tail (stdio only).
+    pub stderr: Option<Arc<StderrTail>>,
+    /// Negotiated protocol version.
+    pub protocol_version: String,
+    /// Cancels the connection.
+    pub ct: CancellationToken,
+}
+
+/// Events from the client handler to the supervisor.
+enum Notice {
+    ToolsChanged,
+}
+
+/// The rmcp client handler: list_changed wakes re-discovery; progress becomes run events.
+struct Handler {
+    notices: mpsc::UnboundedSender<Notice>,
+    manager: std::sync::Weak<McpManager>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.notices.send(Notice::ToolsChanged);
+    }
+
+    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        let Some(manager) = self.manager.upgrade() else { return };
+        let key = serde_json::to_string(&params.progress_token).unwrap_or_default();
+        let Some(route) = manager.progress.lock().get(&key).cloned() else { return };
+        let data = json!({
+            "invocation_id": route.invocation_id, "tool_id": route.tool_id,
+            "progress": params.progress, "total": params.total, "message": params.message,
+        });
+        let write = async {
+            let mut tx = manager.store().begin_write().await?;
+            tx.append_event(&route.run_id, EventKind::ExecutionProgress, &data).await?;
+            tx.commit().await
+        };
+        if let Err(e) = write.await {
+            tracing::warn!(invocation = %route.invocation_id, error = %e, "storing a progress event failed");
+        }
+    }
+
+    fn get_info(&self) -> InitializeRequestParams {
+        InitializeRequestParams::new(
+            ClientCapabilities::default(),
+            Implementation::new("mira-tool-runtime", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(CLIENT_PROTOCOL_VERSION)
+    }
+}
+
+/// Why a connection ended.
+enum End {
+    Lost(String),
+    Disabled,
+    Removed,
+    Shutdown,
+}
+
+/// The supervisor loop of one server (see the module docs of [`super`]).
+pub(super) async fn supervise(
+    manager: Arc<McpManager>,
+    slot: Arc<ServerSlot>,
+    mut rx: mpsc::UnboundedReceiver<Control>,
+) {
+    let shutdown = manager.shutdown_token().clone();
+    let settings = manager.settings().clone();
+    let mut backoff = settings.backoff_min;
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        if slot.state.read().row.enabled == 0 {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                c = rx.recv() => match c {
+                    None | Some(Control::Remove) => return,
+                    Some(Control::Discover(reply)) => { let _ = reply.send(Err("the server is disabled".into())); }
+                    Some(Control::Reconsider) => { backoff = settings.backoff_min; }
+                },
+            }
+            continue;
+        }
+        let mut conn = slot.state.read().conn.clone();
+        conn.state = "connecting".into();
+        conn.attempts += 1;
+        manager.save_conn(&slot, conn).await;
+        let (notice_tx, mut notice_rx) = mpsc::unbounded_channel();
+        let handler = Handler { notices: notice_tx, manager: Arc::downgrade(&manager) };
+        let attempt = tokio::time::timeout(settings.connect_timeout, connect(&manager, &slot, handler));
+        let outcome = tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = attempt => r.unwrap_or_else(|_| Err((format!("no initialize response within {} s", settings.connect_timeout.as_secs()), None))),
+        };
+        match outcome {
+            Ok((running, live, child)) => {
+                backoff = settings.backoff_min;
+                let info = live.peer.peer_info();
+                let mut conn = slot.state.read().conn.clone();
+                conn.state = "connected".into();
+                conn.protocol_version = Some(live.protocol_version.clone());
+                conn.server_info = info.as_ref().and_then(|i| serde_json::to_string(&i.server_info).ok());
+                conn.capabilities = info.as_ref().and_then(|i| serde_json::to_string(&i.capabilities).ok());
+                conn.last_error = None;
+                conn.stderr_tail = None;
+                conn.attempts = 0;
+                conn.connected_at = Some(crate::ids::now());
+                *slot.live.lock() = Some(live.clone());
+                manager.save_conn(&slot, conn).await;
+                if let Err(e) = super::discovery::run(&manager, &slot, &live).await {
+                    tracing::warn!(server = %slot.id, error = %e, "discovery after connect failed");
+                }
+                let end = watch(&manager, &slot, running, &live, &mut rx, &mut notice_rx, &shutdown).await;
+                *slot.live.lock() = None;
+                let exit = match child {
+                    Some(mut c) => {
+                        let status = tokio::time::timeout(Duration::from_millis(500), c.child.wait()).await;
+                        drop(c);
+                        match status {
+                            Ok(Ok(s)) => Some(format!("the process exited with {s}")),
+                            _ => None,
+                        }
+                    }
+                    None => None,
+                };
+                let mut conn = slot.state.read().conn.clone();
+                conn.stderr_tail = live.stderr.as_ref().map(|s| s.text()).filter(|t| !t.is_empty());
+                match end {
+                    End::Shutdown => {
+                        conn.state = "disconnected".into();
+                        conn.last_error = Some("the runtime stopped".into());
+                        manager.save_conn(&slot, conn).await;
+                        return;
+                    }
+                    End::Removed => return,
+                    End::Disabled => {
+                        conn.state = "disconnected".into();
+                        conn.last_error = Some("the server was disabled".into());
+                        manager.save_conn(&slot, conn).await;
+                        continue;
+                    }
+                    End::Lost(why) => {
+                        conn.state = "failed".into();
+                        conn.last_error = Some(match exit {
+                            Some(exit) => format!("{why}; {exit}"),
+                            None => why,
+                        });
+                        manager.save_conn(&slot, conn).await;
+                    }
+                }
+            }
+            Err((why, stderr)) => {
+                let mut conn = slot.state.read().conn.clone();
+                conn.state = "failed".into();
+                conn.last_error = Some(why);
+                conn.stderr_tail = stderr.map(|s| s.text()).filter(|t| !t.is_empty());
+                manager.save_conn(&slot, conn).await;
+            }
+        }
+        // Wait before the next attempt, unless told to connect now.
+        let sleep = tokio::time::sleep(backoff);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = &mut sleep => break,
+                c = rx.recv() => match c {
+                    None | Some(Control::Remove) => return,
+                    Some(Control::Discover(reply)) => { let _ = reply.send(Err("the server is not connected".into())); }
+                    Some(Control::Reconsider) => { backoff = settings.backoff_min; break; }
+                },
+            }
+        }
+        backoff = (backoff * 2).min(settings.backoff_max);
+    }
+}
+
+type Running = rmcp::service::RunningService<RoleClient, Handler>;
+type ConnectError = (String, Option<Arc<StderrTail>>);
+
+async fn connect(
+    manager: &McpManager,
+    slot: &ServerSlot,
+    handler: Handler,
+) -> Result<(Running, Live, Option<stdio::ChildGuard>), ConnectError> {
+    let row = slot.state.read().row.clone();
+    let cfg: serde_json::Value = serde_json::from_str(&row.config).map_err(|e| (e.to_string(), None))?;
+    let resolved =
+        config::resolve(&cfg, row.secrets.as_deref(), row.secrets_key_id.as_deref(), manager.secrets(), &row.id)
+            .map_err(|e| (e, None))?;
+    let max = manager.settings().max_message_bytes;
+    match resolved {
+        Resolved::Stdio { command, args, env, cwd } => {
+            let proc = stdio::spawn(&command, &args, &env, cwd.as_deref(), max)
+                .map_err(|e| (format!("starting {command} failed: {e}"), None))?;
+            let stderr = proc.stderr.clone();
+            let facts = proc.facts.clone();
+            let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(proc.stdout, proc.stdin)
+                .with_max_line_length(max.saturating_add(1024));
+            let mut child = proc.child;
+            let ct = CancellationToken::new();
+            let running = match handler.serve_with_ct(transport, ct.clone()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    // Give a crashing process a moment to finish writing its stderr.
+                    let status = tokio::time::timeout(Duration::from_millis(500), child.child.wait()).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let exit = match status {
+                        Ok(Ok(s)) => format!(" ({s})"),
+                        _ => String::new(),
+                    };
+                    return Err((format!("the initialize handshake failed: {e}{exit}"), Some(stderr)));
+                }
+            };
+            let live = live_of(&running, Some(facts), Some(stderr), ct);
+            Ok((running, live, Some(child)))
+        }
+        Resolved::Http { url, headers } => {
+            use rmcp::transport::streamable_http_client::{
+                StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+            };
+            let mut map = HashMap::new();
+            for (k, v) in headers {
+                let name = axum::http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| (e.to_string(), None))?;
+                let value = axum::http::HeaderValue::from_str(&v).map_err(|e| (e.to_string(), None))?;
+                map.insert(name, value);
+            }
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map);
+            config.max_json_response_size = max;
+            config.max_sse_event_size = max;
+            let client = reqwest::Client::builder()
+                .connect_timeout(manager.settings().connect_timeout)
+                .build()
+                .map_err(|e| (e.to_string(), None))?;
+            let transport = StreamableHttpClientTransport::with_client(client, config);
+            let ct = CancellationToken::new();
+            let running = handler
+                .serve_with_ct(transport, ct.clone())
+                .await
+                .map_err(|e| (format!("the initialize handshake with {url} failed: {e}"), None))?;
+            let live = live_of(&running, None, None, ct);
+            Ok((running, live, None))
+        }
+    }
+}
+
+fn live_of(
+    running: &Running,
+    facts: Option<Arc<LineFacts>>,
+    stderr: Option<Arc<StderrTail>>,
+    ct: CancellationToken,
+) -> Live {
+    let peer = running.peer().clone();
+    let protocol_version = peer.peer_info().map(|i| i.protocol_version.to_string()).unwrap_or_default();
+    Live { peer, facts, stderr, protocol_version, ct }
+}
+
+async fn watch(
+    manager: &Arc<McpManager>,
+    slot: &Arc<ServerSlot>,
+    running: Running,
+    live: &Live,
+    rx: &mut mpsc::UnboundedReceiver<Control>,
+    notices: &mut mpsc::UnboundedReceiver<Notice>,
+    shutdown: &CancellationToken,
+) -> End {
+    let ct = live.ct.clone();
+    let waiting = running.waiting();
+    tokio::pin!(waiting);
+    let mut health = tokio::time::interval(manager.settings().health_interval);
+    health.tick().await;
+    let stop = |end: End| {
+        ct.cancel();
+        end
+    };
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return stop(End::Shutdown),
+            quit = &mut waiting => {
+                return End::Lost(match quit {
+                    Ok(reason) => format!("the connection closed ({reason:?})"),
+                    Err(e) => format!("the connection task failed: {e}"),
+                });
+            }
+            n = notices.recv() => {
+                if let Some(Notice::ToolsChanged) = n
+                    && let Err(e) = super::discovery::run(manager, slot, live).await {
+                    tracing::warn!(server = %slot.id, error = %e, "re-discovery after list_changed failed");
+                }
+            }
+            c = rx.recv() => match c {
+                None | Some(Control::Remove) => return stop(End::Removed),
+                Some(Control::Reconsider) => {
+                    if slot.state.read().row.enabled == 0 {
+                        return stop(End::Disabled);
+                    }
+                }
+                Some(Control::Discover(reply)) => {
+                    let _ = reply.send(super::discovery::run(manager, slot, live).await);
+                }
+            },
+            _ = health.tick() => {
+                if let Err(e) = request(live, slot, "ping", None).await {
+                    return stop(End::Lost(format!("health check failed: {e}")));
+                }
+            }
+        }
+    }
+}
+
+/// Sends a request by method name and returns the raw result document, so that one
+/// malformed part of a reply never makes the whole reply unreadable.
+pub(crate) async fn request(
+    live: &Live,
+    slot: &ServerSlot,
+    method: &str,
+    params: Option<serde_json::Value>,
+) -> Result<serde_json::Value, ServiceError> {
+    let timeout = Duration::from_millis(u64::try_from(slot.state.read().row.request_timeout_ms).unwrap_or(60_000));
+    let req = ClientRequest::CustomRequest(CustomRequest::new(method, params));
+    let handle = live.peer.send_request_with_option(req, PeerRequestOptions::with_timeout(timeout)).await?;
+    let result = handle.await_response().await?;
+    serde_json::to_value(result).map_err(|_| ServiceError::UnexpectedResponse)
+}

@@ -1,0 +1,152 @@
+//! Discover: `tools/list` with pagination, each tool checked on its own.
+//!
+//! A tool is rejected (and recorded with its reason) when its name is not 1–128 characters
+//! of `A-Z a-z 0-9 _ - .` (the MCP 2025-11-25 tool-name guidance, minus `/`, which cannot
+//! sit in a tool id path segment), when its name repeats an earlier tool of the listing,
+//! when `inputSchema` is missing or not an object of `"type": "object"`, or when the schema
+//! does not compile as JSON Schema. The rest of the listing still works.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::connection::{Live, request};
+use super::{McpManager, ServerSlot};
+use crate::store::McpToolRow;
+
+/// Most pages followed in one discovery.
+pub const MAX_PAGES: usize = 100;
+
+/// Runs one discovery and stores it; errors are recorded on the connection row too.
+pub async fn run(manager: &Arc<McpManager>, slot: &Arc<ServerSlot>, live: &Live) -> Result<(), String> {
+    let result = list(live, slot).await;
+    let mut conn = slot.state.read().conn.clone();
+    match result {
+        Ok(listed) => {
+            manager.store().replace_mcp_tools(&slot.id, &listed).await.map_err(|e| e.to_string())?;
+            let tools = manager.store().mcp_tools(&slot.id).await.map_err(|e| e.to_string())?;
+            slot.state.write().tools = tools;
+            conn.discovered_at = Some(crate::ids::now());
+            conn.discovery_error = None;
+            manager.save_conn(slot, conn).await;
+            manager.sync_projections(slot);
+            Ok(())
+        }
+        Err(e) => {
+            conn.discovery_error = Some(e.clone());
+            manager.save_conn(slot, conn).await;
+            Err(e)
+        }
+    }
+}
+
+async fn list(live: &Live, slot: &ServerSlot) -> Result<Vec<McpToolRow>, String> {
+    let now = crate::ids::now();
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let params = cursor.as_ref().map(|c| serde_json::json!({"cursor": c}));
+        let page = request(live, slot, "tools/list", params).await.map_err(|e| e.to_string())?;
+        let tools = page.get("tools").and_then(Value::as_array).ok_or("the tools/list result has no tools array")?;
+        for (i, tool) in tools.iter().enumerate() {
+            out.push(check(tool, i, &mut seen, &now));
+        }
+        cursor = page.get("nextCursor").and_then(Value::as_str).map(str::to_owned);
+        if cursor.is_none() {
+            return Ok(out);
+        }
+    }
+    Err(format!("tools/list returned more than {MAX_PAGES} pages"))
+}
+
+/// Whether a tool name is acceptable (see the module docs).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> McpToolRow {
+    let text = |k: &str| tool.get(k).and_then(Value::as_str).map(str::to_owned);
+    let json_of = |k: &str| tool.get(k).filter(|v| !v.is_null()).map(Value::to_string);
+    let raw_name = tool.get("name").and_then(Value::as_str);
+    let name = match raw_name {
+        Some(n) => n.to_owned(),
+        None => format!("#{index}"),
+    };
+    let mut row = McpToolRow {
+        server_id: String::new(),
+        name: name.clone(),
+        status: "ok".into(),
+        rejection: None,
+        title: text("title").or_else(|| tool.pointer("/annotations/title").and_then(Value::as_str).map(str::to_owned)),
+        description: text("description"),
+        input_schema: json_of("inputSchema"),
+        output_schema: json_of("outputSchema"),
+        annotations: json_of("annotations"),
+        discovered_at: now.to_owned(),
+        removed_at: None,
+    };
+    let reject = |row: &mut McpToolRow, why: String| {
+        row.status = "rejected".into();
+        row.rejection = Some(why);
+    };
+    if raw_name.is_none() {
+        reject(&mut row, "the tool has no name".into());
+    } else if !valid_name(&name) {
+        reject(&mut row, format!("invalid_name: {name:?} is not 1-128 characters of A-Z a-z 0-9 _ - ."));
+    } else if !seen.insert(name.clone()) {
+        reject(&mut row, format!("duplicate_name: {name} was already listed by this server"));
+    } else {
+        match tool.get("inputSchema") {
+            None | Some(Value::Null) => reject(&mut row, "missing_input_schema: the tool has no inputSchema".into()),
+            Some(schema) if !schema.is_object() => {
+                reject(&mut row, format!("invalid_input_schema: inputSchema is a {}, not an object", kind(schema)))
+            }
+            Some(schema) if schema.get("type").and_then(Value::as_str) != Some("object") => reject(
+                &mut row,
+                "invalid_input_schema: inputSchema must have \"type\": \"object\" (MCP tools take named arguments)"
+                    .into(),
+            ),
+            Some(schema) => {
+                if let Err(e) = jsonschema::validator_for(schema) {
+                    reject(&mut row, format!("invalid_input_schema: the schema does not compile: {e}"));
+                }
+            }
+        }
+    }
+    row
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_tools_are_rejected_with_reasons() {
+        let mut seen = HashSet::new();
+        let ok = check(&serde_json::json!({"name": "echo", "inputSchema": {"type": "object"}}), 0, &mut seen, "t");
+        assert_eq!(ok.status, "ok");
+        let dup = check(&serde_json::json!({"name": "echo", "inputSchema": {"type": "object"}}), 1, &mut seen, "t");
+        assert!(dup.rejection.unwrap_or_default().starts_with("duplicate_name"));
+        let none = check(&serde_json::json!({"name": "a"}), 2, &mut seen, "t");
+        assert!(none.rejection.unwrap_or_default().starts_with("missing_input_schema"));
+        let s = check(&serde_json::json!({"name": "b", "inputSchema": "x"}), 3, &mut seen, "t");
+        assert!(s.rejection.unwrap_or_default().contains("a string"));
+        let n = check(&serde_json::json!({"name": "bad name!", "inputSchema": {"type": "object"}}), 4, &mut seen, "t");
+        assert!(n.rejection.unwrap_or_default().starts_with("invalid_name"));
+    }
+}

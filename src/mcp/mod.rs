@@ -1,0 +1,582 @@
+//! External MCP: the client side of the Model Context Protocol, kept apart from the chain.
+//!
+//! Six stages, each with a stored fact: **Install** (`mcp_servers`), **Connect**
+//! (`mcp_connections`: the initialize handshake, negotiated protocol version, capabilities,
+//! `connecting|connected|failed|disconnected` with the last error and a stdio server's
+//! stderr tail), **Discover** (`mcp_tools`: `tools/list` with pagination; a malformed tool is
+//! rejected with its reason, the rest still work), **Agent Access** (`mcp_agent_access`,
+//! per tool with a per-server default, surviving re-discovery), **Tool Exposure** (each
+//! accessible tool is projected into the registry as `mcp:<serverId>:tool:<toolName>` by
+//! [`crate::tools::mcp`]), **Approval** (every call, whatever the annotations say:
+//! [`crate::approval::policy`]). "Enabled" and "disclaimer accepted" sit along the way.
+//!
+//! [`McpManager`] owns one supervisor task per server ([`connection`]): it connects with a
+//! handshake timeout, re-discovers on `notifications/tools/list_changed` and on every
+//! reconnect, checks health with `ping`, and reconnects with exponential backoff after a
+//! crash or a dropped HTTP session (rmcp re-initializes an expired Streamable HTTP session
+//! itself). A server that fails never blocks another. The in-memory [`ServerState`] mirrors
+//! the stored rows so the ladder ([`crate::exposure::ladder`]) can say synchronously which
+//! MCP stage blocks a projected id; every change is written to the store first.
+//!
+//! The server runs on a single node: the connection lives in this process.
+
+pub mod call;
+pub mod config;
+pub mod connection;
+pub mod discovery;
+pub mod secret;
+pub mod stages;
+pub mod stdio;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::error::{Error, Result};
+use crate::registry::{Explainer, Registry};
+use crate::store::{McpConnectionRow, McpServerRow, McpToolRow, Store};
+
+pub use config::{HttpInput, SecretInput, StdioInput, TransportInput};
+pub use stages::{McpStage, ServerView, ToolStatus};
+
+/// The prefix of every projected tool id.
+pub const ID_PREFIX: &str = "mcp:";
+
+/// Limits of the MCP client.
+#[derive(Debug, Clone)]
+pub struct McpSettings {
+    /// Largest JSON-RPC message accepted from a server, bytes (a stdio line, an HTTP body or
+    /// SSE event); larger ones are dropped without being held in memory.
+    pub max_message_bytes: usize,
+    /// Largest tool result kept, bytes of content; the rest is cut with a marker.
+    pub max_output_bytes: usize,
+    /// Time for spawning/reaching a server and the initialize handshake.
+    pub connect_timeout: Duration,
+    /// Interval of `ping` health checks on a connected server.
+    pub health_interval: Duration,
+    /// First reconnect delay; doubles up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Longest reconnect delay.
+    pub backoff_max: Duration,
+}
+
+impl Default for McpSettings {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 128 * 1024 * 1024,
+            max_output_bytes: 1024 * 1024,
+            connect_timeout: Duration::from_secs(30),
+            health_interval: Duration::from_secs(30),
+            backoff_min: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The stored facts of one server, mirrored in memory.
+#[derive(Debug, Clone)]
+pub struct ServerState {
+    /// Install row.
+    pub row: McpServerRow,
+    /// Connection row.
+    pub conn: McpConnectionRow,
+    /// Discovered tools (ok, rejected, removed).
+    pub tools: Vec<McpToolRow>,
+    /// Per-tool agent-access switches.
+    pub access: HashMap<String, bool>,
+}
+
+impl ServerState {
+    /// Whether the tool has agent access (its own switch, else the server default).
+    pub fn access_of(&self, tool: &str) -> (bool, &'static str) {
+        match self.access.get(tool) {
+            Some(on) => (*on, "tool"),
+            None => (self.row.default_agent_access != 0, "server_default"),
+        }
+    }
+
+    /// Whether a disclaimer still waits for acceptance.
+    pub fn disclaimer_pending(&self) -> bool {
+        self.row.disclaimer.is_some() && self.row.disclaimer_accepted_at.is_none()
+    }
+}
+
+/// What a supervisor is told.
+#[derive(Debug)]
+pub enum Control {
+    /// Connect now if enabled and not connected (resets the backoff); disconnect if disabled.
+    Reconsider,
+    /// Run `tools/list` now and report.
+    Discover(oneshot::Sender<std::result::Result<(), String>>),
+    /// The server was removed: disconnect and end.
+    Remove,
+}
+
+/// One server's slot: its state, live connection and supervisor channel.
+pub struct ServerSlot {
+    /// Server id.
+    pub id: String,
+    /// Stored facts.
+    pub state: RwLock<ServerState>,
+    /// The live connection, while connected.
+    pub live: Mutex<Option<connection::Live>>,
+    control: mpsc::UnboundedSender<Control>,
+    /// Projected tool names → hash of the projected spec.
+    projected: Mutex<BTreeMap<String, String>>,
+}
+
+impl ServerSlot {
+    /// Whether `user_id` may see the server (its owner, or everyone for deployment-wide).
+    pub fn visible_to(&self, user_id: &str) -> bool {
+        self.state.read().row.owner_id.as_deref().is_none_or(|o| o == user_id)
+    }
+
+    fn tell(&self, c: Control) {
+        let _ = self.control.send(c);
+    }
+}
+
+/// Where progress notifications of a running call go.
+#[derive(Debug, Clone)]
+pub(crate) struct ProgressRoute {
+    pub run_id: String,
+    pub invocation_id: String,
+    pub tool_id: String,
+}
+
+/// The MCP client side: servers, connections, projections.
+pub struct McpManager {
+    store: Store,
+    registry: Arc<Registry>,
+    secrets: secret::SecretBox,
+    settings: McpSettings,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    servers: RwLock<BTreeMap<String, Arc<ServerSlot>>>,
+    pub(crate) progress: Mutex<HashMap<String, ProgressRoute>>,
+    pub(crate) me: Weak<McpManager>,
+}
+
+/// An install request, validated by [`McpManager::install`].
+#[derive(Debug, Clone)]
+pub struct Install {
+    /// Display name.
+    pub name: String,
+    /// Transport.
+    pub transport: TransportInput,
+    /// Disclaimer the owner must accept before the tools are used.
+    pub disclaimer: Option<String>,
+    /// Start enabled (default true).
+    pub enabled: bool,
+    /// Deployment-wide (admins only).
+    pub deployment_wide: bool,
+    /// Agent access of tools without their own switch.
+    pub default_agent_access: bool,
+    /// Per-request timeout, ms.
+    pub request_timeout_ms: i64,
+}
+
+/// A change of `PATCH /v1/mcp/servers/{id}`.
+#[derive(Debug, Clone, Default)]
+pub struct Patch {
+    /// Enable or disable.
+    pub enabled: Option<bool>,
+    /// Server default of agent access.
+    pub default_agent_access: Option<bool>,
+    /// Per-request timeout, ms.
+    pub request_timeout_ms: Option<i64>,
+}
+
+impl McpManager {
+    /// A manager over `store`, projecting into `registry`; the secret key comes from
+    /// `MIRA_SECRET_KEY` or `<data_dir>/secret.key`. Background work ends with `shutdown`.
+    pub fn new(
+        store: Store,
+        registry: Arc<Registry>,
+        data_dir: &Path,
+        settings: McpSettings,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Arc<Self>> {
+        let secrets = secret::SecretBox::load(data_dir).map_err(|e| anyhow::anyhow!("MCP secret key: {e}"))?;
+        // Streamable HTTP over https needs a process-wide rustls provider; installing it twice
+        // is harmless (the second call reports the first).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let manager = Arc::new_cyclic(|me| Self {
+            store,
+            registry: registry.clone(),
+            secrets,
+            settings,
+            shutdown,
+            tasks: TaskTracker::new(),
+            servers: RwLock::new(BTreeMap::new()),
+            progress: Mutex::new(HashMap::new()),
+            me: me.clone(),
+        });
+        let explainer: Arc<dyn Explainer> = manager.clone();
+        registry.add_explainer(ID_PREFIX, Arc::downgrade(&explainer));
+        Ok(manager)
+    }
+
+    /// Loads every stored server, projects its stored tools and starts its supervisor.
+    pub async fn start(&self) -> anyhow::Result<()> {
+        for row in self.store.all_mcp_servers().await? {
+            let state = self.load_state(row).await?;
+            self.add_slot(state);
+        }
+        Ok(())
+    }
+
+    /// Waits (at most `limit`) for every supervisor to end after shutdown.
+    pub async fn stopped(&self, limit: Duration) {
+        self.tasks.close();
+        let _ = tokio::time::timeout(limit, self.tasks.wait()).await;
+    }
+
+    /// The limits in force.
+    pub fn settings(&self) -> &McpSettings {
+        &self.settings
+    }
+
+    async fn load_state(&self, row: McpServerRow) -> anyhow::Result<ServerState> {
+        let conn = self.store.mcp_connection(&row.id).await?.unwrap_or_else(|| McpConnectionRow {
+            server_id: row.id.clone(),
+            state: "disconnected".into(),
+            ..McpConnectionRow::default()
+        });
+        let tools = self.store.mcp_tools(&row.id).await?;
+        let access = self.store.mcp_access(&row.id).await?.into_iter().map(|a| (a.tool_name, a.enabled != 0)).collect();
+        Ok(ServerState { row, conn, tools, access })
+    }
+
+    fn add_slot(&self, state: ServerState) -> Arc<ServerSlot> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let slot = Arc::new(ServerSlot {
+            id: state.row.id.clone(),
+            state: RwLock::new(state),
+            live: Mutex::new(None),
+            control: tx,
+            projected: Mutex::new(BTreeMap::new()),
+        });
+        self.servers.write().insert(slot.id.clone(), slot.clone());
+        self.sync_projections(&slot);
+        if let Some(me) = self.me.upgrade() {
+            let s = slot.clone();
+            self.tasks.spawn(async move { connection::supervise(me, s, rx).await });
+        }
+        slot
+    }
+
+    /// The slot of a server the user may see, else 404.
+    pub fn slot_for(&self, user_id: &str, id: &str) -> Result<Arc<ServerSlot>> {
+        self.servers.read().get(id).filter(|s| s.visible_to(user_id)).cloned().ok_or(Error::NotFound("mcp server"))
+    }
+
+    /// A server's slot by id (any owner).
+    pub fn slot(&self, id: &str) -> Option<Arc<ServerSlot>> {
+        self.servers.read().get(id).cloned()
+    }
+
+    /// The servers a user may see, by id.
+    pub fn visible(&self, user_id: &str) -> Vec<Arc<ServerSlot>> {
+        self.servers.read().values().filter(|s| s.visible_to(user_id)).cloned().collect()
+    }
+
+    /// 403 unless `user` may change the server: its owner, or an admin for a
+    /// deployment-wide server.
+    fn may_manage(slot: &ServerSlot, user_id: &str, is_admin: bool) -> Result<()> {
+        match slot.state.read().row.owner_id.as_deref() {
+            Some(owner) if owner == user_id => Ok(()),
+            Some(_) => Err(Error::NotFound("mcp server")),
+            None if is_admin => Ok(()),
+            None => Err(Error::Forbidden("a deployment-wide MCP server is managed by admins".into())),
+        }
+    }
+
+    /// Installs a server (Install) and, when enabled, starts connecting in the background.
+    ///
+    /// Errors: 400 `invalid_request` (name, transport, disclaimer, timeout); 403 when a
+    /// non-admin asks for a deployment-wide server.
+    pub async fn install(&self, user_id: &str, is_admin: bool, req: Install) -> Result<Arc<ServerSlot>> {
+        config::validate_name(&req.name)?;
+        if req.deployment_wide && !is_admin {
+            return Err(Error::Forbidden("only admins install deployment-wide MCP servers".into()));
+        }
+        if req.disclaimer.as_ref().is_some_and(|d| d.len() > config::MAX_DISCLAIMER_BYTES || d.trim().is_empty()) {
+            return Err(Error::bad_request(
+                "invalid_request",
+                format!("disclaimer must be 1 to {} bytes", config::MAX_DISCLAIMER_BYTES),
+            ));
+        }
+        validate_timeout(req.request_timeout_ms)?;
+        let id = crate::ids::new_id("mcp");
+        let sealed = config::seal(&req.transport, &self.secrets, &id)?;
+        let now = crate::ids::now();
+        let row = McpServerRow {
+            id: id.clone(),
+            owner_id: (!req.deployment_wide).then(|| user_id.to_owned()),
+            installed_by: user_id.to_owned(),
+            name: req.name,
+            transport: sealed.transport.to_owned(),
+            config: sealed.config.to_string(),
+            secrets_key_id: sealed.secrets.as_ref().map(|_| self.secrets.key_id().to_owned()),
+            secrets: sealed.secrets,
+            disclaimer: req.disclaimer,
+            disclaimer_accepted_at: None,
+            disclaimer_accepted_by: None,
+            enabled: i64::from(req.enabled),
+            default_agent_access: i64::from(req.default_agent_access),
+            request_timeout_ms: req.request_timeout_ms,
+            created_at: now.clone(),
+            updated_at: now,
+        };
+        self.store.insert_mcp_server(&row).await?;
+        let conn = McpConnectionRow { server_id: id, state: "disconnected".into(), ..McpConnectionRow::default() };
+        Ok(self.add_slot(ServerState { row, conn, tools: Vec::new(), access: HashMap::new() }))
+    }
+
+    /// Enables/disables a server and changes its defaults. Disabling disconnects it and
+    /// removes its projections; enabling reconnects it.
+    pub async fn patch(&self, user_id: &str, is_admin: bool, id: &str, patch: Patch) -> Result<Arc<ServerSlot>> {
+        let slot = self.slot_for(user_id, id)?;
+        Self::may_manage(&slot, user_id, is_admin)?;
+        if let Some(ms) = patch.request_timeout_ms {
+            validate_timeout(ms)?;
+        }
+        let mut row = slot.state.read().row.clone();
+        if let Some(e) = patch.enabled {
+            row.enabled = i64::from(e);
+        }
+        if let Some(d) = patch.default_agent_access {
+            row.default_agent_access = i64::from(d);
+        }
+        if let Some(ms) = patch.request_timeout_ms {
+            row.request_timeout_ms = ms;
+        }
+        row.updated_at = crate::ids::now();
+        self.store.update_mcp_server(&row).await?;
+        slot.state.write().row = row;
+        self.sync_projections(&slot);
+        slot.tell(Control::Reconsider);
+        Ok(slot)
+    }
+
+    /// Removes a server: disconnects it, drops its projections and its stored rows.
+    pub async fn remove(&self, user_id: &str, is_admin: bool, id: &str) -> Result<()> {
+        let slot = self.slot_for(user_id, id)?;
+        Self::may_manage(&slot, user_id, is_admin)?;
+        self.store.delete_mcp_server(id).await?;
+        self.servers.write().remove(id);
+        slot.state.write().row.enabled = 0;
+        self.sync_projections(&slot);
+        slot.tell(Control::Remove);
+        Ok(())
+    }
+
+    /// Asks the supervisor to connect now (no-op when connected).
+    pub fn connect(&self, user_id: &str, is_admin: bool, id: &str) -> Result<Arc<ServerSlot>> {
+        let slot = self.slot_for(user_id, id)?;
+        Self::may_manage(&slot, user_id, is_admin)?;
+        if slot.state.read().row.enabled == 0 {
+            return Err(Error::conflict(
+                "mcp_server_disabled",
+                format!("MCP server {id} is disabled; enable it with PATCH /v1/mcp/servers/{id} {{\"enabled\": true}}"),
+                serde_json::json!({"server_id": id, "stage": "enabled"}),
+            ));
+        }
+        slot.tell(Control::Reconsider);
+        Ok(slot)
+    }
+
+    /// Accepts the server's disclaimer (idempotent). 409 `no_disclaimer` when it has none.
+    pub async fn accept_disclaimer(&self, user_id: &str, is_admin: bool, id: &str) -> Result<Arc<ServerSlot>> {
+        let slot = self.slot_for(user_id, id)?;
+        Self::may_manage(&slot, user_id, is_admin)?;
+        let mut row = slot.state.read().row.clone();
+        if row.disclaimer.is_none() {
+            return Err(Error::conflict(
+                "no_disclaimer",
+                format!("MCP server {id} carries no disclaimer"),
+                serde_json::json!({"server_id": id}),
+            ));
+        }
+        if row.disclaimer_accepted_at.is_none() {
+            row.disclaimer_accepted_at = Some(crate::ids::now());
+            row.disclaimer_accepted_by = Some(user_id.to_owned());
+            row.updated_at = crate::ids::now();
+            self.store.update_mcp_server(&row).await?;
+            slot.state.write().row = row;
+            self.sync_projections(&slot);
+        }
+        Ok(slot)
+    }
+
+    /// Runs `tools/list` now and waits for it (at most the server's request timeout plus
+    /// 5 s). 409 `mcp_not_connected` when the server is not connected.
+    pub async fn discover(&self, user_id: &str, is_admin: bool, id: &str) -> Result<Arc<ServerSlot>> {
+        let slot = self.slot_for(user_id, id)?;
+        Self::may_manage(&slot, user_id, is_admin)?;
+        let not_connected = |why: String| {
+            Error::conflict("mcp_not_connected", why, serde_json::json!({"server_id": id, "stage": "connect"}))
+        };
+        if slot.live.lock().is_none() {
+            let state = slot.state.read().conn.state.clone();
+            return Err(not_connected(format!(
+                "MCP server {id} is {state}; discovery needs a connection (POST /v1/mcp/servers/{id}/connect)"
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
+        slot.tell(Control::Discover(tx));
+        let wait = Duration::from_millis(u64::try_from(slot.state.read().row.request_timeout_ms).unwrap_or(60_000))
+            + Duration::from_secs(5);
+        match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(Ok(()))) => Ok(slot),
+            Ok(Ok(Err(e))) => Err(Error::conflict(
+                "mcp_discovery_failed",
+                format!("tools/list failed: {e}"),
+                serde_json::json!({"server_id": id, "stage": "discover"}),
+            )),
+            Ok(Err(_)) => Err(not_connected(format!("MCP server {id} disconnected during discovery"))),
+            Err(_) => Err(Error::conflict(
+                "mcp_discovery_failed",
+                "tools/list did not finish in time",
+                serde_json::json!({"server_id": id, "stage": "discover"}),
+            )),
+        }
+    }
+
+    /// Sets one tool's agent access (the tool need not be discovered yet: a switch set
+    /// for a name applies when a server lists it).
+    pub async fn set_agent_access(
+        &self,
+        user_id: &str,
+        is_admin: bool,
+        id: &str,
+        tool: &str,
+        enabled: bool,
+    ) -> Result<Arc<ServerSlot>> {
+        let slot = self.slot_for(user_id, id)?;
+        Self::may_manage(&slot, user_id, is_admin)?;
+        if tool.is_empty() || tool.len() > 256 {
+            return Err(Error::bad_request("invalid_request", "tool_name must be 1 to 256 bytes"));
+        }
+        self.store.set_mcp_access(id, tool, enabled, user_id).await?;
+        slot.state.write().access.insert(tool.to_owned(), enabled);
+        self.sync_projections(&slot);
+        Ok(slot)
+    }
+
+    /// Brings the registry in line with the slot's state: every discovered (`ok`) tool with
+    /// agent access on an enabled server whose disclaimer is settled is registered, nothing
+    /// else. A changed definition is re-registered.
+    pub fn sync_projections(&self, slot: &Arc<ServerSlot>) {
+        let removed = !self.servers.read().contains_key(&slot.id);
+        let state = slot.state.read().clone();
+        let mut want: BTreeMap<String, crate::tools::mcp::McpTool> = BTreeMap::new();
+        if !removed && state.row.enabled != 0 && !state.disclaimer_pending() {
+            for t in state.tools.iter().filter(|t| t.status == "ok") {
+                if state.access_of(&t.name).0 {
+                    match crate::tools::mcp::McpTool::new(&state, t, self.me.clone()) {
+                        Ok(tool) => {
+                            want.insert(t.name.clone(), tool);
+                        }
+                        Err(e) => tracing::warn!(server = %slot.id, tool = %t.name, error = %e, "tool not projected"),
+                    }
+                }
+            }
+        }
+        let mut projected = slot.projected.lock();
+        let names: Vec<String> = projected.keys().cloned().collect();
+        for name in names {
+            let keep = want.get(&name).is_some_and(|t| projected.get(&name) == Some(&t.fingerprint()));
+            if !keep {
+                self.registry.unregister(&projection_id(&slot.id, &name));
+                projected.remove(&name);
+            }
+        }
+        for (name, tool) in want {
+            if projected.contains_key(&name) {
+                continue;
+            }
+            let fingerprint = tool.fingerprint();
+            match self.registry.register(Arc::new(tool)) {
+                Ok(()) => {
+                    projected.insert(name, fingerprint);
+                }
+                Err(e) => tracing::warn!(server = %slot.id, tool = %name, error = %e, "projection refused"),
+            }
+        }
+    }
+
+    /// Whether a projected tool is registered now.
+    pub fn is_projected(&self, server_id: &str, tool: &str) -> bool {
+        self.slot(server_id).is_some_and(|s| s.projected.lock().contains_key(tool))
+    }
+
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub(crate) fn secrets(&self) -> &secret::SecretBox {
+        &self.secrets
+    }
+
+    pub(crate) fn shutdown_token(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// Writes the connection row and mirrors it.
+    pub(crate) async fn save_conn(&self, slot: &ServerSlot, conn: McpConnectionRow) {
+        if let Err(e) = self.store.save_mcp_connection(&conn).await {
+            tracing::warn!(server = %slot.id, error = %e, "storing the MCP connection state failed");
+        }
+        slot.state.write().conn = conn;
+    }
+}
+
+impl Explainer for McpManager {
+    fn why_absent(&self, id: &str, user_id: &str) -> Option<(String, String)> {
+        let (server_id, tool) = parse_projection_id(id)?;
+        let Some(slot) = self.slot(server_id).filter(|s| s.visible_to(user_id)) else {
+            return Some((
+                "mcp_server_not_installed".into(),
+                format!("stage install: no MCP server {server_id} is installed for you (removed, or never installed)"),
+            ));
+        };
+        let state = slot.state.read().clone();
+        Some(stages::why_not_projected(&state, tool))
+    }
+
+    fn detail(&self, id: &str, user_id: &str) -> Option<Value> {
+        let (server_id, tool) = parse_projection_id(id)?;
+        let slot = self.slot(server_id).filter(|s| s.visible_to(user_id))?;
+        let view = stages::tool_view(self, &slot, tool);
+        serde_json::to_value(view).ok()
+    }
+}
+
+/// `mcp:<serverId>:tool:<toolName>`.
+pub fn projection_id(server_id: &str, tool: &str) -> String {
+    format!("{ID_PREFIX}{server_id}:tool:{tool}")
+}
+
+/// Splits a projected id into (server id, tool name).
+pub fn parse_projection_id(id: &str) -> Option<(&str, &str)> {
+    let rest = id.strip_prefix(ID_PREFIX)?;
+    let (server, tool) = rest.split_once(":tool:")?;
+    (!server.is_empty() && !tool.is_empty()).then_some((server, tool))
+}
+
+fn validate_timeout(ms: i64) -> Result<()> {
+    if (100..=3_600_000).contains(&ms) {
+        Ok(())
+    } else {
+        Err(Error::bad_request("invalid_request", "request_timeout_ms must be 100 to 3600000"))
+    }
+}

@@ -1,0 +1,453 @@
+//! The page of truth: every stage of a server (and of each of its tools) with
+//! `ok|blocked|pending`, the reason and the action that unblocks it.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{McpManager, ServerSlot, ServerState, projection_id};
+use crate::exposure::function_name;
+
+/// One stage.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct McpStage {
+    /// `install`, `enabled`, `connect`, `disclaimer`, `discover`, `agent_access`,
+    /// `tool_exposure`, `approval`.
+    pub stage: &'static str,
+    /// `ok`, `blocked` or `pending`.
+    pub status: &'static str,
+    /// Stable code of the reason.
+    pub code: String,
+    /// Why, in a sentence.
+    pub reason: String,
+    /// What unblocks it: `{method, path, body?}`; absent when nothing needs doing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub action: Option<Value>,
+}
+
+fn stage(stage: &'static str, status: &'static str, code: &str, reason: String, action: Option<Value>) -> McpStage {
+    McpStage { stage, status, code: code.to_owned(), reason, action }
+}
+
+fn act(method: &str, path: String, body: Option<Value>) -> Option<Value> {
+    Some(match body {
+        Some(b) => json!({"method": method, "path": path, "body": b}),
+        None => json!({"method": method, "path": path}),
+    })
+}
+
+/// A discovered tool with its own stages.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ToolStatus {
+    /// Name as listed by the server.
+    pub name: String,
+    /// Projected id `mcp:<serverId>:tool:<name>`.
+    pub tool_id: String,
+    /// Function name the model calls it by.
+    pub function_name: String,
+    /// `ok`, `rejected` or `removed`.
+    pub status: String,
+    /// Why it was rejected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejection: Option<String>,
+    /// Title.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Description.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Server annotations (hints only; they never lower the approval bar).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub annotations: Option<Value>,
+    /// inputSchema as listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub input_schema: Option<Value>,
+    /// Agent access in force.
+    pub agent_access: bool,
+    /// `tool` (its own switch) or `server_default`.
+    pub agent_access_source: &'static str,
+    /// Registered as a projection now.
+    pub projected: bool,
+    /// The stages of this tool.
+    pub stages: Vec<McpStage>,
+}
+
+/// `GET /v1/mcp/servers/{id}`.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ServerView {
+    /// `mcp_…`
+    pub id: String,
+    /// Name.
+    pub name: String,
+    /// True for a deployment-wide server (admins manage it).
+    pub deployment_wide: bool,
+    /// `stdio` or `http`.
+    pub transport: String,
+    /// Transport without secret values (env/header values show only their source).
+    #[schema(value_type = Object)]
+    pub config: Value,
+    /// Enabled.
+    pub enabled: bool,
+    /// Disclaimer text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disclaimer: Option<String>,
+    /// RFC 3339 of the acceptance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disclaimer_accepted_at: Option<String>,
+    /// Agent access of tools without their own switch.
+    pub default_agent_access: bool,
+    /// Per-request timeout, ms.
+    pub request_timeout_ms: i64,
+    /// `{state, protocol_version, server_info, capabilities, last_error, stderr_tail, attempts, connected_at, discovered_at}`.
+    #[schema(value_type = Object)]
+    pub connection: Value,
+    /// Every stage of the server.
+    pub stages: Vec<McpStage>,
+    /// Every tool the server listed (including rejected and removed ones).
+    pub tools: Vec<ToolStatus>,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+fn parse(text: Option<&str>) -> Option<Value> {
+    text.and_then(|t| serde_json::from_str(t).ok())
+}
+
+fn base(s: &ServerState) -> Vec<McpStage> {
+    let id = &s.row.id;
+    let path = format!("/v1/mcp/servers/{id}");
+    let mut out = vec![stage(
+        "install",
+        "ok",
+        "installed",
+        format!("installed {} by {}", s.row.created_at, s.row.installed_by),
+        None,
+    )];
+    out.push(if s.row.enabled != 0 {
+        stage("enabled", "ok", "enabled", "the server is enabled".into(), None)
+    } else {
+        stage(
+            "enabled",
+            "blocked",
+            "mcp_server_disabled",
+            "the server is disabled; its tools are not projected".into(),
+            act("PATCH", path.clone(), Some(json!({"enabled": true}))),
+        )
+    });
+    let c = &s.conn;
+    let tail = c.stderr_tail.as_deref().map(|t| format!("; stderr: {}", t.trim_end())).unwrap_or_default();
+    out.push(match c.state.as_str() {
+        "connected" => stage(
+            "connect",
+            "ok",
+            "connected",
+            format!("connected, protocol version {}", c.protocol_version.as_deref().unwrap_or("?")),
+            None,
+        ),
+        "connecting" => stage(
+            "connect",
+            "pending",
+            "mcp_connecting",
+            format!(
+                "connecting (attempt {}){}",
+                c.attempts,
+                c.last_error.as_deref().map(|e| format!("; last error: {e}")).unwrap_or_default()
+            ),
+            None,
+        ),
+        _ if s.row.enabled == 0 => {
+            stage("connect", "pending", "mcp_server_disabled", "waits for the server to be enabled".into(), None)
+        }
+        state => stage(
+            "connect",
+            "blocked",
+            if state == "failed" { "mcp_connect_failed" } else { "mcp_disconnected" },
+            format!("{state}: {}{tail}", c.last_error.as_deref().unwrap_or("not connected yet")),
+            act("POST", format!("{path}/connect"), None),
+        ),
+    });
+    out.push(if s.disclaimer_pending() {
+        stage(
+            "disclaimer",
+            "blocked",
+            "mcp_disclaimer_not_accepted",
+            "the server's disclaimer must be accepted before its tools are used".into(),
+            act("POST", format!("{path}/disclaimer/accept"), None),
+        )
+    } else if s.row.disclaimer.is_some() {
+        stage(
+            "disclaimer",
+            "ok",
+            "accepted",
+            format!("accepted {}", s.row.disclaimer_accepted_at.as_deref().unwrap_or("")),
+            None,
+        )
+    } else {
+        stage("disclaimer", "ok", "none", "the server carries no disclaimer".into(), None)
+    });
+    out
+}
+
+fn discover_stage(s: &ServerState) -> McpStage {
+    let path = format!("/v1/mcp/servers/{}", s.row.id);
+    let ok = s.tools.iter().filter(|t| t.status == "ok").count();
+    let rejected = s.tools.iter().filter(|t| t.status == "rejected").count();
+    match (&s.conn.discovered_at, &s.conn.discovery_error) {
+        (_, Some(e)) => stage(
+            "discover",
+            "blocked",
+            "mcp_discovery_failed",
+            format!("tools/list failed: {e}"),
+            act("POST", format!("{path}/discover"), None),
+        ),
+        (Some(at), None) if ok > 0 => stage(
+            "discover",
+            "ok",
+            "discovered",
+            format!("{ok} tools listed, {rejected} rejected (last listing {at})"),
+            None,
+        ),
+        (Some(_), None) => stage(
+            "discover",
+            "blocked",
+            "mcp_no_tools",
+            format!("the server lists no usable tool ({rejected} rejected)"),
+            act("POST", format!("{path}/discover"), None),
+        ),
+        (None, None) if s.conn.state == "connected" || s.conn.state == "connecting" => {
+            stage("discover", "pending", "mcp_not_discovered", "tools/list has not completed yet".into(), None)
+        }
+        (None, None) => stage("discover", "pending", "mcp_not_connected", "waits for a connection".into(), None),
+    }
+}
+
+/// The stages and tools of a server.
+pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
+    let s = slot.state.read().clone();
+    let mut stages = base(&s);
+    stages.push(discover_stage(&s));
+    let path = format!("/v1/mcp/servers/{}", s.row.id);
+    let usable: Vec<_> = s.tools.iter().filter(|t| t.status == "ok").collect();
+    let accessible = usable.iter().filter(|t| s.access_of(&t.name).0).count();
+    stages.push(if accessible > 0 {
+        stage(
+            "agent_access",
+            "ok",
+            "agent_access_on",
+            format!("{accessible} of {} tools have agent access", usable.len()),
+            None,
+        )
+    } else if usable.is_empty() {
+        stage("agent_access", "pending", "mcp_no_tools", "waits for discovered tools".into(), None)
+    } else {
+        stage(
+            "agent_access",
+            "blocked",
+            "mcp_agent_access_off",
+            "no tool has agent access".into(),
+            act("PUT", format!("{path}/tools/{{tool_name}}/agent-access"), Some(json!({"enabled": true}))),
+        )
+    });
+    let projected = usable.iter().filter(|t| manager.is_projected(&s.row.id, &t.name)).count();
+    let first_blocked = stages.iter().find(|st| st.status != "ok").map(|st| (st.stage, st.code.clone()));
+    stages.push(exposure_stage(&s, projected, first_blocked));
+    stages.push(approval_stage());
+    let tools = s.tools.iter().map(|t| tool_status(manager, &s, &t.name)).collect();
+    ServerView {
+        id: s.row.id.clone(),
+        name: s.row.name.clone(),
+        deployment_wide: s.row.owner_id.is_none(),
+        transport: s.row.transport.clone(),
+        config: parse(Some(&s.row.config)).unwrap_or(Value::Null),
+        enabled: s.row.enabled != 0,
+        disclaimer: s.row.disclaimer.clone(),
+        disclaimer_accepted_at: s.row.disclaimer_accepted_at.clone(),
+        default_agent_access: s.row.default_agent_access != 0,
+        request_timeout_ms: s.row.request_timeout_ms,
+        connection: json!({
+            "state": s.conn.state, "protocol_version": s.conn.protocol_version,
+            "server_info": parse(s.conn.server_info.as_deref()), "capabilities": parse(s.conn.capabilities.as_deref()),
+            "last_error": s.conn.last_error, "stderr_tail": s.conn.stderr_tail, "attempts": s.conn.attempts,
+            "connected_at": s.conn.connected_at, "discovered_at": s.conn.discovered_at, "updated_at": s.conn.updated_at,
+        }),
+        stages,
+        tools,
+        created_at: s.row.created_at.clone(),
+    }
+}
+
+fn exposure_stage(s: &ServerState, projected: usize, first_blocked: Option<(&'static str, String)>) -> McpStage {
+    match (projected, s.conn.state.as_str(), first_blocked) {
+        (n, "connected", _) if n > 0 => stage(
+            "tool_exposure",
+            "ok",
+            "projected",
+            format!("{n} tools are projected, public and available; each turn exposes at most 20 tools, by relevance"),
+            None,
+        ),
+        (n, state, _) if n > 0 => stage(
+            "tool_exposure",
+            "blocked",
+            "mcp_not_connected",
+            format!("{n} tools are projected but unavailable while the server is {state}"),
+            None,
+        ),
+        (_, _, Some((st, code))) => {
+            stage("tool_exposure", "pending", &code, format!("no tool is projected: stage {st} does not hold"), None)
+        }
+        _ => stage("tool_exposure", "pending", "mcp_not_projected", "no tool is projected".into(), None),
+    }
+}
+
+fn approval_stage() -> McpStage {
+    stage(
+        "approval",
+        "pending",
+        "approval_per_call",
+        "every call of an MCP tool waits for its own exact-invocation approval, whatever the server's annotations say"
+            .into(),
+        act(
+            "POST",
+            "/v1/approvals/{approval_id}/grant".into(),
+            Some(json!({"tool_id": "…", "tool_call_id": "…", "input_hash": "…"})),
+        ),
+    )
+}
+
+/// One tool's status and stages (also used for `GET /v1/tools/{id}` of a projected id).
+pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolStatus {
+    let id = projection_id(&s.row.id, name);
+    let row = s.tools.iter().find(|t| t.name == name);
+    let (access, source) = s.access_of(name);
+    let projected = manager.is_projected(&s.row.id, name);
+    let mut stages = base(s);
+    let path = format!("/v1/mcp/servers/{}", s.row.id);
+    stages.push(match row {
+        Some(t) if t.status == "ok" => {
+            stage("discover", "ok", "discovered", format!("listed at {}", t.discovered_at), None)
+        }
+        Some(t) if t.status == "rejected" => stage(
+            "discover",
+            "blocked",
+            "mcp_tool_rejected",
+            format!("rejected: {}", t.rejection.as_deref().unwrap_or("")),
+            act("POST", format!("{path}/discover"), None),
+        ),
+        Some(t) => stage(
+            "discover",
+            "blocked",
+            "mcp_tool_removed",
+            format!("the server no longer lists {name} (gone since {})", t.removed_at.as_deref().unwrap_or("?")),
+            act("POST", format!("{path}/discover"), None),
+        ),
+        None => {
+            let mut d = discover_stage(s);
+            if d.status == "ok" {
+                d = stage(
+                    "discover",
+                    "blocked",
+                    "mcp_tool_not_listed",
+                    format!("the server does not list {name}"),
+                    act("POST", format!("{path}/discover"), None),
+                );
+            }
+            d
+        }
+    });
+    stages.push(if access {
+        stage("agent_access", "ok", "agent_access_on", format!("agent access is on ({source})"), None)
+    } else {
+        stage(
+            "agent_access",
+            "blocked",
+            "mcp_agent_access_off",
+            format!("agent access is off ({source})"),
+            act("PUT", format!("{path}/tools/{name}/agent-access"), Some(json!({"enabled": true}))),
+        )
+    });
+    let first_blocked = stages.iter().find(|st| st.status != "ok").map(|st| (st.stage, st.code.clone()));
+    stages.push(exposure_stage(s, usize::from(projected), first_blocked));
+    stages.push(approval_stage());
+    ToolStatus {
+        name: name.to_owned(),
+        function_name: function_name(&id),
+        tool_id: id,
+        status: row.map_or_else(|| "not_listed".to_owned(), |t| t.status.clone()),
+        rejection: row.and_then(|t| t.rejection.clone()),
+        title: row.and_then(|t| t.title.clone()),
+        description: row.and_then(|t| t.description.clone()),
+        annotations: row.and_then(|t| parse(t.annotations.as_deref())),
+        input_schema: row.and_then(|t| parse(t.input_schema.as_deref())),
+        agent_access: access,
+        agent_access_source: source,
+        projected,
+        stages,
+    }
+}
+
+/// A tool's status for the ladder's `mcp` field.
+pub fn tool_view(manager: &McpManager, slot: &ServerSlot, name: &str) -> ToolStatus {
+    let s = slot.state.read().clone();
+    tool_status(manager, &s, name)
+}
+
+/// Why a projected id is not registered: the first MCP stage that blocks, as a code and a
+/// sentence naming the stage and the unblocking action.
+pub fn why_not_projected(s: &ServerState, tool: &str) -> (String, String) {
+    let id = &s.row.id;
+    if s.row.enabled == 0 {
+        return (
+            "mcp_server_disabled".into(),
+            format!("stage enabled: MCP server {id} is disabled (PATCH /v1/mcp/servers/{id} {{\"enabled\": true}})"),
+        );
+    }
+    if s.disclaimer_pending() {
+        return (
+            "mcp_disclaimer_not_accepted".into(),
+            format!(
+                "stage disclaimer: the disclaimer of MCP server {id} is not accepted (POST /v1/mcp/servers/{id}/disclaimer/accept)"
+            ),
+        );
+    }
+    match s.tools.iter().find(|t| t.name == tool) {
+        None if s.conn.discovered_at.is_none() => {
+            return (
+                "mcp_not_discovered".into(),
+                format!("stage discover: MCP server {id} has not been discovered yet (connection {})", s.conn.state),
+            );
+        }
+        None => {
+            return (
+                "mcp_tool_not_listed".into(),
+                format!("stage discover: MCP server {id} does not list a tool {tool}"),
+            );
+        }
+        Some(t) if t.status == "rejected" => {
+            return (
+                "mcp_tool_rejected".into(),
+                format!("stage discover: tool {tool} was rejected: {}", t.rejection.as_deref().unwrap_or("")),
+            );
+        }
+        Some(t) if t.status == "removed" => {
+            return (
+                "mcp_tool_removed".into(),
+                format!(
+                    "stage discover: MCP server {id} dropped tool {tool} at {}",
+                    t.removed_at.as_deref().unwrap_or("?")
+                ),
+            );
+        }
+        Some(_) => {}
+    }
+    if !s.access_of(tool).0 {
+        return (
+            "mcp_agent_access_off".into(),
+            format!(
+                "stage agent_access: agent access to {tool} is off (PUT /v1/mcp/servers/{id}/tools/{tool}/agent-access {{\"enabled\": true}})"
+            ),
+        );
+    }
+    ("mcp_not_projected".into(), format!("stage tool_exposure: {tool} of MCP server {id} could not be projected"))
+}

@@ -1,0 +1,305 @@
+//! External MCP servers, their connection state, discovered tools and agent-access
+//! switches (migration 0007).
+
+use super::{Store, StoreResult};
+use crate::ids;
+
+/// An installed server (`mcp_servers`).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct McpServerRow {
+    /// `mcp_…`
+    pub id: String,
+    /// Owner; None = deployment-wide.
+    pub owner_id: Option<String>,
+    /// Who installed it.
+    pub installed_by: String,
+    /// Display name.
+    pub name: String,
+    /// `stdio` or `http`.
+    pub transport: String,
+    /// Transport JSON without secret values.
+    pub config: String,
+    /// Sealed secret values (base64), if any.
+    pub secrets: Option<String>,
+    /// Id of the key that sealed `secrets`.
+    pub secrets_key_id: Option<String>,
+    /// Disclaimer text shown before the tools may be used.
+    pub disclaimer: Option<String>,
+    /// RFC 3339, when the disclaimer was accepted.
+    pub disclaimer_accepted_at: Option<String>,
+    /// Who accepted it.
+    pub disclaimer_accepted_by: Option<String>,
+    /// 1 = enabled.
+    pub enabled: i64,
+    /// 1 = tools without their own switch have agent access.
+    pub default_agent_access: i64,
+    /// Timeout of each request to the server, ms.
+    pub request_timeout_ms: i64,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+}
+
+/// The last known connection of a server (`mcp_connections`).
+#[derive(Debug, Clone, Default, sqlx::FromRow)]
+pub struct McpConnectionRow {
+    /// The server.
+    pub server_id: String,
+    /// `connecting|connected|failed|disconnected`.
+    pub state: String,
+    /// Negotiated protocol version.
+    pub protocol_version: Option<String>,
+    /// Server implementation info (JSON).
+    pub server_info: Option<String>,
+    /// Server capabilities (JSON).
+    pub capabilities: Option<String>,
+    /// Last error sentence.
+    pub last_error: Option<String>,
+    /// Tail of a stdio server's stderr.
+    pub stderr_tail: Option<String>,
+    /// Connection attempts since the last success.
+    pub attempts: i64,
+    /// RFC 3339 of the last successful handshake.
+    pub connected_at: Option<String>,
+    /// RFC 3339 of the last successful `tools/list`.
+    pub discovered_at: Option<String>,
+    /// Why the last discovery failed.
+    pub discovery_error: Option<String>,
+    /// RFC 3339.
+    pub updated_at: String,
+}
+
+/// A discovered tool (`mcp_tools`).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct McpToolRow {
+    /// The server.
+    pub server_id: String,
+    /// Tool name as listed.
+    pub name: String,
+    /// `ok|rejected|removed`.
+    pub status: String,
+    /// Why it was rejected.
+    pub rejection: Option<String>,
+    /// Title.
+    pub title: Option<String>,
+    /// Description.
+    pub description: Option<String>,
+    /// inputSchema JSON.
+    pub input_schema: Option<String>,
+    /// outputSchema JSON.
+    pub output_schema: Option<String>,
+    /// annotations JSON.
+    pub annotations: Option<String>,
+    /// RFC 3339 of the listing that last reported it.
+    pub discovered_at: String,
+    /// RFC 3339 of the listing that no longer had it.
+    pub removed_at: Option<String>,
+}
+
+/// An agent-access switch (`mcp_agent_access`).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct McpAccessRow {
+    /// The server.
+    pub server_id: String,
+    /// Tool name.
+    pub tool_name: String,
+    /// 1 = on.
+    pub enabled: i64,
+    /// Who set it.
+    pub updated_by: String,
+    /// RFC 3339.
+    pub updated_at: String,
+}
+
+impl Store {
+    /// Stores a newly installed server with a `disconnected` connection row.
+    pub async fn insert_mcp_server(&self, row: &McpServerRow) -> StoreResult<()> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO mcp_servers (id, owner_id, installed_by, name, transport, config, secrets, secrets_key_id,
+                disclaimer, disclaimer_accepted_at, disclaimer_accepted_by, enabled, default_agent_access,
+                request_timeout_ms, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+        )
+        .bind(&row.id)
+        .bind(&row.owner_id)
+        .bind(&row.installed_by)
+        .bind(&row.name)
+        .bind(&row.transport)
+        .bind(&row.config)
+        .bind(&row.secrets)
+        .bind(&row.secrets_key_id)
+        .bind(&row.disclaimer)
+        .bind(&row.disclaimer_accepted_at)
+        .bind(&row.disclaimer_accepted_by)
+        .bind(row.enabled)
+        .bind(row.default_agent_access)
+        .bind(row.request_timeout_ms)
+        .bind(&row.created_at)
+        .bind(&row.updated_at)
+        .execute(tx.conn())
+        .await?;
+        sqlx::query(
+            "INSERT INTO mcp_connections (server_id, state, attempts, updated_at) VALUES ($1, 'disconnected', 0, $2)",
+        )
+        .bind(&row.id)
+        .bind(&row.created_at)
+        .execute(tx.conn())
+        .await?;
+        tx.commit().await
+    }
+
+    /// Every installed server, oldest first.
+    pub async fn all_mcp_servers(&self) -> StoreResult<Vec<McpServerRow>> {
+        Ok(sqlx::query_as("SELECT * FROM mcp_servers ORDER BY id").fetch_all(self.pool()).await?)
+    }
+
+    /// One server.
+    pub async fn mcp_server(&self, id: &str) -> StoreResult<Option<McpServerRow>> {
+        Ok(sqlx::query_as("SELECT * FROM mcp_servers WHERE id = $1").bind(id).fetch_optional(self.pool()).await?)
+    }
+
+    /// Updates the switches of a server (enabled, default access, timeout, disclaimer
+    /// acceptance) to the values in `row`.
+    pub async fn update_mcp_server(&self, row: &McpServerRow) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE mcp_servers SET enabled = $2, default_agent_access = $3, request_timeout_ms = $4,
+                disclaimer_accepted_at = $5, disclaimer_accepted_by = $6, updated_at = $7 WHERE id = $1",
+        )
+        .bind(&row.id)
+        .bind(row.enabled)
+        .bind(row.default_agent_access)
+        .bind(row.request_timeout_ms)
+        .bind(&row.disclaimer_accepted_at)
+        .bind(&row.disclaimer_accepted_by)
+        .bind(&row.updated_at)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Removes a server with its connection, tools and access switches.
+    pub async fn delete_mcp_server(&self, id: &str) -> StoreResult<()> {
+        let mut tx = self.begin_write().await?;
+        for sql in [
+            "DELETE FROM mcp_agent_access WHERE server_id = $1",
+            "DELETE FROM mcp_tools WHERE server_id = $1",
+            "DELETE FROM mcp_connections WHERE server_id = $1",
+            "DELETE FROM mcp_servers WHERE id = $1",
+        ] {
+            sqlx::query(sql).bind(id).execute(tx.conn()).await?;
+        }
+        tx.commit().await
+    }
+
+    /// The connection row of a server.
+    pub async fn mcp_connection(&self, server_id: &str) -> StoreResult<Option<McpConnectionRow>> {
+        Ok(sqlx::query_as("SELECT * FROM mcp_connections WHERE server_id = $1")
+            .bind(server_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// Stores the connection row (insert or replace).
+    pub async fn save_mcp_connection(&self, c: &McpConnectionRow) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO mcp_connections (server_id, state, protocol_version, server_info, capabilities, last_error,
+                stderr_tail, attempts, connected_at, discovered_at, discovery_error, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             ON CONFLICT (server_id) DO UPDATE SET state = excluded.state,
+                protocol_version = excluded.protocol_version, server_info = excluded.server_info,
+                capabilities = excluded.capabilities, last_error = excluded.last_error,
+                stderr_tail = excluded.stderr_tail, attempts = excluded.attempts,
+                connected_at = excluded.connected_at, discovered_at = excluded.discovered_at,
+                discovery_error = excluded.discovery_error, updated_at = excluded.updated_at",
+        )
+        .bind(&c.server_id)
+        .bind(&c.state)
+        .bind(&c.protocol_version)
+        .bind(&c.server_info)
+        .bind(&c.capabilities)
+        .bind(&c.last_error)
+        .bind(&c.stderr_tail)
+        .bind(c.attempts)
+        .bind(&c.connected_at)
+        .bind(&c.discovered_at)
+        .bind(&c.discovery_error)
+        .bind(ids::now())
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The tools recorded for a server, by name.
+    pub async fn mcp_tools(&self, server_id: &str) -> StoreResult<Vec<McpToolRow>> {
+        Ok(sqlx::query_as("SELECT * FROM mcp_tools WHERE server_id = $1 ORDER BY name")
+            .bind(server_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// Replaces a server's tool list with a new listing in one transaction: listed tools
+    /// are upserted, earlier tools missing from it become `removed`.
+    pub async fn replace_mcp_tools(&self, server_id: &str, listed: &[McpToolRow]) -> StoreResult<()> {
+        let now = ids::now();
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "UPDATE mcp_tools SET status = 'removed', removed_at = $2 WHERE server_id = $1 AND status <> 'removed'",
+        )
+        .bind(server_id)
+        .bind(&now)
+        .execute(tx.conn())
+        .await?;
+        for t in listed {
+            sqlx::query(
+                "INSERT INTO mcp_tools (server_id, name, status, rejection, title, description, input_schema,
+                    output_schema, annotations, discovered_at, removed_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL)
+                 ON CONFLICT (server_id, name) DO UPDATE SET status = excluded.status, rejection = excluded.rejection,
+                    title = excluded.title, description = excluded.description, input_schema = excluded.input_schema,
+                    output_schema = excluded.output_schema, annotations = excluded.annotations,
+                    discovered_at = excluded.discovered_at, removed_at = NULL",
+            )
+            .bind(server_id)
+            .bind(&t.name)
+            .bind(&t.status)
+            .bind(&t.rejection)
+            .bind(&t.title)
+            .bind(&t.description)
+            .bind(&t.input_schema)
+            .bind(&t.output_schema)
+            .bind(&t.annotations)
+            .bind(&t.discovered_at)
+            .execute(tx.conn())
+            .await?;
+        }
+        tx.commit().await
+    }
+
+    /// The agent-access switches of a server.
+    pub async fn mcp_access(&self, server_id: &str) -> StoreResult<Vec<McpAccessRow>> {
+        Ok(sqlx::query_as("SELECT * FROM mcp_agent_access WHERE server_id = $1 ORDER BY tool_name")
+            .bind(server_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// Sets one tool's agent-access switch.
+    pub async fn set_mcp_access(&self, server_id: &str, tool: &str, enabled: bool, by: &str) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO mcp_agent_access (server_id, tool_name, enabled, updated_by, updated_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (server_id, tool_name) DO UPDATE SET enabled = excluded.enabled,
+                updated_by = excluded.updated_by, updated_at = excluded.updated_at",
+        )
+        .bind(server_id)
+        .bind(tool)
+        .bind(i64::from(enabled))
+        .bind(by)
+        .bind(ids::now())
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+}

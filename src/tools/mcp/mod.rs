@@ -1,0 +1,121 @@
+//! External MCP projections: each discovered tool with agent access becomes a registry
+//! entry `mcp:<serverId>:tool:<toolName>` ([`McpTool`]). The MCP client itself (connections,
+//! discovery, calls) is [`crate::mcp`]; this module is only the `Tool` face of it.
+
+use std::sync::Weak;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use crate::availability::{Availability, AvailabilityContext};
+use crate::mcp::{McpManager, ServerState, projection_id};
+use crate::registry::{
+    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
+};
+use crate::store::McpToolRow;
+
+/// A projected MCP tool.
+pub struct McpTool {
+    spec: ToolSpec,
+    server_id: String,
+    server_name: String,
+    tool: String,
+    annotations: Value,
+    manager: Weak<McpManager>,
+}
+
+impl McpTool {
+    /// The projection of discovered tool `t` of the server in `state`.
+    pub fn new(state: &ServerState, t: &McpToolRow, manager: Weak<McpManager>) -> Result<Self, String> {
+        let input_schema: Value =
+            serde_json::from_str(t.input_schema.as_deref().unwrap_or("null")).map_err(|e| e.to_string())?;
+        let annotations: Value =
+            t.annotations.as_deref().and_then(|a| serde_json::from_str(a).ok()).unwrap_or(Value::Null);
+        let title = t.title.clone().unwrap_or_else(|| t.name.clone());
+        let spec = ToolSpec {
+            id: projection_id(&state.row.id, &t.name),
+            kind: ToolKind::McpProjection,
+            domain: "mcp".into(),
+            title: format!("{title} ({})", state.row.name),
+            description: t
+                .description
+                .clone()
+                .unwrap_or_else(|| format!("{} from MCP server {}", t.name, state.row.name)),
+            input_schema,
+            requires_approval: true,
+            capability: None,
+            replacement: None,
+            owner: state.row.owner_id.clone(),
+        };
+        Ok(Self {
+            spec,
+            server_id: state.row.id.clone(),
+            server_name: state.row.name.clone(),
+            tool: t.name.clone(),
+            annotations,
+            manager,
+        })
+    }
+
+    /// A hash of everything the projection shows, to notice a changed definition.
+    pub fn fingerprint(&self) -> String {
+        let doc =
+            json!([self.spec.title, self.spec.description, self.spec.input_schema, self.annotations, self.spec.owner]);
+        crate::evidence::sha256_hex(doc.to_string().as_bytes())
+    }
+}
+
+#[async_trait]
+impl Tool for McpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn availability(&self, _ctx: &AvailabilityContext) -> Availability {
+        let Some(manager) = self.manager.upgrade() else {
+            return Availability::unavailable("mcp_stopped", "the MCP client is stopped");
+        };
+        let Some(slot) = manager.slot(&self.server_id) else {
+            return Availability::unavailable(
+                "mcp_server_not_installed",
+                format!("MCP server {} is gone", self.server_id),
+            );
+        };
+        if slot.live.lock().is_some() {
+            return Availability::Available;
+        }
+        let s = slot.state.read();
+        Availability::unavailable(
+            "mcp_not_connected",
+            format!(
+                "stage connect: MCP server {} is {}{} (POST /v1/mcp/servers/{}/connect)",
+                self.server_id,
+                s.conn.state,
+                s.conn.last_error.as_deref().map(|e| format!(": {e}")).unwrap_or_default(),
+                self.server_id
+            ),
+        )
+    }
+
+    async fn prepare(&self, input: Value, _ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        if !input.is_object() {
+            return Err(ToolError::new(ErrorClass::BadInput, "invalid_input", "MCP tool arguments are a JSON object"));
+        }
+        let preview = json!({
+            "mcp_server_id": self.server_id,
+            "mcp_server": self.server_name,
+            "mcp_tool": self.tool,
+            "annotations": self.annotations,
+            "note": "annotations are the server's own hints; every MCP call needs approval regardless",
+        });
+        Ok(Prepared { input, preview })
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let manager = self
+            .manager
+            .upgrade()
+            .ok_or_else(|| ToolError::new(ErrorClass::Unavailable, "mcp_stopped", "the MCP client is stopped"))?;
+        manager.call(&self.server_id, &self.tool, input, ctx).await
+    }
+}

@@ -1,0 +1,532 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! External MCP over HTTP against real MCP servers on stdio and Streamable HTTP: the six
+//! stages, projections and the ladder, approval of every call, results, and the failure
+//! modes of issue 7. The servers are installed by `scripts/setup-mcp.sh` (npm and PyPI) and
+//! the project's own servers in `tests/mcp/`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Backend, TestApp, spawn};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+fn env_path(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set: run `eval \"$(scripts/setup-mcp.sh)\"` first"))
+}
+
+fn python() -> String {
+    env_path("MIRA_MCP_PYTHON")
+}
+
+fn server_script(name: &str) -> String {
+    format!("{}/tests/mcp/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fault(extra: &[&str]) -> Value {
+    let mut args = vec![Value::String(server_script("fault_server.py"))];
+    args.extend(extra.iter().map(|a| Value::String((*a).to_owned())));
+    json!({"stdio": {"command": python(), "args": args}})
+}
+
+async fn install(t: &TestApp, token: &str, body: Value) -> String {
+    let r = t.post("/v1/mcp/servers", token, body).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    r.body["id"].as_str().unwrap().to_owned()
+}
+
+async fn server(t: &TestApp, token: &str, id: &str) -> Value {
+    let r = t.get(&format!("/v1/mcp/servers/{id}"), token).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    r.body
+}
+
+fn stage<'a>(view: &'a Value, name: &str) -> &'a Value {
+    view["stages"].as_array().unwrap().iter().find(|s| s["stage"] == name).unwrap()
+}
+
+/// Polls the server view until `pred` holds (20 s at most).
+async fn wait_for(t: &TestApp, token: &str, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..400 {
+        let v = server(t, token, id).await;
+        if pred(&v) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not happen: {:#}", server(t, token, id).await);
+}
+
+fn connected(v: &Value) -> bool {
+    v["connection"]["state"] == "connected" && v["connection"]["discovered_at"].is_string()
+}
+
+async fn access(t: &TestApp, token: &str, id: &str, tool: &str, on: bool) {
+    let r = t
+        .request(
+            reqwest::Method::PUT,
+            &format!("/v1/mcp/servers/{id}/tools/{tool}/agent-access"),
+            Some(token),
+            Some(json!({"enabled": on})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+}
+
+/// Freezes a call, grants its approval with the exact triple and waits for the result.
+async fn call_approved(
+    t: &TestApp,
+    token: &str,
+    run: &str,
+    turn: &str,
+    tool: &str,
+    call_id: &str,
+    input: Value,
+) -> Value {
+    let r = t.call(token, run, turn, tool, call_id, input).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+    let approval = r.body["approval_id"].as_str().unwrap();
+    let g = t
+        .post(
+            &format!("/v1/approvals/{approval}/grant"),
+            token,
+            json!({"tool_id": r.body["tool_id"], "tool_call_id": call_id, "input_hash": r.body["input_hash"]}),
+        )
+        .await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    wait_final_long(t, token, r.body["invocation_id"].as_str().unwrap()).await
+}
+
+async fn wait_final_long(t: &TestApp, token: &str, invocation: &str) -> Value {
+    for _ in 0..600 {
+        let r = t.get(&format!("/v1/invocations/{invocation}"), token).await;
+        if !matches!(r.body["status"].as_str().unwrap_or(""), "queued" | "running" | "awaiting_approval") {
+            return r.body;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("invocation {invocation} did not finish");
+}
+
+fn ladder_code(v: &Value) -> (&str, &str) {
+    (v["state"].as_str().unwrap(), v["reason"]["code"].as_str().unwrap_or(""))
+}
+
+async fn six_stages_end_to_end(backend: Backend) {
+    let t = spawn(backend).await;
+    let alice = t.user("alice").await;
+    let id = install(
+        &t,
+        &alice,
+        json!({"name": "faults", "transport": fault(&["--page-size", "4"]), "disclaimer": "This server is a test double.",
+               "request_timeout_ms": 5000}),
+    )
+    .await;
+    let v = wait_for(&t, &alice, &id, "connect + discover", connected).await;
+    assert_eq!(stage(&v, "install")["status"], "ok");
+    assert_eq!(stage(&v, "connect")["status"], "ok");
+    assert_eq!(v["connection"]["protocol_version"], "2025-11-25");
+    assert_eq!(v["connection"]["server_info"]["name"], "fault-server");
+    assert_eq!(stage(&v, "disclaimer")["status"], "blocked");
+    assert_eq!(stage(&v, "disclaimer")["action"]["path"], format!("/v1/mcp/servers/{id}/disclaimer/accept"));
+    assert_eq!(stage(&v, "agent_access")["status"], "blocked");
+    assert_eq!(stage(&v, "approval")["status"], "pending");
+    // Pagination (page size 4) reached every tool; the three malformed ones are rejected with reasons.
+    let tools = v["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 13, "{tools:#?}");
+    let rejected: Vec<(&str, &str)> = tools
+        .iter()
+        .filter(|t| t["status"] == "rejected")
+        .map(|t| (t["name"].as_str().unwrap(), t["rejection"].as_str().unwrap()))
+        .collect();
+    assert_eq!(rejected.len(), 3, "{rejected:?}");
+    assert!(rejected.iter().any(|(n, r)| *n == "broken_no_schema" && r.starts_with("missing_input_schema")));
+    assert!(rejected.iter().any(|(n, r)| *n == "bad name!" && r.starts_with("invalid_name")));
+    assert!(rejected.iter().any(|(n, r)| *n == "broken_schema_type" && r.starts_with("invalid_input_schema")));
+
+    let echo = format!("mcp:{id}:tool:echo");
+    let ladder = t.get(&format!("/v1/tools/{echo}"), &alice).await.body;
+    assert_eq!(ladder_code(&ladder), ("not_registered", "mcp_disclaimer_not_accepted"), "{ladder:#}");
+    // Another user sees nothing of it.
+    let bob = t.user("bob").await;
+    assert_eq!(t.get(&format!("/v1/mcp/servers/{id}"), &bob).await.status, StatusCode::NOT_FOUND);
+    let ladder = t.get(&format!("/v1/tools/{echo}"), &bob).await.body;
+    assert_eq!(ladder_code(&ladder), ("not_registered", "mcp_server_not_installed"));
+
+    let r = t.post(&format!("/v1/mcp/servers/{id}/disclaimer/accept"), &alice, json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let ladder = t.get(&format!("/v1/tools/{echo}"), &alice).await.body;
+    assert_eq!(ladder_code(&ladder), ("not_registered", "mcp_agent_access_off"));
+    let rejected_ladder = t.get(&format!("/v1/tools/mcp:{id}:tool:broken_no_schema"), &alice).await.body;
+    assert_eq!(ladder_code(&rejected_ladder), ("not_registered", "mcp_tool_rejected"));
+
+    access(&t, &alice, &id, "echo", true).await;
+    access(&t, &alice, &id, "image", true).await;
+    let ladder = t.get(&format!("/v1/tools/{echo}"), &alice).await.body;
+    assert_eq!(ladder["state"], "available", "{ladder:#}");
+    assert_eq!(ladder["kind"], "mcp_projection");
+    assert_eq!(ladder["requires_approval"], true);
+    assert_eq!(ladder["mcp"]["agent_access"], true);
+    assert_eq!(ladder["mcp"]["annotations"]["readOnlyHint"], true);
+    let v = server(&t, &alice, &id).await;
+    assert_eq!(stage(&v, "tool_exposure")["status"], "ok", "{v:#}");
+
+    let run = t.run(&alice).await;
+    let (turn, exposure) = t.turn(&alice, &run, "echo some text").await;
+    let exposed = exposure["tools"].as_array().unwrap().iter().find(|x| x["id"] == echo).expect("echo exposed").clone();
+    let fname = exposed["function_name"].as_str().unwrap().to_owned();
+    assert!(fname.len() <= 64 && fname.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{fname}");
+    // The input is validated against the inputSchema before freezing.
+    let bad = t.call(&alice, &run, &turn, &fname, "c0", json!({"text": 5})).await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}");
+    // readOnlyHint does not lower the bar: the call waits for approval, annotations shown.
+    let r = t.call(&alice, &run, &turn, &fname, "c1", json!({"text": "hello mcp"})).await;
+    assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+    let pending = t.get("/v1/approvals?status=pending", &alice).await.body;
+    assert!(pending.to_string().contains("readOnlyHint"), "{pending}");
+    let approval = r.body["approval_id"].as_str().unwrap();
+    t.post(
+        &format!("/v1/approvals/{approval}/grant"),
+        &alice,
+        json!({"tool_id": echo, "tool_call_id": "c1", "input_hash": r.body["input_hash"]}),
+    )
+    .await;
+    let done = wait_final_long(&t, &alice, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(done["result"]["output"]["content"][0]["text"], "hello mcp");
+    let ev = t.get(&format!("/v1/evidence/{}", done["evidence_ids"][0].as_str().unwrap()), &alice).await.body;
+    assert_eq!(ev["kind"], "mcp_result");
+    assert_eq!(ev["provenance"]["server_id"], id.as_str());
+    assert_eq!(ev["provenance"]["tool"], "echo");
+    assert_eq!(ev["provenance"]["protocol_version"], "2025-11-25");
+    assert_eq!(ev["content_sha256"], done["result"]["output"]["content_sha256"]);
+
+    // Text, image, resource blocks and structuredContent are kept.
+    let done = call_approved(&t, &alice, &run, &turn, &format!("mcp:{id}:tool:image"), "c2", json!({})).await;
+    let out = &done["result"]["output"];
+    assert_eq!(out["content"][1]["type"], "image");
+    assert_eq!(out["content"][2]["resource"]["text"], "dot");
+    assert_eq!(out["structured_content"]["color"], "red");
+
+    // Disable: the projection disappears and the ladder names the stage; access survives.
+    let r = t
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/v1/mcp/servers/{id}"),
+            Some(&alice),
+            Some(json!({"enabled": false})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let ladder = t.get(&format!("/v1/tools/{echo}"), &alice).await.body;
+    assert_eq!(ladder_code(&ladder), ("not_registered", "mcp_server_disabled"));
+    let again = t.call(&alice, &run, &turn, &echo, "c3", json!({"text": "x"})).await;
+    assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "not_registered"), "{again:?}");
+    wait_for(&t, &alice, &id, "disconnect", |v| v["connection"]["state"] == "disconnected").await;
+    t.request(reqwest::Method::PATCH, &format!("/v1/mcp/servers/{id}"), Some(&alice), Some(json!({"enabled": true})))
+        .await;
+    let v = wait_for(&t, &alice, &id, "reconnect", |v| v["connection"]["state"] == "connected").await;
+    assert_eq!(v["tools"].as_array().unwrap().iter().find(|x| x["name"] == "echo").unwrap()["agent_access"], true);
+    let ladder = t.get(&format!("/v1/tools/{echo}"), &alice).await.body;
+    assert_eq!(ladder["state"], "available", "{ladder:#}");
+
+    // Remove: gone from the registry, the ladder says why.
+    let r = t.request(reqwest::Method::DELETE, &format!("/v1/mcp/servers/{id}"), Some(&alice), None).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{r:?}");
+    let ladder = t.get(&format!("/v1/tools/{echo}"), &alice).await.body;
+    assert_eq!(ladder_code(&ladder), ("not_registered", "mcp_server_not_installed"));
+}
+
+async fn crash_at_start_shows_stderr_and_blocks_no_one(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = t.user("carol").await;
+    let bad = install(&t, &token, json!({"name": "broken", "transport": fault(&["--crash-at-start"])})).await;
+    let good = install(&t, &token, json!({"name": "good", "transport": fault(&[])})).await;
+    wait_for(&t, &token, &good, "good server connects", connected).await;
+    let v = wait_for(&t, &token, &bad, "crash recorded", |v| v["connection"]["state"] == "failed").await;
+    let connect = stage(&v, "connect");
+    assert_eq!(connect["status"], "blocked");
+    assert!(v["connection"]["stderr_tail"].as_str().unwrap().contains("cannot open configuration"), "{v:#}");
+    assert!(connect["reason"].as_str().unwrap().contains("cannot open configuration"), "{connect}");
+    assert_eq!(connect["action"]["path"], format!("/v1/mcp/servers/{bad}/connect"));
+}
+
+both_backends!(six_stages_end_to_end);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_at_start() {
+    crash_at_start_shows_stderr_and_blocks_no_one(Backend::Sqlite).await;
+}
+
+/// Installs the fault server with agent access on by default and returns (app, token,
+/// server id, run, turn).
+async fn fault_app(extra: &[&str], timeout_ms: i64) -> (TestApp, String, String, String, String) {
+    let t = spawn(Backend::Sqlite).await;
+    let token = t.user("dora").await;
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "faults", "transport": fault(extra), "default_agent_access": true, "request_timeout_ms": timeout_ms}),
+    )
+    .await;
+    wait_for(&t, &token, &id, "connect", connected).await;
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "anything").await;
+    (t, token, id, run, turn)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_mid_call_fails_the_call_and_reconnects() {
+    let (t, token, id, run, turn) = fault_app(&[], 5000).await;
+    let done = call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:crash"), "c1", json!({})).await;
+    assert_eq!(done["status"], "failed", "{done:#}");
+    assert_eq!(done["result"]["error"]["code"], "mcp_connection_lost", "{done:#}");
+    // The supervisor reconnects with backoff, re-discovers, and the next call works.
+    wait_for(&t, &token, &id, "reconnect", |v| v["connection"]["state"] == "connected").await;
+    let (turn, _) = t.turn(&token, &run, "echo").await;
+    let done =
+        call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:echo"), "c2", json!({"text": "back"})).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hang_times_out_and_cancellation_reaches_the_server() {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let log_path = log.path().to_str().unwrap().to_owned();
+    let (t, token, id, run, turn) = fault_app(&["--log", &log_path], 1000).await;
+    let done = call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:hang"), "c1", json!({})).await;
+    assert_eq!(done["result"]["error"]["code"], "mcp_timeout", "{done:#}");
+    // A cancelled invocation sends notifications/cancelled too.
+    let id2 = install(
+        &t,
+        &token,
+        json!({"name": "slow", "transport": fault(&["--log", &log_path]), "default_agent_access": true,
+        "request_timeout_ms": 60000}),
+    )
+    .await;
+    wait_for(&t, &token, &id2, "connect", connected).await;
+    let (turn, _) = t.turn(&token, &run, "hang").await;
+    let tool = format!("mcp:{id2}:tool:hang");
+    let r = t.call(&token, &run, &turn, &tool, "c2", json!({})).await;
+    let inv = r.body["invocation_id"].as_str().unwrap().to_owned();
+    t.post(
+        &format!("/v1/approvals/{}/grant", r.body["approval_id"].as_str().unwrap()),
+        &token,
+        json!({"tool_id": tool, "tool_call_id": "c2", "input_hash": r.body["input_hash"]}),
+    )
+    .await;
+    for _ in 0..100 {
+        if std::fs::read_to_string(&log_path).unwrap().matches("hanging").count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let c = t.post(&format!("/v1/invocations/{inv}/cancel"), &token, json!({})).await;
+    assert_eq!(c.status, StatusCode::OK, "{c:?}");
+    let done = wait_final_long(&t, &token, &inv).await;
+    assert_eq!(done["status"], "cancelled", "{done:#}");
+    let mut cancels = 0;
+    for _ in 0..100 {
+        cancels = std::fs::read_to_string(&log_path).unwrap().matches("notifications/cancelled").count();
+        if cancels >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cancels, 2, "{}", std::fs::read_to_string(&log_path).unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_errors_progress_and_bad_bytes() {
+    let (t, token, id, run, turn) = fault_app(&[], 30000).await;
+    let tool = |n: &str| format!("mcp:{id}:tool:{n}");
+    // isError → failed invocation with the server's text.
+    let done = call_approved(&t, &token, &run, &turn, &tool("fail"), "c1", json!({})).await;
+    assert_eq!(done["status"], "failed");
+    assert_eq!(done["result"]["error"]["code"], "mcp_tool_error");
+    assert_eq!(done["result"]["error"]["message"], "quota exceeded for key k-42");
+    // Invalid UTF-8 is replaced and flagged.
+    let done = call_approved(&t, &token, &run, &turn, &tool("badutf8"), "c2", json!({})).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(done["result"]["output"]["utf8_replaced"], true);
+    assert_eq!(done["result"]["output"]["content"][0]["text"], "caf\u{fffd} \u{fffd}\u{fffd} ok");
+    // A 50 MB result is kept up to the cap, with a marker and the hash of the whole.
+    let done = call_approved(&t, &token, &run, &turn, &tool("big"), "c3", json!({"megabytes": 50})).await;
+    let out = &done["result"]["output"];
+    assert_eq!(out["truncated"], true, "{}", crate::short(&done));
+    assert!(out["truncation_marker"].as_str().unwrap().contains("truncated"));
+    assert_eq!(out["content"][0]["text"].as_str().unwrap().len(), 1024 * 1024);
+    assert!(out["bytes"].as_u64().unwrap() > 50 * 1024 * 1024);
+    // Progress notifications become run events.
+    let done = call_approved(&t, &token, &run, &turn, &tool("progress"), "c4", json!({})).await;
+    assert_eq!(done["status"], "completed");
+    let resp = t.client.get(format!("{}/v1/runs/{run}/events", t.base)).bearer_auth(&token).send().await.unwrap();
+    let events = common::read_sse(resp, 200, Duration::from_secs(3)).await;
+    let progress: Vec<&Value> =
+        events.iter().filter(|(_, k, _)| k == "execution.progress").map(|(_, _, d)| d).collect();
+    assert_eq!(progress.len(), 3, "{events:?}");
+    assert_eq!(progress[2]["message"], "step 3");
+    assert_eq!(progress[0]["invocation_id"], done["invocation_id"]);
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    s.chars().take(2000).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_of_hundreds_of_megabytes_is_dropped_without_exhausting_memory() {
+    let (t, token, id, run, turn) = fault_app(&[], 60000).await;
+    let done =
+        call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:huge_line"), "c1", json!({"megabytes": 400}))
+            .await;
+    assert_eq!(done["status"], "failed", "{}", short(&done));
+    assert_eq!(done["result"]["error"]["code"], "mcp_message_too_large", "{}", short(&done));
+    // The limit is 128 MiB, so the peak resident set stays far below the line's 400 MB.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hwm_kb: u64 =
+        status.lines().find(|l| l.starts_with("VmHWM")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(hwm_kb < 380 * 1024, "peak RSS {hwm_kb} kB");
+    // The connection survived.
+    let (turn, _) = t.turn(&token, &run, "echo").await;
+    let done =
+        call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:echo"), "c2", json!({"text": "alive"})).await;
+    assert_eq!(done["status"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_changed_rediscovers_and_a_tool_removed_after_exposure_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let drop_file = dir.path().join("drop");
+    let (t, token, id, run, turn) = fault_app(&["--drop-file", drop_file.to_str().unwrap()], 5000).await;
+    let tool = format!("mcp:{id}:tool:remove_me");
+    let r = t.call(&token, &run, &turn, &tool, "c1", json!({})).await;
+    assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+    std::fs::write(&drop_file, "").unwrap();
+    wait_for(&t, &token, &id, "re-discovery after list_changed", |v| {
+        v["tools"].as_array().unwrap().iter().any(|x| x["name"] == "remove_me" && x["status"] == "removed")
+    })
+    .await;
+    let ladder = t.get(&format!("/v1/tools/{tool}"), &token).await.body;
+    assert_eq!(ladder_code(&ladder), ("not_registered", "mcp_tool_removed"), "{ladder:#}");
+    let g = t
+        .post(
+            &format!("/v1/approvals/{}/grant", r.body["approval_id"].as_str().unwrap()),
+            &token,
+            json!({"tool_id": tool, "tool_call_id": "c1", "input_hash": r.body["input_hash"]}),
+        )
+        .await;
+    assert_eq!(g.status, StatusCode::OK);
+    let done = wait_final_long(&t, &token, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "failed");
+    assert_eq!(done["result"]["error"]["code"], "tool_gone", "{done:#}");
+}
+
+fn sdk_server(count: &str, label: Option<&str>) -> Value {
+    let mut args = vec![json!(server_script("many_tools.py")), json!(count)];
+    if let Some(l) = label {
+        args.push(json!(l));
+    }
+    json!({"stdio": {"command": python(), "args": args}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_offering_search_never_collide() {
+    let t = spawn(Backend::Sqlite).await;
+    let token = t.user("erin").await;
+    let a = install(
+        &t,
+        &token,
+        json!({"name": "alpha", "transport": sdk_server("0", Some("alpha")), "default_agent_access": true}),
+    )
+    .await;
+    let b = install(
+        &t,
+        &token,
+        json!({"name": "beta", "transport": sdk_server("0", Some("beta")), "default_agent_access": true}),
+    )
+    .await;
+    wait_for(&t, &token, &a, "alpha", connected).await;
+    wait_for(&t, &token, &b, "beta", connected).await;
+    let run = t.run(&token).await;
+    let (turn, exposure) = t.turn(&token, &run, "search").await;
+    let names: Vec<&str> = exposure["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["kind"] == "mcp_projection")
+        .map(|x| x["function_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{exposure:#}");
+    assert_ne!(names[0], names[1]);
+    for (i, (fname, label)) in names
+        .iter()
+        .zip(if names[0].contains(&a[..20].replace(':', "_")) { ["alpha", "beta"] } else { ["beta", "alpha"] })
+        .enumerate()
+    {
+        let done = call_approved(&t, &token, &run, &turn, fname, &format!("s{i}"), json!({"query": "rust"})).await;
+        assert_eq!(done["status"], "completed", "{done:#}");
+        let text = done["result"]["output"]["content"][0]["text"].as_str().unwrap();
+        assert!(text.starts_with(label), "{text} via {fname}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_real_tools_are_ranked() {
+    let t = spawn(Backend::Sqlite).await;
+    let token = t.user("fay").await;
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "many", "transport": sdk_server("300", None), "default_agent_access": true}),
+    )
+    .await;
+    let v = wait_for(&t, &token, &id, "300 tools", connected).await;
+    assert_eq!(v["tools"].as_array().unwrap().len(), 300);
+    let run = t.run(&token).await;
+    let (_, exposure) = t.turn(&token, &run, "archive an old shipment record").await;
+    assert_eq!(exposure["strategy"], "ranked_lexical");
+    assert_eq!(exposure["candidate_count"], 303);
+    let tools = exposure["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 20);
+    assert!(tools[0]["id"].as_str().unwrap().ends_with(":tool:shipment_archive_0"), "{:#}", tools[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_are_sealed_and_never_echoed_and_deployment_wide_servers_are_admin_managed() {
+    let t = spawn(Backend::Sqlite).await;
+    let user = t.user("gus").await;
+    // SAFETY: set once before the server reads it; no other thread reads this variable.
+    unsafe { std::env::set_var("MIRA_TEST_FROM_ENV", "from-the-environment") };
+    let id = install(
+        &t,
+        &t.admin_token,
+        json!({"name": "shared", "deployment_wide": true, "transport": {"stdio": {"command": python(),
+            "args": [server_script("fault_server.py")],
+            "env": {"API_KEY": "sk-very-secret-42", "OTHER": {"from_env": "MIRA_TEST_FROM_ENV"}}}}}),
+    )
+    .await;
+    let v = server(&t, &user, &id).await;
+    assert!(!v.to_string().contains("sk-very-secret-42"), "{v}");
+    assert_eq!(v["config"]["stdio"]["env"]["API_KEY"]["source"], "encrypted");
+    assert_eq!(v["config"]["stdio"]["env"]["OTHER"]["from_env"], "MIRA_TEST_FROM_ENV");
+    assert_eq!(v["deployment_wide"], true);
+    let row: (String, String) =
+        sqlx::query_as(sqlx::AssertSqlSafe("SELECT config, secrets FROM mcp_servers".to_owned()))
+            .fetch_one(&sqlx::SqlitePool::connect(&t.db.url).await.unwrap())
+            .await
+            .unwrap();
+    assert!(!row.0.contains("sk-very-secret") && !row.1.contains("sk-very-secret"));
+    wait_for(&t, &user, &id, "connect", connected).await;
+    let r = t
+        .request(reqwest::Method::PATCH, &format!("/v1/mcp/servers/{id}"), Some(&user), Some(json!({"enabled": false})))
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{r:?}");
+    let r =
+        t.post("/v1/mcp/servers", &user, json!({"name": "x", "deployment_wide": true, "transport": fault(&[])})).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    let r = t.post("/v1/mcp/servers", &user, json!({"name": "x", "transport": {"http": {"url": "ftp://x"}}})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_request"));
+}
