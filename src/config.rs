@@ -33,6 +33,10 @@ pub struct ServeConfig {
     /// Tool executions running at once on this server.
     #[arg(long, env = "MIRA_EXECUTION_CONCURRENCY", default_value_t = 16)]
     pub execution_concurrency: usize,
+    /// Commands non-admin users may launch as stdio MCP servers (comma-separated; `*` = any).
+    /// Default: none — only admins install stdio servers, which run on this host.
+    #[arg(long, env = "MIRA_MCP_STDIO_ALLOW", value_delimiter = ',')]
+    pub mcp_stdio_allow: Vec<String>,
     /// Log format: `text` or `json`.
     #[arg(long, env = "MIRA_LOG_FORMAT", default_value = "text")]
     pub log_format: String,

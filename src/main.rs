@@ -88,6 +88,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             execution_timeout_secs: cfg.execution_timeout_secs,
             execution_concurrency: cfg.execution_concurrency,
             workspace_roots: cfg.workspace_roots.clone(),
+            mcp: mira::mcp::McpSettings { stdio_allow: cfg.mcp_stdio_allow.clone(), ..Default::default() },
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,

@@ -495,6 +495,35 @@ async fn three_hundred_real_tools_are_ranked() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_servers_are_admin_only_unless_the_deployment_allows_the_command() {
+    let mut options = common::Options::default();
+    options.runtime.mcp.stdio_allow = vec!["allowed-server".into()];
+    let t = common::spawn_with(Backend::Sqlite, options).await;
+    let user = t.user("ivy").await;
+    let r = t.post("/v1/mcp/servers", &user, json!({"name": "mine", "transport": fault(&[])})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "forbidden"), "{r:?}");
+    let r = t
+        .post(
+            "/v1/mcp/servers",
+            &user,
+            json!({"name": "ok", "transport": {"stdio": {"command": "/opt/bin/allowed-server"}}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let r = t.post("/v1/mcp/servers", &t.admin_token, json!({"name": "admins", "transport": fault(&[])})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    // HTTP servers run elsewhere: any user may install one.
+    let r = t
+        .post(
+            "/v1/mcp/servers",
+            &user,
+            json!({"name": "remote", "transport": {"http": {"url": "http://127.0.0.1:9/mcp"}}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_are_sealed_and_never_echoed_and_deployment_wide_servers_are_admin_managed() {
     let t = spawn(Backend::Sqlite).await;
     let user = t.user("gus").await;

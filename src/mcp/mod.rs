@@ -65,6 +65,18 @@ pub struct McpSettings {
     pub backoff_min: Duration,
     /// Longest reconnect delay.
     pub backoff_max: Duration,
+    /// Commands non-admin users may launch as stdio MCP servers (matched against the command
+    /// as given and its file name; `*` allows any). A stdio server is a process on the server
+    /// host, so by default (empty) only admins may install one.
+    pub stdio_allow: Vec<String>,
+}
+
+impl McpSettings {
+    /// Whether a non-admin may install a stdio server running `command`.
+    pub fn user_may_launch(&self, command: &str) -> bool {
+        let name = std::path::Path::new(command).file_name().and_then(|n| n.to_str()).unwrap_or(command);
+        self.stdio_allow.iter().any(|a| a == "*" || a == command || a == name)
+    }
 }
 
 impl Default for McpSettings {
@@ -76,6 +88,7 @@ impl Default for McpSettings {
             health_interval: Duration::from_secs(30),
             backoff_min: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
+            stdio_allow: Vec::new(),
         }
     }
 }
@@ -315,6 +328,15 @@ impl McpManager {
             ));
         }
         validate_timeout(req.request_timeout_ms)?;
+        if let config::TransportInput::Stdio(s) = &req.transport {
+            if !is_admin && !self.settings.user_may_launch(&s.command) {
+                return Err(Error::Forbidden(format!(
+                    "a stdio MCP server runs `{}` on the server host; only admins may install it unless the \
+                     deployment allows that command (--mcp-stdio-allow / MIRA_MCP_STDIO_ALLOW)",
+                    s.command
+                )));
+            }
+        }
         let id = crate::ids::new_id("mcp");
         let sealed = config::seal(&req.transport, &self.secrets, &id)?;
         let now = crate::ids::now();

@@ -110,8 +110,11 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
+        // Tests install their stdio MCP servers as ordinary users; the deployment default
+        // (admins only) has its own test in tests/mcp.rs.
+        let mcp = mira::mcp::McpSettings { stdio_allow: vec!["*".into()], ..Default::default() };
         Options {
-            runtime: RuntimeConfig { execution_concurrency: 4, ..RuntimeConfig::default() },
+            runtime: RuntimeConfig { execution_concurrency: 4, mcp, ..RuntimeConfig::default() },
             body_limit: 1024 * 1024,
         }
     }
