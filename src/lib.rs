@@ -14,6 +14,7 @@ pub mod auth;
 pub mod availability;
 pub mod bench;
 pub mod config;
+pub mod embedding;
 pub mod error;
 pub mod events;
 pub mod evidence;

@@ -1,5 +1,6 @@
 //! `mira`: serve the runtime, migrate its store, create users.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -43,6 +44,48 @@ enum Command {
 enum BenchCommand {
     /// Frozen invocations per second (concurrent `read_open` calls).
     Invocations(mira::bench::invocations::InvocationBench),
+    /// Tool Exposure ranking: Recall@5/@20, MRR and latency per ranker, then the exposure
+    /// latency series at 21, 100, 1,000 and 10,000 registered tools.
+    Exposure {
+        /// Tool definitions: a JSON array of {id|name, description, input_schema?}.
+        #[arg(long)]
+        tools: PathBuf,
+        /// Queries: JSONL of {query, gold: [tool id]}.
+        #[arg(long)]
+        queries: PathBuf,
+        /// Measure a seeded sample of this many queries (default: all).
+        #[arg(long)]
+        sample: Option<usize>,
+        /// Sampling seed.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// Ranker to measure.
+        #[arg(long, value_enum, default_value_t = RankerArg::All)]
+        ranker: RankerArg,
+        /// Hybrid fusions to compare, comma-separated: convex[:W] (W = dense weight) or
+        /// rrf[:K]. The first one is the one used in the latency series.
+        #[arg(long, value_delimiter = ',', default_value = "convex:0.8")]
+        fusion: Vec<String>,
+        /// Registered tool counts of the exposure latency series (comma-separated; 0 to skip).
+        #[arg(long, value_delimiter = ',', default_value = "20,21,100,1000,10000")]
+        series: Vec<usize>,
+        /// Turns measured per series size.
+        #[arg(long, default_value_t = 200)]
+        series_turns: usize,
+        /// Also write each query's per-tool lexical and dense scores to this JSONL file.
+        #[arg(long)]
+        dump: Option<PathBuf>,
+        #[command(flatten)]
+        embedding: mira::config::EmbeddingArgs,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RankerArg {
+    Lexical,
+    Dense,
+    Hybrid,
+    All,
 }
 
 #[derive(Subcommand)]
@@ -86,6 +129,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             execution_timeout_secs: cfg.execution_timeout_secs,
             execution_concurrency: cfg.execution_concurrency,
             workspace_roots: cfg.workspace_roots.clone(),
+            embedding: cfg.embedding.config(),
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,
@@ -143,6 +187,50 @@ async fn main() -> ExitCode {
             .await
         }
         Command::Bench { command: BenchCommand::Invocations(opts) } => mira::bench::invocations::run(opts).await,
+        Command::Bench {
+            command:
+                BenchCommand::Exposure {
+                    tools,
+                    queries,
+                    sample,
+                    seed,
+                    ranker,
+                    fusion,
+                    series,
+                    series_turns,
+                    dump,
+                    embedding,
+                },
+        } => {
+            async {
+                use mira::exposure::hybrid::{Fusion, Mode};
+                let modes = match ranker {
+                    RankerArg::Lexical => vec![Mode::Lexical],
+                    RankerArg::Dense => vec![Mode::Dense],
+                    RankerArg::Hybrid => vec![Mode::Hybrid],
+                    RankerArg::All => vec![Mode::Lexical, Mode::Dense, Mode::Hybrid],
+                };
+                let fusions = fusion
+                    .iter()
+                    .map(|f| Fusion::parse(f))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(anyhow::Error::msg)?;
+                mira::bench::exposure::run_exposure(mira::bench::exposure::ExposureBench {
+                    tools,
+                    queries,
+                    sample,
+                    seed,
+                    modes,
+                    fusions,
+                    series: series.into_iter().filter(|n| *n > 0).collect(),
+                    series_turns,
+                    dump,
+                    embedding: embedding.config(),
+                })
+                .await
+            }
+            .await
+        }
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

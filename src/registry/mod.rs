@@ -62,10 +62,12 @@ pub enum RegistryError {
 }
 
 /// The set of implementations, changed only by [`Registry::register`] and
-/// [`Registry::unregister`]. `version` increases on every change.
+/// [`Registry::unregister`]. `version` increases on every change, and
+/// [`Registry::subscribe`] wakes watchers (the tool index) after each one.
 #[derive(Default)]
 pub struct Registry {
     inner: RwLock<Inner>,
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -92,6 +94,7 @@ impl Registry {
         }
         inner.tools.insert(id, Entry { tool, validator: Arc::new(validator) });
         inner.version += 1;
+        self.changes.send_replace(inner.version);
         Ok(())
     }
 
@@ -102,6 +105,7 @@ impl Registry {
         let removed = inner.tools.remove(id).is_some();
         if removed {
             inner.version += 1;
+            self.changes.send_replace(inner.version);
         }
         removed
     }
@@ -130,5 +134,11 @@ impl Registry {
     /// Increases on every registration change.
     pub fn version(&self) -> u64 {
         self.inner.read().version
+    }
+
+    /// A receiver that sees the registry version after every change (the value is the
+    /// newest version; intermediate ones may be skipped).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 }
