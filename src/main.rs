@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the HTTP/SSE service.
-    Serve(ServeConfig),
+    Serve(Box<ServeConfig>),
     /// Apply database migrations and exit.
     Migrate(StorageConfig),
     /// Manage users.
@@ -46,38 +46,42 @@ enum BenchCommand {
     Invocations(mira::bench::invocations::InvocationBench),
     /// Tool Exposure ranking: Recall@5/@20, MRR and latency per ranker, then the exposure
     /// latency series at 21, 100, 1,000 and 10,000 registered tools.
-    Exposure {
-        /// Tool definitions: a JSON array of {id|name, description, input_schema?}.
-        #[arg(long)]
-        tools: PathBuf,
-        /// Queries: JSONL of {query, gold: [tool id]}.
-        #[arg(long)]
-        queries: PathBuf,
-        /// Measure a seeded sample of this many queries (default: all).
-        #[arg(long)]
-        sample: Option<usize>,
-        /// Sampling seed.
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
-        /// Ranker to measure.
-        #[arg(long, value_enum, default_value_t = RankerArg::All)]
-        ranker: RankerArg,
-        /// Hybrid fusions to compare, comma-separated: convex[:W] (W = dense weight) or
-        /// rrf[:K]. The first one is the one used in the latency series.
-        #[arg(long, value_delimiter = ',', default_value = "convex:0.8")]
-        fusion: Vec<String>,
-        /// Registered tool counts of the exposure latency series (comma-separated; 0 to skip).
-        #[arg(long, value_delimiter = ',', default_value = "20,21,100,1000,10000")]
-        series: Vec<usize>,
-        /// Turns measured per series size.
-        #[arg(long, default_value_t = 200)]
-        series_turns: usize,
-        /// Also write each query's per-tool lexical and dense scores to this JSONL file.
-        #[arg(long)]
-        dump: Option<PathBuf>,
-        #[command(flatten)]
-        embedding: mira::config::EmbeddingArgs,
-    },
+    Exposure(Box<ExposureArgs>),
+}
+
+/// Arguments of `mira bench exposure`.
+#[derive(clap::Args)]
+struct ExposureArgs {
+    /// Tool definitions: a JSON array of {id|name, description, input_schema?}.
+    #[arg(long)]
+    tools: PathBuf,
+    /// Queries: JSONL of {query, gold: [tool id]}.
+    #[arg(long)]
+    queries: PathBuf,
+    /// Measure a seeded sample of this many queries (default: all).
+    #[arg(long)]
+    sample: Option<usize>,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Ranker to measure.
+    #[arg(long, value_enum, default_value_t = RankerArg::All)]
+    ranker: RankerArg,
+    /// Hybrid fusions to compare, comma-separated: convex[:W] (W = dense weight) or
+    /// rrf[:K]. The first one is the one used in the latency series.
+    #[arg(long, value_delimiter = ',', default_value = "convex:0.8")]
+    fusion: Vec<String>,
+    /// Registered tool counts of the exposure latency series (comma-separated; 0 to skip).
+    #[arg(long, value_delimiter = ',', default_value = "20,21,100,1000,10000")]
+    series: Vec<usize>,
+    /// Turns measured per series size.
+    #[arg(long, default_value_t = 200)]
+    series_turns: usize,
+    /// Also write each query's per-tool lexical and dense scores to this JSONL file.
+    #[arg(long)]
+    dump: Option<PathBuf>,
+    #[command(flatten)]
+    embedding: mira::config::EmbeddingArgs,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -172,7 +176,7 @@ async fn main() -> ExitCode {
     let json_logs = matches!(&cli.command, Command::Serve(c) if c.log_format == "json");
     init_tracing(json_logs);
     let result = match cli.command {
-        Command::Serve(cfg) => serve(cfg).await,
+        Command::Serve(cfg) => serve(*cfg).await,
         Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
             eprintln!("migrations applied");
         }),
@@ -187,21 +191,9 @@ async fn main() -> ExitCode {
             .await
         }
         Command::Bench { command: BenchCommand::Invocations(opts) } => mira::bench::invocations::run(opts).await,
-        Command::Bench {
-            command:
-                BenchCommand::Exposure {
-                    tools,
-                    queries,
-                    sample,
-                    seed,
-                    ranker,
-                    fusion,
-                    series,
-                    series_turns,
-                    dump,
-                    embedding,
-                },
-        } => {
+        Command::Bench { command: BenchCommand::Exposure(args) } => {
+            let ExposureArgs { tools, queries, sample, seed, ranker, fusion, series, series_turns, dump, embedding } =
+                *args;
             async {
                 use mira::exposure::hybrid::{Fusion, Mode};
                 let modes = match ranker {

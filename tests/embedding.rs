@@ -346,7 +346,11 @@ async fn serve_and_read_embedding(tmp: &Path, name: &str, model_dir: &Path, ort:
         l.local_addr().unwrap().port()
     };
     let data = tmp.join(format!("data-{}", name.replace(' ', "-")));
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mira"))
+    std::fs::create_dir_all(&data).unwrap();
+    let log = data.join("server.log");
+    // MIRA_BIN: another build of the binary (a target dir shared by several checkouts).
+    let bin = std::env::var("MIRA_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_mira").to_owned());
+    let mut child = tokio::process::Command::new(bin)
         .arg("serve")
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--data-dir")
@@ -360,7 +364,7 @@ async fn serve_and_read_embedding(tmp: &Path, name: &str, model_dir: &Path, ort:
         .env_remove("DATABASE_URL")
         .env_remove("MIRA_EMBEDDING_MODEL")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -375,7 +379,9 @@ async fn serve_and_read_embedding(tmp: &Path, name: &str, model_dir: &Path, ort:
                 break body["embedding"].clone();
             }
         }
-        assert!(child.try_wait().unwrap().is_none(), "{name}: mira serve exited");
+        if child.try_wait().unwrap().is_some() {
+            panic!("{name}: mira serve exited: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     child.start_kill().unwrap();
