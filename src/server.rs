@@ -10,9 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
 use crate::config::RuntimeConfig;
+use crate::embedding::Embeddings;
 use crate::events::EventBus;
-use crate::exposure::Ranker;
-use crate::exposure::lexical::Bm25Ranker;
+use crate::exposure::hybrid::{IndexRanker, Mode};
+use crate::exposure::index::ToolIndex;
 use crate::harness::{Harness, HarnessLimits, LocalExecutor};
 use crate::registry::Registry;
 use crate::store::Store;
@@ -46,6 +47,7 @@ pub struct Server {
     pub admin_token_file: Option<PathBuf>,
     http: tokio::task::JoinHandle<std::io::Result<()>>,
     harness: tokio::task::JoinHandle<()>,
+    indexer: tokio::task::JoinHandle<()>,
 }
 
 /// Opens the store and applies migrations.
@@ -59,8 +61,10 @@ pub async fn open_store(data_dir: &Path, url: &str) -> anyhow::Result<Store> {
 }
 
 /// Builds the application around a migrated store: registers the core tools, opens the
-/// default workspace, recovers invocations a previous incarnation left running.
-pub async fn build(settings: &Settings, store: Store, ranker: Arc<dyn Ranker>) -> anyhow::Result<App> {
+/// default workspace, recovers invocations a previous incarnation left running, and sets
+/// up hybrid exposure ranking over the tool index (the model loads once serving starts,
+/// see [`crate::embedding::worker`]).
+pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let shutdown = CancellationToken::new();
     let registry = Arc::new(Registry::new());
     let deps = crate::tools::ToolDeps {
@@ -93,7 +97,20 @@ pub async fn build(settings: &Settings, store: Store, ranker: Arc<dyn Ranker>) -
         tracing::warn!(interrupted, "invocations left running by the previous process were marked interrupted");
     }
     mcp.start().await.context("loading External MCP servers")?;
-    Ok(App { store, registry, ranker, harness, mcp, config: Arc::new(settings.runtime.clone()), shutdown })
+    let embeddings = Arc::new(Embeddings::new(settings.runtime.embedding.clone(), &settings.data_dir));
+    let tool_index = Arc::new(ToolIndex::new());
+    let ranker = Arc::new(IndexRanker::new(tool_index.clone(), embeddings.clone(), Mode::Hybrid));
+    Ok(App {
+        store,
+        registry,
+        ranker,
+        embeddings,
+        tool_index,
+        harness,
+        mcp,
+        config: Arc::new(settings.runtime.clone()),
+        shutdown,
+    })
 }
 
 /// A stable id for this data directory (kept in `<data-dir>/node.id`).
@@ -148,9 +165,10 @@ fn write_secret(file: &Path, secret: &str) -> anyhow::Result<()> {
 impl Server {
     /// Opens the store, builds the app, binds and starts serving and executing.
     pub async fn start(settings: Settings) -> anyhow::Result<Server> {
+        crate::net::install_tls_provider();
         let store = open_store(&settings.data_dir, &settings.database_url).await?;
         let admin_token_file = bootstrap_admin(&store, &settings.data_dir).await?;
-        let app = build(&settings, store, Arc::new(Bm25Ranker::new())).await?;
+        let app = build(&settings, store).await?;
         Self::serve(settings, app, admin_token_file).await
     }
 
@@ -161,12 +179,19 @@ impl Server {
             .with_context(|| format!("binding {}", settings.listen))?;
         let addr = listener.local_addr()?;
         let harness = app.harness.spawn(app.shutdown.clone());
+        let indexer = crate::embedding::worker::spawn(
+            app.embeddings.clone(),
+            app.tool_index.clone(),
+            app.registry.clone(),
+            app.store.clone(),
+            app.shutdown.clone(),
+        );
         let router = crate::http::router(app.clone(), settings.body_limit, settings.request_timeout);
         let shutdown = app.shutdown.clone();
         let http = tokio::spawn(async move {
             axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
         });
-        Ok(Server { addr, app, admin_token_file, http, harness })
+        Ok(Server { addr, app, admin_token_file, http, harness, indexer })
     }
 
     /// Stops accepting requests, ends streams, lets running executions finish (5 s) and
@@ -176,6 +201,7 @@ impl Server {
         let _ = self.http.await;
         let _ = self.harness.await;
         self.app.mcp.stopped(Duration::from_secs(5)).await;
+        let _ = self.indexer.await;
         self.app.store.close().await;
     }
 }

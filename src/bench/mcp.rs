@@ -66,7 +66,7 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
     };
     let server = Server::start(settings).await?;
     let token = std::fs::read_to_string(tmp.join("admin.token"))?.trim().to_owned();
-    let api = Api { client: reqwest::Client::new(), base: format!("http://{}", server.addr), token };
+    let api = Api { client: crate::net::client_builder().build()?, base: format!("http://{}", server.addr), token };
     let transport = json!({"stdio": {"command": command, "args": opts.args}});
 
     // 1. Install → first successful call.

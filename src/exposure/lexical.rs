@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rust_stemmers::{Algorithm, Stemmer};
 
 use super::{Ranker, Strategy, tool_text};
@@ -65,17 +65,121 @@ fn split_case(word: &str) -> Vec<&str> {
     parts
 }
 
-/// A tokenised document: term frequencies and length.
-struct Doc {
-    text_hash: u64,
-    tf: HashMap<String, u32>,
+/// Stemmed token → term id, shared by the documents and queries scored together. Only
+/// documents add terms; a query term the vocabulary lacks matches no document.
+#[derive(Default)]
+pub struct Vocabulary {
+    ids: RwLock<HashMap<String, u32>>,
+}
+
+impl Vocabulary {
+    /// An empty vocabulary.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of terms (term ids are `0..len`).
+    pub fn len(&self) -> usize {
+        self.ids.read().len()
+    }
+
+    /// True when no document was added yet.
+    pub fn is_empty(&self) -> bool {
+        self.ids.read().is_empty()
+    }
+
+    /// Tokenises a tool text into a document, adding new terms.
+    pub fn doc(&self, text: &str) -> LexicalDoc {
+        let tokens = tokenize(text);
+        let mut tf: HashMap<u32, u32> = HashMap::new();
+        {
+            let mut ids = self.ids.write();
+            for t in &tokens {
+                let next = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+                let id = *ids.entry(t.clone()).or_insert(next);
+                *tf.entry(id).or_insert(0) += 1;
+            }
+        }
+        let mut terms: Vec<(u32, u32)> = tf.into_iter().collect();
+        terms.sort_unstable();
+        LexicalDoc { terms: terms.into_boxed_slice(), len: u32::try_from(tokens.len()).unwrap_or(u32::MAX) }
+    }
+
+    /// The distinct known term ids of a query, sorted.
+    pub fn query(&self, text: &str) -> Vec<u32> {
+        let ids = self.ids.read();
+        let mut terms: Vec<u32> = tokenize(text).iter().filter_map(|t| ids.get(t).copied()).collect();
+        terms.sort_unstable();
+        terms.dedup();
+        terms
+    }
+}
+
+/// A tokenised tool text: (term id, frequency) pairs sorted by term id, and its length in tokens.
+#[derive(Debug, Clone, Default)]
+pub struct LexicalDoc {
+    terms: Box<[(u32, u32)]>,
     len: u32,
 }
 
-/// BM25 ranker with a per-tool token cache.
+/// BM25 scores of `docs` for the query terms `query` (from [`Vocabulary::query`] of the same
+/// vocabulary), with document frequencies and the average length taken over `docs` — the
+/// candidates of one turn. One pass counts document frequencies, one scores; both walk each
+/// document's own terms, so the cost is the candidates' total distinct terms whatever the
+/// query's length.
+pub fn bm25(query: &[u32], docs: &[&LexicalDoc]) -> Vec<f64> {
+    if docs.is_empty() {
+        return Vec::new();
+    }
+    let Some(&max_term) = query.iter().max() else {
+        return vec![0.0; docs.len()];
+    };
+    // Position of each term id in the query (dense table over the ids the query can hold).
+    let mut slot = vec![u32::MAX; max_term as usize + 1];
+    for (i, &t) in query.iter().enumerate() {
+        slot[t as usize] = u32::try_from(i).unwrap_or(u32::MAX);
+    }
+    let lookup = |t: u32| slot.get(t as usize).copied().filter(|&s| s != u32::MAX);
+    let n = docs.len() as f64;
+    let mut df = vec![0u32; query.len()];
+    let mut total_len = 0.0;
+    for d in docs {
+        total_len += f64::from(d.len);
+        for &(t, _) in d.terms.iter() {
+            if let Some(s) = lookup(t) {
+                df[s as usize] += 1;
+            }
+        }
+    }
+    let avg_len = if total_len > 0.0 { total_len / n } else { 1.0 };
+    let idf: Vec<f64> = df.iter().map(|&df| (1.0 + (n - f64::from(df) + 0.5) / (f64::from(df) + 0.5)).ln()).collect();
+    docs.iter()
+        .map(|d| {
+            let norm = K1 * (1.0 - B + B * f64::from(d.len) / avg_len);
+            d.terms
+                .iter()
+                .filter_map(|&(t, f)| {
+                    lookup(t).map(|s| {
+                        let f = f64::from(f);
+                        idf[s as usize] * f * (K1 + 1.0) / (f + norm)
+                    })
+                })
+                .sum()
+        })
+        .collect()
+}
+
+/// A cached document and the hash of the text it was made from.
+struct Cached {
+    text_hash: u64,
+    doc: Arc<LexicalDoc>,
+}
+
+/// BM25 ranker with a per-tool token cache (keyed by tool id, checked by a hash of the text).
 #[derive(Default)]
 pub struct Bm25Ranker {
-    cache: Mutex<HashMap<String, Arc<Doc>>>,
+    vocab: Vocabulary,
+    cache: Mutex<HashMap<String, Cached>>,
 }
 
 impl Bm25Ranker {
@@ -84,25 +188,20 @@ impl Bm25Ranker {
         Self::default()
     }
 
-    fn doc(&self, spec: &ToolSpec) -> Arc<Doc> {
+    fn doc(&self, spec: &ToolSpec) -> Arc<LexicalDoc> {
         let text = tool_text(spec);
         let text_hash = fxhash(&text);
-        if let Some(doc) = self.cache.lock().get(&spec.id)
-            && doc.text_hash == text_hash
+        if let Some(c) = self.cache.lock().get(&spec.id)
+            && c.text_hash == text_hash
         {
-            return doc.clone();
+            return c.doc.clone();
         }
-        let tokens = tokenize(&text);
-        let mut tf = HashMap::new();
-        for t in &tokens {
-            *tf.entry(t.clone()).or_insert(0) += 1;
-        }
-        let doc = Arc::new(Doc { text_hash, tf, len: u32::try_from(tokens.len()).unwrap_or(u32::MAX) });
+        let doc = Arc::new(self.vocab.doc(&text));
         let mut cache = self.cache.lock();
         if cache.len() > 100_000 {
             cache.clear();
         }
-        cache.insert(spec.id.clone(), doc.clone());
+        cache.insert(spec.id.clone(), Cached { text_hash, doc: doc.clone() });
         doc
     }
 }
@@ -117,41 +216,10 @@ impl Ranker for Bm25Ranker {
     }
 
     fn score(&self, query: &str, candidates: &[&ToolSpec]) -> Vec<f64> {
-        let docs: Vec<Arc<Doc>> = candidates.iter().map(|s| self.doc(s)).collect();
-        let mut terms = tokenize(query);
-        terms.sort();
-        terms.dedup();
-        bm25(&terms, &docs)
+        let docs: Vec<Arc<LexicalDoc>> = candidates.iter().map(|s| self.doc(s)).collect();
+        let refs: Vec<&LexicalDoc> = docs.iter().map(AsRef::as_ref).collect();
+        bm25(&self.vocab.query(query), &refs)
     }
-}
-
-fn bm25(terms: &[String], docs: &[Arc<Doc>]) -> Vec<f64> {
-    let n = docs.len() as f64;
-    if docs.is_empty() {
-        return Vec::new();
-    }
-    let avg_len = docs.iter().map(|d| f64::from(d.len)).sum::<f64>() / n;
-    let avg_len = if avg_len > 0.0 { avg_len } else { 1.0 };
-    let idf: Vec<f64> = terms
-        .iter()
-        .map(|t| {
-            let df = docs.iter().filter(|d| d.tf.contains_key(t)).count() as f64;
-            (1.0 + (n - df + 0.5) / (df + 0.5)).ln()
-        })
-        .collect();
-    docs.iter()
-        .map(|d| {
-            let norm = K1 * (1.0 - B + B * f64::from(d.len) / avg_len);
-            terms
-                .iter()
-                .zip(&idf)
-                .map(|(t, idf)| {
-                    let f = f64::from(d.tf.get(t).copied().unwrap_or(0));
-                    if f == 0.0 { 0.0 } else { idf * f * (K1 + 1.0) / (f + norm) }
-                })
-                .sum()
-        })
-        .collect()
 }
 
 /// FNV-1a 64-bit, enough to notice that a tool's text changed.

@@ -9,6 +9,8 @@
 //! The exposure document is stored with the turn verbatim, so "what did the model see" has
 //! a stored answer.
 
+pub mod hybrid;
+pub mod index;
 pub mod ladder;
 pub mod lexical;
 mod names;
@@ -60,6 +62,10 @@ pub struct ExposedTool {
     /// Ranking score (higher is better); absent when strategy is `all`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub score: Option<f64>,
+    /// True when the hybrid ranked this tool by its lexical score alone because its vector
+    /// was not computed yet (absent otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_embedded: bool,
 }
 
 /// The stored answer to "what did the model see this turn".
@@ -74,6 +80,13 @@ pub struct Exposure {
     /// Ranker that ordered the tools (absent for `all`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ranker: Option<String>,
+    /// Why the ranking is lexical only (the embedding model's state), for `ranked_lexical`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lexical_reason: Option<String>,
+    /// Candidates the hybrid ranked lexically because their vectors were not computed yet
+    /// (absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_embedded_count: Option<usize>,
     /// The exposed tools: sorted by id for `all`, best first when ranked.
     pub tools: Vec<ExposedTool>,
 }
@@ -97,6 +110,33 @@ pub trait Ranker: Send + Sync {
     fn strategy(&self) -> Strategy;
     /// One score per candidate, same order as `candidates`; higher is more relevant.
     fn score(&self, query: &str, candidates: &[&ToolSpec]) -> Vec<f64>;
+    /// Scores with the facts the exposure records. The default asks [`Ranker::score`],
+    /// [`Ranker::name`] and [`Ranker::strategy`]; rankers whose strategy can change between
+    /// calls (an embedding model finishing loading) answer all at once instead.
+    fn rank(&self, query: &str, candidates: &[&ToolSpec]) -> Ranking {
+        Ranking {
+            scores: self.score(query, candidates),
+            strategy: self.strategy(),
+            ranker: self.name(),
+            lexical_reason: None,
+            not_embedded: Vec::new(),
+        }
+    }
+}
+
+/// One ranking of a turn's candidates.
+#[derive(Debug, Clone)]
+pub struct Ranking {
+    /// One score per candidate, in candidate order; higher is more relevant.
+    pub scores: Vec<f64>,
+    /// `ranked` or `ranked_lexical`.
+    pub strategy: Strategy,
+    /// Ranker name for the exposure.
+    pub ranker: String,
+    /// Why the ranking is lexical only, when it is.
+    pub lexical_reason: Option<String>,
+    /// Indexes of candidates ranked lexically within the hybrid (no vector yet).
+    pub not_embedded: Vec<usize>,
 }
 
 /// The candidates for a user and device: registered, visible to the user, public (which
@@ -121,31 +161,55 @@ pub fn expose(candidates: &[Entry], query: &str, ranker: &dyn Ranker) -> Exposur
             candidate_count,
             surface_version: surface::SURFACE_VERSION.to_owned(),
             ranker: None,
-            tools: named(specs.into_iter().map(|s| (s, None)).collect()),
+            lexical_reason: None,
+            not_embedded_count: None,
+            tools: named(specs.into_iter().map(|s| (s, None, false)).collect()),
         };
     }
-    let scores = ranker.score(query, &specs);
-    let mut scored: Vec<(&ToolSpec, f64)> = specs
-        .into_iter()
-        .zip(scores.into_iter().chain(std::iter::repeat(f64::NEG_INFINITY)))
-        .map(|(s, score)| (s, if score.is_nan() { f64::NEG_INFINITY } else { score }))
-        .collect();
-    scored.sort_by(|(a, sa), (b, sb)| sb.partial_cmp(sa).unwrap_or(Ordering::Equal).then_with(|| a.id.cmp(&b.id)));
-    scored.truncate(MAX_EXPOSED);
+    let ranking = ranker.rank(query, &specs);
+    let mut lexical_only = vec![false; candidate_count];
+    for &i in &ranking.not_embedded {
+        if let Some(flag) = lexical_only.get_mut(i) {
+            *flag = true;
+        }
+    }
+    let top = top_k(&ranking.scores, &specs, MAX_EXPOSED);
     Exposure {
-        strategy: ranker.strategy(),
+        strategy: ranking.strategy,
         candidate_count,
         surface_version: surface::SURFACE_VERSION.to_owned(),
-        ranker: Some(ranker.name()),
-        tools: named(scored.into_iter().map(|(s, score)| (s, Some(score))).collect()),
+        ranker: Some(ranking.ranker),
+        lexical_reason: ranking.lexical_reason,
+        not_embedded_count: (!ranking.not_embedded.is_empty()).then_some(ranking.not_embedded.len()),
+        tools: named(top.into_iter().map(|(i, score)| (specs[i], Some(score), lexical_only[i])).collect()),
     }
 }
 
-fn named(tools: Vec<(&ToolSpec, Option<f64>)>) -> Vec<ExposedTool> {
+/// The `k` best candidates as (index, score), best first; NaN and missing scores rank last,
+/// ties are broken by tool id so the same inputs always give the same order.
+pub fn top_k(scores: &[f64], specs: &[&ToolSpec], k: usize) -> Vec<(usize, f64)> {
+    let mut scored: Vec<(usize, f64)> = (0..specs.len())
+        .map(|i| {
+            let s = scores.get(i).copied().unwrap_or(f64::NEG_INFINITY);
+            (i, if s.is_nan() { f64::NEG_INFINITY } else { s })
+        })
+        .collect();
+    let order = |(a, sa): &(usize, f64), (b, sb): &(usize, f64)| {
+        sb.partial_cmp(sa).unwrap_or(Ordering::Equal).then_with(|| specs[*a].id.cmp(&specs[*b].id))
+    };
+    if scored.len() > k {
+        scored.select_nth_unstable_by(k, order);
+        scored.truncate(k);
+    }
+    scored.sort_by(order);
+    scored
+}
+
+fn named(tools: Vec<(&ToolSpec, Option<f64>, bool)>) -> Vec<ExposedTool> {
     let mut taken = std::collections::HashSet::new();
     tools
         .into_iter()
-        .map(|(spec, score)| {
+        .map(|(spec, score, not_embedded)| {
             let function_name = names::unique_function_name(&spec.id, &mut taken);
             ExposedTool {
                 id: spec.id.clone(),
@@ -156,24 +220,65 @@ fn named(tools: Vec<(&ToolSpec, Option<f64>)>) -> Vec<ExposedTool> {
                 input_schema: spec.input_schema.clone(),
                 requires_approval: spec.requires_approval,
                 score: score.map(|s| (s * 1e6).round() / 1e6),
+                not_embedded,
             }
         })
         .collect()
 }
 
-/// The text a tool is ranked by: id, title, description, and the names and descriptions of
-/// its input parameters (`properties` at the top level of the schema).
+/// The text a tool is ranked by (BM25 document, embedding cache key): its name field and
+/// its body field ([`tool_fields`]) joined by `. `.
 pub fn tool_text(spec: &ToolSpec) -> String {
-    let mut text = format!("{} {} {}", spec.id, spec.title, spec.description);
+    let (name, body) = tool_fields(spec);
+    if body.is_empty() { name } else { format!("{name}. {body}") }
+}
+
+/// The two fields of a tool's text:
+/// - name: the id with its word boundaries (`_`, `-`, `:`, `.`, `/`, camelCase) turned into
+///   spaces, plus the title when it says more than the id;
+/// - body: the description, then each top-level input parameter (`properties` of the
+///   schema) as `name: description`.
+///
+/// Dense ranking embeds the two separately (see [`crate::embedding::model::Model::embed_tools`]).
+pub fn tool_fields(spec: &ToolSpec) -> (String, String) {
+    let mut name = humanize(&spec.id);
+    let squash = |s: &str| s.chars().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect::<String>();
+    if !spec.title.is_empty() && squash(&spec.title) != squash(&spec.id) {
+        name.push_str(". ");
+        name.push_str(&spec.title);
+    }
+    let mut body = spec.description.trim().to_owned();
     if let Some(props) = spec.input_schema.get("properties").and_then(|p| p.as_object()) {
-        for (name, prop) in props {
-            text.push(' ');
-            text.push_str(name);
+        for (param, prop) in props {
+            if !body.is_empty() {
+                body.push_str(if body.ends_with('.') { " " } else { ". " });
+            }
+            body.push_str(&humanize(param));
             if let Some(d) = prop.get("description").and_then(|d| d.as_str()) {
-                text.push(' ');
-                text.push_str(d);
+                body.push_str(": ");
+                body.push_str(d.trim());
             }
         }
     }
-    text
+    (name, body)
+}
+
+/// `read_open` → `read open`; `getWeatherForecast` → `get Weather Forecast`; `mcp:srv:tool:x` → `mcp srv tool x`.
+fn humanize(id: &str) -> String {
+    let mut out = String::with_capacity(id.len() + 4);
+    let mut prev: Option<char> = None;
+    for c in id.chars() {
+        if matches!(c, '_' | '-' | ':' | '.' | '/') {
+            if !out.ends_with(' ') && !out.is_empty() {
+                out.push(' ');
+            }
+        } else {
+            if prev.is_some_and(|p| p.is_lowercase() && c.is_uppercase()) && !out.ends_with(' ') {
+                out.push(' ');
+            }
+            out.push(c);
+        }
+        prev = Some(c);
+    }
+    out.trim_end().to_owned()
 }

@@ -1,5 +1,7 @@
 //! `/healthz`, `/readyz`, `/openapi.json`.
 
+use std::sync::atomic::Ordering;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -20,13 +22,25 @@ pub struct Health {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct EmbeddingState {
     /// `ready|lexical_only|loading|failed`.
-    pub state: String,
-    /// Model id, when one is configured.
+    pub state: crate::embedding::State,
+    /// Model id when ready, else the configured model directory or name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// Why the state is not `ready`.
+    /// Why the state is not `ready` (the error for `failed`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// How exposures beyond 20 tools are ranked now: `hybrid` or `lexical`.
+    pub ranking: &'static str,
+    /// Registered tools in the ranking index.
+    pub tools_indexed: usize,
+    /// Of those, tools with a vector of the current model.
+    pub tools_embedded: usize,
+    /// Tool texts embedded by this process since start.
+    pub embedded_since_start: u64,
+    /// Tool vectors taken from the store's cache since start.
+    pub from_cache_since_start: u64,
+    /// Turn queries embedded since start.
+    pub queries_embedded: u64,
 }
 
 /// Readiness.
@@ -56,13 +70,19 @@ pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
         Err(e) => format!("error: {e}"),
     };
     let status = if store == "ok" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let model = app.embeddings.status();
+    let counts = app.tool_index.counts();
+    let counters = &app.embeddings.counters;
     let embedding = EmbeddingState {
-        state: "lexical_only".into(),
-        model: None,
-        reason: Some(format!(
-            "no embedding model is configured; exposures beyond 20 tools are ranked by {}",
-            app.ranker.name()
-        )),
+        ranking: if model.state == crate::embedding::State::Ready { "hybrid" } else { "lexical" },
+        state: model.state,
+        model: model.model,
+        reason: model.reason,
+        tools_indexed: counts.indexed,
+        tools_embedded: counts.embedded,
+        embedded_since_start: counters.tools_embedded.load(Ordering::Relaxed),
+        from_cache_since_start: counters.tools_from_cache.load(Ordering::Relaxed),
+        queries_embedded: counters.queries_embedded.load(Ordering::Relaxed),
     };
     let body =
         Ready { store, backend: app.store.backend().name(), embedding, tools_registered: app.registry.all().len() };

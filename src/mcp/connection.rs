@@ -260,7 +260,7 @@ async fn connect(
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map);
             config.max_json_response_size = max;
             config.max_sse_event_size = max;
-            let client = reqwest::Client::builder()
+            let client = crate::net::client_builder()
                 .connect_timeout(manager.settings().connect_timeout)
                 .build()
                 .map_err(|e| (e.to_string(), None))?;

@@ -220,7 +220,7 @@ impl McpManager {
         let secrets = secret::SecretBox::load(data_dir).map_err(|e| anyhow::anyhow!("MCP secret key: {e}"))?;
         // Streamable HTTP over https needs a process-wide rustls provider; installing it twice
         // is harmless (the second call reports the first).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::net::install_tls_provider();
         let manager = Arc::new_cyclic(|me| Self {
             store,
             registry: registry.clone(),
@@ -328,14 +328,15 @@ impl McpManager {
             ));
         }
         validate_timeout(req.request_timeout_ms)?;
-        if let config::TransportInput::Stdio(s) = &req.transport {
-            if !is_admin && !self.settings.user_may_launch(&s.command) {
-                return Err(Error::Forbidden(format!(
-                    "a stdio MCP server runs `{}` on the server host; only admins may install it unless the \
-                     deployment allows that command (--mcp-stdio-allow / MIRA_MCP_STDIO_ALLOW)",
-                    s.command
-                )));
-            }
+        if let config::TransportInput::Stdio(s) = &req.transport
+            && !is_admin
+            && !self.settings.user_may_launch(&s.command)
+        {
+            return Err(Error::Forbidden(format!(
+                "a stdio MCP server runs `{}` on the server host; only admins may install it unless the \
+                 deployment allows that command (--mcp-stdio-allow / MIRA_MCP_STDIO_ALLOW)",
+                s.command
+            )));
         }
         let id = crate::ids::new_id("mcp");
         let sealed = config::seal(&req.transport, &self.secrets, &id)?;

@@ -72,11 +72,13 @@ pub trait Explainer: Send + Sync {
 }
 
 /// The set of implementations, changed only by [`Registry::register`] and
-/// [`Registry::unregister`]. `version` increases on every change.
+/// [`Registry::unregister`]. `version` increases on every change, and
+/// [`Registry::subscribe`] wakes watchers (the tool index) after each one.
 #[derive(Default)]
 pub struct Registry {
     inner: RwLock<Inner>,
     explainers: RwLock<Vec<(String, Weak<dyn Explainer>)>>,
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -103,6 +105,7 @@ impl Registry {
         }
         inner.tools.insert(id, Entry { tool, validator: Arc::new(validator) });
         inner.version += 1;
+        self.changes.send_replace(inner.version);
         Ok(())
     }
 
@@ -113,6 +116,7 @@ impl Registry {
         let removed = inner.tools.remove(id).is_some();
         if removed {
             inner.version += 1;
+            self.changes.send_replace(inner.version);
         }
         removed
     }
@@ -152,5 +156,11 @@ impl Registry {
     /// Increases on every registration change.
     pub fn version(&self) -> u64 {
         self.inner.read().version
+    }
+
+    /// A receiver that sees the registry version after every change (the value is the
+    /// newest version; intermediate ones may be skipped).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 }

@@ -11,6 +11,7 @@
 //! after the commit succeeded.
 
 mod approvals;
+mod embeddings;
 mod events;
 mod evidence;
 mod invocations;

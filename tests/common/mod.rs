@@ -146,7 +146,7 @@ pub async fn spawn_with(backend: Backend, options: Options) -> TestApp {
     TestApp {
         backend,
         base: format!("http://{}", server.addr),
-        client: reqwest::Client::new(),
+        client: mira::net::client_builder().build().expect("client"),
         admin_token,
         workspace: std::fs::canonicalize(&workspace).expect("canonical workspace"),
         data_dir,

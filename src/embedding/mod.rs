@@ -1,0 +1,236 @@
+//! Embeddings for Tool Exposure: the model's lifecycle, its state for `/readyz`, and the
+//! query side of dense/hybrid ranking.
+//!
+//! Loading happens in the background ([`worker`]); until a model is ready — or when none
+//! is configured or it cannot be loaded — ranking is lexical and every exposure says
+//! `ranked_lexical` with the reason. States:
+//! - `lexical_only` (+ reason): no model configured, or a precondition is missing (the ONNX
+//!   Runtime library, a file of the model directory);
+//! - `loading`: configured, being loaded;
+//! - `ready`: loaded and checked with a probe embedding;
+//! - `failed` (+ error): ONNX Runtime or the model refused to load or run (a wrong ONNX
+//!   file…). Ranking stays lexical.
+
+pub mod model;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+use serde::Serialize;
+
+use crate::exposure::hybrid::QueryEmbedder;
+use model::{LoadError, Model, ModelSource};
+
+/// Where the embedding model comes from (flags and environment of `mira serve`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EmbeddingConfig {
+    /// Local model directory (`MIRA_EMBEDDING_MODEL_DIR`); wins over `model`.
+    pub model_dir: Option<PathBuf>,
+    /// Stock fastembed model name (`MIRA_EMBEDDING_MODEL`), downloaded on first use.
+    pub model: Option<String>,
+    /// Download cache of stock models (default `<data-dir>/models`).
+    pub cache_dir: Option<PathBuf>,
+    /// The ONNX Runtime shared library (`ORT_DYLIB_PATH`).
+    pub ort_dylib_path: Option<PathBuf>,
+    /// Tool texts per embedding batch (0 = [`DEFAULT_BATCH`]).
+    pub batch_size: usize,
+}
+
+/// Tool texts embedded per ONNX run in the background.
+pub const DEFAULT_BATCH: usize = 32;
+
+impl EmbeddingConfig {
+    /// The configuration the environment gives (`MIRA_EMBEDDING_MODEL_DIR`,
+    /// `MIRA_EMBEDDING_MODEL`, `MIRA_EMBEDDING_CACHE_DIR`, `ORT_DYLIB_PATH`); empty values
+    /// count as unset. Used by tests and `mira bench`; `mira serve` reads the same
+    /// variables through its flags.
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        Self {
+            model_dir: var("MIRA_EMBEDDING_MODEL_DIR").map(PathBuf::from),
+            model: var("MIRA_EMBEDDING_MODEL"),
+            cache_dir: var("MIRA_EMBEDDING_CACHE_DIR").map(PathBuf::from),
+            ort_dylib_path: var("ORT_DYLIB_PATH").map(PathBuf::from),
+            batch_size: 0,
+        }
+    }
+
+    /// True when a model (directory or stock name) is configured.
+    pub fn configured(&self) -> bool {
+        self.model_dir.is_some() || self.model.is_some()
+    }
+
+    /// What `/readyz` calls the configured model before its id is known.
+    pub fn label(&self) -> Option<String> {
+        match (&self.model_dir, &self.model) {
+            (Some(dir), _) => Some(dir.display().to_string()),
+            (None, Some(name)) => Some(name.clone()),
+            (None, None) => None,
+        }
+    }
+
+    fn source(&self, data_dir: &std::path::Path) -> Option<ModelSource> {
+        match (&self.model_dir, &self.model) {
+            (Some(dir), _) => Some(ModelSource::Dir(dir.clone())),
+            (None, Some(name)) => Some(ModelSource::Stock {
+                name: name.clone(),
+                cache_dir: self.cache_dir.clone().unwrap_or_else(|| data_dir.join("models")),
+            }),
+            (None, None) => None,
+        }
+    }
+}
+
+/// The model's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Loaded: exposures are ranked hybrid.
+    Ready,
+    /// Being loaded: exposures are ranked lexically meanwhile.
+    Loading,
+    /// No usable model (see the reason): exposures are ranked lexically.
+    LexicalOnly,
+    /// Loading failed (see the reason): exposures are ranked lexically.
+    Failed,
+}
+
+/// State, model and reason, as `/readyz` reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// The state.
+    pub state: State,
+    /// The model id when ready, else the configured directory or name.
+    pub model: Option<String>,
+    /// Why the state is not `ready`.
+    pub reason: Option<String>,
+}
+
+/// Counters since start, for `/readyz` and tests.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Queries embedded (one per ranked turn while ready).
+    pub queries_embedded: AtomicU64,
+    /// Tool texts embedded by the model in this process.
+    pub tools_embedded: AtomicU64,
+    /// Tool vectors taken from the store's cache.
+    pub tools_from_cache: AtomicU64,
+    /// Tool texts the model failed on (skipped; ranked lexically).
+    pub tools_failed: AtomicU64,
+}
+
+/// The embedding side of the service: configuration, state, the loaded model.
+pub struct Embeddings {
+    config: EmbeddingConfig,
+    source: Option<ModelSource>,
+    status: RwLock<Status>,
+    model: OnceLock<Arc<Model>>,
+    /// Counters since start.
+    pub counters: Counters,
+}
+
+impl std::fmt::Debug for Embeddings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embeddings").field("status", &*self.status.read()).finish_non_exhaustive()
+    }
+}
+
+impl Embeddings {
+    /// The embedding side for `config`; stock models are cached under `data_dir/models`
+    /// unless configured otherwise. Nothing is loaded yet: the state is `loading` when a
+    /// model is configured, else `lexical_only`.
+    pub fn new(config: EmbeddingConfig, data_dir: &std::path::Path) -> Self {
+        let source = config.source(data_dir);
+        let status = if source.is_some() {
+            Status {
+                state: State::Loading,
+                model: config.label(),
+                reason: Some("the embedding model is loading".into()),
+            }
+        } else {
+            Status {
+                state: State::LexicalOnly,
+                model: None,
+                reason: Some(
+                    "no embedding model is configured (MIRA_EMBEDDING_MODEL_DIR or MIRA_EMBEDDING_MODEL); \
+                     exposures beyond 20 tools are ranked by BM25"
+                        .into(),
+                ),
+            }
+        };
+        Self { config, source, status: RwLock::new(status), model: OnceLock::new(), counters: Counters::default() }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EmbeddingConfig {
+        &self.config
+    }
+
+    /// Tool texts per background batch.
+    pub fn batch_size(&self) -> usize {
+        if self.config.batch_size == 0 { DEFAULT_BATCH } else { self.config.batch_size }
+    }
+
+    /// Loads the configured model (blocking; seconds). Sets and returns the new status.
+    /// Does nothing when no model is configured or a model is already loaded.
+    pub fn load(&self) -> Status {
+        let Some(source) = &self.source else { return self.status() };
+        if self.model.get().is_some() {
+            return self.status();
+        }
+        let result = match &self.config.ort_dylib_path {
+            None => Err(LoadError::Unavailable(
+                "ORT_DYLIB_PATH is not set: the ONNX Runtime library is needed to run the embedding model \
+                 (scripts/fetch-embedding-model.sh provides one)"
+                    .into(),
+            )),
+            Some(ort) => Model::load(source, ort),
+        };
+        let status = match result {
+            Ok(model) => {
+                let id = model.id().to_owned();
+                tracing::info!(model = %id, dim = model.dim(), "embedding model ready");
+                let _ = self.model.set(Arc::new(model));
+                Status { state: State::Ready, model: Some(id), reason: None }
+            }
+            Err(e) => {
+                let (state, what) = match e {
+                    LoadError::Unavailable(_) => (State::LexicalOnly, "unavailable"),
+                    LoadError::Failed(_) => (State::Failed, "failed to load"),
+                };
+                tracing::warn!(error = %e, "embedding model {what}; exposures beyond 20 tools are ranked by BM25");
+                Status { state, model: self.config.label(), reason: Some(format!("{e}; ranking is lexical (BM25)")) }
+            }
+        };
+        *self.status.write() = status.clone();
+        status
+    }
+
+    /// The current status.
+    pub fn status(&self) -> Status {
+        self.status.read().clone()
+    }
+
+    /// The loaded model, when ready.
+    pub fn model(&self) -> Option<Arc<Model>> {
+        self.model.get().cloned()
+    }
+}
+
+impl QueryEmbedder for Embeddings {
+    fn model_id(&self) -> Option<String> {
+        self.model.get().map(|m| m.id().to_owned())
+    }
+
+    fn embed_query(&self, query: &str) -> Result<Vec<f32>, String> {
+        let Some(model) = self.model.get() else {
+            let s = self.status();
+            return Err(s.reason.unwrap_or_else(|| "no embedding model is ready".into()));
+        };
+        self.counters.queries_embedded.fetch_add(1, Ordering::Relaxed);
+        model.embed_query(query).map_err(|e| format!("embedding the task failed: {e}; ranked by BM25"))
+    }
+}

@@ -1,0 +1,93 @@
+//! The tool embedding cache (`tool_embeddings`, migration 0004): vectors keyed by
+//! (model id, SHA-256 of the tool text).
+
+use base64::Engine;
+
+use super::{Store, StoreError, StoreResult};
+use crate::ids;
+
+/// Most keys looked up in one statement.
+const LOOKUP_CHUNK: usize = 200;
+
+impl Store {
+    /// The cached vectors of `model_id` for the given text hashes, as (hash, vector) pairs;
+    /// hashes without a row are left out. A row that does not decode is `Corrupt`.
+    pub async fn tool_vectors(&self, model_id: &str, text_sha256: &[String]) -> StoreResult<Vec<(String, Vec<f32>)>> {
+        let mut out = Vec::new();
+        for chunk in text_sha256.chunks(LOOKUP_CHUNK) {
+            let placeholders: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();
+            let sql = format!(
+                "SELECT text_sha256, dim, vector FROM tool_embeddings WHERE model_id = $1 AND text_sha256 IN ({})",
+                placeholders.join(", ")
+            );
+            let mut q = sqlx::query_as::<_, (String, i64, String)>(sqlx::AssertSqlSafe(sql)).bind(model_id);
+            for sha in chunk {
+                q = q.bind(sha);
+            }
+            for (sha, dim, vector) in q.fetch_all(self.pool()).await? {
+                out.push((sha, decode_vector(&vector, dim)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores vectors of `model_id` keyed by text hash; a key that is already stored (by
+    /// this or another replica) keeps its row.
+    pub async fn put_tool_vectors(&self, model_id: &str, rows: &[(String, Vec<f32>)]) -> StoreResult<()> {
+        let mut tx = self.begin_write().await?;
+        let now = ids::now();
+        for (sha, vector) in rows {
+            sqlx::query(
+                "INSERT INTO tool_embeddings (model_id, text_sha256, dim, vector, created_at) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (model_id, text_sha256) DO NOTHING",
+            )
+            .bind(model_id)
+            .bind(sha)
+            .bind(i64::try_from(vector.len()).unwrap_or(i64::MAX))
+            .bind(encode_vector(vector))
+            .bind(&now)
+            .execute(tx.conn())
+            .await?;
+        }
+        tx.commit().await
+    }
+
+    /// Number of vectors cached for `model_id`.
+    pub async fn count_tool_vectors(&self, model_id: &str) -> StoreResult<i64> {
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tool_embeddings WHERE model_id = $1")
+            .bind(model_id)
+            .fetch_one(self.pool())
+            .await?)
+    }
+}
+
+/// Standard base64 of the little-endian f32 bytes.
+fn encode_vector(v: &[f32]) -> String {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn decode_vector(text: &str, dim: i64) -> StoreResult<Vec<f32>> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| StoreError::Corrupt(format!("tool_embeddings.vector: {e}")))?;
+    if bytes.len() % 4 != 0 || i64::try_from(bytes.len() / 4).ok() != Some(dim) {
+        return Err(StoreError::Corrupt(format!(
+            "tool_embeddings.vector has {} bytes for dimension {dim}",
+            bytes.len()
+        )));
+    }
+    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vectors_round_trip() {
+        let v = vec![0.5f32, -1.25, 3.0e-7, f32::MAX];
+        assert_eq!(decode_vector(&encode_vector(&v), 4).unwrap(), v);
+        assert!(decode_vector(&encode_vector(&v), 3).is_err());
+    }
+}

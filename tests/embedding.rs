@@ -1,0 +1,391 @@
+//! Exposure ranking beyond 20 tools with a real embedding model (all-MiniLM-L6-v2 int8 on
+//! ONNX Runtime, from `scripts/fetch-embedding-model.sh`), over HTTP on SQLite and
+//! Postgres, plus the bad inputs: a broken model directory, a wrong ONNX file, a missing
+//! or incompatible ONNX Runtime library (each in its own `mira serve` process, since a
+//! process loads ONNX Runtime once), a 100 KB description and a 1 MB task.
+//!
+//! The model is found through `MIRA_EMBEDDING_MODEL_DIR` and `ORT_DYLIB_PATH` (the output
+//! of the fetch script). Without them these tests are skipped, unless
+//! `MIRA_REQUIRE_EMBEDDINGS=1` (CI), where they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Backend, Options, TestApp, TestTool, spawn_with};
+use mira::config::RuntimeConfig;
+use mira::embedding::{EmbeddingConfig, Embeddings, State};
+use mira::exposure::Ranker;
+use mira::exposure::hybrid::{IndexRanker, Mode};
+use mira::exposure::index::ToolIndex;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// The model configuration from the environment, or None (skip) — a failure when
+/// `MIRA_REQUIRE_EMBEDDINGS=1`.
+fn model_config() -> Option<EmbeddingConfig> {
+    let cfg = EmbeddingConfig::from_env();
+    if cfg.model_dir.is_some() && cfg.ort_dylib_path.is_some() {
+        return Some(cfg);
+    }
+    assert_ne!(
+        std::env::var("MIRA_REQUIRE_EMBEDDINGS").as_deref(),
+        Ok("1"),
+        "MIRA_REQUIRE_EMBEDDINGS=1 but MIRA_EMBEDDING_MODEL_DIR and ORT_DYLIB_PATH are not both set; \
+         run `eval \"$(scripts/fetch-embedding-model.sh)\"` first"
+    );
+    eprintln!("skipped: no embedding model (set MIRA_EMBEDDING_MODEL_DIR and ORT_DYLIB_PATH)");
+    None
+}
+
+async fn spawn_model(backend: Backend, cfg: EmbeddingConfig) -> TestApp {
+    let defaults = Options::default();
+    let runtime = RuntimeConfig { embedding: cfg, ..defaults.runtime };
+    spawn_with(backend, Options { runtime, ..defaults }).await
+}
+
+/// Polls `/readyz` until the model left `loading`, every registered tool is indexed and,
+/// when ready, embedded; returns the embedding object.
+async fn settled(t: &TestApp) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let r = t.request(reqwest::Method::GET, "/readyz", None, None).await;
+        let e = r.body["embedding"].clone();
+        let tools = r.body["tools_registered"].clone();
+        let done = match e["state"].as_str() {
+            Some("loading") | None => false,
+            Some("ready") => e["tools_indexed"] == tools && e["tools_embedded"] == tools,
+            Some(_) => e["tools_indexed"] == tools,
+        };
+        if done {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "embedding did not settle: {}", r.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// 24 everyday tools: with the 3 core tools, 27 candidates (ranking runs).
+fn register_catalogue(t: &TestApp) {
+    let tools = [
+        ("stock_quotes", "Real-time share prices and market indices"),
+        ("currency_rates", "Exchange rates between currencies"),
+        ("flight_search", "Search airline flights between airports"),
+        ("hotel_booking", "Book rooms in hotels and resorts"),
+        ("recipe_finder", "Cooking recipes by ingredient"),
+        ("calendar_events", "Create and list calendar events"),
+        ("email_send", "Send an email message"),
+        ("translate_text", "Translate text between languages"),
+        ("music_player", "Play songs and playlists"),
+        ("news_headlines", "Latest news headlines by topic"),
+        ("package_tracking", "Track parcels by tracking number"),
+        ("unit_convert", "Convert between units of measure"),
+        ("dictionary_lookup", "Definitions of English words"),
+        ("movie_showtimes", "Cinema showtimes near you"),
+        ("restaurant_reviews", "Reviews and ratings of restaurants"),
+        ("sports_scores", "Live scores of football and basketball games"),
+        ("pdf_summarize", "Summarise a PDF document"),
+        ("image_resize", "Resize and crop images"),
+        ("timer_start", "Start a countdown timer"),
+        ("math_solver", "Solve equations step by step"),
+        ("job_listings", "Open job positions by city"),
+        ("ride_hailing", "Order a taxi ride"),
+        ("podcast_search", "Find podcast episodes"),
+        // No word in common with the task below, only meaning; its id sorts last.
+        ("zz_atmosphere", "Predicts precipitation, temperature and wind for any location on the coming days"),
+    ];
+    for (id, d) in tools {
+        t.app().registry.register(Arc::new(TestTool::new(id, d, false))).unwrap();
+    }
+}
+
+const TASK: &str = "Will it rain in Lyon tomorrow? Should I take an umbrella?";
+
+async fn hybrid_ranks_and_vectors_survive_restart(backend: Backend) {
+    let Some(cfg) = model_config() else { return };
+    let mut t = spawn_model(backend, cfg).await;
+    register_catalogue(&t);
+    let e = settled(&t).await;
+    assert_eq!(e["state"], "ready", "{e}");
+    assert_eq!(e["ranking"], "hybrid");
+    assert!(e["model"].as_str().unwrap().starts_with("local:"), "{e}");
+    assert_eq!(e["from_cache_since_start"], 0);
+    let embedded = e["embedded_since_start"].as_u64().unwrap();
+    assert!(embedded >= 27, "{e}");
+
+    let token = t.user("hana").await;
+    let run = t.run(&token).await;
+    let (turn, exposure) = t.turn(&token, &run, TASK).await;
+    assert_eq!(exposure["strategy"], "ranked", "{exposure}");
+    assert!(exposure["ranker"].as_str().unwrap().starts_with("hybrid:"), "{exposure}");
+    assert_eq!(exposure["candidate_count"], 27);
+    assert!(exposure.get("not_embedded_count").is_none(), "{exposure}");
+    let tools = exposure["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 20);
+    // BM25 gives the weather tool 0 (no shared word) and the id tie-break puts it last;
+    // only the dense part can bring it to the top.
+    assert_eq!(tools[0]["id"], "zz_atmosphere", "{exposure}");
+    let scores: Vec<f64> = tools.iter().map(|t| t["score"].as_f64().unwrap()).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    let lexical = mira::exposure::lexical::Bm25Ranker::new();
+    let candidates =
+        mira::exposure::candidates(&t.app().registry, &t.app().availability_context("x", None).await.unwrap());
+    let lex = mira::exposure::expose(&candidates, TASK, &lexical);
+    assert_ne!(lex.tools[0].id, "zz_atmosphere");
+    // Deterministic, and stored with its scores.
+    let (_, again) = t.turn(&token, &run, TASK).await;
+    assert_eq!(again["tools"], exposure["tools"]);
+    let stored = t.get(&format!("/v1/turns/{turn}"), &token).await;
+    assert_eq!(stored.body["exposure"], exposure);
+    let view = t.get(&format!("/v1/tools/zz_atmosphere?turn={turn}"), &token).await;
+    assert_eq!((view.body["state"].as_str(), view.body["score"].as_f64()), (Some("exposed"), Some(scores[0])));
+
+    // A restart takes every vector from the store: nothing is embedded again.
+    t.restart().await;
+    register_catalogue(&t);
+    let e = settled(&t).await;
+    assert_eq!(e["state"], "ready", "{e}");
+    assert_eq!(e["embedded_since_start"], 0, "{e}");
+    assert_eq!(e["from_cache_since_start"].as_u64().unwrap(), embedded, "{e}");
+    let (_, after) = t.turn(&token, &run, TASK).await;
+    assert_eq!(after["tools"], exposure["tools"]);
+}
+
+async fn bad_and_oversized_input(backend: Backend) {
+    let Some(cfg) = model_config() else { return };
+    let t = spawn_model(backend, cfg).await;
+    register_catalogue(&t);
+    // A 100 KB description is indexed and embedded (cut for the model), not rejected.
+    let mut huge = TestTool::new("huge_manual", "", false);
+    huge.spec.description = "Maintenance manual of the coffee machine. ".repeat(2500);
+    assert!(huge.spec.description.len() > 100_000);
+    t.app().registry.register(Arc::new(huge)).unwrap();
+    let e = settled(&t).await;
+    assert_eq!(e["state"], "ready", "{e}");
+
+    let token = t.user("ines").await;
+    let run = t.run(&token).await;
+    let before = e["queries_embedded"].as_u64().unwrap();
+    // Over the task limit (64 KiB) and over the body limit (1 MiB): 413, no embedding.
+    let r = t.post(&format!("/v1/runs/{run}/turns"), &token, json!({"task": "x".repeat(64 * 1024 + 1)})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::PAYLOAD_TOO_LARGE, "task_too_large"), "{r:?}");
+    let r = t.post(&format!("/v1/runs/{run}/turns"), &token, json!({"task": "x".repeat(1024 * 1024)})).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{r:?}");
+    let e = t.request(reqwest::Method::GET, "/readyz", None, None).await.body["embedding"].clone();
+    assert_eq!(e["queries_embedded"].as_u64().unwrap(), before, "{e}");
+    // The largest accepted task is embedded (cut) and ranked.
+    let task = "How do I descale the coffee machine? ".repeat(1500);
+    assert!(task.len() < 64 * 1024);
+    let (_, exposure) = t.turn(&token, &run, &task).await;
+    assert_eq!(exposure["strategy"], "ranked");
+    assert_eq!(exposure["tools"][0]["id"], "huge_manual", "{exposure}");
+}
+
+async fn twenty_or_fewer_candidates_embed_nothing(backend: Backend) {
+    let Some(cfg) = model_config() else { return };
+    let t = spawn_model(backend, cfg).await;
+    for i in 0..17 {
+        t.app()
+            .registry
+            .register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false)))
+            .unwrap();
+    }
+    let e = settled(&t).await;
+    assert_eq!(e["state"], "ready");
+    let token = t.user("jon").await;
+    let run = t.run(&token).await;
+    let (_, exposure) = t.turn(&token, &run, TASK).await;
+    assert_eq!((exposure["strategy"].as_str(), exposure["candidate_count"].as_u64()), (Some("all"), Some(20)));
+    let e = t.request(reqwest::Method::GET, "/readyz", None, None).await.body["embedding"].clone();
+    assert_eq!(e["queries_embedded"], 0, "{e}");
+}
+
+both_backends!(
+    hybrid_ranks_and_vectors_survive_restart,
+    bad_and_oversized_input,
+    twenty_or_fewer_candidates_embed_nothing
+);
+
+/// Without a model the service ranks lexically and says why, in `/readyz` and in each exposure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_model_is_lexical_only_and_says_so() {
+    let t = spawn_with(Backend::Sqlite, Options::default()).await;
+    register_catalogue(&t);
+    let e = settled(&t).await;
+    assert_eq!((e["state"].as_str(), e["ranking"].as_str()), (Some("lexical_only"), Some("lexical")), "{e}");
+    assert!(e["reason"].as_str().unwrap().contains("no embedding model is configured"), "{e}");
+    let token = t.user("kim").await;
+    let run = t.run(&token).await;
+    let (_, exposure) = t.turn(&token, &run, "latest news headlines about football scores").await;
+    assert_eq!((exposure["strategy"].as_str(), exposure["ranker"].as_str()), (Some("ranked_lexical"), Some("bm25")));
+    assert!(exposure["lexical_reason"].as_str().unwrap().contains("no embedding model"), "{exposure}");
+    assert_eq!(exposure["tools"].as_array().unwrap().len(), 20);
+}
+
+/// A turn never waits for tool embedding: tools without a vector are ranked by their lexical
+/// score inside the hybrid, and the exposure says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unembedded_tools_rank_lexically_within_the_hybrid() {
+    let Some(cfg) = model_config() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let embeddings = Arc::new(Embeddings::new(cfg, tmp.path()));
+    assert_eq!(
+        tokio::task::spawn_blocking({
+            let e = embeddings.clone();
+            move || e.load()
+        })
+        .await
+        .unwrap()
+        .state,
+        State::Ready
+    );
+    let registry = mira::registry::Registry::new();
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let tool = TestTool::new(&format!("tool_{i:02}"), &format!("performs chore number {i}"), false);
+        ids.push(tool.spec.id.clone());
+        registry.register(Arc::new(tool)).unwrap();
+    }
+    registry.register(Arc::new(TestTool::new("rain_radar", "Shows where it rains right now", false))).unwrap();
+    let index = Arc::new(ToolIndex::new());
+    index.sync(&registry);
+    // Embed everything but rain_radar (as the background indexer would have so far).
+    let model = embeddings.model().unwrap();
+    let ready: Vec<_> = index.missing_vectors().into_iter().filter(|t| t.id() != "rain_radar").collect();
+    let fields: Vec<(&str, &str)> = ready.iter().map(|t| (t.fields.0.as_str(), t.fields.1.as_str())).collect();
+    let vectors = model.embed_tools(&fields).unwrap();
+    index.set_vectors(&ready.iter().map(|t| t.text_sha256.clone()).zip(vectors.into_iter().map(Into::into)).collect());
+    assert_eq!(index.counts().embedded, 30);
+
+    let ranker = IndexRanker::new(index.clone(), embeddings.clone(), Mode::Hybrid);
+    let ctx = mira::availability::AvailabilityContext {
+        user_id: "u".into(),
+        device: mira::availability::DeviceInfo::local(),
+    };
+    let candidates = mira::exposure::candidates(&registry, &ctx);
+    let exposure = mira::exposure::expose(&candidates, "where does it rain right now", &ranker);
+    assert_eq!(exposure.strategy, mira::exposure::Strategy::Ranked);
+    assert_eq!(exposure.not_embedded_count, Some(1));
+    assert_eq!(exposure.tools[0].id, "rain_radar", "lexical match ranks it first: {:?}", exposure.tools);
+    assert!(exposure.tools[0].not_embedded);
+    assert!(exposure.tools[1..].iter().all(|t| !t.not_embedded));
+    // A re-registered tool (new object) is not the indexed one until the next sync.
+    registry.unregister("tool_00");
+    registry.register(Arc::new(TestTool::new("tool_00", "performs chore number 0", false))).unwrap();
+    let candidates = mira::exposure::candidates(&registry, &ctx);
+    let r = ranker.rank("chore number 0", &candidates.iter().map(|e| e.spec()).collect::<Vec<_>>());
+    assert_eq!(r.not_embedded.len(), 2);
+    // Same text: the sync keeps its vector without embedding again.
+    index.sync(&registry);
+    assert_eq!(index.counts().embedded, 30);
+}
+
+/// Bad model directory, wrong ONNX file, missing and incompatible ONNX Runtime: each
+/// server starts, ranks lexically and says why in `/readyz`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_models_and_runtimes_start_lexical_only() {
+    let Some(cfg) = model_config() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let good_dir = cfg.model_dir.clone().unwrap();
+    let ort = cfg.ort_dylib_path.clone().unwrap();
+
+    let missing = copy_model(&good_dir, &tmp.path().join("missing"));
+    std::fs::remove_file(missing.join("tokenizer.json")).unwrap();
+    let wrong = copy_model(&good_dir, &tmp.path().join("wrong"));
+    std::fs::write(wrong.join("model.onnx"), b"this is not an ONNX protobuf").unwrap();
+    let old_ort = fake_old_ort(tmp.path());
+
+    let cases: Vec<(&str, PathBuf, PathBuf, &str, &str)> = vec![
+        ("missing file", missing, ort.clone(), "lexical_only", "lacks tokenizer.json"),
+        ("wrong onnx", wrong, ort.clone(), "failed", "ONNX Runtime cannot load"),
+        ("no runtime", good_dir.clone(), tmp.path().join("nope/libonnxruntime.so"), "lexical_only", "does not exist"),
+        ("old runtime", good_dir.clone(), old_ort, "lexical_only", "not compatible"),
+    ];
+    for (name, dir, ort, state, reason) in cases {
+        let e = serve_and_read_embedding(tmp.path(), name, &dir, &ort).await;
+        assert_eq!(e["state"], state, "{name}: {e}");
+        assert_eq!(e["ranking"], "lexical", "{name}: {e}");
+        assert!(e["reason"].as_str().unwrap().contains(reason), "{name}: {e}");
+    }
+}
+
+fn copy_model(from: &Path, to: &Path) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    for f in mira::embedding::model::MODEL_DIR_FILES {
+        std::fs::copy(from.join(f), to.join(f)).unwrap();
+    }
+    to.to_path_buf()
+}
+
+/// A shared library that exports `OrtGetApiBase` but reports ONNX Runtime 1.10.0.
+fn fake_old_ort(dir: &Path) -> PathBuf {
+    let src = dir.join("old_ort.c");
+    std::fs::write(
+        &src,
+        "typedef struct { const void* (*GetApi)(unsigned); const char* (*GetVersionString)(void); } Base;\n\
+         static const void* get_api(unsigned v) { (void)v; return 0; }\n\
+         static const char* version(void) { return \"1.10.0\"; }\n\
+         static const Base base = { get_api, version };\n\
+         const Base* OrtGetApiBase(void) { return &base; }\n",
+    )
+    .unwrap();
+    let lib = dir.join("libonnxruntime_old.so");
+    let out = std::process::Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&lib).arg(&src).output().unwrap();
+    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    lib
+}
+
+/// Runs `mira serve` with the model directory and runtime, returns `/readyz`'s embedding
+/// object once it left `loading`, and stops the server.
+async fn serve_and_read_embedding(tmp: &Path, name: &str, model_dir: &Path, ort: &Path) -> Value {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let data = tmp.join(format!("data-{}", name.replace(' ', "-")));
+    std::fs::create_dir_all(&data).unwrap();
+    let log = data.join("server.log");
+    // MIRA_BIN: another build of the binary (a target dir shared by several checkouts).
+    let bin = std::env::var("MIRA_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_mira").to_owned());
+    let mut child = tokio::process::Command::new(bin)
+        .arg("serve")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--workspace")
+        .arg(tmp)
+        .arg("--embedding-model-dir")
+        .arg(model_dir)
+        .arg("--ort-dylib-path")
+        .arg(ort)
+        .env_remove("DATABASE_URL")
+        .env_remove("MIRA_EMBEDDING_MODEL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    mira::net::install_tls_provider();
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let embedding = loop {
+        assert!(Instant::now() < deadline, "{name}: server did not report an embedding state");
+        if let Ok(r) = client.get(format!("http://127.0.0.1:{port}/readyz")).send().await {
+            assert_eq!(r.status(), StatusCode::OK, "{name}");
+            let body: Value = r.json().await.unwrap();
+            if body["embedding"]["state"] != "loading" {
+                break body["embedding"].clone();
+            }
+        }
+        if child.try_wait().unwrap().is_some() {
+            panic!("{name}: mira serve exited: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    embedding
+}
