@@ -45,6 +45,8 @@ enum BenchCommand {
     Invocations(mira::bench::invocations::InvocationBench),
     /// External MCP: install → first call, call overhead vs direct rmcp, memory per server.
     Mcp(mira::bench::mcp::McpBench),
+    /// Code graph: index time and memory, incremental update, query latency, quality.
+    Codegraph(mira::bench::codegraph::CodegraphBench),
 }
 
 #[derive(Subcommand)]
@@ -146,6 +148,7 @@ async fn main() -> ExitCode {
         }
         Command::Bench { command: BenchCommand::Invocations(opts) } => mira::bench::invocations::run(opts).await,
         Command::Bench { command: BenchCommand::Mcp(opts) } => mira::bench::mcp::run(opts).await,
+        Command::Bench { command: BenchCommand::Codegraph(opts) } => mira::bench::codegraph::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

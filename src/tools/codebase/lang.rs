@@ -932,7 +932,7 @@ mod tests {
         let py = b"import os.path\nfrom .x import y\nclass A:\n    def f(self):\n        self.g()\n        os.path.join('a')\n    def g(self): pass\ndef top(): A().f()\n";
         let p = FileParser::new().parse(Lang::Python, py);
         assert_eq!(names(&p, true), ["class:A@3", "method:A::f@4", "method:A::g@7", "function:top@8"]);
-        assert_eq!(names(&p, false), ["f->A::g", "f->path::join", "top->A", "top->f"]);
+        assert_eq!(names(&p, false), ["f->A::g", "f->path::join", "top->f", "top->A"]);
 
         let go = b"package p\nimport \"net/http\"\ntype Server struct{}\nfunc (s *Server) Serve() { s.handle(); http.ListenAndServe(\"\", nil) }\nfunc (s *Server) handle() {}\nfunc main() { NewServer() }\n";
         let p = FileParser::new().parse(Lang::Go, go);

@@ -261,7 +261,7 @@ mod tests {
         assert_eq!(targets("pkg/a.py"), [Some("pkg/b.py".to_owned()), Some("pkg/b.py".to_owned()), None]);
         assert_eq!(targets("web/app.ts"), [Some("web/util.ts".to_owned()), None]);
         assert_eq!(targets("cmd/main.go"), [Some("internal/srv".to_owned()), None]);
-        assert_eq!(mg.edges_into("src/store/runs.rs", false).len(), 1);
+        assert_eq!(mg.edges_into("src/store/runs.rs", false).len(), 2);
         assert_eq!(mg.edges_into("internal/srv/srv.go", false).len(), 1);
     }
 }
