@@ -236,6 +236,9 @@ fn real_tree(opts: &CodegraphBench, source: &Path, dir: &Path) -> anyhow::Result
                "reparsed": timings.parsed, "reused": timings.reused})
     );
     shutdown.cancel();
+    while !ix.finished() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     Ok(())
 }
 
@@ -295,6 +298,11 @@ fn query_latencies(ix: &WorkspaceIndex, root: &Path, per_kind: usize) -> anyhow:
         r.0 += out.output["results"].as_array().map_or(0, Vec::len);
         r.1 += out.evidence.len();
         r.2 += out.output["stale"].as_array().map_or(0, Vec::len);
+        if std::env::var_os("MIRA_BENCH_SHOW_STALE").is_some()
+            && let Some(s) = out.output["stale"].as_array().and_then(|a| a.first())
+        {
+            eprintln!("stale ({kind}): {s}");
+        }
     }
     for (kind, samples) in by_kind {
         let p = super::percentiles(&samples);
@@ -415,7 +423,11 @@ pub fn quality(path: &Path, dir: &Path) -> anyhow::Result<Value> {
             PathBuf::from(raw)
         };
         let copy = dir.join(name);
-        copy_tree(&resolved, &copy).with_context(|| format!("copying {}", resolved.display()))?;
+        let into = match r["subdir"].as_str() {
+            Some(sub) => copy.join(sub),
+            None => copy.clone(),
+        };
+        copy_tree(&resolved, &into).with_context(|| format!("copying {}", resolved.display()))?;
         let copy = std::fs::canonicalize(copy)?;
         let ix = graphs.ensure(&copy).map_err(anyhow::Error::msg)?;
         wait_ready(&ix, Duration::from_millis(10), &mut Vec::new())?;

@@ -626,8 +626,19 @@ impl<'s> Walk<'s> {
                 self.import_scope(node)
             }
             "import_from_statement" => {
+                // `from a import b` may import the submodule `a.b`: keep `a.b` (the resolver
+                // falls back to `a` when `b` is not a module).
                 if let Some(m) = node.child_by_field_name("module_name") {
-                    let t = text(m, self.src).to_owned();
+                    let module = text(m, self.src).to_owned();
+                    let first = node.child_by_field_name("name").map(|n| {
+                        let n = if n.kind() == "aliased_import" { n.child_by_field_name("name").unwrap_or(n) } else { n };
+                        text(n, self.src).to_owned()
+                    });
+                    let t = match first {
+                        Some(f) if module.ends_with('.') => format!("{module}{f}"),
+                        Some(f) => format!("{module}.{f}"),
+                        None => module,
+                    };
                     self.add_import(node, &t);
                 }
                 self.import_scope(node)

@@ -528,7 +528,11 @@ impl Ctx<'_> {
         let f = self.g.file(fid)?;
         let imp = f.imports.get(import)?;
         let target = self.g.name(imp.target).to_owned();
-        let probe = target.split("::{").next().unwrap_or(&target).to_owned();
+        // The last path segment is on the import's line however the statement is spelled
+        // (`mod x;` is stored as `self::x`, `use a::b::{c}` as `a::b`).
+        let last = target.rsplit("::").next().unwrap_or(&target);
+        let probe = if last.contains('/') { last } else { last.rsplit('.').next().unwrap_or(last) };
+        let probe = if probe.is_empty() { last.to_owned() } else { probe.to_owned() };
         let check = self.reader.check_text(&f.path, &f.hash_hex(), &probe, imp.line);
         let mut v = json!({"from": &*f.path, "import": target, "to": to, "external": to.is_none()});
         match check.span() {

@@ -110,9 +110,23 @@ impl<'g> Resolver<'g> {
             .or_else(|| self.file(&format!("{base}.rs")))
     }
 
+    /// The longest dotted prefix of `target` that is a module.
     fn python(&self, from: &str, target: &str) -> Option<String> {
         let dots = target.chars().take_while(|c| *c == '.').count();
-        let module = &target[dots..];
+        let mut module = &target[dots..];
+        loop {
+            if let Some(f) = self.python_module(from, dots, module) {
+                return Some(f);
+            }
+            match module.rsplit_once('.') {
+                Some((head, _)) => module = head,
+                None if !module.is_empty() && dots > 0 => module = "",
+                None => return None,
+            }
+        }
+    }
+
+    fn python_module(&self, from: &str, dots: usize, module: &str) -> Option<String> {
         let rel = module.replace('.', "/");
         let candidates = |base: &str| {
             let p = join(base, &rel);

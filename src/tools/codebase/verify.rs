@@ -127,7 +127,7 @@ pub struct Reader<'a> {
 }
 
 fn is_word(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
+    b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80
 }
 
 /// Byte columns (0-based) of whole-word occurrences of `name` in `line`.
