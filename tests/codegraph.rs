@@ -27,13 +27,29 @@ fn write(root: &Path, rel: &str, text: &str) {
 }
 
 fn sample_project(root: &Path) {
-    write(root, "src/lib.rs", "mod store;\nuse crate::store::Store;\n\npub fn serve() {\n    let s = Store::open();\n    s.save();\n    helper();\n}\n\nfn helper() {}\n");
-    write(root, "src/store.rs", "pub struct Store;\n\nimpl Store {\n    pub fn open() -> Store {\n        Store\n    }\n\n    pub fn save(&self) {\n        self.flush();\n    }\n\n    fn flush(&self) {}\n}\n");
-    write(root, "py/app.py", "from .util import clean\n\nclass App:\n    def run(self):\n        return clean(self.name())\n\n    def name(self):\n        return 'x'\n");
+    write(
+        root,
+        "src/lib.rs",
+        "mod store;\nuse crate::store::Store;\n\npub fn serve() {\n    let s = Store::open();\n    s.save();\n    helper();\n}\n\nfn helper() {}\n",
+    );
+    write(
+        root,
+        "src/store.rs",
+        "pub struct Store;\n\nimpl Store {\n    pub fn open() -> Store {\n        Store\n    }\n\n    pub fn save(&self) {\n        self.flush();\n    }\n\n    fn flush(&self) {}\n}\n",
+    );
+    write(
+        root,
+        "py/app.py",
+        "from .util import clean\n\nclass App:\n    def run(self):\n        return clean(self.name())\n\n    def name(self):\n        return 'x'\n",
+    );
     write(root, "py/util.py", "def clean(s):\n    return s.strip()\n");
     write(root, "web/main.ts", "import { fmt } from './fmt';\nexport function render(): string { return fmt('a'); }\n");
     write(root, "web/fmt.ts", "export function fmt(s: string): string { return s; }\n");
-    write(root, "go/srv/srv.go", "package srv\n\ntype Server struct{}\n\nfunc (s *Server) Start() { s.listen() }\n\nfunc (s *Server) listen() {}\n");
+    write(
+        root,
+        "go/srv/srv.go",
+        "package srv\n\ntype Server struct{}\n\nfunc (s *Server) Start() { s.listen() }\n\nfunc (s *Server) listen() {}\n",
+    );
 }
 
 async fn wait_available(t: &common::TestApp, token: &str, turn: &str) -> Value {
@@ -84,7 +100,10 @@ async fn explore_over_http(backend: Backend) {
     let done = explore(&t, &token, &run, &turn, "d1", json!({"kind": "definitions", "symbol": "Store::save"})).await;
     let out = &done["result"]["output"];
     let hit = &out["results"][0];
-    assert_eq!((hit["path"].as_str(), hit["line"].as_u64(), hit["kind"].as_str()), (Some("src/store.rs"), Some(8), Some("method")));
+    assert_eq!(
+        (hit["path"].as_str(), hit["line"].as_u64(), hit["kind"].as_str()),
+        (Some("src/store.rs"), Some(8), Some("method"))
+    );
     assert_eq!(hit["verification"]["status"], "verified");
     let sha = mira::evidence::sha256_hex(&std::fs::read(t.workspace.join("src/store.rs")).unwrap());
     assert_eq!(hit["verification"]["file_sha256"], sha);
@@ -96,7 +115,8 @@ async fn explore_over_http(backend: Backend) {
 
     let out = explore(&t, &token, &run, &turn, "c1", json!({"kind": "callers", "symbol": "Store::save"})).await;
     assert_eq!(names(&out["result"]["output"]), ["serve"]);
-    let out = explore(&t, &token, &run, &turn, "c2", json!({"kind": "callers", "symbol": "Store::flush", "depth": 3})).await;
+    let out =
+        explore(&t, &token, &run, &turn, "c2", json!({"kind": "callers", "symbol": "Store::flush", "depth": 3})).await;
     assert_eq!(names(&out["result"]["output"]), ["Store::save", "serve"]);
     let out = explore(&t, &token, &run, &turn, "c3", json!({"kind": "callees", "symbol": "serve"})).await;
     assert_eq!(names(&out["result"]["output"]), ["Store::open", "Store::save", "helper"]);
@@ -107,7 +127,15 @@ async fn explore_over_http(backend: Backend) {
     let out = explore(&t, &token, &run, &turn, "c6", json!({"kind": "callees", "symbol": "Server.Start"})).await;
     assert_eq!(names(&out["result"]["output"]), ["Server::listen"]);
 
-    let out = explore(&t, &token, &run, &turn, "r1", json!({"kind": "references", "path": "src/store.rs", "line": 1, "column": 12})).await;
+    let out = explore(
+        &t,
+        &token,
+        &run,
+        &turn,
+        "r1",
+        json!({"kind": "references", "path": "src/store.rs", "line": 1, "column": 12}),
+    )
+    .await;
     let refs = &out["result"]["output"];
     assert_eq!(refs["symbol"], "Store");
     assert!(refs["results"].as_array().unwrap().iter().any(|r| r["path"] == "src/lib.rs" && r["line"] == 5), "{refs}");
@@ -140,19 +168,35 @@ async fn explore_over_http(backend: Backend) {
     // Missing required fields per kind → 400 with a stable code, nothing frozen.
     let r = t.call(&token, &run, &turn, "codebase_explore", "bad1", json!({"kind": "callers"})).await;
     assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "missing_field"), "{r:?}");
-    let r = t.call(&token, &run, &turn, "codebase_explore", "bad2", json!({"kind": "dependencies", "path": "../etc"})).await;
+    let r = t
+        .call(&token, &run, &turn, "codebase_explore", "bad2", json!({"kind": "dependencies", "path": "../etc"}))
+        .await;
     assert_eq!(r.code(), "outside_workspace", "{r:?}");
     let r = t.call(&token, &run, &turn, "codebase_explore", "bad3", json!({"kind": "everything"})).await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{r:?}");
 
     // An edit on disk (what an Edit tool does) is picked up before the next query.
-    write(&t.workspace, "src/store.rs", "pub struct Store;\n\nimpl Store {\n    pub fn open() -> Store {\n        Store\n    }\n\n    // moved down by a line\n    pub fn save(&self) {\n        self.flush();\n    }\n\n    fn flush(&self) {}\n\n    pub fn compact(&self) {}\n}\n");
+    write(
+        &t.workspace,
+        "src/store.rs",
+        "pub struct Store;\n\nimpl Store {\n    pub fn open() -> Store {\n        Store\n    }\n\n    // moved down by a line\n    pub fn save(&self) {\n        self.flush();\n    }\n\n    fn flush(&self) {}\n\n    pub fn compact(&self) {}\n}\n",
+    );
     let mut found = false;
     for i in 0..100 {
-        let out = explore(&t, &token, &run, &turn, &format!("e{i}"), json!({"kind": "definitions", "symbol": "compact"})).await;
+        let out =
+            explore(&t, &token, &run, &turn, &format!("e{i}"), json!({"kind": "definitions", "symbol": "compact"}))
+                .await;
         if out["result"]["output"]["results"].as_array().is_some_and(|r| !r.is_empty()) {
             found = true;
-            let save = explore(&t, &token, &run, &turn, &format!("s{i}"), json!({"kind": "definitions", "symbol": "Store::save"})).await;
+            let save = explore(
+                &t,
+                &token,
+                &run,
+                &turn,
+                &format!("s{i}"),
+                json!({"kind": "definitions", "symbol": "Store::save"}),
+            )
+            .await;
             assert_eq!(save["result"]["output"]["results"][0]["line"], 9);
             break;
         }
@@ -165,7 +209,8 @@ async fn explore_over_http(backend: Backend) {
     let (turn, _) = t.turn(&token, &run, "again").await;
     wait_available(&t, &token, &turn).await;
     let (turn, _) = t.turn(&token, &run, "again").await;
-    let out = explore(&t, &token, &run, &turn, "after-restart", json!({"kind": "definitions", "symbol": "compact"})).await;
+    let out =
+        explore(&t, &token, &run, &turn, "after-restart", json!({"kind": "definitions", "symbol": "compact"})).await;
     // (The edited file is parsed again only if the index file was saved before the edit
     // reached it; every unchanged file is reused.)
     let index = &out["result"]["output"]["index"];
@@ -195,9 +240,9 @@ fn query(ix: &WorkspaceIndex, input: Value) -> Value {
     let ws = Workspace::open(ix.root()).unwrap();
     let mg = ModuleGraph::build(&ix.graph());
     let out = mira::tools::codebase::run(ix, &ws, &mg, &input).unwrap();
-    let verified = out.output["results"].as_array().map_or(0, |r| {
-        r.iter().filter(|x| x["verification"]["status"] == "verified").count()
-    });
+    let verified = out.output["results"]
+        .as_array()
+        .map_or(0, |r| r.iter().filter(|x| x["verification"]["status"] == "verified").count());
     assert!(out.evidence.len() >= verified.min(1), "verified results carry evidence");
     out.output
 }

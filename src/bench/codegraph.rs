@@ -333,14 +333,26 @@ pub fn generate_workspace(root: &Path, n: usize) -> anyhow::Result<()> {
         let (name, body) = match i % 4 {
             0 => (
                 format!("m{i}.rs"),
-                format!("pub struct S{i};\nimpl S{i} {{\n    pub fn run(&self) -> u64 {{ f{j}() }}\n}}\npub fn f{i}() -> u64 {{ {i} }}\n"),
+                format!(
+                    "pub struct S{i};\nimpl S{i} {{\n    pub fn run(&self) -> u64 {{ f{j}() }}\n}}\npub fn f{i}() -> u64 {{ {i} }}\n"
+                ),
             ),
-            1 => (format!("m{i}.py"), format!("class C{i}:\n    def run(self):\n        return f{j}()\n\ndef f{i}():\n    return {i}\n")),
+            1 => (
+                format!("m{i}.py"),
+                format!("class C{i}:\n    def run(self):\n        return f{j}()\n\ndef f{i}():\n    return {i}\n"),
+            ),
             2 => (
                 format!("m{i}.ts"),
-                format!("export class C{i} {{ run(): number {{ return f{j}(); }} }}\nexport function f{i}(): number {{ return {i}; }}\n"),
+                format!(
+                    "export class C{i} {{ run(): number {{ return f{j}(); }} }}\nexport function f{i}(): number {{ return {i}; }}\n"
+                ),
             ),
-            _ => (format!("m{i}.go"), format!("package {pkg}\n\ntype T{i} struct{{}}\n\nfunc (t *T{i}) Run() int {{ return F{j}() }}\n\nfunc F{i}() int {{ return {i} }}\n")),
+            _ => (
+                format!("m{i}.go"),
+                format!(
+                    "package {pkg}\n\ntype T{i} struct{{}}\n\nfunc (t *T{i}) Run() int {{ return F{j}() }}\n\nfunc F{i}() int {{ return {i} }}\n"
+                ),
+            ),
         };
         std::fs::write(dir.join(name), body)?;
     }
@@ -365,7 +377,8 @@ fn synthetic(n: usize, dir: &Path) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     let peak = peak_rss_kib();
     let stats = ix.graph().stats();
-    let progress: Vec<Value> = samples.iter().step_by((samples.len() / 10).max(1)).map(|(ms, d, t)| json!([ms, d, t])).collect();
+    let progress: Vec<Value> =
+        samples.iter().step_by((samples.len() / 10).max(1)).map(|(ms, d, t)| json!([ms, d, t])).collect();
     println!(
         "{}",
         json!({"bench": "codegraph_synthetic_index", "files": n, "generate_ms": generate_ms, "index_ms": elapsed.as_millis() as u64,
@@ -467,7 +480,9 @@ pub fn quality(path: &Path, dir: &Path) -> anyhow::Result<Value> {
                    "true_positives": tp, "returned": got, "expected": exp})
         })
         .collect();
-    Ok(json!({"bench": "codegraph_quality", "set": path.display().to_string(), "source": set["source"], "per_kind": kinds, "cases": cases_out}))
+    Ok(
+        json!({"bench": "codegraph_quality", "set": path.display().to_string(), "source": set["source"], "per_kind": kinds, "cases": cases_out}),
+    )
 }
 
 /// What a result names, for scoring: `path:line` for definitions and references, the
@@ -487,7 +502,11 @@ fn returned(kind: &str, out: &Value) -> std::collections::BTreeSet<String> {
                 .filter_map(|e| e["to"].as_str().map(|t| format!("out:{t}")))
                 .collect();
             s.extend(
-                out["imported_by"].as_array().into_iter().flatten().filter_map(|e| e["from"].as_str().map(|f| format!("in:{f}"))),
+                out["imported_by"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e["from"].as_str().map(|f| format!("in:{f}"))),
             );
             s
         }

@@ -87,8 +87,7 @@ pub fn module_name(path: &str) -> &str {
     let (dir, file) = path.rsplit_once('/').unwrap_or(("", path));
     let stem = file.split('.').next().unwrap_or(file);
     let dir_name = dir.rsplit('/').next().unwrap_or(dir);
-    let folder_module =
-        matches!(stem, "mod" | "lib" | "main" | "__init__" | "index") || file.ends_with(".go");
+    let folder_module = matches!(stem, "mod" | "lib" | "main" | "__init__" | "index") || file.ends_with(".go");
     if folder_module && !dir_name.is_empty() { dir_name } else { stem }
 }
 
@@ -335,8 +334,13 @@ impl Graph {
         }
         let known = g.names.len();
         for f in files {
-            let ok = f.defs.iter().all(|d| (d.name as usize) < known && (d.container == NONE || (d.container as usize) < known))
-                && f.refs.iter().all(|r| (r.name as usize) < known && (r.qualifier == NONE || (r.qualifier as usize) < known))
+            let ok = f
+                .defs
+                .iter()
+                .all(|d| (d.name as usize) < known && (d.container == NONE || (d.container as usize) < known))
+                && f.refs
+                    .iter()
+                    .all(|r| (r.name as usize) < known && (r.qualifier == NONE || (r.qualifier as usize) < known))
                 && f.imports.iter().all(|i| (i.target as usize) < known);
             if ok {
                 g.put(f);

@@ -61,8 +61,17 @@ pub const VENDORED_DIRS: [&str; 10] = [
 ];
 
 /// File name endings that mark generated code.
-pub const GENERATED_SUFFIXES: [&str; 9] =
-    [".min.js", ".min.mjs", ".pb.go", "_pb2.py", "_pb2_grpc.py", ".generated.ts", ".generated.js", ".g.go", ".bundle.js"];
+pub const GENERATED_SUFFIXES: [&str; 9] = [
+    ".min.js",
+    ".min.mjs",
+    ".pb.go",
+    "_pb2.py",
+    "_pb2_grpc.py",
+    ".generated.ts",
+    ".generated.js",
+    ".g.go",
+    ".bundle.js",
+];
 
 /// Markers in the first KiB that mark a generated file (Go's `Code generated … DO NOT EDIT.`
 /// convention, `@generated` of rustfmt/Buck/Meta tooling).
@@ -241,7 +250,7 @@ impl CodeGraphs {
         let canonical = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
         let mut map = self.indexes.lock();
         if let Some(ix) = map.get(&canonical)
-            && !(ix.phase() == Phase::Cancelled && !self.shutdown.is_cancelled())
+            && (ix.phase() != Phase::Cancelled || self.shutdown.is_cancelled())
         {
             return Ok(ix.clone());
         }
@@ -359,7 +368,7 @@ impl WorkspaceIndex {
                 format!("code graph: listing workspace files ({total} source files found so far)"),
             ),
             Phase::Parsing => {
-                let pct = if total == 0 { 100 } else { done * 100 / total };
+                let pct = (done * 100).checked_div(total).unwrap_or(100);
                 Availability::unavailable(
                     "index_building",
                     format!("code graph: indexed {done} of {total} files ({pct}%)"),
@@ -464,7 +473,11 @@ impl WorkspaceIndex {
 
     /// Lists the indexable files under `start` (workspace-relative, `""` = root), adding
     /// directory watches on the way.
-    fn walk(&self, start: &Path, mut watcher: Option<&mut notify::RecommendedWatcher>) -> Result<Vec<(String, u64)>, String> {
+    fn walk(
+        &self,
+        start: &Path,
+        mut watcher: Option<&mut notify::RecommendedWatcher>,
+    ) -> Result<Vec<(String, u64)>, String> {
         let mut out = Vec::new();
         let mut vendored = 0u64;
         let mut over = 0u64;

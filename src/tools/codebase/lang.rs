@@ -438,7 +438,8 @@ impl<'s> Walk<'s> {
                 let container = self.container();
                 let in_impl = self.scopes.last().is_some_and(|s| {
                     s.container != NONE
-                        && (s.def == NONE || self.out.defs.get(s.def as usize).is_some_and(|d| d.kind == DefKind::Trait))
+                        && (s.def == NONE
+                            || self.out.defs.get(s.def as usize).is_some_and(|d| d.kind == DefKind::Trait))
                 });
                 let (k, c) = if in_impl { (DefKind::Method, container) } else { (DefKind::Function, NONE) };
                 let def = self.add_def(node, name, k, c);
@@ -618,7 +619,8 @@ impl<'s> Walk<'s> {
                 let count = u32::try_from(node.named_child_count()).unwrap_or(0);
                 for i in 0..count {
                     if let Some(c) = node.named_child(i) {
-                        let n = if c.kind() == "aliased_import" { c.child_by_field_name("name").unwrap_or(c) } else { c };
+                        let n =
+                            if c.kind() == "aliased_import" { c.child_by_field_name("name").unwrap_or(c) } else { c };
                         let t = text(n, self.src).to_owned();
                         self.add_import(node, &t);
                     }
@@ -631,7 +633,8 @@ impl<'s> Walk<'s> {
                 if let Some(m) = node.child_by_field_name("module_name") {
                     let module = text(m, self.src).to_owned();
                     let first = node.child_by_field_name("name").map(|n| {
-                        let n = if n.kind() == "aliased_import" { n.child_by_field_name("name").unwrap_or(n) } else { n };
+                        let n =
+                            if n.kind() == "aliased_import" { n.child_by_field_name("name").unwrap_or(n) } else { n };
                         text(n, self.src).to_owned()
                     });
                     let t = match first {
@@ -779,7 +782,10 @@ impl<'s> Walk<'s> {
                 let name = node.child_by_field_name("name")?;
                 let value = node.child_by_field_name("value")?;
                 if name.kind() != "identifier"
-                    || !matches!(value.kind(), "arrow_function" | "function_expression" | "function" | "generator_function")
+                    || !matches!(
+                        value.kind(),
+                        "arrow_function" | "function_expression" | "function" | "generator_function"
+                    )
                 {
                     return None;
                 }
@@ -904,7 +910,11 @@ mod tests {
             p.defs
                 .iter()
                 .map(|d| {
-                    let c = if d.container == NONE { String::new() } else { format!("{}::", p.names[d.container as usize]) };
+                    let c = if d.container == NONE {
+                        String::new()
+                    } else {
+                        format!("{}::", p.names[d.container as usize])
+                    };
                     format!("{}:{c}{}@{}", d.kind.name(), p.names[d.name as usize], d.line)
                 })
                 .collect()
@@ -913,8 +923,16 @@ mod tests {
                 .iter()
                 .filter(|r| r.kind == RefKind::Call)
                 .map(|r| {
-                    let q = if r.qualifier == NONE { String::new() } else { format!("{}::", p.names[r.qualifier as usize]) };
-                    let s = if r.scope == NONE { "-".to_owned() } else { p.names[p.defs[r.scope as usize].name as usize].clone() };
+                    let q = if r.qualifier == NONE {
+                        String::new()
+                    } else {
+                        format!("{}::", p.names[r.qualifier as usize])
+                    };
+                    let s = if r.scope == NONE {
+                        "-".to_owned()
+                    } else {
+                        p.names[p.defs[r.scope as usize].name as usize].clone()
+                    };
                     format!("{s}->{q}{}", p.names[r.name as usize])
                 })
                 .collect()
@@ -927,7 +945,15 @@ mod tests {
         let p = FileParser::new().parse(Lang::Rust, src);
         assert_eq!(
             names(&p, true),
-            ["module:m@1", "struct:S@3", "method:S::new@5", "method:S::go@6", "trait:T@8", "method:T::run@8", "function:helper@9"]
+            [
+                "module:m@1",
+                "struct:S@3",
+                "method:S::new@5",
+                "method:S::go@6",
+                "trait:T@8",
+                "method:T::run@8",
+                "function:helper@9"
+            ]
         );
         assert_eq!(
             names(&p, false),

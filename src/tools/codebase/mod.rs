@@ -221,7 +221,8 @@ pub fn parse_query(input: &Value) -> Query {
         column: input.get("column").and_then(Value::as_u64).and_then(|c| u32::try_from(c).ok()),
         depth: u32::try_from(uint_field(input, "depth", 1, MAX_DEPTH)).unwrap_or(1),
         limit: usize::try_from(uint_field(input, "limit", DEFAULT_LIMIT, MAX_LIMIT)).unwrap_or(50),
-        max_tokens: usize::try_from(uint_field(input, "max_tokens", DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS)).unwrap_or(2048),
+        max_tokens: usize::try_from(uint_field(input, "max_tokens", DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS))
+            .unwrap_or(2048),
     }
 }
 

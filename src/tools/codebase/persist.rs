@@ -59,11 +59,8 @@ pub fn save(path: &Path, root: &Path, graph: &Graph) -> std::io::Result<u64> {
         std::fs::create_dir_all(dir)?;
     }
     let root = root.to_string_lossy();
-    let snap = SnapshotRef {
-        root: &root,
-        names: Names(graph.names_slice()),
-        files: graph.files().map(|(_, f)| f).collect(),
-    };
+    let snap =
+        SnapshotRef { root: &root, names: Names(graph.names_slice()), files: graph.files().map(|(_, f)| f).collect() };
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let file = std::fs::File::create(&tmp)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);

@@ -155,6 +155,14 @@ fn levenshtein(a: &str, b: &str, max: usize) -> Option<usize> {
     prev.last().copied().filter(|&d| d <= max)
 }
 
+/// Relation entries keyed by (file, definition index or NONE for top level): distance,
+/// sites, names on the other side.
+type Found<S> = BTreeMap<(u32, u32), (u32, Vec<S>, Vec<String>)>;
+/// Impact entries: distance, impacted names used, sites.
+type Impacted = HashMap<(u32, u32), (u32, HashSet<String>, Vec<Ref>)>;
+/// Path impact entries by file id: distance, impacted paths imported, import edges.
+type ImpactedFiles = HashMap<u32, (u32, HashSet<String>, Vec<(u32, usize, Option<String>)>)>;
+
 /// Runs queries for one call: the graph, the module graph, a reader and the evidence sink.
 pub struct Ctx<'a> {
     /// The graph.
@@ -265,7 +273,9 @@ impl Ctx<'_> {
             (Some(s), _, _) => s.clone(),
             (None, Some(p), Some(line)) => match self.symbol_at(p, line, q.column) {
                 Some(s) => s,
-                None => return json!({"results": [], "location": {"path": p, "line": line}, "note": "no indexed symbol at that location"}),
+                None => {
+                    return json!({"results": [], "location": {"path": p, "line": line}, "note": "no indexed symbol at that location"});
+                }
             },
             _ => String::new(),
         };
@@ -337,7 +347,7 @@ impl Ctx<'_> {
         let mut seen: HashSet<DefId> = targets.iter().copied().collect();
         let mut frontier = targets.clone();
         // caller key: (file, def index or NONE for top level) → (distance, sites, callees)
-        let mut found: BTreeMap<(u32, u32), (u32, Vec<Ref>, Vec<String>)> = BTreeMap::new();
+        let mut found: Found<Ref> = BTreeMap::new();
         for distance in 1..=q.depth {
             let mut next = Vec::new();
             for t in frontier {
@@ -425,9 +435,10 @@ impl Ctx<'_> {
             .iter()
             .copied()
             .filter(|&t| {
-                self.g.file(t.0).zip(self.g.def(t)).is_some_and(|(tf, td)| {
-                    td.kind.is_callable() && call_matches(self.g, r, td, tf)
-                })
+                self.g
+                    .file(t.0)
+                    .zip(self.g.def(t))
+                    .is_some_and(|(tf, td)| td.kind.is_callable() && call_matches(self.g, r, td, tf))
             })
             .collect();
         if all.len() <= 1 {
@@ -453,15 +464,19 @@ impl Ctx<'_> {
         let targets = resolve(self.g, &symbol, q.path.as_deref());
         let mut seen: HashSet<DefId> = targets.iter().copied().collect();
         let mut frontier = targets.clone();
-        let mut found: BTreeMap<(u32, u32), (u32, Vec<(u32, Ref)>, Vec<String>)> = BTreeMap::new();
+        let mut found: Found<(u32, Ref)> = BTreeMap::new();
         let mut unresolved: BTreeMap<String, Vec<(u32, Ref)>> = BTreeMap::new();
         for distance in 1..=q.depth {
             let mut next = Vec::new();
             for t in frontier {
                 let Some(f) = self.g.file(t.0) else { continue };
                 let caller = self.g.def(t).map(|d| self.g.qualified(d)).unwrap_or_default();
-                let calls: Vec<Ref> =
-                    f.refs.iter().filter(|r| r.kind == RefKind::Call && Self::within(f, r.scope, t.1)).copied().collect();
+                let calls: Vec<Ref> = f
+                    .refs
+                    .iter()
+                    .filter(|r| r.kind == RefKind::Call && Self::within(f, r.scope, t.1))
+                    .copied()
+                    .collect();
                 for r in calls {
                     let cands = self.resolve_call(t.0, &r);
                     if cands.is_empty() {
@@ -610,7 +625,7 @@ impl Ctx<'_> {
         let targets = resolve(self.g, &symbol, None);
         let mut seen: HashSet<(u32, u32)> = targets.iter().copied().collect();
         let mut frontier = targets.clone();
-        let mut found: HashMap<(u32, u32), (u32, HashSet<String>, Vec<Ref>)> = HashMap::new();
+        let mut found: Impacted = HashMap::new();
         for distance in 1..=q.depth {
             let mut next = Vec::new();
             for t in frontier {
@@ -691,7 +706,7 @@ impl Ctx<'_> {
         let mut frontier: Vec<(String, bool)> = vec![(path.clone(), is_dir)];
         seen.insert(path.clone());
         // dependant file id → (distance, impacted paths it imports, edges)
-        let mut found: HashMap<u32, (u32, HashSet<String>, Vec<(u32, usize, Option<String>)>)> = HashMap::new();
+        let mut found: ImpactedFiles = HashMap::new();
         for distance in 1..=q.depth {
             let mut next = Vec::new();
             for (p, dir) in &frontier {
@@ -715,9 +730,8 @@ impl Ctx<'_> {
             frontier = next;
         }
         let mut ordered: Vec<_> = found.into_iter().collect();
-        let fan_in_of = |g: &Graph, m: &ModuleGraph, id: u32| {
-            g.file(id).map_or(0, |f| m.edges_into(&f.path, false).len())
-        };
+        let fan_in_of =
+            |g: &Graph, m: &ModuleGraph, id: u32| g.file(id).map_or(0, |f| m.edges_into(&f.path, false).len());
         ordered.sort_by_key(|(id, (d, via, _))| {
             (*d, std::cmp::Reverse(via.len()), std::cmp::Reverse(fan_in_of(self.g, self.modules, *id)), *id)
         });
@@ -822,9 +836,11 @@ impl Ctx<'_> {
                 .iter()
                 .flat_map(|&fid| {
                     self.g.file(fid).into_iter().flat_map(move |f| {
-                        f.defs.iter().enumerate().filter(|(_, d)| d.parent == NONE || d.kind.is_callable()).map(
-                            move |(i, _)| (fid, u32::try_from(i).unwrap_or(NONE)),
-                        )
+                        f.defs
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, d)| d.parent == NONE || d.kind.is_callable())
+                            .map(move |(i, _)| (fid, u32::try_from(i).unwrap_or(NONE)))
                     })
                 })
                 .map(|id| (def_score.get(&id).copied().unwrap_or(0.0), id))
@@ -848,11 +864,14 @@ impl Ctx<'_> {
                 );
                 if map.len() + line.len() > budget {
                     truncated = true;
-                    out_modules.push(json!({"module": names[mi], "files": ids.len(), "rank": rank[mi], "definitions": listed}));
+                    out_modules.push(
+                        json!({"module": names[mi], "files": ids.len(), "rank": rank[mi], "definitions": listed}),
+                    );
                     break 'modules;
                 }
                 map.push_str(&line);
-                listed.push(json!({"name": v["qualified_name"], "kind": v["kind"], "path": v["path"], "line": v["line"],
+                listed
+                    .push(json!({"name": v["qualified_name"], "kind": v["kind"], "path": v["path"], "line": v["line"],
                                    "score": score, "verification": v["verification"]}));
             }
             out_modules.push(json!({"module": names[mi], "files": ids.len(), "rank": rank[mi], "definitions": listed}));

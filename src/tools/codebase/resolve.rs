@@ -75,11 +75,8 @@ impl<'g> Resolver<'g> {
         let (&first, rest) = segs.split_first()?;
         let file_name = from.rsplit('/').next().unwrap_or(from);
         let stem = file_name.trim_end_matches(".rs");
-        let module_dir = if matches!(stem, "mod" | "lib" | "main") {
-            parent(from).to_owned()
-        } else {
-            join(parent(from), stem)
-        };
+        let module_dir =
+            if matches!(stem, "mod" | "lib" | "main") { parent(from).to_owned() } else { join(parent(from), stem) };
         let (base, rest) = match first {
             "crate" => {
                 let src = from.rfind("src/").map_or(String::new(), |i| from[..i + 3].to_owned());

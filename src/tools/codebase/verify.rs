@@ -103,16 +103,18 @@ impl Check {
     /// Evidence for a verified candidate (None when stale).
     pub fn evidence(&self, path: &str, symbol: &str, relation: &str, query: &str) -> Option<EvidenceDraft> {
         match self {
-            Check::Verified { start_line, end_line, line, col, relocated, sha256, excerpt, .. } => Some(EvidenceDraft {
-                kind: "code_location".into(),
-                provenance: json!({
-                    "path": path, "start_line": start_line, "end_line": end_line, "line": line, "column": col,
-                    "symbol": symbol, "relation": relation, "query": query, "file_sha256": sha256,
-                    "relocated": relocated, "verified_at_query_time": true,
-                }),
-                content_sha256: sha256.clone(),
-                excerpt: crate::evidence::excerpt(excerpt, crate::evidence::EXCERPT_MAX_BYTES),
-            }),
+            Check::Verified { start_line, end_line, line, col, relocated, sha256, excerpt, .. } => {
+                Some(EvidenceDraft {
+                    kind: "code_location".into(),
+                    provenance: json!({
+                        "path": path, "start_line": start_line, "end_line": end_line, "line": line, "column": col,
+                        "symbol": symbol, "relation": relation, "query": query, "file_sha256": sha256,
+                        "relocated": relocated, "verified_at_query_time": true,
+                    }),
+                    content_sha256: sha256.clone(),
+                    excerpt: crate::evidence::excerpt(excerpt, crate::evidence::EXCERPT_MAX_BYTES),
+                })
+            }
             Check::Stale { .. } => None,
         }
     }
@@ -195,10 +197,11 @@ impl<'a> Reader<'a> {
         let total = cur.line_count();
         for d in 1..=total {
             for l in [line.saturating_sub(d), line.saturating_add(d)] {
-                if l >= 1 && l <= total {
-                    if let Some(&c) = at(l).first() {
-                        return verified(l, c as u32 + 1, true);
-                    }
+                if l >= 1
+                    && l <= total
+                    && let Some(&c) = at(l).first()
+                {
+                    return verified(l, c as u32 + 1, true);
                 }
             }
             if d > line && line + d > total {
@@ -218,7 +221,8 @@ impl<'a> Reader<'a> {
             Err(reason) => return Check::Stale { reason },
         };
         let unchanged = cur.sha256 == indexed_sha;
-        let name_here = cur.line(def.line).is_some_and(|t| word_occurrences(t, &name).contains(&(def.col as usize - 1)));
+        let name_here =
+            cur.line(def.line).is_some_and(|t| word_occurrences(t, &name).contains(&(def.col as usize - 1)));
         if unchanged && name_here {
             let end = def.end_line.min(def.start_line + MAX_EXCERPT_LINES - 1);
             return Check::Verified {
