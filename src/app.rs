@@ -39,9 +39,24 @@ pub struct App {
 }
 
 impl App {
-    /// The availability context of a run: its owner and its device (the server host when
-    /// the run names none).
+    /// The availability context of a user on a device (the server host when none is named),
+    /// for the default workspace (no run named).
     pub async fn availability_context(&self, user_id: &str, device_id: Option<&str>) -> Result<AvailabilityContext> {
+        let mut ctx = self.device_context(user_id, device_id).await?;
+        ctx.workspace_root = self.store.default_workspace().await?.map(|w| std::path::PathBuf::from(w.path));
+        Ok(ctx)
+    }
+
+    /// The availability context of a run: its owner, its device (the server host when the run
+    /// names none) and its workspace.
+    pub async fn run_availability_context(&self, user_id: &str, run: &RunRow) -> Result<AvailabilityContext> {
+        let mut ctx = self.device_context(user_id, run.device_id.as_deref()).await?;
+        ctx.workspace_root =
+            self.store.workspace_for(&run.owner_id, &run.workspace_id).await?.map(|w| std::path::PathBuf::from(w.path));
+        Ok(ctx)
+    }
+
+    async fn device_context(&self, user_id: &str, device_id: Option<&str>) -> Result<AvailabilityContext> {
         let device = match device_id {
             None => DeviceInfo::local(),
             Some(id) if id == crate::availability::LOCAL_DEVICE_ID => DeviceInfo::local(),
@@ -51,7 +66,7 @@ impl App {
                 DeviceInfo { id: row.id, local: false, capabilities }
             }
         };
-        Ok(AvailabilityContext { user_id: user_id.to_owned(), device })
+        Ok(AvailabilityContext { user_id: user_id.to_owned(), device, workspace_root: None })
     }
 
     /// Opens the run's workspace root on this host.

@@ -46,6 +46,8 @@ enum BenchCommand {
     Invocations(mira::bench::invocations::InvocationBench),
     /// External MCP: install → first call, call overhead vs direct rmcp, memory per server.
     Mcp(mira::bench::mcp::McpBench),
+    /// Code graph: index time and memory, incremental update, query latency, quality.
+    Codegraph(mira::bench::codegraph::CodegraphBench),
     /// Tool Exposure ranking: Recall@5/@20, MRR and latency per ranker, then the exposure
     /// latency series at 21, 100, 1,000 and 10,000 registered tools.
     Exposure(Box<ExposureArgs>),
@@ -228,6 +230,7 @@ async fn main() -> ExitCode {
             }
             .await
         }
+        Command::Bench { command: BenchCommand::Codegraph(opts) } => mira::bench::codegraph::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

@@ -107,6 +107,7 @@ const TASK: &str = "Will it rain in Lyon tomorrow? Should I take an umbrella?";
 async fn hybrid_ranks_and_vectors_survive_restart(backend: Backend) {
     let Some(cfg) = model_config() else { return };
     let mut t = spawn_model(backend, cfg).await;
+    t.code_graph_ready().await;
     register_catalogue(&t);
     let e = settled(&t).await;
     assert_eq!(e["state"], "ready", "{e}");
@@ -121,7 +122,7 @@ async fn hybrid_ranks_and_vectors_survive_restart(backend: Backend) {
     let (turn, exposure) = t.turn(&token, &run, TASK).await;
     assert_eq!(exposure["strategy"], "ranked", "{exposure}");
     assert!(exposure["ranker"].as_str().unwrap().starts_with("hybrid:"), "{exposure}");
-    assert_eq!(exposure["candidate_count"], 27);
+    assert_eq!(exposure["candidate_count"], 28);
     assert!(exposure.get("not_embedded_count").is_none(), "{exposure}");
     let tools = exposure["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 20);
@@ -145,6 +146,7 @@ async fn hybrid_ranks_and_vectors_survive_restart(backend: Backend) {
 
     // A restart takes every vector from the store: nothing is embedded again.
     t.restart().await;
+    t.code_graph_ready().await;
     register_catalogue(&t);
     let e = settled(&t).await;
     assert_eq!(e["state"], "ready", "{e}");
@@ -187,7 +189,10 @@ async fn bad_and_oversized_input(backend: Backend) {
 async fn twenty_or_fewer_candidates_embed_nothing(backend: Backend) {
     let Some(cfg) = model_config() else { return };
     let t = spawn_model(backend, cfg).await;
-    for i in 0..17 {
+    t.code_graph_ready().await;
+    let ctx = t.app().availability_context("x", None).await.unwrap();
+    let core = mira::exposure::candidates(&t.app().registry, &ctx).len();
+    for i in 0..20 - core {
         t.app()
             .registry
             .register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false)))
@@ -264,6 +269,7 @@ async fn unembedded_tools_rank_lexically_within_the_hybrid() {
     let ctx = mira::availability::AvailabilityContext {
         user_id: "u".into(),
         device: mira::availability::DeviceInfo::local(),
+        workspace_root: None,
     };
     let candidates = mira::exposure::candidates(&registry, &ctx);
     let exposure = mira::exposure::expose(&candidates, "where does it rain right now", &ranker);

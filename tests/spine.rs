@@ -265,8 +265,9 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
     let t = spawn(backend).await;
     let token = t.user("frank").await;
     let app = t.app();
-    // 3 core + 17 dynamic = 20 candidates, plus a skill-private tool that must never appear.
-    for i in 0..17 {
+    t.code_graph_ready().await;
+    // 4 core + 16 dynamic = 20 candidates, plus a skill-private tool that must never appear.
+    for i in 0..16 {
         app.registry.register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false))).unwrap();
     }
     app.registry
@@ -281,7 +282,7 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
     assert!(exposure.tools.iter().all(|t| t.id != "skill_tool"));
 
     // 25 candidates → exactly 20, best first, the relevant one on top, deterministic.
-    for i in 17..21 {
+    for i in 16..21 {
         app.registry.register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false))).unwrap();
     }
     app.registry
@@ -294,7 +295,7 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
     let run = t.run(&token).await;
     let (turn, exposure) = t.turn(&token, &run, "what will the weather be in Paris tomorrow, rain?").await;
     assert_eq!(exposure["strategy"], "ranked_lexical");
-    assert_eq!(exposure["candidate_count"], 25);
+    assert_eq!(exposure["candidate_count"], 26);
     let tools = exposure["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 20);
     assert_eq!(tools[0]["id"], "weather_forecast");

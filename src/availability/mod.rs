@@ -67,6 +67,10 @@ pub struct AvailabilityContext {
     pub user_id: String,
     /// The device.
     pub device: DeviceInfo,
+    /// Root folder (on the server host) of the workspace the question is about: the run's
+    /// workspace, or the default workspace when no run is named; None when neither is known.
+    /// Tools whose state is per workspace (the code graph index) judge by it.
+    pub workspace_root: Option<std::path::PathBuf>,
 }
 
 /// Evaluates availability of `entry` for `ctx`: device capability, an executor for the

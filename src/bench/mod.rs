@@ -1,6 +1,7 @@
 //! Benchmarks run by `mira bench …`: they start a real server in-process and print figures.
 //! Not tests: their numbers go into issue notes, not assertions.
 
+pub mod codegraph;
 pub mod exposure;
 pub mod invocations;
 pub mod mcp;

@@ -155,7 +155,7 @@ pub async fn create_turn(
             message: format!("task and context are {size} bytes; the limit is {}", app.config.max_task_bytes),
         });
     }
-    let ctx = app.availability_context(&user.user_id, run.device_id.as_deref()).await?;
+    let ctx = app.run_availability_context(&user.user_id, &run).await?;
     let candidates = exposure::candidates(&app.registry, &ctx);
     let query = match &body.context {
         Some(c) => format!("{}\n{c}", body.task),

@@ -37,19 +37,24 @@ async fn context(
     user: &AuthUser,
     q: &LadderQuery,
 ) -> Result<(crate::availability::AvailabilityContext, Option<Exposure>)> {
-    let mut device = q.device.clone();
-    let exposure = match &q.turn {
-        None => None,
+    let (exposure, run) = match &q.turn {
+        None => (None, None),
         Some(turn_id) => {
             let turn = app.store.turn_for(&user.user_id, turn_id).await?.ok_or(Error::NotFound("turn"))?;
-            if device.is_none() {
-                let run = app.store.run_for(&user.user_id, &turn.run_id).await?.ok_or(Error::NotFound("run"))?;
-                device = run.device_id;
-            }
-            Some(serde_json::from_str(&turn.exposure).map_err(|e| Error::Internal(e.to_string()))?)
+            let run = app.store.run_for(&user.user_id, &turn.run_id).await?.ok_or(Error::NotFound("run"))?;
+            (Some(serde_json::from_str(&turn.exposure).map_err(|e| Error::Internal(e.to_string()))?), Some(run))
         }
     };
-    let ctx = app.availability_context(&user.user_id, device.as_deref()).await?;
+    // The turn's run decides the workspace (and the device, unless one is asked for).
+    let ctx = match (run, &q.device) {
+        (Some(mut run), device) => {
+            if device.is_some() {
+                run.device_id = device.clone();
+            }
+            app.run_availability_context(&user.user_id, &run).await?
+        }
+        (None, device) => app.availability_context(&user.user_id, device.as_deref()).await?,
+    };
     Ok((ctx, exposure))
 }
 

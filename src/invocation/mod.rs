@@ -69,7 +69,7 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
         return Err(call_id_conflict(existing));
     }
 
-    let ctx = app.availability_context(user_id, run.device_id.as_deref()).await?;
+    let ctx = app.run_availability_context(user_id, run).await?;
     let view = ladder::view(&app.registry, &tool_id, &ctx, Some(&exposure));
     if view.state != LadderState::Exposed {
         let message = view.reason.as_ref().map_or_else(|| format!("{tool_id} cannot be called"), |r| r.message.clone());

@@ -1,6 +1,7 @@
 //! Tool implementations, one folder per domain. [`register_core`] puts every core tool of
 //! this build into a registry.
 
+pub mod codebase;
 pub mod mcp;
 pub mod read;
 
@@ -25,7 +26,7 @@ pub struct ToolDeps {
 }
 
 /// Registers the core tools and their legacy compatibility entries.
-pub fn register_core(registry: &Registry, _deps: &ToolDeps) -> Result<(), RegistryError> {
+pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<(), RegistryError> {
     let discover = Arc::new(read::discover::ReadDiscover::new());
     let open = Arc::new(read::open::ReadOpen::new());
     registry.register(discover.clone())?;
@@ -34,6 +35,12 @@ pub fn register_core(registry: &Registry, _deps: &ToolDeps) -> Result<(), Regist
     for legacy in read::legacy::entries(discover, open) {
         registry.register(Arc::new(legacy))?;
     }
+    let graphs = Arc::new(codebase::index::CodeGraphs::new(
+        deps.data_dir.clone(),
+        deps.shutdown.clone(),
+        codebase::index::IndexConfig::default(),
+    ));
+    registry.register(Arc::new(codebase::CodebaseExplore::new(graphs)))?;
     Ok(())
 }
 

@@ -243,6 +243,20 @@ impl TestApp {
         panic!("invocation {invocation} did not finish");
     }
 
+    /// Waits (10 s at most) until `codebase_explore` is available for the default workspace,
+    /// so that candidate counts do not change between turns while its first index builds.
+    pub async fn code_graph_ready(&self) {
+        let app = self.app();
+        let ctx = app.availability_context("x", None).await.expect("context");
+        for _ in 0..400 {
+            if mira::exposure::candidates(&app.registry, &ctx).iter().any(|e| e.spec().id == "codebase_explore") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the code graph of the test workspace never became ready");
+    }
+
     /// Stops the server (graceful shutdown).
     pub async fn stop(&mut self) {
         if let Some(server) = self.server.take() {

@@ -1,0 +1,294 @@
+//! `codebase_explore`: architecture, relations and impact from a code graph, with every
+//! candidate checked against the current workspace text before it is returned.
+//!
+//! - [`lang`]: tree-sitter parsing of Rust, Python, JavaScript, TypeScript/TSX and Go into
+//!   definitions, references, calls and imports.
+//! - [`graph`]: the in-memory graph of one workspace and its inverted indexes.
+//! - [`index`]: building it (walk, filters, parallel parse, progress, cancellation), the
+//!   watcher that keeps it current, and availability (`index_building` / `index_failed`).
+//! - [`persist`]: the per-workspace index file keyed by content hash.
+//! - [`resolve`]: imports resolved to workspace files (module dependencies).
+//! - [`query`]: the seven query kinds; [`verify`]: re-reading every location at query time.
+//!
+//! Input (`../shared/docs/api.md`): `kind` (`definitions`, `references`, `callers`,
+//! `callees`, `dependencies`, `impact`, `overview`) with `symbol`, `path`, `depth`, and the
+//! optional `line`/`column` (a location for `references`), `limit` (results, default 50) and
+//! `max_tokens` (the `overview` budget, default 2048). Output: `results` (verified candidates,
+//! each with `verification.status = "verified"`, its current span, file SHA-256 and excerpt),
+//! `stale` (candidates whose text is no longer there), `suggestions` when a symbol is unknown
+//! (an empty result, not an error), and `index` (coverage: files, skips, syntax errors).
+
+pub mod graph;
+pub mod index;
+pub mod lang;
+pub mod persist;
+pub mod query;
+pub mod resolve;
+pub mod verify;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use self::index::{CodeGraphs, Phase, WorkspaceIndex};
+use self::query::{Ctx, Query};
+use self::resolve::ModuleGraph;
+use crate::availability::{Availability, AvailabilityContext};
+use crate::registry::{
+    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
+};
+use crate::tools::read::blocking;
+use crate::tools::{str_field, uint_field};
+use crate::workspace::{self, Workspace};
+
+/// The query kinds.
+pub const KINDS: [&str; 7] = ["definitions", "references", "callers", "callees", "dependencies", "impact", "overview"];
+/// Default and largest `limit`.
+pub const DEFAULT_LIMIT: u64 = 50;
+/// Largest `limit`.
+pub const MAX_LIMIT: u64 = 200;
+/// Largest `depth`.
+pub const MAX_DEPTH: u64 = 5;
+/// Default `overview` budget, tokens.
+pub const DEFAULT_MAX_TOKENS: u64 = 2048;
+/// Largest `overview` budget, tokens.
+pub const MAX_MAX_TOKENS: u64 = 16_384;
+
+/// The `codebase_explore` tool.
+pub struct CodebaseExplore {
+    spec: ToolSpec,
+    graphs: Arc<CodeGraphs>,
+    modules: Mutex<HashMap<PathBuf, (u64, Arc<ModuleGraph>)>>,
+}
+
+impl CodebaseExplore {
+    /// The tool over a set of workspace indexes.
+    pub fn new(graphs: Arc<CodeGraphs>) -> Self {
+        Self {
+            spec: ToolSpec {
+                id: "codebase_explore".into(),
+                kind: ToolKind::Public,
+                domain: "read".into(),
+                title: "Explore the code graph".into(),
+                description: "Answer architecture, relation and impact questions from a code graph of the workspace \
+                    (Rust, Python, JavaScript/TypeScript, Go): definitions, references, callers, callees, module \
+                    dependencies, the impact of changing a symbol or file, and an overview map of a folder. Every \
+                    returned location is re-checked against the current file text; stale candidates are reported apart."
+                    .into(),
+                input_schema: json!({
+                    "type": "object",
+                    "required": ["kind"],
+                    "properties": {
+                        "kind": {"type": "string", "enum": KINDS, "description": "definitions {symbol}; references {symbol | path+line}; callers/callees {symbol, depth}; dependencies {path}; impact {symbol | path, depth}; overview {path?}"},
+                        "symbol": {"type": "string", "minLength": 1, "maxLength": 512, "description": "A name, or Container::name / module.name"},
+                        "path": {"type": "string", "maxLength": 4096, "description": "File or folder relative to the workspace root"},
+                        "line": {"type": "integer", "minimum": 1, "description": "With path: the location whose symbol references are wanted (1-based)"},
+                        "column": {"type": "integer", "minimum": 1, "description": "With path and line: the column (1-based)"},
+                        "depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH, "description": "Transitive depth for callers, callees and impact (default 1; impact 3)"},
+                        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": "Most results (default 50)"},
+                        "max_tokens": {"type": "integer", "minimum": 128, "maximum": MAX_MAX_TOKENS, "description": "Budget of the overview map (default 2048)"}
+                    },
+                    "additionalProperties": false
+                }),
+                requires_approval: false,
+                capability: Some("fs.read".into()),
+                replacement: None,
+                owner: None,
+            },
+            graphs,
+            modules: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The indexes behind the tool.
+    pub fn graphs(&self) -> &Arc<CodeGraphs> {
+        &self.graphs
+    }
+
+    fn module_graph(&self, ix: &WorkspaceIndex) -> Arc<ModuleGraph> {
+        let g = ix.graph();
+        let generation = g.generation();
+        let mut cache = self.modules.lock();
+        if let Some((gen_, mg)) = cache.get(ix.root())
+            && *gen_ == generation
+        {
+            return mg.clone();
+        }
+        let mg = Arc::new(ModuleGraph::build(&g));
+        cache.insert(ix.root().to_path_buf(), (generation, mg.clone()));
+        mg
+    }
+}
+
+fn missing(kind: &str, what: &str) -> ToolError {
+    ToolError::new(ErrorClass::BadInput, "missing_field", format!("kind {kind} needs {what}"))
+        .with_details(json!({"kind": kind, "needs": what}))
+}
+
+#[async_trait]
+impl Tool for CodebaseExplore {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    /// Unavailable until the first index of the run's workspace is ready
+    /// (`index_building` with progress), or `index_failed`. The first question about a
+    /// workspace starts its index. Without a workspace in the context there is nothing to
+    /// judge: available.
+    fn availability(&self, ctx: &AvailabilityContext) -> Availability {
+        match &ctx.workspace_root {
+            Some(root) => self.graphs.availability(root),
+            None => Availability::Available,
+        }
+    }
+
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        let kind = str_field(&input, "kind").unwrap_or_default().to_owned();
+        let symbol = str_field(&input, "symbol").map(str::trim).filter(|s| !s.is_empty());
+        let path = match str_field(&input, "path") {
+            Some(p) => {
+                let p = workspace::normalize(p)?;
+                ctx.workspace.check_beneath(&p)?;
+                Some(p)
+            }
+            None => None,
+        };
+        let line = input.get("line").and_then(Value::as_u64);
+        match kind.as_str() {
+            "definitions" | "callers" | "callees" if symbol.is_none() => return Err(missing(&kind, "symbol")),
+            "references" if symbol.is_none() && (path.is_none() || line.is_none()) => {
+                return Err(missing(&kind, "symbol, or path and line"));
+            }
+            "dependencies" if path.is_none() => return Err(missing(&kind, "path")),
+            "impact" if symbol.is_none() && path.is_none() => return Err(missing(&kind, "symbol or path")),
+            _ => {}
+        }
+        let default_depth = if kind == "impact" { 3 } else { 1 };
+        let mut canonical = json!({
+            "kind": kind,
+            "depth": uint_field(&input, "depth", default_depth, MAX_DEPTH),
+            "limit": uint_field(&input, "limit", DEFAULT_LIMIT, MAX_LIMIT),
+        });
+        if let Some(s) = symbol {
+            canonical["symbol"] = json!(s);
+        }
+        if let Some(p) = path {
+            canonical["path"] = json!(p);
+        }
+        if let Some(l) = line {
+            canonical["line"] = json!(l);
+            if let Some(c) = input.get("column").and_then(Value::as_u64) {
+                canonical["column"] = json!(c);
+            }
+        }
+        if kind == "overview" {
+            canonical["max_tokens"] = json!(uint_field(&input, "max_tokens", DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS));
+        }
+        Ok(Prepared { input: canonical, preview: Value::Null })
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let ix = self.graphs.ensure(ctx.workspace.root()).map_err(|e| {
+            ToolError::new(ErrorClass::Unavailable, "index_failed", format!("the workspace cannot be indexed: {e}"))
+        })?;
+        if let Availability::Unavailable { code, message } = ix.availability() {
+            return Err(ToolError::new(ErrorClass::Unavailable, &code, message));
+        }
+        let input = input.clone();
+        let ws = ctx.workspace.clone();
+        let syncing = ix.clone();
+        blocking(move || {
+            syncing.sync();
+            Ok(())
+        })
+        .await?;
+        let modules = self.module_graph(&ix);
+        blocking(move || run(&ix, &ws, &modules, &input)).await
+    }
+}
+
+/// Parses a canonical input into a [`Query`].
+pub fn parse_query(input: &Value) -> Query {
+    Query {
+        kind: str_field(input, "kind").unwrap_or_default().to_owned(),
+        symbol: str_field(input, "symbol").map(str::to_owned),
+        path: str_field(input, "path").map(str::to_owned),
+        line: input.get("line").and_then(Value::as_u64).and_then(|l| u32::try_from(l).ok()),
+        column: input.get("column").and_then(Value::as_u64).and_then(|c| u32::try_from(c).ok()),
+        depth: u32::try_from(uint_field(input, "depth", 1, MAX_DEPTH)).unwrap_or(1),
+        limit: usize::try_from(uint_field(input, "limit", DEFAULT_LIMIT, MAX_LIMIT)).unwrap_or(50),
+        max_tokens: usize::try_from(uint_field(input, "max_tokens", DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS))
+            .unwrap_or(2048),
+    }
+}
+
+/// Runs a query against a ready index (blocking).
+pub fn run(ix: &WorkspaceIndex, ws: &Workspace, modules: &ModuleGraph, input: &Value) -> Result<ToolOutput, ToolError> {
+    let q = parse_query(input);
+    let g = ix.graph();
+    let is_dir = match &q.path {
+        None => true,
+        Some(p) => match ws.dir().metadata(p) {
+            Ok(m) => m.is_dir(),
+            Err(e) if g.file_id(p).is_none() => return Err(workspace::io_error(p, &e)),
+            Err(_) => false,
+        },
+    };
+    let mut cx = Ctx {
+        g: &g,
+        modules,
+        reader: verify::Reader::new(ws),
+        evidence: Vec::new(),
+        stale: Vec::new(),
+        kind: q.kind.clone(),
+    };
+    let mut output = match q.kind.as_str() {
+        "definitions" => cx.definitions(&q),
+        "references" => cx.references(&q),
+        "callers" => cx.callers(&q),
+        "callees" => cx.callees(&q),
+        "dependencies" => cx.dependencies(&q, is_dir),
+        "impact" => cx.impact(&q, is_dir),
+        "overview" => cx.overview(&q),
+        other => {
+            return Err(ToolError::new(ErrorClass::BadInput, "invalid_kind", format!("unknown kind {other:?}")));
+        }
+    };
+    output["kind"] = json!(q.kind);
+    if let Some(symbol) = &q.symbol {
+        let empty = output["results"].as_array().is_none_or(Vec::is_empty)
+            && output.get("targets").and_then(Value::as_u64).is_none_or(|t| t == 0);
+        let (_, name) = query::split_symbol(symbol);
+        if empty && g.name_id(name).is_none_or(|id| g.defs_named(id).is_empty()) {
+            output["suggestions"] = json!(query::suggestions(&g, name));
+            output["note"] = json!(format!("no definition of {symbol:?} is indexed in this workspace"));
+        }
+    }
+    output["stale"] = Value::Array(std::mem::take(&mut cx.stale));
+    output["index"] = index_summary(ix, &g);
+    Ok(ToolOutput { output, evidence: cx.evidence })
+}
+
+/// The `index` block of every answer: coverage and freshness.
+pub fn index_summary(ix: &WorkspaceIndex, g: &graph::Graph) -> Value {
+    let stats = g.stats();
+    let skipped = ix.skipped();
+    let timings = ix.timings();
+    json!({
+        "phase": match ix.phase() { Phase::Ready => "ready", _ => "building" },
+        "files": stats.files,
+        "definitions": stats.definitions,
+        "references": stats.references,
+        "files_with_syntax_errors": stats.files_with_syntax_errors,
+        "skipped": skipped,
+        "parsed_at_start": timings.parsed,
+        "reused_at_start": timings.reused,
+        "updated_since_start": timings.updated,
+        "watched_dirs": ix.watched_dirs(),
+        "watch_error": ix.watch_error(),
+    })
+}
