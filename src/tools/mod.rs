@@ -1,6 +1,7 @@
-//! Tool implementations, one folder per domain. [`register_core`] puts every core tool of
-//! this build into a registry.
+//! Tool implementations, one folder per domain (Read, Edit, MCP). [`register_core`] puts every
+//! core tool of this build into a registry.
 
+pub mod edit;
 pub mod mcp;
 pub mod read;
 
@@ -34,6 +35,10 @@ pub fn register_core(registry: &Registry, _deps: &ToolDeps) -> Result<(), Regist
     for legacy in read::legacy::entries(discover, open) {
         registry.register(Arc::new(legacy))?;
     }
+    registry.register(Arc::new(edit::write_file::WriteFile::new()))?;
+    registry.register(Arc::new(edit::replace_block::ReplaceBlock::new()))?;
+    registry.register(Arc::new(edit::delete_path::DeletePath::new()))?;
+    registry.register(Arc::new(edit::move_path::MovePath::new()))?;
     Ok(())
 }
 
