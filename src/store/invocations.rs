@@ -425,9 +425,23 @@ impl Store {
 
     /// Cancels the caller's invocation if it has not started (awaiting approval or queued);
     /// its pending approval becomes `cancelled`. Returns the row after the attempt.
+    ///
+    /// Rows are locked in the order every decision takes them — the approval, then the
+    /// invocation, then the run's event counter — so a cancel racing a grant, deny or expiry
+    /// waits for it instead of deadlocking (Postgres aborted one of the two, a 500).
     pub async fn cancel_invocation(&self, owner_id: &str, id: &str) -> StoreResult<Option<(InvocationRow, bool)>> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "UPDATE approvals SET status = 'cancelled', decided_at = $1
+             WHERE invocation_id = $2 AND owner_id = $3 AND status = 'pending'
+               AND EXISTS (SELECT 1 FROM invocations i WHERE i.id = $2 AND i.status = 'awaiting_approval')",
+        )
+        .bind(&now)
+        .bind(id)
+        .bind(owner_id)
+        .execute(tx.conn())
+        .await?;
         let row: Option<InvocationRow> = sqlx::query_as(
             "UPDATE invocations SET status = 'cancelled', finished_at = $1, updated_at = $1
              WHERE id = $2 AND owner_id = $3 AND status IN ('awaiting_approval', 'queued')
@@ -442,11 +456,6 @@ impl Store {
             drop(tx);
             return Ok(self.invocation_for(owner_id, id).await?.map(|r| (r, false)));
         };
-        sqlx::query("UPDATE approvals SET status = 'cancelled', decided_at = $1 WHERE invocation_id = $2 AND status = 'pending'")
-            .bind(&now)
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
         tx.append_event(
             &row.run_id,
             EventKind::InvocationCancelled,

@@ -195,7 +195,9 @@ pub fn inspect(dir: &Dir, name: &str, rel: &str) -> Result<Leaf, ToolError> {
     options.read(true).follow(FollowSymlinks::No).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
     let file = dir.open_with(name, &options).map_err(|e| leaf_error(rel, &e))?.into_std();
     let m = file.metadata().map_err(|e| workspace::io_error(rel, &e))?;
-    if !m.is_file() || m.dev() != cap_std::fs::MetadataExt::dev(&meta) || m.ino() != cap_std::fs::MetadataExt::ino(&meta)
+    if !m.is_file()
+        || m.dev() != cap_std::fs::MetadataExt::dev(&meta)
+        || m.ino() != cap_std::fs::MetadataExt::ino(&meta)
     {
         return Err(swapped(rel));
     }
@@ -248,12 +250,11 @@ pub fn write_atomic(
         file.sync_all()
     })();
     drop(file);
-    let done = written.map_err(|e| workspace::io_error(rel, &e)).and_then(|()| before_rename()).and_then(|()| {
-        match replace {
+    let done =
+        written.map_err(|e| workspace::io_error(rel, &e)).and_then(|()| before_rename()).and_then(|()| match replace {
             Replace::Overwrite => dir.rename(&tmp, dir, name).map_err(|e| workspace::io_error(rel, &e)),
             Replace::CreateNew => rename_noreplace(dir, &tmp, dir, name, rel),
-        }
-    });
+        });
     if let Err(e) = done {
         let _ = dir.remove_file(&tmp);
         return Err(e);

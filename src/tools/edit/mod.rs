@@ -101,7 +101,9 @@ fn check_expected(rel: &str, expected: Option<&str>, current: Option<&str>) -> R
             ErrorClass::Conflict,
             "stale_target",
             match current {
-                Some(_) => format!("{rel} changed since it was read (SHA-256 differs from expected_sha256); nothing was written"),
+                Some(_) => format!(
+                    "{rel} changed since it was read (SHA-256 differs from expected_sha256); nothing was written"
+                ),
                 None => format!("{rel} does not exist, but expected_sha256 names a version of it; nothing was written"),
             },
         )
@@ -128,7 +130,8 @@ fn is_a_directory(rel: &str) -> ToolError {
 
 /// `not_found` for a missing target.
 fn not_found(rel: &str) -> ToolError {
-    ToolError::new(ErrorClass::NotFound, "not_found", format!("{rel} does not exist")).with_details(json!({"path": rel}))
+    ToolError::new(ErrorClass::NotFound, "not_found", format!("{rel} does not exist"))
+        .with_details(json!({"path": rel}))
 }
 
 /// Evidence of an edit: `content_sha256` is the hash of the bytes the edit left (or removed),

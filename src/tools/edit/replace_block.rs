@@ -83,8 +83,12 @@ fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
     let old = str_field(input, "old").unwrap_or_default();
     let new = str_field(input, "new").unwrap_or_default();
     if old == new {
-        return Err(ToolError::new(ErrorClass::BadInput, "no_change", "old and new are the same text; nothing to replace")
-            .with_details(json!({"path": rel})));
+        return Err(ToolError::new(
+            ErrorClass::BadInput,
+            "no_change",
+            "old and new are the same text; nothing to replace",
+        )
+        .with_details(json!({"path": rel})));
     }
     let mut c = json!({
         "path": rel,
@@ -296,7 +300,13 @@ pub fn replace(text: &str, old: &str, new: &str, expected: usize, rel: &str) -> 
     }
     let replacement = style.apply(new);
     let new_adapted = replacement != new;
-    Ok(Replacement { text: text.replace(needle.as_str(), &replacement), lines, old_adapted, new_adapted, line_ending: style })
+    Ok(Replacement {
+        text: text.replace(needle.as_str(), &replacement),
+        lines,
+        old_adapted,
+        new_adapted,
+        line_ending: style,
+    })
 }
 
 /// Where the block may have been meant: windows of lines equal to `old` up to whitespace
@@ -409,12 +419,18 @@ fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     let located = efs::locate(ws, &rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
     let e = edit(dir, &located.name, &rel, input)?;
-    efs::write_atomic(dir, &located.name, &rel, &e.bytes, Some(e.file.mode), Replace::Overwrite, || {
-        match efs::inspect(dir, &located.name, &rel)? {
+    efs::write_atomic(
+        dir,
+        &located.name,
+        &rel,
+        &e.bytes,
+        Some(e.file.mode),
+        Replace::Overwrite,
+        || match efs::inspect(dir, &located.name, &rel)? {
             Leaf::File(now) if now.same_version(&e.file) => Ok(()),
             _ => Err(super::changed_meanwhile(&rel)),
-        }
-    })?;
+        },
+    )?;
     let sha256_after = match efs::inspect(dir, &located.name, &rel)? {
         Leaf::File(file) => file.sha256(&rel)?,
         _ => String::new(),
