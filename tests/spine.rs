@@ -310,8 +310,15 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
     let stored = t.get(&format!("/v1/turns/{turn}"), &token).await;
     assert_eq!(stored.body["exposure"], exposure);
     // A tool left out of the 20 is `available`, not `exposed`, and a call to it is 409 not_exposed.
-    let left_out =
-        (0..fill + 4).map(|i| format!("dyn_{i:02}")).find(|id| !tools.iter().any(|t| t["id"] == *id)).unwrap();
+    let all = t.get(&format!("/v1/tools?turn={turn}"), &token).await;
+    let left_out = all.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["state"] == "available")
+        .map(|v| v["id"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(!tools.iter().any(|t| t["id"] == left_out.as_str()));
     let view = t.get(&format!("/v1/tools/{left_out}?turn={turn}"), &token).await;
     assert_eq!(view.body["state"], "available");
     assert_eq!(view.body["reason"]["code"], "not_exposed");

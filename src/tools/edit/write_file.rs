@@ -69,10 +69,10 @@ fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
     Ok(c)
 }
 
-/// The current file, read.
+/// The current file: its bytes when small enough to diff, else only its hash.
 struct Before {
     file: Regular,
-    bytes: Vec<u8>,
+    bytes: Option<Vec<u8>>,
     sha256: String,
 }
 
@@ -81,10 +81,14 @@ fn current(dir: &cap_std::fs::Dir, name: &str, rel: &str, input: &Value) -> Resu
     let before = match efs::inspect(dir, name, rel)? {
         Leaf::Missing => None,
         Leaf::Dir => return Err(super::is_a_directory(rel)),
+        Leaf::File(file) if file.size > diff::MAX_DIFF_INPUT_BYTES as u64 => {
+            let sha256 = file.sha256(rel)?;
+            Some(Before { file, bytes: None, sha256 })
+        }
         Leaf::File(file) => {
             let bytes = file.read_all(rel)?;
             let sha256 = sha256_hex(&bytes);
-            Some(Before { file, bytes, sha256 })
+            Some(Before { file, bytes: Some(bytes), sha256 })
         }
     };
     check_expected(rel, expected_sha(input).as_deref(), before.as_ref().map(|b| b.sha256.as_str()))?;
@@ -94,10 +98,10 @@ fn current(dir: &cap_std::fs::Dir, name: &str, rel: &str, input: &Value) -> Resu
 fn preview(input: &Value, missing_dirs: &[String], before: Option<&Before>) -> Value {
     let rel = str_field(input, "path").unwrap_or_default();
     let content = str_field(input, "content").unwrap_or_default();
-    let old_text = before.map(|b| diffable(&b.bytes));
-    let (diff, note) = match old_text {
-        Some(None) => (None, Some("the current file is binary or not UTF-8; no text diff")),
-        Some(Some(old)) => (diff::unified(rel, Some(old), content), None),
+    let (diff, note) = match before.map(|b| b.bytes.as_deref().map(diffable)) {
+        Some(None) => (None, Some("the current file is too large to diff")),
+        Some(Some(None)) => (None, Some("the current file is binary or not UTF-8; no text diff")),
+        Some(Some(Some(old))) => (diff::unified(rel, Some(old), content), None),
         None => (diff::unified(rel, None, content), None),
     };
     let note = note.or(diff.is_none().then_some("too large to diff"));
@@ -107,7 +111,7 @@ fn preview(input: &Value, missing_dirs: &[String], before: Option<&Before>) -> V
         "resolved_path": str_field(input, "resolved_path"),
         "creates": before.is_none(),
         "create_dirs": missing_dirs,
-        "before": before.map(|b| json!({"sha256": b.sha256, "size": b.bytes.len(), "mode": mode_text(b.file.mode)})),
+        "before": before.map(|b| json!({"sha256": b.sha256, "size": b.file.size, "mode": mode_text(b.file.mode)})),
         "after": {"sha256": sha256_hex(content.as_bytes()), "size": content.len()},
         "diff": diff.as_ref().map(|d| d.unified.clone()),
         "diff_truncated": diff.as_ref().is_some_and(|d| d.truncated),
@@ -167,8 +171,7 @@ fn write(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     };
     let written_sha = sha256_hex(content.as_bytes());
     let (after_sha, after_size, after_mode) = after.unwrap_or((String::new(), 0, 0));
-    let old_text = before.as_ref().map(|b| diffable(&b.bytes));
-    let diff = match old_text {
+    let diff = match before.as_ref().map(|b| b.bytes.as_deref().and_then(diffable)) {
         Some(Some(old)) => diff::unified(&rel, Some(old), content),
         Some(None) => None,
         None => diff::unified(&rel, None, content),
