@@ -794,6 +794,13 @@ async fn approvals_expire_and_can_be_cancelled(backend: Backend) {
     assert_eq!((g.status, g.code()), (StatusCode::CONFLICT, "approval_decided"), "{g:?}");
     let view = f.t.get(&format!("/v1/approvals/{}", s(&cancelled, "approval_id")), &f.token).await;
     assert_eq!(view.body["status"], "cancelled");
+    assert_eq!(
+        (view.body["decided_by"].as_str(), view.body["decided_token_id"].as_str()),
+        (Some(f.user_id.as_str()), Some(f.token_id.as_str()))
+    );
+    let events = f.events().await;
+    let (_, ev) = events.iter().find(|(k, _)| k == "invocation.cancelled").unwrap();
+    assert_eq!((ev["token_id"].as_str(), ev["approval_cancelled"].as_bool()), (Some(f.token_id.as_str()), Some(true)));
     let done = f.wait_final(&inv).await;
     assert_eq!(done["status"], "expired", "{done}");
     let g = f.grant(&inv).await;

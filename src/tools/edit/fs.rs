@@ -306,7 +306,8 @@ pub struct TreeSummary {
     /// Total size of the regular files, bytes.
     pub bytes: u64,
     /// Lowercase hex SHA-256 of the sorted manifest lines `<kind> <path> <size>\n`
-    /// (`kind` = `f`, `d` or `o`), a fingerprint of the tree's shape (not of file contents).
+    /// (`kind` = `f`, `d` or `o`; `path` relative to the walked directory), a fingerprint of
+    /// the tree's shape and sizes, not of file contents.
     pub manifest_sha256: String,
     /// The first entries, sorted, as workspace-relative paths.
     pub sample: Vec<String>,
