@@ -477,6 +477,10 @@ async fn two_servers_offering_search_never_collide() {
 async fn three_hundred_real_tools_are_ranked() {
     let t = spawn(Backend::Sqlite).await;
     let token = t.user("fay").await;
+    let run = t.run(&token).await;
+    t.code_graph_ready().await;
+    let (_, before) = t.turn(&token, &run, "anything").await;
+    let core = before["candidate_count"].as_u64().unwrap();
     let id = install(
         &t,
         &token,
@@ -485,10 +489,9 @@ async fn three_hundred_real_tools_are_ranked() {
     .await;
     let v = wait_for(&t, &token, &id, "300 tools", connected).await;
     assert_eq!(v["tools"].as_array().unwrap().len(), 300);
-    let run = t.run(&token).await;
     let (_, exposure) = t.turn(&token, &run, "archive an old shipment record").await;
     assert_eq!(exposure["strategy"], "ranked_lexical");
-    assert_eq!(exposure["candidate_count"], 303);
+    assert_eq!(exposure["candidate_count"], core + 300);
     let tools = exposure["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 20);
     assert!(tools[0]["id"].as_str().unwrap().ends_with(":tool:shipment_archive_0"), "{:#}", tools[0]);

@@ -20,7 +20,7 @@ async fn read_chain_end_to_end(backend: Backend) {
     let (turn, exposure) = t.turn(&token, &run, "find frobnicate").await;
     assert_eq!(exposure["strategy"], "all");
     let ids: Vec<&str> = exposure["tools"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["grep", "read_discover", "read_open"]);
+    assert_eq!(ids, ["delete_path", "grep", "move_path", "read_discover", "read_open", "replace_block", "write_file"]);
 
     let r = t.call(&token, &run, &turn, "grep", "call-1", json!({"pattern": "fn frobnicate"})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
@@ -266,8 +266,11 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
     let token = t.user("frank").await;
     let app = t.app();
     t.code_graph_ready().await;
-    // 4 core + 16 dynamic = 20 candidates, plus a skill-private tool that must never appear.
-    for i in 0..16 {
+    // The core tools plus dynamic ones = 20 candidates, plus a skill-private tool that must
+    // never appear.
+    let core = mira::exposure::candidates(&app.registry, &app.availability_context("x", None).await.unwrap()).len();
+    let fill = 20 - core;
+    for i in 0..fill {
         app.registry.register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false))).unwrap();
     }
     app.registry
@@ -282,7 +285,7 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
     assert!(exposure.tools.iter().all(|t| t.id != "skill_tool"));
 
     // 25 candidates → exactly 20, best first, the relevant one on top, deterministic.
-    for i in 16..21 {
+    for i in fill..fill + 4 {
         app.registry.register(Arc::new(TestTool::new(&format!("dyn_{i:02}"), "a dynamic capability", false))).unwrap();
     }
     app.registry
@@ -295,7 +298,7 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
     let run = t.run(&token).await;
     let (turn, exposure) = t.turn(&token, &run, "what will the weather be in Paris tomorrow, rain?").await;
     assert_eq!(exposure["strategy"], "ranked_lexical");
-    assert_eq!(exposure["candidate_count"], 26);
+    assert_eq!(exposure["candidate_count"], 25);
     let tools = exposure["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 20);
     assert_eq!(tools[0]["id"], "weather_forecast");
@@ -308,7 +311,15 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
     let stored = t.get(&format!("/v1/turns/{turn}"), &token).await;
     assert_eq!(stored.body["exposure"], exposure);
     // A tool left out of the 20 is `available`, not `exposed`, and a call to it is 409 not_exposed.
-    let left_out = (0..21).map(|i| format!("dyn_{i:02}")).find(|id| !tools.iter().any(|t| t["id"] == *id)).unwrap();
+    let all = t.get(&format!("/v1/tools?turn={turn}"), &token).await;
+    let left_out = all.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["state"] == "available")
+        .map(|v| v["id"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(!tools.iter().any(|t| t["id"] == left_out.as_str()));
     let view = t.get(&format!("/v1/tools/{left_out}?turn={turn}"), &token).await;
     assert_eq!(view.body["state"], "available");
     assert_eq!(view.body["reason"]["code"], "not_exposed");

@@ -36,3 +36,10 @@ pub fn decide(spec: &ToolSpec) -> Decision {
     }
     if reasons.is_empty() { Decision::Skip } else { Decision::NeedsApproval { reasons } }
 }
+
+/// True when every call of the tool waits for an exact-invocation approval: the policy's
+/// answer, which is what views (tool ladder, exposure) must report — not the tool's own
+/// `requires_approval` flag alone, which an MCP projection may leave false.
+pub fn requires_approval(spec: &ToolSpec) -> bool {
+    decide(spec) != Decision::Skip
+}

@@ -82,7 +82,8 @@ pub struct ToolView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub input_schema: Option<serde_json::Value>,
-    /// Every call waits for approval.
+    /// Every call waits for an exact-invocation approval (the policy's answer:
+    /// [`crate::approval::policy::requires_approval`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requires_approval: Option<bool>,
     /// For legacy entries, the public tool to use instead.
@@ -147,7 +148,7 @@ fn view_inner(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, tur
         title: Some(spec.title.clone()),
         description: Some(spec.description.clone()),
         input_schema: Some(spec.input_schema.clone()),
-        requires_approval: Some(spec.requires_approval),
+        requires_approval: Some(crate::approval::policy::requires_approval(spec)),
         replacement: spec.replacement.clone(),
         ..empty(tool_id)
     };

@@ -57,7 +57,8 @@ pub struct ExposedTool {
     /// Input JSON Schema.
     #[schema(value_type = Object)]
     pub input_schema: serde_json::Value,
-    /// Every call waits for approval.
+    /// Every call waits for an exact-invocation approval (the policy's answer:
+    /// [`crate::approval::policy::requires_approval`]).
     pub requires_approval: bool,
     /// Ranking score (higher is better); absent when strategy is `all`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -218,7 +219,7 @@ fn named(tools: Vec<(&ToolSpec, Option<f64>, bool)>) -> Vec<ExposedTool> {
                 title: spec.title.clone(),
                 description: spec.description.clone(),
                 input_schema: spec.input_schema.clone(),
-                requires_approval: spec.requires_approval,
+                requires_approval: crate::approval::policy::requires_approval(spec),
                 score: score.map(|s| (s * 1e6).round() / 1e6),
                 not_embedded,
             }

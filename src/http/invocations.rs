@@ -170,7 +170,7 @@ pub async fn cancel_invocation(
     Path(id): Path<String>,
 ) -> Result<Json<InvocationView>> {
     let (row, cancelled) =
-        app.store.cancel_invocation(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
+        app.store.cancel_invocation(&user.user_id, &id, &user.token_id).await?.ok_or(Error::NotFound("invocation"))?;
     if !cancelled {
         if row.status == "running" && app.harness.cancel_running(&row.id) {
             return Ok(Json(full_view(&app, row).await?));

@@ -82,17 +82,19 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
 
     let workspace = app.workspace_of(run).await?;
     let prepare_ctx = PrepareContext { workspace: &workspace, owner_id: user_id, run_id: &run.id };
-    let prepared = entry.tool.prepare(req.input, &prepare_ctx).await?;
-    let input_hash = canonical::input_hash(&tool_id, &prepared.input);
-
     if let Some(existing) = existing {
-        return if existing.input_hash == input_hash {
+        // A retried call: compare only, so preconditions the frozen call itself may have
+        // changed since (an edit that already ran) cannot turn a replay into an error.
+        let input = entry.tool.canonicalize(req.input, &prepare_ctx).await?;
+        return if existing.input_hash == canonical::input_hash(&tool_id, &input) {
             let approval_id = app.store.approval_id_of(&existing.id).await?;
             Ok(Frozen { row: existing, approval_id, created: false })
         } else {
             Err(call_id_conflict(&existing))
         };
     }
+    let prepared = entry.tool.prepare(req.input, &prepare_ctx).await?;
+    let input_hash = canonical::input_hash(&tool_id, &prepared.input);
 
     let approval = match policy::decide(entry.spec()) {
         Decision::Skip => None,

@@ -174,6 +174,18 @@ pub trait Tool: Send + Sync {
         Ok(Prepared { input, preview: Value::Null })
     }
 
+    /// The canonical input of a retried call: the run already froze this `tool_call_id` for
+    /// this tool, and the result is only compared with the frozen hash (no approval is
+    /// created, nothing runs). It must equal what [`Tool::prepare`] returned for the same raw
+    /// input, without depending on state the frozen call itself may since have changed —
+    /// an edit's `expected_sha256` no longer holds once the edit ran, a moved file is gone —
+    /// so that a replay of the same triple stays an idempotent 200. Tools whose `prepare`
+    /// checks the world override this with the pure part of their canonicalisation; the
+    /// default runs `prepare`.
+    async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
+        Ok(self.prepare(input, ctx).await?.input)
+    }
+
     /// Executes a frozen, policy-cleared invocation. Only the harness calls this.
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError>;
 }

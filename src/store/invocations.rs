@@ -424,10 +424,31 @@ impl Store {
     }
 
     /// Cancels the caller's invocation if it has not started (awaiting approval or queued);
-    /// its pending approval becomes `cancelled`. Returns the row after the attempt.
-    pub async fn cancel_invocation(&self, owner_id: &str, id: &str) -> StoreResult<Option<(InvocationRow, bool)>> {
+    /// its pending approval becomes `cancelled`, recording who cancelled it with which token
+    /// (also in the `invocation.cancelled` event). Returns the row after the attempt.
+    ///
+    /// Rows are locked in the order every decision takes them — the approval, then the
+    /// invocation, then the run's event counter — so a cancel racing a grant, deny or expiry
+    /// waits for it instead of deadlocking (Postgres aborted one of the two, a 500).
+    pub async fn cancel_invocation(
+        &self,
+        owner_id: &str,
+        id: &str,
+        token_id: &str,
+    ) -> StoreResult<Option<(InvocationRow, bool)>> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
+        let approval = sqlx::query(
+            "UPDATE approvals SET status = 'cancelled', decided_at = $1, decided_by = $3, decided_token_id = $4
+             WHERE invocation_id = $2 AND owner_id = $3 AND status = 'pending'
+               AND EXISTS (SELECT 1 FROM invocations i WHERE i.id = $2 AND i.status = 'awaiting_approval')",
+        )
+        .bind(&now)
+        .bind(id)
+        .bind(owner_id)
+        .bind(token_id)
+        .execute(tx.conn())
+        .await?;
         let row: Option<InvocationRow> = sqlx::query_as(
             "UPDATE invocations SET status = 'cancelled', finished_at = $1, updated_at = $1
              WHERE id = $2 AND owner_id = $3 AND status IN ('awaiting_approval', 'queued')
@@ -442,15 +463,12 @@ impl Store {
             drop(tx);
             return Ok(self.invocation_for(owner_id, id).await?.map(|r| (r, false)));
         };
-        sqlx::query("UPDATE approvals SET status = 'cancelled', decided_at = $1 WHERE invocation_id = $2 AND status = 'pending'")
-            .bind(&now)
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
         tx.append_event(
             &row.run_id,
             EventKind::InvocationCancelled,
-            &json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
+            &json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id,
+                    "approval_cancelled": approval.rows_affected() == 1,
+                    "decided_by": owner_id, "token_id": token_id, "decided_at": now}),
         )
         .await?;
         tx.commit().await?;

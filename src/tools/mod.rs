@@ -1,7 +1,8 @@
-//! Tool implementations, one folder per domain. [`register_core`] puts every core tool of
-//! this build into a registry.
+//! Tool implementations, one folder per domain (Read, Edit, MCP). [`register_core`] puts every
+//! core tool of this build into a registry.
 
 pub mod codebase;
+pub mod edit;
 pub mod mcp;
 pub mod read;
 
@@ -41,6 +42,10 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<(), Registr
         codebase::index::IndexConfig::default(),
     ));
     registry.register(Arc::new(codebase::CodebaseExplore::new(graphs)))?;
+    registry.register(Arc::new(edit::write_file::WriteFile::new()))?;
+    registry.register(Arc::new(edit::replace_block::ReplaceBlock::new()))?;
+    registry.register(Arc::new(edit::delete_path::DeletePath::new()))?;
+    registry.register(Arc::new(edit::move_path::MovePath::new()))?;
     Ok(())
 }
 

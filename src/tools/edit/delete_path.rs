@@ -1,0 +1,162 @@
+//! `delete_path {path, recursive?}`: delete a file, or a directory with `recursive: true`.
+//! Never the workspace root. The target itself must be a regular file with one link or a
+//! directory (a symlink, a hard-linked file, a FIFO, socket or device is refused); inside a
+//! directory being deleted, entries of any kind are removed as entries and symlinks are
+//! never followed. A directory is first renamed to a hidden name beside it, so it leaves the
+//! workspace view at once, then removed.
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::fs::{self as efs, Leaf, Parents};
+use super::{check_resolved, target};
+use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::tools::read::blocking;
+use crate::tools::{bool_field, str_field};
+use crate::workspace::{self, Workspace};
+
+/// The `delete_path` tool.
+pub struct DeletePath {
+    spec: ToolSpec,
+}
+
+impl DeletePath {
+    /// The tool with its spec.
+    pub fn new() -> Self {
+        Self {
+            spec: super::spec(
+                "delete_path",
+                "Delete a file or directory",
+                "Delete a workspace file, or a directory with recursive: true. Never the workspace root; symlinks are \
+                 not followed. Needs approval; the approver sees what will be removed.",
+                json!({
+                    "type": "object",
+                    "required": ["path"],
+                    "properties": {
+                        "path": super::path_schema("Path relative to the workspace root"),
+                        "recursive": {"type": "boolean", "description": "Required (true) to delete a directory and everything in it"}
+                    },
+                    "additionalProperties": false
+                }),
+            ),
+        }
+    }
+}
+
+impl Default for DeletePath {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
+    let (rel, abs) = target(ws, input, "path")?;
+    Ok(json!({"path": rel, "resolved_path": abs, "recursive": bool_field(input, "recursive")}))
+}
+
+/// What is at the target.
+enum Found {
+    File { sha256: String, size: u64 },
+    Dir(efs::TreeSummary),
+}
+
+fn look(dir: &cap_std::fs::Dir, name: &str, rel: &str, recursive: bool) -> Result<Found, ToolError> {
+    match efs::inspect(dir, name, rel)? {
+        Leaf::Missing => Err(super::not_found(rel)),
+        Leaf::File(file) => Ok(Found::File { sha256: file.sha256(rel)?, size: file.size }),
+        Leaf::Dir if !recursive => Err(ToolError::new(
+            ErrorClass::BadInput,
+            "recursive_required",
+            format!("{rel} is a directory; deleting it needs recursive: true"),
+        )
+        .with_details(json!({"path": rel}))),
+        Leaf::Dir => Ok(Found::Dir(efs::walk_tree(dir, name, rel)?)),
+    }
+}
+
+fn describe(rel: &str, found: &Found) -> Value {
+    match found {
+        Found::File { sha256, size } => json!({"kind": "file", "path": rel, "sha256": sha256, "size": size}),
+        Found::Dir(tree) => json!({"kind": "directory", "path": rel, "tree": tree}),
+    }
+}
+
+fn plan(ws: &Workspace, input: &Value) -> Result<Value, ToolError> {
+    let rel = str_field(input, "path").unwrap_or_default();
+    let located = efs::locate(ws, rel, Parents::MustExist)?;
+    let dir = located.dir.as_ref().ok_or_else(|| super::not_found(rel))?;
+    let found = look(dir, &located.name, rel, bool_field(input, "recursive"))?;
+    let mut preview = describe(rel, &found);
+    preview["action"] = json!("delete_path");
+    preview["resolved_path"] = json!(str_field(input, "resolved_path"));
+    Ok(preview)
+}
+
+fn delete(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
+    let rel = check_resolved(ws, input, "path", "resolved_path")?;
+    let abs = str_field(input, "resolved_path").unwrap_or_default();
+    let _guard = efs::lock_paths(&[abs]);
+    let located = efs::locate(ws, &rel, Parents::MustExist)?;
+    let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
+    let found = look(dir, &located.name, &rel, bool_field(input, "recursive"))?;
+    match &found {
+        Found::File { .. } => dir.remove_file(&located.name).map_err(|e| workspace::io_error(&rel, &e))?,
+        Found::Dir(_) => {
+            let hidden = format!(".mira-delete-{}", uuid::Uuid::now_v7().simple());
+            efs::rename_noreplace(dir, &located.name, dir, &hidden, &rel)?;
+            if let Err(e) = dir.remove_dir_all(&hidden) {
+                // Put back what is left, so nothing lingers under a hidden name.
+                let restored = efs::rename_noreplace(dir, &hidden, dir, &located.name, &rel).is_ok();
+                return Err(workspace::io_error(&rel, &e)
+                    .with_details(json!({"path": rel, "os_error": e.raw_os_error(), "partially_deleted": true,
+                                         "remainder_restored": restored})));
+            }
+        }
+    }
+    efs::sync_dir(dir, &rel)?;
+    let (sha256_before, bytes, files, dirs, others) = match &found {
+        Found::File { sha256, size } => (sha256.clone(), *size, 1, 0, 0),
+        Found::Dir(t) => (t.manifest_sha256.clone(), t.bytes, t.files, t.dirs + 1, t.others),
+    };
+    let output = json!({
+        "path": rel,
+        "deleted": describe(&rel, &found),
+        "sha256_before": sha256_before,
+        "sha256_after": null,
+        "bytes_removed": bytes,
+        "files_removed": files,
+        "dirs_removed": dirs,
+        "others_removed": others,
+    });
+    let provenance = json!({
+        "path": rel, "resolved_path": abs, "sha256_before": sha256_before, "sha256_after": null,
+        "bytes_removed": bytes, "files_removed": files, "dirs_removed": dirs, "others_removed": others,
+    });
+    let text = format!("deleted {rel}: {files} files, {dirs} directories, {others} other entries, {bytes} bytes");
+    Ok(ToolOutput { output, evidence: vec![super::evidence("path_delete", provenance, &sha256_before, &text)] })
+}
+
+#[async_trait]
+impl Tool for DeletePath {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        let canonical = canonical(&input, ctx.workspace)?;
+        let ws = ctx.workspace.clone();
+        let frozen = canonical.clone();
+        let preview = blocking(move || plan(&ws, &frozen)).await?;
+        Ok(Prepared { input: canonical, preview })
+    }
+
+    async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
+        canonical(&input, ctx.workspace)
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let input = input.clone();
+        let ws = ctx.workspace.clone();
+        blocking(move || delete(&ws, &input)).await
+    }
+}

@@ -1,0 +1,220 @@
+//! `move_path {from, to, overwrite?}`: move (rename) a file or directory inside the
+//! workspace, across directories. Refuses to overwrite unless `overwrite: true` (and even
+//! then replaces only a regular file, by a file); refuses to move the workspace root, onto
+//! it, or a directory into itself. The destination's parent must exist. A move without
+//! overwrite uses `renameat2(RENAME_NOREPLACE)`, so a destination created meanwhile is never
+//! replaced. Both paths obey the Edit boundary rules ([`super::fs`]).
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::fs::{self as efs, Leaf, Parents};
+use super::{check_resolved, target};
+use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::tools::read::blocking;
+use crate::tools::{bool_field, str_field};
+use crate::workspace::{self, Workspace};
+
+/// The `move_path` tool.
+pub struct MovePath {
+    spec: ToolSpec,
+}
+
+impl MovePath {
+    /// The tool with its spec.
+    pub fn new() -> Self {
+        Self {
+            spec: super::spec(
+                "move_path",
+                "Move a file or directory",
+                "Move or rename a workspace file or directory, also across directories (the destination's parent must \
+                 exist). Refuses to overwrite an existing destination unless overwrite: true. Needs approval.",
+                json!({
+                    "type": "object",
+                    "required": ["from", "to"],
+                    "properties": {
+                        "from": super::path_schema("Source path relative to the workspace root"),
+                        "to": super::path_schema("Destination path relative to the workspace root"),
+                        "overwrite": {"type": "boolean", "description": "Replace an existing destination file (default false)"}
+                    },
+                    "additionalProperties": false
+                }),
+            ),
+        }
+    }
+}
+
+impl Default for MovePath {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
+    let (from, resolved_from) = target(ws, input, "from")?;
+    let (to, resolved_to) = target(ws, input, "to")?;
+    if from == to {
+        return Err(ToolError::new(ErrorClass::BadInput, "same_path", format!("from and to are both {from}"))
+            .with_details(json!({"from": from, "to": to})));
+    }
+    if to.starts_with(&format!("{from}/")) {
+        return Err(ToolError::new(
+            ErrorClass::BadInput,
+            "move_into_itself",
+            format!("cannot move {from} into itself ({to})"),
+        )
+        .with_details(json!({"from": from, "to": to})));
+    }
+    Ok(json!({
+        "from": from, "to": to, "resolved_from": resolved_from, "resolved_to": resolved_to,
+        "overwrite": bool_field(input, "overwrite"),
+    }))
+}
+
+/// The source and what the destination holds.
+struct Plan {
+    from_dir: cap_std::fs::Dir,
+    from_name: String,
+    to_dir: cap_std::fs::Dir,
+    to_name: String,
+    source: Value,
+    source_sha256: String,
+    size: u64,
+    replaced: Option<(efs::Regular, String)>,
+}
+
+fn plan(ws: &Workspace, input: &Value) -> Result<Plan, ToolError> {
+    let from = str_field(input, "from").unwrap_or_default();
+    let to = str_field(input, "to").unwrap_or_default();
+    let overwrite = bool_field(input, "overwrite");
+    let src = efs::locate(ws, from, Parents::MustExist)?;
+    let from_dir = src.dir.ok_or_else(|| super::not_found(from))?;
+    let (source, source_sha256, size, is_dir) = match efs::inspect(&from_dir, &src.name, from)? {
+        Leaf::Missing => return Err(super::not_found(from)),
+        Leaf::File(file) => {
+            let sha = file.sha256(from)?;
+            (json!({"kind": "file", "path": from, "sha256": sha, "size": file.size}), sha, file.size, false)
+        }
+        Leaf::Dir => {
+            let tree = efs::walk_tree(&from_dir, &src.name, from)?;
+            let (sha, bytes) = (tree.manifest_sha256.clone(), tree.bytes);
+            (json!({"kind": "directory", "path": from, "tree": tree}), sha, bytes, true)
+        }
+    };
+    let dst = efs::locate(ws, to, Parents::MustExist)?;
+    let to_dir = dst.dir.ok_or_else(|| super::not_found(to))?;
+    let exists = |what: &str| {
+        ToolError::new(
+            ErrorClass::Conflict,
+            "already_exists",
+            format!("{to} already exists ({what}); set overwrite: true to replace a file"),
+        )
+        .with_details(json!({"from": from, "to": to}))
+    };
+    let replaced = match efs::inspect(&to_dir, &dst.name, to)? {
+        Leaf::Missing => None,
+        Leaf::Dir if overwrite => {
+            return Err(ToolError::new(
+                ErrorClass::Conflict,
+                "destination_is_directory",
+                format!("{to} is a directory; move_path replaces only files"),
+            )
+            .with_details(json!({"from": from, "to": to})));
+        }
+        Leaf::Dir => return Err(exists("a directory")),
+        Leaf::File(_) if !overwrite => return Err(exists("a file")),
+        Leaf::File(_) if is_dir => {
+            return Err(ToolError::new(
+                ErrorClass::Conflict,
+                "type_mismatch",
+                format!("{to} is a file and {from} a directory; a directory cannot replace a file"),
+            )
+            .with_details(json!({"from": from, "to": to})));
+        }
+        Leaf::File(file) => {
+            let sha = file.sha256(to)?;
+            Some((file, sha))
+        }
+    };
+    Ok(Plan { from_dir, from_name: src.name, to_dir, to_name: dst.name, source, source_sha256, size, replaced })
+}
+
+fn preview(input: &Value, plan: &Plan) -> Value {
+    json!({
+        "action": "move_path",
+        "from": str_field(input, "from"),
+        "to": str_field(input, "to"),
+        "resolved_from": str_field(input, "resolved_from"),
+        "resolved_to": str_field(input, "resolved_to"),
+        "source": plan.source,
+        "overwrites": plan.replaced.as_ref().map(|(f, sha)| json!({"sha256": sha, "size": f.size})),
+    })
+}
+
+fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
+    let from = check_resolved(ws, input, "from", "resolved_from")?;
+    let to = check_resolved(ws, input, "to", "resolved_to")?;
+    let resolved_from = str_field(input, "resolved_from").unwrap_or_default();
+    let resolved_to = str_field(input, "resolved_to").unwrap_or_default();
+    let _guard = efs::lock_paths(&[resolved_from, resolved_to]);
+    let p = plan(ws, input)?;
+    match &p.replaced {
+        None => efs::rename_noreplace(&p.from_dir, &p.from_name, &p.to_dir, &p.to_name, &to)?,
+        Some((file, _)) => {
+            match efs::inspect(&p.to_dir, &p.to_name, &to)? {
+                Leaf::File(now) if now.same_version(file) => {}
+                _ => return Err(super::changed_meanwhile(&to)),
+            }
+            p.from_dir.rename(&p.from_name, &p.to_dir, &p.to_name).map_err(|e| workspace::io_error(&to, &e))?;
+        }
+    }
+    efs::sync_dir(&p.to_dir, &to)?;
+    efs::sync_dir(&p.from_dir, &from)?;
+    let sha256_after = match efs::inspect(&p.to_dir, &p.to_name, &to)? {
+        Leaf::File(file) => file.sha256(&to)?,
+        Leaf::Dir => efs::walk_tree(&p.to_dir, &p.to_name, &to)?.manifest_sha256,
+        Leaf::Missing => String::new(),
+    };
+    let overwritten = p.replaced.as_ref().map(|(f, sha)| json!({"sha256": sha, "size": f.size}));
+    let output = json!({
+        "from": from,
+        "to": to,
+        "moved": p.source,
+        "sha256_before": p.source_sha256,
+        "sha256_after": sha256_after,
+        "bytes_moved": p.size,
+        "overwritten": overwritten,
+    });
+    let provenance = json!({
+        "from": from, "to": to, "resolved_from": resolved_from, "resolved_to": resolved_to,
+        "sha256_before": p.source_sha256, "sha256_after": sha256_after, "bytes_moved": p.size,
+        "overwritten": overwritten,
+    });
+    let text = format!("moved {from} to {to} ({} bytes)", p.size);
+    Ok(ToolOutput { output, evidence: vec![super::evidence("path_move", provenance, &sha256_after, &text)] })
+}
+
+#[async_trait]
+impl Tool for MovePath {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        let canonical = canonical(&input, ctx.workspace)?;
+        let ws = ctx.workspace.clone();
+        let frozen = canonical.clone();
+        let preview = blocking(move || plan(&ws, &frozen).map(|p| preview(&frozen, &p))).await?;
+        Ok(Prepared { input: canonical, preview })
+    }
+
+    async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
+        canonical(&input, ctx.workspace)
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let input = input.clone();
+        let ws = ctx.workspace.clone();
+        blocking(move || apply(&ws, &input)).await
+    }
+}

@@ -1,0 +1,227 @@
+//! `write_file {path, content, create_dirs?, expected_sha256?}`: create or overwrite a
+//! file with exactly `content` (UTF-8 bytes, nothing trimmed or converted).
+//!
+//! Written atomically: a temporary file in the same directory, fsynced, given the old
+//! file's mode, renamed over the target, then the directory fsynced. A new file is put in
+//! place with `RENAME_NOREPLACE`, so a file created meanwhile is never overwritten. The
+//! approval preview carries the unified diff from the current file (computed at freeze time).
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::fs::{self as efs, Leaf, Parents, Regular, Replace};
+use super::{check_expected, check_resolved, diff, diffable, expected_sha, mode_text, target};
+use crate::evidence::sha256_hex;
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::tools::read::blocking;
+use crate::tools::{bool_field, str_field};
+use crate::workspace::Workspace;
+
+/// The `write_file` tool.
+pub struct WriteFile {
+    spec: ToolSpec,
+}
+
+impl WriteFile {
+    /// The tool with its spec.
+    pub fn new() -> Self {
+        Self {
+            spec: super::spec(
+                "write_file",
+                "Write a file",
+                "Create or overwrite a workspace file with the given text, atomically, keeping the file's mode. \
+                 Needs approval; the approver sees a unified diff. Give expected_sha256 (from read_open) to refuse \
+                 the write if the file changed since you read it.",
+                json!({
+                    "type": "object",
+                    "required": ["path", "content"],
+                    "properties": {
+                        "path": super::path_schema("File path relative to the workspace root"),
+                        "content": {"type": "string", "description": "The whole new content, written byte for byte"},
+                        "create_dirs": {"type": "boolean", "description": "Create missing parent directories (default false)"},
+                        "expected_sha256": super::sha_schema()
+                    },
+                    "additionalProperties": false
+                }),
+            ),
+        }
+    }
+}
+
+impl Default for WriteFile {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The canonical input: normalised path, resolved absolute path, every default.
+fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
+    let (rel, abs) = target(ws, input, "path")?;
+    let mut c = json!({
+        "path": rel,
+        "resolved_path": abs,
+        "content": str_field(input, "content").unwrap_or_default(),
+        "create_dirs": bool_field(input, "create_dirs"),
+    });
+    if let Some(sha) = expected_sha(input) {
+        c["expected_sha256"] = json!(sha);
+    }
+    Ok(c)
+}
+
+/// The current file: its bytes when small enough to diff, else only its hash.
+struct Before {
+    file: Regular,
+    bytes: Option<Vec<u8>>,
+    sha256: String,
+}
+
+/// Inspects the target and checks the precondition; `None` = the file does not exist.
+fn current(dir: &cap_std::fs::Dir, name: &str, rel: &str, input: &Value) -> Result<Option<Before>, ToolError> {
+    let before = match efs::inspect(dir, name, rel)? {
+        Leaf::Missing => None,
+        Leaf::Dir => return Err(super::is_a_directory(rel)),
+        Leaf::File(file) if file.size > diff::MAX_DIFF_INPUT_BYTES as u64 => {
+            let sha256 = file.sha256(rel)?;
+            Some(Before { file, bytes: None, sha256 })
+        }
+        Leaf::File(file) => {
+            let bytes = file.read_all(rel)?;
+            let sha256 = sha256_hex(&bytes);
+            Some(Before { file, bytes: Some(bytes), sha256 })
+        }
+    };
+    check_expected(rel, expected_sha(input).as_deref(), before.as_ref().map(|b| b.sha256.as_str()))?;
+    Ok(before)
+}
+
+fn preview(input: &Value, missing_dirs: &[String], before: Option<&Before>) -> Value {
+    let rel = str_field(input, "path").unwrap_or_default();
+    let content = str_field(input, "content").unwrap_or_default();
+    let (diff, note) = match before.map(|b| b.bytes.as_deref().map(diffable)) {
+        Some(None) => (None, Some("the current file is too large to diff")),
+        Some(Some(None)) => (None, Some("the current file is binary or not UTF-8; no text diff")),
+        Some(Some(Some(old))) => (diff::unified(rel, Some(old), content), None),
+        None => (diff::unified(rel, None, content), None),
+    };
+    let note = note.or(diff.is_none().then_some("too large to diff"));
+    json!({
+        "action": "write_file",
+        "path": rel,
+        "resolved_path": str_field(input, "resolved_path"),
+        "creates": before.is_none(),
+        "create_dirs": missing_dirs,
+        "before": before.map(|b| json!({"sha256": b.sha256, "size": b.file.size, "mode": mode_text(b.file.mode)})),
+        "after": {"sha256": sha256_hex(content.as_bytes()), "size": content.len()},
+        "diff": diff.as_ref().map(|d| d.unified.clone()),
+        "diff_truncated": diff.as_ref().is_some_and(|d| d.truncated),
+        "diff_summary": diff.as_ref().map(|d| d.summary.clone()),
+        "note": note,
+    })
+}
+
+fn plan(ws: &Workspace, input: &Value) -> Result<Value, ToolError> {
+    let rel = str_field(input, "path").unwrap_or_default();
+    let parents = if bool_field(input, "create_dirs") { Parents::Probe } else { Parents::MustExist };
+    let located = efs::locate(ws, rel, parents)?;
+    let before = match &located.dir {
+        Some(dir) => current(dir, &located.name, rel, input)?,
+        None => {
+            check_expected(rel, expected_sha(input).as_deref(), None)?;
+            None
+        }
+    };
+    Ok(preview(input, &located.missing_dirs, before.as_ref()))
+}
+
+fn write(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
+    let rel = check_resolved(ws, input, "path", "resolved_path")?;
+    let abs = str_field(input, "resolved_path").unwrap_or_default();
+    let content = str_field(input, "content").unwrap_or_default();
+    let _guard = efs::lock_paths(&[abs]);
+    let parents = if bool_field(input, "create_dirs") { Parents::Create } else { Parents::MustExist };
+    let located = efs::locate(ws, &rel, parents)?;
+    let result = (|| {
+        let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
+        let before = current(dir, &located.name, &rel, input)?;
+        let replace = if before.is_some() { Replace::Overwrite } else { Replace::CreateNew };
+        let mode = before.as_ref().map(|b| b.file.mode);
+        efs::write_atomic(dir, &located.name, &rel, content.as_bytes(), mode, replace, || {
+            match (efs::inspect(dir, &located.name, &rel)?, &before) {
+                (Leaf::Missing, None) => Ok(()),
+                (Leaf::File(now), Some(b)) if now.same_version(&b.file) => Ok(()),
+                _ => Err(super::changed_meanwhile(&rel)),
+            }
+        })?;
+        Ok((dir, before))
+    })();
+    let (dir, before) = match result {
+        Ok(done) => done,
+        Err(e) => {
+            // Directories this call created for nothing are removed again (when still empty).
+            for created in located.missing_dirs.iter().rev() {
+                let _ = ws.dir().remove_dir(created);
+            }
+            return Err(e);
+        }
+    };
+    let after = match efs::inspect(dir, &located.name, &rel)? {
+        Leaf::File(file) => Some((file.sha256(&rel)?, file.size, file.mode)),
+        _ => None,
+    };
+    let written_sha = sha256_hex(content.as_bytes());
+    let (after_sha, after_size, after_mode) = after.unwrap_or((String::new(), 0, 0));
+    let diff = match before.as_ref().map(|b| b.bytes.as_deref().and_then(diffable)) {
+        Some(Some(old)) => diff::unified(&rel, Some(old), content),
+        Some(None) => None,
+        None => diff::unified(&rel, None, content),
+    };
+    let output = json!({
+        "path": rel,
+        "created": before.is_none(),
+        "created_dirs": located.missing_dirs,
+        "bytes_written": content.len(),
+        "sha256_before": before.as_ref().map(|b| b.sha256.clone()),
+        "sha256_after": after_sha,
+        "size_after": after_size,
+        "mode": mode_text(after_mode),
+        "diff_summary": diff.as_ref().map(|d| d.summary.clone()),
+        "read_back_matches": after_sha == written_sha,
+    });
+    let provenance = json!({
+        "path": rel,
+        "resolved_path": abs,
+        "sha256_before": output["sha256_before"],
+        "sha256_after": after_sha,
+        "bytes_written": content.len(),
+        "created": before.is_none(),
+        "diff_summary": output["diff_summary"],
+    });
+    let text = diff.map_or_else(|| format!("wrote {} bytes to {rel}", content.len()), |d| d.unified);
+    Ok(ToolOutput { output, evidence: vec![super::evidence("file_write", provenance, &after_sha, &text)] })
+}
+
+#[async_trait]
+impl Tool for WriteFile {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        let canonical = canonical(&input, ctx.workspace)?;
+        let ws = ctx.workspace.clone();
+        let frozen = canonical.clone();
+        let preview = blocking(move || plan(&ws, &frozen)).await?;
+        Ok(Prepared { input: canonical, preview })
+    }
+
+    async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
+        canonical(&input, ctx.workspace)
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let input = input.clone();
+        let ws = ctx.workspace.clone();
+        blocking(move || write(&ws, &input)).await
+    }
+}
