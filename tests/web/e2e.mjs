@@ -1,0 +1,353 @@
+// End-to-end test of the control-plane page in a real browser (Debian's chromium driven by
+// playwright-core). Started by tests/web.rs with a running server:
+//   MIRA_BASE_URL  server base URL          MIRA_TOKEN     a user's API token
+//   MIRA_E2E_TOOL  approval-gated tool id (write_file, or a test tool before Edit tools exist)
+//   MIRA_ARTIFACTS folder for screenshots  MIRA_WEB_CHROMIUM  browser binary
+// Views whose API is not in the build (terminal sessions, External MCP) must say so; when the
+// routes exist the test drives them for real. Prints "e2e: all checks passed" at the end.
+
+import { chromium } from 'playwright-core';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+const base = process.env.MIRA_BASE_URL;
+const token = process.env.MIRA_TOKEN;
+const gated = process.env.MIRA_E2E_TOOL ?? 'web_probe';
+const artifacts = process.env.MIRA_ARTIFACTS ?? 'artifacts';
+const executablePath = process.env.MIRA_WEB_CHROMIUM ?? '/usr/bin/chromium';
+if (!base || !token) throw new Error('MIRA_BASE_URL and MIRA_TOKEN are required');
+mkdirSync(artifacts, { recursive: true });
+
+const log = (...a) => console.log('e2e:', ...a);
+function check(cond, what) {
+  if (!cond) throw new Error(`check failed: ${what}`);
+  log(`ok - ${what}`);
+}
+
+// ---------- the API, from the test's side (the "Planner") ----------
+async function call(method, path, body) {
+  const resp = await fetch(base + path, {
+    method,
+    headers: { Authorization: `Bearer ${token}`, ...(body ? { 'Content-Type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  const text = await resp.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: resp.status, body: json ?? text };
+}
+async function must(method, path, body, ok = [200, 201]) {
+  const r = await call(method, path, body);
+  if (!ok.includes(r.status)) throw new Error(`${method} ${path} → ${r.status} ${JSON.stringify(r.body)}`);
+  return r.body;
+}
+const routeMissing = (r) => r.status === 404 && r.body?.error?.details?.resource === 'route';
+async function until(what, fn, ms = 10000) {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+const finalStates = new Set(['completed', 'failed', 'denied', 'expired', 'cancelled', 'interrupted']);
+const waitFinal = (id) => until(`invocation ${id} to finish`, async () => {
+  const inv = await must('GET', `/v1/invocations/${id}`);
+  return finalStates.has(inv.status) ? inv : null;
+});
+function gatedInput(n) {
+  return gated === 'write_file'
+    ? { path: `web-e2e-${n}.txt`, content: `hello from the browser test ${n}\nsecond line\n` }
+    : { value: `hello from the browser test ${n}` };
+}
+
+// ---------- the browser ----------
+const browser = await chromium.launch({
+  executablePath,
+  headless: true,
+  args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+const page = await context.newPage();
+const consoleErrors = [];
+const expectedNetworkErrors = [];
+const pageErrors = [];
+const foreign = [];
+// 404s of routes this build lacks, and the 401 of the deliberate wrong token, are the API's
+// honest answers (Chromium logs every failed fetch); any other console error fails the test.
+const expectedFailures = [];
+page.on('console', (m) => {
+  if (m.type() !== 'error') return;
+  const url = m.location()?.url ?? '';
+  const text = `${m.text()} ${url}`;
+  if (/Failed to load resource/.test(m.text()) && expectedFailures.some((re) => re.test(url))) expectedNetworkErrors.push(text);
+  else consoleErrors.push(text);
+});
+page.on('pageerror', (e) => pageErrors.push(String(e)));
+page.on('request', (r) => {
+  const u = r.url();
+  if (!u.startsWith(base) && !u.startsWith('data:') && !u.startsWith('blob:')) foreign.push(u);
+});
+const shot = async (name) => { await page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true }); log(`screenshot ${name}.png`); };
+const goto = async (hash) => {
+  await page.evaluate((h) => { location.hash = h; }, hash);
+  await page.waitForFunction((h) => location.hash === h || location.hash.startsWith(h), hash);
+};
+
+async function audit(where) {
+  const problems = await page.evaluate(() => {
+    const out = [];
+    const visible = (el) => !el.closest('[hidden]') && el.getClientRects().length > 0;
+    for (const el of document.querySelectorAll('input, select, textarea')) {
+      if (!visible(el) || el.closest('.xterm')) continue;
+      const named = el.getAttribute('aria-label') || el.getAttribute('aria-labelledby')
+        || (el.id && document.querySelector(`label[for="${CSS.escape(el.id)}"]`)) || el.closest('label');
+      if (!named) out.push(`unlabelled ${el.tagName.toLowerCase()}#${el.id}`);
+    }
+    for (const el of document.querySelectorAll('button, a[href]')) {
+      if (visible(el) && !(el.textContent.trim() || el.getAttribute('aria-label'))) out.push(`nameless ${el.outerHTML.slice(0, 60)}`);
+    }
+    // WCAG 2.x contrast of every visible text against its nearest opaque background.
+    const parse = (s) => { const m = s.match(/rgba?\(([^)]+)\)/); if (!m) return null; const p = m[1].split(/[\s,/]+/).filter(Boolean).map(Number); return { rgb: p.slice(0, 3), a: p.length > 3 ? p[3] : 1 }; };
+    const lum = (rgb) => { const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; }; return 0.2126 * f(rgb[0]) + 0.7152 * f(rgb[1]) + 0.0722 * f(rgb[2]); };
+    const bgOf = (el) => { for (let e = el; e; e = e.parentElement) { const c = parse(getComputedStyle(e).backgroundColor); if (c && c.a > 0.5) return c.rgb; } return [255, 255, 255]; };
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    const seen = new Set();
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      const el = n.parentElement;
+      if (!el || seen.has(el) || !n.textContent.trim() || !visible(el) || el.closest('.xterm, .visually-hidden, button:disabled, noscript')) continue;
+      seen.add(el);
+      const cs = getComputedStyle(el);
+      const fg = parse(cs.color);
+      if (!fg) continue;
+      const l1 = lum(fg.rgb), l2 = lum(bgOf(el));
+      const ratio = (Math.max(l1, l2) + 0.05) / (Math.min(l1, l2) + 0.05);
+      const size = parseFloat(cs.fontSize), bold = Number(cs.fontWeight) >= 700;
+      const need = size >= 24 || (bold && size >= 18.66) ? 3 : 4.5;
+      if (ratio < need) out.push(`contrast ${ratio.toFixed(2)} < ${need} for “${n.textContent.trim().slice(0, 40)}”`);
+    }
+    return out;
+  });
+  check(problems.length === 0, `${where}: labels, names and contrast (${problems.slice(0, 5).join('; ')})`);
+}
+
+try {
+  // ---- load and sign in ----
+  const t0 = Date.now();
+  await page.goto(`${base}/`, { waitUntil: 'load' });
+  await page.waitForSelector('#sign-in:not([hidden]) #token');
+  const wall = Date.now() - t0;
+  const nav = await page.evaluate(() => performance.getEntriesByType('navigation')[0].toJSON());
+  log(`load: navigation to load event ${nav.loadEventEnd.toFixed(0)} ms, DOMContentLoaded ${nav.domContentLoadedEventEnd.toFixed(0)} ms, sign-in form shown after ${wall} ms (wall clock, loopback)`);
+  check(nav.loadEventEnd < 1000 && wall < 1000, 'the page loads in under a second on loopback');
+  await audit('sign-in');
+  await shot('sign-in');
+
+  expectedFailures.push(/\/v1\/me$/);
+  await page.fill('#token', 'not-a-token');
+  await page.click('#sign-in-form button[type=submit]');
+  await page.waitForSelector('#sign-in-error:text-matches("refused this token")');
+  check(true, 'a wrong token is refused in words');
+
+  await page.fill('#token', token);
+  await page.press('#token', 'Enter');
+  await page.waitForSelector('#nav:not([hidden])');
+  check(await page.evaluate((t) => sessionStorage.getItem('mira.token') === t && !location.href.includes(t)
+    && !document.cookie.includes(t) && localStorage.length === 0, token), 'the token is in session storage only, never in the URL');
+  await page.waitForSelector('#inbox-state[data-state=open]');
+  await page.waitForSelector('.view-approvals .empty:not([hidden])');
+  await page.evaluate(() => { window.__sameDocument = true; });
+
+  // ---- a Planner starts a run and freezes a call that needs approval ----
+  const run = await must('POST', '/v1/runs', { title: 'browser e2e' });
+  const turn = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'record a note for the person' });
+  check(turn.exposure.tools.some((t) => t.id === gated), `${gated} is exposed in the turn`);
+  const frozen = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn.turn_id, tool_id: gated, tool_call_id: 'call_e2e_1', input: gatedInput(1) });
+  check(frozen.status === 'awaiting_approval' && frozen.approval_id, 'the call waits for approval');
+
+  const card = page.locator(`[data-approval-id="${frozen.approval_id}"]`);
+  await card.waitFor({ timeout: 10000 });
+  check(await page.evaluate(() => window.__sameDocument === true), 'the approval appeared live, without a reload');
+  check(await card.locator('.input-hash').first().innerText() === frozen.input_hash, 'the card shows the frozen input hash');
+  check(await card.locator('.call-id').first().innerText() === 'call_e2e_1', 'the card shows the call id');
+  check(await card.locator('.tool-id').first().innerText() === gated, 'the card shows the tool');
+  const canonical = JSON.parse(await card.locator('pre.json').last().innerText());
+  check(JSON.stringify(canonical) === JSON.stringify(frozen.input), 'the card shows the canonical input exactly');
+  if (gated === 'write_file') {
+    const diff = await card.locator('pre.diff').innerText();
+    check(diff.includes('+hello from the browser test 1'), 'the card shows the diff preview of the edit');
+  }
+  check(await page.locator('#approval-count').innerText() === '1', 'the navigation counts one pending approval');
+  await audit('approvals');
+  await shot('approvals');
+
+  const grantReq = page.waitForRequest((r) => r.url().endsWith(`/v1/approvals/${frozen.approval_id}/grant`));
+  await card.locator('button.approve').click();
+  const sent = (await grantReq).postDataJSON();
+  check(sent.tool_id === gated && sent.tool_call_id === 'call_e2e_1' && sent.input_hash === frozen.input_hash && Object.keys(sent).length === 3,
+    'Approve sent exactly the displayed triple');
+  await card.locator('.result .ok').waitFor();
+  const done = await waitFinal(frozen.invocation_id);
+  check(done.status === 'completed' && done.evidence_ids.length > 0, `the approved call ran (${done.status}) and left evidence`);
+
+  // ---- the run timeline: live, with evidence, surviving a dropped connection ----
+  await goto(`#/runs/${run.id}`);
+  await page.waitForSelector('#timeline-state[data-state=open]');
+  const evidenceId = done.evidence_ids[0];
+  const evCard = page.locator(`.evidence[data-evidence-id="${evidenceId}"] .evidence-card`);
+  await evCard.waitFor();
+  check(true, 'the evidence arrived on the timeline');
+  const invEntry = page.locator(`li[data-invocation="${frozen.invocation_id}"]`);
+  check(await invEntry.getAttribute('data-status') === 'completed', 'the invocation shows its final status');
+
+  // Drop the connection, let the run move on meanwhile, come back: the stream resumes with
+  // Last-Event-ID and every event shows exactly once.
+  const before = Number(await page.locator('#timeline').getAttribute('data-last'));
+  await context.setOffline(true);
+  await page.waitForSelector('#timeline-state[data-state=reconnecting]', { timeout: 10000 });
+  const turn2 = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'second step while the page is offline' });
+  const second = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn2.turn_id, tool_id: gated, tool_call_id: 'call_e2e_2', input: gatedInput(2) });
+  await context.setOffline(false);
+  await page.locator(`li[data-invocation="${second.invocation_id}"]`).waitFor({ timeout: 15000 });
+  const last = (await must('GET', `/v1/runs/${run.id}`)).last_event_id;
+  await page.waitForSelector(`#timeline[data-last="${last}"]`);
+  const seqs = await page.$$eval('#timeline li[data-seq]', (els) => els.map((e) => Number(e.dataset.seq)));
+  check(seqs.length === last && seqs.every((s, i) => s === i + 1), `after a reconnect the timeline holds events 1..${last} once each (was at ${before})`);
+  check(await page.locator('#timeline').getAttribute('data-duplicates') === '0', 'no event was delivered twice');
+  check(Number(await page.locator('#timeline-state').getAttribute('data-reconnects')) >= 1, 'the stream did reconnect');
+
+  await evCard.locator('input[type=text]').fill('checked by a person in the browser test');
+  await evCard.getByRole('button', { name: 'Accept' }).click();
+  await evCard.locator('.verdict[data-accepted=true]').waitFor();
+  const judged = await must('GET', `/v1/evidence/${evidenceId}`);
+  check(judged.acceptance?.accepted === true, 'accepting evidence in the page is stored');
+  await page.locator(`li[data-type="evidence.accepted"]`).first().waitFor();
+  check(true, 'the acceptance came back on the stream');
+  await audit('timeline');
+  await shot('timeline');
+
+  // ---- keyboard: the navigation works without a mouse and moves focus to the view ----
+  await page.focus('#nav a[data-view=tools]');
+  await page.keyboard.press('Enter');
+  await page.waitForSelector('.view-tools h1');
+  check(await page.evaluate(() => document.activeElement?.tagName === 'H1' && location.hash.startsWith('#/tools')), 'keyboard navigation opens a view and focuses its heading');
+
+  // ---- tools: ladder, filters, a turn's exposure ----
+  await goto(`#/tools?run=${run.id}&turn=${turn.turn_id}`);
+  await page.waitForSelector('#exposure-strategy');
+  const strategy = await page.locator('#exposure-strategy').innerText();
+  check(strategy.includes(turn.exposure.strategy) && strategy.includes(`${turn.exposure.candidate_count} public`), `the turn's exposure strategy is shown (${strategy.trim()})`);
+  await page.waitForSelector(`tr[data-tool="${gated}"][data-state=exposed]`);
+  check(true, `${gated} is exposed in that turn`);
+  await page.selectOption('#filter-state', 'not_registered');
+  const notReg = await page.$$eval('#tools-table tbody tr', (rows) => rows.map((r) => r.dataset.state));
+  const ladder = await must('GET', `/v1/tools?turn=${turn.turn_id}`);
+  const wantNotReg = ladder.tools.filter((t) => t.state === 'not_registered').length;
+  check(notReg.length === wantNotReg && notReg.every((s) => s === 'not_registered'), `filtering by state shows the ${wantNotReg} not-registered tools with their reason`);
+  await page.selectOption('#filter-state', '');
+  await page.selectOption('#filter-domain', 'read');
+  const readRows = await page.$$eval('#tools-table tbody tr td:nth-child(2)', (tds) => tds.map((t) => t.textContent));
+  check(readRows.length > 0 && readRows.every((d) => d === 'read'), 'filtering by domain');
+  await page.selectOption('#filter-domain', '');
+  await audit('tools');
+  await shot('tools');
+
+  // ---- External MCP: a server stuck at a stage, or the honest absence of the feature ----
+  const mcpList = await call('GET', '/v1/mcp/servers');
+  if (routeMissing(mcpList)) {
+    expectedFailures.push(/\/v1\/mcp\/servers/);
+    await goto('#/mcp');
+    await page.waitForSelector('.view-mcp [data-unavailable]');
+    check((await page.locator('.view-mcp [data-unavailable]').innerText()).includes('not available in this build'), 'MCP view: not available in this build');
+  } else {
+    const installed = await must('POST', '/v1/mcp/servers', { name: 'e2e-broken', transport: { stdio: { command: '/nonexistent/mcp-server-e2e', args: [], env: {} } } });
+    const id = installed.id ?? installed.server?.id;
+    await call('POST', `/v1/mcp/servers/${id}/connect`);
+    const detail = await until('a blocked MCP stage', async () => {
+      const d = await must('GET', `/v1/mcp/servers/${id}`);
+      const list = Array.isArray(d.stages) ? d.stages : Object.entries(d.stages ?? {}).map(([name, s]) => ({ name, ...(typeof s === 'string' ? { status: s } : s) }));
+      return list.find((s) => (s.status ?? s.state) === 'blocked') ? list : null;
+    });
+    const blocked = detail.find((s) => (s.status ?? s.state) === 'blocked');
+    const blockedName = blocked.stage ?? blocked.name ?? blocked.id;
+    await goto(`#/mcp/${id}`);
+    await page.waitForSelector('#mcp-stages li.blocking');
+    check(await page.locator('#mcp-stages li.blocking').getAttribute('data-stage') === String(blockedName), `MCP view highlights the blocked stage ${blockedName}`);
+    check((await page.locator('#mcp-blocked').innerText()).startsWith('Blocked at'), 'MCP view names the blocked stage in words');
+  }
+  await audit('mcp');
+  await shot('mcp');
+
+  // ---- terminal: a real session's output in xterm.js, or the honest absence ----
+  const sessions = await call('GET', '/v1/terminal-sessions');
+  if (routeMissing(sessions)) {
+    expectedFailures.push(/\/v1\/terminal-sessions/);
+    await goto('#/terminal');
+    await page.waitForSelector('.view-terminal [data-unavailable]');
+    check((await page.locator('.view-terminal [data-unavailable]').innerText()).includes('not available in this build'), 'Terminal view: not available in this build');
+  } else {
+    const tt = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'run a shell command in a terminal' });
+    check(tt.exposure.tools.some((t) => t.id === 'terminal_session'), 'terminal_session is exposed');
+    const start = await must('POST', `/v1/runs/${run.id}/invocations`, {
+      turn_id: tt.turn_id, tool_id: 'terminal_session', tool_call_id: 'call_e2e_term',
+      input: { action: 'start', command: 'bash', args: ['-c', "printf 'hello \\033[1;32mfrom the PTY\\033[0m\\n'; for i in 1 2 3; do echo line $i; sleep 0.2; done; sleep 20"], timeout_ms: 60000 },
+    });
+    await must('POST', `/v1/approvals/${start.approval_id}/grant`, { tool_id: 'terminal_session', tool_call_id: 'call_e2e_term', input_hash: start.input_hash });
+    const sess = await until('the terminal session', async () => {
+      const l = await must('GET', '/v1/terminal-sessions');
+      return (l.sessions ?? []).find((s) => s.run_id === run.id && s.invocation_id === start.invocation_id);
+    });
+    await goto('#/terminal');
+    await page.waitForSelector(`#sessions tr[data-session="${sess.id}"]`);
+    await goto(`#/terminal/${sess.id}`);
+    await page.waitForSelector('#terminal-screen .xterm-rows');
+    await page.waitForFunction(() => document.querySelector('#terminal-screen .xterm-rows')?.textContent.includes('hello from the PTY'), null, { timeout: 15000 });
+    await page.waitForFunction(() => document.querySelector('#terminal-screen .xterm-rows')?.textContent.includes('line 3'), null, { timeout: 15000 });
+    check(true, 'the session output renders in xterm.js (ANSI colours kept)');
+    await page.selectOption('#cols-mode', 'fit');
+    const wide = Number(await page.locator('#terminal-screen').getAttribute('data-cols'));
+    await page.setViewportSize({ width: 700, height: 900 });
+    await page.waitForFunction((w) => Number(document.querySelector('#terminal-screen').dataset.cols) < w, wide);
+    check(true, 'the terminal view follows a resize of the window');
+    await page.setViewportSize({ width: 1280, height: 900 });
+  }
+  await audit('terminal');
+  await shot('terminal');
+
+  // ---- phone width: a pending approval, denied from the page ----
+  const third = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn2.turn_id, tool_id: gated, tool_call_id: 'call_e2e_3', input: gatedInput(3) });
+  await page.setViewportSize({ width: 390, height: 844 });
+  await goto('#/approvals');
+  const phoneCard = page.locator(`[data-approval-id="${third.approval_id}"]`);
+  await phoneCard.waitFor();
+  check(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth + 1), 'no horizontal scrolling at phone width (approvals)');
+  await audit('phone approvals');
+  await shot('phone-approvals');
+  await phoneCard.locator('input[type=text]').fill('not now');
+  await phoneCard.getByRole('button', { name: 'Deny' }).click();
+  await phoneCard.locator('.result .ok').waitFor();
+  check((await must('GET', `/v1/invocations/${third.invocation_id}`)).status === 'denied', 'Deny is stored');
+  await goto(`#/runs/${run.id}`);
+  await page.waitForSelector('#timeline-state[data-state=open]');
+  check(await page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth + 1), 'no horizontal scrolling at phone width (timeline)');
+  await shot('phone-timeline');
+
+  // ---- sign out forgets the token ----
+  await page.click('#sign-out');
+  await page.waitForSelector('#sign-in:not([hidden])');
+  check(await page.evaluate(() => sessionStorage.getItem('mira.token') === null), 'signing out removes the token');
+
+  check(foreign.length === 0, `no request left the server's origin (${foreign.join(', ')})`);
+  check(pageErrors.length === 0, `no uncaught errors in the page (${pageErrors.join(' | ')})`);
+  check(consoleErrors.length === 0, `no console errors (${consoleErrors.join(' | ')})`);
+  log(`expected network errors logged by the browser: ${expectedNetworkErrors.length}`);
+  log('all checks passed');
+} catch (err) {
+  await page.screenshot({ path: join(artifacts, 'failure.png'), fullPage: true }).catch(() => {});
+  console.error(`e2e: FAILED: ${err.stack ?? err}`);
+  console.error(`e2e: console errors: ${JSON.stringify(consoleErrors)}; page errors: ${JSON.stringify(pageErrors)}`);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}
