@@ -45,13 +45,22 @@ async function route() {
     if (seq !== routeSeq) return;
     const root = h('div', { class: `view view-${r.view}` });
     fill(container, root);
-    unmount = await mod.mount(root, r) ?? null;
-    if (seq !== routeSeq && unmount) { unmount(); unmount = null; return; }
+    const mounted = mod.mount(root, r);
+    // The heading is in place before the view's first request: focus it now so that screen
+    // readers announce the new view at once.
     const heading = root.querySelector('h1');
-    if (heading && document.activeElement !== $('token')) heading.focus({ preventScroll: true });
+    if (heading) heading.focus({ preventScroll: true });
+    unmount = (await mounted) ?? null;
+    if (seq !== routeSeq && unmount) { unmount(); unmount = null; return; }
+    ready();
   } catch (err) {
     if (seq === routeSeq) fill(container, h('div', { class: 'error-box', role: 'alert' }, `This view failed to open: ${err.describe?.() ?? err.message}`));
   }
+}
+
+/** Marks the first moment the page is usable (read by the browser test's load check). */
+function ready() {
+  if (!performance.getEntriesByName('mira:ready').length) performance.mark('mira:ready');
 }
 
 function showSignIn(message) {
@@ -64,6 +73,7 @@ function showSignIn(message) {
   $('sign-in-error').textContent = message ?? '';
   $('token').value = '';
   $('token').focus();
+  ready();
 }
 
 async function signedIn(me) {

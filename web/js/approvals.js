@@ -59,6 +59,7 @@ export const inbox = {
   },
   setState(s) {
     this.state = s;
+    document.documentElement.dataset.inboxState = s.state;
     for (const l of this.listeners) l.state(s);
   },
   subscribe(l) {

@@ -5,7 +5,7 @@
 
 import { get, post, seg } from './api.js';
 import { follow, json } from './sse.js';
-import { h, fill, dl, jsonBlock, code, badge, announce, errorBox, streamState, fmtTime, title } from './ui.js';
+import { h, put, fill, dl, jsonBlock, code, badge, announce, errorBox, streamState, fmtTime, title } from './ui.js';
 
 export async function mount(root, route) {
   return route.id ? timeline(root, route.id) : runList(root);
@@ -87,12 +87,12 @@ async function timeline(root, runId) {
     entry.appendChild(body);
     switch (ev.event) {
       case 'exposure.created':
-        body.append(`Turn ${d.turn_id}: ${d.tool_ids?.length ?? 0} tools exposed of ${d.candidate_count} candidates, strategy `, code(d.strategy), '. ',
+        put(body, `Turn ${d.turn_id}: ${d.tool_ids?.length ?? 0} tools exposed of ${d.candidate_count} candidates, strategy `, code(d.strategy), '. ',
           h('a', { href: `#/tools?run=${encodeURIComponent(runId)}&turn=${encodeURIComponent(d.turn_id)}` }, 'See the exposure'));
         break;
       case 'invocation.frozen': {
         const b = badge(d.status);
-        body.append(code(d.tool_id, 'tool-id'), ' call ', code(d.tool_call_id), ' ', b,
+        put(body, code(d.tool_id, 'tool-id'), ' call ', code(d.tool_call_id), ' ', b,
           h('details', {}, h('summary', {}, `Input hash ${String(d.input_hash).slice(0, 12)}… and canonical input`), dl([['Input hash', code(d.input_hash)], ['Invocation', code(d.invocation_id)]]), jsonBlock(d.input, 'Canonical input')));
         invocations.set(d.invocation_id, { badge: b, entry });
         entry.dataset.invocation = d.invocation_id;
@@ -100,55 +100,55 @@ async function timeline(root, runId) {
         break;
       }
       case 'approval.requested':
-        body.append('Approval requested for ', code(d.tool_id), ' call ', code(d.tool_call_id), ' (expires ', fmtTime(d.expires_at), '). ', h('a', { href: '#/approvals' }, 'Open the inbox'));
+        put(body, 'Approval requested for ', code(d.tool_id), ' call ', code(d.tool_call_id), ' (expires ', fmtTime(d.expires_at), '). ', h('a', { href: '#/approvals' }, 'Open the inbox'));
         break;
       case 'approval.granted':
-        body.append('Approved ', code(d.tool_id), ' call ', code(d.tool_call_id), ' with hash ', code(String(d.input_hash).slice(0, 12) + '…'), ` by ${d.decided_by ?? '?'} at ${fmtTime(d.decided_at)}.`);
+        put(body, 'Approved ', code(d.tool_id), ' call ', code(d.tool_call_id), ' with hash ', code(String(d.input_hash).slice(0, 12) + '…'), ` by ${d.decided_by ?? '?'} at ${fmtTime(d.decided_at)}.`);
         break;
       case 'approval.denied':
-        body.append(`Denied by ${d.decided_by ?? '?'}${d.reason ? `: “${d.reason}”` : ''}.`);
+        put(body, `Denied by ${d.decided_by ?? '?'}${d.reason ? `: “${d.reason}”` : ''}.`);
         break;
       case 'approval.expired':
-        body.append('Nobody decided in time; the approval expired.');
+        put(body, 'Nobody decided in time; the approval expired.');
         break;
       case 'execution.started':
-        body.append('Started ', code(d.tool_id), ' call ', code(d.tool_call_id), '.');
+        put(body, 'Started ', code(d.tool_id), ' call ', code(d.tool_call_id), '.');
         break;
       case 'execution.completed':
       case 'execution.failed': {
-        body.append(badge(d.status ?? (ev.event === 'execution.completed' ? 'completed' : 'failed')), ' ', code(d.tool_id), ' call ', code(d.tool_call_id),
+        put(body, badge(d.status ?? (ev.event === 'execution.completed' ? 'completed' : 'failed')), ' ', code(d.tool_id), ' call ', code(d.tool_call_id),
           d.error ? h('p', { class: 'error' }, `${d.error.message ?? ''} (${d.error.code ?? 'error'})`) : null);
         const out = h('div', { class: 'result' });
-        body.append(out);
+        put(body, out);
         get(`/v1/invocations/${seg(d.invocation_id)}`).then((inv) => {
-          if (inv.result) out.append(h('details', {}, h('summary', {}, inv.result.ok ? 'Result (ok)' : 'Result (error)'), jsonBlock(inv.result.output ?? inv.result.error, 'Result')));
+          if (inv.result) put(out, h('details', {}, h('summary', {}, inv.result.ok ? 'Result (ok)' : 'Result (error)'), jsonBlock(inv.result.output ?? inv.result.error, 'Result')));
         }).catch((err) => out.append(errorBox(err, 'Could not load the result')));
         break;
       }
       case 'evidence.recorded': {
-        body.append(code(d.kind), ' from ', code(d.tool_id), ' ');
+        put(body, code(d.kind), ' from ', code(d.tool_id), ' ');
         const slot = h('div', { class: 'evidence', dataset: { evidenceId: d.evidence_id } }, 'Loading the evidence…');
-        body.append(slot);
+        put(body, slot);
         get(`/v1/evidence/${seg(d.evidence_id)}`).then((e) => fill(slot, evidenceView(e, evidence))).catch((err) => fill(slot, errorBox(err, 'Could not load the evidence')));
         break;
       }
       case 'evidence.accepted': {
-        body.append(d.accepted ? 'Evidence accepted' : 'Evidence rejected', ' ', code(d.evidence_id), d.note ? ` — “${d.note}”` : '', '.');
+        put(body, d.accepted ? 'Evidence accepted' : 'Evidence rejected', ' ', code(d.evidence_id), d.note ? ` — “${d.note}”` : '', '.');
         const slot = evidence.get(d.evidence_id);
         if (slot) slot.set({ accepted: d.accepted, note: d.note });
         break;
       }
       case 'invocation.cancelled':
-        body.append('Cancelled ', code(d.tool_id), ' call ', code(d.tool_call_id), '.');
+        put(body, 'Cancelled ', code(d.tool_id), ' call ', code(d.tool_call_id), '.');
         break;
       case 'terminal.output':
-        body.append('Terminal output ', d.session_id ? h('a', { href: `#/terminal/${encodeURIComponent(d.session_id)}` }, d.session_id) : '', '.');
+        put(body, 'Terminal output ', d.session_id ? h('a', { href: `#/terminal/${encodeURIComponent(d.session_id)}` }, d.session_id) : '', '.');
         break;
       case 'error':
-        body.append(h('span', { class: 'error' }, `${d.message ?? 'stream error'} (${d.code ?? 'error'})`));
+        put(body, h('span', { class: 'error' }, `${d.message ?? 'stream error'} (${d.code ?? 'error'})`));
         break;
       default:
-        body.append(jsonBlock(d, ev.event));
+        put(body, jsonBlock(d, ev.event));
     }
     const status = STATUS_OF[ev.event]?.(d);
     if (d.invocation_id && ev.event !== 'invocation.frozen') setStatus(d.invocation_id, status);

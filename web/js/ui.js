@@ -25,6 +25,12 @@ function append(el, children) {
   }
 }
 
+/** Appends children, skipping null/undefined/false (Element.append would write "null"). */
+export function put(el, ...children) {
+  append(el, children);
+  return el;
+}
+
 /** Replaces the children of el. */
 export function fill(el, ...children) {
   el.replaceChildren();
