@@ -114,13 +114,7 @@ async fn approval_inbox_stream_follows_every_run_of_the_caller_only() {
     let ada = t.user("ada").await;
     let bob = t.user("bob").await;
 
-    let mut stream = t
-        .client
-        .get(format!("{}/v1/approvals/stream", t.base))
-        .bearer_auth(&ada)
-        .send()
-        .await
-        .unwrap();
+    let mut stream = t.client.get(format!("{}/v1/approvals/stream", t.base)).bearer_auth(&ada).send().await.unwrap();
     assert_eq!(stream.status(), StatusCode::OK);
     assert_eq!(stream.headers()["content-type"], "text/event-stream");
     let first = sse_events(&mut stream, 1, Duration::from_secs(5)).await;
@@ -230,7 +224,9 @@ async fn browser_end_to_end() {
     let granted: Vec<&Value> =
         approvals.body["approvals"].as_array().unwrap().iter().filter(|a| a["invocation"]["tool_id"] == tool).collect();
     assert_eq!(granted.len(), 1, "{approvals:?}");
-    let inv = t.get(&format!("/v1/invocations/{}", granted[0]["invocation"]["invocation_id"].as_str().unwrap()), &token).await;
+    let inv = t
+        .get(&format!("/v1/invocations/{}", granted[0]["invocation"]["invocation_id"].as_str().unwrap()), &token)
+        .await;
     assert_eq!(inv.body["status"], "completed", "{inv:?}");
     let evidence_id = inv.body["evidence_ids"][0].as_str().unwrap();
     let ev = t.get(&format!("/v1/evidence/{evidence_id}"), &token).await;

@@ -89,6 +89,7 @@ async function session(body, id) {
   resize();
 
   let bytes = 0;
+  let ended = false;
   const stream = follow(`/v1/terminal-sessions/${seg(id)}/stream?offset=0`, {
     onEvent: (ev) => {
       const d = json(ev) ?? {};
@@ -100,6 +101,9 @@ async function session(body, id) {
         term.write(`\r\n\x1b[2m[… ${d.to - d.from} bytes no longer retained …]\x1b[0m\r\n`);
       } else if (ev.event === 'exit') {
         const how = d.exit_code !== null && d.exit_code !== undefined ? `exit code ${d.exit_code}` : d.signal ? `signal ${d.signal}` : (d.end_reason ?? d.state);
+        ended = true;
+        state.dataset.state = 'closed';
+        state.textContent = 'Ended: all of the session’s output is shown';
         exitLine.textContent = `The session ended (${d.state}${d.end_reason ? `, ${d.end_reason}` : ''}): ${how}; ${d.bytes_out} bytes of output.`;
         stream.close();
         get(`/v1/terminal-sessions/${seg(id)}`).then((x) => { s = x; showInfo(x); }).catch(() => {});
@@ -107,7 +111,11 @@ async function session(body, id) {
         exitLine.textContent = `Stream error: ${d.message ?? ''} (${d.code ?? 'error'})`;
       }
     },
-    onState: (st) => { if (!(st.state === 'closed' && exitLine.textContent)) streamState(state, st); if (st.state === 'failed') body.append(errorBox(st.error, 'The output stream stopped')); },
+    onState: (st) => {
+      if (ended) return;
+      streamState(state, st);
+      if (st.state === 'failed') body.append(errorBox(st.error, 'The output stream stopped'));
+    },
   });
   // The PTY may be resized by the agent (a governed resize action): refresh its size now and then.
   const refresh = setInterval(async () => {
