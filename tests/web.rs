@@ -107,9 +107,8 @@ fn pending_ids(snapshot: &Value) -> Vec<String> {
     snapshot["approvals"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap().to_owned()).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn approval_inbox_stream_follows_every_run_of_the_caller_only() {
-    let t = spawn(Backend::Sqlite).await;
+async fn approval_inbox_stream_follows_every_run_of_the_caller_only(backend: Backend) {
+    let t = spawn(backend).await;
     t.app().registry.register(Arc::new(TestTool::new("gated_echo", "echoes after approval", true))).unwrap();
     let ada = t.user("ada").await;
     let bob = t.user("bob").await;
@@ -167,6 +166,8 @@ async fn approval_inbox_stream_follows_every_run_of_the_caller_only() {
     // The execution and evidence events that follow change nothing in the inbox: no new snapshot.
     assert!(sse_events(&mut stream, 1, Duration::from_millis(700)).await.is_empty());
 }
+
+both_backends!(approval_inbox_stream_follows_every_run_of_the_caller_only);
 
 fn artifacts_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/artifacts/web")

@@ -331,7 +331,23 @@ try {
       turn_id: tt.turn_id, tool_id: 'terminal_session', tool_call_id: 'call_e2e_term',
       input: { action: 'start', command: 'bash', args: ['-c', "printf 'hello \\033[1;32mfrom the PTY\\033[0m\\n'; for i in 1 2 3; do echo line $i; sleep 0.2; done; sleep 20"], timeout_ms: 60000 },
     });
-    await must('POST', `/v1/approvals/${start.approval_id}/grant`, { tool_id: 'terminal_session', tool_call_id: 'call_e2e_term', input_hash: start.input_hash });
+    // The person sees the real cwd, the command and the timeout, and approves in the page.
+    await goto('#/approvals');
+    const termCard = page.locator(`[data-approval-id="${start.approval_id}"]`);
+    await termCard.waitFor();
+    check(await termCard.locator('.cwd').innerText() === start.input.cwd, `the terminal approval shows the real cwd ${start.input.cwd}`);
+    check((await termCard.locator('.command').innerText()).includes('from the PTY'), 'the terminal approval shows the command');
+    check(await termCard.locator('.flag-outside').count() === 0, 'a cwd inside the workspace is not flagged');
+    await termCard.locator('button.approve').click();
+    await termCard.locator('.result .ok').waitFor();
+    const outside = await must('POST', `/v1/runs/${run.id}/invocations`, {
+      turn_id: tt.turn_id, tool_id: 'terminal_session', tool_call_id: 'call_e2e_term_outside', input: { action: 'start', command: 'pwd', cwd: '/' },
+    });
+    const outsideCard = page.locator(`[data-approval-id="${outside.approval_id}"]`);
+    await outsideCard.waitFor();
+    check(await outsideCard.locator('.cwd').innerText() === '/' && await outsideCard.locator('.flag-outside').count() === 1, 'a cwd outside the workspace is flagged');
+    await outsideCard.getByRole('button', { name: 'Deny' }).click();
+    await outsideCard.locator('.result .ok').waitFor();
     const sess = await until('the terminal session', async () => {
       const l = await must('GET', '/v1/terminal-sessions');
       return (l.sessions ?? []).find((s) => s.run_id === run.id && s.invocation_id === start.invocation_id);

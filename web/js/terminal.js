@@ -90,6 +90,7 @@ async function session(body, id) {
 
   let bytes = 0;
   let ended = false;
+  let infoQueued = false;
   const stream = follow(`/v1/terminal-sessions/${seg(id)}/stream?offset=0`, {
     onEvent: (ev) => {
       const d = json(ev) ?? {};
@@ -97,6 +98,10 @@ async function session(body, id) {
         term.write(d.data ?? '');
         bytes = d.end ?? bytes;
         screen.dataset.bytes = String(bytes);
+        if (bytes > s.bytes_out && !infoQueued) {
+          infoQueued = true;
+          requestAnimationFrame(() => { infoQueued = false; s = { ...s, bytes_out: Math.max(s.bytes_out, bytes) }; showInfo(s); });
+        }
       } else if (ev.event === 'gap') {
         term.write(`\r\n\x1b[2m[… ${d.to - d.from} bytes no longer retained …]\x1b[0m\r\n`);
       } else if (ev.event === 'exit') {
