@@ -17,8 +17,13 @@ fi
 chromium_bin=$(command -v chromium)
 
 for tool in node npm; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "setup-web: $tool is required (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+  command -v "$tool" >/dev/null 2>&1 || { echo "setup-web: $tool is required (Node.js 20 or newer with npm)" >&2; exit 1; }
 done
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$node_major" -lt 20 ]; then
+  echo "setup-web: playwright-core needs Node.js 20 or newer; this is $(node --version)" >&2
+  exit 1
+fi
 
 stamp=tests/web/node_modules/.mira-lock.sha256
 want=$(sha256sum tests/web/package-lock.json | cut -d' ' -f1)

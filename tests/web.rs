@@ -195,6 +195,17 @@ async fn browser_end_to_end() {
         "web_probe"
     };
     let token = t.user("ada").await;
+    // Bea has 21 capabilities of her own (owned dynamic tools, invisible to Ada): her turns have
+    // more than 20 candidates, so they are ranked and the page shows scores.
+    let bea = t.user("bea").await;
+    let bea_id = t.get("/v1/me", &bea).await.body["id"].as_str().unwrap().to_owned();
+    for (i, topic) in
+        ["weather forecast", "rain radar", "tide tables", "air quality"].iter().cycle().take(21).enumerate()
+    {
+        let mut tool = TestTool::new(&format!("bea_{i:02}"), &format!("{topic} for a city, source {i}"), false);
+        tool.spec.owner = Some(bea_id.clone());
+        t.app().registry.register(Arc::new(tool)).unwrap();
+    }
     let artifacts = artifacts_dir();
     std::fs::create_dir_all(&artifacts).unwrap();
 
@@ -203,6 +214,7 @@ async fn browser_end_to_end() {
         .current_dir(root.join("tests/web"))
         .env("MIRA_BASE_URL", &t.base)
         .env("MIRA_TOKEN", &token)
+        .env("MIRA_TOKEN_2", &bea)
         .env("MIRA_E2E_TOOL", tool)
         .env("MIRA_WORKSPACE", &t.workspace)
         .env("MIRA_ARTIFACTS", &artifacts)
@@ -232,7 +244,17 @@ async fn browser_end_to_end() {
     let evidence_id = inv.body["evidence_ids"][0].as_str().unwrap();
     let ev = t.get(&format!("/v1/evidence/{evidence_id}"), &token).await;
     assert_eq!(ev.body["acceptance"]["accepted"], true, "{ev:?}");
-    for shot in ["sign-in", "approvals", "timeline", "tools", "mcp", "terminal", "phone-approvals"] {
+    for shot in [
+        "sign-in",
+        "approvals",
+        "timeline",
+        "tools",
+        "tools-ranked",
+        "mcp",
+        "terminal",
+        "phone-approvals",
+        "phone-timeline",
+    ] {
         assert!(artifacts.join(format!("{shot}.png")).exists(), "screenshot {shot}.png");
     }
 }

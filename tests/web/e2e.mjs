@@ -1,6 +1,7 @@
 // End-to-end test of the control-plane page in a real browser (Debian's chromium driven by
 // playwright-core). Started by tests/web.rs with a running server:
 //   MIRA_BASE_URL  server base URL          MIRA_TOKEN     a user's API token
+//   MIRA_TOKEN_2   another user, with more than 20 tools of her own (ranked exposure)
 //   MIRA_E2E_TOOL  approval-gated tool id (write_file, or a test tool before Edit tools exist)
 //   MIRA_ARTIFACTS folder for screenshots  MIRA_WEB_CHROMIUM  browser binary
 // Views whose API is not in the build (terminal sessions, External MCP) must say so; when the
@@ -13,6 +14,7 @@ import { join } from 'node:path';
 
 const base = process.env.MIRA_BASE_URL;
 const token = process.env.MIRA_TOKEN;
+const token2 = process.env.MIRA_TOKEN_2; // another user, whose turns are ranked
 const gated = process.env.MIRA_E2E_TOOL ?? 'web_probe';
 const artifacts = process.env.MIRA_ARTIFACTS ?? 'artifacts';
 const executablePath = process.env.MIRA_WEB_CHROMIUM ?? '/usr/bin/chromium';
@@ -27,10 +29,10 @@ function check(cond, what) {
 }
 
 // ---------- the API, from the test's side (the "Planner") ----------
-async function call(method, path, body) {
+async function call(method, path, body, as = token) {
   const resp = await fetch(base + path, {
     method,
-    headers: { Authorization: `Bearer ${token}`, ...(body ? { 'Content-Type': 'application/json' } : {}) },
+    headers: { Authorization: `Bearer ${as}`, ...(body ? { 'Content-Type': 'application/json' } : {}) },
     body: body ? JSON.stringify(body) : undefined,
   });
   const text = await resp.text();
@@ -38,8 +40,8 @@ async function call(method, path, body) {
   try { json = JSON.parse(text); } catch { /* not JSON */ }
   return { status: resp.status, body: json ?? text };
 }
-async function must(method, path, body, ok = [200, 201]) {
-  const r = await call(method, path, body);
+async function must(method, path, body, ok = [200, 201], as = token) {
+  const r = await call(method, path, body, as);
   if (!ok.includes(r.status)) throw new Error(`${method} ${path} → ${r.status} ${JSON.stringify(r.body)}`);
   return r.body;
 }
@@ -392,14 +394,45 @@ try {
   await shot('phone-timeline');
 
   // ---- sign out forgets the token ----
+  await page.setViewportSize({ width: 1280, height: 900 });
   await page.click('#sign-out');
   await page.waitForSelector('#sign-in:not([hidden])');
   check(await page.evaluate(() => sessionStorage.getItem('mira.token') === null), 'signing out removes the token');
 
+  // ---- another user: a ranked exposure with its scores, and none of Ada's approvals ----
+  if (token2) {
+    const brun = await must('POST', '/v1/runs', { title: 'ranked' }, undefined, token2);
+    const bturn = await must('POST', `/v1/runs/${brun.id}/turns`, { task: 'will there be rain in Paris: weather forecast' }, undefined, token2);
+    check(bturn.exposure.strategy !== 'all' && bturn.exposure.tools.length === 20, `more than 20 candidates are ranked (${bturn.exposure.strategy}, ${bturn.exposure.candidate_count} candidates)`);
+    expectedFailures.push(new RegExp(`/v1/runs/${run.id}$`));
+    await page.fill('#token', token2);
+    await page.press('#token', 'Enter');
+    await page.waitForSelector('#nav:not([hidden])');
+    // The address still names Ada's run: to Bea it does not exist, and the page says so.
+    await page.waitForSelector('.view-runs .error-box');
+    check((await page.locator('.view-runs .error-box').innerText()).includes('run not found (HTTP 404, not_found)'), 'another user’s run is “not found”, in words');
+    await goto('#/approvals');
+    await page.waitForSelector('.view-approvals .empty:not([hidden])');
+    check(await page.locator('[data-approval-id]').count() === 0, 'another user sees none of the first user’s approvals');
+    await goto(`#/tools?run=${brun.id}&turn=${bturn.turn_id}`);
+    await page.waitForSelector('#exposure-strategy');
+    check((await page.locator('#exposure-strategy').innerText()).includes(bturn.exposure.strategy), 'the ranked strategy is shown');
+    const scores = await page.$$eval('.exposed-list .score', (els) => els.map((e) => Number(e.textContent.replace(/[^0-9.]/g, ''))));
+    const want = bturn.exposure.tools.map((x) => Number(x.score.toFixed(4)));
+    check(scores.length === 20 && scores.every((v, i) => Math.abs(v - want[i]) < 1e-4), 'the 20 exposed tools are listed best first with their scores');
+    const top = bturn.exposure.tools[0].id;
+    check((await page.locator(`tr[data-tool="${top}"][data-state=exposed]`).innerText()).includes('score'), 'the ladder row of a ranked tool shows its score');
+    await audit('tools (ranked)');
+    await shot('tools-ranked');
+    await page.click('#sign-out');
+    await page.waitForSelector('#sign-in:not([hidden])');
+  }
+
   check(foreign.length === 0, `no request left the server's origin (${foreign.join(', ')})`);
   check(pageErrors.length === 0, `no uncaught errors in the page (${pageErrors.join(' | ')})`);
   check(consoleErrors.length === 0, `no console errors (${consoleErrors.join(' | ')})`);
-  log(`expected network errors logged by the browser: ${expectedNetworkErrors.length}`);
+  log(`expected network errors logged by the browser (the API's answers to the test's deliberate requests): ${expectedNetworkErrors.length}`);
+  for (const e of expectedNetworkErrors) log(`  ${e}`);
   log('all checks passed');
 } catch (err) {
   await page.screenshot({ path: join(artifacts, 'failure.png'), fullPage: true }).catch(() => {});

@@ -91,6 +91,7 @@ export async function mount(root) {
       const ids = new Set(approvals.map((a) => a.id));
       for (const [id, card] of cards) {
         if (!ids.has(id) && !card.dataset.deciding) {
+          if (card.contains(document.activeElement)) root.querySelector('h1')?.focus();
           card.remove();
           cards.delete(id);
           if (!card.dataset.decided) announce(`Approval for ${card.dataset.tool} is no longer pending`);
@@ -234,7 +235,12 @@ function approvalCard(a, onDecided) {
       fill(result, h('p', { class: 'ok' }, words, ' ', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'Follow it in the run timeline.')));
       announce(words);
       onDecided(h('span', {}, badge(out.status), ' ', code(inv.tool_id), ' ', code(inv.tool_call_id), ' · ', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'timeline')));
-      setTimeout(() => { delete card.dataset.deciding; if (!inbox.approvals?.some((x) => x.id === a.id)) card.remove(); }, 4000);
+      setTimeout(() => {
+        delete card.dataset.deciding;
+        if (inbox.approvals?.some((x) => x.id === a.id)) return;
+        if (card.contains(document.activeElement)) card.closest('.view')?.querySelector('h1')?.focus();
+        card.remove();
+      }, 4000);
     } catch (err) {
       delete card.dataset.deciding;
       const hint = {
