@@ -36,4 +36,3 @@ node -e "require.resolve('playwright-core', {paths: ['$root/tests/web']})" >/dev
   || { echo "setup-web: playwright-core did not install" >&2; exit 1; }
 
 echo "export MIRA_WEB_CHROMIUM=$chromium_bin"
-echo "export MIRA_WEB_E2E=1"

@@ -108,7 +108,7 @@ fn pending_ids(snapshot: &Value) -> Vec<String> {
 }
 
 async fn approval_inbox_stream_follows_every_run_of_the_caller_only(backend: Backend) {
-    let t = spawn(backend).await;
+    let mut t = spawn(backend).await;
     t.app().registry.register(Arc::new(TestTool::new("gated_echo", "echoes after approval", true))).unwrap();
     let ada = t.user("ada").await;
     let bob = t.user("bob").await;
@@ -165,6 +165,19 @@ async fn approval_inbox_stream_follows_every_run_of_the_caller_only(backend: Bac
 
     // The execution and evidence events that follow change nothing in the inbox: no new snapshot.
     assert!(sse_events(&mut stream, 1, Duration::from_millis(700)).await.is_empty());
+
+    // A server shutting down ends the stream instead of waiting for the viewer to leave.
+    tokio::time::timeout(Duration::from_secs(10), t.stop()).await.expect("shutdown does not wait for the stream");
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.chunk().await {
+                Ok(Some(_)) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the stream ended with the server");
 }
 
 both_backends!(approval_inbox_stream_follows_every_run_of_the_caller_only);
