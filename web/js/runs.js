@@ -142,7 +142,10 @@ async function timeline(root, runId) {
         put(body, 'Cancelled ', code(d.tool_id), ' call ', code(d.tool_call_id), '.');
         break;
       case 'terminal.output':
-        put(body, 'Terminal output ', d.session_id ? h('a', { href: `#/terminal/${encodeURIComponent(d.session_id)}` }, d.session_id) : '', '.');
+        put(body, d.action ? [code(d.action), ' returned '] : 'Terminal output: ',
+          d.bytes !== undefined ? `${d.bytes} bytes` : null, d.from_offset !== undefined ? ` (bytes ${d.from_offset}–${d.to_offset})` : null,
+          d.state ? [' · session ', badge(d.state)] : null, d.exit_code !== undefined && d.exit_code !== null ? ` · exit code ${d.exit_code}` : null,
+          d.session_id ? [' · ', h('a', { href: `#/terminal/${encodeURIComponent(d.session_id)}` }, `watch ${d.session_id}`)] : null);
         break;
       case 'error':
         put(body, h('span', { class: 'error' }, `${d.message ?? 'stream error'} (${d.code ?? 'error'})`));
