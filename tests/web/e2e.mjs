@@ -322,23 +322,43 @@ try {
     await page.waitForSelector('.view-mcp [data-unavailable]');
     check((await page.locator('.view-mcp [data-unavailable]').innerText()).includes('not available in this build'), 'MCP view: not available in this build');
   } else {
-    const installed = await must('POST', '/v1/mcp/servers', { name: 'e2e-broken', transport: { stdio: { command: '/nonexistent/mcp-server-e2e', args: [], env: {} } } });
-    const id = installed.id ?? installed.server?.id;
-    await call('POST', `/v1/mcp/servers/${id}/connect`);
-    const detail = await until('a blocked MCP stage', async () => {
-      const d = await must('GET', `/v1/mcp/servers/${id}`);
-      const list = Array.isArray(d.stages) ? d.stages : Object.entries(d.stages ?? {}).map(([name, s]) => ({ name, ...(typeof s === 'string' ? { status: s } : s) }));
-      return list.find((s) => (s.status ?? s.state) === 'blocked') ? list : null;
+    // A server installed disabled, with a disclaimer, at an address where nothing answers:
+    // the page names the stage that blocks and unblocks the ones a person can.
+    const installed = await must('POST', '/v1/mcp/servers', {
+      name: 'e2e-unreachable', enabled: false, disclaimer: 'A test fixture: it answers nothing.',
+      transport: { http: { url: 'http://127.0.0.1:9/mcp' } },
     });
-    const blocked = detail.find((s) => (s.status ?? s.state) === 'blocked');
-    const blockedName = blocked.stage ?? blocked.name ?? blocked.id;
+    const id = installed.id;
+    const firstBlocked = (v) => (v.stages ?? []).find((x) => x.status === 'blocked')?.stage;
+    check(firstBlocked(installed) === 'enabled', 'a disabled server is blocked at "enabled" (API)');
+    await goto('#/mcp');
+    await page.waitForSelector(`.view-mcp [data-server="${id}"]`);
     await goto(`#/mcp/${id}`);
     await page.waitForSelector('#mcp-stages li.blocking');
-    check(await page.locator('#mcp-stages li.blocking').getAttribute('data-stage') === String(blockedName), `MCP view highlights the blocked stage ${blockedName}`);
-    check((await page.locator('#mcp-blocked').innerText()).startsWith('Blocked at'), 'MCP view names the blocked stage in words');
+    check(await page.locator('#mcp-stages li.blocking').getAttribute('data-stage') === 'enabled', 'the page highlights the blocked stage');
+    check((await page.locator('#mcp-blocked').innerText()).startsWith('Blocked at Enabled'), 'the page names the blocked stage in words');
+    const stageNames = await page.$$eval('#mcp-stages li', (els) => els.map((e) => e.dataset.stage));
+    check(JSON.stringify(stageNames) === JSON.stringify(installed.stages.map((x) => x.stage)), `every stage is listed in order (${stageNames.join(' → ')})`);
+    await audit('mcp (blocked at enabled)');
+    await shot('mcp');
+    await page.locator('#mcp-stages li[data-stage=enabled] button').click();
+    await page.waitForSelector('#mcp-stages li[data-stage=enabled][data-status=ok]');
+    check((await must('GET', `/v1/mcp/servers/${id}`)).enabled === true, 'Enable in the page enabled the server');
+    page.once('dialog', (d) => d.accept());
+    await page.locator('#mcp-stages li[data-stage=disclaimer] button').click();
+    await page.waitForSelector('#mcp-stages li[data-stage=disclaimer][data-status=ok]');
+    check(Boolean((await must('GET', `/v1/mcp/servers/${id}`)).disclaimer_accepted_at), 'Accept the disclaimer in the page is stored');
+    const connect = await until('the connection to fail', async () => {
+      const v = await must('GET', `/v1/mcp/servers/${id}`);
+      return v.stages.find((x) => x.stage === 'connect' && x.status === 'blocked');
+    }, 15000);
+    await page.waitForSelector('#mcp-stages li.blocking[data-stage=connect]', { timeout: 10000 });
+    check((await page.locator('#mcp-blocked').innerText()).includes(connect.code), `the page names the connection failure (${connect.code})`);
+    check((await page.locator('#mcp-stages').innerText()).includes('127.0.0.1:9'), 'the failing address is shown');
+    await audit('mcp (blocked at connect)');
+    await shot('mcp-connect');
   }
-  await audit('mcp');
-  await shot('mcp');
+  if (routeMissing(mcpList)) { await audit('mcp'); await shot('mcp'); }
 
   // ---- terminal: a real session's output in xterm.js, or the honest absence ----
   const sessions = await call('GET', '/v1/terminal-sessions');

@@ -197,8 +197,16 @@ function approvalCard(a, onDecided) {
   } else if (tool && tool.action && !isTerminal) {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool))));
   }
-  if (tool?.annotations) sections.push(h('section', {}, h('h3', {}, 'Server annotations (shown, never lowering the bar)'), jsonBlock(tool.annotations, 'MCP annotations')));
-  if (tool && !isTerminal && typeof tool.diff !== 'string' && !tool.action && !tool.annotations) {
+  const isMcp = Boolean(tool && tool.mcp_server_id);
+  if (isMcp) {
+    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'External MCP call'), dl([
+      ['Server', h('span', {}, tool.mcp_server ?? '', ' ', h('a', { href: `#/mcp/${encodeURIComponent(tool.mcp_server_id)}` }, tool.mcp_server_id))],
+      ['MCP tool', code(tool.mcp_tool)],
+      ['Server annotations', tool.annotations ? jsonBlock(tool.annotations, 'MCP annotations') : 'none'],
+      tool.note ? ['Note', tool.note] : null,
+    ].filter(Boolean))));
+  }
+  if (tool && !isTerminal && !isMcp && typeof tool.diff !== 'string' && !tool.action) {
     sections.push(h('section', {}, h('h3', {}, 'Tool preview'), jsonBlock(tool, 'Tool preview')));
   }
 

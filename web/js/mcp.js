@@ -1,140 +1,176 @@
 // External MCP servers: for each server the six stages — Install → Connect → Discover →
 // Agent Access → Tool Exposure → Approval (with "enabled" and "disclaimer accepted" along the
-// way) — each ok | blocked | pending with its reason; the stage that blocks is highlighted
-// with the action that unblocks it. Reads GET /v1/mcp/servers and GET /v1/mcp/servers/{id};
+// way) — each ok | blocked | pending with its reason; the first stage that blocks is
+// highlighted, and every blocked stage offers the action that unblocks it. Reads
+// GET /v1/mcp/servers and GET /v1/mcp/servers/{id} (refreshed every few seconds while open);
 // on a server without those routes it says so.
 
 import { api, get, seg } from './api.js';
 import { h, fill, dl, code, badge, errorBox, notAvailable, reasonText, title, announce } from './ui.js';
 
-const ORDER = ['install', 'enabled', 'connect', 'disclaimer', 'discover', 'agent_access', 'tool_exposure', 'exposure', 'approval'];
 const LABEL = {
-  install: 'Install', enabled: 'Enabled', enable: 'Enabled', connect: 'Connect', disclaimer: 'Disclaimer accepted',
-  discover: 'Discover', agent_access: 'Agent Access', tool_exposure: 'Tool Exposure', exposure: 'Tool Exposure', approval: 'Approval',
+  install: 'Install', enabled: 'Enabled', connect: 'Connect', disclaimer: 'Disclaimer accepted',
+  discover: 'Discover', agent_access: 'Agent Access', tool_exposure: 'Tool Exposure', approval: 'Approval',
 };
+const REFRESH_MS = 3000;
 
-/** Stages as [{name, status, reason, action}] from an array or an object keyed by stage. */
+/** Stages as [{name, status, reason, code, action}], from an array (or an object keyed by stage). */
 export function stagesOf(server) {
-  const raw = server.stages ?? server.lifecycle ?? [];
+  const raw = server.stages ?? [];
   const list = Array.isArray(raw)
-    ? raw.map((s) => ({ ...s, name: s.stage ?? s.name ?? s.id }))
+    ? raw.map((s) => ({ ...s, name: s.stage ?? s.name }))
     : Object.entries(raw).map(([name, s]) => (typeof s === 'string' ? { name, status: s } : { ...s, name }));
-  return list.map((s) => ({ name: String(s.name ?? '?'), status: String(s.status ?? s.state ?? 'pending'), reason: s.reason ?? s.message ?? null, action: s.action ?? null, detail: s }))
-    .sort((a, b) => (Array.isArray(raw) ? 0 : rank(a.name) - rank(b.name)));
+  return list.map((s) => ({ name: String(s.name ?? '?'), status: String(s.status ?? 'pending'), reason: s.reason ?? null, code: s.code ?? null, action: s.action ?? null }));
 }
 
-const rank = (n) => { const i = ORDER.indexOf(n.toLowerCase()); return i === -1 ? ORDER.length : i; };
-const label = (n) => LABEL[n.toLowerCase()] ?? n.replaceAll('_', ' ');
+const label = (n) => LABEL[n] ?? n.replaceAll('_', ' ');
+const why = (st) => [reasonText(st.reason), st.code ? `(${st.code})` : ''].filter(Boolean).join(' ');
 
-/** The request an action stands for, when it is one the page can send. */
-function actionRequest(action, serverId) {
+/**
+ * What an action {method, path, body?} means in words, and whether the page can send it as is
+ * (paths with a {placeholder} stand for a choice the person makes elsewhere).
+ */
+function describeAction(action) {
   if (!action) return null;
-  if (typeof action === 'object' && action.method && action.path) return { method: action.method.toUpperCase(), path: action.path, body: action.body, label: action.label ?? action.title ?? action.kind ?? `${action.method} ${action.path}` };
-  const words = (typeof action === 'string' ? action : (action.kind ?? action.id ?? action.name ?? '')).toLowerCase();
-  const text = typeof action === 'string' ? action : (action.label ?? action.title ?? action.message ?? words);
-  const base = `/v1/mcp/servers/${seg(serverId)}`;
-  if (/disclaimer/.test(words)) return { method: 'POST', path: `${base}/disclaimer/accept`, label: text, confirm: true };
-  if (/discover/.test(words)) return { method: 'POST', path: `${base}/discover`, label: text };
-  if (/connect/.test(words)) return { method: 'POST', path: `${base}/connect`, label: text };
-  if (/enable/.test(words)) return { method: 'PATCH', path: base, body: { enabled: true }, label: text };
-  return null;
+  if (typeof action === 'string') return { words: action };
+  const { method = '', path = '', body } = action;
+  const sendable = !/[{}]/.test(path);
+  const req = { method: method.toUpperCase(), path, body };
+  if (req.method === 'PATCH' && body?.enabled === true) return { words: 'Enable the server', req, sendable };
+  if (path.endsWith('/disclaimer/accept')) return { words: 'Accept the disclaimer', req, sendable, confirm: true };
+  if (path.endsWith('/connect')) return { words: 'Connect', req, sendable };
+  if (path.endsWith('/discover')) return { words: 'Discover tools', req, sendable };
+  if (path.includes('/agent-access')) return { words: sendable ? 'Turn on agent access' : 'Turn on agent access for a tool (in the list of tools below)', req, sendable };
+  if (path.includes('/approvals/')) return { words: 'Approve each call in the Approvals inbox', link: '#/approvals' };
+  return { words: `${req.method} ${path}`, req, sendable };
 }
-
-const actionText = (action) => (typeof action === 'string' ? action : action?.label ?? action?.title ?? action?.message ?? action?.kind ?? (action ? JSON.stringify(action) : ''));
 
 export async function mount(root, route) {
-  root.append(title('MCP servers', 'Where each External MCP capability stands, stage by stage, and what unblocks it.'));
+  root.append(title(route.id ? 'MCP server' : 'MCP servers', 'Where each External MCP capability stands, stage by stage, and what unblocks it.'));
   const body = h('div');
   root.append(body);
   if (route.id) return server(body, route.id);
   try {
     const list = await get('/v1/mcp/servers');
-    const servers = list.servers ?? list.items ?? (Array.isArray(list) ? list : []);
-    if (!servers.length) { body.append(h('p', { class: 'empty' }, 'No External MCP server is installed.')); }
+    const servers = list.servers ?? [];
+    if (!servers.length) body.append(h('p', { class: 'empty' }, 'No External MCP server is installed.'));
     for (const s of servers) {
       const stages = stagesOf(s);
       const blocked = stages.find((x) => x.status === 'blocked');
-      body.append(h('article', { class: 'card' }, h('h2', {}, h('a', { href: `#/mcp/${encodeURIComponent(s.id)}` }, s.name ?? s.id)),
-        dl([['Id', code(s.id)], ['Enabled', s.enabled === undefined ? undefined : s.enabled ? 'yes' : 'no'],
-          ['Connection', s.connection?.state ?? s.connection_state ?? s.state],
-          ['Blocked at', blocked ? h('strong', {}, label(blocked.name)) : stages.length ? 'nothing blocks' : undefined]])));
+      body.append(h('article', { class: 'card', dataset: { server: s.id } },
+        h('h2', {}, h('a', { href: `#/mcp/${encodeURIComponent(s.id)}` }, s.name ?? s.id)),
+        dl([['Id', code(s.id)], ['Enabled', s.enabled ? 'yes' : 'no'], ['Connection', s.connection?.state],
+          ['Tools', `${(s.tools ?? []).length} listed`],
+          ['Blocked at', blocked ? h('strong', {}, `${label(blocked.name)}: ${why(blocked)}`) : 'nothing blocks']])));
     }
   } catch (err) {
-    if (err.missingRoute) body.append(notAvailable('External MCP servers', 'GET /v1/mcp/servers'), openById(body));
+    if (err.missingRoute) body.append(notAvailable('External MCP servers', 'GET /v1/mcp/servers'));
     else body.append(errorBox(err, 'Could not list MCP servers'));
   }
   return null;
 }
 
-function openById() {
-  const input = h('input', { id: 'mcp-id', type: 'text', spellcheck: 'false' });
-  return h('form', { class: 'inline', onsubmit: (e) => { e.preventDefault(); if (input.value.trim()) location.hash = `#/mcp/${encodeURIComponent(input.value.trim())}`; } },
-    h('label', { for: 'mcp-id' }, 'Open a server by id'), input, h('button', { type: 'submit' }, 'Open'));
-}
-
 async function server(body, id) {
-  const render = async () => {
+  const msg = h('div', { 'aria-live': 'polite' });
+  const content = h('div');
+  body.append(msg, content);
+  let last = '';
+  let timer = null;
+  let closed = false;
+
+  const render = async (force) => {
     let s;
     try { s = await get(`/v1/mcp/servers/${seg(id)}`); } catch (err) {
-      fill(body, err.missingRoute ? notAvailable('External MCP servers', 'GET /v1/mcp/servers/{id}') : errorBox(err, `Could not load MCP server ${id}`));
+      fill(content, err.missingRoute ? notAvailable('External MCP servers', 'GET /v1/mcp/servers/{id}') : errorBox(err, `Could not load MCP server ${id}`));
+      last = '';
       return;
     }
+    const text = JSON.stringify(s);
+    // Leave the page alone while the person is using a control in it; show changes otherwise.
+    const busy = content.contains(document.activeElement) && document.activeElement.matches('button, input, select, textarea, a, summary');
+    if (!force && (text === last || busy)) return;
+    last = text;
+    draw(s);
+  };
+
+  const send = async (a, btn) => {
+    if (a.confirm && !window.confirm(`Accept this server's disclaimer?\n\n${a.disclaimer ?? ''}`)) return;
+    btn.disabled = true;
+    fill(msg);
+    try {
+      await api(a.req.method, a.req.path, a.req.body ?? (a.req.method === 'GET' ? undefined : {}));
+      announce(`${a.words}: done`);
+      await render(true);
+      content.querySelector('h2')?.focus();
+    } catch (err) {
+      btn.disabled = false;
+      fill(msg, errorBox(err, `${a.words} failed`));
+    }
+  };
+
+  const draw = (s) => {
     const stages = stagesOf(s);
     const blockedAt = stages.findIndex((x) => x.status === 'blocked');
-    const msg = h('div', { 'aria-live': 'polite' });
-    const facts = dl([
-      ['Id', code(s.id ?? id)], ['Name', s.name], ['Enabled', s.enabled === undefined ? undefined : s.enabled ? 'yes' : 'no'],
-      ['Transport', s.transport ? code(s.transport.stdio ? [s.transport.stdio.command, ...(s.transport.stdio.args ?? [])].join(' ') : s.transport.http?.url ?? JSON.stringify(s.transport)) : undefined],
-      ['Connection', s.connection?.state ?? s.connection_state],
-      ['Protocol version', s.connection?.protocol_version ?? s.protocol_version],
-      ['Last error', s.connection?.last_error ?? s.last_error],
-    ]);
+    const cfg = s.config?.stdio ?? s.config?.http ?? s.config ?? {};
+    const target = cfg.url ?? [cfg.command, ...(cfg.args ?? [])].filter(Boolean).join(' ');
     const stageList = h('ol', { class: 'stages', id: 'mcp-stages', 'aria-label': 'Lifecycle stages in order' }, stages.map((st, i) => {
       const blocking = i === blockedAt;
-      const req = blocking ? actionRequest(st.action, s.id ?? id) : null;
-      const btn = req ? h('button', { type: 'button', class: 'approve' }, req.label) : null;
-      if (btn) btn.addEventListener('click', async () => {
-        if (req.confirm && !window.confirm(`Accept the server's disclaimer?\n\n${s.disclaimer ?? ''}`)) return;
-        btn.disabled = true;
-        try { await api(req.method, req.path, req.body ?? {}); announce(`${req.label}: done`); await render(); }
-        catch (err) { btn.disabled = false; fill(msg, errorBox(err, `${req.label} failed`)); }
-      });
+      const a = st.status === 'ok' ? null : describeAction(st.action);
+      let control = null;
+      if (a?.link) control = h('a', { href: a.link }, a.words);
+      else if (a && st.status === 'blocked' && a.sendable) {
+        control = h('button', { type: 'button', class: 'approve', dataset: { action: st.name } }, a.words);
+        control.addEventListener('click', () => send({ ...a, disclaimer: s.disclaimer }, control));
+      }
       return h('li', { class: `stage stage-${st.status}${blocking ? ' blocking' : ''}`, dataset: { stage: st.name, status: st.status }, 'aria-current': blocking ? 'step' : null },
         h('span', { class: 'stage-name' }, label(st.name)), ' ', badge(st.status),
         blocking ? h('strong', { class: 'blocking-flag' }, ' Blocked here') : null,
-        st.reason ? h('p', { class: 'reason' }, reasonText(st.reason)) : null,
-        st.action && st.status !== 'ok' ? h('p', { class: 'action' }, 'To unblock: ', actionText(st.action), btn ? ' ' : null, btn) : null);
+        st.reason ? h('p', { class: 'reason' }, why(st)) : null,
+        a ? h('p', { class: 'action' }, st.status === 'blocked' ? 'To unblock: ' : 'Next: ', control ?? a.words) : null);
     }));
-    const tools = s.tools ?? [];
-    fill(body,
-      h('h2', {}, s.name ?? id),
-      blockedAt >= 0 ? h('p', { class: 'blocked-summary', id: 'mcp-blocked' }, 'Blocked at ', h('strong', {}, label(stages[blockedAt].name)), stages[blockedAt].reason ? `: ${reasonText(stages[blockedAt].reason)}` : '')
+    fill(content,
+      h('h2', { tabindex: '-1' }, s.name ?? id),
+      blockedAt >= 0
+        ? h('p', { class: 'blocked-summary', id: 'mcp-blocked' }, 'Blocked at ', h('strong', {}, label(stages[blockedAt].name)), `: ${why(stages[blockedAt])}`)
         : h('p', { id: 'mcp-blocked' }, stages.length ? 'No stage blocks.' : 'The server reported no stages.'),
-      facts, msg, stageList,
-      s.disclaimer ? h('details', {}, h('summary', {}, 'Disclaimer'), h('p', {}, s.disclaimer)) : null,
-      s.stderr_tail ?? s.connection?.stderr_tail ? h('details', {}, h('summary', {}, 'Server stderr (tail)'), h('pre', { class: 'excerpt' }, s.stderr_tail ?? s.connection.stderr_tail)) : null,
-      tools.length ? toolTable(s, tools, msg, render) : null);
+      dl([
+        ['Id', code(s.id ?? id)], ['Scope', s.deployment_wide ? 'deployment-wide' : 'yours'], ['Enabled', s.enabled ? 'yes' : 'no'],
+        ['Transport', h('span', {}, `${s.transport ?? '?'} `, code(target || '—'))],
+        ['Connection', s.connection?.state], ['Protocol version', s.connection?.protocol_version ?? undefined],
+        ['Last error', s.connection?.last_error ?? undefined], ['Request timeout', s.request_timeout_ms ? `${s.request_timeout_ms} ms` : undefined],
+      ]),
+      stageList,
+      s.disclaimer ? h('details', {}, h('summary', {}, s.disclaimer_accepted_at ? 'Disclaimer (accepted)' : 'Disclaimer (not accepted)'), h('p', {}, s.disclaimer)) : null,
+      s.connection?.stderr_tail ? h('details', {}, h('summary', {}, 'Server stderr (tail)'), h('pre', { class: 'excerpt' }, s.connection.stderr_tail)) : null,
+      toolTable(s, msg, () => render(true)));
   };
-  await render();
-  return null;
+
+  await render(true);
+  const tick = async () => { if (closed) return; await render(false); if (!closed) timer = setTimeout(tick, REFRESH_MS); };
+  timer = setTimeout(tick, REFRESH_MS);
+  return () => { closed = true; clearTimeout(timer); };
 }
 
-function toolTable(s, tools, msg, rerender) {
+function toolTable(s, msg, rerender) {
+  const tools = s.tools ?? [];
+  if (!tools.length) return h('p', { class: 'empty' }, 'No tool discovered yet.');
   return h('section', { 'aria-labelledby': 'mcp-tools-title' }, h('h3', { id: 'mcp-tools-title' }, 'Discovered tools'),
-    h('div', { class: 'table-wrap' }, h('table', { class: 'list' },
-      h('thead', {}, h('tr', {}, ['Tool', 'Projected id', 'Agent access', 'State'].map((c) => h('th', { scope: 'col' }, c)))),
+    h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'mcp-tools' },
+      h('thead', {}, h('tr', {}, ['Tool', 'Projected id', 'Listing', 'Agent access', 'Stuck at'].map((c) => h('th', { scope: 'col' }, c)))),
       h('tbody', {}, tools.map((t) => {
-        const name = t.name ?? t.tool_name;
-        const on = t.agent_access ?? t.agent_access_enabled ?? t.enabled;
-        const btn = h('button', { type: 'button', class: 'secondary', 'aria-label': `${on ? 'Turn off' : 'Turn on'} agent access for ${name}` }, on ? 'Turn off' : 'Turn on');
+        const on = Boolean(t.agent_access);
+        const btn = h('button', { type: 'button', class: 'secondary', 'aria-label': `${on ? 'Turn off' : 'Turn on'} agent access for ${t.name}` }, on ? 'Turn off' : 'Turn on');
         btn.addEventListener('click', async () => {
           btn.disabled = true;
-          try { await api('PUT', `/v1/mcp/servers/${seg(s.id)}/tools/${seg(name)}/agent-access`, { enabled: !on }); await rerender(); }
+          try { await api('PUT', `/v1/mcp/servers/${seg(s.id)}/tools/${seg(t.name)}/agent-access`, { enabled: !on }); announce(`Agent access ${on ? 'off' : 'on'} for ${t.name}`); await rerender(); }
           catch (err) { btn.disabled = false; fill(msg, errorBox(err, 'Changing agent access failed')); }
         });
-        return h('tr', {}, h('th', { scope: 'row' }, code(name)), h('td', {}, code(t.tool_id ?? t.projected_id ?? `mcp:${s.id}:tool:${name}`)),
-          h('td', {}, on === undefined ? '—' : on ? 'on ' : 'off ', on === undefined ? null : btn),
-          h('td', {}, t.rejected ? h('span', { class: 'error' }, `rejected: ${reasonText(t.rejected_reason ?? t.reason)}`) : (t.state ?? t.status ?? '—')));
+        const stuck = stagesOf(t).find((x) => x.status !== 'ok');
+        return h('tr', { dataset: { tool: t.name } },
+          h('th', { scope: 'row' }, code(t.name), t.title ? h('div', { class: 'hint' }, t.title) : null),
+          h('td', {}, code(t.tool_id ?? `mcp:${s.id}:tool:${t.name}`), t.projected ? h('div', { class: 'hint' }, 'projected') : null),
+          h('td', {}, badge(t.status ?? '—'), t.rejection ? h('p', { class: 'error' }, t.rejection) : null),
+          h('td', {}, on ? 'on ' : 'off ', t.agent_access_source === 'server_default' ? h('span', { class: 'hint' }, '(server default) ') : null, t.status === 'ok' ? btn : null),
+          h('td', {}, stuck ? [h('strong', {}, label(stuck.name)), ' ', badge(stuck.status), ` ${why(stuck)}`] : 'nothing'));
       })))));
 }
-
