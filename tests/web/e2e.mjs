@@ -357,6 +357,45 @@ try {
     check((await page.locator('#mcp-stages').innerText()).includes('127.0.0.1:9'), 'the failing address is shown');
     await audit('mcp (blocked at connect)');
     await shot('mcp-connect');
+
+    // A real server (mcp-server-time over stdio, installed by scripts/setup-mcp.sh): its tools
+    // are listed, agent access is turned on in the page, and a call of the projected tool is
+    // approved in the inbox, with the server and its annotations on the card.
+    const timeServer = process.env.MIRA_MCP_TIME;
+    if (!timeServer) {
+      log('SKIPPED the connected-server part: MIRA_MCP_TIME is not set (scripts/setup-mcp.sh prints it)');
+    } else {
+      const srv = await must('POST', '/v1/mcp/servers', { name: 'time', transport: { stdio: { command: timeServer, args: [] } } });
+      const ready = await until('tools/list of mcp-server-time', async () => {
+        const v = await must('GET', `/v1/mcp/servers/${srv.id}`);
+        return v.stages.find((x) => x.stage === 'discover')?.status === 'ok' ? v : null;
+      }, 30000);
+      check(firstBlocked(ready) === 'agent_access', 'a connected server with no agent access is blocked at agent_access (API)');
+      await goto(`#/mcp/${srv.id}`);
+      await page.waitForSelector('#mcp-stages li.blocking[data-stage=agent_access]');
+      const row = page.locator('#mcp-tools tr[data-tool=get_current_time]');
+      await row.waitFor();
+      await row.getByRole('button', { name: 'Turn on agent access for get_current_time' }).click();
+      await page.waitForSelector('#mcp-stages li[data-stage=agent_access][data-status=ok]');
+      const projected = `mcp:${srv.id}:tool:get_current_time`;
+      const ladder = await must('GET', `/v1/tools/${encodeURIComponent(projected)}`);
+      check(ladder.state === 'available', `turning agent access on in the page projects ${projected} (${ladder.state})`);
+      await audit('mcp (connected)');
+      await shot('mcp-connected');
+
+      const mt = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'what time is it in Tokyo' });
+      const mcpTool = mt.exposure.tools.find((x) => x.id === projected);
+      check(Boolean(mcpTool), 'the projected MCP tool is exposed');
+      const mcpCall = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: mt.turn_id, tool_id: projected, tool_call_id: 'call_e2e_mcp', input: { timezone: 'Asia/Tokyo' } });
+      await goto('#/approvals');
+      const mcpCard = page.locator(`[data-approval-id="${mcpCall.approval_id}"]`);
+      await mcpCard.waitFor();
+      check((await mcpCard.innerText()).includes('External MCP call') && (await mcpCard.innerText()).includes('get_current_time'), 'the MCP approval card names the server and the MCP tool');
+      await mcpCard.locator('button.approve').click();
+      await mcpCard.locator('.result .ok').waitFor();
+      const mcpDone = await waitFinal(mcpCall.invocation_id);
+      check(mcpDone.status === 'completed', `the approved MCP call ran (${mcpDone.status})`);
+    }
   }
   if (routeMissing(mcpList)) { await audit('mcp'); await shot('mcp'); }
 
