@@ -61,7 +61,8 @@ pub struct ApprovalView {
     pub created_at: String,
 }
 
-fn view(row: ApprovalRow) -> Result<ApprovalView> {
+/// The API view of a stored approval.
+pub(super) fn view(row: ApprovalRow) -> Result<ApprovalView> {
     Ok(ApprovalView {
         invocation: FrozenCall {
             invocation_id: row.invocation_id,

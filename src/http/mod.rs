@@ -7,12 +7,14 @@ pub mod auth;
 pub mod error;
 pub mod events;
 pub mod evidence;
+pub mod inbox;
 pub mod invocations;
 pub mod mcp;
 pub mod runs;
 pub mod service;
 pub mod tools;
 pub mod users;
+pub mod web;
 pub mod workspaces;
 
 use std::time::Duration;
@@ -100,22 +102,29 @@ fn api() -> OpenApiRouter<App> {
         .merge(mcp::router())
 }
 
+/// The streaming routes (Server-Sent Events), outside the request timeout.
+fn streams() -> OpenApiRouter<App> {
+    OpenApiRouter::new().merge(events::router()).merge(inbox::router())
+}
+
 /// The OpenAPI document (also committed as `openapi/openapi.json`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    let (_, mut doc) = api().merge(events::router()).split_for_parts();
+    let (_, mut doc) = api().merge(streams()).split_for_parts();
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
     doc
 }
 
-/// The whole HTTP application. Streaming routes are outside the request timeout.
+/// The whole HTTP application. Streaming routes are outside the request timeout; the
+/// control-plane page ([`web`]) is served at `/` beside the API.
 pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router {
     let doc = openapi();
     let (api, _) = api().split_for_parts();
-    let (streams, _) = events::router().split_for_parts();
+    let (streams, _) = streams().split_for_parts();
     let api = api
         .route("/openapi.json", axum::routing::get(move || async move { axum::Json(doc) }))
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout));
     api.merge(streams)
+        .merge(web::router())
         .fallback(|| async { Error::NotFound("route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(TraceLayer::new_for_http())

@@ -1,0 +1,115 @@
+//! `GET /v1/approvals/stream`: the caller's approval inbox, live, as Server-Sent Events.
+//!
+//! Run event streams are per run; a person deciding approvals needs every run at once, over
+//! one connection (a browser keeps at most six HTTP/1.1 connections per origin). This stream
+//! sends snapshots, so it needs no resume protocol: each `approvals` event carries the whole
+//! pending inbox in the shape of `GET /v1/approvals?status=pending&limit=200`
+//! (`{"approvals": [...], "next_cursor"}`, oldest first). The first event comes at once; the
+//! next ones only when the inbox changed, checked after every committed event of one of the
+//! caller's runs and at least every 15 s (approvals expire, other replicas write). A reconnect
+//! simply gets a fresh snapshot. Keep-alive comments every 15 s; the stream ends when the
+//! server shuts down, or after an `error` event when the store fails.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::approvals::{ApprovalList, view};
+use super::auth::AuthUser;
+use crate::app::App;
+use crate::error::Result;
+
+/// Most approvals in one snapshot (the API's page limit).
+const SNAPSHOT_LIMIT: i64 = 200;
+/// The inbox is re-read at least this often even without a wake-up.
+const POLL: Duration = Duration::from_secs(15);
+/// Runs whose ownership a stream remembers before it forgets them all.
+const OWNED_CACHE: usize = 10_000;
+
+async fn snapshot(app: &App, user_id: &str) -> Result<String> {
+    let rows = app.store.list_approvals(user_id, Some("pending"), None, None, SNAPSHOT_LIMIT + 1).await?;
+    let (rows, next_cursor) = super::Page::split(rows, SNAPSHOT_LIMIT, |r| r.id.clone());
+    let list = ApprovalList { approvals: rows.into_iter().map(view).collect::<Result<_>>()?, next_cursor };
+    serde_json::to_string(&list).map_err(|e| crate::error::Error::Internal(e.to_string()))
+}
+
+/// The caller's pending approvals as SSE snapshots (see the module docs).
+#[utoipa::path(get, path = "/v1/approvals/stream", tag = "approvals",
+    responses((status = 200, content_type = "text/event-stream",
+        description = "`approvals` events, each the whole pending inbox as an ApprovalList")),
+    security(("bearer" = [])))]
+pub async fn approvals_stream(
+    State(app): State<App>,
+    user: AuthUser,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    // The first snapshot is read before answering, so a store failure is an HTTP error.
+    let first = snapshot(&app, &user.user_id).await?;
+    let (tx, rx) = mpsc::channel::<Event>(4);
+    tokio::spawn(async move {
+        // Subscribed before the first send: nothing committed after the snapshot is missed.
+        let mut signals = app.store.bus().subscribe();
+        let mut owned: HashMap<String, bool> = HashMap::new();
+        let mut last = first;
+        if tx.send(Event::default().event("approvals").data(last.clone())).await.is_err() {
+            return;
+        }
+        loop {
+            // Wait for a committed event of one of the caller's runs (or the poll interval).
+            loop {
+                let run_id = tokio::select! {
+                    () = app.shutdown.cancelled() => return,
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(POLL) => break,
+                    signal = signals.recv() => match signal {
+                        Ok(s) => s.run_id,
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                };
+                if owned.len() > OWNED_CACHE {
+                    owned.clear();
+                }
+                let mine = match owned.get(&run_id) {
+                    Some(mine) => *mine,
+                    None => match app.store.run_for(&user.user_id, &run_id).await {
+                        Ok(run) => *owned.entry(run_id).or_insert(run.is_some()),
+                        Err(_) => true, // unknown: re-read, the snapshot reports a failing store
+                    },
+                };
+                if mine {
+                    break;
+                }
+            }
+            match snapshot(&app, &user.user_id).await {
+                Ok(now) if now == last => {}
+                Ok(now) => {
+                    if tx.send(Event::default().event("approvals").data(now.clone())).await.is_err() {
+                        return;
+                    }
+                    last = now;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "approval stream failed");
+                    let data = r#"{"code":"store_error","message":"the approval stream failed; reconnect"}"#;
+                    let _ = tx.send(Event::default().event("error").data(data)).await;
+                    return;
+                }
+            }
+        }
+    });
+    let stream = futures::StreamExt::map(ReceiverStream::new(rx), Ok);
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("keep-alive")))
+}
+
+/// Routes of this module (streaming: merged outside the request timeout).
+pub fn router() -> OpenApiRouter<App> {
+    OpenApiRouter::new().routes(routes!(approvals_stream))
+}

@@ -1,0 +1,525 @@
+// End-to-end test of the control-plane page in a real browser (Debian's chromium driven by
+// playwright-core). Started by tests/web.rs with a running server:
+//   MIRA_BASE_URL  server base URL          MIRA_TOKEN     a user's API token
+//   MIRA_TOKEN_2   another user, with more than 20 tools of her own (ranked exposure)
+//   MIRA_E2E_TOOL  approval-gated tool id (write_file, or a test tool before Edit tools exist)
+//   MIRA_ARTIFACTS folder for screenshots  MIRA_WEB_CHROMIUM  browser binary
+// Views whose API is not in the build (terminal sessions, External MCP) must say so; when the
+// routes exist the test drives them for real. Prints "e2e: all checks passed" at the end.
+
+import { chromium } from 'playwright-core';
+import { mkdirSync, rmSync } from 'node:fs';
+import net from 'node:net';
+import { join } from 'node:path';
+
+const base = process.env.MIRA_BASE_URL;
+const token = process.env.MIRA_TOKEN;
+const token2 = process.env.MIRA_TOKEN_2; // another user, whose turns are ranked
+const gated = process.env.MIRA_E2E_TOOL ?? 'web_probe';
+const artifacts = process.env.MIRA_ARTIFACTS ?? 'artifacts';
+const executablePath = process.env.MIRA_WEB_CHROMIUM ?? '/usr/bin/chromium';
+if (!base || !token) throw new Error('MIRA_BASE_URL and MIRA_TOKEN are required');
+mkdirSync(artifacts, { recursive: true });
+rmSync(join(artifacts, 'failure.png'), { force: true });
+
+const log = (...a) => console.log('e2e:', ...a);
+function check(cond, what) {
+  if (!cond) throw new Error(`check failed: ${what}`);
+  log(`ok - ${what}`);
+}
+
+// ---------- the API, from the test's side (the "Planner") ----------
+async function call(method, path, body, as = token) {
+  const resp = await fetch(base + path, {
+    method,
+    headers: { Authorization: `Bearer ${as}`, ...(body ? { 'Content-Type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  const text = await resp.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: resp.status, body: json ?? text };
+}
+async function must(method, path, body, ok = [200, 201], as = token) {
+  const r = await call(method, path, body, as);
+  if (!ok.includes(r.status)) throw new Error(`${method} ${path} → ${r.status} ${JSON.stringify(r.body)}`);
+  return r.body;
+}
+const routeMissing = (r) => r.status === 404 && r.body?.error?.details?.resource === 'route';
+async function until(what, fn, ms = 10000) {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+const finalStates = new Set(['completed', 'failed', 'denied', 'expired', 'cancelled', 'interrupted']);
+const waitFinal = (id) => until(`invocation ${id} to finish`, async () => {
+  const inv = await must('GET', `/v1/invocations/${id}`);
+  return finalStates.has(inv.status) ? inv : null;
+});
+function gatedInput(n) {
+  return gated === 'write_file'
+    ? { path: `web-e2e-${n}.txt`, content: `hello from the browser test ${n}\nsecond line\n` }
+    : { value: `hello from the browser test ${n}` };
+}
+
+// ---------- a loopback TCP relay between the browser and the server ----------
+// The browser reaches the server through it, so the test can drop every connection (and
+// refuse new ones for a while) as a network failure would.
+const upstream = new URL(base);
+const pairs = new Set();
+let refusing = false;
+const relay = net.createServer((client) => {
+  if (refusing) { client.destroy(); return; }
+  const server = net.connect(Number(upstream.port), upstream.hostname);
+  const pair = { client, server };
+  pairs.add(pair);
+  const end = () => { client.destroy(); server.destroy(); pairs.delete(pair); };
+  client.on('error', end); server.on('error', end); client.on('close', end); server.on('close', end);
+  client.pipe(server); server.pipe(client);
+});
+await new Promise((r) => relay.listen(0, '127.0.0.1', r));
+const pageBase = `http://127.0.0.1:${relay.address().port}`;
+let connectionsDropped = false; // while true, the browser's net::ERR_ logs are the test's doing
+const dropConnections = () => { refusing = true; connectionsDropped = true; for (const p of pairs) { p.client.destroy(); p.server.destroy(); } pairs.clear(); };
+const restoreConnections = () => { refusing = false; };
+
+// ---------- the browser ----------
+const browser = await chromium.launch({
+  executablePath,
+  headless: true,
+  args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+const page = await context.newPage();
+const consoleErrors = [];
+const expectedNetworkErrors = [];
+const pageErrors = [];
+const foreign = [];
+// 404s of routes this build lacks, and the 401 of the deliberate wrong token, are the API's
+// honest answers (Chromium logs every failed fetch); any other console error fails the test.
+const expectedFailures = [];
+page.on('console', (m) => {
+  if (m.type() !== 'error') return;
+  const url = m.location()?.url ?? '';
+  const text = `${m.text()} ${url}`;
+  if (/Failed to load resource/.test(m.text()) && expectedFailures.some((re) => re.test(url))) expectedNetworkErrors.push(text);
+  else if (connectionsDropped && /net::ERR_/.test(m.text())) expectedNetworkErrors.push(text);
+  else consoleErrors.push(text);
+});
+page.on('pageerror', (e) => pageErrors.push(String(e)));
+page.on('request', (r) => {
+  const u = r.url();
+  if (!u.startsWith(pageBase) && !u.startsWith('data:') && !u.startsWith('blob:')) foreign.push(u);
+});
+const shot = async (name) => { await page.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true }); log(`screenshot ${name}.png`); };
+const goto = async (hash) => {
+  await page.evaluate((h) => { location.hash = h; }, hash);
+  await page.waitForFunction((h) => location.hash === h || location.hash.startsWith(h), hash);
+};
+
+/** Elements sticking out to the right of the viewport (none at phone width). */
+const overflow = () => page.evaluate(() => {
+  const limit = window.innerWidth + 1;
+  if (document.documentElement.scrollWidth <= limit) return [];
+  const out = [...document.querySelectorAll('body *')].filter((e) => e.getBoundingClientRect().right > limit)
+    .map((e) => `${e.tagName.toLowerCase()}.${e.className} (${Math.round(e.getBoundingClientRect().right)}px)`);
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const range = document.createRange();
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    range.selectNodeContents(n);
+    const right = range.getBoundingClientRect().right;
+    if (right > limit) out.push(`text “${n.textContent.trim().slice(0, 30)}” (${Math.round(right)}px)`);
+  }
+  return out.length ? out.slice(0, 5) : [`the document is ${document.documentElement.scrollWidth}px wide`];
+});
+
+async function audit(where) {
+  const wide = await overflow();
+  check(wide.length === 0, `${where}: nothing wider than the window ${wide.join(', ')}`);
+  const problems = await page.evaluate(() => {
+    const out = [];
+    const visible = (el) => !el.closest('[hidden]') && el.getClientRects().length > 0;
+    for (const el of document.querySelectorAll('input, select, textarea')) {
+      if (!visible(el) || el.closest('.xterm')) continue;
+      const named = el.getAttribute('aria-label') || el.getAttribute('aria-labelledby')
+        || (el.id && document.querySelector(`label[for="${CSS.escape(el.id)}"]`)) || el.closest('label');
+      if (!named) out.push(`unlabelled ${el.tagName.toLowerCase()}#${el.id}`);
+    }
+    for (const el of document.querySelectorAll('button, a[href]')) {
+      if (visible(el) && !(el.textContent.trim() || el.getAttribute('aria-label'))) out.push(`nameless ${el.outerHTML.slice(0, 60)}`);
+    }
+    // WCAG 2.x contrast of every visible text against its nearest opaque background.
+    const parse = (s) => { const m = s.match(/rgba?\(([^)]+)\)/); if (!m) return null; const p = m[1].split(/[\s,/]+/).filter(Boolean).map(Number); return { rgb: p.slice(0, 3), a: p.length > 3 ? p[3] : 1 }; };
+    const lum = (rgb) => { const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; }; return 0.2126 * f(rgb[0]) + 0.7152 * f(rgb[1]) + 0.0722 * f(rgb[2]); };
+    const bgOf = (el) => { for (let e = el; e; e = e.parentElement) { const c = parse(getComputedStyle(e).backgroundColor); if (c && c.a > 0.5) return c.rgb; } return [255, 255, 255]; };
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    const seen = new Set();
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      const el = n.parentElement;
+      if (!el || seen.has(el) || !n.textContent.trim() || !visible(el) || el.closest('.xterm, .visually-hidden, button:disabled, noscript')) continue;
+      seen.add(el);
+      const cs = getComputedStyle(el);
+      const fg = parse(cs.color);
+      if (!fg) continue;
+      const l1 = lum(fg.rgb), l2 = lum(bgOf(el));
+      const ratio = (Math.max(l1, l2) + 0.05) / (Math.min(l1, l2) + 0.05);
+      const size = parseFloat(cs.fontSize), bold = Number(cs.fontWeight) >= 700;
+      const need = size >= 24 || (bold && size >= 18.66) ? 3 : 4.5;
+      if (ratio < need) out.push(`contrast ${ratio.toFixed(2)} < ${need} for “${n.textContent.trim().slice(0, 40)}”`);
+    }
+    return out;
+  });
+  check(problems.length === 0, `${where}: labels, names and contrast (${problems.slice(0, 5).join('; ')})`);
+}
+
+try {
+  // ---- load and sign in ----
+  // Load time: the first load of the page in a fresh tab (its renderer already started, as in
+  // a browser that is open), up to three tries so that a machine busy with other builds does
+  // not decide the result; every try is printed.
+  let best = Infinity;
+  for (let i = 0; i < 3 && best >= 1000; i++) {
+    const tab = await context.newPage();
+    await tab.goto('about:blank');
+    await tab.goto(`${pageBase}/`, { waitUntil: 'load' });
+    await tab.waitForSelector('#sign-in:not([hidden]) #token');
+    const timing = await tab.evaluate(() => ({
+      nav: performance.getEntriesByType('navigation')[0].toJSON(),
+      ready: performance.getEntriesByName('mira:ready')[0]?.startTime,
+      resources: performance.getEntriesByType('resource').length,
+      bytes: performance.getEntriesByType('resource').reduce((n, r) => n + r.encodedBodySize, 0),
+    }));
+    await tab.close();
+    log(`load ${i + 1}: DOMContentLoaded ${timing.nav.domContentLoadedEventEnd.toFixed(0)} ms, load event ${timing.nav.loadEventEnd.toFixed(0)} ms, sign-in usable at ${timing.ready?.toFixed(0)} ms after navigation start; ${timing.resources + 1} files, ${timing.bytes + timing.nav.encodedBodySize} bytes (loopback, debug build)`);
+    best = Math.min(best, Math.max(timing.nav.loadEventEnd, timing.ready));
+  }
+  check(best < 1000, `the page loads and is usable in under a second on loopback (${best.toFixed(0)} ms)`);
+  await page.goto(`${pageBase}/`, { waitUntil: 'load' });
+  await page.waitForSelector('#sign-in:not([hidden]) #token');
+  await audit('sign-in');
+  await shot('sign-in');
+
+  expectedFailures.push(/\/v1\/me$/);
+  await page.fill('#token', 'not-a-token');
+  await page.click('#sign-in-form button[type=submit]');
+  await page.waitForSelector('#sign-in-error:text-matches("refused this token")');
+  check(true, 'a wrong token is refused in words');
+
+  await page.fill('#token', token);
+  await page.press('#token', 'Enter');
+  await page.waitForSelector('#nav:not([hidden])');
+  check(await page.evaluate((t) => sessionStorage.getItem('mira.token') === t && !location.href.includes(t)
+    && !document.cookie.includes(t) && localStorage.length === 0, token), 'the token is in session storage only, never in the URL');
+  await page.waitForSelector('#inbox-state[data-state=open]');
+  await page.waitForSelector('.view-approvals .empty:not([hidden])');
+  await page.evaluate(() => { window.__sameDocument = true; });
+
+  // ---- a Planner starts a run and freezes a call that needs approval ----
+  const run = await must('POST', '/v1/runs', { title: 'browser e2e' });
+  const turn = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'record a note for the person' });
+  check(turn.exposure.tools.some((t) => t.id === gated), `${gated} is exposed in the turn`);
+  const frozen = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn.turn_id, tool_id: gated, tool_call_id: 'call_e2e_1', input: gatedInput(1) });
+  check(frozen.status === 'awaiting_approval' && frozen.approval_id, 'the call waits for approval');
+
+  const card = page.locator(`[data-approval-id="${frozen.approval_id}"]`);
+  await card.waitFor({ timeout: 10000 });
+  check(await page.evaluate(() => window.__sameDocument === true), 'the approval appeared live, without a reload');
+  check(await card.locator('.input-hash').first().innerText() === frozen.input_hash, 'the card shows the frozen input hash');
+  check(await card.locator('.call-id').first().innerText() === 'call_e2e_1', 'the card shows the call id');
+  check(await card.locator('.tool-id').first().innerText() === gated, 'the card shows the tool');
+  const canonical = JSON.parse(await card.locator('pre.json').last().innerText());
+  check(JSON.stringify(canonical) === JSON.stringify(frozen.input), 'the card shows the canonical input exactly');
+  if (gated === 'write_file') {
+    const diff = await card.locator('pre.diff').innerText();
+    check(diff.includes('+hello from the browser test 1'), 'the card shows the diff preview of the edit');
+  }
+  check(await page.locator('#approval-count').innerText() === '1', 'the navigation counts one pending approval');
+  await audit('approvals');
+  await shot('approvals');
+
+  const grantReq = page.waitForRequest((r) => r.url().endsWith(`/v1/approvals/${frozen.approval_id}/grant`));
+  await card.locator('button.approve').click();
+  const sent = (await grantReq).postDataJSON();
+  check(sent.tool_id === gated && sent.tool_call_id === 'call_e2e_1' && sent.input_hash === frozen.input_hash && Object.keys(sent).length === 3,
+    'Approve sent exactly the displayed triple');
+  await card.locator('.result .ok').waitFor();
+  const done = await waitFinal(frozen.invocation_id);
+  check(done.status === 'completed' && done.evidence_ids.length > 0, `the approved call ran (${done.status}) and left evidence`);
+
+  // ---- the run timeline: live, with evidence, surviving a dropped connection ----
+  await goto(`#/runs/${run.id}`);
+  await page.waitForSelector('#timeline-state[data-state=open]');
+  const evidenceId = done.evidence_ids[0];
+  const evCard = page.locator(`.evidence[data-evidence-id="${evidenceId}"] .evidence-card`);
+  await evCard.waitFor();
+  check(true, 'the evidence arrived on the timeline');
+  const invEntry = page.locator(`li[data-invocation="${frozen.invocation_id}"]`);
+  check(await invEntry.getAttribute('data-status') === 'completed', 'the invocation shows its final status');
+
+  // Drop the connection, let the run move on meanwhile, come back: the stream resumes with
+  // Last-Event-ID and every event shows exactly once.
+  const before = Number(await page.locator('#timeline').getAttribute('data-last'));
+  dropConnections();
+  await page.waitForSelector('#timeline-state[data-state=reconnecting]', { timeout: 10000 });
+  const turn2 = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'second step while the page is offline' });
+  const second = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn2.turn_id, tool_id: gated, tool_call_id: 'call_e2e_2', input: gatedInput(2) });
+  restoreConnections();
+  await page.locator(`li[data-invocation="${second.invocation_id}"]`).waitFor({ timeout: 15000 });
+  const last = (await must('GET', `/v1/runs/${run.id}`)).last_event_id;
+  await page.waitForSelector(`#timeline[data-last="${last}"]`);
+  await page.waitForFunction(() => document.documentElement.dataset.inboxState === 'open');
+  connectionsDropped = false;
+  const seqs = await page.$$eval('#timeline li[data-seq]', (els) => els.map((e) => Number(e.dataset.seq)));
+  check(seqs.length === last && seqs.every((s, i) => s === i + 1), `after a reconnect the timeline holds events 1..${last} once each (was at ${before})`);
+  check(await page.locator('#timeline').getAttribute('data-duplicates') === '0', 'no event was delivered twice');
+  check(Number(await page.locator('#timeline-state').getAttribute('data-reconnects')) >= 1, 'the stream did reconnect');
+
+  await evCard.locator('input[type=text]').fill('checked by a person in the browser test');
+  await evCard.getByRole('button', { name: 'Accept' }).click();
+  await evCard.locator('.verdict[data-accepted=true]').waitFor();
+  const judged = await must('GET', `/v1/evidence/${evidenceId}`);
+  check(judged.acceptance?.accepted === true, 'accepting evidence in the page is stored');
+  await page.locator(`li[data-type="evidence.accepted"]`).first().waitFor();
+  check(true, 'the acceptance came back on the stream');
+  await audit('timeline');
+  await shot('timeline');
+
+  // ---- keyboard: the navigation works without a mouse and moves focus to the view ----
+  await page.focus('#nav a[data-view=tools]');
+  await page.keyboard.press('Enter');
+  await page.waitForFunction(() => document.activeElement?.tagName === 'H1' && document.activeElement.closest('.view-tools') && location.hash.startsWith('#/tools'));
+  check(true, 'keyboard navigation opens a view and focuses its heading');
+
+  // ---- tools: ladder, filters, a turn's exposure ----
+  await goto(`#/tools?run=${run.id}&turn=${turn.turn_id}`);
+  await page.waitForSelector('#exposure-strategy');
+  const strategy = await page.locator('#exposure-strategy').innerText();
+  check(strategy.includes(turn.exposure.strategy) && strategy.includes(`${turn.exposure.candidate_count} public`), `the turn's exposure strategy is shown (${strategy.trim()})`);
+  await page.waitForSelector(`tr[data-tool="${gated}"][data-state=exposed]`);
+  check(true, `${gated} is exposed in that turn`);
+  await page.selectOption('#filter-state', 'not_registered');
+  const notReg = await page.$$eval('#tools-table tbody tr', (rows) => rows.map((r) => r.dataset.state));
+  const ladder = await must('GET', `/v1/tools?turn=${turn.turn_id}`);
+  const wantNotReg = ladder.tools.filter((t) => t.state === 'not_registered').length;
+  check(notReg.length === wantNotReg && notReg.every((s) => s === 'not_registered'), `filtering by state shows the ${wantNotReg} not-registered tools with their reason`);
+  await page.selectOption('#filter-state', '');
+  await page.selectOption('#filter-domain', 'read');
+  const readRows = await page.$$eval('#tools-table tbody tr td:nth-child(2)', (tds) => tds.map((t) => t.textContent));
+  check(readRows.length > 0 && readRows.every((d) => d === 'read'), 'filtering by domain');
+  await page.selectOption('#filter-domain', '');
+  await audit('tools');
+  await shot('tools');
+
+  // ---- External MCP: a server stuck at a stage, or the honest absence of the feature ----
+  const mcpList = await call('GET', '/v1/mcp/servers');
+  if (routeMissing(mcpList)) {
+    expectedFailures.push(/\/v1\/mcp\/servers/);
+    await goto('#/mcp');
+    await page.waitForSelector('.view-mcp [data-unavailable]');
+    check((await page.locator('.view-mcp [data-unavailable]').innerText()).includes('not available in this build'), 'MCP view: not available in this build');
+  } else {
+    // A server installed disabled, with a disclaimer, at an address where nothing answers:
+    // the page names the stage that blocks and unblocks the ones a person can.
+    const installed = await must('POST', '/v1/mcp/servers', {
+      name: 'e2e-unreachable', enabled: false, disclaimer: 'A test fixture: it answers nothing.',
+      transport: { http: { url: 'http://127.0.0.1:9/mcp' } },
+    });
+    const id = installed.id;
+    const firstBlocked = (v) => (v.stages ?? []).find((x) => x.status === 'blocked')?.stage;
+    check(firstBlocked(installed) === 'enabled', 'a disabled server is blocked at "enabled" (API)');
+    await goto('#/mcp');
+    await page.waitForSelector(`.view-mcp [data-server="${id}"]`);
+    await goto(`#/mcp/${id}`);
+    await page.waitForSelector('#mcp-stages li.blocking');
+    check(await page.locator('#mcp-stages li.blocking').getAttribute('data-stage') === 'enabled', 'the page highlights the blocked stage');
+    check((await page.locator('#mcp-blocked').innerText()).startsWith('Blocked at Enabled'), 'the page names the blocked stage in words');
+    const stageNames = await page.$$eval('#mcp-stages li', (els) => els.map((e) => e.dataset.stage));
+    check(JSON.stringify(stageNames) === JSON.stringify(installed.stages.map((x) => x.stage)), `every stage is listed in order (${stageNames.join(' → ')})`);
+    await audit('mcp (blocked at enabled)');
+    await shot('mcp');
+    await page.locator('#mcp-stages li[data-stage=enabled] button').click();
+    await page.waitForSelector('#mcp-stages li[data-stage=enabled][data-status=ok]');
+    check((await must('GET', `/v1/mcp/servers/${id}`)).enabled === true, 'Enable in the page enabled the server');
+    page.once('dialog', (d) => d.accept());
+    await page.locator('#mcp-stages li[data-stage=disclaimer] button').click();
+    await page.waitForSelector('#mcp-stages li[data-stage=disclaimer][data-status=ok]');
+    check(Boolean((await must('GET', `/v1/mcp/servers/${id}`)).disclaimer_accepted_at), 'Accept the disclaimer in the page is stored');
+    const connect = await until('the connection to fail', async () => {
+      const v = await must('GET', `/v1/mcp/servers/${id}`);
+      return v.stages.find((x) => x.stage === 'connect' && x.status === 'blocked');
+    }, 15000);
+    await page.waitForSelector('#mcp-stages li.blocking[data-stage=connect]', { timeout: 10000 });
+    check((await page.locator('#mcp-blocked').innerText()).includes(connect.code), `the page names the connection failure (${connect.code})`);
+    check((await page.locator('#mcp-stages').innerText()).includes('127.0.0.1:9'), 'the failing address is shown');
+    await audit('mcp (blocked at connect)');
+    await shot('mcp-connect');
+
+    // A real server (mcp-server-time over stdio, installed by scripts/setup-mcp.sh): its tools
+    // are listed, agent access is turned on in the page, and a call of the projected tool is
+    // approved in the inbox, with the server and its annotations on the card.
+    const timeServer = process.env.MIRA_MCP_TIME;
+    if (!timeServer) {
+      log('SKIPPED the connected-server part: MIRA_MCP_TIME is not set (scripts/setup-mcp.sh prints it)');
+    } else {
+      const srv = await must('POST', '/v1/mcp/servers', { name: 'time', transport: { stdio: { command: timeServer, args: [] } } });
+      const ready = await until('tools/list of mcp-server-time', async () => {
+        const v = await must('GET', `/v1/mcp/servers/${srv.id}`);
+        return v.stages.find((x) => x.stage === 'discover')?.status === 'ok' ? v : null;
+      }, 30000);
+      check(firstBlocked(ready) === 'agent_access', 'a connected server with no agent access is blocked at agent_access (API)');
+      await goto(`#/mcp/${srv.id}`);
+      await page.waitForSelector('#mcp-stages li.blocking[data-stage=agent_access]');
+      const row = page.locator('#mcp-tools tr[data-tool=get_current_time]');
+      await row.waitFor();
+      await row.getByRole('button', { name: 'Turn on agent access for get_current_time' }).click();
+      await page.waitForSelector('#mcp-stages li[data-stage=agent_access][data-status=ok]');
+      const projected = `mcp:${srv.id}:tool:get_current_time`;
+      const ladder = await must('GET', `/v1/tools/${encodeURIComponent(projected)}`);
+      check(ladder.state === 'available', `turning agent access on in the page projects ${projected} (${ladder.state})`);
+      await audit('mcp (connected)');
+      await shot('mcp-connected');
+
+      const mt = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'what time is it in Tokyo' });
+      const mcpTool = mt.exposure.tools.find((x) => x.id === projected);
+      check(Boolean(mcpTool), 'the projected MCP tool is exposed');
+      const mcpCall = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: mt.turn_id, tool_id: projected, tool_call_id: 'call_e2e_mcp', input: { timezone: 'Asia/Tokyo' } });
+      await goto('#/approvals');
+      const mcpCard = page.locator(`[data-approval-id="${mcpCall.approval_id}"]`);
+      await mcpCard.waitFor();
+      check((await mcpCard.innerText()).includes('External MCP call') && (await mcpCard.innerText()).includes('get_current_time'), 'the MCP approval card names the server and the MCP tool');
+      await mcpCard.locator('button.approve').click();
+      await mcpCard.locator('.result .ok').waitFor();
+      const mcpDone = await waitFinal(mcpCall.invocation_id);
+      check(mcpDone.status === 'completed', `the approved MCP call ran (${mcpDone.status})`);
+    }
+  }
+  if (routeMissing(mcpList)) { await audit('mcp'); await shot('mcp'); }
+
+  // ---- terminal: a real session's output in xterm.js, or the honest absence ----
+  const sessions = await call('GET', '/v1/terminal-sessions');
+  if (routeMissing(sessions)) {
+    expectedFailures.push(/\/v1\/terminal-sessions/);
+    await goto('#/terminal');
+    await page.waitForSelector('.view-terminal [data-unavailable]');
+    check((await page.locator('.view-terminal [data-unavailable]').innerText()).includes('not available in this build'), 'Terminal view: not available in this build');
+  } else {
+    const tt = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'run a shell command in a terminal' });
+    check(tt.exposure.tools.some((t) => t.id === 'terminal_session'), 'terminal_session is exposed');
+    const start = await must('POST', `/v1/runs/${run.id}/invocations`, {
+      turn_id: tt.turn_id, tool_id: 'terminal_session', tool_call_id: 'call_e2e_term',
+      input: { action: 'start', command: 'bash', args: ['-c', "printf 'hello \\033[1;32mfrom the PTY\\033[0m\\n'; for i in 1 2 3; do echo line $i; sleep 0.2; done; sleep 20"], timeout_ms: 60000 },
+    });
+    // The person sees the real cwd, the command and the timeout, and approves in the page.
+    await goto('#/approvals');
+    const termCard = page.locator(`[data-approval-id="${start.approval_id}"]`);
+    await termCard.waitFor();
+    check(await termCard.locator('.cwd').innerText() === start.input.cwd, `the terminal approval shows the real cwd ${start.input.cwd}`);
+    check((await termCard.locator('.command').innerText()).includes('from the PTY'), 'the terminal approval shows the command');
+    check(await termCard.locator('.flag-outside').count() === 0, 'a cwd inside the workspace is not flagged');
+    await termCard.locator('button.approve').click();
+    await termCard.locator('.result .ok').waitFor();
+    const outside = await must('POST', `/v1/runs/${run.id}/invocations`, {
+      turn_id: tt.turn_id, tool_id: 'terminal_session', tool_call_id: 'call_e2e_term_outside', input: { action: 'start', command: 'pwd', cwd: '/' },
+    });
+    const outsideCard = page.locator(`[data-approval-id="${outside.approval_id}"]`);
+    await outsideCard.waitFor();
+    check(await outsideCard.locator('.cwd').innerText() === '/' && await outsideCard.locator('.flag-outside').count() === 1, 'a cwd outside the workspace is flagged');
+    await outsideCard.getByRole('button', { name: 'Deny' }).click();
+    await outsideCard.locator('.result .ok').waitFor();
+    const sess = await until('the terminal session', async () => {
+      const l = await must('GET', '/v1/terminal-sessions');
+      return (l.sessions ?? []).find((s) => s.run_id === run.id && s.invocation_id === start.invocation_id);
+    });
+    await goto('#/terminal');
+    await page.waitForSelector(`#sessions tr[data-session="${sess.id}"]`);
+    await goto(`#/terminal/${sess.id}`);
+    await page.waitForSelector('#terminal-screen .xterm-rows');
+    await page.waitForFunction(() => document.querySelector('#terminal-screen .xterm-rows')?.textContent.includes('hello from the PTY'), null, { timeout: 15000 });
+    await page.waitForFunction(() => document.querySelector('#terminal-screen .xterm-rows')?.textContent.includes('line 3'), null, { timeout: 15000 });
+    check(true, 'the session output renders in xterm.js (ANSI colours kept)');
+    await page.selectOption('#cols-mode', 'fit');
+    const wide = Number(await page.locator('#terminal-screen').getAttribute('data-cols'));
+    await page.setViewportSize({ width: 700, height: 900 });
+    await page.waitForFunction((w) => Number(document.querySelector('#terminal-screen').dataset.cols) < w, wide);
+    check(true, 'the terminal view follows a resize of the window');
+    await page.setViewportSize({ width: 1280, height: 900 });
+  }
+  await audit('terminal');
+  await shot('terminal');
+
+  // ---- phone width: a pending approval, denied from the page ----
+  const third = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn2.turn_id, tool_id: gated, tool_call_id: 'call_e2e_3', input: gatedInput(3) });
+  await page.setViewportSize({ width: 390, height: 844 });
+  await goto('#/approvals');
+  const phoneCard = page.locator(`[data-approval-id="${third.approval_id}"]`);
+  await phoneCard.waitFor();
+  const o1 = await overflow();
+  check(o1.length === 0, `no horizontal scrolling at phone width (approvals) ${o1.join(', ')}`);
+  await audit('phone approvals');
+  await shot('phone-approvals');
+  await phoneCard.locator('input[type=text]').fill('not now');
+  await phoneCard.getByRole('button', { name: 'Deny' }).click();
+  await phoneCard.locator('.result .ok').waitFor();
+  check((await must('GET', `/v1/invocations/${third.invocation_id}`)).status === 'denied', 'Deny is stored');
+  await goto(`#/runs/${run.id}`);
+  const lastNow = (await must('GET', `/v1/runs/${run.id}`)).last_event_id;
+  await page.waitForSelector(`#timeline[data-last="${lastNow}"]`);
+  await page.waitForFunction(() => !document.querySelector('.evidence:not(:has(.evidence-card))'));
+  const o2 = await overflow();
+  check(o2.length === 0, `no horizontal scrolling at phone width (timeline) ${o2.join(', ')}`);
+  await shot('phone-timeline');
+
+  // ---- sign out forgets the token ----
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await page.click('#sign-out');
+  await page.waitForSelector('#sign-in:not([hidden])');
+  check(await page.evaluate(() => sessionStorage.getItem('mira.token') === null), 'signing out removes the token');
+
+  // ---- another user: a ranked exposure with its scores, and none of Ada's approvals ----
+  if (token2) {
+    const brun = await must('POST', '/v1/runs', { title: 'ranked' }, undefined, token2);
+    const bturn = await must('POST', `/v1/runs/${brun.id}/turns`, { task: 'will there be rain in Paris: weather forecast' }, undefined, token2);
+    check(bturn.exposure.strategy !== 'all' && bturn.exposure.tools.length === 20, `more than 20 candidates are ranked (${bturn.exposure.strategy}, ${bturn.exposure.candidate_count} candidates)`);
+    expectedFailures.push(new RegExp(`/v1/runs/${run.id}$`));
+    await page.fill('#token', token2);
+    await page.press('#token', 'Enter');
+    await page.waitForSelector('#nav:not([hidden])');
+    // The address still names Ada's run: to Bea it does not exist, and the page says so.
+    await page.waitForSelector('.view-runs .error-box');
+    check((await page.locator('.view-runs .error-box').innerText()).includes('run not found (HTTP 404, not_found)'), 'another user’s run is “not found”, in words');
+    await goto('#/approvals');
+    await page.waitForSelector('.view-approvals .empty:not([hidden])');
+    check(await page.locator('[data-approval-id]').count() === 0, 'another user sees none of the first user’s approvals');
+    await goto(`#/tools?run=${brun.id}&turn=${bturn.turn_id}`);
+    await page.waitForSelector('#exposure-strategy');
+    check((await page.locator('#exposure-strategy').innerText()).includes(bturn.exposure.strategy), 'the ranked strategy is shown');
+    const scores = await page.$$eval('.exposed-list .score', (els) => els.map((e) => Number(e.textContent.replace(/[^0-9.]/g, ''))));
+    const want = bturn.exposure.tools.map((x) => Number(x.score.toFixed(4)));
+    check(scores.length === 20 && scores.every((v, i) => Math.abs(v - want[i]) < 1e-4), 'the 20 exposed tools are listed best first with their scores');
+    const top = bturn.exposure.tools[0].id;
+    check((await page.locator(`tr[data-tool="${top}"][data-state=exposed]`).innerText()).includes('score'), 'the ladder row of a ranked tool shows its score');
+    await audit('tools (ranked)');
+    await shot('tools-ranked');
+    await page.click('#sign-out');
+    await page.waitForSelector('#sign-in:not([hidden])');
+  }
+
+  check(foreign.length === 0, `no request left the server's origin (${foreign.join(', ')})`);
+  check(pageErrors.length === 0, `no uncaught errors in the page (${pageErrors.join(' | ')})`);
+  check(consoleErrors.length === 0, `no console errors (${consoleErrors.join(' | ')})`);
+  log(`expected network errors logged by the browser (the API's answers to the test's deliberate requests): ${expectedNetworkErrors.length}`);
+  for (const e of expectedNetworkErrors) log(`  ${e}`);
+  log('all checks passed');
+} catch (err) {
+  await page.screenshot({ path: join(artifacts, 'failure.png'), fullPage: true }).catch(() => {});
+  console.error(`e2e: FAILED: ${err.stack ?? err}`);
+  console.error(`e2e: console errors: ${JSON.stringify(consoleErrors)}; page errors: ${JSON.stringify(pageErrors)}`);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+  relay.close();
+}

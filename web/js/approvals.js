@@ -1,0 +1,267 @@
+// Approvals inbox: every pending approval of the signed-in user, live over
+// GET /v1/approvals/stream (snapshots of the whole inbox). Each card shows exactly what will
+// run — tool, call id, input hash, canonical input; for the terminal the command, the real
+// cwd (flagged when outside the workspace), env and timeout; for edits the diff preview —
+// and Approve sends back exactly the triple the card displays.
+
+import { get, post, seg, ApiError } from './api.js';
+import { follow, json } from './sse.js';
+import { h, fill, dl, jsonBlock, code, badge, announce, errorBox, streamState, fmtTime, fmtMs, title } from './ui.js';
+
+/** The app-wide inbox: one stream while signed in; views subscribe to its snapshots. */
+export const inbox = {
+  approvals: null,
+  state: { state: 'connecting' },
+  listeners: new Set(),
+  stream: null,
+  poll: null,
+  start(onCount) {
+    this.stop();
+    this.onCount = onCount;
+    this.stream = follow('/v1/approvals/stream', {
+      onEvent: (ev) => {
+        if (ev.event === 'approvals') {
+          const list = json(ev);
+          if (list) this.set(list.approvals ?? []);
+        } else if (ev.event === 'error') {
+          const e = json(ev);
+          this.setState({ state: 'reconnecting', error: new ApiError({ status: 0, code: e?.code ?? 'stream_error', message: e?.message ?? 'the stream reported an error', method: 'GET', path: '/v1/approvals/stream' }) });
+        }
+      },
+      onState: (s) => {
+        if (s.state === 'failed' && s.error?.missingRoute) {
+          // A server without the inbox stream: fall back to polling the list.
+          this.setState({ state: 'polling' });
+          this.startPolling();
+          return;
+        }
+        this.setState(s);
+      },
+    });
+  },
+  startPolling() {
+    const tick = async () => {
+      try { this.set((await get('/v1/approvals?status=pending&limit=200')).approvals); this.setState({ state: 'polling' }); }
+      catch (err) { this.setState({ state: 'reconnecting', error: err }); }
+    };
+    tick();
+    this.poll = setInterval(tick, 3000);
+  },
+  stop() {
+    if (this.stream) this.stream.close();
+    if (this.poll) clearInterval(this.poll);
+    this.stream = null; this.poll = null; this.approvals = null;
+  },
+  set(list) {
+    this.approvals = list;
+    this.onCount?.(list.length);
+    for (const l of this.listeners) l.snapshot(list);
+  },
+  setState(s) {
+    this.state = s;
+    document.documentElement.dataset.inboxState = s.state;
+    for (const l of this.listeners) l.state(s);
+  },
+  subscribe(l) {
+    this.listeners.add(l);
+    l.state(this.state);
+    if (this.approvals) l.snapshot(this.approvals);
+    return () => this.listeners.delete(l);
+  },
+};
+
+export async function mount(root) {
+  const status = h('p', { class: 'stream-state', 'aria-live': 'off', id: 'inbox-state' });
+  const list = h('div', { class: 'cards', id: 'approvals' });
+  const empty = h('p', { class: 'empty', hidden: true }, 'No approval is waiting. New requests appear here as soon as a call is frozen.');
+  const decided = h('ul', { class: 'decided', 'aria-label': 'Decided in this session' });
+  root.append(
+    title('Approvals', 'Calls waiting for your decision. What you see is exactly what will run, once.'),
+    status, empty, list,
+    h('section', { 'aria-labelledby': 'decided-title' }, h('h2', { id: 'decided-title' }, 'Decided here'), decided),
+  );
+  const cards = new Map();
+
+  const unsubscribe = inbox.subscribe({
+    state: (s) => {
+      if (s.state === 'polling') { status.dataset.state = 'open'; status.textContent = 'Live (polling every 3 s: this server has no inbox stream)'; }
+      else streamState(status, s);
+    },
+    snapshot: (approvals) => {
+      const ids = new Set(approvals.map((a) => a.id));
+      for (const [id, card] of cards) {
+        if (!ids.has(id) && !card.dataset.deciding) {
+          if (card.contains(document.activeElement)) root.querySelector('h1')?.focus();
+          card.remove();
+          cards.delete(id);
+          if (!card.dataset.decided) announce(`Approval for ${card.dataset.tool} is no longer pending`);
+        }
+      }
+      let added = 0;
+      for (const a of approvals) {
+        if (cards.has(a.id)) continue;
+        const card = approvalCard(a, (outcome) => {
+          decided.prepend(h('li', {}, outcome));
+        });
+        cards.set(a.id, card);
+        list.appendChild(card);
+        added += 1;
+      }
+      if (added) announce(`${added} new approval${added > 1 ? 's' : ''} waiting`);
+      empty.hidden = cards.size > 0;
+    },
+  });
+  return unsubscribe;
+}
+
+/** Parses the facts of the terminal tool's approval (input + preview). */
+function terminalFacts(inv, tool) {
+  const input = inv.input ?? {};
+  if (input.action && input.action !== 'start') {
+    const s = tool?.session ?? {};
+    return [
+      ['Action', code(input.action)],
+      ['Session', s.id ? code(s.id) : code(input.session_id)],
+      s.command_line ? ['Session command', code(s.command_line)] : null,
+      s.cwd ? ['Session cwd', code(s.cwd)] : null,
+      input.data !== undefined ? ['Bytes to send', h('pre', { class: 'json' }, JSON.stringify(input.data))] : null,
+      input.signal ? ['Signal', code(input.signal)] : null,
+      input.cols ? ['Size', `${input.cols} × ${input.rows}`] : null,
+      input.timeout_ms !== undefined ? ['Timeout', fmtMs(input.timeout_ms)] : null,
+    ].filter(Boolean);
+  }
+  const cwd = input.cwd ?? tool?.cwd;
+  const outside = tool?.cwd_outside_workspace ?? (tool?.workspace && cwd ? !(`${cwd}/`).startsWith(`${tool.workspace.replace(/\/$/, '')}/`) : undefined);
+  const cmd = tool?.command_line ?? [input.program ?? input.command, ...(input.args ?? [])].filter(Boolean).join(' ');
+  const env = input.env && typeof input.env === 'object' ? input.env : null;
+  const setByCall = new Set(Object.keys(tool?.env_set_by_call ?? {}));
+  const envTable = env ? h('table', { class: 'env' },
+    h('caption', { class: 'visually-hidden' }, 'Environment of the process'),
+    h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Variable'), h('th', { scope: 'col' }, 'Value'))),
+    h('tbody', {}, Object.keys(env).sort().map((k) => h('tr', { class: setByCall.has(k) ? 'set-by-call' : '' },
+      h('th', { scope: 'row' }, code(k), setByCall.has(k) ? h('span', { class: 'tag' }, ' set by this call') : null),
+      h('td', {}, env[k] === null ? h('em', {}, 'removed') : code(String(env[k]))))))) : 'inherited (none given)';
+  return [
+    ['Command', code(cmd || '(default shell)', 'command')],
+    input.program && input.program !== input.command ? ['Program', code(input.program)] : null,
+    ['Working directory', h('span', {}, code(cwd, 'cwd'), outside ? h('strong', { class: 'flag-outside', role: 'note' }, ' ⚠ Outside the workspace') : null,
+      tool?.workspace ? h('span', { class: 'hint' }, ` (workspace ${tool.workspace})`) : null)],
+    ['Environment', envTable],
+    ['Timeout', fmtMs(input.timeout_ms ?? tool?.timeout_ms)],
+  ].filter(Boolean);
+}
+
+/** A unified diff with added/removed lines marked (not by colour alone: the +/- stays). */
+function diffBlock(diff, label) {
+  const lines = diff.split('\n');
+  return h('pre', { class: 'diff', tabindex: '0', 'aria-label': label },
+    lines.map((l) => h('span', { class: l.startsWith('+++') || l.startsWith('---') ? 'd-file' : l.startsWith('@@') ? 'd-hunk' : l.startsWith('+') ? 'd-add' : l.startsWith('-') ? 'd-del' : 'd-ctx' }, `${l}\n`)));
+}
+
+function editFacts(tool) {
+  const facts = [
+    tool.action ? ['Edit', code(tool.action)] : null,
+    tool.path ? ['Path', code(tool.path)] : null,
+    tool.resolved_path ? ['Resolved path', code(tool.resolved_path)] : null,
+    tool.from ? ['From', code(tool.from)] : null,
+    tool.to ? ['To', code(tool.to)] : null,
+    tool.creates !== undefined ? ['Creates the file', tool.creates ? 'yes' : 'no (overwrites)'] : null,
+    tool.create_dirs?.length ? ['Creates folders', tool.create_dirs.join(', ')] : null,
+    tool.before ? ['Before', `sha256 ${tool.before.sha256 ?? '—'} · ${tool.before.size ?? '?'} bytes`] : null,
+    tool.after ? ['After', `sha256 ${tool.after.sha256 ?? '—'} · ${tool.after.size ?? '?'} bytes`] : null,
+    tool.diff_summary ? ['Change', `+${tool.diff_summary.lines_added} −${tool.diff_summary.lines_removed} lines in ${tool.diff_summary.hunks} hunk(s)`] : null,
+    tool.note ? ['Note', tool.note] : null,
+  ].filter(Boolean);
+  return facts;
+}
+
+function approvalCard(a, onDecided) {
+  const inv = a.invocation;
+  // The triple is taken from the very object this card renders, so what is sent is what is shown.
+  const triple = { tool_id: inv.tool_id, tool_call_id: inv.tool_call_id, input_hash: inv.input_hash };
+  const tool = a.preview?.tool ?? null;
+  const reasons = a.preview?.reasons ?? [];
+  const headingId = `apr-${a.id}`;
+  const result = h('div', { class: 'result', 'aria-live': 'polite' });
+  const reason = h('input', { type: 'text', id: `deny-reason-${a.id}`, maxlength: '2000', placeholder: 'optional' });
+  const approveBtn = h('button', { type: 'button', class: 'approve', 'aria-describedby': `sends-${a.id}` }, 'Approve');
+  const denyBtn = h('button', { type: 'button', class: 'deny danger' }, 'Deny');
+
+  const sections = [];
+  const isTerminal = inv.tool_id === 'terminal_session' || (tool && ('cwd_outside_workspace' in tool || 'command_line' in tool || 'session' in tool));
+  if (isTerminal) sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Terminal'), dl(terminalFacts(inv, tool))));
+  if (tool && typeof tool.diff === 'string') {
+    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool)),
+      tool.diff ? diffBlock(tool.diff, `Diff preview of ${tool.path ?? 'the edit'}`) : h('p', {}, 'No change in content.'),
+      tool.diff_truncated ? h('p', { class: 'hint' }, 'The diff was cut for the preview; the canonical input below is complete.') : null));
+  } else if (tool && tool.action && !isTerminal) {
+    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool))));
+  }
+  const isMcp = Boolean(tool && tool.mcp_server_id);
+  if (isMcp) {
+    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'External MCP call'), dl([
+      ['Server', h('span', {}, tool.mcp_server ?? '', ' ', h('a', { href: `#/mcp/${encodeURIComponent(tool.mcp_server_id)}` }, tool.mcp_server_id))],
+      ['MCP tool', code(tool.mcp_tool)],
+      ['Server annotations', tool.annotations ? jsonBlock(tool.annotations, 'MCP annotations') : 'none'],
+      tool.note ? ['Note', tool.note] : null,
+    ].filter(Boolean))));
+  }
+  if (tool && !isTerminal && !isMcp && typeof tool.diff !== 'string' && !tool.action) {
+    sections.push(h('section', {}, h('h3', {}, 'Tool preview'), jsonBlock(tool, 'Tool preview')));
+  }
+
+  const card = h('article', { class: 'card approval', 'aria-labelledby': headingId, dataset: { approvalId: a.id, tool: inv.tool_id } },
+    h('h2', { id: headingId }, code(inv.tool_id, 'tool-id'), ' ', badge(a.status)),
+    reasons.length ? h('ul', { class: 'reasons' }, reasons.map((r) => h('li', {}, typeof r === 'string' ? r : JSON.stringify(r)))) : null,
+    dl([
+      ['Tool', code(inv.tool_id, 'tool-id')],
+      ['Call id', code(inv.tool_call_id, 'call-id')],
+      ['Input hash', code(inv.input_hash, 'input-hash')],
+      ['Invocation', code(inv.invocation_id)],
+      ['Run', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, a.run_id)],
+      ['Requested', fmtTime(a.created_at)],
+      ['Expires', fmtTime(a.expires_at)],
+    ]),
+    sections,
+    h('details', { open: true }, h('summary', {}, 'Canonical input (what is hashed and run)'), jsonBlock(inv.input, 'Canonical input')),
+    h('p', { class: 'sends', id: `sends-${a.id}` }, 'Approve sends exactly: tool ', code(triple.tool_id), ', call ', code(triple.tool_call_id), ', hash ', code(triple.input_hash), '.'),
+    h('div', { class: 'actions' }, approveBtn,
+      h('span', { class: 'deny-group' }, h('label', { for: `deny-reason-${a.id}` }, 'Reason to deny'), reason, denyBtn)),
+    result,
+  );
+
+  const decide = async (kind) => {
+    approveBtn.disabled = true; denyBtn.disabled = true;
+    card.dataset.deciding = 'true';
+    fill(result, kind === 'grant' ? 'Sending the approval…' : 'Sending the denial…');
+    try {
+      const path = `/v1/approvals/${seg(a.id)}/${kind}`;
+      const body = kind === 'grant' ? triple : (reason.value.trim() ? { reason: reason.value.trim() } : {});
+      const out = await post(path, body);
+      card.dataset.decided = out.status;
+      const words = out.status === 'granted' ? `Approved ${inv.tool_id} (${inv.tool_call_id}); it runs once.` : `Denied ${inv.tool_id} (${inv.tool_call_id}).`;
+      fill(result, h('p', { class: 'ok' }, words, ' ', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'Follow it in the run timeline.')));
+      announce(words);
+      onDecided(h('span', {}, badge(out.status), ' ', code(inv.tool_id), ' ', code(inv.tool_call_id), ' · ', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'timeline')));
+      setTimeout(() => {
+        delete card.dataset.deciding;
+        if (inbox.approvals?.some((x) => x.id === a.id)) return;
+        if (card.contains(document.activeElement)) card.closest('.view')?.querySelector('h1')?.focus();
+        card.remove();
+      }, 4000);
+    } catch (err) {
+      delete card.dataset.deciding;
+      const hint = {
+        approval_mismatch: 'The frozen call differs from what this card shows; nothing was approved.',
+        approval_decided: 'Someone already decided this approval.',
+        approval_expired: 'The approval expired before the decision.',
+      }[err.code];
+      fill(result, errorBox(err, hint ?? 'The decision was not recorded'));
+      approveBtn.disabled = err.code === 'approval_decided' || err.code === 'approval_expired';
+      denyBtn.disabled = approveBtn.disabled;
+    }
+  };
+  approveBtn.addEventListener('click', () => decide('grant'));
+  denyBtn.addEventListener('click', () => decide('deny'));
+  return card;
+}
