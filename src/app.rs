@@ -36,6 +36,8 @@ pub struct App {
     pub mcp: Arc<crate::mcp::McpManager>,
     /// Cancelled when the server shuts down (ends SSE streams and workers).
     pub shutdown: CancellationToken,
+    /// State the search tools share with their HTTP resources.
+    pub search: Arc<crate::tools::search::SearchHub>,
 }
 
 impl App {

@@ -42,6 +42,8 @@ pub struct ServeConfig {
     pub log_format: String,
     #[command(flatten)]
     pub embedding: EmbeddingArgs,
+    #[command(flatten)]
+    pub search: crate::tools::search::config::SearchConfig,
 }
 
 /// The embedding model that ranks exposures beyond 20 tools (none: BM25 only).
@@ -122,6 +124,8 @@ pub struct RuntimeConfig {
     pub mcp: crate::mcp::McpSettings,
     /// The embedding model for exposure ranking (default: none, BM25 only).
     pub embedding: crate::embedding::EmbeddingConfig,
+    /// Web search providers and the News Hub.
+    pub search: crate::tools::search::config::SearchConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -134,6 +138,7 @@ impl Default for RuntimeConfig {
             max_task_bytes: 64 * 1024,
             mcp: crate::mcp::McpSettings::default(),
             embedding: crate::embedding::EmbeddingConfig::default(),
+            search: crate::tools::search::config::SearchConfig::default(),
         }
     }
 }

@@ -51,6 +51,8 @@ enum BenchCommand {
     /// Tool Exposure ranking: Recall@5/@20, MRR and latency per ranker, then the exposure
     /// latency series at 21, 100, 1,000 and 10,000 registered tools.
     Exposure(Box<ExposureArgs>),
+    /// News Hub: collection throughput (items/s stored) and search latency (p50/p99).
+    News(mira::bench::news::NewsBench),
 }
 
 /// Arguments of `mira bench exposure`.
@@ -139,6 +141,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             workspace_roots: cfg.workspace_roots.clone(),
             mcp: mira::mcp::McpSettings { stdio_allow: cfg.mcp_stdio_allow.clone(), ..Default::default() },
             embedding: cfg.embedding.config(),
+            search: cfg.search.clone(),
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,
@@ -231,6 +234,7 @@ async fn main() -> ExitCode {
             .await
         }
         Command::Bench { command: BenchCommand::Codegraph(opts) } => mira::bench::codegraph::run(opts).await,
+        Command::Bench { command: BenchCommand::News(opts) } => mira::bench::news::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

@@ -67,12 +67,14 @@ pub async fn open_store(data_dir: &Path, url: &str) -> anyhow::Result<Store> {
 pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let shutdown = CancellationToken::new();
     let registry = Arc::new(Registry::new());
+    let config = Arc::new(settings.runtime.clone());
     let deps = crate::tools::ToolDeps {
         store: store.clone(),
         data_dir: settings.data_dir.clone(),
         shutdown: shutdown.clone(),
+        config: config.clone(),
     };
-    crate::tools::register_core(&registry, &deps).context("registering core tools")?;
+    let core = crate::tools::register_core(&registry, &deps).context("registering core tools")?;
     let mcp = crate::mcp::McpManager::new(
         store.clone(),
         registry.clone(),
@@ -100,17 +102,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let embeddings = Arc::new(Embeddings::new(settings.runtime.embedding.clone(), &settings.data_dir));
     let tool_index = Arc::new(ToolIndex::new());
     let ranker = Arc::new(IndexRanker::new(tool_index.clone(), embeddings.clone(), Mode::Hybrid));
-    Ok(App {
-        store,
-        registry,
-        ranker,
-        embeddings,
-        tool_index,
-        harness,
-        mcp,
-        config: Arc::new(settings.runtime.clone()),
-        shutdown,
-    })
+    Ok(App { store, registry, ranker, embeddings, tool_index, harness, mcp, config, shutdown, search: core.search })
 }
 
 /// A stable id for this data directory (kept in `<data-dir>/node.id`).

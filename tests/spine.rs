@@ -131,9 +131,10 @@ async fn bad_inputs_are_refused_clearly(backend: Backend) {
     let r = t.call(&token, &run, &turn, "no_such_tool", "u1", json!({})).await;
     assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "not_registered"), "{r:?}");
     assert_eq!(r.body["error"]["details"]["ladder"]["stages"][0]["status"], "blocked");
-    // A core id with no implementation yet.
+    // A core tool whose connection is missing: unavailable, with the reason.
     let r = t.call(&token, &run, &turn, "web_search", "u2", json!({"query": "x"})).await;
-    assert_eq!(r.code(), "not_registered");
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "unavailable"), "{r:?}");
+    assert_eq!(r.body["error"]["details"]["ladder"]["reason"]["code"], "no_search_provider");
     // Schema-invalid input.
     let r = t.call(&token, &run, &turn, "grep", "s1", json!({"pattern": 7})).await;
     assert_eq!((r.status, r.code()), (StatusCode::UNPROCESSABLE_ENTITY, "input_invalid"), "{r:?}");

@@ -5,6 +5,7 @@ pub mod codegraph;
 pub mod exposure;
 pub mod invocations;
 pub mod mcp;
+pub mod news;
 
 use std::time::Duration;
 

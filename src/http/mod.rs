@@ -10,7 +10,9 @@ pub mod evidence;
 pub mod inbox;
 pub mod invocations;
 pub mod mcp;
+pub mod news;
 pub mod runs;
+pub mod search;
 pub mod service;
 pub mod tools;
 pub mod users;
@@ -72,6 +74,7 @@ impl Page {
     tags(
         (name = "service"), (name = "users"), (name = "workspaces"), (name = "devices"), (name = "tools"),
         (name = "runs"), (name = "invocations"), (name = "approvals"), (name = "evidence"), (name = "events"), (name = "mcp"),
+        (name = "search"), (name = "news"),
     )
 )]
 struct ApiDoc;
@@ -100,6 +103,8 @@ fn api() -> OpenApiRouter<App> {
         .merge(approvals::router())
         .merge(evidence::router())
         .merge(mcp::router())
+        .merge(search::router())
+        .merge(news::router())
 }
 
 /// The streaming routes (Server-Sent Events), outside the request timeout.

@@ -17,6 +17,7 @@ mod evidence;
 mod invocations;
 mod mcp;
 mod runs;
+mod search;
 mod users;
 
 pub use approvals::{ApprovalRow, DecideOutcome, GrantRequest};
@@ -25,6 +26,9 @@ pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation};
 pub use mcp::{McpAccessRow, McpConnectionRow, McpServerRow, McpToolRow};
 pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
+pub use search::{
+    FetchRecord, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow, UpsertCounts,
+};
 pub use users::{TokenIdentity, UserRow};
 
 use std::str::FromStr;

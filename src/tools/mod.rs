@@ -5,12 +5,14 @@ pub mod codebase;
 pub mod edit;
 pub mod mcp;
 pub mod read;
+pub mod search;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::config::RuntimeConfig;
 use crate::registry::{Registry, RegistryError};
 use crate::store::Store;
 
@@ -24,10 +26,21 @@ pub struct ToolDeps {
     pub data_dir: PathBuf,
     /// Cancelled when the server stops; background work of tools must end with it.
     pub shutdown: CancellationToken,
+    /// The server's settings (tools read their own section, e.g. `search`).
+    pub config: Arc<RuntimeConfig>,
 }
 
-/// Registers the core tools and their legacy compatibility entries.
-pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<(), RegistryError> {
+/// Handles to the state of core tools that HTTP resources share with them.
+#[derive(Clone)]
+pub struct CoreTools {
+    /// Provider connections, news sources and the collector (`/v1/search/…`, `/v1/news/…`).
+    pub search: Arc<search::SearchHub>,
+}
+
+/// Registers the core tools and their legacy compatibility entries, and starts the
+/// background work of those that have some (the News Hub collector, provider health
+/// checks), which ends with `deps.shutdown`.
+pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, RegistryError> {
     let discover = Arc::new(read::discover::ReadDiscover::new());
     let open = Arc::new(read::open::ReadOpen::new());
     registry.register(discover.clone())?;
@@ -46,7 +59,8 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<(), Registr
     registry.register(Arc::new(edit::replace_block::ReplaceBlock::new()))?;
     registry.register(Arc::new(edit::delete_path::DeletePath::new()))?;
     registry.register(Arc::new(edit::move_path::MovePath::new()))?;
-    Ok(())
+    let search = search::register(registry, deps)?;
+    Ok(CoreTools { search })
 }
 
 /// Reads an optional unsigned integer field with a default and an upper bound.
