@@ -38,6 +38,8 @@ pub struct App {
     pub shutdown: CancellationToken,
     /// State the search tools share with their HTTP resources.
     pub search: Arc<crate::tools::search::SearchHub>,
+    /// Live terminal sessions of this server.
+    pub terminal: Arc<crate::tools::terminal::host::TerminalHost>,
 }
 
 impl App {

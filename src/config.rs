@@ -44,6 +44,8 @@ pub struct ServeConfig {
     pub embedding: EmbeddingArgs,
     #[command(flatten)]
     pub search: crate::tools::search::config::SearchConfig,
+    #[command(flatten)]
+    pub terminal: crate::tools::terminal::host::TerminalConfig,
 }
 
 /// The embedding model that ranks exposures beyond 20 tools (none: BM25 only).
@@ -126,6 +128,8 @@ pub struct RuntimeConfig {
     pub embedding: crate::embedding::EmbeddingConfig,
     /// Web search providers and the News Hub.
     pub search: crate::tools::search::config::SearchConfig,
+    /// Limits of terminal sessions.
+    pub terminal: crate::tools::terminal::host::TerminalConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -139,6 +143,7 @@ impl Default for RuntimeConfig {
             mcp: crate::mcp::McpSettings::default(),
             embedding: crate::embedding::EmbeddingConfig::default(),
             search: crate::tools::search::config::SearchConfig::default(),
+            terminal: crate::tools::terminal::host::TerminalConfig::default(),
         }
     }
 }

@@ -142,6 +142,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             mcp: mira::mcp::McpSettings { stdio_allow: cfg.mcp_stdio_allow.clone(), ..Default::default() },
             embedding: cfg.embedding.config(),
             search: cfg.search.clone(),
+            terminal: cfg.terminal.clone(),
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,

@@ -73,6 +73,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         data_dir: settings.data_dir.clone(),
         shutdown: shutdown.clone(),
         config: config.clone(),
+        node_id: node_id(&settings.data_dir)?,
     };
     let core = crate::tools::register_core(&registry, &deps).context("registering core tools")?;
     let mcp = crate::mcp::McpManager::new(
@@ -85,7 +86,11 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let workspace = std::fs::canonicalize(&settings.workspace)
         .with_context(|| format!("workspace {} does not exist", settings.workspace.display()))?;
     store.upsert_default_workspace(&workspace.to_string_lossy()).await?;
-    let stable = node_id(&settings.data_dir)?;
+    let stable = deps.node_id.clone();
+    let lost = core.terminal.recover().await?;
+    if lost > 0 {
+        tracing::warn!(lost, "terminal sessions left running by the previous process were marked lost");
+    }
     let node = format!("{stable}:{}", uuid::Uuid::now_v7().simple());
     let executor = Arc::new(LocalExecutor::new(store.clone()));
     let limits = HarnessLimits {
@@ -102,7 +107,19 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let embeddings = Arc::new(Embeddings::new(settings.runtime.embedding.clone(), &settings.data_dir));
     let tool_index = Arc::new(ToolIndex::new());
     let ranker = Arc::new(IndexRanker::new(tool_index.clone(), embeddings.clone(), Mode::Hybrid));
-    Ok(App { store, registry, ranker, embeddings, tool_index, harness, mcp, config, shutdown, search: core.search })
+    Ok(App {
+        store,
+        registry,
+        ranker,
+        embeddings,
+        tool_index,
+        harness,
+        mcp,
+        config,
+        shutdown,
+        search: core.search,
+        terminal: core.terminal,
+    })
 }
 
 /// A stable id for this data directory (kept in `<data-dir>/node.id`).
@@ -193,6 +210,7 @@ impl Server {
         let _ = self.http.await;
         let _ = self.harness.await;
         self.app.mcp.stopped(Duration::from_secs(5)).await;
+        self.app.terminal.stopped(Duration::from_secs(5)).await;
         let _ = self.indexer.await;
         self.app.store.close().await;
     }

@@ -14,6 +14,7 @@ pub mod news;
 pub mod runs;
 pub mod search;
 pub mod service;
+pub mod terminal;
 pub mod tools;
 pub mod users;
 pub mod web;
@@ -74,7 +75,7 @@ impl Page {
     tags(
         (name = "service"), (name = "users"), (name = "workspaces"), (name = "devices"), (name = "tools"),
         (name = "runs"), (name = "invocations"), (name = "approvals"), (name = "evidence"), (name = "events"), (name = "mcp"),
-        (name = "search"), (name = "news"),
+        (name = "search"), (name = "news"), (name = "terminal"),
     )
 )]
 struct ApiDoc;
@@ -105,11 +106,12 @@ fn api() -> OpenApiRouter<App> {
         .merge(mcp::router())
         .merge(search::router())
         .merge(news::router())
+        .merge(terminal::router())
 }
 
 /// The streaming routes (Server-Sent Events), outside the request timeout.
 fn streams() -> OpenApiRouter<App> {
-    OpenApiRouter::new().merge(events::router()).merge(inbox::router())
+    OpenApiRouter::new().merge(events::router()).merge(inbox::router()).merge(terminal::stream_router())
 }
 
 /// The OpenAPI document (also committed as `openapi/openapi.json`).

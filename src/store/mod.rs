@@ -18,6 +18,7 @@ mod invocations;
 mod mcp;
 mod runs;
 mod search;
+mod terminal;
 mod users;
 
 pub use approvals::{ApprovalRow, DecideOutcome, GrantRequest};
@@ -29,6 +30,7 @@ pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
 pub use search::{
     FetchRecord, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow, UpsertCounts,
 };
+pub use terminal::{SessionEnd, TerminalSessionRow};
 pub use users::{TokenIdentity, UserRow};
 
 use std::str::FromStr;

@@ -1,4 +1,4 @@
-//! Tool implementations, one folder per domain (Read, Edit, MCP). [`register_core`] puts every
+//! Tool implementations, one folder per domain (Read, Edit, Codebase, Search, Terminal, MCP). [`register_core`] puts every
 //! core tool of this build into a registry.
 
 pub mod codebase;
@@ -6,6 +6,7 @@ pub mod edit;
 pub mod mcp;
 pub mod read;
 pub mod search;
+pub mod terminal;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub struct ToolDeps {
     pub shutdown: CancellationToken,
     /// The server's settings (tools read their own section, e.g. `search`).
     pub config: Arc<RuntimeConfig>,
+    /// This data directory's stable node id (who holds which PTYs).
+    pub node_id: String,
 }
 
 /// Handles to the state of core tools that HTTP resources share with them.
@@ -35,6 +38,8 @@ pub struct ToolDeps {
 pub struct CoreTools {
     /// Provider connections, news sources and the collector (`/v1/search/…`, `/v1/news/…`).
     pub search: Arc<search::SearchHub>,
+    /// Live terminal sessions (`/v1/terminal-sessions`).
+    pub terminal: Arc<terminal::host::TerminalHost>,
 }
 
 /// Registers the core tools and their legacy compatibility entries, and starts the
@@ -60,7 +65,14 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
     registry.register(Arc::new(edit::delete_path::DeletePath::new()))?;
     registry.register(Arc::new(edit::move_path::MovePath::new()))?;
     let search = search::register(registry, deps)?;
-    Ok(CoreTools { search })
+    let terminal = terminal::host::TerminalHost::new(
+        deps.store.clone(),
+        deps.node_id.clone(),
+        deps.config.terminal.clone(),
+        deps.shutdown.clone(),
+    );
+    registry.register(Arc::new(terminal::TerminalSession::new(terminal.clone())))?;
+    Ok(CoreTools { search, terminal })
 }
 
 /// Reads an optional unsigned integer field with a default and an upper bound.

@@ -1,0 +1,396 @@
+//! Terminal sessions: `GET /v1/terminal-sessions`, `GET /v1/terminal-sessions/{id}` and the
+//! output stream `GET /v1/terminal-sessions/{id}/stream?offset=N`.
+//!
+//! The stream is Server-Sent Events of the session's raw output (ANSI sequences kept, for
+//! xterm.js), read from the live ring or, for older bytes, from the store:
+//! - `output` `{start, end, data}`, `id:` = `end` (a byte offset): a reconnect with
+//!   `Last-Event-ID` (or `?offset=`) resumes exactly there. A UTF-8 character split across
+//!   reads is held until complete; invalid bytes become U+FFFD.
+//! - `gap` `{from, to}`: bytes no longer retained (the retention cap passed them), so a slow
+//!   viewer skips ahead instead of the server buffering for it.
+//! - `exit` `{state, end_reason, exit_code, signal, bytes_out}`, after the last output; the
+//!   stream then ends.
+//!
+//! Every viewer pulls at its own pace from shared buffers; nothing is queued per viewer.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::AuthUser;
+use super::error::{Json, Path, Query};
+use crate::app::App;
+use crate::error::{Error, Result};
+use crate::store::TerminalSessionRow;
+use crate::tools::terminal::host::Session;
+use crate::tools::terminal::output::decode_utf8;
+
+/// Largest `output` event, in bytes of output.
+const EVENT_BYTES: usize = 64 * 1024;
+
+/// A terminal session as listed.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SessionView {
+    /// `term_…`
+    pub id: String,
+    /// The run.
+    pub run_id: String,
+    /// The `start` invocation.
+    pub invocation_id: String,
+    /// `running|exited|killed|timed_out|reaped|lost`.
+    pub state: String,
+    /// Program as given.
+    pub command: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Real absolute working directory at start.
+    pub cwd: String,
+    /// Environment set for the process (sorted map; `null` = removed).
+    #[schema(value_type = Object)]
+    pub env: serde_json::Value,
+    /// Leader pid.
+    pub pid: Option<i64>,
+    /// PTY columns.
+    pub cols: i64,
+    /// PTY rows.
+    pub rows: i64,
+    /// Life limit, ms.
+    pub timeout_ms: i64,
+    /// RFC 3339.
+    pub started_at: String,
+    /// RFC 3339, when ended.
+    pub ended_at: Option<String>,
+    /// Why it ended.
+    pub end_reason: Option<String>,
+    /// Exit code.
+    pub exit_code: Option<i64>,
+    /// Signal that ended it.
+    pub signal: Option<String>,
+    /// Bytes of output so far.
+    pub bytes_out: i64,
+    /// Offset of the oldest retained byte.
+    pub retained_from: i64,
+}
+
+impl SessionView {
+    fn new(row: TerminalSessionRow, live: Option<&Session>) -> Self {
+        let bytes_out = live.map_or(row.bytes_out, |s| i64::try_from(s.with_ring(|r| r.end())).unwrap_or(i64::MAX));
+        Self {
+            args: serde_json::from_str(&row.args).unwrap_or_default(),
+            env: serde_json::from_str(&row.env).unwrap_or_default(),
+            id: row.id,
+            run_id: row.run_id,
+            invocation_id: row.invocation_id,
+            state: row.state,
+            command: row.command,
+            cwd: row.cwd,
+            pid: row.pid,
+            cols: row.cols,
+            rows: row.rows,
+            timeout_ms: row.timeout_ms,
+            started_at: row.started_at,
+            ended_at: row.ended_at,
+            end_reason: row.end_reason,
+            exit_code: row.exit_code,
+            signal: row.signal,
+            bytes_out,
+            retained_from: row.retained_from,
+        }
+    }
+}
+
+/// `{"sessions": [...], "next_cursor"}`, newest first.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SessionList {
+    /// Sessions.
+    pub sessions: Vec<SessionView>,
+    /// Cursor of the next page.
+    pub next_cursor: Option<String>,
+}
+
+/// Query of the list.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only this run's sessions.
+    pub run_id: Option<String>,
+    /// Page size, 1–200 (default 50).
+    pub limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// The caller's terminal sessions.
+#[utoipa::path(get, path = "/v1/terminal-sessions", tag = "terminal", params(ListQuery),
+    responses((status = 200, body = SessionList), (status = 400, description = "invalid_query")), security(("bearer" = [])))]
+pub async fn list_sessions(
+    State(app): State<App>,
+    user: AuthUser,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<SessionList>> {
+    let page = super::Page { limit: q.limit, cursor: q.cursor };
+    let limit = page.limit()?;
+    let rows =
+        app.store.list_terminal_sessions(&user.user_id, q.run_id.as_deref(), page.cursor.as_deref(), limit + 1).await?;
+    let (rows, next_cursor) = super::Page::split(rows, limit, |r| r.id.clone());
+    let sessions = rows
+        .into_iter()
+        .map(|r| {
+            let live = app.terminal.get(&user.user_id, &r.id);
+            SessionView::new(r, live.as_deref())
+        })
+        .collect();
+    Ok(Json(SessionList { sessions, next_cursor }))
+}
+
+async fn owned(app: &App, user: &AuthUser, id: &str) -> Result<TerminalSessionRow> {
+    app.store.terminal_session_for(&user.user_id, id).await?.ok_or(Error::NotFound("terminal_session"))
+}
+
+/// One of the caller's terminal sessions.
+#[utoipa::path(get, path = "/v1/terminal-sessions/{id}", tag = "terminal", params(("id" = String, Path)),
+    responses((status = 200, body = SessionView), (status = 404, description = "terminal_session_not_found")), security(("bearer" = [])))]
+pub async fn get_session(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<SessionView>> {
+    let row = owned(&app, &user, &id).await?;
+    let live = app.terminal.get(&user.user_id, &id);
+    Ok(Json(SessionView::new(row, live.as_deref())))
+}
+
+/// Query of the stream.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct StreamQuery {
+    /// Byte offset to start from (default 0; `Last-Event-ID` wins).
+    pub offset: Option<u64>,
+}
+
+/// The session's output as SSE from a byte offset.
+#[utoipa::path(get, path = "/v1/terminal-sessions/{id}/stream", tag = "terminal",
+    params(("id" = String, Path), StreamQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume at this byte offset")),
+    responses((status = 200, content_type = "text/event-stream", description = "`output`, `gap` and `exit` events"),
+        (status = 400, description = "invalid_offset"), (status = 404, description = "terminal_session_not_found")),
+    security(("bearer" = [])))]
+pub async fn stream_session(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+    Query(q): Query<StreamQuery>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = std::result::Result<Event, Infallible>>>> {
+    let row = owned(&app, &user, &id).await?;
+    let live = app.terminal.get(&user.user_id, &id);
+    let offset = match headers.get("last-event-id") {
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| Error::bad_request("invalid_offset", "Last-Event-ID must be a byte offset"))?,
+        None => q.offset.unwrap_or(0),
+    };
+    let total = live.as_ref().map_or(u64::try_from(row.bytes_out).unwrap_or(0), |s| s.with_ring(|r| r.end()));
+    if offset > total {
+        return Err(Error::BadRequest {
+            code: "invalid_offset",
+            message: format!("offset {offset} is past the session's output ({total} bytes so far)"),
+            details: json!({"offset": offset, "bytes_out": total}),
+        });
+    }
+    let state = Viewer { app, id, live, offset, pending: Vec::new(), done: false };
+    let stream = futures::stream::unfold(state, |mut v| async move {
+        if v.done {
+            return None;
+        }
+        let event = v.next_event().await?;
+        Some((Ok(event), v))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("keep-alive")))
+}
+
+/// One viewer's position in a session's output.
+struct Viewer {
+    app: App,
+    id: String,
+    live: Option<Arc<Session>>,
+    offset: u64,
+    /// Bytes of an incomplete UTF-8 character, held until the rest arrives.
+    pending: Vec<u8>,
+    done: bool,
+}
+
+/// What the next read found.
+enum Next {
+    Bytes(Vec<u8>),
+    Gap(u64),
+    Nothing,
+}
+
+impl Viewer {
+    /// The next event, waiting for output when there is none; None when the server stops.
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            let next = match self.read().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "terminal stream failed");
+                    self.done = true;
+                    return Some(Event::default().event("error").data(
+                        r#"{"code":"store_error","message":"the output stream failed; reconnect with Last-Event-ID"}"#,
+                    ));
+                }
+            };
+            match next {
+                Next::Bytes(bytes) => {
+                    let start = self.offset - self.pending.len() as u64;
+                    let mut buf = std::mem::take(&mut self.pending);
+                    buf.extend_from_slice(&bytes);
+                    self.offset += bytes.len() as u64;
+                    let (text, held) = decode_utf8(&buf, false);
+                    self.pending = buf.split_off(buf.len() - held);
+                    if text.is_empty() {
+                        continue;
+                    }
+                    let end = self.offset - held as u64;
+                    return Some(output_event(start, end, &text));
+                }
+                Next::Gap(to) => {
+                    let from = self.offset - self.pending.len() as u64;
+                    self.pending.clear();
+                    self.offset = to;
+                    return Some(
+                        Event::default()
+                            .id(to.to_string())
+                            .event("gap")
+                            .data(json!({"from": from, "to": to}).to_string()),
+                    );
+                }
+                Next::Nothing => {}
+            }
+            // Nothing new: the end, or wait for more.
+            let ended = self.live.as_ref().is_none_or(|s| s.ended());
+            if ended {
+                if let Some(event) = self.finish().await {
+                    return Some(event);
+                }
+                continue;
+            }
+            let s = self.live.clone()?;
+            let mut bytes = s.bytes();
+            let mut exit = s.exit();
+            if s.with_ring(|r| r.end()) > self.offset || s.ended() {
+                continue;
+            }
+            tokio::select! {
+                _ = bytes.changed() => {}
+                _ = exit.changed() => {}
+                () = self.app.shutdown.cancelled() => { self.done = true; return None; }
+            }
+        }
+    }
+
+    /// After the last byte: flushes a held partial character, then the `exit` event.
+    async fn finish(&mut self) -> Option<Event> {
+        if !self.pending.is_empty() {
+            let start = self.offset - self.pending.len() as u64;
+            let (text, _) = decode_utf8(&std::mem::take(&mut self.pending), true);
+            return Some(output_event(start, self.offset, &text));
+        }
+        // A live session that just ended: wait until its end is recorded (bounded).
+        if self.live.take().is_some() {
+            for _ in 0..100 {
+                match self.app.store.terminal_session_for_any(&self.id).await {
+                    Ok(Some(row)) if row.state != "running" => break,
+                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }
+        self.exit_event().await
+    }
+
+    async fn exit_event(&mut self) -> Option<Event> {
+        self.done = true;
+        let row = self.app.store.terminal_session_for_any(&self.id).await.ok().flatten()?;
+        if row.state == "running" {
+            return None;
+        }
+        Some(
+            Event::default().id(self.offset.to_string()).event("exit").data(
+                json!({
+                    "state": row.state, "end_reason": row.end_reason, "exit_code": row.exit_code,
+                    "signal": row.signal, "bytes_out": row.bytes_out,
+                })
+                .to_string(),
+            ),
+        )
+    }
+
+    /// Reads from the ring, or from the store for bytes the ring no longer holds.
+    async fn read(&mut self) -> std::result::Result<Next, crate::store::StoreError> {
+        let ring_start = match &self.live {
+            Some(s) => match s.with_ring(|r| r.read(self.offset, EVENT_BYTES)) {
+                Ok(bytes) if bytes.is_empty() => return Ok(Next::Nothing),
+                Ok(bytes) => return Ok(Next::Bytes(bytes)),
+                Err(start) => Some(start),
+            },
+            None => None,
+        };
+        let chunks = self.app.store.terminal_chunks_from(&self.id, self.offset, 4).await?;
+        let mut out = Vec::new();
+        let mut at = self.offset;
+        for (start, bytes) in chunks {
+            if start > at {
+                break;
+            }
+            let skip = usize::try_from(at - start).unwrap_or(usize::MAX).min(bytes.len());
+            let take = (EVENT_BYTES - out.len()).min(bytes.len() - skip);
+            out.extend_from_slice(&bytes[skip..skip + take]);
+            at += take as u64;
+            if out.len() >= EVENT_BYTES {
+                break;
+            }
+        }
+        if !out.is_empty() {
+            return Ok(Next::Bytes(out));
+        }
+        // Nothing stored at this offset: the next stored chunk or the ring is further on.
+        let next_stored = self.app.store.terminal_chunks_from(&self.id, self.offset, 1).await?.first().map(|c| c.0);
+        Ok(match (next_stored, ring_start) {
+            (Some(a), Some(b)) => Next::Gap(a.min(b)),
+            (Some(a), None) | (None, Some(a)) => Next::Gap(a),
+            (None, None) => {
+                let total = self
+                    .app
+                    .store
+                    .terminal_session_for_any(&self.id)
+                    .await?
+                    .map_or(self.offset, |r| u64::try_from(r.bytes_out).unwrap_or(0));
+                if total > self.offset { Next::Gap(total) } else { Next::Nothing }
+            }
+        })
+    }
+}
+
+fn output_event(start: u64, end: u64, text: &str) -> Event {
+    Event::default()
+        .id(end.to_string())
+        .event("output")
+        .data(json!({"start": start, "end": end, "data": text}).to_string())
+}
+
+/// Routes of this module that answer at once.
+pub fn router() -> OpenApiRouter<App> {
+    OpenApiRouter::new().routes(routes!(list_sessions)).routes(routes!(get_session))
+}
+
+/// The streaming route (outside the request timeout).
+pub fn stream_router() -> OpenApiRouter<App> {
+    OpenApiRouter::new().routes(routes!(stream_session))
+}

@@ -1,0 +1,248 @@
+//! Terminal sessions and their retained output.
+//!
+//! A session row records what was started (command, args, real cwd, env, PTY size, life
+//! limit), on which node, and how it ended. Output is kept as chunks of raw bytes (base64
+//! text, so both back-ends store it the same way) addressed by byte offsets in the session's
+//! output; chunks older than the session's retention cap are deleted and `retained_from`
+//! says where the kept output begins.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use serde::Serialize;
+
+use super::{Store, StoreError, StoreResult};
+use crate::ids;
+
+/// A stored terminal session.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct TerminalSessionRow {
+    /// `term_…`
+    pub id: String,
+    /// Owner.
+    pub owner_id: String,
+    /// The run whose invocation started it.
+    pub run_id: String,
+    /// The `start` invocation.
+    pub invocation_id: String,
+    /// The node (`<stable node id>`) whose process holds the PTY.
+    pub node_id: String,
+    /// Program started.
+    pub command: String,
+    /// Its arguments (JSON array text).
+    pub args: String,
+    /// Real absolute working directory.
+    pub cwd: String,
+    /// Environment set for the process beyond the server's (JSON object text).
+    pub env: String,
+    /// PTY columns.
+    pub cols: i64,
+    /// PTY rows.
+    pub rows: i64,
+    /// Life limit in ms.
+    pub timeout_ms: i64,
+    /// Process id of the session leader.
+    pub pid: Option<i64>,
+    /// `running|exited|killed|timed_out|reaped|lost|failed`.
+    pub state: String,
+    /// Why it ended, in words.
+    pub end_reason: Option<String>,
+    /// Exit code when the process exited.
+    pub exit_code: Option<i64>,
+    /// Signal name when a signal ended it.
+    pub signal: Option<String>,
+    /// Bytes of output produced so far.
+    pub bytes_out: i64,
+    /// Offset of the oldest retained byte.
+    pub retained_from: i64,
+    /// RFC 3339.
+    pub started_at: String,
+    /// RFC 3339, when ended.
+    pub ended_at: Option<String>,
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, Default)]
+pub struct SessionEnd {
+    /// Final state (`exited`, `killed`, `timed_out`, `reaped`, `lost`).
+    pub state: String,
+    /// Why, in words.
+    pub reason: Option<String>,
+    /// Exit code.
+    pub exit_code: Option<i64>,
+    /// Signal name.
+    pub signal: Option<String>,
+}
+
+impl Store {
+    /// Records a started session.
+    pub async fn insert_terminal_session(&self, row: &TerminalSessionRow) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO terminal_sessions (id, owner_id, run_id, invocation_id, node_id, command, args, cwd, env,
+                cols, rows, timeout_ms, pid, state, bytes_out, retained_from, started_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 0, 0, $15)",
+        )
+        .bind(&row.id)
+        .bind(&row.owner_id)
+        .bind(&row.run_id)
+        .bind(&row.invocation_id)
+        .bind(&row.node_id)
+        .bind(&row.command)
+        .bind(&row.args)
+        .bind(&row.cwd)
+        .bind(&row.env)
+        .bind(row.cols)
+        .bind(row.rows)
+        .bind(row.timeout_ms)
+        .bind(row.pid)
+        .bind(&row.state)
+        .bind(&row.started_at)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The caller's session, or None.
+    pub async fn terminal_session_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<TerminalSessionRow>> {
+        Ok(sqlx::query_as("SELECT * FROM terminal_sessions WHERE id = $1 AND owner_id = $2")
+            .bind(id)
+            .bind(owner_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// A session whoever owns it (for a stream already authorised).
+    pub async fn terminal_session_for_any(&self, id: &str) -> StoreResult<Option<TerminalSessionRow>> {
+        Ok(sqlx::query_as("SELECT * FROM terminal_sessions WHERE id = $1").bind(id).fetch_optional(self.pool()).await?)
+    }
+
+    /// The caller's sessions, newest first, optionally of one run.
+    pub async fn list_terminal_sessions(
+        &self,
+        owner_id: &str,
+        run_id: Option<&str>,
+        cursor: Option<&str>,
+        limit: i64,
+    ) -> StoreResult<Vec<TerminalSessionRow>> {
+        Ok(sqlx::query_as(
+            "SELECT * FROM terminal_sessions WHERE owner_id = $1 AND ($2 = '' OR run_id = $2)
+             AND ($3 = '' OR id < $3) ORDER BY id DESC LIMIT $4",
+        )
+        .bind(owner_id)
+        .bind(run_id.unwrap_or(""))
+        .bind(cursor.unwrap_or(""))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Updates the PTY size.
+    pub async fn resize_terminal_session(&self, id: &str, cols: u16, rows: u16) -> StoreResult<()> {
+        sqlx::query("UPDATE terminal_sessions SET cols = $1, rows = $2 WHERE id = $3")
+            .bind(i64::from(cols))
+            .bind(i64::from(rows))
+            .bind(id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Stores one chunk of output `[start, start + data.len())`, moves the session's
+    /// `bytes_out` forward, and drops chunks that end before `retain_from` (the retention
+    /// cap), all in one transaction.
+    pub async fn append_terminal_chunk(
+        &self,
+        id: &str,
+        start: u64,
+        data: &[u8],
+        bytes_out: u64,
+        retain_from: u64,
+    ) -> StoreResult<()> {
+        let to_i64 = |v: u64| i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("offset {v} too large")));
+        let end = start + data.len() as u64;
+        let mut tx = self.begin_write().await?;
+        if !data.is_empty() {
+            sqlx::query(
+                "INSERT INTO terminal_chunks (session_id, start_offset, end_offset, data) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(id)
+            .bind(to_i64(start)?)
+            .bind(to_i64(end)?)
+            .bind(STANDARD.encode(data))
+            .execute(tx.conn())
+            .await?;
+        }
+        sqlx::query("DELETE FROM terminal_chunks WHERE session_id = $1 AND end_offset <= $2")
+            .bind(id)
+            .bind(to_i64(retain_from)?)
+            .execute(tx.conn())
+            .await?;
+        let oldest: Option<i64> =
+            sqlx::query_scalar("SELECT MIN(start_offset) FROM terminal_chunks WHERE session_id = $1")
+                .bind(id)
+                .fetch_one(tx.conn())
+                .await?;
+        sqlx::query("UPDATE terminal_sessions SET bytes_out = $1, retained_from = $2 WHERE id = $3")
+            .bind(to_i64(bytes_out)?)
+            .bind(oldest.unwrap_or(to_i64(end)?))
+            .bind(id)
+            .execute(tx.conn())
+            .await?;
+        tx.commit().await
+    }
+
+    /// Stored output chunks that end after `offset`, in order: `(start, bytes)`.
+    pub async fn terminal_chunks_from(&self, id: &str, offset: u64, limit: i64) -> StoreResult<Vec<(u64, Vec<u8>)>> {
+        let rows: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT start_offset, data FROM terminal_chunks WHERE session_id = $1 AND end_offset > $2
+             ORDER BY start_offset LIMIT $3",
+        )
+        .bind(id)
+        .bind(i64::try_from(offset).unwrap_or(i64::MAX))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter()
+            .map(|(start, data)| {
+                let bytes = STANDARD.decode(data).map_err(|e| StoreError::Corrupt(format!("terminal chunk: {e}")))?;
+                Ok((u64::try_from(start).unwrap_or(0), bytes))
+            })
+            .collect()
+    }
+
+    /// Records how a session ended (only if it is still `running`).
+    pub async fn end_terminal_session(&self, id: &str, end: &SessionEnd, bytes_out: u64) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE terminal_sessions SET state = $1, end_reason = $2, exit_code = $3, signal = $4, ended_at = $5,
+                bytes_out = $6 WHERE id = $7 AND state = 'running'",
+        )
+        .bind(&end.state)
+        .bind(&end.reason)
+        .bind(end.exit_code)
+        .bind(&end.signal)
+        .bind(ids::now())
+        .bind(i64::try_from(bytes_out).unwrap_or(i64::MAX))
+        .bind(id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Sessions this node left `running` (a previous process of this server): marks them
+    /// `lost` and returns their leader pids, so that leftovers can be killed.
+    pub async fn lose_terminal_sessions(&self, node_id: &str) -> StoreResult<Vec<i64>> {
+        let pids: Vec<Option<i64>> =
+            sqlx::query_scalar("SELECT pid FROM terminal_sessions WHERE node_id = $1 AND state = 'running'")
+                .bind(node_id)
+                .fetch_all(self.pool())
+                .await?;
+        sqlx::query(
+            "UPDATE terminal_sessions SET state = 'lost', ended_at = $1,
+                end_reason = 'the server stopped; its processes were killed with it' WHERE node_id = $2 AND state = 'running'",
+        )
+        .bind(ids::now())
+        .bind(node_id)
+        .execute(self.pool())
+        .await?;
+        Ok(pids.into_iter().flatten().collect())
+    }
+}

@@ -1,0 +1,567 @@
+//! The PTY host: live terminal sessions of this server process.
+//!
+//! Each session is a PTY (portable-pty) whose child runs as the leader of its own session
+//! (`setsid`), so that everything it starts — background jobs with their own process
+//! groups included — shares its session id, and ending the session kills all of them
+//! (found through `/proc/<pid>/stat`). Three workers per session:
+//! - a reader thread copies PTY output into the bounded [`Ring`] and wakes viewers;
+//! - a waiter thread reaps the leader (no zombies), kills what it left behind (no
+//!   orphans), and publishes the exit;
+//! - a flusher task copies output into the store in chunks under the retention cap and
+//!   records the end.
+//!
+//! A reaper ends sessions idle for longer than the configured time; stopping the server
+//! kills every session and records it `lost`, as does the next start for sessions a
+//! previous process left `running`.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::output::Ring;
+use crate::registry::{ErrorClass, ToolError};
+use crate::store::{SessionEnd, Store, TerminalSessionRow};
+
+/// Limits of the PTY host.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TerminalConfig {
+    /// Live terminal sessions one user may have at once.
+    #[arg(long = "terminal-max-sessions", env = "MIRA_TERMINAL_MAX_SESSIONS", default_value_t = 8)]
+    pub max_sessions_per_user: usize,
+    /// Seconds without output or action after which a session is reaped.
+    #[arg(long = "terminal-idle-secs", env = "MIRA_TERMINAL_IDLE_SECS", default_value_t = 1800)]
+    pub idle_secs: u64,
+    /// Bytes of each session's newest output kept in memory for viewers.
+    #[arg(long = "terminal-ring-bytes", env = "MIRA_TERMINAL_RING_BYTES", default_value_t = 1024 * 1024)]
+    pub ring_bytes: usize,
+    /// Bytes of each session's newest output kept in the store (the retention cap).
+    #[arg(long = "terminal-retain-bytes", env = "MIRA_TERMINAL_RETAIN_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub retain_bytes: u64,
+}
+
+impl Default for TerminalConfig {
+    fn default() -> Self {
+        Self { max_sessions_per_user: 8, idle_secs: 1800, ring_bytes: 1024 * 1024, retain_bytes: 8 * 1024 * 1024 }
+    }
+}
+
+/// How a session ended, as viewers see it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ExitInfo {
+    /// `exited|killed|timed_out|reaped|lost`.
+    pub state: String,
+    /// Why, in words.
+    pub end_reason: Option<String>,
+    /// Exit code, when the leader exited.
+    pub exit_code: Option<i64>,
+    /// Signal name, when a signal ended it.
+    pub signal: Option<String>,
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    /// Owner.
+    pub owner_id: String,
+    /// Run.
+    pub run_id: String,
+    /// The `start` invocation.
+    pub invocation_id: String,
+    /// Program (absolute path).
+    pub program: String,
+    /// The command as given (for display).
+    pub command: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Real absolute cwd.
+    pub cwd: String,
+    /// Environment beyond the server's (sorted; `null` removes a variable).
+    pub env: serde_json::Map<String, Value>,
+    /// Life limit in ms.
+    pub timeout_ms: u64,
+    /// PTY size.
+    pub cols: u16,
+    /// PTY size.
+    pub rows: u16,
+}
+
+/// A live session.
+pub struct Session {
+    /// `term_…`
+    pub id: String,
+    /// Owner.
+    pub owner_id: String,
+    /// Leader pid (= session id and process group of the leader).
+    pub pid: i32,
+    /// Real cwd at start.
+    pub cwd: String,
+    /// The command line, for display.
+    pub command_line: String,
+    ring: Mutex<Ring>,
+    bytes: watch::Sender<u64>,
+    exit: watch::Sender<Option<ExitInfo>>,
+    writer: Mutex<Box<dyn Write + Send>>,
+    master: Mutex<Box<dyn MasterPty + Send>>,
+    last_activity: Mutex<Instant>,
+    end_request: Mutex<Option<(String, String)>>,
+    flushed: AtomicU64,
+}
+
+impl Session {
+    /// Reads the ring under its lock.
+    pub fn with_ring<T>(&self, f: impl FnOnce(&Ring) -> T) -> T {
+        f(&self.ring.lock())
+    }
+
+    /// Bytes of output so far, and a receiver woken when more arrive.
+    pub fn bytes(&self) -> watch::Receiver<u64> {
+        self.bytes.subscribe()
+    }
+
+    /// The exit, once published, and a receiver woken when it is.
+    pub fn exit(&self) -> watch::Receiver<Option<ExitInfo>> {
+        self.exit.subscribe()
+    }
+
+    /// Whether the session has ended.
+    pub fn ended(&self) -> bool {
+        self.exit.borrow().is_some()
+    }
+
+    /// Marks activity (an action), which postpones idle reaping.
+    pub fn touch(&self) {
+        *self.last_activity.lock() = Instant::now();
+    }
+
+    /// Writes bytes to the PTY.
+    pub fn write_input(&self, data: &[u8]) -> Result<(), ToolError> {
+        self.touch();
+        let mut w = self.writer.lock();
+        w.write_all(data)
+            .and_then(|()| w.flush())
+            .map_err(|e| failed("pty_write_failed", format!("writing to the PTY: {e}")))
+    }
+
+    /// Changes the PTY size (the foreground program gets SIGWINCH).
+    pub fn resize(&self, cols: u16, rows: u16) -> Result<(), ToolError> {
+        self.touch();
+        self.master
+            .lock()
+            .resize(PtySize { rows, cols, pixel_width: 0, pixel_height: 0 })
+            .map_err(|e| failed("pty_resize_failed", format!("resizing the PTY: {e}")))
+    }
+
+    /// Sends `sig` to the PTY's foreground process group (the leader's group when the
+    /// terminal reports none).
+    pub fn signal_foreground(&self, sig: i32) {
+        self.touch();
+        let pgid = self.master.lock().process_group_leader().filter(|p| *p > 0).unwrap_or(self.pid);
+        // SAFETY: killpg only sends a signal; a stale group id yields ESRCH, which is ignored.
+        unsafe {
+            libc::killpg(pgid, sig);
+        }
+    }
+
+    /// Ends the session: records why, then kills every process of its session.
+    pub fn end(&self, state: &str, reason: String) {
+        {
+            let mut req = self.end_request.lock();
+            if req.is_none() {
+                *req = Some((state.to_owned(), reason));
+            }
+        }
+        kill_session(self.pid);
+    }
+}
+
+fn failed(code: &str, message: String) -> ToolError {
+    ToolError::new(ErrorClass::Failed, code, message)
+}
+
+/// Sends SIGKILL to every process whose session id is `sid` (the leader's process group
+/// first), twice, so that a process forked meanwhile does not survive.
+pub fn kill_session(sid: i32) {
+    if sid <= 1 {
+        return;
+    }
+    for _ in 0..2 {
+        // SAFETY: sending a signal has no memory effects; errors (ESRCH) are ignored.
+        unsafe {
+            libc::killpg(sid, libc::SIGKILL);
+        }
+        for pid in session_members(sid) {
+            // SAFETY: as above.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Pids whose session id (field 6 of `/proc/<pid>/stat`, proc(5)) is `sid`.
+pub fn session_members(sid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| stat_session(*pid) == Some(sid))
+        .collect()
+}
+
+/// The session id of `pid`, if it exists (and is not a zombie).
+fn stat_session(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    fields.nth(2)?.parse().ok()
+}
+
+/// The live sessions of this server process.
+pub struct TerminalHost {
+    store: Store,
+    node_id: String,
+    config: TerminalConfig,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    shutdown: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
+}
+
+impl TerminalHost {
+    /// A host for this node (`node_id` is the data directory's stable node id) whose
+    /// sessions end with `shutdown`.
+    pub fn new(store: Store, node_id: String, config: TerminalConfig, shutdown: CancellationToken) -> Arc<Self> {
+        let host = Arc::new(Self {
+            store,
+            node_id,
+            config,
+            sessions: Mutex::new(HashMap::new()),
+            shutdown,
+            tasks: tokio_util::task::TaskTracker::new(),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let weak = Arc::downgrade(&host);
+            let shutdown = host.shutdown.clone();
+            let every = Duration::from_secs((host.config.idle_secs / 2).clamp(1, 5));
+            rt.spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        _ = tick.tick() => {}
+                    }
+                    let Some(host) = weak.upgrade() else { break };
+                    host.reap_idle();
+                }
+                if let Some(host) = weak.upgrade() {
+                    host.kill_all();
+                }
+            });
+        }
+        host
+    }
+
+    /// The store sessions are recorded in.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The limits in force.
+    pub fn config(&self) -> &TerminalConfig {
+        &self.config
+    }
+
+    /// Marks sessions a previous process of this node left `running` as `lost`, and kills
+    /// any of their processes that survived it. Returns how many there were.
+    pub async fn recover(&self) -> Result<usize, crate::store::StoreError> {
+        let pids = self.store.lose_terminal_sessions(&self.node_id).await?;
+        for pid in &pids {
+            let pid = i32::try_from(*pid).unwrap_or(0);
+            // Only a process that still leads its own session is taken as ours.
+            if stat_session(pid) == Some(pid) {
+                kill_session(pid);
+            }
+        }
+        Ok(pids.len())
+    }
+
+    /// A live session of `owner_id`.
+    pub fn get(&self, owner_id: &str, id: &str) -> Option<Arc<Session>> {
+        self.sessions.lock().get(id).filter(|s| s.owner_id == owner_id).cloned()
+    }
+
+    /// Live sessions of `owner_id`.
+    pub fn live_count(&self, owner_id: &str) -> usize {
+        self.sessions.lock().values().filter(|s| s.owner_id == owner_id && !s.ended()).count()
+    }
+
+    fn reap_idle(&self) {
+        let idle = Duration::from_secs(self.config.idle_secs);
+        let stale: Vec<Arc<Session>> = self
+            .sessions
+            .lock()
+            .values()
+            .filter(|s| !s.ended() && s.last_activity.lock().elapsed() >= idle)
+            .cloned()
+            .collect();
+        for s in stale {
+            s.end("reaped", format!("no output and no action for {} s", self.config.idle_secs));
+        }
+    }
+
+    /// Kills every live session (server stop); their rows become `lost`.
+    pub fn kill_all(&self) {
+        let all: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
+        for s in all {
+            s.end("lost", "the server stopped; its processes were killed with it".to_owned());
+        }
+    }
+
+    /// Waits (up to `limit`) for every session's end to be recorded in the store.
+    pub async fn stopped(&self, limit: Duration) {
+        self.kill_all();
+        self.tasks.close();
+        let _ = tokio::time::timeout(limit, self.tasks.wait()).await;
+    }
+
+    /// Starts a session: opens a PTY, spawns the program as a session leader in it, records
+    /// the session and starts its workers.
+    pub async fn start(self: &Arc<Self>, spec: StartSpec) -> Result<Arc<Session>, ToolError> {
+        if self.shutdown.is_cancelled() {
+            return Err(ToolError::new(ErrorClass::Unavailable, "server_stopping", "the server is stopping"));
+        }
+        if self.live_count(&spec.owner_id) >= self.config.max_sessions_per_user {
+            return Err(ToolError::new(
+                ErrorClass::Conflict,
+                "terminal_session_limit",
+                format!(
+                    "you already have {} live terminal sessions (the limit); kill one first",
+                    self.config.max_sessions_per_user
+                ),
+            ));
+        }
+        let id = crate::ids::new_id("term");
+        let pair = native_pty_system()
+            .openpty(PtySize { rows: spec.rows, cols: spec.cols, pixel_width: 0, pixel_height: 0 })
+            .map_err(|e| failed("pty_open_failed", format!("opening a PTY: {e}")))?;
+        let mut cmd = CommandBuilder::new(&spec.program);
+        cmd.args(&spec.args);
+        cmd.cwd(&spec.cwd);
+        for (k, v) in &spec.env {
+            match v.as_str() {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            }
+        }
+        let mut child = pair
+            .slave
+            .spawn_command(cmd)
+            .map_err(|e| failed("spawn_failed", format!("starting {}: {e}", spec.program)))?;
+        drop(pair.slave);
+        let pid = child.process_id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        let reader = pair.master.try_clone_reader().map_err(|e| failed("pty_open_failed", e.to_string()));
+        let writer = pair.master.take_writer().map_err(|e| failed("pty_open_failed", e.to_string()));
+        let (mut reader, writer) = match (reader, writer) {
+            (Ok(r), Ok(w)) => (r, w),
+            (Err(e), _) | (_, Err(e)) => {
+                kill_session(pid);
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        let command_line = shell_words(&spec.command, &spec.args);
+        let session = Arc::new(Session {
+            id: id.clone(),
+            owner_id: spec.owner_id.clone(),
+            pid,
+            cwd: spec.cwd.clone(),
+            command_line,
+            ring: Mutex::new(Ring::new(self.config.ring_bytes)),
+            bytes: watch::Sender::new(0),
+            exit: watch::Sender::new(None),
+            writer: Mutex::new(writer),
+            master: Mutex::new(pair.master),
+            last_activity: Mutex::new(Instant::now()),
+            end_request: Mutex::new(None),
+            flushed: AtomicU64::new(0),
+        });
+        let row = TerminalSessionRow {
+            id: id.clone(),
+            owner_id: spec.owner_id.clone(),
+            run_id: spec.run_id.clone(),
+            invocation_id: spec.invocation_id.clone(),
+            node_id: self.node_id.clone(),
+            command: spec.command.clone(),
+            args: serde_json::to_string(&spec.args).unwrap_or_else(|_| "[]".into()),
+            cwd: spec.cwd.clone(),
+            env: Value::Object(spec.env.clone()).to_string(),
+            cols: i64::from(spec.cols),
+            rows: i64::from(spec.rows),
+            timeout_ms: i64::try_from(spec.timeout_ms).unwrap_or(i64::MAX),
+            pid: Some(i64::from(pid)),
+            state: "running".into(),
+            end_reason: None,
+            exit_code: None,
+            signal: None,
+            bytes_out: 0,
+            retained_from: 0,
+            started_at: crate::ids::now(),
+            ended_at: None,
+        };
+        if let Err(e) = self.store.insert_terminal_session(&row).await {
+            kill_session(pid);
+            let _ = child.wait();
+            return Err(ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string()));
+        }
+        self.sessions.lock().insert(id.clone(), session.clone());
+
+        // Reader: PTY → ring. Ends at EOF/EIO, when every holder of the slave side is gone.
+        let (read_done_tx, read_done_rx) = std::sync::mpsc::channel::<()>();
+        let s = session.clone();
+        std::thread::Builder::new()
+            .name(format!("pty-read-{pid}"))
+            .spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match reader.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            let end = {
+                                let mut ring = s.ring.lock();
+                                ring.push(&buf[..n]);
+                                ring.end()
+                            };
+                            *s.last_activity.lock() = Instant::now();
+                            s.bytes.send_replace(end);
+                        }
+                    }
+                }
+                let _ = read_done_tx.send(());
+            })
+            .map_err(|e| failed("spawn_failed", format!("starting the PTY reader: {e}")))?;
+
+        // Waiter: reaps the leader, kills what it left behind, publishes the exit once the
+        // reader has drained the PTY (bounded, in case an escaped process keeps it open).
+        let s = session.clone();
+        std::thread::Builder::new()
+            .name(format!("pty-wait-{pid}"))
+            .spawn(move || {
+                let status = child.wait();
+                kill_session(s.pid);
+                let _ = read_done_rx.recv_timeout(Duration::from_secs(2));
+                let requested = s.end_request.lock().clone();
+                let (code, signal) = match &status {
+                    Ok(st) => match st.signal() {
+                        Some(sig) => (None, Some(sig.to_owned())),
+                        None => (Some(i64::from(st.exit_code())), None),
+                    },
+                    Err(_) => (None, None),
+                };
+                let info = match requested {
+                    Some((state, reason)) => ExitInfo { state, end_reason: Some(reason), exit_code: code, signal },
+                    None => ExitInfo {
+                        state: "exited".into(),
+                        end_reason: status.as_ref().err().map(|e| format!("waiting for the process failed: {e}")),
+                        exit_code: code,
+                        signal,
+                    },
+                };
+                s.exit.send_replace(Some(info));
+            })
+            .map_err(|e| failed("spawn_failed", format!("starting the PTY waiter: {e}")))?;
+
+        // Life limit.
+        let s = session.clone();
+        let mut exit = session.exit();
+        let life = Duration::from_millis(spec.timeout_ms);
+        let shutdown = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(life) => s.end("timed_out", format!("the session's life limit of {} ms passed", life.as_millis())),
+                _ = exit.wait_for(Option::is_some) => {}
+                () = shutdown.cancelled() => {}
+            }
+        });
+
+        // Flusher: ring → store, then the end.
+        let host = self.clone();
+        let s = session.clone();
+        self.tasks.spawn(async move { host.flush_loop(s).await });
+        Ok(session)
+    }
+
+    async fn flush_loop(self: Arc<Self>, s: Arc<Session>) {
+        let mut exit = s.exit();
+        loop {
+            let ended = exit.borrow().is_some();
+            if let Err(e) = self.flush(&s).await {
+                tracing::warn!(session = %s.id, error = %e, "storing terminal output failed");
+            }
+            if ended {
+                break;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = exit.changed() => {}
+            }
+        }
+        let info = exit.borrow().clone().unwrap_or(ExitInfo {
+            state: "lost".into(),
+            end_reason: None,
+            exit_code: None,
+            signal: None,
+        });
+        let end =
+            SessionEnd { state: info.state, reason: info.end_reason, exit_code: info.exit_code, signal: info.signal };
+        let total = s.with_ring(Ring::end);
+        if let Err(e) = self.store.end_terminal_session(&s.id, &end, total).await {
+            tracing::warn!(session = %s.id, error = %e, "recording the end of a terminal session failed");
+        }
+        self.sessions.lock().remove(&s.id);
+    }
+
+    /// Copies output not yet stored into the store (at most the ring's content; what left
+    /// the ring before it was stored is a hole the stream reports as a gap).
+    async fn flush(&self, s: &Session) -> Result<(), crate::store::StoreError> {
+        const CHUNK: usize = 256 * 1024;
+        loop {
+            let from = s.flushed.load(Ordering::Acquire);
+            let (start, data, end) = s.with_ring(|r| {
+                let start = from.max(r.start());
+                (start, r.read(start, CHUNK).unwrap_or_default(), r.end())
+            });
+            if data.is_empty() {
+                return Ok(());
+            }
+            let next = start + data.len() as u64;
+            let retain_from = end.saturating_sub(self.config.retain_bytes);
+            self.store.append_terminal_chunk(&s.id, start, &data, next, retain_from).await?;
+            s.flushed.store(next, Ordering::Release);
+        }
+    }
+}
+
+/// `command args…` quoted for display as a POSIX shell would need it.
+pub fn shell_words(command: &str, args: &[String]) -> String {
+    std::iter::once(command)
+        .chain(args.iter().map(String::as_str))
+        .map(|w| {
+            if !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
+                w.to_owned()
+            } else {
+                format!("'{}'", w.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,524 @@
+//! Terminal: `terminal_session`, the public host runtime over PTYs — shells, REPLs,
+//! package managers, dev servers, watchers — governed like every other tool: each action
+//! is a frozen invocation that needs an exact-invocation approval.
+//!
+//! Actions (`input.action`): `start`, `input`, `signal`, `resize`, `wait`, `kill`. The
+//! canonical input is what the approver sees: for `start` the command and the program it
+//! resolves to, the real absolute cwd (flagged when outside the workspace), the environment
+//! as a sorted map (agent-friendly defaults such as `PAGER=cat` plus the call's own
+//! variables), the life limit and the PTY size, all in ms / cells. Sessions live in the
+//! [`host::TerminalHost`] and outlive invocations and turns; their output streams as SSE
+//! from `GET /v1/terminal-sessions/{id}/stream` (see `crate::http::terminal`).
+
+pub mod host;
+pub mod output;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value, json};
+
+use self::host::{Session, StartSpec, TerminalHost};
+use self::output::{Capture, Captured, Ring, head_tail};
+use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft};
+use crate::registry::{
+    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
+};
+use crate::tools::{str_field, uint_field};
+
+/// Environment every session gets unless the call sets the variable itself: output is
+/// never held by a pager and nothing waits for an editor.
+pub const DEFAULT_ENV: [(&str, &str); 6] = [
+    ("TERM", "xterm-256color"),
+    ("PAGER", "cat"),
+    ("GIT_PAGER", "cat"),
+    ("GIT_EDITOR", "true"),
+    ("EDITOR", "true"),
+    ("GIT_TERMINAL_PROMPT", "0"),
+];
+/// Life limit of a session when `start` gives none: 1 hour.
+pub const DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
+/// Longest life limit: 24 hours.
+pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+/// Longest `wait`: 5 minutes (below the harness's execution limit).
+pub const MAX_WAIT_MS: u64 = 300_000;
+/// Default quiet time after `start`/`input` before the action returns its output.
+pub const DEFAULT_SETTLE_MS: u64 = 300;
+/// Longest an action waits for output to settle.
+pub const MAX_SETTLE_MS: u64 = 10_000;
+/// Largest `input.data`, in bytes.
+pub const MAX_INPUT_BYTES: usize = 64 * 1024;
+
+/// The `terminal_session` tool.
+pub struct TerminalSession {
+    spec: ToolSpec,
+    host: Arc<TerminalHost>,
+}
+
+impl TerminalSession {
+    /// The tool over `host`.
+    pub fn new(host: Arc<TerminalHost>) -> Self {
+        let spec = ToolSpec {
+            id: "terminal_session".into(),
+            kind: ToolKind::Public,
+            domain: "terminal".into(),
+            title: "Terminal session".into(),
+            description: "Run programs in persistent PTY terminal sessions on the host: shell commands, Python/Node REPLs, \
+                git, package managers, builds, dev servers and watchers. action=start opens a session (default: the user's \
+                shell in the workspace) and returns its id and first output; input sends keystrokes or a command line \
+                (end with \\n); signal sends interrupt (Ctrl-C), eof (Ctrl-D), terminate or kill; resize changes the PTY; \
+                wait returns when the program exits or its output goes idle (a prompt is waiting) or at timeout_ms; kill \
+                ends the session and every process it started. Sessions keep state (cwd, variables, servers) between calls. \
+                Every action needs approval."
+                .into(),
+            input_schema: json!({
+                "type": "object",
+                "required": ["action"],
+                "properties": {
+                    "action": {"type": "string", "enum": ["start", "input", "signal", "resize", "wait", "kill"]},
+                    "session_id": {"type": "string", "maxLength": 64, "description": "The session (all actions but start)"},
+                    "command": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "start: program to run (default: the user's shell)"},
+                    "args": {"type": "array", "items": {"type": "string", "maxLength": 65536}, "maxItems": 1024, "description": "start: its arguments"},
+                    "cwd": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "start: working directory, relative to the workspace or absolute (default: the workspace root)"},
+                    "env": {"type": "object", "maxProperties": 256, "additionalProperties": {"type": ["string", "null"], "maxLength": 32768}, "description": "start: variables to set (null removes one)"},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_MS, "description": "start: life limit of the session (default 1 h); wait: how long to wait (default 30 s, at most 5 min)"},
+                    "cols": {"type": "integer", "minimum": 2, "maximum": 1000, "description": "start/resize: PTY columns (default 120)"},
+                    "rows": {"type": "integer", "minimum": 2, "maximum": 500, "description": "start/resize: PTY rows (default 32)"},
+                    "data": {"type": "string", "maxLength": MAX_INPUT_BYTES, "description": "input: text to type (\\n = Enter)"},
+                    "signal": {"type": "string", "enum": ["interrupt", "eof", "terminate", "kill"], "description": "signal: what to send"},
+                    "until": {"type": "string", "enum": ["exit", "idle"], "description": "wait: for the exit (default) or for output to go quiet"},
+                    "idle_ms": {"type": "integer", "minimum": 10, "maximum": 600000, "description": "wait until=idle: quiet time (default 500)"},
+                    "settle_ms": {"type": "integer", "minimum": 0, "maximum": MAX_SETTLE_MS, "description": "start/input: return once output has been quiet this long (default 300)"}
+                },
+                "additionalProperties": false
+            }),
+            requires_approval: true,
+            capability: Some("pty".into()),
+            replacement: None,
+            owner: None,
+        };
+        Self { spec, host }
+    }
+}
+
+fn bad(code: &str, message: impl Into<String>) -> ToolError {
+    ToolError::new(ErrorClass::BadInput, code, message)
+}
+
+fn action_of(input: &Value) -> &str {
+    str_field(input, "action").unwrap_or_default()
+}
+
+/// Fields each action accepts besides `action`.
+fn allowed_fields(action: &str) -> &'static [&'static str] {
+    match action {
+        "start" => &["command", "args", "cwd", "env", "timeout_ms", "cols", "rows", "settle_ms"],
+        "input" => &["session_id", "data", "settle_ms"],
+        "signal" => &["session_id", "signal"],
+        "resize" => &["session_id", "cols", "rows"],
+        "wait" => &["session_id", "until", "idle_ms", "timeout_ms"],
+        _ => &["session_id"],
+    }
+}
+
+fn require<'a>(input: &'a Value, field: &str, action: &str) -> Result<&'a Value, ToolError> {
+    input.get(field).ok_or_else(|| bad("missing_field", format!("action {action} needs {field}")))
+}
+
+/// Resolves `command` to the program that will run: a path containing `/` against `cwd`,
+/// a bare name through `PATH` (the call's own `PATH` when it sets one).
+fn resolve_program(command: &str, cwd: &Path, env: &Map<String, Value>) -> Result<String, ToolError> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if command.contains('/') {
+        let p = cwd.join(command);
+        return if executable(&p) {
+            Ok(p.to_string_lossy().into_owned())
+        } else {
+            Err(bad("command_not_found", format!("{} is not an executable file", p.display())))
+        };
+    }
+    let path = match env.get("PATH") {
+        Some(Value::String(p)) => p.clone(),
+        _ => std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
+    };
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(command))
+        .find(|p| executable(p))
+        .map(|p| p.to_string_lossy().into_owned())
+        .ok_or_else(|| bad("command_not_found", format!("{command} is not found on PATH")))
+}
+
+/// The canonical `start` input and its approval facts.
+fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
+    let cwd: PathBuf = match str_field(input, "cwd") {
+        None => ws_root.to_path_buf(),
+        Some(c) => {
+            let given = if Path::new(c).is_absolute() { PathBuf::from(c) } else { ws_root.join(c) };
+            let real = std::fs::canonicalize(&given)
+                .map_err(|e| ToolError::new(ErrorClass::NotFound, "cwd_not_found", format!("cwd {c}: {e}")))?;
+            if !real.is_dir() {
+                return Err(bad("cwd_not_a_directory", format!("cwd {} is not a directory", real.display())));
+            }
+            real
+        }
+    };
+    let call_env: Map<String, Value> = input.get("env").and_then(Value::as_object).cloned().unwrap_or_default();
+    if let Some(k) = call_env.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
+        return Err(bad("invalid_env", format!("{k:?} is not a valid environment variable name")));
+    }
+    let mut env: std::collections::BTreeMap<String, Value> =
+        DEFAULT_ENV.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+    env.extend(call_env.clone());
+    let env: Map<String, Value> = env.into_iter().collect();
+    let command = match str_field(input, "command") {
+        Some(c) => c.to_owned(),
+        None => std::env::var("SHELL").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/bash".into()),
+    };
+    let program = resolve_program(&command, &cwd, &env)?;
+    let args: Vec<String> = input
+        .get("args")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    let canonical = json!({
+        "action": "start",
+        "command": command,
+        "program": program,
+        "args": args,
+        "cwd": cwd.to_string_lossy(),
+        "env": env,
+        "timeout_ms": uint_field(input, "timeout_ms", DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS),
+        "cols": uint_field(input, "cols", 120, 1000),
+        "rows": uint_field(input, "rows", 32, 500),
+        "settle_ms": uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS),
+    });
+    let outside = !cwd.starts_with(ws_root);
+    let preview = json!({
+        "command_line": host::shell_words(&command, &args),
+        "program": program,
+        "cwd": cwd.to_string_lossy(),
+        "cwd_outside_workspace": outside,
+        "workspace": ws_root.to_string_lossy(),
+        "env_set_by_call": call_env,
+        "timeout_ms": canonical["timeout_ms"],
+    });
+    Ok(Prepared { input: canonical, preview })
+}
+
+/// The canonical input of the actions on an existing session (defaults filled in).
+fn canonical_session_action(input: &Value) -> Result<Value, ToolError> {
+    let action = action_of(input);
+    let session_id = require(input, "session_id", action)?.clone();
+    Ok(match action {
+        "input" => json!({
+            "action": "input", "session_id": session_id,
+            "data": require(input, "data", action)?,
+            "settle_ms": uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS),
+        }),
+        "signal" => json!({"action": "signal", "session_id": session_id, "signal": require(input, "signal", action)?}),
+        "resize" => json!({
+            "action": "resize", "session_id": session_id,
+            "cols": require(input, "cols", action)?, "rows": require(input, "rows", action)?,
+        }),
+        "wait" => {
+            let until = str_field(input, "until").unwrap_or("exit");
+            let mut c = json!({
+                "action": "wait", "session_id": session_id, "until": until,
+                "timeout_ms": uint_field(input, "timeout_ms", 30_000, MAX_WAIT_MS),
+            });
+            if until == "idle" {
+                c["idle_ms"] = json!(uint_field(input, "idle_ms", 500, 600_000));
+            }
+            c
+        }
+        _ => json!({"action": "kill", "session_id": session_id}),
+    })
+}
+
+fn canonical(input: &Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+    let action = action_of(input);
+    if let Some(extra) = input
+        .as_object()
+        .into_iter()
+        .flat_map(|o| o.keys())
+        .find(|k| k.as_str() != "action" && !allowed_fields(action).contains(&k.as_str()))
+    {
+        return Err(bad("invalid_field", format!("action {action} does not take {extra}")));
+    }
+    if action == "start" {
+        return prepare_start(input, ctx.workspace.root());
+    }
+    Ok(Prepared { input: canonical_session_action(input)?, preview: Value::Null })
+}
+
+fn session_not_found(id: &str) -> ToolError {
+    ToolError::new(
+        ErrorClass::NotFound,
+        "terminal_session_not_found",
+        format!("no live terminal session {id} of yours"),
+    )
+}
+
+impl TerminalSession {
+    /// The caller's live session named in `input`, or 404 / 409 (ended).
+    async fn live_session(&self, input: &Value, owner_id: &str) -> Result<Arc<Session>, ToolError> {
+        let id = str_field(input, "session_id").unwrap_or_default();
+        if let Some(s) = self.host.get(owner_id, id).filter(|s| !s.ended()) {
+            return Ok(s);
+        }
+        match self.host.store().terminal_session_for(owner_id, id).await {
+            Ok(Some(row)) => Err(ToolError::new(
+                ErrorClass::Conflict,
+                "terminal_session_ended",
+                format!("terminal session {id} has ended ({})", row.state),
+            )
+            .with_details(json!({"state": row.state, "exit_code": row.exit_code, "end_reason": row.end_reason}))),
+            Ok(None) => Err(session_not_found(id)),
+            Err(e) => Err(ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string())),
+        }
+    }
+
+    /// Runs one action on a live session and returns its result and evidence.
+    async fn act(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let action = action_of(input);
+        let wait_only = action == "wait" || action == "kill";
+        let session = match self.live_session(input, &ctx.owner_id).await {
+            Ok(s) => s,
+            // Waiting on, or killing, a session that already ended reports how it ended.
+            Err(e) if wait_only && e.code == "terminal_session_ended" => return Ok(ended_output(input, &e)),
+            Err(e) => return Err(e),
+        };
+        session.touch();
+        let from = session.with_ring(Ring::end);
+        let mut capture = Capture::new(from);
+        let reason = match action {
+            "input" => {
+                let data = str_field(input, "data").unwrap_or_default();
+                session.write_input(data.as_bytes())?;
+                settle(&session, &mut capture, uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS), ctx)
+                    .await
+            }
+            "signal" => {
+                match str_field(input, "signal").unwrap_or_default() {
+                    "interrupt" => session.write_input(b"\x03")?,
+                    "eof" => session.write_input(b"\x04")?,
+                    "terminate" => session.signal_foreground(libc::SIGTERM),
+                    _ => session.signal_foreground(libc::SIGKILL),
+                }
+                settle(&session, &mut capture, DEFAULT_SETTLE_MS, ctx).await
+            }
+            "resize" => {
+                let cols = u16::try_from(uint_field(input, "cols", 120, 1000)).unwrap_or(120);
+                let rows = u16::try_from(uint_field(input, "rows", 32, 500)).unwrap_or(32);
+                session.resize(cols, rows)?;
+                if let Err(e) = self.host.store().resize_terminal_session(&session.id, cols, rows).await {
+                    tracing::warn!(error = %e, "recording a PTY resize failed");
+                }
+                "resized"
+            }
+            "wait" => {
+                let timeout = Duration::from_millis(uint_field(input, "timeout_ms", 30_000, MAX_WAIT_MS));
+                let idle = (str_field(input, "until") == Some("idle"))
+                    .then(|| Duration::from_millis(uint_field(input, "idle_ms", 500, 600_000)));
+                watch_output(&session, &mut capture, idle, timeout, ctx).await
+            }
+            _ => {
+                session.end("killed", "killed by a terminal_session kill action".into());
+                let mut exit = session.exit();
+                let _ = tokio::time::timeout(Duration::from_secs(5), exit.wait_for(Option::is_some)).await;
+                session.with_ring(|r| capture.pull(r));
+                "killed"
+            }
+        };
+        Ok(result(input, &session, &capture.finish(), reason))
+    }
+}
+
+/// Follows output for `settle_ms` of quiet (bounded by [`MAX_SETTLE_MS`]) or until exit.
+async fn settle(session: &Session, capture: &mut Capture, settle_ms: u64, ctx: &ExecContext) -> &'static str {
+    if settle_ms == 0 {
+        session.with_ring(|r| capture.pull(r));
+        return "returned";
+    }
+    watch_output(session, capture, Some(Duration::from_millis(settle_ms)), Duration::from_millis(MAX_SETTLE_MS), ctx)
+        .await
+}
+
+/// Captures output until the session exits, output has been quiet for `idle` (when
+/// given), `timeout` passes, or the invocation is cancelled. Returns why it stopped:
+/// `exit`, `idle`, `timeout` or `cancelled`.
+async fn watch_output(
+    session: &Session,
+    capture: &mut Capture,
+    idle: Option<Duration>,
+    timeout: Duration,
+    ctx: &ExecContext,
+) -> &'static str {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut bytes = session.bytes();
+    let mut exit = session.exit();
+    let mut last_output = tokio::time::Instant::now();
+    loop {
+        session.with_ring(|r| capture.pull(r));
+        if exit.borrow().is_some() {
+            session.with_ring(|r| capture.pull(r));
+            return "exit";
+        }
+        let quiet_until = idle.map(|d| last_output + d);
+        let wake = quiet_until.map_or(deadline, |q| q.min(deadline));
+        tokio::select! {
+            changed = bytes.changed() => {
+                if changed.is_ok() {
+                    last_output = tokio::time::Instant::now();
+                }
+            }
+            _ = exit.changed() => {}
+            () = tokio::time::sleep_until(wake) => {
+                session.with_ring(|r| capture.pull(r));
+                if quiet_until.is_some_and(|q| q <= tokio::time::Instant::now()) && capture.next() == session.with_ring(Ring::end) {
+                    return "idle";
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return "timeout";
+                }
+            }
+            () = ctx.cancel.cancelled() => return "cancelled",
+        }
+    }
+}
+
+/// The result and evidence of an action.
+fn result(input: &Value, session: &Session, out: &Captured, reason: &str) -> ToolOutput {
+    let exit = session.exit().borrow().clone();
+    let state = exit.as_ref().map_or("running", |e| e.state.as_str());
+    let text = head_tail(&out.text, 64 * 1024);
+    let output = json!({
+        "session_id": session.id,
+        "action": action_of(input),
+        "returned_because": reason,
+        "state": state,
+        "pid": session.pid,
+        "exit_code": exit.as_ref().and_then(|e| e.exit_code),
+        "signal": exit.as_ref().and_then(|e| e.signal.clone()),
+        "end_reason": exit.as_ref().and_then(|e| e.end_reason.clone()),
+        "output": text,
+        "output_range": [out.from, out.to],
+        "output_bytes": out.bytes,
+        "output_bytes_missed": out.bytes_missed,
+        "output_truncated": out.truncated,
+        "cwd": session.cwd,
+        "command_line": session.command_line,
+    });
+    let provenance = json!({
+        "session_id": session.id,
+        "action": action_of(input),
+        "input": input,
+        "state": state,
+        "exit_code": exit.as_ref().and_then(|e| e.exit_code),
+        "signal": exit.as_ref().and_then(|e| e.signal.clone()),
+        "byte_range": [out.from, out.to],
+        "bytes": out.bytes,
+        "bytes_missed": out.bytes_missed,
+        "output_sha256": out.sha256,
+    });
+    let evidence = EvidenceDraft {
+        kind: "terminal_output".into(),
+        provenance,
+        content_sha256: out.sha256.clone(),
+        excerpt: head_tail(&out.text, EXCERPT_MAX_BYTES),
+    };
+    ToolOutput { output, evidence: vec![evidence] }
+}
+
+/// The answer of `wait`/`kill` on a session that has already ended.
+fn ended_output(input: &Value, e: &ToolError) -> ToolOutput {
+    let output = json!({
+        "session_id": str_field(input, "session_id"),
+        "action": action_of(input),
+        "returned_because": "already_ended",
+        "state": e.details.get("state"),
+        "exit_code": e.details.get("exit_code"),
+        "end_reason": e.details.get("end_reason"),
+        "output": "",
+    });
+    let evidence = EvidenceDraft::of_text(
+        "terminal_output",
+        json!({"session_id": output["session_id"], "action": output["action"], "input": input, "state": output["state"], "exit_code": output["exit_code"], "bytes": 0}),
+        "",
+    );
+    ToolOutput { output, evidence: vec![evidence] }
+}
+
+#[async_trait]
+impl Tool for TerminalSession {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        let mut prepared = canonical(&input, ctx)?;
+        let action = action_of(&prepared.input).to_owned();
+        if action != "start" {
+            // The approver sees which session the action goes to; a call on a session
+            // that is not the caller's (or does not exist) is refused before anyone is asked.
+            let session = match self.live_session(&prepared.input, ctx.owner_id).await {
+                Ok(s) => {
+                    json!({"id": s.id, "command_line": s.command_line, "cwd": s.cwd, "pid": s.pid, "state": "running"})
+                }
+                Err(e) if (action == "wait" || action == "kill") && e.code == "terminal_session_ended" => {
+                    json!({"id": prepared.input["session_id"], "state": e.details["state"]})
+                }
+                Err(e) => return Err(e),
+            };
+            prepared.preview = json!({"action": action, "session": session});
+        }
+        Ok(prepared)
+    }
+
+    async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
+        Ok(canonical(&input, ctx)?.input)
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        if action_of(input) != "start" {
+            return self.act(input, ctx).await;
+        }
+        let str_list = |v: &Value| -> Vec<String> {
+            v.as_array().map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect()).unwrap_or_default()
+        };
+        let cwd = str_field(input, "cwd").unwrap_or_default().to_owned();
+        // The frozen cwd must still be the real directory it was when approved.
+        match std::fs::canonicalize(&cwd) {
+            Ok(real) if real == Path::new(&cwd) && real.is_dir() => {}
+            _ => {
+                return Err(ToolError::new(
+                    ErrorClass::Conflict,
+                    "stale_target",
+                    format!("the approved cwd {cwd} is no longer that directory"),
+                ));
+            }
+        }
+        let spec = StartSpec {
+            owner_id: ctx.owner_id.clone(),
+            run_id: ctx.run_id.clone(),
+            invocation_id: ctx.invocation_id.clone(),
+            program: str_field(input, "program").unwrap_or_default().to_owned(),
+            command: str_field(input, "command").unwrap_or_default().to_owned(),
+            args: str_list(&input["args"]),
+            cwd,
+            env: input.get("env").and_then(Value::as_object).cloned().unwrap_or_default(),
+            timeout_ms: uint_field(input, "timeout_ms", DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS),
+            cols: u16::try_from(uint_field(input, "cols", 120, 1000)).unwrap_or(120),
+            rows: u16::try_from(uint_field(input, "rows", 32, 500)).unwrap_or(32),
+        };
+        let session = self.host.start(spec).await?;
+        let mut capture = Capture::new(0);
+        let reason =
+            settle(&session, &mut capture, uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS), ctx).await;
+        Ok(result(input, &session, &capture.finish(), reason))
+    }
+}

@@ -1,0 +1,593 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! terminal_session over HTTP with real PTYs and real programs (bash, python3, node, git):
+//! every action approved one by one, sessions that keep state, dev servers fetched over
+//! loopback, Ctrl-C, UTF-8 split across writes, floods with the server's memory measured,
+//! slow viewers, cwd outside the workspace, process-group cleanup, restarts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Backend, Options, TestApp, read_sse, spawn_with};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+struct Ctx {
+    t: TestApp,
+    token: String,
+    run: String,
+    turn: String,
+    calls: std::sync::atomic::AtomicUsize,
+    /// Output seen so far per session (from every action's result).
+    seen: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+async fn setup_with(backend: Backend, terminal: mira::tools::terminal::host::TerminalConfig) -> Ctx {
+    let mut options = Options::default();
+    options.runtime.terminal = terminal;
+    let t = spawn_with(backend, options).await;
+    let token = t.user("alice").await;
+    let run = t.run(&token).await;
+    let (turn, exposure) = t.turn(&token, &run, "run commands in a terminal").await;
+    assert!(exposure["tools"].as_array().unwrap().iter().any(|x| x["id"] == "terminal_session"), "{exposure}");
+    Ctx { t, token, run, turn, calls: Default::default(), seen: Default::default() }
+}
+
+async fn setup(backend: Backend) -> Ctx {
+    setup_with(backend, Default::default()).await
+}
+
+impl Ctx {
+    /// Freezes a terminal_session call; it must wait for approval.
+    async fn freeze(&self, input: Value) -> Value {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let r = self.t.call(&self.token, &self.run, &self.turn, "terminal_session", &format!("call_{n}"), input).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        assert_eq!(r.body["status"], "awaiting_approval", "every terminal action needs approval: {}", r.body);
+        r.body
+    }
+
+    /// Grants a frozen call with its exact triple and waits for its final state.
+    async fn grant(&self, inv: &Value) -> Value {
+        let r = self
+            .t
+            .post(
+                &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+                &self.token,
+                json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        self.final_of(inv["invocation_id"].as_str().unwrap()).await
+    }
+
+    async fn final_of(&self, id: &str) -> Value {
+        for _ in 0..1200 {
+            let r = self.t.get(&format!("/v1/invocations/{id}"), &self.token).await;
+            if !matches!(r.body["status"].as_str().unwrap_or(""), "queued" | "running" | "awaiting_approval") {
+                return r.body;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("invocation {id} did not finish");
+    }
+
+    /// Freeze + grant + result output (asserting success).
+    async fn act(&self, input: Value) -> Value {
+        let inv = self.freeze(input).await;
+        let done = self.grant(&inv).await;
+        assert_eq!(done["status"], "completed", "{done}");
+        let out = done["result"]["output"].clone();
+        if let (Some(id), Some(text)) = (out["session_id"].as_str(), out["output"].as_str()) {
+            self.seen.lock().unwrap().entry(id.to_owned()).or_default().push_str(text);
+        }
+        out
+    }
+
+    async fn start(&self, input: Value) -> (String, Value) {
+        let mut input = input;
+        input["action"] = json!("start");
+        let out = self.act(input).await;
+        (out["session_id"].as_str().unwrap().to_owned(), out)
+    }
+
+    async fn input(&self, session: &str, data: &str) -> Value {
+        self.act(json!({"action": "input", "session_id": session, "data": data})).await
+    }
+
+    /// Waits until the output shows `needle` (idle waits, 20 s at most); returns all of it.
+    /// Output seen since the last call that found a needle.
+    async fn until_output(&self, session: &str, needle: &str) -> String {
+        for _ in 0..20 {
+            {
+                let mut seen = self.seen.lock().unwrap();
+                let all = seen.entry(session.to_owned()).or_default();
+                if let Some(at) = all.find(needle) {
+                    let end = all[at..].find('\n').map_or(all.len(), |n| at + n);
+                    let found = all[..end].to_owned();
+                    all.drain(..end);
+                    return found;
+                }
+            }
+            self.act(
+                json!({"action": "wait", "session_id": session, "until": "idle", "idle_ms": 300, "timeout_ms": 1000}),
+            )
+            .await;
+        }
+        panic!("{needle:?} never appeared; output: {:?}", self.seen.lock().unwrap().get(session));
+    }
+
+    async fn session(&self, id: &str) -> Value {
+        let r = self.t.get(&format!("/v1/terminal-sessions/{id}"), &self.token).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        r.body
+    }
+}
+
+fn bash() -> Value {
+    json!({"command": "bash", "args": ["--norc", "--noprofile"], "env": {"PS1": "$ "}})
+}
+
+fn alive(pid: i64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start().chars().next();
+            !matches!(state, Some('Z' | 'X'))
+        }
+        Err(_) => false,
+    }
+}
+
+async fn gone(pid: i64) -> bool {
+    for _ in 0..100 {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+async fn shell_in_strict_mode_keeps_cwd_env_and_every_action_works(backend: Backend) {
+    let c = setup(backend).await;
+    std::fs::create_dir(c.t.workspace.join("sub")).unwrap();
+    let (id, started) = c.start(bash()).await;
+    assert_eq!(started["state"], "running");
+    c.input(&id, "set -euo pipefail\n").await;
+    c.input(&id, "cd sub && export FOO=persisted\n").await;
+    c.input(&id, "echo \"cwd=$(pwd) foo=$FOO\"\n").await;
+    let out = c.until_output(&id, "foo=persisted").await;
+    assert!(out.contains(&format!("cwd={}", c.t.workspace.join("sub").display())), "{out}");
+    // A server started in the background does not make the action hang.
+    let before = std::time::Instant::now();
+    c.input(&id, "python3 -m http.server 0 --bind 127.0.0.1 >/dev/null 2>&1 & echo \"BG\"PID=$!\n").await;
+    let out = c.until_output(&id, "BGPID=").await;
+    let bg: i64 = out.rsplit("BGPID=").next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(before.elapsed() < Duration::from_secs(15));
+    assert!(alive(bg));
+    // git neither pages nor waits for an editor.
+    c.input(&id, "git init -q . && git -c user.email=a@b -c user.name=n commit -q --allow-empty -m first && git -c user.email=a@b -c user.name=n commit -q --amend --allow-empty && git log --oneline | cat -A | head -3; echo \"git\"-done\n").await;
+    let out = c.until_output(&id, "git-done").await;
+    assert!(out.contains("first"), "{out}");
+    let resized = c.act(json!({"action": "resize", "session_id": id, "cols": 90, "rows": 20})).await;
+    assert_eq!(resized["state"], "running");
+    c.input(&id, "stty size\n").await;
+    c.until_output(&id, "20 90").await;
+    let s = c.session(&id).await;
+    assert_eq!((s["cols"].as_i64(), s["rows"].as_i64()), (Some(90), Some(20)));
+    assert_eq!(s["state"], "running");
+    assert!(s["bytes_out"].as_i64().unwrap() > 0);
+    // Ctrl-C of a long command: under `set -e` bash itself exits with 130 (its rule, not ours).
+    c.input(&id, "sleep 1000\n").await;
+    c.act(json!({"action": "signal", "session_id": id, "signal": "interrupt"})).await;
+    let waited = c.act(json!({"action": "wait", "session_id": id, "timeout_ms": 10000})).await;
+    assert_eq!((waited["state"].as_str(), waited["exit_code"].as_i64()), (Some("exited"), Some(130)), "{waited}");
+    // (the shell may already be gone by the time wait runs)
+    assert!(matches!(waited["returned_because"].as_str(), Some("exit" | "already_ended")), "{waited}");
+    // The background server started by the shell did not outlive the session.
+    assert!(gone(bg).await, "background job {bg} survived its shell");
+    let listed = c.t.get("/v1/terminal-sessions", &c.token).await;
+    assert_eq!(listed.body["sessions"][0]["id"], id.as_str());
+    assert_eq!(listed.body["sessions"][0]["state"], "exited");
+    // Actions on an ended session are refused at freeze time.
+    let r =
+        c.t.call(
+            &c.token,
+            &c.run,
+            &c.turn,
+            "terminal_session",
+            "late",
+            json!({"action": "input", "session_id": id, "data": "x"}),
+        )
+        .await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "terminal_session_ended"), "{r:?}");
+    // Evidence of an action: range, digest, excerpt without ANSI.
+    let ev = c.t.get(&format!("/v1/runs/{}/evidence", c.run), &c.token).await;
+    let items = ev.body["evidence"].as_array().unwrap();
+    let e = items
+        .iter()
+        .find(|e| e["excerpt"].as_str().unwrap_or("").contains("git-done"))
+        .expect("evidence with the output");
+    assert_eq!(e["kind"], "terminal_output");
+    assert!(e["provenance"]["byte_range"].is_array() && e["provenance"]["output_sha256"].is_string(), "{e}");
+    assert!(!e["excerpt"].as_str().unwrap().contains('\u{1b}'));
+}
+
+async fn repls_keep_state(backend: Backend) {
+    let c = setup(backend).await;
+    let (py, _) = c.start(json!({"command": "python3", "args": ["-i", "-q"]})).await;
+    c.input(&py, "x = 40\n").await;
+    c.input(&py, "y = x + 2\n").await;
+    c.input(&py, "print('py', y)\n").await;
+    c.until_output(&py, "py 42").await;
+    let (node, _) = c.start(json!({"command": "node", "args": ["-i"], "env": {"NODE_NO_READLINE": "1"}})).await;
+    c.input(&node, "let a = 20\n").await;
+    c.input(&node, "console.log('node', a * 2 + 2)\n").await;
+    c.until_output(&node, "node 42").await;
+    // Ctrl-C of a long command gives the shell prompt back; Ctrl-D ends the shell.
+    let (sh, _) = c.start(bash()).await;
+    c.input(&sh, "sleep 1000\n").await;
+    let sig = c.act(json!({"action": "signal", "session_id": sh, "signal": "interrupt"})).await;
+    assert_eq!(sig["state"], "running");
+    c.input(&sh, "echo after-$((40+2))\n").await;
+    c.until_output(&sh, "after-42").await;
+    c.act(json!({"action": "signal", "session_id": sh, "signal": "eof"})).await;
+    let waited = c.act(json!({"action": "wait", "session_id": sh, "timeout_ms": 10000})).await;
+    assert_eq!(waited["state"], "exited", "{waited}");
+    for id in [&py, &node] {
+        let out = c.act(json!({"action": "kill", "session_id": id})).await;
+        assert_eq!(out["state"], "killed", "{out}");
+    }
+}
+
+async fn dev_server_is_fetched_then_killed(backend: Backend) {
+    let c = setup(backend).await;
+    std::fs::write(c.t.workspace.join("hello.txt"), "served from the workspace").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (id, _) = c
+        .start(json!({"command": "python3", "args": ["-m", "http.server", port.to_string(), "--bind", "127.0.0.1"]}))
+        .await;
+    let url = format!("http://127.0.0.1:{port}/hello.txt");
+    let mut body = String::new();
+    for _ in 0..100 {
+        if let Ok(r) = reqwest::get(&url).await {
+            body = r.text().await.unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(body, "served from the workspace");
+    let pid = c.session(&id).await["pid"].as_i64().unwrap();
+    c.act(json!({"action": "kill", "session_id": id})).await;
+    assert!(gone(pid).await);
+    assert!(reqwest::get(&url).await.is_err(), "the dev server is down after kill");
+}
+
+async fn kill_ends_background_grandchildren(backend: Backend) {
+    let c = setup(backend).await;
+    // An interactive shell puts `&` jobs in their own process groups; they still die.
+    let (id, _) = c.start(bash()).await;
+    c.input(&id, "sleep 1000 & echo \"BG\"PID=$!\n").await;
+    let out = c.until_output(&id, "BGPID=").await;
+    let pid: i64 = out.rsplit("BGPID=").next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(alive(pid));
+    c.act(json!({"action": "kill", "session_id": id})).await;
+    assert!(gone(pid).await, "background grandchild {pid} survived kill");
+    // And a non-interactive shell's background child when the shell exits by itself.
+    let (id2, _) = c.start(json!({"command": "bash", "args": ["-c", "sleep 1000 & echo child=$!; sleep 0.5"]})).await;
+    let out = c.until_output(&id2, "child=").await;
+    let child: i64 = out.rsplit("child=").next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let waited = c.act(json!({"action": "wait", "session_id": id2, "timeout_ms": 10000})).await;
+    assert_eq!(waited["state"], "exited");
+    assert!(gone(child).await, "orphan {child} survived its session");
+}
+
+async fn utf8_split_across_writes_and_stream_resume(backend: Backend) {
+    let c = setup(backend).await;
+    let script = "import sys,time\nb='😀'.encode()\nsys.stdout.buffer.write(b'head '+b[:2]); sys.stdout.flush(); time.sleep(0.4)\nsys.stdout.buffer.write(b[2:]+b' tail\\n'); sys.stdout.flush(); time.sleep(0.3)\nfor i in range(5): print('line', i)\n";
+    let (id, _) = c.start(json!({"command": "python3", "args": ["-c", script], "settle_ms": 0})).await;
+    let resp =
+        c.t.client
+            .get(format!("{}/v1/terminal-sessions/{id}/stream?offset=0", c.t.base))
+            .bearer_auth(&c.token)
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let events = read_sse(resp, 100, Duration::from_secs(10)).await;
+    let text: String = events.iter().filter(|e| e.1 == "output").map(|e| e.2["data"].as_str().unwrap()).collect();
+    assert!(text.contains("head 😀 tail"), "{text:?}");
+    assert!(!text.contains('\u{FFFD}'), "a character was broken: {text:?}");
+    let exit = events.iter().find(|e| e.1 == "exit").expect("exit event");
+    assert_eq!(exit.2["exit_code"], 0);
+    // Offsets chain without holes, and a reconnect at any event id resumes exactly there.
+    let outputs: Vec<_> = events.iter().filter(|e| e.1 == "output").collect();
+    for w in outputs.windows(2) {
+        assert_eq!(w[0].2["end"], w[1].2["start"]);
+    }
+    let resume_at = outputs[outputs.len() / 2].0;
+    let resp =
+        c.t.client
+            .get(format!("{}/v1/terminal-sessions/{id}/stream", c.t.base))
+            .header("Last-Event-ID", resume_at.to_string())
+            .bearer_auth(&c.token)
+            .send()
+            .await
+            .unwrap();
+    let again = read_sse(resp, 100, Duration::from_secs(10)).await;
+    assert_eq!(again[0].2["start"].as_i64(), Some(resume_at));
+    let tail: String = again.iter().filter(|e| e.1 == "output").map(|e| e.2["data"].as_str().unwrap()).collect();
+    assert!(text.ends_with(&tail), "resumed output is the rest of the stream");
+    let r = c.t.get(&format!("/v1/terminal-sessions/{id}/stream?offset=999999"), &c.token).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_offset"));
+}
+
+async fn long_output_keeps_head_and_tail(backend: Backend) {
+    let c = setup(backend).await;
+    let (id, _) =
+        c.start(json!({"command": "bash", "args": ["-c", "echo FIRST-LINE; seq 1 200000; echo 'error: FINAL FAILURE' >&2; exit 3"], "settle_ms": 0}))
+            .await;
+    let out = c.act(json!({"action": "wait", "session_id": id, "timeout_ms": 30000})).await;
+    assert_eq!((out["state"].as_str(), out["exit_code"].as_i64()), (Some("exited"), Some(3)), "{out}");
+    let text = out["output"].as_str().unwrap();
+    assert!(text.contains("bytes cut"), "a marker says what was cut");
+    assert!(text.trim_end().ends_with("error: FINAL FAILURE"), "the tail survives: {}", &text[text.len() - 200..]);
+    let inv_ev = c.t.get(&format!("/v1/runs/{}/evidence", c.run), &c.token).await;
+    let last = inv_ev.body["evidence"].as_array().unwrap().last().unwrap().clone();
+    assert!(last["excerpt"].as_str().unwrap().contains("FINAL FAILURE"), "{last}");
+    assert!(last["excerpt"].as_str().unwrap().len() <= 4096);
+    assert_eq!(last["provenance"]["exit_code"], 3);
+}
+
+async fn cwd_outside_the_workspace_is_shown_and_needs_its_own_approval(backend: Backend) {
+    let c = setup(backend).await;
+    let outside = tempfile::tempdir().unwrap();
+    let real = std::fs::canonicalize(outside.path()).unwrap();
+    let input = json!({"action": "start", "command": "pwd", "cwd": outside.path()});
+    let inv = c.freeze(input.clone()).await;
+    assert_eq!(inv["input"]["cwd"], real.to_str().unwrap());
+    let approvals = c.t.get("/v1/approvals?status=pending", &c.token).await;
+    let a =
+        approvals.body["approvals"].as_array().unwrap().iter().find(|a| a["id"] == inv["approval_id"]).unwrap().clone();
+    assert_eq!(a["preview"]["tool"]["cwd_outside_workspace"], true, "{a}");
+    // Denied: nothing runs.
+    let r =
+        c.t.post(&format!("/v1/approvals/{}/deny", inv["approval_id"].as_str().unwrap()), &c.token, json!({})).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(c.t.get("/v1/terminal-sessions", &c.token).await.body["sessions"].as_array().unwrap().is_empty());
+    // Approved explicitly: it runs there.
+    let (id, out) = c.start(json!({"command": "pwd", "cwd": outside.path(), "settle_ms": 500})).await;
+    assert!(out["output"].as_str().unwrap().contains(real.to_str().unwrap()), "{out}");
+    assert_eq!(c.session(&id).await["cwd"], real.to_str().unwrap());
+    // Inside the workspace by default, not flagged; command, cwd, env and timeout each change the hash.
+    let base = c.freeze(json!({"action": "start", "command": "true"})).await;
+    assert_eq!(base["input"]["cwd"], c.t.workspace.to_str().unwrap());
+    assert_eq!(base["input"]["env"]["PAGER"], "cat");
+    let mut hashes = std::collections::HashSet::new();
+    hashes.insert(base["input_hash"].clone());
+    for v in [
+        json!({"action": "start", "command": "false"}),
+        json!({"action": "start", "command": "true", "cwd": "/"}),
+        json!({"action": "start", "command": "true", "env": {"A": "1"}}),
+        json!({"action": "start", "command": "true", "timeout_ms": 5000}),
+    ] {
+        assert!(hashes.insert(c.freeze(v).await["input_hash"].clone()), "each change yields a new input hash");
+    }
+}
+
+async fn bad_inputs_are_refused_clearly(backend: Backend) {
+    let c = setup(backend).await;
+    let bob = c.t.user("bob").await;
+    let (id, _) = c.start(json!({"command": "sleep", "args": ["30"], "settle_ms": 0})).await;
+    for (input, status, code) in [
+        (json!({"action": "start", "command": "no-such-program-xyz"}), StatusCode::BAD_REQUEST, "command_not_found"),
+        (
+            json!({"action": "start", "command": "true", "cwd": "does/not/exist"}),
+            StatusCode::NOT_FOUND,
+            "cwd_not_found",
+        ),
+        (json!({"action": "input", "session_id": id}), StatusCode::BAD_REQUEST, "missing_field"),
+        (
+            json!({"action": "input", "session_id": id, "data": "x", "cols": 3}),
+            StatusCode::BAD_REQUEST,
+            "invalid_field",
+        ),
+        (
+            json!({"action": "input", "session_id": "term_nope", "data": "x"}),
+            StatusCode::NOT_FOUND,
+            "terminal_session_not_found",
+        ),
+        (json!({"action": "dance"}), StatusCode::UNPROCESSABLE_ENTITY, "input_invalid"),
+    ] {
+        let r =
+            c.t.call(
+                &c.token,
+                &c.run,
+                &c.turn,
+                "terminal_session",
+                &format!("bad_{}", c.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst)),
+                input.clone(),
+            )
+            .await;
+        assert_eq!((r.status, r.code()), (status, code), "{input} → {r:?}");
+    }
+    // Another user's session does not exist for them.
+    assert_eq!(c.t.get(&format!("/v1/terminal-sessions/{id}"), &bob).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(c.t.get(&format!("/v1/terminal-sessions/{id}/stream"), &bob).await.status, StatusCode::NOT_FOUND);
+    let bob_run = c.t.run(&bob).await;
+    let (bob_turn, _) = c.t.turn(&bob, &bob_run, "terminal").await;
+    let r =
+        c.t.call(
+            &bob,
+            &bob_run,
+            &bob_turn,
+            "terminal_session",
+            "steal",
+            json!({"action": "input", "session_id": id, "data": "x"}),
+        )
+        .await;
+    assert_eq!((r.status, r.code()), (StatusCode::NOT_FOUND, "terminal_session_not_found"));
+    assert!(c.t.get("/v1/terminal-sessions", &bob).await.body["sessions"].as_array().unwrap().is_empty());
+}
+
+async fn limits_timeouts_and_reaping(backend: Backend) {
+    let cfg =
+        mira::tools::terminal::host::TerminalConfig { max_sessions_per_user: 2, idle_secs: 2, ..Default::default() };
+    let c = setup_with(backend, cfg).await;
+    // Life limit.
+    let (short, _) = c.start(json!({"command": "sleep", "args": ["100"], "timeout_ms": 500, "settle_ms": 0})).await;
+    let out = c.act(json!({"action": "wait", "session_id": short, "timeout_ms": 10000})).await;
+    assert_eq!(out["state"], "timed_out", "{out}");
+    // Per-user limit.
+    let (a, _) = c.start(json!({"command": "sleep", "args": ["100"], "settle_ms": 0})).await;
+    c.start(json!({"command": "sleep", "args": ["100"], "settle_ms": 0})).await;
+    let inv = c.freeze(json!({"action": "start", "command": "sleep", "args": ["1"]})).await;
+    let done = c.grant(&inv).await;
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("failed"), Some("terminal_session_limit")),
+        "{done}"
+    );
+    // Idle reaping: `a` prints nothing and gets no action.
+    let pid = c.session(&a).await["pid"].as_i64().unwrap();
+    let mut reaped = false;
+    for _ in 0..100 {
+        if c.session(&a).await["state"] == "reaped" {
+            reaped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(reaped, "idle session reaped");
+    assert!(gone(pid).await);
+}
+
+async fn restart_reports_running_sessions_lost(backend: Backend) {
+    let mut c = setup(backend).await;
+    let (b, _) = c.start(bash()).await;
+    c.input(&b, "sleep 1000 & echo \"B\"G=$!\n").await;
+    let out = c.until_output(&b, "BG=").await;
+    let bg: i64 = out.rsplit("BG=").next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let shell = c.session(&b).await["pid"].as_i64().unwrap();
+    assert!(alive(bg));
+    c.t.restart().await;
+    let s = c.session(&b).await;
+    assert_eq!(s["state"], "lost", "{s}");
+    assert!(gone(shell).await && gone(bg).await, "no process of a lost session survives");
+    // Its retained output is still readable.
+    let resp =
+        c.t.client
+            .get(format!("{}/v1/terminal-sessions/{b}/stream", c.t.base))
+            .bearer_auth(&c.token)
+            .send()
+            .await
+            .unwrap();
+    let events = read_sse(resp, 50, Duration::from_secs(5)).await;
+    assert!(events.iter().any(|e| e.1 == "output" && e.2["data"].as_str().unwrap().contains("BG=")), "{events:?}");
+    assert_eq!(events.last().unwrap().1, "exit");
+}
+
+both_backends!(
+    shell_in_strict_mode_keeps_cwd_env_and_every_action_works,
+    limits_timeouts_and_reaping,
+    restart_reports_running_sessions_lost,
+    bad_inputs_are_refused_clearly,
+);
+
+macro_rules! sqlite_only {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() { super::$name(crate::common::Backend::Sqlite).await }
+        }
+    )*};
+}
+
+sqlite_only!(
+    repls_keep_state,
+    dev_server_is_fetched_then_killed,
+    kill_ends_background_grandchildren,
+    utf8_split_across_writes_and_stream_resume,
+    long_output_keeps_head_and_tail,
+    cwd_outside_the_workspace_is_shown_and_needs_its_own_approval,
+);
+
+/// A 200 MB flood through the PTY with a viewer that does not read: the server's memory
+/// stays bounded, the slow viewer later gets a `gap` and then the newest output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flood_keeps_memory_bounded_and_slow_viewers_get_a_gap() {
+    let cfg = mira::tools::terminal::host::TerminalConfig {
+        ring_bytes: 256 * 1024,
+        retain_bytes: 1024 * 1024,
+        ..Default::default()
+    };
+    let c = setup_with(Backend::Sqlite, cfg).await;
+    let (id, _) =
+        c.start(json!({"command": "bash", "args": ["-c", "sleep 0.5; head -c 200000000 /dev/zero | base64 -w 1000; echo FLOOD-END"], "settle_ms": 0})).await;
+    // A viewer that connects and then does not read.
+    let slow =
+        c.t.client
+            .get(format!("{}/v1/terminal-sessions/{id}/stream?offset=0", c.t.base))
+            .bearer_auth(&c.token)
+            .send()
+            .await
+            .unwrap();
+    let base = rss_kib();
+    let mut peak = base;
+    let sampler = {
+        let id = id.clone();
+        let c_token = c.token.clone();
+        let base_url = c.t.base.clone();
+        let client = c.t.client.clone();
+        tokio::spawn(async move {
+            let mut peak = 0;
+            loop {
+                peak = peak.max(rss_kib());
+                let r = client
+                    .get(format!("{base_url}/v1/terminal-sessions/{id}"))
+                    .bearer_auth(&c_token)
+                    .send()
+                    .await
+                    .unwrap();
+                let v: Value = r.json().await.unwrap();
+                if v["state"] != "running" {
+                    return (peak, v);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let (p, row) = tokio::time::timeout(Duration::from_secs(240), sampler).await.expect("flood finishes").unwrap();
+    peak = peak.max(p);
+    assert_eq!(row["state"], "exited", "{row}");
+    assert!(row["bytes_out"].as_i64().unwrap() > 200_000_000, "{row}");
+    let growth_mib = (peak.saturating_sub(base)) / 1024;
+    eprintln!(
+        "flood: {} bytes, RSS base {} MiB, peak {} MiB (+{growth_mib} MiB)",
+        row["bytes_out"],
+        base / 1024,
+        peak / 1024
+    );
+    assert!(growth_mib < 150, "server memory grew by {growth_mib} MiB during a 270 MB flood");
+    // The slow viewer now reads: the first bytes, then a gap, then the end.
+    let events = read_sse(slow, 100_000, Duration::from_secs(60)).await;
+    let gap = events.iter().find(|e| e.1 == "gap").expect("a gap event for the slow viewer");
+    assert!(gap.2["to"].as_u64().unwrap() > gap.2["from"].as_u64().unwrap());
+    let text: String =
+        events.iter().filter(|e| e.1 == "output").map(|e| e.2["data"].as_str().unwrap().to_owned()).collect();
+    assert!(text.contains("FLOOD-END"), "the newest output arrives after the gap");
+    assert_eq!(events.last().unwrap().1, "exit");
+}
