@@ -53,6 +53,8 @@ enum BenchCommand {
     Exposure(Box<ExposureArgs>),
     /// News Hub: collection throughput (items/s stored) and search latency (p50/p99).
     News(mira::bench::news::NewsBench),
+    /// Terminal: PTY → SSE throughput vs a bare PTY and a pipe, echo latency, server RSS.
+    Terminal(mira::bench::terminal::TerminalBench),
 }
 
 /// Arguments of `mira bench exposure`.
@@ -236,6 +238,7 @@ async fn main() -> ExitCode {
         }
         Command::Bench { command: BenchCommand::Codegraph(opts) } => mira::bench::codegraph::run(opts).await,
         Command::Bench { command: BenchCommand::News(opts) } => mira::bench::news::run(opts).await,
+        Command::Bench { command: BenchCommand::Terminal(opts) } => mira::bench::terminal::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

@@ -20,7 +20,19 @@ async fn read_chain_end_to_end(backend: Backend) {
     let (turn, exposure) = t.turn(&token, &run, "find frobnicate").await;
     assert_eq!(exposure["strategy"], "all");
     let ids: Vec<&str> = exposure["tools"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["delete_path", "grep", "move_path", "read_discover", "read_open", "replace_block", "write_file"]);
+    assert_eq!(
+        ids,
+        [
+            "delete_path",
+            "grep",
+            "move_path",
+            "read_discover",
+            "read_open",
+            "replace_block",
+            "terminal_session",
+            "write_file"
+        ]
+    );
 
     let r = t.call(&token, &run, &turn, "grep", "call-1", json!({"pattern": "fn frobnicate"})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");

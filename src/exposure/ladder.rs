@@ -177,10 +177,10 @@ fn view_inner(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, tur
             let reason = Reason {
                 code: "not_exposed".into(),
                 message: format!(
-                    "{} was available but not among the {} tools exposed in this turn (strategy {:?}, {} candidates)",
+                    "{} was available but not among the {} tools exposed in this turn (strategy {}, {} candidates)",
                     spec.id,
                     exposure.tools.len(),
-                    exposure.strategy,
+                    exposure.strategy.as_str(),
                     exposure.candidate_count
                 ),
             };

@@ -41,6 +41,17 @@ pub enum Strategy {
     RankedLexical,
 }
 
+impl Strategy {
+    /// The wire name (`all`, `ranked`, `ranked_lexical`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::All => "all",
+            Strategy::Ranked => "ranked",
+            Strategy::RankedLexical => "ranked_lexical",
+        }
+    }
+}
+
 /// One tool as the model saw it.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExposedTool {

@@ -1,0 +1,314 @@
+//! `mira bench terminal`: PTY → SSE throughput, keystroke echo latency and server memory,
+//! measured against the same command through a bare PTY and through a plain pipe.
+//!
+//! 1. Throughput: `CMD` (default `head -c 500M /dev/zero | base64`) runs in a session started
+//!    through the whole chain (freeze, grant, execute); one SSE client reads
+//!    `/v1/terminal-sessions/{id}/stream` from offset 0 until `exit`. Reported: output bytes /
+//!    seconds from the grant to the `exit` event, bytes the client received (the rest came as
+//!    `gap` events, when the client fell further behind than the retention cap), and this
+//!    process's RSS peak over its RSS before. Side by side, in the same run: the same command
+//!    under `script -qfc CMD /dev/null > /dev/null` (a bare PTY, no server) and through a plain
+//!    pipe read to the end, with the ratios.
+//! 2. Echo latency: a `cat` session; `keys` times a line is written to the PTY and the time to
+//!    its echo on the SSE stream is taken — once through the host directly (the runtime's own
+//!    path: PTY → ring → SSE) and `governed_keys` times as an approved `input` invocation
+//!    (grant → byte on the stream).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::config::RuntimeConfig;
+use crate::server::{Server, Settings};
+
+/// Options of the benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TerminalBench {
+    /// Command producing the flood (run by `sh -c`).
+    #[arg(long, default_value = "head -c 500M /dev/zero | base64")]
+    pub command: String,
+    /// Lines typed for the direct echo latency.
+    #[arg(long, default_value_t = 500)]
+    pub keys: usize,
+    /// Lines typed as approved `input` invocations.
+    #[arg(long, default_value_t = 50)]
+    pub governed_keys: usize,
+}
+
+struct Api {
+    client: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Api {
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        let mut req = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await?;
+        let status = resp.status();
+        let v: Value = resp.json().await?;
+        if !status.is_success() {
+            bail!("{path}: {status} {v}");
+        }
+        Ok(v)
+    }
+
+    /// Freezes a terminal_session call and returns the grant request (not yet sent).
+    async fn freeze(&self, run: &str, turn: &str, call: &str, input: Value) -> anyhow::Result<(String, Value)> {
+        let inv = self
+            .send(
+                reqwest::Method::POST,
+                &format!("/v1/runs/{run}/invocations"),
+                Some(json!({"turn_id": turn, "tool_id": "terminal_session", "tool_call_id": call, "input": input})),
+            )
+            .await?;
+        let approval = inv["approval_id"].as_str().context("no approval")?.to_owned();
+        let inv_id = inv["invocation_id"].as_str().context("no invocation id")?.to_owned();
+        self.send(
+            reqwest::Method::POST,
+            &format!("/v1/approvals/{approval}/grant"),
+            Some(json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]})),
+        )
+        .await?;
+        Ok((inv_id, inv))
+    }
+
+    async fn result(&self, inv: &str) -> anyhow::Result<Value> {
+        for _ in 0..6000 {
+            let v = self.send(reqwest::Method::GET, &format!("/v1/invocations/{inv}"), None).await?;
+            if !matches!(v["status"].as_str(), Some("queued" | "running" | "awaiting_approval")) {
+                return Ok(v);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        bail!("invocation {inv} did not finish")
+    }
+
+    async fn stream(&self, session: &str) -> anyhow::Result<SseReader> {
+        let resp = self
+            .client
+            .get(format!("{}/v1/terminal-sessions/{session}/stream?offset=0", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await?;
+        Ok(SseReader { stream: resp.bytes_stream().map(|r| r.map(|b| b.to_vec())).boxed(), buf: Vec::new() })
+    }
+}
+
+/// A minimal SSE reader: `(event, data)` pairs.
+struct SseReader {
+    stream: futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    buf: Vec<u8>,
+}
+
+impl SseReader {
+    async fn next(&mut self) -> Option<(String, Value)> {
+        loop {
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+                let text = String::from_utf8_lossy(&block);
+                let (mut event, mut data) = (String::new(), String::new());
+                for line in text.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        event = v.trim().to_owned();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                    }
+                }
+                if event.is_empty() {
+                    continue;
+                }
+                return Some((event, serde_json::from_str(&data).unwrap_or(Value::Null)));
+            }
+            match self.stream.next().await {
+                Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
+                _ => return None,
+            }
+        }
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("VmRSS:")).map(|v| v.trim().trim_end_matches("kB").trim().to_owned())
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs the benchmark and prints its figures.
+pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
+    let tmp = std::env::temp_dir().join(format!("mira-bench-terminal-{}", uuid::Uuid::now_v7().simple()));
+    let workspace = tmp.join("ws");
+    std::fs::create_dir_all(&workspace)?;
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse()?,
+        data_dir: tmp.clone(),
+        database_url: format!("sqlite://{}?mode=rwc", tmp.join("mira.db").display()),
+        workspace: workspace.clone(),
+        runtime: RuntimeConfig::default(),
+        body_limit: 1024 * 1024,
+        request_timeout: Duration::from_secs(60),
+    };
+    let server = Server::start(settings).await?;
+    let token = std::fs::read_to_string(tmp.join("admin.token"))?.trim().to_owned();
+    let api = Api { client: crate::net::client_builder().build()?, base: format!("http://{}", server.addr), token };
+    let run = api.send(reqwest::Method::POST, "/v1/runs", Some(json!({"title": "bench"}))).await?;
+    let run = run["id"].as_str().context("run id")?.to_owned();
+    let turn =
+        api.send(reqwest::Method::POST, &format!("/v1/runs/{run}/turns"), Some(json!({"task": "terminal"}))).await?;
+    let turn = turn["turn_id"].as_str().context("turn id")?.to_owned();
+
+    // 1. Throughput through the runtime.
+    let before = rss_kib();
+    let t0 = Instant::now();
+    let (inv, _) = api
+        .freeze(
+            &run,
+            &turn,
+            "flood",
+            json!({"action": "start", "command": "sh", "args": ["-c", opts.command], "settle_ms": 0}),
+        )
+        .await?;
+    let started = api.result(&inv).await?;
+    let session = started["result"]["output"]["session_id"].as_str().context("session id")?.to_owned();
+    let mut sse = api.stream(&session).await?;
+    let (mut received, mut gaps, mut total) = (0u64, 0u64, 0u64);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampler = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(rss_kib(), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    while let Some((event, data)) = sse.next().await {
+        match event.as_str() {
+            "output" => received += data["data"].as_str().map_or(0, |s| s.len() as u64),
+            "gap" => gaps += data["to"].as_u64().unwrap_or(0) - data["from"].as_u64().unwrap_or(0),
+            "exit" => {
+                total = data["bytes_out"].as_u64().unwrap_or(0);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let runtime_secs = t0.elapsed().as_secs_f64();
+    sampler.abort();
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    let mb = total as f64 / 1e6;
+
+    // The same command through a bare PTY, and through a pipe.
+    let t = Instant::now();
+    let status = tokio::process::Command::new("script")
+        .args(["-qfc", &opts.command, "/dev/null"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .context("running script(1)")?;
+    let pty_secs = t.elapsed().as_secs_f64();
+    if !status.success() {
+        bail!("script(1) failed: {status}");
+    }
+    let t = Instant::now();
+    let mut child =
+        tokio::process::Command::new("sh").args(["-c", &opts.command]).stdout(std::process::Stdio::piped()).spawn()?;
+    let mut out = child.stdout.take().context("pipe")?;
+    let piped = tokio::io::copy(&mut out, &mut tokio::io::sink()).await?;
+    child.wait().await?;
+    let pipe_secs = t.elapsed().as_secs_f64();
+
+    println!("terminal throughput: `{}`", opts.command);
+    println!(
+        "  runtime (PTY → ring → SSE, one client): {mb:.0} MB in {runtime_secs:.2} s = {:.1} MB/s; client received {:.0} MB, {:.0} MB as gaps",
+        mb / runtime_secs,
+        received as f64 / 1e6,
+        gaps as f64 / 1e6
+    );
+    println!("  bare PTY (script -qfc … > /dev/null): {pty_secs:.2} s = {:.1} MB/s", mb / pty_secs);
+    println!(
+        "  plain pipe: {:.0} MB in {pipe_secs:.2} s = {:.1} MB/s",
+        piped as f64 / 1e6,
+        piped as f64 / 1e6 / pipe_secs
+    );
+    println!(
+        "  runtime / bare PTY time ratio {:.2}; runtime / pipe time ratio {:.2}",
+        runtime_secs / pty_secs,
+        runtime_secs / pipe_secs
+    );
+    println!(
+        "  server RSS {} MiB before, peak {} MiB (+{} MiB)",
+        before / 1024,
+        peak / 1024,
+        peak.saturating_sub(before) / 1024
+    );
+
+    // 2. Echo latency on `cat`.
+    let (inv, _) = api.freeze(&run, &turn, "cat", json!({"action": "start", "command": "cat", "settle_ms": 0})).await?;
+    let started = api.result(&inv).await?;
+    let session = started["result"]["output"]["session_id"].as_str().context("session id")?.to_owned();
+    let row = server.app.store.terminal_session_for_any(&session).await?.context("session row")?;
+    let live = server.app.terminal.get(&row.owner_id, &session).context("live session")?;
+    let mut sse = api.stream(&session).await?;
+    let mut seen = String::new();
+    let mut direct = Vec::with_capacity(opts.keys);
+    for i in 0..opts.keys {
+        let marker = format!("k{i}x");
+        let t = Instant::now();
+        live.write_input(format!("{marker}\n").as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        wait_for(&mut sse, &mut seen, &marker).await?;
+        direct.push(t.elapsed());
+    }
+    let mut governed = Vec::with_capacity(opts.governed_keys);
+    for i in 0..opts.governed_keys {
+        let marker = format!("g{i}x");
+        let t = Instant::now();
+        let (inv, _) = api
+            .freeze(
+                &run,
+                &turn,
+                &format!("key{i}"),
+                json!({"action": "input", "session_id": session, "data": format!("{marker}\n"), "settle_ms": 0}),
+            )
+            .await?;
+        wait_for(&mut sse, &mut seen, &marker).await?;
+        governed.push(t.elapsed());
+        api.result(&inv).await?;
+    }
+    let d = super::percentiles(&direct);
+    let g = super::percentiles(&governed);
+    println!("echo latency on `cat` (write → byte on the SSE stream):");
+    println!("  runtime path, {} keys: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms", direct.len(), d.p50, d.p99, d.max);
+    println!(
+        "  governed `input` (freeze + grant → byte on the stream), {} keys: p50 {:.2} ms, p99 {:.2} ms",
+        governed.len(),
+        g.p50,
+        g.p99
+    );
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+async fn wait_for(sse: &mut SseReader, seen: &mut String, marker: &str) -> anyhow::Result<()> {
+    loop {
+        if let Some(at) = seen.find(marker) {
+            seen.drain(..at + marker.len());
+            return Ok(());
+        }
+        match tokio::time::timeout(Duration::from_secs(10), sse.next()).await {
+            Ok(Some((event, data))) if event == "output" => seen.push_str(data["data"].as_str().unwrap_or("")),
+            Ok(Some(_)) => {}
+            _ => bail!("{marker} never appeared on the stream"),
+        }
+    }
+}
