@@ -224,6 +224,13 @@ async fn shell_in_strict_mode_keeps_cwd_env_and_every_action_works(backend: Back
     assert_eq!(e["kind"], "terminal_output");
     assert!(e["provenance"]["byte_range"].is_array() && e["provenance"]["output_sha256"].is_string(), "{e}");
     assert!(!e["excerpt"].as_str().unwrap().contains('\u{1b}'));
+    // The run's timeline points at each action's output range.
+    let resp =
+        c.t.client.get(format!("{}/v1/runs/{}/events", c.t.base, c.run)).bearer_auth(&c.token).send().await.unwrap();
+    let events = read_sse(resp, 200, Duration::from_secs(2)).await;
+    let outputs: Vec<_> = events.iter().filter(|e| e.1 == "terminal.output").collect();
+    assert!(outputs.len() >= 8, "{outputs:?}");
+    assert!(outputs.iter().all(|e| e.2["session_id"] == id.as_str() && e.2["to"].as_u64() >= e.2["from"].as_u64()));
 }
 
 async fn repls_keep_state(backend: Backend) {
@@ -372,6 +379,11 @@ async fn cwd_outside_the_workspace_is_shown_and_needs_its_own_approval(backend: 
     let (id, out) = c.start(json!({"command": "pwd", "cwd": outside.path(), "settle_ms": 500})).await;
     assert!(out["output"].as_str().unwrap().contains(real.to_str().unwrap()), "{out}");
     assert_eq!(c.session(&id).await["cwd"], real.to_str().unwrap());
+    // The process gets the frozen environment only: none of the server's secrets.
+    let (_, out) = c.start(json!({"command": "env", "env": {"MINE": "yes"}, "settle_ms": 500})).await;
+    let text = out["output"].as_str().unwrap();
+    assert!(text.contains("MINE=yes") && text.contains("PAGER=cat") && text.contains("PATH="), "{text}");
+    assert!(!text.contains("DATABASE_URL") && !text.contains("MIRA_"), "server environment leaked: {text}");
     // Inside the workspace by default, not flagged; command, cwd, env and timeout each change the hash.
     let base = c.freeze(json!({"action": "start", "command": "true"})).await;
     assert_eq!(base["input"]["cwd"], c.t.workspace.to_str().unwrap());

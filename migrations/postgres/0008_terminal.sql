@@ -13,6 +13,7 @@ CREATE TABLE terminal_sessions (
     rows             BIGINT NOT NULL,
     timeout_ms       BIGINT NOT NULL,
     pid              BIGINT,
+    pid_start        TEXT,
     state            TEXT NOT NULL,
     end_reason       TEXT,
     exit_code        BIGINT,

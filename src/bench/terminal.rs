@@ -264,7 +264,7 @@ pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
     for i in 0..opts.keys {
         let marker = format!("k{i}x");
         let t = Instant::now();
-        live.write_input(format!("{marker}\n").as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        live.write_input(format!("{marker}\n").into_bytes()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         wait_for(&mut sse, &mut seen, &marker).await?;
         direct.push(t.elapsed());
     }

@@ -31,7 +31,7 @@ use super::error::{Json, Path, Query};
 use crate::app::App;
 use crate::error::{Error, Result};
 use crate::store::TerminalSessionRow;
-use crate::tools::terminal::host::Session;
+use crate::tools::terminal::host::{ExitInfo, Session};
 use crate::tools::terminal::output::decode_utf8;
 
 /// Largest `output` event, in bytes of output.
@@ -204,7 +204,7 @@ pub async fn stream_session(
             details: json!({"offset": offset, "bytes_out": total}),
         });
     }
-    let state = Viewer { app, id, live, offset, pending: Vec::new(), done: false };
+    let state = Viewer { app, id, live, offset, pending: Vec::new(), exit: None, done: false };
     let stream = futures::stream::unfold(state, |mut v| async move {
         if v.done {
             return None;
@@ -223,6 +223,8 @@ struct Viewer {
     offset: u64,
     /// Bytes of an incomplete UTF-8 character, held until the rest arrives.
     pending: Vec<u8>,
+    /// How the live session ended (kept when it leaves the host).
+    exit: Option<ExitInfo>,
     done: bool,
 }
 
@@ -274,62 +276,59 @@ impl Viewer {
                 }
                 Next::Nothing => {}
             }
-            // Nothing new: the end, or wait for more.
-            let ended = self.live.as_ref().is_none_or(|s| s.ended());
-            if ended {
-                if let Some(event) = self.finish().await {
-                    return Some(event);
+            // Nothing new: wait for more while the session runs.
+            if let Some(s) = self.live.clone() {
+                if !s.ended() {
+                    let mut bytes = s.bytes();
+                    let mut exit = s.exit();
+                    if s.with_ring(|r| r.end()) > self.offset || s.ended() {
+                        continue;
+                    }
+                    tokio::select! {
+                        _ = bytes.changed() => {}
+                        _ = exit.changed() => {}
+                        () = self.app.shutdown.cancelled() => { self.done = true; return None; }
+                    }
+                    continue;
+                }
+                // It just ended: once its end is recorded (bounded wait), the rest of its
+                // output is read from the store, then `exit` follows.
+                self.live = None;
+                self.exit = s.exit_info();
+                for _ in 0..100 {
+                    match self.app.store.terminal_session_for_any(&self.id).await {
+                        Ok(Some(row)) if row.state != "running" => break,
+                        _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
                 }
                 continue;
             }
-            let s = self.live.clone()?;
-            let mut bytes = s.bytes();
-            let mut exit = s.exit();
-            if s.with_ring(|r| r.end()) > self.offset || s.ended() {
-                continue;
+            // After the last byte: a held partial character, then `exit`.
+            if !self.pending.is_empty() {
+                let start = self.offset - self.pending.len() as u64;
+                let (text, _) = decode_utf8(&std::mem::take(&mut self.pending), true);
+                return Some(output_event(start, self.offset, &text));
             }
-            tokio::select! {
-                _ = bytes.changed() => {}
-                _ = exit.changed() => {}
-                () = self.app.shutdown.cancelled() => { self.done = true; return None; }
-            }
+            self.done = true;
+            return self.exit_event().await;
         }
     }
 
-    /// After the last byte: flushes a held partial character, then the `exit` event.
-    async fn finish(&mut self) -> Option<Event> {
-        if !self.pending.is_empty() {
-            let start = self.offset - self.pending.len() as u64;
-            let (text, _) = decode_utf8(&std::mem::take(&mut self.pending), true);
-            return Some(output_event(start, self.offset, &text));
-        }
-        // A live session that just ended: wait until its end is recorded (bounded).
-        if self.live.take().is_some() {
-            for _ in 0..100 {
-                match self.app.store.terminal_session_for_any(&self.id).await {
-                    Ok(Some(row)) if row.state != "running" => break,
-                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
-                }
-            }
-        }
-        self.exit_event().await
-    }
-
+    /// The `exit` event: the recorded end, or the process's own exit while the record is late.
     async fn exit_event(&mut self) -> Option<Event> {
-        self.done = true;
         let row = self.app.store.terminal_session_for_any(&self.id).await.ok().flatten()?;
-        if row.state == "running" {
-            return None;
-        }
-        Some(
-            Event::default().id(self.offset.to_string()).event("exit").data(
-                json!({
-                    "state": row.state, "end_reason": row.end_reason, "exit_code": row.exit_code,
-                    "signal": row.signal, "bytes_out": row.bytes_out,
-                })
-                .to_string(),
-            ),
-        )
+        let data = match (&self.exit, row.state.as_str()) {
+            (Some(e), "running") => json!({
+                "state": e.state, "end_reason": e.end_reason, "exit_code": e.exit_code,
+                "signal": e.signal, "bytes_out": self.offset,
+            }),
+            (None, "running") => return None,
+            _ => json!({
+                "state": row.state, "end_reason": row.end_reason, "exit_code": row.exit_code,
+                "signal": row.signal, "bytes_out": row.bytes_out,
+            }),
+        };
+        Some(Event::default().id(self.offset.to_string()).event("exit").data(data.to_string()))
     }
 
     /// Reads from the ring, or from the store for bytes the ring no longer holds.

@@ -42,6 +42,9 @@ pub struct TerminalSessionRow {
     pub timeout_ms: i64,
     /// Process id of the session leader.
     pub pid: Option<i64>,
+    /// `<boot id>:<start time>` of the leader, which tells it apart from a later process
+    /// that got the same pid.
+    pub pid_start: Option<String>,
     /// `running|exited|killed|timed_out|reaped|lost|failed`.
     pub state: String,
     /// Why it ended, in words.
@@ -78,8 +81,8 @@ impl Store {
     pub async fn insert_terminal_session(&self, row: &TerminalSessionRow) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO terminal_sessions (id, owner_id, run_id, invocation_id, node_id, command, args, cwd, env,
-                cols, rows, timeout_ms, pid, state, bytes_out, retained_from, started_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 0, 0, $15)",
+                cols, rows, timeout_ms, pid, pid_start, state, bytes_out, retained_from, started_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 0, 0, $16)",
         )
         .bind(&row.id)
         .bind(&row.owner_id)
@@ -94,6 +97,7 @@ impl Store {
         .bind(row.rows)
         .bind(row.timeout_ms)
         .bind(row.pid)
+        .bind(&row.pid_start)
         .bind(&row.state)
         .bind(&row.started_at)
         .execute(self.pool())
@@ -227,11 +231,19 @@ impl Store {
         Ok(())
     }
 
+    /// Appends a `terminal.output` event to `run_id`'s log: which session, which invocation,
+    /// which byte range of its output (the bytes themselves are in the session's stream).
+    pub async fn record_terminal_output(&self, run_id: &str, data: &serde_json::Value) -> StoreResult<()> {
+        let mut tx = self.begin_write().await?;
+        tx.append_event(run_id, crate::events::EventKind::TerminalOutput, data).await?;
+        tx.commit().await
+    }
+
     /// Sessions this node left `running` (a previous process of this server): marks them
-    /// `lost` and returns their leader pids, so that leftovers can be killed.
-    pub async fn lose_terminal_sessions(&self, node_id: &str) -> StoreResult<Vec<i64>> {
-        let pids: Vec<Option<i64>> =
-            sqlx::query_scalar("SELECT pid FROM terminal_sessions WHERE node_id = $1 AND state = 'running'")
+    /// `lost` and returns their leaders' `(pid, pid_start)`, so that leftovers can be killed.
+    pub async fn lose_terminal_sessions(&self, node_id: &str) -> StoreResult<Vec<(i64, Option<String>)>> {
+        let pids: Vec<(Option<i64>, Option<String>)> =
+            sqlx::query_as("SELECT pid, pid_start FROM terminal_sessions WHERE node_id = $1 AND state = 'running'")
                 .bind(node_id)
                 .fetch_all(self.pool())
                 .await?;
@@ -243,6 +255,6 @@ impl Store {
         .bind(node_id)
         .execute(self.pool())
         .await?;
-        Ok(pids.into_iter().flatten().collect())
+        Ok(pids.into_iter().filter_map(|(pid, start)| Some((pid?, start))).collect())
     }
 }

@@ -83,7 +83,8 @@ pub struct StartSpec {
     pub args: Vec<String>,
     /// Real absolute cwd.
     pub cwd: String,
-    /// Environment beyond the server's (sorted; `null` removes a variable).
+    /// The process's whole environment (sorted; `null` = left unset). Nothing else of the
+    /// server's environment reaches the session.
     pub env: serde_json::Map<String, Value>,
     /// Life limit in ms.
     pub timeout_ms: u64,
@@ -141,13 +142,33 @@ impl Session {
         *self.last_activity.lock() = Instant::now();
     }
 
-    /// Writes bytes to the PTY.
-    pub fn write_input(&self, data: &[u8]) -> Result<(), ToolError> {
+    /// How the session ended, once it has.
+    pub fn exit_info(&self) -> Option<ExitInfo> {
+        self.exit.borrow().clone()
+    }
+
+    /// Writes bytes to the PTY, off the async workers (a program that does not read its
+    /// input makes the write block once the terminal's buffer is full). Gives up after
+    /// [`INPUT_WRITE_LIMIT`] with `pty_input_blocked`.
+    pub async fn write_input(self: &Arc<Self>, data: Vec<u8>) -> Result<(), ToolError> {
         self.touch();
-        let mut w = self.writer.lock();
-        w.write_all(data)
-            .and_then(|()| w.flush())
-            .map_err(|e| failed("pty_write_failed", format!("writing to the PTY: {e}")))
+        let s = self.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            let mut w = s.writer.lock();
+            w.write_all(&data).and_then(|()| w.flush())
+        });
+        match tokio::time::timeout(INPUT_WRITE_LIMIT, job).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(failed("pty_write_failed", format!("writing to the PTY: {e}"))),
+            Ok(Err(e)) => Err(failed("pty_write_failed", format!("writing to the PTY: {e}"))),
+            Err(_) => Err(failed(
+                "pty_input_blocked",
+                format!(
+                    "the program has not read its input for {} s (the terminal's input buffer is full); interrupt or kill it",
+                    INPUT_WRITE_LIMIT.as_secs()
+                ),
+            )),
+        }
     }
 
     /// Changes the PTY size (the foreground program gets SIGWINCH).
@@ -182,6 +203,14 @@ impl Session {
     }
 }
 
+/// Longest a write to a PTY may block before the action fails.
+pub const INPUT_WRITE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Variables of the server's own environment a session inherits (when set); everything
+/// else — database URLs, API keys — stays out.
+pub const INHERITED_ENV: [&str; 10] =
+    ["HOME", "USER", "LOGNAME", "PATH", "LANG", "LC_ALL", "LC_CTYPE", "SHELL", "TZ", "TMPDIR"];
+
 fn failed(code: &str, message: String) -> ToolError {
     ToolError::new(ErrorClass::Failed, code, message)
 }
@@ -214,17 +243,29 @@ pub fn session_members(sid: i32) -> Vec<i32> {
         .collect()
 }
 
-/// The session id of `pid`, if it exists (and is not a zombie).
-fn stat_session(pid: i32) -> Option<i32> {
+/// Fields 3… of `/proc/<pid>/stat` (proc(5)) of a live (not zombie) process.
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces and parentheses: fields follow the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let mut fields = rest.split(' ');
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<String> = rest.split(' ').map(str::to_owned).collect();
+    if matches!(fields.first().map(String::as_str), Some("Z" | "X") | None) {
         return None;
     }
-    fields.nth(2)?.parse().ok()
+    Some(fields)
+}
+
+/// The session id of `pid` (field 6), if it exists and is not a zombie.
+fn stat_session(pid: i32) -> Option<i32> {
+    stat_fields(pid)?.get(3)?.parse().ok()
+}
+
+/// `<boot id>:<start time of pid in clock ticks>` (field 22): names one process across
+/// pid reuse, for recovery after a restart.
+fn process_stamp(pid: i32) -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let start = stat_fields(pid)?.get(19)?.clone();
+    Some(format!("{}:{start}", boot.trim()))
 }
 
 /// The live sessions of this server process.
@@ -233,6 +274,8 @@ pub struct TerminalHost {
     node_id: String,
     config: TerminalConfig,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Starts in progress per owner (they count against the limit).
+    starting: Mutex<HashMap<String, usize>>,
     shutdown: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
 }
@@ -246,6 +289,7 @@ impl TerminalHost {
             node_id,
             config,
             sessions: Mutex::new(HashMap::new()),
+            starting: Mutex::new(HashMap::new()),
             shutdown,
             tasks: tokio_util::task::TaskTracker::new(),
         });
@@ -284,25 +328,26 @@ impl TerminalHost {
     /// Marks sessions a previous process of this node left `running` as `lost`, and kills
     /// any of their processes that survived it. Returns how many there were.
     pub async fn recover(&self) -> Result<usize, crate::store::StoreError> {
-        let pids = self.store.lose_terminal_sessions(&self.node_id).await?;
-        for pid in &pids {
+        let lost = self.store.lose_terminal_sessions(&self.node_id).await?;
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let boot = boot.trim();
+        for (pid, stamp) in &lost {
             let pid = i32::try_from(*pid).unwrap_or(0);
-            // Only a process that still leads its own session is taken as ours.
-            if stat_session(pid) == Some(pid) {
+            // Processes of an earlier boot are gone; a live leader must be the very process
+            // that was started (same start time), not a later one that got its pid.
+            let Some(stamp) = stamp.as_deref().filter(|s| !boot.is_empty() && s.starts_with(boot)) else {
+                continue;
+            };
+            if stat_fields(pid).is_none() || process_stamp(pid).as_deref() == Some(stamp) {
                 kill_session(pid);
             }
         }
-        Ok(pids.len())
+        Ok(lost.len())
     }
 
     /// A live session of `owner_id`.
     pub fn get(&self, owner_id: &str, id: &str) -> Option<Arc<Session>> {
         self.sessions.lock().get(id).filter(|s| s.owner_id == owner_id).cloned()
-    }
-
-    /// Live sessions of `owner_id`.
-    pub fn live_count(&self, owner_id: &str) -> usize {
-        self.sessions.lock().values().filter(|s| s.owner_id == owner_id && !s.ended()).count()
     }
 
     fn reap_idle(&self) {
@@ -335,21 +380,45 @@ impl TerminalHost {
     }
 
     /// Starts a session: opens a PTY, spawns the program as a session leader in it, records
-    /// the session and starts its workers.
+    /// the session and starts its workers. The work runs as its own task, so that a cancelled
+    /// invocation cannot leave a spawned process half-registered; starts in progress count
+    /// against the per-user limit.
     pub async fn start(self: &Arc<Self>, spec: StartSpec) -> Result<Arc<Session>, ToolError> {
         if self.shutdown.is_cancelled() {
             return Err(ToolError::new(ErrorClass::Unavailable, "server_stopping", "the server is stopping"));
         }
-        if self.live_count(&spec.owner_id) >= self.config.max_sessions_per_user {
-            return Err(ToolError::new(
-                ErrorClass::Conflict,
-                "terminal_session_limit",
-                format!(
-                    "you already have {} live terminal sessions (the limit); kill one first",
-                    self.config.max_sessions_per_user
-                ),
-            ));
+        let owner = spec.owner_id.clone();
+        {
+            let sessions = self.sessions.lock();
+            let mut starting = self.starting.lock();
+            let live = sessions.values().filter(|s| s.owner_id == owner && !s.ended()).count();
+            if live + starting.get(&owner).copied().unwrap_or(0) >= self.config.max_sessions_per_user {
+                return Err(ToolError::new(
+                    ErrorClass::Conflict,
+                    "terminal_session_limit",
+                    format!(
+                        "you already have {} live terminal sessions (the limit); kill one first",
+                        self.config.max_sessions_per_user
+                    ),
+                ));
+            }
+            *starting.entry(owner.clone()).or_default() += 1;
         }
+        let host = self.clone();
+        let started = tokio::spawn(async move { host.spawn_session(spec).await }).await;
+        {
+            let mut starting = self.starting.lock();
+            if let Some(n) = starting.get_mut(&owner) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    starting.remove(&owner);
+                }
+            }
+        }
+        started.map_err(|e| failed("spawn_failed", format!("starting the session: {e}")))?
+    }
+
+    async fn spawn_session(self: Arc<Self>, spec: StartSpec) -> Result<Arc<Session>, ToolError> {
         let id = crate::ids::new_id("term");
         let pair = native_pty_system()
             .openpty(PtySize { rows: spec.rows, cols: spec.cols, pixel_width: 0, pixel_height: 0 })
@@ -357,10 +426,10 @@ impl TerminalHost {
         let mut cmd = CommandBuilder::new(&spec.program);
         cmd.args(&spec.args);
         cmd.cwd(&spec.cwd);
+        cmd.env_clear();
         for (k, v) in &spec.env {
-            match v.as_str() {
-                Some(v) => cmd.env(k, v),
-                None => cmd.env_remove(k),
+            if let Some(v) = v.as_str() {
+                cmd.env(k, v);
             }
         }
         let mut child = pair
@@ -409,6 +478,7 @@ impl TerminalHost {
             rows: i64::from(spec.rows),
             timeout_ms: i64::try_from(spec.timeout_ms).unwrap_or(i64::MAX),
             pid: Some(i64::from(pid)),
+            pid_start: process_stamp(pid),
             state: "running".into(),
             end_reason: None,
             exit_code: None,
@@ -434,6 +504,7 @@ impl TerminalHost {
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {
                     match reader.read(&mut buf) {
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                         Ok(0) | Err(_) => break,
                         Ok(n) => {
                             let end = {
@@ -534,11 +605,18 @@ impl TerminalHost {
     /// the ring before it was stored is a hole the stream reports as a gap).
     async fn flush(&self, s: &Session) -> Result<(), crate::store::StoreError> {
         const CHUNK: usize = 256 * 1024;
+        // One pass stores what was there when it began, so a flood cannot keep it (and the
+        // store's write lock) busy without a pause.
+        let limit = s.with_ring(Ring::end);
         loop {
             let from = s.flushed.load(Ordering::Acquire);
+            if from >= limit {
+                return Ok(());
+            }
             let (start, data, end) = s.with_ring(|r| {
                 let start = from.max(r.start());
-                (start, r.read(start, CHUNK).unwrap_or_default(), r.end())
+                let max = usize::try_from(limit.saturating_sub(start)).unwrap_or(CHUNK).min(CHUNK);
+                (start, r.read(start, max).unwrap_or_default(), r.end())
             });
             if data.is_empty() {
                 return Ok(());

@@ -144,8 +144,10 @@ fn resolve_program(command: &str, cwd: &Path, env: &Map<String, Value>) -> Resul
         Some(Value::String(p)) => p.clone(),
         _ => std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
     };
+    // Relative PATH entries would resolve against the server's cwd here and the session's
+    // cwd at spawn: they are skipped, so the frozen program is always an absolute path.
     path.split(':')
-        .filter(|d| !d.is_empty())
+        .filter(|d| d.starts_with('/'))
         .map(|d| Path::new(d).join(command))
         .find(|p| executable(p))
         .map(|p| p.to_string_lossy().into_owned())
@@ -170,8 +172,11 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
     if let Some(k) = call_env.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
         return Err(bad("invalid_env", format!("{k:?} is not a valid environment variable name")));
     }
+    // The whole environment of the process: a few variables of the server's own, the
+    // agent-friendly defaults, then the call's; nothing else of the server's reaches it.
     let mut env: std::collections::BTreeMap<String, Value> =
-        DEFAULT_ENV.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+        host::INHERITED_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), json!(v)))).collect();
+    env.extend(DEFAULT_ENV.iter().map(|(k, v)| ((*k).to_owned(), json!(v))));
     env.extend(call_env.clone());
     let env: Map<String, Value> = env.into_iter().collect();
     let command = match str_field(input, "command") {
@@ -267,16 +272,23 @@ impl TerminalSession {
     /// The caller's live session named in `input`, or 404 / 409 (ended).
     async fn live_session(&self, input: &Value, owner_id: &str) -> Result<Arc<Session>, ToolError> {
         let id = str_field(input, "session_id").unwrap_or_default();
-        if let Some(s) = self.host.get(owner_id, id).filter(|s| !s.ended()) {
-            return Ok(s);
-        }
-        match self.host.store().terminal_session_for(owner_id, id).await {
-            Ok(Some(row)) => Err(ToolError::new(
+        let ended = |state: &str, exit_code: Option<i64>, end_reason: Option<&str>| {
+            ToolError::new(
                 ErrorClass::Conflict,
                 "terminal_session_ended",
-                format!("terminal session {id} has ended ({})", row.state),
+                format!("terminal session {id} has ended ({state})"),
             )
-            .with_details(json!({"state": row.state, "exit_code": row.exit_code, "end_reason": row.end_reason}))),
+            .with_details(json!({"state": state, "exit_code": exit_code, "end_reason": end_reason}))
+        };
+        if let Some(s) = self.host.get(owner_id, id) {
+            // Ended in memory, perhaps not yet recorded: the process's own exit is the answer.
+            return match s.exit_info() {
+                None => Ok(s),
+                Some(e) => Err(ended(&e.state, e.exit_code, e.end_reason.as_deref())),
+            };
+        }
+        match self.host.store().terminal_session_for(owner_id, id).await {
+            Ok(Some(row)) => Err(ended(&row.state, row.exit_code, row.end_reason.as_deref())),
             Ok(None) => Err(session_not_found(id)),
             Err(e) => Err(ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string())),
         }
@@ -298,14 +310,19 @@ impl TerminalSession {
         let reason = match action {
             "input" => {
                 let data = str_field(input, "data").unwrap_or_default();
-                session.write_input(data.as_bytes())?;
+                session.write_input(data.as_bytes().to_vec()).await?;
                 settle(&session, &mut capture, uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS), ctx)
                     .await
             }
             "signal" => {
                 match str_field(input, "signal").unwrap_or_default() {
-                    "interrupt" => session.write_input(b"\x03")?,
-                    "eof" => session.write_input(b"\x04")?,
+                    "interrupt" => match session.write_input(vec![0x03]).await {
+                        // Ctrl-C through the terminal (the line discipline, or the program in raw
+                        // mode, acts on it); when the input is blocked, SIGINT to the foreground.
+                        Err(e) if e.code == "pty_input_blocked" => session.signal_foreground(libc::SIGINT),
+                        other => other?,
+                    },
+                    "eof" => session.write_input(vec![0x04]).await?,
                     "terminate" => session.signal_foreground(libc::SIGTERM),
                     _ => session.signal_foreground(libc::SIGKILL),
                 }
@@ -334,7 +351,28 @@ impl TerminalSession {
                 "killed"
             }
         };
-        Ok(result(input, &session, &capture.finish(), reason))
+        Ok(self.finish(input, &session, &capture, reason, ctx).await)
+    }
+
+    /// The action's result, after a `terminal.output` event points the run's timeline at the
+    /// byte range the action covered.
+    async fn finish(
+        &self,
+        input: &Value,
+        session: &Session,
+        capture: &Capture,
+        reason: &str,
+        ctx: &ExecContext,
+    ) -> ToolOutput {
+        let out = capture.finish();
+        let event = json!({
+            "session_id": session.id, "invocation_id": ctx.invocation_id, "action": action_of(input),
+            "from": out.from, "to": out.to, "bytes": out.bytes,
+        });
+        if let Err(e) = self.host.store().record_terminal_output(&ctx.run_id, &event).await {
+            tracing::warn!(error = %e, "recording terminal.output failed");
+        }
+        result(input, session, &out, reason)
     }
 }
 
@@ -519,6 +557,6 @@ impl Tool for TerminalSession {
         let mut capture = Capture::new(0);
         let reason =
             settle(&session, &mut capture, uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS), ctx).await;
-        Ok(result(input, &session, &capture.finish(), reason))
+        Ok(self.finish(input, &session, &capture, reason, ctx).await)
     }
 }
