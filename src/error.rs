@@ -44,6 +44,12 @@ pub enum Error {
         /// One line per violation, each naming its location.
         errors: Vec<String>,
     },
+    /// The body is not JSON (415).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// The route exists, but not for this method (405).
+    #[error("this route does not accept that method")]
+    MethodNotAllowed,
     /// Too large (413).
     #[error("{message}")]
     TooLarge {

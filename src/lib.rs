@@ -26,6 +26,7 @@ pub mod invocation;
 pub mod mcp;
 pub mod net;
 pub mod registry;
+pub mod secret;
 pub mod server;
 pub mod store;
 pub mod surface;

@@ -148,6 +148,14 @@ async fn gone(pid: i64) -> bool {
     false
 }
 
+/// A live process whose /proc cmdline is exactly `cmdline` (NUL-separated).
+fn pid_of_cmdline(cmdline: &[u8]) -> Option<i64> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i64>().ok())
+        .find(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == cmdline) && alive(*pid))
+}
+
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     status
@@ -293,6 +301,67 @@ async fn kill_ends_background_grandchildren(backend: Backend) {
     assert!(alive(pid));
     c.act(json!({"action": "kill", "session_id": id})).await;
     assert!(gone(pid).await, "background grandchild {pid} survived kill");
+    // A process that leaves the session with setsid is still found (by its environment).
+    let (id3, _) = c.start(bash()).await;
+    let nap = format!("1001.{}", std::process::id());
+    c.input(&id3, &format!("setsid sleep {nap} & echo setsid-\"started\"\n")).await;
+    c.until_output(&id3, "setsid-started").await;
+    let mut escaped = 0;
+    for _ in 0..50 {
+        escaped = pid_of_cmdline(format!("sleep\0{nap}\0").as_bytes()).unwrap_or(0);
+        if escaped > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(escaped > 0 && alive(escaped), "the setsid child runs");
+    c.act(json!({"action": "kill", "session_id": id3})).await;
+    assert!(gone(escaped).await, "setsid child {escaped} survived kill");
+    // Cancelling a start that is still settling ends the session it started.
+    let inv = c.freeze(json!({"action": "start", "command": "bash", "args": ["-c", "while true; do echo tick; sleep 0.1; done"], "settle_ms": 10000})).await;
+    let r =
+        c.t.post(
+            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+            &c.token,
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let inv_id = inv["invocation_id"].as_str().unwrap();
+    let mut session = None;
+    for _ in 0..100 {
+        let l = c.t.get("/v1/terminal-sessions", &c.token).await;
+        session = l.body["sessions"].as_array().unwrap().iter().find(|s| s["invocation_id"] == inv_id).cloned();
+        if session.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let session = session.expect("the start created a session");
+    let r = c.t.post(&format!("/v1/invocations/{inv_id}/cancel"), &c.token, json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let mut state = String::new();
+    for _ in 0..100 {
+        state = c.session(session["id"].as_str().unwrap()).await["state"].as_str().unwrap().to_owned();
+        if state != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, "killed");
+    assert!(gone(session["pid"].as_i64().unwrap()).await);
+    // NUL bytes are refused before approval.
+    let r =
+        c.t.call(
+            &c.token,
+            &c.run,
+            &c.turn,
+            "terminal_session",
+            "nul",
+            json!({"action": "start", "command": "echo", "args": ["a\u{0}b"]}),
+        )
+        .await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "nul_byte"), "{r:?}");
     // And a non-interactive shell's background child when the shell exits by itself.
     let (id2, _) = c.start(json!({"command": "bash", "args": ["-c", "sleep 1000 & echo child=$!; sleep 0.5"]})).await;
     let out = c.until_output(&id2, "child=").await;
@@ -383,7 +452,11 @@ async fn cwd_outside_the_workspace_is_shown_and_needs_its_own_approval(backend: 
     let (_, out) = c.start(json!({"command": "env", "env": {"MINE": "yes"}, "settle_ms": 500})).await;
     let text = out["output"].as_str().unwrap();
     assert!(text.contains("MINE=yes") && text.contains("PAGER=cat") && text.contains("PATH="), "{text}");
-    assert!(!text.contains("DATABASE_URL") && !text.contains("MIRA_"), "server environment leaked: {text}");
+    let leaked: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("DATABASE_URL") || (l.starts_with("MIRA_") && !l.starts_with("MIRA_TERMINAL_SESSION=")))
+        .collect();
+    assert!(leaked.is_empty(), "server environment leaked: {leaked:?}");
     // Inside the workspace by default, not flagged; command, cwd, env and timeout each change the hash.
     let base = c.freeze(json!({"action": "start", "command": "true"})).await;
     assert_eq!(base["input"]["cwd"], c.t.workspace.to_str().unwrap());

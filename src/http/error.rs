@@ -43,6 +43,8 @@ impl Error {
             Error::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, (*code).into()),
             Error::Conflict { code, .. } => (StatusCode::CONFLICT, (*code).into()),
             Error::InputInvalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "input_invalid".into()),
+            Error::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type".into()),
+            Error::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed".into()),
             Error::TooLarge { code, .. } => (StatusCode::PAYLOAD_TOO_LARGE, (*code).into()),
             Error::Tool(e) => {
                 let status = match e.class {
@@ -102,7 +104,7 @@ impl From<JsonRejection> for Error {
             }
             JsonRejection::JsonDataError(e) => Error::bad_request("invalid_request", e.body_text()),
             JsonRejection::MissingJsonContentType(_) => {
-                Error::bad_request("unsupported_media_type", "expected Content-Type: application/json")
+                Error::UnsupportedMediaType("expected Content-Type: application/json".into())
             }
             JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Error::TooLarge {
                 code: "body_too_large",

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::secret::SecretBox;
 use crate::error::{Error, Result};
+use crate::secret::SecretBox;
 
 /// Longest server name, characters.
 pub const MAX_NAME_CHARS: usize = 128;

@@ -24,7 +24,6 @@ pub mod call;
 pub mod config;
 pub mod connection;
 pub mod discovery;
-pub mod secret;
 pub mod stages;
 pub mod stdio;
 
@@ -168,7 +167,7 @@ pub(crate) struct ProgressRoute {
 pub struct McpManager {
     store: Store,
     registry: Arc<Registry>,
-    secrets: secret::SecretBox,
+    secrets: crate::secret::SecretBox,
     settings: McpSettings,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -217,7 +216,7 @@ impl McpManager {
         settings: McpSettings,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Arc<Self>> {
-        let secrets = secret::SecretBox::load(data_dir).map_err(|e| anyhow::anyhow!("MCP secret key: {e}"))?;
+        let secrets = crate::secret::SecretBox::load(data_dir).map_err(|e| anyhow::anyhow!("MCP secret key: {e}"))?;
         // Streamable HTTP over https needs a process-wide rustls provider; installing it twice
         // is harmless (the second call reports the first).
         crate::net::install_tls_provider();
@@ -546,7 +545,7 @@ impl McpManager {
         &self.store
     }
 
-    pub(crate) fn secrets(&self) -> &secret::SecretBox {
+    pub(crate) fn secrets(&self) -> &crate::secret::SecretBox {
         &self.secrets
     }
 

@@ -38,7 +38,10 @@ impl Entry {
             .take(20)
             .map(|e| {
                 let at = e.instance_path().to_string();
-                if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
+                // The message quotes the offending value: long values are cut (a 64 KiB
+                // string must not come back in the error).
+                let message = crate::evidence::excerpt(&e.to_string(), 300);
+                if at.is_empty() { message } else { format!("{at}: {message}") }
             })
             .collect();
         if errors.is_empty() { Ok(()) } else { Err(errors) }

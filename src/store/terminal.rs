@@ -240,10 +240,10 @@ impl Store {
     }
 
     /// Sessions this node left `running` (a previous process of this server): marks them
-    /// `lost` and returns their leaders' `(pid, pid_start)`, so that leftovers can be killed.
-    pub async fn lose_terminal_sessions(&self, node_id: &str) -> StoreResult<Vec<(i64, Option<String>)>> {
-        let pids: Vec<(Option<i64>, Option<String>)> =
-            sqlx::query_as("SELECT pid, pid_start FROM terminal_sessions WHERE node_id = $1 AND state = 'running'")
+    /// `lost` and returns `(id, leader pid, pid_start)` of each, so that leftovers can be killed.
+    pub async fn lose_terminal_sessions(&self, node_id: &str) -> StoreResult<Vec<(String, i64, Option<String>)>> {
+        let pids: Vec<(String, Option<i64>, Option<String>)> =
+            sqlx::query_as("SELECT id, pid, pid_start FROM terminal_sessions WHERE node_id = $1 AND state = 'running'")
                 .bind(node_id)
                 .fetch_all(self.pool())
                 .await?;
@@ -255,6 +255,6 @@ impl Store {
         .bind(node_id)
         .execute(self.pool())
         .await?;
-        Ok(pids.into_iter().filter_map(|(pid, start)| Some((pid?, start))).collect())
+        Ok(pids.into_iter().map(|(id, pid, start)| (id, pid.unwrap_or(0), start)).collect())
     }
 }

@@ -59,11 +59,16 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
         deps.shutdown.clone(),
         codebase::index::IndexConfig::default(),
     ));
-    registry.register(Arc::new(codebase::CodebaseExplore::new(graphs)))?;
-    registry.register(Arc::new(edit::write_file::WriteFile::new()))?;
-    registry.register(Arc::new(edit::replace_block::ReplaceBlock::new()))?;
-    registry.register(Arc::new(edit::delete_path::DeletePath::new()))?;
-    registry.register(Arc::new(edit::move_path::MovePath::new()))?;
+    registry.register(Arc::new(codebase::CodebaseExplore::new(graphs.clone())))?;
+    let edits: [Arc<dyn crate::registry::Tool>; 4] = [
+        Arc::new(edit::write_file::WriteFile::new()),
+        Arc::new(edit::replace_block::ReplaceBlock::new()),
+        Arc::new(edit::delete_path::DeletePath::new()),
+        Arc::new(edit::move_path::MovePath::new()),
+    ];
+    for tool in edits {
+        registry.register(Arc::new(codebase::ReportsChanges::new(tool, graphs.clone())))?;
+    }
     let search = search::register(registry, deps)?;
     let terminal = terminal::host::TerminalHost::new(
         deps.store.clone(),

@@ -292,3 +292,47 @@ pub fn index_summary(ix: &WorkspaceIndex, g: &graph::Graph) -> Value {
         "watch_error": ix.watch_error(),
     })
 }
+
+/// Wraps an Edit tool so that each successful change is queued on the code graph of its
+/// workspace at once (`path`, `from`, `to` of the input), so the next query sees it without
+/// waiting for the file watcher. Everything else is the wrapped tool's.
+pub struct ReportsChanges {
+    inner: Arc<dyn Tool>,
+    graphs: Arc<CodeGraphs>,
+}
+
+impl ReportsChanges {
+    /// `inner`, reporting to `graphs`.
+    pub fn new(inner: Arc<dyn Tool>, graphs: Arc<CodeGraphs>) -> Self {
+        Self { inner, graphs }
+    }
+}
+
+#[async_trait]
+impl Tool for ReportsChanges {
+    fn spec(&self) -> &ToolSpec {
+        self.inner.spec()
+    }
+
+    fn availability(&self, ctx: &AvailabilityContext) -> Availability {
+        self.inner.availability(ctx)
+    }
+
+    async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+        self.inner.prepare(input, ctx).await
+    }
+
+    async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
+        self.inner.canonicalize(input, ctx).await
+    }
+
+    async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let out = self.inner.execute(input, ctx).await?;
+        if let Some(index) = self.graphs.get(ctx.workspace.root()) {
+            index.notify_changed(
+                ["path", "from", "to"].into_iter().filter_map(|f| str_field(input, f)).map(str::to_owned),
+            );
+        }
+        Ok(out)
+    }
+}

@@ -19,7 +19,7 @@ pub const DEPLOYMENT_PREFIX: &str = "deployment-";
 pub enum Credential {
     /// No credential.
     None,
-    /// Sealed in the store ([`crate::mcp::secret::SecretBox`], the key MCP secrets use too).
+    /// Sealed in the store ([`crate::secret::SecretBox`], the key MCP secrets use too).
     Sealed {
         /// The sealed text.
         ciphertext: String,

@@ -30,8 +30,8 @@ use self::connections::{Connection, Credential, Health, HealthState};
 use self::news::collector::Collector;
 use self::providers::Endpoint;
 use crate::availability::Availability;
-use crate::mcp::secret::SecretBox;
 use crate::registry::{ErrorClass, ToolError};
+use crate::secret::SecretBox;
 use crate::store::Store;
 
 /// Shared state of the search tools (see the module docs).

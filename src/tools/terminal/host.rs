@@ -199,9 +199,14 @@ impl Session {
                 *req = Some((state.to_owned(), reason));
             }
         }
-        kill_session(self.pid);
+        kill_session(self.pid, &self.id);
     }
 }
+
+/// Set to the session id in every session's environment: it marks the session's processes,
+/// including any that leave its process session with `setsid`, so that ending the session
+/// finds them too.
+pub const SESSION_ENV: &str = "MIRA_TERMINAL_SESSION";
 
 /// Longest a write to a PTY may block before the action fails.
 pub const INPUT_WRITE_LIMIT: Duration = Duration::from_secs(5);
@@ -215,18 +220,20 @@ fn failed(code: &str, message: String) -> ToolError {
     ToolError::new(ErrorClass::Failed, code, message)
 }
 
-/// Sends SIGKILL to every process whose session id is `sid` (the leader's process group
-/// first), twice, so that a process forked meanwhile does not survive.
-pub fn kill_session(sid: i32) {
-    if sid <= 1 {
-        return;
-    }
+/// Sends SIGKILL to every process of terminal session `id` whose leader was `sid`: the
+/// leader's process group, every process whose session id is `sid`, and every process whose
+/// environment carries `MIRA_TERMINAL_SESSION=<id>` (those that left with `setsid`) —
+/// twice, so that a process forked meanwhile does not survive. A process that both leaves
+/// the session and clears its environment escapes; a cgroup per session would catch it.
+pub fn kill_session(sid: i32, id: &str) {
     for _ in 0..2 {
-        // SAFETY: sending a signal has no memory effects; errors (ESRCH) are ignored.
-        unsafe {
-            libc::killpg(sid, libc::SIGKILL);
+        if sid > 1 {
+            // SAFETY: sending a signal has no memory effects; errors (ESRCH) are ignored.
+            unsafe {
+                libc::killpg(sid, libc::SIGKILL);
+            }
         }
-        for pid in session_members(sid) {
+        for pid in session_members(sid, id) {
             // SAFETY: as above.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
@@ -235,11 +242,21 @@ pub fn kill_session(sid: i32) {
     }
 }
 
-/// Pids whose session id (field 6 of `/proc/<pid>/stat`, proc(5)) is `sid`.
-pub fn session_members(sid: i32) -> Vec<i32> {
+/// Pids of session `id` (leader `sid`): session id `sid` (field 6 of `/proc/<pid>/stat`,
+/// proc(5)) or `MIRA_TERMINAL_SESSION=<id>` in `/proc/<pid>/environ`. Never this process.
+pub fn session_members(sid: i32, id: &str) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let marker = format!("{SESSION_ENV}={id}");
+    let me = i32::try_from(std::process::id()).unwrap_or(0);
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| stat_session(*pid) == Some(sid))
+        .filter(|pid| *pid != me && *pid > 1)
+        .filter(|pid| {
+            (sid > 1 && stat_session(*pid) == Some(sid))
+                || (!id.is_empty()
+                    && stat_fields(*pid).is_some()
+                    && std::fs::read(format!("/proc/{pid}/environ"))
+                        .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == marker.as_bytes())))
+        })
         .collect()
 }
 
@@ -331,16 +348,14 @@ impl TerminalHost {
         let lost = self.store.lose_terminal_sessions(&self.node_id).await?;
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         let boot = boot.trim();
-        for (pid, stamp) in &lost {
+        for (id, pid, stamp) in &lost {
             let pid = i32::try_from(*pid).unwrap_or(0);
-            // Processes of an earlier boot are gone; a live leader must be the very process
-            // that was started (same start time), not a later one that got its pid.
-            let Some(stamp) = stamp.as_deref().filter(|s| !boot.is_empty() && s.starts_with(boot)) else {
-                continue;
-            };
-            if stat_fields(pid).is_none() || process_stamp(pid).as_deref() == Some(stamp) {
-                kill_session(pid);
-            }
+            // The leader's pid counts only if it is still the very process that was started
+            // (same boot, same start time), or is gone (its group and session id then name
+            // only its leftovers); the environment marker finds the rest either way.
+            let same = stamp.as_deref().is_some_and(|s| !boot.is_empty() && s.starts_with(boot));
+            let leader = if same && (stat_fields(pid).is_none() || process_stamp(pid) == *stamp) { pid } else { 0 };
+            kill_session(leader, id);
         }
         Ok(lost.len())
     }
@@ -383,7 +398,16 @@ impl TerminalHost {
     /// the session and starts its workers. The work runs as its own task, so that a cancelled
     /// invocation cannot leave a spawned process half-registered; starts in progress count
     /// against the per-user limit.
-    pub async fn start(self: &Arc<Self>, spec: StartSpec) -> Result<Arc<Session>, ToolError> {
+    ///
+    /// Until `done` resolves with a value, the session belongs to its `start` invocation:
+    /// `cancel` firing, or `done`'s sender being dropped (the execution was abandoned),
+    /// ends it.
+    pub async fn start(
+        self: &Arc<Self>,
+        spec: StartSpec,
+        cancel: CancellationToken,
+        done: tokio::sync::oneshot::Receiver<()>,
+    ) -> Result<Arc<Session>, ToolError> {
         if self.shutdown.is_cancelled() {
             return Err(ToolError::new(ErrorClass::Unavailable, "server_stopping", "the server is stopping"));
         }
@@ -405,7 +429,18 @@ impl TerminalHost {
             *starting.entry(owner.clone()).or_default() += 1;
         }
         let host = self.clone();
-        let started = tokio::spawn(async move { host.spawn_session(spec).await }).await;
+        let started = tokio::spawn(async move {
+            let session = host.spawn_session(spec).await?;
+            let s = session.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = cancel.cancelled() => s.end("killed", "its start invocation was cancelled".into()),
+                    r = done => if r.is_err() { s.end("killed", "its start invocation was abandoned".into()) },
+                }
+            });
+            Ok(session)
+        })
+        .await;
         {
             let mut starting = self.starting.lock();
             if let Some(n) = starting.get_mut(&owner) {
@@ -432,6 +467,7 @@ impl TerminalHost {
                 cmd.env(k, v);
             }
         }
+        cmd.env(SESSION_ENV, &id);
         let mut child = pair
             .slave
             .spawn_command(cmd)
@@ -443,7 +479,7 @@ impl TerminalHost {
         let (mut reader, writer) = match (reader, writer) {
             (Ok(r), Ok(w)) => (r, w),
             (Err(e), _) | (_, Err(e)) => {
-                kill_session(pid);
+                kill_session(pid, &id);
                 let _ = child.wait();
                 return Err(e);
             }
@@ -489,7 +525,7 @@ impl TerminalHost {
             ended_at: None,
         };
         if let Err(e) = self.store.insert_terminal_session(&row).await {
-            kill_session(pid);
+            kill_session(pid, &id);
             let _ = child.wait();
             return Err(ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string()));
         }
@@ -528,7 +564,7 @@ impl TerminalHost {
             .name(format!("pty-wait-{pid}"))
             .spawn(move || {
                 let status = child.wait();
-                kill_session(s.pid);
+                kill_session(s.pid, &s.id);
                 let _ = read_done_rx.recv_timeout(Duration::from_secs(2));
                 let requested = s.end_request.lock().clone();
                 let (code, signal) = match &status {

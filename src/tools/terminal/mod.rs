@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use self::host::{Session, StartSpec, TerminalHost};
 use self::output::{Capture, Captured, Ring, head_tail};
-use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft};
+use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
 use crate::registry::{
     ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
 };
@@ -156,6 +156,23 @@ fn resolve_program(command: &str, cwd: &Path, env: &Map<String, Value>) -> Resul
 
 /// The canonical `start` input and its approval facts.
 fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
+    // A NUL byte cannot reach a process (argv, env and paths are C strings): refused here,
+    // before anyone approves a call that could never run.
+    let strings = ["command", "cwd"]
+        .iter()
+        .filter_map(|f| str_field(input, f))
+        .chain(input.get("args").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str))
+        .chain(
+            input.get("env").and_then(Value::as_object).into_iter().flat_map(|m| m.values()).filter_map(Value::as_str),
+        );
+    for v in strings {
+        if v.contains('\0') {
+            return Err(bad(
+                "nul_byte",
+                format!("{:?} contains a NUL byte, which no program can receive", excerpt(v, 80)),
+            ));
+        }
+    }
     let cwd: PathBuf = match str_field(input, "cwd") {
         None => ws_root.to_path_buf(),
         Some(c) => {
@@ -553,10 +570,15 @@ impl Tool for TerminalSession {
             cols: u16::try_from(uint_field(input, "cols", 120, 1000)).unwrap_or(120),
             rows: u16::try_from(uint_field(input, "rows", 32, 500)).unwrap_or(32),
         };
-        let session = self.host.start(spec).await?;
+        // Until this execution returns, cancelling it (or dropping it) ends the session it
+        // started: a cancelled start leaves nothing running.
+        let (done, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let session = self.host.start(spec, ctx.cancel.clone(), done_rx).await?;
         let mut capture = Capture::new(0);
         let reason =
             settle(&session, &mut capture, uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS), ctx).await;
-        Ok(self.finish(input, &session, &capture, reason, ctx).await)
+        let out = self.finish(input, &session, &capture, reason, ctx).await;
+        let _ = done.send(());
+        Ok(out)
     }
 }

@@ -1,11 +1,12 @@
-//! MCP secrets at rest: XChaCha20-Poly1305 (RFC 8439 ChaCha20-Poly1305 with the 192-bit
-//! extended nonce of draft-irtf-cfrg-xchacha) under a 256-bit key.
+//! Secrets at rest — External MCP headers and env, search provider keys — sealed with
+//! XChaCha20-Poly1305 (RFC 8439 ChaCha20-Poly1305 with the 192-bit extended nonce of
+//! draft-irtf-cfrg-xchacha) under a 256-bit key.
 //!
 //! A sealed value is standard base64 of `nonce (24 random bytes) || ciphertext || tag`, with
-//! the server id as associated data, so a ciphertext copied onto another row does not open.
-//! The key is `MIRA_SECRET_KEY` (32 bytes, base64) or `<data-dir>/secret.key` (created on
-//! first use, mode 0600, the same file and format the search providers' credentials use);
-//! its id (first 16 hex digits of its SHA-256) is stored beside every ciphertext.
+//! the owning row's id as associated data, so a ciphertext copied onto another row does not
+//! open. The key is `MIRA_SECRET_KEY` (32 bytes, base64) or `<data-dir>/secret.key` (created
+//! on first use, mode 0600); its id (first 16 hex digits of its SHA-256) is stored beside
+//! every ciphertext.
 
 use std::path::Path;
 
