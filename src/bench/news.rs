@@ -41,6 +41,9 @@ pub struct NewsBench {
     /// Feeds fetched at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
+    /// Keep the Postgres database afterwards (to study its query plans).
+    #[arg(long)]
+    pub keep_db: bool,
 }
 
 /// Size of the synthetic vocabulary.
@@ -148,6 +151,11 @@ pub async fn run(args: NewsBench) -> anyhow::Result<()> {
     };
     let result = bench(&args, &url, &tmp).await;
     if let Some((server, name)) = pg_db {
+        if args.keep_db {
+            eprintln!("kept database {name} on {}", crate::store::redact_url(&server));
+            println!("{}", serde_json::to_string_pretty(&result?)?);
+            return Ok(());
+        }
         let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&server).await?;
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
             .execute(&admin)

@@ -48,7 +48,14 @@ pub struct Collector {
     /// Serialises this process's collector writes on SQLite, whose single writer would
     /// otherwise make concurrent fetches wait in its busy handler's sleeps.
     write_lock: tokio::sync::Mutex<()>,
+    /// Items inserted since the store's search statistics were last refreshed.
+    inserted_since_analyze: std::sync::atomic::AtomicU64,
 }
+
+/// New items after which the collector refreshes the store's search statistics, so that
+/// the query planner knows how common each word is (a bulk load otherwise leaves Postgres
+/// planning with default estimates until autovacuum gets to the table).
+pub const ANALYZE_AFTER_ITEMS: u64 = 10_000;
 
 /// A failed fetch.
 #[derive(Debug, Clone)]
@@ -93,6 +100,7 @@ impl Collector {
             concurrency: config.news_concurrency.max(1),
             wake: Notify::new(),
             write_lock: tokio::sync::Mutex::new(()),
+            inserted_since_analyze: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -253,6 +261,16 @@ impl Collector {
             }
             Err(err) => self.fail(source, &now, interval, err, duration_ms).await,
         };
+        if let Ok(FetchOutcome::Stored(counts)) = &result {
+            use std::sync::atomic::Ordering;
+            let total = self.inserted_since_analyze.fetch_add(counts.inserted, Ordering::Relaxed) + counts.inserted;
+            if total >= ANALYZE_AFTER_ITEMS {
+                self.inserted_since_analyze.store(0, Ordering::Relaxed);
+                if let Err(e) = self.store.refresh_news_statistics().await {
+                    tracing::warn!(error = %e, "refreshing news search statistics failed");
+                }
+            }
+        }
         match result {
             Ok(outcome) => {
                 if let FetchOutcome::Failed(e) = &outcome {
