@@ -511,29 +511,7 @@ async fn one_claim_wins(backend: Backend) {
     let tmp = tempfile::tempdir().unwrap();
     let db = common::TestDb::new(backend, tmp.path()).await;
     let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
-    let now = mira::ids::now();
-    let row = mira::store::NewsSourceRow {
-        id: mira::ids::new_id("nsrc"),
-        owner_id: None,
-        name: "n".into(),
-        url: "http://127.0.0.1:9/feed".into(),
-        paused: 0,
-        interval_secs: 60,
-        next_fetch_at: now.clone(),
-        etag: None,
-        last_modified: None,
-        failures: 0,
-        last_fetch_at: None,
-        last_success_at: None,
-        last_error: None,
-        last_error_at: None,
-        last_fetch: None,
-        item_count: 0,
-        feed_title: None,
-        feed_format: None,
-        created_at: now.clone(),
-        updated_at: now.clone(),
-    };
+    let row = mira::store::NewsSourceRow::new(None, "n".into(), "http://127.0.0.1:9/feed".into(), 60);
     store.create_news_source(&row).await.unwrap();
     let due = store.due_news_sources(&mira::ids::now(), 10).await.unwrap();
     assert_eq!(due.len(), 1);

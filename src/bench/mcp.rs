@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{Value, json};
 
+use super::Api;
 use crate::config::RuntimeConfig;
 use crate::server::{Server, Settings};
 
@@ -66,7 +67,7 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
     };
     let server = Server::start(settings).await?;
     let token = std::fs::read_to_string(tmp.join("admin.token"))?.trim().to_owned();
-    let api = Api { client: crate::net::client_builder().build()?, base: format!("http://{}", server.addr), token };
+    let api = Api::new(server.addr, token)?;
     let transport = json!({"stdio": {"command": command, "args": opts.args}});
 
     // 1. Install → first successful call.
@@ -219,25 +220,7 @@ fn rss_kb() -> (u64, u64) {
     (field(&me, "VmRSS:").unwrap_or(0), kids)
 }
 
-struct Api {
-    client: reqwest::Client,
-    base: String,
-    token: String,
-}
-
 impl Api {
-    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
-        let mut req = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await?;
-        let status = resp.status();
-        let v: Value = resp.json().await?;
-        anyhow::ensure!(status.is_success(), "{path}: {status} {v}");
-        Ok(v)
-    }
-
     /// Turn, freeze, grant, wait.
     async fn chain_call(&self, run: &str, tool: &str, call_id: &str, input: &Value) -> anyhow::Result<Value> {
         let turn =

@@ -10,6 +10,38 @@ pub mod terminal;
 
 use std::time::Duration;
 
+use serde_json::Value;
+
+/// A bearer-token JSON client for the server a benchmark started.
+pub struct Api {
+    /// HTTP client.
+    pub client: reqwest::Client,
+    /// `http://addr`.
+    pub base: String,
+    /// Bearer token.
+    pub token: String,
+}
+
+impl Api {
+    /// A client for `addr` with `token`.
+    pub fn new(addr: std::net::SocketAddr, token: String) -> anyhow::Result<Self> {
+        Ok(Self { client: crate::net::client_builder().build()?, base: format!("http://{addr}"), token })
+    }
+
+    /// Sends a request; a non-2xx answer is an error naming the path, status and body.
+    pub async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        let mut req = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await?;
+        let status = resp.status();
+        let v: Value = resp.json().await?;
+        anyhow::ensure!(status.is_success(), "{path}: {status} {v}");
+        Ok(v)
+    }
+}
+
 /// p50/p99/max of a set of latencies, in milliseconds (nearest-rank percentiles).
 #[derive(Debug, Clone, Copy)]
 pub struct Percentiles {

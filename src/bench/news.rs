@@ -190,31 +190,14 @@ async fn bench(args: &NewsBench, url: &str, tmp: &std::path::Path) -> anyhow::Re
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, router).await });
 
-    let now = crate::ids::now();
     for f in 0..feeds {
         store
-            .create_news_source(&NewsSourceRow {
-                id: crate::ids::new_id("nsrc"),
-                owner_id: Some(user.id.clone()),
-                name: format!("Feed {f}"),
-                url: format!("http://{addr}/feed/{f}"),
-                paused: 0,
-                interval_secs: 86_400,
-                next_fetch_at: now.clone(),
-                etag: None,
-                last_modified: None,
-                failures: 0,
-                last_fetch_at: None,
-                last_success_at: None,
-                last_error: None,
-                last_error_at: None,
-                last_fetch: None,
-                item_count: 0,
-                feed_title: None,
-                feed_format: None,
-                created_at: now.clone(),
-                updated_at: now.clone(),
-            })
+            .create_news_source(&NewsSourceRow::new(
+                Some(user.id.clone()),
+                format!("Feed {f}"),
+                format!("http://{addr}/feed/{f}"),
+                86_400,
+            ))
             .await?;
     }
     let config = SearchConfig {

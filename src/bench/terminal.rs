@@ -20,6 +20,7 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
+use super::Api;
 use crate::config::RuntimeConfig;
 use crate::server::{Server, Settings};
 
@@ -37,27 +38,7 @@ pub struct TerminalBench {
     pub governed_keys: usize,
 }
 
-struct Api {
-    client: reqwest::Client,
-    base: String,
-    token: String,
-}
-
 impl Api {
-    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
-        let mut req = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await?;
-        let status = resp.status();
-        let v: Value = resp.json().await?;
-        if !status.is_success() {
-            bail!("{path}: {status} {v}");
-        }
-        Ok(v)
-    }
-
     /// Freezes a terminal_session call and returns the grant request (not yet sent).
     async fn freeze(&self, run: &str, turn: &str, call: &str, input: Value) -> anyhow::Result<(String, Value)> {
         let inv = self
@@ -159,7 +140,7 @@ pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
     };
     let server = Server::start(settings).await?;
     let token = std::fs::read_to_string(tmp.join("admin.token"))?.trim().to_owned();
-    let api = Api { client: crate::net::client_builder().build()?, base: format!("http://{}", server.addr), token };
+    let api = Api::new(server.addr, token)?;
     let run = api.send(reqwest::Method::POST, "/v1/runs", Some(json!({"title": "bench"}))).await?;
     let run = run["id"].as_str().context("run id")?.to_owned();
     let turn =

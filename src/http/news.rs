@@ -185,29 +185,12 @@ pub async fn create_source(
             Value::Null,
         ));
     }
-    let now = crate::ids::now();
-    let row = NewsSourceRow {
-        id: crate::ids::new_id("nsrc"),
-        owner_id: (!body.shared).then(|| user.user_id.clone()),
+    let row = NewsSourceRow::new(
+        (!body.shared).then(|| user.user_id.clone()),
         name,
-        url: url.clone(),
-        paused: 0,
-        interval_secs: i64::try_from(interval).unwrap_or(900),
-        next_fetch_at: now.clone(),
-        etag: None,
-        last_modified: None,
-        failures: 0,
-        last_fetch_at: None,
-        last_success_at: None,
-        last_error: None,
-        last_error_at: None,
-        last_fetch: None,
-        item_count: 0,
-        feed_title: None,
-        feed_format: None,
-        created_at: now.clone(),
-        updated_at: now,
-    };
+        url.clone(),
+        i64::try_from(interval).unwrap_or(900),
+    );
     match app.store.create_news_source(&row).await {
         Ok(()) => {}
         Err(e) if e.is_unique_violation() => {

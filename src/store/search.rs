@@ -80,6 +80,35 @@ pub struct NewsSourceRow {
     pub updated_at: String,
 }
 
+impl NewsSourceRow {
+    /// A new source, due now, with no collection history: `owner_id` None = shared.
+    pub fn new(owner_id: Option<String>, name: String, url: String, interval_secs: i64) -> Self {
+        let now = crate::ids::now();
+        Self {
+            id: crate::ids::new_id("nsrc"),
+            owner_id,
+            name,
+            url,
+            paused: 0,
+            interval_secs,
+            next_fetch_at: now.clone(),
+            etag: None,
+            last_modified: None,
+            failures: 0,
+            last_fetch_at: None,
+            last_success_at: None,
+            last_error: None,
+            last_error_at: None,
+            last_fetch: None,
+            item_count: 0,
+            feed_title: None,
+            feed_format: None,
+            created_at: now.clone(),
+            updated_at: now,
+        }
+    }
+}
+
 /// An item as parsed from a feed, before it is stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewNewsItem {
