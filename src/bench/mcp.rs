@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use super::Api;
-use crate::config::RuntimeConfig;
-use crate::server::{Server, Settings};
+use super::{Api, BenchServer};
 
 /// Options of the benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -53,21 +51,8 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
         None => std::env::var("MIRA_MCP_EVERYTHING").context("give --command or eval scripts/setup-mcp.sh")?,
     };
     let input: Value = serde_json::from_str(&opts.input).context("--input is not JSON")?;
-    let tmp = std::env::temp_dir().join(format!("mira-bench-mcp-{}", uuid::Uuid::now_v7().simple()));
-    let workspace = tmp.join("ws");
-    std::fs::create_dir_all(&workspace)?;
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse()?,
-        data_dir: tmp.clone(),
-        database_url: format!("sqlite://{}?mode=rwc", tmp.join("mira.db").display()),
-        workspace: workspace.clone(),
-        runtime: RuntimeConfig::default(),
-        body_limit: 1024 * 1024,
-        request_timeout: Duration::from_secs(60),
-    };
-    let server = Server::start(settings).await?;
-    let token = std::fs::read_to_string(tmp.join("admin.token"))?.trim().to_owned();
-    let api = Api::new(server.addr, token)?;
+    let bench = BenchServer::start("mcp").await?;
+    let (server, api) = (&bench.server, &bench.api);
     let transport = json!({"stdio": {"command": command, "args": opts.args}});
 
     // 1. Install → first successful call.
@@ -94,7 +79,7 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
     anyhow::ensure!(first["status"] == "completed", "first call: {first}");
 
     // 2a. Through the runtime's MCP client.
-    let ws = crate::workspace::Workspace::open(&workspace).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let ws = crate::workspace::Workspace::open(&bench.dir.join("ws")).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let mut runtime = Vec::with_capacity(opts.calls);
     for i in 0..opts.calls {
         let ctx = crate::registry::ExecContext {
@@ -159,8 +144,7 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
         (kids_after.saturating_sub(kids_before)) as f64 / n,
         opts.servers
     );
-    server.shutdown().await;
-    let _ = std::fs::remove_dir_all(&tmp);
+    bench.stop().await;
     Ok(())
 }
 

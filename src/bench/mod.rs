@@ -12,6 +12,45 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// A server started for a benchmark: SQLite and a workspace in a temporary directory, the
+/// admin's client, and the directory (removed by [`BenchServer::stop`]).
+pub struct BenchServer {
+    /// The running server.
+    pub server: crate::server::Server,
+    /// A client with the admin token.
+    pub api: Api,
+    /// The temporary directory (data dir; the workspace is `ws/` inside it).
+    pub dir: std::path::PathBuf,
+}
+
+impl BenchServer {
+    /// Starts a server with default settings on SQLite under a new temporary directory.
+    pub async fn start(name: &str) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("mira-bench-{name}-{}", uuid::Uuid::now_v7().simple()));
+        let workspace = dir.join("ws");
+        std::fs::create_dir_all(&workspace)?;
+        let settings = crate::server::Settings {
+            listen: "127.0.0.1:0".parse()?,
+            data_dir: dir.clone(),
+            database_url: format!("sqlite://{}?mode=rwc", dir.join("mira.db").display()),
+            workspace,
+            runtime: crate::config::RuntimeConfig::default(),
+            body_limit: 1024 * 1024,
+            request_timeout: Duration::from_secs(60),
+        };
+        let server = crate::server::Server::start(settings).await?;
+        let token = std::fs::read_to_string(dir.join("admin.token"))?.trim().to_owned();
+        let api = Api::new(server.addr, token)?;
+        Ok(Self { server, api, dir })
+    }
+
+    /// Shuts the server down and removes its directory.
+    pub async fn stop(self) {
+        self.server.shutdown().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A bearer-token JSON client for the server a benchmark started.
 pub struct Api {
     /// HTTP client.

@@ -20,9 +20,7 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::Api;
-use crate::config::RuntimeConfig;
-use crate::server::{Server, Settings};
+use super::{Api, BenchServer};
 
 /// Options of the benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -126,21 +124,8 @@ fn rss_kib() -> u64 {
 
 /// Runs the benchmark and prints its figures.
 pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
-    let tmp = std::env::temp_dir().join(format!("mira-bench-terminal-{}", uuid::Uuid::now_v7().simple()));
-    let workspace = tmp.join("ws");
-    std::fs::create_dir_all(&workspace)?;
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse()?,
-        data_dir: tmp.clone(),
-        database_url: format!("sqlite://{}?mode=rwc", tmp.join("mira.db").display()),
-        workspace: workspace.clone(),
-        runtime: RuntimeConfig::default(),
-        body_limit: 1024 * 1024,
-        request_timeout: Duration::from_secs(60),
-    };
-    let server = Server::start(settings).await?;
-    let token = std::fs::read_to_string(tmp.join("admin.token"))?.trim().to_owned();
-    let api = Api::new(server.addr, token)?;
+    let bench = BenchServer::start("terminal").await?;
+    let (server, api) = (&bench.server, &bench.api);
     let run = api.send(reqwest::Method::POST, "/v1/runs", Some(json!({"title": "bench"}))).await?;
     let run = run["id"].as_str().context("run id")?.to_owned();
     let turn =
@@ -275,8 +260,7 @@ pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
         g.p50,
         g.p99
     );
-    server.shutdown().await;
-    let _ = std::fs::remove_dir_all(&tmp);
+    bench.stop().await;
     Ok(())
 }
 
