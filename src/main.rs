@@ -159,6 +159,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     shutdown_signal().await;
     tracing::info!("shutting down");
     server.shutdown().await;
+    tracing::info!("stopped");
     Ok(())
 }
 
@@ -181,8 +182,22 @@ async fn shutdown_signal() {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(run());
+    // Blocking work that cannot be interrupted (a write to a PTY nobody reads) must not keep
+    // the process alive after a clean shutdown.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    code
+}
+
+async fn run() -> ExitCode {
     mira::net::install_tls_provider();
     let cli = Cli::parse();
     let json_logs = matches!(&cli.command, Command::Serve(c) if c.log_format == "json");

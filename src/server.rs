@@ -203,15 +203,22 @@ impl Server {
         Ok(Server { addr, app, admin_token_file, http, harness, indexer })
     }
 
-    /// Stops accepting requests, ends streams, lets running executions finish (5 s) and
-    /// closes the store.
+    /// Stops accepting requests, ends streams, lets running executions finish (5 s), stops
+    /// MCP servers and terminal sessions, and closes the store. Every step is bounded (10 s),
+    /// so a stuck one is logged and passed rather than keeping the process alive.
     pub async fn shutdown(self) {
+        const STEP: Duration = Duration::from_secs(10);
+        async fn bounded(step: &str, f: impl std::future::Future) {
+            if tokio::time::timeout(STEP, f).await.is_err() {
+                tracing::warn!(step, "shutdown step did not finish in time; going on");
+            }
+        }
         self.app.shutdown.cancel();
-        let _ = self.http.await;
-        let _ = self.harness.await;
+        bounded("http", self.http).await;
+        bounded("harness", self.harness).await;
         self.app.mcp.stopped(Duration::from_secs(5)).await;
         self.app.terminal.stopped(Duration::from_secs(5)).await;
-        let _ = self.indexer.await;
-        self.app.store.close().await;
+        bounded("indexer", self.indexer).await;
+        bounded("store", self.app.store.close()).await;
     }
 }
