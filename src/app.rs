@@ -73,6 +73,17 @@ impl App {
         Ok(AvailabilityContext { user_id: user_id.to_owned(), device, workspace_root: None })
     }
 
+    /// Refuses (403 `internal_address`) a URL the server would fetch for `user` when it points
+    /// inside the host's networks, unless the user is an admin or the deployment allows it.
+    pub async fn check_fetch_url(&self, is_admin: bool, url: &str) -> Result<()> {
+        if is_admin || self.config.allow_internal_urls {
+            return Ok(());
+        }
+        crate::net::check_public_url(url)
+            .await
+            .map_err(|e| Error::ForbiddenCode { code: "internal_address", message: e.0 })
+    }
+
     /// Opens the run's workspace root on this host.
     pub async fn workspace_of(&self, run: &RunRow) -> Result<Workspace> {
         let ws =

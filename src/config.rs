@@ -33,6 +33,10 @@ pub struct ServeConfig {
     /// Tool executions running at once on this server.
     #[arg(long, env = "MIRA_EXECUTION_CONCURRENCY", default_value_t = 16)]
     pub execution_concurrency: usize,
+    /// Let non-admin users point the server at internal addresses (loopback, private,
+    /// link-local…) for MCP endpoints, news feeds and search instances. Default: admins only.
+    #[arg(long, env = "MIRA_ALLOW_INTERNAL_URLS")]
+    pub allow_internal_urls: bool,
     /// Commands non-admin users may launch as stdio MCP servers (comma-separated; `*` = any).
     /// Default: none — only admins install stdio servers, which run on this host.
     #[arg(long, env = "MIRA_MCP_STDIO_ALLOW", value_delimiter = ',')]
@@ -130,6 +134,8 @@ pub struct RuntimeConfig {
     pub search: crate::tools::search::config::SearchConfig,
     /// Limits of terminal sessions.
     pub terminal: crate::tools::terminal::host::TerminalConfig,
+    /// Whether non-admin users may name internal addresses as URLs the server fetches.
+    pub allow_internal_urls: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -144,6 +150,7 @@ impl Default for RuntimeConfig {
             embedding: crate::embedding::EmbeddingConfig::default(),
             search: crate::tools::search::config::SearchConfig::default(),
             terminal: crate::tools::terminal::host::TerminalConfig::default(),
+            allow_internal_urls: false,
         }
     }
 }

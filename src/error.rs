@@ -15,6 +15,14 @@ pub enum Error {
     /// The caller may not do this (403; only for admin-only actions, never to hide objects).
     #[error("{0}")]
     Forbidden(String),
+    /// Refused for this caller with a specific reason (403).
+    #[error("{message}")]
+    ForbiddenCode {
+        /// Stable code.
+        code: &'static str,
+        /// Human sentence.
+        message: String,
+    },
     /// The object does not exist or is not the caller's (404).
     #[error("{0} not found")]
     NotFound(&'static str),

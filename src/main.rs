@@ -145,6 +145,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             embedding: cfg.embedding.config(),
             search: cfg.search.clone(),
             terminal: cfg.terminal.clone(),
+            allow_internal_urls: cfg.allow_internal_urls,
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,

@@ -42,7 +42,12 @@ fn options() -> Options {
         ..SearchConfig::default()
     };
     Options {
-        runtime: RuntimeConfig { execution_concurrency: 4, search, ..RuntimeConfig::default() },
+        runtime: RuntimeConfig {
+            execution_concurrency: 4,
+            search,
+            allow_internal_urls: true,
+            ..RuntimeConfig::default()
+        },
         ..Options::default()
     }
 }

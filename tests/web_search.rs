@@ -40,7 +40,12 @@ async fn closed_port() -> String {
 
 fn options(search: SearchConfig) -> Options {
     Options {
-        runtime: RuntimeConfig { execution_concurrency: 4, search, ..RuntimeConfig::default() },
+        runtime: RuntimeConfig {
+            execution_concurrency: 4,
+            search,
+            allow_internal_urls: true,
+            ..RuntimeConfig::default()
+        },
         ..Options::default()
     }
 }
@@ -584,6 +589,7 @@ async fn connection_requests_are_validated() {
 }
 
 both_backends!(
+    internal_urls_are_admin_only,
     searxng_deployment_provider,
     brave_user_connection_is_encrypted_and_used,
     tavily_formats_errors_and_5xx_retries,
@@ -603,4 +609,24 @@ async fn rate_limit_is_per_user() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_validation() {
     connection_requests_are_validated().await;
+}
+
+/// By default only an admin may point the server at internal addresses (an MCP endpoint, a
+/// news feed, a search instance on loopback): an ordinary user gets 403 `internal_address`.
+async fn internal_urls_are_admin_only(backend: Backend) {
+    let t = spawn_with(backend, Options { runtime: RuntimeConfig::default(), ..Options::default() }).await;
+    let user = t.user("eve").await;
+    let cases = [
+        ("/v1/mcp/servers", json!({"name": "inner", "transport": {"http": {"url": "http://127.0.0.1:9/mcp"}}})),
+        ("/v1/news/sources", json!({"name": "inner", "url": "http://localhost:9/feed.xml"})),
+        ("/v1/search/connections", json!({"provider": "searxng", "base_url": "http://169.254.169.254/"})),
+    ];
+    for (path, body) in &cases {
+        let r = t.post(path, &user, body.clone()).await;
+        assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "internal_address"), "{path}: {r:?}");
+    }
+    for (path, body) in &cases {
+        let r = t.post(path, &t.admin_token, body.clone()).await;
+        assert_eq!(r.status, StatusCode::CREATED, "an admin may: {path}: {r:?}");
+    }
 }

@@ -39,6 +39,7 @@ impl Error {
         match self {
             Error::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized".into()),
             Error::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden".into()),
+            Error::ForbiddenCode { code, .. } => (StatusCode::FORBIDDEN, (*code).into()),
             Error::NotFound(_) => (StatusCode::NOT_FOUND, "not_found".into()),
             Error::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, (*code).into()),
             Error::Conflict { code, .. } => (StatusCode::CONFLICT, (*code).into()),

@@ -71,6 +71,9 @@ pub async fn install(
     user: AuthUser,
     Json(body): Json<InstallServer>,
 ) -> Result<(StatusCode, Json<ServerView>)> {
+    if let config::TransportInput::Http(h) = &body.transport {
+        app.check_fetch_url(user.is_admin, &h.url).await?;
+    }
     let req = Install {
         name: body.name,
         transport: body.transport,

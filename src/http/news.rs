@@ -185,6 +185,7 @@ pub async fn create_source(
             Value::Null,
         ));
     }
+    app.check_fetch_url(user.is_admin, &url).await?;
     let row = NewsSourceRow::new(
         (!body.shared).then(|| user.user_id.clone()),
         name,

@@ -187,6 +187,7 @@ pub async fn create_connection(
     if !crate::tools::search::text::is_http_url(&base_url) {
         return Err(Error::bad_request("invalid_url", "base_url must be an absolute http or https URL"));
     }
+    app.check_fetch_url(user.is_admin, &base_url).await?;
     if body.api_key.is_some() && body.api_key_env.is_some() {
         return Err(Error::bad_request("invalid_request", "give api_key or api_key_env, not both"));
     }

@@ -110,11 +110,17 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        // Tests install their stdio MCP servers as ordinary users; the deployment default
-        // (admins only) has its own test in tests/mcp.rs.
+        // Tests install their stdio MCP servers as ordinary users and point them at local
+        // servers; the deployment defaults (admins only) have their own tests in tests/mcp.rs
+        // and tests/web_search.rs.
         let mcp = mira::mcp::McpSettings { stdio_allow: vec!["*".into()], ..Default::default() };
         Options {
-            runtime: RuntimeConfig { execution_concurrency: 4, mcp, ..RuntimeConfig::default() },
+            runtime: RuntimeConfig {
+                execution_concurrency: 4,
+                mcp,
+                allow_internal_urls: true,
+                ..RuntimeConfig::default()
+            },
             body_limit: 1024 * 1024,
         }
     }
