@@ -117,6 +117,28 @@ impl Ctx {
         panic!("{needle:?} never appeared; output: {:?}", self.seen.lock().unwrap().get(session));
     }
 
+    /// Opens a session's output stream, from the start or after `last_event_id`.
+    async fn stream(&self, id: &str, last_event_id: Option<i64>) -> reqwest::Response {
+        let mut req =
+            self.t.client.get(format!("{}/v1/terminal-sessions/{id}/stream", self.t.base)).bearer_auth(&self.token);
+        if let Some(at) = last_event_id {
+            req = req.header("Last-Event-ID", at.to_string());
+        }
+        req.send().await.unwrap()
+    }
+
+    /// The session's state once it is no longer `running` (10 s at most; `running` if never).
+    async fn ended_state(&self, id: &str) -> String {
+        for _ in 0..100 {
+            let state = self.session(id).await["state"].as_str().unwrap().to_owned();
+            if state != "running" {
+                return state;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        "running".into()
+    }
+
     async fn session(&self, id: &str) -> Value {
         let r = self.t.get(&format!("/v1/terminal-sessions/{id}"), &self.token).await;
         assert_eq!(r.status, StatusCode::OK, "{r:?}");
@@ -340,15 +362,7 @@ async fn kill_ends_background_grandchildren(backend: Backend) {
     let session = session.expect("the start created a session");
     let r = c.t.post(&format!("/v1/invocations/{inv_id}/cancel"), &c.token, json!({})).await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
-    let mut state = String::new();
-    for _ in 0..100 {
-        state = c.session(session["id"].as_str().unwrap()).await["state"].as_str().unwrap().to_owned();
-        if state != "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(state, "killed");
+    assert_eq!(c.ended_state(session["id"].as_str().unwrap()).await, "killed");
     assert!(gone(session["pid"].as_i64().unwrap()).await);
     // NUL bytes are refused before approval.
     let r =
@@ -375,13 +389,7 @@ async fn utf8_split_across_writes_and_stream_resume(backend: Backend) {
     let c = setup(backend).await;
     let script = "import sys,time\nb='😀'.encode()\nsys.stdout.buffer.write(b'head '+b[:2]); sys.stdout.flush(); time.sleep(0.4)\nsys.stdout.buffer.write(b[2:]+b' tail\\n'); sys.stdout.flush(); time.sleep(0.3)\nfor i in range(5): print('line', i)\n";
     let (id, _) = c.start(json!({"command": "python3", "args": ["-c", script], "settle_ms": 0})).await;
-    let resp =
-        c.t.client
-            .get(format!("{}/v1/terminal-sessions/{id}/stream?offset=0", c.t.base))
-            .bearer_auth(&c.token)
-            .send()
-            .await
-            .unwrap();
+    let resp = c.stream(&id, None).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let events = read_sse(resp, 100, Duration::from_secs(10)).await;
     let text: String = events.iter().filter(|e| e.1 == "output").map(|e| e.2["data"].as_str().unwrap()).collect();
@@ -395,14 +403,7 @@ async fn utf8_split_across_writes_and_stream_resume(backend: Backend) {
         assert_eq!(w[0].2["end"], w[1].2["start"]);
     }
     let resume_at = outputs[outputs.len() / 2].0;
-    let resp =
-        c.t.client
-            .get(format!("{}/v1/terminal-sessions/{id}/stream", c.t.base))
-            .header("Last-Event-ID", resume_at.to_string())
-            .bearer_auth(&c.token)
-            .send()
-            .await
-            .unwrap();
+    let resp = c.stream(&id, Some(resume_at)).await;
     let again = read_sse(resp, 100, Duration::from_secs(10)).await;
     assert_eq!(again[0].2["start"].as_i64(), Some(resume_at));
     let tail: String = again.iter().filter(|e| e.1 == "output").map(|e| e.2["data"].as_str().unwrap()).collect();
@@ -548,15 +549,7 @@ async fn limits_timeouts_and_reaping(backend: Backend) {
     );
     // Idle reaping: `a` prints nothing and gets no action.
     let pid = c.session(&a).await["pid"].as_i64().unwrap();
-    let mut reaped = false;
-    for _ in 0..100 {
-        if c.session(&a).await["state"] == "reaped" {
-            reaped = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(reaped, "idle session reaped");
+    assert_eq!(c.ended_state(&a).await, "reaped", "idle session reaped");
     assert!(gone(pid).await);
 }
 
@@ -573,13 +566,7 @@ async fn restart_reports_running_sessions_lost(backend: Backend) {
     assert_eq!(s["state"], "lost", "{s}");
     assert!(gone(shell).await && gone(bg).await, "no process of a lost session survives");
     // Its retained output is still readable.
-    let resp =
-        c.t.client
-            .get(format!("{}/v1/terminal-sessions/{b}/stream", c.t.base))
-            .bearer_auth(&c.token)
-            .send()
-            .await
-            .unwrap();
+    let resp = c.stream(&b, None).await;
     let events = read_sse(resp, 50, Duration::from_secs(5)).await;
     assert!(events.iter().any(|e| e.1 == "output" && e.2["data"].as_str().unwrap().contains("BG=")), "{events:?}");
     assert_eq!(events.last().unwrap().1, "exit");
@@ -623,13 +610,7 @@ async fn flood_keeps_memory_bounded_and_slow_viewers_get_a_gap() {
     let (id, _) =
         c.start(json!({"command": "bash", "args": ["-c", "sleep 0.5; head -c 200000000 /dev/zero | base64 -w 1000; echo FLOOD-END"], "settle_ms": 0})).await;
     // A viewer that connects and then does not read.
-    let slow =
-        c.t.client
-            .get(format!("{}/v1/terminal-sessions/{id}/stream?offset=0", c.t.base))
-            .bearer_auth(&c.token)
-            .send()
-            .await
-            .unwrap();
+    let slow = c.stream(&id, None).await;
     let base = rss_kib();
     let mut peak = base;
     let sampler = {

@@ -150,17 +150,18 @@ pub async fn run(args: NewsBench) -> anyhow::Result<()> {
         }
     };
     let result = bench(&args, &url, &tmp).await;
-    if let Some((server, name)) = pg_db {
-        if args.keep_db {
+    match pg_db {
+        Some((server, name)) if args.keep_db => {
             eprintln!("kept database {name} on {}", crate::store::redact_url(&server));
-            println!("{}", serde_json::to_string_pretty(&result?)?);
-            return Ok(());
         }
-        let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&server).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-            .execute(&admin)
-            .await?;
-        admin.close().await;
+        Some((server, name)) => {
+            let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&server).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+                .execute(&admin)
+                .await?;
+            admin.close().await;
+        }
+        None => {}
     }
     let _ = std::fs::remove_dir_all(&tmp);
     println!("{}", serde_json::to_string_pretty(&result?)?);

@@ -337,11 +337,6 @@ impl TerminalHost {
         &self.store
     }
 
-    /// The limits in force.
-    pub fn config(&self) -> &TerminalConfig {
-        &self.config
-    }
-
     /// Marks sessions a previous process of this node left `running` as `lost`, and kills
     /// any of their processes that survived it. Returns how many there were.
     pub async fn recover(&self) -> Result<usize, crate::store::StoreError> {

@@ -450,7 +450,6 @@ async fn watch_output(
 fn result(input: &Value, session: &Session, out: &Captured, reason: &str) -> ToolOutput {
     let exit = session.exit().borrow().clone();
     let state = exit.as_ref().map_or("running", |e| e.state.as_str());
-    let text = head_tail(&out.text, 64 * 1024);
     let output = json!({
         "session_id": session.id,
         "action": action_of(input),
@@ -460,7 +459,7 @@ fn result(input: &Value, session: &Session, out: &Captured, reason: &str) -> Too
         "exit_code": exit.as_ref().and_then(|e| e.exit_code),
         "signal": exit.as_ref().and_then(|e| e.signal.clone()),
         "end_reason": exit.as_ref().and_then(|e| e.end_reason.clone()),
-        "output": text,
+        "output": out.text,
         "output_range": [out.from, out.to],
         "output_bytes": out.bytes,
         "output_bytes_missed": out.bytes_missed,
