@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the browser tests of the web page (tests/web.rs → tests/web/e2e.mjs) need:
+# Installs what the browser tests of the web page (tests/it/web.rs → tests/web/e2e.mjs) need:
 # Debian's `chromium` (apt) and `playwright-core` (npm, pinned by tests/web/package-lock.json,
 # installed with `npm ci` into tests/web/node_modules, npm cache under ./.cache/npm).
 # Idempotent; fails loudly. Progress goes to stderr; stdout carries only `export` lines,

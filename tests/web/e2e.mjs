@@ -1,5 +1,5 @@
 // End-to-end test of the control-plane page in a real browser (Debian's chromium driven by
-// playwright-core). Started by tests/web.rs with a running server:
+// playwright-core). Started by tests/it/web.rs with a running server:
 //   MIRA_BASE_URL  server base URL          MIRA_TOKEN     a user's API token
 //   MIRA_TOKEN_2   another user, with more than 20 tools of her own (ranked exposure)
 //   MIRA_E2E_TOOL  approval-gated tool id (write_file, or a test tool before Edit tools exist)

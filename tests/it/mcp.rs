@@ -4,7 +4,7 @@
 //! modes of issue 7. The servers are installed by `scripts/setup-mcp.sh` (npm and PyPI) and
 //! the project's own servers in `tests/mcp/`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -355,7 +355,7 @@ async fn results_errors_progress_and_bad_bytes() {
     // A 50 MB result is kept up to the cap, with a marker and the hash of the whole.
     let done = call_approved(&t, &token, &run, &turn, &tool("big"), "c3", json!({"megabytes": 50})).await;
     let out = &done["result"]["output"];
-    assert_eq!(out["truncated"], true, "{}", crate::short(&done));
+    assert_eq!(out["truncated"], true, "{}", short(&done));
     assert!(out["truncation_marker"].as_str().unwrap().contains("truncated"));
     assert_eq!(out["content"][0]["text"].as_str().unwrap().len(), 1024 * 1024);
     assert!(out["bytes"].as_u64().unwrap() > 50 * 1024 * 1024);

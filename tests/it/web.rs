@@ -6,7 +6,7 @@
 //! connection), and visits every view, saving screenshots under `tests/artifacts/web/`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::Arc;

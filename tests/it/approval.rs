@@ -4,7 +4,7 @@
 //! restarts, every workspace-boundary escape, replace_block's text rules, a real OS-level
 //! write failure, the single gate for every gated tool, and nothing lowering the bar.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -642,8 +642,8 @@ async fn os_level_write_failure_is_a_failed_invocation(backend: Backend) {
     const CHILD: &str = "MIRA_TEST_FSIZE_CHILD";
     if std::env::var_os(CHILD).is_none() {
         let name = match backend {
-            Backend::Sqlite => "os_level_write_failure_is_a_failed_invocation::sqlite",
-            Backend::Postgres => "os_level_write_failure_is_a_failed_invocation::postgres",
+            Backend::Sqlite => "approval::os_level_write_failure_is_a_failed_invocation::sqlite",
+            Backend::Postgres => "approval::os_level_write_failure_is_a_failed_invocation::postgres",
         };
         let out = tokio::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", name, "--nocapture", "--test-threads", "1"])

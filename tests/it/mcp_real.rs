@@ -3,7 +3,7 @@
 //! `@modelcontextprotocol/server-everything` over stdio and over Streamable HTTP,
 //! `server-filesystem`, `server-memory` (npm) and `mcp-server-time` (PyPI).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

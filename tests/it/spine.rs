@@ -2,7 +2,7 @@
 //! The spine end to end over HTTP, on SQLite and on Postgres: exposure, freezing, the Read
 //! tools, evidence, events, and every bad input of the spine issue.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

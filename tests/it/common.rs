@@ -111,8 +111,8 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         // Tests install their stdio MCP servers as ordinary users and point them at local
-        // servers; the deployment defaults (admins only) have their own tests in tests/mcp.rs
-        // and tests/web_search.rs.
+        // servers; the deployment defaults (admins only) have their own tests in tests/it/mcp.rs
+        // and tests/it/web_search.rs.
         let mcp = mira::mcp::McpSettings { stdio_allow: vec!["*".into()], ..Default::default() };
         Options {
             runtime: RuntimeConfig {

@@ -3,7 +3,7 @@
 //! `cargo run -q -- openapi > openapi/openapi.json`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 #[test]
 fn committed_openapi_matches_the_code() {

@@ -5,7 +5,7 @@
 //! feed, a redirect loop, a source that times out), conditional GET, updates instead of
 //! duplicates, and news_search's full-text search, filters, evidence and availability.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,7 +5,7 @@
 //! Postgres. Also: availability reasons, encrypted per-user connections, the per-user rate
 //! limit, and that web_search never answers from the News Hub.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

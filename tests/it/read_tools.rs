@@ -2,7 +2,7 @@
 //! grep options; devices and availability; the admin bootstrap file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::{Backend, TestApp, spawn};
 use reqwest::StatusCode;

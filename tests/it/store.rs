@@ -2,7 +2,7 @@
 //! directly — concurrency properties (event ids, claims, decisions) included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

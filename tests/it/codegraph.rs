@@ -6,7 +6,7 @@
 //! generated and vendored files) and a generated many-file workspace with progress,
 //! cancellation and bounded memory.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 //! `MIRA_REQUIRE_EMBEDDINGS=1` (CI), where they fail.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

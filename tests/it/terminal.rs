@@ -4,7 +4,7 @@
 //! loopback, Ctrl-C, UTF-8 split across writes, floods with the server's memory measured,
 //! slow viewers, cwd outside the workspace, process-group cleanup, restarts.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,0 +1,19 @@
+//! Every integration test in one binary (one link instead of fourteen). Each module is one
+//! area of the runtime; `common` starts real servers over real SQLite and Postgres stores.
+
+#[macro_use]
+mod common;
+
+mod approval;
+mod codegraph;
+mod embedding;
+mod mcp;
+mod mcp_real;
+mod news;
+mod openapi;
+mod read_tools;
+mod spine;
+mod store;
+mod terminal;
+mod web;
+mod web_search;
