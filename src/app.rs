@@ -11,9 +11,9 @@ use crate::error::{Error, Result};
 use crate::exposure::Ranker;
 use crate::exposure::index::ToolIndex;
 use crate::harness::Harness;
-use crate::registry::{ErrorClass, Registry, ToolError};
+use crate::registry::Registry;
 use crate::store::{RunRow, Store};
-use crate::workspace::Workspace;
+use crate::workspace::{HardLinks, Workspace};
 
 /// Everything the chain needs, cheap to clone (typed axum state).
 #[derive(Clone)]
@@ -47,16 +47,23 @@ impl App {
     /// for the default workspace (no run named).
     pub async fn availability_context(&self, user_id: &str, device_id: Option<&str>) -> Result<AvailabilityContext> {
         let mut ctx = self.device_context(user_id, device_id).await?;
-        ctx.workspace_root = self.store.default_workspace().await?.map(|w| std::path::PathBuf::from(w.path));
+        if let Some(ws) = self.store.default_workspace().await? {
+            ctx.workspace_root = Some(std::path::PathBuf::from(&ws.path));
+            ctx.workspace_state = crate::workspace::root_state(&ws);
+        }
         Ok(ctx)
     }
 
     /// The availability context of a run: its owner, its device (the server host when the run
-    /// names none) and its workspace.
+    /// names none) and its workspace (whose root must still be the folder registered).
     pub async fn run_availability_context(&self, user_id: &str, run: &RunRow) -> Result<AvailabilityContext> {
         let mut ctx = self.device_context(user_id, run.device_id.as_deref()).await?;
-        ctx.workspace_root =
-            self.store.workspace_for(&run.owner_id, &run.workspace_id).await?.map(|w| std::path::PathBuf::from(w.path));
+        if let Some(ws) = self.store.workspace_for(&run.owner_id, &run.workspace_id).await? {
+            ctx.workspace_root = Some(std::path::PathBuf::from(&ws.path));
+            if ws.device_id.is_none() {
+                ctx.workspace_state = crate::workspace::root_state(&ws);
+            }
+        }
         Ok(ctx)
     }
 
@@ -70,7 +77,12 @@ impl App {
                 DeviceInfo { id: row.id, local: false, capabilities }
             }
         };
-        Ok(AvailabilityContext { user_id: user_id.to_owned(), device, workspace_root: None })
+        Ok(AvailabilityContext {
+            user_id: user_id.to_owned(),
+            device,
+            workspace_root: None,
+            workspace_state: crate::availability::Availability::Available,
+        })
     }
 
     /// Refuses (403 `internal_address`) a URL the server would fetch for `user` when it points
@@ -84,16 +96,17 @@ impl App {
             .map_err(|e| Error::ForbiddenCode { code: "internal_address", message: e.0 })
     }
 
-    /// Opens the run's workspace root on this host.
+    /// The Read tools' hard-link rule in force (`--allow-hard-link-reads`).
+    pub fn hard_link_rule(&self) -> HardLinks {
+        if self.config.allow_hard_link_reads { HardLinks::Allow } else { HardLinks::Refuse }
+    }
+
+    /// Opens the run's workspace root on this host, by identity: `workspace_changed` (409)
+    /// when the folder at its path is not the one registered, `workspace_unavailable` (503)
+    /// when it cannot be opened.
     pub async fn workspace_of(&self, run: &RunRow) -> Result<Workspace> {
         let ws =
             self.store.workspace_for(&run.owner_id, &run.workspace_id).await?.ok_or(Error::NotFound("workspace"))?;
-        Workspace::open(std::path::Path::new(&ws.path)).map_err(|e| {
-            Error::Tool(ToolError::new(
-                ErrorClass::Unavailable,
-                "workspace_unavailable",
-                format!("workspace {} at {} cannot be opened: {e}", ws.id, ws.path),
-            ))
-        })
+        crate::workspace::open_registered(&ws, self.hard_link_rule()).map_err(Error::Tool)
     }
 }

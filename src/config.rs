@@ -37,6 +37,12 @@ pub struct ServeConfig {
     /// link-local…) for MCP endpoints, news feeds and search instances. Default: admins only.
     #[arg(long, env = "MIRA_ALLOW_INTERNAL_URLS")]
     pub allow_internal_urls: bool,
+    /// Let the Read tools (read_open, grep, read_discover) read files that have more than one
+    /// hard link. Default: refused like the Edit tools refuse them, since on a server more
+    /// than one user shares a hard link can make a file outside the workspace readable; a
+    /// single-user deployment may allow them.
+    #[arg(long, env = "MIRA_ALLOW_HARD_LINK_READS")]
+    pub allow_hard_link_reads: bool,
     /// Commands non-admin users may launch as stdio MCP servers (comma-separated; `*` = any).
     /// Default: none — only admins install stdio servers, which run on this host.
     #[arg(long, env = "MIRA_MCP_STDIO_ALLOW", value_delimiter = ',')]
@@ -136,6 +142,9 @@ pub struct RuntimeConfig {
     pub terminal: crate::tools::terminal::host::TerminalConfig,
     /// Whether non-admin users may name internal addresses as URLs the server fetches.
     pub allow_internal_urls: bool,
+    /// Whether the Read tools read files with more than one hard link
+    /// ([`crate::workspace::HardLinks`]).
+    pub allow_hard_link_reads: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -151,6 +160,7 @@ impl Default for RuntimeConfig {
             search: crate::tools::search::config::SearchConfig::default(),
             terminal: crate::tools::terminal::host::TerminalConfig::default(),
             allow_internal_urls: false,
+            allow_hard_link_reads: false,
         }
     }
 }

@@ -146,6 +146,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             search: cfg.search.clone(),
             terminal: cfg.terminal.clone(),
             allow_internal_urls: cfg.allow_internal_urls,
+            allow_hard_link_reads: cfg.allow_hard_link_reads,
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,

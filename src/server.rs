@@ -85,14 +85,22 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     )?;
     let workspace = std::fs::canonicalize(&settings.workspace)
         .with_context(|| format!("workspace {} does not exist", settings.workspace.display()))?;
-    store.upsert_default_workspace(&workspace.to_string_lossy()).await?;
+    let (_, identity) = crate::workspace::open_root(&workspace)
+        .map_err(|e| anyhow::anyhow!("workspace {}: {:?}", workspace.display(), e))?;
+    store.upsert_default_workspace(&workspace.to_string_lossy(), &identity.encode()).await?;
+    adopt_root_identities(&store).await?;
     let stable = deps.node_id.clone();
     let lost = core.terminal.recover().await?;
     if lost > 0 {
         tracing::warn!(lost, "terminal sessions left running by the previous process were marked lost");
     }
     let node = format!("{stable}:{}", uuid::Uuid::now_v7().simple());
-    let executor = Arc::new(LocalExecutor::new(store.clone()));
+    let hard_links = if settings.runtime.allow_hard_link_reads {
+        crate::workspace::HardLinks::Allow
+    } else {
+        crate::workspace::HardLinks::Refuse
+    };
+    let executor = Arc::new(LocalExecutor::new(store.clone(), hard_links, &stable));
     let limits = HarnessLimits {
         concurrency: settings.runtime.execution_concurrency,
         timeout: Duration::from_secs(settings.runtime.execution_timeout_secs),
@@ -103,6 +111,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     if interrupted > 0 {
         tracing::warn!(interrupted, "invocations left running by the previous process were marked interrupted");
     }
+    spawn_sweep(store.clone(), &stable, &settings.runtime, shutdown.clone());
     mcp.start().await.context("loading External MCP servers")?;
     let embeddings = Arc::new(Embeddings::new(settings.runtime.embedding.clone(), &settings.data_dir));
     let tool_index = Arc::new(ToolIndex::new());
@@ -120,6 +129,63 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         search: core.search,
         terminal: core.terminal,
     })
+}
+
+/// Records the root identity of host workspaces registered before identities were kept
+/// (as found now; logged), so that every host workspace is held by identity from then on.
+async fn adopt_root_identities(store: &Store) -> anyhow::Result<()> {
+    for ws in store.host_workspaces().await? {
+        if ws.root_identity.is_some() {
+            continue;
+        }
+        match crate::workspace::open_root(std::path::Path::new(&ws.path)) {
+            Ok((_, identity)) => {
+                if store.adopt_root_identity(&ws.id, &identity.encode()).await? {
+                    tracing::info!(workspace = %ws.id, path = %ws.path, identity = %identity.encode(),
+                        "recorded the root identity of a workspace registered before identities were kept");
+                }
+            }
+            Err(e) => tracing::warn!(workspace = %ws.id, path = %ws.path, error = ?e,
+                "the root of a workspace registered before identities were kept cannot be opened; it stays unusable until an admin re-registers it"),
+        }
+    }
+    Ok(())
+}
+
+/// Sweeps the Edit tools' leftovers ([`crate::workspace::sweep`]) from every host workspace
+/// whose root is still the registered folder, in the background.
+fn spawn_sweep(store: Store, node: &str, runtime: &RuntimeConfig, shutdown: CancellationToken) {
+    let started_ms =
+        u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or_default();
+    let rule = crate::workspace::sweep::SweepRule {
+        node: node.to_owned(),
+        started_ms,
+        min_age: Duration::from_secs(runtime.execution_timeout_secs).saturating_add(crate::workspace::sweep::MARGIN),
+    };
+    tokio::spawn(async move {
+        let rows = match store.host_workspaces().await {
+            Ok(rows) => rows,
+            Err(e) => return tracing::warn!(error = %e, "listing workspaces for the temp sweep failed"),
+        };
+        for row in rows {
+            let ws = match crate::workspace::open_registered(&row, crate::workspace::HardLinks::Refuse) {
+                Ok(ws) => ws,
+                Err(e) => {
+                    tracing::warn!(workspace = %row.id, code = %e.code, "temp sweep skipped a workspace: {}", e.message);
+                    continue;
+                }
+            };
+            let (rule, stop) = (rule.clone(), shutdown.clone());
+            let swept = tokio::task::spawn_blocking(move || crate::workspace::sweep::sweep(&ws, &rule, &stop)).await;
+            match swept {
+                Ok(report) if report.temp_files_removed + report.delete_dirs_removed + report.errors > 0 || report.capped => {
+                    tracing::info!(workspace = %row.id, report = ?report, "swept leftovers of interrupted edits");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(workspace = %row.id, error = %e, "temp sweep failed"),
+            }
+        }
+    });
 }
 
 /// A stable id for this data directory (kept in `<data-dir>/node.id`).

@@ -71,7 +71,15 @@ pub struct AvailabilityContext {
     /// workspace, or the default workspace when no run is named; None when neither is known.
     /// Tools whose state is per workspace (the code graph index) judge by it.
     pub workspace_root: Option<std::path::PathBuf>,
+    /// Whether that workspace's root is usable: `unavailable` with `workspace_changed` when
+    /// the folder at its path is no longer the one registered (replaced, a symlink, moved),
+    /// `workspace_unavailable` when it cannot be opened. Tools that work in the workspace
+    /// (capabilities `fs.read`, `fs.write`, `pty`) take this answer.
+    pub workspace_state: Availability,
 }
+
+/// Capabilities of the tools that work inside the run's workspace.
+pub const WORKSPACE_CAPABILITIES: [&str; 3] = ["fs.read", "fs.write", "pty"];
 
 /// Evaluates availability of `entry` for `ctx`: device capability, an executor for the
 /// device, then the tool's own checks.
@@ -90,6 +98,11 @@ pub fn evaluate(entry: &Entry, ctx: &AvailabilityContext) -> Availability {
                 format!("no runner is connected for device {}; its work cannot execute now", ctx.device.id),
             );
         }
+    }
+    if spec.capability.as_deref().is_some_and(|c| WORKSPACE_CAPABILITIES.contains(&c))
+        && ctx.workspace_state != Availability::Available
+    {
+        return ctx.workspace_state.clone();
     }
     entry.tool.availability(ctx)
 }

@@ -2,15 +2,13 @@
 //! remote device runner (a process on the user's machine executing Read/Edit/Terminal work
 //! for a hosted control plane) can later take the place of [`LocalExecutor`].
 
-use std::path::Path;
-
 use async_trait::async_trait;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::registry::{Entry, ErrorClass, ExecContext, ToolError, ToolOutput};
 use crate::store::{InvocationRow, Store};
-use crate::workspace::Workspace;
+use crate::workspace::HardLinks;
 
 /// Runs one tool call for one stored invocation.
 #[async_trait]
@@ -25,15 +23,20 @@ pub trait Executor: Send + Sync {
     ) -> Result<ToolOutput, ToolError>;
 }
 
-/// Executes on the server host, in-process, against the run's workspace folder.
+/// Executes on the server host, in-process, against the run's workspace folder — opened by
+/// identity for each execution, so a root replaced since the call was frozen runs nothing.
 pub struct LocalExecutor {
     store: Store,
+    hard_links: HardLinks,
+    node: String,
 }
 
 impl LocalExecutor {
-    /// An executor reading runs and workspaces from `store`.
-    pub fn new(store: Store) -> Self {
-        Self { store }
+    /// An executor reading runs and workspaces from `store`, giving the Read tools the
+    /// hard-link rule `hard_links`; `node` is this server's stable node id (named in the Edit
+    /// tools' temporary files).
+    pub fn new(store: Store, hard_links: HardLinks, node: &str) -> Self {
+        Self { store, hard_links, node: node.to_owned() }
     }
 }
 
@@ -59,8 +62,21 @@ impl Executor for LocalExecutor {
             .await
             .map_err(|e| unavailable(e.to_string()))?
             .ok_or_else(|| unavailable(format!("workspace {} is gone", run.workspace_id)))?;
-        let workspace = Workspace::open(Path::new(&ws.path))
-            .map_err(|e| unavailable(format!("workspace {} cannot be opened: {e}", ws.path)))?;
+        let workspace = crate::workspace::open_registered(&ws, self.hard_links)?.with_node(&self.node);
+        // A call frozen against an earlier registration of the root was approved for another
+        // folder: it does not run in the re-registered one.
+        if ws.root_registered_at.as_deref().is_some_and(|at| inv.created_at.as_str() < at) {
+            return Err(ToolError::new(
+                ErrorClass::Conflict,
+                "workspace_changed",
+                format!(
+                    "{} was frozen before workspace {} was re-registered at {}; nothing was run — freeze the call again",
+                    inv.id, ws.id, ws.path
+                ),
+            )
+            .with_details(serde_json::json!({"workspace_id": ws.id, "path": ws.path,
+                                             "registered_at": ws.root_registered_at, "frozen_at": inv.created_at})));
+        }
         let ctx = ExecContext {
             workspace,
             owner_id: inv.owner_id.clone(),

@@ -85,7 +85,9 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
     if let Some(existing) = existing {
         // A retried call: compare only, so preconditions the frozen call itself may have
         // changed since (an edit that already ran) cannot turn a replay into an error.
-        let input = entry.tool.canonicalize(req.input, &prepare_ctx).await?;
+        let frozen: Value =
+            serde_json::from_str(&existing.input).map_err(|e| Error::Internal(format!("stored input: {e}")))?;
+        let input = entry.tool.replay_input(entry.tool.canonicalize(req.input, &prepare_ctx).await?, &frozen);
         return if existing.input_hash == canonical::input_hash(&tool_id, &input) {
             let approval_id = app.store.approval_id_of(&existing.id).await?;
             Ok(Frozen { row: existing, approval_id, created: false })

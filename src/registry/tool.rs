@@ -186,6 +186,15 @@ pub trait Tool: Send + Sync {
         Ok(self.prepare(input, ctx).await?.input)
     }
 
+    /// The canonical input of a retried call, from [`Tool::canonicalize`]'s `canonical` and
+    /// the input `frozen` for that call earlier: carries over what `prepare` derived from the
+    /// world rather than from the caller's input — an Edit tool's `precondition`, the state
+    /// of its target when the preview was made — so the replay's hash equals the frozen one
+    /// exactly when the caller sent the same input. The default keeps `canonical`.
+    fn replay_input(&self, canonical: Value, _frozen: &Value) -> Value {
+        canonical
+    }
+
     /// Executes a frozen, policy-cleared invocation. Only the harness calls this.
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError>;
 }

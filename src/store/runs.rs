@@ -36,6 +36,11 @@ pub struct WorkspaceRow {
     pub device_id: Option<String>,
     /// RFC 3339.
     pub created_at: String,
+    /// The root folder's identity, `"<dev>:<ino>"` ([`crate::workspace::RootIdentity`]),
+    /// recorded at registration; NULL only on rows from before it was recorded.
+    pub root_identity: Option<String>,
+    /// When `root_identity` was recorded (RFC 3339): calls frozen before it are refused.
+    pub root_registered_at: Option<String>,
 }
 
 /// A run: one agent task in one workspace.
@@ -114,21 +119,40 @@ impl Store {
             .await?)
     }
 
-    /// Registers (or moves) the deployment-wide `default` workspace at `path`.
-    pub async fn upsert_default_workspace(&self, path: &str) -> StoreResult<WorkspaceRow> {
+    /// Registers (or moves) the deployment-wide `default` workspace at `path` with root
+    /// identity `identity`. The identity's time is renewed only when the path or the
+    /// identity changed, so a restart on the same folder keeps pending calls valid.
+    pub async fn upsert_default_workspace(&self, path: &str, identity: &str) -> StoreResult<WorkspaceRow> {
         let mut tx = self.begin_write().await?;
         let existing: Option<WorkspaceRow> =
             sqlx::query_as("SELECT * FROM workspaces WHERE owner_id IS NULL AND name = 'default'")
                 .fetch_optional(tx.conn())
                 .await?;
         let row = match existing {
+            Some(row) if row.path == path && row.root_identity.as_deref() == Some(identity) => row,
+            Some(mut row) if row.path == path && row.root_identity.is_none() => {
+                // A row from before identities were recorded: adopted as first registered.
+                sqlx::query("UPDATE workspaces SET root_identity = $1, root_registered_at = created_at WHERE id = $2")
+                    .bind(identity)
+                    .bind(&row.id)
+                    .execute(tx.conn())
+                    .await?;
+                row.root_identity = Some(identity.to_owned());
+                row.root_registered_at = Some(row.created_at.clone());
+                row
+            }
             Some(mut row) => {
-                sqlx::query("UPDATE workspaces SET path = $1 WHERE id = $2")
+                let now = ids::now();
+                sqlx::query("UPDATE workspaces SET path = $1, root_identity = $2, root_registered_at = $3 WHERE id = $4")
                     .bind(path)
+                    .bind(identity)
+                    .bind(&now)
                     .bind(&row.id)
                     .execute(tx.conn())
                     .await?;
                 row.path = path.to_owned();
+                row.root_identity = Some(identity.to_owned());
+                row.root_registered_at = Some(now);
                 row
             }
             None => {
@@ -139,14 +163,21 @@ impl Store {
                     path: path.to_owned(),
                     device_id: None,
                     created_at: ids::now(),
+                    root_identity: Some(identity.to_owned()),
+                    root_registered_at: Some(ids::now()),
                 };
-                sqlx::query("INSERT INTO workspaces (id, owner_id, name, path, device_id, created_at) VALUES ($1, NULL, $2, $3, NULL, $4)")
-                    .bind(&row.id)
-                    .bind(&row.name)
-                    .bind(&row.path)
-                    .bind(&row.created_at)
-                    .execute(tx.conn())
-                    .await?;
+                sqlx::query(
+                    "INSERT INTO workspaces (id, owner_id, name, path, device_id, created_at, root_identity, \
+                     root_registered_at) VALUES ($1, NULL, $2, $3, NULL, $4, $5, $6)",
+                )
+                .bind(&row.id)
+                .bind(&row.name)
+                .bind(&row.path)
+                .bind(&row.created_at)
+                .bind(&row.root_identity)
+                .bind(&row.root_registered_at)
+                .execute(tx.conn())
+                .await?;
                 row
             }
         };
@@ -154,25 +185,72 @@ impl Store {
         Ok(row)
     }
 
-    /// Creates a workspace owned by `owner_id` on the server host.
-    pub async fn create_workspace(&self, owner_id: &str, name: &str, path: &str) -> StoreResult<WorkspaceRow> {
+    /// Creates a workspace owned by `owner_id` on the server host, with root identity
+    /// `identity`.
+    pub async fn create_workspace(
+        &self,
+        owner_id: &str,
+        name: &str,
+        path: &str,
+        identity: &str,
+    ) -> StoreResult<WorkspaceRow> {
+        let now = ids::now();
         let row = WorkspaceRow {
             id: ids::new_id("ws"),
             owner_id: Some(owner_id.to_owned()),
             name: name.to_owned(),
             path: path.to_owned(),
             device_id: None,
-            created_at: ids::now(),
+            created_at: now.clone(),
+            root_identity: Some(identity.to_owned()),
+            root_registered_at: Some(now),
         };
-        sqlx::query("INSERT INTO workspaces (id, owner_id, name, path, device_id, created_at) VALUES ($1, $2, $3, $4, NULL, $5)")
-            .bind(&row.id)
-            .bind(owner_id)
-            .bind(&row.name)
-            .bind(&row.path)
-            .bind(&row.created_at)
+        sqlx::query(
+            "INSERT INTO workspaces (id, owner_id, name, path, device_id, created_at, root_identity, \
+             root_registered_at) VALUES ($1, $2, $3, $4, NULL, $5, $6, $7)",
+        )
+        .bind(&row.id)
+        .bind(owner_id)
+        .bind(&row.name)
+        .bind(&row.path)
+        .bind(&row.created_at)
+        .bind(&row.root_identity)
+        .bind(&row.root_registered_at)
+        .execute(self.pool())
+        .await?;
+        Ok(row)
+    }
+
+    /// Records `identity` as workspace `id`'s root identity, now (an admin re-registered it,
+    /// or it had none). Returns the updated row, None when there is no such workspace.
+    pub async fn record_root_identity(&self, id: &str, identity: &str) -> StoreResult<Option<WorkspaceRow>> {
+        sqlx::query("UPDATE workspaces SET root_identity = $1, root_registered_at = $2 WHERE id = $3")
+            .bind(identity)
+            .bind(ids::now())
+            .bind(id)
             .execute(self.pool())
             .await?;
-        Ok(row)
+        Ok(sqlx::query_as("SELECT * FROM workspaces WHERE id = $1").bind(id).fetch_optional(self.pool()).await?)
+    }
+
+    /// Records `identity` for workspace `id` if it has none yet (a row from before identities
+    /// were recorded), as of the row's creation, so calls frozen since stay valid. Returns
+    /// whether it did.
+    pub async fn adopt_root_identity(&self, id: &str, identity: &str) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE workspaces SET root_identity = $1, root_registered_at = created_at \
+             WHERE id = $2 AND root_identity IS NULL",
+        )
+        .bind(identity)
+        .bind(id)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Every workspace on the server host (no device), oldest first.
+    pub async fn host_workspaces(&self) -> StoreResult<Vec<WorkspaceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM workspaces WHERE device_id IS NULL ORDER BY id").fetch_all(self.pool()).await?)
     }
 
     /// Workspaces the caller may use: their own and the deployment-wide ones.
@@ -190,6 +268,11 @@ impl Store {
             .bind(owner_id)
             .fetch_optional(self.pool())
             .await?)
+    }
+
+    /// Any workspace by id, whoever owns it (for admin actions), or None.
+    pub async fn workspace_by_id(&self, id: &str) -> StoreResult<Option<WorkspaceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM workspaces WHERE id = $1").bind(id).fetch_optional(self.pool()).await?)
     }
 
     /// The deployment-wide default workspace, if one was registered.

@@ -620,7 +620,8 @@ async fn replace_block_keeps_line_endings_and_encoding(backend: Backend) {
     assert_eq!(r.code(), "unsupported_encoding", "{r:?}");
     assert_eq!(std::fs::read(ws.join("blob.bin")).unwrap(), b"\x7fELF\0\0\x01abc");
 
-    // The file changed after the freeze: the re-check at execution refuses, nothing written.
+    // The file changed after the freeze: the frozen precondition (the SHA-256 the preview
+    // showed) no longer holds, so execution refuses with stale_target and writes nothing.
     std::fs::write(ws.join("moving.txt"), "alpha\nbeta\n").unwrap();
     let inv =
         f.frozen("replace_block", "moving", json!({"path": "moving.txt", "old": "beta\n", "new": "gamma\n"})).await;
@@ -629,7 +630,7 @@ async fn replace_block_keeps_line_endings_and_encoding(backend: Backend) {
     let done = f.wait_final(&inv).await;
     assert_eq!(
         (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
-        (Some("failed"), Some("block_not_found"))
+        (Some("failed"), Some("stale_target"))
     );
     assert_eq!(std::fs::read_to_string(ws.join("moving.txt")).unwrap(), "alpha\n");
 }

@@ -272,6 +272,7 @@ async fn unembedded_tools_rank_lexically_within_the_hybrid() {
         user_id: "u".into(),
         device: mira::availability::DeviceInfo::local(),
         workspace_root: None,
+        workspace_state: mira::availability::Availability::Available,
     };
     let candidates = mira::exposure::candidates(&registry, &ctx);
     let exposure = mira::exposure::expose(&candidates, "where does it rain right now", &ranker);

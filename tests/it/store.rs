@@ -26,7 +26,7 @@ async fn fixture(backend: Backend) -> Fixture {
     let db = TestDb::new(backend, tmp.path()).await;
     let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
     let user = store.create_user("u", false, &mira::auth::hash_token("t")).await.unwrap();
-    let ws = store.upsert_default_workspace(tmp.path().to_str().unwrap()).await.unwrap();
+    let ws = store.upsert_default_workspace(tmp.path().to_str().unwrap(), "1:1").await.unwrap();
     let run = store.create_run(&user.id, &ws.id, None, None).await.unwrap();
     let turn = store.create_turn(&run, "task", None, &json!({"strategy": "all", "tools": []})).await.unwrap();
     Fixture { store, user: user.id, run, turn: turn.id, _db: db, _tmp: tmp }

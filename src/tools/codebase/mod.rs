@@ -326,6 +326,10 @@ impl Tool for ReportsChanges {
         self.inner.canonicalize(input, ctx).await
     }
 
+    fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
+        self.inner.replay_input(canonical, frozen)
+    }
+
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let out = self.inner.execute(input, ctx).await?;
         if let Some(index) = self.graphs.get(ctx.workspace.root()) {

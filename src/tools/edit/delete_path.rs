@@ -3,13 +3,15 @@
 //! directory (a symlink, a hard-linked file, a FIFO, socket or device is refused); inside a
 //! directory being deleted, entries of any kind are removed as entries and symlinks are
 //! never followed. A directory is first renamed to a hidden name beside it, so it leaves the
-//! workspace view at once, then removed.
+//! workspace view at once, then removed. What the preview showed — the file's SHA-256, or
+//! the directory's manifest fingerprint — is frozen as `precondition`; a target in another
+//! state at execution is `stale_target` and nothing is deleted.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents};
-use super::{check_resolved, target};
+use super::{TargetState, check_precondition, check_resolved, target};
 use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::{bool_field, str_field};
@@ -74,6 +76,16 @@ fn look(dir: &cap_std::fs::Dir, name: &str, rel: &str, recursive: bool) -> Resul
     }
 }
 
+impl Found {
+    /// The precondition this state is.
+    fn state(&self) -> TargetState {
+        match self {
+            Found::File { sha256, .. } => TargetState::File { sha256: sha256.clone() },
+            Found::Dir(tree) => TargetState::Directory { manifest_sha256: tree.manifest_sha256.clone() },
+        }
+    }
+}
+
 fn describe(rel: &str, found: &Found) -> Value {
     match found {
         Found::File { sha256, size } => json!({"kind": "file", "path": rel, "sha256": sha256, "size": size}),
@@ -81,7 +93,8 @@ fn describe(rel: &str, found: &Found) -> Value {
     }
 }
 
-fn plan(ws: &Workspace, input: &Value) -> Result<Value, ToolError> {
+/// The preview and the precondition it shows.
+fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError> {
     let rel = str_field(input, "path").unwrap_or_default();
     let located = efs::locate(ws, rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(rel))?;
@@ -89,7 +102,7 @@ fn plan(ws: &Workspace, input: &Value) -> Result<Value, ToolError> {
     let mut preview = describe(rel, &found);
     preview["action"] = json!("delete_path");
     preview["resolved_path"] = json!(str_field(input, "resolved_path"));
-    Ok(preview)
+    Ok((preview, found.state()))
 }
 
 fn delete(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
@@ -98,11 +111,18 @@ fn delete(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     let _guard = efs::lock_paths(&[abs]);
     let located = efs::locate(ws, &rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
-    let found = look(dir, &located.name, &rel, bool_field(input, "recursive"))?;
+    let found = match look(dir, &located.name, &rel, bool_field(input, "recursive")) {
+        Err(e) if e.code == "not_found" => {
+            check_precondition(&rel, input.get("precondition"), &TargetState::Absent)?;
+            return Err(e);
+        }
+        other => other?,
+    };
+    check_precondition(&rel, input.get("precondition"), &found.state())?;
     match &found {
         Found::File { .. } => dir.remove_file(&located.name).map_err(|e| workspace::io_error(&rel, &e))?,
         Found::Dir(_) => {
-            let hidden = format!(".mira-delete-{}", uuid::Uuid::now_v7().simple());
+            let hidden = workspace::sweep::delete_name(ws.node());
             efs::rename_noreplace(dir, &located.name, dir, &hidden, &rel)?;
             if let Err(e) = dir.remove_dir_all(&hidden) {
                 // Put back what is left, so nothing lingers under a hidden name.
@@ -143,15 +163,23 @@ impl Tool for DeletePath {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let canonical = canonical(&input, ctx.workspace)?;
+        let mut canonical = canonical(&input, ctx.workspace)?;
         let ws = ctx.workspace.clone();
         let frozen = canonical.clone();
-        let preview = blocking(move || plan(&ws, &frozen)).await?;
+        let (preview, state) = blocking(move || plan(&ws, &frozen)).await?;
+        let precondition = state.to_json();
+        canonical["precondition"] = precondition.clone();
+        let rel = str_field(&canonical, "path").unwrap_or_default();
+        let preview = super::finish_preview(preview, &precondition, &[("path", rel)]);
         Ok(Prepared { input: canonical, preview })
     }
 
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
         canonical(&input, ctx.workspace)
+    }
+
+    fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
+        super::replay_with_precondition(canonical, frozen)
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {

@@ -227,8 +227,10 @@ pub enum Replace {
 /// Writes `bytes` to `name` in `dir` atomically: a temporary file in the same directory,
 /// written, given `mode` (or the default `0o666 & !umask`), fsynced, then renamed over the
 /// target and the directory fsynced. `before_rename` runs just before the rename (the last
-/// precondition check). On any error the temporary file is removed and the target is
+/// precondition check). The temporary file's name names `node` (see
+/// [`crate::workspace::sweep`], which removes it if the process dies before the rename). On any error the temporary file is removed and the target is
 /// untouched; the error carries the OS error.
+#[allow(clippy::too_many_arguments)] // each is one fact of the write; a struct would only rename them
 pub fn write_atomic(
     dir: &Dir,
     name: &str,
@@ -236,9 +238,10 @@ pub fn write_atomic(
     bytes: &[u8],
     mode: Option<u32>,
     replace: Replace,
+    node: Option<&str>,
     before_rename: impl FnOnce() -> Result<(), ToolError>,
 ) -> Result<(), ToolError> {
-    let tmp = format!(".mira-{}.tmp", uuid::Uuid::now_v7().simple());
+    let tmp = workspace::sweep::temp_name(node);
     let mut options = OpenOptions::new();
     options.write(true).create_new(true).follow(FollowSymlinks::No).mode(0o666);
     let file = dir.open_with(&tmp, &options).map_err(|e| workspace::io_error(rel, &e))?.into_std();

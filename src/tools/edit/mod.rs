@@ -13,6 +13,16 @@
 //!   after the freeze, a file changed since) and only then changes anything, atomically
 //!   where the OS allows (see [`fs`]).
 //!
+//! What the preview showed is also what execution requires: `prepare` freezes the target's
+//! state as it inspected it — its SHA-256, its absence, or a directory's manifest fingerprint
+//! ([`TargetState`]) — into the canonical input as `precondition`, and shows the very same
+//! value in the approval preview. At execution a target in any other state is `stale_target`
+//! (409) and nothing is written, so an edit made by hand between the freeze and the grant is
+//! never overwritten. A replay of the same call after the edit ran carries the frozen
+//! precondition over ([`crate::registry::Tool::replay_input`]), so it stays an idempotent 200.
+//! Each path is also checked for invisible and look-alike characters
+//! ([`crate::workspace::lookalike`]), flagged in the preview as `path_flags`.
+//!
 //! A successful edit yields evidence about bytes — paths, SHA-256 before and after, bytes
 //! written, a diff summary — never a claim that the content is right.
 
@@ -23,6 +33,7 @@ pub mod move_path;
 pub mod replace_block;
 pub mod write_file;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
@@ -110,6 +121,79 @@ fn check_expected(rel: &str, expected: Option<&str>, current: Option<&str>) -> R
         .with_details(json!({"path": rel, "expected_sha256": want, "current_sha256": current}))),
         _ => Ok(()),
     }
+}
+
+/// The state of an Edit tool's target as its preview showed it, frozen into the canonical
+/// input (`precondition`) and required again at execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum TargetState {
+    /// Nothing by that name.
+    Absent,
+    /// A regular file with this content.
+    File {
+        /// Lowercase hex SHA-256 of the whole file.
+        sha256: String,
+    },
+    /// A directory with this shape ([`fs::TreeSummary::manifest_sha256`]: every entry's
+    /// kind, path and size).
+    Directory {
+        /// The tree's manifest fingerprint.
+        manifest_sha256: String,
+    },
+}
+
+impl TargetState {
+    /// The JSON form frozen in the input and shown in the preview.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// Checks the target's `current` state against the frozen precondition `frozen` (the
+/// `precondition` value of the canonical input, or a part of it): 409 `stale_target` when
+/// it differs or when the call was frozen without one.
+fn check_precondition(rel: &str, frozen: Option<&Value>, current: &TargetState) -> Result<(), ToolError> {
+    let approved = frozen.and_then(|v| serde_json::from_value::<TargetState>(v.clone()).ok());
+    if approved.as_ref() == Some(current) {
+        return Ok(());
+    }
+    let message = match (&approved, current) {
+        (None, _) => format!("{rel}: the call was frozen without the state of its target; nothing was written"),
+        (Some(TargetState::Absent), _) => {
+            format!("{rel} did not exist when the call was approved but exists now; nothing was written")
+        }
+        (Some(_), TargetState::Absent) => {
+            format!("{rel} no longer exists as it was when the call was approved; nothing was written")
+        }
+        (Some(_), _) => format!(
+            "{rel} changed since the call was frozen (it is not what the approval preview showed); nothing was written"
+        ),
+    };
+    Err(ToolError::new(ErrorClass::Conflict, "stale_target", message).with_details(json!({
+        "path": rel,
+        "approved": approved.map(|a| a.to_json()),
+        "current": current.to_json(),
+    })))
+}
+
+/// A replay's canonical input: `canonical` (from the raw input) with the frozen input's
+/// `precondition` carried over, since the precondition describes the world at freeze time,
+/// not the caller's input.
+fn replay_with_precondition(mut canonical: Value, frozen: &Value) -> Value {
+    if let (Some(pre), Some(obj)) = (frozen.get("precondition"), canonical.as_object_mut()) {
+        obj.insert("precondition".to_owned(), pre.clone());
+    }
+    canonical
+}
+
+/// Adds the frozen precondition and the path flags to a preview.
+fn finish_preview(mut preview: Value, precondition: &Value, paths: &[(&str, &str)]) -> Value {
+    if let Some(obj) = preview.as_object_mut() {
+        obj.insert("precondition".to_owned(), precondition.clone());
+        obj.insert("path_flags".to_owned(), workspace::lookalike::flags_json(paths));
+    }
+    preview
 }
 
 /// The file changed between the last check and the rename that would replace it.

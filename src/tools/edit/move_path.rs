@@ -3,13 +3,17 @@
 //! then replaces only a regular file, by a file); refuses to move the workspace root, onto
 //! it, or a directory into itself. The destination's parent must exist. A move without
 //! overwrite uses `renameat2(RENAME_NOREPLACE)`, so a destination created meanwhile is never
-//! replaced. Both paths obey the Edit boundary rules ([`super::fs`]).
+//! replaced. Both paths obey the Edit boundary rules ([`super::fs`]). The state of both ends
+//! as the preview showed them — the source's SHA-256 or directory fingerprint, the
+//! destination's absence or (with `overwrite`) SHA-256 — is frozen as
+//! `precondition: {from, to}`; either end in another state at execution is `stale_target`
+//! and nothing moves.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents};
-use super::{check_resolved, target};
+use super::{TargetState, check_precondition, check_resolved, target};
 use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::{bool_field, str_field};
@@ -79,18 +83,38 @@ struct Plan {
     to_name: String,
     source: Value,
     source_sha256: String,
+    source_state: TargetState,
     size: u64,
     replaced: Option<(efs::Regular, String)>,
 }
 
-fn plan(ws: &Workspace, input: &Value) -> Result<Plan, ToolError> {
+impl Plan {
+    /// The destination's state.
+    fn target_state(&self) -> TargetState {
+        self.replaced.as_ref().map_or(TargetState::Absent, |(_, sha)| TargetState::File { sha256: sha.clone() })
+    }
+
+    /// The frozen precondition: both ends.
+    fn precondition(&self) -> Value {
+        json!({"from": self.source_state.to_json(), "to": self.target_state().to_json()})
+    }
+}
+
+/// Inspects both ends. At execution (`frozen` = the frozen precondition) each must first be
+/// in the state the preview showed.
+fn plan(ws: &Workspace, input: &Value, frozen: Option<&Value>) -> Result<Plan, ToolError> {
     let from = str_field(input, "from").unwrap_or_default();
     let to = str_field(input, "to").unwrap_or_default();
     let overwrite = bool_field(input, "overwrite");
     let src = efs::locate(ws, from, Parents::MustExist)?;
     let from_dir = src.dir.ok_or_else(|| super::not_found(from))?;
     let (source, source_sha256, size, is_dir) = match efs::inspect(&from_dir, &src.name, from)? {
-        Leaf::Missing => return Err(super::not_found(from)),
+        Leaf::Missing => {
+            if let Some(frozen) = frozen {
+                check_precondition(from, frozen.get("from"), &TargetState::Absent)?;
+            }
+            return Err(super::not_found(from));
+        }
         Leaf::File(file) => {
             let sha = file.sha256(from)?;
             (json!({"kind": "file", "path": from, "sha256": sha, "size": file.size}), sha, file.size, false)
@@ -101,6 +125,14 @@ fn plan(ws: &Workspace, input: &Value) -> Result<Plan, ToolError> {
             (json!({"kind": "directory", "path": from, "tree": tree}), sha, bytes, true)
         }
     };
+    let source_state = if is_dir {
+        TargetState::Directory { manifest_sha256: source_sha256.clone() }
+    } else {
+        TargetState::File { sha256: source_sha256.clone() }
+    };
+    if let Some(frozen) = frozen {
+        check_precondition(from, frozen.get("from"), &source_state)?;
+    }
     let dst = efs::locate(ws, to, Parents::MustExist)?;
     let to_dir = dst.dir.ok_or_else(|| super::not_found(to))?;
     let exists = |what: &str| {
@@ -111,7 +143,16 @@ fn plan(ws: &Workspace, input: &Value) -> Result<Plan, ToolError> {
         )
         .with_details(json!({"from": from, "to": to}))
     };
-    let replaced = match efs::inspect(&to_dir, &dst.name, to)? {
+    let leaf = efs::inspect(&to_dir, &dst.name, to)?;
+    if let Some(frozen) = frozen {
+        let now = match &leaf {
+            Leaf::Missing => TargetState::Absent,
+            Leaf::File(file) => TargetState::File { sha256: file.sha256(to)? },
+            Leaf::Dir => TargetState::Directory { manifest_sha256: efs::walk_tree(&to_dir, &dst.name, to)?.manifest_sha256 },
+        };
+        check_precondition(to, frozen.get("to"), &now)?;
+    }
+    let replaced = match leaf {
         Leaf::Missing => None,
         Leaf::Dir if overwrite => {
             return Err(ToolError::new(
@@ -136,11 +177,21 @@ fn plan(ws: &Workspace, input: &Value) -> Result<Plan, ToolError> {
             Some((file, sha))
         }
     };
-    Ok(Plan { from_dir, from_name: src.name, to_dir, to_name: dst.name, source, source_sha256, size, replaced })
+    Ok(Plan {
+        from_dir,
+        from_name: src.name,
+        to_dir,
+        to_name: dst.name,
+        source,
+        source_sha256,
+        source_state,
+        size,
+        replaced,
+    })
 }
 
 fn preview(input: &Value, plan: &Plan) -> Value {
-    json!({
+    let preview = json!({
         "action": "move_path",
         "from": str_field(input, "from"),
         "to": str_field(input, "to"),
@@ -148,7 +199,10 @@ fn preview(input: &Value, plan: &Plan) -> Value {
         "resolved_to": str_field(input, "resolved_to"),
         "source": plan.source,
         "overwrites": plan.replaced.as_ref().map(|(f, sha)| json!({"sha256": sha, "size": f.size})),
-    })
+    });
+    let paths =
+        [("from", str_field(input, "from").unwrap_or_default()), ("to", str_field(input, "to").unwrap_or_default())];
+    super::finish_preview(preview, &plan.precondition(), &paths)
 }
 
 fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
@@ -157,7 +211,7 @@ fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     let resolved_from = str_field(input, "resolved_from").unwrap_or_default();
     let resolved_to = str_field(input, "resolved_to").unwrap_or_default();
     let _guard = efs::lock_paths(&[resolved_from, resolved_to]);
-    let p = plan(ws, input)?;
+    let p = plan(ws, input, Some(input.get("precondition").unwrap_or(&Value::Null)))?;
     match &p.replaced {
         None => efs::rename_noreplace(&p.from_dir, &p.from_name, &p.to_dir, &p.to_name, &to)?,
         Some((file, _)) => {
@@ -201,15 +255,21 @@ impl Tool for MovePath {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let canonical = canonical(&input, ctx.workspace)?;
+        let mut canonical = canonical(&input, ctx.workspace)?;
         let ws = ctx.workspace.clone();
         let frozen = canonical.clone();
-        let preview = blocking(move || plan(&ws, &frozen).map(|p| preview(&frozen, &p))).await?;
+        let (preview, precondition) =
+            blocking(move || plan(&ws, &frozen, None).map(|p| (preview(&frozen, &p), p.precondition()))).await?;
+        canonical["precondition"] = precondition;
         Ok(Prepared { input: canonical, preview })
     }
 
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
         canonical(&input, ctx.workspace)
+    }
+
+    fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
+        super::replay_with_precondition(canonical, frozen)
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {

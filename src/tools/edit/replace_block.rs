@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents, Replace};
-use super::{check_expected, check_resolved, diff, expected_sha, target};
+use super::{TargetState, check_expected, check_precondition, check_resolved, diff, expected_sha, target};
 use crate::evidence::sha256_hex;
 use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
@@ -367,14 +367,30 @@ struct Edit {
     bytes: Vec<u8>,
 }
 
-fn edit(dir: &cap_std::fs::Dir, name: &str, rel: &str, input: &Value) -> Result<Edit, ToolError> {
+/// Reads, decodes and replaces. At execution (`frozen` = the frozen precondition) the file
+/// must first be exactly the one the preview showed.
+fn edit(
+    dir: &cap_std::fs::Dir,
+    name: &str,
+    rel: &str,
+    input: &Value,
+    frozen: Option<Option<&Value>>,
+) -> Result<Edit, ToolError> {
     let file = match efs::inspect(dir, name, rel)? {
         Leaf::File(f) => f,
         Leaf::Dir => return Err(super::is_a_directory(rel)),
-        Leaf::Missing => return Err(super::not_found(rel)),
+        Leaf::Missing => {
+            if let Some(frozen) = frozen {
+                check_precondition(rel, frozen, &TargetState::Absent)?;
+            }
+            return Err(super::not_found(rel));
+        }
     };
     let raw = file.read_all(rel)?;
     let sha256_before = sha256_hex(&raw);
+    if let Some(frozen) = frozen {
+        check_precondition(rel, frozen, &TargetState::File { sha256: sha256_before.clone() })?;
+    }
     check_expected(rel, expected_sha(input).as_deref(), Some(&sha256_before))?;
     let (before, encoding) = decode(&raw, rel)?;
     let expected = usize::try_from(uint_field(input, "expected_occurrences", 1, MAX_OCCURRENCES)).unwrap_or(1).max(1);
@@ -389,13 +405,15 @@ fn edit(dir: &cap_std::fs::Dir, name: &str, rel: &str, input: &Value) -> Result<
     Ok(Edit { file, sha256_before, size_before: raw.len(), encoding, before, replacement, bytes })
 }
 
-fn plan(ws: &Workspace, input: &Value) -> Result<Value, ToolError> {
+/// The preview and the precondition it shows.
+fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError> {
     let rel = str_field(input, "path").unwrap_or_default();
     let located = efs::locate(ws, rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(rel))?;
-    let e = edit(dir, &located.name, rel, input)?;
+    let e = edit(dir, &located.name, rel, input, None)?;
     let diff = diff::unified(rel, Some(&e.before), &e.replacement.text);
-    Ok(json!({
+    let state = TargetState::File { sha256: e.sha256_before.clone() };
+    let preview = json!({
         "action": "replace_block",
         "path": rel,
         "resolved_path": str_field(input, "resolved_path"),
@@ -409,7 +427,8 @@ fn plan(ws: &Workspace, input: &Value) -> Result<Value, ToolError> {
         "diff": diff.as_ref().map(|d| d.unified.clone()),
         "diff_truncated": diff.as_ref().is_some_and(|d| d.truncated),
         "diff_summary": diff.as_ref().map(|d| d.summary.clone()),
-    }))
+    });
+    Ok((preview, state))
 }
 
 fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
@@ -418,7 +437,7 @@ fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     let _guard = efs::lock_paths(&[abs]);
     let located = efs::locate(ws, &rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
-    let e = edit(dir, &located.name, &rel, input)?;
+    let e = edit(dir, &located.name, &rel, input, Some(input.get("precondition")))?;
     efs::write_atomic(
         dir,
         &located.name,
@@ -426,6 +445,7 @@ fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
         &e.bytes,
         Some(e.file.mode),
         Replace::Overwrite,
+        ws.node(),
         || match efs::inspect(dir, &located.name, &rel)? {
             Leaf::File(now) if now.same_version(&e.file) => Ok(()),
             _ => Err(super::changed_meanwhile(&rel)),
@@ -470,15 +490,23 @@ impl Tool for ReplaceBlock {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let canonical = canonical(&input, ctx.workspace)?;
+        let mut canonical = canonical(&input, ctx.workspace)?;
         let ws = ctx.workspace.clone();
         let frozen = canonical.clone();
-        let preview = blocking(move || plan(&ws, &frozen)).await?;
+        let (preview, state) = blocking(move || plan(&ws, &frozen)).await?;
+        let precondition = state.to_json();
+        canonical["precondition"] = precondition.clone();
+        let rel = str_field(&canonical, "path").unwrap_or_default();
+        let preview = super::finish_preview(preview, &precondition, &[("path", rel)]);
         Ok(Prepared { input: canonical, preview })
     }
 
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
         canonical(&input, ctx.workspace)
+    }
+
+    fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
+        super::replay_with_precondition(canonical, frozen)
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {

@@ -4,13 +4,17 @@
 //! Written atomically: a temporary file in the same directory, fsynced, given the old
 //! file's mode, renamed over the target, then the directory fsynced. A new file is put in
 //! place with `RENAME_NOREPLACE`, so a file created meanwhile is never overwritten. The
-//! approval preview carries the unified diff from the current file (computed at freeze time).
+//! approval preview carries the unified diff from the current file (computed at freeze time),
+//! and the file's state then (its SHA-256, or its absence) is frozen as `precondition`: a
+//! file that is not in that state at execution is `stale_target`, nothing written.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents, Regular, Replace};
-use super::{check_expected, check_resolved, diff, diffable, expected_sha, mode_text, target};
+use super::{
+    TargetState, check_expected, check_precondition, check_resolved, diff, diffable, expected_sha, mode_text, target,
+};
 use crate::evidence::sha256_hex;
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
@@ -76,7 +80,14 @@ struct Before {
     sha256: String,
 }
 
-/// Inspects the target and checks the precondition; `None` = the file does not exist.
+impl Before {
+    /// The precondition this state is.
+    fn state(before: Option<&Before>) -> TargetState {
+        before.map_or(TargetState::Absent, |b| TargetState::File { sha256: b.sha256.clone() })
+    }
+}
+
+/// Inspects the target and checks `expected_sha256`; `None` = the file does not exist.
 fn current(dir: &cap_std::fs::Dir, name: &str, rel: &str, input: &Value) -> Result<Option<Before>, ToolError> {
     let before = match efs::inspect(dir, name, rel)? {
         Leaf::Missing => None,
@@ -120,7 +131,8 @@ fn preview(input: &Value, missing_dirs: &[String], before: Option<&Before>) -> V
     })
 }
 
-fn plan(ws: &Workspace, input: &Value) -> Result<Value, ToolError> {
+/// The preview and the precondition it shows.
+fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError> {
     let rel = str_field(input, "path").unwrap_or_default();
     let parents = if bool_field(input, "create_dirs") { Parents::Probe } else { Parents::MustExist };
     let located = efs::locate(ws, rel, parents)?;
@@ -131,7 +143,7 @@ fn plan(ws: &Workspace, input: &Value) -> Result<Value, ToolError> {
             None
         }
     };
-    Ok(preview(input, &located.missing_dirs, before.as_ref()))
+    Ok((preview(input, &located.missing_dirs, before.as_ref()), Before::state(before.as_ref())))
 }
 
 fn write(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
@@ -144,9 +156,10 @@ fn write(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     let result = (|| {
         let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
         let before = current(dir, &located.name, &rel, input)?;
+        check_precondition(&rel, input.get("precondition"), &Before::state(before.as_ref()))?;
         let replace = if before.is_some() { Replace::Overwrite } else { Replace::CreateNew };
         let mode = before.as_ref().map(|b| b.file.mode);
-        efs::write_atomic(dir, &located.name, &rel, content.as_bytes(), mode, replace, || {
+        efs::write_atomic(dir, &located.name, &rel, content.as_bytes(), mode, replace, ws.node(), || {
             match (efs::inspect(dir, &located.name, &rel)?, &before) {
                 (Leaf::Missing, None) => Ok(()),
                 (Leaf::File(now), Some(b)) if now.same_version(&b.file) => Ok(()),
@@ -208,15 +221,23 @@ impl Tool for WriteFile {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let canonical = canonical(&input, ctx.workspace)?;
+        let mut canonical = canonical(&input, ctx.workspace)?;
         let ws = ctx.workspace.clone();
         let frozen = canonical.clone();
-        let preview = blocking(move || plan(&ws, &frozen)).await?;
+        let (preview, state) = blocking(move || plan(&ws, &frozen)).await?;
+        let precondition = state.to_json();
+        canonical["precondition"] = precondition.clone();
+        let rel = str_field(&canonical, "path").unwrap_or_default();
+        let preview = super::finish_preview(preview, &precondition, &[("path", rel)]);
         Ok(Prepared { input: canonical, preview })
     }
 
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
         canonical(&input, ctx.workspace)
+    }
+
+    fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
+        super::replay_with_precondition(canonical, frozen)
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {

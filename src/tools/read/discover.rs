@@ -3,7 +3,9 @@
 //! Walks the workspace (or a folder of it) with ripgrep's `ignore` walker, honouring
 //! `.gitignore`, `.ignore` and hidden-file rules, never following symlinks. Without a
 //! `query` entries come in path order; with one, names are matched fuzzily (the `nucleo`
-//! matcher used by the Helix editor) and come best first. At most 200,000 entries are
+//! matcher used by the Helix editor) and come best first. On a shared server files with
+//! more than one hard link are not listed (counted in `skipped_hard_links`, with a `note`;
+//! see [`crate::workspace::HardLinks`]). At most 200,000 entries are
 //! scanned; results are paginated with an opaque cursor.
 
 use async_trait::async_trait;
@@ -133,17 +135,16 @@ fn discover(
     let offset = parse_cursor(str_field(input, "cursor"))?;
     let query = str_field(input, "query").filter(|q| !q.trim().is_empty());
 
-    let start = ws.root().join(&rel);
     let meta = ws.dir().metadata(&rel).map_err(|e| workspace::io_error(&rel, &e))?;
     if !meta.is_dir() {
         return Err(ToolError::new(ErrorClass::BadInput, "not_a_directory", format!("{rel} is not a directory")));
     }
-    // The start folder must really be beneath the root (no symlinked folder leading out).
-    let real_root = std::fs::canonicalize(ws.root()).map_err(|e| workspace::io_error(".", &e))?;
-    let real_start = std::fs::canonicalize(&start).map_err(|e| workspace::io_error(&rel, &e))?;
-    if !real_start.starts_with(&real_root) {
-        return Err(workspace::outside(&rel));
-    }
+    // Walked through the workspace's open root handle; the start folder must really be
+    // beneath the root (no symlinked folder leading out).
+    let real_root = ws.walk_root();
+    let real_start = super::grep::start_beneath(ws, &rel)?;
+    let hide_hard_links = ws.hard_links() == workspace::HardLinks::Refuse;
+    let mut skipped_hard_links = 0usize;
 
     let mut walker = ignore::WalkBuilder::new(&real_start);
     walker.follow_links(false).sort_by_file_name(|a, b| a.cmp(b)).require_git(false);
@@ -188,7 +189,12 @@ fn discover(
             }
             None => None,
         };
-        let size = if kind == "file" { entry.metadata().ok().map(|m| m.len()) } else { None };
+        let meta = if kind == "file" { entry.metadata().ok() } else { None };
+        if hide_hard_links && meta.as_ref().is_some_and(|m| std::os::unix::fs::MetadataExt::nlink(m) > 1) {
+            skipped_hard_links += 1;
+            continue;
+        }
+        let size = meta.map(|m| m.len());
         found.push(Found { path, kind, size, score });
     }
     if pattern.is_some() {
@@ -227,6 +233,11 @@ fn discover(
             "total": total,
             "scanned": scanned.min(MAX_SCANNED),
             "scan_capped": scan_capped,
+            "skipped_hard_links": skipped_hard_links,
+            "note": (skipped_hard_links > 0).then(|| format!(
+                "{skipped_hard_links} file(s) with more than one hard link are not listed: on a shared server a hard \
+                 link may be a file outside the workspace (--allow-hard-link-reads allows them)"
+            )),
             "next_cursor": next_cursor,
         }),
         evidence: vec![evidence],

@@ -2,8 +2,9 @@
 //!
 //! Regex (Rust `regex` syntax) or literal, case options, include/exclude globs, context
 //! lines. Files are found with the `ignore` walker (honours `.gitignore`, never follows
-//! symlinks) and opened through the workspace boundary; binary files (a NUL byte) and files
-//! over 20 MiB are skipped and counted. Caps: `max_per_file` matches per file, `limit`
+//! symlinks) and opened through the workspace boundary; binary files (a NUL byte), files
+//! over 20 MiB and — on a shared server — files with more than one hard link (see
+//! [`crate::workspace::HardLinks`]) are skipped and counted, the last with a `note`. Caps: `max_per_file` matches per file, `limit`
 //! matches in all, 100,000 files searched.
 
 use std::io::Read;
@@ -203,15 +204,13 @@ fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<Too
     let per_file = usize::try_from(uint_field(input, "max_per_file", 50, 1000)).unwrap_or(50);
     let globs = globs(input);
 
-    let real_root = std::fs::canonicalize(ws.root()).map_err(|e| workspace::io_error(".", &e))?;
+    // Walked through the workspace's open root handle, never by the root's path.
+    let real_root = ws.walk_root();
     let start_meta = ws.dir().metadata(&rel).map_err(|e| workspace::io_error(&rel, &e))?;
     let files: Box<dyn Iterator<Item = String>> = if start_meta.is_file() {
         Box::new(std::iter::once(rel.clone()))
     } else {
-        let real_start = std::fs::canonicalize(ws.root().join(&rel)).map_err(|e| workspace::io_error(&rel, &e))?;
-        if !real_start.starts_with(&real_root) {
-            return Err(workspace::outside(&rel));
-        }
+        let real_start = start_beneath(ws, &rel)?;
         let mut overrides = ignore::overrides::OverrideBuilder::new(&real_root);
         for g in &globs {
             overrides.add(g).map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", e.to_string()))?;
@@ -234,6 +233,7 @@ fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<Too
     let mut matches = Vec::new();
     let mut evidence = Vec::new();
     let (mut searched, mut with_matches, mut skipped_binary, mut skipped_large) = (0usize, 0usize, 0usize, 0usize);
+    let mut skipped_hard_links = 0usize;
     let mut truncated = false;
     for path in files {
         if cancel.is_cancelled() {
@@ -243,7 +243,14 @@ fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<Too
             truncated = true;
             break;
         }
-        let Ok((file, meta)) = ws.open_regular(&path) else { continue };
+        let (file, meta) = match ws.open_regular(&path) {
+            Ok(opened) => opened,
+            Err(e) if workspace::is_hard_link_refusal(&e) => {
+                skipped_hard_links += 1;
+                continue;
+            }
+            Err(_) => continue,
+        };
         if meta.len() > MAX_FILE_BYTES {
             skipped_large += 1;
             continue;
@@ -292,10 +299,38 @@ fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<Too
             "files_with_matches": with_matches,
             "skipped_binary": skipped_binary,
             "skipped_large": skipped_large,
+            "skipped_hard_links": skipped_hard_links,
+            "note": (skipped_hard_links > 0).then(|| format!(
+                "{skipped_hard_links} file(s) with more than one hard link were not searched: on a shared server a hard \
+                 link may be a file outside the workspace (--allow-hard-link-reads allows them)"
+            )),
             "truncated": truncated,
         }),
         evidence,
     })
+}
+
+/// The folder `rel` (normalised, not `.`) as a path through the workspace's open root
+/// handle, after checking with cap-std that it resolves beneath the root (a symlinked
+/// folder leading out is `outside_workspace`) and is the folder that path names.
+pub(crate) fn start_beneath(ws: &Workspace, rel: &str) -> Result<std::path::PathBuf, ToolError> {
+    let root = ws.walk_root();
+    if rel == "." {
+        return Ok(root);
+    }
+    let beneath = ws.dir().open_dir(rel).map_err(|e| workspace::io_error(rel, &e))?;
+    let by_path = root.join(rel);
+    let (a, b) = (beneath.dir_metadata(), std::fs::metadata(&by_path));
+    match (a, b) {
+        (Ok(a), Ok(b))
+            if cap_std::fs::MetadataExt::dev(&a) == std::os::unix::fs::MetadataExt::dev(&b)
+                && cap_std::fs::MetadataExt::ino(&a) == std::os::unix::fs::MetadataExt::ino(&b) =>
+        {
+            Ok(by_path)
+        }
+        (Err(e), _) | (_, Err(e)) => Err(workspace::io_error(rel, &e)),
+        _ => Err(workspace::outside(rel)),
+    }
 }
 
 fn memchr_nul(bytes: &[u8]) -> bool {
