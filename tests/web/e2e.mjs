@@ -250,6 +250,21 @@ try {
   const done = await waitFinal(frozen.invocation_id);
   check(done.status === 'completed' && done.evidence_ids.length > 0, `the approved call ran (${done.status}) and left evidence`);
 
+  // ---- a path with an invisible character is flagged on the card, code point and all ----
+  if (gated === 'write_file') {
+    const sneaky = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn.turn_id, tool_id: gated, tool_call_id: 'call_e2e_lookalike', input: { path: 'web-e2e-1.txt\u200b', content: 'x\n' } });
+    const sneakyCard = page.locator(`[data-approval-id="${sneaky.approval_id}"]`);
+    await sneakyCard.waitFor();
+    const flags = sneakyCard.locator('.path-flags');
+    check(await flags.count() === 1 && (await flags.innerText()).includes('U+200B') && (await flags.innerText()).includes('invisible character'),
+      'a path with U+200B is flagged on the card with its code point');
+    check((await sneakyCard.locator('.path-escaped').first().innerText()) === 'web-e2e-1.txt\\u{200b}', 'the card shows the flagged path escaped');
+    check((await sneakyCard.locator('.precondition').innerText()).includes('does not exist'), 'the card shows the frozen precondition');
+    await shot('approval-lookalike');
+    await sneakyCard.getByRole('button', { name: 'Deny' }).click();
+    await sneakyCard.locator('.result .ok').waitFor();
+  }
+
   // ---- the run timeline: live, with evidence, surviving a dropped connection ----
   await goto(`#/runs/${run.id}`);
   await page.waitForSelector('#timeline-state[data-state=open]');

@@ -1,8 +1,9 @@
 // Approvals inbox: every pending approval of the signed-in user, live over
 // GET /v1/approvals/stream (snapshots of the whole inbox). Each card shows exactly what will
 // run — tool, call id, input hash, canonical input; for the terminal the command, the real
-// cwd (flagged when outside the workspace), env and timeout; for edits the diff preview —
-// and Approve sends back exactly the triple the card displays.
+// cwd (flagged when outside the workspace), env and timeout; for edits the diff preview, the
+// frozen precondition and any path with invisible or look-alike characters (escaped, each
+// character's code point listed) — and Approve sends back exactly the triple the card displays.
 
 import { get, post, seg, ApiError } from './api.js';
 import { follow, json } from './sse.js';
@@ -158,19 +159,68 @@ function diffBlock(diff, label) {
     lines.map((l) => h('span', { class: l.startsWith('+++') || l.startsWith('---') ? 'd-file' : l.startsWith('@@') ? 'd-hunk' : l.startsWith('+') ? 'd-add' : l.startsWith('-') ? 'd-del' : 'd-ctx' }, `${l}\n`)));
 }
 
+/** A frozen target state (`precondition`) in words. */
+function stateText(s) {
+  if (!s) return 'not recorded';
+  if (s.state === 'absent') return 'does not exist';
+  if (s.state === 'file') return `file with sha256 ${s.sha256}`;
+  if (s.state === 'directory') return `directory with manifest sha256 ${s.manifest_sha256}`;
+  return JSON.stringify(s);
+}
+
+/** The frozen precondition of an edit: the state the preview showed, required at execution. */
+function preconditionText(p) {
+  if (p.from || p.to) return `source ${stateText(p.from)}; destination ${stateText(p.to)}`;
+  return `target ${stateText(p)}`;
+}
+
+const FLAG_WORDS = {
+  invisible: 'invisible character',
+  bidi_control: 'bidirectional control (reorders the text)',
+  control: 'control character',
+  whitespace: 'unusual whitespace',
+  edge_whitespace: 'space at the start or end of a name',
+  lookalike: 'look-alike character',
+  not_nfc: 'decomposed character (not NFC)',
+};
+
+/** A path field shown so that it cannot pass for another path: escaped when flagged. */
+function pathValue(tool, field) {
+  const flagged = (tool.path_flags ?? []).find((f) => f.field === field);
+  if (!flagged) return code(tool[field]);
+  return h('span', {}, code(flagged.escaped, 'path-escaped'), h('strong', { class: 'flag-outside', role: 'note' }, ' ⚠ Look-alike characters'));
+}
+
+/**
+ * The look-alike block: every path of the call with invisible, bidirectional, control or
+ * look-alike characters, or not in NFC — each character with its code point.
+ */
+function pathFlagsBlock(flags) {
+  return h('section', { class: 'path-flags', role: 'note', 'aria-label': 'Paths with look-alike characters' },
+    h('h3', {}, '⚠ These paths are not what they look like'),
+    h('ul', {}, flags.map((f) => h('li', { dataset: { field: f.field } },
+      code(f.field), ': ', code(f.escaped, 'path-escaped'),
+      f.nfc ? h('span', {}, ' (NFC form ', code(f.nfc), ')') : null,
+      h('ul', {}, f.flags.map((c) => h('li', { dataset: { codePoint: c.code_point, kind: c.kind } },
+        code(c.code_point), ` ${FLAG_WORDS[c.kind] ?? c.kind} at character ${c.char_index}`,
+        c.looks_like ? h('span', {}, ' — looks like ', code(c.looks_like)) : null)))))));
+}
+
 function editFacts(tool) {
   const facts = [
     tool.action ? ['Edit', code(tool.action)] : null,
-    tool.path ? ['Path', code(tool.path)] : null,
+    tool.path ? ['Path', pathValue(tool, 'path')] : null,
     tool.resolved_path ? ['Resolved path', code(tool.resolved_path)] : null,
-    tool.from ? ['From', code(tool.from)] : null,
-    tool.to ? ['To', code(tool.to)] : null,
+    tool.from ? ['From', pathValue(tool, 'from')] : null,
+    tool.to ? ['To', pathValue(tool, 'to')] : null,
     tool.creates !== undefined ? ['Creates the file', tool.creates ? 'yes' : 'no (overwrites)'] : null,
     tool.create_dirs?.length ? ['Creates folders', tool.create_dirs.join(', ')] : null,
     tool.before ? ['Before', `sha256 ${tool.before.sha256 ?? '—'} · ${tool.before.size ?? '?'} bytes`] : null,
     tool.after ? ['After', `sha256 ${tool.after.sha256 ?? '—'} · ${tool.after.size ?? '?'} bytes`] : null,
     tool.diff_summary ? ['Change', `+${tool.diff_summary.lines_added} −${tool.diff_summary.lines_removed} lines in ${tool.diff_summary.hunks} hunk(s)`] : null,
     tool.note ? ['Note', tool.note] : null,
+    tool.precondition ? ['Runs only if', h('span', { class: 'precondition' }, preconditionText(tool.precondition),
+      h('span', { class: 'hint' }, ' (frozen in the input; otherwise nothing is written: stale_target)'))] : null,
   ].filter(Boolean);
   return facts;
 }
@@ -197,6 +247,7 @@ function approvalCard(a, onDecided) {
   } else if (tool && tool.action && !isTerminal) {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool))));
   }
+  if (tool && Array.isArray(tool.path_flags) && tool.path_flags.length) sections.push(pathFlagsBlock(tool.path_flags));
   const isMcp = Boolean(tool && tool.mcp_server_id);
   if (isMcp) {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'External MCP call'), dl([

@@ -1,0 +1,301 @@
+//! Issue 13 (4–6), replayed exactly as a hostile but honest user of a shared server tried
+//! them, on SQLite and on Postgres: a workspace root swapped for a symlink between freeze
+//! and grant, a hard link in the workspace to a file outside read through the Read tools,
+//! and `POST /v1/workspaces` answering differently for paths a non-admin may not register.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+
+use common::{Backend, Options, Resp, TestApp, spawn, spawn_with};
+use mira::evidence::sha256_hex;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// Every file under `root` with its content hash, symlinks not followed (a missing root is
+/// an empty list).
+fn files(root: &Path) -> Vec<(String, String)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries {
+            let path = e.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let rel = path.strip_prefix(root).unwrap().display().to_string();
+            if meta.is_dir() {
+                walk(root, &path, out);
+            } else if meta.is_file() {
+                out.push((rel, sha256_hex(&std::fs::read(&path).unwrap())));
+            } else {
+                out.push((rel, "other".into()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+/// The folder beside the test's default workspace (kept alive by the TestApp).
+fn scratch(t: &TestApp) -> PathBuf {
+    t.workspace.parent().unwrap().to_path_buf()
+}
+
+async fn freeze(t: &TestApp, token: &str, run: &str, turn: &str, tool: &str, call: &str, input: Value) -> Resp {
+    t.call(token, run, turn, tool, call, input).await
+}
+
+async fn grant(t: &TestApp, token: &str, inv: &Value) -> Resp {
+    t.post(
+        &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+        token,
+        json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+    )
+    .await
+}
+
+// 13.4 --------------------------------------------------------------------------------------
+
+async fn workspace_root_swapped_for_a_symlink_runs_nothing(backend: Backend) {
+    let t = spawn(backend).await;
+    let admin = t.admin_token.clone();
+    let srv = scratch(&t).join("srv");
+    let ws2 = srv.join("ws2");
+    let elsewhere = srv.join("elsewhere");
+    std::fs::create_dir_all(&ws2).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(ws2.join("readme.txt"), "the real ws2\n").unwrap();
+    std::fs::write(elsewhere.join("secret.txt"), "not for this workspace\n").unwrap();
+
+    // An admin registers /srv/ws2; a run there freezes two writes.
+    let r = t.post("/v1/workspaces", &admin, json!({"name": "ws2", "path": ws2})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    assert_eq!(r.body["root"]["status"], "ok", "{r:?}");
+    let ws_id = r.body["id"].as_str().unwrap().to_owned();
+    let r = t.post("/v1/runs", &admin, json!({"workspace_id": ws_id})).await;
+    let run = r.body["id"].as_str().unwrap().to_owned();
+    let (turn, _) = t.turn(&admin, &run, "write a note and read files").await;
+    let input = json!({"path": "note.txt", "content": "written by the agent\n"});
+    let a = freeze(&t, &admin, &run, &turn, "write_file", "w1", input.clone()).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{a:?}");
+    let b = freeze(&t, &admin, &run, &turn, "write_file", "w2", json!({"path": "other.txt", "content": "b\n"})).await;
+    assert_eq!(b.status, StatusCode::CREATED, "{b:?}");
+
+    // ws2 is replaced by a symlink to another folder.
+    let orig = srv.join("ws2.orig");
+    std::fs::rename(&ws2, &orig).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &ws2).unwrap();
+    let (before_orig, before_elsewhere) = (files(&orig), files(&elsewhere));
+
+    // The grant runs nothing: the root is not the folder registered.
+    let g = grant(&t, &admin, &a.body).await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    let done = t.wait_final(&admin, a.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("failed"), Some("workspace_changed")),
+        "{done}"
+    );
+    assert_eq!(done["result"]["error"]["details"]["change"], "symlink", "{done}");
+    assert_eq!(files(&elsewhere), before_elsewhere, "nothing written in the symlink's target");
+    assert_eq!(files(&orig), before_orig, "nothing written in the original folder");
+    assert!(!elsewhere.join("note.txt").exists() && !orig.join("note.txt").exists());
+
+    // The ladder says why; read_open is refused; the workspace list shows the change.
+    let ladder = t.get(&format!("/v1/tools/read_open?turn={turn}"), &admin).await;
+    assert_eq!(
+        (ladder.body["state"].as_str(), ladder.body["reason"]["code"].as_str()),
+        (Some("unavailable"), Some("workspace_changed")),
+        "{ladder:?}"
+    );
+    let all = t.get(&format!("/v1/tools?turn={turn}"), &admin).await;
+    for id in ["read_open", "grep", "read_discover", "write_file", "replace_block", "delete_path", "move_path"] {
+        let tool = all.body["tools"].as_array().unwrap().iter().find(|v| v["id"] == id).unwrap();
+        assert_eq!(tool["reason"]["code"], "workspace_changed", "{id}: {tool}");
+    }
+    let read = freeze(&t, &admin, &run, &turn, "read_open", "r1", json!({"path": "secret.txt"})).await;
+    assert_eq!((read.status, read.code()), (StatusCode::CONFLICT, "unavailable"), "{read:?}");
+    assert_eq!(read.body["error"]["details"]["ladder"]["reason"]["code"], "workspace_changed");
+    assert!(!read.body.to_string().contains("not for this workspace"));
+    let list = t.get("/v1/workspaces", &admin).await;
+    let view = list.body["workspaces"].as_array().unwrap().iter().find(|w| w["id"] == ws_id.as_str()).unwrap().clone();
+    assert_eq!((view["root"]["status"].as_str(), view["root"]["change"].as_str()), (Some("changed"), Some("symlink")));
+
+    // Re-registering a symlinked root is refused; only an admin may re-register at all.
+    let user = t.user("mallory").await;
+    let r = t.post(&format!("/v1/workspaces/{ws_id}/reregister"), &user, json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "forbidden"), "{r:?}");
+    let r = t.post(&format!("/v1/workspaces/{ws_id}/reregister"), &admin, json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_workspace_path"), "{r:?}");
+
+    // A real folder at the path again, re-registered by the admin: the tools work, but the
+    // call frozen before the re-registration is refused rather than run in the new folder.
+    std::fs::remove_file(&ws2).unwrap();
+    std::fs::create_dir(&ws2).unwrap();
+    let list = t.get("/v1/workspaces", &admin).await;
+    let view = list.body["workspaces"].as_array().unwrap().iter().find(|w| w["id"] == ws_id.as_str()).unwrap().clone();
+    assert_eq!(view["root"]["change"], "replaced", "{view}");
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let r = t.post(&format!("/v1/workspaces/{ws_id}/reregister"), &admin, json!({})).await;
+    assert_eq!((r.status, r.body["root"]["status"].as_str()), (StatusCode::OK, Some("ok")), "{r:?}");
+    let g = grant(&t, &admin, &b.body).await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    let done = t.wait_final(&admin, b.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["result"]["error"]["code"], "workspace_changed", "{done}");
+    assert!(files(&ws2).is_empty(), "the call frozen for the old folder wrote nothing in the new one");
+    let (turn2, _) = t.turn(&admin, &run, "write a note").await;
+    let c = freeze(&t, &admin, &run, &turn2, "write_file", "w3", input).await;
+    assert_eq!(c.status, StatusCode::CREATED, "{c:?}");
+    grant(&t, &admin, &c.body).await;
+    let done = t.wait_final(&admin, c.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(std::fs::read_to_string(ws2.join("note.txt")).unwrap(), "written by the agent\n");
+
+    // Moved away (nothing at the path) is a change too.
+    std::fs::rename(&ws2, srv.join("ws2.moved")).unwrap();
+    let ladder = t.get(&format!("/v1/tools/grep?turn={turn2}"), &admin).await;
+    assert_eq!(ladder.body["reason"]["code"], "workspace_changed", "{ladder:?}");
+    let list = t.get("/v1/workspaces", &admin).await;
+    let view = list.body["workspaces"].as_array().unwrap().iter().find(|w| w["id"] == ws_id.as_str()).unwrap().clone();
+    assert_eq!(view["root"]["change"], "missing", "{view}");
+}
+
+// 13.5 --------------------------------------------------------------------------------------
+
+/// A hard link `leak.txt` in the workspace to `secret.txt` outside it; returns the secret.
+fn hard_link_outside(t: &TestApp) -> String {
+    let outside = scratch(t).join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let secret = format!("TOKEN-{}", uuid::Uuid::now_v7().simple());
+    std::fs::write(outside.join("secret.txt"), format!("{secret}\n")).unwrap();
+    std::fs::hard_link(outside.join("secret.txt"), t.workspace.join("leak.txt")).unwrap();
+    std::fs::write(t.workspace.join("plain.txt"), "TOKEN-plain\n").unwrap();
+    secret
+}
+
+async fn read_tools(t: &TestApp, token: &str) -> (Value, Value, Value) {
+    let run = t.run(token).await;
+    let (turn, _) = t.turn(token, &run, "read").await;
+    let mut out = Vec::new();
+    for (tool, call, input) in [
+        ("read_open", "o", json!({"path": "leak.txt"})),
+        ("grep", "g", json!({"pattern": "TOKEN-"})),
+        ("read_discover", "d", json!({})),
+    ] {
+        let r = t.call(token, &run, &turn, tool, call, input).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        out.push(t.wait_final(token, r.body["invocation_id"].as_str().unwrap()).await);
+    }
+    let d = out.pop().unwrap();
+    let g = out.pop().unwrap();
+    let o = out.pop().unwrap();
+    (o, g, d)
+}
+
+async fn hard_links_to_outside_files_are_not_read(backend: Backend) {
+    let t = spawn(backend).await;
+    let secret = hard_link_outside(&t);
+    let token = t.user("mallory").await;
+    let (open, grep, discover) = read_tools(&t, &token).await;
+    for v in [&open, &grep, &discover] {
+        assert!(!v.to_string().contains(&secret), "the secret leaked: {v}");
+    }
+    assert_eq!(
+        (open["status"].as_str(), open["result"]["error"]["code"].as_str()),
+        (Some("failed"), Some("outside_workspace")),
+        "{open}"
+    );
+    assert_eq!(open["result"]["error"]["details"]["hard_links"], 2, "{open}");
+    let g = &grep["result"]["output"];
+    let paths: Vec<&str> = g["matches"].as_array().unwrap().iter().map(|m| m["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["plain.txt"], "{grep}");
+    assert_eq!(g["skipped_hard_links"], 1, "{grep}");
+    assert!(g["note"].as_str().unwrap().contains("hard link"), "{grep}");
+    let d = &discover["result"]["output"];
+    let listed: Vec<&str> = d["entries"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert!(listed.contains(&"plain.txt") && !listed.contains(&"leak.txt"), "{discover}");
+    assert_eq!(d["skipped_hard_links"], 1, "{discover}");
+    assert!(d["note"].as_str().is_some(), "{discover}");
+}
+
+async fn a_single_user_deployment_may_allow_hard_link_reads(backend: Backend) {
+    let mut options = Options::default();
+    options.runtime.allow_hard_link_reads = true;
+    let t = spawn_with(backend, options).await;
+    let secret = hard_link_outside(&t);
+    let token = t.user("solo").await;
+    let (open, grep, discover) = read_tools(&t, &token).await;
+    assert_eq!(open["result"]["output"]["content"], format!("{secret}\n").as_str(), "{open}");
+    let g = &grep["result"]["output"];
+    assert_eq!((g["files_with_matches"].as_u64(), g["skipped_hard_links"].as_u64()), (Some(2), Some(0)), "{grep}");
+    let d = &discover["result"]["output"];
+    assert!(d["entries"].as_array().unwrap().iter().any(|e| e["path"] == "leak.txt"), "{discover}");
+    // The Edit tools still refuse the same file.
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "edit").await;
+    let r = t.call(&token, &run, &turn, "write_file", "w", json!({"path": "leak.txt", "content": "x"})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "outside_workspace"), "{r:?}");
+}
+
+// 13.6 --------------------------------------------------------------------------------------
+
+async fn workspace_paths_are_no_oracle_for_non_admins(backend: Backend) {
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = tmp.path().join("roots");
+    std::fs::create_dir_all(roots.join("mine")).unwrap();
+    std::fs::write(roots.join("a-file.txt"), "x").unwrap();
+    let secret_dir = tmp.path().join("private");
+    std::fs::create_dir_all(&secret_dir).unwrap();
+    std::os::unix::fs::symlink(&secret_dir, roots.join("link-out")).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("nothing-here"), roots.join("dangling")).unwrap();
+    let mut options = Options::default();
+    options.runtime.workspace_roots = vec![roots.clone()];
+    let t = spawn_with(backend, options).await;
+    let user = t.user("mallory").await;
+
+    // Every path a non-admin may not register: missing, a file, an existing directory
+    // (/root/.ssh and one made here), outside and inside the roots, through symlinks.
+    let candidates: Vec<String> = vec![
+        "/root/.ssh".into(),
+        "/nonexistent/certainly/not/here".into(),
+        "/etc/hostname".into(),
+        "/etc".into(),
+        secret_dir.display().to_string(),
+        roots.join("missing").display().to_string(),
+        roots.join("a-file.txt").display().to_string(),
+        roots.join("link-out").display().to_string(),
+        roots.join("dangling").display().to_string(),
+        format!("{}/../private", roots.display()),
+        "relative/path".into(),
+    ];
+    let mut shapes = Vec::new();
+    for path in &candidates {
+        let r = t.post("/v1/workspaces", &user, json!({"name": "probe", "path": path})).await;
+        let message = r.body["error"]["message"].as_str().unwrap_or_default().replace(&format!("{path:?}"), "<path>");
+        let details = r.body["error"]["details"].clone();
+        shapes.push((r.status, r.code().to_owned(), message, details));
+    }
+    for (path, shape) in candidates.iter().zip(&shapes) {
+        assert_eq!(shape, &shapes[0], "{path} answers differently");
+    }
+    assert_eq!((shapes[0].0, shapes[0].1.as_str()), (StatusCode::FORBIDDEN, "workspace_path_not_allowed"));
+    assert!(shapes[0].2.contains("<path>"), "{:?}", shapes[0]);
+
+    // A real folder under the roots is registered; admins keep precise errors.
+    let r = t.post("/v1/workspaces", &user, json!({"name": "mine", "path": roots.join("mine")})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let admin = t.admin_token.clone();
+    let r = t.post("/v1/workspaces", &admin, json!({"name": "x", "path": "/nonexistent/certainly/not/here"})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_workspace_path"), "{r:?}");
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("No such file"), "{r:?}");
+    let r = t.post("/v1/workspaces", &admin, json!({"name": "x", "path": roots.join("a-file.txt")})).await;
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("not a directory"), "{r:?}");
+}
+
+both_backends!(
+    workspace_root_swapped_for_a_symlink_runs_nothing,
+    hard_links_to_outside_files_are_not_read,
+    a_single_user_deployment_may_allow_hard_link_reads,
+    workspace_paths_are_no_oracle_for_non_admins,
+);
