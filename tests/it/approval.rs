@@ -1137,6 +1137,253 @@ async fn edit_tools_write_replace_delete_move(backend: Backend) {
     assert!(entries.iter().all(|n| !n.to_string_lossy().starts_with(".mira")), "{entries:?}");
 }
 
+
+// 14.1 -------------------------------------------------------------------------------------
+
+/// The approval view of a frozen call: (canonical input, tool preview).
+async fn approval_view(f: &Fx, inv: &Value) -> (Value, Value) {
+    let view = f.t.get(&format!("/v1/approvals/{}", s(inv, "approval_id")), &f.token).await;
+    assert_eq!(view.status, StatusCode::OK, "{view:?}");
+    (view.body["invocation"]["input"].clone(), view.body["preview"]["tool"].clone())
+}
+
+/// Grants `inv` and asserts it fails with `stale_target` (nothing written is checked by the
+/// caller).
+async fn grant_is_stale(f: &Fx, inv: &Value) -> Value {
+    let g = f.grant(inv).await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    let done = f.wait_final(inv).await;
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("failed"), Some("stale_target")),
+        "{done}"
+    );
+    done
+}
+
+async fn approved_diff_is_what_runs_or_nothing(backend: Backend) {
+    let f = fx(backend).await;
+    let ws = f.ws().to_path_buf();
+
+    // The replay: write_file frozen against "v1 original", the user edits by hand.
+    std::fs::write(ws.join("stale.txt"), "v1 original\n").unwrap();
+    let inv = f.frozen("write_file", "s1", json!({"path": "stale.txt", "content": "agent version\n"})).await;
+    let (input, preview) = approval_view(&f, &inv).await;
+    let v1 = sha256_hex(b"v1 original\n");
+    assert_eq!(preview["before"]["sha256"], v1.as_str(), "{preview}");
+    assert!(preview["diff"].as_str().unwrap().contains("-v1 original"), "{preview}");
+    assert_eq!(input["precondition"], json!({"state": "file", "sha256": v1}), "{input}");
+    assert_eq!(preview["precondition"], input["precondition"], "the preview shows the frozen precondition");
+    std::fs::write(ws.join("stale.txt"), "v2 edited by hand\n").unwrap();
+    let done = grant_is_stale(&f, &inv).await;
+    assert_eq!(done["result"]["error"]["details"]["approved"]["sha256"], v1.as_str(), "{done}");
+    assert_eq!(std::fs::read_to_string(ws.join("stale.txt")).unwrap(), "v2 edited by hand\n");
+
+    // A new file frozen as absent; someone creates it before the grant.
+    let inv = f.frozen("write_file", "s2", json!({"path": "fresh.txt", "content": "agent\n"})).await;
+    assert_eq!(approval_view(&f, &inv).await.0["precondition"], json!({"state": "absent"}));
+    std::fs::write(ws.join("fresh.txt"), "mine\n").unwrap();
+    grant_is_stale(&f, &inv).await;
+    assert_eq!(std::fs::read_to_string(ws.join("fresh.txt")).unwrap(), "mine\n");
+
+    // replace_block without expected_sha256: the edit elsewhere in the file is kept.
+    std::fs::write(ws.join("code.rs"), "fn a() {}\nfn b() {}\n").unwrap();
+    let inv = f.frozen("replace_block", "s3", json!({"path": "code.rs", "old": "fn b() {}", "new": "fn c() {}"})).await;
+    let (input, preview) = approval_view(&f, &inv).await;
+    assert_eq!(input["precondition"]["sha256"], sha256_hex(b"fn a() {}\nfn b() {}\n").as_str());
+    assert_eq!(preview["precondition"], input["precondition"]);
+    std::fs::write(ws.join("code.rs"), "fn a() { user(); }\nfn b() {}\n").unwrap();
+    grant_is_stale(&f, &inv).await;
+    assert_eq!(std::fs::read_to_string(ws.join("code.rs")).unwrap(), "fn a() { user(); }\nfn b() {}\n");
+
+    // delete_path of a file changed since, and of a directory that gained a file.
+    std::fs::write(ws.join("gone.txt"), "old\n").unwrap();
+    let inv = f.frozen("delete_path", "s4", json!({"path": "gone.txt"})).await;
+    std::fs::write(ws.join("gone.txt"), "new work\n").unwrap();
+    grant_is_stale(&f, &inv).await;
+    assert_eq!(std::fs::read_to_string(ws.join("gone.txt")).unwrap(), "new work\n");
+    std::fs::create_dir_all(ws.join("tree/sub")).unwrap();
+    std::fs::write(ws.join("tree/sub/a.txt"), "a").unwrap();
+    let inv = f.frozen("delete_path", "s5", json!({"path": "tree", "recursive": true})).await;
+    let (input, preview) = approval_view(&f, &inv).await;
+    assert_eq!(input["precondition"]["state"], "directory");
+    assert_eq!(input["precondition"]["manifest_sha256"], preview["tree"]["manifest_sha256"], "{preview}");
+    std::fs::write(ws.join("tree/sub/b.txt"), "added after the preview").unwrap();
+    grant_is_stale(&f, &inv).await;
+    assert!(ws.join("tree/sub/b.txt").exists() && ws.join("tree/sub/a.txt").exists());
+
+    // move_path: the source changed; the destination appeared; the overwritten file changed.
+    std::fs::write(ws.join("src.txt"), "source\n").unwrap();
+    let inv = f.frozen("move_path", "s6", json!({"from": "src.txt", "to": "dst.txt"})).await;
+    let (input, preview) = approval_view(&f, &inv).await;
+    assert_eq!(
+        input["precondition"],
+        json!({"from": {"state": "file", "sha256": sha256_hex(b"source\n")}, "to": {"state": "absent"}})
+    );
+    assert_eq!(preview["precondition"], input["precondition"]);
+    std::fs::write(ws.join("src.txt"), "source, edited\n").unwrap();
+    grant_is_stale(&f, &inv).await;
+    assert!(!ws.join("dst.txt").exists());
+    let inv = f.frozen("move_path", "s7", json!({"from": "src.txt", "to": "dst.txt"})).await;
+    std::fs::write(ws.join("dst.txt"), "someone else's\n").unwrap();
+    grant_is_stale(&f, &inv).await;
+    assert_eq!(std::fs::read_to_string(ws.join("dst.txt")).unwrap(), "someone else's\n");
+    assert_eq!(std::fs::read_to_string(ws.join("src.txt")).unwrap(), "source, edited\n");
+    let inv = f.frozen("move_path", "s8", json!({"from": "src.txt", "to": "dst.txt", "overwrite": true})).await;
+    assert_eq!(
+        approval_view(&f, &inv).await.0["precondition"]["to"],
+        json!({"state": "file", "sha256": sha256_hex(b"someone else's\n")})
+    );
+    std::fs::write(ws.join("dst.txt"), "someone else's, edited\n").unwrap();
+    grant_is_stale(&f, &inv).await;
+    assert_eq!(std::fs::read_to_string(ws.join("dst.txt")).unwrap(), "someone else's, edited\n");
+    assert!(ws.join("src.txt").exists());
+
+    // A precondition cannot be smuggled in: the input schema refuses the field.
+    let r = f.call("write_file", "s9", json!({"path": "x.txt", "content": "x", "precondition": {"state": "absent"}})).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{r:?}");
+}
+
+async fn replays_after_a_successful_edit_are_idempotent(backend: Backend) {
+    let f = fx(backend).await;
+    let ws = f.ws().to_path_buf();
+    std::fs::write(ws.join("r.txt"), "one\n").unwrap();
+    std::fs::create_dir(ws.join("dir")).unwrap();
+    std::fs::write(ws.join("dir/f.txt"), "f").unwrap();
+    std::fs::write(ws.join("m.txt"), "m\n").unwrap();
+    let calls = [
+        ("write_file", "p1", json!({"path": "w.txt", "content": "new\n"})),
+        ("replace_block", "p2", json!({"path": "r.txt", "old": "one", "new": "two"})),
+        ("delete_path", "p3", json!({"path": "dir", "recursive": true})),
+        ("move_path", "p4", json!({"from": "m.txt", "to": "moved.txt"})),
+    ];
+    for (tool, call, input) in &calls {
+        let inv = f.frozen(tool, call, input.clone()).await;
+        f.run_approved(&inv).await;
+        // Every target is now in another state than the frozen precondition says: the same
+        // call again is still the same invocation, not a conflict.
+        let replay = f.call(tool, call, input.clone()).await;
+        assert_eq!(
+            (replay.status, &replay.body["invocation_id"], &replay.body["input_hash"]),
+            (StatusCode::OK, &inv["invocation_id"], &inv["input_hash"]),
+            "{tool}: {replay:?}"
+        );
+        // A changed input under the same call id is still a conflict.
+        let mut changed = input.clone();
+        let key = if *tool == "move_path" { "to" } else { "path" };
+        changed[key] = json!("elsewhere.txt");
+        let r = f.call(tool, call, changed).await;
+        assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "tool_call_id_conflict"), "{tool}: {r:?}");
+    }
+    assert_eq!(std::fs::read_to_string(ws.join("w.txt")).unwrap(), "new\n");
+    assert_eq!(std::fs::read_to_string(ws.join("r.txt")).unwrap(), "two\n");
+    assert!(!ws.join("dir").exists() && ws.join("moved.txt").exists());
+}
+
+// 14.9 -------------------------------------------------------------------------------------
+
+async fn look_alike_paths_are_flagged_in_the_approval(backend: Backend) {
+    let f = fx(backend).await;
+    std::fs::write(f.ws().join("a.txt"), "real\n").unwrap();
+    let flags = |preview: &Value| preview["path_flags"].clone();
+    let cases = [
+        ("z1", "a.txt\u{200b}", "invisible", "U+200B", 5, None),
+        ("z2", "..\u{2215}x", "lookalike", "U+2215", 2, Some("/")),
+        ("z3", "\u{2024}\u{2024}\u{2215}x", "lookalike", "U+2024", 0, Some(".")),
+        ("z4", "report\u{202e}txt.exe", "bidi_control", "U+202E", 6, None),
+        ("z5", "p\u{0430}yp\u{0430}l.txt", "lookalike", "U+0430", 1, Some("a")),
+        ("z6", "cafe\u{301}.txt", "not_nfc", "U+0301", 4, None),
+        ("z7", "a.txt ", "edge_whitespace", "U+0020", 5, None),
+    ];
+    for (call, path, kind, code_point, index, looks_like) in cases {
+        let inv = f.frozen("write_file", call, json!({"path": path, "content": "x"})).await;
+        let (_, preview) = approval_view(&f, &inv).await;
+        let flagged = flags(&preview);
+        assert_eq!(flagged.as_array().map(Vec::len), Some(1), "{path:?}: {preview}");
+        let first = &flagged[0]["flags"][0];
+        assert_eq!(flagged[0]["field"], "path");
+        assert_eq!(flagged[0]["path"], path);
+        assert_eq!(
+            (first["kind"].as_str(), first["code_point"].as_str(), first["char_index"].as_u64()),
+            (Some(kind), Some(code_point), Some(index)),
+            "{path:?}: {flagged}"
+        );
+        assert_eq!(first["looks_like"].as_str(), looks_like, "{path:?}: {flagged}");
+        assert_ne!(flagged[0]["escaped"], path, "the escaped form differs from the look-alike");
+    }
+    let inv = f.frozen("write_file", "z6b", json!({"path": "cafe\u{301}.txt", "content": "x"})).await;
+    assert_eq!(flags(&approval_view(&f, &inv).await.1)[0]["nfc"], "caf\u{e9}.txt");
+    // Both ends of a move; a plain path is not flagged.
+    let inv = f.frozen("move_path", "z8", json!({"from": "a.txt", "to": "b\u{2044}c"})).await;
+    let flagged = flags(&approval_view(&f, &inv).await.1);
+    assert_eq!((flagged.as_array().map(Vec::len), flagged[0]["field"].as_str()), (Some(1), Some("to")), "{flagged}");
+    let inv = f.frozen("write_file", "z9", json!({"path": "plain-name.txt", "content": "x"})).await;
+    assert_eq!(flags(&approval_view(&f, &inv).await.1), json!([]));
+}
+
+async fn leftover_temp_files_are_swept_at_start(backend: Backend) {
+    use mira::workspace::sweep;
+    let mut f = fx(backend).await;
+    let ws = f.ws().to_path_buf();
+    let node = std::fs::read_to_string(f.t.data_dir.join("node.id")).unwrap().trim().to_owned();
+    std::fs::create_dir_all(ws.join("deep/er")).unwrap();
+    // What a `kill -9` between the temp file and the rename leaves: this node's temp file
+    // and delete directory (made by the process that is about to die), beside real files.
+    let own_tmp = ws.join("deep/er").join(sweep::temp_name(Some(&node)));
+    std::fs::write(&own_tmp, "half a write").unwrap();
+    let own_delete = ws.join(sweep::delete_name(Some(&node)));
+    std::fs::create_dir_all(own_delete.join("inner")).unwrap();
+    std::fs::write(own_delete.join("inner/x.txt"), "being deleted").unwrap();
+    // Another replica's temp file from a moment ago: may belong to a write still running.
+    let other_recent = ws.join(sweep::temp_name(Some("node-otherreplica")));
+    std::fs::write(&other_recent, "another replica, writing now").unwrap();
+    // Another replica's (and a pre-node-id) temp file from two hours ago: dead.
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    let secs = two_hours_ago.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let old_uuid = uuid::Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, secs, 0)).simple().to_string();
+    let old_other = ws.join(format!(".mira-{old_uuid}.node-otherreplica.tmp"));
+    let old_plain = ws.join(format!("deep/.mira-{old_uuid}.tmp"));
+    for p in [&old_other, &old_plain] {
+        std::fs::write(p, "old").unwrap();
+        std::fs::File::options().write(true).open(p).unwrap().set_modified(two_hours_ago).unwrap();
+    }
+    // Not ours: a user's file with a similar name, a symlink with our name, a hard link.
+    let users = ws.join(".mira-notes.tmp");
+    std::fs::write(&users, "keep me").unwrap();
+    let link = ws.join(format!(".mira-{old_uuid}.evil.tmp"));
+    std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
+    let shared = ws.join(sweep::temp_name(Some(&node)));
+    std::fs::write(ws.join("shared.txt"), "shared").unwrap();
+    std::fs::hard_link(ws.join("shared.txt"), &shared).unwrap();
+
+    f.t.restart().await;
+    for _ in 0..200 {
+        if !own_tmp.exists() && !own_delete.exists() && !old_other.exists() && !old_plain.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for gone in [&own_tmp, &own_delete, &old_other, &old_plain] {
+        assert!(!gone.exists(), "{} was left behind", gone.display());
+    }
+    for kept in [&other_recent, &users, &shared, &ws.join("shared.txt")] {
+        assert!(kept.exists(), "{} was removed", kept.display());
+    }
+    assert!(std::fs::symlink_metadata(&link).is_ok(), "the symlink was removed");
+    assert!(Path::new("/etc/hostname").exists() || Path::new("/etc/passwd").exists());
+
+    // A write by the new process names its node and leaves nothing behind.
+    let (turn, _) = f.t.turn(&f.token, &f.run, "write").await;
+    f.turn = turn;
+    let inv = f.frozen("write_file", "after", json!({"path": "deep/er/ok.txt", "content": "ok\n"})).await;
+    f.run_approved(&inv).await;
+    let left: Vec<String> = std::fs::read_dir(ws.join("deep/er"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["ok.txt"], "{left:?}");
+}
+
 both_backends!(
     drift_same_input_other_call_id_never_shares_a_grant,
     changed_input_is_a_new_invocation_with_its_own_approval,
@@ -1153,4 +1400,8 @@ both_backends!(
     every_gated_tool_is_refused_without_a_matching_grant,
     nothing_in_the_input_or_a_server_hint_lowers_the_bar,
     edit_tools_write_replace_delete_move,
+    approved_diff_is_what_runs_or_nothing,
+    replays_after_a_successful_edit_are_idempotent,
+    look_alike_paths_are_flagged_in_the_approval,
+    leftover_temp_files_are_swept_at_start,
 );
