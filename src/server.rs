@@ -155,8 +155,7 @@ async fn adopt_root_identities(store: &Store) -> anyhow::Result<()> {
 /// Sweeps the Edit tools' leftovers ([`crate::workspace::sweep`]) from every host workspace
 /// whose root is still the registered folder, in the background.
 fn spawn_sweep(store: Store, node: &str, runtime: &RuntimeConfig, shutdown: CancellationToken) {
-    let started_ms =
-        u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or_default();
+    let started_ms = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or_default();
     let rule = crate::workspace::sweep::SweepRule {
         node: node.to_owned(),
         started_ms,
@@ -178,7 +177,9 @@ fn spawn_sweep(store: Store, node: &str, runtime: &RuntimeConfig, shutdown: Canc
             let (rule, stop) = (rule.clone(), shutdown.clone());
             let swept = tokio::task::spawn_blocking(move || crate::workspace::sweep::sweep(&ws, &rule, &stop)).await;
             match swept {
-                Ok(report) if report.temp_files_removed + report.delete_dirs_removed + report.errors > 0 || report.capped => {
+                Ok(report)
+                    if report.temp_files_removed + report.delete_dirs_removed + report.errors > 0 || report.capped =>
+                {
                     tracing::info!(workspace = %row.id, report = ?report, "swept leftovers of interrupted edits");
                 }
                 Ok(_) => {}

@@ -461,7 +461,12 @@ async fn series_row(
         shutdown.clone(),
     );
     let ranker = IndexRanker::new(index.clone(), embeddings.clone(), Mode::Hybrid).with_fusion(fusion);
-    let ctx = AvailabilityContext { user_id: "bench".into(), device: DeviceInfo::local(), workspace_root: None, workspace_state: crate::availability::Availability::Available };
+    let ctx = AvailabilityContext {
+        user_id: "bench".into(),
+        device: DeviceInfo::local(),
+        workspace_root: None,
+        workspace_state: crate::availability::Availability::Available,
+    };
     let turn = |i: usize| -> (f64, Strategy) {
         let q = &queries[i % queries.len()].query;
         let t = Instant::now();

@@ -67,7 +67,12 @@ pub struct WorkspaceView {
 impl From<WorkspaceRow> for WorkspaceView {
     fn from(w: WorkspaceRow) -> Self {
         let root = if w.device_id.is_some() {
-            RootView { status: RootStatus::Remote, change: None, message: None, registered_at: w.root_registered_at.clone() }
+            RootView {
+                status: RootStatus::Remote,
+                change: None,
+                message: None,
+                registered_at: w.root_registered_at.clone(),
+            }
         } else {
             let expected = w.root_identity.as_deref().and_then(RootIdentity::parse);
             let (status, change, message) = match Workspace::open_pinned(std::path::Path::new(&w.path), expected) {
@@ -196,7 +201,8 @@ pub async fn create_workspace(
         return Err(Error::bad_request("invalid_name", "name must be 1-128 characters"));
     }
     let (path, identity) = if user.is_admin { admin_path(&body.path)? } else { user_path(&app, &body.path)? };
-    let row = app.store.create_workspace(&user.user_id, &body.name, &path.to_string_lossy(), &identity.encode()).await?;
+    let row =
+        app.store.create_workspace(&user.user_id, &body.name, &path.to_string_lossy(), &identity.encode()).await?;
     Ok((StatusCode::CREATED, Json(row.into())))
 }
 

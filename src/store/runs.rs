@@ -143,13 +143,15 @@ impl Store {
             }
             Some(mut row) => {
                 let now = ids::now();
-                sqlx::query("UPDATE workspaces SET path = $1, root_identity = $2, root_registered_at = $3 WHERE id = $4")
-                    .bind(path)
-                    .bind(identity)
-                    .bind(&now)
-                    .bind(&row.id)
-                    .execute(tx.conn())
-                    .await?;
+                sqlx::query(
+                    "UPDATE workspaces SET path = $1, root_identity = $2, root_registered_at = $3 WHERE id = $4",
+                )
+                .bind(path)
+                .bind(identity)
+                .bind(&now)
+                .bind(&row.id)
+                .execute(tx.conn())
+                .await?;
                 row.path = path.to_owned();
                 row.root_identity = Some(identity.to_owned());
                 row.root_registered_at = Some(now);
@@ -250,7 +252,9 @@ impl Store {
 
     /// Every workspace on the server host (no device), oldest first.
     pub async fn host_workspaces(&self) -> StoreResult<Vec<WorkspaceRow>> {
-        Ok(sqlx::query_as("SELECT * FROM workspaces WHERE device_id IS NULL ORDER BY id").fetch_all(self.pool()).await?)
+        Ok(sqlx::query_as("SELECT * FROM workspaces WHERE device_id IS NULL ORDER BY id")
+            .fetch_all(self.pool())
+            .await?)
     }
 
     /// Workspaces the caller may use: their own and the deployment-wide ones.

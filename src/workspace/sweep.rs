@@ -194,15 +194,10 @@ pub fn sweep(ws: &Workspace, rule: &SweepRule, stop: &tokio_util::sync::Cancella
 
 /// Removes `name` in `dir` when it is a dead leftover of the right type; Ok(false) when it
 /// is kept (alive, or not of the type its name says).
-fn remove_if_dead(
-    dir: &Dir,
-    name: &std::ffi::OsStr,
-    left: &Leftover,
-    rule: &SweepRule,
-    now: u64,
-) -> io::Result<bool> {
+fn remove_if_dead(dir: &Dir, name: &std::ffi::OsStr, left: &Leftover, rule: &SweepRule, now: u64) -> io::Result<bool> {
     let meta = dir.symlink_metadata(name)?;
-    let mtime_ms = meta.modified().ok().map(cap_std::time::SystemTime::into_std).and_then(|t| t.duration_since(UNIX_EPOCH).ok());
+    let mtime_ms =
+        meta.modified().ok().map(cap_std::time::SystemTime::into_std).and_then(|t| t.duration_since(UNIX_EPOCH).ok());
     let mtime_ms = mtime_ms.map_or(u64::MAX, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let ours = match left.kind {
         LeftoverKind::Temp => meta.is_file() && cap_std::fs::MetadataExt::nlink(&meta) == 1,

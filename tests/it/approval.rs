@@ -1137,7 +1137,6 @@ async fn edit_tools_write_replace_delete_move(backend: Backend) {
     assert!(entries.iter().all(|n| !n.to_string_lossy().starts_with(".mira")), "{entries:?}");
 }
 
-
 // 14.1 -------------------------------------------------------------------------------------
 
 /// The approval view of a frozen call: (canonical input, tool preview).
@@ -1240,7 +1239,8 @@ async fn approved_diff_is_what_runs_or_nothing(backend: Backend) {
     assert!(ws.join("src.txt").exists());
 
     // A precondition cannot be smuggled in: the input schema refuses the field.
-    let r = f.call("write_file", "s9", json!({"path": "x.txt", "content": "x", "precondition": {"state": "absent"}})).await;
+    let r =
+        f.call("write_file", "s9", json!({"path": "x.txt", "content": "x", "precondition": {"state": "absent"}})).await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{r:?}");
 }
 

@@ -148,7 +148,9 @@ fn plan(ws: &Workspace, input: &Value, frozen: Option<&Value>) -> Result<Plan, T
         let now = match &leaf {
             Leaf::Missing => TargetState::Absent,
             Leaf::File(file) => TargetState::File { sha256: file.sha256(to)? },
-            Leaf::Dir => TargetState::Directory { manifest_sha256: efs::walk_tree(&to_dir, &dst.name, to)?.manifest_sha256 },
+            Leaf::Dir => {
+                TargetState::Directory { manifest_sha256: efs::walk_tree(&to_dir, &dst.name, to)?.manifest_sha256 }
+            }
         };
         check_precondition(to, frozen.get("to"), &now)?;
     }

@@ -438,19 +438,12 @@ fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     let located = efs::locate(ws, &rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
     let e = edit(dir, &located.name, &rel, input, Some(input.get("precondition")))?;
-    efs::write_atomic(
-        dir,
-        &located.name,
-        &rel,
-        &e.bytes,
-        Some(e.file.mode),
-        Replace::Overwrite,
-        ws.node(),
-        || match efs::inspect(dir, &located.name, &rel)? {
+    efs::write_atomic(dir, &located.name, &rel, &e.bytes, Some(e.file.mode), Replace::Overwrite, ws.node(), || {
+        match efs::inspect(dir, &located.name, &rel)? {
             Leaf::File(now) if now.same_version(&e.file) => Ok(()),
             _ => Err(super::changed_meanwhile(&rel)),
-        },
-    )?;
+        }
+    })?;
     let sha256_after = match efs::inspect(dir, &located.name, &rel)? {
         Leaf::File(file) => file.sha256(&rel)?,
         _ => String::new(),
