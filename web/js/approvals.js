@@ -184,6 +184,10 @@ const FLAG_WORDS = {
   not_nfc: 'decomposed character (not NFC)',
 };
 
+/** Text with every invisible, control, bidirectional or unusual space character written as \u{…}. */
+const escapeInvisible = (text) => String(text ?? '').replace(/[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]/gu,
+  (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
+
 /** A path field shown so that it cannot pass for another path: escaped when flagged. */
 function pathValue(tool, field) {
   const flagged = (tool.path_flags ?? []).find((f) => f.field === field);
@@ -210,7 +214,7 @@ function editFacts(tool) {
   const facts = [
     tool.action ? ['Edit', code(tool.action)] : null,
     tool.path ? ['Path', pathValue(tool, 'path')] : null,
-    tool.resolved_path ? ['Resolved path', code(tool.resolved_path)] : null,
+    tool.resolved_path ? ['Resolved path', code(escapeInvisible(tool.resolved_path))] : null,
     tool.from ? ['From', pathValue(tool, 'from')] : null,
     tool.to ? ['To', pathValue(tool, 'to')] : null,
     tool.creates !== undefined ? ['Creates the file', tool.creates ? 'yes' : 'no (overwrites)'] : null,
