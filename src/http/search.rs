@@ -144,9 +144,10 @@ fn check_key(key: &str) -> Result<()> {
 
 fn check_env(user: &AuthUser, name: &str) -> Result<()> {
     if !user.is_admin {
-        return Err(Error::Forbidden(
-            "only admins may point a connection at a server environment variable; send api_key instead".into(),
-        ));
+        return Err(Error::ForbiddenCode {
+            code: crate::mcp::config::SERVER_ENV_REFERENCE,
+            message: "only admins may point a connection at a server environment variable; send api_key instead".into(),
+        });
     }
     let valid = !name.is_empty()
         && name.len() <= 128

@@ -125,6 +125,39 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Stable code of the 403 refusing a server-side secret reference to a non-admin (also used
+/// by search connections for `api_key_env`).
+pub const SERVER_ENV_REFERENCE: &str = "server_env_reference";
+
+/// The first `{"from_env": …}` reference of a transport, as `(where, variable)`: a value the
+/// runtime reads from its own environment (its API keys, database URL, secret key…).
+pub fn env_reference(input: &TransportInput) -> Option<(String, String)> {
+    let (map, prefix) = match input {
+        TransportInput::Stdio(s) => (&s.env, "stdio.env"),
+        TransportInput::Http(h) => (&h.headers, "http.headers"),
+    };
+    map.iter().find_map(|(name, v)| match v {
+        SecretInput::FromEnv { from_env } => Some((format!("{prefix}.{name}"), from_env.clone())),
+        SecretInput::Value(_) => None,
+    })
+}
+
+/// 403 `server_env_reference` unless `is_admin`: only admins may make the server send one of
+/// its own environment variables to an MCP server (a non-admin would name `DATABASE_URL` or
+/// `MIRA_SECRET_KEY` and point the server at a listener of theirs).
+pub fn check_env_references(input: &TransportInput, is_admin: bool) -> Result<()> {
+    match env_reference(input) {
+        Some((at, var)) if !is_admin => Err(Error::ForbiddenCode {
+            code: SERVER_ENV_REFERENCE,
+            message: format!(
+                "{at} refers to the server's environment variable {var}; only admins may use from_env — \
+                 give the value itself (it is stored encrypted and never returned)"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Validates a transport and seals its secret values with `aad` (the server id).
 pub fn seal(input: &TransportInput, secrets: &SecretBox, aad: &str) -> Result<Sealed> {
     let mut values = SecretValues::default();
@@ -197,14 +230,18 @@ pub fn seal(input: &TransportInput, secrets: &SecretBox, aad: &str) -> Result<Se
     Ok(Sealed { transport, config, secrets })
 }
 
-/// Opens the stored config into a connectable transport. Errors are sentences for the
-/// connection's `last_error` (a missing environment variable, a key mismatch).
+/// Opens the stored config into a connectable transport. `allow_env` says whether
+/// `from_env` references may be read (the server was installed by an admin); a reference in
+/// a config that may not use one — stored before non-admins were refused at install — is an
+/// error and nothing is read. Errors are sentences for the connection's `last_error` (a
+/// refused or missing environment variable, a key mismatch).
 pub fn resolve(
     config: &Value,
     sealed: Option<&str>,
     key_id: Option<&str>,
     secrets: &SecretBox,
     aad: &str,
+    allow_env: bool,
 ) -> std::result::Result<Resolved, String> {
     let values: SecretValues = match (sealed, key_id) {
         (Some(s), Some(k)) => serde_json::from_str(&secrets.open(s, k, aad)?).map_err(|e| e.to_string())?,
@@ -214,6 +251,12 @@ pub fn resolve(
         let mut out = Vec::new();
         for (name, spec) in map.and_then(Value::as_object).into_iter().flatten() {
             let value = match spec.get("from_env").and_then(Value::as_str) {
+                Some(var) if !allow_env => {
+                    return Err(format!(
+                        "{prefix} {name} refers to the server's environment variable {var}, but the server was not \
+                         installed by an admin; nothing was sent ({SERVER_ENV_REFERENCE}) — reinstall it with the value itself"
+                    ));
+                }
                 Some(var) => std::env::var(var)
                     .map_err(|_| format!("{prefix} {name} refers to environment variable {var}, which is not set"))?,
                 None => values

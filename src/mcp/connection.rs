@@ -217,9 +217,17 @@ async fn connect(
 ) -> Result<(Running, Live, Option<stdio::ChildGuard>), ConnectError> {
     let row = slot.state.read().row.clone();
     let cfg: serde_json::Value = serde_json::from_str(&row.config).map_err(|e| (e.to_string(), None))?;
-    let resolved =
-        config::resolve(&cfg, row.secrets.as_deref(), row.secrets_key_id.as_deref(), manager.secrets(), &row.id)
-            .map_err(|e| (e, None))?;
+    // `from_env` is read only for a server an admin installed (and who is still an admin).
+    let allow_env = manager.store().user_is_admin(&row.installed_by).await.map_err(|e| (e.to_string(), None))?;
+    let resolved = config::resolve(
+        &cfg,
+        row.secrets.as_deref(),
+        row.secrets_key_id.as_deref(),
+        manager.secrets(),
+        &row.id,
+        allow_env,
+    )
+    .map_err(|e| (e, None))?;
     let max = manager.settings().max_message_bytes;
     match resolved {
         Resolved::Stdio { command, args, env, cwd } => {

@@ -314,8 +314,10 @@ impl McpManager {
     /// Installs a server (Install) and, when enabled, starts connecting in the background.
     ///
     /// Errors: 400 `invalid_request` (name, transport, disclaimer, timeout); 403 when a
-    /// non-admin asks for a deployment-wide server.
+    /// non-admin asks for a deployment-wide server or an unlisted stdio command; 403
+    /// `server_env_reference` when a non-admin names a `from_env` value.
     pub async fn install(&self, user_id: &str, is_admin: bool, req: Install) -> Result<Arc<ServerSlot>> {
+        config::check_env_references(&req.transport, is_admin)?;
         config::validate_name(&req.name)?;
         if req.deployment_wide && !is_admin {
             return Err(Error::Forbidden("only admins install deployment-wide MCP servers".into()));

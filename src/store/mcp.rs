@@ -113,6 +113,14 @@ pub struct McpAccessRow {
 }
 
 impl Store {
+    /// Whether user `id` exists and is an admin now (an MCP server's `from_env` references
+    /// are read only when its installer is).
+    pub async fn user_is_admin(&self, id: &str) -> StoreResult<bool> {
+        let row: Option<(i64,)> =
+            sqlx::query_as("SELECT is_admin FROM users WHERE id = $1").bind(id).fetch_optional(self.pool()).await?;
+        Ok(row.is_some_and(|(a,)| a != 0))
+    }
+
     /// Stores a newly installed server with a `disconnected` connection row.
     pub async fn insert_mcp_server(&self, row: &McpServerRow) -> StoreResult<()> {
         let mut tx = self.begin_write().await?;

@@ -562,3 +562,123 @@ async fn secrets_are_sealed_and_never_echoed_and_deployment_wide_servers_are_adm
     let r = t.post("/v1/mcp/servers", &user, json!({"name": "x", "transport": {"http": {"url": "ftp://x"}}})).await;
     assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_request"));
 }
+
+/// A TCP listener that records every byte any client sends it and answers nothing useful
+/// (a 500 to each request), standing for a user's own HTTP endpoint.
+struct Listener {
+    url: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Listener {
+    async fn start() -> Listener {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", l.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (s, c) = (seen.clone(), connections.clone());
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = l.accept().await {
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(300), sock.read(&mut buf)).await {
+                        if n == 0 {
+                            break;
+                        }
+                        s.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                    let _ = sock
+                        .write_all(
+                            b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                });
+            }
+        });
+        Listener { url, seen, connections }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.seen.lock().unwrap()).into_owned()
+    }
+}
+
+/// Issue 13.2: a non-admin installs an HTTP MCP server whose header is
+/// `{"from_env": "MIRA_BRAVE_API_KEY"}` pointing at their own listener. The install is 403
+/// `server_env_reference` (stdio env alike), nothing reaches the listener; a row stored
+/// that way before the fix connects to nothing either, and a literal header value (the
+/// user's own secret) is stored sealed and never returned.
+async fn from_env_is_refused_to_non_admins_and_no_server_secret_leaves(backend: Backend) {
+    const SECRET: &str = "brave-key-of-the-server-7f3a9c";
+    // SAFETY: set before the server reads it; nothing else in this test process reads it.
+    unsafe { std::env::set_var("MIRA_BRAVE_API_KEY", SECRET) };
+    let mut t = spawn(backend).await;
+    let mallory = t.user("mallory").await;
+    let listener = Listener::start().await;
+    let leak = json!({"name": "leak", "transport": {"http": {"url": listener.url,
+        "headers": {"X-Leak": {"from_env": "MIRA_BRAVE_API_KEY"}}}}});
+    let r = t.post("/v1/mcp/servers", &mallory, leak.clone()).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "server_env_reference"), "{r:?}");
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("X-Leak"), "{r:?}");
+    for var in ["DATABASE_URL", "MIRA_SECRET_KEY"] {
+        let body = json!({"name": "leak", "transport": {"http": {"url": listener.url, "headers": {"X-Leak": {"from_env": var}}}}});
+        let r = t.post("/v1/mcp/servers", &mallory, body).await;
+        assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "server_env_reference"), "{r:?}");
+    }
+    let stdio = json!({"name": "leak", "transport": {"stdio": {"command": python(),
+        "args": [server_script("fault_server.py")], "env": {"K": {"from_env": "MIRA_BRAVE_API_KEY"}}}}});
+    let r = t.post("/v1/mcp/servers", &mallory, stdio).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "server_env_reference"), "{r:?}");
+    let listed = t.get("/v1/mcp/servers", &mallory).await;
+    assert_eq!(listed.body["servers"].as_array().unwrap().len(), 0, "{listed:?}");
+
+    // The user's own header value is accepted, sealed, never echoed; it reaches their listener.
+    let own = json!({"name": "own", "request_timeout_ms": 1000, "transport": {"http": {"url": listener.url,
+        "headers": {"X-Own": "users-own-token-55"}}}});
+    let id = install(&t, &mallory, own).await;
+    let v = wait_for(&t, &mallory, &id, "a connect attempt", |v| v["connection"]["state"] == "failed").await;
+    assert!(!v.to_string().contains("users-own-token-55"), "{v}");
+    assert_eq!(v["config"]["http"]["headers"]["X-Own"]["source"], "encrypted");
+    assert!(listener.text().contains("users-own-token-55"), "{}", listener.text());
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&t.db.url).await.unwrap();
+    let (config, sealed): (String, String) = sqlx::query_as("SELECT config, secrets FROM mcp_servers WHERE id = $1")
+        .bind(&id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(!config.contains("users-own-token-55") && !sealed.contains("users-own-token-55"));
+
+    // A row stored with a from_env reference before non-admins were refused: after a restart
+    // the server refuses to read the variable, and the listener never sees the secret.
+    t.stop().await;
+    let stale = json!({"http": {"url": listener.url, "headers": {"X-Leak": {"source": "env", "from_env": "MIRA_BRAVE_API_KEY"}}}});
+    sqlx::query("UPDATE mcp_servers SET config = $1, secrets = NULL, secrets_key_id = NULL WHERE id = $2")
+        .bind(stale.to_string())
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let before = listener.connections.load(std::sync::atomic::Ordering::SeqCst);
+    t.restart().await;
+    let v = wait_for(&t, &mallory, &id, "the stale row is refused", |v| {
+        v["connection"]["last_error"].as_str().is_some_and(|e| e.contains("server_env_reference"))
+    })
+    .await;
+    assert_eq!(stage(&v, "connect")["status"], "blocked", "{v:#}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(listener.connections.load(std::sync::atomic::Ordering::SeqCst), before, "the server connected anyway");
+    assert!(!listener.text().contains(SECRET), "the server's secret reached the user's listener");
+    // An admin may still use from_env for a server the admin installs.
+    let mut admins = leak;
+    admins["enabled"] = json!(false);
+    let r = t.post("/v1/mcp/servers", &t.admin_token, admins).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+}
+
+both_backends!(from_env_is_refused_to_non_admins_and_no_server_secret_leaves);

@@ -567,7 +567,7 @@ async fn connection_requests_are_validated() {
         (json!({"provider": "searxng", "base_url": "ftp://x"}), StatusCode::BAD_REQUEST, "invalid_url"),
         (json!({"provider": "brave"}), StatusCode::BAD_REQUEST, "credential_required"),
         (json!({"provider": "brave", "api_key": ""}), StatusCode::BAD_REQUEST, "invalid_api_key"),
-        (json!({"provider": "brave", "api_key_env": "HOME"}), StatusCode::FORBIDDEN, "forbidden"),
+        (json!({"provider": "brave", "api_key_env": "HOME"}), StatusCode::FORBIDDEN, "server_env_reference"),
         (json!({"provider": "tavily", "api_key": "k", "api_key_env": "K"}), StatusCode::BAD_REQUEST, "invalid_request"),
         (json!({"provider": "tavily", "api_key": "k", "extra": 1}), StatusCode::BAD_REQUEST, "invalid_request"),
     ];
