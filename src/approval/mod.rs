@@ -27,8 +27,16 @@ pub struct Decider<'a> {
 /// Grants approval `id` if `triple` equals the frozen invocation; wakes the harness.
 ///
 /// Errors: 404; 409 `approval_mismatch` (nothing changed), `approval_decided`,
-/// `approval_expired`.
+/// `approval_expired`, `stale_definition` (the tool's definition changed since the call was
+/// frozen).
 pub async fn grant(app: &App, who: &Decider<'_>, id: &str, triple: &GrantRequest<'_>) -> Result<ApprovalRow> {
+    // A call its tool no longer matches (an MCP definition changed since it was frozen:
+    // 409 `stale_definition`) is not granted.
+    if let Some(row) = app.store.approval_for(who.user_id, id).await?
+        && row.status == "pending"
+    {
+        app.registry.check_frozen(&row.tool_id, &row.input).map_err(Error::Tool)?;
+    }
     let outcome = app.store.grant_approval(who.user_id, id, triple, who.user_id, who.token_id).await?;
     let row = settle(outcome, Some(triple))?;
     app.harness.wake();

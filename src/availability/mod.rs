@@ -81,9 +81,16 @@ pub struct AvailabilityContext {
 /// Capabilities of the tools that work inside the run's workspace.
 pub const WORKSPACE_CAPABILITIES: [&str; 3] = ["fs.read", "fs.write", "pty"];
 
-/// Evaluates availability of `entry` for `ctx`: device capability, an executor for the
+/// Evaluates availability of `entry` for `ctx`: an input schema that compiles
+/// (`schema_unusable` otherwise, naming the problem), device capability, an executor for the
 /// device, then the tool's own checks.
 pub fn evaluate(entry: &Entry, ctx: &AvailabilityContext) -> Availability {
+    if let Err(problem) = entry.schema() {
+        return Availability::unavailable(
+            "schema_unusable",
+            format!("the input schema of {} cannot be used: {problem}", entry.spec().id),
+        );
+    }
     let spec = entry.spec();
     if let Some(cap) = &spec.capability {
         if !ctx.device.capabilities.iter().any(|c| c == cap) {

@@ -136,6 +136,12 @@ pub fn read_tools(path: &Path) -> anyhow::Result<Vec<ToolSpec>> {
     Ok(out)
 }
 
+/// The registered tools whose input schema compiles in no JSON Schema dialect, with the
+/// problem ([`crate::registry::schema`]).
+pub fn unusable_schemas(registry: &Registry) -> Vec<(String, String)> {
+    registry.all().iter().filter_map(|e| e.schema().err().map(|p| (e.spec().id.clone(), p.to_string()))).collect()
+}
+
 /// Reads a JSONL query file.
 pub fn read_queries(path: &Path) -> anyhow::Result<Vec<BenchQuery>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -329,7 +335,16 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
     if rate > 0.0 {
         println!("tool embedding: {} tools, {:.0} tools/s (batch {})", specs.len(), rate, embeddings.batch_size());
     }
-    let entries = registry.all();
+    // A tool whose input schema compiles in no dialect is unavailable (`schema_unusable`),
+    // as in a turn's exposure: it is left out of the ranking, and the set still runs.
+    let entries: Vec<_> = registry.all().into_iter().filter(|e| e.schema().is_ok()).collect();
+    let unusable = unusable_schemas(&registry);
+    if !unusable.is_empty() {
+        println!("schema_unusable: {} tools left out (unavailable, as in exposure):", unusable.len());
+        for (id, problem) in &unusable {
+            println!("  {id}: {}", crate::evidence::excerpt(problem, 300));
+        }
+    }
     let candidate_specs: Vec<&ToolSpec> = entries.iter().map(|e| e.spec()).collect();
     if let Some(path) = &opts.dump {
         tokio::task::block_in_place(|| dump_scores(path, &index, &embeddings, &candidate_specs, &chosen))?;

@@ -240,6 +240,9 @@ impl Harness {
     }
 
     async fn execute_gated(&self, inv: &InvocationRow, cancel: CancellationToken) -> Result<ToolOutput, ToolError> {
+        // A frozen call its tool family refuses now (an MCP definition changed since it was
+        // frozen: `stale_definition`) never runs, registered or not.
+        self.registry.check_frozen(&inv.tool_id, &inv.input)?;
         let entry = self.registry.get_any(&inv.tool_id).ok_or_else(|| {
             ToolError::new(ErrorClass::Failed, "tool_gone", format!("{} is no longer registered", inv.tool_id))
         })?;

@@ -52,8 +52,14 @@ pub struct PatchServer {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentAccess {
-    /// On or off. Survives re-discovery and reconnects.
+    /// On or off. Survives re-discovery and reconnects. Turning it on accepts the definition
+    /// listed now and ends a `definition_changed` review.
     pub enabled: bool,
+    /// The fingerprint (`definition_sha256` of the tool in `GET /v1/mcp/servers/{id}`) of
+    /// the definition being accepted; when given and the server lists another definition by
+    /// now, 409 `definition_changed` and nothing changes.
+    #[schema(min_length = 64, max_length = 64)]
+    pub definition_sha256: Option<String>,
 }
 
 /// `{"servers": [...]}`.
@@ -169,14 +175,19 @@ pub async fn discover(State(app): State<App>, user: AuthUser, Path(id): Path<Str
 /// Turns one tool's agent access on or off.
 #[utoipa::path(put, path = "/v1/mcp/servers/{server_id}/tools/{tool_name}/agent-access", tag = "mcp",
     params(("server_id" = String, Path), ("tool_name" = String, Path)), request_body = AgentAccess,
-    responses((status = 200, body = ServerView), (status = 400), (status = 404)), security(("bearer" = [])))]
+    responses((status = 200, body = ServerView), (status = 400), (status = 403), (status = 404),
+        (status = 409, description = "definition_changed: the server lists another definition than definition_sha256")),
+    security(("bearer" = [])))]
 pub async fn agent_access(
     State(app): State<App>,
     user: AuthUser,
     Path((id, tool)): Path<(String, String)>,
     Json(body): Json<AgentAccess>,
 ) -> Result<Json<ServerView>> {
-    let slot = app.mcp.set_agent_access(&user.user_id, user.is_admin, &id, &tool, body.enabled).await?;
+    let slot = app
+        .mcp
+        .set_agent_access(&user.user_id, user.is_admin, &id, &tool, body.enabled, body.definition_sha256.as_deref())
+        .await?;
     Ok(Json(server_view(&app.mcp, &slot)))
 }
 

@@ -3,8 +3,13 @@
 //! A tool is rejected (and recorded with its reason) when its name is not 1–128 characters
 //! of `A-Z a-z 0-9 _ - .` (the MCP 2025-11-25 tool-name guidance, minus `/`, which cannot
 //! sit in a tool id path segment), when its name repeats an earlier tool of the listing,
-//! when `inputSchema` is missing or not an object of `"type": "object"`, or when the schema
-//! does not compile as JSON Schema. The rest of the listing still works.
+//! or when `inputSchema` is missing or not an object of `"type": "object"`. The rest of the
+//! listing still works. An `inputSchema` is compiled in the dialect it declares (or reads as,
+//! [`crate::registry::schema`]); one that compiles in no dialect leaves its tool listed (`ok`)
+//! but `unavailable` with `schema_unusable` and the problem, never failing the others.
+//!
+//! Each listing is compared with the previous one: a tool whose definition changed while it
+//! had agent access goes under review ([`super::definition`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -23,14 +28,24 @@ pub async fn run(manager: &Arc<McpManager>, slot: &Arc<ServerSlot>, live: &Live)
     let result = list(live, slot).await;
     let mut conn = slot.state.read().conn.clone();
     match result {
-        Ok(listed) => {
+        Ok(mut listed) => {
+            {
+                let state = slot.state.read();
+                let now = crate::ids::now();
+                for row in &mut listed {
+                    let old = state.tools.iter().find(|t| t.name == row.name);
+                    super::definition::carry_review(old, row, state.switch_of(&row.name).0, &now);
+                }
+            }
             manager.store().replace_mcp_tools(&slot.id, &listed).await.map_err(|e| e.to_string())?;
             let tools = manager.store().mcp_tools(&slot.id).await.map_err(|e| e.to_string())?;
             slot.state.write().tools = tools;
+            // Projections follow the new listing at once: no await between the two, so no
+            // turn sees a definition the state no longer holds.
+            manager.sync_projections(slot);
             conn.discovered_at = Some(crate::ids::now());
             conn.discovery_error = None;
             manager.save_conn(slot, conn).await;
-            manager.sync_projections(slot);
             Ok(())
         }
         Err(e) => {
@@ -88,6 +103,11 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
         annotations: json_of("annotations"),
         discovered_at: now.to_owned(),
         removed_at: None,
+        schema_dialect: None,
+        schema_declared: None,
+        schema_problem: None,
+        review_previous: None,
+        review_since: None,
     };
     let reject = |row: &mut McpToolRow, why: String| {
         row.status = "rejected".into();
@@ -110,11 +130,13 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
                 "invalid_input_schema: inputSchema must have \"type\": \"object\" (MCP tools take named arguments)"
                     .into(),
             ),
-            Some(schema) => {
-                if let Err(e) = jsonschema::validator_for(schema) {
-                    reject(&mut row, format!("invalid_input_schema: the schema does not compile: {e}"));
+            Some(schema) => match crate::registry::schema::compile(schema) {
+                Ok(c) => {
+                    row.schema_dialect = Some(c.dialect.dialect.as_str().to_owned());
+                    row.schema_declared = Some(i64::from(c.dialect.declared));
                 }
-            }
+                Err(problem) => row.schema_problem = Some(problem.0),
+            },
         }
     }
     row

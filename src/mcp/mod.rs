@@ -23,6 +23,7 @@
 pub mod call;
 pub mod config;
 pub mod connection;
+pub mod definition;
 pub mod discovery;
 pub mod stages;
 pub mod stdio;
@@ -106,12 +107,28 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    /// Whether the tool has agent access (its own switch, else the server default).
+    /// Whether the tool has agent access: off while a changed definition waits for review
+    /// (`definition_changed`), else its own switch (`tool`), else the server default
+    /// (`server_default`).
     pub fn access_of(&self, tool: &str) -> (bool, &'static str) {
+        if self.under_review(tool).is_some() {
+            return (false, definition::DEFINITION_CHANGED);
+        }
+        self.switch_of(tool)
+    }
+
+    /// The agent-access switch in force for the tool, ignoring reviews: its own switch, else
+    /// the server default.
+    pub fn switch_of(&self, tool: &str) -> (bool, &'static str) {
         match self.access.get(tool) {
             Some(on) => (*on, "tool"),
             None => (self.row.default_agent_access != 0, "server_default"),
         }
+    }
+
+    /// The tool's row while its changed definition waits for review.
+    pub fn under_review(&self, tool: &str) -> Option<&McpToolRow> {
+        self.tools.iter().find(|t| t.name == tool && t.review_previous.is_some())
     }
 
     /// Whether a disclaimer still waits for acceptance.
@@ -476,7 +493,10 @@ impl McpManager {
     }
 
     /// Sets one tool's agent access (the tool need not be discovered yet: a switch set
-    /// for a name applies when a server lists it).
+    /// for a name applies when a server lists it). Turning it on accepts the definition
+    /// listed now and ends a `definition_changed` review; with `definition_sha256`, only if
+    /// that is the fingerprint of the definition listed now (409 `definition_changed`
+    /// otherwise, nothing changed), so a person accepts exactly the definition they read.
     pub async fn set_agent_access(
         &self,
         user_id: &str,
@@ -484,16 +504,56 @@ impl McpManager {
         id: &str,
         tool: &str,
         enabled: bool,
+        definition_sha256: Option<&str>,
     ) -> Result<Arc<ServerSlot>> {
         let slot = self.slot_for(user_id, id)?;
         Self::may_manage(&slot, user_id, is_admin)?;
         if tool.is_empty() || tool.len() > 256 {
             return Err(Error::bad_request("invalid_request", "tool_name must be 1 to 256 bytes"));
         }
+        if let Some(expected) = definition_sha256 {
+            let current = slot
+                .state
+                .read()
+                .tools
+                .iter()
+                .find(|t| t.name == tool && t.status != "removed")
+                .map(definition::fingerprint);
+            if current.as_deref() != Some(expected) {
+                return Err(Error::conflict(
+                    definition::DEFINITION_CHANGED,
+                    format!(
+                        "the definition of {tool} listed now is not the one given (definition_sha256 {expected}); \
+                         nothing changed — read the current definition and try again"
+                    ),
+                    serde_json::json!({"server_id": id, "tool": tool, "current_sha256": current}),
+                ));
+            }
+        }
         self.store.set_mcp_access(id, tool, enabled, user_id).await?;
-        slot.state.write().access.insert(tool.to_owned(), enabled);
+        {
+            let mut state = slot.state.write();
+            state.access.insert(tool.to_owned(), enabled);
+            if enabled && let Some(t) = state.tools.iter_mut().find(|t| t.name == tool) {
+                t.review_previous = None;
+                t.review_since = None;
+            }
+        }
         self.sync_projections(&slot);
         Ok(slot)
+    }
+
+    /// Refuses a frozen call of projected tool `tool_id` (canonical input `frozen`) whose
+    /// definition is no longer the current, accepted one (`stale_definition`). Calls of
+    /// servers or tools that are gone pass (other stages refuse them).
+    pub fn check_frozen(&self, tool_id: &str, frozen: &Value) -> std::result::Result<(), crate::registry::ToolError> {
+        let Some((server_id, tool)) = parse_projection_id(tool_id) else { return Ok(()) };
+        let Some(slot) = self.slot(server_id) else { return Ok(()) };
+        let state = slot.state.read();
+        match state.tools.iter().find(|t| t.name == tool && t.status == "ok") {
+            Some(current) => definition::check_frozen(tool_id, frozen, current),
+            None => Ok(()),
+        }
     }
 
     /// Brings the registry in line with the slot's state: every discovered (`ok`) tool with
@@ -582,6 +642,10 @@ impl Explainer for McpManager {
         let slot = self.slot(server_id).filter(|s| s.visible_to(user_id))?;
         let view = stages::tool_view(self, &slot, tool);
         serde_json::to_value(view).ok()
+    }
+
+    fn check_frozen(&self, id: &str, input: &Value) -> std::result::Result<(), crate::registry::ToolError> {
+        McpManager::check_frozen(self, id, input)
     }
 }
 

@@ -4,8 +4,10 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::definition::{self, DEFINITION_CHANGED};
 use super::{McpManager, ServerSlot, ServerState, projection_id};
 use crate::exposure::function_name;
+use crate::store::McpToolRow;
 
 /// One stage.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -64,14 +66,74 @@ pub struct ToolStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub input_schema: Option<Value>,
+    /// outputSchema as listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub output_schema: Option<Value>,
+    /// The JSON Schema dialect the inputSchema compiled as.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_schema_dialect: Option<InputDialect>,
+    /// Why the inputSchema compiles in no dialect: the tool is `unavailable` with
+    /// `schema_unusable` (the rest of the server's tools are unaffected).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema_problem: Option<String>,
+    /// SHA-256 of the canonical definition (name, title, description, inputSchema,
+    /// outputSchema, annotations); frozen into every call, and what
+    /// `PUT …/agent-access {"enabled": true, "definition_sha256"}` accepts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub definition_sha256: Option<String>,
+    /// Present while a changed definition waits for review (`definition_changed`): the
+    /// definition that had agent access and the one listed now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub definition_review: Option<DefinitionReview>,
     /// Agent access in force.
     pub agent_access: bool,
-    /// `tool` (its own switch) or `server_default`.
+    /// `tool` (its own switch), `server_default`, or `definition_changed` (off until the
+    /// changed definition is reviewed).
     pub agent_access_source: &'static str,
     /// Registered as a projection now.
     pub projected: bool,
     /// The stages of this tool.
     pub stages: Vec<McpStage>,
+}
+
+/// The dialect an inputSchema compiled as.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct InputDialect {
+    /// `draft-04`, `draft-06`, `draft-07`, `2019-09` or `2020-12`.
+    pub dialect: String,
+    /// True when the schema declared it in `$schema`, false when it was inferred.
+    pub declared: bool,
+}
+
+/// A changed definition waiting for the owner's review.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct DefinitionReview {
+    /// RFC 3339, when the change was seen.
+    pub since: Option<String>,
+    /// The definition that had agent access (`{name, title, description, input_schema,
+    /// output_schema, annotations}`).
+    #[schema(value_type = Object)]
+    pub previous: Value,
+    /// Its fingerprint.
+    pub previous_sha256: String,
+    /// The definition listed now.
+    #[schema(value_type = Object)]
+    pub current: Value,
+    /// Its fingerprint (send it back to accept exactly this definition).
+    pub current_sha256: String,
+}
+
+fn review_of(t: &McpToolRow) -> Option<DefinitionReview> {
+    let previous: Value = serde_json::from_str(t.review_previous.as_deref()?).ok()?;
+    let current = definition::document(t);
+    Some(DefinitionReview {
+        since: t.review_since.clone(),
+        previous_sha256: definition::fingerprint_of(&previous),
+        previous,
+        current_sha256: definition::fingerprint_of(&current),
+        current,
+    })
 }
 
 /// `GET /v1/mcp/servers/{id}`.
@@ -231,13 +293,30 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
     let path = format!("/v1/mcp/servers/{}", s.row.id);
     let usable: Vec<_> = s.tools.iter().filter(|t| t.status == "ok").collect();
     let accessible = usable.iter().filter(|t| s.access_of(&t.name).0).count();
+    let reviewing: Vec<&str> = usable.iter().filter(|t| t.review_previous.is_some()).map(|t| t.name.as_str()).collect();
+    let review_note = if reviewing.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; agent access is off until a person reviews the changed definition of {} ({DEFINITION_CHANGED})",
+            reviewing.join(", ")
+        )
+    };
     stages.push(if accessible > 0 {
         stage(
             "agent_access",
             "ok",
             "agent_access_on",
-            format!("{accessible} of {} tools have agent access", usable.len()),
+            format!("{accessible} of {} tools have agent access{review_note}", usable.len()),
             None,
+        )
+    } else if !reviewing.is_empty() {
+        stage(
+            "agent_access",
+            "blocked",
+            DEFINITION_CHANGED,
+            format!("no tool has agent access{review_note}"),
+            act("PUT", format!("{path}/tools/{{tool_name}}/agent-access"), Some(json!({"enabled": true}))),
         )
     } else if usable.is_empty() {
         stage("agent_access", "pending", "mcp_no_tools", "waits for discovered tools".into(), None)
@@ -250,7 +329,8 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
             act("PUT", format!("{path}/tools/{{tool_name}}/agent-access"), Some(json!({"enabled": true}))),
         )
     });
-    let projected = usable.iter().filter(|t| manager.is_projected(&s.row.id, &t.name)).count();
+    let projected =
+        usable.iter().filter(|t| t.schema_problem.is_none() && manager.is_projected(&s.row.id, &t.name)).count();
     let first_blocked = stages.iter().find(|st| st.status != "ok").map(|st| (st.stage, st.code.clone()));
     stages.push(exposure_stage(&s, projected, first_blocked));
     stages.push(approval_stage());
@@ -356,8 +436,26 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
             d
         }
     });
+    let review = row.and_then(review_of);
     stages.push(if access {
         stage("agent_access", "ok", "agent_access_on", format!("agent access is on ({source})"), None)
+    } else if let Some(r) = &review {
+        stage(
+            "agent_access",
+            "blocked",
+            DEFINITION_CHANGED,
+            format!(
+                "the server changed the definition of {name} at {} while it had agent access; agent access is off \
+                 until a person compares the previous and the current definition (definition_review) and turns it \
+                 on again, which accepts the current one",
+                r.since.as_deref().unwrap_or("?")
+            ),
+            act(
+                "PUT",
+                format!("{path}/tools/{name}/agent-access"),
+                Some(json!({"enabled": true, "definition_sha256": r.current_sha256})),
+            ),
+        )
     } else {
         stage(
             "agent_access",
@@ -368,7 +466,17 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
         )
     });
     let first_blocked = stages.iter().find(|st| st.status != "ok").map(|st| (st.stage, st.code.clone()));
-    stages.push(exposure_stage(s, usize::from(projected), first_blocked));
+    let problem = row.and_then(|t| t.schema_problem.clone());
+    stages.push(match &problem {
+        Some(p) if first_blocked.is_none() => stage(
+            "tool_exposure",
+            "blocked",
+            "schema_unusable",
+            format!("{name} is projected but unavailable: its inputSchema cannot be used: {p}"),
+            act("POST", format!("{path}/discover"), None),
+        ),
+        _ => exposure_stage(s, usize::from(projected), first_blocked),
+    });
     stages.push(approval_stage());
     ToolStatus {
         name: name.to_owned(),
@@ -380,6 +488,13 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
         description: row.and_then(|t| t.description.clone()),
         annotations: row.and_then(|t| parse(t.annotations.as_deref())),
         input_schema: row.and_then(|t| parse(t.input_schema.as_deref())),
+        output_schema: row.and_then(|t| parse(t.output_schema.as_deref())),
+        input_schema_dialect: row.and_then(|t| {
+            t.schema_dialect.clone().map(|dialect| InputDialect { dialect, declared: t.schema_declared == Some(1) })
+        }),
+        schema_problem: problem,
+        definition_sha256: row.map(definition::fingerprint),
+        definition_review: review,
         agent_access: access,
         agent_access_source: source,
         projected,
@@ -440,6 +555,17 @@ pub fn why_not_projected(s: &ServerState, tool: &str) -> (String, String) {
             );
         }
         Some(_) => {}
+    }
+    if let Some(t) = s.under_review(tool) {
+        return (
+            DEFINITION_CHANGED.into(),
+            format!(
+                "stage agent_access: MCP server {id} changed the definition of {tool} at {}; agent access is off until \
+                 it is reviewed (GET /v1/mcp/servers/{id}, then PUT /v1/mcp/servers/{id}/tools/{tool}/agent-access \
+                 {{\"enabled\": true}})",
+                t.review_since.as_deref().unwrap_or("?")
+            ),
+        );
     }
     if !s.access_of(tool).0 {
         return (

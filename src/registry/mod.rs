@@ -7,8 +7,10 @@
 //! later stages ([`crate::surface`], [`crate::availability`], [`crate::exposure`]) decide
 //! that.
 
+pub mod schema;
 mod tool;
 
+pub use schema::{Dialect, SchemaDialect, SchemaProblem};
 pub use tool::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 
 use std::collections::BTreeMap;
@@ -16,12 +18,13 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
 
-/// A registered tool with its compiled input validator.
+/// A registered tool with its compiled input validator, or the reason its schema cannot be
+/// compiled (then [`crate::availability::evaluate`] answers `schema_unusable`).
 #[derive(Clone)]
 pub struct Entry {
     /// The implementation.
     pub tool: Arc<dyn Tool>,
-    validator: Arc<jsonschema::Validator>,
+    validator: Result<(Arc<jsonschema::Validator>, SchemaDialect), Arc<SchemaProblem>>,
 }
 
 impl Entry {
@@ -30,10 +33,22 @@ impl Entry {
         self.tool.spec()
     }
 
+    /// The dialect the input schema was compiled as, or why it could not be.
+    pub fn schema(&self) -> Result<SchemaDialect, &SchemaProblem> {
+        match &self.validator {
+            Ok((_, d)) => Ok(*d),
+            Err(p) => Err(p),
+        }
+    }
+
     /// Checks `input` against the tool's JSON Schema; the errors name the failing location.
+    /// A tool whose schema is unusable accepts nothing.
     pub fn validate(&self, input: &serde_json::Value) -> Result<(), Vec<String>> {
-        let errors: Vec<String> = self
-            .validator
+        let validator = match &self.validator {
+            Ok((v, _)) => v,
+            Err(problem) => return Err(vec![format!("schema_unusable: {problem}")]),
+        };
+        let errors: Vec<String> = validator
             .iter_errors(input)
             .take(20)
             .map(|e| {
@@ -51,14 +66,6 @@ impl Entry {
 /// Why a tool could not be registered.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// The input schema does not compile as JSON Schema.
-    #[error("tool {id}: input schema is invalid: {message}")]
-    InvalidSchema {
-        /// Tool id.
-        id: String,
-        /// Compiler message.
-        message: String,
-    },
     /// Another tool already has this id.
     #[error("tool {0} is already registered")]
     Duplicate(String),
@@ -72,6 +79,13 @@ pub trait Explainer: Send + Sync {
     fn why_absent(&self, id: &str, user_id: &str) -> Option<(String, String)>;
     /// Extra stage detail for `id` as seen by `user_id` (a JSON document), if any.
     fn detail(&self, id: &str, user_id: &str) -> Option<serde_json::Value>;
+    /// Refuses a frozen call of `id` (its canonical `input`) that no longer matches what the
+    /// tool offers now — an External MCP tool whose definition changed since the call was
+    /// frozen answers `stale_definition`. Asked at grant and before execution, whether or not
+    /// the tool is registered now. The default accepts.
+    fn check_frozen(&self, _id: &str, _input: &serde_json::Value) -> Result<(), ToolError> {
+        Ok(())
+    }
 }
 
 /// The set of implementations, changed only by [`Registry::register`] and
@@ -96,17 +110,25 @@ impl Registry {
         Self::default()
     }
 
-    /// Registers a tool. Fails on a duplicate id or a schema that does not compile.
+    /// Registers a tool, its input schema compiled in its own dialect ([`schema::compile`]).
+    /// A schema that compiles in no dialect does not fail the registration: the entry is
+    /// kept with the problem, and availability says `schema_unusable` for this tool alone.
+    /// Fails on a duplicate id.
     pub fn register(&self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
         let spec = tool.spec();
-        let validator = jsonschema::validator_for(&spec.input_schema)
-            .map_err(|e| RegistryError::InvalidSchema { id: spec.id.clone(), message: e.to_string() })?;
+        let validator = match schema::compile(&spec.input_schema) {
+            Ok(c) => Ok((Arc::new(c.validator), c.dialect)),
+            Err(problem) => {
+                tracing::warn!(tool = %spec.id, %problem, "input schema unusable; the tool stays unavailable");
+                Err(Arc::new(problem))
+            }
+        };
         let id = spec.id.clone();
         let mut inner = self.inner.write();
         if inner.tools.contains_key(&id) {
             return Err(RegistryError::Duplicate(id));
         }
-        inner.tools.insert(id, Entry { tool, validator: Arc::new(validator) });
+        inner.tools.insert(id, Entry { tool, validator });
         inner.version += 1;
         self.changes.send_replace(inner.version);
         Ok(())
@@ -154,6 +176,17 @@ impl Registry {
     /// The explainer of `id`'s family, if one is alive.
     pub fn explainer_for(&self, id: &str) -> Option<Arc<dyn Explainer>> {
         self.explainers.read().iter().filter(|(p, _)| id.starts_with(p.as_str())).find_map(|(_, e)| e.upgrade())
+    }
+
+    /// Asks the explainer of `tool_id`'s family whether a frozen call (its canonical input as
+    /// stored, JSON text) may still run ([`Explainer::check_frozen`]). Unparsable input passes
+    /// here (execution refuses it as `corrupt_input`).
+    pub fn check_frozen(&self, tool_id: &str, input: &str) -> Result<(), ToolError> {
+        let Some(explainer) = self.explainer_for(tool_id) else { return Ok(()) };
+        match serde_json::from_str::<serde_json::Value>(input) {
+            Ok(v) => explainer.check_frozen(tool_id, &v),
+            Err(_) => Ok(()),
+        }
     }
 
     /// Increases on every registration change.

@@ -95,6 +95,17 @@ pub struct McpToolRow {
     pub discovered_at: String,
     /// RFC 3339 of the listing that no longer had it.
     pub removed_at: Option<String>,
+    /// Dialect the inputSchema compiled as (`draft-04` … `2020-12`; migration 0010).
+    pub schema_dialect: Option<String>,
+    /// 1 when the schema declared its dialect in `$schema`.
+    pub schema_declared: Option<i64>,
+    /// Why the inputSchema compiles in no dialect (the tool is `schema_unusable`).
+    pub schema_problem: Option<String>,
+    /// The definition (JSON) that had agent access before a re-discovery changed it; set
+    /// while the change waits for the owner's review.
+    pub review_previous: Option<String>,
+    /// RFC 3339, when the change under review was seen.
+    pub review_since: Option<String>,
 }
 
 /// An agent-access switch (`mcp_agent_access`).
@@ -262,12 +273,16 @@ impl Store {
         for t in listed {
             sqlx::query(
                 "INSERT INTO mcp_tools (server_id, name, status, rejection, title, description, input_schema,
-                    output_schema, annotations, discovered_at, removed_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL)
+                    output_schema, annotations, discovered_at, removed_at, schema_dialect, schema_declared,
+                    schema_problem, review_previous, review_since)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $11, $12, $13, $14, $15)
                  ON CONFLICT (server_id, name) DO UPDATE SET status = excluded.status, rejection = excluded.rejection,
                     title = excluded.title, description = excluded.description, input_schema = excluded.input_schema,
                     output_schema = excluded.output_schema, annotations = excluded.annotations,
-                    discovered_at = excluded.discovered_at, removed_at = NULL",
+                    discovered_at = excluded.discovered_at, removed_at = NULL,
+                    schema_dialect = excluded.schema_dialect, schema_declared = excluded.schema_declared,
+                    schema_problem = excluded.schema_problem, review_previous = excluded.review_previous,
+                    review_since = excluded.review_since",
             )
             .bind(server_id)
             .bind(&t.name)
@@ -279,6 +294,11 @@ impl Store {
             .bind(&t.output_schema)
             .bind(&t.annotations)
             .bind(&t.discovered_at)
+            .bind(&t.schema_dialect)
+            .bind(t.schema_declared)
+            .bind(&t.schema_problem)
+            .bind(&t.review_previous)
+            .bind(&t.review_since)
             .execute(tx.conn())
             .await?;
         }
@@ -293,8 +313,19 @@ impl Store {
             .await?)
     }
 
-    /// Sets one tool's agent-access switch.
+    /// Sets one tool's agent-access switch; turning it on also ends a pending definition
+    /// review of the tool (the owner accepts the definition now listed), in one transaction.
     pub async fn set_mcp_access(&self, server_id: &str, tool: &str, enabled: bool, by: &str) -> StoreResult<()> {
+        let mut tx = self.begin_write().await?;
+        if enabled {
+            sqlx::query(
+                "UPDATE mcp_tools SET review_previous = NULL, review_since = NULL WHERE server_id = $1 AND name = $2",
+            )
+            .bind(server_id)
+            .bind(tool)
+            .execute(tx.conn())
+            .await?;
+        }
         sqlx::query(
             "INSERT INTO mcp_agent_access (server_id, tool_name, enabled, updated_by, updated_at)
              VALUES ($1, $2, $3, $4, $5)
@@ -306,8 +337,8 @@ impl Store {
         .bind(i64::from(enabled))
         .bind(by)
         .bind(ids::now())
-        .execute(self.pool())
+        .execute(tx.conn())
         .await?;
-        Ok(())
+        tx.commit().await
     }
 }

@@ -682,3 +682,174 @@ async fn from_env_is_refused_to_non_admins_and_no_server_secret_leaves(backend: 
 }
 
 both_backends!(from_env_is_refused_to_non_admins_and_no_server_secret_leaves);
+
+fn changing(extra: &[&str]) -> Value {
+    let mut args = vec![Value::String(server_script("changing_server.py"))];
+    args.extend(extra.iter().map(|a| Value::String((*a).to_owned())));
+    json!({"stdio": {"command": python(), "args": args}})
+}
+
+fn tool_of<'a>(v: &'a Value, name: &str) -> &'a Value {
+    v["tools"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("no tool {name}: {v:#}"))
+}
+
+fn calls_logged(log: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(log).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Issue 14.3, replayed against a real MCP server (the Python SDK): `fetch_doc` is listed
+/// as "Fetch a document by URL" with `{url}`, agent access is on, calls are frozen; the
+/// server then changes the description into an instruction to read `~/.ssh/id_rsa`, adds a
+/// `note` parameter and sends `notifications/tools/list_changed`. Re-discovery turns the
+/// tool's agent access off (`definition_changed`, old and new shown); the pending grant is
+/// refused (`stale_definition`), a grant that raced the change never runs; no turn exposes
+/// the new description until a person accepts it; after that, the old calls still refuse.
+async fn a_changed_mcp_definition_is_reviewed_and_stale_calls_never_run(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = t.user("hana").await;
+    let dir = tempfile::tempdir().unwrap();
+    let poison = dir.path().join("poison");
+    let log = dir.path().join("calls.log");
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "docs", "default_agent_access": true, "request_timeout_ms": 5000,
+               "transport": changing(&["--poison-file", poison.to_str().unwrap(), "--log", log.to_str().unwrap()])}),
+    )
+    .await;
+    let v = wait_for(&t, &token, &id, "connect + discover", connected).await;
+    let original = tool_of(&v, "fetch_doc").clone();
+    assert_eq!(original["description"], "Fetch a document by URL");
+    let d1 = original["definition_sha256"].as_str().unwrap().to_owned();
+    assert_eq!(d1.len(), 64);
+    let tool = format!("mcp:{id}:tool:fetch_doc");
+    let run = t.run(&token).await;
+    let (turn, exposure) = t.turn(&token, &run, "fetch a document").await;
+    let shown = exposure["tools"].as_array().unwrap().iter().find(|x| x["id"] == tool).expect("exposed").clone();
+    assert_eq!(shown["description"], "Fetch a document by URL");
+    let mut frozen = Vec::new();
+    for c in ["c1", "c2"] {
+        let r = t.call(&token, &run, &turn, &tool, c, json!({"url": format!("https://example.com/{c}")})).await;
+        assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+        // The definition's fingerprint is part of the frozen canonical input.
+        assert_eq!(
+            r.body["input"],
+            json!({"arguments": {"url": format!("https://example.com/{c}")}, "definition_sha256": d1})
+        );
+        frozen.push(r.body);
+    }
+
+    // The server changes the tool and says so.
+    std::fs::write(&poison, "").unwrap();
+    let v = wait_for(&t, &token, &id, "re-discovery after list_changed", |v| {
+        let t = tool_of(v, "fetch_doc");
+        t["description"].as_str().unwrap_or("").contains("id_rsa") && t["projected"] == false
+    })
+    .await;
+    let changed = tool_of(&v, "fetch_doc");
+    assert_eq!(changed["agent_access"], false, "{changed:#}");
+    assert_eq!(changed["agent_access_source"], "definition_changed");
+    assert_eq!(changed["projected"], false);
+    let d2 = changed["definition_sha256"].as_str().unwrap().to_owned();
+    assert_ne!(d1, d2);
+    let review = &changed["definition_review"];
+    assert_eq!(review["previous"]["description"], "Fetch a document by URL");
+    assert_eq!(review["previous_sha256"], d1.as_str());
+    assert!(review["current"]["description"].as_str().unwrap().contains("~/.ssh/id_rsa"));
+    assert!(review["current"]["input_schema"]["properties"]["note"].is_object());
+    assert_eq!(review["current_sha256"], d2.as_str());
+    let st = stage(changed, "agent_access");
+    assert_eq!((st["status"].as_str(), st["code"].as_str()), (Some("blocked"), Some("definition_changed")), "{st}");
+    assert_eq!(st["action"]["body"]["definition_sha256"], d2.as_str());
+    let ladder = t.get(&format!("/v1/tools/{tool}"), &token).await.body;
+    assert_eq!(ladder_code(&ladder), ("not_registered", "definition_changed"), "{ladder:#}");
+    // No turn shows the new description, and no new call can be frozen.
+    let (turn2, exposure) = t.turn(&token, &run, "fetch a document").await;
+    assert!(!exposure.to_string().contains("id_rsa"), "{exposure:#}");
+    let r = t.call(&token, &run, &turn2, &tool, "c9", json!({"url": "https://example.com/x"})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+
+    // The pending grant is refused; nothing is granted.
+    let grant =
+        |f: &Value| json!({"tool_id": f["tool_id"], "tool_call_id": f["tool_call_id"], "input_hash": f["input_hash"]});
+    let a1 = frozen[0]["approval_id"].as_str().unwrap().to_owned();
+    let g = t.post(&format!("/v1/approvals/{a1}/grant"), &token, grant(&frozen[0])).await;
+    assert_eq!((g.status, g.code()), (StatusCode::CONFLICT, "stale_definition"), "{g:?}");
+    assert_eq!(g.body["error"]["details"]["frozen_sha256"], d1.as_str());
+    assert_eq!(t.get(&format!("/v1/approvals/{a1}"), &token).await.body["status"], "pending");
+    // A grant that raced the change (stored as granted, queued) is refused by the harness.
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&t.db.url).await.unwrap();
+    let inv2 = frozen[1]["invocation_id"].as_str().unwrap();
+    sqlx::query("UPDATE approvals SET status = 'granted' WHERE invocation_id = $1")
+        .bind(inv2)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE invocations SET status = 'queued' WHERE id = $1").bind(inv2).execute(&pool).await.unwrap();
+    pool.close().await;
+    let done = wait_final_long(&t, &token, inv2).await;
+    assert_eq!(done["status"], "failed", "{done:#}");
+    assert_eq!(done["result"]["error"]["code"], "stale_definition", "{done:#}");
+    assert!(calls_logged(&log).is_empty(), "the server was called: {:?}", calls_logged(&log));
+
+    // Accepting needs the definition the person read.
+    let put_path = format!("/v1/mcp/servers/{id}/tools/fetch_doc/agent-access");
+    let put = |body: Value| t.request(reqwest::Method::PUT, &put_path, Some(&token), Some(body));
+    let r = put(json!({"enabled": true, "definition_sha256": d1})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "definition_changed"), "{r:?}");
+    assert_eq!(r.body["error"]["details"]["current_sha256"], d2.as_str());
+    let r = put(json!({"enabled": true, "definition_sha256": d2})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let accepted = tool_of(&r.body, "fetch_doc");
+    assert_eq!(accepted["agent_access"], true);
+    assert!(accepted["definition_review"].is_null(), "{accepted:#}");
+    // Still: the calls frozen against the old definition never run.
+    let g = t.post(&format!("/v1/approvals/{a1}/grant"), &token, grant(&frozen[0])).await;
+    assert_eq!((g.status, g.code()), (StatusCode::CONFLICT, "stale_definition"), "{g:?}");
+    // A call frozen now carries the accepted definition and runs.
+    let (turn3, exposure) = t.turn(&token, &run, "fetch a document").await;
+    assert!(exposure.to_string().contains("id_rsa"), "the accepted definition is exposed");
+    let done = call_approved(&t, &token, &run, &turn3, &tool, "c3", json!({"url": "https://example.com/c3"})).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(done["input"]["definition_sha256"], d2.as_str());
+    let calls = calls_logged(&log);
+    assert_eq!(calls, vec![json!({"name": "fetch_doc", "arguments": {"url": "https://example.com/c3"}})]);
+    assert!(server(&t, &token, &id).await.to_string().contains("definition_sha256"));
+    let _ = &original;
+}
+
+both_backends!(a_changed_mcp_definition_is_reviewed_and_stale_calls_never_run);
+
+/// A server that changes a tool's definition back before anyone reviewed it ends the review;
+/// a change while agent access was off starts none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_that_changes_back_ends_its_review_and_access_off_needs_none() {
+    let t = spawn(Backend::Sqlite).await;
+    let token = t.user("ida").await;
+    let dir = tempfile::tempdir().unwrap();
+    let poison = dir.path().join("poison");
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "docs", "default_agent_access": true, "transport": changing(&["--poison-file", poison.to_str().unwrap()])}),
+    )
+    .await;
+    wait_for(&t, &token, &id, "connect", connected).await;
+    std::fs::write(&poison, "").unwrap();
+    wait_for(&t, &token, &id, "review", |v| tool_of(v, "fetch_doc")["definition_review"].is_object()).await;
+    std::fs::remove_file(&poison).unwrap();
+    let v = wait_for(&t, &token, &id, "review ended", |v| tool_of(v, "fetch_doc")["definition_review"].is_null()).await;
+    assert_eq!(tool_of(&v, "fetch_doc")["agent_access"], true, "{v:#}");
+    let ladder = t.get(&format!("/v1/tools/mcp:{id}:tool:fetch_doc"), &token).await.body;
+    assert_eq!(ladder["state"], "available", "{ladder:#}");
+    // Agent access off: a change is simply what the owner sees when turning it on.
+    access(&t, &token, &id, "fetch_doc", false).await;
+    std::fs::write(&poison, "").unwrap();
+    let v = wait_for(&t, &token, &id, "changed", |v| {
+        tool_of(v, "fetch_doc")["description"].as_str().unwrap_or("").contains("id_rsa")
+    })
+    .await;
+    assert!(tool_of(&v, "fetch_doc")["definition_review"].is_null(), "{v:#}");
+    assert_eq!(tool_of(&v, "fetch_doc")["agent_access_source"], "tool");
+}

@@ -1,6 +1,12 @@
 //! External MCP projections: each discovered tool with agent access becomes a registry
 //! entry `mcp:<serverId>:tool:<toolName>` ([`McpTool`]). The MCP client itself (connections,
 //! discovery, calls) is [`crate::mcp`]; this module is only the `Tool` face of it.
+//!
+//! The canonical input of a call is `{"arguments": {…as the Planner gave them…},
+//! "definition_sha256": "<fingerprint of the definition the call was made against>"}`
+//! ([`crate::mcp::definition`]), so an approval covers the arguments and the exact
+//! definition the model was shown; execution refuses it (`stale_definition`) if the server
+//! lists another definition by then.
 
 use std::sync::Weak;
 
@@ -8,6 +14,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use crate::availability::{Availability, AvailabilityContext};
+use crate::mcp::definition::{self, FROZEN_ARGUMENTS, FROZEN_FINGERPRINT};
 use crate::mcp::{McpManager, ServerState, projection_id};
 use crate::registry::{
     ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
@@ -21,6 +28,8 @@ pub struct McpTool {
     server_name: String,
     tool: String,
     annotations: Value,
+    definition: Value,
+    definition_sha256: String,
     manager: Weak<McpManager>,
 }
 
@@ -47,20 +56,29 @@ impl McpTool {
             replacement: None,
             owner: state.row.owner_id.clone(),
         };
+        let definition = definition::document(t);
         Ok(Self {
             spec,
             server_id: state.row.id.clone(),
             server_name: state.row.name.clone(),
             tool: t.name.clone(),
             annotations,
+            definition_sha256: definition::fingerprint_of(&definition),
+            definition,
             manager,
         })
     }
 
     /// A hash of everything the projection shows, to notice a changed definition.
     pub fn fingerprint(&self) -> String {
-        let doc =
-            json!([self.spec.title, self.spec.description, self.spec.input_schema, self.annotations, self.spec.owner]);
+        let doc = json!([
+            self.spec.title,
+            self.spec.description,
+            self.spec.input_schema,
+            self.annotations,
+            self.spec.owner,
+            self.definition_sha256
+        ]);
         crate::evidence::sha256_hex(doc.to_string().as_bytes())
     }
 }
@@ -106,8 +124,11 @@ impl Tool for McpTool {
             "mcp_server": self.server_name,
             "mcp_tool": self.tool,
             "annotations": self.annotations,
+            "definition": self.definition,
+            "definition_sha256": self.definition_sha256,
             "note": "annotations are the server's own hints; every MCP call needs approval regardless",
         });
+        let input = json!({FROZEN_ARGUMENTS: input, FROZEN_FINGERPRINT: self.definition_sha256});
         Ok(Prepared { input, preview })
     }
 
@@ -116,6 +137,19 @@ impl Tool for McpTool {
             .manager
             .upgrade()
             .ok_or_else(|| ToolError::new(ErrorClass::Unavailable, "mcp_stopped", "the MCP client is stopped"))?;
-        manager.call(&self.server_id, &self.tool, input, ctx).await
+        // The definition the call was frozen against must still be the one listed and
+        // accepted now; nothing is sent otherwise.
+        manager.check_frozen(&self.spec.id, input)?;
+        if input.get(FROZEN_FINGERPRINT).and_then(Value::as_str) != Some(self.definition_sha256.as_str()) {
+            return Err(ToolError::new(
+                ErrorClass::Conflict,
+                definition::STALE_DEFINITION,
+                format!("this call of {} was frozen against another definition of the tool", self.spec.id),
+            ));
+        }
+        let arguments = input.get(FROZEN_ARGUMENTS).filter(|a| a.is_object()).ok_or_else(|| {
+            ToolError::new(ErrorClass::Failed, "corrupt_input", "the frozen MCP call has no arguments object")
+        })?;
+        manager.call(&self.server_id, &self.tool, arguments, ctx).await
     }
 }
