@@ -105,7 +105,12 @@ const FALLBACK: [Dialect; 5] =
     [Dialect::Draft202012, Dialect::Draft201909, Dialect::Draft07, Dialect::Draft06, Dialect::Draft04];
 
 fn build(schema: &Value, dialect: Dialect) -> Result<jsonschema::Validator, String> {
-    jsonschema::options().with_draft(dialect.draft()).build(schema).map_err(|e| e.to_string())
+    jsonschema::options().with_draft(dialect.draft()).build(schema).map_err(|e| {
+        // Meta-schema errors locate the offending keyword in the schema itself.
+        let at = e.instance_path().to_string();
+        let message = crate::evidence::excerpt(&e.to_string(), 300);
+        if at.is_empty() { message } else { format!("at {at}: {message}") }
+    })
 }
 
 /// Compiles `schema` in its dialect (module docs). Pure and synchronous: no meta-schema or
@@ -253,7 +258,7 @@ mod tests {
     fn unusable_schemas_name_the_problem() {
         let bad_type = compile(&json!({"type": "object", "properties": {"a": {"type": "strnig"}}}));
         let e = bad_type.err().map(|e| e.0).unwrap_or_default();
-        assert!(e.contains("strnig") && e.contains("2020-12"), "{e}");
+        assert!(e.contains("strnig") && e.contains("2020-12") && e.contains("/properties/a/type"), "{e}");
         let unknown = compile(&json!({"$schema": "https://example.com/my-meta", "type": "object"}));
         assert!(unknown.err().is_some_and(|e| e.0.contains("example.com/my-meta")));
         let declared = compile(&json!({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",

@@ -853,3 +853,132 @@ async fn a_definition_that_changes_back_ends_its_review_and_access_off_needs_non
     assert!(tool_of(&v, "fetch_doc")["definition_review"].is_null(), "{v:#}");
     assert_eq!(tool_of(&v, "fetch_doc")["agent_access_source"], "tool");
 }
+
+/// Issue 14.8: a real server (the Python SDK) lists schemas in every dialect — draft-04
+/// declared and undeclared (boolean `exclusiveMinimum`, `id` + `$ref`), draft-06, draft-07
+/// (tuple `items`), 2019-09, 2020-12, none — and one that compiles in no dialect. Discovery
+/// keeps them all, each validated in its own dialect; only the broken one is `unavailable`
+/// with `schema_unusable`, and the others are exposed and callable.
+async fn schemas_are_read_in_their_dialect_and_one_broken_tool_spoils_nothing(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = t.user("jo").await;
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "dialects", "default_agent_access": true, "transport": changing(&["--dialects"])}),
+    )
+    .await;
+    let v = wait_for(&t, &token, &id, "connect + discover", connected).await;
+    let dialect = |name: &str| {
+        let d = &tool_of(&v, name)["input_schema_dialect"];
+        (d["dialect"].as_str().unwrap_or("none").to_owned(), d["declared"].as_bool().unwrap_or(false))
+    };
+    assert_eq!(dialect("d04_declared"), ("draft-04".into(), true));
+    assert_eq!(dialect("d04_undeclared"), ("draft-04".into(), false));
+    assert_eq!(dialect("d04_id"), ("draft-04".into(), false));
+    assert_eq!(dialect("d06"), ("draft-06".into(), true));
+    assert_eq!(dialect("d07"), ("draft-07".into(), true));
+    assert_eq!(dialect("d2019"), ("2019-09".into(), true));
+    assert_eq!(dialect("d2020"), ("2020-12".into(), true));
+    assert_eq!(dialect("undeclared"), ("2020-12".into(), false));
+    let broken = tool_of(&v, "broken");
+    assert_eq!(broken["status"], "ok", "listed, not rejected: {broken:#}");
+    assert!(broken["schema_problem"].as_str().unwrap().contains("strnig"), "{broken:#}");
+    assert_eq!(stage(broken, "tool_exposure")["code"], "schema_unusable");
+    assert_eq!(stage(&v, "discover")["status"], "ok", "{v:#}");
+    let ladder = t.get(&format!("/v1/tools/mcp:{id}:tool:broken"), &token).await.body;
+    assert_eq!(ladder_code(&ladder), ("unavailable", "schema_unusable"), "{ladder:#}");
+    assert!(ladder["reason"]["message"].as_str().unwrap().contains("strnig"), "{ladder:#}");
+    let run = t.run(&token).await;
+    let (turn, exposure) = t.turn(&token, &run, "numbers pairs pages").await;
+    let exposed: Vec<&str> = exposure["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["kind"] == "mcp_projection")
+        .map(|x| x["id"].as_str().unwrap().rsplit(':').next().unwrap())
+        .collect();
+    assert_eq!(exposed.len(), 9, "every tool but the broken one: {exposed:?}");
+    assert!(!exposed.contains(&"broken"));
+    // Each input is validated in its schema's dialect before freezing.
+    let tool = |n: &str| format!("mcp:{id}:tool:{n}");
+    let cases = [
+        ("d04_declared", json!({"n": 0}), false),
+        ("d04_declared", json!({"n": 10}), false),
+        ("d04_declared", json!({"n": 5}), true),
+        ("d04_undeclared", json!({"n": 0}), false),
+        ("d04_undeclared", json!({"n": 0.5}), true),
+        ("d04_id", json!({"page": 0}), false),
+        ("d04_id", json!({"page": 3}), true),
+        ("d06", json!({"n": 0}), false),
+        ("d07", json!({"pair": ["a", "b"]}), false),
+        ("d07", json!({"pair": ["a", 1]}), true),
+        ("d2019", json!({"n": 0}), false),
+        ("d2020", json!({"pair": [1, "a"]}), false),
+        ("d2020", json!({"pair": ["a", 1]}), true),
+        ("undeclared", json!({"n": 0}), false),
+        ("undeclared", json!({"n": 1}), true),
+    ];
+    for (i, (name, input, ok)) in cases.iter().enumerate() {
+        let r = t.call(&token, &run, &turn, &tool(name), &format!("v{i}"), input.clone()).await;
+        if *ok {
+            assert_eq!(r.body["status"], "awaiting_approval", "{name} {input}: {r:?}");
+        } else {
+            assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{name} {input}: {r:?}");
+        }
+    }
+    let done = call_approved(&t, &token, &run, &turn, &tool("d04_undeclared"), "run1", json!({"n": 2})).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    let r = t.call(&token, &run, &turn, &tool("broken"), "b1", json!({"a": "x"})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "unavailable"), "{r:?}");
+    assert_eq!(r.body["error"]["details"]["ladder"]["reason"]["code"], "schema_unusable");
+}
+
+both_backends!(schemas_are_read_in_their_dialect_and_one_broken_tool_spoils_nothing);
+
+/// `mira bench exposure` loads a tool set in which one tool's schema uses draft-04 forms and
+/// another compiles in no dialect: the draft-04 tool is ranked, the broken one is reported
+/// and left out, and the benchmark runs (issue 14.8's 527-tool set refused whole).
+#[test]
+fn the_exposure_bench_loads_a_set_with_draft04_and_broken_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tools = vec![
+        json!({"id": "weather_forecast", "description": "Forecast the weather for a city",
+               "input_schema": {"type": "object", "properties": {"days": {"type": "integer", "minimum": 0, "exclusiveMinimum": true}}}}),
+        json!({"id": "broken_tool", "description": "Broken weather schema",
+               "input_schema": {"type": "object", "properties": {"a": {"type": "strnig"}}}}),
+        json!({"id": "legacy_sum", "description": "Add numbers",
+               "input_schema": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+                                "properties": {"a": {"type": "number", "maximum": 5, "exclusiveMaximum": true}}}}),
+    ];
+    for i in 0..30 {
+        tools.push(json!({"id": format!("filler_{i}"), "description": format!("Unrelated chore number {i}")}));
+    }
+    let tools_path = dir.path().join("tools.json");
+    std::fs::write(&tools_path, serde_json::to_string(&tools).unwrap()).unwrap();
+    let queries_path = dir.path().join("queries.jsonl");
+    std::fs::write(
+        &queries_path,
+        "{\"query\": \"what is the weather forecast\", \"gold\": [\"weather_forecast\"]}\n{\"query\": \"add two numbers\", \"gold\": [\"legacy_sum\"]}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mira"))
+        .args(["bench", "exposure", "--ranker", "lexical", "--series", "21", "--series-turns", "5", "--tools"])
+        .arg(&tools_path)
+        .arg("--queries")
+        .arg(&queries_path)
+        .env_remove("MIRA_EMBEDDING_MODEL_DIR")
+        .env_remove("MIRA_EMBEDDING_MODEL")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("schema_unusable: 1 tools left out"), "{stdout}");
+    assert!(stdout.contains("broken_tool: ") && stdout.contains("strnig"), "{stdout}");
+    let row = stdout.lines().find(|l| l.starts_with("| lexical |")).unwrap_or_else(|| panic!("{stdout}"));
+    // Both gold tools (one of them draft-04) are found in the top 5: Recall@5 = 1.
+    assert!(row.starts_with("| lexical | 1.0000 |"), "{row}");
+    assert!(stdout.lines().any(|l| l.starts_with("| 21 |")), "{stdout}");
+}
