@@ -238,6 +238,8 @@ fn cap_block(block: &Value, budget: &mut usize, truncated: &mut bool) -> Value {
 }
 
 fn lost(live: &super::connection::Live, e: &ServiceError) -> ToolError {
+    // The supervisor checks the server now instead of at the next health check.
+    let _ = live.trouble.send(format!("a call lost the connection: {e}"));
     let tail = live.stderr.as_ref().map(|s| s.text()).unwrap_or_default();
     failed("mcp_connection_lost", format!("the connection to the MCP server was lost during the call: {e}"))
         .with_details(json!({"stderr_tail": tail}))

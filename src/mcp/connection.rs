@@ -36,6 +36,9 @@ pub struct Live {
     pub protocol_version: String,
     /// Cancels the connection.
     pub ct: CancellationToken,
+    /// Reports transport trouble (a failed request, a broken stream) to the supervisor, which
+    /// checks the server at once and marks the connection lost when it does not answer.
+    pub trouble: mpsc::UnboundedSender<String>,
 }
 
 /// Events from the client handler to the supervisor.
@@ -118,14 +121,15 @@ pub(super) async fn supervise(
         conn.attempts += 1;
         manager.save_conn(&slot, conn).await;
         let (notice_tx, mut notice_rx) = mpsc::unbounded_channel();
+        let (trouble_tx, mut trouble_rx) = mpsc::unbounded_channel();
         let handler = Handler { notices: notice_tx, manager: Arc::downgrade(&manager) };
-        let attempt = tokio::time::timeout(settings.connect_timeout, connect(&manager, &slot, handler));
+        let attempt = tokio::time::timeout(settings.connect_timeout, connect(&manager, &slot, handler, trouble_tx));
         let outcome = tokio::select! {
             () = shutdown.cancelled() => return,
             r = attempt => r.unwrap_or_else(|_| Err((format!("no initialize response within {} s", settings.connect_timeout.as_secs()), None))),
         };
         match outcome {
-            Ok((running, live, child)) => {
+            Ok((running, live, mut child)) => {
                 backoff = settings.backoff_min;
                 let info = live.peer.peer_info();
                 let mut conn = slot.state.read().conn.clone();
@@ -142,8 +146,18 @@ pub(super) async fn supervise(
                 if let Err(e) = super::discovery::run(&manager, &slot, &live).await {
                     tracing::warn!(server = %slot.id, error = %e, "discovery after connect failed");
                 }
-                let end = watch(&manager, &slot, running, &live, &mut rx, &mut notice_rx, &shutdown).await;
+                // Trouble seen during the handshake and first discovery is old news.
+                while trouble_rx.try_recv().is_ok() {}
+                let channels = Channels { control: &mut rx, notices: &mut notice_rx, trouble: &mut trouble_rx };
+                let end = watch(&manager, &slot, running, &live, channels, child.as_mut(), &shutdown).await;
+                // From here on the tools are unavailable, and the connection says why at once;
+                // the stored row (with the exit status and stderr) follows below.
                 *slot.live.lock() = None;
+                if let End::Lost(why) = &end {
+                    let mut s = slot.state.write();
+                    s.conn.state = "failed".into();
+                    s.conn.last_error = Some(why.clone());
+                }
                 let exit = match child {
                     Some(mut c) => {
                         let status = tokio::time::timeout(Duration::from_millis(500), c.child.wait()).await;
@@ -214,6 +228,7 @@ async fn connect(
     manager: &McpManager,
     slot: &ServerSlot,
     handler: Handler,
+    trouble: mpsc::UnboundedSender<String>,
 ) -> Result<(Running, Live, Option<stdio::ChildGuard>), ConnectError> {
     let row = slot.state.read().row.clone();
     let cfg: serde_json::Value = serde_json::from_str(&row.config).map_err(|e| (e.to_string(), None))?;
@@ -252,7 +267,7 @@ async fn connect(
                     return Err((format!("the initialize handshake failed: {e}{exit}"), Some(stderr)));
                 }
             };
-            let live = live_of(&running, Some(facts), Some(stderr), ct);
+            let live = live_of(&running, Some(facts), Some(stderr), ct, trouble);
             Ok((running, live, Some(child)))
         }
         Resolved::Http { url, headers } => {
@@ -272,13 +287,14 @@ async fn connect(
                 .connect_timeout(manager.settings().connect_timeout)
                 .build()
                 .map_err(|e| (e.to_string(), None))?;
+            let client = super::watched_http::WatchedClient::new(client, trouble.clone());
             let transport = StreamableHttpClientTransport::with_client(client, config);
             let ct = CancellationToken::new();
             let running = handler
                 .serve_with_ct(transport, ct.clone())
                 .await
                 .map_err(|e| (format!("the initialize handshake with {url} failed: {e}"), None))?;
-            let live = live_of(&running, None, None, ct);
+            let live = live_of(&running, None, None, ct, trouble);
             Ok((running, live, None))
         }
     }
@@ -289,24 +305,47 @@ fn live_of(
     facts: Option<Arc<LineFacts>>,
     stderr: Option<Arc<StderrTail>>,
     ct: CancellationToken,
+    trouble: mpsc::UnboundedSender<String>,
 ) -> Live {
     let peer = running.peer().clone();
     let protocol_version = peer.peer_info().map(|i| i.protocol_version.to_string()).unwrap_or_default();
-    Live { peer, facts, stderr, protocol_version, ct }
+    Live { peer, facts, stderr, protocol_version, ct, trouble }
 }
 
+/// What a connected supervisor listens to besides the transport.
+struct Channels<'a> {
+    control: &'a mut mpsc::UnboundedReceiver<Control>,
+    notices: &'a mut mpsc::UnboundedReceiver<Notice>,
+    trouble: &'a mut mpsc::UnboundedReceiver<String>,
+}
+
+/// How long a server may take to answer the `ping` that checks it after transport trouble.
+const TROUBLE_PING: Duration = Duration::from_secs(3);
+
+/// Watches a live connection until it ends. Loss is noticed when it happens: the transport
+/// closing (stdio EOF), the stdio process exiting (even if a child of it still holds the
+/// pipes), or transport trouble (a failed HTTP request or broken stream, a call that lost
+/// the connection) confirmed by a failing `ping`; the periodic health check catches the rest.
 async fn watch(
     manager: &Arc<McpManager>,
     slot: &Arc<ServerSlot>,
     running: Running,
     live: &Live,
-    rx: &mut mpsc::UnboundedReceiver<Control>,
-    notices: &mut mpsc::UnboundedReceiver<Notice>,
+    ch: Channels<'_>,
+    child: Option<&mut stdio::ChildGuard>,
     shutdown: &CancellationToken,
 ) -> End {
+    let Channels { control: rx, notices, trouble } = ch;
     let ct = live.ct.clone();
     let waiting = running.waiting();
     tokio::pin!(waiting);
+    let exited = async move {
+        match child {
+            Some(c) => c.child.wait().await.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(exited);
     let mut health = tokio::time::interval(manager.settings().health_interval);
     health.tick().await;
     let stop = |end: End| {
@@ -321,6 +360,23 @@ async fn watch(
                     Ok(reason) => format!("the connection closed ({reason:?})"),
                     Err(e) => format!("the connection task failed: {e}"),
                 });
+            }
+            status = &mut exited => {
+                return stop(End::Lost(format!("the server process exited ({status})")));
+            }
+            why = trouble.recv() => {
+                let Some(mut why) = why else { continue };
+                // One check for a burst of reports.
+                while let Ok(more) = trouble.try_recv() {
+                    if why.len() < 512 {
+                        why = format!("{why}; {more}");
+                    }
+                }
+                match tokio::time::timeout(TROUBLE_PING, request(live, slot, "ping", None)).await {
+                    Ok(Ok(_)) => tracing::info!(server = %slot.id, trouble = %why, "transport trouble, but the server answers ping"),
+                    Ok(Err(e)) => return stop(End::Lost(format!("{why}; ping failed: {e}"))),
+                    Err(_) => return stop(End::Lost(format!("{why}; no answer to ping within {} s", TROUBLE_PING.as_secs()))),
+                }
             }
             n = notices.recv() => {
                 if let Some(Notice::ToolsChanged) = n

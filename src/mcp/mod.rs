@@ -27,6 +27,7 @@ pub mod definition;
 pub mod discovery;
 pub mod stages;
 pub mod stdio;
+pub mod watched_http;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

@@ -73,10 +73,13 @@ pub struct StdioProcess {
 }
 
 /// Kills the child's whole process group when dropped (servers started through `npx`,
-/// shells or interpreters often fork).
+/// shells or interpreters often fork) — also after the child itself exited and was reaped,
+/// when helpers it started may still run.
 pub struct ChildGuard {
     /// The child.
     pub child: Child,
+    /// Its process group (= its pid, spawned with `process_group(0)`).
+    pgid: Option<i32>,
 }
 
 impl ChildGuard {
@@ -88,7 +91,7 @@ impl ChildGuard {
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+        if let Some(pid) = self.pgid.filter(|p| *p > 0) {
             // SAFETY: killpg only sends a signal; the group id is the child's pid because it
             // was spawned with process_group(0).
             unsafe {
@@ -139,7 +142,8 @@ pub fn spawn(
     let facts = Arc::new(LineFacts::default());
     let (reader, writer) = tokio::io::duplex(256 * 1024);
     tokio::spawn(pump(stdout, writer, facts.clone(), max_line));
-    Ok(StdioProcess { child: ChildGuard { child }, stdout: reader, stdin, stderr, facts })
+    let pgid = child.id().and_then(|p| i32::try_from(p).ok());
+    Ok(StdioProcess { child: ChildGuard { child, pgid }, stdout: reader, stdin, stderr, facts })
 }
 
 /// Copies stdout to `out` line by line, enforcing the guard's rules (module docs).

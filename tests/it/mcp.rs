@@ -982,3 +982,142 @@ fn the_exposure_bench_loads_a_set_with_draft04_and_broken_schemas() {
     assert!(row.starts_with("| lexical | 1.0000 |"), "{row}");
     assert!(stdout.lines().any(|l| l.starts_with("| 21 |")), "{stdout}");
 }
+
+/// Pids of processes whose command line contains `needle`.
+fn pids_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+        if String::from_utf8_lossy(&cmd).contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Polls until the server shows as lost — connect stage not ok, connection not `connected`,
+/// the tool `unavailable` (`mcp_not_connected`) and out of a new turn's exposure — and
+/// fails when that takes longer than a second after `since`. Returns the server view.
+async fn lost_within_a_second(t: &TestApp, token: &str, id: &str, tool: &str, since: std::time::Instant) -> Value {
+    let run = t.run(token).await;
+    loop {
+        let v = server(t, token, id).await;
+        let ladder = t.get(&format!("/v1/tools/{tool}"), token).await.body;
+        let (_, exposure) = t.turn(token, &run, "fetch a document").await;
+        let lost = stage(&v, "connect")["status"] != "ok"
+            && v["connection"]["state"] != "connected"
+            && ladder["state"] == "unavailable"
+            && !exposure.to_string().contains(tool);
+        if lost {
+            assert_eq!(ladder["reason"]["code"], "mcp_not_connected", "{ladder:#}");
+            assert!(ladder["reason"]["message"].as_str().unwrap().contains(v["connection"]["state"].as_str().unwrap()));
+            return v;
+        }
+        assert!(since.elapsed() < Duration::from_secs(1), "still shown as connected after 1 s: {v:#}\n{ladder:#}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 14.7 over stdio: `kill -9` of the server process — one that started a helper
+/// which still holds its pipes, so no end-of-file comes — shows within 1 s: the connect
+/// stage is not ok, the tool is unavailable with the reason and out of every exposure; the
+/// helper dies with it, and the supervisor reconnects as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_stdio_server_shows_as_lost_within_a_second() {
+    let t = spawn(Backend::Sqlite).await;
+    let token = t.user("kim").await;
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("kill-me.log");
+    let marker = marker.to_str().unwrap();
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "victim", "default_agent_access": true, "transport": changing(&["--log", marker, "--helper"])}),
+    )
+    .await;
+    wait_for(&t, &token, &id, "connect", connected).await;
+    let tool = format!("mcp:{id}:tool:fetch_doc");
+    let ladder = t.get(&format!("/v1/tools/{tool}"), &token).await.body;
+    assert_eq!(ladder["state"], "available", "{ladder:#}");
+    let pids = pids_with(marker);
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    // SAFETY: getpgid only reads; the server leads its own process group.
+    let group = unsafe { libc::getpgid(pids[0]) };
+    assert_eq!(group, pids[0]);
+    // SAFETY: kill only sends a signal to the server process this test started.
+    assert_eq!(unsafe { libc::kill(pids[0], libc::SIGKILL) }, 0);
+    let v = lost_within_a_second(&t, &token, &id, &tool, std::time::Instant::now()).await;
+    assert!(v["connection"]["last_error"].as_str().unwrap().contains("exited"), "{v:#}");
+    // The helper went with it (the whole process group is killed).
+    for _ in 0..100 {
+        // SAFETY: signal 0 only checks whether the group still has a member.
+        if unsafe { libc::kill(-group, 0) } != 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // SAFETY: as above.
+    assert_ne!(unsafe { libc::kill(-group, 0) }, 0, "a process of the dead server's group survived");
+    // Reconnect behaviour is unchanged: backoff, reconnect, re-discover, available again.
+    wait_for(&t, &token, &id, "reconnect", connected).await;
+    let ladder = t.get(&format!("/v1/tools/{tool}"), &token).await.body;
+    assert_eq!(ladder["state"], "available", "{ladder:#}");
+}
+
+/// Issue 14.7 over Streamable HTTP: `kill -9` of a server (the Python SDK) shows within 1 s
+/// — the broken event stream is noticed and confirmed with a ping — instead of at the next
+/// health check 30 s later; a call in the meantime is not needed. When the server is back,
+/// the supervisor reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_http_server_shows_as_lost_within_a_second() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let start = || {
+        tokio::process::Command::new(python())
+            .arg(server_script("changing_server.py"))
+            .args(["--http", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    };
+    let up = || async {
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the HTTP server did not start");
+    };
+    let mut child = start();
+    up().await;
+    let t = spawn(Backend::Sqlite).await;
+    let token = t.user("lee").await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "remote", "default_agent_access": true, "transport": {"http": {"url": url}}}),
+    )
+    .await;
+    wait_for(&t, &token, &id, "connect", connected).await;
+    let tool = format!("mcp:{id}:tool:fetch_doc");
+    assert_eq!(t.get(&format!("/v1/tools/{tool}"), &token).await.body["state"], "available");
+    // Let the standalone event stream settle, as it would on a server that has been up a while.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    child.start_kill().unwrap();
+    let killed = std::time::Instant::now();
+    child.wait().await.unwrap();
+    let v = lost_within_a_second(&t, &token, &id, &tool, killed).await;
+    assert!(v["connection"]["last_error"].as_str().unwrap().contains("ping failed"), "{v:#}");
+    let mut child = start();
+    up().await;
+    wait_for(&t, &token, &id, "reconnect", connected).await;
+    assert_eq!(t.get(&format!("/v1/tools/{tool}"), &token).await.body["state"], "available");
+    child.kill().await.unwrap();
+}

@@ -11,6 +11,10 @@ changes while it runs, and which lists schemas in every JSON Schema dialect.
   --dialects          also list tools whose input schemas use draft-04 (declared and not),
                       draft-06, draft-07, 2019-09, 2020-12, and one whose schema compiles in no
                       dialect (issue 14.8).
+  --helper            start a helper process (`sleep 600`) that inherits stdin and stdout, as
+                      servers that launch browsers or language servers do: when this server
+                      dies, the pipes stay open (issue 14.7).
+  --http PORT         serve Streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio.
 """
 import json
 import os
@@ -31,6 +35,7 @@ def opt(name):
 POISON_FILE = opt("--poison-file")
 LOG = opt("--log")
 DIALECTS = "--dialects" in args
+HTTP_PORT = opt("--http")
 sessions = []
 
 
@@ -143,4 +148,11 @@ async def main():
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    if "--helper" in args:
+        import subprocess
+        subprocess.Popen(["sleep", "600"])
+    if HTTP_PORT:
+        import uvicorn
+        uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(HTTP_PORT), log_level="warning")
+    else:
+        anyio.run(main)
