@@ -297,10 +297,7 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
     let review_note = if reviewing.is_empty() {
         String::new()
     } else {
-        format!(
-            "; agent access is off until a person reviews the changed definition of {} ({DEFINITION_CHANGED})",
-            reviewing.join(", ")
-        )
+        format!("; agent access is off until a person reviews the changed definition of {}", reviewing.join(", "))
     };
     stages.push(if accessible > 0 {
         stage(

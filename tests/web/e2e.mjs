@@ -8,7 +8,8 @@
 // routes exist the test drives them for real. Prints "e2e: all checks passed" at the end.
 
 import { chromium } from 'playwright-core';
-import { mkdirSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import net from 'node:net';
 import { join } from 'node:path';
 
@@ -410,6 +411,42 @@ try {
       await mcpCard.locator('.result .ok').waitFor();
       const mcpDone = await waitFinal(mcpCall.invocation_id);
       check(mcpDone.status === 'completed', `the approved MCP call ran (${mcpDone.status})`);
+    }
+
+    // A server that changes a tool's definition (tests/mcp/changing_server.py, the Python SDK):
+    // the page shows the old definition beside the new one, and accepting turns agent access on.
+    const python = process.env.MIRA_MCP_PYTHON;
+    const servers = process.env.MIRA_MCP_SERVERS;
+    if (!python || !servers) {
+      log('SKIPPED the definition-review part: MIRA_MCP_PYTHON / MIRA_MCP_SERVERS are not set (scripts/setup-mcp.sh prints them)');
+    } else {
+      const dir = mkdtempSync(join(tmpdir(), 'mira-e2e-'));
+      const poison = join(dir, 'poison');
+      const docs = await must('POST', '/v1/mcp/servers', {
+        name: 'docs', default_agent_access: true,
+        transport: { stdio: { command: python, args: [join(servers, 'changing_server.py'), '--poison-file', poison] } },
+      });
+      await until('tools/list of the changing server', async () => {
+        const v = await must('GET', `/v1/mcp/servers/${docs.id}`);
+        return (v.tools ?? []).some((x) => x.name === 'fetch_doc' && x.agent_access);
+      }, 30000);
+      writeFileSync(poison, '');
+      await until('the changed definition to be under review', async () => {
+        const v = await must('GET', `/v1/mcp/servers/${docs.id}`);
+        return (v.tools ?? []).find((x) => x.name === 'fetch_doc')?.definition_review;
+      }, 15000);
+      await goto(`#/mcp/${docs.id}`);
+      const card = page.locator('[data-review=fetch_doc]');
+      await card.waitFor();
+      const text = await card.innerText();
+      check(text.includes('Fetch a document by URL') && text.includes('~/.ssh/id_rsa'), 'the page shows the old and the new definition side by side');
+      await audit('mcp (definition changed)');
+      await shot('mcp-definition-changed');
+      await card.getByRole('button', { name: /Accept the new definition of fetch_doc/ }).click();
+      await page.waitForSelector('[data-review=fetch_doc]', { state: 'detached' });
+      const after = (await must('GET', `/v1/mcp/servers/${docs.id}`)).tools.find((x) => x.name === 'fetch_doc');
+      check(after.agent_access === true && !after.definition_review, 'accepting in the page turns agent access on for the new definition');
+      rmSync(dir, { recursive: true, force: true });
     }
   }
   if (routeMissing(mcpList)) { await audit('mcp'); await shot('mcp'); }

@@ -257,6 +257,7 @@ function approvalCard(a, onDecided) {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'External MCP call'), dl([
       ['Server', h('span', {}, tool.mcp_server ?? '', ' ', h('a', { href: `#/mcp/${encodeURIComponent(tool.mcp_server_id)}` }, tool.mcp_server_id))],
       ['MCP tool', code(tool.mcp_tool)],
+      tool.definition ? ['Definition the call is frozen against', h('span', { class: 'mcp-definition' }, tool.definition.description ?? '—', ' ', code(tool.definition_sha256 ?? ''))] : null,
       ['Server annotations', tool.annotations ? jsonBlock(tool.annotations, 'MCP annotations') : 'none'],
       tool.note ? ['Note', tool.note] : null,
     ].filter(Boolean))));

@@ -6,7 +6,7 @@
 // on a server without those routes it says so.
 
 import { api, get, seg } from './api.js';
-import { h, fill, dl, code, badge, errorBox, notAvailable, reasonText, title, announce } from './ui.js';
+import { h, fill, dl, code, badge, errorBox, notAvailable, reasonText, title, announce, jsonBlock } from './ui.js';
 
 const LABEL = {
   install: 'Install', enabled: 'Enabled', connect: 'Connect', disclaimer: 'Disclaimer accepted',
@@ -40,6 +40,7 @@ function describeAction(action) {
   if (path.endsWith('/disclaimer/accept')) return { words: 'Accept the disclaimer', req, sendable, confirm: true };
   if (path.endsWith('/connect')) return { words: 'Connect', req, sendable };
   if (path.endsWith('/discover')) return { words: 'Discover tools', req, sendable };
+  if (path.includes('/agent-access') && body?.definition_sha256) return { words: 'Review the changed definition (below) before turning agent access on again', req, sendable: false };
   if (path.includes('/agent-access')) return { words: sendable ? 'Turn on agent access' : 'Turn on agent access for a tool (in the list of tools below)', req, sendable };
   if (path.includes('/approvals/')) return { words: 'Approve each call in the Approvals inbox', link: '#/approvals' };
   return { words: `${req.method} ${path}`, req, sendable };
@@ -154,23 +155,55 @@ async function server(body, id) {
 function toolTable(s, msg, rerender) {
   const tools = s.tools ?? [];
   if (!tools.length) return h('p', { class: 'empty' }, 'No tool discovered yet.');
-  return h('section', { 'aria-labelledby': 'mcp-tools-title' }, h('h3', { id: 'mcp-tools-title' }, 'Discovered tools'),
+  const setAccess = async (t, body, btn, words) => {
+    btn.disabled = true;
+    try { await api('PUT', `/v1/mcp/servers/${seg(s.id)}/tools/${seg(t.name)}/agent-access`, body); announce(words); await rerender(); }
+    catch (err) { btn.disabled = false; fill(msg, errorBox(err, 'Changing agent access failed')); }
+  };
+  const reviews = tools.filter((t) => t.definition_review);
+  return h('section', { 'aria-labelledby': 'mcp-tools-title' },
+    reviews.map((t) => review(t, setAccess)),
+    h('h3', { id: 'mcp-tools-title' }, 'Discovered tools'),
     h('div', { class: 'table-wrap' }, h('table', { class: 'list', id: 'mcp-tools' },
-      h('thead', {}, h('tr', {}, ['Tool', 'Projected id', 'Listing', 'Agent access', 'Stuck at'].map((c) => h('th', { scope: 'col' }, c)))),
+      h('thead', {}, h('tr', {}, ['Tool', 'Projected id', 'Listing', 'Input schema', 'Agent access', 'Stuck at'].map((c) => h('th', { scope: 'col' }, c)))),
       h('tbody', {}, tools.map((t) => {
         const on = Boolean(t.agent_access);
+        const changed = Boolean(t.definition_review);
         const btn = h('button', { type: 'button', class: 'secondary', 'aria-label': `${on ? 'Turn off' : 'Turn on'} agent access for ${t.name}` }, on ? 'Turn off' : 'Turn on');
-        btn.addEventListener('click', async () => {
-          btn.disabled = true;
-          try { await api('PUT', `/v1/mcp/servers/${seg(s.id)}/tools/${seg(t.name)}/agent-access`, { enabled: !on }); announce(`Agent access ${on ? 'off' : 'on'} for ${t.name}`); await rerender(); }
-          catch (err) { btn.disabled = false; fill(msg, errorBox(err, 'Changing agent access failed')); }
-        });
+        btn.addEventListener('click', () => setAccess(t, { enabled: !on }, btn, `Agent access ${on ? 'off' : 'on'} for ${t.name}`));
         const stuck = stagesOf(t).find((x) => x.status !== 'ok');
+        const dialect = t.input_schema_dialect;
         return h('tr', { dataset: { tool: t.name } },
           h('th', { scope: 'row' }, code(t.name), t.title ? h('div', { class: 'hint' }, t.title) : null),
           h('td', {}, code(t.tool_id ?? `mcp:${s.id}:tool:${t.name}`), t.projected ? h('div', { class: 'hint' }, 'projected') : null),
           h('td', {}, badge(t.status ?? '—'), t.rejection ? h('p', { class: 'error' }, t.rejection) : null),
-          h('td', {}, on ? 'on ' : 'off ', t.agent_access_source === 'server_default' ? h('span', { class: 'hint' }, '(server default) ') : null, t.status === 'ok' ? btn : null),
+          h('td', { class: 'schema' }, t.schema_problem
+            ? [badge('unusable', 'blocked'), h('p', { class: 'error' }, t.schema_problem)]
+            : dialect ? [code(dialect.dialect), h('span', { class: 'hint' }, dialect.declared ? ' declared' : ' inferred')] : '—'),
+          h('td', {}, on ? 'on ' : 'off ',
+            changed ? h('span', { class: 'hint' }, '(definition changed: review above) ')
+              : t.agent_access_source === 'server_default' ? h('span', { class: 'hint' }, '(server default) ') : null,
+            t.status === 'ok' && !changed ? btn : null),
           h('td', {}, stuck ? [h('strong', {}, label(stuck.name)), ' ', badge(stuck.status), ` ${why(stuck)}`] : 'nothing'));
       })))));
+}
+
+/** One definition under review: the one that had agent access beside the one listed now. */
+function review(t, setAccess) {
+  const r = t.definition_review;
+  const side = (heading, d, sha) => h('div', { class: 'definition' },
+    h('h4', {}, heading),
+    dl([['Description', h('p', { class: 'description' }, d?.description ?? '—')], ['Title', d?.title ?? '—'], ['Fingerprint', code(sha)]]),
+    h('details', { open: true }, h('summary', {}, 'Input schema'), jsonBlock(d?.input_schema ?? null, `${heading} input schema`)),
+    d?.annotations ? h('details', {}, h('summary', {}, 'Annotations'), jsonBlock(d.annotations, `${heading} annotations`)) : null,
+    d?.output_schema ? h('details', {}, h('summary', {}, 'Output schema'), jsonBlock(d.output_schema, `${heading} output schema`)) : null);
+  const accept = h('button', { type: 'button', class: 'approve' }, `Accept the new definition of ${t.name} and turn agent access on`);
+  accept.addEventListener('click', () => setAccess(t, { enabled: true, definition_sha256: r.current_sha256 }, accept, `Accepted the new definition of ${t.name}`));
+  return h('article', { class: 'card review', dataset: { review: t.name }, 'aria-labelledby': `review-${t.name}` },
+    h('h3', { id: `review-${t.name}` }, 'Definition changed: ', code(t.name)),
+    h('p', {}, `The server changed this tool's definition${r.since ? ` at ${r.since}` : ''} while it had agent access. `,
+      'Agent access is off and calls frozen against the old definition will not run (stale_definition). ',
+      'Compare the two; turning agent access on again accepts exactly the definition on the right.'),
+    h('div', { class: 'compare' }, side('Before (had agent access)', r.previous, r.previous_sha256), side('Now listed', r.current, r.current_sha256)),
+    h('p', { class: 'action' }, accept));
 }
