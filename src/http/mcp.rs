@@ -22,7 +22,9 @@ pub struct InstallServer {
     /// Display name (1–128 characters).
     pub name: String,
     /// `{"stdio": {command, args, env, cwd}}` or `{"http": {url, headers}}`; env and header
-    /// values are stored encrypted (or given as `{"from_env": "VAR"}`) and never echoed.
+    /// values are stored encrypted and never echoed. Admins may also give
+    /// `{"from_env": "VAR"}` (read from the server's environment at connect time); for anyone
+    /// else that is 403 `server_env_reference`.
     pub transport: TransportInput,
     /// Text the owner must accept before the server's tools are used.
     pub disclaimer: Option<String>,
@@ -71,7 +73,10 @@ pub struct ServerList {
 
 /// Installs a server.
 #[utoipa::path(post, path = "/v1/mcp/servers", tag = "mcp", request_body = InstallServer,
-    responses((status = 201, body = ServerView), (status = 400), (status = 403)), security(("bearer" = [])))]
+    responses((status = 201, body = ServerView), (status = 400),
+        (status = 403, description = "forbidden (deployment-wide, or a stdio command not allowed), \
+            internal_address, or server_env_reference (a non-admin used from_env)")),
+    security(("bearer" = [])))]
 pub async fn install(
     State(app): State<App>,
     user: AuthUser,

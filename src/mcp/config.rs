@@ -53,8 +53,9 @@ pub struct HttpInput {
     pub headers: BTreeMap<String, SecretInput>,
 }
 
-/// A secret value or a reference to the runtime's environment.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+/// A secret value or a reference to the runtime's environment. Its `Debug` never shows a
+/// value.
+#[derive(Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum SecretInput {
     /// The value itself (sealed at rest).
@@ -66,8 +67,17 @@ pub enum SecretInput {
     },
 }
 
-/// A transport ready to connect (secrets opened).
-#[derive(Debug, Clone)]
+impl std::fmt::Debug for SecretInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecretInput::Value(_) => f.write_str("Value(<redacted>)"),
+            SecretInput::FromEnv { from_env } => f.debug_struct("FromEnv").field("from_env", from_env).finish(),
+        }
+    }
+}
+
+/// A transport ready to connect (secrets opened). Its `Debug` shows names, never values.
+#[derive(Clone)]
 pub enum Resolved {
     /// Process.
     Stdio {
@@ -87,6 +97,24 @@ pub enum Resolved {
         /// Headers.
         headers: Vec<(String, String)>,
     },
+}
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = |pairs: &[(String, String)]| pairs.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+        match self {
+            Resolved::Stdio { command, args, env, cwd } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("args", args)
+                .field("env", &names(env))
+                .field("cwd", cwd)
+                .finish(),
+            Resolved::Http { url, headers } => {
+                f.debug_struct("Http").field("url", url).field("headers", &names(headers)).finish()
+            }
+        }
+    }
 }
 
 /// What is stored: the public config and the sealed secret values.
@@ -287,4 +315,24 @@ pub fn resolve(
         });
     }
     Err("the stored transport is neither stdio nor http".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_values_never_show_in_debug_output() {
+        let input: TransportInput = serde_json::from_value(json!({"http": {"url": "https://x.example/mcp",
+            "headers": {"Authorization": "Bearer sk-live-123", "X-Env": {"from_env": "SOME_VAR"}}}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let shown = format!("{input:?}");
+        assert!(!shown.contains("sk-live-123") && shown.contains("SOME_VAR"), "{shown}");
+        let resolved =
+            Resolved::Http { url: "u".into(), headers: vec![("Authorization".into(), "Bearer sk-live-123".into())] };
+        let shown = format!("{resolved:?}");
+        assert!(!shown.contains("sk-live-123") && shown.contains("Authorization"), "{shown}");
+        assert!(env_reference(&input).is_some_and(|(at, var)| at == "http.headers.X-Env" && var == "SOME_VAR"));
+        assert!(check_env_references(&input, false).is_err() && check_env_references(&input, true).is_ok());
+    }
 }
