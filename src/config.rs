@@ -43,6 +43,12 @@ pub struct ServeConfig {
     /// single-user deployment may allow them.
     #[arg(long, env = "MIRA_ALLOW_HARD_LINK_READS")]
     pub allow_hard_link_reads: bool,
+    /// Tool domains (`terminal`, `edit`, `mcp`… comma-separated; `*` = every domain) whose
+    /// calls must be granted by a different user than the one who froze them: an admin or a
+    /// user with the approver role (four-eyes). Default: none, every user approves their own
+    /// calls. The rule is stored with each approval when the call is frozen.
+    #[arg(long, env = "MIRA_FOUR_EYES_DOMAINS", value_delimiter = ',')]
+    pub four_eyes_domains: Vec<String>,
     /// Commands non-admin users may launch as stdio MCP servers (comma-separated; `*` = any).
     /// Default: none — only admins install stdio servers, which run on this host.
     #[arg(long, env = "MIRA_MCP_STDIO_ALLOW", value_delimiter = ',')]
@@ -145,6 +151,8 @@ pub struct RuntimeConfig {
     /// Whether the Read tools read files with more than one hard link
     /// ([`crate::workspace::HardLinks`]).
     pub allow_hard_link_reads: bool,
+    /// Tool domains whose calls need four-eyes approval (`*` = every domain); empty = none.
+    pub four_eyes_domains: Vec<String>,
 }
 
 impl Default for RuntimeConfig {
@@ -161,6 +169,7 @@ impl Default for RuntimeConfig {
             terminal: crate::tools::terminal::host::TerminalConfig::default(),
             allow_internal_urls: false,
             allow_hard_link_reads: false,
+            four_eyes_domains: Vec::new(),
         }
     }
 }

@@ -110,6 +110,9 @@ enum UserCommand {
         /// Grant admin rights.
         #[arg(long)]
         admin: bool,
+        /// Grant the approver role: may grant other users' four-eyes approvals.
+        #[arg(long)]
+        approver: bool,
         #[command(flatten)]
         storage: StorageConfig,
     },
@@ -147,6 +150,12 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             terminal: cfg.terminal.clone(),
             allow_internal_urls: cfg.allow_internal_urls,
             allow_hard_link_reads: cfg.allow_hard_link_reads,
+            four_eyes_domains: cfg
+                .four_eyes_domains
+                .iter()
+                .map(|d| d.trim().to_owned())
+                .filter(|d| !d.is_empty())
+                .collect(),
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,
@@ -209,11 +218,11 @@ async fn run() -> ExitCode {
         Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
             eprintln!("migrations applied");
         }),
-        Command::User { command: UserCommand::Create { name, admin, storage } } => {
+        Command::User { command: UserCommand::Create { name, admin, approver, storage } } => {
             async {
                 let store = server::open_store(&storage.data_dir, &storage.url()).await?;
                 let (user, token) =
-                    mira::http::users::create(&store, &name, admin).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                    mira::http::users::create(&store, &name, mira::store::Roles { admin, approver }).await.map_err(|e| anyhow::anyhow!("{e}"))?;
                 println!("{}", serde_json::json!({"user": user, "token": token}));
                 Ok(())
             }

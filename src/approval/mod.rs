@@ -6,6 +6,13 @@
 //! whose triple equals the invocation's ([`crate::store::Store::claim_next`]). There is no
 //! matcher on `tool_id + input_hash` anywhere, so a grant can never be reused by another
 //! call with the same input (the "approval identity drift" of the original product).
+//!
+//! Four-eyes: when the deployment lists a tool's domain in `--four-eyes-domains`, the
+//! approval is frozen with the rule [`policy::ApprovalRule::FourEyes`]: only another user who
+//! is an admin or an approver may grant it (the requester gets 403 `four_eyes_required` and
+//! nothing changes); the requester may still deny it (withdraw the call). The rule is read
+//! from the stored approval by the grant, by the claim and by the harness's gate, never from
+//! the current setting.
 
 pub mod policy;
 
@@ -13,39 +20,35 @@ use serde_json::json;
 
 use crate::app::App;
 use crate::error::{Error, Result};
+pub use crate::store::Decider;
 use crate::store::{ApprovalRow, DecideOutcome, GrantRequest};
 
-/// Who decides, for the record.
-#[derive(Debug, Clone)]
-pub struct Decider<'a> {
-    /// The deciding user (must own the approval).
-    pub user_id: &'a str,
-    /// The token used.
-    pub token_id: &'a str,
-}
-
-/// Grants approval `id` if `triple` equals the frozen invocation; wakes the harness.
+/// Grants approval `id` if `who` may grant it under its stored rule and `triple` equals the
+/// frozen invocation; wakes the harness.
 ///
-/// Errors: 404; 409 `approval_mismatch` (nothing changed), `approval_decided`,
+/// Errors: 404 (not the caller's, and not a four-eyes approval an admin or approver may
+/// decide); 403 `four_eyes_required` (the requester of a four-eyes approval; nothing
+/// changed); 409 `approval_mismatch` (nothing changed), `approval_decided`,
 /// `approval_expired`, `stale_definition` (the tool's definition changed since the call was
 /// frozen).
 pub async fn grant(app: &App, who: &Decider<'_>, id: &str, triple: &GrantRequest<'_>) -> Result<ApprovalRow> {
     // A call its tool no longer matches (an MCP definition changed since it was frozen:
     // 409 `stale_definition`) is not granted.
-    if let Some(row) = app.store.approval_for(who.user_id, id).await?
+    if let Some(row) = app.store.approval_visible(&who.viewer(), id).await?
         && row.status == "pending"
     {
         app.registry.check_frozen(&row.tool_id, &row.input).map_err(Error::Tool)?;
     }
-    let outcome = app.store.grant_approval(who.user_id, id, triple, who.user_id, who.token_id).await?;
+    let outcome = app.store.grant_approval(who, id, triple).await?;
     let row = settle(outcome, Some(triple))?;
     app.harness.wake();
     Ok(row)
 }
 
-/// Denies approval `id`. Errors: 404; 409 `approval_decided`, `approval_expired`.
+/// Denies approval `id` (its requester may always withdraw it; admins and approvers may deny
+/// a four-eyes approval). Errors: 404; 409 `approval_decided`, `approval_expired`.
 pub async fn deny(app: &App, who: &Decider<'_>, id: &str, reason: Option<&str>) -> Result<ApprovalRow> {
-    let outcome = app.store.deny_approval(who.user_id, id, reason, who.user_id, who.token_id).await?;
+    let outcome = app.store.deny_approval(who, id, reason).await?;
     settle(outcome, None)
 }
 
@@ -82,6 +85,14 @@ fn settle(outcome: DecideOutcome, triple: Option<&GrantRequest<'_>>) -> Result<A
             format!("approval {} was already decided: {}", row.id, decision_word(&row)),
             json!({"approval_id": row.id, "status": row.status, "invocation_status": row.invocation_status}),
         )),
+        DecideOutcome::FourEyesRequired(row) => Err(Error::ForbiddenCode {
+            code: "four_eyes_required",
+            message: format!(
+                "approval {} needs a second person: an admin or approver other than its requester must grant it \
+                 (the requester may deny it); nothing was granted",
+                row.id
+            ),
+        }),
         DecideOutcome::Expired(row) => Err(Error::conflict(
             "approval_expired",
             format!("approval {} expired at {}", row.id, row.expires_at),

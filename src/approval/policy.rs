@@ -43,3 +43,44 @@ pub fn decide(spec: &ToolSpec) -> Decision {
 pub fn requires_approval(spec: &ToolSpec) -> bool {
     decide(spec) != Decision::Skip
 }
+
+/// Who may grant an approval: the rule that applied when the call was frozen. It is stored
+/// with the approval and never recomputed, so a later change of the deployment's
+/// `--four-eyes-domains` does not change what an existing approval demands (neither loosening
+/// it for a pending call nor stranding approvals asked under the old setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalRule {
+    /// The user who froze the call decides (the default).
+    SelfApproval,
+    /// A different user decides: an admin or a user with the approver role. The requester may
+    /// still deny (withdraw) the call, never grant it.
+    FourEyes,
+}
+
+impl ApprovalRule {
+    /// The stored text (`self_approval`, `four_eyes`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SelfApproval => "self_approval",
+            Self::FourEyes => "four_eyes",
+        }
+    }
+
+    /// Parses the stored text; None for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "self_approval" => Some(Self::SelfApproval),
+            "four_eyes" => Some(Self::FourEyes),
+            _ => None,
+        }
+    }
+}
+
+/// The rule for a call of `spec` under the deployment's four-eyes domains (`*` names every
+/// domain): four-eyes when the tool's registry domain is listed. Only registry facts count,
+/// as for [`decide`].
+pub fn rule_for(spec: &ToolSpec, four_eyes_domains: &[String]) -> ApprovalRule {
+    let listed = four_eyes_domains.iter().any(|d| d == "*" || *d == spec.domain);
+    if listed { ApprovalRule::FourEyes } else { ApprovalRule::SelfApproval }
+}

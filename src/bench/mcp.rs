@@ -88,6 +88,7 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
             run_id: run_id.clone(),
             invocation_id: format!("bench-{i}"),
             cancel: tokio_util::sync::CancellationToken::new(),
+            commit: crate::harness::CommitGate::new(),
         };
         let t = Instant::now();
         server.app.mcp.call(&id, &opts.tool, &input, &ctx).await.map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -24,6 +24,10 @@ pub enum EventKind {
     /// The Planner cancelled an invocation before it ran.
     #[serde(rename = "invocation.cancelled")]
     InvocationCancelled,
+    /// The Planner asked to cancel an invocation while it ran; the final status says what
+    /// the request achieved.
+    #[serde(rename = "invocation.cancel_requested")]
+    InvocationCancelRequested,
     /// A frozen invocation waits for a person's decision.
     #[serde(rename = "approval.requested")]
     ApprovalRequested,
@@ -66,6 +70,7 @@ impl EventKind {
             Self::ExposureCreated => "exposure.created",
             Self::InvocationFrozen => "invocation.frozen",
             Self::InvocationCancelled => "invocation.cancelled",
+            Self::InvocationCancelRequested => "invocation.cancel_requested",
             Self::ApprovalRequested => "approval.requested",
             Self::ApprovalGranted => "approval.granted",
             Self::ApprovalDenied => "approval.denied",
@@ -88,6 +93,8 @@ pub struct RunSignal {
     pub run_id: String,
     /// The newest event id of that run at the time of the signal.
     pub seq: i64,
+    /// The type of that event (lets a subscriber skip signals it cannot care about).
+    pub kind: EventKind,
 }
 
 /// In-process wake-ups for event subscribers, sent after commit.

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::CommitGate;
 use crate::registry::{Entry, ErrorClass, ExecContext, ToolError, ToolOutput};
 use crate::store::{InvocationRow, Store};
 use crate::workspace::HardLinks;
@@ -13,13 +14,15 @@ use crate::workspace::HardLinks;
 /// Runs one tool call for one stored invocation.
 #[async_trait]
 pub trait Executor: Send + Sync {
-    /// Executes `entry` with the frozen `input` of `inv`, observing `cancel`.
+    /// Executes `entry` with the frozen `input` of `inv`, observing `cancel` and passing its
+    /// commit point through `commit` (see [`super::commit`]).
     async fn execute(
         &self,
         inv: &InvocationRow,
         entry: &Entry,
         input: &Value,
         cancel: CancellationToken,
+        commit: CommitGate,
     ) -> Result<ToolOutput, ToolError>;
 }
 
@@ -48,6 +51,7 @@ impl Executor for LocalExecutor {
         entry: &Entry,
         input: &Value,
         cancel: CancellationToken,
+        commit: CommitGate,
     ) -> Result<ToolOutput, ToolError> {
         let unavailable = |msg: String| ToolError::new(ErrorClass::Unavailable, "workspace_unavailable", msg);
         let run = self
@@ -83,6 +87,7 @@ impl Executor for LocalExecutor {
             run_id: inv.run_id.clone(),
             invocation_id: inv.id.clone(),
             cancel,
+            commit,
         };
         entry.tool.execute(input, &ctx).await
     }

@@ -8,9 +8,18 @@
 //! Before execution every invocation passes [`Harness::gate`] again, whatever path it came
 //! by. On start, invocations a previous incarnation of this server left `running` become
 //! `interrupted` and are never re-run; queued ones (granted but not started) simply run.
+//!
+//! Stopping a running call (a cancel, the time limit, the server stopping) goes through its
+//! [`CommitGate`] (see [`commit`]): a stop that wins before the tool's commit point means
+//! nothing changed and the status is `cancelled` (or the time-limit failure); a stop that
+//! comes after it is too late, the call finishes, and its status is what it did, with the
+//! late request noted in the result and the evidence. A status never contradicts a side
+//! effect.
 
+pub mod commit;
 pub mod executor;
 
+pub use commit::{CommitGate, GateState, SideEffects, StopOutcome, StopReason};
 pub use executor::{Executor, LocalExecutor};
 
 use std::collections::HashMap;
@@ -22,7 +31,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::approval::policy::{self, Decision};
+use crate::approval::policy::{self, ApprovalRule, Decision};
 use crate::evidence::EvidenceDraft;
 use crate::registry::{Entry, ErrorClass, Registry, ToolError, ToolOutput};
 use crate::store::{FinalStatus, InvocationRow, Store};
@@ -30,6 +39,58 @@ use crate::store::{FinalStatus, InvocationRow, Store};
 /// Largest serialized tool output kept in a result, in bytes; larger outputs are replaced
 /// by a truncation marker with their head.
 pub const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
+
+/// How long a call that was asked to stop may take to return before the harness reports the
+/// stop without its answer: a call stopped before its commit point (it only unwinds), or a
+/// [`SideEffects::FromStart`] call asked to stop.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a call that passed its commit point may take to finish after a stop request
+/// before its outcome is reported as unknown (`outcome_unknown`).
+pub const COMMITTED_GRACE: Duration = Duration::from_secs(60);
+
+/// What a cancel of a running invocation achieved on this server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The cancel won before any side effect: the invocation ends `cancelled`.
+    Stopped,
+    /// The call had started acting ([`SideEffects::FromStart`]); it was asked to stop as far
+    /// as it can, and its final status is what it reports.
+    Interrupting,
+    /// The call had passed its commit point: it finishes, and its final status is what it
+    /// did, with the late cancel noted.
+    TooLate,
+    /// The invocation is not running on this server.
+    NotHere,
+}
+
+/// A call this server runs: its gate, the token its tool observes, and the harness's own
+/// stop signal.
+struct RunningCall {
+    gate: CommitGate,
+    tool_cancel: CancellationToken,
+    stop: CancellationToken,
+    effects: SideEffects,
+}
+
+impl RunningCall {
+    /// Asks the call to stop (see [`commit`]); idempotent.
+    fn stop_with(&self, reason: StopReason) -> CancelOutcome {
+        let outcome = match (self.gate.request_stop(reason), self.effects) {
+            (StopOutcome::Stopped, _) => {
+                self.tool_cancel.cancel();
+                CancelOutcome::Stopped
+            }
+            (StopOutcome::TooLate, SideEffects::FromStart) => {
+                self.tool_cancel.cancel();
+                CancelOutcome::Interrupting
+            }
+            (StopOutcome::TooLate, _) => CancelOutcome::TooLate,
+        };
+        self.stop.cancel();
+        outcome
+    }
+}
 
 /// Execution limits.
 #[derive(Debug, Clone)]
@@ -50,7 +111,7 @@ pub struct Harness {
     node_id: String,
     limits: HarnessLimits,
     notify: Notify,
-    running: Mutex<HashMap<String, CancellationToken>>,
+    running: Mutex<HashMap<String, Arc<RunningCall>>>,
 }
 
 impl Harness {
@@ -75,15 +136,16 @@ impl Harness {
         self.notify.notify_one();
     }
 
-    /// Cancels a running invocation on this node. False if it is not running here.
-    pub fn cancel_running(&self, invocation_id: &str) -> bool {
-        match self.running.lock().get(invocation_id) {
-            Some(token) => {
-                token.cancel();
-                true
-            }
-            None => false,
-        }
+    /// Cancels a running invocation on this node, as far as its commit point allows (see
+    /// [`CancelOutcome`]).
+    pub fn cancel_running(&self, invocation_id: &str) -> CancelOutcome {
+        let call = self.running.lock().get(invocation_id).cloned();
+        call.map_or(CancelOutcome::NotHere, |call| call.stop_with(StopReason::Cancel))
+    }
+
+    /// Whether this node currently runs `invocation_id` (it has registered the call).
+    pub fn is_running_here(&self, invocation_id: &str) -> bool {
+        self.running.lock().contains_key(invocation_id)
     }
 
     /// Marks invocations left `running` by earlier incarnations of this node (`node_prefix`)
@@ -108,10 +170,9 @@ impl Harness {
                 match self.store.claim_next(&self.node_id, millis(self.limits.lease)).await {
                     Ok(Some(inv)) => {
                         let this = Arc::clone(&self);
-                        let cancel = shutdown.child_token();
                         let stopping = shutdown.clone();
                         tasks.spawn(async move {
-                            this.run_one(inv, cancel, stopping).await;
+                            this.run_one(inv, stopping).await;
                             drop(permit);
                             this.wake();
                         });
@@ -141,6 +202,17 @@ impl Harness {
     }
 
     async fn sweep(&self) {
+        // Cancels recorded for calls of this node (possibly through another replica).
+        if !self.running.lock().is_empty() {
+            match self.store.cancel_requests(&self.node_id).await {
+                Ok(ids) => {
+                    for id in ids {
+                        self.cancel_running(&id);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "reading cancel requests failed"),
+            }
+        }
         if let Err(e) = self.store.expire_approvals().await {
             tracing::warn!(error = %e, "expiring approvals failed");
         }
@@ -170,7 +242,28 @@ impl Harness {
             && approval.tool_id == inv.tool_id
             && approval.tool_call_id == inv.tool_call_id
             && approval.input_hash == inv.input_hash;
-        if exact { Ok(()) } else { Err(refused("no granted approval names this exact invocation")) }
+        if !exact {
+            return Err(refused("no granted approval names this exact invocation"));
+        }
+        if approval.rule() == ApprovalRule::FourEyes {
+            // Verified from the stored record alone: another user, who may second, granted it.
+            let decider = approval.decided_by.as_deref().unwrap_or_default();
+            let seconded = !decider.is_empty()
+                && decider != inv.owner_id
+                && self.store.may_second(decider).await.map_err(|e| refused(&format!("the decider could not be read: {e}")))?;
+            if !seconded {
+                return Err(ToolError::new(
+                    ErrorClass::Failed,
+                    "four_eyes_required",
+                    format!(
+                        "{} was not executed: its approval needs a second person (an admin or approver other than the requester), and the stored grant is not one",
+                        inv.id
+                    ),
+                )
+                .with_details(json!({"approval_id": approval.id, "decided_by": approval.decided_by, "requested_by": inv.owner_id})));
+            }
+        }
+        Ok(())
     }
 
     /// Runs a tool for an internal caller (an old persisted call, an internal primitive):
@@ -205,19 +298,42 @@ impl Harness {
             run_id: run_id.to_owned(),
             invocation_id: String::new(),
             cancel: CancellationToken::new(),
+            commit: CommitGate::new(),
         };
         entry.tool.execute(&prepared.input, &ctx).await
     }
 
-    async fn run_one(&self, inv: InvocationRow, cancel: CancellationToken, stopping: CancellationToken) {
-        self.running.lock().insert(inv.id.clone(), cancel.clone());
-        let outcome = self.execute_gated(&inv, cancel.clone()).await;
-        self.running.lock().remove(&inv.id);
-        if stopping.is_cancelled() {
-            // The server is stopping: the invocation is marked interrupted, not failed.
+    async fn run_one(&self, inv: InvocationRow, stopping: CancellationToken) {
+        let entry = self.registry.get_any(&inv.tool_id);
+        let effects = entry.as_ref().map_or(SideEffects::FromStart, |e| e.tool.side_effects());
+        let call = Arc::new(RunningCall {
+            gate: CommitGate::new(),
+            tool_cancel: CancellationToken::new(),
+            stop: stopping.child_token(),
+            effects,
+        });
+        self.running.lock().insert(inv.id.clone(), Arc::clone(&call));
+        let outcome = self.execute_gated(&inv, entry, &call, &stopping).await;
+        // The call is over: from now on a stop request is too late (it stays registered until
+        // its result is stored, so that a cancel in between is answered truthfully).
+        let _ = call.gate.commit();
+        if stopping.is_cancelled() && outcome.is_err() {
+            // The server is stopping and the call did not finish: it is marked interrupted,
+            // not failed. A call that finished (its change made) is stored as it is.
+            self.running.lock().remove(&inv.id);
             return;
         }
-        let (status, result, evidence) = match outcome {
+        let note = match call.gate.state() {
+            GateState::Committed { late_stop: Some((reason, at)) } => {
+                Some(commit::late_stop_note(&inv.tool_id, effects, reason, &at))
+            }
+            GateState::Stopped { reason, at } => Some(json!({
+                "requested_at": at, "reason": reason, "outcome": "stopped_before_commit",
+                "message": format!("a stop ({reason:?}) won before {} changed anything; nothing was changed", inv.tool_id),
+            })),
+            _ => None,
+        };
+        let (status, mut result, mut evidence) = match outcome {
             Ok(out) => {
                 let output = cap_output(out.output);
                 (FinalStatus::Completed, json!({"ok": true, "output": output}), out.evidence)
@@ -226,29 +342,52 @@ impl Harness {
                 let status = if e.code == "cancelled" { FinalStatus::Cancelled } else { FinalStatus::Failed };
                 let evidence = EvidenceDraft::of_text(
                     "tool_error",
-                    json!({"tool_id": inv.tool_id, "code": e.code, "details": e.details}),
+                    json!({"tool_id": inv.tool_id, "code": e.code, "details": e.details, "stop": note}),
                     &e.message,
                 );
                 (status, json!({"ok": false, "output": null, "error": e}), vec![evidence])
             }
         };
+        if let Some(note) = note {
+            if status == FinalStatus::Completed {
+                // The evidence says it too: the change was made although a stop was asked.
+                let text = note["message"].as_str().unwrap_or_default().to_owned();
+                evidence.push(EvidenceDraft::of_text(
+                    "stop_too_late",
+                    json!({"tool_id": inv.tool_id, "invocation_id": inv.id, "stop": note}),
+                    &text,
+                ));
+            }
+            result["stop"] = note;
+        }
         match self.store.finish_invocation(&inv, &self.node_id, status, &result, &evidence).await {
             Ok(Some(_)) => {}
             Ok(None) => tracing::warn!(invocation = %inv.id, "claim lost before the result was stored; result dropped"),
             Err(e) => tracing::error!(invocation = %inv.id, error = %e, "storing a result failed"),
         }
+        self.running.lock().remove(&inv.id);
     }
 
-    async fn execute_gated(&self, inv: &InvocationRow, cancel: CancellationToken) -> Result<ToolOutput, ToolError> {
+    async fn execute_gated(
+        &self,
+        inv: &InvocationRow,
+        entry: Option<Entry>,
+        call: &RunningCall,
+        stopping: &CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
         // A frozen call its tool family refuses now (an MCP definition changed since it was
         // frozen: `stale_definition`) never runs, registered or not.
         self.registry.check_frozen(&inv.tool_id, &inv.input)?;
-        let entry = self.registry.get_any(&inv.tool_id).ok_or_else(|| {
+        let entry = entry.ok_or_else(|| {
             ToolError::new(ErrorClass::Failed, "tool_gone", format!("{} is no longer registered", inv.tool_id))
         })?;
         self.gate(inv, &entry).await?;
         let input: Value = serde_json::from_str(&inv.input)
             .map_err(|e| ToolError::new(ErrorClass::Failed, "corrupt_input", e.to_string()))?;
+        if call.effects == SideEffects::FromStart {
+            // Such a tool may act from its first instruction: the commit point is its start.
+            call.gate.commit().map_err(|reason| reason.error("stopped before it started; nothing was run"))?;
+        }
         let renew = async {
             let mut tick = tokio::time::interval(self.limits.lease / 3);
             tick.tick().await;
@@ -261,18 +400,69 @@ impl Harness {
                 }
             }
         };
-        let work =
-            tokio::time::timeout(self.limits.timeout, self.executor.execute(inv, &entry, &input, cancel.clone()));
+        let lease_lost = || ToolError::new(ErrorClass::Failed, "lease_lost", "the execution lease was lost");
+        let work = self.executor.execute(inv, &entry, &input, call.tool_cancel.clone(), call.gate.clone());
+        tokio::pin!(renew, work);
         tokio::select! {
-            res = work => match res {
-                Ok(out) => out,
-                Err(_) => {
-                    cancel.cancel();
-                    Err(ToolError::new(ErrorClass::Failed, "timeout", format!("execution exceeded {} s", self.limits.timeout.as_secs())))
+            res = &mut work => return res,
+            () = &mut renew => return Err(lease_lost()),
+            () = tokio::time::sleep(self.limits.timeout) => {
+                call.stop_with(StopReason::Timeout);
+            }
+            () = call.stop.cancelled() => {
+                if stopping.is_cancelled() {
+                    call.stop_with(StopReason::Shutdown);
                 }
-            },
-            () = renew => Err(ToolError::new(ErrorClass::Failed, "lease_lost", "the execution lease was lost")),
-            () = cancel.cancelled() => Err(ToolError::new(ErrorClass::Failed, "cancelled", "the invocation was cancelled")),
+            }
+        }
+        // A stop was requested; the gate says whether it came before the commit point.
+        let (reason, before_commit) = match call.gate.state() {
+            GateState::Stopped { reason, .. } => (reason, true),
+            GateState::Committed { late_stop: Some((reason, _)) } => (reason, false),
+            // Not reachable after `stop_with`; treated as the stricter case.
+            GateState::Committed { late_stop: None } | GateState::Open => (StopReason::Cancel, false),
+        };
+        let limit = self.limits.timeout.as_secs();
+        let stopped = |detail: &str| {
+            let e = reason.error(detail);
+            if reason == StopReason::Timeout { e.with_details(json!({"timeout_secs": limit})) } else { e }
+        };
+        if call.effects == SideEffects::None {
+            // A reading call: dropped at once, nothing changed.
+            return Err(stopped("it only reads; nothing was changed"));
+        }
+        let grace = if before_commit || call.effects == SideEffects::FromStart { STOP_GRACE } else { COMMITTED_GRACE };
+        let answer = tokio::select! {
+            res = &mut work => Some(res),
+            () = &mut renew => return Err(lease_lost()),
+            () = tokio::time::sleep(grace) => None,
+        };
+        match answer {
+            // Whatever was asked, the tool finished: its result is the truth (a stop that came
+            // too late is noted by the caller).
+            Some(Ok(out)) => Ok(out),
+            Some(Err(e)) if before_commit => Err(stopped("stopped before its commit point; nothing was changed")
+                .with_details(json!({"tool_error": {"code": e.code, "message": e.message}, "timeout_secs": (reason == StopReason::Timeout).then_some(limit)}))),
+            // The tool honoured its cancellation token ("cancelled"): report the real reason.
+            Some(Err(e)) if e.code == "cancelled" && reason != StopReason::Cancel => {
+                Err(stopped("it was asked to stop after it had started").with_details(json!({"started": true, "tool_error": {"code": e.code, "message": e.message}})))
+            }
+            Some(Err(e)) => Err(e),
+            None if before_commit => Err(stopped("stopped before its commit point; nothing was changed")),
+            None if call.effects == SideEffects::FromStart => Err(stopped(&format!(
+                "it had started acting and did not confirm it stopped within {} s; what it did before is not undone",
+                grace.as_secs()
+            ))
+            .with_details(json!({"started": true, "confirmed_stopped": false}))),
+            None => Err(ToolError::new(
+                ErrorClass::Failed,
+                "outcome_unknown",
+                format!(
+                    "{} passed its commit point and did not finish within {} s of the stop request; whether its change is complete is unknown",
+                    inv.tool_id,
+                    grace.as_secs()
+                ),
+            )),
         }
     }
 }

@@ -1,4 +1,9 @@
 //! Approvals: the inbox, grant (echoing the exact triple) and deny.
+//!
+//! Every user sees and decides their own approvals. When a deployment requires four-eyes
+//! for a tool domain (`--four-eyes-domains`), such approvals are also visible to every admin
+//! and approver, who may grant or deny them; their requester may only deny (withdraw) them,
+//! and gets 403 `four_eyes_required` on a grant. To anyone else they stay 404.
 
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
@@ -9,9 +14,10 @@ use utoipa_axum::routes;
 use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use crate::app::App;
-use crate::approval::{self, Decider};
+use crate::approval::policy::ApprovalRule;
+use crate::approval;
 use crate::error::{Error, Result};
-use crate::store::{ApprovalRow, GrantRequest, json_col};
+use crate::store::{ApprovalRow, GrantRequest, Viewer, json_col};
 
 /// The frozen invocation an approval is about.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -33,6 +39,15 @@ pub struct FrozenCall {
     pub status: String,
 }
 
+/// The user who froze the call an approval is about.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Requester {
+    /// `usr_…`
+    pub user_id: String,
+    /// User name.
+    pub name: String,
+}
+
 /// An approval request with the whole frozen invocation.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ApprovalView {
@@ -42,6 +57,18 @@ pub struct ApprovalView {
     pub run_id: String,
     /// `pending|granted|denied|expired|cancelled`.
     pub status: String,
+    /// Who may grant, fixed when the call was frozen: `self_approval` (the requester) or
+    /// `four_eyes` (another user who is an admin or approver; the requester may deny).
+    pub rule: ApprovalRule,
+    /// The tool domain whose four-eyes setting applied (absent for self-approval).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule_domain: Option<String>,
+    /// True while a four-eyes approval is pending: it needs a person other than the requester.
+    pub awaits_second_person: bool,
+    /// Who froze the call.
+    pub requested_by: Requester,
+    /// Whether the caller may grant it now (pending, and the rule lets the caller decide).
+    pub may_grant: bool,
     /// The frozen call.
     pub invocation: FrozenCall,
     /// Why approval is needed and tool-specific facts (diff preview, real cwd…).
@@ -61,9 +88,16 @@ pub struct ApprovalView {
     pub created_at: String,
 }
 
-/// The API view of a stored approval.
-pub(super) fn view(row: ApprovalRow) -> Result<ApprovalView> {
+/// The API view of a stored approval, as `viewer` sees it.
+pub(super) fn view(row: ApprovalRow, viewer: &Viewer<'_>) -> Result<ApprovalView> {
+    let rule = row.rule();
+    let may_grant = row.may_grant(viewer);
     Ok(ApprovalView {
+        rule,
+        rule_domain: row.rule_domain.clone(),
+        awaits_second_person: rule == ApprovalRule::FourEyes && row.status == "pending",
+        requested_by: Requester { user_id: row.owner_id.clone(), name: row.requester_name.clone() },
+        may_grant,
         invocation: FrozenCall {
             invocation_id: row.invocation_id,
             turn_id: row.turn_id,
@@ -111,7 +145,8 @@ pub struct ApprovalList {
 
 const STATUSES: [&str; 5] = ["pending", "granted", "denied", "expired", "cancelled"];
 
-/// The caller's approvals.
+/// The caller's approvals; for admins and approvers also every four-eyes approval (with its
+/// requester named).
 #[utoipa::path(get, path = "/v1/approvals", tag = "approvals", params(ApprovalQuery),
     responses((status = 200, body = ApprovalList), (status = 400)), security(("bearer" = [])))]
 pub async fn list_approvals(
@@ -126,12 +161,14 @@ pub async fn list_approvals(
     }
     let page = super::Page { limit: q.limit, cursor: q.cursor };
     let limit = page.limit()?;
+    let viewer = user.viewer();
     let rows = app
         .store
-        .list_approvals(&user.user_id, q.status.as_deref(), q.run_id.as_deref(), page.cursor.as_deref(), limit + 1)
+        .list_approvals(&viewer, q.status.as_deref(), q.run_id.as_deref(), page.cursor.as_deref(), limit + 1)
         .await?;
     let (rows, next_cursor) = super::Page::split(rows, limit, |r| r.id.clone());
-    Ok(Json(ApprovalList { approvals: rows.into_iter().map(view).collect::<Result<_>>()?, next_cursor }))
+    let approvals = rows.into_iter().map(|r| view(r, &viewer)).collect::<Result<_>>()?;
+    Ok(Json(ApprovalList { approvals, next_cursor }))
 }
 
 /// One approval.
@@ -142,8 +179,9 @@ pub async fn get_approval(
     user: AuthUser,
     Path(id): Path<String>,
 ) -> Result<Json<ApprovalView>> {
-    let row = app.store.approval_for(&user.user_id, &id).await?.ok_or(Error::NotFound("approval"))?;
-    Ok(Json(view(row)?))
+    let viewer = user.viewer();
+    let row = app.store.approval_visible(&viewer, &id).await?.ok_or(Error::NotFound("approval"))?;
+    Ok(Json(view(row, &viewer)?))
 }
 
 /// Body of a grant: the triple the approver saw. Any other field is refused: the approver
@@ -163,6 +201,7 @@ pub struct GrantBody {
 #[utoipa::path(post, path = "/v1/approvals/{approval_id}/grant", tag = "approvals", params(("approval_id" = String, Path)),
     request_body = GrantBody,
     responses((status = 200, body = ApprovalView), (status = 404),
+        (status = 403, description = "four_eyes_required: the requester of a four-eyes approval; nothing was granted"),
         (status = 409, description = "approval_mismatch, approval_decided or approval_expired")),
     security(("bearer" = [])))]
 pub async fn grant(
@@ -171,10 +210,10 @@ pub async fn grant(
     Path(id): Path<String>,
     Json(body): Json<GrantBody>,
 ) -> Result<Json<ApprovalView>> {
-    let who = Decider { user_id: &user.user_id, token_id: &user.token_id };
     let triple =
         GrantRequest { tool_id: &body.tool_id, tool_call_id: &body.tool_call_id, input_hash: &body.input_hash };
-    Ok(Json(view(approval::grant(&app, &who, &id, &triple).await?)?))
+    let row = approval::grant(&app, &user.decider(), &id, &triple).await?;
+    Ok(Json(view(row, &user.viewer())?))
 }
 
 /// Body of a deny.
@@ -185,7 +224,8 @@ pub struct DenyBody {
     pub reason: Option<String>,
 }
 
-/// Denies one frozen invocation.
+/// Denies one frozen invocation (the requester may always withdraw it; admins and approvers
+/// may deny a four-eyes approval).
 #[utoipa::path(post, path = "/v1/approvals/{approval_id}/deny", tag = "approvals", params(("approval_id" = String, Path)),
     request_body = DenyBody,
     responses((status = 200, body = ApprovalView), (status = 404), (status = 409, description = "approval_decided or approval_expired")),
@@ -199,8 +239,8 @@ pub async fn deny(
     if body.reason.as_ref().is_some_and(|r| r.len() > 2000) {
         return Err(Error::bad_request("invalid_request", "reason must be at most 2000 characters"));
     }
-    let who = Decider { user_id: &user.user_id, token_id: &user.token_id };
-    Ok(Json(view(approval::deny(&app, &who, &id, body.reason.as_deref()).await?)?))
+    let row = approval::deny(&app, &user.decider(), &id, body.reason.as_deref()).await?;
+    Ok(Json(view(row, &user.viewer())?))
 }
 
 /// Routes of this module.

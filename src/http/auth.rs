@@ -17,6 +17,8 @@ pub struct AuthUser {
     pub name: String,
     /// Admins may create users and register any workspace.
     pub is_admin: bool,
+    /// Approvers (and admins) may decide other users' four-eyes approvals.
+    pub is_approver: bool,
     /// The token used (recorded on approval decisions).
     pub token_id: String,
 }
@@ -25,6 +27,20 @@ impl AuthUser {
     /// 403 unless the caller is an admin.
     pub fn require_admin(&self) -> Result<(), Error> {
         if self.is_admin { Ok(()) } else { Err(Error::Forbidden("this action needs an admin token".into())) }
+    }
+
+    /// The caller as a viewer of approvals (admins and approvers see four-eyes approvals).
+    pub fn viewer(&self) -> crate::store::Viewer<'_> {
+        crate::store::Viewer { user_id: &self.user_id, may_second: self.is_admin || self.is_approver }
+    }
+
+    /// The caller deciding an approval, with the token used.
+    pub fn decider(&self) -> crate::store::Decider<'_> {
+        crate::store::Decider {
+            user_id: &self.user_id,
+            token_id: &self.token_id,
+            may_second: self.is_admin || self.is_approver,
+        }
     }
 }
 
@@ -45,6 +61,7 @@ impl FromRequestParts<App> for AuthUser {
             user_id: identity.user_id,
             name: identity.name,
             is_admin: identity.is_admin != 0,
+            is_approver: identity.is_approver != 0,
             token_id: identity.token_id,
         })
     }

@@ -7,7 +7,9 @@
 //! (`{"approvals": [...], "next_cursor"}`, oldest first). The first event comes at once; the
 //! next ones only when the inbox changed, checked after every committed event of one of the
 //! caller's runs and at least every 15 s (approvals expire, other replicas write). A reconnect
-//! simply gets a fresh snapshot. Keep-alive comments every 15 s; the stream ends when the
+//! simply gets a fresh snapshot. For admins and approvers the inbox also holds every pending
+//! four-eyes approval of other users (each naming its requester), so their stream is also
+//! woken by the approval events (requested, granted, denied, expired, cancelled) of any run. Keep-alive comments every 15 s; the stream ends when the
 //! server shuts down, or after an `error` event when the store fails.
 
 use std::collections::HashMap;
@@ -26,6 +28,8 @@ use super::approvals::{ApprovalList, view};
 use super::auth::AuthUser;
 use crate::app::App;
 use crate::error::Result;
+use crate::events::EventKind;
+use crate::store::Viewer;
 
 /// Most approvals in one snapshot (the API's page limit).
 const SNAPSHOT_LIMIT: i64 = 200;
@@ -34,10 +38,11 @@ const POLL: Duration = Duration::from_secs(15);
 /// Runs whose ownership a stream remembers before it forgets them all.
 const OWNED_CACHE: usize = 10_000;
 
-async fn snapshot(app: &App, user_id: &str) -> Result<String> {
-    let rows = app.store.list_approvals(user_id, Some("pending"), None, None, SNAPSHOT_LIMIT + 1).await?;
+async fn snapshot(app: &App, viewer: &Viewer<'_>) -> Result<String> {
+    let rows = app.store.list_approvals(viewer, Some("pending"), None, None, SNAPSHOT_LIMIT + 1).await?;
     let (rows, next_cursor) = super::Page::split(rows, SNAPSHOT_LIMIT, |r| r.id.clone());
-    let list = ApprovalList { approvals: rows.into_iter().map(view).collect::<Result<_>>()?, next_cursor };
+    let approvals = rows.into_iter().map(|r| view(r, viewer)).collect::<Result<_>>()?;
+    let list = ApprovalList { approvals, next_cursor };
     serde_json::to_string(&list).map_err(|e| crate::error::Error::Internal(e.to_string()))
 }
 
@@ -51,7 +56,7 @@ pub async fn approvals_stream(
     user: AuthUser,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     // The first snapshot is read before answering, so a store failure is an HTTP error.
-    let first = snapshot(&app, &user.user_id).await?;
+    let first = snapshot(&app, &user.viewer()).await?;
     let (tx, rx) = mpsc::channel::<Event>(4);
     tokio::spawn(async move {
         // Subscribed before the first send: nothing committed after the snapshot is missed.
@@ -64,16 +69,20 @@ pub async fn approvals_stream(
         loop {
             // Wait for a committed event of one of the caller's runs (or the poll interval).
             loop {
-                let run_id = tokio::select! {
+                let (run_id, kind) = tokio::select! {
                     () = app.shutdown.cancelled() => return,
                     () = tx.closed() => return,
                     () = tokio::time::sleep(POLL) => break,
                     signal = signals.recv() => match signal {
-                        Ok(s) => s.run_id,
+                        Ok(s) => (s.run_id, s.kind),
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
                 };
+                if user.viewer().may_second && changes_approvals(kind) {
+                    // Another user's four-eyes approval may have come or gone.
+                    break;
+                }
                 if owned.len() > OWNED_CACHE {
                     owned.clear();
                 }
@@ -88,7 +97,7 @@ pub async fn approvals_stream(
                     break;
                 }
             }
-            match snapshot(&app, &user.user_id).await {
+            match snapshot(&app, &user.viewer()).await {
                 Ok(now) if now == last => {}
                 Ok(now) => {
                     if tx.send(Event::default().event("approvals").data(now.clone())).await.is_err() {
@@ -107,6 +116,18 @@ pub async fn approvals_stream(
     });
     let stream = futures::StreamExt::map(ReceiverStream::new(rx), Ok);
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("keep-alive")))
+}
+
+/// Whether an event of this type can change some pending approval.
+fn changes_approvals(kind: EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::ApprovalRequested
+            | EventKind::ApprovalGranted
+            | EventKind::ApprovalDenied
+            | EventKind::ApprovalExpired
+            | EventKind::InvocationCancelled
+    )
 }
 
 /// Routes of this module (streaming: merged outside the request timeout).

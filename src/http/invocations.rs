@@ -14,7 +14,8 @@ use super::runs::owned_run;
 use crate::app::App;
 use crate::error::{Error, Result};
 use crate::invocation::{self, CallRequest};
-use crate::store::{InvocationRow, json_col};
+use crate::harness::CancelOutcome;
+use crate::store::{CancelRequest, InvocationRow, json_col};
 
 /// Body of `POST /v1/runs/{run_id}/invocations`.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -68,6 +69,10 @@ pub struct InvocationView {
     pub started_at: Option<String>,
     /// RFC 3339.
     pub finished_at: Option<String>,
+    /// RFC 3339, when a cancel was asked while it ran (the result's `stop` says what it
+    /// achieved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_requested_at: Option<String>,
 }
 
 /// Builds the view of a stored invocation.
@@ -88,6 +93,7 @@ pub fn view(row: InvocationRow, approval_id: Option<String>, evidence_ids: Vec<S
         updated_at: row.updated_at,
         started_at: row.started_at,
         finished_at: row.finished_at,
+        cancel_requested_at: row.cancel_requested_at,
     })
 }
 
@@ -159,29 +165,77 @@ pub async fn get_invocation(
     Ok(Json(full_view(&app, row).await?))
 }
 
-/// Cancels an invocation that has not finished: before it runs (its approval is
-/// cancelled too) or while it runs on this server. A finished one answers 409
-/// `invalid_state`.
+/// Cancels an invocation that has not finished.
+///
+/// - Not started yet (awaiting approval or queued): it is `cancelled` (its pending approval
+///   too) — 200.
+/// - Running: the request is recorded (`invocation.cancel_requested`) and the call is stopped
+///   as far as its commit point allows — 200 when it stopped before any side effect (the
+///   final status is `cancelled`) or, for a tool that acts from its start (terminal, MCP),
+///   when it was asked to stop (the final status is what it reports); 409 `already_running`
+///   when it had already passed its commit point (an edit's rename): it finishes, and its
+///   result notes the late request; 202 when it runs on another server, which applies the
+///   request within about a second.
+/// - Finished: 409 `invalid_state`.
 #[utoipa::path(post, path = "/v1/invocations/{invocation_id}/cancel", tag = "invocations", params(("invocation_id" = String, Path)),
-    responses((status = 200, body = InvocationView), (status = 404), (status = 409)), security(("bearer" = [])))]
+    responses((status = 200, body = InvocationView), (status = 202, body = InvocationView, description = "recorded; it runs on another server"),
+        (status = 404), (status = 409, description = "already_running (past its commit point) or invalid_state (finished)")),
+    security(("bearer" = [])))]
 pub async fn cancel_invocation(
     State(app): State<App>,
     user: AuthUser,
     Path(id): Path<String>,
-) -> Result<Json<InvocationView>> {
+) -> Result<(StatusCode, Json<InvocationView>)> {
     let (row, cancelled) =
         app.store.cancel_invocation(&user.user_id, &id, &user.token_id).await?.ok_or(Error::NotFound("invocation"))?;
-    if !cancelled {
-        if row.status == "running" && app.harness.cancel_running(&row.id) {
-            return Ok(Json(full_view(&app, row).await?));
-        }
-        return Err(Error::conflict(
-            "invalid_state",
-            format!("invocation {} is {} and can no longer be cancelled", row.id, row.status),
-            serde_json::json!({"status": row.status}),
-        ));
+    if cancelled {
+        return Ok((StatusCode::OK, Json(full_view(&app, row).await?)));
     }
-    Ok(Json(full_view(&app, row).await?))
+    if row.status != "running" {
+        return Err(invalid_state(&row));
+    }
+    let row = match app.store.request_cancel(&user.user_id, &id, &user.token_id).await? {
+        None => return Err(Error::NotFound("invocation")),
+        Some(CancelRequest::Recorded(row) | CancelRequest::AlreadyRequested(row)) => row,
+        Some(CancelRequest::NotRunning(row)) => return Err(invalid_state(&row)),
+    };
+    let mut outcome = app.harness.cancel_running(&id);
+    if outcome == CancelOutcome::NotHere && row.claimed_by.as_deref() == Some(app.harness.node_id()) {
+        // Claimed by this server a moment ago and not registered yet, or just finishing.
+        for _ in 0..50 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            outcome = app.harness.cancel_running(&id);
+            if outcome != CancelOutcome::NotHere {
+                break;
+            }
+            let now = app.store.invocation_for(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
+            if now.status != "running" {
+                return Err(invalid_state(&now));
+            }
+        }
+    }
+    let row = app.store.invocation_for(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
+    match outcome {
+        CancelOutcome::Stopped | CancelOutcome::Interrupting => Ok((StatusCode::OK, Json(full_view(&app, row).await?))),
+        CancelOutcome::TooLate => Err(Error::conflict(
+            "already_running",
+            format!(
+                "invocation {} has passed its commit point ({} was already making its change); it was not cancelled, and its result will note the request",
+                row.id, row.tool_id
+            ),
+            serde_json::json!({"status": row.status, "cancel_requested_at": row.cancel_requested_at}),
+        )),
+        CancelOutcome::NotHere if row.status != "running" => Err(invalid_state(&row)),
+        CancelOutcome::NotHere => Ok((StatusCode::ACCEPTED, Json(full_view(&app, row).await?))),
+    }
+}
+
+fn invalid_state(row: &InvocationRow) -> Error {
+    Error::conflict(
+        "invalid_state",
+        format!("invocation {} is {} and can no longer be cancelled", row.id, row.status),
+        serde_json::json!({"status": row.status}),
+    )
 }
 
 /// Routes of this module.

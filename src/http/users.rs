@@ -10,7 +10,7 @@ use super::auth::AuthUser;
 use super::error::Json;
 use crate::app::App;
 use crate::error::{Error, Result};
-use crate::store::{Store, UserRow};
+use crate::store::{Roles, Store, UserRow};
 
 /// Body of `POST /v1/users`.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -21,6 +21,9 @@ pub struct CreateUser {
     /// Grant admin rights.
     #[serde(default)]
     pub admin: bool,
+    /// Grant the approver role: may grant (or deny) other users' four-eyes approvals.
+    #[serde(default)]
+    pub approver: bool,
 }
 
 /// A new user and its token (shown once; only its hash is stored).
@@ -41,12 +44,12 @@ pub async fn create_user(
     Json(body): Json<CreateUser>,
 ) -> Result<(StatusCode, Json<CreatedUser>)> {
     user.require_admin()?;
-    let (user, token) = create(&app.store, &body.name, body.admin).await?;
+    let (user, token) = create(&app.store, &body.name, Roles { admin: body.admin, approver: body.approver }).await?;
     Ok((StatusCode::CREATED, Json(CreatedUser { user, token })))
 }
 
 /// Creates a user with a fresh token (shared by the API and `mira user create`).
-pub async fn create(store: &Store, name: &str, admin: bool) -> Result<(UserRow, String)> {
+pub async fn create(store: &Store, name: &str, roles: Roles) -> Result<(UserRow, String)> {
     let valid =
         !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     if !valid {
@@ -56,7 +59,7 @@ pub async fn create(store: &Store, name: &str, admin: bool) -> Result<(UserRow, 
         ));
     }
     let token = crate::auth::new_token();
-    match store.create_user(name, admin, &crate::auth::hash_token(&token)).await {
+    match store.create_user_with_roles(name, roles, &crate::auth::hash_token(&token)).await {
         Ok(user) => Ok((user, token)),
         Err(e) if e.is_unique_violation() => {
             Err(Error::conflict("name_taken", format!("a user named {name} exists"), serde_json::Value::Null))
@@ -74,12 +77,14 @@ pub struct Me {
     pub name: String,
     /// Admin.
     pub is_admin: bool,
+    /// Approver: may grant other users' four-eyes approvals (admins may too).
+    pub is_approver: bool,
 }
 
 /// Who the token belongs to.
 #[utoipa::path(get, path = "/v1/me", tag = "users", responses((status = 200, body = Me), (status = 401)), security(("bearer" = [])))]
 pub async fn me(user: AuthUser) -> Json<Me> {
-    Json(Me { id: user.user_id, name: user.name, is_admin: user.is_admin })
+    Json(Me { id: user.user_id, name: user.name, is_admin: user.is_admin, is_approver: user.is_approver })
 }
 
 /// Routes of this module.

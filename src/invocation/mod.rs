@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::exposure::{Exposure, LadderState, ladder};
 use crate::ids;
 use crate::registry::PrepareContext;
-use crate::store::{FreezeOutcome, InvocationRow, NewInvocation, RunRow};
+use crate::store::{ApprovalRequest, FreezeOutcome, InvocationRow, NewInvocation, RunRow};
 
 /// A Planner's call as received.
 #[derive(Debug, Clone)]
@@ -100,9 +100,17 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
 
     let approval = match policy::decide(entry.spec()) {
         Decision::Skip => None,
-        Decision::NeedsApproval { reasons } => {
+        Decision::NeedsApproval { mut reasons } => {
+            let rule = policy::rule_for(entry.spec(), &app.config.four_eyes_domains);
+            let rule_domain = (rule == policy::ApprovalRule::FourEyes).then(|| entry.spec().domain.clone());
+            if let Some(domain) = &rule_domain {
+                reasons.push(format!(
+                    "four-eyes: this deployment requires {domain} calls to be granted by another person (an admin or approver)"
+                ));
+            }
             let preview = json!({"reasons": reasons, "tool": prepared.preview});
-            Some((preview, ids::now_plus_ms(app.config.approval_ttl_secs.saturating_mul(1000))))
+            let expires_at = ids::now_plus_ms(app.config.approval_ttl_secs.saturating_mul(1000));
+            Some(ApprovalRequest { preview, expires_at, rule, rule_domain })
         }
     };
     let new = NewInvocation {

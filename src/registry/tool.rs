@@ -152,8 +152,20 @@ pub struct ExecContext {
     pub run_id: String,
     /// The invocation being executed.
     pub invocation_id: String,
-    /// Cancelled when the invocation is cancelled or the server stops.
+    /// Cancelled when the invocation must stop (a cancel, the time limit, the server
+    /// stopping) and stopping it is still possible (see [`crate::harness::commit`]).
     pub cancel: CancellationToken,
+    /// Decides between this call's commit point and a stop request.
+    pub commit: crate::harness::CommitGate,
+}
+
+impl ExecContext {
+    /// Marks the commit point of a [`crate::harness::SideEffects::AtCommitPoint`] tool: call it
+    /// right before the irreversible step (the Edit tools' rename). An error means a stop won
+    /// first: the tool must not make its change, undo what it prepared and return the error.
+    pub fn commit(&self) -> Result<(), ToolError> {
+        self.commit.pass()
+    }
 }
 
 /// One implementation in the registry.
@@ -193,6 +205,22 @@ pub trait Tool: Send + Sync {
     /// exactly when the caller sent the same input. The default keeps `canonical`.
     fn replay_input(&self, canonical: Value, _frozen: &Value) -> Value {
         canonical
+    }
+
+    /// What stopping a running call of this tool means (see [`crate::harness::commit`]).
+    /// Default: tools that run without approval only read ([`SideEffects::None`]); every
+    /// other tool may act from its start ([`SideEffects::FromStart`]). Tools that mark a
+    /// commit point with [`ExecContext::commit`] return [`SideEffects::AtCommitPoint`].
+    ///
+    /// [`SideEffects::None`]: crate::harness::SideEffects::None
+    /// [`SideEffects::FromStart`]: crate::harness::SideEffects::FromStart
+    /// [`SideEffects::AtCommitPoint`]: crate::harness::SideEffects::AtCommitPoint
+    fn side_effects(&self) -> crate::harness::SideEffects {
+        if crate::approval::policy::requires_approval(self.spec()) {
+            crate::harness::SideEffects::FromStart
+        } else {
+            crate::harness::SideEffects::None
+        }
     }
 
     /// Executes a frozen, policy-cleared invocation. Only the harness calls this.

@@ -4,11 +4,17 @@
 //! unexpired AND the triple the approver echoed equals both the approval's copy and the
 //! frozen invocation's own columns (still awaiting approval). The same transaction moves
 //! the invocation to `queued`. Anything else changes nothing and is diagnosed afterwards.
+//!
+//! Who may decide is part of the same UPDATE: an approval whose stored rule is
+//! `self_approval` is decided by its owner only; one whose rule is `four_eyes` is granted
+//! only by another user who is an admin or an approver, and denied by its owner (who may
+//! withdraw the call) or by such a user. Everybody else gets [`DecideOutcome::NotFound`].
 
 use serde::Serialize;
 use serde_json::json;
 
 use super::{Store, StoreResult};
+use crate::approval::policy::ApprovalRule;
 use crate::events::EventKind;
 use crate::ids;
 
@@ -21,7 +27,7 @@ pub struct ApprovalRow {
     pub invocation_id: String,
     /// The run.
     pub run_id: String,
-    /// Owner (the only user who may decide).
+    /// Owner: the user who froze the call (the requester).
     pub owner_id: String,
     /// Frozen tool id.
     pub tool_id: String,
@@ -51,6 +57,69 @@ pub struct ApprovalRow {
     pub turn_id: String,
     /// The invocation's status.
     pub invocation_status: String,
+    /// Who may grant: `self_approval|four_eyes`, fixed when the call was frozen (read it
+    /// with [`ApprovalRow::rule`]).
+    pub rule: String,
+    /// The tool domain that demanded four-eyes (None for self-approval).
+    pub rule_domain: Option<String>,
+    /// The requester's user name.
+    pub requester_name: String,
+}
+
+impl ApprovalRow {
+    /// The stored rule. A value this build does not know counts as four-eyes (the stricter
+    /// rule), never as self-approval.
+    pub fn rule(&self) -> ApprovalRule {
+        ApprovalRule::parse(&self.rule).unwrap_or(ApprovalRule::FourEyes)
+    }
+
+    /// Whether `viewer` may grant this approval now: pending, its invocation still waiting,
+    /// and the viewer is the owner (self-approval) or another user who may second (four-eyes).
+    pub fn may_grant(&self, viewer: &Viewer<'_>) -> bool {
+        let pending = self.status == "pending" && self.invocation_status == "awaiting_approval";
+        let mine = self.owner_id == viewer.user_id;
+        pending
+            && match self.rule() {
+                ApprovalRule::SelfApproval => mine,
+                ApprovalRule::FourEyes => !mine && viewer.may_second,
+            }
+    }
+}
+
+/// Who is looking: approvals are visible to their owner, and four-eyes approvals also to
+/// every admin and approver.
+#[derive(Debug, Clone, Copy)]
+pub struct Viewer<'a> {
+    /// The calling user.
+    pub user_id: &'a str,
+    /// True for admins and approvers: they may second (decide) other users' four-eyes
+    /// approvals.
+    pub may_second: bool,
+}
+
+impl<'a> Viewer<'a> {
+    /// The owner only (no second-person rights).
+    pub fn owner(user_id: &'a str) -> Self {
+        Self { user_id, may_second: false }
+    }
+}
+
+/// Who decides, for the record (user and token) and for the rule (may they second?).
+#[derive(Debug, Clone, Copy)]
+pub struct Decider<'a> {
+    /// The deciding user.
+    pub user_id: &'a str,
+    /// The token used.
+    pub token_id: &'a str,
+    /// Admin or approver.
+    pub may_second: bool,
+}
+
+impl Decider<'_> {
+    /// The same user as a viewer.
+    pub fn viewer(&self) -> Viewer<'_> {
+        Viewer { user_id: self.user_id, may_second: self.may_second }
+    }
 }
 
 /// What the approver echoed back.
@@ -77,16 +146,32 @@ pub enum DecideOutcome {
     AlreadyDecided(ApprovalRow),
     /// The approval's TTL ran out.
     Expired(ApprovalRow),
+    /// The requester tried to grant an approval whose rule is four-eyes; nothing changed.
+    FourEyesRequired(ApprovalRow),
 }
 
-const SELECT: &str = "SELECT a.*, i.input, i.turn_id, i.status AS invocation_status
-    FROM approvals a JOIN invocations i ON i.id = a.invocation_id";
+const SELECT: &str = "SELECT a.*, i.input, i.turn_id, i.status AS invocation_status, u.name AS requester_name
+    FROM approvals a JOIN invocations i ON i.id = a.invocation_id JOIN users u ON u.id = a.owner_id";
+
+/// The condition "visible to the viewer": parameter `$1` is the viewer's user id, `$2` is 1
+/// for admins and approvers (see [`Viewer`]).
+const VISIBLE: &str = "(a.owner_id = $1 OR ($2 <> 0 AND a.rule = 'four_eyes'))";
 
 impl Store {
-    /// The caller's approval, or None.
+    /// The caller's own approval, or None.
     pub async fn approval_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<ApprovalRow>> {
-        let sql = format!("{SELECT} WHERE a.id = $1 AND a.owner_id = $2");
-        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(id).bind(owner_id).fetch_optional(self.pool()).await?)
+        self.approval_visible(&Viewer::owner(owner_id), id).await
+    }
+
+    /// The approval if `viewer` may see it (see [`Viewer`]), or None.
+    pub async fn approval_visible(&self, viewer: &Viewer<'_>, id: &str) -> StoreResult<Option<ApprovalRow>> {
+        let sql = format!("{SELECT} WHERE {VISIBLE} AND a.id = $3");
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(viewer.user_id)
+            .bind(i64::from(viewer.may_second))
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await?)
     }
 
     /// The approval of an invocation, whoever owns it (for the harness's gate).
@@ -103,21 +188,23 @@ impl Store {
             .await?)
     }
 
-    /// The caller's approvals (optionally of one status, one run), oldest first.
+    /// The approvals `viewer` may see (optionally of one status, one run), oldest first:
+    /// their own, and for admins and approvers every four-eyes approval too.
     pub async fn list_approvals(
         &self,
-        owner_id: &str,
+        viewer: &Viewer<'_>,
         status: Option<&str>,
         run_id: Option<&str>,
         cursor: Option<&str>,
         limit: i64,
     ) -> StoreResult<Vec<ApprovalRow>> {
         let sql = format!(
-            "{SELECT} WHERE a.owner_id = $1 AND ($2 = '' OR a.status = $2) AND ($3 = '' OR a.run_id = $3)
-             AND ($4 = '' OR a.id > $4) ORDER BY a.id LIMIT $5"
+            "{SELECT} WHERE {VISIBLE} AND ($3 = '' OR a.status = $3) AND ($4 = '' OR a.run_id = $4)
+             AND ($5 = '' OR a.id > $5) ORDER BY a.id LIMIT $6"
         );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(owner_id)
+            .bind(viewer.user_id)
+            .bind(i64::from(viewer.may_second))
             .bind(status.unwrap_or(""))
             .bind(run_id.unwrap_or(""))
             .bind(cursor.unwrap_or(""))
@@ -126,40 +213,41 @@ impl Store {
             .await?)
     }
 
-    /// Grants the caller's approval `id` iff the echoed triple equals the frozen invocation
-    /// (see the module docs). On success the invocation is `queued` for the harness.
+    /// Grants approval `id` iff `who` may grant it under its stored rule (see the module
+    /// docs) and the echoed triple equals the frozen invocation. On success the invocation is
+    /// `queued` for the harness, and the `approval.granted` event names the decider, their
+    /// token, the requester and the rule.
     pub async fn grant_approval(
         &self,
-        owner_id: &str,
+        who: &Decider<'_>,
         id: &str,
         triple: &GrantRequest<'_>,
-        decided_by: &str,
-        token_id: &str,
     ) -> StoreResult<DecideOutcome> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
-        let granted: Option<(String, String)> = sqlx::query_as(
+        let granted: Option<(String, String, String, String)> = sqlx::query_as(
             "UPDATE approvals SET status = 'granted', decided_by = $1, decided_token_id = $2, decided_at = $3
-             WHERE id = $4 AND owner_id = $5 AND status = 'pending' AND expires_at > $3
+             WHERE id = $4 AND status = 'pending' AND expires_at > $3
+               AND ((rule = 'self_approval' AND owner_id = $1) OR (rule = 'four_eyes' AND owner_id <> $1 AND $5 <> 0))
                AND tool_id = $6 AND tool_call_id = $7 AND input_hash = $8
                AND EXISTS (SELECT 1 FROM invocations i
                            WHERE i.id = approvals.invocation_id AND i.status = 'awaiting_approval'
                              AND i.tool_id = $6 AND i.tool_call_id = $7 AND i.input_hash = $8)
-             RETURNING invocation_id, run_id",
+             RETURNING invocation_id, run_id, owner_id, rule",
         )
-        .bind(decided_by)
-        .bind(token_id)
+        .bind(who.user_id)
+        .bind(who.token_id)
         .bind(&now)
         .bind(id)
-        .bind(owner_id)
+        .bind(i64::from(who.may_second))
         .bind(triple.tool_id)
         .bind(triple.tool_call_id)
         .bind(triple.input_hash)
         .fetch_optional(tx.conn())
         .await?;
-        let Some((invocation_id, run_id)) = granted else {
+        let Some((invocation_id, run_id, requester, rule)) = granted else {
             drop(tx);
-            return self.diagnose(owner_id, id, Some(triple)).await;
+            return self.diagnose(&who.viewer(), id, Some(triple)).await;
         };
         sqlx::query(
             "UPDATE invocations SET status = 'queued', updated_at = $1 WHERE id = $2 AND status = 'awaiting_approval'",
@@ -173,40 +261,42 @@ impl Store {
             EventKind::ApprovalGranted,
             &json!({"approval_id": id, "invocation_id": invocation_id, "tool_id": triple.tool_id,
                     "tool_call_id": triple.tool_call_id, "input_hash": triple.input_hash,
-                    "decided_by": decided_by, "token_id": token_id, "decided_at": now}),
+                    "decided_by": who.user_id, "token_id": who.token_id, "decided_at": now,
+                    "requested_by": requester, "rule": rule}),
         )
         .await?;
         tx.commit().await?;
-        self.decided(owner_id, id).await
+        self.decided(&who.viewer(), id).await
     }
 
-    /// Denies the caller's pending approval; the invocation becomes `denied`.
+    /// Denies pending approval `id`: its owner may (withdrawing the call, whatever the rule),
+    /// and so may an admin or approver when the rule is four-eyes. The invocation becomes
+    /// `denied`.
     pub async fn deny_approval(
         &self,
-        owner_id: &str,
+        who: &Decider<'_>,
         id: &str,
         reason: Option<&str>,
-        decided_by: &str,
-        token_id: &str,
     ) -> StoreResult<DecideOutcome> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
-        let denied: Option<(String, String)> = sqlx::query_as(
+        let denied: Option<(String, String, String, String)> = sqlx::query_as(
             "UPDATE approvals SET status = 'denied', decided_by = $1, decided_token_id = $2, decided_at = $3, reason = $4
-             WHERE id = $5 AND owner_id = $6 AND status = 'pending' AND expires_at > $3
-             RETURNING invocation_id, run_id",
+             WHERE id = $5 AND status = 'pending' AND expires_at > $3
+               AND (owner_id = $1 OR (rule = 'four_eyes' AND $6 <> 0))
+             RETURNING invocation_id, run_id, owner_id, rule",
         )
-        .bind(decided_by)
-        .bind(token_id)
+        .bind(who.user_id)
+        .bind(who.token_id)
         .bind(&now)
         .bind(reason)
         .bind(id)
-        .bind(owner_id)
+        .bind(i64::from(who.may_second))
         .fetch_optional(tx.conn())
         .await?;
-        let Some((invocation_id, run_id)) = denied else {
+        let Some((invocation_id, run_id, requester, rule)) = denied else {
             drop(tx);
-            return self.diagnose(owner_id, id, None).await;
+            return self.diagnose(&who.viewer(), id, None).await;
         };
         sqlx::query("UPDATE invocations SET status = 'denied', finished_at = $1, updated_at = $1 WHERE id = $2 AND status = 'awaiting_approval'")
             .bind(&now)
@@ -217,34 +307,37 @@ impl Store {
             &run_id,
             EventKind::ApprovalDenied,
             &json!({"approval_id": id, "invocation_id": invocation_id, "reason": reason,
-                    "decided_by": decided_by, "token_id": token_id, "decided_at": now}),
+                    "decided_by": who.user_id, "token_id": who.token_id, "decided_at": now,
+                    "requested_by": requester, "rule": rule}),
         )
         .await?;
         tx.commit().await?;
-        self.decided(owner_id, id).await
+        self.decided(&who.viewer(), id).await
     }
 
-    async fn decided(&self, owner_id: &str, id: &str) -> StoreResult<DecideOutcome> {
-        Ok(match self.approval_for(owner_id, id).await? {
+    async fn decided(&self, viewer: &Viewer<'_>, id: &str) -> StoreResult<DecideOutcome> {
+        Ok(match self.approval_visible(viewer, id).await? {
             Some(row) => DecideOutcome::Decided(row),
             None => DecideOutcome::NotFound,
         })
     }
 
-    /// Why a decision changed nothing.
+    /// Why a decision changed nothing (`triple` is Some for a grant).
     async fn diagnose(
         &self,
-        owner_id: &str,
+        viewer: &Viewer<'_>,
         id: &str,
         triple: Option<&GrantRequest<'_>>,
     ) -> StoreResult<DecideOutcome> {
-        let Some(row) = self.approval_for(owner_id, id).await? else {
+        let Some(row) = self.approval_visible(viewer, id).await? else {
             return Ok(DecideOutcome::NotFound);
         };
+        let own_four_eyes = row.rule() == ApprovalRule::FourEyes && row.owner_id == viewer.user_id;
         Ok(match row.status.as_str() {
             "expired" => DecideOutcome::Expired(row),
             "pending" if row.expires_at <= ids::now() => DecideOutcome::Expired(row),
             "pending" if row.invocation_status != "awaiting_approval" => DecideOutcome::AlreadyDecided(row),
+            "pending" if triple.is_some() && own_four_eyes => DecideOutcome::FourEyesRequired(row),
             "pending" => match triple {
                 Some(t)
                     if t.tool_id != row.tool_id

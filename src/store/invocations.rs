@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::evidence::EvidenceDraft;
 use super::{Backend, Store, StoreError, StoreResult, WriteTx};
+use crate::approval::policy::ApprovalRule;
 use crate::events::EventKind;
 use crate::ids;
 
@@ -46,6 +47,43 @@ pub struct InvocationRow {
     pub started_at: Option<String>,
     /// RFC 3339, when it reached a final status.
     pub finished_at: Option<String>,
+    /// RFC 3339, when a cancel was asked while it ran (see [`Store::request_cancel`]).
+    pub cancel_requested_at: Option<String>,
+    /// Who asked for that cancel.
+    pub cancel_requested_by: Option<String>,
+    /// With which token.
+    pub cancel_token_id: Option<String>,
+}
+
+/// The approval request created with a frozen invocation.
+#[derive(Debug, Clone)]
+pub struct ApprovalRequest {
+    /// What the approver sees besides the frozen call (reasons, the tool's preview), JSON.
+    pub preview: serde_json::Value,
+    /// RFC 3339 expiry.
+    pub expires_at: String,
+    /// Who may grant it, fixed from now on.
+    pub rule: ApprovalRule,
+    /// The tool domain that demanded four-eyes, if it applies.
+    pub rule_domain: Option<String>,
+}
+
+impl ApprovalRequest {
+    /// A self-approval request.
+    pub fn new(preview: serde_json::Value, expires_at: String) -> Self {
+        Self { preview, expires_at, rule: ApprovalRule::SelfApproval, rule_domain: None }
+    }
+}
+
+/// What a cancel of a running invocation was recorded as.
+#[derive(Debug)]
+pub enum CancelRequest {
+    /// Recorded now (the row after the update).
+    Recorded(InvocationRow),
+    /// A cancel had been recorded before; the row as it is.
+    AlreadyRequested(InvocationRow),
+    /// Not running (any more): the row as it is.
+    NotRunning(InvocationRow),
 }
 
 /// Everything needed to insert a frozen invocation.
@@ -65,8 +103,8 @@ pub struct NewInvocation {
     pub input: String,
     /// Hash of the canonical document.
     pub input_hash: String,
-    /// When set, an approval request is created with this preview (JSON) and expiry.
-    pub approval: Option<(serde_json::Value, String)>,
+    /// When set, an approval request is created with it.
+    pub approval: Option<ApprovalRequest>,
 }
 
 /// Result of [`Store::freeze_invocation`].
@@ -140,6 +178,9 @@ impl Store {
             updated_at: now.clone(),
             started_at: None,
             finished_at: None,
+            cancel_requested_at: None,
+            cancel_requested_by: None,
+            cancel_token_id: None,
         };
         let mut tx = self.begin_write().await?;
         // Re-check inside the write lock (SQLite serializes here; Postgres relies on the
@@ -189,12 +230,13 @@ impl Store {
         )
         .await?;
         let mut approval_id = None;
-        if let Some((preview, expires_at)) = &new.approval {
+        if let Some(request) = &new.approval {
+            let (preview, expires_at) = (&request.preview, &request.expires_at);
             let id = ids::new_id("apr");
             sqlx::query(
                 "INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash,
-                    status, preview, expires_at, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10)",
+                    status, preview, expires_at, created_at, rule, rule_domain)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $11, $12)",
             )
             .bind(&id)
             .bind(&row.id)
@@ -206,6 +248,8 @@ impl Store {
             .bind(preview.to_string())
             .bind(expires_at)
             .bind(&now)
+            .bind(request.rule.as_str())
+            .bind(request.rule_domain.as_deref())
             .execute(tx.conn())
             .await?;
             tx.append_event(
@@ -214,7 +258,7 @@ impl Store {
                 &json!({
                     "approval_id": id, "invocation_id": row.id, "tool_id": row.tool_id,
                     "tool_call_id": row.tool_call_id, "input_hash": row.input_hash,
-                    "expires_at": expires_at,
+                    "expires_at": expires_at, "rule": request.rule.as_str(), "rule_domain": request.rule_domain,
                 }),
             )
             .await?;
@@ -263,7 +307,8 @@ impl Store {
     }
 
     /// Claims the oldest queued invocation that may run: approval-free, or carrying a
-    /// granted approval whose triple equals the invocation's. Sets `running`, the claimer
+    /// granted approval whose triple equals the invocation's (and, when its rule is
+    /// four-eyes, decided by another user who is an admin or approver). Sets `running`, the claimer
     /// and a lease, and appends `execution.started`, in one transaction. Two claimers can
     /// never get the same row (SQLite: one writer; Postgres: `FOR UPDATE SKIP LOCKED`).
     pub async fn claim_next(&self, node_id: &str, lease_ms: u64) -> StoreResult<Option<ClaimedInvocation>> {
@@ -280,7 +325,11 @@ impl Store {
                         SELECT 1 FROM approvals a
                         WHERE a.invocation_id = i.id AND a.status = 'granted'
                           AND a.tool_id = i.tool_id AND a.tool_call_id = i.tool_call_id
-                          AND a.input_hash = i.input_hash))
+                          AND a.input_hash = i.input_hash
+                          AND (a.rule = 'self_approval' OR EXISTS (
+                                SELECT 1 FROM users u
+                                WHERE u.id = a.decided_by AND u.id <> i.owner_id
+                                  AND (u.is_admin <> 0 OR u.is_approver <> 0)))))
                 ORDER BY i.id LIMIT 1 {lock}
              ) AND status = 'queued'
              RETURNING *"
@@ -473,6 +522,59 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(Some((row, true)))
+    }
+}
+
+impl Store {
+    /// Records a cancel asked by the owner of a running invocation (who, with which token,
+    /// when) with an `invocation.cancel_requested` event. The harness decides what it
+    /// achieves and the final status says so; this only makes the request durable, also for
+    /// the server that runs it when that is another replica (it polls
+    /// [`Store::cancel_requests`]). None when the caller has no such invocation.
+    pub async fn request_cancel(
+        &self,
+        owner_id: &str,
+        id: &str,
+        token_id: &str,
+    ) -> StoreResult<Option<CancelRequest>> {
+        let now = ids::now();
+        let mut tx = self.begin_write().await?;
+        let row: Option<InvocationRow> = sqlx::query_as(
+            "UPDATE invocations SET cancel_requested_at = $1, cancel_requested_by = $3, cancel_token_id = $4
+             WHERE id = $2 AND owner_id = $3 AND status = 'running' AND cancel_requested_at IS NULL
+             RETURNING *",
+        )
+        .bind(&now)
+        .bind(id)
+        .bind(owner_id)
+        .bind(token_id)
+        .fetch_optional(tx.conn())
+        .await?;
+        let Some(row) = row else {
+            drop(tx);
+            return Ok(self.invocation_for(owner_id, id).await?.map(|row| {
+                if row.status == "running" { CancelRequest::AlreadyRequested(row) } else { CancelRequest::NotRunning(row) }
+            }));
+        };
+        tx.append_event(
+            &row.run_id,
+            EventKind::InvocationCancelRequested,
+            &json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id,
+                    "requested_by": owner_id, "token_id": token_id, "requested_at": now}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(CancelRequest::Recorded(row)))
+    }
+
+    /// Ids of the invocations `node_id` runs that have a recorded cancel request.
+    pub async fn cancel_requests(&self, node_id: &str) -> StoreResult<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM invocations WHERE status = 'running' AND claimed_by = $1 AND cancel_requested_at IS NOT NULL",
+        )
+        .bind(node_id)
+        .fetch_all(self.pool())
+        .await?)
     }
 }
 

@@ -21,17 +21,19 @@ mod search;
 mod terminal;
 mod users;
 
-pub use approvals::{ApprovalRow, DecideOutcome, GrantRequest};
+pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, Viewer};
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
-pub use invocations::{ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation};
+pub use invocations::{
+    ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation,
+};
 pub use mcp::{McpAccessRow, McpConnectionRow, McpServerRow, McpToolRow};
 pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
 pub use search::{
     FetchRecord, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow, UpsertCounts,
 };
 pub use terminal::{SessionEnd, TerminalSessionRow};
-pub use users::{TokenIdentity, UserRow};
+pub use users::{Roles, TokenIdentity, UserRow};
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -211,7 +213,7 @@ impl WriteTx {
             .bind(crate::ids::now())
             .execute(&mut *self.tx)
             .await?;
-        self.appended.push(RunSignal { run_id: run_id.to_owned(), seq });
+        self.appended.push(RunSignal { run_id: run_id.to_owned(), seq, kind });
         Ok(seq)
     }
 

@@ -16,6 +16,10 @@ pub struct UserRow {
     #[serde(serialize_with = "as_bool")]
     #[schema(value_type = bool)]
     pub is_admin: i64,
+    /// 1 when the user may grant other users' four-eyes approvals (admins may too).
+    #[serde(serialize_with = "as_bool")]
+    #[schema(value_type = bool)]
+    pub is_approver: i64,
     /// RFC 3339.
     pub created_at: String,
 }
@@ -33,8 +37,19 @@ pub struct TokenIdentity {
     pub name: String,
     /// 1 for admins.
     pub is_admin: i64,
+    /// 1 for approvers (may grant other users' four-eyes approvals).
+    pub is_approver: i64,
     /// The token row, recorded on decisions ("from which token").
     pub token_id: String,
+}
+
+/// The roles a user is created with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Roles {
+    /// May create users and workspaces, and decide other users' four-eyes approvals.
+    pub admin: bool,
+    /// May decide other users' four-eyes approvals.
+    pub approver: bool,
 }
 
 impl Store {
@@ -46,17 +61,24 @@ impl Store {
     /// Creates a user and its first token (given as its SHA-256 hex). A taken name is a
     /// unique violation ([`super::StoreError::is_unique_violation`]).
     pub async fn create_user(&self, name: &str, is_admin: bool, token_sha256: &str) -> StoreResult<UserRow> {
+        self.create_user_with_roles(name, Roles { admin: is_admin, approver: false }, token_sha256).await
+    }
+
+    /// [`Store::create_user`] with every role.
+    pub async fn create_user_with_roles(&self, name: &str, roles: Roles, token_sha256: &str) -> StoreResult<UserRow> {
         let user = UserRow {
             id: ids::new_id("usr"),
             name: name.to_owned(),
-            is_admin: i64::from(is_admin),
+            is_admin: i64::from(roles.admin),
+            is_approver: i64::from(roles.approver),
             created_at: ids::now(),
         };
         let mut tx = self.begin_write().await?;
-        sqlx::query("INSERT INTO users (id, name, is_admin, created_at) VALUES ($1, $2, $3, $4)")
+        sqlx::query("INSERT INTO users (id, name, is_admin, is_approver, created_at) VALUES ($1, $2, $3, $4, $5)")
             .bind(&user.id)
             .bind(&user.name)
             .bind(user.is_admin)
+            .bind(user.is_approver)
             .bind(&user.created_at)
             .execute(tx.conn())
             .await?;
@@ -75,12 +97,26 @@ impl Store {
     /// The identity behind a token hash, if the token exists and is not revoked.
     pub async fn identity_by_token(&self, token_sha256: &str) -> StoreResult<Option<TokenIdentity>> {
         Ok(sqlx::query_as(
-            "SELECT u.id AS user_id, u.name, u.is_admin, t.id AS token_id
+            "SELECT u.id AS user_id, u.name, u.is_admin, u.is_approver, t.id AS token_id
              FROM tokens t JOIN users u ON u.id = t.user_id
              WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
         )
         .bind(token_sha256)
         .fetch_optional(self.pool())
         .await?)
+    }
+}
+
+impl Store {
+    /// Whether user `user_id` exists and may decide another user's four-eyes approval (an
+    /// admin or an approver). For the harness's gate, which re-checks the stored decider.
+    pub async fn may_second(&self, user_id: &str) -> StoreResult<bool> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM users WHERE id = $1 AND (is_admin <> 0 OR is_approver <> 0)",
+        )
+        .bind(user_id)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(n > 0)
     }
 }

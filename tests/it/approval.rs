@@ -45,6 +45,10 @@ fn s(v: &Value, key: &str) -> String {
 }
 
 impl Fx {
+    fn decider(&self) -> mira::store::Decider<'_> {
+        mira::store::Decider { user_id: &self.user_id, token_id: &self.token_id, may_second: false }
+    }
+
     fn ws(&self) -> &Path {
         &self.t.workspace
     }
@@ -366,7 +370,7 @@ async fn restart_between_grant_and_execution_executes_once(backend: Backend) {
         input_hash: before["input_hash"].as_str().unwrap(),
     };
     let outcome =
-        store.grant_approval(&f.user_id, &s(&before, "approval_id"), &triple, &f.user_id, &f.token_id).await.unwrap();
+        store.grant_approval(&f.decider(), &s(&before, "approval_id"), &triple).await.unwrap();
     assert!(matches!(outcome, mira::store::DecideOutcome::Decided(_)), "{outcome:?}");
     store.close().await;
     assert!(!f.ws().join("r1.txt").exists());

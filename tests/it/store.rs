@@ -9,7 +9,12 @@ use std::sync::Arc;
 
 use common::{Backend, TestDb};
 use mira::events::{EventBus, EventKind};
-use mira::store::{DecideOutcome, FreezeOutcome, GrantRequest, NewInvocation, Store};
+use mira::store::{ApprovalRequest, DecideOutcome, Decider, FreezeOutcome, GrantRequest, NewInvocation, Store};
+
+/// An ordinary user deciding with token `tok`.
+fn dec(user_id: &str) -> Decider<'_> {
+    Decider { user_id, token_id: "tok", may_second: false }
+}
 use serde_json::json;
 
 struct Fixture {
@@ -42,7 +47,7 @@ fn new_inv(f: &Fixture, call: &str, approval: bool) -> NewInvocation {
         tool_call_id: call.into(),
         input: input.to_string(),
         input_hash: mira::invocation::canonical::input_hash("t", &input),
-        approval: approval.then(|| (json!({}), mira::ids::now_plus_ms(60_000))),
+        approval: approval.then(|| ApprovalRequest::new(json!({}), mira::ids::now_plus_ms(60_000))),
     }
 }
 
@@ -167,7 +172,7 @@ async fn racing_grants_have_one_winner(backend: Backend) {
         tasks.push(tokio::spawn(async move {
             let triple =
                 GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
-            f.store.grant_approval(&f.user, &apr, &triple, &f.user, "tok").await.unwrap()
+            f.store.grant_approval(&dec(&f.user), &apr, &triple).await.unwrap()
         }));
     }
     let mut won = 0;
@@ -194,11 +199,11 @@ async fn grant_and_deny_race_one_wins(backend: Backend) {
         let g = tokio::spawn(async move {
             let triple =
                 GrantRequest { tool_id: &ig.tool_id, tool_call_id: &ig.tool_call_id, input_hash: &ig.input_hash };
-            fg.store.grant_approval(&fg.user, &ag, &triple, &fg.user, "tok").await.unwrap()
+            fg.store.grant_approval(&dec(&fg.user), &ag, &triple).await.unwrap()
         });
         let d =
             tokio::spawn(
-                async move { fd.store.deny_approval(&fd.user, &ad, Some("no"), &fd.user, "tok").await.unwrap() },
+                async move { fd.store.deny_approval(&dec(&fd.user), &ad, Some("no")).await.unwrap() },
             );
         let (g, d) = (g.await.unwrap(), d.await.unwrap());
         let winners = [&g, &d].iter().filter(|o| matches!(o, DecideOutcome::Decided(_))).count();
@@ -222,25 +227,25 @@ async fn mismatch_changes_nothing_and_expiry_ends_the_wait(backend: Backend) {
     let wrong =
         GrantRequest { tool_id: &other.tool_id, tool_call_id: &other.tool_call_id, input_hash: &other.input_hash };
     assert!(matches!(
-        f.store.grant_approval(&f.user, &apr, &wrong, &f.user, "tok").await.unwrap(),
+        f.store.grant_approval(&dec(&f.user), &apr, &wrong).await.unwrap(),
         DecideOutcome::Mismatch(_)
     ));
     let same_input_other_call = GrantRequest { tool_id: &inv.tool_id, tool_call_id: "m2", input_hash: &inv.input_hash };
     assert!(matches!(
-        f.store.grant_approval(&f.user, &apr, &same_input_other_call, &f.user, "tok").await.unwrap(),
+        f.store.grant_approval(&dec(&f.user), &apr, &same_input_other_call).await.unwrap(),
         DecideOutcome::Mismatch(_)
     ));
     assert_eq!(f.store.invocation_by_id(&inv.id).await.unwrap().unwrap().status, "awaiting_approval");
     // Another user cannot see or decide it.
     let right = GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
     assert!(matches!(
-        f.store.grant_approval("usr_other", &apr, &right, "usr_other", "tok").await.unwrap(),
+        f.store.grant_approval(&dec("usr_other"), &apr, &right).await.unwrap(),
         DecideOutcome::NotFound
     ));
 
     // Expiry.
     let mut expiring = new_inv(&f, "e", true);
-    expiring.approval = Some((json!({}), mira::ids::now_plus_ms(0)));
+    expiring.approval = Some(ApprovalRequest::new(json!({}), mira::ids::now_plus_ms(0)));
     let FreezeOutcome::Created(exp_inv, Some(exp_apr)) = f.store.freeze_invocation(&expiring).await.unwrap() else {
         panic!("created")
     };
@@ -251,7 +256,7 @@ async fn mismatch_changes_nothing_and_expiry_ends_the_wait(backend: Backend) {
         input_hash: &exp_inv.input_hash,
     };
     assert!(matches!(
-        f.store.grant_approval(&f.user, &exp_apr, &triple, &f.user, "tok").await.unwrap(),
+        f.store.grant_approval(&dec(&f.user), &exp_apr, &triple).await.unwrap(),
         DecideOutcome::Expired(_)
     ));
     assert_eq!(f.store.expire_approvals().await.unwrap(), 1);

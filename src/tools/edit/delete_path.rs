@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents};
 use super::{TargetState, check_precondition, check_resolved, target};
+use crate::harness::{CommitGate, SideEffects};
 use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::{bool_field, str_field};
@@ -105,7 +106,7 @@ fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError
     Ok((preview, found.state()))
 }
 
-fn delete(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
+fn delete(ws: &Workspace, input: &Value, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
     let rel = check_resolved(ws, input, "path", "resolved_path")?;
     let abs = str_field(input, "resolved_path").unwrap_or_default();
     let _guard = efs::lock_paths(&[abs]);
@@ -119,6 +120,7 @@ fn delete(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
         other => other?,
     };
     check_precondition(&rel, input.get("precondition"), &found.state())?;
+    gate.pass()?;
     match &found {
         Found::File { .. } => dir.remove_file(&located.name).map_err(|e| workspace::io_error(&rel, &e))?,
         Found::Dir(_) => {
@@ -182,9 +184,14 @@ impl Tool for DeletePath {
         super::replay_with_precondition(canonical, frozen)
     }
 
+    fn side_effects(&self) -> SideEffects {
+        SideEffects::AtCommitPoint
+    }
+
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input = input.clone();
         let ws = ctx.workspace.clone();
-        blocking(move || delete(&ws, &input)).await
+        let gate = ctx.commit.clone();
+        blocking(move || delete(&ws, &input, &gate)).await
     }
 }

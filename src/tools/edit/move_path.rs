@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents};
 use super::{TargetState, check_precondition, check_resolved, target};
+use crate::harness::{CommitGate, SideEffects};
 use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::{bool_field, str_field};
@@ -207,7 +208,7 @@ fn preview(input: &Value, plan: &Plan) -> Value {
     super::finish_preview(preview, &plan.precondition(), &paths)
 }
 
-fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
+fn apply(ws: &Workspace, input: &Value, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
     let from = check_resolved(ws, input, "from", "resolved_from")?;
     let to = check_resolved(ws, input, "to", "resolved_to")?;
     let resolved_from = str_field(input, "resolved_from").unwrap_or_default();
@@ -215,12 +216,16 @@ fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     let _guard = efs::lock_paths(&[resolved_from, resolved_to]);
     let p = plan(ws, input, Some(input.get("precondition").unwrap_or(&Value::Null)))?;
     match &p.replaced {
-        None => efs::rename_noreplace(&p.from_dir, &p.from_name, &p.to_dir, &p.to_name, &to)?,
+        None => {
+            gate.pass()?;
+            efs::rename_noreplace(&p.from_dir, &p.from_name, &p.to_dir, &p.to_name, &to)?;
+        }
         Some((file, _)) => {
             match efs::inspect(&p.to_dir, &p.to_name, &to)? {
                 Leaf::File(now) if now.same_version(file) => {}
                 _ => return Err(super::changed_meanwhile(&to)),
             }
+            gate.pass()?;
             p.from_dir.rename(&p.from_name, &p.to_dir, &p.to_name).map_err(|e| workspace::io_error(&to, &e))?;
         }
     }
@@ -274,9 +279,14 @@ impl Tool for MovePath {
         super::replay_with_precondition(canonical, frozen)
     }
 
+    fn side_effects(&self) -> SideEffects {
+        SideEffects::AtCommitPoint
+    }
+
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input = input.clone();
         let ws = ctx.workspace.clone();
-        blocking(move || apply(&ws, &input)).await
+        let gate = ctx.commit.clone();
+        blocking(move || apply(&ws, &input, &gate)).await
     }
 }

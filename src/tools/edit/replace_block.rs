@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use super::fs::{self as efs, Leaf, Parents, Replace};
 use super::{TargetState, check_expected, check_precondition, check_resolved, diff, expected_sha, target};
 use crate::evidence::sha256_hex;
+use crate::harness::{CommitGate, SideEffects};
 use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::read::open::BINARY_SNIFF_BYTES;
@@ -431,7 +432,7 @@ fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError
     Ok((preview, state))
 }
 
-fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
+fn apply(ws: &Workspace, input: &Value, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
     let rel = check_resolved(ws, input, "path", "resolved_path")?;
     let abs = str_field(input, "resolved_path").unwrap_or_default();
     let _guard = efs::lock_paths(&[abs]);
@@ -440,7 +441,7 @@ fn apply(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     let e = edit(dir, &located.name, &rel, input, Some(input.get("precondition")))?;
     efs::write_atomic(dir, &located.name, &rel, &e.bytes, Some(e.file.mode), Replace::Overwrite, ws.node(), || {
         match efs::inspect(dir, &located.name, &rel)? {
-            Leaf::File(now) if now.same_version(&e.file) => Ok(()),
+            Leaf::File(now) if now.same_version(&e.file) => gate.pass(),
             _ => Err(super::changed_meanwhile(&rel)),
         }
     })?;
@@ -502,10 +503,15 @@ impl Tool for ReplaceBlock {
         super::replay_with_precondition(canonical, frozen)
     }
 
+    fn side_effects(&self) -> SideEffects {
+        SideEffects::AtCommitPoint
+    }
+
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input = input.clone();
         let ws = ctx.workspace.clone();
-        blocking(move || apply(&ws, &input)).await
+        let gate = ctx.commit.clone();
+        blocking(move || apply(&ws, &input, &gate)).await
     }
 }
 

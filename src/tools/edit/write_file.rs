@@ -16,6 +16,7 @@ use super::{
     TargetState, check_expected, check_precondition, check_resolved, diff, diffable, expected_sha, mode_text, target,
 };
 use crate::evidence::sha256_hex;
+use crate::harness::{CommitGate, SideEffects};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::{bool_field, str_field};
@@ -146,7 +147,7 @@ fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError
     Ok((preview(input, &located.missing_dirs, before.as_ref()), Before::state(before.as_ref())))
 }
 
-fn write(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
+fn write(ws: &Workspace, input: &Value, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
     let rel = check_resolved(ws, input, "path", "resolved_path")?;
     let abs = str_field(input, "resolved_path").unwrap_or_default();
     let content = str_field(input, "content").unwrap_or_default();
@@ -165,6 +166,7 @@ fn write(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
                 (Leaf::File(now), Some(b)) if now.same_version(&b.file) => Ok(()),
                 _ => Err(super::changed_meanwhile(&rel)),
             }
+            .and_then(|()| gate.pass())
         })?;
         Ok((dir, before))
     })();
@@ -240,9 +242,14 @@ impl Tool for WriteFile {
         super::replay_with_precondition(canonical, frozen)
     }
 
+    fn side_effects(&self) -> SideEffects {
+        SideEffects::AtCommitPoint
+    }
+
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input = input.clone();
         let ws = ctx.workspace.clone();
-        blocking(move || write(&ws, &input)).await
+        let gate = ctx.commit.clone();
+        blocking(move || write(&ws, &input, &gate)).await
     }
 }
