@@ -221,8 +221,9 @@ async fn run() -> ExitCode {
         Command::User { command: UserCommand::Create { name, admin, approver, storage } } => {
             async {
                 let store = server::open_store(&storage.data_dir, &storage.url()).await?;
-                let (user, token) =
-                    mira::http::users::create(&store, &name, mira::store::Roles { admin, approver }).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                let (user, token) = mira::http::users::create(&store, &name, mira::store::Roles { admin, approver })
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
                 println!("{}", serde_json::json!({"user": user, "token": token}));
                 Ok(())
             }

@@ -80,7 +80,7 @@ async function signedIn(me) {
   $('sign-in').hidden = true;
   $('nav').hidden = false;
   $('who').hidden = false;
-  $('who-name').textContent = `Signed in as ${me.name}${me.is_admin ? ' (admin)' : ''}`;
+  $('who-name').textContent = `Signed in as ${me.name}${me.is_admin ? ' (admin)' : me.is_approver ? ' (approver)' : ''}`;
   inbox.start((count) => {
     const c = $('approval-count');
     c.hidden = count === 0;

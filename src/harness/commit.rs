@@ -91,15 +91,24 @@ pub enum GateState {
 pub enum StopOutcome {
     /// The stop won: the call will not pass its commit point.
     Stopped,
-    /// The call had already passed its commit point.
+    /// The call had already passed its commit point (and is still running).
     TooLate,
+    /// The call had already returned; its result stands as it is.
+    Finished,
 }
 
 /// The race between a tool's commit and a stop request, decided once (see the module docs).
 /// Cheap to clone; every clone is the same gate.
 #[derive(Debug, Clone)]
 pub struct CommitGate {
-    state: Arc<Mutex<GateState>>,
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: GateState,
+    /// Set when the call returned: later stop requests change nothing.
+    finished: bool,
 }
 
 impl Default for CommitGate {
@@ -111,13 +120,14 @@ impl Default for CommitGate {
 impl CommitGate {
     /// An open gate.
     pub fn new() -> Self {
-        Self { state: Arc::new(Mutex::new(GateState::Open)) }
+        Self { inner: Arc::new(Mutex::new(Inner { state: GateState::Open, finished: false })) }
     }
 
     /// Passes the commit point, unless a stop won first (then its reason is returned and the
     /// caller must not make its change). Committing twice is fine.
     pub fn commit(&self) -> Result<(), StopReason> {
-        let mut state = self.state.lock();
+        let mut inner = self.inner.lock();
+        let state = &mut inner.state;
         match &*state {
             GateState::Open => {
                 *state = GateState::Committed { late_stop: None };
@@ -137,7 +147,11 @@ impl CommitGate {
     /// Asks the call to stop. Idempotent: a repeated request gets the same outcome, and only
     /// the first reason is kept.
     pub fn request_stop(&self, reason: StopReason) -> StopOutcome {
-        let mut state = self.state.lock();
+        let mut inner = self.inner.lock();
+        if inner.finished {
+            return StopOutcome::Finished;
+        }
+        let state = &mut inner.state;
         match &mut *state {
             GateState::Open => {
                 *state = GateState::Stopped { reason, at: crate::ids::now() };
@@ -153,9 +167,15 @@ impl CommitGate {
         }
     }
 
+    /// Marks the call as returned: from now on stop requests answer
+    /// [`StopOutcome::Finished`] and the state no longer changes.
+    pub fn finish(&self) {
+        self.inner.lock().finished = true;
+    }
+
     /// The current state.
     pub fn state(&self) -> GateState {
-        self.state.lock().clone()
+        self.inner.lock().state.clone()
     }
 }
 
@@ -211,6 +231,12 @@ mod tests {
             GateState::Committed { late_stop: Some((reason, _)) } => assert_eq!(reason, StopReason::Cancel),
             other => panic!("{other:?}"),
         }
+        gate.finish();
+        assert_eq!(gate.request_stop(StopReason::Cancel), StopOutcome::Finished);
+        let gate = CommitGate::new();
+        gate.finish();
+        assert_eq!(gate.request_stop(StopReason::Cancel), StopOutcome::Finished);
+        assert_eq!(gate.state(), GateState::Open);
     }
 
     #[test]

@@ -60,6 +60,8 @@ pub enum CancelOutcome {
     /// The call had passed its commit point: it finishes, and its final status is what it
     /// did, with the late cancel noted.
     TooLate,
+    /// The call had just returned; its result (being stored) stands as it is.
+    Finished,
     /// The invocation is not running on this server.
     NotHere,
 }
@@ -86,6 +88,7 @@ impl RunningCall {
                 CancelOutcome::Interrupting
             }
             (StopOutcome::TooLate, _) => CancelOutcome::TooLate,
+            (StopOutcome::Finished, _) => return CancelOutcome::Finished,
         };
         self.stop.cancel();
         outcome
@@ -250,7 +253,11 @@ impl Harness {
             let decider = approval.decided_by.as_deref().unwrap_or_default();
             let seconded = !decider.is_empty()
                 && decider != inv.owner_id
-                && self.store.may_second(decider).await.map_err(|e| refused(&format!("the decider could not be read: {e}")))?;
+                && self
+                    .store
+                    .may_second(decider)
+                    .await
+                    .map_err(|e| refused(&format!("the decider could not be read: {e}")))?;
             if !seconded {
                 return Err(ToolError::new(
                     ErrorClass::Failed,
@@ -314,9 +321,9 @@ impl Harness {
         });
         self.running.lock().insert(inv.id.clone(), Arc::clone(&call));
         let outcome = self.execute_gated(&inv, entry, &call, &stopping).await;
-        // The call is over: from now on a stop request is too late (it stays registered until
-        // its result is stored, so that a cancel in between is answered truthfully).
-        let _ = call.gate.commit();
+        // The call is over: from now on a stop request changes nothing (it stays registered
+        // until its result is stored, so that a cancel in between is answered truthfully).
+        call.gate.finish();
         if stopping.is_cancelled() && outcome.is_err() {
             // The server is stopping and the call did not finish: it is marked interrupted,
             // not failed. A call that finished (its change made) is stored as it is.

@@ -14,8 +14,8 @@ use utoipa_axum::routes;
 use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use crate::app::App;
-use crate::approval::policy::ApprovalRule;
 use crate::approval;
+use crate::approval::policy::ApprovalRule;
 use crate::error::{Error, Result};
 use crate::store::{ApprovalRow, GrantRequest, Viewer, json_col};
 

@@ -13,8 +13,8 @@ use super::error::{Json, Path, Query};
 use super::runs::owned_run;
 use crate::app::App;
 use crate::error::{Error, Result};
-use crate::invocation::{self, CallRequest};
 use crate::harness::CancelOutcome;
+use crate::invocation::{self, CallRequest};
 use crate::store::{CancelRequest, InvocationRow, json_col};
 
 /// Body of `POST /v1/runs/{run_id}/invocations`.
@@ -224,6 +224,11 @@ pub async fn cancel_invocation(
                 row.id, row.tool_id
             ),
             serde_json::json!({"status": row.status, "cancel_requested_at": row.cancel_requested_at}),
+        )),
+        CancelOutcome::Finished => Err(Error::conflict(
+            "invalid_state",
+            format!("invocation {} has finished running; its result is being stored and stands as it is", row.id),
+            serde_json::json!({"status": row.status, "finished": true}),
         )),
         CancelOutcome::NotHere if row.status != "running" => Err(invalid_state(&row)),
         CancelOutcome::NotHere => Ok((StatusCode::ACCEPTED, Json(full_view(&app, row).await?))),

@@ -272,12 +272,7 @@ impl Store {
     /// Denies pending approval `id`: its owner may (withdrawing the call, whatever the rule),
     /// and so may an admin or approver when the rule is four-eyes. The invocation becomes
     /// `denied`.
-    pub async fn deny_approval(
-        &self,
-        who: &Decider<'_>,
-        id: &str,
-        reason: Option<&str>,
-    ) -> StoreResult<DecideOutcome> {
+    pub async fn deny_approval(&self, who: &Decider<'_>, id: &str, reason: Option<&str>) -> StoreResult<DecideOutcome> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
         let denied: Option<(String, String, String, String)> = sqlx::query_as(

@@ -531,12 +531,7 @@ impl Store {
     /// achieves and the final status says so; this only makes the request durable, also for
     /// the server that runs it when that is another replica (it polls
     /// [`Store::cancel_requests`]). None when the caller has no such invocation.
-    pub async fn request_cancel(
-        &self,
-        owner_id: &str,
-        id: &str,
-        token_id: &str,
-    ) -> StoreResult<Option<CancelRequest>> {
+    pub async fn request_cancel(&self, owner_id: &str, id: &str, token_id: &str) -> StoreResult<Option<CancelRequest>> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
         let row: Option<InvocationRow> = sqlx::query_as(
@@ -553,7 +548,11 @@ impl Store {
         let Some(row) = row else {
             drop(tx);
             return Ok(self.invocation_for(owner_id, id).await?.map(|row| {
-                if row.status == "running" { CancelRequest::AlreadyRequested(row) } else { CancelRequest::NotRunning(row) }
+                if row.status == "running" {
+                    CancelRequest::AlreadyRequested(row)
+                } else {
+                    CancelRequest::NotRunning(row)
+                }
             }));
         };
         tx.append_event(

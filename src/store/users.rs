@@ -111,12 +111,11 @@ impl Store {
     /// Whether user `user_id` exists and may decide another user's four-eyes approval (an
     /// admin or an approver). For the harness's gate, which re-checks the stored decider.
     pub async fn may_second(&self, user_id: &str) -> StoreResult<bool> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM users WHERE id = $1 AND (is_admin <> 0 OR is_approver <> 0)",
-        )
-        .bind(user_id)
-        .fetch_one(self.pool())
-        .await?;
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM users WHERE id = $1 AND (is_admin <> 0 OR is_approver <> 0)")
+                .bind(user_id)
+                .fetch_one(self.pool())
+                .await?;
         Ok(n > 0)
     }
 }

@@ -7,6 +7,7 @@ mod common;
 mod approval;
 mod codegraph;
 mod embedding;
+mod hostile_approvals;
 mod hostile_files;
 mod mcp;
 mod mcp_real;

@@ -201,10 +201,7 @@ async fn grant_and_deny_race_one_wins(backend: Backend) {
                 GrantRequest { tool_id: &ig.tool_id, tool_call_id: &ig.tool_call_id, input_hash: &ig.input_hash };
             fg.store.grant_approval(&dec(&fg.user), &ag, &triple).await.unwrap()
         });
-        let d =
-            tokio::spawn(
-                async move { fd.store.deny_approval(&dec(&fd.user), &ad, Some("no")).await.unwrap() },
-            );
+        let d = tokio::spawn(async move { fd.store.deny_approval(&dec(&fd.user), &ad, Some("no")).await.unwrap() });
         let (g, d) = (g.await.unwrap(), d.await.unwrap());
         let winners = [&g, &d].iter().filter(|o| matches!(o, DecideOutcome::Decided(_))).count();
         assert_eq!(winners, 1, "{g:?} {d:?}");
@@ -226,10 +223,7 @@ async fn mismatch_changes_nothing_and_expiry_ends_the_wait(backend: Backend) {
     // The other call's triple (same tool, other call id and hash) does not grant this one.
     let wrong =
         GrantRequest { tool_id: &other.tool_id, tool_call_id: &other.tool_call_id, input_hash: &other.input_hash };
-    assert!(matches!(
-        f.store.grant_approval(&dec(&f.user), &apr, &wrong).await.unwrap(),
-        DecideOutcome::Mismatch(_)
-    ));
+    assert!(matches!(f.store.grant_approval(&dec(&f.user), &apr, &wrong).await.unwrap(), DecideOutcome::Mismatch(_)));
     let same_input_other_call = GrantRequest { tool_id: &inv.tool_id, tool_call_id: "m2", input_hash: &inv.input_hash };
     assert!(matches!(
         f.store.grant_approval(&dec(&f.user), &apr, &same_input_other_call).await.unwrap(),
@@ -238,10 +232,7 @@ async fn mismatch_changes_nothing_and_expiry_ends_the_wait(backend: Backend) {
     assert_eq!(f.store.invocation_by_id(&inv.id).await.unwrap().unwrap().status, "awaiting_approval");
     // Another user cannot see or decide it.
     let right = GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
-    assert!(matches!(
-        f.store.grant_approval(&dec("usr_other"), &apr, &right).await.unwrap(),
-        DecideOutcome::NotFound
-    ));
+    assert!(matches!(f.store.grant_approval(&dec("usr_other"), &apr, &right).await.unwrap(), DecideOutcome::NotFound));
 
     // Expiry.
     let mut expiring = new_inv(&f, "e", true);
@@ -263,6 +254,62 @@ async fn mismatch_changes_nothing_and_expiry_ends_the_wait(backend: Backend) {
     assert_eq!(f.store.invocation_by_id(&exp_inv.id).await.unwrap().unwrap().status, "expired");
     let events = f.store.events_after(&f.run.id, 0, 100).await.unwrap();
     assert!(events.iter().any(|e| e.kind == "approval.expired"));
+}
+
+async fn four_eyes_decisions_and_claims(backend: Backend) {
+    use mira::approval::policy::ApprovalRule;
+    use mira::store::{Roles, Viewer};
+    let f = fixture(backend).await;
+    let approver = f
+        .store
+        .create_user_with_roles("appr", Roles { admin: false, approver: true }, &mira::auth::hash_token("a"))
+        .await
+        .unwrap();
+    assert_eq!(approver.is_approver, 1);
+    assert!(f.store.may_second(&approver.id).await.unwrap());
+    let plain = f.store.create_user("plain", false, &mira::auth::hash_token("p")).await.unwrap();
+    assert!(!f.store.may_second(&plain.id).await.unwrap() && !f.store.may_second(&f.user).await.unwrap());
+    let mut new = new_inv(&f, "fe", true);
+    new.approval = Some(ApprovalRequest {
+        rule: ApprovalRule::FourEyes,
+        rule_domain: Some("edit".into()),
+        ..ApprovalRequest::new(json!({}), mira::ids::now_plus_ms(60_000))
+    });
+    let FreezeOutcome::Created(inv, Some(apr)) = f.store.freeze_invocation(&new).await.unwrap() else {
+        panic!("created with an approval")
+    };
+    let triple = GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
+    let who = |user_id, may_second| Decider { user_id, token_id: "tok", may_second };
+    // The requester, even one who may second others: refused, nothing changed.
+    for may_second in [false, true] {
+        let outcome = f.store.grant_approval(&who(&f.user, may_second), &apr, &triple).await.unwrap();
+        assert!(matches!(outcome, DecideOutcome::FourEyesRequired(_)), "{outcome:?}");
+    }
+    // Another user who may not second: not found, not listed.
+    let outcome = f.store.grant_approval(&who(&plain.id, false), &apr, &triple).await.unwrap();
+    assert!(matches!(outcome, DecideOutcome::NotFound), "{outcome:?}");
+    let plain_view = Viewer { user_id: &plain.id, may_second: false };
+    assert!(f.store.list_approvals(&plain_view, None, None, None, 10).await.unwrap().is_empty());
+    assert!(f.store.approval_visible(&plain_view, &apr).await.unwrap().is_none());
+    assert_eq!(f.store.invocation_by_id(&inv.id).await.unwrap().unwrap().status, "awaiting_approval");
+    // The approver: listed (requester named), granted, then claimable.
+    let view = Viewer { user_id: &approver.id, may_second: true };
+    let listed = f.store.list_approvals(&view, Some("pending"), None, None, 10).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|a| (a.id.as_str(), a.requester_name.as_str())).collect::<Vec<_>>(),
+        [(apr.as_str(), "u")]
+    );
+    assert!(listed[0].may_grant(&view) && !listed[0].may_grant(&Viewer::owner(&f.user)));
+    assert!(f.store.claim_next("n", 60_000).await.unwrap().is_none());
+    let DecideOutcome::Decided(row) = f.store.grant_approval(&who(&approver.id, true), &apr, &triple).await.unwrap()
+    else {
+        panic!("the approver's grant")
+    };
+    assert_eq!(
+        (row.rule(), row.decided_by.as_deref(), row.rule_domain.as_deref()),
+        (ApprovalRule::FourEyes, Some(approver.id.as_str()), Some("edit"))
+    );
+    assert_eq!(f.store.claim_next("n", 60_000).await.unwrap().map(|r| r.id), Some(inv.id));
 }
 
 async fn bus_wakes_after_commit_only(backend: Backend) {
@@ -292,5 +339,6 @@ both_backends!(
     racing_grants_have_one_winner,
     grant_and_deny_race_one_wins,
     mismatch_changes_nothing_and_expiry_ends_the_wait,
+    four_eyes_decisions_and_claims,
     bus_wakes_after_commit_only,
 );

@@ -195,7 +195,13 @@ async fn browser_end_to_end() {
         "the browser test needs chromium and playwright-core: run scripts/setup-web.sh (scripts/test.sh does)"
     );
 
-    let t = spawn(Backend::Sqlite).await;
+    // Calls of the `deploy` domain need four-eyes approval in this deployment.
+    let mut options = common::Options::default();
+    options.runtime.four_eyes_domains = vec!["deploy".to_owned()];
+    let t = common::spawn_with(Backend::Sqlite, options).await;
+    let mut deploy = TestTool::new("deploy_release", "deploys a release once a second person approves it", true);
+    deploy.spec.domain = "deploy".to_owned();
+    t.app().registry.register(Arc::new(deploy)).unwrap();
     // The approval path of the test: write_file once the Edit tools are registered; until then
     // a dynamic tool that requires approval for every call.
     let tool = if t.app().registry.get_any("write_file").is_some() {
@@ -208,6 +214,9 @@ async fn browser_end_to_end() {
         "web_probe"
     };
     let token = t.user("ada").await;
+    let approver = t.post("/v1/users", &t.admin_token, json!({"name": "vera", "approver": true})).await;
+    assert_eq!(approver.status, StatusCode::CREATED, "{approver:?}");
+    let approver_token = approver.body["token"].as_str().unwrap().to_owned();
     // Bea has 21 capabilities of her own (owned dynamic tools, invisible to Ada): her turns have
     // more than 20 candidates, so they are ranked and the page shows scores.
     let bea = t.user("bea").await;
@@ -229,6 +238,8 @@ async fn browser_end_to_end() {
         .env("MIRA_TOKEN", &token)
         .env("MIRA_TOKEN_2", &bea)
         .env("MIRA_E2E_TOOL", tool)
+        .env("MIRA_TOKEN_APPROVER", &approver_token)
+        .env("MIRA_FOUR_EYES_TOOL", "deploy_release")
         .env("MIRA_WORKSPACE", &t.workspace)
         .env("MIRA_ARTIFACTS", &artifacts)
         .env("MIRA_WEB_CHROMIUM", &chromium)
@@ -257,7 +268,21 @@ async fn browser_end_to_end() {
     let evidence_id = inv.body["evidence_ids"][0].as_str().unwrap();
     let ev = t.get(&format!("/v1/evidence/{evidence_id}"), &token).await;
     assert_eq!(ev.body["acceptance"]["accepted"], true, "{ev:?}");
+    // The four-eyes call: granted in the page by Vera, the approver, not by Ada who asked.
+    let four_eyes = t.get("/v1/approvals?status=granted", &token).await;
+    let four_eyes: Vec<&Value> = four_eyes.body["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["invocation"]["tool_id"] == "deploy_release")
+        .collect();
+    assert_eq!(four_eyes.len(), 1, "{four_eyes:?}");
+    assert_eq!(four_eyes[0]["rule"], "four_eyes");
+    assert_eq!(four_eyes[0]["decided_by"], approver.body["user"]["id"], "{:?}", four_eyes[0]);
+    assert_eq!(four_eyes[0]["requested_by"]["name"], "ada");
     for shot in [
+        "four-eyes-requester",
+        "four-eyes-approver",
         "sign-in",
         "approvals",
         "timeline",

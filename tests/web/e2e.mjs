@@ -3,6 +3,8 @@
 //   MIRA_BASE_URL  server base URL          MIRA_TOKEN     a user's API token
 //   MIRA_TOKEN_2   another user, with more than 20 tools of her own (ranked exposure)
 //   MIRA_E2E_TOOL  approval-gated tool id (write_file, or a test tool before Edit tools exist)
+//   MIRA_TOKEN_APPROVER  a user with the approver role   MIRA_FOUR_EYES_TOOL  a tool whose
+//                  domain needs four-eyes approval (the four-eyes part is skipped without them)
 //   MIRA_ARTIFACTS folder for screenshots  MIRA_WEB_CHROMIUM  browser binary
 // Views whose API is not in the build (terminal sessions, External MCP) must say so; when the
 // routes exist the test drives them for real. Prints "e2e: all checks passed" at the end.
@@ -17,6 +19,8 @@ const base = process.env.MIRA_BASE_URL;
 const token = process.env.MIRA_TOKEN;
 const token2 = process.env.MIRA_TOKEN_2; // another user, whose turns are ranked
 const gated = process.env.MIRA_E2E_TOOL ?? 'web_probe';
+const tokenApprover = process.env.MIRA_TOKEN_APPROVER;
+const fourEyesTool = process.env.MIRA_FOUR_EYES_TOOL;
 const artifacts = process.env.MIRA_ARTIFACTS ?? 'artifacts';
 const executablePath = process.env.MIRA_WEB_CHROMIUM ?? '/usr/bin/chromium';
 if (!base || !token) throw new Error('MIRA_BASE_URL and MIRA_TOKEN are required');
@@ -503,6 +507,29 @@ try {
   await audit('terminal');
   await shot('terminal');
 
+  // ---- four-eyes: the requester cannot approve their own call; another person must ----
+  let fourEyes = null;
+  if (tokenApprover && fourEyesTool) {
+    const ft = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'deploy the release once a second person approves' });
+    check(ft.exposure.tools.some((t) => t.id === fourEyesTool), `${fourEyesTool} is exposed`);
+    fourEyes = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: ft.turn_id, tool_id: fourEyesTool, tool_call_id: 'call_e2e_four_eyes', input: { value: 'release 1.2' } });
+    check(fourEyes.status === 'awaiting_approval', 'the four-eyes call waits for approval');
+    await goto('#/approvals');
+    const fcard = page.locator(`[data-approval-id="${fourEyes.approval_id}"]`);
+    await fcard.waitFor();
+    const block = fcard.locator('section.four-eyes');
+    check(await block.count() === 1 && (await block.locator('.requester').innerText()).includes('(you)'), 'the four-eyes card names the requester: you');
+    check((await block.locator('.rule').innerText()).includes('four-eyes'), 'the card shows the rule');
+    check((await block.innerText()).includes('Needs another person'), 'the card says another person must approve');
+    check(await fcard.locator('button.approve').isDisabled(), 'the requester cannot press Approve');
+    check(!(await fcard.getByRole('button', { name: 'Deny' }).isDisabled()), 'the requester may still deny (withdraw) it');
+    const refused = await call('POST', `/v1/approvals/${fourEyes.approval_id}/grant`, { tool_id: fourEyes.tool_id, tool_call_id: fourEyes.tool_call_id, input_hash: fourEyes.input_hash });
+    check(refused.status === 403 && refused.body?.error?.code === 'four_eyes_required', 'a grant by the requester is refused (403 four_eyes_required)');
+    check((await must('GET', `/v1/invocations/${fourEyes.invocation_id}`)).status === 'awaiting_approval', 'the refused grant changed nothing');
+    await audit('four-eyes (requester)');
+    await shot('four-eyes-requester');
+  }
+
   // ---- phone width: a pending approval, denied from the page ----
   const third = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn2.turn_id, tool_id: gated, tool_call_id: 'call_e2e_3', input: gatedInput(3) });
   await page.setViewportSize({ width: 390, height: 844 });
@@ -556,6 +583,34 @@ try {
     check((await page.locator(`tr[data-tool="${top}"][data-state=exposed]`).innerText()).includes('score'), 'the ladder row of a ranked tool shows its score');
     await audit('tools (ranked)');
     await shot('tools-ranked');
+    await page.click('#sign-out');
+    await page.waitForSelector('#sign-in:not([hidden])');
+  }
+
+  // ---- an approver: the other user's four-eyes approval, with its requester, approved here ----
+  if (fourEyes) {
+    await page.fill('#token', tokenApprover);
+    await page.press('#token', 'Enter');
+    await page.waitForSelector('#nav:not([hidden])');
+    check((await page.locator('#who-name').innerText()).includes('(approver)'), 'the approver is signed in as approver');
+    await goto('#/approvals');
+    const vcard = page.locator(`[data-approval-id="${fourEyes.approval_id}"]`);
+    await vcard.waitFor({ timeout: 10000 });
+    check((await vcard.locator('section.four-eyes .requester').innerText()).startsWith('ada'), 'the approver’s inbox names the requester (ada)');
+    check((await vcard.innerText()).includes('You are the second person'), 'the card tells the approver they are the second person');
+    check(!(await vcard.locator('button.approve').isDisabled()), 'the approver may press Approve');
+    await audit('four-eyes (approver)');
+    await shot('four-eyes-approver');
+    const req = page.waitForRequest((r) => r.url().endsWith(`/v1/approvals/${fourEyes.approval_id}/grant`));
+    await vcard.locator('button.approve').click();
+    const body = (await req).postDataJSON();
+    check(body.tool_id === fourEyesTool && body.tool_call_id === 'call_e2e_four_eyes' && body.input_hash === fourEyes.input_hash, 'the approver sent exactly the displayed triple');
+    await vcard.locator('.result .ok').waitFor();
+    const fdone = await waitFinal(fourEyes.invocation_id);
+    check(fdone.status === 'completed', `the four-eyes call ran after the approver's grant (${fdone.status})`);
+    const vme = await must('GET', '/v1/me', undefined, [200], tokenApprover);
+    const decided = await must('GET', `/v1/approvals/${fourEyes.approval_id}`);
+    check(decided.decided_by === vme.id && decided.rule === 'four_eyes', 'the grant is recorded as the approver’s, under the four-eyes rule');
     await page.click('#sign-out');
     await page.waitForSelector('#sign-in:not([hidden])');
   }

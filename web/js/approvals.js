@@ -4,6 +4,9 @@
 // cwd (flagged when outside the workspace), env and timeout; for edits the diff preview, the
 // frozen precondition and any path with invisible or look-alike characters (escaped, each
 // character's code point listed) — and Approve sends back exactly the triple the card displays.
+// A four-eyes approval names its requester and its rule: its requester cannot approve it
+// (another person must), while an admin or approver sees other users' four-eyes approvals
+// here and may decide them.
 
 import { get, post, seg, ApiError } from './api.js';
 import { follow, json } from './sse.js';
@@ -229,6 +232,26 @@ function editFacts(tool) {
   return facts;
 }
 
+/** The approval rule block: requester, rule and whether another person is needed. */
+function fourEyesBlock(a) {
+  if (a.rule !== 'four_eyes') return null;
+  const pending = a.status === 'pending';
+  // A pending four-eyes approval the viewer cannot grant is the viewer's own (nobody else sees it).
+  const mine = pending && !a.may_grant;
+  const who = a.requested_by ?? {};
+  const note = !pending ? null
+    : mine ? h('p', { class: 'needs-other', role: 'note', id: `needs-other-${a.id}` },
+      h('strong', {}, 'Needs another person: '), 'an admin or approver other than you must approve this call. You may still deny it (withdraw the call).')
+      : h('p', { class: 'second-person', role: 'note' }, h('strong', {}, 'You are the second person: '), `${who.name ?? 'another user'} asked for this call; approving it runs it once.`);
+  return h('section', { class: 'what-runs four-eyes', dataset: { rule: a.rule, requester: who.user_id ?? '' } },
+    h('h3', {}, 'Four-eyes approval'),
+    dl([
+      ['Requested by', h('span', { class: 'requester' }, who.name ?? '?', mine ? ' (you)' : '', ' ', h('span', { class: 'hint' }, who.user_id ?? ''))],
+      ['Rule', h('span', { class: 'rule' }, a.rule_domain ? `four-eyes for ${a.rule_domain} calls: granted by a person other than the requester (an admin or approver)` : 'four-eyes: granted by a person other than the requester (an admin or approver)')],
+    ]),
+    note);
+}
+
 function approvalCard(a, onDecided) {
   const inv = a.invocation;
   // The triple is taken from the very object this card renders, so what is sent is what is shown.
@@ -238,10 +261,13 @@ function approvalCard(a, onDecided) {
   const headingId = `apr-${a.id}`;
   const result = h('div', { class: 'result', 'aria-live': 'polite' });
   const reason = h('input', { type: 'text', id: `deny-reason-${a.id}`, maxlength: '2000', placeholder: 'optional' });
-  const approveBtn = h('button', { type: 'button', class: 'approve', 'aria-describedby': `sends-${a.id}` }, 'Approve');
+  const ownFourEyes = a.rule === 'four_eyes' && a.status === 'pending' && !a.may_grant;
+  const approveBtn = h('button', { type: 'button', class: 'approve', 'aria-describedby': ownFourEyes ? `needs-other-${a.id} sends-${a.id}` : `sends-${a.id}`, disabled: ownFourEyes || undefined }, 'Approve');
   const denyBtn = h('button', { type: 'button', class: 'deny danger' }, 'Deny');
 
   const sections = [];
+  const fourEyes = fourEyesBlock(a);
+  if (fourEyes) sections.push(fourEyes);
   const isTerminal = inv.tool_id === 'terminal_session' || (tool && ('cwd_outside_workspace' in tool || 'command_line' in tool || 'session' in tool));
   if (isTerminal) sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Terminal'), dl(terminalFacts(inv, tool))));
   if (tool && typeof tool.diff === 'string') {
@@ -311,10 +337,12 @@ function approvalCard(a, onDecided) {
         approval_mismatch: 'The frozen call differs from what this card shows; nothing was approved.',
         approval_decided: 'Someone already decided this approval.',
         approval_expired: 'The approval expired before the decision.',
+        four_eyes_required: 'This call needs another person: an admin or approver other than its requester must approve it.',
       }[err.code];
       fill(result, errorBox(err, hint ?? 'The decision was not recorded'));
-      approveBtn.disabled = err.code === 'approval_decided' || err.code === 'approval_expired';
-      denyBtn.disabled = approveBtn.disabled;
+      const over = err.code === 'approval_decided' || err.code === 'approval_expired';
+      approveBtn.disabled = over || ownFourEyes || err.code === 'four_eyes_required';
+      denyBtn.disabled = over;
     }
   };
   approveBtn.addEventListener('click', () => decide('grant'));

@@ -330,6 +330,10 @@ impl Tool for ReportsChanges {
         self.inner.replay_input(canonical, frozen)
     }
 
+    fn side_effects(&self) -> crate::harness::SideEffects {
+        self.inner.side_effects()
+    }
+
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let out = self.inner.execute(input, ctx).await?;
         if let Some(index) = self.graphs.get(ctx.workspace.root()) {
