@@ -589,6 +589,9 @@ try {
 
   // ---- an approver: the other user's four-eyes approval, with its requester, approved here ----
   if (fourEyes) {
+    // Signed out, the address still names the last user's view: point it at the inbox without
+    // routing (no hashchange) so that the approver does not open another user's run.
+    await page.evaluate(() => history.replaceState(null, '', '#/approvals'));
     await page.fill('#token', tokenApprover);
     await page.press('#token', 'Enter');
     await page.waitForSelector('#nav:not([hidden])');
@@ -599,6 +602,7 @@ try {
     check((await vcard.locator('section.four-eyes .requester').innerText()).startsWith('ada'), 'the approver’s inbox names the requester (ada)');
     check((await vcard.innerText()).includes('You are the second person'), 'the card tells the approver they are the second person');
     check(!(await vcard.locator('button.approve').isDisabled()), 'the approver may press Approve');
+    check(await vcard.locator('a[href^="#/runs/"]').count() === 0, 'the card does not link to the other user’s run (404 to the approver)');
     await audit('four-eyes (approver)');
     await shot('four-eyes-approver');
     const req = page.waitForRequest((r) => r.url().endsWith(`/v1/approvals/${fourEyes.approval_id}/grant`));

@@ -262,6 +262,7 @@ function approvalCard(a, onDecided) {
   const result = h('div', { class: 'result', 'aria-live': 'polite' });
   const reason = h('input', { type: 'text', id: `deny-reason-${a.id}`, maxlength: '2000', placeholder: 'optional' });
   const ownFourEyes = a.rule === 'four_eyes' && a.status === 'pending' && !a.may_grant;
+  const foreign = a.rule === 'four_eyes' && a.status === 'pending' && a.may_grant;
   const approveBtn = h('button', { type: 'button', class: 'approve', 'aria-describedby': ownFourEyes ? `needs-other-${a.id} sends-${a.id}` : `sends-${a.id}`, disabled: ownFourEyes || undefined }, 'Approve');
   const denyBtn = h('button', { type: 'button', class: 'deny danger' }, 'Deny');
 
@@ -300,7 +301,8 @@ function approvalCard(a, onDecided) {
       ['Call id', code(inv.tool_call_id, 'call-id')],
       ['Input hash', code(inv.input_hash, 'input-hash')],
       ['Invocation', code(inv.invocation_id)],
-      ['Run', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, a.run_id)],
+      // Another user's run (a four-eyes approval seconded here) is not the viewer's to open.
+      ['Run', foreign ? code(a.run_id) : h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, a.run_id)],
       ['Requested', fmtTime(a.created_at)],
       ['Expires', fmtTime(a.expires_at)],
     ]),
@@ -322,9 +324,11 @@ function approvalCard(a, onDecided) {
       const out = await post(path, body);
       card.dataset.decided = out.status;
       const words = out.status === 'granted' ? `Approved ${inv.tool_id} (${inv.tool_call_id}); it runs once.` : `Denied ${inv.tool_id} (${inv.tool_call_id}).`;
-      fill(result, h('p', { class: 'ok' }, words, ' ', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'Follow it in the run timeline.')));
+      const follow = foreign ? null : h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'Follow it in the run timeline.');
+      fill(result, h('p', { class: 'ok' }, words, follow ? ' ' : null, follow));
       announce(words);
-      onDecided(h('span', {}, badge(out.status), ' ', code(inv.tool_id), ' ', code(inv.tool_call_id), ' · ', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'timeline')));
+      onDecided(h('span', {}, badge(out.status), ' ', code(inv.tool_id), ' ', code(inv.tool_call_id),
+        foreign ? ` · requested by ${a.requested_by?.name ?? '?'}` : [' · ', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'timeline')]));
       setTimeout(() => {
         delete card.dataset.deciding;
         if (inbox.approvals?.some((x) => x.id === a.id)) return;
