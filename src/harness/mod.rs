@@ -146,11 +146,6 @@ impl Harness {
         call.map_or(CancelOutcome::NotHere, |call| call.stop_with(StopReason::Cancel))
     }
 
-    /// Whether this node currently runs `invocation_id` (it has registered the call).
-    pub fn is_running_here(&self, invocation_id: &str) -> bool {
-        self.running.lock().contains_key(invocation_id)
-    }
-
     /// Marks invocations left `running` by earlier incarnations of this node (`node_prefix`)
     /// as interrupted. Returns how many.
     pub async fn recover(&self, node_prefix: &str) -> Result<u64, crate::store::StoreError> {
