@@ -40,6 +40,8 @@ pub struct App {
     pub search: Arc<crate::tools::search::SearchHub>,
     /// Live terminal sessions of this server.
     pub terminal: Arc<crate::tools::terminal::host::TerminalHost>,
+    /// The sandbox of the processes started for users (`/readyz` reports it).
+    pub sandbox: Arc<crate::sandbox::Sandbox>,
 }
 
 impl App {
@@ -77,8 +79,10 @@ impl App {
                 DeviceInfo { id: row.id, local: false, capabilities }
             }
         };
+        let is_admin = self.store.user_is_admin(user_id).await?;
         Ok(AvailabilityContext {
             user_id: user_id.to_owned(),
+            is_admin,
             device,
             workspace_root: None,
             workspace_state: crate::availability::Availability::Available,

@@ -62,6 +62,8 @@ pub struct ServeConfig {
     pub search: crate::tools::search::config::SearchConfig,
     #[command(flatten)]
     pub terminal: crate::tools::terminal::host::TerminalConfig,
+    #[command(flatten)]
+    pub sandbox: crate::sandbox::SandboxConfig,
 }
 
 /// The embedding model that ranks exposures beyond 20 tools (none: BM25 only).
@@ -153,6 +155,8 @@ pub struct RuntimeConfig {
     pub allow_hard_link_reads: bool,
     /// Tool domains whose calls need four-eyes approval (`*` = every domain); empty = none.
     pub four_eyes_domains: Vec<String>,
+    /// The sandbox of terminal sessions and non-admins' stdio MCP servers.
+    pub sandbox: crate::sandbox::SandboxConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -170,6 +174,7 @@ impl Default for RuntimeConfig {
             allow_internal_urls: false,
             allow_hard_link_reads: false,
             four_eyes_domains: Vec::new(),
+            sandbox: crate::sandbox::SandboxConfig::default(),
         }
     }
 }

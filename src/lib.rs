@@ -26,6 +26,7 @@ pub mod invocation;
 pub mod mcp;
 pub mod net;
 pub mod registry;
+pub mod sandbox;
 pub mod secret;
 pub mod server;
 pub mod store;

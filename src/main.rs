@@ -156,6 +156,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
                 .map(|d| d.trim().to_owned())
                 .filter(|d| !d.is_empty())
                 .collect(),
+            sandbox: cfg.sandbox.clone(),
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,

@@ -68,12 +68,25 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let shutdown = CancellationToken::new();
     let registry = Arc::new(Registry::new());
     let config = Arc::new(settings.runtime.clone());
+    let node_id = node_id(&settings.data_dir)?;
+    let sandbox = {
+        let (cfg, dir, url, node) = (
+            settings.runtime.sandbox.clone(),
+            settings.data_dir.clone(),
+            settings.database_url.clone(),
+            node_id.clone(),
+        );
+        tokio::task::spawn_blocking(move || crate::sandbox::Sandbox::new(cfg, &dir, &url, &node))
+            .await
+            .context("probing the sandbox")?
+    };
     let deps = crate::tools::ToolDeps {
         store: store.clone(),
         data_dir: settings.data_dir.clone(),
         shutdown: shutdown.clone(),
         config: config.clone(),
-        node_id: node_id(&settings.data_dir)?,
+        node_id,
+        sandbox: sandbox.clone(),
     };
     let core = crate::tools::register_core(&registry, &deps).context("registering core tools")?;
     let mcp = crate::mcp::McpManager::new(
@@ -128,6 +141,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         shutdown,
         search: core.search,
         terminal: core.terminal,
+        sandbox,
     })
 }
 
@@ -254,6 +268,7 @@ impl Server {
             .await
             .with_context(|| format!("binding {}", settings.listen))?;
         let addr = listener.local_addr()?;
+        app.sandbox.set_listen_port(addr.port());
         let harness = app.harness.spawn(app.shutdown.clone());
         let indexer = crate::embedding::worker::spawn(
             app.embeddings.clone(),

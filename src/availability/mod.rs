@@ -65,6 +65,8 @@ impl DeviceInfo {
 pub struct AvailabilityContext {
     /// The user.
     pub user_id: String,
+    /// Whether the user is an admin (what a server that cannot sandbox lets them run).
+    pub is_admin: bool,
     /// The device.
     pub device: DeviceInfo,
     /// Root folder (on the server host) of the workspace the question is about: the run's

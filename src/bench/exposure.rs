@@ -478,6 +478,7 @@ async fn series_row(
     let ranker = IndexRanker::new(index.clone(), embeddings.clone(), Mode::Hybrid).with_fusion(fusion);
     let ctx = AvailabilityContext {
         user_id: "bench".into(),
+        is_admin: false,
         device: DeviceInfo::local(),
         workspace_root: None,
         workspace_state: crate::availability::Availability::Available,

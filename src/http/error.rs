@@ -52,6 +52,7 @@ impl Error {
                     ErrorClass::BadInput => StatusCode::BAD_REQUEST,
                     ErrorClass::Conflict => StatusCode::CONFLICT,
                     ErrorClass::NotFound => StatusCode::NOT_FOUND,
+                    ErrorClass::Forbidden => StatusCode::FORBIDDEN,
                     ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                     ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
                     ErrorClass::Failed => StatusCode::UNPROCESSABLE_ENTITY,

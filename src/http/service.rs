@@ -54,6 +54,9 @@ pub struct Ready {
     pub embedding: EmbeddingState,
     /// Registered tools.
     pub tools_registered: usize,
+    /// What the host offers for sandboxing terminal sessions (Landlock ABI, cgroups) and
+    /// which protections are in force.
+    pub sandbox: crate::sandbox::SandboxReport,
 }
 
 /// The process is up.
@@ -62,7 +65,7 @@ pub async fn healthz() -> axum::Json<Health> {
     axum::Json(Health { status: "ok" })
 }
 
-/// The store answers; reports the embedding model's state.
+/// The store answers; reports the embedding model's state and the sandbox.
 #[utoipa::path(get, path = "/readyz", tag = "service", responses((status = 200, body = Ready), (status = 503, body = Ready)))]
 pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
     let store = match app.store.ping().await {
@@ -84,8 +87,13 @@ pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
         from_cache_since_start: counters.tools_from_cache.load(Ordering::Relaxed),
         queries_embedded: counters.queries_embedded.load(Ordering::Relaxed),
     };
-    let body =
-        Ready { store, backend: app.store.backend().name(), embedding, tools_registered: app.registry.all().len() };
+    let body = Ready {
+        store,
+        backend: app.store.backend().name(),
+        embedding,
+        tools_registered: app.registry.all().len(),
+        sandbox: app.sandbox.report(),
+    };
     (status, axum::Json(body))
 }
 

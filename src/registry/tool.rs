@@ -71,6 +71,8 @@ pub enum ErrorClass {
     Conflict,
     /// The target does not exist (404 at freeze time).
     NotFound,
+    /// The caller may not do this (403), e.g. a sandbox the server cannot give them.
+    Forbidden,
     /// Too large (413).
     TooLarge,
     /// A dependency is down (503).

@@ -265,6 +265,17 @@ impl Store {
             .await?)
     }
 
+    /// Paths of the workspaces owned by users other than `owner_id` (what a sandbox of
+    /// theirs must not show, wherever they lie).
+    pub async fn other_users_workspace_paths(&self, owner_id: &str) -> StoreResult<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT path FROM workspaces WHERE owner_id IS NOT NULL AND owner_id <> $1 ORDER BY path",
+        )
+        .bind(owner_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
     /// A workspace the caller may use, or None.
     pub async fn workspace_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<WorkspaceRow>> {
         Ok(sqlx::query_as("SELECT * FROM workspaces WHERE id = $1 AND (owner_id = $2 OR owner_id IS NULL)")

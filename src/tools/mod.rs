@@ -31,6 +31,8 @@ pub struct ToolDeps {
     pub config: Arc<RuntimeConfig>,
     /// This data directory's stable node id (who holds which PTYs).
     pub node_id: String,
+    /// The sandbox of the processes tools start for users.
+    pub sandbox: Arc<crate::sandbox::Sandbox>,
 }
 
 /// Handles to the state of core tools that HTTP resources share with them.
@@ -74,6 +76,7 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
         deps.store.clone(),
         deps.node_id.clone(),
         deps.config.terminal.clone(),
+        deps.sandbox.clone(),
         deps.shutdown.clone(),
     );
     registry.register(Arc::new(terminal::TerminalSession::new(terminal.clone())))?;

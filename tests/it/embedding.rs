@@ -270,6 +270,7 @@ async fn unembedded_tools_rank_lexically_within_the_hybrid() {
     let ranker = IndexRanker::new(index.clone(), embeddings.clone(), Mode::Hybrid);
     let ctx = mira::availability::AvailabilityContext {
         user_id: "u".into(),
+        is_admin: false,
         device: mira::availability::DeviceInfo::local(),
         workspace_root: None,
         workspace_state: mira::availability::Availability::Available,

@@ -21,13 +21,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use portable_pty::{CommandBuilder, MasterPty, PtySize, native_pty_system};
+use portable_pty::{MasterPty, PtySize, native_pty_system};
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::output::Ring;
 use crate::registry::{ErrorClass, ToolError};
+use crate::sandbox::cgroup::SessionCgroup;
+use crate::sandbox::{Sandbox, SandboxSpec};
 use crate::store::{SessionEnd, Store, TerminalSessionRow};
 
 /// Limits of the PTY host.
@@ -92,6 +94,10 @@ pub struct StartSpec {
     pub cols: u16,
     /// PTY size.
     pub rows: u16,
+    /// The frozen sandbox (see [`crate::sandbox`]).
+    pub sandbox: SandboxSpec,
+    /// Further paths to cover inside the sandbox's folders (other users' workspaces).
+    pub hidden: Vec<std::path::PathBuf>,
 }
 
 /// A live session.
@@ -114,6 +120,8 @@ pub struct Session {
     last_activity: Mutex<Instant>,
     end_request: Mutex<Option<(String, String)>>,
     flushed: AtomicU64,
+    /// The session's cgroup, when the sandbox made one.
+    cgroup: Option<SessionCgroup>,
 }
 
 impl Session {
@@ -199,6 +207,15 @@ impl Session {
                 *req = Some((state.to_owned(), reason));
             }
         }
+        self.kill_tree();
+    }
+
+    /// Kills every process of the session: its cgroup (when it has one) and the session
+    /// scan of [`kill_session`].
+    pub fn kill_tree(&self) {
+        if let Some(g) = &self.cgroup {
+            g.kill();
+        }
         kill_session(self.pid, &self.id);
     }
 }
@@ -224,7 +241,8 @@ fn failed(code: &str, message: String) -> ToolError {
 /// leader's process group, every process whose session id is `sid`, and every process whose
 /// environment carries `MIRA_TERMINAL_SESSION=<id>` (those that left with `setsid`) —
 /// twice, so that a process forked meanwhile does not survive. A process that both leaves
-/// the session and clears its environment escapes; a cgroup per session would catch it.
+/// the session and clears its environment escapes this scan; the session's cgroup
+/// ([`Session::kill_tree`]) catches it where the host has one.
 pub fn kill_session(sid: i32, id: &str) {
     for _ in 0..2 {
         if sid > 1 {
@@ -290,6 +308,7 @@ pub struct TerminalHost {
     store: Store,
     node_id: String,
     config: TerminalConfig,
+    sandbox: Arc<Sandbox>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// Starts in progress per owner (they count against the limit).
     starting: Mutex<HashMap<String, usize>>,
@@ -300,11 +319,18 @@ pub struct TerminalHost {
 impl TerminalHost {
     /// A host for this node (`node_id` is the data directory's stable node id) whose
     /// sessions end with `shutdown`.
-    pub fn new(store: Store, node_id: String, config: TerminalConfig, shutdown: CancellationToken) -> Arc<Self> {
+    pub fn new(
+        store: Store,
+        node_id: String,
+        config: TerminalConfig,
+        sandbox: Arc<Sandbox>,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
         let host = Arc::new(Self {
             store,
             node_id,
             config,
+            sandbox,
             sessions: Mutex::new(HashMap::new()),
             starting: Mutex::new(HashMap::new()),
             shutdown,
@@ -337,6 +363,11 @@ impl TerminalHost {
         &self.store
     }
 
+    /// The sandbox sessions run in.
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
+        &self.sandbox
+    }
+
     /// Marks sessions a previous process of this node left `running` as `lost`, and kills
     /// any of their processes that survived it. Returns how many there were.
     pub async fn recover(&self) -> Result<usize, crate::store::StoreError> {
@@ -351,6 +382,7 @@ impl TerminalHost {
             let same = stamp.as_deref().is_some_and(|s| !boot.is_empty() && s.starts_with(boot));
             let leader = if same && (stat_fields(pid).is_none() || process_stamp(pid) == *stamp) { pid } else { 0 };
             kill_session(leader, id);
+            self.sandbox.kill_leftover_cgroup(id);
         }
         Ok(lost.len())
     }
@@ -453,22 +485,9 @@ impl TerminalHost {
         let pair = native_pty_system()
             .openpty(PtySize { rows: spec.rows, cols: spec.cols, pixel_width: 0, pixel_height: 0 })
             .map_err(|e| failed("pty_open_failed", format!("opening a PTY: {e}")))?;
-        let mut cmd = CommandBuilder::new(&spec.program);
-        cmd.args(&spec.args);
-        cmd.cwd(&spec.cwd);
-        cmd.env_clear();
-        for (k, v) in &spec.env {
-            if let Some(v) = v.as_str() {
-                cmd.env(k, v);
-            }
-        }
-        cmd.env(SESSION_ENV, &id);
-        let mut child = pair
-            .slave
-            .spawn_command(cmd)
-            .map_err(|e| failed("spawn_failed", format!("starting {}: {e}", spec.program)))?;
+        let (mut child, cgroup) = self.spawn_child(&spec, &id, pair.master.tty_name())?;
         drop(pair.slave);
-        let pid = child.process_id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        let pid = i32::try_from(child.id()).unwrap_or(0);
         let reader = pair.master.try_clone_reader().map_err(|e| failed("pty_open_failed", e.to_string()));
         let writer = pair.master.take_writer().map_err(|e| failed("pty_open_failed", e.to_string()));
         let (mut reader, writer) = match (reader, writer) {
@@ -494,6 +513,7 @@ impl TerminalHost {
             last_activity: Mutex::new(Instant::now()),
             end_request: Mutex::new(None),
             flushed: AtomicU64::new(0),
+            cgroup,
         });
         let row = TerminalSessionRow {
             id: id.clone(),
@@ -558,8 +578,8 @@ impl TerminalHost {
         std::thread::Builder::new()
             .name(format!("pty-wait-{pid}"))
             .spawn(move || {
-                let status = child.wait();
-                kill_session(s.pid, &s.id);
+                let status = child.wait().map(portable_pty::ExitStatus::from);
+                s.kill_tree();
                 let _ = read_done_rx.recv_timeout(Duration::from_secs(2));
                 let requested = s.end_request.lock().clone();
                 let (code, signal) = match &status {
@@ -579,6 +599,9 @@ impl TerminalHost {
                     },
                 };
                 s.exit.send_replace(Some(info));
+                if let Some(g) = &s.cgroup {
+                    g.remove(Duration::from_secs(5));
+                }
             })
             .map_err(|e| failed("spawn_failed", format!("starting the PTY waiter: {e}")))?;
 
@@ -600,6 +623,57 @@ impl TerminalHost {
         let s = session.clone();
         self.tasks.spawn(async move { host.flush_loop(s).await });
         Ok(session)
+    }
+
+    /// Spawns the program on the PTY slave `tty`: as leader of its own session with the PTY
+    /// as controlling terminal, in the frozen sandbox (with its cgroup) when it is enforced.
+    fn spawn_child(
+        &self,
+        spec: &StartSpec,
+        id: &str,
+        tty: Option<std::path::PathBuf>,
+    ) -> Result<(std::process::Child, Option<SessionCgroup>), ToolError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::process::CommandExt;
+        let tty = tty.ok_or_else(|| failed("pty_open_failed", "the PTY has no name".into()))?;
+        let slave = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY | libc::O_CLOEXEC)
+            .open(&tty)
+            .map_err(|e| failed("pty_open_failed", format!("opening {}: {e}", tty.display())))?;
+        let stdio = |f: &std::fs::File| -> Result<std::process::Stdio, ToolError> {
+            f.try_clone().map(std::process::Stdio::from).map_err(|e| failed("pty_open_failed", e.to_string()))
+        };
+        let mut cmd = std::process::Command::new(&spec.program);
+        cmd.args(&spec.args).env_clear();
+        for (k, v) in &spec.env {
+            if let Some(v) = v.as_str() {
+                cmd.env(k, v);
+            }
+        }
+        cmd.env(SESSION_ENV, id).stdin(stdio(&slave)?).stdout(stdio(&slave)?).stderr(stdio(&slave)?);
+        let prepared =
+            self.sandbox.prepare(&spec.sandbox, std::path::Path::new(&spec.cwd), Some(id), &spec.hidden, true)?;
+        match &prepared {
+            Some(p) => p.install(&mut cmd),
+            None => {
+                cmd.current_dir(&spec.cwd);
+                // SAFETY: `pty_session` only makes async-signal-safe system calls.
+                unsafe {
+                    cmd.pre_exec(|| crate::sandbox::child::pty_session());
+                }
+            }
+        }
+        let spawned = cmd.spawn();
+        drop(cmd);
+        drop(slave);
+        match prepared {
+            Some(p) => p.finish(spawned).map(|(child, cgroup, _)| (child, cgroup)),
+            None => spawned
+                .map(|c| (c, None))
+                .map_err(|e| failed("spawn_failed", format!("starting {}: {e}", spec.program))),
+        }
     }
 
     async fn flush_loop(self: Arc<Self>, s: Arc<Session>) {

@@ -22,10 +22,12 @@ use serde_json::{Map, Value, json};
 
 use self::host::{Session, StartSpec, TerminalHost};
 use self::output::{Capture, Captured, Ring, head_tail};
+use crate::availability::{Availability, AvailabilityContext};
 use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
 use crate::registry::{
     ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
 };
+use crate::sandbox::{SANDBOX_HOME, SANDBOX_TMP, Sandbox, SandboxSpec, SpecRequest};
 use crate::tools::{str_field, uint_field};
 
 /// Environment every session gets unless the call sets the variable itself: output is
@@ -154,8 +156,14 @@ fn resolve_program(command: &str, cwd: &Path, env: &Map<String, Value>) -> Resul
         .ok_or_else(|| bad("command_not_found", format!("{command} is not found on PATH")))
 }
 
+/// Who starts a session, for its sandbox.
+struct Starter<'a> {
+    sandbox: &'a Sandbox,
+    is_admin: bool,
+}
+
 /// The canonical `start` input and its approval facts.
-fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
+fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result<Prepared, ToolError> {
     // A NUL byte cannot reach a process (argv, env and paths are C strings): refused here,
     // before anyone approves a call that could never run.
     let strings = ["command", "cwd"]
@@ -185,6 +193,14 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
             real
         }
     };
+    // The sandbox the process will get: part of the frozen input (a different sandbox is a
+    // different invocation). Refused here for a non-admin on a server that cannot sandbox.
+    let sandbox = starter.sandbox.spec(&SpecRequest {
+        workspace: Some(ws_root),
+        cwd: &cwd,
+        is_admin: starter.is_admin,
+        read_only: &[],
+    })?;
     let call_env: Map<String, Value> = input.get("env").and_then(Value::as_object).cloned().unwrap_or_default();
     if let Some(k) = call_env.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
         return Err(bad("invalid_env", format!("{k:?} is not a valid environment variable name")));
@@ -193,6 +209,17 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
     // agent-friendly defaults, then the call's; nothing else of the server's reaches it.
     let mut env: std::collections::BTreeMap<String, Value> =
         host::INHERITED_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), json!(v)))).collect();
+    if sandbox.enforced {
+        // Its own HOME and TMPDIR (the server's HOME holds keys and caches), and only the
+        // PATH entries the sandbox shows.
+        env.insert("HOME".into(), json!(SANDBOX_HOME));
+        env.insert("TMPDIR".into(), json!(SANDBOX_TMP));
+        if let Some(Value::String(path)) = env.get("PATH") {
+            let kept: Vec<&str> =
+                path.split(':').filter(|d| d.starts_with('/') && Sandbox::visible_in(&sandbox, Path::new(d))).collect();
+            env.insert("PATH".into(), json!(kept.join(":")));
+        }
+    }
     env.extend(DEFAULT_ENV.iter().map(|(k, v)| ((*k).to_owned(), json!(v))));
     env.extend(call_env.clone());
     let env: Map<String, Value> = env.into_iter().collect();
@@ -201,6 +228,12 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
         None => std::env::var("SHELL").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/bash".into()),
     };
     let program = resolve_program(&command, &cwd, &env)?;
+    if sandbox.enforced && !Sandbox::visible_in(&sandbox, Path::new(&program)) {
+        return Err(bad(
+            "command_not_found",
+            format!("{program} is outside the folders the sandbox shows ({})", sandbox.read_only.join(", ")),
+        ));
+    }
     let args: Vec<String> = input
         .get("args")
         .and_then(Value::as_array)
@@ -217,6 +250,7 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
         "cols": uint_field(input, "cols", 120, 1000),
         "rows": uint_field(input, "rows", 32, 500),
         "settle_ms": uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS),
+        "sandbox": sandbox,
     });
     let outside = !cwd.starts_with(ws_root);
     let preview = json!({
@@ -261,7 +295,7 @@ fn canonical_session_action(input: &Value) -> Result<Value, ToolError> {
     })
 }
 
-fn canonical(input: &Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
+fn canonical(input: &Value, ctx: &PrepareContext<'_>, starter: &Starter<'_>) -> Result<Prepared, ToolError> {
     let action = action_of(input);
     if let Some(extra) = input
         .as_object()
@@ -272,7 +306,7 @@ fn canonical(input: &Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolEr
         return Err(bad("invalid_field", format!("action {action} does not take {extra}")));
     }
     if action == "start" {
-        return prepare_start(input, ctx.workspace.root());
+        return prepare_start(input, ctx.workspace.root(), starter);
     }
     Ok(Prepared { input: canonical_session_action(input)?, preview: Value::Null })
 }
@@ -286,6 +320,14 @@ fn session_not_found(id: &str) -> ToolError {
 }
 
 impl TerminalSession {
+    async fn is_admin(&self, user_id: &str) -> Result<bool, ToolError> {
+        self.host
+            .store()
+            .user_is_admin(user_id)
+            .await
+            .map_err(|e| ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string()))
+    }
+
     /// The caller's live session named in `input`, or 404 / 409 (ended).
     async fn live_session(&self, input: &Value, owner_id: &str) -> Result<Arc<Session>, ToolError> {
         let id = str_field(input, "session_id").unwrap_or_default();
@@ -513,8 +555,16 @@ impl Tool for TerminalSession {
         &self.spec
     }
 
+    fn availability(&self, ctx: &AvailabilityContext) -> Availability {
+        match self.host.sandbox().refusal_for(ctx.is_admin) {
+            Some(reason) => Availability::unavailable("sandbox_unavailable", reason),
+            None => Availability::Available,
+        }
+    }
+
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let mut prepared = canonical(&input, ctx)?;
+        let starter = Starter { sandbox: self.host.sandbox(), is_admin: self.is_admin(ctx.owner_id).await? };
+        let mut prepared = canonical(&input, ctx, &starter)?;
         let action = action_of(&prepared.input).to_owned();
         if action != "start" {
             // The approver sees which session the action goes to; a call on a session
@@ -534,7 +584,8 @@ impl Tool for TerminalSession {
     }
 
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
-        Ok(canonical(&input, ctx)?.input)
+        let starter = Starter { sandbox: self.host.sandbox(), is_admin: self.is_admin(ctx.owner_id).await? };
+        Ok(canonical(&input, ctx, &starter)?.input)
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
@@ -556,7 +607,40 @@ impl Tool for TerminalSession {
                 ));
             }
         }
+        // The sandbox that applies now must be the one approved.
+        let is_admin = self.is_admin(&ctx.owner_id).await?;
+        let sandbox = self.host.sandbox().spec(&SpecRequest {
+            workspace: Some(ctx.workspace.root()),
+            cwd: Path::new(&cwd),
+            is_admin,
+            read_only: &[],
+        })?;
+        let frozen: Option<SandboxSpec> = input.get("sandbox").and_then(|v| serde_json::from_value(v.clone()).ok());
+        if frozen.as_ref() != Some(&sandbox) {
+            return Err(ToolError::new(
+                ErrorClass::Conflict,
+                "sandbox_changed",
+                "the sandbox this session would get is not the one approved (the server's sandbox or the workspace changed); freeze the call again",
+            )
+            .with_details(json!({"approved": input.get("sandbox"), "now": sandbox})));
+        }
+        // Other users' workspaces inside this sandbox's folders are covered too.
+        let hidden = if is_admin || !sandbox.enforced {
+            Vec::new()
+        } else {
+            self.host
+                .store()
+                .other_users_workspace_paths(&ctx.owner_id)
+                .await
+                .map_err(|e| ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string()))?
+                .into_iter()
+                .map(PathBuf::from)
+                .filter(|p| p.as_path() != ctx.workspace.root())
+                .collect()
+        };
         let spec = StartSpec {
+            sandbox,
+            hidden,
             owner_id: ctx.owner_id.clone(),
             run_id: ctx.run_id.clone(),
             invocation_id: ctx.invocation_id.clone(),

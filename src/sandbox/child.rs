@@ -1,0 +1,565 @@
+//! The part of the sandbox that runs in the forked child, between `fork` and `exec`.
+//!
+//! A multi-threaded parent may only call async-signal-safe functions in the child
+//! (signal-safety(7)): everything here is a raw system call on data the parent prepared —
+//! C strings, file descriptors, masks — with no allocation, no lock and no formatting. The
+//! order matters:
+//!
+//! 1. signal dispositions and mask reset; `setsid` + `TIOCSCTTY` for a PTY session;
+//! 2. join the session's cgroups (write `0` to each `cgroup.procs` opened by the parent);
+//! 3. a user namespace when the server is not root (so the next steps are permitted);
+//! 4. a private mount namespace (and a private network namespace for `--sandbox-network
+//!    none`): a fresh tmpfs root with the system bound read-only, the workspace read-write,
+//!    a private `/tmp`, `/dev` and `/proc`, secrets covered; `pivot_root` into it;
+//! 5. Landlock rules for the mounts the child made itself (the parent's rules name host
+//!    inodes, which the binds share);
+//! 6. every capability dropped (bounding, ambient, effective, permitted, inheritable) and the
+//!    securebits locked, then `no_new_privs`;
+//! 7. `landlock_restrict_self` with the network layer (when any) and the filesystem layer
+//!    (which also scopes signals and abstract UNIX sockets to the session);
+//! 8. every inherited descriptor above 2 marked close-on-exec.
+//!
+//! A failing step writes its [`Step`] number to the report pipe and returns the errno, which
+//! `std` hands back as the spawn's error: nothing runs half-sandboxed.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// The steps of [`ChildPlan::apply`], reported through the pipe when one fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Step {
+    /// `setsid`/`TIOCSCTTY`.
+    Session = 1,
+    /// Writing `cgroup.procs`.
+    Cgroup,
+    /// `unshare(CLONE_NEWUSER)` and the id maps.
+    UserNamespace,
+    /// `unshare(CLONE_NEWNS|CLONE_NEWNET)`.
+    Unshare,
+    /// Bringing up `lo` in a private network namespace.
+    Loopback,
+    /// Making `/` private.
+    MakePrivate,
+    /// The tmpfs root.
+    Root,
+    /// A mount operation of the plan.
+    Mount,
+    /// `pivot_root` and detaching the old root.
+    Pivot,
+    /// `chdir` to the session's cwd.
+    Chdir,
+    /// Adding a Landlock rule in the child.
+    LandlockRule,
+    /// Dropping capabilities.
+    Capabilities,
+    /// `PR_SET_NO_NEW_PRIVS`.
+    NoNewPrivs,
+    /// `landlock_restrict_self`.
+    Restrict,
+    /// `close_range`.
+    CloseRange,
+}
+
+impl Step {
+    /// The step a report byte names.
+    pub fn from_byte(b: u8) -> Option<Step> {
+        use Step::*;
+        [
+            Session,
+            Cgroup,
+            UserNamespace,
+            Unshare,
+            Loopback,
+            MakePrivate,
+            Root,
+            Mount,
+            Pivot,
+            Chdir,
+            LandlockRule,
+            Capabilities,
+            NoNewPrivs,
+            Restrict,
+            CloseRange,
+        ]
+        .into_iter()
+        .find(|s| *s as u8 == b)
+    }
+
+    /// Words for error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Step::Session => "becoming a session leader with the PTY as controlling terminal",
+            Step::Cgroup => "joining the session's cgroup",
+            Step::UserNamespace => "entering a user namespace",
+            Step::Unshare => "entering a private mount namespace",
+            Step::Loopback => "bringing up loopback in the private network namespace",
+            Step::MakePrivate => "making mounts private",
+            Step::Root => "mounting the sandbox root",
+            Step::Mount => "mounting the sandbox's view of the filesystem",
+            Step::Pivot => "switching to the sandbox root",
+            Step::Chdir => "entering the working directory",
+            Step::LandlockRule => "adding a Landlock rule",
+            Step::Capabilities => "dropping capabilities",
+            Step::NoNewPrivs => "setting no_new_privs",
+            Step::Restrict => "applying the Landlock ruleset",
+            Step::CloseRange => "closing inherited descriptors",
+        }
+    }
+}
+
+/// Notes the child writes to the report pipe when it used a fallback (not failures).
+pub mod note {
+    /// `/proc` could not be mounted with `hidepid=ptraceable`; the host's was bound.
+    pub const PROC_BOUND: u8 = b'p';
+    /// A private devpts instance could not be mounted; the host's was bound.
+    pub const PTS_BOUND: u8 = b't';
+}
+
+/// One mount-namespace operation; every path is absolute and already prefixed with the
+/// staging root where it is a target.
+#[derive(Debug)]
+pub enum Op {
+    /// `mkdir` (an existing entry is fine).
+    Mkdir(CString),
+    /// Creates an empty file as a mount point (an existing entry is fine).
+    Touch(CString),
+    /// `symlink(target, link)` (an existing entry is fine).
+    Symlink {
+        /// What the link points to.
+        target: CString,
+        /// The link.
+        link: CString,
+    },
+    /// A tmpfs with `data` options.
+    Tmpfs {
+        /// Mount point.
+        target: CString,
+        /// `mode=…,size=…`.
+        data: CString,
+        /// Mounted read-only (a cover over a secret).
+        readonly: bool,
+    },
+    /// A recursive bind mount, remounted read-only when asked (keeping the source's locked
+    /// flags).
+    Bind {
+        /// Host path.
+        source: CString,
+        /// Mount point.
+        target: CString,
+        /// Read-only.
+        readonly: bool,
+    },
+    /// A private procfs with `hidepid=ptraceable` (falls back to binding the host's).
+    Proc(CString),
+    /// A private devpts instance (falls back to binding the host's).
+    Devpts(CString),
+}
+
+/// The user namespace of a non-root server: the server's uid and gid mapped onto themselves.
+#[derive(Debug)]
+pub struct UserMaps {
+    /// `"<uid> <uid> 1"`.
+    pub uid_map: Vec<u8>,
+    /// `"<gid> <gid> 1"`.
+    pub gid_map: Vec<u8>,
+}
+
+/// Everything the child needs, prepared by the parent.
+#[derive(Debug)]
+pub struct ChildPlan {
+    /// Become a session leader with stdin (the PTY) as controlling terminal.
+    pub pty_session: bool,
+    /// `cgroup.procs` of each of the session's cgroups, opened for writing.
+    pub cgroup_procs: Vec<OwnedFd>,
+    /// A user namespace first (non-root server).
+    pub userns: Option<UserMaps>,
+    /// A private network namespace (`--sandbox-network none`).
+    pub new_net: bool,
+    /// The staging directory the new root is mounted on.
+    pub stage: CString,
+    /// The tmpfs options of the new root.
+    pub root_data: CString,
+    /// Mount operations, in order.
+    pub ops: Vec<Op>,
+    /// The working directory inside the new root.
+    pub cwd: CString,
+    /// The filesystem Landlock ruleset (with the scopes), rules for host inodes already in.
+    pub ruleset: OwnedFd,
+    /// Rules the child adds for mounts it made: path inside the new root, access mask.
+    pub child_rules: Vec<(CString, u64)>,
+    /// The network Landlock ruleset, when the network rule needs one (shared, built once).
+    pub net_ruleset: Option<Arc<OwnedFd>>,
+    /// Write end of the report pipe (close-on-exec).
+    pub report: OwnedFd,
+}
+
+const OLD_ROOT: &[u8] = b".old-root\0";
+const OLD_ROOT_ABS: &[u8] = b"/.old-root\0";
+
+fn c(bytes: &'static [u8]) -> *const libc::c_char {
+    bytes.as_ptr().cast()
+}
+
+/// `LANDLOCK_RULE_PATH_BENEATH`.
+const RULE_PATH_BENEATH: libc::c_long = 1;
+
+/// `struct landlock_path_beneath_attr` (packed, include/uapi/linux/landlock.h).
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+impl ChildPlan {
+    fn fail(&self, step: Step) -> std::io::Error {
+        let err = std::io::Error::last_os_error();
+        let b = [step as u8];
+        // SAFETY: write(2) on a descriptor this plan owns; async-signal-safe.
+        unsafe {
+            libc::write(self.report.as_raw_fd(), b.as_ptr().cast(), 1);
+        }
+        err
+    }
+
+    fn note(&self, byte: u8) {
+        let b = [byte];
+        // SAFETY: as in `fail`.
+        unsafe {
+            libc::write(self.report.as_raw_fd(), b.as_ptr().cast(), 1);
+        }
+    }
+
+    /// Applies the plan to the calling (child) process. Only async-signal-safe calls.
+    ///
+    /// # Safety
+    /// To be called in a freshly forked child before `exec` (a `pre_exec` hook), never in
+    /// the server itself: it changes the process's namespaces, root and credentials.
+    pub unsafe fn apply(&self) -> std::io::Result<()> {
+        // SAFETY (whole body): raw system calls on C strings and descriptors prepared by the
+        // parent; the caller guarantees we are the forked child.
+        unsafe {
+            if self.pty_session && pty_session().is_err() {
+                return Err(self.fail(Step::Session));
+            }
+            for fd in &self.cgroup_procs {
+                if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(self.fail(Step::Cgroup));
+                }
+            }
+            if let Some(maps) = &self.userns {
+                if libc::unshare(libc::CLONE_NEWUSER) != 0
+                    || !write_file(b"/proc/self/setgroups\0", b"deny")
+                    || !write_file(b"/proc/self/uid_map\0", &maps.uid_map)
+                    || !write_file(b"/proc/self/gid_map\0", &maps.gid_map)
+                {
+                    return Err(self.fail(Step::UserNamespace));
+                }
+            }
+            let flags = libc::CLONE_NEWNS | if self.new_net { libc::CLONE_NEWNET } else { 0 };
+            if libc::unshare(flags) != 0 {
+                return Err(self.fail(Step::Unshare));
+            }
+            if self.new_net && !loopback_up() {
+                return Err(self.fail(Step::Loopback));
+            }
+            if libc::mount(
+                std::ptr::null(),
+                c(b"/\0"),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(self.fail(Step::MakePrivate));
+            }
+            if libc::mount(
+                c(b"tmpfs\0"),
+                self.stage.as_ptr(),
+                c(b"tmpfs\0"),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                self.root_data.as_ptr().cast(),
+            ) != 0
+                || libc::mount(
+                    std::ptr::null(),
+                    self.stage.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_UNBINDABLE,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return Err(self.fail(Step::Root));
+            }
+            // (Unbindable: a recursive bind of a tree that contains the staging directory —
+            // a workspace holding the data dir — does not copy the new root into itself.)
+            for op in &self.ops {
+                if !self.run_op(op) {
+                    return Err(self.fail(Step::Mount));
+                }
+            }
+            if libc::chdir(self.stage.as_ptr()) != 0
+                || (libc::mkdir(c(OLD_ROOT), 0o700) != 0 && errno() != libc::EEXIST)
+                || libc::syscall(libc::SYS_pivot_root, c(b".\0"), c(OLD_ROOT)) != 0
+                || libc::chdir(c(b"/\0")) != 0
+                || libc::umount2(c(OLD_ROOT_ABS), libc::MNT_DETACH) != 0
+                || libc::rmdir(c(OLD_ROOT_ABS)) != 0
+                || libc::mount(
+                    std::ptr::null(),
+                    c(b"/\0"),
+                    std::ptr::null(),
+                    libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return Err(self.fail(Step::Pivot));
+            }
+            if libc::chdir(self.cwd.as_ptr()) != 0 {
+                return Err(self.fail(Step::Chdir));
+            }
+            for (path, access) in &self.child_rules {
+                let fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(self.fail(Step::LandlockRule));
+                }
+                let attr = PathBeneathAttr { allowed_access: *access, parent_fd: fd };
+                let r = libc::syscall(
+                    libc::SYS_landlock_add_rule,
+                    self.ruleset.as_raw_fd(),
+                    RULE_PATH_BENEATH,
+                    &attr as *const PathBeneathAttr,
+                    0,
+                );
+                libc::close(fd);
+                if r != 0 {
+                    return Err(self.fail(Step::LandlockRule));
+                }
+            }
+            if !drop_capabilities() {
+                return Err(self.fail(Step::Capabilities));
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(self.fail(Step::NoNewPrivs));
+            }
+            if let Some(net) = &self.net_ruleset
+                && libc::syscall(libc::SYS_landlock_restrict_self, net.as_raw_fd(), 0) != 0
+            {
+                return Err(self.fail(Step::Restrict));
+            }
+            if libc::syscall(libc::SYS_landlock_restrict_self, self.ruleset.as_raw_fd(), 0) != 0 {
+                return Err(self.fail(Step::Restrict));
+            }
+            // Every descriptor the server held (database files, sockets, other PTYs) is gone
+            // at exec, whether or not it was opened close-on-exec.
+            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+                return Err(self.fail(Step::CloseRange));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one mount operation; false on failure (errno set).
+    unsafe fn run_op(&self, op: &Op) -> bool {
+        // SAFETY: raw system calls on prepared C strings (see `apply`).
+        unsafe {
+            match op {
+                Op::Mkdir(p) => libc::mkdir(p.as_ptr(), 0o755) == 0 || errno() == libc::EEXIST,
+                Op::Touch(p) => {
+                    let fd = libc::open(p.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                    if fd >= 0 {
+                        libc::close(fd);
+                        true
+                    } else {
+                        errno() == libc::EEXIST
+                    }
+                }
+                Op::Symlink { target, link } => {
+                    libc::symlink(target.as_ptr(), link.as_ptr()) == 0 || errno() == libc::EEXIST
+                }
+                Op::Tmpfs { target, data, readonly } => {
+                    let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+                    if *readonly {
+                        flags |= libc::MS_RDONLY | libc::MS_NOEXEC;
+                    }
+                    libc::mount(c(b"tmpfs\0"), target.as_ptr(), c(b"tmpfs\0"), flags, data.as_ptr().cast()) == 0
+                }
+                Op::Bind { source, target, readonly } => bind(source.as_ptr(), target.as_ptr(), *readonly),
+                Op::Proc(target) => {
+                    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                    if libc::mount(
+                        c(b"proc\0"),
+                        target.as_ptr(),
+                        c(b"proc\0"),
+                        flags,
+                        c(b"hidepid=ptraceable\0").cast(),
+                    ) == 0
+                    {
+                        return true;
+                    }
+                    self.note(note::PROC_BOUND);
+                    bind(c(b"/proc\0"), target.as_ptr(), true)
+                }
+                Op::Devpts(target) => {
+                    if libc::mount(
+                        c(b"devpts\0"),
+                        target.as_ptr(),
+                        c(b"devpts\0"),
+                        libc::MS_NOSUID | libc::MS_NOEXEC,
+                        c(b"newinstance,ptmxmode=0666,mode=0620\0").cast(),
+                    ) == 0
+                    {
+                        return true;
+                    }
+                    self.note(note::PTS_BOUND);
+                    bind(c(b"/dev/pts\0"), target.as_ptr(), false)
+                }
+            }
+        }
+    }
+}
+
+/// Resets signal dispositions and the mask, makes the process a session leader and the PTY
+/// on its stdin its controlling terminal (what a PTY child needs, sandboxed or not).
+///
+/// # Safety
+/// To be called in a freshly forked child before `exec`.
+pub unsafe fn pty_session() -> std::io::Result<()> {
+    // SAFETY: signal/sigprocmask/setsid/ioctl with plain integer arguments.
+    unsafe {
+        for signo in [libc::SIGCHLD, libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGALRM] {
+            libc::signal(signo, libc::SIG_DFL);
+        }
+        let empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        if libc::setsid() == -1 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// A recursive bind; read-only binds are remounted read-only, nosuid, nodev, keeping the
+/// flags the source had (a user namespace may not clear locked ones).
+unsafe fn bind(source: *const libc::c_char, target: *const libc::c_char, readonly: bool) -> bool {
+    // SAFETY: raw system calls on NUL-terminated strings owned by the caller.
+    unsafe {
+        if libc::mount(source, target, std::ptr::null(), libc::MS_BIND | libc::MS_REC, std::ptr::null()) != 0 {
+            return false;
+        }
+        if !readonly {
+            return true;
+        }
+        // (glibc's statvfs takes the flags from statfs(2)'s f_flags, valid since Linux 2.6.36.)
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(target, &mut st) != 0 {
+            return false;
+        }
+        let kept = mount_flags_of(st.f_flag);
+        libc::mount(
+            std::ptr::null(),
+            target,
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | kept,
+            std::ptr::null(),
+        ) == 0
+    }
+}
+
+/// `statfs` `f_flags` (`ST_*`) as the `MS_*` flags a bind remount must keep.
+fn mount_flags_of(st: u64) -> libc::c_ulong {
+    const MAP: [(u64, libc::c_ulong); 6] = [
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_SYNCHRONOUS, libc::MS_SYNCHRONOUS),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+        (libc::ST_MANDLOCK, libc::MS_MANDLOCK),
+    ];
+    MAP.iter().filter(|(s, _)| st & s != 0).fold(0, |acc, (_, m)| acc | m)
+}
+
+/// Writes `data` to a (proc) file; false on failure.
+unsafe fn write_file(path: &'static [u8], data: &[u8]) -> bool {
+    // SAFETY: open/write/close on a static NUL-terminated path.
+    unsafe {
+        let fd = libc::open(c(path), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let n = libc::write(fd, data.as_ptr().cast(), data.len());
+        libc::close(fd);
+        usize::try_from(n).is_ok_and(|n| n == data.len())
+    }
+}
+
+/// Sets `IFF_UP` on `lo` (netdevice(7)).
+unsafe fn loopback_up() -> bool {
+    // SAFETY: socket/ioctl/close on a zeroed, fully initialised ifreq.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return false;
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        let ok = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) == 0 && {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) == 0
+        };
+        libc::close(fd);
+        ok
+    }
+}
+
+/// Securebits that close every way of getting capabilities back (capabilities(7)):
+/// NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, each locked, and KEEP_CAPS locked off.
+const SECUREBITS_LOCKED: libc::c_ulong = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 7);
+/// `_LINUX_CAPABILITY_VERSION_3`.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Drops every capability for good: securebits locked, the bounding set emptied, the
+/// ambient set cleared, then effective/permitted/inheritable zeroed with `capset`. Root
+/// without capabilities cannot load modules, open raw sockets, mknod, mount, reboot, bypass
+/// file permissions, ptrace other users' processes or gain them back through `exec`.
+unsafe fn drop_capabilities() -> bool {
+    // SAFETY: prctl/capset with integer arguments and stack structs.
+    unsafe {
+        if libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS_LOCKED, 0, 0, 0) != 0 {
+            return false;
+        }
+        for cap in 0..64 {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                if errno() == libc::EINVAL && cap > 0 {
+                    break;
+                }
+                return false;
+            }
+        }
+        if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 {
+            return false;
+        }
+        let mut header = CapHeader { version: CAPABILITY_VERSION_3, pid: 0 };
+        let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+        libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) == 0
+    }
+}

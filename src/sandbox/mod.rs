@@ -1,0 +1,1069 @@
+//! The sandbox of every process the runtime starts for a user: terminal sessions, and stdio
+//! MCP servers installed by non-admins.
+//!
+//! A sandboxed process sees, through kernel mechanisms rather than path checks:
+//! - **Its own filesystem view** (a private mount namespace and `pivot_root`, in
+//!   [`child`]): an empty tmpfs root holding the system folders bound read-only (`/usr`,
+//!   `/etc`…), its workspace bound read-write (plus a cwd outside it that an admin's approved
+//!   call names), a private `/tmp` (tmpfs, `HOME=/tmp/home`), a private `/dev` (null, zero,
+//!   random, tty, a private devpts, a private `/dev/shm`) and a private `/proc` mounted with
+//!   `hidepid=ptraceable` (only processes it may ptrace: its own session). Nothing else exists in it: the server's data dir (admin.token,
+//!   secret.key, the SQLite file, code graph indexes), its HOME, other users' workspaces,
+//!   `/run` (database and tmux sockets) and the host `/tmp`. Where one of these lies inside
+//!   a bound folder — the default `./data` inside the default workspace — an empty
+//!   read-only tmpfs (a `/dev/null` bind for a file) covers it. Landlock allow-lists cannot
+//!   carve a folder out of an allowed one; a mount can.
+//! - **Landlock** (the `landlock` crate) over that view: read+execute on the read-only
+//!   folders, everything on the read-write ones, nothing elsewhere; since ABI 6 signals and
+//!   abstract UNIX sockets are scoped to the session (it cannot signal the server), and
+//!   Landlock's ptrace rule denies `/proc/<pid>/{environ,mem}` of processes outside the
+//!   session. With `--sandbox-network` a second layer denies TCP `connect` to the database's
+//!   and the server's ports (ABI 4).
+//! - **No privilege**: every capability dropped (bounding, ambient, effective, permitted,
+//!   inheritable) with the securebits locked, and `no_new_privs`: a root server's sessions
+//!   cannot load modules, mount, open raw sockets, mknod, bypass file modes or regain any of
+//!   it through setuid programs.
+//! - **A cgroup per session** ([`cgroup`]) where the host allows it: `cgroup.kill` ends the
+//!   whole tree (a process that leaves the session and clears its environment included),
+//!   `pids.max` and a memory limit bound it.
+//!
+//! [`Sandbox::new`] probes the host (Landlock ABI, cgroups, namespaces) and runs a real
+//! sandboxed self-test; `/readyz` reports what the host offers and what is in force. A host
+//! that cannot sandbox makes terminal sessions of non-admins unavailable
+//! (`sandbox_unavailable`) unless the operator passes `--allow-unsandboxed`.
+//!
+//! The sandbox a session will get ([`SandboxSpec`]) is computed when the call is frozen and
+//! is part of its canonical input: a different sandbox is a different invocation, and the
+//! approval card shows it.
+
+pub mod cgroup;
+pub mod child;
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    Scope, path_beneath_rules,
+};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use self::cgroup::{CgroupSupport, SessionCgroup};
+use self::child::{ChildPlan, Op, Step, UserMaps};
+use crate::registry::{ErrorClass, ToolError};
+
+/// Whether sessions are sandboxed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    /// Sandbox every session when the host can; otherwise refuse non-admins' sessions
+    /// (unless `--allow-unsandboxed`).
+    Auto,
+    /// Never sandbox (non-admins are then refused unless `--allow-unsandboxed`).
+    Off,
+}
+
+/// The network rule of sandboxed processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// `deny-services` when the database is reached over TCP (Postgres), else `open`.
+    Auto,
+    /// No network rule: every address and port, loopback services included.
+    Open,
+    /// Landlock denies TCP `connect` to the database's port and the server's own port (to
+    /// any address); everything else is open.
+    DenyServices,
+    /// A private network namespace: no network but the session's own loopback.
+    None,
+}
+
+/// Settings of the sandbox (`mira serve --help`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxConfig {
+    /// `auto`: sandbox every terminal session (and non-admins' stdio MCP servers) when the
+    /// host can; `off`: never.
+    #[arg(long = "sandbox", env = "MIRA_SANDBOX", value_enum, default_value_t = SandboxMode::Auto)]
+    pub mode: SandboxMode,
+    /// Let non-admin users run unsandboxed sessions when the host cannot sandbox (or with
+    /// `--sandbox off`). Meant for single-user machines.
+    #[arg(long = "allow-unsandboxed", env = "MIRA_ALLOW_UNSANDBOXED")]
+    pub allow_unsandboxed: bool,
+    /// Network rule of sandboxed processes: `auto`, `open`, `deny-services`, `none`.
+    #[arg(long = "sandbox-network", env = "MIRA_SANDBOX_NETWORK", value_enum, default_value_t = NetworkMode::Auto)]
+    pub network: NetworkMode,
+    /// Extra folders sandboxed processes may read and execute (colon-separated), e.g.
+    /// toolchains under the server's HOME.
+    #[arg(long = "sandbox-read", env = "MIRA_SANDBOX_READ", value_delimiter = ':')]
+    pub read_only: Vec<PathBuf>,
+    /// Extra files or folders covered inside the sandbox's folders (colon-separated), in
+    /// addition to the data dir, database files and known system secrets.
+    #[arg(long = "sandbox-hide", env = "MIRA_SANDBOX_HIDE", value_delimiter = ':')]
+    pub hide: Vec<PathBuf>,
+    /// Processes (and threads) one session may have at once (`pids.max`; 0 = no limit).
+    #[arg(long = "sandbox-pids-max", env = "MIRA_SANDBOX_PIDS_MAX", default_value_t = 1024)]
+    pub pids_max: u64,
+    /// Memory one session may use, in bytes, its `/tmp` included (0 = no limit).
+    #[arg(long = "sandbox-memory-max", env = "MIRA_SANDBOX_MEMORY_MAX", default_value_t = 4 << 30)]
+    pub memory_max: u64,
+    /// Size of a session's private `/tmp` and of its `/dev/shm`, in bytes.
+    #[arg(long = "sandbox-tmp-bytes", env = "MIRA_SANDBOX_TMP_BYTES", default_value_t = 1 << 30)]
+    pub tmp_bytes: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            mode: SandboxMode::Auto,
+            allow_unsandboxed: false,
+            network: NetworkMode::Auto,
+            read_only: Vec::new(),
+            hide: Vec::new(),
+            pids_max: 1024,
+            memory_max: 4 << 30,
+            tmp_bytes: 1 << 30,
+        }
+    }
+}
+
+/// System folders bound read-only into every sandbox (those that exist; symbolic links
+/// such as a merged-usr `/bin` are recreated as links).
+pub const SYSTEM_READ_ONLY: [&str; 9] =
+    ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"];
+
+/// Secrets of the system folders covered in every sandbox (when they exist): a root
+/// server's sessions keep uid 0, which owns them, even without capabilities.
+pub const SYSTEM_SECRETS: [&str; 8] = [
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/ssl/private",
+    "/etc/mysql/debian.cnf",
+    "/etc/sudoers",
+    "/etc/security/opasswd",
+];
+
+/// The private `/tmp` of a session and its HOME.
+pub const SANDBOX_TMP: &str = "/tmp";
+/// HOME of sandboxed processes (inside their private `/tmp`).
+pub const SANDBOX_HOME: &str = "/tmp/home";
+
+/// The sandbox one process gets: part of a terminal `start`'s canonical input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SandboxSpec {
+    /// Whether the process is sandboxed. False only for admins, or when the operator allowed
+    /// unsandboxed sessions, on a host that cannot sandbox.
+    pub enforced: bool,
+    /// Why it is not enforced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Folders it may read, write, create in and execute from (absolute, real paths).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_write: Vec<String>,
+    /// Folders it may read and execute from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only: Vec<String>,
+    /// Paths inside those folders it cannot see at all (covered by an empty read-only mount).
+    /// Other users' workspaces inside them are covered too (not listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden: Vec<String>,
+    /// Its private folders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private: Option<PrivateView>,
+    /// Its network rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRule>,
+    /// Its limits (those the host can enforce).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+}
+
+impl SandboxSpec {
+    fn unenforced(reason: String) -> Self {
+        SandboxSpec {
+            enforced: false,
+            reason: Some(reason),
+            read_write: Vec::new(),
+            read_only: Vec::new(),
+            hidden: Vec::new(),
+            private: None,
+            network: None,
+            limits: None,
+        }
+    }
+}
+
+/// The private folders of a sandboxed process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PrivateView {
+    /// Its own `/tmp` (tmpfs), also `TMPDIR`.
+    pub tmp: String,
+    /// Its HOME (inside `/tmp`).
+    pub home: String,
+    /// Size of `/tmp` (and of `/dev/shm`), in bytes.
+    pub tmp_bytes: u64,
+    /// `/proc` shows only the process's own session.
+    pub proc: String,
+}
+
+/// The network rule of a sandboxed process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum NetworkRule {
+    /// Every address and port.
+    Open,
+    /// TCP `connect` to these ports (any address) is denied; everything else is open.
+    DenyTcpConnect {
+        /// The denied ports: the database's (when over TCP) and the server's.
+        ports: Vec<u16>,
+    },
+    /// A private network namespace: only the process's own loopback.
+    Private,
+}
+
+/// Limits of a sandboxed session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Limits {
+    /// `pids.max` (processes and threads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u64>,
+    /// Memory limit in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max_bytes: Option<u64>,
+    /// How the whole process tree is killed: `cgroup.kill`, `cgroup_procs` or
+    /// `session_scan`.
+    pub tree_kill: String,
+}
+
+/// Whether sandboxing is in force on this server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Every session is sandboxed.
+    Enforced,
+    /// The host cannot sandbox (see `reason`).
+    Unavailable,
+    /// `--sandbox off`.
+    Off,
+}
+
+/// What non-admins' sessions get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NonAdminSessions {
+    /// Sandboxed.
+    Sandboxed,
+    /// Refused (`sandbox_unavailable`).
+    Refused,
+    /// Unsandboxed, because the operator passed `--allow-unsandboxed`.
+    UnsandboxedAllowed,
+}
+
+/// What the host offers (`/readyz`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct HostSupport {
+    /// The kernel's Landlock ABI (0: none).
+    pub landlock_abi: i32,
+    /// The server runs as root (else user namespaces are needed for the mounts).
+    pub root: bool,
+    /// Unprivileged user namespaces are allowed (`/proc/sys/user/max_user_namespaces`).
+    pub user_namespaces: bool,
+    /// cgroup hierarchies and controllers usable for sessions.
+    pub cgroup: CgroupSupport,
+    /// Result of the sandboxed self-test at start: `passed`, `skipped` or the failure.
+    pub self_test: String,
+}
+
+/// The protections every sandboxed session gets on this server (`/readyz`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Protections {
+    /// `landlock+mount_namespace`, or `none`.
+    pub filesystem: String,
+    /// Capabilities dropped and securebits locked.
+    pub capabilities_dropped: bool,
+    /// `no_new_privs`.
+    pub no_new_privs: bool,
+    /// Signals to processes outside the session are denied (Landlock ABI ≥ 6).
+    pub signal_scope: bool,
+    /// Abstract UNIX sockets outside the session are unreachable (Landlock ABI ≥ 6).
+    pub abstract_unix_scope: bool,
+    /// ptrace and `/proc/<pid>/{environ,mem}` of processes outside the session are denied.
+    pub ptrace_scope: bool,
+    /// `private_hidepid` (own `/proc`, other processes invisible) or `host_bound`.
+    pub proc: String,
+    /// The network rule in force.
+    pub network: NetworkRule,
+    /// Whether the network rule can be enforced (ABI ≥ 4 for `deny_tcp_connect`).
+    pub network_enforced: bool,
+    /// `cgroup.kill`, `cgroup_procs` or `session_scan`.
+    pub tree_kill: String,
+    /// `pids.max` per session, when enforced.
+    pub pids_max: Option<u64>,
+    /// Memory limit per session in bytes, when enforced.
+    pub memory_max_bytes: Option<u64>,
+}
+
+/// The sandbox section of `/readyz`.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct SandboxReport {
+    /// `enforced`, `unavailable` or `off`.
+    pub state: SandboxState,
+    /// Why not `enforced`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What non-admin users' terminal sessions get.
+    pub non_admin_sessions: NonAdminSessions,
+    /// What the host offers.
+    pub host: HostSupport,
+    /// What is in force for sandboxed processes (when `enforced`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protections: Option<Protections>,
+}
+
+/// What a sandbox is asked for.
+#[derive(Debug, Clone)]
+pub struct SpecRequest<'a> {
+    /// The run's workspace root (real path), granted read-write; None for a process without
+    /// a workspace (an MCP server).
+    pub workspace: Option<&'a Path>,
+    /// The real working directory.
+    pub cwd: &'a Path,
+    /// Whether the caller is an admin (an admin's cwd outside the sandbox is granted).
+    pub is_admin: bool,
+    /// Extra read-only folders for this process (an MCP server's install tree).
+    pub read_only: &'a [PathBuf],
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    Enforced,
+    Unavailable(String),
+    Off,
+}
+
+/// The sandbox engine of this server (see the module docs).
+pub struct Sandbox {
+    config: SandboxConfig,
+    state: State,
+    host: HostSupport,
+    proc_view: String,
+    stage: PathBuf,
+    /// Files and folders covered when they lie inside a sandbox's folders.
+    secrets: Vec<PathBuf>,
+    /// System read-only folders: (path, link target when it is a symbolic link).
+    system: Vec<(PathBuf, Option<PathBuf>)>,
+    db_port: Option<u16>,
+    listen_port: AtomicU16,
+    net_ruleset: Mutex<Option<(Vec<u16>, Arc<OwnedFd>)>>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox").field("state", &self.state).finish_non_exhaustive()
+    }
+}
+
+/// The kernel's Landlock ABI version (0 when Landlock is missing or disabled):
+/// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`, landlock(7).
+pub fn landlock_abi() -> i32 {
+    // SAFETY: the version query takes no pointer and creates nothing.
+    let v = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
+    i32::try_from(v).unwrap_or(0).max(0)
+}
+
+fn cstr(p: impl AsRef<std::ffi::OsStr>) -> Result<CString, String> {
+    CString::new(p.as_ref().as_bytes()).map_err(|_| "a path contains a NUL byte".to_owned())
+}
+
+/// `path` is `root` or below it (by components).
+fn within(path: &Path, root: &Path) -> bool {
+    path.starts_with(root)
+}
+
+fn sandbox_error(code: &str, message: impl Into<String>) -> ToolError {
+    ToolError::new(ErrorClass::Failed, code, message)
+}
+
+/// The database's TCP port, when it is reached over TCP.
+fn database_port(url: &str) -> Option<u16> {
+    let parsed = url::Url::parse(url).ok()?;
+    if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+        return None;
+    }
+    if parsed.query_pairs().any(|(k, v)| k == "host" && v.starts_with('/')) {
+        return None;
+    }
+    match parsed.host_str() {
+        None | Some("") => None,
+        Some(_) => Some(parsed.port().unwrap_or(5432)),
+    }
+}
+
+impl Sandbox {
+    /// Probes the host, prepares this server's sandboxes and runs a sandboxed self-test.
+    /// `data_dir` is hidden from every sandbox, as are the SQLite files of `database_url`.
+    pub fn new(config: SandboxConfig, data_dir: &Path, database_url: &str, node_id: &str) -> Arc<Sandbox> {
+        let data_dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+        let stage = data_dir.join("sandbox-root");
+        let mut secrets = vec![data_dir.clone()];
+        if let Some(path) = database_url.strip_prefix("sqlite://").or_else(|| database_url.strip_prefix("sqlite:")) {
+            let file = path.split('?').next().unwrap_or_default();
+            if !file.is_empty() && file != ":memory:" {
+                let file = std::fs::canonicalize(file).unwrap_or_else(|_| PathBuf::from(file));
+                for suffix in ["", "-wal", "-shm", "-journal"] {
+                    let mut f = file.clone().into_os_string();
+                    f.push(suffix);
+                    secrets.push(PathBuf::from(f));
+                }
+            }
+        }
+        for p in SYSTEM_SECRETS.iter().map(PathBuf::from).chain(config.hide.iter().cloned()) {
+            secrets.push(std::fs::canonicalize(&p).unwrap_or(p));
+        }
+        let system = SYSTEM_READ_ONLY
+            .iter()
+            .map(PathBuf::from)
+            .filter_map(|p| {
+                let meta = std::fs::symlink_metadata(&p).ok()?;
+                if meta.file_type().is_symlink() {
+                    let target = std::fs::read_link(&p).ok()?;
+                    // Only links that stay inside another system folder (merged /usr).
+                    let real = std::fs::canonicalize(&p).ok()?;
+                    SYSTEM_READ_ONLY
+                        .iter()
+                        .any(|s| *s != p.as_os_str() && real.starts_with(s))
+                        .then_some((p, Some(target)))
+                } else {
+                    meta.is_dir().then_some((p, None))
+                }
+            })
+            .collect();
+        let abi = landlock_abi();
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let user_namespaces = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 0);
+        let cgroup = if config.mode == SandboxMode::Auto && abi > 0 {
+            CgroupSupport::probe(node_id)
+        } else {
+            CgroupSupport::default()
+        };
+        if cgroup.membership() {
+            let swept = cgroup.sweep();
+            if swept > 0 {
+                tracing::info!(swept, "session cgroups left by a previous process were killed and removed");
+            }
+        }
+        let host = HostSupport { landlock_abi: abi, root, user_namespaces, cgroup, self_test: "skipped".into() };
+        let mut sandbox = Sandbox {
+            config,
+            state: State::Off,
+            host,
+            proc_view: "private_hidepid".into(),
+            stage,
+            secrets,
+            system,
+            db_port: database_port(database_url),
+            listen_port: AtomicU16::new(0),
+            net_ruleset: Mutex::new(None),
+        };
+        sandbox.state = match sandbox.config.mode {
+            SandboxMode::Off => State::Off,
+            SandboxMode::Auto if abi < 1 => State::Unavailable(
+                "Landlock is not available on this kernel (Linux ≥ 5.13 with CONFIG_SECURITY_LANDLOCK and landlock in the lsm= list)".into(),
+            ),
+            SandboxMode::Auto if !root && !user_namespaces => State::Unavailable(
+                "the server is not root and unprivileged user namespaces are disabled, so sessions cannot get a private mount namespace".into(),
+            ),
+            SandboxMode::Auto => match sandbox.self_test() {
+                Ok(notes) => {
+                    if notes.contains(&child::note::PROC_BOUND) {
+                        sandbox.proc_view = "host_bound".into();
+                    }
+                    sandbox.host.self_test = "passed".into();
+                    State::Enforced
+                }
+                Err(e) => {
+                    sandbox.host.self_test = e.clone();
+                    State::Unavailable(format!("the sandbox self-test failed: {e}"))
+                }
+            },
+        };
+        match &sandbox.state {
+            State::Enforced => tracing::info!(
+                landlock_abi = abi,
+                tree_kill = sandbox.host.cgroup.kill_mechanism(),
+                "terminal sessions are sandboxed"
+            ),
+            State::Unavailable(r) => {
+                tracing::warn!(reason = %r, allow_unsandboxed = sandbox.config.allow_unsandboxed, "terminal sessions cannot be sandboxed")
+            }
+            State::Off => tracing::warn!(
+                allow_unsandboxed = sandbox.config.allow_unsandboxed,
+                "the sandbox is off (--sandbox off)"
+            ),
+        }
+        Arc::new(sandbox)
+    }
+
+    /// Records the port the server listens on (denied to sessions under `deny-services`).
+    pub fn set_listen_port(&self, port: u16) {
+        self.listen_port.store(port, Ordering::Relaxed);
+    }
+
+    /// Whether sessions are sandboxed.
+    pub fn enforced(&self) -> bool {
+        matches!(self.state, State::Enforced)
+    }
+
+    /// Why sessions are not sandboxed (None when they are).
+    pub fn unavailable_reason(&self) -> Option<String> {
+        match &self.state {
+            State::Enforced => None,
+            State::Unavailable(r) => Some(r.clone()),
+            State::Off => Some("the operator turned the sandbox off (--sandbox off)".into()),
+        }
+    }
+
+    /// None when a user may run processes here; for a non-admin on a server that cannot
+    /// sandbox (and no `--allow-unsandboxed`), the reason they may not.
+    pub fn refusal_for(&self, is_admin: bool) -> Option<String> {
+        if is_admin || self.config.allow_unsandboxed {
+            return None;
+        }
+        self.unavailable_reason().map(|r| {
+            format!("{r}; terminal sessions of non-admin users need the sandbox (an operator may pass --allow-unsandboxed on a single-user machine)")
+        })
+    }
+
+    /// The tool error of [`Sandbox::refusal_for`] (403 `sandbox_unavailable`).
+    pub fn refusal_error(reason: String) -> ToolError {
+        ToolError::new(ErrorClass::Forbidden, "sandbox_unavailable", reason)
+    }
+
+    /// The network rule sandboxed processes get on this server.
+    pub fn network_rule(&self) -> NetworkRule {
+        let ports = || -> Vec<u16> {
+            let mut p: Vec<u16> = [self.db_port, Some(self.listen_port.load(Ordering::Relaxed))]
+                .into_iter()
+                .flatten()
+                .filter(|p| *p != 0)
+                .collect();
+            p.sort_unstable();
+            p.dedup();
+            p
+        };
+        match self.config.network {
+            NetworkMode::Open => NetworkRule::Open,
+            NetworkMode::None => NetworkRule::Private,
+            NetworkMode::DenyServices => NetworkRule::DenyTcpConnect { ports: ports() },
+            NetworkMode::Auto if self.db_port.is_some() => NetworkRule::DenyTcpConnect { ports: ports() },
+            NetworkMode::Auto => NetworkRule::Open,
+        }
+    }
+
+    fn network_enforceable(&self, rule: &NetworkRule) -> bool {
+        match rule {
+            NetworkRule::DenyTcpConnect { ports } => ports.is_empty() || self.host.landlock_abi >= 4,
+            _ => true,
+        }
+    }
+
+    fn limits(&self) -> Limits {
+        let cg = &self.host.cgroup;
+        Limits {
+            pids_max: (cg.pids_limit() && self.config.pids_max > 0).then_some(self.config.pids_max),
+            memory_max_bytes: (cg.memory_limit() && self.config.memory_max > 0).then_some(self.config.memory_max),
+            tree_kill: cg.kill_mechanism().to_owned(),
+        }
+    }
+
+    /// The `/readyz` section.
+    pub fn report(&self) -> SandboxReport {
+        let (state, reason) = match &self.state {
+            State::Enforced => (SandboxState::Enforced, None),
+            State::Unavailable(r) => (SandboxState::Unavailable, Some(r.clone())),
+            State::Off => (SandboxState::Off, self.unavailable_reason()),
+        };
+        let non_admin_sessions = if state == SandboxState::Enforced {
+            NonAdminSessions::Sandboxed
+        } else if self.config.allow_unsandboxed {
+            NonAdminSessions::UnsandboxedAllowed
+        } else {
+            NonAdminSessions::Refused
+        };
+        let abi = self.host.landlock_abi;
+        let protections = (state == SandboxState::Enforced).then(|| {
+            let network = self.network_rule();
+            let limits = self.limits();
+            Protections {
+                filesystem: "landlock+mount_namespace".into(),
+                capabilities_dropped: true,
+                no_new_privs: true,
+                signal_scope: abi >= 6,
+                abstract_unix_scope: abi >= 6,
+                ptrace_scope: true,
+                proc: self.proc_view.clone(),
+                network_enforced: self.network_enforceable(&network),
+                network,
+                tree_kill: limits.tree_kill,
+                pids_max: limits.pids_max,
+                memory_max_bytes: limits.memory_max_bytes,
+            }
+        });
+        SandboxReport { state, reason, non_admin_sessions, host: self.host.clone(), protections }
+    }
+
+    fn hidden_inside(&self, roots: &[&Path]) -> Vec<String> {
+        let mut hidden: BTreeSet<String> = BTreeSet::new();
+        for s in &self.secrets {
+            if roots.iter().any(|r| within(s, r)) && std::fs::symlink_metadata(s).is_ok() {
+                hidden.insert(s.to_string_lossy().into_owned());
+            }
+        }
+        // What lies inside a covered folder is covered with it.
+        let all: Vec<String> = hidden.into_iter().collect();
+        all.iter().filter(|h| !all.iter().any(|o| o != *h && within(Path::new(h), Path::new(o)))).cloned().collect()
+    }
+
+    /// Whether `path` is visible (and at least readable) inside a sandbox of `spec`.
+    pub fn visible_in(spec: &SandboxSpec, path: &Path) -> bool {
+        let inside = |list: &[String]| list.iter().any(|r| within(path, Path::new(r)));
+        (inside(&spec.read_only) || inside(&spec.read_write)) && !inside(&spec.hidden)
+    }
+
+    /// The sandbox for a process (see [`SpecRequest`]). Errors: 403 `sandbox_unavailable`
+    /// (a non-admin on a server that cannot sandbox), 403 `cwd_hidden` (the cwd is the data
+    /// dir or another hidden path), 403 `cwd_outside_sandbox` (a non-admin's cwd the sandbox
+    /// would not show).
+    pub fn spec(&self, req: &SpecRequest<'_>) -> Result<SandboxSpec, ToolError> {
+        if !self.enforced() {
+            if let Some(reason) = self.refusal_for(req.is_admin) {
+                return Err(Self::refusal_error(reason));
+            }
+            return Ok(SandboxSpec::unenforced(self.unavailable_reason().unwrap_or_default()));
+        }
+        self.build_spec(req)
+    }
+
+    fn build_spec(&self, req: &SpecRequest<'_>) -> Result<SandboxSpec, ToolError> {
+        let mut read_write: Vec<PathBuf> = req.workspace.map(Path::to_path_buf).into_iter().collect();
+        let mut read_only: Vec<PathBuf> =
+            self.system.iter().filter(|(_, link)| link.is_none()).map(|(p, _)| p.clone()).collect();
+        for extra in self.config.read_only.iter().chain(req.read_only) {
+            if let Ok(real) = std::fs::canonicalize(extra)
+                && real.is_dir()
+                && !read_only.contains(&real)
+            {
+                read_only.push(real);
+            }
+        }
+        if self.secrets.iter().any(|s| within(req.cwd, s)) {
+            return Err(ToolError::new(
+                ErrorClass::Forbidden,
+                "cwd_hidden",
+                format!("{} is hidden from sandboxed processes (the server's data or a secret)", req.cwd.display()),
+            ));
+        }
+        let inside = read_write.iter().chain(&read_only).any(|r| within(req.cwd, r));
+        let ancestor = req.cwd == Path::new("/") || read_write.iter().chain(&read_only).any(|r| within(r, req.cwd));
+        if !inside {
+            if req.is_admin && req.cwd != Path::new("/") {
+                read_write.push(req.cwd.to_path_buf());
+            } else if !ancestor {
+                return Err(ToolError::new(
+                    ErrorClass::Forbidden,
+                    "cwd_outside_sandbox",
+                    format!(
+                        "{} is outside your workspace and the sandbox's read-only folders; only an admin's session may name such a cwd",
+                        req.cwd.display()
+                    ),
+                ));
+            }
+        }
+        // A read-only folder inside a read-write one adds nothing.
+        read_only.retain(|r| !read_write.iter().any(|w| within(r, w)));
+        let roots: Vec<&Path> = read_write.iter().chain(&read_only).map(PathBuf::as_path).collect();
+        let hidden = self.hidden_inside(&roots);
+        let network = self.network_rule();
+        Ok(SandboxSpec {
+            enforced: true,
+            reason: None,
+            read_write: read_write.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
+            read_only: read_only.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
+            hidden,
+            private: Some(PrivateView {
+                tmp: SANDBOX_TMP.into(),
+                home: SANDBOX_HOME.into(),
+                tmp_bytes: self.config.tmp_bytes,
+                proc: if self.proc_view == "private_hidepid" {
+                    "own session only (hidepid=ptraceable)".into()
+                } else {
+                    "the host's (read-only); environ and mem of other processes denied".into()
+                },
+            }),
+            network: Some(network),
+            limits: Some(self.limits()),
+        })
+    }
+
+    /// Masks of the filesystem rights this kernel handles: (all, read+execute).
+    fn masks(&self) -> (landlock::BitFlags<AccessFs>, landlock::BitFlags<AccessFs>) {
+        let abi = ABI::from(self.host.landlock_abi.min(5));
+        (AccessFs::from_all(abi), AccessFs::from_read(abi))
+    }
+
+    fn build_ruleset(&self, spec: &SandboxSpec) -> Result<OwnedFd, String> {
+        let (all, read) = self.masks();
+        let err = |e: landlock::RulesetError| format!("building the Landlock ruleset: {e}");
+        let mut ruleset =
+            Ruleset::default().set_compatibility(CompatLevel::BestEffort).handle_access(all).map_err(err)?;
+        if self.host.landlock_abi >= 6 {
+            ruleset = ruleset.scope(Scope::from_all(ABI::V6)).map_err(err)?;
+        }
+        let devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"];
+        let created = ruleset
+            .create()
+            .map_err(err)?
+            .add_rules(path_beneath_rules(&spec.read_only, read))
+            .map_err(err)?
+            .add_rules(path_beneath_rules(&spec.read_write, all))
+            .map_err(err)?
+            .add_rules(path_beneath_rules(devices, all))
+            .map_err(err)?;
+        let fd: Option<OwnedFd> = created.into();
+        fd.ok_or_else(|| "Landlock is not supported by this kernel".to_owned())
+    }
+
+    /// The network layer for `ports` (built once, then shared): TCP `connect` allowed to
+    /// every port but those. Landlock network rules are an allow-list (landlock(7)), so this
+    /// is 65,536 − n rules: ~0.15 s to build once, and each session's domain copies them.
+    fn net_ruleset(&self, ports: &[u16]) -> Result<Arc<OwnedFd>, String> {
+        let mut cached = self.net_ruleset.lock();
+        if let Some((p, fd)) = cached.as_ref()
+            && p == ports
+        {
+            return Ok(fd.clone());
+        }
+        let err = |e: landlock::RulesetError| format!("building the network ruleset: {e}");
+        let mut ruleset = Ruleset::default()
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(AccessNet::ConnectTcp)
+            .map_err(err)?
+            .create()
+            .map_err(err)?;
+        for port in 0..=u16::MAX {
+            if !ports.contains(&port) {
+                ruleset = ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(err)?;
+            }
+        }
+        let fd: Option<OwnedFd> = ruleset.into();
+        let fd = Arc::new(fd.ok_or_else(|| "Landlock network rules are not supported by this kernel".to_owned())?);
+        *cached = Some((ports.to_vec(), fd.clone()));
+        Ok(fd)
+    }
+
+    /// Prepares the sandbox of one process: its cgroups (when `cgroup_id` is given and the
+    /// host has them), its mount plan and its Landlock rulesets. `extra_hidden` are further
+    /// paths to cover (other users' workspaces). Returns None when `spec` is not enforced.
+    pub fn prepare(
+        &self,
+        spec: &SandboxSpec,
+        cwd: &Path,
+        cgroup_id: Option<&str>,
+        extra_hidden: &[PathBuf],
+        pty_session: bool,
+    ) -> Result<Option<Prepared>, ToolError> {
+        if !spec.enforced {
+            return Ok(None);
+        }
+        if !self.enforced() {
+            return Err(sandbox_error(
+                "sandbox_failed",
+                "the approved call is sandboxed but this server can no longer sandbox; nothing was started",
+            ));
+        }
+        self.prepare_inner(spec, cwd, cgroup_id, extra_hidden, pty_session).map(Some)
+    }
+
+    fn prepare_inner(
+        &self,
+        spec: &SandboxSpec,
+        cwd: &Path,
+        cgroup_id: Option<&str>,
+        extra_hidden: &[PathBuf],
+        pty_session: bool,
+    ) -> Result<Prepared, ToolError> {
+        let fail = |e: String| sandbox_error("sandbox_failed", format!("preparing the sandbox: {e}"));
+        let (all, read) = self.masks();
+        let ruleset = self.build_ruleset(spec).map_err(fail)?;
+        let net_ruleset = match &spec.network {
+            Some(NetworkRule::DenyTcpConnect { ports }) if !ports.is_empty() => {
+                Some(self.net_ruleset(ports).map_err(fail)?)
+            }
+            _ => None,
+        };
+        let (cgroup, cgroup_procs) = match cgroup_id {
+            Some(id) if self.host.cgroup.membership() => {
+                let (g, fds) = self
+                    .host
+                    .cgroup
+                    .create(id, self.config.pids_max, self.config.memory_max)
+                    .map_err(|e| fail(format!("creating the session's cgroup: {e}")))?;
+                (Some(g), fds)
+            }
+            _ => (None, Vec::new()),
+        };
+        let ops = self.mount_ops(spec, extra_hidden).map_err(fail)?;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors, owned right below.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(fail(format!("a pipe: {}", std::io::Error::last_os_error())));
+        }
+        // SAFETY: both descriptors were just created and are owned by nothing else.
+        let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: getuid/getgid have no preconditions.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let rw = all.bits();
+        let plan = ChildPlan {
+            pty_session,
+            cgroup_procs,
+            userns: (!self.host.root).then(|| UserMaps {
+                uid_map: format!("{uid} {uid} 1").into_bytes(),
+                gid_map: format!("{gid} {gid} 1").into_bytes(),
+            }),
+            new_net: matches!(spec.network, Some(NetworkRule::Private)),
+            stage: cstr(&self.stage).map_err(fail)?,
+            root_data: cstr("mode=0755,size=1048576,nr_inodes=4096").map_err(fail)?,
+            ops,
+            cwd: cstr(cwd).map_err(fail)?,
+            ruleset,
+            child_rules: vec![
+                (cstr("/").map_err(fail)?, AccessFs::ReadDir as u64),
+                (cstr(SANDBOX_TMP).map_err(fail)?, rw),
+                (cstr("/dev/shm").map_err(fail)?, rw),
+                (cstr("/dev/pts").map_err(fail)?, rw),
+                (cstr("/proc").map_err(fail)?, read.bits() & !(AccessFs::Execute as u64)),
+            ],
+            net_ruleset,
+            report: tx,
+        };
+        std::fs::create_dir_all(&self.stage).map_err(|e| fail(format!("{}: {e}", self.stage.display())))?;
+        Ok(Prepared { plan: Arc::new(plan), report: rx, cgroup })
+    }
+
+    /// The mount operations of a sandbox (see the module docs for the view they build).
+    fn mount_ops(&self, spec: &SandboxSpec, extra_hidden: &[PathBuf]) -> Result<Vec<Op>, String> {
+        let stage = &self.stage;
+        let at = |p: &Path| -> Result<CString, String> {
+            let rel = p.strip_prefix("/").unwrap_or(p);
+            cstr(stage.join(rel))
+        };
+        enum Kind {
+            Tmp,
+            Link(PathBuf),
+            Bind(bool),
+        }
+        let mut entries: Vec<(PathBuf, Kind)> = vec![(PathBuf::from(SANDBOX_TMP), Kind::Tmp)];
+        for (p, link) in &self.system {
+            if let Some(target) = link {
+                entries.push((p.clone(), Kind::Link(target.clone())));
+            }
+        }
+        entries.extend(spec.read_only.iter().map(|p| (PathBuf::from(p), Kind::Bind(true))));
+        entries.extend(spec.read_write.iter().map(|p| (PathBuf::from(p), Kind::Bind(false))));
+        entries.sort_by_key(|(p, _)| p.components().count());
+        let mut ops = Vec::new();
+        let mut made: BTreeSet<PathBuf> = BTreeSet::new();
+        let mut ensure = |ops: &mut Vec<Op>, p: &Path| -> Result<(), String> {
+            let mut chain: Vec<&Path> = p.ancestors().filter(|a| *a != Path::new("/")).collect();
+            chain.reverse();
+            for a in chain {
+                if made.insert(a.to_path_buf()) {
+                    ops.push(Op::Mkdir(at(a)?));
+                }
+            }
+            Ok(())
+        };
+        let tmp_data = format!("mode=1777,size={}", self.config.tmp_bytes.max(1 << 20));
+        for (path, kind) in &entries {
+            match kind {
+                Kind::Tmp => {
+                    ensure(&mut ops, path)?;
+                    ops.push(Op::Tmpfs { target: at(path)?, data: cstr(&tmp_data)?, readonly: false });
+                    ops.push(Op::Mkdir(at(Path::new(SANDBOX_HOME))?));
+                }
+                Kind::Link(target) => {
+                    if let Some(parent) = path.parent() {
+                        ensure(&mut ops, parent)?;
+                    }
+                    ops.push(Op::Symlink { target: cstr(target)?, link: at(path)? });
+                }
+                Kind::Bind(readonly) => {
+                    ensure(&mut ops, path)?;
+                    ops.push(Op::Bind { source: cstr(path)?, target: at(path)?, readonly: *readonly });
+                }
+            }
+        }
+        let dev = Path::new("/dev");
+        ensure(&mut ops, dev)?;
+        ops.push(Op::Tmpfs { target: at(dev)?, data: cstr("mode=0755,size=65536,nr_inodes=128")?, readonly: false });
+        for node in ["null", "zero", "full", "random", "urandom", "tty"] {
+            let p = dev.join(node);
+            ops.push(Op::Touch(at(&p)?));
+            ops.push(Op::Bind { source: cstr(&p)?, target: at(&p)?, readonly: false });
+        }
+        ops.push(Op::Mkdir(at(&dev.join("pts"))?));
+        ops.push(Op::Devpts(at(&dev.join("pts"))?));
+        ops.push(Op::Symlink { target: cstr("pts/ptmx")?, link: at(&dev.join("ptmx"))? });
+        ops.push(Op::Mkdir(at(&dev.join("shm"))?));
+        ops.push(Op::Tmpfs { target: at(&dev.join("shm"))?, data: cstr(&tmp_data)?, readonly: false });
+        for (name, target) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            ops.push(Op::Symlink { target: cstr(target)?, link: at(&dev.join(name))? });
+        }
+        let proc = Path::new("/proc");
+        ensure(&mut ops, proc)?;
+        ops.push(Op::Proc(at(proc)?));
+        // Covers, deepest last so that a cover inside a covered folder is not lost.
+        let roots: Vec<&Path> = spec.read_write.iter().chain(&spec.read_only).map(Path::new).collect();
+        let mut covers: Vec<PathBuf> = spec.hidden.iter().map(PathBuf::from).collect();
+        covers.extend(extra_hidden.iter().filter(|h| roots.iter().any(|r| within(h, r) && *h != r)).cloned());
+        covers.sort_by_key(|p| p.components().count());
+        covers.dedup();
+        let all = covers.clone();
+        covers.retain(|c| !all.iter().any(|o| o != c && within(c, o)));
+        for h in covers {
+            match std::fs::symlink_metadata(&h) {
+                Ok(m) if m.is_dir() => ops.push(Op::Tmpfs {
+                    target: at(&h)?,
+                    data: cstr("mode=000,size=4096,nr_inodes=1")?,
+                    readonly: true,
+                }),
+                // A symbolic link is never followed by a mount here: covering it would cover
+                // its target's path instead; links inside a folder resolve in the sandbox's
+                // own view anyway.
+                Ok(m) if m.file_type().is_symlink() => {}
+                Ok(_) => ops.push(Op::Bind { source: cstr("/dev/null")?, target: at(&h)?, readonly: true }),
+                Err(_) => {}
+            }
+        }
+        Ok(ops)
+    }
+
+    /// Kills and removes the cgroups a previous process left for session `id` (recovery).
+    /// Returns whether there were any.
+    pub fn kill_leftover_cgroup(&self, id: &str) -> bool {
+        match self.host.cgroup.existing(id) {
+            Some(g) => {
+                g.kill();
+                g.remove(std::time::Duration::from_secs(2));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Runs `/bin/true` (or `sh -c :`) in a full sandbox with no workspace; returns the
+    /// child's fallback notes.
+    fn self_test(&self) -> Result<Vec<u8>, String> {
+        let program =
+            ["/bin/true", "/usr/bin/true"].into_iter().find(|p| Path::new(p).exists()).ok_or("no /bin/true to run")?;
+        let spec = self
+            .build_spec(&SpecRequest { workspace: None, cwd: Path::new("/"), is_admin: false, read_only: &[] })
+            .map_err(|e| e.message)?;
+        // The network layer is built on first use, not for the self-test.
+        let spec = SandboxSpec { network: Some(NetworkRule::Open), ..spec };
+        let prepared = self.prepare_inner(&spec, Path::new("/"), None, &[], false).map_err(|e| e.message)?;
+        let mut cmd = std::process::Command::new(program);
+        cmd.env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        prepared.install(&mut cmd);
+        let spawned = cmd.spawn();
+        drop(cmd);
+        let (mut child, _, notes) = prepared.finish(spawned).map_err(|e| e.message)?;
+        match child.wait() {
+            Ok(s) if s.success() => Ok(notes),
+            Ok(s) => Err(format!("the sandboxed {program} ended with {s}")),
+            Err(e) => Err(format!("waiting for the sandboxed {program}: {e}")),
+        }
+    }
+}
+
+/// One process's prepared sandbox.
+pub struct Prepared {
+    plan: Arc<ChildPlan>,
+    report: OwnedFd,
+    cgroup: Option<SessionCgroup>,
+}
+
+impl Prepared {
+    /// Sets the `pre_exec` hook that applies the sandbox in the child. The command must not
+    /// set a working directory of its own: the plan enters the cwd inside the new root.
+    pub fn install(&self, cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        let plan = self.plan.clone();
+        // SAFETY: `ChildPlan::apply` only makes async-signal-safe system calls on data
+        // prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || plan.apply());
+        }
+    }
+
+    /// As [`Prepared::install`], for tokio's `Command` (stdio MCP servers).
+    pub fn install_tokio(&self, cmd: &mut tokio::process::Command) {
+        let plan = self.plan.clone();
+        // SAFETY: as in `install`.
+        unsafe {
+            cmd.pre_exec(move || plan.apply());
+        }
+    }
+
+    /// Reads the child's report once the spawn returned (the command must have been dropped
+    /// so that no copy of the pipe's write end remains): the spawned child with its cgroup
+    /// and the child's fallback notes, or a `sandbox_failed` error naming the step that
+    /// failed (the cgroup is then removed).
+    pub fn finish<C>(self, spawned: std::io::Result<C>) -> Result<(C, Option<SessionCgroup>, Vec<u8>), ToolError> {
+        let Prepared { plan, report, cgroup } = self;
+        drop(plan);
+        let mut bytes = Vec::new();
+        {
+            use std::io::Read;
+            let mut f = std::fs::File::from(report);
+            let _ = f.read_to_end(&mut bytes);
+        }
+        let failed = bytes.iter().find_map(|b| Step::from_byte(*b));
+        let notes: Vec<u8> = bytes.into_iter().filter(|b| Step::from_byte(*b).is_none()).collect();
+        let error = match (spawned, failed) {
+            (Ok(c), None) => return Ok((c, cgroup, notes)),
+            (Ok(_), Some(step)) => {
+                sandbox_error("sandbox_failed", format!("the sandbox could not be applied while {}", step.describe()))
+            }
+            (Err(e), Some(step)) => sandbox_error(
+                "sandbox_failed",
+                format!("the sandbox could not be applied while {}: {e}; nothing was started", step.describe()),
+            ),
+            (Err(e), None) => sandbox_error("spawn_failed", format!("starting the program: {e}")),
+        };
+        if let Some(g) = cgroup {
+            g.kill();
+            g.remove(std::time::Duration::from_millis(500));
+        }
+        Err(error)
+    }
+}
