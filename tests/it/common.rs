@@ -106,6 +106,8 @@ pub struct TestApp {
 pub struct Options {
     pub runtime: RuntimeConfig,
     pub body_limit: usize,
+    /// The data dir inside the workspace (`<ws>/data`), as with `mira serve`'s defaults.
+    pub data_in_workspace: bool,
 }
 
 impl Default for Options {
@@ -122,6 +124,7 @@ impl Default for Options {
                 ..RuntimeConfig::default()
             },
             body_limit: 1024 * 1024,
+            data_in_workspace: false,
         }
     }
 }
@@ -132,8 +135,8 @@ pub async fn spawn(backend: Backend) -> TestApp {
 
 pub async fn spawn_with(backend: Backend, options: Options) -> TestApp {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let data_dir = tmp.path().join("data");
     let workspace = tmp.path().join("ws");
+    let data_dir = if options.data_in_workspace { workspace.join("data") } else { tmp.path().join("data") };
     std::fs::create_dir_all(&workspace).expect("workspace");
     std::fs::create_dir_all(&data_dir).expect("data");
     let db = TestDb::new(backend, &data_dir).await;

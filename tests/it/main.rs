@@ -9,6 +9,7 @@ mod codegraph;
 mod embedding;
 mod hostile_approvals;
 mod hostile_files;
+mod hostile_sandbox;
 mod mcp;
 mod mcp_real;
 mod news;

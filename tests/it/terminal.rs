@@ -23,10 +23,15 @@ struct Ctx {
 }
 
 async fn setup_with(backend: Backend, terminal: mira::tools::terminal::host::TerminalConfig) -> Ctx {
+    setup_as(backend, terminal, false).await
+}
+
+/// A context for a new user "alice", or for the admin when `admin`.
+async fn setup_as(backend: Backend, terminal: mira::tools::terminal::host::TerminalConfig, admin: bool) -> Ctx {
     let mut options = Options::default();
     options.runtime.terminal = terminal;
     let t = spawn_with(backend, options).await;
-    let token = t.user("alice").await;
+    let token = if admin { t.admin_token.clone() } else { t.user("alice").await };
     let run = t.run(&token).await;
     let (turn, exposure) = t.turn(&token, &run, "run commands in a terminal").await;
     assert!(exposure["tools"].as_array().unwrap().iter().any(|x| x["id"] == "terminal_session"), "{exposure}");
@@ -430,9 +435,25 @@ async fn long_output_keeps_head_and_tail(backend: Backend) {
 }
 
 async fn cwd_outside_the_workspace_is_shown_and_needs_its_own_approval(backend: Backend) {
-    let c = setup(backend).await;
+    // A non-admin's sandbox has no such folder: refused before approval
+    // (tests/it/hostile_sandbox.rs); an admin's call names it, and its sandbox grants it.
+    let c = setup_as(backend, Default::default(), true).await;
     let outside = tempfile::tempdir().unwrap();
     let real = std::fs::canonicalize(outside.path()).unwrap();
+    let alice = c.t.user("alice").await;
+    let alice_run = c.t.run(&alice).await;
+    let (alice_turn, _) = c.t.turn(&alice, &alice_run, "terminal").await;
+    let r =
+        c.t.call(
+            &alice,
+            &alice_run,
+            &alice_turn,
+            "terminal_session",
+            "out",
+            json!({"action": "start", "command": "pwd", "cwd": outside.path()}),
+        )
+        .await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "cwd_outside_sandbox"), "{r:?}");
     let input = json!({"action": "start", "command": "pwd", "cwd": outside.path()});
     let inv = c.freeze(input.clone()).await;
     assert_eq!(inv["input"]["cwd"], real.to_str().unwrap());
@@ -449,6 +470,11 @@ async fn cwd_outside_the_workspace_is_shown_and_needs_its_own_approval(backend: 
     let (id, out) = c.start(json!({"command": "pwd", "cwd": outside.path(), "settle_ms": 500})).await;
     assert!(out["output"].as_str().unwrap().contains(real.to_str().unwrap()), "{out}");
     assert_eq!(c.session(&id).await["cwd"], real.to_str().unwrap());
+    let (_, out) = c
+        .start(json!({"command": "sh", "args": ["-c", "echo hi > here.txt && cat here.txt"], "cwd": outside.path(), "settle_ms": 500}))
+        .await;
+    assert!(out["output"].as_str().unwrap().contains("hi"), "the approved folder is writable: {out}");
+    assert_eq!(std::fs::read_to_string(real.join("here.txt")).unwrap().trim(), "hi");
     // The process gets the frozen environment only: none of the server's secrets.
     let (_, out) = c.start(json!({"command": "env", "env": {"MINE": "yes"}, "settle_ms": 500})).await;
     let text = out["output"].as_str().unwrap();
