@@ -89,11 +89,12 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         sandbox: sandbox.clone(),
     };
     let core = crate::tools::register_core(&registry, &deps).context("registering core tools")?;
+    let mcp_settings = crate::mcp::McpSettings { sandbox: Some(sandbox.clone()), ..settings.runtime.mcp.clone() };
     let mcp = crate::mcp::McpManager::new(
         store.clone(),
         registry.clone(),
         &settings.data_dir,
-        settings.runtime.mcp.clone(),
+        mcp_settings,
         deps.shutdown.clone(),
     )?;
     let workspace = std::fs::canonicalize(&settings.workspace)

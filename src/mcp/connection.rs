@@ -246,7 +246,19 @@ async fn connect(
     let max = manager.settings().max_message_bytes;
     match resolved {
         Resolved::Stdio { command, args, env, cwd } => {
-            let proc = stdio::spawn(&command, &args, &env, cwd.as_deref(), max)
+            let sandbox = match &manager.settings().sandbox {
+                Some(sb) => crate::sandbox::mcp::for_stdio_server(
+                    sb,
+                    manager.store(),
+                    &row.installed_by,
+                    &command,
+                    cwd.as_deref(),
+                )
+                .await
+                .map_err(|e| (e, None))?,
+                None => None,
+            };
+            let proc = stdio::spawn(&command, &args, &env, cwd.as_deref(), max, sandbox)
                 .map_err(|e| (format!("starting {command} failed: {e}"), None))?;
             let stderr = proc.stderr.clone();
             let facts = proc.facts.clone();

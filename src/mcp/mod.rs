@@ -70,6 +70,8 @@ pub struct McpSettings {
     /// as given and its file name; `*` allows any). A stdio server is a process on the server
     /// host, so by default (empty) only admins may install one.
     pub stdio_allow: Vec<String>,
+    /// The sandbox non-admins' stdio servers run in (set by the server at start).
+    pub sandbox: Option<std::sync::Arc<crate::sandbox::Sandbox>>,
 }
 
 impl McpSettings {
@@ -90,6 +92,7 @@ impl Default for McpSettings {
             backoff_min: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             stdio_allow: Vec::new(),
+            sandbox: None,
         }
     }
 }

@@ -103,13 +103,15 @@ impl Drop for ChildGuard {
 }
 
 /// Spawns `command` with `args`, `env` (added to a cleared environment that keeps only
-/// PATH, HOME, LANG and TMPDIR of the runtime) and `cwd`.
+/// PATH, HOME, LANG and TMPDIR of the runtime) and `cwd` — inside `sandbox` when given (a
+/// non-admin's server, see [`crate::sandbox::mcp`]).
 pub fn spawn(
     command: &str,
     args: &[String],
     env: &[(String, String)],
     cwd: Option<&str>,
     max_line: usize,
+    sandbox: Option<crate::sandbox::mcp::StdioSandbox>,
 ) -> std::io::Result<StdioProcess> {
     let mut cmd = Command::new(command);
     cmd.args(args).env_clear();
@@ -118,12 +120,25 @@ pub fn spawn(
             cmd.env(key, v);
         }
     }
+    if let Some(sb) = &sandbox {
+        cmd.envs(sb.env.iter().map(|(k, v)| (k, v)));
+    }
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    if let Some(dir) = cwd {
-        cmd.current_dir(dir);
+    match (&sandbox, cwd) {
+        // The sandbox enters the cwd inside its own root.
+        (Some(sb), _) => sb.prepared.install_tokio(&mut cmd),
+        (None, Some(dir)) => {
+            cmd.current_dir(dir);
+        }
+        (None, None) => {}
     }
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).process_group(0);
-    let mut child = cmd.spawn()?;
+    let spawned = cmd.spawn();
+    drop(cmd);
+    let mut child = match sandbox {
+        Some(sb) => sb.prepared.finish(spawned).map(|(c, _, _)| c).map_err(|e| std::io::Error::other(e.message))?,
+        None => spawned?,
+    };
     let stdin = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin"))?;
     let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout"))?;
     let stderr_pipe = child.stderr.take().ok_or_else(|| std::io::Error::other("no stderr"))?;

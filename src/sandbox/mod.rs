@@ -38,6 +38,7 @@
 
 pub mod cgroup;
 pub mod child;
+pub mod mcp;
 
 use std::collections::BTreeSet;
 use std::ffi::CString;
@@ -660,11 +661,16 @@ impl Sandbox {
         let mut read_only: Vec<PathBuf> =
             self.system.iter().filter(|(_, link)| link.is_none()).map(|(p, _)| p.clone()).collect();
         for extra in self.config.read_only.iter().chain(req.read_only) {
-            if let Ok(real) = std::fs::canonicalize(extra)
-                && real.is_dir()
-                && !read_only.contains(&real)
-            {
-                read_only.push(real);
+            // Bound where it was named (a path through a symbolic link stays usable as
+            // given, e.g. a worktree's `.cache` linked elsewhere); the link is followed.
+            let Ok(real) = std::fs::canonicalize(extra) else { continue };
+            let clean = extra.is_absolute()
+                && extra
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
+            let shown = if clean { extra.clone() } else { real.clone() };
+            if real.is_dir() && !read_only.contains(&shown) {
+                read_only.push(shown);
             }
         }
         if self.secrets.iter().any(|s| within(req.cwd, s)) {

@@ -116,11 +116,17 @@ impl Default for Options {
         // servers; the deployment defaults (admins only) have their own tests in tests/it/mcp.rs
         // and tests/it/web_search.rs.
         let mcp = mira::mcp::McpSettings { stdio_allow: vec!["*".into()], ..Default::default() };
+        // Their sandbox may read the project's test servers (an operator's --sandbox-read).
+        let sandbox = mira::sandbox::SandboxConfig {
+            read_only: vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp")],
+            ..Default::default()
+        };
         Options {
             runtime: RuntimeConfig {
                 execution_concurrency: 4,
                 mcp,
                 allow_internal_urls: true,
+                sandbox,
                 ..RuntimeConfig::default()
             },
             body_limit: 1024 * 1024,

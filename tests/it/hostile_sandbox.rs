@@ -418,3 +418,42 @@ both_backends!(
     an_unsandboxed_server_refuses_non_admins,
     readyz_reports_the_sandbox,
 );
+
+/// A non-admin's stdio MCP server runs in the sandbox too: one whose command reads the
+/// admin token gets nothing (the connection's stderr tail shows the refusal, not the
+/// token); an admin's server runs unsandboxed, as before.
+async fn a_non_admins_stdio_server_cannot_read_the_data_dir(backend: Backend) {
+    let t = spawn_with(backend, options(true)).await;
+    let data = std::fs::canonicalize(&t.data_dir).unwrap();
+    let token = std::fs::read_to_string(data.join("admin.token")).unwrap().trim().to_owned();
+    let script = format!("cat {}/admin.token >&2; echo sandboxed-attempt >&2; exit 3", data.display());
+    let alice = t.user("alice").await;
+    let mut seen = String::new();
+    for (who, tok) in [("alice", alice.as_str()), ("admin", t.admin_token.as_str())] {
+        let r = t
+            .post("/v1/mcp/servers", tok, json!({"name": format!("leak-{who}"), "transport": {"stdio": {"command": "sh", "args": ["-c", script]}}}))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        let id = r.body["id"].as_str().unwrap().to_owned();
+        let mut tail = String::new();
+        for _ in 0..200 {
+            let v = t.get(&format!("/v1/mcp/servers/{id}"), tok).await.body;
+            tail = v["connection"]["stderr_tail"].as_str().unwrap_or("").to_owned();
+            if tail.contains("sandboxed-attempt") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(tail.contains("sandboxed-attempt"), "{who}'s server ran: {tail:?}");
+        if who == "alice" {
+            assert!(!tail.contains(&token), "a non-admin's MCP server read the admin token: {tail}");
+        } else {
+            // The control: unsandboxed, the same command reads it (what alice was denied).
+            assert!(tail.contains(&token), "the admin's server is not sandboxed: {tail}");
+        }
+        seen.push_str(&tail);
+    }
+    assert!(seen.contains("sandboxed-attempt"));
+}
+
+both_backends!(a_non_admins_stdio_server_cannot_read_the_data_dir);

@@ -264,7 +264,10 @@ async fn crash_at_start() {
 /// server id, run, turn).
 async fn fault_app(extra: &[&str], timeout_ms: i64) -> (TestApp, String, String, String, String) {
     let t = spawn(Backend::Sqlite).await;
-    let token = t.user("dora").await;
+    // A fault server that reports to the test through files in the host's /tmp (--log,
+    // --drop-file) is the admin's: a non-admin's server runs in the sandbox, whose /tmp is
+    // its own (tests/it/hostile_sandbox.rs).
+    let token = if extra.is_empty() { t.user("dora").await } else { t.admin_token.clone() };
     let id = install(
         &t,
         &token,

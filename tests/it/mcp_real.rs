@@ -158,19 +158,30 @@ async fn everything_over_streamable_http() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filesystem_memory_and_time() {
-    let t = spawn(Backend::Sqlite).await;
+    // cy's servers run in the sandbox: the folder they work in is one of cy's workspaces,
+    // named as their cwd (src/sandbox/mcp.rs).
+    let mut options = common::Options::default();
+    options.runtime.workspace_roots = vec![std::env::temp_dir()];
+    let t = common::spawn_with(Backend::Sqlite, options).await;
     let token = t.user("cy").await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), "remember the milk").unwrap();
     let root = std::fs::canonicalize(dir.path()).unwrap().to_string_lossy().into_owned();
-    let fs =
-        install(&t, &token, "fs", json!({"stdio": {"command": env_path("MIRA_MCP_FILESYSTEM"), "args": [root]}})).await;
+    let r = t.post("/v1/workspaces", &token, json!({"name": "notes", "path": root})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let fs = install(
+        &t,
+        &token,
+        "fs",
+        json!({"stdio": {"command": env_path("MIRA_MCP_FILESYSTEM"), "args": [root], "cwd": root}}),
+    )
+    .await;
     let mem_file = dir.path().join("memory.jsonl");
     let mem = install(
         &t,
         &token,
         "memory",
-        json!({"stdio": {"command": env_path("MIRA_MCP_MEMORY"),
+        json!({"stdio": {"command": env_path("MIRA_MCP_MEMORY"), "cwd": root,
         "env": {"MEMORY_FILE_PATH": mem_file.to_string_lossy()}}}),
     )
     .await;
