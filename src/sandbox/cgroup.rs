@@ -136,7 +136,7 @@ impl CgroupSupport {
             }
         }
         for (ctl, mount) in v1 {
-            if s.v2_controllers.iter().any(|c| *c == ctl) {
+            if s.v2_controllers.contains(&ctl) {
                 continue;
             }
             let Some(path) = own_path(&ctl) else { continue };

@@ -248,14 +248,13 @@ impl ChildPlan {
                     return Err(self.fail(Step::Cgroup));
                 }
             }
-            if let Some(maps) = &self.userns {
-                if libc::unshare(libc::CLONE_NEWUSER) != 0
+            if let Some(maps) = &self.userns
+                && (libc::unshare(libc::CLONE_NEWUSER) != 0
                     || !write_file(b"/proc/self/setgroups\0", b"deny")
                     || !write_file(b"/proc/self/uid_map\0", &maps.uid_map)
-                    || !write_file(b"/proc/self/gid_map\0", &maps.gid_map)
-                {
-                    return Err(self.fail(Step::UserNamespace));
-                }
+                    || !write_file(b"/proc/self/gid_map\0", &maps.gid_map))
+            {
+                return Err(self.fail(Step::UserNamespace));
             }
             let flags = libc::CLONE_NEWNS | if self.new_net { libc::CLONE_NEWNET } else { 0 };
             if libc::unshare(flags) != 0 {
