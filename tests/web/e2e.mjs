@@ -476,6 +476,9 @@ try {
     check(await termCard.locator('.cwd').innerText() === start.input.cwd, `the terminal approval shows the real cwd ${start.input.cwd}`);
     check((await termCard.locator('.command').innerText()).includes('from the PTY'), 'the terminal approval shows the command');
     check(await termCard.locator('.flag-outside').count() === 0, 'a cwd inside the workspace is not flagged');
+    const sandboxText = await termCard.locator('section.sandbox').innerText();
+    check(sandboxText.includes(start.input.sandbox.read_write[0]) && sandboxText.includes('/usr') && sandboxText.includes('Network'),
+      'the terminal approval shows the frozen sandbox (read-write workspace, read-only system, network)');
     await termCard.locator('button.approve').click();
     await termCard.locator('.result .ok').waitFor();
     const outside = await must('POST', `/v1/runs/${run.id}/invocations`, {

@@ -155,6 +155,39 @@ function terminalFacts(inv, tool) {
   ].filter(Boolean);
 }
 
+// --- Sandbox of a terminal start (issue 13): what the process may touch, from the frozen
+// canonical input, so the approver sees the very sandbox the hash covers. ---
+function fmtBytes(n) {
+  if (typeof n !== 'number') return '—';
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0; let v = n;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return `${Number.isInteger(v) ? v : v.toFixed(1)} ${units[i]}`;
+}
+
+function pathList(list) {
+  return list?.length ? h('ul', { class: 'paths' }, list.map((p) => h('li', {}, code(p)))) : 'none';
+}
+
+function sandboxFacts(sb) {
+  if (!sb.enforced) {
+    return [['Sandbox', h('strong', { class: 'flag-outside', role: 'note' }, '⚠ Not sandboxed: runs with the server\'s own access')],
+      sb.reason ? ['Why', sb.reason] : null].filter(Boolean);
+  }
+  const net = sb.network ?? {};
+  const netText = net.mode === 'deny_tcp_connect' ? `open, except TCP connect to port${net.ports.length > 1 ? 's' : ''} ${net.ports.join(', ')}`
+    : net.mode === 'private' ? 'none (a private network namespace: its own loopback only)' : 'open (every address and port)';
+  const lim = sb.limits ?? {};
+  return [
+    ['Read-write', pathList(sb.read_write)],
+    ['Read-only', pathList(sb.read_only)],
+    ['Hidden', pathList(sb.hidden)],
+    sb.private ? ['Private', `${sb.private.tmp} (${fmtBytes(sb.private.tmp_bytes)}), HOME ${sb.private.home}; /proc: ${sb.private.proc}`] : null,
+    ['Network', netText],
+    ['Limits', [lim.pids_max ? `${lim.pids_max} processes` : 'no process limit', lim.memory_max_bytes ? `${fmtBytes(lim.memory_max_bytes)} memory` : 'no memory limit', `tree kill: ${lim.tree_kill ?? '—'}`].join(' · ')],
+  ].filter(Boolean);
+}
+
 /** A unified diff with added/removed lines marked (not by colour alone: the +/- stays). */
 function diffBlock(diff, label) {
   const lines = diff.split('\n');
@@ -271,6 +304,7 @@ function approvalCard(a, onDecided) {
   if (fourEyes) sections.push(fourEyes);
   const isTerminal = inv.tool_id === 'terminal_session' || (tool && ('cwd_outside_workspace' in tool || 'command_line' in tool || 'session' in tool));
   if (isTerminal) sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Terminal'), dl(terminalFacts(inv, tool))));
+  if (isTerminal && inv.input?.sandbox) sections.push(h('section', { class: 'what-runs sandbox' }, h('h3', {}, 'Sandbox'), dl(sandboxFacts(inv.input.sandbox))));
   if (tool && typeof tool.diff === 'string') {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool)),
       tool.diff ? diffBlock(tool.diff, `Diff preview of ${tool.path ?? 'the edit'}`) : h('p', {}, 'No change in content.'),
