@@ -19,29 +19,38 @@ pub struct BenchServer {
     pub server: crate::server::Server,
     /// A client with the admin token.
     pub api: Api,
-    /// The temporary directory (data dir; the workspace is `ws/` inside it).
+    /// The temporary directory (the data dir is `data/` inside it, the workspace `ws/`).
     pub dir: std::path::PathBuf,
 }
 
 impl BenchServer {
     /// Starts a server with default settings on SQLite under a new temporary directory.
     pub async fn start(name: &str) -> anyhow::Result<Self> {
-        let dir = std::env::temp_dir().join(format!("mira-bench-{name}-{}", uuid::Uuid::now_v7().simple()));
-        let workspace = dir.join("ws");
+        Self::start_with(name, crate::config::RuntimeConfig::default()).await
+    }
+
+    /// Starts a server with `runtime` settings on SQLite under a new temporary directory
+    /// (data in `data/`, the workspace in `ws/`: a workspace is never inside the data dir,
+    /// which sandboxed sessions cannot see).
+    pub async fn start_with(name: &str, runtime: crate::config::RuntimeConfig) -> anyhow::Result<Self> {
+        let root = std::env::temp_dir().join(format!("mira-bench-{name}-{}", uuid::Uuid::now_v7().simple()));
+        let dir = root.join("data");
+        let workspace = root.join("ws");
         std::fs::create_dir_all(&workspace)?;
+        std::fs::create_dir_all(&dir)?;
         let settings = crate::server::Settings {
             listen: "127.0.0.1:0".parse()?,
             data_dir: dir.clone(),
             database_url: format!("sqlite://{}?mode=rwc", dir.join("mira.db").display()),
             workspace,
-            runtime: crate::config::RuntimeConfig::default(),
+            runtime,
             body_limit: 1024 * 1024,
             request_timeout: Duration::from_secs(60),
         };
         let server = crate::server::Server::start(settings).await?;
         let token = std::fs::read_to_string(dir.join("admin.token"))?.trim().to_owned();
         let api = Api::new(server.addr, token)?;
-        Ok(Self { server, api, dir })
+        Ok(Self { server, api, dir: root })
     }
 
     /// Shuts the server down and removes its directory.

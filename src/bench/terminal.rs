@@ -13,6 +13,13 @@
 //!    its echo on the SSE stream is taken — once through the host directly (the runtime's own
 //!    path: PTY → ring → SSE) and `governed_keys` times as an approved `input` invocation
 //!    (grant → byte on the stream).
+//! 3. Start latency with and without the sandbox, side by side: `starts` sessions of `true`
+//!    started through the PTY host (`TerminalHost::start`: PTY, cgroup, fork, sandbox setup,
+//!    exec, store row), on three servers in the same run — `--sandbox off`, the sandbox with
+//!    the network open, and the sandbox with `--sandbox-network deny-services` (Landlock's
+//!    TCP rules are an allow-list, so denying two ports costs 65,534 rules per session
+//!    domain). Also the kernel's slab memory (`/proc/meminfo` `Slab`) added by 20 live
+//!    sessions of each.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +41,9 @@ pub struct TerminalBench {
     /// Lines typed as approved `input` invocations.
     #[arg(long, default_value_t = 50)]
     pub governed_keys: usize,
+    /// Sessions started per sandbox configuration for the start latency.
+    #[arg(long, default_value_t = 100)]
+    pub starts: usize,
 }
 
 impl Api {
@@ -261,6 +271,122 @@ pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
         g.p99
     );
     bench.stop().await;
+    start_latency(opts.starts).await
+}
+
+/// Kernel slab memory in KiB (`/proc/meminfo`).
+fn slab_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Slab:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Section 3 of the module docs.
+async fn start_latency(starts: usize) -> anyhow::Result<()> {
+    use crate::sandbox::{NetworkMode, SandboxConfig, SandboxMode, SpecRequest};
+    use crate::tools::terminal::host::StartSpec;
+    let configs = [
+        ("no sandbox (--sandbox off)", SandboxConfig { mode: SandboxMode::Off, ..SandboxConfig::default() }),
+        ("sandbox, network open", SandboxConfig { network: NetworkMode::Open, ..SandboxConfig::default() }),
+        ("sandbox, deny-services", SandboxConfig { network: NetworkMode::DenyServices, ..SandboxConfig::default() }),
+    ];
+    println!(
+        "terminal start latency (`true` through TerminalHost::start: PTY, cgroup, fork, sandbox, exec, store row):"
+    );
+    let program =
+        ["/bin/true", "/usr/bin/true"].into_iter().find(|p| std::path::Path::new(p).exists()).context("no true")?;
+    for (label, sandbox) in configs {
+        let runtime = crate::config::RuntimeConfig {
+            sandbox,
+            terminal: crate::tools::terminal::host::TerminalConfig { max_sessions_per_user: 64, ..Default::default() },
+            ..crate::config::RuntimeConfig::default()
+        };
+        let bench = BenchServer::start_with("terminal-start", runtime).await?;
+        let app = &bench.server.app;
+        let me = bench.api.send(reqwest::Method::GET, "/v1/me", None).await?;
+        let owner = me["id"].as_str().context("user id")?.to_owned();
+        let ws = std::fs::canonicalize(bench.dir.join("ws"))?;
+        let spec = app
+            .sandbox
+            .spec(&SpecRequest { workspace: Some(&ws), cwd: &ws, is_admin: true, read_only: &[] })
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let enforced = spec.enforced;
+        let make = |i: usize| StartSpec {
+            owner_id: owner.clone(),
+            run_id: "run_bench".into(),
+            invocation_id: format!("inv_bench_{i}"),
+            program: program.into(),
+            command: "true".into(),
+            args: Vec::new(),
+            cwd: ws.to_string_lossy().into_owned(),
+            env: serde_json::Map::new(),
+            timeout_ms: 60_000,
+            cols: 80,
+            rows: 24,
+            sandbox: spec.clone(),
+            hidden: Vec::new(),
+        };
+        let start = |i: usize| {
+            let (done, rx) = tokio::sync::oneshot::channel::<()>();
+            let host = app.terminal.clone();
+            let spec = make(i);
+            async move {
+                let t = Instant::now();
+                let s = host.start(spec, tokio_util::sync::CancellationToken::new(), rx).await;
+                let took = t.elapsed();
+                let _ = done.send(());
+                s.map(|s| (s, took)).map_err(|e| anyhow::anyhow!("{e}"))
+            }
+        };
+        // Warm-up (the deny-services network layer is built on first use).
+        let (s, warm) = start(usize::MAX).await?;
+        let mut exit = s.exit();
+        let _ = exit.wait_for(Option::is_some).await;
+        let mut times = Vec::with_capacity(starts);
+        for i in 0..starts {
+            let (s, took) = start(i).await?;
+            times.push(took);
+            let mut exit = s.exit();
+            let _ = tokio::time::timeout(Duration::from_secs(5), exit.wait_for(Option::is_some)).await;
+        }
+        let p = super::percentiles(&times);
+        // Slab held by 20 live sessions (`sleep`), sampled after they started.
+        let slab_before = slab_kib();
+        let mut live = Vec::new();
+        for i in 0..20 {
+            let mut spec = make(100_000 + i);
+            spec.program = ["/bin/sleep", "/usr/bin/sleep"]
+                .into_iter()
+                .find(|p| std::path::Path::new(p).exists())
+                .unwrap_or("/bin/sleep")
+                .into();
+            spec.args = vec!["60".into()];
+            let (done, rx) = tokio::sync::oneshot::channel::<()>();
+            let s = app
+                .terminal
+                .start(spec, tokio_util::sync::CancellationToken::new(), rx)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let _ = done.send(());
+            live.push(s);
+        }
+        let slab_delta = slab_kib().saturating_sub(slab_before);
+        for s in &live {
+            s.end("killed", "bench".into());
+        }
+        println!(
+            "  {label:<28} enforced={enforced:<5} {starts} starts: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (first start {:.1} ms); slab +{} KiB for 20 live sessions",
+            p.p50,
+            p.p99,
+            p.max,
+            warm.as_secs_f64() * 1000.0,
+            slab_delta
+        );
+        bench.stop().await;
+    }
     Ok(())
 }
 
