@@ -94,15 +94,6 @@ impl Store {
         Ok(user)
     }
 
-    /// Whether `user_id` is an admin (false for an unknown id).
-    pub async fn user_is_admin(&self, user_id: &str) -> StoreResult<bool> {
-        let v: Option<i64> = sqlx::query_scalar("SELECT is_admin FROM users WHERE id = $1")
-            .bind(user_id)
-            .fetch_optional(self.pool())
-            .await?;
-        Ok(v.is_some_and(|a| a != 0))
-    }
-
     /// The identity behind a token hash, if the token exists and is not revoked.
     pub async fn identity_by_token(&self, token_sha256: &str) -> StoreResult<Option<TokenIdentity>> {
         Ok(sqlx::query_as(
