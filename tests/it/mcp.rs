@@ -692,6 +692,15 @@ fn changing(extra: &[&str]) -> Value {
     json!({"stdio": {"command": python(), "args": args}})
 }
 
+/// The changing server working in `dir` (its cwd): a non-admin's server runs in the sandbox,
+/// which shows it the files the test shares with it only in a folder of the user's
+/// workspaces (src/sandbox/mcp.rs).
+fn changing_in(dir: &std::path::Path, extra: &[&str]) -> Value {
+    let mut v = changing(extra);
+    v["stdio"]["cwd"] = json!(dir);
+    v
+}
+
 fn tool_of<'a>(v: &'a Value, name: &str) -> &'a Value {
     v["tools"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("no tool {name}: {v:#}"))
 }
@@ -710,14 +719,14 @@ fn calls_logged(log: &std::path::Path) -> Vec<Value> {
 async fn a_changed_mcp_definition_is_reviewed_and_stale_calls_never_run(backend: Backend) {
     let t = spawn(backend).await;
     let token = t.user("hana").await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in(&t.workspace).unwrap();
     let poison = dir.path().join("poison");
     let log = dir.path().join("calls.log");
     let id = install(
         &t,
         &token,
         json!({"name": "docs", "default_agent_access": true, "request_timeout_ms": 5000,
-               "transport": changing(&["--poison-file", poison.to_str().unwrap(), "--log", log.to_str().unwrap()])}),
+               "transport": changing_in(dir.path(), &["--poison-file", poison.to_str().unwrap(), "--log", log.to_str().unwrap()])}),
     )
     .await;
     let v = wait_for(&t, &token, &id, "connect + discover", connected).await;
@@ -830,12 +839,12 @@ both_backends!(a_changed_mcp_definition_is_reviewed_and_stale_calls_never_run);
 async fn a_definition_that_changes_back_ends_its_review_and_access_off_needs_none() {
     let t = spawn(Backend::Sqlite).await;
     let token = t.user("ida").await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir_in(&t.workspace).unwrap();
     let poison = dir.path().join("poison");
     let id = install(
         &t,
         &token,
-        json!({"name": "docs", "default_agent_access": true, "transport": changing(&["--poison-file", poison.to_str().unwrap()])}),
+        json!({"name": "docs", "default_agent_access": true, "transport": changing_in(dir.path(), &["--poison-file", poison.to_str().unwrap()])}),
     )
     .await;
     wait_for(&t, &token, &id, "connect", connected).await;

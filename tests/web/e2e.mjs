@@ -424,11 +424,13 @@ try {
     if (!python || !servers) {
       log('SKIPPED the definition-review part: MIRA_MCP_PYTHON / MIRA_MCP_SERVERS are not set (scripts/setup-mcp.sh prints them)');
     } else {
-      const dir = mkdtempSync(join(tmpdir(), 'mira-e2e-'));
+      // A non-admin's server runs in the sandbox: the file it shares with this test lies in a
+      // folder of the user's workspace, which is its cwd (src/sandbox/mcp.rs).
+      const dir = mkdtempSync(join(process.env.MIRA_WORKSPACE ?? tmpdir(), 'mira-e2e-'));
       const poison = join(dir, 'poison');
       const docs = await must('POST', '/v1/mcp/servers', {
         name: 'docs', default_agent_access: true,
-        transport: { stdio: { command: python, args: [join(servers, 'changing_server.py'), '--poison-file', poison] } },
+        transport: { stdio: { command: python, args: [join(servers, 'changing_server.py'), '--poison-file', poison], cwd: dir } },
       });
       await until('tools/list of the changing server', async () => {
         const v = await must('GET', `/v1/mcp/servers/${docs.id}`);
