@@ -301,6 +301,7 @@ impl Server {
         bounded("harness", self.harness).await;
         self.app.mcp.stopped(Duration::from_secs(5)).await;
         self.app.terminal.stopped(Duration::from_secs(5)).await;
+        self.app.sandbox.release();
         bounded("indexer", self.indexer).await;
         bounded("store", self.app.store.close()).await;
     }

@@ -107,6 +107,7 @@ impl CgroupSupport {
         };
         if let (Some(mount), Some(path)) = (s.v2_mount.clone(), own_path("")) {
             let group = Path::new(&mount).join(path.trim_start_matches('/'));
+            remove_empty_bases(&group, &leaf);
             let base = group.join(&leaf);
             match std::fs::create_dir_all(&base) {
                 Ok(()) => {
@@ -140,7 +141,9 @@ impl CgroupSupport {
                 continue;
             }
             let Some(path) = own_path(&ctl) else { continue };
-            let base = Path::new(&mount).join(path.trim_start_matches('/')).join(&leaf);
+            let group = Path::new(&mount).join(path.trim_start_matches('/'));
+            remove_empty_bases(&group, &leaf);
+            let base = group.join(&leaf);
             let file = if ctl == "pids" { "pids.max" } else { "memory.limit_in_bytes" };
             match std::fs::create_dir_all(&base) {
                 Ok(()) if base.join(file).exists() => {
@@ -158,6 +161,13 @@ impl CgroupSupport {
         s
     }
 
+    /// Removes this node's base groups when they are empty (server stop).
+    pub fn release(&self) {
+        for base in self.bases() {
+            let _ = std::fs::remove_dir(base);
+        }
+    }
+
     fn bases(&self) -> Vec<PathBuf> {
         [&self.v2_base, &self.v1_pids_base, &self.v1_memory_base].into_iter().flatten().map(PathBuf::from).collect()
     }
@@ -167,7 +177,15 @@ impl CgroupSupport {
     pub fn create(&self, id: &str, pids_max: u64, memory_max: u64) -> std::io::Result<(SessionCgroup, Vec<OwnedFd>)> {
         let mut group = SessionCgroup { dirs: Vec::new(), kill_file: None };
         let mut fds = Vec::new();
+        let v2_controllers = self.v2_controllers.clone();
         let mut make = |base: &str, limits: &[(&str, u64)]| -> std::io::Result<()> {
+            // (Recreated if another server's start removed it while it was empty.)
+            if !Path::new(base).is_dir() {
+                std::fs::create_dir_all(base)?;
+                for ctl in &v2_controllers {
+                    let _ = write(&Path::new(base).join("cgroup.subtree_control"), &format!("+{ctl}"));
+                }
+            }
             let dir = Path::new(base).join(id);
             match std::fs::create_dir(&dir) {
                 Ok(()) => {}
@@ -314,6 +332,36 @@ impl SessionCgroup {
                 }
             }
         }
+    }
+}
+
+/// Removes the empty `mira-*` base groups other servers left below `group`, and their empty
+/// session groups older than a minute (a process that died without stopping leaves them):
+/// `rmdir` fails on any group that still has processes or children, and the age (session ids
+/// are UUIDv7, milliseconds first) keeps a group another server just made for a starting
+/// session.
+fn remove_empty_bases(group: &Path, own: &str) {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    for base in std::fs::read_dir(group).into_iter().flatten().flatten() {
+        let name = base.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with("mira-node-") || name == own || !base.path().is_dir() {
+            continue;
+        }
+        for session in std::fs::read_dir(base.path()).into_iter().flatten().flatten() {
+            let created_ms = session
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("term_"))
+                .and_then(|hex| hex.get(..12))
+                .and_then(|ms| u64::from_str_radix(ms, 16).ok());
+            if created_ms.is_some_and(|ms| ms + 60_000 < now_ms) {
+                let _ = std::fs::remove_dir(session.path());
+            }
+        }
+        let _ = std::fs::remove_dir(base.path());
     }
 }
 

@@ -970,6 +970,12 @@ impl Sandbox {
         Ok(ops)
     }
 
+    /// Releases what the sandbox holds on the host (this node's empty cgroup bases), once
+    /// every session has ended (server stop).
+    pub fn release(&self) {
+        self.host.cgroup.release();
+    }
+
     /// Kills and removes the cgroups a previous process left for session `id` (recovery).
     /// Returns whether there were any.
     pub fn kill_leftover_cgroup(&self, id: &str) -> bool {
