@@ -598,6 +598,249 @@ async fn restart_reports_running_sessions_lost(backend: Backend) {
     assert_eq!(events.last().unwrap().1, "exit");
 }
 
+
+/// The invocation's last evidence item.
+async fn last_evidence(c: &Ctx) -> Value {
+    let ev = c.t.get(&format!("/v1/runs/{}/evidence", c.run), &c.token).await;
+    ev.body["evidence"].as_array().unwrap().last().unwrap().clone()
+}
+
+/// Issue 14, case 4: `start` of `sh -c 'sleep 1; echo "error[E0425]…" >&2; exit 101'` returns
+/// on idle with no output; the error text then comes with the next `wait` (with the exit), in
+/// its result and its evidence — also when it was produced between two actions of a live
+/// session, and after a restart of the server.
+async fn output_after_an_action_returned_comes_with_the_next_one(backend: Backend) {
+    let mut c = setup(backend).await;
+    let (id, started) = c
+        .start(json!({"command": "sh", "args": ["-c", "sleep 1; echo \"error[E0425]: cannot find value x\" >&2; exit 101"]}))
+        .await;
+    assert_eq!((started["returned_because"].as_str(), started["output"].as_str()), (Some("idle"), Some("")), "{started}");
+    let reported = started["output_range"][1].as_u64().unwrap();
+    assert_eq!(c.ended_state(&id).await, "exited");
+    let bytes_out = c.session(&id).await["bytes_out"].as_u64().unwrap();
+    assert_eq!(bytes_out, 35, "the error line and CR LF");
+    let waited = c.act(json!({"action": "wait", "session_id": id, "timeout_ms": 5000})).await;
+    assert_eq!(
+        (waited["returned_because"].as_str(), waited["state"].as_str(), waited["exit_code"].as_i64()),
+        (Some("already_ended"), Some("exited"), Some(101)),
+        "{waited}"
+    );
+    assert_eq!(waited["output"], "error[E0425]: cannot find value x\n", "{waited}");
+    assert_eq!(waited["output_range"], json!([reported, bytes_out]), "{waited}");
+    assert_eq!(waited["output_bytes"], bytes_out - reported);
+    let ev = last_evidence(&c).await;
+    assert!(ev["excerpt"].as_str().unwrap().contains("error[E0425]: cannot find value x"), "{ev}");
+    assert_eq!(ev["provenance"]["byte_range"], json!([reported, bytes_out]), "{ev}");
+    assert_eq!(ev["provenance"]["exit_code"], 101);
+    // Reported once: the next wait has nothing more, and says where it stands.
+    let again = c.act(json!({"action": "wait", "session_id": id})).await;
+    assert_eq!(again["output"], "", "{again}");
+    assert_eq!(again["output_range"], json!([bytes_out, bytes_out]));
+    assert_eq!(again["exit_code"], 101);
+
+    // A live session: what a background job prints after `input` returned comes with the next input.
+    let (sh, _) = c.start(bash()).await;
+    let first = c.input(&sh, "(sleep 1; echo LATE-\"LINE\") &\n").await;
+    assert!(!first["output"].as_str().unwrap().contains("LATE-LINE"), "{first}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let next = c.input(&sh, "echo next-\"cmd\"\n").await;
+    let text = next["output"].as_str().unwrap();
+    assert!(text.contains("LATE-LINE") && text.contains("next-cmd"), "{next}");
+    assert_eq!(next["output_range"][0], first["output_range"][1], "ranges chain: {first} {next}");
+    let killed = c.act(json!({"action": "kill", "session_id": sh})).await;
+    assert_eq!(killed["output_range"][0], next["output_range"][1], "{killed}");
+
+    // Output nobody asked for before the server restarted is reported after it (the
+    // reported offset is stored, not kept in memory).
+    let (p, started) =
+        c.start(json!({"command": "sh", "args": ["-c", "sleep 1; echo BEFORE-\"RESTART\"; sleep 1000"]})).await;
+    assert_eq!(started["output"], "", "{started}");
+    for _ in 0..100 {
+        if c.session(&p).await["bytes_out"].as_u64().unwrap() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.t.restart().await;
+    let waited = c.act(json!({"action": "wait", "session_id": p})).await;
+    assert_eq!((waited["returned_because"].as_str(), waited["state"].as_str()), (Some("already_ended"), Some("lost")));
+    assert_eq!(waited["output"], "BEFORE-RESTART\n", "{waited}");
+    assert_eq!(waited["output_range"][0], started["output_range"][1], "{waited}");
+}
+
+/// A Python program printing 56,001 lines (5.7 MB through the PTY) with `FATAL` in the middle.
+const FATAL_SCRIPT: &str = "import sys\nw = sys.stdout.write\nfor i in range(28000): w('%06d %s\\n' % (i, 'x' * 93))\nw('FATAL: the disk is on fire\\n')\nfor i in range(28000, 56000): w('%06d %s\\n' % (i, 'y' * 93))\n";
+
+/// Issue 14, case 5: 5.7 MB of output with a `FATAL` line in the middle, under the 8 MiB
+/// retention: the stream from offset 0 has every byte, no gap; the action's evidence says
+/// nothing was missed; the `output` action finds the line and reads it back.
+async fn five_megabytes_with_fatal_in_the_middle_have_no_holes(backend: Backend) {
+    let c = setup(backend).await;
+    let (id, started) = c.start(json!({"command": "python3", "args": ["-c", FATAL_SCRIPT], "settle_ms": 0})).await;
+    let out = c.act(json!({"action": "wait", "session_id": id, "timeout_ms": 120000})).await;
+    assert_eq!((out["state"].as_str(), out["exit_code"].as_i64()), (Some("exited"), Some(0)), "{out}");
+    let bytes_out = c.session(&id).await["bytes_out"].as_u64().unwrap();
+    assert_eq!(bytes_out, 56_000 * 102 + 28, "every line, CR LF through the PTY");
+    assert_eq!(out["output_range"], json!([started["output_range"][1], bytes_out]), "{out}");
+    assert_eq!(out["output_bytes_missed"], 0);
+    assert_eq!(out["output_missed_ranges"], json!([]));
+    let ev = last_evidence(&c).await;
+    assert_eq!(ev["provenance"]["bytes_missed"], 0, "{ev}");
+    // The whole stream from offset 0: offsets chain from 0 to the end, no gap.
+    let events = read_sse(c.stream(&id, None).await, 1_000_000, Duration::from_secs(60)).await;
+    assert!(events.iter().all(|e| e.1 != "gap"), "{:?}", events.iter().find(|e| e.1 == "gap"));
+    let outputs: Vec<_> = events.iter().filter(|e| e.1 == "output").collect();
+    assert_eq!(outputs[0].2["start"], 0);
+    for w in outputs.windows(2) {
+        assert_eq!(w[0].2["end"], w[1].2["start"], "a hole in the stream");
+    }
+    assert_eq!(outputs.last().unwrap().2["end"], bytes_out);
+    let text: String = outputs.iter().map(|e| e.2["data"].as_str().unwrap()).collect();
+    assert_eq!(text.len() as u64, bytes_out);
+    assert_eq!(text.matches("FATAL: the disk is on fire\r\n").count(), 1);
+    assert_eq!(text.lines().count(), 56_001);
+    assert_eq!(events.last().unwrap().1, "exit");
+    // The Planner finds the line in the stored output and reads its range.
+    let found = c.act(json!({"action": "output", "session_id": id, "pattern": "^FATAL"})).await;
+    let at = 28_000 * 102;
+    assert_eq!(found["matches"], json!([{"offset": at, "end": at + 28, "line": "FATAL: the disk is on fire"}]), "{found}");
+    assert_eq!(found["output_range"], json!([0, bytes_out]), "{found}");
+    assert_eq!(found["output_missed_ranges"], json!([]));
+    let line = c.act(json!({"action": "output", "session_id": id, "from": at - 102, "to": at + 28 + 102})).await;
+    assert_eq!(
+        line["output"],
+        format!("027999 {}\nFATAL: the disk is on fire\n028000 {}\n", "x".repeat(93), "y".repeat(93)),
+        "{line}"
+    );
+    assert_eq!(line["output_range"], json!([at - 102, at + 28 + 102]));
+}
+
+/// Past the retention cap the answer says which bytes are gone: 3 MB printed after `start`
+/// returned and before anyone asked, with 1 MiB retained.
+async fn retention_cap_reports_missed_bytes_truthfully(backend: Backend) {
+    let cfg = mira::tools::terminal::host::TerminalConfig {
+        ring_bytes: 256 * 1024,
+        retain_bytes: 1024 * 1024,
+        ..Default::default()
+    };
+    let c = setup_with(backend, cfg).await;
+    let (id, started) = c
+        .start(json!({"command": "sh", "args": ["-c", "sleep 1; echo FIRST-LINE; seq 1 400000; echo LAST-LINE"]}))
+        .await;
+    assert_eq!(started["output"], "", "{started}");
+    let from = started["output_range"][1].as_u64().unwrap();
+    assert_eq!(c.ended_state(&id).await, "exited");
+    let s = c.session(&id).await;
+    let (bytes_out, retained) = (s["bytes_out"].as_u64().unwrap(), s["retained_from"].as_u64().unwrap());
+    assert!(bytes_out > 3_000_000 && retained > from, "{s}");
+    assert!(bytes_out - retained >= 1024 * 1024 && bytes_out - retained < 1024 * 1024 + 300 * 1024, "{s}");
+    let w = c.act(json!({"action": "wait", "session_id": id})).await;
+    assert_eq!(w["output_range"], json!([from, bytes_out]), "{w}");
+    assert_eq!(w["output_bytes_missed"], retained - from, "{w}");
+    assert_eq!(w["output_missed_ranges"], json!([[from, retained]]), "{w}");
+    assert_eq!(w["output_bytes"], bytes_out - retained);
+    let text = w["output"].as_str().unwrap();
+    assert!(text.starts_with(&format!("[… {} bytes no longer retained …]", retained - from)), "{}", &text[..100]);
+    assert!(text.trim_end().ends_with("LAST-LINE") && !text.contains("FIRST-LINE"), "{}", &text[..100]);
+    let ev = last_evidence(&c).await;
+    assert_eq!(ev["provenance"]["bytes_missed"], retained - from, "{ev}");
+    assert_eq!(ev["provenance"]["missed_ranges"], json!([[from, retained]]), "{ev}");
+    // The stream and the output action say the same.
+    let events = read_sse(c.stream(&id, None).await, 100_000, Duration::from_secs(30)).await;
+    let gaps: Vec<_> = events.iter().filter(|e| e.1 == "gap").map(|e| e.2.clone()).collect();
+    assert_eq!(gaps, vec![json!({"from": 0, "to": retained})]);
+    let read = c.act(json!({"action": "output", "session_id": id, "from": 0, "max_bytes": 1000})).await;
+    assert_eq!(read["output_missed_ranges"], json!([[0, retained]]), "{read}");
+    assert_eq!(read["output_range"], json!([0, retained + 1000]), "{read}");
+    assert_eq!(read["next_from"], retained + 1000);
+}
+
+/// Issue 14, case 6: the text is what a terminal shows: `\r` and erase-line overwrite,
+/// colours vanish, cursor moves land where a terminal puts them, long lines stay one line.
+async fn evidence_text_is_what_a_terminal_shows(backend: Backend) {
+    let c = setup(backend).await;
+    let (_, out) = c
+        .start(json!({
+            "command": "printf",
+            "args": ["a 10%%\\r\\033[Kb 100%%\\n\\033[1;31merror\\033[0m: red\\nabc\\033[2Dx\\n%0300d\\n", "0"],
+            "settle_ms": 1000,
+        }))
+        .await;
+    let long = "0".repeat(300);
+    let want = format!("b 100%\nerror: red\naxc\n{long}\n");
+    assert_eq!(out["output"], want, "{out}");
+    let ev = last_evidence(&c).await;
+    assert_eq!(ev["excerpt"], want, "{ev}");
+    assert_eq!(ev["provenance"]["render"], "vt100", "{ev}");
+    // The digest is of the raw bytes, escapes included.
+    let raw = b"a 10%\r\x1b[Kb 100%\r\n\x1b[1;31merror\x1b[0m: red\r\nabc\x1b[2Dx\r\n";
+    let raw = [raw.as_slice(), long.as_bytes(), b"\r\n"].concat();
+    assert_eq!(ev["provenance"]["output_sha256"], mira::evidence::sha256_hex(&raw), "{ev}");
+}
+
+/// The `output` action: approved like every terminal action; pages through a range, searches
+/// it, refuses bad ranges and patterns; the same reads over HTTP for the owner only.
+async fn output_action_reads_any_stored_range(backend: Backend) {
+    let c = setup(backend).await;
+    let (id, _) = c.start(json!({"command": "seq", "args": ["1", "3000"], "settle_ms": 0})).await;
+    let w = c.act(json!({"action": "wait", "session_id": id})).await;
+    let end = w["output_range"][1].as_u64().unwrap();
+    let mut text = String::new();
+    let mut from = 0;
+    let mut pages = 0;
+    while from < end {
+        let page = c.act(json!({"action": "output", "session_id": id, "from": from, "max_bytes": 5000})).await;
+        assert_eq!(page["output_range"][0], from);
+        text.push_str(page["output"].as_str().unwrap());
+        from = page["output_range"][1].as_u64().unwrap();
+        assert_eq!(page["next_from"], if from < end { json!(from) } else { Value::Null }, "{page}");
+        pages += 1;
+    }
+    let want: String = (1..=3000).map(|i| format!("{i}\n")).collect();
+    assert_eq!(text, want);
+    assert!(pages >= 3, "{pages}");
+    let found = c.act(json!({"action": "output", "session_id": id, "pattern": "^29(9|1)9$", "max_matches": 1})).await;
+    assert_eq!(found["matches"].as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(found["matches"][0]["line"], "2919");
+    assert_eq!(found["matches_truncated"], true);
+    let off = found["matches"][0]["offset"].as_u64().unwrap();
+    let again = c.act(json!({"action": "output", "session_id": id, "from": off, "to": off + 4})).await;
+    assert_eq!(again["output"], "2919");
+    for (input, code) in [
+        (json!({"action": "output", "session_id": id, "from": 10, "to": 5}), "invalid_range"),
+        (json!({"action": "output", "session_id": id, "pattern": "("}), "invalid_pattern"),
+        (json!({"action": "output", "session_id": id, "data": "x"}), "invalid_field"),
+    ] {
+        let n = c.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let r = c.t.call(&c.token, &c.run, &c.turn, "terminal_session", &format!("bad_{n}"), input.clone()).await;
+        assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, code), "{input} → {r:?}");
+    }
+    // Over HTTP, for frontends: the owner reads without an invocation; anyone else gets 404.
+    let r = c.t.get(&format!("/v1/terminal-sessions/{id}/output?from={off}&to={}", off + 4), &c.token).await;
+    assert_eq!((r.status, r.body["output"].as_str()), (StatusCode::OK, Some("2919")), "{r:?}");
+    let r = c.t.get(&format!("/v1/terminal-sessions/{id}/output?pattern=%5E2999%24"), &c.token).await;
+    assert_eq!(r.body["matches"][0]["line"], "2999", "{r:?}");
+    let r = c.t.get(&format!("/v1/terminal-sessions/{id}/output?from=9&to=3"), &c.token).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_range"), "{r:?}");
+    let bob = c.t.user("bob").await;
+    let r = c.t.get(&format!("/v1/terminal-sessions/{id}/output"), &bob).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let bob_run = c.t.run(&bob).await;
+    let (bob_turn, _) = c.t.turn(&bob, &bob_run, "terminal").await;
+    let r =
+        c.t.call(&bob, &bob_run, &bob_turn, "terminal_session", "peek", json!({"action": "output", "session_id": id}))
+            .await;
+    assert_eq!((r.status, r.code()), (StatusCode::NOT_FOUND, "terminal_session_not_found"), "{r:?}");
+}
+
+both_backends!(
+    output_after_an_action_returned_comes_with_the_next_one,
+    five_megabytes_with_fatal_in_the_middle_have_no_holes,
+    retention_cap_reports_missed_bytes_truthfully,
+    evidence_text_is_what_a_terminal_shows,
+    output_action_reads_any_stored_range,
+);
+
 both_backends!(
     shell_in_strict_mode_keeps_cwd_env_and_every_action_works,
     limits_timeouts_and_reaping,
