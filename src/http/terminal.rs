@@ -1,5 +1,7 @@
-//! Terminal sessions: `GET /v1/terminal-sessions`, `GET /v1/terminal-sessions/{id}` and the
-//! output stream `GET /v1/terminal-sessions/{id}/stream?offset=N`.
+//! Terminal sessions: `GET /v1/terminal-sessions`, `GET /v1/terminal-sessions/{id}`, the
+//! output stream `GET /v1/terminal-sessions/{id}/stream?offset=N`, and range reads
+//! `GET /v1/terminal-sessions/{id}/output?from=&to=&max_bytes=&pattern=` (the `output` action
+//! of `terminal_session` without an invocation: for the session's owner, e.g. a frontend).
 //!
 //! The stream is Server-Sent Events of the session's raw output (ANSI sequences kept, for
 //! xterm.js), read from the live ring or, for older bytes, from the store:
@@ -7,7 +9,8 @@
 //!   `Last-Event-ID` (or `?offset=`) resumes exactly there. A UTF-8 character split across
 //!   reads is held until complete; invalid bytes become U+FFFD.
 //! - `gap` `{from, to}`: bytes no longer retained (the retention cap passed them), so a slow
-//!   viewer skips ahead instead of the server buffering for it.
+//!   viewer skips ahead instead of the server buffering for it. Output leaves the live ring
+//!   only once stored, so a gap is always a prefix the retention cap dropped.
 //! - `exit` `{state, end_reason, exit_code, signal, bytes_out}`, after the last output; the
 //!   stream then ends.
 //!
@@ -33,6 +36,8 @@ use crate::error::{Error, Result};
 use crate::store::TerminalSessionRow;
 use crate::tools::terminal::host::{ExitInfo, Session};
 use crate::tools::terminal::output::decode_utf8;
+use crate::tools::terminal::range::{LineMatch, Piece, Source};
+use crate::tools::terminal::{OutputQuery, OutputRead};
 
 /// Largest `output` event, in bytes of output.
 const EVENT_BYTES: usize = 64 * 1024;
@@ -79,6 +84,9 @@ pub struct SessionView {
     pub bytes_out: i64,
     /// Offset of the oldest retained byte.
     pub retained_from: i64,
+    /// Output before this offset was in the result of a completed action; the next action
+    /// reports from here.
+    pub reported_to: i64,
 }
 
 impl SessionView {
@@ -104,6 +112,7 @@ impl SessionView {
             signal: row.signal,
             bytes_out,
             retained_from: row.retained_from,
+            reported_to: row.reported_to,
         }
     }
 }
@@ -333,46 +342,11 @@ impl Viewer {
 
     /// Reads from the ring, or from the store for bytes the ring no longer holds.
     async fn read(&mut self) -> std::result::Result<Next, crate::store::StoreError> {
-        let ring_start = match &self.live {
-            Some(s) => match s.with_ring(|r| r.read(self.offset, EVENT_BYTES)) {
-                Ok(bytes) if bytes.is_empty() => return Ok(Next::Nothing),
-                Ok(bytes) => return Ok(Next::Bytes(bytes)),
-                Err(start) => Some(start),
-            },
-            None => None,
-        };
-        let chunks = self.app.store.terminal_chunks_from(&self.id, self.offset, 4).await?;
-        let mut out = Vec::new();
-        let mut at = self.offset;
-        for (start, bytes) in chunks {
-            if start > at {
-                break;
-            }
-            let skip = usize::try_from(at - start).unwrap_or(usize::MAX).min(bytes.len());
-            let take = (EVENT_BYTES - out.len()).min(bytes.len() - skip);
-            out.extend_from_slice(&bytes[skip..skip + take]);
-            at += take as u64;
-            if out.len() >= EVENT_BYTES {
-                break;
-            }
-        }
-        if !out.is_empty() {
-            return Ok(Next::Bytes(out));
-        }
-        // Nothing stored at this offset: the next stored chunk or the ring is further on.
-        let next_stored = self.app.store.terminal_chunks_from(&self.id, self.offset, 1).await?.first().map(|c| c.0);
-        Ok(match (next_stored, ring_start) {
-            (Some(a), Some(b)) => Next::Gap(a.min(b)),
-            (Some(a), None) | (None, Some(a)) => Next::Gap(a),
-            (None, None) => {
-                let total = self
-                    .app
-                    .store
-                    .terminal_session_for_any(&self.id)
-                    .await?
-                    .map_or(self.offset, |r| u64::try_from(r.bytes_out).unwrap_or(0));
-                if total > self.offset { Next::Gap(total) } else { Next::Nothing }
-            }
+        let source = Source { store: &self.app.store, id: &self.id, live: self.live.as_deref() };
+        Ok(match source.read(self.offset, EVENT_BYTES).await? {
+            Piece::Bytes(b) => Next::Bytes(b),
+            Piece::Gap(to) => Next::Gap(to),
+            Piece::Nothing => Next::Nothing,
         })
     }
 }
@@ -384,9 +358,107 @@ fn output_event(start: u64, end: u64, text: &str) -> Event {
         .data(json!({"start": start, "end": end, "data": text}).to_string())
 }
 
+/// Query of a range read.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct OutputParams {
+    /// First byte offset (default 0).
+    #[param(maximum = 9_007_199_254_740_991_u64)]
+    pub from: Option<u64>,
+    /// One past the last byte offset (default: the end so far).
+    #[param(maximum = 9_007_199_254_740_991_u64)]
+    pub to: Option<u64>,
+    /// Bytes of output per page, 1–1048576 (default 65536).
+    #[param(minimum = 1, maximum = 1_048_576)]
+    pub max_bytes: Option<u64>,
+    /// A regex (Rust syntax, at most 1000 bytes): the answer is the matching rendered lines.
+    pub pattern: Option<String>,
+    /// The pattern ignores case.
+    pub case_insensitive: Option<bool>,
+    /// Matching lines at most, 1–1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub max_matches: Option<u64>,
+}
+
+/// A range of a session's output: a page of rendered text, or the lines matching `pattern`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct OutputView {
+    /// `[from, to)` read (or searched), byte offsets.
+    pub output_range: [u64; 2],
+    /// Bytes of the range that were read.
+    pub output_bytes: u64,
+    /// Parts of the range no longer retained (past the retention cap), `[from, to)` each.
+    pub output_missed_ranges: Vec<[u64; 2]>,
+    /// The rendered text of the page (without `pattern`).
+    pub output: Option<String>,
+    /// SHA-256 (hex) of the raw bytes of the page (without `pattern`).
+    pub output_sha256: Option<String>,
+    /// Matching lines (with `pattern`).
+    pub matches: Option<Vec<LineMatch>>,
+    /// Where the next page (or the search for more matches) starts, when there is more.
+    pub next_from: Option<u64>,
+}
+
+/// Reads any retained range of one of the caller's sessions (live or ended): the same reads
+/// as the `output` action of `terminal_session`, for the session's owner, without an
+/// invocation.
+#[utoipa::path(get, path = "/v1/terminal-sessions/{id}/output", tag = "terminal", params(("id" = String, Path), OutputParams),
+    responses((status = 200, body = OutputView),
+        (status = 400, description = "invalid_range, invalid_pattern, invalid_field, invalid_query"),
+        (status = 404, description = "terminal_session_not_found")),
+    security(("bearer" = [])))]
+pub async fn read_output(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+    Query(q): Query<OutputParams>,
+) -> Result<Json<OutputView>> {
+    let row = owned(&app, &user, &id).await?;
+    let live = app.terminal.get(&user.user_id, &id);
+    let mut input = json!({"from": q.from, "to": q.to, "max_bytes": q.max_bytes, "max_matches": q.max_matches,
+        "pattern": q.pattern, "case_insensitive": q.case_insensitive});
+    if let Some(o) = input.as_object_mut() {
+        o.retain(|_, v| !v.is_null());
+    }
+    let query = OutputQuery::from_input(&input).map_err(|e| Error::BadRequest {
+        code: match e.code.as_str() {
+            "invalid_range" => "invalid_range",
+            "invalid_pattern" => "invalid_pattern",
+            _ => "invalid_field",
+        },
+        message: e.message,
+        details: serde_json::Value::Null,
+    })?;
+    let size = live.as_ref().map_or_else(
+        || (u16::try_from(row.rows).unwrap_or(32), u16::try_from(row.cols).unwrap_or(120)),
+        |s| s.size(),
+    );
+    let source = Source { store: &app.store, id: &id, live: live.as_deref() };
+    Ok(Json(match query.read(&source, size).await? {
+        OutputRead::Page(p) => OutputView {
+            output_range: [p.captured.from, p.captured.to],
+            output_bytes: p.captured.bytes,
+            output_missed_ranges: p.captured.missed_ranges,
+            output: Some(p.captured.text),
+            output_sha256: Some(p.captured.sha256),
+            matches: None,
+            next_from: p.next_from,
+        },
+        OutputRead::Search(f) => OutputView {
+            output_range: [f.from, f.to],
+            output_bytes: f.bytes,
+            output_missed_ranges: f.missed_ranges,
+            output: None,
+            output_sha256: None,
+            matches: Some(f.matches),
+            next_from: f.next_from,
+        },
+    }))
+}
+
 /// Routes of this module that answer at once.
 pub fn router() -> OpenApiRouter<App> {
-    OpenApiRouter::new().routes(routes!(list_sessions)).routes(routes!(get_session))
+    OpenApiRouter::new().routes(routes!(list_sessions)).routes(routes!(get_session)).routes(routes!(read_output))
 }
 
 /// The streaming route (outside the request timeout).

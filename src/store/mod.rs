@@ -32,7 +32,7 @@ pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
 pub use search::{
     FetchRecord, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow, UpsertCounts,
 };
-pub use terminal::{SessionEnd, TerminalSessionRow};
+pub use terminal::{SessionEnd, TerminalReport, TerminalSessionRow};
 pub use users::{Roles, TokenIdentity, UserRow};
 
 use std::str::FromStr;

@@ -4,7 +4,9 @@
 //! limit), on which node, and how it ended. Output is kept as chunks of raw bytes (base64
 //! text, so both back-ends store it the same way) addressed by byte offsets in the session's
 //! output; chunks older than the session's retention cap are deleted and `retained_from`
-//! says where the kept output begins.
+//! says where the kept output begins. Each action's report of a byte range is recorded in
+//! `terminal_reports`; a session's *reported-up-to* offset is the largest end of a range
+//! whose invocation completed.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -57,6 +59,10 @@ pub struct TerminalSessionRow {
     pub bytes_out: i64,
     /// Offset of the oldest retained byte.
     pub retained_from: i64,
+    /// Output before this offset was reported by completed actions (0 where the query does
+    /// not ask for it: see [`REPORTED_TO`]).
+    #[sqlx(default)]
+    pub reported_to: i64,
     /// RFC 3339.
     pub started_at: String,
     /// RFC 3339, when ended.
@@ -74,6 +80,23 @@ pub struct SessionEnd {
     pub exit_code: Option<i64>,
     /// Signal name.
     pub signal: Option<String>,
+}
+
+/// SQL expression: the reported-up-to offset of the session `s` (see the module docs).
+pub const REPORTED_TO: &str = "(SELECT COALESCE(MAX(r.end_offset), 0) FROM terminal_reports r
+    JOIN invocations i ON i.id = r.invocation_id WHERE r.session_id = s.id AND i.status = 'completed')";
+
+/// One action's report of a byte range of a session's output.
+#[derive(Debug, Clone)]
+pub struct TerminalReport {
+    /// The session.
+    pub session_id: String,
+    /// The invocation whose result carries the range.
+    pub invocation_id: String,
+    /// First offset.
+    pub from: u64,
+    /// One past the last offset.
+    pub to: u64,
 }
 
 impl Store {
@@ -105,13 +128,28 @@ impl Store {
         Ok(())
     }
 
-    /// The caller's session, or None.
+    /// The caller's session, or None (with its reported-up-to offset).
     pub async fn terminal_session_for(&self, owner_id: &str, id: &str) -> StoreResult<Option<TerminalSessionRow>> {
-        Ok(sqlx::query_as("SELECT * FROM terminal_sessions WHERE id = $1 AND owner_id = $2")
-            .bind(id)
-            .bind(owner_id)
-            .fetch_optional(self.pool())
-            .await?)
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT s.*, {REPORTED_TO} AS reported_to FROM terminal_sessions s WHERE s.id = $1 AND s.owner_id = $2"
+        )))
+        .bind(id)
+        .bind(owner_id)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    /// The session's reported-up-to offset: output before it was in the result of a
+    /// completed action.
+    pub async fn terminal_reported_to(&self, id: &str) -> StoreResult<u64> {
+        let v: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT {REPORTED_TO} FROM terminal_sessions s WHERE s.id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?
+        .unwrap_or(0);
+        Ok(u64::try_from(v).unwrap_or(0))
     }
 
     /// A session whoever owns it (for a stream already authorised).
@@ -127,10 +165,10 @@ impl Store {
         cursor: Option<&str>,
         limit: i64,
     ) -> StoreResult<Vec<TerminalSessionRow>> {
-        Ok(sqlx::query_as(
-            "SELECT * FROM terminal_sessions WHERE owner_id = $1 AND ($2 = '' OR run_id = $2)
-             AND ($3 = '' OR id < $3) ORDER BY id DESC LIMIT $4",
-        )
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT s.*, {REPORTED_TO} AS reported_to FROM terminal_sessions s WHERE s.owner_id = $1
+             AND ($2 = '' OR s.run_id = $2) AND ($3 = '' OR s.id < $3) ORDER BY s.id DESC LIMIT $4"
+        )))
         .bind(owner_id)
         .bind(run_id.unwrap_or(""))
         .bind(cursor.unwrap_or(""))
@@ -231,11 +269,31 @@ impl Store {
         Ok(())
     }
 
-    /// Appends a `terminal.output` event to `run_id`'s log: which session, which invocation,
-    /// which byte range of its output (the bytes themselves are in the session's stream).
-    pub async fn record_terminal_output(&self, run_id: &str, data: &serde_json::Value) -> StoreResult<()> {
+    /// Appends a `terminal.output` event to `run_id`'s log — which session, which invocation,
+    /// which byte range of its output (the bytes themselves are in the session's stream) —
+    /// and, for an action that reports output, records its range in the same transaction
+    /// (it counts once the invocation has completed).
+    pub async fn record_terminal_output(
+        &self,
+        run_id: &str,
+        data: &serde_json::Value,
+        report: Option<&TerminalReport>,
+    ) -> StoreResult<()> {
+        let to_i64 = |v: u64| i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("offset {v} too large")));
         let mut tx = self.begin_write().await?;
         tx.append_event(run_id, crate::events::EventKind::TerminalOutput, data).await?;
+        if let Some(r) = report {
+            sqlx::query(
+                "INSERT INTO terminal_reports (invocation_id, session_id, start_offset, end_offset)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (invocation_id) DO NOTHING",
+            )
+            .bind(&r.invocation_id)
+            .bind(&r.session_id)
+            .bind(to_i64(r.from)?)
+            .bind(to_i64(r.to)?)
+            .execute(tx.conn())
+            .await?;
+        }
         tx.commit().await
     }
 

@@ -4,11 +4,16 @@
 //! (`setsid`), so that everything it starts — background jobs with their own process
 //! groups included — shares its session id, and ending the session kills all of them
 //! (found through `/proc/<pid>/stat`). Three workers per session:
-//! - a reader thread copies PTY output into the bounded [`Ring`] and wakes viewers;
+//! - a reader thread copies PTY output into the bounded [`Ring`] and wakes viewers; when
+//!   the ring is full of bytes not yet stored it waits for the flusher, so the program
+//!   blocks on its next write instead of output being dropped (back-pressure);
 //! - a waiter thread reaps the leader (no zombies), kills what it left behind (no
 //!   orphans), and publishes the exit;
-//! - a flusher task copies output into the store in chunks under the retention cap and
-//!   records the end.
+//! - a flusher task copies every byte into the store in chunks (woken when a quarter of
+//!   the ring is waiting, or every 250 ms), drops chunks past the retention cap, and
+//!   records the end. Output therefore leaves memory only once it is stored: the store
+//!   holds the newest `retain_bytes` (at least) of every session without holes, and older
+//!   output is gone as a whole prefix (`retained_from`).
 //!
 //! A reaper ends sessions idle for longer than the configured time; stopping the server
 //! kills every session and records it `lost`, as does the next start for sessions a
@@ -17,10 +22,10 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use portable_pty::{MasterPty, PtySize, native_pty_system};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -119,7 +124,12 @@ pub struct Session {
     master: Mutex<Box<dyn MasterPty + Send>>,
     last_activity: Mutex<Instant>,
     end_request: Mutex<Option<(String, String)>>,
-    flushed: AtomicU64,
+    /// Signalled when bytes of the ring are stored (room for the waiting reader).
+    room: Condvar,
+    /// Wakes the flusher early (the ring is filling up, or the reader is waiting).
+    flush_wake: tokio::sync::Notify,
+    /// Set when the reader thread has ended (EOF/EIO on the PTY).
+    reader_done: AtomicBool,
     /// The session's cgroup, when the sandbox made one.
     cgroup: Option<SessionCgroup>,
 }
@@ -128,6 +138,46 @@ impl Session {
     /// Reads the ring under its lock.
     pub fn with_ring<T>(&self, f: impl FnOnce(&Ring) -> T) -> T {
         f(&self.ring.lock())
+    }
+
+    /// The PTY size now, `(rows, cols)`.
+    pub fn size(&self) -> (u16, u16) {
+        self.master.lock().get_size().map_or((32, 120), |s| (s.rows, s.cols))
+    }
+
+    /// Copies PTY output into the ring until EOF/EIO. When the ring is full of bytes the
+    /// store does not have yet, waits for the flusher (the PTY then fills up and the
+    /// program's writes block): output leaves memory only once it is stored.
+    fn pump_output(&self, mut reader: Box<dyn Read + Send>) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match reader.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut rest = &buf[..n];
+            while !rest.is_empty() {
+                let (end, wake) = {
+                    let mut ring = self.ring.lock();
+                    let mut took = ring.push(rest);
+                    while took == 0 {
+                        self.flush_wake.notify_one();
+                        self.room.wait(&mut ring);
+                        took = ring.push(rest);
+                    }
+                    rest = &rest[took..];
+                    (ring.end(), ring.unstored() >= (ring.capacity() / 4) as u64)
+                };
+                if wake {
+                    self.flush_wake.notify_one();
+                }
+                *self.last_activity.lock() = Instant::now();
+                self.bytes.send_replace(end);
+            }
+        }
+        self.reader_done.store(true, Ordering::Release);
+        self.flush_wake.notify_one();
     }
 
     /// Bytes of output so far, and a receiver woken when more arrive.
@@ -490,7 +540,7 @@ impl TerminalHost {
         let pid = i32::try_from(child.id()).unwrap_or(0);
         let reader = pair.master.try_clone_reader().map_err(|e| failed("pty_open_failed", e.to_string()));
         let writer = pair.master.take_writer().map_err(|e| failed("pty_open_failed", e.to_string()));
-        let (mut reader, writer) = match (reader, writer) {
+        let (reader, writer) = match (reader, writer) {
             (Ok(r), Ok(w)) => (r, w),
             (Err(e), _) | (_, Err(e)) => {
                 kill_session(pid, &id);
@@ -512,7 +562,9 @@ impl TerminalHost {
             master: Mutex::new(pair.master),
             last_activity: Mutex::new(Instant::now()),
             end_request: Mutex::new(None),
-            flushed: AtomicU64::new(0),
+            room: Condvar::new(),
+            flush_wake: tokio::sync::Notify::new(),
+            reader_done: AtomicBool::new(false),
             cgroup,
         });
         let row = TerminalSessionRow {
@@ -536,6 +588,7 @@ impl TerminalHost {
             signal: None,
             bytes_out: 0,
             retained_from: 0,
+            reported_to: 0,
             started_at: crate::ids::now(),
             ended_at: None,
         };
@@ -552,22 +605,7 @@ impl TerminalHost {
         std::thread::Builder::new()
             .name(format!("pty-read-{pid}"))
             .spawn(move || {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    match reader.read(&mut buf) {
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            let end = {
-                                let mut ring = s.ring.lock();
-                                ring.push(&buf[..n]);
-                                ring.end()
-                            };
-                            *s.last_activity.lock() = Instant::now();
-                            s.bytes.send_replace(end);
-                        }
-                    }
-                }
+                s.pump_output(reader);
                 let _ = read_done_tx.send(());
             })
             .map_err(|e| failed("spawn_failed", format!("starting the PTY reader: {e}")))?;
@@ -678,19 +716,33 @@ impl TerminalHost {
 
     async fn flush_loop(self: Arc<Self>, s: Arc<Session>) {
         let mut exit = s.exit();
+        let mut ended_at: Option<Instant> = None;
         loop {
             let ended = exit.borrow().is_some();
+            if ended && ended_at.is_none() {
+                ended_at = Some(Instant::now());
+            }
             if let Err(e) = self.flush(&s).await {
                 tracing::warn!(session = %s.id, error = %e, "storing terminal output failed");
             }
-            if ended {
-                break;
+            if let Some(at) = ended_at {
+                // After the exit: until the reader has drained the PTY and all is stored.
+                let drained = s.reader_done.load(Ordering::Acquire) && s.with_ring(Ring::unstored) == 0;
+                if drained || at.elapsed() >= FINAL_FLUSH_LIMIT {
+                    break;
+                }
             }
+            let pause = if ended { Duration::from_millis(20) } else { FLUSH_EVERY };
             tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(250)) => {}
-                _ = exit.changed() => {}
+                () = tokio::time::sleep(pause) => {}
+                () = s.flush_wake.notified() => {}
+                _ = exit.changed(), if !ended => {}
             }
         }
+        // From here on nothing is stored: a reader still held by a process that escaped the
+        // kill no longer waits (what it reads is counted in `bytes_out`, never stored).
+        s.ring.lock().spill();
+        s.room.notify_all();
         let info = exit.borrow().clone().unwrap_or(ExitInfo {
             state: "lost".into(),
             end_reason: None,
@@ -706,33 +758,43 @@ impl TerminalHost {
         self.sessions.lock().remove(&s.id);
     }
 
-    /// Copies output not yet stored into the store (at most the ring's content; what left
-    /// the ring before it was stored is a hole the stream reports as a gap).
+    /// Stores the output not yet stored, in chunks of at most [`FLUSH_CHUNK`] bytes, and
+    /// lets the stored bytes leave the ring. One pass stores what was there when it began.
+    /// Bytes older than the retention cap at that moment are not written at all (they would
+    /// be deleted in the same transaction).
     async fn flush(&self, s: &Session) -> Result<(), crate::store::StoreError> {
-        const CHUNK: usize = 256 * 1024;
-        // One pass stores what was there when it began, so a flood cannot keep it (and the
-        // store's write lock) busy without a pause.
         let limit = s.with_ring(Ring::end);
         loop {
-            let from = s.flushed.load(Ordering::Acquire);
-            if from >= limit {
-                return Ok(());
-            }
             let (start, data, end) = s.with_ring(|r| {
-                let start = from.max(r.start());
-                let max = usize::try_from(limit.saturating_sub(start)).unwrap_or(CHUNK).min(CHUNK);
-                (start, r.read(start, max).unwrap_or_default(), r.end())
+                let from = r.stored().max(r.start()).max(r.end().saturating_sub(self.config.retain_bytes));
+                let max = usize::try_from(limit.saturating_sub(from)).unwrap_or(FLUSH_CHUNK).min(FLUSH_CHUNK);
+                (from, r.read(from, max).unwrap_or_default(), r.end())
             });
             if data.is_empty() {
+                if start > s.with_ring(Ring::stored) {
+                    s.ring.lock().mark_stored(start);
+                    s.room.notify_all();
+                }
                 return Ok(());
             }
             let next = start + data.len() as u64;
             let retain_from = end.saturating_sub(self.config.retain_bytes);
             self.store.append_terminal_chunk(&s.id, start, &data, next, retain_from).await?;
-            s.flushed.store(next, Ordering::Release);
+            s.ring.lock().mark_stored(next);
+            s.room.notify_all();
         }
     }
 }
+
+/// Largest chunk of output stored in one row, in bytes.
+pub const FLUSH_CHUNK: usize = 256 * 1024;
+
+/// How often output is stored when less than a quarter of the ring is waiting.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(250);
+
+/// How long after the exit the flusher keeps storing what the reader still drains before
+/// it gives up (a process that escaped the kill can hold the PTY open).
+pub const FINAL_FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
 /// `command args…` quoted for display as a POSIX shell would need it.
 pub fn shell_words(command: &str, args: &[String]) -> String {

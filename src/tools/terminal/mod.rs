@@ -2,16 +2,28 @@
 //! package managers, dev servers, watchers — governed like every other tool: each action
 //! is a frozen invocation that needs an exact-invocation approval.
 //!
-//! Actions (`input.action`): `start`, `input`, `signal`, `resize`, `wait`, `kill`. The
-//! canonical input is what the approver sees: for `start` the command and the program it
+//! Actions (`input.action`): `start`, `input`, `signal`, `resize`, `wait`, `kill`, `output`.
+//! The canonical input is what the approver sees: for `start` the command and the program it
 //! resolves to, the real absolute cwd (flagged when outside the workspace), the environment
 //! as a sorted map (agent-friendly defaults such as `PAGER=cat` plus the call's own
 //! variables), the life limit and the PTY size, all in ms / cells. Sessions live in the
 //! [`host::TerminalHost`] and outlive invocations and turns; their output streams as SSE
 //! from `GET /v1/terminal-sessions/{id}/stream` (see `crate::http::terminal`).
+//!
+//! Every byte is reported: each session has a *reported-up-to* offset R, the largest end of
+//! the ranges in the results of its completed actions (stored in `terminal_reports`, so a
+//! restart keeps it). Every action but `output` reports `[R, E)`, E being the end of the
+//! output when it returns: bytes printed after an action returned come with the next one,
+//! and `wait`/`kill` on an ended session return the rest with the exit. The range is in the
+//! result (`output_range`) and the evidence (`byte_range`); bytes of it past the retention
+//! cap are named (`output_missed_ranges`). Actions that overlap in time may report
+//! overlapping ranges; none leaves a byte out. `output` reads any stored range (a page of
+//! rendered text, or the lines matching a regex) and moves nothing. The text is the rendered
+//! terminal text (see [`output::render`]); digests are of the raw bytes.
 
 pub mod host;
 pub mod output;
+pub mod range;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,14 +32,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
-use self::host::{Session, StartSpec, TerminalHost};
+use regex::Regex;
+
+use self::host::{ExitInfo, Session, StartSpec, TerminalHost};
 use self::output::{Capture, Captured, Ring, head_tail};
 use crate::availability::{Availability, AvailabilityContext};
+use self::range::Source;
 use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
 use crate::registry::{
     ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
 };
 use crate::sandbox::{SANDBOX_HOME, SANDBOX_TMP, Sandbox, SandboxSpec, SpecRequest};
+use crate::store::{TerminalReport, TerminalSessionRow};
 use crate::tools::{str_field, uint_field};
 
 /// Environment every session gets unless the call sets the variable itself: output is
@@ -72,14 +88,17 @@ impl TerminalSession {
                 shell in the workspace) and returns its id and first output; input sends keystrokes or a command line \
                 (end with \\n); signal sends interrupt (Ctrl-C), eof (Ctrl-D), terminate or kill; resize changes the PTY; \
                 wait returns when the program exits or its output goes idle (a prompt is waiting) or at timeout_ms; kill \
-                ends the session and every process it started. Sessions keep state (cwd, variables, servers) between calls. \
+                ends the session and every process it started. Each action returns all output since the previous action's \
+                result (output_range = byte offsets), rendered as the terminal shows it; a long output keeps its head and tail. \
+                output reads any stored range (from/to byte offsets, paged by max_bytes) or, with pattern (a regex), returns \
+                the matching lines with their offsets. Sessions keep state (cwd, variables, servers) between calls. \
                 Every action needs approval."
                 .into(),
             input_schema: json!({
                 "type": "object",
                 "required": ["action"],
                 "properties": {
-                    "action": {"type": "string", "enum": ["start", "input", "signal", "resize", "wait", "kill"]},
+                    "action": {"type": "string", "enum": ["start", "input", "signal", "resize", "wait", "kill", "output"]},
                     "session_id": {"type": "string", "maxLength": 64, "description": "The session (all actions but start)"},
                     "command": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "start: program to run (default: the user's shell)"},
                     "args": {"type": "array", "items": {"type": "string", "maxLength": 65536}, "maxItems": 1024, "description": "start: its arguments"},
@@ -92,7 +111,13 @@ impl TerminalSession {
                     "signal": {"type": "string", "enum": ["interrupt", "eof", "terminate", "kill"], "description": "signal: what to send"},
                     "until": {"type": "string", "enum": ["exit", "idle"], "description": "wait: for the exit (default) or for output to go quiet"},
                     "idle_ms": {"type": "integer", "minimum": 10, "maximum": 600000, "description": "wait until=idle: quiet time (default 500)"},
-                    "settle_ms": {"type": "integer", "minimum": 0, "maximum": MAX_SETTLE_MS, "description": "start/input: return once output has been quiet this long (default 300)"}
+                    "settle_ms": {"type": "integer", "minimum": 0, "maximum": MAX_SETTLE_MS, "description": "start/input: return once output has been quiet this long (default 300)"},
+                    "from": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "description": "output: first byte offset (default 0)"},
+                    "to": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "description": "output: one past the last byte offset (default: the end so far)"},
+                    "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_BYTES, "description": "output: bytes of output per page (default 65536); the result's next_from continues"},
+                    "pattern": {"type": "string", "minLength": 1, "maxLength": MAX_PATTERN_BYTES, "description": "output: a regex (Rust syntax) matched against each rendered line"},
+                    "case_insensitive": {"type": "boolean", "description": "output: pattern ignores case"},
+                    "max_matches": {"type": "integer", "minimum": 1, "maximum": MAX_MATCHES, "description": "output: matching lines at most (default 100)"}
                 },
                 "additionalProperties": false
             }),
@@ -121,6 +146,7 @@ fn allowed_fields(action: &str) -> &'static [&'static str] {
         "signal" => &["session_id", "signal"],
         "resize" => &["session_id", "cols", "rows"],
         "wait" => &["session_id", "until", "idle_ms", "timeout_ms"],
+        "output" => &["session_id", "from", "to", "max_bytes", "pattern", "case_insensitive", "max_matches"],
         _ => &["session_id"],
     }
 }
@@ -291,6 +317,22 @@ fn canonical_session_action(input: &Value) -> Result<Value, ToolError> {
             }
             c
         }
+        "output" => {
+            let q = OutputQuery::from_input(input)?;
+            let mut c = json!({"action": "output", "session_id": session_id, "from": q.from});
+            if let Some(to) = q.to {
+                c["to"] = json!(to);
+            }
+            match str_field(input, "pattern") {
+                Some(p) => {
+                    c["pattern"] = json!(p);
+                    c["case_insensitive"] = json!(input.get("case_insensitive").and_then(Value::as_bool) == Some(true));
+                    c["max_matches"] = json!(q.max_matches);
+                }
+                None => c["max_bytes"] = json!(q.max_bytes),
+            }
+            c
+        }
         _ => json!({"action": "kill", "session_id": session_id}),
     })
 }
@@ -319,6 +361,58 @@ fn session_not_found(id: &str) -> ToolError {
     )
 }
 
+/// What a result says about the session, from the live session or its stored row.
+struct Facts {
+    id: String,
+    pid: Option<i64>,
+    cwd: String,
+    command_line: String,
+    /// `running` or how it ended.
+    exit: Option<ExitInfo>,
+    /// PTY size `(rows, cols)`.
+    size: (u16, u16),
+}
+
+impl Facts {
+    fn live(s: &Session) -> Self {
+        Self {
+            id: s.id.clone(),
+            pid: Some(i64::from(s.pid)),
+            cwd: s.cwd.clone(),
+            command_line: s.command_line.clone(),
+            exit: s.exit_info(),
+            size: s.size(),
+        }
+    }
+
+    fn stored(row: &TerminalSessionRow) -> Self {
+        let args: Vec<String> = serde_json::from_str(&row.args).unwrap_or_default();
+        let exit = (row.state != "running").then(|| ExitInfo {
+            state: row.state.clone(),
+            end_reason: row.end_reason.clone(),
+            exit_code: row.exit_code,
+            signal: row.signal.clone(),
+        });
+        let dim = |v: i64, d: u16| u16::try_from(v).unwrap_or(d);
+        Self {
+            id: row.id.clone(),
+            pid: row.pid,
+            cwd: row.cwd.clone(),
+            command_line: host::shell_words(&row.command, &args),
+            exit,
+            size: (dim(row.rows, 32), dim(row.cols, 120)),
+        }
+    }
+
+    fn state(&self) -> &str {
+        self.exit.as_ref().map_or("running", |e| e.state.as_str())
+    }
+}
+
+fn store_error(e: crate::store::StoreError) -> ToolError {
+    ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string())
+}
+
 impl TerminalSession {
     async fn is_admin(&self, user_id: &str) -> Result<bool, ToolError> {
         self.host
@@ -335,7 +429,10 @@ impl TerminalSession {
             ToolError::new(
                 ErrorClass::Conflict,
                 "terminal_session_ended",
-                format!("terminal session {id} has ended ({state})"),
+                format!(
+                    "terminal session {id} has ended ({state}); wait returns its output not yet reported, \
+                     output reads any stored range"
+                ),
             )
             .with_details(json!({"state": state, "exit_code": exit_code, "end_reason": end_reason}))
         };
@@ -349,29 +446,52 @@ impl TerminalSession {
         match self.host.store().terminal_session_for(owner_id, id).await {
             Ok(Some(row)) => Err(ended(&row.state, row.exit_code, row.end_reason.as_deref())),
             Ok(None) => Err(session_not_found(id)),
-            Err(e) => Err(ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string())),
+            Err(e) => Err(store_error(e)),
         }
     }
 
-    /// Runs one action on a live session and returns its result and evidence.
+    /// The caller's session named in `input`, live or ended: the live session (if this
+    /// process holds it) and its stored row.
+    async fn any_session(
+        &self,
+        input: &Value,
+        owner_id: &str,
+    ) -> Result<(Option<Arc<Session>>, TerminalSessionRow), ToolError> {
+        let id = str_field(input, "session_id").unwrap_or_default();
+        let row = self.host.store().terminal_session_for(owner_id, id).await.map_err(store_error)?;
+        let row = row.ok_or_else(|| session_not_found(id))?;
+        Ok((self.host.get(owner_id, id), row))
+    }
+
+    /// Runs one action on a session and returns its result and evidence. Every action but
+    /// `output` reports the output from the session's reported-up-to offset to the end at
+    /// its return.
     async fn act(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let action = action_of(input);
+        if action == "output" {
+            return self.read_output(input, ctx).await;
+        }
         let wait_only = action == "wait" || action == "kill";
         let session = match self.live_session(input, &ctx.owner_id).await {
             Ok(s) => s,
-            // Waiting on, or killing, a session that already ended reports how it ended.
-            Err(e) if wait_only && e.code == "terminal_session_ended" => return Ok(ended_output(input, &e)),
+            // Waiting on, or killing, a session that already ended reports how it ended,
+            // with the output not yet reported.
+            Err(e) if wait_only && e.code == "terminal_session_ended" => return self.ended_report(input, ctx).await,
             Err(e) => return Err(e),
         };
         session.touch();
-        let from = session.with_ring(Ring::end);
-        let mut capture = Capture::new(from);
+        let store = self.host.store();
+        let from = store.terminal_reported_to(&session.id).await.map_err(store_error)?;
+        let (rows, cols) = session.size();
+        let mut capture = Capture::new(from, rows, cols);
+        let source = Source { store, id: &session.id, live: Some(&session) };
+        source.pull(&mut capture, None).await.map_err(store_error)?;
         let reason = match action {
             "input" => {
                 let data = str_field(input, "data").unwrap_or_default();
                 session.write_input(data.as_bytes().to_vec()).await?;
-                settle(&session, &mut capture, uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS), ctx)
-                    .await
+                let settle_ms = uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS);
+                settle(&source, &session, &mut capture, settle_ms, ctx).await?
             }
             "signal" => {
                 match str_field(input, "signal").unwrap_or_default() {
@@ -385,85 +505,285 @@ impl TerminalSession {
                     "terminate" => session.signal_foreground(libc::SIGTERM),
                     _ => session.signal_foreground(libc::SIGKILL),
                 }
-                settle(&session, &mut capture, DEFAULT_SETTLE_MS, ctx).await
+                settle(&source, &session, &mut capture, DEFAULT_SETTLE_MS, ctx).await?
             }
             "resize" => {
                 let cols = u16::try_from(uint_field(input, "cols", 120, 1000)).unwrap_or(120);
                 let rows = u16::try_from(uint_field(input, "rows", 32, 500)).unwrap_or(32);
                 session.resize(cols, rows)?;
-                if let Err(e) = self.host.store().resize_terminal_session(&session.id, cols, rows).await {
+                if let Err(e) = store.resize_terminal_session(&session.id, cols, rows).await {
                     tracing::warn!(error = %e, "recording a PTY resize failed");
                 }
+                source.pull(&mut capture, None).await.map_err(store_error)?;
                 "resized"
             }
             "wait" => {
                 let timeout = Duration::from_millis(uint_field(input, "timeout_ms", 30_000, MAX_WAIT_MS));
                 let idle = (str_field(input, "until") == Some("idle"))
                     .then(|| Duration::from_millis(uint_field(input, "idle_ms", 500, 600_000)));
-                watch_output(&session, &mut capture, idle, timeout, ctx).await
+                watch_output(&source, &session, &mut capture, idle, timeout, ctx).await?
             }
             _ => {
                 session.end("killed", "killed by a terminal_session kill action".into());
                 let mut exit = session.exit();
                 let _ = tokio::time::timeout(Duration::from_secs(5), exit.wait_for(Option::is_some)).await;
-                session.with_ring(|r| capture.pull(r));
+                source.pull(&mut capture, None).await.map_err(store_error)?;
                 "killed"
             }
         };
-        Ok(self.finish(input, &session, &capture, reason, ctx).await)
+        Ok(self.finish(input, &Facts::live(&session), &capture, reason, ctx).await)
     }
 
-    /// The action's result, after a `terminal.output` event points the run's timeline at the
-    /// byte range the action covered.
+    /// `wait`/`kill` on a session that has ended: its exit, and the output not yet reported
+    /// (from the reported-up-to offset to the end), read from the ring if this process still
+    /// holds it, else from the store.
+    async fn ended_report(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let (live, row) = self.any_session(input, &ctx.owner_id).await?;
+        let facts = match &live {
+            Some(s) if s.ended() => Facts::live(s),
+            _ => Facts::stored(&row),
+        };
+        let from = u64::try_from(row.reported_to).unwrap_or(0);
+        let mut capture = Capture::new(from, facts.size.0, facts.size.1);
+        let source = Source { store: self.host.store(), id: &row.id, live: live.as_deref() };
+        source.pull(&mut capture, None).await.map_err(store_error)?;
+        Ok(self.finish(input, &facts, &capture, "already_ended", ctx).await)
+    }
+
+    /// The `output` action: a page of the rendered text of a stored range, or the lines of
+    /// it matching `pattern`. Moves no reported-up-to offset.
+    async fn read_output(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let (live, row) = self.any_session(input, &ctx.owner_id).await?;
+        let facts = match &live {
+            Some(s) => Facts::live(s),
+            None => Facts::stored(&row),
+        };
+        let source = Source { store: self.host.store(), id: &row.id, live: live.as_deref() };
+        let q = OutputQuery::from_input(input)?;
+        let (output, evidence, event) = match q.read(&source, facts.size).await.map_err(store_error)? {
+            OutputRead::Page(page) => {
+                let out = &page.captured;
+                let output = json!({
+                    "session_id": facts.id, "action": "output", "state": facts.state(),
+                    "exit_code": facts.exit.as_ref().and_then(|e| e.exit_code),
+                    "output": out.text,
+                    "output_range": [out.from, out.to],
+                    "output_bytes": out.bytes,
+                    "output_bytes_missed": out.bytes_missed,
+                    "output_missed_ranges": out.missed_ranges,
+                    "output_truncated": out.truncated,
+                    "next_from": page.next_from,
+                });
+                let provenance = json!({
+                    "session_id": facts.id, "action": "output", "input": input,
+                    "byte_range": [out.from, out.to], "bytes": out.bytes, "bytes_missed": out.bytes_missed,
+                    "missed_ranges": out.missed_ranges, "output_sha256": out.sha256, "render": "vt100",
+                    "cols": facts.size.1, "rows": facts.size.0,
+                });
+                let evidence = EvidenceDraft {
+                    kind: "terminal_output".into(),
+                    provenance,
+                    content_sha256: out.sha256.clone(),
+                    excerpt: head_tail(&out.text, EXCERPT_MAX_BYTES),
+                };
+                let event = json!({"from": out.from, "to": out.to, "bytes": out.bytes, "bytes_missed": out.bytes_missed});
+                (output, evidence, event)
+            }
+            OutputRead::Search(found) => {
+                let listing: String = found.matches.iter().map(|m| format!("{}: {}\n", m.offset, m.line)).collect();
+                let missed: u64 = found.missed_ranges.iter().map(|r| r[1] - r[0]).sum();
+                let output = json!({
+                    "session_id": facts.id, "action": "output", "state": facts.state(),
+                    "exit_code": facts.exit.as_ref().and_then(|e| e.exit_code),
+                    "pattern": input.get("pattern"),
+                    "matches": found.matches,
+                    "matches_truncated": found.next_from.is_some(),
+                    "next_from": found.next_from,
+                    "output_range": [found.from, found.to],
+                    "output_bytes": found.bytes,
+                    "output_bytes_missed": missed,
+                    "output_missed_ranges": found.missed_ranges,
+                });
+                let evidence = EvidenceDraft::of_text(
+                    "terminal_output",
+                    json!({
+                        "session_id": facts.id, "action": "output", "input": input,
+                        "byte_range": [found.from, found.to], "bytes": found.bytes, "bytes_missed": missed,
+                        "missed_ranges": found.missed_ranges, "matches": found.matches.len(), "render": "vt100",
+                    }),
+                    &listing,
+                );
+                let event = json!({"from": found.from, "to": found.to, "bytes": found.bytes, "bytes_missed": missed});
+                (output, evidence, event)
+            }
+        };
+        let mut event = event;
+        event["session_id"] = json!(facts.id);
+        event["invocation_id"] = json!(ctx.invocation_id);
+        event["action"] = json!("output");
+        if let Err(e) = self.host.store().record_terminal_output(&ctx.run_id, &event, None).await {
+            tracing::warn!(error = %e, "recording terminal.output failed");
+        }
+        Ok(ToolOutput { output, evidence: vec![evidence] })
+    }
+
+    /// The action's result, after the range it reports is recorded (it becomes the session's
+    /// reported-up-to offset once the invocation completes) together with a `terminal.output`
+    /// event that points the run's timeline at it.
     async fn finish(
         &self,
         input: &Value,
-        session: &Session,
+        facts: &Facts,
         capture: &Capture,
         reason: &str,
         ctx: &ExecContext,
     ) -> ToolOutput {
         let out = capture.finish();
         let event = json!({
-            "session_id": session.id, "invocation_id": ctx.invocation_id, "action": action_of(input),
-            "from": out.from, "to": out.to, "bytes": out.bytes,
+            "session_id": facts.id, "invocation_id": ctx.invocation_id, "action": action_of(input),
+            "from": out.from, "to": out.to, "bytes": out.bytes, "bytes_missed": out.bytes_missed,
         });
-        if let Err(e) = self.host.store().record_terminal_output(&ctx.run_id, &event).await {
+        let report = TerminalReport {
+            session_id: facts.id.clone(),
+            invocation_id: ctx.invocation_id.clone(),
+            from: out.from,
+            to: out.to,
+        };
+        // A failure here leaves the offset where it was: the next action reports these bytes again.
+        if let Err(e) = self.host.store().record_terminal_output(&ctx.run_id, &event, Some(&report)).await {
             tracing::warn!(error = %e, "recording terminal.output failed");
         }
-        result(input, session, &out, reason)
+        result(input, facts, &out, reason)
+    }
+}
+
+/// An `output` action's canonical query (also used by `GET /v1/terminal-sessions/{id}/output`).
+#[derive(Debug, Clone)]
+pub struct OutputQuery {
+    /// First offset (default 0).
+    pub from: u64,
+    /// One past the last offset (default: the end of the output when read).
+    pub to: Option<u64>,
+    /// Rendered bytes at most per page (default [`DEFAULT_OUTPUT_BYTES`]).
+    pub max_bytes: u64,
+    /// A regex: the answer is the matching lines instead of a page.
+    pub pattern: Option<Regex>,
+    /// Matching lines at most (default 100).
+    pub max_matches: usize,
+}
+
+/// What an [`OutputQuery`] read.
+pub enum OutputRead {
+    /// A page of rendered text.
+    Page(range::Page),
+    /// Matching lines.
+    Search(range::Search),
+}
+
+/// Default page of an `output` read, in bytes of output.
+pub const DEFAULT_OUTPUT_BYTES: u64 = 64 * 1024;
+/// Largest page of an `output` read, in bytes of output.
+pub const MAX_OUTPUT_BYTES: u64 = 1024 * 1024;
+/// Default and largest number of matching lines of an `output` search.
+pub const DEFAULT_MATCHES: u64 = 100;
+/// Largest number of matching lines of an `output` search.
+pub const MAX_MATCHES: u64 = 1000;
+/// Longest `pattern`, in bytes.
+pub const MAX_PATTERN_BYTES: usize = 1000;
+/// Largest byte offset accepted (2^53 − 1, exact in every JSON reader).
+pub const MAX_OFFSET: u64 = (1 << 53) - 1;
+
+/// Builds a search regex: `invalid_pattern` when it does not compile (or is too large).
+pub fn output_pattern(pattern: &str, case_insensitive: bool) -> Result<Regex, ToolError> {
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(bad("invalid_pattern", format!("pattern is longer than {MAX_PATTERN_BYTES} bytes")));
+    }
+    regex::RegexBuilder::new(pattern)
+        .case_insensitive(case_insensitive)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| bad("invalid_pattern", format!("pattern does not compile: {e}")))
+}
+
+/// An offset field: a whole number in `0..=MAX_OFFSET` (also when written as `1e6`), or
+/// `invalid_field`.
+fn offset_field(input: &Value, name: &str) -> Result<Option<u64>, ToolError> {
+    let Some(v) = input.get(name) else { return Ok(None) };
+    let n = v.as_u64().or_else(|| v.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64));
+    match n {
+        Some(n) if n <= MAX_OFFSET => Ok(Some(n)),
+        _ => Err(bad("invalid_field", format!("{name} must be a byte offset from 0 to {MAX_OFFSET}"))),
+    }
+}
+
+impl OutputQuery {
+    /// The query of a raw or canonical `output` input: `invalid_range` when `from` > `to`,
+    /// `invalid_pattern`, `invalid_field`.
+    pub fn from_input(input: &Value) -> Result<Self, ToolError> {
+        let from = offset_field(input, "from")?.unwrap_or(0);
+        let to = offset_field(input, "to")?;
+        if let Some(to) = to.filter(|to| *to < from) {
+            return Err(bad("invalid_range", format!("from {from} is after to {to}")));
+        }
+        let pattern = match str_field(input, "pattern") {
+            Some(p) => Some(output_pattern(p, input.get("case_insensitive").and_then(Value::as_bool) == Some(true))?),
+            None => None,
+        };
+        Ok(Self {
+            from,
+            to,
+            max_bytes: uint_field(input, "max_bytes", DEFAULT_OUTPUT_BYTES, MAX_OUTPUT_BYTES).max(1),
+            pattern,
+            max_matches: usize::try_from(uint_field(input, "max_matches", DEFAULT_MATCHES, MAX_MATCHES).max(1))
+                .unwrap_or(100),
+        })
+    }
+
+    /// Reads the session's output as asked.
+    pub async fn read(&self, source: &Source<'_>, size: (u16, u16)) -> Result<OutputRead, crate::store::StoreError> {
+        Ok(match &self.pattern {
+            Some(re) => OutputRead::Search(source.search(self.from, self.to, re, self.max_matches, size.1).await?),
+            None => OutputRead::Page(source.page(self.from, self.to, self.max_bytes, size).await?),
+        })
     }
 }
 
 /// Follows output for `settle_ms` of quiet (bounded by [`MAX_SETTLE_MS`]) or until exit.
-async fn settle(session: &Session, capture: &mut Capture, settle_ms: u64, ctx: &ExecContext) -> &'static str {
+async fn settle(
+    source: &Source<'_>,
+    session: &Session,
+    capture: &mut Capture,
+    settle_ms: u64,
+    ctx: &ExecContext,
+) -> Result<&'static str, ToolError> {
     if settle_ms == 0 {
-        session.with_ring(|r| capture.pull(r));
-        return "returned";
+        source.pull(capture, None).await.map_err(store_error)?;
+        return Ok("returned");
     }
-    watch_output(session, capture, Some(Duration::from_millis(settle_ms)), Duration::from_millis(MAX_SETTLE_MS), ctx)
-        .await
+    let quiet = Some(Duration::from_millis(settle_ms));
+    watch_output(source, session, capture, quiet, Duration::from_millis(MAX_SETTLE_MS), ctx).await
 }
 
 /// Captures output until the session exits, output has been quiet for `idle` (when
 /// given), `timeout` passes, or the invocation is cancelled. Returns why it stopped:
 /// `exit`, `idle`, `timeout` or `cancelled`.
 async fn watch_output(
+    source: &Source<'_>,
     session: &Session,
     capture: &mut Capture,
     idle: Option<Duration>,
     timeout: Duration,
     ctx: &ExecContext,
-) -> &'static str {
+) -> Result<&'static str, ToolError> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut bytes = session.bytes();
     let mut exit = session.exit();
     let mut last_output = tokio::time::Instant::now();
     loop {
-        session.with_ring(|r| capture.pull(r));
+        source.pull(capture, None).await.map_err(store_error)?;
         if exit.borrow().is_some() {
-            session.with_ring(|r| capture.pull(r));
-            return "exit";
+            source.pull(capture, None).await.map_err(store_error)?;
+            return Ok("exit");
         }
         let quiet_until = idle.map(|d| last_output + d);
         let wake = quiet_until.map_or(deadline, |q| q.min(deadline));
@@ -475,51 +795,55 @@ async fn watch_output(
             }
             _ = exit.changed() => {}
             () = tokio::time::sleep_until(wake) => {
-                session.with_ring(|r| capture.pull(r));
+                source.pull(capture, None).await.map_err(store_error)?;
                 if quiet_until.is_some_and(|q| q <= tokio::time::Instant::now()) && capture.next() == session.with_ring(Ring::end) {
-                    return "idle";
+                    return Ok("idle");
                 }
                 if tokio::time::Instant::now() >= deadline {
-                    return "timeout";
+                    return Ok("timeout");
                 }
             }
-            () = ctx.cancel.cancelled() => return "cancelled",
+            () = ctx.cancel.cancelled() => return Ok("cancelled"),
         }
     }
 }
 
-/// The result and evidence of an action.
-fn result(input: &Value, session: &Session, out: &Captured, reason: &str) -> ToolOutput {
-    let exit = session.exit().borrow().clone();
-    let state = exit.as_ref().map_or("running", |e| e.state.as_str());
+/// The result and evidence of an action that reports output.
+fn result(input: &Value, facts: &Facts, out: &Captured, reason: &str) -> ToolOutput {
+    let exit = facts.exit.as_ref();
     let output = json!({
-        "session_id": session.id,
+        "session_id": facts.id,
         "action": action_of(input),
         "returned_because": reason,
-        "state": state,
-        "pid": session.pid,
-        "exit_code": exit.as_ref().and_then(|e| e.exit_code),
-        "signal": exit.as_ref().and_then(|e| e.signal.clone()),
-        "end_reason": exit.as_ref().and_then(|e| e.end_reason.clone()),
+        "state": facts.state(),
+        "pid": facts.pid,
+        "exit_code": exit.and_then(|e| e.exit_code),
+        "signal": exit.and_then(|e| e.signal.clone()),
+        "end_reason": exit.and_then(|e| e.end_reason.clone()),
         "output": out.text,
         "output_range": [out.from, out.to],
         "output_bytes": out.bytes,
         "output_bytes_missed": out.bytes_missed,
+        "output_missed_ranges": out.missed_ranges,
         "output_truncated": out.truncated,
-        "cwd": session.cwd,
-        "command_line": session.command_line,
+        "cwd": facts.cwd,
+        "command_line": facts.command_line,
     });
     let provenance = json!({
-        "session_id": session.id,
+        "session_id": facts.id,
         "action": action_of(input),
         "input": input,
-        "state": state,
-        "exit_code": exit.as_ref().and_then(|e| e.exit_code),
-        "signal": exit.as_ref().and_then(|e| e.signal.clone()),
+        "state": facts.state(),
+        "exit_code": exit.and_then(|e| e.exit_code),
+        "signal": exit.and_then(|e| e.signal.clone()),
         "byte_range": [out.from, out.to],
         "bytes": out.bytes,
         "bytes_missed": out.bytes_missed,
+        "missed_ranges": out.missed_ranges,
         "output_sha256": out.sha256,
+        "render": "vt100",
+        "cols": facts.size.1,
+        "rows": facts.size.0,
     });
     let evidence = EvidenceDraft {
         kind: "terminal_output".into(),
@@ -527,25 +851,6 @@ fn result(input: &Value, session: &Session, out: &Captured, reason: &str) -> Too
         content_sha256: out.sha256.clone(),
         excerpt: head_tail(&out.text, EXCERPT_MAX_BYTES),
     };
-    ToolOutput { output, evidence: vec![evidence] }
-}
-
-/// The answer of `wait`/`kill` on a session that has already ended.
-fn ended_output(input: &Value, e: &ToolError) -> ToolOutput {
-    let output = json!({
-        "session_id": str_field(input, "session_id"),
-        "action": action_of(input),
-        "returned_because": "already_ended",
-        "state": e.details.get("state"),
-        "exit_code": e.details.get("exit_code"),
-        "end_reason": e.details.get("end_reason"),
-        "output": "",
-    });
-    let evidence = EvidenceDraft::of_text(
-        "terminal_output",
-        json!({"session_id": output["session_id"], "action": output["action"], "input": input, "state": output["state"], "exit_code": output["exit_code"], "bytes": 0}),
-        "",
-    );
     ToolOutput { output, evidence: vec![evidence] }
 }
 
@@ -573,7 +878,7 @@ impl Tool for TerminalSession {
                 Ok(s) => {
                     json!({"id": s.id, "command_line": s.command_line, "cwd": s.cwd, "pid": s.pid, "state": "running"})
                 }
-                Err(e) if (action == "wait" || action == "kill") && e.code == "terminal_session_ended" => {
+                Err(e) if matches!(action.as_str(), "wait" | "kill" | "output") && e.code == "terminal_session_ended" => {
                     json!({"id": prepared.input["session_id"], "state": e.details["state"]})
                 }
                 Err(e) => return Err(e),
@@ -653,14 +958,16 @@ impl Tool for TerminalSession {
             cols: u16::try_from(uint_field(input, "cols", 120, 1000)).unwrap_or(120),
             rows: u16::try_from(uint_field(input, "rows", 32, 500)).unwrap_or(32),
         };
+        let size = (spec.rows, spec.cols);
         // Until this execution returns, cancelling it (or dropping it) ends the session it
         // started: a cancelled start leaves nothing running.
         let (done, done_rx) = tokio::sync::oneshot::channel::<()>();
         let session = self.host.start(spec, ctx.cancel.clone(), done_rx).await?;
-        let mut capture = Capture::new(0);
-        let reason =
-            settle(&session, &mut capture, uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS), ctx).await;
-        let out = self.finish(input, &session, &capture, reason, ctx).await;
+        let mut capture = Capture::new(0, size.0, size.1);
+        let source = Source { store: self.host.store(), id: &session.id, live: Some(&session) };
+        let settle_ms = uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS);
+        let reason = settle(&source, &session, &mut capture, settle_ms, ctx).await?;
+        let out = self.finish(input, &Facts::live(&session), &capture, reason, ctx).await;
         let _ = done.send(());
         Ok(out)
     }
