@@ -8,7 +8,10 @@
 //!    `gap` events, when the client fell further behind than the retention cap), and this
 //!    process's RSS peak over its RSS before. Side by side, in the same run: the same command
 //!    under `script -qfc CMD /dev/null > /dev/null` (a bare PTY, no server) and through a plain
-//!    pipe read to the end, with the ratios.
+//!    pipe read to the end, with the ratios. Every byte goes through the store (output leaves
+//!    the ring only once stored), so the flood also shows whether storing it starves other
+//!    writers: unrelated store writes (`POST /v1/runs`, every 50 ms) are timed while the flood
+//!    runs, against the same writes timed just before it.
 //! 2. Echo latency: a `cat` session; `keys` times a line is written to the PTY and the time to
 //!    its echo on the SSE stream is taken — once through the host directly (the runtime's own
 //!    path: PTY → ring → SSE) and `governed_keys` times as an approved `input` invocation
@@ -142,6 +145,15 @@ pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
         api.send(reqwest::Method::POST, &format!("/v1/runs/{run}/turns"), Some(json!({"task": "terminal"}))).await?;
     let turn = turn["turn_id"].as_str().context("turn id")?.to_owned();
 
+    // Reference for the store writes during the flood: the same writes with nothing running.
+    let mut idle_writes = Vec::new();
+    for _ in 0..40 {
+        let t = Instant::now();
+        api.send(reqwest::Method::POST, "/v1/runs", Some(json!({"title": "idle write"}))).await?;
+        idle_writes.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     // 1. Throughput through the runtime.
     let before = rss_kib();
     let t0 = Instant::now();
@@ -167,6 +179,26 @@ pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
             }
         })
     };
+    let stop_writes = tokio_util::sync::CancellationToken::new();
+    let writer = {
+        let api = Api { client: api.client.clone(), base: api.base.clone(), token: api.token.clone() };
+        let stop = stop_writes.clone();
+        tokio::spawn(async move {
+            let (mut times, mut failed) = (Vec::new(), 0usize);
+            while !stop.is_cancelled() {
+                let t = Instant::now();
+                match api.send(reqwest::Method::POST, "/v1/runs", Some(json!({"title": "write during flood"}))).await {
+                    Ok(_) => times.push(t.elapsed()),
+                    Err(_) => failed += 1,
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    () = stop.cancelled() => {}
+                }
+            }
+            (times, failed)
+        })
+    };
     while let Some((event, data)) = sse.next().await {
         match event.as_str() {
             "output" => received += data["data"].as_str().map_or(0, |s| s.len() as u64),
@@ -180,6 +212,8 @@ pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
     }
     let runtime_secs = t0.elapsed().as_secs_f64();
     sampler.abort();
+    stop_writes.cancel();
+    let (flood_writes, failed_writes) = writer.await.context("the writer task")?;
     let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
     let mb = total as f64 / 1e6;
 
@@ -226,6 +260,18 @@ pub async fn run(opts: TerminalBench) -> anyhow::Result<()> {
         before / 1024,
         peak / 1024,
         peak.saturating_sub(before) / 1024
+    );
+    let (i, f) = (super::percentiles(&idle_writes), super::percentiles(&flood_writes));
+    println!(
+        "  store writes (POST /v1/runs): idle {} writes p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; during the flood {} writes p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {failed_writes} failed",
+        idle_writes.len(),
+        i.p50,
+        i.p99,
+        i.max,
+        flood_writes.len(),
+        f.p50,
+        f.p99,
+        f.max
     );
 
     // 2. Echo latency on `cat`.

@@ -429,10 +429,9 @@ pub async fn read_output(
         message: e.message,
         details: serde_json::Value::Null,
     })?;
-    let size = live.as_ref().map_or_else(
-        || (u16::try_from(row.rows).unwrap_or(32), u16::try_from(row.cols).unwrap_or(120)),
-        |s| s.size(),
-    );
+    let size = live
+        .as_ref()
+        .map_or_else(|| (u16::try_from(row.rows).unwrap_or(32), u16::try_from(row.cols).unwrap_or(120)), |s| s.size());
     let source = Source { store: &app.store, id: &id, live: live.as_deref() };
     Ok(Json(match query.read(&source, size).await? {
         OutputRead::Page(p) => OutputView {

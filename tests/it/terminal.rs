@@ -598,7 +598,6 @@ async fn restart_reports_running_sessions_lost(backend: Backend) {
     assert_eq!(events.last().unwrap().1, "exit");
 }
 
-
 /// The invocation's last evidence item.
 async fn last_evidence(c: &Ctx) -> Value {
     let ev = c.t.get(&format!("/v1/runs/{}/evidence", c.run), &c.token).await;
@@ -614,7 +613,11 @@ async fn output_after_an_action_returned_comes_with_the_next_one(backend: Backen
     let (id, started) = c
         .start(json!({"command": "sh", "args": ["-c", "sleep 1; echo \"error[E0425]: cannot find value x\" >&2; exit 101"]}))
         .await;
-    assert_eq!((started["returned_because"].as_str(), started["output"].as_str()), (Some("idle"), Some("")), "{started}");
+    assert_eq!(
+        (started["returned_because"].as_str(), started["output"].as_str()),
+        (Some("idle"), Some("")),
+        "{started}"
+    );
     let reported = started["output_range"][1].as_u64().unwrap();
     assert_eq!(c.ended_state(&id).await, "exited");
     let bytes_out = c.session(&id).await["bytes_out"].as_u64().unwrap();
@@ -647,8 +650,34 @@ async fn output_after_an_action_returned_comes_with_the_next_one(backend: Backen
     let text = next["output"].as_str().unwrap();
     assert!(text.contains("LATE-LINE") && text.contains("next-cmd"), "{next}");
     assert_eq!(next["output_range"][0], first["output_range"][1], "ranges chain: {first} {next}");
+    // A wait that is cancelled reports nothing: its bytes come with the next action.
+    c.input(&sh, "echo CANCELLED-\"WAIT\"-BYTES\n").await;
+    c.input(&sh, "sleep 0.5; echo SEEN-BY-\"CANCELLED\"\n").await;
+    let inv = c.freeze(json!({"action": "wait", "session_id": sh, "until": "exit", "timeout_ms": 4000})).await;
+    let r =
+        c.t.post(
+            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+            &c.token,
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let inv_id = inv["invocation_id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = c.t.post(&format!("/v1/invocations/{inv_id}/cancel"), &c.token, json!({})).await;
+    let done = c.final_of(inv_id).await;
+    let after = c.act(json!({"action": "wait", "session_id": sh, "until": "idle", "idle_ms": 200})).await;
+    if r.status == StatusCode::OK {
+        assert_eq!(done["status"], "cancelled", "{done}");
+        assert!(after["output"].as_str().unwrap().contains("SEEN-BY-CANCELLED"), "{after}");
+    } else {
+        // A server where a running call cannot be cancelled: the wait completed and reported them.
+        assert_eq!(done["status"], "completed", "{r:?} {done}");
+        assert!(done["result"]["output"]["output"].as_str().unwrap().contains("SEEN-BY-CANCELLED"), "{done}");
+        assert_eq!(after["output_range"][0], done["result"]["output"]["output_range"][1]);
+    }
     let killed = c.act(json!({"action": "kill", "session_id": sh})).await;
-    assert_eq!(killed["output_range"][0], next["output_range"][1], "{killed}");
+    assert_eq!(killed["output_range"][0], after["output_range"][1], "{killed}");
 
     // Output nobody asked for before the server restarted is reported after it (the
     // reported offset is stored, not kept in memory).
@@ -703,7 +732,18 @@ async fn five_megabytes_with_fatal_in_the_middle_have_no_holes(backend: Backend)
     // The Planner finds the line in the stored output and reads its range.
     let found = c.act(json!({"action": "output", "session_id": id, "pattern": "^FATAL"})).await;
     let at = 28_000 * 102;
-    assert_eq!(found["matches"], json!([{"offset": at, "end": at + 28, "line": "FATAL: the disk is on fire"}]), "{found}");
+    // The wait's text keeps head and tail and says which bytes it cut: the FATAL line among them.
+    let text = out["output"].as_str().unwrap();
+    let cut = text.split("bytes cut; read them with output from=").nth(1).expect("a cut marker");
+    let (a, rest) = cut.split_once(" to=").unwrap();
+    let b = rest.split_once(' ').unwrap().0;
+    let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
+    assert!(a <= at && at + 28 <= b && !text.contains("FATAL"), "{a}–{b}");
+    assert_eq!(
+        found["matches"],
+        json!([{"offset": at, "end": at + 28, "line": "FATAL: the disk is on fire"}]),
+        "{found}"
+    );
     assert_eq!(found["output_range"], json!([0, bytes_out]), "{found}");
     assert_eq!(found["output_missed_ranges"], json!([]));
     let line = c.act(json!({"action": "output", "session_id": id, "from": at - 102, "to": at + 28 + 102})).await;
@@ -810,6 +850,8 @@ async fn output_action_reads_any_stored_range(backend: Backend) {
         (json!({"action": "output", "session_id": id, "from": 10, "to": 5}), "invalid_range"),
         (json!({"action": "output", "session_id": id, "pattern": "("}), "invalid_pattern"),
         (json!({"action": "output", "session_id": id, "data": "x"}), "invalid_field"),
+        (json!({"action": "output", "session_id": id, "pattern": "x", "max_bytes": 10}), "invalid_field"),
+        (json!({"action": "output", "session_id": id, "max_matches": 10}), "invalid_field"),
     ] {
         let n = c.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let r = c.t.call(&c.token, &c.run, &c.turn, "terminal_session", &format!("bad_{n}"), input.clone()).await;
@@ -822,6 +864,10 @@ async fn output_action_reads_any_stored_range(backend: Backend) {
     assert_eq!(r.body["matches"][0]["line"], "2999", "{r:?}");
     let r = c.t.get(&format!("/v1/terminal-sessions/{id}/output?from=9&to=3"), &c.token).await;
     assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_range"), "{r:?}");
+    let r = c.t.get(&format!("/v1/terminal-sessions/{id}/output?pattern=%28"), &c.token).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_pattern"), "{r:?}");
+    let r = c.t.get(&format!("/v1/terminal-sessions/{id}/output?pattern=1&max_bytes=5"), &c.token).await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_field"), "{r:?}");
     let bob = c.t.user("bob").await;
     let r = c.t.get(&format!("/v1/terminal-sessions/{id}/output"), &bob).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);

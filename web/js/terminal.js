@@ -51,6 +51,7 @@ async function session(body, id) {
     ['State', badge(x.state)], ['Command', code([x.command, ...(x.args ?? [])].join(' '))], ['Working directory', code(x.cwd)],
     ['PID', x.pid ?? '—'], ['Started', fmtTime(x.started_at)], ['Life limit', fmtMs(x.timeout_ms)],
     ['PTY size', `${x.cols} × ${x.rows}`], ['Output so far', `${x.bytes_out} bytes`],
+    ['Reported to the agent', `up to byte ${x.reported_to ?? 0}`], ['Kept in the store', `from byte ${x.retained_from ?? 0}`],
   ]));
   showInfo(s);
   body.append(info,

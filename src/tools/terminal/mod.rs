@@ -586,7 +586,8 @@ impl TerminalSession {
                     content_sha256: out.sha256.clone(),
                     excerpt: head_tail(&out.text, EXCERPT_MAX_BYTES),
                 };
-                let event = json!({"from": out.from, "to": out.to, "bytes": out.bytes, "bytes_missed": out.bytes_missed});
+                let event =
+                    json!({"from": out.from, "to": out.to, "bytes": out.bytes, "bytes_missed": out.bytes_missed});
                 (output, evidence, event)
             }
             OutputRead::Search(found) => {
@@ -718,12 +719,20 @@ fn offset_field(input: &Value, name: &str) -> Result<Option<u64>, ToolError> {
 
 impl OutputQuery {
     /// The query of a raw or canonical `output` input: `invalid_range` when `from` > `to`,
-    /// `invalid_pattern`, `invalid_field`.
+    /// `invalid_pattern`, `invalid_field` (a bad offset, or `max_bytes` with `pattern`,
+    /// `case_insensitive`/`max_matches` without it).
     pub fn from_input(input: &Value) -> Result<Self, ToolError> {
         let from = offset_field(input, "from")?.unwrap_or(0);
         let to = offset_field(input, "to")?;
         if let Some(to) = to.filter(|to| *to < from) {
             return Err(bad("invalid_range", format!("from {from} is after to {to}")));
+        }
+        let searching = input.get("pattern").is_some();
+        let misplaced =
+            if searching { ["max_bytes"].as_slice() } else { ["case_insensitive", "max_matches"].as_slice() };
+        if let Some(f) = misplaced.iter().find(|f| input.get(**f).is_some()) {
+            let with = if searching { "with pattern (a search)" } else { "without pattern (a page)" };
+            return Err(bad("invalid_field", format!("output {with} does not take {f}")));
         }
         let pattern = match str_field(input, "pattern") {
             Some(p) => Some(output_pattern(p, input.get("case_insensitive").and_then(Value::as_bool) == Some(true))?),
@@ -878,7 +887,9 @@ impl Tool for TerminalSession {
                 Ok(s) => {
                     json!({"id": s.id, "command_line": s.command_line, "cwd": s.cwd, "pid": s.pid, "state": "running"})
                 }
-                Err(e) if matches!(action.as_str(), "wait" | "kill" | "output") && e.code == "terminal_session_ended" => {
+                Err(e)
+                    if matches!(action.as_str(), "wait" | "kill" | "output") && e.code == "terminal_session_ended" =>
+                {
                     json!({"id": prepared.input["session_id"], "state": e.details["state"]})
                 }
                 Err(e) => return Err(e),

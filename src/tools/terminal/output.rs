@@ -283,8 +283,11 @@ pub fn head_tail(text: &str, max: usize) -> String {
 pub const CAPTURE_HEAD: usize = 8 * 1024;
 /// Raw tail bytes an action's [`Capture`] keeps.
 pub const CAPTURE_TAIL: usize = 24 * 1024;
-/// Longest rendered text of a capture, in bytes (head and tail kept beyond it).
-pub const CAPTURE_TEXT_MAX: usize = 64 * 1024;
+/// Longest rendered text of a capture, in bytes: twice its raw head and tail (cursor moves
+/// can draw more text than they take bytes); head and tail of the text are kept beyond it.
+pub fn capture_text_max(head: usize, tail: usize) -> usize {
+    2 * (head + tail)
+}
 
 /// The output of one window `[from, to)` of a session: every byte seen is hashed, the first
 /// `head` and the last `tail` raw bytes are kept and rendered at the end; bytes no longer
@@ -294,6 +297,8 @@ pub struct Capture {
     next: u64,
     head: Vec<u8>,
     head_max: usize,
+    /// Offset one past the last head byte.
+    head_end: u64,
     tail: VecDeque<u8>,
     tail_max: usize,
     hasher: Sha256,
@@ -338,6 +343,7 @@ impl Capture {
             next: from,
             head: Vec::new(),
             head_max: head,
+            head_end: from,
             tail: VecDeque::new(),
             tail_max: tail,
             hasher: Sha256::new(),
@@ -362,10 +368,13 @@ impl Capture {
     pub fn feed(&mut self, data: &[u8]) {
         self.hasher.update(data);
         self.seen += data.len() as u64;
-        self.next += data.len() as u64;
         let room = self.head_max.saturating_sub(self.head.len());
         let (h, t) = data.split_at(room.min(data.len()));
-        self.head.extend_from_slice(h);
+        if !h.is_empty() {
+            self.head.extend_from_slice(h);
+            self.head_end = self.next + h.len() as u64;
+        }
+        self.next += data.len() as u64;
         if self.tail_max > 0 {
             let t = &t[t.len().saturating_sub(self.tail_max)..];
             self.tail.extend(t);
@@ -403,15 +412,17 @@ impl Capture {
             // The tail is rendered from the start of a line when it has one early on.
             let skip = tail.iter().take(4096).position(|b| *b == b'\n').map_or(0, |p| p + 1);
             let cut = self.seen - kept + (missed - missed_first) + skip as u64;
+            let (cut_from, cut_to) = (self.head_end, self.next - (tail.len() - skip) as u64);
             let head = render(&self.head, self.rows, self.cols);
             text.push_str(&head);
             if !head.is_empty() && !head.ends_with('\n') {
                 text.push('\n');
             }
-            text.push_str(&format!("[… {cut} bytes cut …]\n"));
+            text.push_str(&format!("[… {cut} bytes cut; read them with output from={cut_from} to={cut_to} …]\n"));
             text.push_str(&render(&tail[skip..], self.rows, self.cols));
         }
-        let truncated = kept < self.seen || missed > 0 || text.len() > CAPTURE_TEXT_MAX;
+        let text_max = capture_text_max(self.head_max, self.tail_max);
+        let truncated = kept < self.seen || missed > 0 || text.len() > text_max;
         Captured {
             from: self.from,
             to: self.next,
@@ -419,7 +430,7 @@ impl Capture {
             bytes_missed: missed,
             missed_ranges: self.missed.clone(),
             sha256: hex::encode(self.hasher.clone().finalize()),
-            text: head_tail(&text, CAPTURE_TEXT_MAX),
+            text: head_tail(&text, text_max),
             truncated,
         }
     }
@@ -508,7 +519,8 @@ mod tests {
         assert!(got.truncated);
         assert!(got.text.starts_with("START\n"), "{}", &got.text[..40]);
         assert!(got.text.ends_with("\nerror: the end\n"), "{}", &got.text[got.text.len() - 40..]);
-        assert!(got.text.contains("bytes cut"));
+        let cut = format!("bytes cut; read them with output from=8192 to={} …]", all.len() - CAPTURE_TAIL);
+        assert!(got.text.contains(&cut), "{}", &got.text[8000..8300]);
         assert_eq!(got.bytes, all.len() as u64);
         assert_eq!(got.sha256, hex::encode(Sha256::digest(&all)));
     }

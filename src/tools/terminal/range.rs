@@ -116,13 +116,7 @@ impl Source<'_> {
 
     /// The rendered text of `[from, to)` (to the end so far when `to` is None), at most
     /// `max_bytes` of it: the answer says where it stopped.
-    pub async fn page(
-        &self,
-        from: u64,
-        to: Option<u64>,
-        max_bytes: u64,
-        size: (u16, u16),
-    ) -> Result<Page, StoreError> {
+    pub async fn page(&self, from: u64, to: Option<u64>, max_bytes: u64, size: (u16, u16)) -> Result<Page, StoreError> {
         let end = self.end().await?;
         let to = to.unwrap_or(end).min(end).max(from);
         let head = usize::try_from(max_bytes).unwrap_or(usize::MAX);
@@ -154,8 +148,7 @@ impl Source<'_> {
     ) -> Result<Search, StoreError> {
         let end = self.end().await?;
         let to = to.unwrap_or(end).min(end).max(from);
-        let mut found =
-            Search { from, to, matches: Vec::new(), next_from: None, missed_ranges: Vec::new(), bytes: 0 };
+        let mut found = Search { from, to, matches: Vec::new(), next_from: None, missed_ranges: Vec::new(), bytes: 0 };
         let mut lines = LineRenderer::new(cols);
         let mut at = from;
         let mut line_start = from;
@@ -190,10 +183,10 @@ impl Source<'_> {
                 }
                 Piece::Gap(g) => {
                     let g = g.min(to);
-                    if let Some(partial) = lines.finish() {
-                        if !check(&mut found, vec![partial], line_start, at) {
-                            return Ok(found);
-                        }
+                    if let Some(partial) = lines.finish()
+                        && !check(&mut found, vec![partial], line_start, at)
+                    {
+                        return Ok(found);
                     }
                     lines = LineRenderer::new(cols);
                     match found.missed_ranges.last_mut() {
