@@ -36,8 +36,8 @@ use regex::Regex;
 
 use self::host::{ExitInfo, Session, StartSpec, TerminalHost};
 use self::output::{Capture, Captured, Ring, head_tail};
-use crate::availability::{Availability, AvailabilityContext};
 use self::range::Source;
+use crate::availability::{Availability, AvailabilityContext};
 use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
 use crate::registry::{
     ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
