@@ -42,6 +42,8 @@ pub struct App {
     pub terminal: Arc<crate::tools::terminal::host::TerminalHost>,
     /// The sandbox of the processes started for users (`/readyz` reports it).
     pub sandbox: Arc<crate::sandbox::Sandbox>,
+    /// Open event streams per user (the cap of `--max-streams-per-user`).
+    pub streams: Arc<crate::http::limits::StreamLimiter>,
 }
 
 impl App {

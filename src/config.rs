@@ -64,6 +64,7 @@ pub struct ServeConfig {
     pub terminal: crate::tools::terminal::host::TerminalConfig,
     #[command(flatten)]
     pub sandbox: crate::sandbox::SandboxConfig,
+    pub http: crate::http::limits::HttpLimits,
 }
 
 /// The embedding model that ranks exposures beyond 20 tools (none: BM25 only).
@@ -157,6 +158,8 @@ pub struct RuntimeConfig {
     pub four_eyes_domains: Vec<String>,
     /// The sandbox of terminal sessions and non-admins' stdio MCP servers.
     pub sandbox: crate::sandbox::SandboxConfig,
+    /// Connection and stream limits of the HTTP server.
+    pub http: crate::http::limits::HttpLimits,
 }
 
 impl Default for RuntimeConfig {
@@ -175,6 +178,7 @@ impl Default for RuntimeConfig {
             allow_hard_link_reads: false,
             four_eyes_domains: Vec::new(),
             sandbox: crate::sandbox::SandboxConfig::default(),
+            http: crate::http::limits::HttpLimits::default(),
         }
     }
 }

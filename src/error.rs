@@ -66,6 +66,14 @@ pub enum Error {
         /// Human sentence.
         message: String,
     },
+    /// Too many at once for this caller (429), e.g. `too_many_streams`.
+    #[error("{message}")]
+    TooManyRequests {
+        /// Stable code.
+        code: &'static str,
+        /// Human sentence.
+        message: String,
+    },
     /// A tool refused the input while freezing.
     #[error("{0}")]
     Tool(ToolError),

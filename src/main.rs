@@ -55,6 +55,8 @@ enum BenchCommand {
     News(mira::bench::news::NewsBench),
     /// Terminal: PTY → SSE throughput vs a bare PTY and a pipe, echo latency, server RSS.
     Terminal(mira::bench::terminal::TerminalBench),
+    /// Server RSS before, during and after many SSE clients / idle connections come and go.
+    Sse(mira::bench::sse::SseBench),
 }
 
 /// Arguments of `mira bench exposure`.
@@ -157,6 +159,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
                 .filter(|d| !d.is_empty())
                 .collect(),
             sandbox: cfg.sandbox.clone(),
+            http: cfg.http.clone(),
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,
@@ -267,6 +270,7 @@ async fn run() -> ExitCode {
         Command::Bench { command: BenchCommand::Codegraph(opts) } => mira::bench::codegraph::run(opts).await,
         Command::Bench { command: BenchCommand::News(opts) } => mira::bench::news::run(opts).await,
         Command::Bench { command: BenchCommand::Terminal(opts) } => mira::bench::terminal::run(opts).await,
+        Command::Bench { command: BenchCommand::Sse(opts) } => mira::bench::sse::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

@@ -143,6 +143,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         search: core.search,
         terminal: core.terminal,
         sandbox,
+        streams: crate::http::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
     })
 }
 
@@ -268,7 +269,7 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("binding {}", settings.listen))?;
-        let addr = listener.local_addr()?;
+        let addr = tokio::net::TcpListener::local_addr(&listener)?;
         app.sandbox.set_listen_port(addr.port());
         let harness = app.harness.spawn(app.shutdown.clone());
         let indexer = crate::embedding::worker::spawn(
@@ -279,9 +280,16 @@ impl Server {
             app.shutdown.clone(),
         );
         let router = crate::http::router(app.clone(), settings.body_limit, settings.request_timeout);
+        let limits = &settings.runtime.http;
+        let idle = Duration::from_secs(limits.idle_timeout_secs).max(settings.request_timeout + Duration::from_secs(5));
+        let listener = crate::http::limits::LimitedListener::new(listener, limits.max_connections, idle);
         let shutdown = app.shutdown.clone();
         let http = tokio::spawn(async move {
-            axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+            // `into_make_service`: each connection shares the router (an `Arc`); serving the
+            // `Router` itself rebuilds every route's service stack per connection.
+            axum::serve(listener, router.into_make_service())
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await
         });
         Ok(Server { addr, app, admin_token_file, http, harness, indexer })
     }

@@ -48,6 +48,10 @@ impl FromRequestParts<App> for AuthUser {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, Self::Rejection> {
+        // Already authenticated by a middleware of this route (the stream slot).
+        if let Some(user) = parts.extensions.get::<AuthUser>() {
+            return Ok(user.clone());
+        }
         let header = parts.headers.get(axum::http::header::AUTHORIZATION).ok_or(Error::Unauthorized)?;
         let value = header.to_str().map_err(|_| Error::Unauthorized)?;
         let token = value

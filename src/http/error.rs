@@ -47,6 +47,7 @@ impl Error {
             Error::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type".into()),
             Error::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed".into()),
             Error::TooLarge { code, .. } => (StatusCode::PAYLOAD_TOO_LARGE, (*code).into()),
+            Error::TooManyRequests { code, .. } => (StatusCode::TOO_MANY_REQUESTS, (*code).into()),
             Error::Tool(e) => {
                 let status = match e.class {
                     ErrorClass::BadInput => StatusCode::BAD_REQUEST,

@@ -9,6 +9,7 @@ pub mod events;
 pub mod evidence;
 pub mod inbox;
 pub mod invocations;
+pub mod limits;
 pub mod mcp;
 pub mod news;
 pub mod runs;
@@ -124,12 +125,21 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// The whole HTTP application. Streaming routes are outside the request timeout; the
 /// control-plane page ([`web`]) is served at `/` beside the API.
 pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router {
-    let doc = openapi();
+    // Serialised once and shared: axum clones the route tree for every connection, so a
+    // handler that owned the document deep-copied it per connection (1.4 MB each).
+    let doc = axum::body::Bytes::from(serde_json::to_vec(&openapi()).unwrap_or_default());
     let (api, _) = api().split_for_parts();
     let (streams, _) = streams().split_for_parts();
     let api = api
-        .route("/openapi.json", axum::routing::get(move || async move { axum::Json(doc) }))
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let doc = doc.clone();
+                async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], doc) }
+            }),
+        )
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout));
+    let streams = streams.layer(axum::middleware::from_fn_with_state(app.clone(), limits::stream_slot));
     api.merge(streams)
         .merge(web::router())
         .fallback(|| async { Error::NotFound("route") })
