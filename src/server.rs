@@ -281,7 +281,7 @@ impl Server {
         );
         let router = crate::http::router(app.clone(), settings.body_limit, settings.request_timeout);
         let limits = &settings.runtime.http;
-        let idle = Duration::from_secs(limits.idle_timeout_secs).max(settings.request_timeout + Duration::from_secs(5));
+        let idle = Duration::from_secs(limits.idle_timeout_secs.max(1));
         let listener = crate::http::limits::LimitedListener::new(listener, limits.max_connections, idle);
         let shutdown = app.shutdown.clone();
         let http = tokio::spawn(async move {

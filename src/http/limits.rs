@@ -41,8 +41,8 @@ pub struct HttpLimits {
     #[arg(long = "max-connections", env = "MIRA_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
     /// Seconds a connection may stay without reading or writing a byte before it is closed
-    /// (idle keep-alive connections, stalled readers). Raised to the request timeout + 5 s
-    /// when that is longer.
+    /// (idle keep-alive connections, stalled readers). Keep it above the request timeout: a
+    /// request whose handler writes nothing for this long is cut.
     #[arg(long = "idle-timeout-secs", env = "MIRA_IDLE_TIMEOUT_SECS", default_value_t = 60)]
     pub idle_timeout_secs: u64,
 }

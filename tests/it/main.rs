@@ -10,6 +10,7 @@ mod embedding;
 mod hostile_approvals;
 mod hostile_files;
 mod hostile_sandbox;
+mod http_limits;
 mod mcp;
 mod mcp_real;
 mod news;

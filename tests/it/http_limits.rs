@@ -1,0 +1,141 @@
+//! Connection and stream limits (issue 13.7): the per-user cap on open event streams, the
+//! idle timeout of keep-alive connections and the connection limit.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::{self, Backend, Options, spawn_with};
+
+fn options(f: impl FnOnce(&mut mira::http::limits::HttpLimits)) -> Options {
+    let mut o = Options::default();
+    f(&mut o.runtime.http);
+    o
+}
+
+async fn open(t: &common::TestApp, token: &str, path: &str) -> reqwest::Response {
+    t.client.get(format!("{}{path}", t.base)).bearer_auth(token).send().await.unwrap()
+}
+
+/// The N+1-th stream of a user is refused with 429 `too_many_streams` (on every kind of
+/// stream), other users are not affected, and closing one stream frees its slot.
+async fn stream_cap_per_user(backend: Backend) {
+    let t = spawn_with(backend, options(|h| h.streams_per_user = 3)).await;
+    let alice = t.user("alice").await;
+    let bob = t.user("bob").await;
+    let run = t.run(&alice).await;
+    let events = format!("/v1/runs/{run}/events");
+
+    let a1 = open(&t, &alice, &events).await;
+    let a2 = open(&t, &alice, "/v1/approvals/stream").await;
+    let a3 = open(&t, &alice, &events).await;
+    for r in [&a1, &a2, &a3] {
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    for path in [events.as_str(), "/v1/approvals/stream"] {
+        let r = open(&t, &alice, path).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "too_many_streams", "{body}");
+    }
+    // Bob has slots of his own.
+    let b1 = open(&t, &bob, "/v1/approvals/stream").await;
+    assert_eq!(b1.status(), StatusCode::OK);
+    drop(b1);
+
+    // Alice closes one stream: a new one is accepted once the server has seen it go.
+    drop(a2);
+    let mut accepted = None;
+    for _ in 0..100 {
+        let r = open(&t, &alice, "/v1/approvals/stream").await;
+        if r.status() == StatusCode::OK {
+            accepted = Some(r);
+            break;
+        }
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let a4 = accepted.expect("the slot of the closed stream was never released");
+    let me = t.get("/v1/me", &alice).await;
+    assert_eq!(t.app().streams.open(me.body["id"].as_str().unwrap()), 3);
+    // And she is at her cap again.
+    assert_eq!(open(&t, &alice, &events).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop((a1, a3, a4));
+}
+
+/// Error answers (404, 401) never take a slot.
+async fn refused_streams_hold_no_slot(backend: Backend) {
+    let t = spawn_with(backend, options(|h| h.streams_per_user = 1)).await;
+    let alice = t.user("alice").await;
+    for _ in 0..5 {
+        let r = open(&t, &alice, "/v1/runs/run_0000000000000000000000000000dead/events").await;
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    }
+    let r = t.client.get(format!("{}/v1/approvals/stream", t.base)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let ok = open(&t, &alice, "/v1/approvals/stream").await;
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(open(&t, &alice, "/v1/approvals/stream").await.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+both_backends!(stream_cap_per_user, refused_streams_hold_no_slot);
+
+async fn raw_get(t: &common::TestApp, path: &str) -> tokio::net::TcpStream {
+    let addr = t.base.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+    s
+}
+
+/// Reads until the end of one response head (or EOF / timeout); the bytes read.
+async fn read_head(s: &mut tokio::net::TcpStream, timeout: Duration) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    out
+}
+
+/// A keep-alive connection that sends nothing more is closed after the idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connections_are_closed() {
+    let t = spawn_with(Backend::Sqlite, options(|h| h.idle_timeout_secs = 1)).await;
+    let mut s = raw_get(&t, "/healthz").await;
+    let head = read_head(&mut s, Duration::from_secs(5)).await;
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    // Drain the body, then wait: the server closes the connection (EOF) within ~1 s.
+    let mut buf = [0u8; 4096];
+    let started = std::time::Instant::now();
+    let closed = loop {
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(_)) => continue,
+            Err(_) => break false,
+        }
+    };
+    assert!(closed, "the idle connection was still open after 5 s");
+    assert!(started.elapsed() >= Duration::from_millis(900), "closed too early: {:?}", started.elapsed());
+}
+
+/// With `max_connections` connections open, one more is not served until one of them closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_limit_queues_the_next_client() {
+    let t = spawn_with(Backend::Sqlite, options(|h| h.max_connections = 2)).await;
+    // The test client's own pool could hold connections: use raw sockets only.
+    let mut a = raw_get(&t, "/healthz").await;
+    let mut b = raw_get(&t, "/healthz").await;
+    assert!(read_head(&mut a, Duration::from_secs(5)).await.starts_with(b"HTTP/1.1 200"));
+    assert!(read_head(&mut b, Duration::from_secs(5)).await.starts_with(b"HTTP/1.1 200"));
+    let mut c = raw_get(&t, "/healthz").await;
+    assert!(read_head(&mut c, Duration::from_millis(700)).await.is_empty(), "a third connection was served");
+    drop(a);
+    let head = read_head(&mut c, Duration::from_secs(5)).await;
+    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+}
