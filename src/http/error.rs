@@ -5,7 +5,7 @@
 //! JSON, a body over the limit, a bad query string) are turned into the same error shape.
 
 use axum::extract::FromRequest;
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -99,25 +99,6 @@ impl IntoResponse for Error {
     }
 }
 
-impl From<JsonRejection> for Error {
-    fn from(r: JsonRejection) -> Self {
-        match r {
-            JsonRejection::JsonSyntaxError(e) => {
-                Error::bad_request("invalid_json", format!("body is not valid JSON: {}", e.body_text()))
-            }
-            JsonRejection::JsonDataError(e) => Error::bad_request("invalid_request", e.body_text()),
-            JsonRejection::MissingJsonContentType(_) => {
-                Error::UnsupportedMediaType("expected Content-Type: application/json".into())
-            }
-            JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Error::TooLarge {
-                code: "body_too_large",
-                message: "request body is larger than the server's limit".into(),
-            },
-            other => Error::bad_request("invalid_request", other.body_text()),
-        }
-    }
-}
-
 impl From<QueryRejection> for Error {
     fn from(r: QueryRejection) -> Self {
         Error::bad_request("invalid_query", r.body_text())
@@ -130,10 +111,62 @@ impl From<PathRejection> for Error {
     }
 }
 
-/// `axum::Json` with our error shape on rejection.
-#[derive(FromRequest)]
-#[from_request(via(axum::Json), rejection(Error))]
+/// A JSON request body, read with one error code per kind of bad body (the catalogue):
+///
+/// | body | status | code |
+/// |---|---|---|
+/// | empty (no bytes, or only whitespace), whatever the `Content-Type` | 400 | `invalid_json` |
+/// | not JSON: a syntax error, truncated, invalid UTF-8, a lone surrogate, trailing data | 400 | `invalid_json` |
+/// | JSON of the wrong shape: a wrong type, a missing or unknown field, a value out of its range, NUL (U+0000) in a string | 400 | `invalid_request` |
+/// | a non-empty body whose `Content-Type` is not `application/json` (or `+json`) | 415 | `unsupported_media_type` |
+/// | larger than `--body-limit` | 413 | `body_too_large` |
+///
+/// Shape errors name the field (`details.field`). NUL is refused in every string because
+/// PostgreSQL cannot store it ([`super::storable`]), except inside a
+/// [`JsonDocument`](super::storable::JsonDocument) field.
 pub struct Json<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Error> {
+        let json_type =
+            req.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+                let mime = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+                mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+            });
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                Error::TooLarge {
+                    code: "body_too_large",
+                    message: "request body is larger than the server's limit".into(),
+                }
+            } else {
+                Error::bad_request("invalid_request", format!("the request body could not be read: {}", e.body_text()))
+            }
+        })?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(Error::bad_request(
+                "invalid_json",
+                "the request body is empty; this operation takes a JSON document",
+            ));
+        }
+        if !json_type {
+            return Err(Error::UnsupportedMediaType("expected Content-Type: application/json".into()));
+        }
+        match super::storable::from_json(&bytes) {
+            Ok(value) => Ok(Json(value)),
+            Err(super::storable::BodyError::Syntax(message)) => {
+                Err(Error::bad_request("invalid_json", format!("body is not valid JSON: {message}")))
+            }
+            Err(super::storable::BodyError::Shape { path, message }) => Err(Error::BadRequest {
+                code: "invalid_request",
+                message: if path == "." { message } else { format!("{path}: {message}") },
+                details: json!({"field": path}),
+            }),
+        }
+    }
+}
 
 impl<T: serde::Serialize> IntoResponse for Json<T> {
     fn into_response(self) -> Response {
@@ -141,12 +174,57 @@ impl<T: serde::Serialize> IntoResponse for Json<T> {
     }
 }
 
-/// `axum::extract::Query` with our error shape on rejection.
-#[derive(axum::extract::FromRequestParts)]
-#[from_request(via(axum::extract::Query), rejection(Error))]
+/// `axum::extract::Query` with our error shape: 400 `invalid_query` for a parameter that does
+/// not parse, 400 `invalid_request` for a value no back-end can store (NUL, invalid UTF-8).
 pub struct Query<T>(pub T);
 
-/// `axum::extract::Path` with our error shape on rejection.
-#[derive(axum::extract::FromRequestParts)]
-#[from_request(via(axum::extract::Path), rejection(Error))]
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S> for Query<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Error> {
+        let query = parts.uri.query().unwrap_or_default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            for part in [name, value] {
+                let spaced = part.replace('+', " ");
+                let decoded =
+                    percent_encoding::percent_decode_str(&spaced).decode_utf8().map_err(|_| Error::BadRequest {
+                        code: "invalid_request",
+                        message: format!("query parameter {name} is not valid UTF-8"),
+                        details: json!({"parameter": name}),
+                    })?;
+                if decoded.contains('\0') {
+                    return Err(Error::BadRequest {
+                        code: "invalid_request",
+                        message: format!("query parameter {name}: {}", super::storable::NUL_MESSAGE),
+                        details: json!({"parameter": name}),
+                    });
+                }
+            }
+        }
+        axum::extract::Query::<T>::try_from_uri(&parts.uri).map(|q| Query(q.0)).map_err(Error::from)
+    }
+}
+
+/// `axum::extract::Path` with our error shape: 400 `invalid_path_parameter` for a segment that
+/// does not parse or is not UTF-8, 400 `invalid_request` for NUL in a segment.
 pub struct Path<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned + Send, S: Send + Sync> axum::extract::FromRequestParts<S> for Path<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Error> {
+        if let Ok(raw) = axum::extract::RawPathParams::from_request_parts(parts, state).await {
+            for (name, value) in &raw {
+                if value.contains('\0') {
+                    return Err(Error::BadRequest {
+                        code: "invalid_request",
+                        message: format!("path parameter {name}: {}", super::storable::NUL_MESSAGE),
+                        details: json!({"parameter": name}),
+                    });
+                }
+            }
+        }
+        axum::extract::Path::<T>::from_request_parts(parts, state).await.map(|p| Path(p.0)).map_err(Error::from)
+    }
+}

@@ -27,9 +27,9 @@ pub struct CreateInvocation {
     pub tool_id: String,
     /// The model's call id (1–256 bytes, unique per run).
     pub tool_call_id: String,
-    /// The tool input.
+    /// The tool input (an opaque document: checked against the tool's schema when frozen).
     #[schema(value_type = Object)]
-    pub input: Value,
+    pub input: super::storable::JsonDocument,
 }
 
 /// A frozen invocation.
@@ -117,7 +117,7 @@ pub async fn create_invocation(
 ) -> Result<(StatusCode, Json<InvocationView>)> {
     let run = owned_run(&app, &user, &run_id).await?;
     let req =
-        CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input };
+        CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input.0 };
     let frozen = invocation::freeze(&app, &user.user_id, &run, req).await?;
     let status = if frozen.created { StatusCode::CREATED } else { StatusCode::OK };
     let evidence_ids = if frozen.created { Vec::new() } else { app.store.evidence_ids_of(&frozen.row.id).await? };

@@ -15,6 +15,7 @@ pub mod news;
 pub mod runs;
 pub mod search;
 pub mod service;
+pub mod storable;
 pub mod terminal;
 pub mod tools;
 pub mod users;
@@ -35,6 +36,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::app::App;
 use crate::error::{Error, Result};
+use crate::ids;
 
 /// Pagination query: `?limit=&cursor=`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -47,8 +49,21 @@ pub struct Page {
 }
 
 impl Page {
-    /// The page size, or 400 `invalid_query`.
+    /// The page size, or 400 `invalid_query` (also for a cursor that is no list's
+    /// `next_cursor`: every cursor is an id, `<prefix>_<32 hex digits>`).
     pub fn limit(&self) -> Result<i64> {
+        if let Some(cursor) = &self.cursor
+            && !cursor.split_once('_').is_some_and(|(prefix, _)| {
+                !prefix.is_empty()
+                    && prefix.bytes().all(|b| b.is_ascii_lowercase())
+                    && ids::is_well_formed(cursor, prefix)
+            })
+        {
+            return Err(Error::bad_request(
+                "invalid_query",
+                "cursor must be the next_cursor of a previous page of this list",
+            ));
+        }
         match self.limit {
             None => Ok(50),
             Some(n) if (1..=200).contains(&n) => Ok(n),

@@ -78,7 +78,8 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
         return Err(Error::conflict(code, message, details));
     }
     let entry = app.registry.get(&tool_id, user_id).ok_or(Error::NotFound("tool"))?;
-    entry.validate(&req.input).map_err(|errors| Error::InputInvalid { errors })?;
+    let mut req = req;
+    entry.check_input(&mut req.input).map_err(|errors| Error::InputInvalid { errors })?;
 
     let workspace = app.workspace_of(run).await?;
     let prepare_ctx = PrepareContext { workspace: &workspace, owner_id: user_id, run_id: &run.id };

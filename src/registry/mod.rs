@@ -8,6 +8,7 @@
 //! that.
 
 pub mod schema;
+pub mod integers;
 mod tool;
 
 pub use schema::{Dialect, SchemaDialect, SchemaProblem};
@@ -59,6 +60,17 @@ impl Entry {
                 if at.is_empty() { message } else { format!("{at}: {message}") }
             })
             .collect();
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
+}
+
+impl Entry {
+    /// Validates `input` ([`Entry::validate`]) and makes its integers ones the tool can read
+    /// ([`integers::normalise`]): integral floats at integer positions become integers, and
+    /// integers no 64-bit type holds are errors naming the field.
+    pub fn check_input(&self, input: &mut serde_json::Value) -> Result<(), Vec<String>> {
+        self.validate(input)?;
+        let errors = integers::normalise(&self.spec().input_schema, input);
         if errors.is_empty() { Ok(()) } else { Err(errors) }
     }
 }

@@ -5,6 +5,7 @@
 mod common;
 
 mod approval;
+mod bad_input;
 mod codegraph;
 mod embedding;
 mod hostile_approvals;

@@ -86,8 +86,8 @@ impl CodebaseExplore {
                         "kind": {"type": "string", "enum": KINDS, "description": "definitions {symbol}; references {symbol | path+line}; callers/callees {symbol, depth}; dependencies {path}; impact {symbol | path, depth}; overview {path?}"},
                         "symbol": {"type": "string", "minLength": 1, "maxLength": 512, "description": "A name, or Container::name / module.name"},
                         "path": {"type": "string", "maxLength": 4096, "description": "File or folder relative to the workspace root"},
-                        "line": {"type": "integer", "minimum": 1, "description": "With path: the location whose symbol references are wanted (1-based)"},
-                        "column": {"type": "integer", "minimum": 1, "description": "With path and line: the column (1-based)"},
+                        "line": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "With path: the location whose symbol references are wanted (1-based)"},
+                        "column": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "With path and line: the column (1-based)"},
                         "depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH, "description": "Transitive depth for callers, callees and impact (default 1; impact 3)"},
                         "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": "Most results (default 50)"},
                         "max_tokens": {"type": "integer", "minimum": 128, "maximum": MAX_MAX_TOKENS, "description": "Budget of the overview map (default 2048)"}

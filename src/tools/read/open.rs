@@ -54,8 +54,8 @@ impl ReadOpen {
                     "required": ["path"],
                     "properties": {
                         "path": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "File path relative to the workspace root"},
-                        "start_line": {"type": "integer", "minimum": 1, "description": "First line to return (1-based)"},
-                        "end_line": {"type": "integer", "minimum": 1, "description": "Last line to return (inclusive)"},
+                        "start_line": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "First line to return (1-based)"},
+                        "end_line": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "Last line to return (inclusive)"},
                         "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_MAX_BYTES, "description": "Most bytes of text to return (default 262144)"}
                     },
                     "additionalProperties": false
