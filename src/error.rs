@@ -74,6 +74,14 @@ pub enum Error {
         /// Human sentence.
         message: String,
     },
+    /// The server cannot answer now (503), e.g. `request_timeout`.
+    #[error("{message}")]
+    Unavailable {
+        /// Stable code.
+        code: &'static str,
+        /// Human sentence.
+        message: String,
+    },
     /// A tool refused the input while freezing.
     #[error("{0}")]
     Tool(ToolError),

@@ -129,8 +129,10 @@ pub struct ApprovalQuery {
     /// Only this run.
     pub run_id: Option<String>,
     /// Page size (1–200, default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = r"^[a-z]+_[0-9a-f]{32}$")]
     pub cursor: Option<String>,
 }
 
@@ -221,6 +223,7 @@ pub async fn grant(
 #[serde(deny_unknown_fields)]
 pub struct DenyBody {
     /// Why (at most 2,000 characters).
+    #[schema(max_length = 2000)]
     pub reason: Option<String>,
 }
 

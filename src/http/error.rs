@@ -22,7 +22,7 @@ pub struct ErrorBody {
     /// Human sentence.
     pub message: String,
     /// Structured details (may be null).
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub details: Value,
 }
 
@@ -48,6 +48,7 @@ impl Error {
             Error::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed".into()),
             Error::TooLarge { code, .. } => (StatusCode::PAYLOAD_TOO_LARGE, (*code).into()),
             Error::TooManyRequests { code, .. } => (StatusCode::TOO_MANY_REQUESTS, (*code).into()),
+            Error::Unavailable { code, .. } => (StatusCode::SERVICE_UNAVAILABLE, (*code).into()),
             Error::Tool(e) => {
                 let status = match e.class {
                     ErrorClass::BadInput => StatusCode::BAD_REQUEST,

@@ -118,6 +118,7 @@ pub struct AcceptanceBody {
     /// Whether the Planner accepts the evidence.
     pub accepted: bool,
     /// Note (at most 2,000 characters).
+    #[schema(max_length = 2000)]
     pub note: Option<String>,
 }
 

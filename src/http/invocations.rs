@@ -26,6 +26,7 @@ pub struct CreateInvocation {
     /// Tool id, or the exposure's `function_name` for it.
     pub tool_id: String,
     /// The model's call id (1–256 bytes, unique per run).
+    #[schema(min_length = 1, max_length = 256)]
     pub tool_call_id: String,
     /// The tool input (an opaque document: checked against the tool's schema when frozen).
     #[schema(value_type = Object)]

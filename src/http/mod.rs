@@ -26,9 +26,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use serde::Deserialize;
-use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -43,8 +42,10 @@ use crate::ids;
 #[serde(deny_unknown_fields)]
 pub struct Page {
     /// Page size, 1–200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = r"^[a-z]+_[0-9a-f]{32}$")]
     pub cursor: Option<String>,
 }
 
@@ -88,6 +89,7 @@ impl Page {
 #[openapi(
     info(title = "Mira Tool Runtime", description = "The tool control plane between an agent Planner and every tool: registry, public surface, availability, exposure, frozen invocations, exact-invocation approval, harness execution and evidence."),
     modifiers(&BearerAuth),
+    components(schemas(error::ErrorResponse, error::ErrorBody)),
     tags(
         (name = "service"), (name = "users"), (name = "workspaces"), (name = "devices"), (name = "tools"),
         (name = "runs"), (name = "invocations"), (name = "approvals"), (name = "evidence"), (name = "events"), (name = "mcp"),
@@ -130,11 +132,63 @@ fn streams() -> OpenApiRouter<App> {
     OpenApiRouter::new().merge(events::router()).merge(inbox::router()).merge(terminal::stream_router())
 }
 
-/// The OpenAPI document (also committed as `openapi/openapi.json`).
+/// The OpenAPI document (also committed as `openapi/openapi.json`), with the answers every
+/// operation can give added by [`document_common_answers`].
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut doc) = api().merge(streams()).split_for_parts();
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
-    doc
+    let Ok(mut value) = serde_json::to_value(&doc) else { return doc };
+    document_common_answers(&mut value);
+    serde_json::from_value(value).unwrap_or(doc)
+}
+
+/// Documents, on every operation, the answers that come from the shared machinery rather
+/// than from its handler, so the document lists every status the server gives:
+/// 400 when it has path/query parameters or a body (the extractors), 401 when it needs a
+/// token, 413 and 415 when it takes a body, 429 on event streams (the stream cap), 503 on
+/// every operation (`store_unavailable`, `request_timeout`). Every error answer gets the
+/// [`error::ErrorResponse`] body.
+fn document_common_answers(doc: &mut serde_json::Value) {
+    use serde_json::{Value, json};
+    let error = json!({"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}});
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else { return };
+    for item in paths.values_mut() {
+        let Some(item) = item.as_object_mut() else { continue };
+        for op in item.values_mut() {
+            let has_params = op["parameters"]
+                .as_array()
+                .is_some_and(|ps| ps.iter().any(|p| p["in"] == "path" || p["in"] == "query"));
+            let has_body = op.get("requestBody").is_some();
+            let secured = op["security"].as_array().is_some_and(|s| !s.is_empty());
+            let stream = op.pointer("/responses/200/content/text~1event-stream").is_some();
+            let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else { continue };
+            let mut add = |status: &str, description: &str| {
+                responses.entry(status.to_owned()).or_insert_with(|| json!({"description": description}));
+            };
+            if has_params || has_body {
+                add(
+                    "400",
+                    "invalid_query, invalid_path_parameter, invalid_json or invalid_request (a malformed parameter or body, or text containing NUL)",
+                );
+            }
+            if secured {
+                add("401", "unauthorized: a valid bearer token is required");
+            }
+            if has_body {
+                add("413", "body_too_large");
+                add("415", "unsupported_media_type: the body is not application/json");
+            }
+            if stream {
+                add("429", "too_many_streams: the caller has the most event streams open that a user may");
+            }
+            add("503", "store_unavailable, or request_timeout");
+            for (status, response) in responses.iter_mut() {
+                if status.starts_with('4') || status.starts_with('5') {
+                    response["content"] = error.clone();
+                }
+            }
+        }
+    }
 }
 
 /// The whole HTTP application. Streaming routes are outside the request timeout; the
@@ -153,7 +207,18 @@ pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router 
                 async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], doc) }
             }),
         )
-        .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout));
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| async move {
+                match tokio::time::timeout(request_timeout, next.run(req)).await {
+                    Ok(response) => response,
+                    Err(_) => Error::Unavailable {
+                        code: "request_timeout",
+                        message: format!("the request took longer than {} s", request_timeout.as_secs()),
+                    }
+                    .into_response(),
+                }
+            },
+        ));
     let streams = streams.layer(axum::middleware::from_fn_with_state(app.clone(), limits::stream_slot));
     api.merge(streams)
         .merge(web::router())

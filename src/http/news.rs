@@ -28,11 +28,14 @@ pub const MAX_INTERVAL_SECS: u64 = 7 * 24 * 3600;
 #[serde(deny_unknown_fields)]
 pub struct CreateSource {
     /// Feed URL (http or https, at most 2048 bytes).
+    #[schema(max_length = 2048)]
     pub url: String,
     /// Display name, 1–128 characters.
+    #[schema(min_length = 1, max_length = 128)]
     pub name: String,
     /// Seconds between fetches (default the server's `--news-interval-secs`; at least
     /// `--news-min-interval-secs`, at most a week).
+    #[schema(maximum = 604800)]
     pub interval_secs: Option<u64>,
     /// Admins only: a deployment-wide source every user reads.
     #[serde(default)]

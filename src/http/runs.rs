@@ -53,6 +53,7 @@ pub struct CreateRun {
     /// Device (default: the server host).
     pub device_id: Option<String>,
     /// Title, at most 256 characters.
+    #[schema(max_length = 256)]
     pub title: Option<String>,
 }
 

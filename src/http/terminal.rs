@@ -133,8 +133,10 @@ pub struct ListQuery {
     /// Only this run's sessions.
     pub run_id: Option<String>,
     /// Page size, 1–200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = r"^[a-z]+_[0-9a-f]{32}$")]
     pub cursor: Option<String>,
 }
 

@@ -17,6 +17,7 @@ use crate::store::{Roles, Store, UserRow};
 #[serde(deny_unknown_fields)]
 pub struct CreateUser {
     /// Unique name, 1–64 characters of letters, digits, `-`, `_`, `.`.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._-]+$")]
     pub name: String,
     /// Grant admin rights.
     #[serde(default)]

@@ -103,7 +103,8 @@ impl From<WorkspaceRow> for WorkspaceView {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWorkspace {
-    /// Name.
+    /// Name, 1–128 bytes.
+    #[schema(min_length = 1, max_length = 128)]
     pub name: String,
     /// An existing folder on the server host.
     pub path: String,
@@ -281,10 +282,12 @@ impl From<DeviceRow> for DeviceView {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateDevice {
-    /// Name.
+    /// Name, at most 128 bytes.
+    #[schema(max_length = 128)]
     pub name: String,
     /// Capability strings, at most 32 of at most 64 characters.
     #[serde(default)]
+    #[schema(max_items = 32)]
     pub capabilities: Vec<String>,
 }
 

@@ -17,6 +17,7 @@ mod mcp_real;
 mod news;
 mod openapi;
 mod read_tools;
+mod schemathesis;
 mod spine;
 mod store;
 mod terminal;

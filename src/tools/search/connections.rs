@@ -130,6 +130,7 @@ pub enum HealthState {
 
 /// Health of one connection.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = ConnectionHealth)]
 pub struct Health {
     /// State.
     pub state: HealthState,
