@@ -8,11 +8,15 @@
 //! `positive_data_acceptance` — the document states shapes, not every rule a handler applies
 //! (a workspace must exist on disk, a URL must be public), so "schema-valid ⇒ 2xx" cannot hold.
 //! The event streams (`…/events`, `…/stream`) never end and are left to their own tests.
-//! Fixed seed, 10 examples per operation, phases examples + coverage + fuzzing, 2 workers;
+//! The path parameters of runs, turns, invocations, approvals and evidence are set (in a
+//! `schemathesis.toml`) to real objects made first, so those operations run past 404.
+//! Fixed seed, 25 examples per operation, phases examples + coverage + fuzzing, 2 workers;
 //! the whole run must finish within 4 minutes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
+
+use serde_json::json;
 
 use crate::common::{Backend, spawn};
 
@@ -20,9 +24,32 @@ async fn schemathesis_finds_nothing(backend: Backend) {
     let st = std::env::var("MIRA_SCHEMATHESIS")
         .expect("MIRA_SCHEMATHESIS is not set: run `eval \"$(scripts/setup-schemathesis.sh)\"` (scripts/test.sh does)");
     let t = spawn(backend).await;
+    // Real objects for the path parameters, so the operations on them run past 404: a run, a
+    // turn, a completed read (with its evidence) and a write awaiting approval.
+    let token = t.admin_token.clone();
+    std::fs::write(t.workspace.join("a.txt"), "hello\n").unwrap();
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "read and write files").await;
+    let read = t.call(&token, &run, &turn, "read_open", "st-read", json!({"path": "a.txt"})).await;
+    let invocation = read.body["invocation_id"].as_str().unwrap().to_owned();
+    t.wait_final(&token, &invocation).await;
+    let write = t.call(&token, &run, &turn, "write_file", "st-write", json!({"path": "b.txt", "content": "x"})).await;
+    let approval = write.body["approval_id"].as_str().unwrap().to_owned();
+    let evidence = t.get(&format!("/v1/runs/{run}/evidence"), &token).await.body["evidence"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let report = tempfile::tempdir().unwrap();
+    let config = report.path().join("schemathesis.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[parameters]\n\"path.run_id\" = \"{run}\"\n\"path.turn_id\" = \"{turn}\"\n\"path.invocation_id\" = \"{invocation}\"\n\"path.approval_id\" = \"{approval}\"\n\"path.evidence_id\" = \"{evidence}\"\n"
+        ),
+    )
+    .unwrap();
     let mut cmd = tokio::process::Command::new(st);
-    cmd.arg("run")
+    cmd.arg("--config-file").arg(&config).arg("run")
         .arg(format!("{}/openapi.json", t.base))
         .args(["-H", &format!("Authorization: Bearer {}", t.admin_token)])
         .args([
@@ -31,7 +58,7 @@ async fn schemathesis_finds_nothing(backend: Backend) {
         ])
         .args(["--exclude-path-regex", "/(events|stream)$"])
         .args(["--phases", "examples,coverage,fuzzing"])
-        .args(["--seed", "20261201", "--max-examples", "10", "--workers", "2", "--no-shrink"])
+        .args(["--seed", "20261201", "--max-examples", "25", "--workers", "2", "--no-shrink"])
         .args(["--request-timeout", "20", "--output-truncate", "true"])
         .arg("--report-dir")
         .arg(report.path())
