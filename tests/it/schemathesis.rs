@@ -20,6 +20,13 @@ use serde_json::json;
 
 use crate::common::{Backend, spawn};
 
+/// schemathesis' coverage phase crashes inside Hypothesis on CPython 3.11 (the machine's
+/// Python) while drawing bodies for the MCP install schema ("SystemError: AST constructor
+/// recursion depth mismatch", a CPython 3.11 bug in `ast` under deep recursion): a generator
+/// failure, not a server answer. That one operation keeps the examples and fuzzing phases.
+const COVERAGE_CRASH: &str =
+    "[[operations]]\ninclude-path = \"/v1/mcp/servers\"\ninclude-method = \"POST\"\nphases.coverage.enabled = false\n";
+
 async fn schemathesis_finds_nothing(backend: Backend) {
     let st = std::env::var("MIRA_SCHEMATHESIS")
         .expect("MIRA_SCHEMATHESIS is not set: run `eval \"$(scripts/setup-schemathesis.sh)\"` (scripts/test.sh does)");
@@ -35,21 +42,21 @@ async fn schemathesis_finds_nothing(backend: Backend) {
     t.wait_final(&token, &invocation).await;
     let write = t.call(&token, &run, &turn, "write_file", "st-write", json!({"path": "b.txt", "content": "x"})).await;
     let approval = write.body["approval_id"].as_str().unwrap().to_owned();
-    let evidence = t.get(&format!("/v1/runs/{run}/evidence"), &token).await.body["evidence"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let evidence =
+        t.get(&format!("/v1/runs/{run}/evidence"), &token).await.body["evidence"][0]["id"].as_str().unwrap().to_owned();
     let report = tempfile::tempdir().unwrap();
     let config = report.path().join("schemathesis.toml");
     std::fs::write(
         &config,
         format!(
-            "[parameters]\n\"path.run_id\" = \"{run}\"\n\"path.turn_id\" = \"{turn}\"\n\"path.invocation_id\" = \"{invocation}\"\n\"path.approval_id\" = \"{approval}\"\n\"path.evidence_id\" = \"{evidence}\"\n"
+            "[parameters]\n\"path.run_id\" = \"{run}\"\n\"path.turn_id\" = \"{turn}\"\n\"path.invocation_id\" = \"{invocation}\"\n\"path.approval_id\" = \"{approval}\"\n\"path.evidence_id\" = \"{evidence}\"\n\n{COVERAGE_CRASH}"
         ),
     )
     .unwrap();
     let mut cmd = tokio::process::Command::new(st);
-    cmd.arg("--config-file").arg(&config).arg("run")
+    cmd.arg("--config-file")
+        .arg(&config)
+        .arg("run")
         .arg(format!("{}/openapi.json", t.base))
         .args(["-H", &format!("Authorization: Bearer {}", t.admin_token)])
         .args([
