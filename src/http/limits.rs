@@ -169,10 +169,8 @@ impl axum::serve::Listener for LimitedListener {
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         // Wait for a free slot before accepting: a client over the limit waits in the backlog.
-        let permit = match self.slots.clone().acquire_owned().await {
-            Ok(p) => Some(p),
-            Err(_) => None, // never closed; serve unlimited rather than stop
-        };
+        // The semaphore is never closed; were it, connections would be served unlimited.
+        let permit = self.slots.clone().acquire_owned().await.ok();
         let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
         let _ = stream.set_nodelay(true);
         let io = LimitedIo {

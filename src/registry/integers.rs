@@ -59,7 +59,7 @@ fn walk(
         && f.fract() == 0.0
     {
         // f64 values in these ranges are exact integers.
-        if f >= -9_223_372_036_854_775_808.0 && f < 9_223_372_036_854_775_808.0 {
+        if (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&f) {
             *value = Value::Number(Number::from(f as i64));
         } else if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
             *value = Value::Number(Number::from(f as u64));
