@@ -8,8 +8,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::{EventRow, Store, StoreError};
 
-/// Events read from the store per query.
-const BATCH: i64 = 500;
+/// Events read from the store per query. With the channel below, this bounds what one
+/// follower holds: at most `BATCH + QUEUE` event rows (small summaries, never tool results).
+const BATCH: i64 = 100;
+/// Events queued between the follower task and the SSE response.
+const QUEUE: usize = 16;
 /// A follower re-reads the store at least this often even without a wake-up.
 const POLL: Duration = Duration::from_secs(5);
 
@@ -22,7 +25,7 @@ pub fn follow(
     after: i64,
     shutdown: CancellationToken,
 ) -> ReceiverStream<Result<EventRow, StoreError>> {
-    let (tx, rx) = mpsc::channel(64);
+    let (tx, rx) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         // Subscribe before the first read so that nothing committed in between is missed.
         let mut signals = store.bus().subscribe();
