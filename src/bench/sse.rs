@@ -12,7 +12,8 @@
 //!
 //! Side by side, in the same run, the same rounds against a server started with
 //! `MIRA_MALLOC_TRIM=0`, which keeps glibc's freed memory in its arenas instead of handing it
-//! back when connections close: the reference for what the release step does.
+//! back when connections close: the reference for what the release step does; and, with
+//! `--compare BINARY`, against another build (e.g. the commit before these fixes).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -42,6 +43,10 @@ pub struct SseBench {
     /// Database of the server (default: SQLite in the temporary directory).
     #[arg(long)]
     pub database_url: Option<String>,
+    /// Also measure this `mira` binary (e.g. a build of an older commit) as a third column
+    /// set; its streams are opened the same way.
+    #[arg(long)]
+    pub compare: Option<std::path::PathBuf>,
 }
 
 /// What a round's clients hold open.
@@ -72,13 +77,13 @@ struct Child {
 }
 
 impl Child {
-    async fn start(opts: &SseBench, trim: bool) -> anyhow::Result<Self> {
+    async fn start(opts: &SseBench, binary: &std::path::Path, trim: bool) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!("mira-bench-sse-{}", uuid::Uuid::now_v7().simple()));
         let ws = dir.join("ws");
         std::fs::create_dir_all(&ws)?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
-        let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
+        let mut cmd = tokio::process::Command::new(binary);
         cmd.arg("serve")
             .arg("--listen")
             .arg(addr.to_string())
@@ -199,8 +204,13 @@ pub async fn run(opts: SseBench) -> anyhow::Result<()> {
         opts.clients, opts.users, opts.rounds, opts.settle_ms
     );
     let mut results = Vec::new();
-    for trim in [true, false] {
-        let child = Child::start(&opts, trim).await?;
+    let this = std::env::current_exe()?;
+    let mut variants = vec![(this.clone(), true), (this, false)];
+    if let Some(other) = &opts.compare {
+        variants.push((other.clone(), true));
+    }
+    for (binary, trim) in variants {
+        let child = Child::start(&opts, &binary, trim).await?;
         // Warm-up: one client of each kind, so "start" includes what any first request loads.
         for kind in kinds {
             drop(child.open(kind, 0).await?);
@@ -215,39 +225,29 @@ pub async fn run(opts: SseBench) -> anyhow::Result<()> {
         child.stop().await;
         results.push((start, per_kind, end));
     }
-    println!(
-        "{:<22} {:>5} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}",
-        "", "", "release", "", "", "kept", "(MALLOC", "_TRIM=0)"
-    );
-    println!(
-        "{:<22} {:>5} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8}",
-        "kind", "round", "before", "during", "after", "before", "during", "after"
-    );
+    let names = ["this build", "MALLOC_TRIM=0", "--compare"];
+    let mut head = format!("{:<22} {:>5}", "", "");
+    let mut cols = format!("{:<22} {:>5}", "kind", "round");
+    for name in names.iter().take(results.len()) {
+        head.push_str(&format!(" | {name:<26}"));
+        cols.push_str(&format!(" | {:>8} {:>8} {:>8}", "before", "during", "after"));
+    }
+    println!("{head}\n{cols}");
     for (k, kind) in kinds.iter().enumerate() {
         for r in 0..opts.rounds {
-            let a = &results[0].1[k][r];
-            let b = &results[1].1[k][r];
-            println!(
-                "{:<22} {:>5} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1}",
-                kind.name(),
-                r + 1,
-                a.before,
-                a.during,
-                a.after,
-                b.before,
-                b.during,
-                b.after
-            );
+            let mut line = format!("{:<22} {:>5}", kind.name(), r + 1);
+            for result in &results {
+                let x = &result.1[k][r];
+                line.push_str(&format!(" | {:>8.1} {:>8.1} {:>8.1}", x.before, x.during, x.after));
+            }
+            println!("{line}");
         }
     }
-    println!(
-        "server RSS at start (after warm-up) → at the end: release {:.1} → {:.1} MB ({:+.1}); kept {:.1} → {:.1} MB ({:+.1})",
-        results[0].0,
-        results[0].2,
-        results[0].2 - results[0].0,
-        results[1].0,
-        results[1].2,
-        results[1].2 - results[1].0
-    );
+    for (name, (start, _, end)) in names.iter().zip(&results) {
+        println!(
+            "{name}: server RSS at start (after warm-up) {start:.1} MB, at the end {end:.1} MB ({:+.1})",
+            end - start
+        );
+    }
     Ok(())
 }
