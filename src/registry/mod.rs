@@ -7,8 +7,8 @@
 //! later stages ([`crate::surface`], [`crate::availability`], [`crate::exposure`]) decide
 //! that.
 
-pub mod schema;
 pub mod integers;
+pub mod schema;
 mod tool;
 
 pub use schema::{Dialect, SchemaDialect, SchemaProblem};
