@@ -69,6 +69,8 @@ async fn schemathesis_finds_nothing(backend: Backend) {
         .args(["--request-timeout", "20", "--output-truncate", "true"])
         .arg("--report-dir")
         .arg(report.path())
+        // Its cache (`.schemathesis/`) goes into the temporary directory, not the work tree.
+        .current_dir(report.path())
         .env("NO_COLOR", "1")
         .env("SCHEMATHESIS_TELEMETRY", "false")
         .kill_on_drop(true);
