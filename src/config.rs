@@ -64,6 +64,7 @@ pub struct ServeConfig {
     pub terminal: crate::tools::terminal::host::TerminalConfig,
     #[command(flatten)]
     pub sandbox: crate::sandbox::SandboxConfig,
+    #[command(flatten)]
     pub http: crate::http::limits::HttpLimits,
 }
 
