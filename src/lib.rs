@@ -1,7 +1,7 @@
 //! Mira Tool Runtime: the tool control plane between an agent's Planner and every tool that
 //! touches files, processes, networks and external systems.
 //!
-//! The modules follow the chain of `../shared/docs/contract.md`, each stage narrower than
+//! The modules follow the chain of `docs/contract.md`, each stage narrower than
 //! the one before:
 //!
 //! [`registry`] → [`surface`] → [`availability`] → [`exposure`] → [`invocation`] →

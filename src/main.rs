@@ -120,10 +120,16 @@ enum UserCommand {
     },
 }
 
+/// Logs go to stderr: JSON lines with `--log-format json`, else text, coloured only when stderr is a
+/// terminal (a file or a pipe gets plain text without ANSI escape codes).
 fn init_tracing(json: bool) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,tower_http=info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     if json {
         builder.json().init();
     } else {

@@ -1,6 +1,6 @@
 //! `mira bench exposure`: Tool Exposure ranking measured like a retrieval system.
 //!
-//! Input is the common bench format (`../shared/bench/README.md`): a JSON array of tool
+//! Input is the common bench format (`docs/bench-format.md`): a JSON array of tool
 //! definitions `{"id", "name"?, "title"?, "description", "input_schema"?}` (the id is `id`,
 //! else `name`) and JSONL queries `{"query", "gold": [tool id, …]}`.
 //!

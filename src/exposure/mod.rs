@@ -26,7 +26,7 @@ use crate::availability::{self, Availability, AvailabilityContext};
 use crate::registry::{Entry, Registry, ToolKind, ToolSpec};
 use crate::surface;
 
-/// The most tools one turn exposes (`../shared/docs/contract.md` §4).
+/// The most tools one turn exposes (`docs/contract.md`, Tool Exposure).
 pub const MAX_EXPOSED: usize = 20;
 
 /// How a turn's exposure was chosen.

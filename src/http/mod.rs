@@ -1,4 +1,4 @@
-//! HTTP: the API of `../shared/docs/api.md`, one module per resource, each exposing a
+//! HTTP: the API of `docs/api.md`, one module per resource, each exposing a
 //! `router()`; this module merges them, adds the layers (body limit, timeout, tracing) and
 //! assembles the OpenAPI document from the handlers' annotations.
 

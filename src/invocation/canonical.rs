@@ -1,7 +1,7 @@
 //! Canonical JSON (RFC 8785, JSON Canonicalization Scheme) and the input hash.
 //!
 //! `input_hash` = lowercase hex SHA-256 of the JCS form of `{"input": …, "tool_id": …}`
-//! (`../shared/docs/api.md`, Invocations). JCS sorts object keys by UTF-16 code units and
+//! (`docs/api.md`, Invocations). JCS sorts object keys by UTF-16 code units and
 //! serialises numbers the ECMAScript way, so equal JSON values hash equally whatever their
 //! key order or number spelling.
 

@@ -1,7 +1,7 @@
 //! Public Surface: "is it part of today's public agent contract?"
 //!
 //! The core surface is a versioned list of ids in code (the 11 tools of the contract,
-//! `../shared/docs/contract.md` §2). Dynamic capabilities and External MCP projections join
+//! `docs/contract.md`, Public Surface). Dynamic capabilities and External MCP projections join
 //! the surface when they are registered; internal, legacy and skill-private entries never
 //! do. A core id with no implementation yet is simply `not_registered` on the ladder.
 

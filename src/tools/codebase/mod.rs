@@ -10,7 +10,7 @@
 //! - [`resolve`]: imports resolved to workspace files (module dependencies).
 //! - [`query`]: the seven query kinds; [`verify`]: re-reading every location at query time.
 //!
-//! Input (`../shared/docs/api.md`): `kind` (`definitions`, `references`, `callers`,
+//! Input (`docs/api.md`, Tool inputs): `kind` (`definitions`, `references`, `callers`,
 //! `callees`, `dependencies`, `impact`, `overview`) with `symbol`, `path`, `depth`, and the
 //! optional `line`/`column` (a location for `references`), `limit` (results, default 50) and
 //! `max_tokens` (the `overview` budget, default 2048). Output: `results` (verified candidates,
