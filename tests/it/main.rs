@@ -7,6 +7,7 @@ mod common;
 mod approval;
 mod bad_input;
 mod codegraph;
+mod docs;
 mod embedding;
 mod hostile_approvals;
 mod hostile_files;
