@@ -10,6 +10,8 @@ PKGS=("schemathesis==4.32.5")
 {
   command -v python3 >/dev/null || { echo "setup-schemathesis: python3 is required"; exit 1; }
   stamp="$VENV/.installed"
+  # A venv copied or moved from another folder keeps that folder in its scripts: start again.
+  if [ -e "$stamp" ] && ! "$VENV/bin/st" --version >/dev/null 2>&1; then rm -rf "$VENV"; fi
   if [ "$(cat "$stamp" 2>/dev/null)" != "${PKGS[*]}" ]; then
     echo "setup-schemathesis: pip install ${PKGS[*]}"
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

