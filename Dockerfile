@@ -2,7 +2,9 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY crates ./crates
 COPY src ./src
+COPY benches ./benches
 COPY migrations ./migrations
 COPY web ./web
 RUN cargo build --release --locked --bin mira

@@ -43,7 +43,7 @@ pub struct App {
     /// The sandbox of the processes started for users (`/readyz` reports it).
     pub sandbox: Arc<crate::sandbox::Sandbox>,
     /// Open event streams per user (the cap of `--max-streams-per-user`).
-    pub streams: Arc<crate::http::limits::StreamLimiter>,
+    pub streams: Arc<crate::limits::StreamLimiter>,
 }
 
 impl App {

@@ -9,6 +9,7 @@ pub struct ServeConfig {
     /// Address to listen on.
     #[arg(long, env = "MIRA_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
     pub storage: StorageConfig,
     /// Folder registered as the default workspace (default: the current directory).
@@ -56,16 +57,21 @@ pub struct ServeConfig {
     /// Log format: `text` or `json`.
     #[arg(long, env = "MIRA_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
     pub embedding: EmbeddingArgs,
+    #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
     pub search: crate::tools::search::config::SearchConfig,
+    #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
     pub terminal: crate::tools::terminal::host::TerminalConfig,
+    #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
     pub sandbox: crate::sandbox::SandboxConfig,
+    #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
-    pub http: crate::http::limits::HttpLimits,
+    pub http: crate::limits::HttpLimits,
 }
 
 /// The embedding model that ranks exposures beyond 20 tools (none: BM25 only).
@@ -160,7 +166,7 @@ pub struct RuntimeConfig {
     /// The sandbox of terminal sessions and non-admins' stdio MCP servers.
     pub sandbox: crate::sandbox::SandboxConfig,
     /// Connection and stream limits of the HTTP server.
-    pub http: crate::http::limits::HttpLimits,
+    pub http: crate::limits::HttpLimits,
 }
 
 impl Default for RuntimeConfig {
@@ -179,7 +185,7 @@ impl Default for RuntimeConfig {
             allow_hard_link_reads: false,
             four_eyes_domains: Vec::new(),
             sandbox: crate::sandbox::SandboxConfig::default(),
-            http: crate::http::limits::HttpLimits::default(),
+            http: crate::limits::HttpLimits::default(),
         }
     }
 }

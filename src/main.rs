@@ -1,5 +1,7 @@
 //! `mira`: serve the runtime, migrate its store, create users.
 
+mod bench;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -43,20 +45,20 @@ enum Command {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Frozen invocations per second (concurrent `read_open` calls).
-    Invocations(mira::bench::invocations::InvocationBench),
+    Invocations(bench::invocations::InvocationBench),
     /// External MCP: install → first call, call overhead vs direct rmcp, memory per server.
-    Mcp(mira::bench::mcp::McpBench),
+    Mcp(bench::mcp::McpBench),
     /// Code graph: index time and memory, incremental update, query latency, quality.
-    Codegraph(mira::bench::codegraph::CodegraphBench),
+    Codegraph(bench::codegraph::CodegraphBench),
     /// Tool Exposure ranking: Recall@5/@20, MRR and latency per ranker, then the exposure
     /// latency series at 21, 100, 1,000 and 10,000 registered tools.
     Exposure(Box<ExposureArgs>),
     /// News Hub: collection throughput (items/s stored) and search latency (p50/p99).
-    News(mira::bench::news::NewsBench),
+    News(bench::news::NewsBench),
     /// Terminal: PTY → SSE throughput vs a bare PTY and a pipe, echo latency, server RSS.
-    Terminal(mira::bench::terminal::TerminalBench),
+    Terminal(bench::terminal::TerminalBench),
     /// Server RSS before, during and after many SSE clients / idle connections come and go.
-    Sse(mira::bench::sse::SseBench),
+    Sse(bench::sse::SseBench),
 }
 
 /// Arguments of `mira bench exposure`.
@@ -239,8 +241,8 @@ async fn run() -> ExitCode {
             }
             .await
         }
-        Command::Bench { command: BenchCommand::Invocations(opts) } => mira::bench::invocations::run(opts).await,
-        Command::Bench { command: BenchCommand::Mcp(opts) } => mira::bench::mcp::run(opts).await,
+        Command::Bench { command: BenchCommand::Invocations(opts) } => bench::invocations::run(opts).await,
+        Command::Bench { command: BenchCommand::Mcp(opts) } => bench::mcp::run(opts).await,
         Command::Bench { command: BenchCommand::Exposure(args) } => {
             let ExposureArgs { tools, queries, sample, seed, ranker, fusion, series, series_turns, dump, embedding } =
                 *args;
@@ -257,7 +259,7 @@ async fn run() -> ExitCode {
                     .map(|f| Fusion::parse(f))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(anyhow::Error::msg)?;
-                mira::bench::exposure::run_exposure(mira::bench::exposure::ExposureBench {
+                bench::exposure::run_exposure(bench::exposure::ExposureBench {
                     tools,
                     queries,
                     sample,
@@ -273,10 +275,10 @@ async fn run() -> ExitCode {
             }
             .await
         }
-        Command::Bench { command: BenchCommand::Codegraph(opts) } => mira::bench::codegraph::run(opts).await,
-        Command::Bench { command: BenchCommand::News(opts) } => mira::bench::news::run(opts).await,
-        Command::Bench { command: BenchCommand::Terminal(opts) } => mira::bench::terminal::run(opts).await,
-        Command::Bench { command: BenchCommand::Sse(opts) } => mira::bench::sse::run(opts).await,
+        Command::Bench { command: BenchCommand::Codegraph(opts) } => bench::codegraph::run(opts).await,
+        Command::Bench { command: BenchCommand::News(opts) } => bench::news::run(opts).await,
+        Command::Bench { command: BenchCommand::Terminal(opts) } => bench::terminal::run(opts).await,
+        Command::Bench { command: BenchCommand::Sse(opts) } => bench::sse::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

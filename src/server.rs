@@ -84,7 +84,8 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         store: store.clone(),
         data_dir: settings.data_dir.clone(),
         shutdown: shutdown.clone(),
-        config: config.clone(),
+        search: config.search.clone(),
+        terminal: config.terminal.clone(),
         node_id,
         sandbox: sandbox.clone(),
     };
@@ -143,7 +144,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         search: core.search,
         terminal: core.terminal,
         sandbox,
-        streams: crate::http::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
+        streams: crate::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
     })
 }
 
@@ -282,7 +283,7 @@ impl Server {
         let router = crate::http::router(app.clone(), settings.body_limit, settings.request_timeout);
         let limits = &settings.runtime.http;
         let idle = Duration::from_secs(limits.idle_timeout_secs.max(1));
-        let listener = crate::http::limits::LimitedListener::new(listener, limits.max_connections, idle);
+        let listener = crate::limits::LimitedListener::new(listener, limits.max_connections, idle);
         let shutdown = app.shutdown.clone();
         let http = tokio::spawn(async move {
             // `into_make_service`: each connection shares the router (an `Arc`); serving the

@@ -20,9 +20,9 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::tools::codebase::index::{CodeGraphs, IndexConfig, Phase, WorkspaceIndex};
-use crate::tools::codebase::resolve::ModuleGraph;
-use crate::workspace::Workspace;
+use mira::tools::codebase::index::{CodeGraphs, IndexConfig, Phase, WorkspaceIndex};
+use mira::tools::codebase::resolve::ModuleGraph;
+use mira::workspace::Workspace;
 
 /// Options of the benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -292,7 +292,7 @@ fn query_latencies(ix: &WorkspaceIndex, root: &Path, per_kind: usize) -> anyhow:
     let mut results: std::collections::BTreeMap<&str, (usize, usize, usize)> = Default::default();
     for (kind, input) in &inputs {
         let t = Instant::now();
-        let out = crate::tools::codebase::run(ix, &ws, &modules, input).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let out = mira::tools::codebase::run(ix, &ws, &modules, input).map_err(|e| anyhow::anyhow!("{e}"))?;
         by_kind.entry(kind).or_default().push(t.elapsed());
         let r = results.entry(kind).or_default();
         r.0 += out.output["results"].as_array().map_or(0, Vec::len);
@@ -320,50 +320,11 @@ fn round(ms: f64) -> f64 {
     (ms * 1000.0).round() / 1000.0
 }
 
-/// Writes a generated workspace of `n` files: packages of 100 files each, Rust, Python,
-/// TypeScript and Go in turn, each file with a few definitions calling a neighbour.
-pub fn generate_workspace(root: &Path, n: usize) -> anyhow::Result<()> {
-    for i in 0..n {
-        let pkg = format!("pkg{:04}", i / 100);
-        let dir = root.join(&pkg);
-        if i % 100 == 0 {
-            std::fs::create_dir_all(&dir)?;
-        }
-        let j = (i + 1) % n.max(1);
-        let (name, body) = match i % 4 {
-            0 => (
-                format!("m{i}.rs"),
-                format!(
-                    "pub struct S{i};\nimpl S{i} {{\n    pub fn run(&self) -> u64 {{ f{j}() }}\n}}\npub fn f{i}() -> u64 {{ {i} }}\n"
-                ),
-            ),
-            1 => (
-                format!("m{i}.py"),
-                format!("class C{i}:\n    def run(self):\n        return f{j}()\n\ndef f{i}():\n    return {i}\n"),
-            ),
-            2 => (
-                format!("m{i}.ts"),
-                format!(
-                    "export class C{i} {{ run(): number {{ return f{j}(); }} }}\nexport function f{i}(): number {{ return {i}; }}\n"
-                ),
-            ),
-            _ => (
-                format!("m{i}.go"),
-                format!(
-                    "package {pkg}\n\ntype T{i} struct{{}}\n\nfunc (t *T{i}) Run() int {{ return F{j}() }}\n\nfunc F{i}() int {{ return {i} }}\n"
-                ),
-            ),
-        };
-        std::fs::write(dir.join(name), body)?;
-    }
-    Ok(())
-}
-
 fn synthetic(n: usize, dir: &Path) -> anyhow::Result<()> {
     let root = dir.join("ws");
     std::fs::create_dir_all(&root)?;
     let t = Instant::now();
-    generate_workspace(&root, n)?;
+    mira::tools::codebase::synthetic::generate_workspace(&root, n)?;
     let generate_ms = t.elapsed().as_millis() as u64;
     let root = std::fs::canonicalize(&root)?;
     let base = rss_kib();
@@ -456,7 +417,7 @@ pub fn quality(path: &Path, dir: &Path) -> anyhow::Result<Value> {
                 input[k] = v.clone();
             }
         }
-        let out = crate::tools::codebase::run(ix, ws, modules, &input).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let out = mira::tools::codebase::run(ix, ws, modules, &input).map_err(|e| anyhow::anyhow!("{e}"))?;
         let got: std::collections::BTreeSet<String> = returned(kind, &out.output);
         let expected: std::collections::BTreeSet<String> =
             case["expected"].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect();

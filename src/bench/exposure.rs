@@ -5,7 +5,7 @@
 //! else `name`) and JSONL queries `{"query", "gold": [tool id, …]}`.
 //!
 //! Part 1, quality: every tool is registered and embedded, then for each (sampled) query
-//! each ranker ranks all tools through [`crate::exposure::Ranker::rank`] (query embedding
+//! each ranker ranks all tools through [`mira::exposure::Ranker::rank`] (query embedding
 //! included) and the bench records Recall@5 and Recall@20 (the share of the query's gold
 //! tools in the top 5/20, averaged over queries), Complete@20 (all gold tools in the top
 //! 20), MRR (reciprocal rank of the first gold tool) and the latency of the ranking call.
@@ -32,12 +32,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::availability::{AvailabilityContext, DeviceInfo};
-use crate::embedding::{EmbeddingConfig, Embeddings, State};
-use crate::exposure::hybrid::{Fusion, IndexRanker, Mode};
-use crate::exposure::index::ToolIndex;
-use crate::exposure::{self, MAX_EXPOSED, Ranker, Strategy};
-use crate::registry::{ErrorClass, ExecContext, Registry, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use mira::availability::{AvailabilityContext, DeviceInfo};
+use mira::embedding::{EmbeddingConfig, Embeddings, State};
+use mira::exposure::hybrid::{Fusion, IndexRanker, Mode};
+use mira::exposure::index::ToolIndex;
+use mira::exposure::{self, MAX_EXPOSED, Ranker, Strategy};
+use mira::registry::{ErrorClass, ExecContext, Registry, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 
 /// Options of `mira bench exposure`.
 #[derive(Debug, Clone)]
@@ -137,7 +137,7 @@ pub fn read_tools(path: &Path) -> anyhow::Result<Vec<ToolSpec>> {
 }
 
 /// The registered tools whose input schema compiles in no JSON Schema dialect, with the
-/// problem ([`crate::registry::schema`]).
+/// problem ([`mira::registry::schema`]).
 pub fn unusable_schemas(registry: &Registry) -> Vec<(String, String)> {
     registry.all().iter().filter_map(|e| e.schema().err().map(|p| (e.spec().id.clone(), p.to_string()))).collect()
 }
@@ -342,7 +342,7 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
     if !unusable.is_empty() {
         println!("schema_unusable: {} tools left out (unavailable, as in exposure):", unusable.len());
         for (id, problem) in &unusable {
-            println!("  {id}: {}", crate::evidence::excerpt(problem, 300));
+            println!("  {id}: {}", mira::evidence::excerpt(problem, 300));
         }
     }
     let candidate_specs: Vec<&ToolSpec> = entries.iter().map(|e| e.spec()).collect();
@@ -401,7 +401,7 @@ fn dump_scores(
     specs: &[&ToolSpec],
     queries: &[&BenchQuery],
 ) -> anyhow::Result<()> {
-    use crate::exposure::hybrid::{QueryEmbedder, dot};
+    use mira::exposure::hybrid::{QueryEmbedder, dot};
     use std::io::Write;
     let mut out =
         std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?);
@@ -419,10 +419,10 @@ fn dump_scores(
         }
         Ok(out)
     };
-    let names = field(specs.iter().map(|s| crate::exposure::tool_fields(s).0).collect())?;
-    let descs = field(specs.iter().map(|s| crate::exposure::tool_text(s)).collect())?;
+    let names = field(specs.iter().map(|s| mira::exposure::tool_fields(s).0).collect())?;
+    let descs = field(specs.iter().map(|s| mira::exposure::tool_text(s)).collect())?;
     for q in queries {
-        let lexical = crate::exposure::lexical::bm25(&index.vocabulary().query(&q.query), &docs);
+        let lexical = mira::exposure::lexical::bm25(&index.vocabulary().query(&q.query), &docs);
         let qv = embeddings.embed_query(&q.query).map_err(anyhow::Error::msg)?;
         let dense: Vec<f32> = resolved.iter().map(|r| r.vector.as_ref().map_or(f32::NAN, |v| dot(&qv, v))).collect();
         let gold: Vec<usize> = q.gold.iter().filter_map(|g| pos.get(g.as_str()).copied()).collect();
@@ -464,11 +464,11 @@ async fn series_row(
 ) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir().context("temporary directory")?;
     let url = format!("sqlite://{}?mode=rwc", tmp.path().join("bench.db").display());
-    let store = crate::server::open_store(tmp.path(), &url).await?;
+    let store = mira::server::open_store(tmp.path(), &url).await?;
     let registry = Arc::new(Registry::new());
     let index = Arc::new(ToolIndex::new());
     let shutdown = CancellationToken::new();
-    let indexer = crate::embedding::worker::spawn(
+    let indexer = mira::embedding::worker::spawn(
         embeddings.clone(),
         index.clone(),
         registry.clone(),
@@ -481,7 +481,7 @@ async fn series_row(
         is_admin: false,
         device: DeviceInfo::local(),
         workspace_root: None,
-        workspace_state: crate::availability::Availability::Available,
+        workspace_state: mira::availability::Availability::Available,
     };
     let turn = |i: usize| -> (f64, Strategy) {
         let q = &queries[i % queries.len()].query;

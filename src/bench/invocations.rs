@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::json;
 
-use crate::config::RuntimeConfig;
-use crate::server::{Server, Settings};
+use mira::config::RuntimeConfig;
+use mira::server::{Server, Settings};
 
 /// Options of the benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -57,7 +57,7 @@ pub async fn run(opts: InvocationBench) -> anyhow::Result<()> {
     let server = Server::start(settings).await?;
     let token = std::fs::read_to_string(tmp.join("admin.token"))?.trim().to_owned();
     let base = format!("http://{}", server.addr);
-    let client = crate::net::client_builder().pool_max_idle_per_host(opts.clients).build()?;
+    let client = mira::net::client_builder().pool_max_idle_per_host(opts.clients).build()?;
     let api = Arc::new(Api { client: client.clone(), base: base.clone(), token: token.clone() });
     let run = api.post("/v1/runs", &json!({"title": "bench"})).await?;
     let run_id = run["id"].as_str().context("run id")?.to_owned();

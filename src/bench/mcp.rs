@@ -4,7 +4,7 @@
 //! 1. Time from `POST /v1/mcp/servers` to the first completed call through the whole chain
 //!    (connect, discover, agent access, turn, freeze, grant, execute).
 //! 2. Call overhead: `calls` sequential `tools/call` through the runtime's MCP client
-//!    ([`crate::mcp::McpManager::call`]: stdout guard, raw request, result shaping, evidence)
+//!    ([`mira::mcp::McpManager::call`]: stdout guard, raw request, result shaping, evidence)
 //!    versus the same server called directly with rmcp's `TokioChildProcess` client —
 //!    p50/p99 of each and their ratio; plus p50/p99 of the full HTTP chain (freeze → grant →
 //!    completed) over `chain_calls` calls.
@@ -65,7 +65,7 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
         )
         .await?;
     let id = installed["id"].as_str().context("server id")?.to_owned();
-    let tool_id = crate::mcp::projection_id(&id, &opts.tool);
+    let tool_id = mira::mcp::projection_id(&id, &opts.tool);
     let run = api.send(reqwest::Method::POST, "/v1/runs", Some(json!({}))).await?;
     let run_id = run["id"].as_str().context("run id")?.to_owned();
     while !server.app.mcp.is_projected(&id, &opts.tool)
@@ -79,16 +79,16 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
     anyhow::ensure!(first["status"] == "completed", "first call: {first}");
 
     // 2a. Through the runtime's MCP client.
-    let ws = crate::workspace::Workspace::open(&bench.dir.join("ws")).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let ws = mira::workspace::Workspace::open(&bench.dir.join("ws")).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let mut runtime = Vec::with_capacity(opts.calls);
     for i in 0..opts.calls {
-        let ctx = crate::registry::ExecContext {
+        let ctx = mira::registry::ExecContext {
             workspace: ws.clone(),
             owner_id: String::new(),
             run_id: run_id.clone(),
             invocation_id: format!("bench-{i}"),
             cancel: tokio_util::sync::CancellationToken::new(),
-            commit: crate::harness::CommitGate::new(),
+            commit: mira::harness::CommitGate::new(),
         };
         let t = Instant::now();
         server.app.mcp.call(&id, &opts.tool, &input, &ctx).await.map_err(|e| anyhow::anyhow!("{e}"))?;

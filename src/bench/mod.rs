@@ -17,7 +17,7 @@ use serde_json::Value;
 /// admin's client, and the directory (removed by [`BenchServer::stop`]).
 pub struct BenchServer {
     /// The running server.
-    pub server: crate::server::Server,
+    pub server: mira::server::Server,
     /// A client with the admin token.
     pub api: Api,
     /// The temporary directory (the data dir is `data/` inside it, the workspace `ws/`).
@@ -27,19 +27,19 @@ pub struct BenchServer {
 impl BenchServer {
     /// Starts a server with default settings on SQLite under a new temporary directory.
     pub async fn start(name: &str) -> anyhow::Result<Self> {
-        Self::start_with(name, crate::config::RuntimeConfig::default()).await
+        Self::start_with(name, mira::config::RuntimeConfig::default()).await
     }
 
     /// Starts a server with `runtime` settings on SQLite under a new temporary directory
     /// (data in `data/`, the workspace in `ws/`: a workspace is never inside the data dir,
     /// which sandboxed sessions cannot see).
-    pub async fn start_with(name: &str, runtime: crate::config::RuntimeConfig) -> anyhow::Result<Self> {
+    pub async fn start_with(name: &str, runtime: mira::config::RuntimeConfig) -> anyhow::Result<Self> {
         let root = std::env::temp_dir().join(format!("mira-bench-{name}-{}", uuid::Uuid::now_v7().simple()));
         let dir = root.join("data");
         let workspace = root.join("ws");
         std::fs::create_dir_all(&workspace)?;
         std::fs::create_dir_all(&dir)?;
-        let settings = crate::server::Settings {
+        let settings = mira::server::Settings {
             listen: "127.0.0.1:0".parse()?,
             data_dir: dir.clone(),
             database_url: format!("sqlite://{}?mode=rwc", dir.join("mira.db").display()),
@@ -48,7 +48,7 @@ impl BenchServer {
             body_limit: 1024 * 1024,
             request_timeout: Duration::from_secs(60),
         };
-        let server = crate::server::Server::start(settings).await?;
+        let server = mira::server::Server::start(settings).await?;
         let token = std::fs::read_to_string(dir.join("admin.token"))?.trim().to_owned();
         let api = Api::new(server.addr, token)?;
         Ok(Self { server, api, dir: root })
@@ -74,7 +74,7 @@ pub struct Api {
 impl Api {
     /// A client for `addr` with `token`.
     pub fn new(addr: std::net::SocketAddr, token: String) -> anyhow::Result<Self> {
-        Ok(Self { client: crate::net::client_builder().build()?, base: format!("http://{addr}"), token })
+        Ok(Self { client: mira::net::client_builder().build()?, base: format!("http://{addr}"), token })
     }
 
     /// Sends a request; a non-2xx answer is an error naming the path, status and body.

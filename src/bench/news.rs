@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::json;
 
-use crate::store::{NewsQuery, NewsSort, NewsSourceRow};
-use crate::tools::search::config::SearchConfig;
-use crate::tools::search::news::collector::Collector;
-use crate::tools::search::news::query;
+use mira::store::{NewsQuery, NewsSort, NewsSourceRow};
+use mira::tools::search::config::SearchConfig;
+use mira::tools::search::news::collector::Collector;
+use mira::tools::search::news::query;
 
 /// Options of `mira bench news`.
 #[derive(Debug, Clone, clap::Args)]
@@ -152,7 +152,7 @@ pub async fn run(args: NewsBench) -> anyhow::Result<()> {
     let result = bench(&args, &url, &tmp).await;
     match pg_db {
         Some((server, name)) if args.keep_db => {
-            eprintln!("kept database {name} on {}", crate::store::redact_url(&server));
+            eprintln!("kept database {name} on {}", mira::store::redact_url(&server));
         }
         Some((server, name)) => {
             let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&server).await?;
@@ -169,8 +169,8 @@ pub async fn run(args: NewsBench) -> anyhow::Result<()> {
 }
 
 async fn bench(args: &NewsBench, url: &str, tmp: &std::path::Path) -> anyhow::Result<serde_json::Value> {
-    let store = crate::server::open_store(tmp, url).await?;
-    let user = store.create_user("bench", false, &crate::auth::hash_token("bench")).await?;
+    let store = mira::server::open_store(tmp, url).await?;
+    let user = store.create_user("bench", false, &mira::auth::hash_token("bench")).await?;
     let feeds = args.feeds.max(1);
     let per_feed = args.items.div_ceil(feeds);
 
@@ -285,7 +285,7 @@ mod tests {
         let set: std::collections::HashSet<String> = (0..VOCABULARY).map(word).collect();
         assert_eq!(set.len(), VOCABULARY);
         let doc = feed_document(3, 5);
-        let parsed = crate::tools::search::news::feed::parse(doc.as_bytes(), None, "http://x.example/", 100).unwrap();
+        let parsed = mira::tools::search::news::feed::parse(doc.as_bytes(), None, "http://x.example/", 100).unwrap();
         assert_eq!(parsed.items.len(), 5);
         assert!(!parsed.items[0].content.is_empty());
     }

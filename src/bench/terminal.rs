@@ -332,8 +332,8 @@ fn slab_kib() -> u64 {
 
 /// Section 3 of the module docs.
 async fn start_latency(starts: usize) -> anyhow::Result<()> {
-    use crate::sandbox::{NetworkMode, SandboxConfig, SandboxMode, SpecRequest};
-    use crate::tools::terminal::host::StartSpec;
+    use mira::sandbox::{NetworkMode, SandboxConfig, SandboxMode, SpecRequest};
+    use mira::tools::terminal::host::StartSpec;
     let configs = [
         ("no sandbox (--sandbox off)", SandboxConfig { mode: SandboxMode::Off, ..SandboxConfig::default() }),
         ("sandbox, network open", SandboxConfig { network: NetworkMode::Open, ..SandboxConfig::default() }),
@@ -345,10 +345,10 @@ async fn start_latency(starts: usize) -> anyhow::Result<()> {
     let program =
         ["/bin/true", "/usr/bin/true"].into_iter().find(|p| std::path::Path::new(p).exists()).context("no true")?;
     for (label, sandbox) in configs {
-        let runtime = crate::config::RuntimeConfig {
+        let runtime = mira::config::RuntimeConfig {
             sandbox,
-            terminal: crate::tools::terminal::host::TerminalConfig { max_sessions_per_user: 64, ..Default::default() },
-            ..crate::config::RuntimeConfig::default()
+            terminal: mira::tools::terminal::host::TerminalConfig { max_sessions_per_user: 64, ..Default::default() },
+            ..mira::config::RuntimeConfig::default()
         };
         let bench = BenchServer::start_with("terminal-start", runtime).await?;
         let app = &bench.server.app;

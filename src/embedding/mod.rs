@@ -11,7 +11,7 @@
 //! - `failed` (+ error): ONNX Runtime or the model refused to load or run (a wrong ONNX
 //!   file…). Ranking stays lexical.
 
-pub mod model;
+pub use mira_embed as model;
 pub mod worker;
 
 use std::path::PathBuf;

@@ -7,8 +7,6 @@
 //! reordered signal can delay an event on a stream, never lose or duplicate it. The same
 //! shape serves several replicas later (Postgres LISTEN/NOTIFY would feed the bus).
 
-pub mod stream;
-
 use serde::Serialize;
 use tokio::sync::broadcast;
 
@@ -105,7 +103,7 @@ pub struct EventBus {
 
 impl EventBus {
     /// A bus holding up to 4,096 undelivered signals per subscriber; a subscriber that lags
-    /// further re-reads the store (see [`stream`]).
+    /// further re-reads the store (see [`crate::store::follow`]).
     pub fn new() -> Self {
         let (tx, _) = broadcast::channel(4096);
         Self { tx }

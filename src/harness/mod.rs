@@ -16,7 +16,7 @@
 //! late request noted in the result and the evidence. A status never contradicts a side
 //! effect.
 
-pub mod commit;
+pub use mira_core::commit;
 pub mod executor;
 
 pub use commit::{CommitGate, GateState, SideEffects, StopOutcome, StopReason};

@@ -20,7 +20,7 @@ use super::error::{Path, Query};
 use super::runs::owned_run;
 use crate::app::App;
 use crate::error::{Error, Result};
-use crate::events::stream::follow;
+use crate::store::follow::follow;
 
 /// Query of the event stream.
 #[derive(Deserialize, utoipa::IntoParams)]

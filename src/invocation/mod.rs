@@ -6,7 +6,7 @@
 //! cwd), hashes the canonical document, asks the policy whether approval is needed and
 //! stores the result — all before anything executes.
 
-pub mod canonical;
+pub use mira_core::canonical;
 
 use serde_json::{Value, json};
 

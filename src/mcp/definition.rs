@@ -5,7 +5,7 @@
 //! fingerprint is the SHA-256 (hex) of its RFC 8785 canonical JSON
 //! `{"annotations", "description", "input_schema", "name", "output_schema", "title"}`
 //! (absent members are `null`). Every MCP call freezes the fingerprint of the definition it
-//! was made against into its canonical input ([`crate::tools::mcp`]); a call whose
+//! was made against into its canonical input ([`crate::mcp::tool`]); a call whose
 //! fingerprint is not the current, accepted definition's is refused at grant and at
 //! execution with `stale_definition`.
 //!

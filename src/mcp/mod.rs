@@ -7,7 +7,7 @@
 //! rejected with its reason, the rest still work), **Agent Access** (`mcp_agent_access`,
 //! per tool with a per-server default, surviving re-discovery), **Tool Exposure** (each
 //! accessible tool is projected into the registry as `mcp:<serverId>:tool:<toolName>` by
-//! [`crate::tools::mcp`]), **Approval** (every call, whatever the annotations say:
+//! [`tool`]), **Approval** (every call, whatever the annotations say:
 //! [`crate::approval::policy`]). "Enabled" and "disclaimer accepted" sit along the way.
 //!
 //! [`McpManager`] owns one supervisor task per server ([`connection`]): it connects with a
@@ -27,6 +27,7 @@ pub mod definition;
 pub mod discovery;
 pub mod stages;
 pub mod stdio;
+pub mod tool;
 pub mod watched_http;
 
 use std::collections::{BTreeMap, HashMap};
@@ -566,11 +567,11 @@ impl McpManager {
     pub fn sync_projections(&self, slot: &Arc<ServerSlot>) {
         let removed = !self.servers.read().contains_key(&slot.id);
         let state = slot.state.read().clone();
-        let mut want: BTreeMap<String, crate::tools::mcp::McpTool> = BTreeMap::new();
+        let mut want: BTreeMap<String, tool::McpTool> = BTreeMap::new();
         if !removed && state.row.enabled != 0 && !state.disclaimer_pending() {
             for t in state.tools.iter().filter(|t| t.status == "ok") {
                 if state.access_of(&t.name).0 {
-                    match crate::tools::mcp::McpTool::new(&state, t, self.me.clone()) {
+                    match tool::McpTool::new(&state, t, self.me.clone()) {
                         Ok(tool) => {
                             want.insert(t.name.clone(), tool);
                         }

@@ -9,10 +9,11 @@
 
 pub mod integers;
 pub mod schema;
-mod tool;
 
+pub use mira_core::tool::{
+    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
+};
 pub use schema::{Dialect, SchemaDialect, SchemaProblem};
-pub use tool::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};

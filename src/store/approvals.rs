@@ -14,9 +14,41 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{Store, StoreResult};
-use crate::approval::policy::ApprovalRule;
 use crate::events::EventKind;
 use crate::ids;
+
+/// Who may grant an approval: the rule that applied when the call was frozen. It is stored
+/// with the approval and never recomputed, so a later change of the deployment's
+/// `--four-eyes-domains` does not change what an existing approval demands (neither loosening
+/// it for a pending call nor stranding approvals asked under the old setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalRule {
+    /// The user who froze the call decides (the default).
+    SelfApproval,
+    /// A different user decides: an admin or a user with the approver role. The requester may
+    /// still deny (withdraw) the call, never grant it.
+    FourEyes,
+}
+
+impl ApprovalRule {
+    /// The stored text (`self_approval`, `four_eyes`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SelfApproval => "self_approval",
+            Self::FourEyes => "four_eyes",
+        }
+    }
+
+    /// Parses the stored text; None for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "self_approval" => Some(Self::SelfApproval),
+            "four_eyes" => Some(Self::FourEyes),
+            _ => None,
+        }
+    }
+}
 
 /// An approval joined with the frozen invocation it is about.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]

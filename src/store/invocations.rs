@@ -4,9 +4,9 @@
 use serde::Serialize;
 use serde_json::json;
 
+use super::ApprovalRule;
 use super::evidence::EvidenceDraft;
 use super::{Backend, Store, StoreError, StoreResult, WriteTx};
-use crate::approval::policy::ApprovalRule;
 use crate::events::EventKind;
 use crate::ids;
 

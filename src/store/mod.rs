@@ -14,6 +14,7 @@ mod approvals;
 mod embeddings;
 mod events;
 mod evidence;
+pub mod follow;
 mod invocations;
 mod mcp;
 mod runs;
@@ -21,7 +22,7 @@ mod search;
 mod terminal;
 mod users;
 
-pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, Viewer};
+pub use approvals::{ApprovalRow, ApprovalRule, DecideOutcome, Decider, GrantRequest, Viewer};
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{

@@ -1,9 +1,9 @@
-//! Tool implementations, one folder per domain (Read, Edit, Codebase, Search, Terminal, MCP). [`register_core`] puts every
-//! core tool of this build into a registry.
+//! Tool implementations, one folder per domain (Read, Edit, Codebase, Search, Terminal; the
+//! External MCP projections are [`crate::mcp::tool`]). [`register_core`] puts every core tool
+//! of this build into a registry.
 
 pub mod codebase;
 pub mod edit;
-pub mod mcp;
 pub mod read;
 pub mod search;
 pub mod terminal;
@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RuntimeConfig;
 use crate::registry::{Registry, RegistryError};
 use crate::store::Store;
 
@@ -27,8 +26,10 @@ pub struct ToolDeps {
     pub data_dir: PathBuf,
     /// Cancelled when the server stops; background work of tools must end with it.
     pub shutdown: CancellationToken,
-    /// The server's settings (tools read their own section, e.g. `search`).
-    pub config: Arc<RuntimeConfig>,
+    /// The Search tools' settings (`--search-*`).
+    pub search: search::config::SearchConfig,
+    /// The terminal's settings (`--terminal-*`).
+    pub terminal: terminal::host::TerminalConfig,
     /// This data directory's stable node id (who holds which PTYs).
     pub node_id: String,
     /// The sandbox of the processes tools start for users.
@@ -75,7 +76,7 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
     let terminal = terminal::host::TerminalHost::new(
         deps.store.clone(),
         deps.node_id.clone(),
-        deps.config.terminal.clone(),
+        deps.terminal.clone(),
         deps.sandbox.clone(),
         deps.shutdown.clone(),
     );

@@ -387,7 +387,7 @@ fn many_files_report_progress_stay_bounded_and_cancel() {
     std::fs::create_dir_all(&root).unwrap();
     // The 200,000-file workspace, scaled down (the benchmark runs it at full size).
     let n = 4000;
-    mira::bench::codegraph::generate_workspace(&root, n).unwrap();
+    mira::tools::codebase::synthetic::generate_workspace(&root, n).unwrap();
     let root = std::fs::canonicalize(&root).unwrap();
     let graphs = CodeGraphs::new(tmp.path().join("data"), CancellationToken::new(), config(false));
     let ix = graphs.ensure(&root).unwrap();

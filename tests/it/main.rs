@@ -16,6 +16,7 @@ mod http_limits;
 mod logs;
 mod mcp;
 mod mcp_real;
+mod modules;
 mod news;
 mod openapi;
 mod read_tools;

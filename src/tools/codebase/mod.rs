@@ -1,14 +1,8 @@
 //! `codebase_explore`: architecture, relations and impact from a code graph, with every
 //! candidate checked against the current workspace text before it is returned.
 //!
-//! - [`lang`]: tree-sitter parsing of Rust, Python, JavaScript, TypeScript/TSX and Go into
-//!   definitions, references, calls and imports.
-//! - [`graph`]: the in-memory graph of one workspace and its inverted indexes.
-//! - [`index`]: building it (walk, filters, parallel parse, progress, cancellation), the
-//!   watcher that keeps it current, and availability (`index_building` / `index_failed`).
-//! - [`persist`]: the per-workspace index file keyed by content hash.
-//! - [`resolve`]: imports resolved to workspace files (module dependencies).
-//! - [`query`]: the seven query kinds; [`verify`]: re-reading every location at query time.
+//! The code graph itself (parsing, index, watcher, queries, verification) is the
+//! `mira-codegraph` crate, whose modules are re-exported here.
 //!
 //! Input (`docs/api.md`, Tool inputs): `kind` (`definitions`, `references`, `callers`,
 //! `callees`, `dependencies`, `impact`, `overview`) with `symbol`, `path`, `depth`, and the
@@ -18,13 +12,7 @@
 //! `stale` (candidates whose text is no longer there), `suggestions` when a symbol is unknown
 //! (an empty result, not an error), and `index` (coverage: files, skips, syntax errors).
 
-pub mod graph;
-pub mod index;
-pub mod lang;
-pub mod persist;
-pub mod query;
-pub mod resolve;
-pub mod verify;
+pub use mira_codegraph::{graph, index, lang, persist, query, resolve, synthetic, verify};
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -385,7 +385,7 @@ pub fn register(
     registry: &crate::registry::Registry,
     deps: &super::ToolDeps,
 ) -> Result<Arc<SearchHub>, crate::registry::RegistryError> {
-    let hub = SearchHub::new(deps.store.clone(), &deps.data_dir, deps.config.search.clone());
+    let hub = SearchHub::new(deps.store.clone(), &deps.data_dir, deps.search.clone());
     registry.register(Arc::new(web::WebSearch::new(hub.clone())))?;
     registry.register(Arc::new(news::tool::NewsSearch::new(hub.clone())))?;
     hub.start(deps.shutdown.clone());

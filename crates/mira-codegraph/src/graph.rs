@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::lang::{Def, DefKind, Import, Lang, NONE, Parsed, Ref};
+use crate::lang::{Def, DefKind, Import, Lang, NONE, Parsed, Ref};
 
 /// A definition's address: (file id, index into that file's `defs`).
 pub type DefId = (u32, u32);
@@ -353,7 +353,7 @@ impl Graph {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::codebase::lang::FileParser;
+    use crate::lang::FileParser;
 
     #[test]
     fn upsert_and_remove_keep_indexes_consistent() {

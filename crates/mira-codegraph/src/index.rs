@@ -4,12 +4,12 @@
 //! first question about a root (an availability check, normally when a turn of a run in that
 //! workspace is exposed) starts its build on a background thread:
 //!
-//! 1. load the index file of the root, if any ([`super::persist`]);
+//! 1. load the index file of the root, if any ([`crate::persist`]);
 //! 2. walk the root with the `ignore` walker (`.gitignore`, `.ignore` and hidden files
 //!    respected; symlinks never followed, so symlink loops cannot trap the walk), skipping
 //!    vendored folders ([`VENDORED_DIRS`]), generated file names, unsupported extensions and
 //!    files over [`IndexConfig::max_file_bytes`]; at most [`IndexConfig::max_files`] files;
-//! 3. read each file through the workspace boundary ([`crate::workspace::Workspace::open_regular`]),
+//! 3. read each file through the workspace boundary ([`mira_core::workspace::Workspace::open_regular`]),
 //!    skip binary (a NUL byte in the first 8 KiB), generated (a marker in the first 1 KiB) and
 //!    minified files (a line over 5,000 bytes, or a mean line over 300 bytes), hash it, and
 //!    parse it only if the index file did not already have that path with that SHA-256 — on
@@ -39,11 +39,11 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::graph::Graph;
-use super::lang::{FileParser, Lang};
-use super::persist;
-use crate::availability::Availability;
-use crate::workspace::Workspace;
+use crate::graph::Graph;
+use crate::lang::{FileParser, Lang};
+use crate::persist;
+use mira_core::availability::Availability;
+use mira_core::workspace::Workspace;
 
 /// Folder names never indexed: third-party code vendored into the tree, package caches and
 /// virtual environments.
@@ -108,6 +108,24 @@ impl Default for IndexConfig {
             watch: true,
         }
     }
+}
+
+/// Why an index cannot be built or used.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// The workspace root cannot be resolved or opened; `path` is the root as given (or its
+    /// canonical form once resolved).
+    #[error("{}: {source}", path.display())]
+    Root {
+        /// The root.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The build was cancelled (server shutdown or [`WorkspaceIndex::cancel`]).
+    #[error("cancelled")]
+    Cancelled,
 }
 
 /// Where a build is.
@@ -246,15 +264,16 @@ impl CodeGraphs {
 
     /// The index of `root`, starting its build if there is none (or the last one was
     /// cancelled). Errors when the root cannot be opened.
-    pub fn ensure(&self, root: &Path) -> Result<Arc<WorkspaceIndex>, String> {
-        let canonical = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    pub fn ensure(&self, root: &Path) -> Result<Arc<WorkspaceIndex>, IndexError> {
+        let canonical =
+            std::fs::canonicalize(root).map_err(|source| IndexError::Root { path: root.to_path_buf(), source })?;
         let mut map = self.indexes.lock();
         if let Some(ix) = map.get(&canonical)
             && (ix.phase() != Phase::Cancelled || self.shutdown.is_cancelled())
         {
             return Ok(ix.clone());
         }
-        let ws = Workspace::open(&canonical).map_err(|e| format!("{}: {e}", canonical.display()))?;
+        let ws = Workspace::open(&canonical).map_err(|source| IndexError::Root { path: canonical.clone(), source })?;
         let ix = Arc::new(WorkspaceIndex {
             snapshot: persist::snapshot_path(&self.data_dir, &canonical),
             root: canonical.clone(),
@@ -411,17 +430,17 @@ impl WorkspaceIndex {
             }
             Err(e) => {
                 tracing::warn!(root = %self.root.display(), error = %e, "code graph indexing failed");
-                self.set_phase(Phase::Failed { error: e });
+                self.set_phase(Phase::Failed { error: e.to_string() });
             }
         }
         self.finished.store(true, Ordering::SeqCst);
     }
 
-    fn check_cancel(&self) -> Result<(), String> {
-        if self.cancel.is_cancelled() { Err("cancelled".to_owned()) } else { Ok(()) }
+    fn check_cancel(&self) -> Result<(), IndexError> {
+        if self.cancel.is_cancelled() { Err(IndexError::Cancelled) } else { Ok(()) }
     }
 
-    fn build(&self, started: Instant) -> Result<Option<notify::RecommendedWatcher>, String> {
+    fn build(&self, started: Instant) -> Result<Option<notify::RecommendedWatcher>, IndexError> {
         self.set_phase(Phase::Loading);
         let t = Instant::now();
         if let Some(g) = persist::load(&self.snapshot, &self.root) {
@@ -477,7 +496,7 @@ impl WorkspaceIndex {
         &self,
         start: &Path,
         mut watcher: Option<&mut notify::RecommendedWatcher>,
-    ) -> Result<Vec<(String, u64)>, String> {
+    ) -> Result<Vec<(String, u64)>, IndexError> {
         let mut out = Vec::new();
         let mut vendored = 0u64;
         let mut over = 0u64;
@@ -548,12 +567,12 @@ impl WorkspaceIndex {
     }
 
     /// Reads, hashes and parses `files` on the worker threads; returns the paths indexed.
-    fn index_files(&self, files: &[(String, u64)]) -> Result<HashSet<String>, String> {
+    fn index_files(&self, files: &[(String, u64)]) -> Result<HashSet<String>, IndexError> {
         let next = AtomicUsize::new(0);
         let (tx, rx) = mpsc::sync_channel::<(String, Outcome)>(256);
         let workers = self.config.workers.max(1);
         let mut seen = HashSet::with_capacity(files.len());
-        std::thread::scope(|scope| -> Result<(), String> {
+        std::thread::scope(|scope| -> Result<(), IndexError> {
             for _ in 0..workers {
                 let tx = tx.clone();
                 let next = &next;
@@ -574,7 +593,7 @@ impl WorkspaceIndex {
             }
             drop(tx);
             let mut batch = Vec::with_capacity(64);
-            let flush = |batch: &mut Vec<(String, [u8; 32], u64, Lang, super::lang::Parsed)>| {
+            let flush = |batch: &mut Vec<(String, [u8; 32], u64, Lang, crate::lang::Parsed)>| {
                 if batch.is_empty() {
                     return;
                 }
@@ -821,7 +840,7 @@ impl WorkspaceIndex {
 
 enum Outcome {
     Unchanged,
-    Parsed { hash: [u8; 32], size: u64, lang: Lang, parsed: super::lang::Parsed },
+    Parsed { hash: [u8; 32], size: u64, lang: Lang, parsed: crate::lang::Parsed },
     Skipped { reason: &'static str, size: u64 },
 }
 

@@ -17,13 +17,13 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::graph::{FileEntry, Graph};
+use crate::graph::{FileEntry, Graph};
 
 const MAGIC: &[u8; 8] = b"MIRACG01";
 
 /// Where the index file of `root` lives under `data_dir`.
 pub fn snapshot_path(data_dir: &Path, root: &Path) -> PathBuf {
-    let digest = crate::evidence::sha256_hex(root.to_string_lossy().as_bytes());
+    let digest = mira_core::evidence::sha256_hex(root.to_string_lossy().as_bytes());
     data_dir.join("codegraph").join(format!("{}.idx", &digest[..32]))
 }
 

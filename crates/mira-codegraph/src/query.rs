@@ -1,5 +1,5 @@
 //! The seven query kinds over a graph. Candidates come from the graph; every location is then
-//! checked against the current text by [`super::verify::Reader`] and only verified ones are
+//! checked against the current text by [`crate::verify::Reader`] and only verified ones are
 //! returned as results (with evidence); the others are listed under `stale`.
 //!
 //! Name resolution is syntactic, like ctags-style code navigation: a call `f()`, `x.f()` or
@@ -12,11 +12,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::{Value, json};
 
-use super::graph::{DefId, FileEntry, Graph, module_name};
-use super::lang::{Def, NONE, Ref, RefKind};
-use super::resolve::ModuleGraph;
-use super::verify::{Check, Reader};
-use crate::evidence::EvidenceDraft;
+use crate::graph::{DefId, FileEntry, Graph, module_name};
+use crate::lang::{Def, NONE, Ref, RefKind};
+use crate::resolve::ModuleGraph;
+use crate::verify::{Check, Reader};
+use mira_core::evidence::EvidenceDraft;
 
 /// A parsed `codebase_explore` input.
 #[derive(Debug, Clone)]
@@ -200,7 +200,7 @@ impl Ctx<'_> {
                 v["line"] = json!(line);
                 v["column"] = json!(col);
                 if let Check::Verified { excerpt, .. } = &check {
-                    v["excerpt"] = json!(crate::evidence::excerpt(excerpt, 1200));
+                    v["excerpt"] = json!(mira_core::evidence::excerpt(excerpt, 1200));
                 }
                 v["verification"] = check.to_json();
                 if let Some(e) = check.evidence(&f.path, &qualified, relation, &self.kind) {
@@ -860,7 +860,7 @@ impl Ctx<'_> {
                     "  {}:{}  {}\n",
                     v["path"].as_str().unwrap_or(""),
                     v["line"],
-                    crate::evidence::excerpt(&first, 160)
+                    mira_core::evidence::excerpt(&first, 160)
                 );
                 if map.len() + line.len() > budget {
                     truncated = true;

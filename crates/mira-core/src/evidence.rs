@@ -1,7 +1,7 @@
 //! Evidence: every tool result becomes citable, hashed facts with their provenance.
 //!
 //! Tools describe what they found as [`EvidenceDraft`]s; the harness stores them in the
-//! same transaction that records the result ([`crate::store::Store::finish_invocation`]).
+//! same transaction that records the result (the server's `Store::finish_invocation`).
 //! Evidence states facts about bytes (this file had these lines, with this hash); whether
 //! they satisfy the user's goal is the Planner's judgement, recorded as acceptance.
 

@@ -14,8 +14,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::graph::Graph;
-use super::lang::Lang;
+use crate::graph::Graph;
+use crate::lang::Lang;
 
 /// One import edge.
 #[derive(Debug, Clone)]
@@ -241,7 +241,7 @@ impl ModuleGraph {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::codebase::lang::FileParser;
+    use crate::lang::FileParser;
 
     #[test]
     fn resolves_rust_python_js_go_imports() {

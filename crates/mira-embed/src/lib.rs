@@ -122,7 +122,7 @@ impl Model {
         out.pop().ok_or_else(|| "the model returned no vector".to_owned())
     }
 
-    /// Tool vectors for (name, body) fields ([`crate::exposure::tool_fields`]) on the
+    /// Tool vectors for (name, body) fields (the server's `exposure::tool_fields`) on the
     /// batch session, one ONNX run per call: `e(body) + NAME_WEIGHT · e(name)` with both
     /// embeddings L2-normalised, or `e(name)` alone when the body is empty. A dot product
     /// with a query vector is then `cos(query, body) + 0.3 · cos(query, name)`: a

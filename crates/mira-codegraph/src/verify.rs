@@ -12,10 +12,10 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
-use super::graph::Graph;
-use super::lang::{Def, FileParser, Lang, NONE, Parsed};
-use crate::evidence::{EvidenceDraft, sha256_hex};
-use crate::workspace::Workspace;
+use crate::graph::Graph;
+use crate::lang::{Def, FileParser, Lang, NONE, Parsed};
+use mira_core::evidence::{EvidenceDraft, sha256_hex};
+use mira_core::workspace::Workspace;
 
 /// Largest file re-read for verification, bytes.
 pub const MAX_VERIFY_BYTES: u64 = 16 * 1024 * 1024;
@@ -112,7 +112,7 @@ impl Check {
                         "relocated": relocated, "verified_at_query_time": true,
                     }),
                     content_sha256: sha256.clone(),
-                    excerpt: crate::evidence::excerpt(excerpt, crate::evidence::EXCERPT_MAX_BYTES),
+                    excerpt: mira_core::evidence::excerpt(excerpt, mira_core::evidence::EXCERPT_MAX_BYTES),
                 })
             }
             Check::Stale { .. } => None,
@@ -120,10 +120,28 @@ impl Check {
     }
 }
 
+/// Why a file could not be re-read; its text is the stale reason reported to the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// The workspace refused the open; the workspace error's code (`not_found`,
+    /// `outside_workspace`…).
+    #[error("{0}")]
+    Refused(String),
+    /// Larger than [`MAX_VERIFY_BYTES`].
+    #[error("file_too_large")]
+    TooLarge,
+    /// Reading failed.
+    #[error("unreadable")]
+    Unreadable,
+    /// Not UTF-8 text.
+    #[error("not_utf8")]
+    NotUtf8,
+}
+
 /// Re-reads files for one query, each at most once.
 pub struct Reader<'a> {
     ws: &'a Workspace,
-    files: HashMap<String, Result<Current, String>>,
+    files: HashMap<String, Result<Current, ReadError>>,
     parsed: HashMap<String, Parsed>,
     parser: FileParser,
 }
@@ -151,7 +169,7 @@ impl<'a> Reader<'a> {
         Self { ws, files: HashMap::new(), parsed: HashMap::new(), parser: FileParser::new() }
     }
 
-    fn current(&mut self, path: &str) -> Result<&Current, String> {
+    fn current(&mut self, path: &str) -> Result<&Current, ReadError> {
         if !self.files.contains_key(path) {
             let loaded = read_current(self.ws, path);
             self.files.insert(path.to_owned(), loaded);
@@ -159,7 +177,7 @@ impl<'a> Reader<'a> {
         match self.files.get(path) {
             Some(Ok(c)) => Ok(c),
             Some(Err(e)) => Err(e.clone()),
-            None => Err("unreadable".to_owned()),
+            None => Err(ReadError::Unreadable),
         }
     }
 
@@ -172,7 +190,7 @@ impl<'a> Reader<'a> {
     pub fn check_name(&mut self, path: &str, indexed_sha: &str, name: &str, line: u32, col: u32) -> Check {
         let cur = match self.current(path) {
             Ok(c) => c,
-            Err(reason) => return Check::Stale { reason },
+            Err(reason) => return Check::Stale { reason: reason.to_string() },
         };
         let changed = cur.sha256 != indexed_sha;
         let at = |l: u32| cur.line(l).map(|t| word_occurrences(t, name)).unwrap_or_default();
@@ -184,7 +202,7 @@ impl<'a> Reader<'a> {
             relocated,
             file_changed: changed,
             sha256: cur.sha256.clone(),
-            excerpt: crate::evidence::excerpt(cur.line(l).unwrap_or("").trim(), 400),
+            excerpt: mira_core::evidence::excerpt(cur.line(l).unwrap_or("").trim(), 400),
         };
         let here = at(line);
         if here.iter().any(|&c| c as u32 + 1 == col) {
@@ -218,7 +236,7 @@ impl<'a> Reader<'a> {
         let name = graph.name(def.name).to_owned();
         let cur = match self.current(path) {
             Ok(c) => c,
-            Err(reason) => return Check::Stale { reason },
+            Err(reason) => return Check::Stale { reason: reason.to_string() },
         };
         let unchanged = cur.sha256 == indexed_sha;
         let name_here =
@@ -274,7 +292,7 @@ impl<'a> Reader<'a> {
     pub fn check_text(&mut self, path: &str, indexed_sha: &str, text: &str, line: u32) -> Check {
         let cur = match self.current(path) {
             Ok(c) => c,
-            Err(reason) => return Check::Stale { reason },
+            Err(reason) => return Check::Stale { reason: reason.to_string() },
         };
         let changed = cur.sha256 != indexed_sha;
         let total = cur.line_count();
@@ -298,7 +316,7 @@ impl<'a> Reader<'a> {
                     relocated: l != line,
                     file_changed: changed,
                     sha256: cur.sha256.clone(),
-                    excerpt: crate::evidence::excerpt(t.trim(), 400),
+                    excerpt: mira_core::evidence::excerpt(t.trim(), 400),
                 };
             }
         }
@@ -306,16 +324,16 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn read_current(ws: &Workspace, path: &str) -> Result<Current, String> {
+fn read_current(ws: &Workspace, path: &str) -> Result<Current, ReadError> {
     use std::io::Read;
-    let (file, meta) = ws.open_regular(path).map_err(|e| e.code)?;
+    let (file, meta) = ws.open_regular(path).map_err(|e| ReadError::Refused(e.code))?;
     if meta.len() > MAX_VERIFY_BYTES {
-        return Err("file_too_large".into());
+        return Err(ReadError::TooLarge);
     }
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.take(MAX_VERIFY_BYTES).read_to_end(&mut bytes).map_err(|_| "unreadable".to_owned())?;
+    file.take(MAX_VERIFY_BYTES).read_to_end(&mut bytes).map_err(|_| ReadError::Unreadable)?;
     let sha256 = sha256_hex(&bytes);
-    let text = String::from_utf8(bytes).map_err(|_| "not_utf8".to_owned())?;
+    let text = String::from_utf8(bytes).map_err(|_| ReadError::NotUtf8)?;
     let mut line_starts = vec![0];
     line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1).filter(|&i| i < text.len()));
     Ok(Current { text, sha256, line_starts })

@@ -5,7 +5,7 @@
 //! - [`SideEffects::None`]: it only reads (every tool the policy lets run without approval).
 //!   A stop request always wins; the work is dropped and the status is `cancelled`.
 //! - [`SideEffects::AtCommitPoint`]: it changes the world in one step it marks by calling
-//!   [`crate::registry::ExecContext::commit`] right before it — the Edit tools' rename
+//!   [`crate::tool::ExecContext::commit`] right before it — the Edit tools' rename
 //!   (`write_file`, `replace_block`), unlink or first rename (`delete_path`) and rename
 //!   (`move_path`). Everything before that step (temporary files, checks) is undone by the
 //!   tool itself when the commit is refused.
@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::registry::{ErrorClass, ToolError};
+use crate::tool::{ErrorClass, ToolError};
 
 /// What stopping a running call means for a tool (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -155,14 +155,14 @@ pub struct ExecContext {
     /// The invocation being executed.
     pub invocation_id: String,
     /// Cancelled when the invocation must stop (a cancel, the time limit, the server
-    /// stopping) and stopping it is still possible (see [`crate::harness::commit`]).
+    /// stopping) and stopping it is still possible (see [`crate::commit`]).
     pub cancel: CancellationToken,
     /// Decides between this call's commit point and a stop request.
-    pub commit: crate::harness::CommitGate,
+    pub commit: crate::commit::CommitGate,
 }
 
 impl ExecContext {
-    /// Marks the commit point of a [`crate::harness::SideEffects::AtCommitPoint`] tool: call it
+    /// Marks the commit point of a [`crate::commit::SideEffects::AtCommitPoint`] tool: call it
     /// right before the irreversible step (the Edit tools' rename). An error means a stop won
     /// first: the tool must not make its change, undo what it prepared and return the error.
     pub fn commit(&self) -> Result<(), ToolError> {
@@ -209,19 +209,19 @@ pub trait Tool: Send + Sync {
         canonical
     }
 
-    /// What stopping a running call of this tool means (see [`crate::harness::commit`]).
+    /// What stopping a running call of this tool means (see [`crate::commit`]).
     /// Default: tools that run without approval only read ([`SideEffects::None`]); every
     /// other tool may act from its start ([`SideEffects::FromStart`]). Tools that mark a
     /// commit point with [`ExecContext::commit`] return [`SideEffects::AtCommitPoint`].
     ///
-    /// [`SideEffects::None`]: crate::harness::SideEffects::None
-    /// [`SideEffects::FromStart`]: crate::harness::SideEffects::FromStart
-    /// [`SideEffects::AtCommitPoint`]: crate::harness::SideEffects::AtCommitPoint
-    fn side_effects(&self) -> crate::harness::SideEffects {
-        if crate::approval::policy::requires_approval(self.spec()) {
-            crate::harness::SideEffects::FromStart
+    /// [`SideEffects::None`]: crate::commit::SideEffects::None
+    /// [`SideEffects::FromStart`]: crate::commit::SideEffects::FromStart
+    /// [`SideEffects::AtCommitPoint`]: crate::commit::SideEffects::AtCommitPoint
+    fn side_effects(&self) -> crate::commit::SideEffects {
+        if crate::policy::requires_approval(self.spec()) {
+            crate::commit::SideEffects::FromStart
         } else {
-            crate::harness::SideEffects::None
+            crate::commit::SideEffects::None
         }
     }
 

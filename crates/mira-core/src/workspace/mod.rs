@@ -1,0 +1,379 @@
+//! The workspace boundary: every tool path is relative to a workspace root and is opened
+//! beneath it with capability-based resolution (cap-std, which uses `openat2` with
+//! `RESOLVE_BENEATH` where the kernel has it). `..`, absolute paths and symlinks that lead
+//! out are refused at open time, not by string checks alone; the string checks here only
+//! give early, clearer errors.
+//!
+//! The root itself is held by identity ([`RootIdentity`]): its device and inode are recorded
+//! when the workspace is registered, and every use opens the root path once with
+//! `O_DIRECTORY|O_NOFOLLOW` (a symlink at the root itself is never followed) and compares
+//! the open handle's identity with the recorded one ([`Workspace::open_pinned`]). A root that
+//! was replaced, swapped for a symlink or moved is [`RootChange`]d: its tools are
+//! `unavailable` with `workspace_changed` and nothing executes in it until an admin
+//! re-registers it. Everything a call then does goes through that one open handle (file
+//! opens through cap-std, directory walks through `/proc/self/fd/<fd>`), so a swap during
+//! the call cannot redirect it either.
+
+pub mod lookalike;
+pub mod sweep;
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::tool::{ErrorClass, ToolError};
+
+/// The device and inode of a workspace root folder, stored as `"<dev>:<ino>"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootIdentity {
+    /// `st_dev` of the root folder.
+    pub dev: u64,
+    /// `st_ino` of the root folder.
+    pub ino: u64,
+}
+
+impl RootIdentity {
+    /// The stored form, `"<dev>:<ino>"`.
+    pub fn encode(&self) -> String {
+        format!("{}:{}", self.dev, self.ino)
+    }
+
+    /// Parses the stored form; None when it is not `"<dev>:<ino>"`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (dev, ino) = text.split_once(':')?;
+        Some(Self { dev: dev.parse().ok()?, ino: ino.parse().ok()? })
+    }
+}
+
+/// How a registered root differs from what was registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RootChange {
+    /// Nothing is at the root path any more (the folder was moved or deleted).
+    Missing,
+    /// The root path is now a symlink (never followed at the root).
+    Symlink,
+    /// The root path is now something other than a directory.
+    NotADirectory,
+    /// A different directory (another device or inode) is at the root path.
+    Replaced,
+    /// No identity was recorded for this workspace (it cannot be checked).
+    NotRecorded,
+}
+
+impl RootChange {
+    /// A sentence about the change.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Missing => "nothing is at the registered root path any more (moved or deleted)",
+            Self::Symlink => "the registered root path is now a symlink",
+            Self::NotADirectory => "the registered root path is no longer a directory",
+            Self::Replaced => "a different directory is now at the registered root path",
+            Self::NotRecorded => "no root identity was recorded for this workspace",
+        }
+    }
+}
+
+/// Why a workspace root cannot be used.
+#[derive(Debug, Clone)]
+pub enum RootError {
+    /// The root is not the folder that was registered (`workspace_changed`).
+    Changed {
+        /// What changed.
+        change: RootChange,
+        /// The identity found, when something was there.
+        found: Option<RootIdentity>,
+    },
+    /// The root could not be opened for another reason (`workspace_unavailable`).
+    Unavailable(String),
+}
+
+impl RootError {
+    /// The tool error for the root of workspace `id` at `path`: `workspace_changed` (409) or
+    /// `workspace_unavailable` (503).
+    pub fn to_tool_error(&self, id: &str, path: &str) -> ToolError {
+        match self {
+            RootError::Changed { change, found } => ToolError::new(
+                ErrorClass::Conflict,
+                "workspace_changed",
+                format!(
+                    "workspace {id} at {path} changed since it was registered: {}; nothing runs in it until an admin \
+                     re-registers it (POST /v1/workspaces/{id}/reregister)",
+                    change.describe()
+                ),
+            )
+            .with_details(json!({"workspace_id": id, "path": path, "change": change,
+                                 "found": found.map(|f| f.encode())})),
+            RootError::Unavailable(message) => ToolError::new(
+                ErrorClass::Unavailable,
+                "workspace_unavailable",
+                format!("workspace {id} at {path} cannot be opened: {message}"),
+            )
+            .with_details(json!({"workspace_id": id, "path": path})),
+        }
+    }
+}
+
+/// Opens the folder at `path` itself, never following a symlink there
+/// (`O_DIRECTORY|O_NOFOLLOW`), and returns the handle with its identity.
+pub fn open_root(path: &Path) -> Result<(File, RootIdentity), RootError> {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) => {
+            let change = match e.raw_os_error() {
+                Some(libc::ENOENT) => RootChange::Missing,
+                Some(libc::ELOOP) => RootChange::Symlink,
+                Some(libc::ENOTDIR) => {
+                    // O_DIRECTORY|O_NOFOLLOW on a symlink to a directory may answer ENOTDIR.
+                    match std::fs::symlink_metadata(path) {
+                        Ok(m) if m.file_type().is_symlink() => RootChange::Symlink,
+                        _ => RootChange::NotADirectory,
+                    }
+                }
+                _ => return Err(RootError::Unavailable(e.to_string())),
+            };
+            return Err(RootError::Changed { change, found: None });
+        }
+    };
+    let meta = file.metadata().map_err(|e| RootError::Unavailable(e.to_string()))?;
+    Ok((file, RootIdentity { dev: meta.dev(), ino: meta.ino() }))
+}
+
+/// Whether the Read tools open files with more than one hard link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HardLinks {
+    /// Refused like the Edit tools refuse them (a hard link may share a file outside the
+    /// workspace): the default, for a server more than one user shares.
+    Refuse,
+    /// Read like any file (`--allow-hard-link-reads`, for single-user deployments).
+    Allow,
+}
+
+/// An open workspace root on this host.
+#[derive(Clone)]
+pub struct Workspace {
+    root: PathBuf,
+    dir: Arc<Dir>,
+    hard_links: HardLinks,
+    node: Option<Arc<str>>,
+}
+
+impl Workspace {
+    /// Opens the root folder `root` (must exist and be a directory), following symlinks on
+    /// the way, without an identity check. For tools and benchmarks given a folder directly;
+    /// runs use [`Workspace::open_pinned`].
+    pub fn open(root: &Path) -> io::Result<Self> {
+        let dir = Dir::open_ambient_dir(root, ambient_authority())?;
+        Ok(Self { root: root.to_path_buf(), dir: Arc::new(dir), hard_links: HardLinks::Refuse, node: None })
+    }
+
+    /// Opens the registered root `root` by identity: no symlink is followed at the root
+    /// itself, and the folder opened must be the one registered (`expected`, None when none
+    /// was recorded). The handle is the workspace from then on, whatever happens at the path.
+    pub fn open_pinned(root: &Path, expected: Option<RootIdentity>) -> Result<Self, RootError> {
+        let (file, found) = open_root(root)?;
+        match expected {
+            None => return Err(RootError::Changed { change: RootChange::NotRecorded, found: Some(found) }),
+            Some(want) if want != found => {
+                return Err(RootError::Changed { change: RootChange::Replaced, found: Some(found) });
+            }
+            Some(_) => {}
+        }
+        Ok(Self {
+            root: root.to_path_buf(),
+            dir: Arc::new(Dir::from_std_file(file)),
+            hard_links: HardLinks::Refuse,
+            node: None,
+        })
+    }
+
+    /// The same workspace with the given hard-link rule for the Read tools.
+    #[must_use]
+    pub fn with_hard_links(mut self, rule: HardLinks) -> Self {
+        self.hard_links = rule;
+        self
+    }
+
+    /// The same workspace, tagged with the stable id of the server node working in it (named
+    /// in the Edit tools' temporary files, so a restarted node knows its own leftovers).
+    #[must_use]
+    pub fn with_node(mut self, node: &str) -> Self {
+        self.node = Some(Arc::from(node));
+        self
+    }
+
+    /// The node tag given with [`Workspace::with_node`].
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    /// The hard-link rule of the Read tools.
+    pub fn hard_links(&self) -> HardLinks {
+        self.hard_links
+    }
+
+    /// The absolute root path.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The root as a capability: every open through it stays beneath the root.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// A path naming the open root handle itself (`/proc/self/fd/<fd>`), for code that walks
+    /// the tree by path (the `ignore` walker): the kernel resolves it to the folder this
+    /// workspace holds open, whatever is at [`Workspace::root`] now. Falls back to the root
+    /// path where `/proc` is not mounted.
+    pub fn walk_root(&self) -> PathBuf {
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", self.dir.as_raw_fd()));
+        if by_fd.is_dir() { by_fd } else { self.root.clone() }
+    }
+
+    /// Opens an existing regular file beneath the root for reading. Refuses directories
+    /// (`is_a_directory`), FIFOs, sockets and devices (`unsupported_file_type`), escapes
+    /// (`outside_workspace`) and — unless the deployment allows them ([`HardLinks`]) — files
+    /// with more than one hard link (`outside_workspace` with `hard_links` in the details).
+    /// Opened non-blocking so a FIFO swapped in cannot hang the open, and checked on the
+    /// open handle, so a swap between check and use is caught.
+    pub fn open_regular(&self, rel: &str) -> Result<(std::fs::File, std::fs::Metadata), ToolError> {
+        use cap_std::fs::OpenOptionsExt;
+        let mut options = cap_std::fs::OpenOptions::new();
+        options.read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+        let file = self.dir.open_with(rel, &options).map_err(|e| io_error(rel, &e))?.into_std();
+        let meta = file.metadata().map_err(|e| io_error(rel, &e))?;
+        if meta.is_dir() {
+            return Err(ToolError::new(ErrorClass::BadInput, "is_a_directory", format!("{rel} is a directory"))
+                .with_details(json!({"path": rel})));
+        }
+        if !meta.is_file() {
+            return Err(unsupported(rel));
+        }
+        if meta.nlink() > 1 && self.hard_links == HardLinks::Refuse {
+            return Err(hard_link_refused(rel, meta.nlink()));
+        }
+        Ok((file, meta))
+    }
+
+    /// Checks that `rel` (already normalised) resolves beneath the root, following
+    /// symlinks the way an open would. A missing target is fine here (the tool reports it).
+    pub fn check_beneath(&self, rel: &str) -> Result<(), ToolError> {
+        match self.dir.metadata(rel) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error(rel, &e)),
+        }
+    }
+}
+
+/// A file with more than one hard link, refused by the Read tools on a shared server: the
+/// other link may be a file outside the workspace (another user's, the server's secrets).
+pub fn hard_link_refused(rel: &str, nlink: u64) -> ToolError {
+    ToolError::new(
+        ErrorClass::BadInput,
+        "outside_workspace",
+        format!(
+            "{rel} has {nlink} hard links; on a shared server the Read tools refuse hard-linked files, which may be \
+             the same file as one outside the workspace (a single-user deployment may allow them with \
+             --allow-hard-link-reads)"
+        ),
+    )
+    .with_details(json!({"path": rel, "hard_links": nlink}))
+}
+
+/// True for the error of [`hard_link_refused`].
+pub fn is_hard_link_refusal(e: &ToolError) -> bool {
+    e.code == "outside_workspace" && e.details.get("hard_links").is_some()
+}
+
+/// Normalises a workspace-relative path: `""`/`"."` → `"."`, strips `./` and duplicate
+/// separators. Refuses absolute paths, `..` components and NUL bytes with
+/// `outside_workspace` / `invalid_path`.
+pub fn normalize(rel: &str) -> Result<String, ToolError> {
+    if rel.contains('\0') {
+        return Err(ToolError::new(ErrorClass::BadInput, "invalid_path", "path contains a NUL byte"));
+    }
+    let path = Path::new(rel);
+    let mut parts: Vec<&str> = Vec::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(p) => parts.push(p.to_str().unwrap_or_default()),
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
+                return Err(outside(rel));
+            }
+        }
+    }
+    Ok(if parts.is_empty() { ".".to_owned() } else { parts.join("/") })
+}
+
+/// The `outside_workspace` error for `rel`.
+pub fn outside(rel: &str) -> ToolError {
+    ToolError::new(ErrorClass::BadInput, "outside_workspace", format!("path {rel:?} leads outside the workspace"))
+        .with_details(json!({"path": rel}))
+}
+
+/// The `unsupported_file_type` error (FIFO, socket, device) for `rel`.
+pub fn unsupported(rel: &str) -> ToolError {
+    ToolError::new(
+        ErrorClass::BadInput,
+        "unsupported_file_type",
+        format!("{rel} is not a regular file or directory (FIFO, socket or device)"),
+    )
+    .with_details(json!({"path": rel}))
+}
+
+/// Maps an I/O error on `rel` to a tool error with a stable code.
+pub fn io_error(rel: &str, e: &io::Error) -> ToolError {
+    let escaped = e.raw_os_error() == Some(libc_exdev())
+        || (e.kind() == io::ErrorKind::PermissionDenied && e.to_string().contains("outside of the filesystem"));
+    if escaped {
+        return outside(rel);
+    }
+    let (class, code) = match e.kind() {
+        io::ErrorKind::NotFound => (ErrorClass::NotFound, "not_found"),
+        io::ErrorKind::PermissionDenied => (ErrorClass::Failed, "permission_denied"),
+        io::ErrorKind::NotADirectory => (ErrorClass::BadInput, "not_a_directory"),
+        io::ErrorKind::IsADirectory => (ErrorClass::BadInput, "is_a_directory"),
+        io::ErrorKind::AlreadyExists => (ErrorClass::Conflict, "already_exists"),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge => {
+            (ErrorClass::Failed, "no_space")
+        }
+        _ if e.raw_os_error() == Some(40) => (ErrorClass::BadInput, "symlink_loop"),
+        _ => (ErrorClass::Failed, "io_error"),
+    };
+    ToolError::new(class, code, format!("{rel}: {e}")).with_details(json!({"path": rel, "os_error": e.raw_os_error()}))
+}
+
+const fn libc_exdev() -> i32 {
+    18 // EXDEV on Linux: openat2(RESOLVE_BENEATH) refused to leave the root.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_accepts_relative_and_refuses_escapes() {
+        assert_eq!(normalize("").ok().as_deref(), Some("."));
+        assert_eq!(normalize("./src//main.rs").ok().as_deref(), Some("src/main.rs"));
+        assert_eq!(normalize("a/./b/").ok().as_deref(), Some("a/b"));
+        for bad in ["../x", "a/../../x", "/etc/passwd", "a/.."] {
+            assert_eq!(normalize(bad).map_err(|e| e.code).err().as_deref(), Some("outside_workspace"), "{bad}");
+        }
+        assert_eq!(normalize("a\0b").map_err(|e| e.code).err().as_deref(), Some("invalid_path"));
+    }
+}
