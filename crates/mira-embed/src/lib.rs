@@ -44,20 +44,14 @@ pub const NAME_WEIGHT: f32 = 0.3;
 pub const TOOL_VECTOR_RECIPE: &str = "body+0.3name";
 
 /// Why a model could not be used.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
     /// A precondition is not met (no runtime, missing files): the service ranks lexically.
+    #[error("{0}")]
     Unavailable(String),
     /// The runtime or model refused to load or to run (a corrupt or wrong ONNX file…).
+    #[error("{0}")]
     Failed(String),
-}
-
-impl std::fmt::Display for LoadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LoadError::Unavailable(m) | LoadError::Failed(m) => f.write_str(m),
-        }
-    }
 }
 
 /// Where to load a model from.
