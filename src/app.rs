@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 use crate::availability::{AvailabilityContext, DeviceInfo};
 use crate::config::RuntimeConfig;
 use crate::embedding::Embeddings;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::exposure::Ranker;
 use crate::exposure::index::ToolIndex;
@@ -99,7 +100,7 @@ impl App {
         }
         crate::net::check_public_url(url)
             .await
-            .map_err(|e| Error::ForbiddenCode { code: "internal_address", message: e.0 })
+            .map_err(|e| Error::ForbiddenCode { code: ErrorCode::InternalAddress, message: e.0 })
     }
 
     /// The Read tools' hard-link rule in force (`--allow-hard-link-reads`).

@@ -3,6 +3,9 @@
 
 use serde_json::Value;
 
+pub use mira_core::error_code as code;
+pub use mira_core::error_code::ErrorCode;
+
 use crate::registry::ToolError;
 use crate::store::StoreError;
 
@@ -19,7 +22,7 @@ pub enum Error {
     #[error("{message}")]
     ForbiddenCode {
         /// Stable code.
-        code: &'static str,
+        code: ErrorCode,
         /// Human sentence.
         message: String,
     },
@@ -30,7 +33,7 @@ pub enum Error {
     #[error("{message}")]
     BadRequest {
         /// Stable code.
-        code: &'static str,
+        code: ErrorCode,
         /// Human sentence.
         message: String,
         /// Structured details.
@@ -40,7 +43,7 @@ pub enum Error {
     #[error("{message}")]
     Conflict {
         /// Stable code (`tool_call_id_conflict`, `not_exposed`, `approval_mismatch`…).
-        code: &'static str,
+        code: ErrorCode,
         /// Human sentence.
         message: String,
         /// Structured details.
@@ -62,7 +65,7 @@ pub enum Error {
     #[error("{message}")]
     TooLarge {
         /// Stable code.
-        code: &'static str,
+        code: ErrorCode,
         /// Human sentence.
         message: String,
     },
@@ -70,7 +73,7 @@ pub enum Error {
     #[error("{message}")]
     TooManyRequests {
         /// Stable code.
-        code: &'static str,
+        code: ErrorCode,
         /// Human sentence.
         message: String,
     },
@@ -78,7 +81,7 @@ pub enum Error {
     #[error("{message}")]
     Unavailable {
         /// Stable code.
-        code: &'static str,
+        code: ErrorCode,
         /// Human sentence.
         message: String,
     },
@@ -94,14 +97,40 @@ pub enum Error {
 }
 
 impl Error {
-    /// A 400 with code and message.
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+    /// A 400 with code and message (`code` is a 400 of the catalogue).
+    pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
+        debug_assert_eq!(code.status(), 400, "{code} is not a 400");
         Error::BadRequest { code, message: message.into(), details: Value::Null }
     }
 
-    /// A 409 with code, message and details.
-    pub fn conflict(code: &'static str, message: impl Into<String>, details: Value) -> Self {
+    /// A 409 with code, message and details (`code` is a 409 of the catalogue).
+    pub fn conflict(code: ErrorCode, message: impl Into<String>, details: Value) -> Self {
+        debug_assert_eq!(code.status(), 409, "{code} is not a 409");
         Error::Conflict { code, message: message.into(), details }
+    }
+
+    /// The stable code of this error; its HTTP status is the code's
+    /// ([`ErrorCode::status`]).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::Unauthorized => ErrorCode::Unauthorized,
+            Error::Forbidden(_) => ErrorCode::Forbidden,
+            Error::NotFound(_) => ErrorCode::NotFound,
+            Error::InputInvalid { .. } => ErrorCode::InputInvalid,
+            Error::UnsupportedMediaType(_) => ErrorCode::UnsupportedMediaType,
+            Error::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            Error::ForbiddenCode { code, .. }
+            | Error::BadRequest { code, .. }
+            | Error::Conflict { code, .. }
+            | Error::TooLarge { code, .. }
+            | Error::TooManyRequests { code, .. }
+            | Error::Unavailable { code, .. } => *code,
+            Error::Tool(e) => e.code,
+            Error::Store(StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)) => {
+                ErrorCode::StoreUnavailable
+            }
+            Error::Store(_) | Error::Internal(_) => ErrorCode::Internal,
+        }
     }
 }
 

@@ -29,7 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 
 /// Limits of the HTTP server (`mira serve --help`).
 #[derive(Debug, Clone, clap::Args)]
@@ -74,7 +74,7 @@ impl StreamLimiter {
         let n = open.entry(user_id.to_owned()).or_insert(0);
         if *n >= self.per_user {
             return Err(Error::TooManyRequests {
-                code: "too_many_streams",
+                code: ErrorCode::TooManyStreams,
                 message: format!(
                     "you already have {} event streams open (the limit per user); close one and retry",
                     self.per_user

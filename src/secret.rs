@@ -8,7 +8,7 @@
 //! on first use, mode 0600); its id (first 16 hex digits of its SHA-256) is stored beside
 //! every ciphertext.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
@@ -21,6 +21,45 @@ pub const KEY_BYTES: usize = 32;
 pub const NONCE_BYTES: usize = 24;
 /// Name of the key file in the data directory.
 pub const KEY_FILE: &str = "secret.key";
+
+/// Why a key cannot be loaded, or a value cannot be sealed or opened.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// The key is not [`KEY_BYTES`] long (its length in bytes).
+    #[error("a secret key has {KEY_BYTES} bytes, not {0}")]
+    KeyLength(usize),
+    /// `MIRA_SECRET_KEY` or the key file is not base64.
+    #[error("{what} is not base64: {source}")]
+    NotBase64 {
+        /// `MIRA_SECRET_KEY` or the key file's path.
+        what: String,
+        /// The decoder's error.
+        source: base64::DecodeError,
+    },
+    /// The key file cannot be read or created.
+    #[error("{}: {source}", path.display())]
+    KeyFile {
+        /// The key file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Encryption failed.
+    #[error("sealing failed")]
+    Seal,
+    /// The value was sealed under another key.
+    #[error("the secrets were sealed with key {sealed_with}, but this server holds key {held}")]
+    OtherKey {
+        /// Id of the key the value was sealed with.
+        sealed_with: String,
+        /// Id of this server's key.
+        held: String,
+    },
+    /// The value does not decrypt: not base64, too short, a wrong tag or associated data, or
+    /// not UTF-8.
+    #[error("the stored secrets do not decrypt (corrupt, or bound to another server)")]
+    Corrupt,
+}
 
 /// Seals and opens secret values with one key.
 pub struct SecretBox {
@@ -36,24 +75,27 @@ impl std::fmt::Debug for SecretBox {
 
 impl SecretBox {
     /// A box over a raw 32-byte key.
-    pub fn from_key(key: &[u8]) -> Result<Self, String> {
-        let cipher = XChaCha20Poly1305::new_from_slice(key)
-            .map_err(|_| format!("a secret key has {KEY_BYTES} bytes, not {}", key.len()))?;
+    pub fn from_key(key: &[u8]) -> Result<Self, SecretError> {
+        let cipher = XChaCha20Poly1305::new_from_slice(key).map_err(|_| SecretError::KeyLength(key.len()))?;
         Ok(Self { cipher, key_id: crate::evidence::sha256_hex(key)[..16].to_owned() })
     }
 
     /// The key from `MIRA_SECRET_KEY` when set, else from `<data_dir>/secret.key`, created
     /// (mode 0600, 32 random bytes in base64) when missing.
-    pub fn load(data_dir: &Path) -> Result<Self, String> {
+    pub fn load(data_dir: &Path) -> Result<Self, SecretError> {
         let b64 = base64::engine::general_purpose::STANDARD;
         if let Ok(text) = std::env::var("MIRA_SECRET_KEY") {
-            let key = b64.decode(text.trim()).map_err(|e| format!("MIRA_SECRET_KEY is not base64: {e}"))?;
+            let key = b64
+                .decode(text.trim())
+                .map_err(|source| SecretError::NotBase64 { what: "MIRA_SECRET_KEY".into(), source })?;
             return Self::from_key(&key);
         }
         let file = data_dir.join(KEY_FILE);
         match std::fs::read_to_string(&file) {
             Ok(text) => {
-                let key = b64.decode(text.trim()).map_err(|e| format!("{} is not base64: {e}", file.display()))?;
+                let key = b64
+                    .decode(text.trim())
+                    .map_err(|source| SecretError::NotBase64 { what: file.display().to_string(), source })?;
                 Self::from_key(&key)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -64,22 +106,23 @@ impl SecretBox {
                 match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&file) {
                     Ok(mut f) => f
                         .write_all(format!("{}\n", b64.encode(key)).as_bytes())
-                        .map_err(|e| format!("{}: {e}", file.display()))?,
+                        .map_err(|source| SecretError::KeyFile { path: file.clone(), source })?,
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(format!("{}: {e}", file.display())),
+                    Err(source) => return Err(SecretError::KeyFile { path: file, source }),
                 }
                 // Another process may have won the race to create it: read what is there.
                 Self::load_file(&file)
             }
-            Err(e) => Err(format!("{}: {e}", file.display())),
+            Err(source) => Err(SecretError::KeyFile { path: file, source }),
         }
     }
 
-    fn load_file(file: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    fn load_file(file: &Path) -> Result<Self, SecretError> {
+        let text =
+            std::fs::read_to_string(file).map_err(|source| SecretError::KeyFile { path: file.to_owned(), source })?;
         let key = base64::engine::general_purpose::STANDARD
             .decode(text.trim())
-            .map_err(|e| format!("{} is not base64: {e}", file.display()))?;
+            .map_err(|source| SecretError::NotBase64 { what: file.display().to_string(), source })?;
         Self::from_key(&key)
     }
 
@@ -89,13 +132,13 @@ impl SecretBox {
     }
 
     /// Seals `plaintext` bound to `aad`.
-    pub fn seal(&self, plaintext: &str, aad: &str) -> Result<String, String> {
+    pub fn seal(&self, plaintext: &str, aad: &str) -> Result<String, SecretError> {
         let mut nonce = [0u8; NONCE_BYTES];
         rand::rng().fill(&mut nonce);
         let sealed = self
             .cipher
             .encrypt(&XNonce::from(nonce), Payload { msg: plaintext.as_bytes(), aad: aad.as_bytes() })
-            .map_err(|_| "sealing failed".to_owned())?;
+            .map_err(|_| SecretError::Seal)?;
         let mut out = Vec::with_capacity(NONCE_BYTES + sealed.len());
         out.extend_from_slice(&nonce);
         out.extend_from_slice(&sealed);
@@ -103,14 +146,11 @@ impl SecretBox {
     }
 
     /// Opens a value sealed by [`SecretBox::seal`] under key `key_id` with `aad`.
-    pub fn open(&self, sealed: &str, key_id: &str, aad: &str) -> Result<String, String> {
+    pub fn open(&self, sealed: &str, key_id: &str, aad: &str) -> Result<String, SecretError> {
         if key_id != self.key_id {
-            return Err(format!(
-                "the secrets were sealed with key {key_id}, but this server holds key {}",
-                self.key_id
-            ));
+            return Err(SecretError::OtherKey { sealed_with: key_id.to_owned(), held: self.key_id.clone() });
         }
-        let corrupt = || "the stored secrets do not decrypt (corrupt, or bound to another server)".to_owned();
+        let corrupt = || SecretError::Corrupt;
         let raw = base64::engine::general_purpose::STANDARD.decode(sealed).map_err(|_| corrupt())?;
         if raw.len() <= NONCE_BYTES {
             return Err(corrupt());
@@ -134,8 +174,9 @@ mod tests {
         let b = SecretBox::from_key(&[7u8; 32]).unwrap_or_else(|e| panic!("{e}"));
         let sealed = b.seal("hunter2", "mcp_a").unwrap_or_else(|e| panic!("{e}"));
         assert!(!sealed.contains("hunter2"));
-        assert_eq!(b.open(&sealed, b.key_id(), "mcp_a").as_deref(), Ok("hunter2"));
-        assert!(b.open(&sealed, b.key_id(), "mcp_b").is_err());
-        assert!(b.open(&sealed, "0000", "mcp_a").is_err());
+        assert_eq!(b.open(&sealed, b.key_id(), "mcp_a").ok().as_deref(), Some("hunter2"));
+        assert!(matches!(b.open(&sealed, b.key_id(), "mcp_b"), Err(SecretError::Corrupt)));
+        assert!(matches!(b.open(&sealed, "0000", "mcp_a"), Err(SecretError::OtherKey { .. })));
+        assert!(matches!(SecretBox::from_key(&[1u8; 16]), Err(SecretError::KeyLength(16))));
     }
 }

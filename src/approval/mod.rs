@@ -19,6 +19,7 @@ pub mod policy;
 use serde_json::json;
 
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 pub use crate::store::Decider;
 use crate::store::{ApprovalRow, DecideOutcome, GrantRequest};
@@ -72,7 +73,7 @@ fn settle(outcome: DecideOutcome, triple: Option<&GrantRequest<'_>>) -> Result<A
                 })
                 .unwrap_or_default();
             Err(Error::conflict(
-                "approval_mismatch",
+                ErrorCode::ApprovalMismatch,
                 format!(
                     "the grant does not name this approval's frozen invocation ({} differ); nothing was granted",
                     mismatched.join(", ")
@@ -81,12 +82,12 @@ fn settle(outcome: DecideOutcome, triple: Option<&GrantRequest<'_>>) -> Result<A
             ))
         }
         DecideOutcome::AlreadyDecided(row) => Err(Error::conflict(
-            "approval_decided",
+            ErrorCode::ApprovalDecided,
             format!("approval {} was already decided: {}", row.id, decision_word(&row)),
             json!({"approval_id": row.id, "status": row.status, "invocation_status": row.invocation_status}),
         )),
         DecideOutcome::FourEyesRequired(row) => Err(Error::ForbiddenCode {
-            code: "four_eyes_required",
+            code: ErrorCode::FourEyesRequired,
             message: format!(
                 "approval {} needs a second person: an admin or approver other than its requester must grant it \
                  (the requester may deny it); nothing was granted",
@@ -94,7 +95,7 @@ fn settle(outcome: DecideOutcome, triple: Option<&GrantRequest<'_>>) -> Result<A
             ),
         }),
         DecideOutcome::Expired(row) => Err(Error::conflict(
-            "approval_expired",
+            ErrorCode::ApprovalExpired,
             format!("approval {} expired at {}", row.id, row.expires_at),
             json!({"approval_id": row.id, "expires_at": row.expires_at}),
         )),

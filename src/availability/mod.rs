@@ -6,6 +6,7 @@
 //! search provider, a connected MCP server…) are the tool's own
 //! [`crate::registry::Tool::availability`].
 
+use crate::error::ErrorCode;
 use crate::registry::Entry;
 
 pub use mira_core::availability::*;
@@ -16,7 +17,7 @@ pub use mira_core::availability::*;
 pub fn evaluate(entry: &Entry, ctx: &AvailabilityContext) -> Availability {
     if let Err(problem) = entry.schema() {
         return Availability::unavailable(
-            "schema_unusable",
+            ErrorCode::SchemaUnusable,
             format!("the input schema of {} cannot be used: {problem}", entry.spec().id),
         );
     }
@@ -24,13 +25,13 @@ pub fn evaluate(entry: &Entry, ctx: &AvailabilityContext) -> Availability {
     if let Some(cap) = &spec.capability {
         if !ctx.device.capabilities.iter().any(|c| c == cap) {
             return Availability::unavailable(
-                "device_lacks_capability",
+                ErrorCode::DeviceLacksCapability,
                 format!("device {} does not declare capability {cap}", ctx.device.id),
             );
         }
         if !ctx.device.local {
             return Availability::unavailable(
-                "device_not_connected",
+                ErrorCode::DeviceNotConnected,
                 format!("no runner is connected for device {}; its work cannot execute now", ctx.device.id),
             );
         }

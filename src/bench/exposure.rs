@@ -34,10 +34,11 @@ use tokio_util::sync::CancellationToken;
 
 use mira::availability::{AvailabilityContext, DeviceInfo};
 use mira::embedding::{EmbeddingConfig, Embeddings, State};
+use mira::error::ErrorCode;
 use mira::exposure::hybrid::{Fusion, IndexRanker, Mode};
 use mira::exposure::index::ToolIndex;
 use mira::exposure::{self, MAX_EXPOSED, Ranker, Strategy};
-use mira::registry::{ErrorClass, ExecContext, Registry, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use mira::registry::{ExecContext, Registry, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 
 /// Options of `mira bench exposure`.
 #[derive(Debug, Clone)]
@@ -98,7 +99,7 @@ impl Tool for BenchTool {
     }
 
     async fn execute(&self, _input: &Value, _ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        Err(ToolError::new(ErrorClass::Failed, "bench_tool", "bench tools do not execute"))
+        Err(ToolError::new(ErrorCode::Internal, "bench tools do not execute"))
     }
 }
 

@@ -14,7 +14,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use serde_json::json;
 
 use mira::store::{NewsQuery, NewsSort, NewsSourceRow};
@@ -238,17 +237,8 @@ async fn bench(args: &NewsBench, url: &str, tmp: &std::path::Path) -> anyhow::Re
     let mut hits_total = 0usize;
     let search_cpu_before = cpu_time();
     for (text, sort) in &texts {
-        let fts5 = query::to_fts5(text).context("benchmark query has no term")?;
-        let q = NewsQuery {
-            user_id: &user.id,
-            text,
-            fts5: &fts5,
-            since: None,
-            until: None,
-            source: None,
-            sort: *sort,
-            limit: 10,
-        };
+        anyhow::ensure!(query::has_positive_term(text), "benchmark query has no term");
+        let q = NewsQuery { user_id: &user.id, text, since: None, until: None, source: None, sort: *sort, limit: 10 };
         let t = Instant::now();
         let hits = store.search_news(&q).await?;
         latencies.push(t.elapsed());

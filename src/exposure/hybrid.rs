@@ -57,12 +57,39 @@ impl Default for Fusion {
     }
 }
 
+/// Why a fusion spec does not parse ([`Fusion::parse`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FusionParseError {
+    /// The argument after `:` is not a number.
+    #[error("bad number {arg:?} in {spec:?}: {source}")]
+    BadNumber {
+        /// The whole spec.
+        spec: String,
+        /// The argument.
+        arg: String,
+        /// Why it is not a number.
+        source: std::num::ParseFloatError,
+    },
+    /// A convex weight outside [0, 1] (the spec).
+    #[error("{0}: weight must be in [0, 1]")]
+    WeightOutOfRange(String),
+    /// Neither `convex` nor `rrf` (the spec).
+    #[error("unknown fusion {0:?} (convex[:W] or rrf[:K])")]
+    Unknown(String),
+}
+
 impl Fusion {
     /// Parses `convex:W` or `rrf:K` (`convex` and `rrf` alone take the defaults 0.8 and 60).
-    pub fn parse(s: &str) -> Result<Fusion, String> {
+    pub fn parse(s: &str) -> Result<Fusion, FusionParseError> {
         let (kind, arg) = s.split_once(':').map_or((s, None), |(k, a)| (k, Some(a)));
-        let num = |default: f64| -> Result<f64, String> {
-            arg.map_or(Ok(default), |a| a.parse::<f64>().map_err(|e| format!("bad number {a:?} in {s:?}: {e}")))
+        let num = |default: f64| -> Result<f64, FusionParseError> {
+            arg.map_or(Ok(default), |a| {
+                a.parse::<f64>().map_err(|source| FusionParseError::BadNumber {
+                    spec: s.to_owned(),
+                    arg: a.to_owned(),
+                    source,
+                })
+            })
         };
         match kind {
             "convex" => {
@@ -70,11 +97,11 @@ impl Fusion {
                 if (0.0..=1.0).contains(&w) {
                     Ok(Fusion::Convex { dense_weight: w })
                 } else {
-                    Err(format!("{s}: weight must be in [0, 1]"))
+                    Err(FusionParseError::WeightOutOfRange(s.to_owned()))
                 }
             }
             "rrf" => Ok(Fusion::Rrf { k: num(60.0)? }),
-            _ => Err(format!("unknown fusion {s:?} (convex[:W] or rrf[:K])")),
+            _ => Err(FusionParseError::Unknown(s.to_owned())),
         }
     }
 

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::{ExposedTool, Exposure};
 use crate::availability::{self, Availability, AvailabilityContext};
+use crate::error::ErrorCode;
 use crate::registry::{Registry, ToolKind};
 use crate::surface;
 
@@ -36,6 +37,17 @@ impl LadderState {
             Self::Unavailable => "unavailable",
             Self::Available => "not_exposed",
             Self::Exposed => "exposed",
+        }
+    }
+
+    /// The error code of a call refused at this stage (the code of [`Self::as_str`];
+    /// `Exposed` refuses nothing and answers `not_exposed` like `Available`).
+    pub fn error_code(self) -> ErrorCode {
+        match self {
+            Self::NotRegistered => ErrorCode::NotRegistered,
+            Self::NotPublic => ErrorCode::NotPublic,
+            Self::Unavailable => ErrorCode::Unavailable,
+            Self::Available | Self::Exposed => ErrorCode::NotExposed,
         }
     }
 }
@@ -157,7 +169,7 @@ fn view_inner(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, tur
         return finish(v, 1, Reason { code: code.into(), message });
     }
     if let Availability::Unavailable { code, message } = availability::evaluate(&entry, ctx) {
-        return finish(v, 2, Reason { code, message });
+        return finish(v, 2, Reason { code: code.as_str().into(), message });
     }
     let Some(exposure) = turn else {
         v.state = LadderState::Available;

@@ -7,7 +7,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::CommitGate;
-use crate::registry::{Entry, ErrorClass, ExecContext, ToolError, ToolOutput};
+use crate::error::ErrorCode;
+use crate::registry::{Entry, ExecContext, ToolError, ToolOutput};
 use crate::store::{InvocationRow, Store};
 use crate::workspace::HardLinks;
 
@@ -53,7 +54,7 @@ impl Executor for LocalExecutor {
         cancel: CancellationToken,
         commit: CommitGate,
     ) -> Result<ToolOutput, ToolError> {
-        let unavailable = |msg: String| ToolError::new(ErrorClass::Unavailable, "workspace_unavailable", msg);
+        let unavailable = |msg: String| ToolError::new(ErrorCode::WorkspaceUnavailable, msg);
         let run = self
             .store
             .run_for(&inv.owner_id, &inv.run_id)
@@ -71,8 +72,7 @@ impl Executor for LocalExecutor {
         // folder: it does not run in the re-registered one.
         if ws.root_registered_at.as_deref().is_some_and(|at| inv.created_at.as_str() < at) {
             return Err(ToolError::new(
-                ErrorClass::Conflict,
-                "workspace_changed",
+                ErrorCode::WorkspaceChanged,
                 format!(
                     "{} was frozen before workspace {} was re-registered at {}; nothing was run — freeze the call again",
                     inv.id, ws.id, ws.path

@@ -32,8 +32,9 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::policy::{self, ApprovalRule, Decision};
+use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
-use crate::registry::{Entry, ErrorClass, Registry, ToolError, ToolOutput};
+use crate::registry::{Entry, Registry, ToolError, ToolOutput};
 use crate::store::{FinalStatus, InvocationRow, Store};
 
 /// Largest serialized tool output kept in a result, in bytes; larger outputs are replaced
@@ -227,9 +228,8 @@ impl Harness {
         if !gated {
             return Ok(());
         }
-        let refused = |why: &str| {
-            ToolError::new(ErrorClass::Failed, "approval_required", format!("{} was not executed: {why}", inv.id))
-        };
+        let refused =
+            |why: &str| ToolError::new(ErrorCode::ApprovalRequired, format!("{} was not executed: {why}", inv.id));
         let approval = self
             .store
             .approval_of_invocation(&inv.id)
@@ -255,8 +255,7 @@ impl Harness {
                     .map_err(|e| refused(&format!("the decider could not be read: {e}")))?;
             if !seconded {
                 return Err(ToolError::new(
-                    ErrorClass::Failed,
-                    "four_eyes_required",
+                    ErrorCode::FourEyesRequired,
                     format!(
                         "{} was not executed: its approval needs a second person (an admin or approver other than the requester), and the stored grant is not one",
                         inv.id
@@ -279,19 +278,17 @@ impl Harness {
         workspace: crate::workspace::Workspace,
         input: Value,
     ) -> Result<ToolOutput, ToolError> {
-        let entry = self.registry.get_any(tool_id).ok_or_else(|| {
-            ToolError::new(ErrorClass::NotFound, "not_registered", format!("{tool_id} is not registered"))
-        })?;
+        let entry = self
+            .registry
+            .get_any(tool_id)
+            .ok_or_else(|| ToolError::new(ErrorCode::NotRegistered, format!("{tool_id} is not registered")))?;
         if policy::decide(entry.spec()) != Decision::Skip {
             return Err(ToolError::new(
-                ErrorClass::Failed,
-                "approval_required",
+                ErrorCode::ApprovalRequired,
                 format!("{tool_id} needs an exact-invocation approval and cannot be called internally"),
             ));
         }
-        entry
-            .validate(&input)
-            .map_err(|errors| ToolError::new(ErrorClass::BadInput, "input_invalid", errors.join("; ")))?;
+        entry.validate(&input).map_err(|errors| ToolError::new(ErrorCode::InputInvalid, errors.join("; ")))?;
         let prepare_ctx = crate::registry::PrepareContext { workspace: &workspace, owner_id, run_id };
         let prepared = entry.tool.prepare(input, &prepare_ctx).await?;
         let ctx = crate::registry::ExecContext {
@@ -341,7 +338,7 @@ impl Harness {
                 (FinalStatus::Completed, json!({"ok": true, "output": output}), out.evidence)
             }
             Err(e) => {
-                let status = if e.code == "cancelled" { FinalStatus::Cancelled } else { FinalStatus::Failed };
+                let status = if e.code == ErrorCode::Cancelled { FinalStatus::Cancelled } else { FinalStatus::Failed };
                 let evidence = EvidenceDraft::of_text(
                     "tool_error",
                     json!({"tool_id": inv.tool_id, "code": e.code, "details": e.details, "stop": note}),
@@ -380,12 +377,11 @@ impl Harness {
         // A frozen call its tool family refuses now (an MCP definition changed since it was
         // frozen: `stale_definition`) never runs, registered or not.
         self.registry.check_frozen(&inv.tool_id, &inv.input)?;
-        let entry = entry.ok_or_else(|| {
-            ToolError::new(ErrorClass::Failed, "tool_gone", format!("{} is no longer registered", inv.tool_id))
-        })?;
+        let entry = entry
+            .ok_or_else(|| ToolError::new(ErrorCode::ToolGone, format!("{} is no longer registered", inv.tool_id)))?;
         self.gate(inv, &entry).await?;
-        let input: Value = serde_json::from_str(&inv.input)
-            .map_err(|e| ToolError::new(ErrorClass::Failed, "corrupt_input", e.to_string()))?;
+        let input: Value =
+            serde_json::from_str(&inv.input).map_err(|e| ToolError::new(ErrorCode::CorruptInput, e.to_string()))?;
         if call.effects == SideEffects::FromStart {
             // Such a tool may act from its first instruction: the commit point is its start.
             call.gate.commit().map_err(|reason| reason.error("stopped before it started; nothing was run"))?;
@@ -402,7 +398,7 @@ impl Harness {
                 }
             }
         };
-        let lease_lost = || ToolError::new(ErrorClass::Failed, "lease_lost", "the execution lease was lost");
+        let lease_lost = || ToolError::new(ErrorCode::LeaseLost, "the execution lease was lost");
         let work = self.executor.execute(inv, &entry, &input, call.tool_cancel.clone(), call.gate.clone());
         tokio::pin!(renew, work);
         tokio::select! {
@@ -446,7 +442,7 @@ impl Harness {
             Some(Err(e)) if before_commit => Err(stopped("stopped before its commit point; nothing was changed")
                 .with_details(json!({"tool_error": {"code": e.code, "message": e.message}, "timeout_secs": (reason == StopReason::Timeout).then_some(limit)}))),
             // The tool honoured its cancellation token ("cancelled"): report the real reason.
-            Some(Err(e)) if e.code == "cancelled" && reason != StopReason::Cancel => {
+            Some(Err(e)) if e.code == ErrorCode::Cancelled && reason != StopReason::Cancel => {
                 Err(stopped("it was asked to stop after it had started").with_details(json!({"started": true, "tool_error": {"code": e.code, "message": e.message}})))
             }
             Some(Err(e)) => Err(e),
@@ -457,8 +453,7 @@ impl Harness {
             ))
             .with_details(json!({"started": true, "confirmed_stopped": false}))),
             None => Err(ToolError::new(
-                ErrorClass::Failed,
-                "outcome_unknown",
+                ErrorCode::OutcomeUnknown,
                 format!(
                     "{} passed its commit point and did not finish within {} s of the stop request; whether its change is complete is unknown",
                     inv.tool_id,

@@ -16,6 +16,7 @@ use super::error::{Json, Path, Query};
 use crate::app::App;
 use crate::approval;
 use crate::approval::policy::ApprovalRule;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::store::{ApprovalRow, GrantRequest, Viewer, json_col};
 
@@ -159,7 +160,10 @@ pub async fn list_approvals(
     if let Some(s) = &q.status
         && !STATUSES.contains(&s.as_str())
     {
-        return Err(Error::bad_request("invalid_query", format!("status must be one of {}", STATUSES.join(", "))));
+        return Err(Error::bad_request(
+            ErrorCode::InvalidQuery,
+            format!("status must be one of {}", STATUSES.join(", ")),
+        ));
     }
     let page = super::Page { limit: q.limit, cursor: q.cursor };
     let limit = page.limit()?;
@@ -240,7 +244,7 @@ pub async fn deny(
     Json(body): Json<DenyBody>,
 ) -> Result<Json<ApprovalView>> {
     if body.reason.as_ref().is_some_and(|r| r.len() > 2000) {
-        return Err(Error::bad_request("invalid_request", "reason must be at most 2000 characters"));
+        return Err(Error::bad_request(ErrorCode::InvalidRequest, "reason must be at most 2000 characters"));
     }
     let row = approval::deny(&app, &user.decider(), &id, body.reason.as_deref()).await?;
     Ok(Json(view(row, &user.viewer())?))

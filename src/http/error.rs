@@ -10,15 +10,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::error::Error;
-use crate::registry::ErrorClass;
-use crate::store::StoreError;
+use crate::error::{Error, ErrorCode};
 
 /// The error body's inner object.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {
-    /// Stable snake_case code.
-    pub code: String,
+    /// Stable snake_case code, one of the `ErrorCode` catalogue.
+    pub code: ErrorCode,
     /// Human sentence.
     pub message: String,
     /// Structured details (may be null).
@@ -34,39 +32,16 @@ pub struct ErrorResponse {
 }
 
 impl Error {
-    /// The HTTP status and code of this error.
-    pub fn status_and_code(&self) -> (StatusCode, String) {
-        match self {
-            Error::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized".into()),
-            Error::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden".into()),
-            Error::ForbiddenCode { code, .. } => (StatusCode::FORBIDDEN, (*code).into()),
-            Error::NotFound(_) => (StatusCode::NOT_FOUND, "not_found".into()),
-            Error::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, (*code).into()),
-            Error::Conflict { code, .. } => (StatusCode::CONFLICT, (*code).into()),
-            Error::InputInvalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "input_invalid".into()),
-            Error::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type".into()),
-            Error::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed".into()),
-            Error::TooLarge { code, .. } => (StatusCode::PAYLOAD_TOO_LARGE, (*code).into()),
-            Error::TooManyRequests { code, .. } => (StatusCode::TOO_MANY_REQUESTS, (*code).into()),
-            Error::Unavailable { code, .. } => (StatusCode::SERVICE_UNAVAILABLE, (*code).into()),
-            Error::Tool(e) => {
-                let status = match e.class {
-                    ErrorClass::BadInput => StatusCode::BAD_REQUEST,
-                    ErrorClass::Conflict => StatusCode::CONFLICT,
-                    ErrorClass::NotFound => StatusCode::NOT_FOUND,
-                    ErrorClass::Forbidden => StatusCode::FORBIDDEN,
-                    ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-                    ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                    ErrorClass::Failed => StatusCode::UNPROCESSABLE_ENTITY,
-                };
-                (status, e.code.clone())
-            }
-            Error::Store(StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable".into())
-            }
-            Error::Store(_) | Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal".into()),
-        }
+    /// The HTTP status and code of this error: the code's status in the catalogue.
+    pub fn status_and_code(&self) -> (StatusCode, ErrorCode) {
+        let code = self.code();
+        (status_of(code), code)
     }
+}
+
+/// The HTTP status of `code` ([`ErrorCode::status`]).
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 impl IntoResponse for Error {
@@ -102,13 +77,13 @@ impl IntoResponse for Error {
 
 impl From<QueryRejection> for Error {
     fn from(r: QueryRejection) -> Self {
-        Error::bad_request("invalid_query", r.body_text())
+        Error::bad_request(ErrorCode::InvalidQuery, r.body_text())
     }
 }
 
 impl From<PathRejection> for Error {
     fn from(r: PathRejection) -> Self {
-        Error::bad_request("invalid_path_parameter", r.body_text())
+        Error::bad_request(ErrorCode::InvalidPathParameter, r.body_text())
     }
 }
 
@@ -139,16 +114,19 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> 
         let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 Error::TooLarge {
-                    code: "body_too_large",
+                    code: ErrorCode::BodyTooLarge,
                     message: "request body is larger than the server's limit".into(),
                 }
             } else {
-                Error::bad_request("invalid_request", format!("the request body could not be read: {}", e.body_text()))
+                Error::bad_request(
+                    ErrorCode::InvalidRequest,
+                    format!("the request body could not be read: {}", e.body_text()),
+                )
             }
         })?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err(Error::bad_request(
-                "invalid_json",
+                ErrorCode::InvalidJson,
                 "the request body is empty; this operation takes a JSON document",
             ));
         }
@@ -158,10 +136,10 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> 
         match super::storable::from_json(&bytes) {
             Ok(value) => Ok(Json(value)),
             Err(super::storable::BodyError::Syntax(message)) => {
-                Err(Error::bad_request("invalid_json", format!("body is not valid JSON: {message}")))
+                Err(Error::bad_request(ErrorCode::InvalidJson, format!("body is not valid JSON: {message}")))
             }
             Err(super::storable::BodyError::Shape { path, message }) => Err(Error::BadRequest {
-                code: "invalid_request",
+                code: ErrorCode::InvalidRequest,
                 message: if path == "." { message } else { format!("{path}: {message}") },
                 details: json!({"field": path}),
             }),
@@ -190,13 +168,13 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestP
                 let spaced = part.replace('+', " ");
                 let decoded =
                     percent_encoding::percent_decode_str(&spaced).decode_utf8().map_err(|_| Error::BadRequest {
-                        code: "invalid_request",
+                        code: ErrorCode::InvalidRequest,
                         message: format!("query parameter {name} is not valid UTF-8"),
                         details: json!({"parameter": name}),
                     })?;
                 if decoded.contains('\0') {
                     return Err(Error::BadRequest {
-                        code: "invalid_request",
+                        code: ErrorCode::InvalidRequest,
                         message: format!("query parameter {name}: {}", super::storable::NUL_MESSAGE),
                         details: json!({"parameter": name}),
                     });
@@ -219,7 +197,7 @@ impl<T: serde::de::DeserializeOwned + Send, S: Send + Sync> axum::extract::FromR
             for (name, value) in &raw {
                 if value.contains('\0') {
                     return Err(Error::BadRequest {
-                        code: "invalid_request",
+                        code: ErrorCode::InvalidRequest,
                         message: format!("path parameter {name}: {}", super::storable::NUL_MESSAGE),
                         details: json!({"parameter": name}),
                     });

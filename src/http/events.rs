@@ -19,6 +19,7 @@ use super::auth::AuthUser;
 use super::error::{Path, Query};
 use super::runs::owned_run;
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::store::follow::follow;
 
@@ -45,14 +46,14 @@ pub async fn run_events(
     let run = owned_run(&app, &user, &run_id).await?;
     let after = match headers.get("last-event-id") {
         Some(v) => v.to_str().ok().and_then(|s| s.trim().parse::<i64>().ok()).ok_or_else(|| {
-            Error::bad_request("invalid_last_event_id", "Last-Event-ID must be an event id (an integer)")
+            Error::bad_request(ErrorCode::InvalidLastEventId, "Last-Event-ID must be an event id (an integer)")
         })?,
         None => q.after.unwrap_or(0),
     };
     let newest = app.store.last_event_seq(&run.id).await?;
     if after < 0 || after > newest {
         return Err(Error::BadRequest {
-            code: "invalid_last_event_id",
+            code: ErrorCode::InvalidLastEventId,
             message: format!("event id {after} does not exist in this run (newest is {newest})"),
             details: serde_json::json!({"last_event_id": after, "newest": newest}),
         });

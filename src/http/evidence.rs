@@ -11,6 +11,7 @@ use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use super::runs::owned_run;
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::store::{EvidenceRow, json_col};
 
@@ -132,7 +133,7 @@ pub async fn accept(
     Json(body): Json<AcceptanceBody>,
 ) -> Result<Json<EvidenceView>> {
     if body.note.as_ref().is_some_and(|n| n.len() > 2000) {
-        return Err(Error::bad_request("invalid_request", "note must be at most 2000 characters"));
+        return Err(Error::bad_request(ErrorCode::InvalidRequest, "note must be at most 2000 characters"));
     }
     let row = app
         .store

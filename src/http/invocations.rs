@@ -12,6 +12,7 @@ use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use super::runs::owned_run;
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::harness::CancelOutcome;
 use crate::invocation::{self, CallRequest};
@@ -219,7 +220,7 @@ pub async fn cancel_invocation(
     match outcome {
         CancelOutcome::Stopped | CancelOutcome::Interrupting => Ok((StatusCode::OK, Json(full_view(&app, row).await?))),
         CancelOutcome::TooLate => Err(Error::conflict(
-            "already_running",
+            ErrorCode::AlreadyRunning,
             format!(
                 "invocation {} has passed its commit point ({} was already making its change); it was not cancelled, and its result will note the request",
                 row.id, row.tool_id
@@ -227,7 +228,7 @@ pub async fn cancel_invocation(
             serde_json::json!({"status": row.status, "cancel_requested_at": row.cancel_requested_at}),
         )),
         CancelOutcome::Finished => Err(Error::conflict(
-            "invalid_state",
+            ErrorCode::InvalidState,
             format!("invocation {} has finished running; its result is being stored and stands as it is", row.id),
             serde_json::json!({"status": row.status, "finished": true}),
         )),
@@ -238,7 +239,7 @@ pub async fn cancel_invocation(
 
 fn invalid_state(row: &InvocationRow) -> Error {
     Error::conflict(
-        "invalid_state",
+        ErrorCode::InvalidState,
         format!("invocation {} is {} and can no longer be cancelled", row.id, row.status),
         serde_json::json!({"status": row.status}),
     )

@@ -34,6 +34,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::ids;
 
@@ -61,14 +62,14 @@ impl Page {
             })
         {
             return Err(Error::bad_request(
-                "invalid_query",
+                ErrorCode::InvalidQuery,
                 "cursor must be the next_cursor of a previous page of this list",
             ));
         }
         match self.limit {
             None => Ok(50),
             Some(n) if (1..=200).contains(&n) => Ok(n),
-            Some(n) => Err(Error::bad_request("invalid_query", format!("limit must be 1-200, not {n}"))),
+            Some(n) => Err(Error::bad_request(ErrorCode::InvalidQuery, format!("limit must be 1-200, not {n}"))),
         }
     }
 
@@ -212,7 +213,7 @@ pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router 
                 match tokio::time::timeout(request_timeout, next.run(req)).await {
                     Ok(response) => response,
                     Err(_) => Error::Unavailable {
-                        code: "request_timeout",
+                        code: ErrorCode::RequestTimeout,
                         message: format!("the request took longer than {} s", request_timeout.as_secs()),
                     }
                     .into_response(),

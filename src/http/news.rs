@@ -14,6 +14,7 @@ use super::Page;
 use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::store::NewsSourceRow;
 use crate::tools::search::news::collector::json_or_null;
@@ -163,19 +164,19 @@ pub async fn create_source(
     let url = body.url.trim().to_owned();
     if !crate::tools::search::text::is_http_url(&url) {
         return Err(Error::bad_request(
-            "invalid_url",
+            ErrorCode::InvalidUrl,
             "url must be an absolute http or https URL of at most 2048 bytes",
         ));
     }
     let name = body.name.trim().to_owned();
     if name.is_empty() || name.len() > 128 {
-        return Err(Error::bad_request("invalid_name", "name must be 1-128 characters"));
+        return Err(Error::bad_request(ErrorCode::InvalidName, "name must be 1-128 characters"));
     }
     let cfg = app.search.config();
     let interval = body.interval_secs.unwrap_or(cfg.news_interval_secs);
     if interval < cfg.news_min_interval_secs || interval > MAX_INTERVAL_SECS {
         return Err(Error::bad_request(
-            "invalid_interval",
+            ErrorCode::InvalidInterval,
             format!("interval_secs must be {}-{MAX_INTERVAL_SECS}", cfg.news_min_interval_secs),
         ));
     }
@@ -183,7 +184,7 @@ pub async fn create_source(
         user.require_admin()?;
     } else if app.store.count_own_news_sources(&user.user_id).await? >= MAX_SOURCES_PER_USER {
         return Err(Error::conflict(
-            "source_limit",
+            ErrorCode::SourceLimit,
             format!("a user may have at most {MAX_SOURCES_PER_USER} news sources"),
             Value::Null,
         ));
@@ -199,7 +200,7 @@ pub async fn create_source(
         Ok(()) => {}
         Err(e) if e.is_unique_violation() => {
             return Err(Error::conflict(
-                "source_exists",
+                ErrorCode::SourceExists,
                 format!("{url} is already a source{}", if body.shared { " of the deployment" } else { " of yours" }),
                 Value::Null,
             ));
@@ -279,7 +280,7 @@ pub async fn resume_source(State(app): State<App>, user: AuthUser, Path(id): Pat
 pub async fn fetch_source(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<SourceView>> {
     let row = changeable(&app, &user, &id).await?;
     if row.paused != 0 {
-        return Err(Error::conflict("source_paused", "the source is paused; resume it first", Value::Null));
+        return Err(Error::conflict(ErrorCode::SourcePaused, "the source is paused; resume it first", Value::Null));
     }
     app.store.news_source_due_now(&id).await?;
     app.search.collector().wake();

@@ -10,6 +10,7 @@ use super::Page;
 use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::exposure::{self, Exposure};
 use crate::store::RunRow;
@@ -75,7 +76,7 @@ pub async fn create_run(
     Json(body): Json<CreateRun>,
 ) -> Result<(StatusCode, Json<RunView>)> {
     if body.title.as_ref().is_some_and(|t| t.len() > 256) {
-        return Err(Error::bad_request("invalid_request", "title must be at most 256 characters"));
+        return Err(Error::bad_request(ErrorCode::InvalidRequest, "title must be at most 256 characters"));
     }
     let workspace = match &body.workspace_id {
         Some(id) => app.store.workspace_for(&user.user_id, id).await?,
@@ -152,7 +153,7 @@ pub async fn create_turn(
     let size = body.task.len() + body.context.as_ref().map_or(0, String::len);
     if size > app.config.max_task_bytes {
         return Err(Error::TooLarge {
-            code: "task_too_large",
+            code: ErrorCode::TaskTooLarge,
             message: format!("task and context are {size} bytes; the limit is {}", app.config.max_task_bytes),
         });
     }

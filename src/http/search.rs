@@ -17,6 +17,7 @@ use utoipa_axum::routes;
 use super::auth::AuthUser;
 use super::error::{Json, Path};
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::store::SearchConnectionRow;
 use crate::tools::search::connections::{Connection, Credential, Health};
@@ -127,7 +128,7 @@ fn view(app: &App, user_id: &str, c: &Connection) -> ConnectionView {
 
 fn check_name(name: &str) -> Result<()> {
     if name.trim().is_empty() || name.len() > 128 {
-        return Err(Error::bad_request("invalid_name", "name must be 1-128 characters"));
+        return Err(Error::bad_request(ErrorCode::InvalidName, "name must be 1-128 characters"));
     }
     Ok(())
 }
@@ -135,7 +136,7 @@ fn check_name(name: &str) -> Result<()> {
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > 1024 || key.chars().any(char::is_control) {
         return Err(Error::bad_request(
-            "invalid_api_key",
+            ErrorCode::InvalidApiKey,
             "api_key must be 1-1024 characters without control characters",
         ));
     }
@@ -154,7 +155,10 @@ fn check_env(user: &AuthUser, name: &str) -> Result<()> {
         && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
         && !name.starts_with(|c: char| c.is_ascii_digit());
     if !valid {
-        return Err(Error::bad_request("invalid_api_key_env", "api_key_env must be an environment variable name"));
+        return Err(Error::bad_request(
+            ErrorCode::InvalidApiKeyEnv,
+            "api_key_env must be an environment variable name",
+        ));
     }
     Ok(())
 }
@@ -162,7 +166,7 @@ fn check_env(user: &AuthUser, name: &str) -> Result<()> {
 /// Seals `key` for connection `id` (kind, ciphertext, key id).
 fn seal(app: &App, id: &str, key: &str) -> Result<(String, Option<String>, Option<String>)> {
     let secrets = app.search.secrets()?;
-    let sealed = secrets.seal(key, id).map_err(Error::Internal)?;
+    let sealed = secrets.seal(key, id).map_err(|e| Error::Internal(e.to_string()))?;
     Ok(("encrypted".into(), Some(sealed), Some(secrets.key_id().to_owned())))
 }
 
@@ -182,15 +186,18 @@ pub async fn create_connection(
         (Some(url), _) => url.trim().trim_end_matches('/').to_owned(),
         (None, Some(default)) => default.trim_end_matches('/').to_owned(),
         (None, None) => {
-            return Err(Error::bad_request("base_url_required", "a searxng connection needs the instance's base_url"));
+            return Err(Error::bad_request(
+                ErrorCode::BaseUrlRequired,
+                "a searxng connection needs the instance's base_url",
+            ));
         }
     };
     if !crate::tools::search::text::is_http_url(&base_url) {
-        return Err(Error::bad_request("invalid_url", "base_url must be an absolute http or https URL"));
+        return Err(Error::bad_request(ErrorCode::InvalidUrl, "base_url must be an absolute http or https URL"));
     }
     app.check_fetch_url(user.is_admin, &base_url).await?;
     if body.api_key.is_some() && body.api_key_env.is_some() {
-        return Err(Error::bad_request("invalid_request", "give api_key or api_key_env, not both"));
+        return Err(Error::bad_request(ErrorCode::InvalidRequest, "give api_key or api_key_env, not both"));
     }
     if let Some(key) = &body.api_key {
         check_key(key)?;
@@ -200,13 +207,13 @@ pub async fn create_connection(
     }
     if body.provider.needs_key() && body.api_key.is_none() && body.api_key_env.is_none() {
         return Err(Error::bad_request(
-            "credential_required",
+            ErrorCode::CredentialRequired,
             format!("a {} connection needs api_key (or, for admins, api_key_env)", body.provider.as_str()),
         ));
     }
     if app.store.count_search_connections(&user.user_id).await? >= MAX_CONNECTIONS_PER_USER {
         return Err(Error::conflict(
-            "connection_limit",
+            ErrorCode::ConnectionLimit,
             format!("a user may have at most {MAX_CONNECTIONS_PER_USER} search connections"),
             serde_json::Value::Null,
         ));
@@ -293,7 +300,7 @@ pub async fn update_connection(
     let mut row =
         app.store.search_connection_for(&user.user_id, &id).await?.ok_or(Error::NotFound("search connection"))?;
     if body.api_key.is_some() && body.api_key_env.is_some() {
-        return Err(Error::bad_request("invalid_request", "give api_key or api_key_env, not both"));
+        return Err(Error::bad_request(ErrorCode::InvalidRequest, "give api_key or api_key_env, not both"));
     }
     if let Some(name) = body.name {
         check_name(&name)?;

@@ -32,6 +32,7 @@ use utoipa_axum::routes;
 use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::store::TerminalSessionRow;
 use crate::tools::terminal::host::{ExitInfo, Session};
@@ -204,13 +205,13 @@ pub async fn stream_session(
             .to_str()
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| Error::bad_request("invalid_offset", "Last-Event-ID must be a byte offset"))?,
+            .ok_or_else(|| Error::bad_request(ErrorCode::InvalidOffset, "Last-Event-ID must be a byte offset"))?,
         None => q.offset.unwrap_or(0),
     };
     let total = live.as_ref().map_or(u64::try_from(row.bytes_out).unwrap_or(0), |s| s.with_ring(|r| r.end()));
     if offset > total {
         return Err(Error::BadRequest {
-            code: "invalid_offset",
+            code: ErrorCode::InvalidOffset,
             message: format!("offset {offset} is past the session's output ({total} bytes so far)"),
             details: json!({"offset": offset, "bytes_out": total}),
         });
@@ -423,10 +424,10 @@ pub async fn read_output(
         o.retain(|_, v| !v.is_null());
     }
     let query = OutputQuery::from_input(&input).map_err(|e| Error::BadRequest {
-        code: match e.code.as_str() {
-            "invalid_range" => "invalid_range",
-            "invalid_pattern" => "invalid_pattern",
-            _ => "invalid_field",
+        code: match e.code {
+            ErrorCode::InvalidRange => ErrorCode::InvalidRange,
+            ErrorCode::InvalidPattern => ErrorCode::InvalidPattern,
+            _ => ErrorCode::InvalidField,
         },
         message: e.message,
         details: serde_json::Value::Null,

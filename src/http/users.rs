@@ -9,6 +9,7 @@ use utoipa_axum::routes;
 use super::auth::AuthUser;
 use super::error::Json;
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::store::{Roles, Store, UserRow};
 
@@ -55,7 +56,7 @@ pub async fn create(store: &Store, name: &str, roles: Roles) -> Result<(UserRow,
         !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
     if !valid {
         return Err(Error::bad_request(
-            "invalid_name",
+            ErrorCode::InvalidName,
             "name must be 1-64 characters of letters, digits, '-', '_' or '.'",
         ));
     }
@@ -63,7 +64,7 @@ pub async fn create(store: &Store, name: &str, roles: Roles) -> Result<(UserRow,
     match store.create_user_with_roles(name, roles, &crate::auth::hash_token(&token)).await {
         Ok(user) => Ok((user, token)),
         Err(e) if e.is_unique_violation() => {
-            Err(Error::conflict("name_taken", format!("a user named {name} exists"), serde_json::Value::Null))
+            Err(Error::conflict(ErrorCode::NameTaken, format!("a user named {name} exists"), serde_json::Value::Null))
         }
         Err(e) => Err(e.into()),
     }

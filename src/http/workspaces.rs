@@ -11,6 +11,7 @@ use utoipa_axum::routes;
 use super::auth::AuthUser;
 use super::error::{Json, Path};
 use crate::app::App;
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::store::{DeviceRow, WorkspaceRow};
 use crate::workspace::{RootChange, RootError, RootIdentity, Workspace};
@@ -145,7 +146,7 @@ fn lexical(path: &str) -> Option<PathBuf> {
 /// folder they cannot read — all alike, so the answer says nothing about the path.
 fn not_allowed(path: &str) -> Error {
     Error::ForbiddenCode {
-        code: "workspace_path_not_allowed",
+        code: ErrorCode::WorkspacePathNotAllowed,
         message: format!(
             "workspace path {path:?} is not allowed: users other than admins may register only an existing folder \
              under the workspace roots this server allows"
@@ -176,12 +177,12 @@ fn user_path(app: &App, raw: &str) -> Result<(PathBuf, RootIdentity)> {
 /// (400 `invalid_workspace_path`).
 fn admin_path(raw: &str) -> Result<(PathBuf, RootIdentity)> {
     let path = std::fs::canonicalize(PathBuf::from(raw))
-        .map_err(|e| Error::bad_request("invalid_workspace_path", format!("{raw}: {e}")))?;
+        .map_err(|e| Error::bad_request(ErrorCode::InvalidWorkspacePath, format!("{raw}: {e}")))?;
     if !path.is_dir() {
-        return Err(Error::bad_request("invalid_workspace_path", format!("{raw} is not a directory")));
+        return Err(Error::bad_request(ErrorCode::InvalidWorkspacePath, format!("{raw} is not a directory")));
     }
     let (_, identity) = crate::workspace::open_root(&path).map_err(|e| {
-        Error::bad_request("invalid_workspace_path", format!("{raw}: the folder cannot be opened: {e:?}"))
+        Error::bad_request(ErrorCode::InvalidWorkspacePath, format!("{raw}: the folder cannot be opened: {e:?}"))
     })?;
     Ok((path, identity))
 }
@@ -199,7 +200,7 @@ pub async fn create_workspace(
     Json(body): Json<CreateWorkspace>,
 ) -> Result<(StatusCode, Json<WorkspaceView>)> {
     if body.name.is_empty() || body.name.len() > 128 {
-        return Err(Error::bad_request("invalid_name", "name must be 1-128 characters"));
+        return Err(Error::bad_request(ErrorCode::InvalidName, "name must be 1-128 characters"));
     }
     let (path, identity) = if user.is_admin { admin_path(&body.path)? } else { user_path(&app, &body.path)? };
     let row =
@@ -224,13 +225,16 @@ pub async fn reregister_workspace(
     }
     let row = app.store.workspace_by_id(&workspace_id).await?.ok_or(Error::NotFound("workspace"))?;
     if row.device_id.is_some() {
-        return Err(Error::bad_request("invalid_workspace_path", "the workspace is on a device, not on this host"));
+        return Err(Error::bad_request(
+            ErrorCode::InvalidWorkspacePath,
+            "the workspace is on a device, not on this host",
+        ));
     }
     let canonical = std::fs::canonicalize(&row.path)
-        .map_err(|e| Error::bad_request("invalid_workspace_path", format!("{}: {e}", row.path)))?;
+        .map_err(|e| Error::bad_request(ErrorCode::InvalidWorkspacePath, format!("{}: {e}", row.path)))?;
     if canonical != std::path::Path::new(&row.path) {
         return Err(Error::bad_request(
-            "invalid_workspace_path",
+            ErrorCode::InvalidWorkspacePath,
             format!(
                 "{} now leads to {} (a symlink on the way); register a new workspace at the real folder instead",
                 row.path,
@@ -312,7 +316,7 @@ pub async fn create_device(
         || body.capabilities.iter().any(|c| c.is_empty() || c.len() > 64)
     {
         return Err(Error::bad_request(
-            "invalid_request",
+            ErrorCode::InvalidRequest,
             "name must be 1-128 characters; at most 32 capabilities of 1-64 characters",
         ));
     }

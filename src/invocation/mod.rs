@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::app::App;
 use crate::approval::policy::{self, Decision};
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::exposure::{Exposure, LadderState, ladder};
 use crate::ids;
@@ -53,7 +54,7 @@ pub const MAX_CALL_ID_BYTES: usize = 256;
 pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) -> Result<Frozen> {
     if req.tool_call_id.is_empty() || req.tool_call_id.len() > MAX_CALL_ID_BYTES {
         return Err(Error::bad_request(
-            "invalid_request",
+            ErrorCode::InvalidRequest,
             format!("tool_call_id must be 1 to {MAX_CALL_ID_BYTES} bytes"),
         ));
     }
@@ -73,7 +74,7 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
     let view = ladder::view(&app.registry, &tool_id, &ctx, Some(&exposure));
     if view.state != LadderState::Exposed {
         let message = view.reason.as_ref().map_or_else(|| format!("{tool_id} cannot be called"), |r| r.message.clone());
-        let code = view.state.as_str();
+        let code = view.state.error_code();
         let details = json!({"tool_id": tool_id, "replacement": view.replacement, "ladder": view});
         return Err(Error::conflict(code, message, details));
     }
@@ -140,7 +141,7 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
 
 fn call_id_conflict(existing: &InvocationRow) -> Error {
     Error::conflict(
-        "tool_call_id_conflict",
+        ErrorCode::ToolCallIdConflict,
         format!(
             "tool_call_id {} already names another frozen call in this run; a changed call needs a new tool_call_id",
             existing.tool_call_id

@@ -15,11 +15,12 @@ use rmcp::service::PeerRequestOptions;
 use serde_json::{Value, json};
 
 use super::{McpManager, ProgressRoute, stdio};
+use crate::error::ErrorCode;
 use crate::evidence::{EvidenceDraft, sha256_hex};
-use crate::registry::{ErrorClass, ExecContext, ToolError, ToolOutput};
+use crate::registry::{ExecContext, ToolError, ToolOutput};
 
-fn failed(code: &str, message: impl Into<String>) -> ToolError {
-    ToolError::new(ErrorClass::Failed, code, message)
+fn failed(code: ErrorCode, message: impl Into<String>) -> ToolError {
+    ToolError::new(code, message)
 }
 
 impl McpManager {
@@ -32,17 +33,12 @@ impl McpManager {
         ctx: &ExecContext,
     ) -> Result<ToolOutput, ToolError> {
         let slot = self.slot(server_id).ok_or_else(|| {
-            ToolError::new(
-                ErrorClass::Unavailable,
-                "mcp_server_not_installed",
-                format!("MCP server {server_id} is gone"),
-            )
+            ToolError::new(ErrorCode::McpServerNotInstalled, format!("MCP server {server_id} is gone"))
         })?;
         let live = slot.live.lock().clone().ok_or_else(|| {
             let s = slot.state.read();
             ToolError::new(
-                ErrorClass::Unavailable,
-                "mcp_not_connected",
+                ErrorCode::McpNotConnected,
                 format!(
                     "MCP server {server_id} is {}: {}",
                     s.conn.state,
@@ -85,7 +81,7 @@ impl McpManager {
             None => {
                 drop(guard);
                 return Err(failed(
-                    "cancelled",
+                    ErrorCode::Cancelled,
                     "the invocation was cancelled; the MCP server was sent notifications/cancelled",
                 ));
             }
@@ -96,23 +92,23 @@ impl McpManager {
             }
         };
         let result = match result {
-            Ok(r) => serde_json::to_value(r).map_err(|e| failed("mcp_bad_result", e.to_string()))?,
+            Ok(r) => serde_json::to_value(r).map_err(|e| failed(ErrorCode::McpBadResult, e.to_string()))?,
             Err(ServiceError::McpError(e))
                 if oversized || e.code.0 == i32::try_from(stdio::OVERSIZED_ERROR_CODE).unwrap_or(0) =>
             {
-                return Err(failed("mcp_message_too_large", e.message.to_string())
+                return Err(failed(ErrorCode::McpMessageTooLarge, e.message.to_string())
                     .with_details(json!({"limit_bytes": self.settings().max_message_bytes})));
             }
             Err(ServiceError::McpError(e)) => {
                 return Err(failed(
-                    "mcp_error",
+                    ErrorCode::McpError,
                     format!("the MCP server answered with error {}: {}", e.code.0, e.message),
                 )
                 .with_details(json!({"code": e.code.0, "data": e.data})));
             }
             Err(ServiceError::Timeout { timeout }) => {
                 return Err(failed(
-                    "mcp_timeout",
+                    ErrorCode::McpTimeout,
                     format!(
                         "the MCP server did not answer within {} ms; it was sent notifications/cancelled",
                         timeout.as_millis()
@@ -155,7 +151,7 @@ impl McpManager {
             } else {
                 crate::evidence::excerpt(&joined, 4096)
             };
-            return Err(failed("mcp_tool_error", message).with_details(json!({
+            return Err(failed(ErrorCode::McpToolError, message).with_details(json!({
                 "server_id": server_id, "tool": tool, "content_sha256": content_sha256, "utf8_replaced": repaired,
             })));
         }
@@ -241,7 +237,7 @@ fn lost(live: &super::connection::Live, e: &ServiceError) -> ToolError {
     // The supervisor checks the server now instead of at the next health check.
     let _ = live.trouble.send(format!("a call lost the connection: {e}"));
     let tail = live.stderr.as_ref().map(|s| s.text()).unwrap_or_default();
-    failed("mcp_connection_lost", format!("the connection to the MCP server was lost during the call: {e}"))
+    failed(ErrorCode::McpConnectionLost, format!("the connection to the MCP server was lost during the call: {e}"))
         .with_details(json!({"stderr_tail": tail}))
 }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::secret::SecretBox;
 
@@ -135,7 +136,7 @@ struct SecretValues {
 }
 
 fn bad(message: impl Into<String>) -> Error {
-    Error::bad_request("invalid_request", message)
+    Error::bad_request(ErrorCode::InvalidRequest, message)
 }
 
 fn env_name_ok(name: &str) -> bool {
@@ -155,7 +156,7 @@ pub fn validate_name(name: &str) -> Result<()> {
 
 /// Stable code of the 403 refusing a server-side secret reference to a non-admin (also used
 /// by search connections for `api_key_env`).
-pub const SERVER_ENV_REFERENCE: &str = "server_env_reference";
+pub const SERVER_ENV_REFERENCE: ErrorCode = ErrorCode::ServerEnvReference;
 
 /// The first `{"from_env": …}` reference of a transport, as `(where, variable)`: a value the
 /// runtime reads from its own environment (its API keys, database URL, secret key…).
@@ -253,9 +254,56 @@ pub fn seal(input: &TransportInput, secrets: &SecretBox, aad: &str) -> Result<Se
         None
     } else {
         let text = serde_json::to_string(&values).map_err(|e| Error::Internal(e.to_string()))?;
-        Some(secrets.seal(&text, aad).map_err(Error::Internal)?)
+        Some(secrets.seal(&text, aad).map_err(|e| Error::Internal(e.to_string()))?)
     };
     Ok(Sealed { transport, config, secrets })
+}
+
+/// Why a stored transport cannot be opened (each a sentence for the connection's
+/// `last_error`).
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The sealed values do not open (another key, corrupt).
+    #[error(transparent)]
+    Secrets(#[from] crate::secret::SecretError),
+    /// The opened values are not the stored JSON map.
+    #[error("{0}")]
+    SecretValues(#[from] serde_json::Error),
+    /// A `from_env` reference in a server an admin did not install.
+    #[error(
+        "{prefix} {name} refers to the server's environment variable {var}, but the server was not installed by an \
+         admin; nothing was sent ({}) — reinstall it with the value itself",
+        SERVER_ENV_REFERENCE
+    )]
+    EnvNotAllowed {
+        /// `env` or `header`.
+        prefix: String,
+        /// The variable or header name.
+        name: String,
+        /// The server's environment variable named.
+        var: String,
+    },
+    /// A `from_env` reference to a variable that is not set.
+    #[error("{prefix} {name} refers to environment variable {var}, which is not set")]
+    EnvUnset {
+        /// `env` or `header`.
+        prefix: String,
+        /// The variable or header name.
+        name: String,
+        /// The server's environment variable named.
+        var: String,
+    },
+    /// A sealed value the config names is not among the stored ones.
+    #[error("{prefix} {name}: its stored value is missing")]
+    ValueMissing {
+        /// `env` or `header`.
+        prefix: String,
+        /// The variable or header name.
+        name: String,
+    },
+    /// The config has neither `stdio` nor `http`.
+    #[error("the stored transport is neither stdio nor http")]
+    UnknownTransport,
 }
 
 /// Opens the stored config into a connectable transport. `allow_env` says whether
@@ -270,28 +318,32 @@ pub fn resolve(
     secrets: &SecretBox,
     aad: &str,
     allow_env: bool,
-) -> std::result::Result<Resolved, String> {
+) -> std::result::Result<Resolved, ResolveError> {
     let values: SecretValues = match (sealed, key_id) {
-        (Some(s), Some(k)) => serde_json::from_str(&secrets.open(s, k, aad)?).map_err(|e| e.to_string())?,
+        (Some(s), Some(k)) => serde_json::from_str(&secrets.open(s, k, aad)?)?,
         _ => SecretValues::default(),
     };
-    let pairs = |map: Option<&Value>, prefix: &str| -> std::result::Result<Vec<(String, String)>, String> {
+    let pairs = |map: Option<&Value>, prefix: &str| -> std::result::Result<Vec<(String, String)>, ResolveError> {
         let mut out = Vec::new();
         for (name, spec) in map.and_then(Value::as_object).into_iter().flatten() {
             let value = match spec.get("from_env").and_then(Value::as_str) {
                 Some(var) if !allow_env => {
-                    return Err(format!(
-                        "{prefix} {name} refers to the server's environment variable {var}, but the server was not \
-                         installed by an admin; nothing was sent ({SERVER_ENV_REFERENCE}) — reinstall it with the value itself"
-                    ));
+                    return Err(ResolveError::EnvNotAllowed {
+                        prefix: prefix.to_owned(),
+                        name: name.clone(),
+                        var: var.to_owned(),
+                    });
                 }
-                Some(var) => std::env::var(var)
-                    .map_err(|_| format!("{prefix} {name} refers to environment variable {var}, which is not set"))?,
+                Some(var) => std::env::var(var).map_err(|_| ResolveError::EnvUnset {
+                    prefix: prefix.to_owned(),
+                    name: name.clone(),
+                    var: var.to_owned(),
+                })?,
                 None => values
                     .values
                     .get(&format!("{prefix}:{name}"))
                     .cloned()
-                    .ok_or_else(|| format!("{prefix} {name}: its stored value is missing"))?,
+                    .ok_or_else(|| ResolveError::ValueMissing { prefix: prefix.to_owned(), name: name.clone() })?,
             };
             out.push((name.clone(), value));
         }
@@ -314,7 +366,7 @@ pub fn resolve(
             headers: pairs(h.get("headers"), "header")?,
         });
     }
-    Err("the stored transport is neither stdio nor http".to_owned())
+    Err(ResolveError::UnknownTransport)
 }
 
 #[cfg(test)]

@@ -242,7 +242,7 @@ async fn connect(
         &row.id,
         allow_env,
     )
-    .map_err(|e| (e, None))?;
+    .map_err(|e| (e.to_string(), None))?;
     let max = manager.settings().max_message_bytes;
     match resolved {
         Resolved::Stdio { command, args, env, cwd } => {

@@ -16,11 +16,12 @@
 
 use serde_json::{Value, json};
 
-use crate::registry::{ErrorClass, ToolError};
+use crate::error::ErrorCode;
+use crate::registry::ToolError;
 use crate::store::McpToolRow;
 
 /// Stable code of a frozen call whose tool definition changed since.
-pub const STALE_DEFINITION: &str = "stale_definition";
+pub const STALE_DEFINITION: ErrorCode = ErrorCode::StaleDefinition;
 /// Stable code of a tool whose agent access is off until its changed definition is reviewed.
 pub const DEFINITION_CHANGED: &str = "definition_changed";
 /// Member of an MCP call's canonical input holding the definition fingerprint.
@@ -79,7 +80,7 @@ pub fn check_frozen(tool_id: &str, frozen: &Value, current: &McpToolRow) -> Resu
     let now = fingerprint(current);
     let then = frozen.get(FROZEN_FINGERPRINT).and_then(Value::as_str);
     let stale = |why: String| {
-        ToolError::new(ErrorClass::Conflict, STALE_DEFINITION, why)
+        ToolError::new(STALE_DEFINITION, why)
             .with_details(json!({"tool_id": tool_id, "frozen_sha256": then, "current_sha256": now}))
     };
     match then {
@@ -153,7 +154,7 @@ mod tests {
         assert!(back.review_previous.is_none(), "back to the reviewed definition");
         let frozen = json!({FROZEN_ARGUMENTS: {}, FROZEN_FINGERPRINT: fingerprint(&a)});
         assert!(check_frozen("t", &frozen, &a).is_ok());
-        assert_eq!(check_frozen("t", &frozen, &c).err().map(|e| e.code).as_deref(), Some(STALE_DEFINITION));
+        assert_eq!(check_frozen("t", &frozen, &c).err().map(|e| e.code), Some(STALE_DEFINITION));
         assert!(check_frozen("t", &json!({}), &a).is_err());
     }
 }

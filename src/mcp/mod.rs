@@ -41,6 +41,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::registry::{Explainer, Registry};
 use crate::store::{McpConnectionRow, McpServerRow, McpToolRow, Store};
@@ -346,7 +347,7 @@ impl McpManager {
         }
         if req.disclaimer.as_ref().is_some_and(|d| d.len() > config::MAX_DISCLAIMER_BYTES || d.trim().is_empty()) {
             return Err(Error::bad_request(
-                "invalid_request",
+                ErrorCode::InvalidRequest,
                 format!("disclaimer must be 1 to {} bytes", config::MAX_DISCLAIMER_BYTES),
             ));
         }
@@ -431,7 +432,7 @@ impl McpManager {
         Self::may_manage(&slot, user_id, is_admin)?;
         if slot.state.read().row.enabled == 0 {
             return Err(Error::conflict(
-                "mcp_server_disabled",
+                ErrorCode::McpServerDisabled,
                 format!("MCP server {id} is disabled; enable it with PATCH /v1/mcp/servers/{id} {{\"enabled\": true}}"),
                 serde_json::json!({"server_id": id, "stage": "enabled"}),
             ));
@@ -447,7 +448,7 @@ impl McpManager {
         let mut row = slot.state.read().row.clone();
         if row.disclaimer.is_none() {
             return Err(Error::conflict(
-                "no_disclaimer",
+                ErrorCode::NoDisclaimer,
                 format!("MCP server {id} carries no disclaimer"),
                 serde_json::json!({"server_id": id}),
             ));
@@ -469,7 +470,7 @@ impl McpManager {
         let slot = self.slot_for(user_id, id)?;
         Self::may_manage(&slot, user_id, is_admin)?;
         let not_connected = |why: String| {
-            Error::conflict("mcp_not_connected", why, serde_json::json!({"server_id": id, "stage": "connect"}))
+            Error::conflict(ErrorCode::McpNotConnected, why, serde_json::json!({"server_id": id, "stage": "connect"}))
         };
         if slot.live.lock().is_none() {
             let state = slot.state.read().conn.state.clone();
@@ -484,13 +485,13 @@ impl McpManager {
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(Ok(()))) => Ok(slot),
             Ok(Ok(Err(e))) => Err(Error::conflict(
-                "mcp_discovery_failed",
+                ErrorCode::McpDiscoveryFailed,
                 format!("tools/list failed: {e}"),
                 serde_json::json!({"server_id": id, "stage": "discover"}),
             )),
             Ok(Err(_)) => Err(not_connected(format!("MCP server {id} disconnected during discovery"))),
             Err(_) => Err(Error::conflict(
-                "mcp_discovery_failed",
+                ErrorCode::McpDiscoveryFailed,
                 "tools/list did not finish in time",
                 serde_json::json!({"server_id": id, "stage": "discover"}),
             )),
@@ -514,7 +515,7 @@ impl McpManager {
         let slot = self.slot_for(user_id, id)?;
         Self::may_manage(&slot, user_id, is_admin)?;
         if tool.is_empty() || tool.len() > 256 {
-            return Err(Error::bad_request("invalid_request", "tool_name must be 1 to 256 bytes"));
+            return Err(Error::bad_request(ErrorCode::InvalidRequest, "tool_name must be 1 to 256 bytes"));
         }
         if let Some(expected) = definition_sha256 {
             let current = slot
@@ -526,7 +527,7 @@ impl McpManager {
                 .map(definition::fingerprint);
             if current.as_deref() != Some(expected) {
                 return Err(Error::conflict(
-                    definition::DEFINITION_CHANGED,
+                    ErrorCode::DefinitionChanged,
                     format!(
                         "the definition of {tool} listed now is not the one given (definition_sha256 {expected}); \
                          nothing changed — read the current definition and try again"
@@ -670,6 +671,6 @@ fn validate_timeout(ms: i64) -> Result<()> {
     if (100..=3_600_000).contains(&ms) {
         Ok(())
     } else {
-        Err(Error::bad_request("invalid_request", "request_timeout_ms must be 100 to 3600000"))
+        Err(Error::bad_request(ErrorCode::InvalidRequest, "request_timeout_ms must be 100 to 3600000"))
     }
 }

@@ -14,11 +14,10 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use crate::availability::{Availability, AvailabilityContext};
+use crate::error::ErrorCode;
 use crate::mcp::definition::{self, FROZEN_ARGUMENTS, FROZEN_FINGERPRINT};
 use crate::mcp::{McpManager, ServerState, projection_id};
-use crate::registry::{
-    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::store::McpToolRow;
 
 /// A projected MCP tool.
@@ -34,10 +33,10 @@ pub struct McpTool {
 }
 
 impl McpTool {
-    /// The projection of discovered tool `t` of the server in `state`.
-    pub fn new(state: &ServerState, t: &McpToolRow, manager: Weak<McpManager>) -> Result<Self, String> {
-        let input_schema: Value =
-            serde_json::from_str(t.input_schema.as_deref().unwrap_or("null")).map_err(|e| e.to_string())?;
+    /// The projection of discovered tool `t` of the server in `state`; the error is why its
+    /// stored input schema is not JSON.
+    pub fn new(state: &ServerState, t: &McpToolRow, manager: Weak<McpManager>) -> Result<Self, serde_json::Error> {
+        let input_schema: Value = serde_json::from_str(t.input_schema.as_deref().unwrap_or("null"))?;
         let annotations: Value =
             t.annotations.as_deref().and_then(|a| serde_json::from_str(a).ok()).unwrap_or(Value::Null);
         let title = t.title.clone().unwrap_or_else(|| t.name.clone());
@@ -91,11 +90,11 @@ impl Tool for McpTool {
 
     fn availability(&self, _ctx: &AvailabilityContext) -> Availability {
         let Some(manager) = self.manager.upgrade() else {
-            return Availability::unavailable("mcp_stopped", "the MCP client is stopped");
+            return Availability::unavailable(ErrorCode::McpStopped, "the MCP client is stopped");
         };
         let Some(slot) = manager.slot(&self.server_id) else {
             return Availability::unavailable(
-                "mcp_server_not_installed",
+                ErrorCode::McpServerNotInstalled,
                 format!("MCP server {} is gone", self.server_id),
             );
         };
@@ -104,7 +103,7 @@ impl Tool for McpTool {
         }
         let s = slot.state.read();
         Availability::unavailable(
-            "mcp_not_connected",
+            ErrorCode::McpNotConnected,
             format!(
                 "stage connect: MCP server {} is {}{} (POST /v1/mcp/servers/{}/connect)",
                 self.server_id,
@@ -117,7 +116,7 @@ impl Tool for McpTool {
 
     async fn prepare(&self, input: Value, _ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         if !input.is_object() {
-            return Err(ToolError::new(ErrorClass::BadInput, "invalid_input", "MCP tool arguments are a JSON object"));
+            return Err(ToolError::new(ErrorCode::InvalidInput, "MCP tool arguments are a JSON object"));
         }
         let preview = json!({
             "mcp_server_id": self.server_id,
@@ -133,23 +132,21 @@ impl Tool for McpTool {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let manager = self
-            .manager
-            .upgrade()
-            .ok_or_else(|| ToolError::new(ErrorClass::Unavailable, "mcp_stopped", "the MCP client is stopped"))?;
+        let manager =
+            self.manager.upgrade().ok_or_else(|| ToolError::new(ErrorCode::McpStopped, "the MCP client is stopped"))?;
         // The definition the call was frozen against must still be the one listed and
         // accepted now; nothing is sent otherwise.
         manager.check_frozen(&self.spec.id, input)?;
         if input.get(FROZEN_FINGERPRINT).and_then(Value::as_str) != Some(self.definition_sha256.as_str()) {
             return Err(ToolError::new(
-                ErrorClass::Conflict,
                 definition::STALE_DEFINITION,
                 format!("this call of {} was frozen against another definition of the tool", self.spec.id),
             ));
         }
-        let arguments = input.get(FROZEN_ARGUMENTS).filter(|a| a.is_object()).ok_or_else(|| {
-            ToolError::new(ErrorClass::Failed, "corrupt_input", "the frozen MCP call has no arguments object")
-        })?;
+        let arguments = input
+            .get(FROZEN_ARGUMENTS)
+            .filter(|a| a.is_object())
+            .ok_or_else(|| ToolError::new(ErrorCode::CorruptInput, "the frozen MCP call has no arguments object"))?;
         manager.call(&self.server_id, &self.tool, arguments, ctx).await
     }
 }

@@ -10,9 +10,7 @@
 pub mod integers;
 pub mod schema;
 
-pub use mira_core::tool::{
-    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+pub use mira_core::tool::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 pub use schema::{Dialect, SchemaDialect, SchemaProblem};
 
 use std::collections::BTreeMap;

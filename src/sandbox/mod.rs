@@ -57,7 +57,8 @@ use serde::{Deserialize, Serialize};
 
 use self::cgroup::{CgroupSupport, SessionCgroup};
 use self::child::{ChildPlan, Op, Step, UserMaps};
-use crate::registry::{ErrorClass, ToolError};
+use crate::error::ErrorCode;
+use crate::registry::ToolError;
 
 /// Whether sessions are sandboxed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, utoipa::ToSchema)]
@@ -388,8 +389,8 @@ fn within(path: &Path, root: &Path) -> bool {
     path.starts_with(root)
 }
 
-fn sandbox_error(code: &str, message: impl Into<String>) -> ToolError {
-    ToolError::new(ErrorClass::Failed, code, message)
+fn sandbox_error(code: ErrorCode, message: impl Into<String>) -> ToolError {
+    ToolError::new(code, message)
 }
 
 /// The database's TCP port, when it is reached over TCP.
@@ -548,7 +549,7 @@ impl Sandbox {
 
     /// The tool error of [`Sandbox::refusal_for`] (403 `sandbox_unavailable`).
     pub fn refusal_error(reason: String) -> ToolError {
-        ToolError::new(ErrorClass::Forbidden, "sandbox_unavailable", reason)
+        ToolError::new(ErrorCode::SandboxUnavailable, reason)
     }
 
     /// The network rule sandboxed processes get on this server.
@@ -675,8 +676,7 @@ impl Sandbox {
         }
         if self.secrets.iter().any(|s| within(req.cwd, s)) {
             return Err(ToolError::new(
-                ErrorClass::Forbidden,
-                "cwd_hidden",
+                ErrorCode::CwdHidden,
                 format!("{} is hidden from sandboxed processes (the server's data or a secret)", req.cwd.display()),
             ));
         }
@@ -687,8 +687,7 @@ impl Sandbox {
                 read_write.push(req.cwd.to_path_buf());
             } else if !ancestor {
                 return Err(ToolError::new(
-                    ErrorClass::Forbidden,
-                    "cwd_outside_sandbox",
+                    ErrorCode::CwdOutsideSandbox,
                     format!(
                         "{} is outside your workspace and the sandbox's read-only folders; only an admin's session may name such a cwd",
                         req.cwd.display()
@@ -794,7 +793,7 @@ impl Sandbox {
         }
         if !self.enforced() {
             return Err(sandbox_error(
-                "sandbox_failed",
+                ErrorCode::SandboxFailed,
                 "the approved call is sandboxed but this server can no longer sandbox; nothing was started",
             ));
         }
@@ -809,7 +808,7 @@ impl Sandbox {
         extra_hidden: &[PathBuf],
         pty_session: bool,
     ) -> Result<Prepared, ToolError> {
-        let fail = |e: String| sandbox_error("sandbox_failed", format!("preparing the sandbox: {e}"));
+        let fail = |e: String| sandbox_error(ErrorCode::SandboxFailed, format!("preparing the sandbox: {e}"));
         let (all, read) = self.masks();
         let ruleset = self.build_ruleset(spec).map_err(fail)?;
         let net_ruleset = match &spec.network {
@@ -1063,14 +1062,15 @@ impl Prepared {
         let notes: Vec<u8> = bytes.into_iter().filter(|b| Step::from_byte(*b).is_none()).collect();
         let error = match (spawned, failed) {
             (Ok(c), None) => return Ok((c, cgroup, notes)),
-            (Ok(_), Some(step)) => {
-                sandbox_error("sandbox_failed", format!("the sandbox could not be applied while {}", step.describe()))
-            }
+            (Ok(_), Some(step)) => sandbox_error(
+                ErrorCode::SandboxFailed,
+                format!("the sandbox could not be applied while {}", step.describe()),
+            ),
             (Err(e), Some(step)) => sandbox_error(
-                "sandbox_failed",
+                ErrorCode::SandboxFailed,
                 format!("the sandbox could not be applied while {}: {e}; nothing was started", step.describe()),
             ),
-            (Err(e), None) => sandbox_error("spawn_failed", format!("starting the program: {e}")),
+            (Err(e), None) => sandbox_error(ErrorCode::SpawnFailed, format!("starting the program: {e}")),
         };
         if let Some(g) = cgroup {
             g.kill();

@@ -17,6 +17,7 @@ mod evidence;
 pub mod follow;
 mod invocations;
 mod mcp;
+pub mod news_query;
 mod runs;
 mod search;
 mod terminal;
@@ -37,6 +38,7 @@ pub use terminal::{SessionEnd, TerminalReport, TerminalSessionRow};
 pub use users::{Roles, TokenIdentity, UserRow};
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
@@ -102,6 +104,9 @@ pub struct Store {
     pool: AnyPool,
     backend: Backend,
     bus: EventBus,
+    /// Serialises this process's News Hub fetch writes on SQLite, whose single writer would
+    /// otherwise make concurrent fetches wait in its busy handler's sleeps.
+    news_writes: Arc<tokio::sync::Mutex<()>>,
 }
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
@@ -141,7 +146,7 @@ impl Store {
                     .await?
             }
         };
-        Ok(Store { pool, backend, bus })
+        Ok(Store { pool, backend, bus, news_writes: Arc::default() })
     }
 
     /// Applies this back-end's pending migrations.

@@ -176,10 +176,9 @@ pub enum NewsSort {
 pub struct NewsQuery<'a> {
     /// The user whose sources (and the deployment-wide ones) are searched.
     pub user_id: &'a str,
-    /// The query text as the user wrote it (Postgres: `websearch_to_tsquery` syntax).
+    /// The query text as the user wrote it, in the language of [`super::news_query`]
+    /// (Postgres reads it with `websearch_to_tsquery`; SQLite gets its FTS5 translation).
     pub text: &'a str,
-    /// The same query as an FTS5 expression (SQLite), from `news::query::to_fts5`.
-    pub fts5: &'a str,
     /// Only items with `effective_at >= since`.
     pub since: Option<&'a str>,
     /// Only items with `effective_at <= until`.
@@ -467,6 +466,10 @@ impl Store {
         last_fetch: &serde_json::Value,
     ) -> StoreResult<UpsertCounts> {
         let mut counts = UpsertCounts::default();
+        let _serial = match self.backend() {
+            Backend::Sqlite => Some(self.news_writes.lock().await),
+            Backend::Postgres => None,
+        };
         let mut tx = self.begin_write().await?;
         for chunk in rec.items.chunks(UPSERT_CHUNK) {
             let ids: Vec<String> = chunk.iter().map(|_| crate::ids::new_id("nitem")).collect();
@@ -616,8 +619,17 @@ impl Store {
     /// [`NewsQuery`]). SQLite: FTS5 `MATCH` ranked by BM25 (title ×10, summary ×4, content
     /// ×1) with `snippet()`; Postgres: `@@ websearch_to_tsquery('english', …)` ranked by
     /// `ts_rank_cd` over the A/B/C-weighted vector among the newest
-    /// [`POSTGRES_RANK_POOL`] matches, with `ts_headline` for the passage.
+    /// [`POSTGRES_RANK_POOL`] matches, with `ts_headline` for the passage. A query without a
+    /// positive term ([`super::news_query::has_positive_term`]) finds nothing.
     pub async fn search_news(&self, q: &NewsQuery<'_>) -> StoreResult<Vec<NewsHit>> {
+        let text = match self.backend() {
+            Backend::Sqlite => match super::news_query::to_fts5(q.text) {
+                Some(fts5) => fts5,
+                None => return Ok(Vec::new()),
+            },
+            Backend::Postgres if super::news_query::has_positive_term(q.text) => q.text.to_owned(),
+            Backend::Postgres => return Ok(Vec::new()),
+        };
         let order = match q.sort {
             NewsSort::Relevance => "score DESC, effective_at DESC, id",
             NewsSort::Time => "effective_at DESC, score DESC, id",
@@ -693,10 +705,6 @@ impl Store {
                         score
                  FROM hits ORDER BY {order}"
             ),
-        };
-        let text = match self.backend() {
-            Backend::Sqlite => q.fts5,
-            Backend::Postgres => q.text,
         };
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(text)

@@ -898,7 +898,7 @@ async fn every_gated_tool_is_refused_without_a_matching_grant(backend: Backend) 
     for tool in &gated {
         let input = sample_input(tool).unwrap_or(json!({}));
         let err = app.harness.call_internal(&f.user_id, &f.run, tool, ws.clone(), input).await.err();
-        assert_eq!(err.map(|e| e.code).as_deref(), Some("approval_required"), "{tool}");
+        assert_eq!(err.map(|e| e.code.as_str()), Some("approval_required"), "{tool}");
     }
     assert_eq!(tree_hash(f.ws()), ws_before);
     assert!(counters.iter().all(|c| c.load(Ordering::SeqCst) == 0));
@@ -932,7 +932,7 @@ async fn every_gated_tool_is_refused_without_a_matching_grant(backend: Backend) 
             let row = store.invocation_by_id(id).await.unwrap().unwrap();
             let entry = app.registry.get_any(tool).unwrap();
             let err = app.harness.gate(&row, &entry).await.err();
-            assert_eq!(err.map(|e| e.code).as_deref(), Some("approval_required"), "{tool} with a {state} approval");
+            assert_eq!(err.map(|e| e.code.as_str()), Some("approval_required"), "{tool} with a {state} approval");
         }
         app.harness.wake();
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -370,7 +370,7 @@ impl mira::registry::Tool for TestTool {
         if !self.delay.is_zero() {
             tokio::select! {
                 () = tokio::time::sleep(self.delay) => {}
-                () = ctx.cancel.cancelled() => return Err(mira::registry::ToolError::new(mira::registry::ErrorClass::Failed, "cancelled", "cancelled")),
+                () = ctx.cancel.cancelled() => return Err(mira::registry::ToolError::new(mira::error::ErrorCode::Cancelled, "cancelled")),
             }
         }
         Ok(mira::registry::ToolOutput {

@@ -2,7 +2,9 @@
 //! - every operation of the OpenAPI document has its section in `docs/api.md`, and every
 //!   section is an operation;
 //! - every `METHOD /path` the documents name is served by the server (no route-404, no 405);
-//! - every error code the source can emit is listed in `docs/api.md`;
+//! - every error code the source can emit is listed in `docs/api.md`, and its table of error
+//!   codes is the `ErrorCode` catalogue (code and status), as is the table of codes any
+//!   operation can answer;
 //! - the README and the documents link only to files that exist in the repository;
 //! - the README's shell example runs as written against a fresh server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,6 +15,8 @@ use std::path::{Path, PathBuf};
 use regex::Regex;
 use reqwest::StatusCode;
 use serde_json::Value;
+
+use mira::error::ErrorCode;
 
 use crate::common::{self, Backend, Options};
 
@@ -124,22 +128,17 @@ async fn documented_routes_are_served(backend: Backend) {
     assert!(unserved.is_empty(), "routes the documents name but the server does not serve:\n{}", unserved.join("\n"));
 }
 
-/// The error codes the source can emit: string literals in the positions where the code
-/// gives an error (or a reason) its code. Comment lines and the benchmarks (any path with
-/// `bench` in a component) are left out.
+/// The error codes the source can emit: every code of the `ErrorCode` catalogue, and the
+/// string literals in the positions where the code gives a reason, a stage or a fetch error
+/// its code. Comment lines and the benchmarks (any path with `bench` in a component) are left
+/// out.
 fn source_codes() -> BTreeMap<String, BTreeSet<String>> {
     let code = r#""([a-z][a-z0-9_]*)""#;
     let patterns: Vec<Regex> = [
-        format!(r"ToolError::new\(\s*ErrorClass::\w+,\s*{code}"),
-        format!(r"Error::(?:bad_request|conflict)\(\s*{code}"),
         format!(r"\bcode:\s*{code}"),
         format!(r#""code":\s*{code}"#),
-        format!(r"Availability::unavailable\(\s*{code}"),
-        format!(r"\b(?:sandbox_error|failed|bad)\(\s*{code}"),
         format!(r#"\bstage\(\s*"[a-z_]+",\s*"[a-z_]+",\s*{code}"#),
-        format!(r"\(ErrorClass::\w+,\s*{code}\)"),
         format!(r#"(?:=>|\{{)\s*\(\s*{code},\s*(?:format!\(|")"#),
-        format!(r"StatusCode::\w+,\s*{code}\.into\(\)"),
     ]
     .iter()
     .map(|p| Regex::new(p).unwrap())
@@ -147,6 +146,9 @@ fn source_codes() -> BTreeMap<String, BTreeSet<String>> {
     // `const STALE_DEFINITION: &str = "stale_definition";`: a constant named after its code.
     let constant = Regex::new(r#"const ([A-Z][A-Z0-9_]*): &str = "([a-z][a-z0-9_]*)";"#).unwrap();
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for code in ErrorCode::ALL {
+        out.entry(code.as_str().to_owned()).or_default().insert("ErrorCode".to_owned());
+    }
     let mut sources = files("src", ".rs");
     sources.extend(files("crates", ".rs"));
     for file in sources {
@@ -187,6 +189,43 @@ fn every_error_code_of_the_source_is_in_api_md() {
         .map(|(code, files)| format!("{code} ({files:?})"))
         .collect();
     assert!(missing.is_empty(), "error codes the source emits that docs/api.md does not list:\n{}", missing.join("\n"));
+}
+
+/// The rows `| status | `code` | … |` of the table under `heading` in `docs/api.md`.
+fn api_md_code_table(heading: &str) -> Vec<(u16, String)> {
+    let api = read("docs/api.md");
+    let start = api.find(heading).unwrap_or_else(|| panic!("docs/api.md has no {heading:?}"));
+    let row = Regex::new(r"^\| (\d{3}) \| `([a-z0-9_]+)` \|").unwrap();
+    api[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| row.captures(l).map(|c| (c[1].parse().unwrap(), c[2].to_owned())))
+        .collect()
+}
+
+#[test]
+fn api_md_error_code_table_is_the_catalogue() {
+    let table = api_md_code_table("### Error codes");
+    let catalogue: Vec<(u16, String)> = ErrorCode::ALL.iter().map(|c| (c.status(), c.as_str().to_owned())).collect();
+    let missing: Vec<_> = catalogue.iter().filter(|c| !table.contains(c)).collect();
+    let extra: Vec<_> = table.iter().filter(|c| !catalogue.contains(c)).collect();
+    assert!(
+        missing.is_empty(),
+        "codes of the catalogue (status, code) not in docs/api.md's Error codes table: {missing:?}"
+    );
+    assert!(extra.is_empty(), "rows of docs/api.md's Error codes table that are not the catalogue's: {extra:?}");
+    assert_eq!(table, catalogue, "the Error codes table is in the catalogue's order (status, then code)");
+}
+
+#[test]
+fn api_md_table_of_codes_any_operation_answers_agrees_with_the_catalogue() {
+    let table = api_md_code_table("### Errors");
+    assert!(table.len() >= 10, "only {} rows in docs/api.md's Errors table", table.len());
+    for (status, code) in &table {
+        let known = ErrorCode::parse(code).unwrap_or_else(|| panic!("{code} (docs/api.md, Errors) is no ErrorCode"));
+        assert_eq!(known.status(), *status, "{code}: docs/api.md says {status}, the catalogue {}", known.status());
+    }
 }
 
 #[test]

@@ -305,7 +305,7 @@ async fn gate_refuses_a_self_granted_four_eyes_call(backend: Backend) {
         assert_eq!(now.body["status"], "queued", "claimed with a grant by {who}");
         let row = app.store.invocation_by_id(&id).await.unwrap().unwrap();
         let err = app.harness.gate(&row, &entry).await.err();
-        assert_eq!(err.map(|e| e.code).as_deref(), Some("four_eyes_required"), "granted by {who}");
+        assert_eq!(err.map(|e| e.code.as_str()), Some("four_eyes_required"), "granted by {who}");
     }
     // Forced past the claim too (approval_required cleared): the gate refuses at execution.
     sqlx::query("UPDATE approvals SET decided_by = $2 WHERE invocation_id = $1")

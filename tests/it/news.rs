@@ -534,7 +534,75 @@ async fn one_claim_wins(backend: Backend) {
     store.close().await;
 }
 
+/// The store reads the query language itself on either back-end (FTS5 on SQLite,
+/// `websearch_to_tsquery` on Postgres) — no caller translates it — and serialises
+/// concurrent fetch writes of one source without an error.
+async fn the_store_reads_the_query_language_and_takes_concurrent_fetches(backend: Backend) {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = common::TestDb::new(backend, tmp.path()).await;
+    let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
+    let row = mira::store::NewsSourceRow::new(None, "n".into(), "http://127.0.0.1:9/feed".into(), 60);
+    store.create_news_source(&row).await.unwrap();
+    let item = |key: &str, title: &str| mira::store::NewNewsItem {
+        dedup_key: format!("guid:{key}"),
+        guid: Some(key.to_owned()),
+        url: None,
+        title: title.to_owned(),
+        summary: String::new(),
+        content: String::new(),
+        author: None,
+        published_at: None,
+        content_sha256: mira::evidence::sha256_hex(title.as_bytes()),
+    };
+    let items = vec![item("a", "Rust async runtime"), item("b", "Java beans and Rust"), item("c", "Go channels")];
+    let fetches = (0..4).map(|_| {
+        let (store, id, items) = (store.clone(), row.id.clone(), items.clone());
+        tokio::spawn(async move {
+            let now = mira::ids::now();
+            let next = mira::ids::now_plus_ms(60_000);
+            let rec = mira::store::FetchRecord {
+                now: &now,
+                next_fetch_at: &next,
+                etag: None,
+                last_modified: None,
+                feed_title: None,
+                feed_format: "rss",
+                items: &items,
+            };
+            store.record_news_fetch(&id, &rec, &json!({})).await.unwrap()
+        })
+    });
+    let inserted: u64 = futures::future::join_all(fetches).await.into_iter().map(|r| r.unwrap().inserted).sum();
+    assert_eq!(inserted, 3, "each item stored once");
+    let user = mira::ids::new_id("usr");
+    let search = |text: &'static str| {
+        let store = store.clone();
+        let user = user.clone();
+        async move {
+            let q = mira::store::NewsQuery {
+                user_id: &user,
+                text,
+                since: None,
+                until: None,
+                source: None,
+                sort: mira::store::NewsSort::Relevance,
+                limit: 10,
+            };
+            let mut titles: Vec<String> = store.search_news(&q).await.unwrap().into_iter().map(|h| h.title).collect();
+            titles.sort();
+            titles
+        }
+    };
+    assert_eq!(search("rust").await, ["Java beans and Rust", "Rust async runtime"]);
+    assert_eq!(search("rust -java").await, ["Rust async runtime"]);
+    assert_eq!(search("\"async runtime\"").await, ["Rust async runtime"]);
+    assert_eq!(search("channels or java").await, ["Go channels", "Java beans and Rust"]);
+    assert!(search("-rust").await.is_empty(), "no positive term finds nothing");
+    store.close().await;
+}
+
 both_backends!(
+    the_store_reads_the_query_language_and_takes_concurrent_fetches,
     one_claim_wins,
     collects_rss_atom_and_json_feed_and_searches_them,
     conditional_get_and_changed_items_update_in_place,

@@ -43,6 +43,7 @@ use crate::graph::Graph;
 use crate::lang::{FileParser, Lang};
 use crate::persist;
 use mira_core::availability::Availability;
+use mira_core::error_code::ErrorCode;
 use mira_core::workspace::Workspace;
 
 /// Folder names never indexed: third-party code vendored into the tree, package caches and
@@ -314,7 +315,9 @@ impl CodeGraphs {
     /// Availability of code graph queries for the workspace at `root` (starting its index).
     pub fn availability(&self, root: &Path) -> Availability {
         match self.ensure(root) {
-            Err(e) => Availability::unavailable("index_failed", format!("the workspace cannot be indexed: {e}")),
+            Err(e) => {
+                Availability::unavailable(ErrorCode::IndexFailed, format!("the workspace cannot be indexed: {e}"))
+            }
             Ok(ix) => ix.availability(),
         }
     }
@@ -381,22 +384,24 @@ impl WorkspaceIndex {
         let (done, total) = self.progress();
         match self.phase() {
             Phase::Ready => Availability::Available,
-            Phase::Loading => Availability::unavailable("index_building", "code graph: loading the saved index"),
+            Phase::Loading => {
+                Availability::unavailable(ErrorCode::IndexBuilding, "code graph: loading the saved index")
+            }
             Phase::Walking => Availability::unavailable(
-                "index_building",
+                ErrorCode::IndexBuilding,
                 format!("code graph: listing workspace files ({total} source files found so far)"),
             ),
             Phase::Parsing => {
                 let pct = (done * 100).checked_div(total).unwrap_or(100);
                 Availability::unavailable(
-                    "index_building",
+                    ErrorCode::IndexBuilding,
                     format!("code graph: indexed {done} of {total} files ({pct}%)"),
                 )
             }
             Phase::Failed { error } => {
-                Availability::unavailable("index_failed", format!("code graph indexing failed: {error}"))
+                Availability::unavailable(ErrorCode::IndexFailed, format!("code graph indexing failed: {error}"))
             }
-            Phase::Cancelled => Availability::unavailable("index_failed", "code graph indexing was cancelled"),
+            Phase::Cancelled => Availability::unavailable(ErrorCode::IndexFailed, "code graph indexing was cancelled"),
         }
     }
 

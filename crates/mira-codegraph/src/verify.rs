@@ -126,7 +126,7 @@ pub enum ReadError {
     /// The workspace refused the open; the workspace error's code (`not_found`,
     /// `outside_workspace`…).
     #[error("{0}")]
-    Refused(String),
+    Refused(mira_core::error_code::ErrorCode),
     /// Larger than [`MAX_VERIFY_BYTES`].
     #[error("file_too_large")]
     TooLarge,

@@ -4,6 +4,8 @@
 
 use serde::Serialize;
 
+use crate::error_code::ErrorCode;
+
 /// Capabilities of the server host, which executes work for runs without a remote device.
 pub const LOCAL_CAPABILITIES: [&str; 4] = ["fs.read", "fs.write", "pty", "net"];
 
@@ -19,7 +21,7 @@ pub enum Availability {
     /// Not usable now.
     Unavailable {
         /// Stable reason code (`device_lacks_capability`, `no_search_provider`…).
-        code: String,
+        code: ErrorCode,
         /// Human sentence.
         message: String,
     },
@@ -27,8 +29,8 @@ pub enum Availability {
 
 impl Availability {
     /// An unavailable answer.
-    pub fn unavailable(code: &str, message: impl Into<String>) -> Self {
-        Availability::Unavailable { code: code.to_owned(), message: message.into() }
+    pub fn unavailable(code: ErrorCode, message: impl Into<String>) -> Self {
+        Availability::Unavailable { code, message: message.into() }
     }
 }
 

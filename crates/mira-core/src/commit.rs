@@ -27,7 +27,8 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::tool::{ErrorClass, ToolError};
+use crate::error_code::ErrorCode;
+use crate::tool::ToolError;
 
 /// What stopping a running call means for a tool (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -58,11 +59,11 @@ impl StopReason {
     /// `interrupted`).
     pub fn error(self, detail: &str) -> ToolError {
         let (code, why) = match self {
-            Self::Cancel => ("cancelled", "the invocation was cancelled"),
-            Self::Timeout => ("timeout", "the execution time limit passed"),
-            Self::Shutdown => ("interrupted", "the server stopped"),
+            Self::Cancel => (ErrorCode::Cancelled, "the invocation was cancelled"),
+            Self::Timeout => (ErrorCode::Timeout, "the execution time limit passed"),
+            Self::Shutdown => (ErrorCode::Interrupted, "the server stopped"),
         };
-        ToolError::new(ErrorClass::Failed, code, format!("{why}; {detail}"))
+        ToolError::new(code, format!("{why}; {detail}"))
     }
 }
 

@@ -1,7 +1,8 @@
 //! The core of the Mira Tool Runtime that a remote runner can use without the server (no
 //! axum, no sqlx): ids and timestamps ([`ids`]), canonical JSON and the input hash
 //! ([`canonical`], RFC 8785), evidence drafts ([`evidence`]), the tool protocol — spec,
-//! result, error and its class, the [`tool::Tool`] trait — ([`tool`]), availability answers
+//! result, error with its code from the catalogue ([`error_code`]), the [`tool::Tool`]
+//! trait — ([`tool`]), availability answers
 //! ([`availability`]), the registry-only approval policy ([`policy`]), the commit point of a
 //! running call ([`commit`]) and the workspace boundary ([`workspace`], cap-std
 //! open-beneath). The server (`mira`) re-exports these modules under its own paths.
@@ -9,6 +10,7 @@
 pub mod availability;
 pub mod canonical;
 pub mod commit;
+pub mod error_code;
 pub mod evidence;
 pub mod ids;
 pub mod policy;

@@ -6,6 +6,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::availability::{Availability, AvailabilityContext};
+use crate::error_code::ErrorCode;
 use crate::evidence::EvidenceDraft;
 use crate::workspace::Workspace;
 
@@ -61,45 +62,23 @@ impl ToolSpec {
     }
 }
 
-/// How a tool error maps onto the HTTP status when it happens while freezing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorClass {
-    /// The input is wrong (400).
-    BadInput,
-    /// The target is not in the state the call assumed (409).
-    Conflict,
-    /// The target does not exist (404 at freeze time).
-    NotFound,
-    /// The caller may not do this (403), e.g. a sandbox the server cannot give them.
-    Forbidden,
-    /// Too large (413).
-    TooLarge,
-    /// A dependency is down (503).
-    Unavailable,
-    /// The action itself failed (an OS error, a remote error…).
-    Failed,
-}
-
 /// A tool's error: a stable code, a sentence, details. At freeze time it becomes an HTTP
-/// error; during execution it becomes the invocation's `result.error`.
+/// error with its code's status ([`ErrorCode::status`]); during execution it becomes the
+/// invocation's `result.error`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ToolError {
-    /// Stable snake_case code (`outside_workspace`, `binary_file`, `stale_target`…).
-    pub code: String,
+    /// Stable code (`outside_workspace`, `binary_file`, `stale_target`…).
+    pub code: ErrorCode,
     /// Human sentence.
     pub message: String,
     /// Structured details (may be `null`).
     pub details: Value,
-    /// HTTP mapping class.
-    #[serde(skip)]
-    pub class: ErrorClass,
 }
 
 impl ToolError {
     /// A new error without details.
-    pub fn new(class: ErrorClass, code: &str, message: impl Into<String>) -> Self {
-        Self { code: code.to_owned(), message: message.into(), details: Value::Null, class }
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), details: Value::Null }
     }
 
     /// Adds details.

@@ -26,9 +26,8 @@ use self::index::{CodeGraphs, Phase, WorkspaceIndex};
 use self::query::{Ctx, Query};
 use self::resolve::ModuleGraph;
 use crate::availability::{Availability, AvailabilityContext};
-use crate::registry::{
-    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+use crate::error::ErrorCode;
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::{str_field, uint_field};
 use crate::workspace::{self, Workspace};
@@ -113,7 +112,7 @@ impl CodebaseExplore {
 }
 
 fn missing(kind: &str, what: &str) -> ToolError {
-    ToolError::new(ErrorClass::BadInput, "missing_field", format!("kind {kind} needs {what}"))
+    ToolError::new(ErrorCode::MissingField, format!("kind {kind} needs {what}"))
         .with_details(json!({"kind": kind, "needs": what}))
 }
 
@@ -180,11 +179,12 @@ impl Tool for CodebaseExplore {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let ix = self.graphs.ensure(ctx.workspace.root()).map_err(|e| {
-            ToolError::new(ErrorClass::Unavailable, "index_failed", format!("the workspace cannot be indexed: {e}"))
-        })?;
+        let ix = self
+            .graphs
+            .ensure(ctx.workspace.root())
+            .map_err(|e| ToolError::new(ErrorCode::IndexFailed, format!("the workspace cannot be indexed: {e}")))?;
         if let Availability::Unavailable { code, message } = ix.availability() {
-            return Err(ToolError::new(ErrorClass::Unavailable, &code, message));
+            return Err(ToolError::new(code, message));
         }
         let input = input.clone();
         let ws = ctx.workspace.clone();
@@ -243,7 +243,7 @@ pub fn run(ix: &WorkspaceIndex, ws: &Workspace, modules: &ModuleGraph, input: &V
         "impact" => cx.impact(&q, is_dir),
         "overview" => cx.overview(&q),
         other => {
-            return Err(ToolError::new(ErrorClass::BadInput, "invalid_kind", format!("unknown kind {other:?}")));
+            return Err(ToolError::new(ErrorCode::InvalidKind, format!("unknown kind {other:?}")));
         }
     };
     output["kind"] = json!(q.kind);

@@ -12,8 +12,9 @@ use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents};
 use super::{TargetState, check_precondition, check_resolved, target};
+use crate::error::ErrorCode;
 use crate::harness::{CommitGate, SideEffects};
-use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::{bool_field, str_field};
 use crate::workspace::{self, Workspace};
@@ -68,8 +69,7 @@ fn look(dir: &cap_std::fs::Dir, name: &str, rel: &str, recursive: bool) -> Resul
         Leaf::Missing => Err(super::not_found(rel)),
         Leaf::File(file) => Ok(Found::File { sha256: file.sha256(rel)?, size: file.size }),
         Leaf::Dir if !recursive => Err(ToolError::new(
-            ErrorClass::BadInput,
-            "recursive_required",
+            ErrorCode::RecursiveRequired,
             format!("{rel} is a directory; deleting it needs recursive: true"),
         )
         .with_details(json!({"path": rel}))),
@@ -113,7 +113,7 @@ fn delete(ws: &Workspace, input: &Value, gate: &CommitGate) -> Result<ToolOutput
     let located = efs::locate(ws, &rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
     let found = match look(dir, &located.name, &rel, bool_field(input, "recursive")) {
-        Err(e) if e.code == "not_found" => {
+        Err(e) if e.code == ErrorCode::NotFound => {
             check_precondition(&rel, input.get("precondition"), &TargetState::Absent)?;
             return Err(e);
         }

@@ -19,8 +19,9 @@ use parking_lot::{Mutex, MutexGuard};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::error::ErrorCode;
 use crate::evidence::sha256_hex;
-use crate::registry::{ErrorClass, ToolError};
+use crate::registry::ToolError;
 use crate::workspace::{self, Workspace};
 
 /// Largest file an Edit tool reads into memory (to hash it, diff it or replace a block in
@@ -271,14 +272,13 @@ pub fn rename_noreplace(from_dir: &Dir, from: &str, to_dir: &Dir, to: &str, rel:
     match rustix::fs::renameat_with(from_dir, from, to_dir, to, rustix::fs::RenameFlags::NOREPLACE) {
         Ok(()) => Ok(()),
         Err(rustix::io::Errno::EXIST) => Err(ToolError::new(
-            ErrorClass::Conflict,
-            "already_exists",
+            ErrorCode::AlreadyExists,
             format!("{rel} appeared while the change was being made; nothing was overwritten"),
         )
         .with_details(json!({"path": rel}))),
         // A file system without RENAME_NOREPLACE: check, then rename (a narrow window).
         Err(rustix::io::Errno::INVAL) => match to_dir.symlink_metadata(to) {
-            Ok(_) => Err(ToolError::new(ErrorClass::Conflict, "already_exists", format!("{rel} already exists"))
+            Ok(_) => Err(ToolError::new(ErrorCode::AlreadyExists, format!("{rel} already exists"))
                 .with_details(json!({"path": rel}))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 from_dir.rename(from, to_dir, to).map_err(|e| workspace::io_error(rel, &e))
@@ -389,8 +389,7 @@ pub fn lock_paths(paths: &[&str]) -> Vec<MutexGuard<'static, ()>> {
 /// `workspace_root`: the root itself cannot be the target of an edit.
 pub fn root_refused(rel: &str) -> ToolError {
     ToolError::new(
-        ErrorClass::BadInput,
-        "workspace_root",
+        ErrorCode::WorkspaceRoot,
         format!("{rel:?} is the workspace root; an Edit tool never writes, deletes or moves the root itself"),
     )
     .with_details(json!({"path": rel}))
@@ -400,8 +399,7 @@ pub fn root_refused(rel: &str) -> ToolError {
 /// or be swapped to do so between check and use).
 pub fn symlink_refused(rel: &str, at: &str) -> ToolError {
     ToolError::new(
-        ErrorClass::BadInput,
-        "outside_workspace",
+        ErrorCode::OutsideWorkspace,
         format!("{rel}: {at} is a symlink; Edit tools do not follow symlinks, which can lead outside the workspace"),
     )
     .with_details(json!({"path": rel, "symlink": at}))
@@ -411,8 +409,7 @@ pub fn symlink_refused(rel: &str, at: &str) -> ToolError {
 /// also live outside the workspace.
 pub fn hard_link_refused(rel: &str, nlink: u64) -> ToolError {
     ToolError::new(
-        ErrorClass::BadInput,
-        "outside_workspace",
+        ErrorCode::OutsideWorkspace,
         format!("{rel} has {nlink} hard links; Edit tools refuse hard-linked targets, which may be shared with files outside the workspace"),
     )
     .with_details(json!({"path": rel, "hard_links": nlink}))
@@ -420,27 +417,25 @@ pub fn hard_link_refused(rel: &str, nlink: u64) -> ToolError {
 
 fn swapped(rel: &str) -> ToolError {
     ToolError::new(
-        ErrorClass::BadInput,
-        "outside_workspace",
+        ErrorCode::OutsideWorkspace,
         format!("{rel} was replaced while it was being opened; nothing was changed"),
     )
     .with_details(json!({"path": rel, "swapped": true}))
 }
 
 fn not_a_directory(rel: &str, at: &str) -> ToolError {
-    ToolError::new(ErrorClass::BadInput, "not_a_directory", format!("{rel}: {at} is not a directory"))
+    ToolError::new(ErrorCode::NotADirectory, format!("{rel}: {at} is not a directory"))
         .with_details(json!({"path": rel, "at": at}))
 }
 
 fn parent_missing(rel: &str, at: &str) -> ToolError {
-    ToolError::new(ErrorClass::NotFound, "not_found", format!("{rel}: directory {at} does not exist"))
+    ToolError::new(ErrorCode::NotFound, format!("{rel}: directory {at} does not exist"))
         .with_details(json!({"path": rel, "missing": at}))
 }
 
 fn too_large(rel: &str, size: u64) -> ToolError {
     ToolError::new(
-        ErrorClass::TooLarge,
-        "file_too_large",
+        ErrorCode::FileTooLarge,
         format!("{rel} is {size} bytes; Edit tools handle files up to {MAX_EDIT_BYTES} bytes"),
     )
     .with_details(json!({"path": rel, "size": size, "max": MAX_EDIT_BYTES}))

@@ -36,8 +36,9 @@ pub mod write_file;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::error::ErrorCode;
 use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
-use crate::registry::{ErrorClass, ToolError, ToolKind, ToolSpec};
+use crate::registry::{ToolError, ToolKind, ToolSpec};
 use crate::tools::str_field;
 use crate::workspace::{self, Workspace};
 
@@ -90,8 +91,7 @@ fn check_resolved(ws: &Workspace, input: &Value, rel_field: &str, abs_field: &st
     let now = ws.root().join(&rel).to_string_lossy().into_owned();
     if rel.is_empty() || rel == "." || frozen != now {
         return Err(ToolError::new(
-            ErrorClass::Failed,
-            "workspace_moved",
+            ErrorCode::WorkspaceMoved,
             format!("the approved target {frozen} is no longer {rel} in this workspace ({now}); nothing was changed"),
         )
         .with_details(json!({"path": rel, "approved": frozen, "now": now})));
@@ -109,8 +109,7 @@ fn expected_sha(input: &Value) -> Option<String> {
 fn check_expected(rel: &str, expected: Option<&str>, current: Option<&str>) -> Result<(), ToolError> {
     match expected {
         Some(want) if Some(want) != current => Err(ToolError::new(
-            ErrorClass::Conflict,
-            "stale_target",
+            ErrorCode::StaleTarget,
             match current {
                 Some(_) => format!(
                     "{rel} changed since it was read (SHA-256 differs from expected_sha256); nothing was written"
@@ -170,7 +169,7 @@ fn check_precondition(rel: &str, frozen: Option<&Value>, current: &TargetState) 
             "{rel} changed since the call was frozen (it is not what the approval preview showed); nothing was written"
         ),
     };
-    Err(ToolError::new(ErrorClass::Conflict, "stale_target", message).with_details(json!({
+    Err(ToolError::new(ErrorCode::StaleTarget, message).with_details(json!({
         "path": rel,
         "approved": approved.map(|a| a.to_json()),
         "current": current.to_json(),
@@ -199,8 +198,7 @@ fn finish_preview(mut preview: Value, precondition: &Value, paths: &[(&str, &str
 /// The file changed between the last check and the rename that would replace it.
 fn changed_meanwhile(rel: &str) -> ToolError {
     ToolError::new(
-        ErrorClass::Conflict,
-        "stale_target",
+        ErrorCode::StaleTarget,
         format!("{rel} changed while the edit was being written; nothing was written"),
     )
     .with_details(json!({"path": rel}))
@@ -208,14 +206,12 @@ fn changed_meanwhile(rel: &str) -> ToolError {
 
 /// `is_a_directory` for a target that must be a file.
 fn is_a_directory(rel: &str) -> ToolError {
-    ToolError::new(ErrorClass::BadInput, "is_a_directory", format!("{rel} is a directory"))
-        .with_details(json!({"path": rel}))
+    ToolError::new(ErrorCode::IsADirectory, format!("{rel} is a directory")).with_details(json!({"path": rel}))
 }
 
 /// `not_found` for a missing target.
 fn not_found(rel: &str) -> ToolError {
-    ToolError::new(ErrorClass::NotFound, "not_found", format!("{rel} does not exist"))
-        .with_details(json!({"path": rel}))
+    ToolError::new(ErrorCode::NotFound, format!("{rel} does not exist")).with_details(json!({"path": rel}))
 }
 
 /// Evidence of an edit: `content_sha256` is the hash of the bytes the edit left (or removed),

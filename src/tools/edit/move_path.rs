@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents};
 use super::{TargetState, check_precondition, check_resolved, target};
+use crate::error::ErrorCode;
 use crate::harness::{CommitGate, SideEffects};
-use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::{bool_field, str_field};
 use crate::workspace::{self, Workspace};
@@ -59,16 +60,12 @@ fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
     let (from, resolved_from) = target(ws, input, "from")?;
     let (to, resolved_to) = target(ws, input, "to")?;
     if from == to {
-        return Err(ToolError::new(ErrorClass::BadInput, "same_path", format!("from and to are both {from}"))
+        return Err(ToolError::new(ErrorCode::SamePath, format!("from and to are both {from}"))
             .with_details(json!({"from": from, "to": to})));
     }
     if to.starts_with(&format!("{from}/")) {
-        return Err(ToolError::new(
-            ErrorClass::BadInput,
-            "move_into_itself",
-            format!("cannot move {from} into itself ({to})"),
-        )
-        .with_details(json!({"from": from, "to": to})));
+        return Err(ToolError::new(ErrorCode::MoveIntoItself, format!("cannot move {from} into itself ({to})"))
+            .with_details(json!({"from": from, "to": to})));
     }
     Ok(json!({
         "from": from, "to": to, "resolved_from": resolved_from, "resolved_to": resolved_to,
@@ -138,8 +135,7 @@ fn plan(ws: &Workspace, input: &Value, frozen: Option<&Value>) -> Result<Plan, T
     let to_dir = dst.dir.ok_or_else(|| super::not_found(to))?;
     let exists = |what: &str| {
         ToolError::new(
-            ErrorClass::Conflict,
-            "already_exists",
+            ErrorCode::AlreadyExists,
             format!("{to} already exists ({what}); set overwrite: true to replace a file"),
         )
         .with_details(json!({"from": from, "to": to}))
@@ -159,8 +155,7 @@ fn plan(ws: &Workspace, input: &Value, frozen: Option<&Value>) -> Result<Plan, T
         Leaf::Missing => None,
         Leaf::Dir if overwrite => {
             return Err(ToolError::new(
-                ErrorClass::Conflict,
-                "destination_is_directory",
+                ErrorCode::DestinationIsDirectory,
                 format!("{to} is a directory; move_path replaces only files"),
             )
             .with_details(json!({"from": from, "to": to})));
@@ -169,8 +164,7 @@ fn plan(ws: &Workspace, input: &Value, frozen: Option<&Value>) -> Result<Plan, T
         Leaf::File(_) if !overwrite => return Err(exists("a file")),
         Leaf::File(_) if is_dir => {
             return Err(ToolError::new(
-                ErrorClass::Conflict,
-                "type_mismatch",
+                ErrorCode::TypeMismatch,
                 format!("{to} is a file and {from} a directory; a directory cannot replace a file"),
             )
             .with_details(json!({"from": from, "to": to})));

@@ -21,9 +21,10 @@ use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents, Replace};
 use super::{TargetState, check_expected, check_precondition, check_resolved, diff, expected_sha, target};
+use crate::error::ErrorCode;
 use crate::evidence::sha256_hex;
 use crate::harness::{CommitGate, SideEffects};
-use crate::registry::{ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
 use crate::tools::read::blocking;
 use crate::tools::read::open::BINARY_SNIFF_BYTES;
 use crate::tools::{str_field, uint_field};
@@ -84,12 +85,8 @@ fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
     let old = str_field(input, "old").unwrap_or_default();
     let new = str_field(input, "new").unwrap_or_default();
     if old == new {
-        return Err(ToolError::new(
-            ErrorClass::BadInput,
-            "no_change",
-            "old and new are the same text; nothing to replace",
-        )
-        .with_details(json!({"path": rel})));
+        return Err(ToolError::new(ErrorCode::NoChange, "old and new are the same text; nothing to replace")
+            .with_details(json!({"path": rel})));
     }
     let mut c = json!({
         "path": rel,
@@ -134,8 +131,7 @@ pub fn decode(bytes: &[u8], rel: &str) -> Result<(String, Encoding), ToolError> 
     let utf16 = |body: &[u8], le: bool| -> Result<String, ToolError> {
         let invalid = || {
             ToolError::new(
-                ErrorClass::BadInput,
-                "invalid_utf16",
+                ErrorCode::InvalidUtf16,
                 format!("{rel} has a UTF-16 byte-order mark but is not valid UTF-16"),
             )
             .with_details(json!({"path": rel}))
@@ -161,8 +157,7 @@ pub fn decode(bytes: &[u8], rel: &str) -> Result<(String, Encoding), ToolError> 
     };
     if body[..body.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
         return Err(ToolError::new(
-            ErrorClass::BadInput,
-            "binary_file",
+            ErrorCode::BinaryFile,
             format!("{rel} is a binary file; replace_block edits text only"),
         )
         .with_details(json!({"path": rel})));
@@ -170,8 +165,7 @@ pub fn decode(bytes: &[u8], rel: &str) -> Result<(String, Encoding), ToolError> 
     match std::str::from_utf8(body) {
         Ok(text) => Ok((text.to_owned(), encoding)),
         Err(e) => Err(ToolError::new(
-            ErrorClass::BadInput,
-            "unsupported_encoding",
+            ErrorCode::UnsupportedEncoding,
             format!(
                 "{rel} is neither UTF-8 nor UTF-16 with a byte-order mark (invalid byte at offset {}); replace_block \
                  edits it only in one of those",
@@ -280,8 +274,7 @@ pub fn replace(text: &str, old: &str, new: &str, expected: usize, rel: &str) -> 
             .collect();
         let hint = if listed.is_empty() { "no similar lines".to_owned() } else { listed.join(", ") };
         return Err(ToolError::new(
-            ErrorClass::Conflict,
-            "block_not_found",
+            ErrorCode::BlockNotFound,
             format!("old block not found in {rel} (0 matches); closest candidates: {hint}; nothing was written"),
         )
         .with_details(json!({"path": rel, "count": 0, "expected": expected, "candidates": candidates})));
@@ -290,8 +283,7 @@ pub fn replace(text: &str, old: &str, new: &str, expected: usize, rel: &str) -> 
         text.match_indices(needle.as_str()).map(|(at, _)| text[..at].matches('\n').count() + 1).collect();
     if count != expected {
         return Err(ToolError::new(
-            ErrorClass::Conflict,
-            "occurrence_mismatch",
+            ErrorCode::OccurrenceMismatch,
             format!(
                 "old block occurs {count} times in {rel} (lines {}), expected {expected}; nothing was written",
                 lines.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
@@ -527,7 +519,7 @@ mod tests {
     }
 
     fn code(text: &str, old: &str, new: &str, n: usize) -> String {
-        replace(text, old, new, n, "f").err().map(|e| e.code).unwrap_or_default()
+        replace(text, old, new, n, "f").err().map(|e| e.code.to_string()).unwrap_or_default()
     }
 
     #[test]
@@ -576,8 +568,8 @@ mod tests {
             let (text, seen) = decode(&bytes, "f").unwrap();
             assert_eq!((text.as_str(), seen), ("héllo\r\nwörld\r\n", enc));
         }
-        assert_eq!(decode(b"\x7fELF\0\0", "f").err().map(|e| e.code).as_deref(), Some("binary_file"));
-        assert_eq!(decode(b"caf\xe9", "f").err().map(|e| e.code).as_deref(), Some("unsupported_encoding"));
-        assert_eq!(decode(b"\xff\xfe\x00", "f").err().map(|e| e.code).as_deref(), Some("invalid_utf16"));
+        assert_eq!(decode(b"\x7fELF\0\0", "f").err().map(|e| e.code), Some(ErrorCode::BinaryFile));
+        assert_eq!(decode(b"caf\xe9", "f").err().map(|e| e.code), Some(ErrorCode::UnsupportedEncoding));
+        assert_eq!(decode(b"\xff\xfe\x00", "f").err().map(|e| e.code), Some(ErrorCode::InvalidUtf16));
     }
 }

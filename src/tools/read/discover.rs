@@ -14,10 +14,9 @@ use nucleo_matcher::{Config, Matcher, Utf32Str};
 use serde_json::{Value, json};
 
 use super::blocking;
+use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
-use crate::registry::{
-    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::tools::{str_field, uint_field};
 use crate::workspace::{self, Workspace};
 
@@ -76,11 +75,7 @@ fn parse_cursor(cursor: Option<&str>) -> Result<usize, ToolError> {
     match cursor {
         None => Ok(0),
         Some(c) => c.strip_prefix("o").and_then(|n| n.parse::<usize>().ok()).ok_or_else(|| {
-            ToolError::new(
-                ErrorClass::BadInput,
-                "invalid_cursor",
-                format!("cursor {c:?} was not issued by read_discover"),
-            )
+            ToolError::new(ErrorCode::InvalidCursor, format!("cursor {c:?} was not issued by read_discover"))
         }),
     }
 }
@@ -137,7 +132,7 @@ fn discover(
 
     let meta = ws.dir().metadata(&rel).map_err(|e| workspace::io_error(&rel, &e))?;
     if !meta.is_dir() {
-        return Err(ToolError::new(ErrorClass::BadInput, "not_a_directory", format!("{rel} is not a directory")));
+        return Err(ToolError::new(ErrorCode::NotADirectory, format!("{rel} is not a directory")));
     }
     // Walked through the workspace's open root handle; the start folder must really be
     // beneath the root (no symlinked folder leading out).
@@ -159,7 +154,7 @@ fn discover(
     let mut buf = Vec::new();
     for entry in walker.build() {
         if cancel.is_cancelled() {
-            return Err(ToolError::new(ErrorClass::Failed, "cancelled", "the invocation was cancelled"));
+            return Err(ToolError::new(ErrorCode::Cancelled, "the invocation was cancelled"));
         }
         let Ok(entry) = entry else { continue };
         if entry.depth() == 0 {

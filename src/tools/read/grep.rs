@@ -17,10 +17,9 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::blocking;
+use crate::error::ErrorCode;
 use crate::evidence::{EvidenceDraft, sha256_hex};
-use crate::registry::{
-    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::tools::{bool_field, str_field, uint_field};
 use crate::workspace::{self, Workspace};
 
@@ -92,7 +91,7 @@ fn matcher_for(input: &Value) -> Result<RegexMatcher, ToolError> {
         .fixed_strings(bool_field(input, "literal"))
         .size_limit(16 * 1024 * 1024)
         .build(pattern)
-        .map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_pattern", format!("pattern does not compile: {e}")))
+        .map_err(|e| ToolError::new(ErrorCode::InvalidPattern, format!("pattern does not compile: {e}")))
 }
 
 fn globs(input: &Value) -> Vec<String> {
@@ -117,9 +116,7 @@ impl Tool for Grep {
         let globs = globs(&input);
         let mut overrides = ignore::overrides::OverrideBuilder::new(ws.root());
         for g in &globs {
-            overrides
-                .add(g)
-                .map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", format!("glob {g:?}: {e}")))?;
+            overrides.add(g).map_err(|e| ToolError::new(ErrorCode::InvalidGlob, format!("glob {g:?}: {e}")))?;
         }
         Ok(Prepared {
             input: json!({
@@ -213,10 +210,9 @@ fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<Too
         let real_start = start_beneath(ws, &rel)?;
         let mut overrides = ignore::overrides::OverrideBuilder::new(&real_root);
         for g in &globs {
-            overrides.add(g).map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", e.to_string()))?;
+            overrides.add(g).map_err(|e| ToolError::new(ErrorCode::InvalidGlob, e.to_string()))?;
         }
-        let overrides =
-            overrides.build().map_err(|e| ToolError::new(ErrorClass::BadInput, "invalid_glob", e.to_string()))?;
+        let overrides = overrides.build().map_err(|e| ToolError::new(ErrorCode::InvalidGlob, e.to_string()))?;
         let mut walker = ignore::WalkBuilder::new(&real_start);
         walker.follow_links(false).sort_by_file_name(|a, b| a.cmp(b)).require_git(false).overrides(overrides);
         let root = real_root.clone();
@@ -237,7 +233,7 @@ fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<Too
     let mut truncated = false;
     for path in files {
         if cancel.is_cancelled() {
-            return Err(ToolError::new(ErrorClass::Failed, "cancelled", "the invocation was cancelled"));
+            return Err(ToolError::new(ErrorCode::Cancelled, "the invocation was cancelled"));
         }
         if searched >= MAX_FILES || matches.len() >= limit {
             truncated = true;

@@ -7,7 +7,8 @@ pub mod grep;
 pub mod legacy;
 pub mod open;
 
-use crate::registry::{ErrorClass, ToolError};
+use crate::error::ErrorCode;
+use crate::registry::ToolError;
 
 /// Runs blocking file-system work on the blocking pool, mapping a panic or cancellation of
 /// that task to a tool error.
@@ -16,5 +17,5 @@ pub(crate) async fn blocking<T: Send + 'static>(
 ) -> Result<T, ToolError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| ToolError::new(ErrorClass::Failed, "internal", format!("worker failed: {e}")))?
+        .map_err(|e| ToolError::new(ErrorCode::Internal, format!("worker failed: {e}")))?
 }

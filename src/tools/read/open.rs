@@ -15,10 +15,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::blocking;
+use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
-use crate::registry::{
-    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::tools::{str_field, uint_field};
 use crate::workspace::{self, Workspace};
 
@@ -90,11 +89,7 @@ impl Tool for ReadOpen {
         if let (Some(s), Some(e)) = (start, end)
             && s > e
         {
-            return Err(ToolError::new(
-                ErrorClass::BadInput,
-                "invalid_range",
-                format!("start_line {s} is after end_line {e}"),
-            ));
+            return Err(ToolError::new(ErrorCode::InvalidRange, format!("start_line {s} is after end_line {e}")));
         }
         let mut canonical =
             json!({"path": path, "max_bytes": uint_field(&input, "max_bytes", DEFAULT_MAX_BYTES, MAX_MAX_BYTES)});
@@ -156,8 +151,7 @@ fn scan(mut file: impl Read, start: u64, end: u64, max_bytes: usize, rel: &str) 
             let head = &chunk[..chunk.len().min(BINARY_SNIFF_BYTES)];
             if head.contains(&0) {
                 return Err(ToolError::new(
-                    ErrorClass::BadInput,
-                    "binary_file",
+                    ErrorCode::BinaryFile,
                     format!("{rel} is a binary file; read_open returns text only"),
                 )
                 .with_details(json!({"path": rel})));
@@ -234,8 +228,7 @@ fn open(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
     };
     if scan.total_lines > 0 && start > scan.total_lines {
         return Err(ToolError::new(
-            ErrorClass::BadInput,
-            "invalid_range",
+            ErrorCode::InvalidRange,
             format!("start_line {start} is beyond the end of {rel} ({} lines)", scan.total_lines),
         )
         .with_details(json!({"path": rel, "total_lines": scan.total_lines})));
@@ -251,8 +244,7 @@ fn open(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
         }
         Err(e) => {
             return Err(ToolError::new(
-                ErrorClass::BadInput,
-                "invalid_utf8",
+                ErrorCode::InvalidUtf8,
                 format!(
                     "{rel} is not valid UTF-8 (first invalid byte at offset {} of the returned range)",
                     e.utf8_error().valid_up_to()
@@ -317,8 +309,7 @@ fn decode_utf16(
 ) -> Result<Scan, ToolError> {
     if size > MAX_UTF16_BYTES {
         return Err(ToolError::new(
-            ErrorClass::TooLarge,
-            "file_too_large",
+            ErrorCode::FileTooLarge,
             format!("{rel} is UTF-16 and larger than {MAX_UTF16_BYTES} bytes"),
         ));
     }
@@ -327,8 +318,7 @@ fn decode_utf16(
     let (text, _, had_errors) = encoding_rs::UTF_16LE.decode(&raw);
     if had_errors {
         return Err(ToolError::new(
-            ErrorClass::BadInput,
-            "invalid_utf16",
+            ErrorCode::InvalidUtf16,
             format!("{rel} has a UTF-16 byte-order mark but is not valid UTF-16"),
         ));
     }

@@ -158,7 +158,7 @@ pub const RECHECK_BASE: Duration = Duration::from_secs(5);
 
 impl Health {
     /// Records a check or call outcome; `interval` is the healthy re-check interval.
-    pub fn record(&mut self, outcome: Result<(), String>, interval: Duration) {
+    pub fn record(&mut self, outcome: Result<(), impl std::fmt::Display>, interval: Duration) {
         self.checked_at = Some(crate::ids::now());
         match outcome {
             Ok(()) => {
@@ -169,7 +169,7 @@ impl Health {
             }
             Err(e) => {
                 self.state = HealthState::Unreachable;
-                self.error = Some(e);
+                self.error = Some(e.to_string());
                 self.failures = self.failures.saturating_add(1);
                 let backoff = RECHECK_BASE.saturating_mul(2u32.saturating_pow(self.failures.saturating_sub(1).min(16)));
                 self.next_check = Some(Instant::now() + backoff.min(interval));

@@ -30,16 +30,31 @@ use self::connections::{Connection, Credential, Health, HealthState};
 use self::news::collector::Collector;
 use self::providers::Endpoint;
 use crate::availability::Availability;
-use crate::registry::{ErrorClass, ToolError};
-use crate::secret::SecretBox;
+use crate::error::ErrorCode;
+use crate::registry::ToolError;
+use crate::secret::{SecretBox, SecretError};
 use crate::store::Store;
+
+/// Why a provider health check (a probe) failed.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Client(#[from] net::ClientError),
+    /// The connection's credential cannot be read (the tool error's sentence).
+    #[error("{0}")]
+    Credential(String),
+    /// The provider failed the check.
+    #[error(transparent)]
+    Check(#[from] providers::HealthError),
+}
 
 /// Shared state of the search tools (see the module docs).
 pub struct SearchHub {
     store: Store,
     config: SearchConfig,
-    secrets: Result<SecretBox, String>,
-    client: Result<reqwest::Client, String>,
+    secrets: Result<SecretBox, SecretError>,
+    client: Result<reqwest::Client, net::ClientError>,
     connections: RwLock<Vec<Connection>>,
     health: Mutex<HashMap<String, Health>>,
     sources: RwLock<SourceCounts>,
@@ -158,13 +173,9 @@ impl SearchHub {
 
     /// The credential box, or why it is unavailable.
     pub fn secrets(&self) -> Result<&SecretBox, ToolError> {
-        self.secrets.as_ref().map_err(|e| {
-            ToolError::new(
-                ErrorClass::Unavailable,
-                "secret_key_unavailable",
-                format!("credentials cannot be sealed: {e}"),
-            )
-        })
+        self.secrets
+            .as_ref()
+            .map_err(|e| ToolError::new(ErrorCode::SecretKeyUnavailable, format!("credentials cannot be sealed: {e}")))
     }
 
     /// Reloads stored connections and source counts (other replicas' writes, local changes).
@@ -242,7 +253,7 @@ impl SearchHub {
         self.health.lock().get(id).is_none_or(|h| h.state != HealthState::Unreachable)
     }
 
-    fn record_health(&self, id: &str, outcome: Result<(), String>) {
+    fn record_health(&self, id: &str, outcome: Result<(), impl std::fmt::Display>) {
         if let Err(e) = &outcome {
             tracing::info!(connection = id, error = %e, "search provider health check failed");
         }
@@ -251,7 +262,7 @@ impl SearchHub {
     }
 
     /// Records what a real call learned about reachability.
-    pub fn record_call(&self, id: &str, outcome: Result<(), String>) {
+    pub fn record_call(&self, id: &str, outcome: Result<(), impl std::fmt::Display>) {
         self.record_health(id, outcome);
     }
 
@@ -262,11 +273,11 @@ impl SearchHub {
         self.health_of(&conn.id)
     }
 
-    async fn probe(&self, conn: &Connection) -> Result<(), String> {
+    async fn probe(&self, conn: &Connection) -> Result<(), ProbeError> {
         let client = self.client.as_ref().map_err(Clone::clone)?;
-        let key = self.credential(conn).map_err(|e| e.message)?;
+        let key = self.credential(conn).map_err(|e| ProbeError::Credential(e.message))?;
         let ep = Endpoint { kind: conn.provider, base_url: &conn.base_url, key: key.as_ref() };
-        providers::check(client, &ep).await
+        Ok(providers::check(client, &ep).await?)
     }
 
     /// The connection's credential in clear, for the one request that sends it.
@@ -277,19 +288,14 @@ impl SearchHub {
             Credential::Env(name) => match std::env::var(name) {
                 Ok(v) if !v.is_empty() => Ok(Some(Secret::new(v))),
                 _ => Err(ToolError::new(
-                    ErrorClass::Unavailable,
-                    "credential_unavailable",
+                    ErrorCode::CredentialUnavailable,
                     format!("connection {} reads its key from ${name}, which is not set on this server", conn.id),
                 )),
             },
             Credential::Sealed { ciphertext, key_id } => {
                 let secrets = self.secrets()?;
                 secrets.open(ciphertext, key_id, &conn.id).map(|s| Some(Secret::new(s))).map_err(|e| {
-                    ToolError::new(
-                        ErrorClass::Unavailable,
-                        "credential_unavailable",
-                        format!("connection {}: {e}", conn.id),
-                    )
+                    ToolError::new(ErrorCode::CredentialUnavailable, format!("connection {}: {e}", conn.id))
                 })
             }
         }
@@ -297,7 +303,7 @@ impl SearchHub {
 
     /// The HTTP client of provider calls.
     pub fn client(&self) -> Result<&reqwest::Client, ToolError> {
-        self.client.as_ref().map_err(|e| ToolError::new(ErrorClass::Unavailable, "provider_unreachable", e.clone()))
+        self.client.as_ref().map_err(|e| ToolError::new(ErrorCode::ProviderUnreachable, e.to_string()))
     }
 
     /// `web_search` availability for a user (from memory).
@@ -305,7 +311,7 @@ impl SearchHub {
         let candidates = self.candidates(user_id);
         if candidates.is_empty() {
             return Availability::unavailable(
-                "no_search_provider",
+                ErrorCode::NoSearchProvider,
                 "no web search provider is configured: add a connection with POST /v1/search/connections, \
                  or start the server with MIRA_SEARXNG_URL, MIRA_BRAVE_API_KEY or MIRA_TAVILY_API_KEY",
             );
@@ -321,7 +327,7 @@ impl SearchHub {
             })
             .collect();
         Availability::unavailable(
-            "provider_unreachable",
+            ErrorCode::ProviderUnreachable,
             format!("every configured search provider failed its health check: {}", why.join("; ")),
         )
     }
@@ -332,12 +338,13 @@ impl SearchHub {
         match self.web_availability(user_id) {
             Availability::Available => {}
             Availability::Unavailable { code, message } => {
-                return Err(ToolError::new(ErrorClass::Unavailable, &code, message));
+                return Err(ToolError::new(code, message));
             }
         }
-        self.candidates(user_id).into_iter().find(|c| self.healthy_enough(&c.id)).ok_or_else(|| {
-            ToolError::new(ErrorClass::Unavailable, "provider_unreachable", "no search provider is reachable")
-        })
+        self.candidates(user_id)
+            .into_iter()
+            .find(|c| self.healthy_enough(&c.id))
+            .ok_or_else(|| ToolError::new(ErrorCode::ProviderUnreachable, "no search provider is reachable"))
     }
 
     /// Takes one call from `user_id`'s token bucket (`search_rate_per_minute` tokens,
@@ -370,7 +377,7 @@ impl SearchHub {
     pub fn news_availability(&self, user_id: &str) -> Availability {
         if self.source_count(user_id) == 0 {
             Availability::unavailable(
-                "news_hub_empty",
+                ErrorCode::NewsHubEmpty,
                 "the News Hub has no sources for this user: add a feed with POST /v1/news/sources",
             )
         } else {

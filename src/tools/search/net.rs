@@ -24,9 +24,15 @@ impl std::fmt::Display for RedirectLoop {
 
 impl std::error::Error for RedirectLoop {}
 
+/// The HTTP client could not be built (reqwest's error, shared so the failure can be
+/// reported on every use).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("building the HTTP client failed: {0}")]
+pub struct ClientError(#[source] pub std::sync::Arc<reqwest::Error>);
+
 /// Builds a client: rustls, `timeout` for the whole exchange, at most `max_redirects`
 /// redirects, a redirect back to a URL already visited is an error ([`RedirectLoop`]).
-pub fn client(timeout: Duration, max_redirects: usize) -> Result<reqwest::Client, String> {
+pub fn client(timeout: Duration, max_redirects: usize) -> Result<reqwest::Client, ClientError> {
     let policy = reqwest::redirect::Policy::custom(move |attempt| {
         if attempt.previous().iter().any(|u| u == attempt.url()) {
             let url = attempt.url().to_string();
@@ -43,7 +49,7 @@ pub fn client(timeout: Duration, max_redirects: usize) -> Result<reqwest::Client
         .connect_timeout(timeout.min(Duration::from_secs(10)))
         .redirect(policy)
         .build()
-        .map_err(|e| format!("building the HTTP client failed: {e}"))
+        .map_err(|e| ClientError(std::sync::Arc::new(e)))
 }
 
 /// Why a body could not be read.

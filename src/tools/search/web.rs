@@ -17,10 +17,9 @@ use serde_json::{Value, json};
 use super::SearchHub;
 use super::providers::{self, Endpoint, Freshness, MAX_COUNT, ProviderKind, RetryPolicy, WebQuery};
 use crate::availability::{Availability, AvailabilityContext};
+use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
-use crate::registry::{
-    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::tools::{str_field, uint_field};
 
 /// Results returned when `count` is not given.
@@ -108,7 +107,7 @@ impl Tool for WebSearch {
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let query = str_field(&input, "query").unwrap_or_default().trim().to_owned();
         if query.is_empty() {
-            return Err(ToolError::new(ErrorClass::BadInput, "empty_query", "query is empty"));
+            return Err(ToolError::new(ErrorCode::EmptyQuery, "query is empty"));
         }
         let conn = self.hub.pick(ctx.owner_id)?;
         let mut canonical = json!({
@@ -121,9 +120,8 @@ impl Tool for WebSearch {
             canonical["freshness"] = json!(f);
         }
         if let Some(site) = str_field(&input, "site") {
-            let host = normalize_site(site).ok_or_else(|| {
-                ToolError::new(ErrorClass::BadInput, "invalid_site", format!("site {site:?} is not a host name"))
-            })?;
+            let host = normalize_site(site)
+                .ok_or_else(|| ToolError::new(ErrorCode::InvalidSite, format!("site {site:?} is not a host name")))?;
             canonical["site"] = json!(host);
         }
         if let Some(lang) = str_field(&input, "language") {
@@ -137,24 +135,21 @@ impl Tool for WebSearch {
         if let Err(wait) = self.hub.take_rate_token(&ctx.owner_id) {
             let per_minute = self.hub.config().search_rate_per_minute;
             return Err(ToolError::new(
-                ErrorClass::Failed,
-                "rate_limited",
+                ErrorCode::RateLimited,
                 format!("this user's web_search limit of {per_minute} calls per minute is used up"),
             )
             .with_details(json!({"retry_after_ms": wait.as_millis() as u64, "limit_per_minute": per_minute})));
         }
         let conn = self.hub.connection_for(&ctx.owner_id, connection_id).filter(|c| c.enabled).ok_or_else(|| {
             ToolError::new(
-                ErrorClass::Unavailable,
-                "connection_gone",
+                ErrorCode::ConnectionGone,
                 format!("search connection {connection_id} was removed or disabled after this call was frozen"),
             )
         })?;
         let key = self.hub.credential(&conn)?;
         if conn.provider.needs_key() && key.is_none() {
             return Err(ToolError::new(
-                ErrorClass::Unavailable,
-                "credential_unavailable",
+                ErrorCode::CredentialUnavailable,
                 format!("connection {} ({}) has no API key", conn.id, conn.provider.as_str()),
             ));
         }
@@ -168,7 +163,7 @@ impl Tool for WebSearch {
         let outcome = providers::search(client, &ep, &q, policy, &ctx.cancel).await;
         let (answer, attempts) = match outcome {
             Ok(ok) => {
-                self.hub.record_call(&conn.id, Ok(()));
+                self.hub.record_call(&conn.id, Ok::<(), String>(()));
                 ok
             }
             Err(e) => {
@@ -234,7 +229,7 @@ impl Tool for WebSearch {
 }
 
 fn provider_error(kind: ProviderKind, connection_id: &str, e: providers::ProviderError) -> ToolError {
-    ToolError::new(ErrorClass::Failed, e.code, e.message).with_details(json!({
+    ToolError::new(e.code, e.message).with_details(json!({
         "provider": kind.as_str(),
         "connection_id": connection_id,
         "status": e.status,

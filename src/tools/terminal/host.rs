@@ -32,7 +32,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::output::Ring;
-use crate::registry::{ErrorClass, ToolError};
+use crate::error::ErrorCode;
+use crate::registry::ToolError;
 use crate::sandbox::cgroup::SessionCgroup;
 use crate::sandbox::{Sandbox, SandboxSpec};
 use crate::store::{SessionEnd, Store, TerminalSessionRow};
@@ -217,10 +218,10 @@ impl Session {
         });
         match tokio::time::timeout(INPUT_WRITE_LIMIT, job).await {
             Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(e))) => Err(failed("pty_write_failed", format!("writing to the PTY: {e}"))),
-            Ok(Err(e)) => Err(failed("pty_write_failed", format!("writing to the PTY: {e}"))),
+            Ok(Ok(Err(e))) => Err(failed(ErrorCode::PtyWriteFailed, format!("writing to the PTY: {e}"))),
+            Ok(Err(e)) => Err(failed(ErrorCode::PtyWriteFailed, format!("writing to the PTY: {e}"))),
             Err(_) => Err(failed(
-                "pty_input_blocked",
+                ErrorCode::PtyInputBlocked,
                 format!(
                     "the program has not read its input for {} s (the terminal's input buffer is full); interrupt or kill it",
                     INPUT_WRITE_LIMIT.as_secs()
@@ -235,7 +236,7 @@ impl Session {
         self.master
             .lock()
             .resize(PtySize { rows, cols, pixel_width: 0, pixel_height: 0 })
-            .map_err(|e| failed("pty_resize_failed", format!("resizing the PTY: {e}")))
+            .map_err(|e| failed(ErrorCode::PtyResizeFailed, format!("resizing the PTY: {e}")))
     }
 
     /// Sends `sig` to the PTY's foreground process group (the leader's group when the
@@ -283,8 +284,8 @@ pub const INPUT_WRITE_LIMIT: Duration = Duration::from_secs(5);
 pub const INHERITED_ENV: [&str; 10] =
     ["HOME", "USER", "LOGNAME", "PATH", "LANG", "LC_ALL", "LC_CTYPE", "SHELL", "TZ", "TMPDIR"];
 
-fn failed(code: &str, message: String) -> ToolError {
-    ToolError::new(ErrorClass::Failed, code, message)
+fn failed(code: ErrorCode, message: String) -> ToolError {
+    ToolError::new(code, message)
 }
 
 /// Sends SIGKILL to every process of terminal session `id` whose leader was `sid`: the
@@ -486,7 +487,7 @@ impl TerminalHost {
         done: tokio::sync::oneshot::Receiver<()>,
     ) -> Result<Arc<Session>, ToolError> {
         if self.shutdown.is_cancelled() {
-            return Err(ToolError::new(ErrorClass::Unavailable, "server_stopping", "the server is stopping"));
+            return Err(ToolError::new(ErrorCode::ServerStopping, "the server is stopping"));
         }
         let owner = spec.owner_id.clone();
         {
@@ -495,8 +496,7 @@ impl TerminalHost {
             let live = sessions.values().filter(|s| s.owner_id == owner && !s.ended()).count();
             if live + starting.get(&owner).copied().unwrap_or(0) >= self.config.max_sessions_per_user {
                 return Err(ToolError::new(
-                    ErrorClass::Conflict,
-                    "terminal_session_limit",
+                    ErrorCode::TerminalSessionLimit,
                     format!(
                         "you already have {} live terminal sessions (the limit); kill one first",
                         self.config.max_sessions_per_user
@@ -527,19 +527,19 @@ impl TerminalHost {
                 }
             }
         }
-        started.map_err(|e| failed("spawn_failed", format!("starting the session: {e}")))?
+        started.map_err(|e| failed(ErrorCode::SpawnFailed, format!("starting the session: {e}")))?
     }
 
     async fn spawn_session(self: Arc<Self>, spec: StartSpec) -> Result<Arc<Session>, ToolError> {
         let id = crate::ids::new_id("term");
         let pair = native_pty_system()
             .openpty(PtySize { rows: spec.rows, cols: spec.cols, pixel_width: 0, pixel_height: 0 })
-            .map_err(|e| failed("pty_open_failed", format!("opening a PTY: {e}")))?;
+            .map_err(|e| failed(ErrorCode::PtyOpenFailed, format!("opening a PTY: {e}")))?;
         let (mut child, cgroup) = self.spawn_child(&spec, &id, pair.master.tty_name())?;
         drop(pair.slave);
         let pid = i32::try_from(child.id()).unwrap_or(0);
-        let reader = pair.master.try_clone_reader().map_err(|e| failed("pty_open_failed", e.to_string()));
-        let writer = pair.master.take_writer().map_err(|e| failed("pty_open_failed", e.to_string()));
+        let reader = pair.master.try_clone_reader().map_err(|e| failed(ErrorCode::PtyOpenFailed, e.to_string()));
+        let writer = pair.master.take_writer().map_err(|e| failed(ErrorCode::PtyOpenFailed, e.to_string()));
         let (reader, writer) = match (reader, writer) {
             (Ok(r), Ok(w)) => (r, w),
             (Err(e), _) | (_, Err(e)) => {
@@ -595,7 +595,7 @@ impl TerminalHost {
         if let Err(e) = self.store.insert_terminal_session(&row).await {
             kill_session(pid, &id);
             let _ = child.wait();
-            return Err(ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string()));
+            return Err(ToolError::new(ErrorCode::StoreError, e.to_string()));
         }
         self.sessions.lock().insert(id.clone(), session.clone());
 
@@ -608,7 +608,7 @@ impl TerminalHost {
                 s.pump_output(reader);
                 let _ = read_done_tx.send(());
             })
-            .map_err(|e| failed("spawn_failed", format!("starting the PTY reader: {e}")))?;
+            .map_err(|e| failed(ErrorCode::SpawnFailed, format!("starting the PTY reader: {e}")))?;
 
         // Waiter: reaps the leader, kills what it left behind, publishes the exit once the
         // reader has drained the PTY (bounded, in case an escaped process keeps it open).
@@ -641,7 +641,7 @@ impl TerminalHost {
                     g.remove(Duration::from_secs(5));
                 }
             })
-            .map_err(|e| failed("spawn_failed", format!("starting the PTY waiter: {e}")))?;
+            .map_err(|e| failed(ErrorCode::SpawnFailed, format!("starting the PTY waiter: {e}")))?;
 
         // Life limit.
         let s = session.clone();
@@ -673,15 +673,15 @@ impl TerminalHost {
     ) -> Result<(std::process::Child, Option<SessionCgroup>), ToolError> {
         use std::os::unix::fs::OpenOptionsExt;
         use std::os::unix::process::CommandExt;
-        let tty = tty.ok_or_else(|| failed("pty_open_failed", "the PTY has no name".into()))?;
+        let tty = tty.ok_or_else(|| failed(ErrorCode::PtyOpenFailed, "the PTY has no name".into()))?;
         let slave = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_NOCTTY | libc::O_CLOEXEC)
             .open(&tty)
-            .map_err(|e| failed("pty_open_failed", format!("opening {}: {e}", tty.display())))?;
+            .map_err(|e| failed(ErrorCode::PtyOpenFailed, format!("opening {}: {e}", tty.display())))?;
         let stdio = |f: &std::fs::File| -> Result<std::process::Stdio, ToolError> {
-            f.try_clone().map(std::process::Stdio::from).map_err(|e| failed("pty_open_failed", e.to_string()))
+            f.try_clone().map(std::process::Stdio::from).map_err(|e| failed(ErrorCode::PtyOpenFailed, e.to_string()))
         };
         let mut cmd = std::process::Command::new(&spec.program);
         cmd.args(&spec.args).env_clear();
@@ -710,7 +710,7 @@ impl TerminalHost {
             Some(p) => p.finish(spawned).map(|(child, cgroup, _)| (child, cgroup)),
             None => spawned
                 .map(|c| (c, None))
-                .map_err(|e| failed("spawn_failed", format!("starting {}: {e}", spec.program))),
+                .map_err(|e| failed(ErrorCode::SpawnFailed, format!("starting {}: {e}", spec.program))),
         }
     }
 

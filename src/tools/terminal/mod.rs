@@ -38,10 +38,9 @@ use self::host::{ExitInfo, Session, StartSpec, TerminalHost};
 use self::output::{Capture, Captured, Ring, head_tail};
 use self::range::Source;
 use crate::availability::{Availability, AvailabilityContext};
+use crate::error::ErrorCode;
 use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
-use crate::registry::{
-    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::sandbox::{SANDBOX_HOME, SANDBOX_TMP, Sandbox, SandboxSpec, SpecRequest};
 use crate::store::{TerminalReport, TerminalSessionRow};
 use crate::tools::{str_field, uint_field};
@@ -130,8 +129,8 @@ impl TerminalSession {
     }
 }
 
-fn bad(code: &str, message: impl Into<String>) -> ToolError {
-    ToolError::new(ErrorClass::BadInput, code, message)
+fn bad(code: ErrorCode, message: impl Into<String>) -> ToolError {
+    ToolError::new(code, message)
 }
 
 fn action_of(input: &Value) -> &str {
@@ -152,7 +151,7 @@ fn allowed_fields(action: &str) -> &'static [&'static str] {
 }
 
 fn require<'a>(input: &'a Value, field: &str, action: &str) -> Result<&'a Value, ToolError> {
-    input.get(field).ok_or_else(|| bad("missing_field", format!("action {action} needs {field}")))
+    input.get(field).ok_or_else(|| bad(ErrorCode::MissingField, format!("action {action} needs {field}")))
 }
 
 /// Resolves `command` to the program that will run: a path containing `/` against `cwd`,
@@ -165,7 +164,7 @@ fn resolve_program(command: &str, cwd: &Path, env: &Map<String, Value>) -> Resul
         return if executable(&p) {
             Ok(p.to_string_lossy().into_owned())
         } else {
-            Err(bad("command_not_found", format!("{} is not an executable file", p.display())))
+            Err(bad(ErrorCode::CommandNotFound, format!("{} is not an executable file", p.display())))
         };
     }
     let path = match env.get("PATH") {
@@ -179,7 +178,7 @@ fn resolve_program(command: &str, cwd: &Path, env: &Map<String, Value>) -> Resul
         .map(|d| Path::new(d).join(command))
         .find(|p| executable(p))
         .map(|p| p.to_string_lossy().into_owned())
-        .ok_or_else(|| bad("command_not_found", format!("{command} is not found on PATH")))
+        .ok_or_else(|| bad(ErrorCode::CommandNotFound, format!("{command} is not found on PATH")))
 }
 
 /// Who starts a session, for its sandbox.
@@ -202,7 +201,7 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
     for v in strings {
         if v.contains('\0') {
             return Err(bad(
-                "nul_byte",
+                ErrorCode::NulByte,
                 format!("{:?} contains a NUL byte, which no program can receive", excerpt(v, 80)),
             ));
         }
@@ -212,9 +211,9 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
         Some(c) => {
             let given = if Path::new(c).is_absolute() { PathBuf::from(c) } else { ws_root.join(c) };
             let real = std::fs::canonicalize(&given)
-                .map_err(|e| ToolError::new(ErrorClass::NotFound, "cwd_not_found", format!("cwd {c}: {e}")))?;
+                .map_err(|e| ToolError::new(ErrorCode::CwdNotFound, format!("cwd {c}: {e}")))?;
             if !real.is_dir() {
-                return Err(bad("cwd_not_a_directory", format!("cwd {} is not a directory", real.display())));
+                return Err(bad(ErrorCode::CwdNotADirectory, format!("cwd {} is not a directory", real.display())));
             }
             real
         }
@@ -229,7 +228,7 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
     })?;
     let call_env: Map<String, Value> = input.get("env").and_then(Value::as_object).cloned().unwrap_or_default();
     if let Some(k) = call_env.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
-        return Err(bad("invalid_env", format!("{k:?} is not a valid environment variable name")));
+        return Err(bad(ErrorCode::InvalidEnv, format!("{k:?} is not a valid environment variable name")));
     }
     // The whole environment of the process: a few variables of the server's own, the
     // agent-friendly defaults, then the call's; nothing else of the server's reaches it.
@@ -256,7 +255,7 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
     let program = resolve_program(&command, &cwd, &env)?;
     if sandbox.enforced && !Sandbox::visible_in(&sandbox, Path::new(&program)) {
         return Err(bad(
-            "command_not_found",
+            ErrorCode::CommandNotFound,
             format!("{program} is outside the folders the sandbox shows ({})", sandbox.read_only.join(", ")),
         ));
     }
@@ -345,7 +344,7 @@ fn canonical(input: &Value, ctx: &PrepareContext<'_>, starter: &Starter<'_>) -> 
         .flat_map(|o| o.keys())
         .find(|k| k.as_str() != "action" && !allowed_fields(action).contains(&k.as_str()))
     {
-        return Err(bad("invalid_field", format!("action {action} does not take {extra}")));
+        return Err(bad(ErrorCode::InvalidField, format!("action {action} does not take {extra}")));
     }
     if action == "start" {
         return prepare_start(input, ctx.workspace.root(), starter);
@@ -354,11 +353,7 @@ fn canonical(input: &Value, ctx: &PrepareContext<'_>, starter: &Starter<'_>) -> 
 }
 
 fn session_not_found(id: &str) -> ToolError {
-    ToolError::new(
-        ErrorClass::NotFound,
-        "terminal_session_not_found",
-        format!("no live terminal session {id} of yours"),
-    )
+    ToolError::new(ErrorCode::TerminalSessionNotFound, format!("no live terminal session {id} of yours"))
 }
 
 /// What a result says about the session, from the live session or its stored row.
@@ -410,16 +405,12 @@ impl Facts {
 }
 
 fn store_error(e: crate::store::StoreError) -> ToolError {
-    ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string())
+    ToolError::new(ErrorCode::StoreError, e.to_string())
 }
 
 impl TerminalSession {
     async fn is_admin(&self, user_id: &str) -> Result<bool, ToolError> {
-        self.host
-            .store()
-            .user_is_admin(user_id)
-            .await
-            .map_err(|e| ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string()))
+        self.host.store().user_is_admin(user_id).await.map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))
     }
 
     /// The caller's live session named in `input`, or 404 / 409 (ended).
@@ -427,8 +418,7 @@ impl TerminalSession {
         let id = str_field(input, "session_id").unwrap_or_default();
         let ended = |state: &str, exit_code: Option<i64>, end_reason: Option<&str>| {
             ToolError::new(
-                ErrorClass::Conflict,
-                "terminal_session_ended",
+                ErrorCode::TerminalSessionEnded,
                 format!(
                     "terminal session {id} has ended ({state}); wait returns its output not yet reported, \
                      output reads any stored range"
@@ -476,7 +466,9 @@ impl TerminalSession {
             Ok(s) => s,
             // Waiting on, or killing, a session that already ended reports how it ended,
             // with the output not yet reported.
-            Err(e) if wait_only && e.code == "terminal_session_ended" => return self.ended_report(input, ctx).await,
+            Err(e) if wait_only && e.code == ErrorCode::TerminalSessionEnded => {
+                return self.ended_report(input, ctx).await;
+            }
             Err(e) => return Err(e),
         };
         session.touch();
@@ -498,7 +490,7 @@ impl TerminalSession {
                     "interrupt" => match session.write_input(vec![0x03]).await {
                         // Ctrl-C through the terminal (the line discipline, or the program in raw
                         // mode, acts on it); when the input is blocked, SIGINT to the foreground.
-                        Err(e) if e.code == "pty_input_blocked" => session.signal_foreground(libc::SIGINT),
+                        Err(e) if e.code == ErrorCode::PtyInputBlocked => session.signal_foreground(libc::SIGINT),
                         other => other?,
                     },
                     "eof" => session.write_input(vec![0x04]).await?,
@@ -697,13 +689,13 @@ pub const MAX_OFFSET: u64 = (1 << 53) - 1;
 /// Builds a search regex: `invalid_pattern` when it does not compile (or is too large).
 pub fn output_pattern(pattern: &str, case_insensitive: bool) -> Result<Regex, ToolError> {
     if pattern.len() > MAX_PATTERN_BYTES {
-        return Err(bad("invalid_pattern", format!("pattern is longer than {MAX_PATTERN_BYTES} bytes")));
+        return Err(bad(ErrorCode::InvalidPattern, format!("pattern is longer than {MAX_PATTERN_BYTES} bytes")));
     }
     regex::RegexBuilder::new(pattern)
         .case_insensitive(case_insensitive)
         .size_limit(1 << 20)
         .build()
-        .map_err(|e| bad("invalid_pattern", format!("pattern does not compile: {e}")))
+        .map_err(|e| bad(ErrorCode::InvalidPattern, format!("pattern does not compile: {e}")))
 }
 
 /// An offset field: a whole number in `0..=MAX_OFFSET` (also when written as `1e6`), or
@@ -713,7 +705,7 @@ fn offset_field(input: &Value, name: &str) -> Result<Option<u64>, ToolError> {
     let n = v.as_u64().or_else(|| v.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64));
     match n {
         Some(n) if n <= MAX_OFFSET => Ok(Some(n)),
-        _ => Err(bad("invalid_field", format!("{name} must be a byte offset from 0 to {MAX_OFFSET}"))),
+        _ => Err(bad(ErrorCode::InvalidField, format!("{name} must be a byte offset from 0 to {MAX_OFFSET}"))),
     }
 }
 
@@ -725,14 +717,14 @@ impl OutputQuery {
         let from = offset_field(input, "from")?.unwrap_or(0);
         let to = offset_field(input, "to")?;
         if let Some(to) = to.filter(|to| *to < from) {
-            return Err(bad("invalid_range", format!("from {from} is after to {to}")));
+            return Err(bad(ErrorCode::InvalidRange, format!("from {from} is after to {to}")));
         }
         let searching = input.get("pattern").is_some();
         let misplaced =
             if searching { ["max_bytes"].as_slice() } else { ["case_insensitive", "max_matches"].as_slice() };
         if let Some(f) = misplaced.iter().find(|f| input.get(**f).is_some()) {
             let with = if searching { "with pattern (a search)" } else { "without pattern (a page)" };
-            return Err(bad("invalid_field", format!("output {with} does not take {f}")));
+            return Err(bad(ErrorCode::InvalidField, format!("output {with} does not take {f}")));
         }
         let pattern = match str_field(input, "pattern") {
             Some(p) => Some(output_pattern(p, input.get("case_insensitive").and_then(Value::as_bool) == Some(true))?),
@@ -871,7 +863,7 @@ impl Tool for TerminalSession {
 
     fn availability(&self, ctx: &AvailabilityContext) -> Availability {
         match self.host.sandbox().refusal_for(ctx.is_admin) {
-            Some(reason) => Availability::unavailable("sandbox_unavailable", reason),
+            Some(reason) => Availability::unavailable(ErrorCode::SandboxUnavailable, reason),
             None => Availability::Available,
         }
     }
@@ -888,7 +880,8 @@ impl Tool for TerminalSession {
                     json!({"id": s.id, "command_line": s.command_line, "cwd": s.cwd, "pid": s.pid, "state": "running"})
                 }
                 Err(e)
-                    if matches!(action.as_str(), "wait" | "kill" | "output") && e.code == "terminal_session_ended" =>
+                    if matches!(action.as_str(), "wait" | "kill" | "output")
+                        && e.code == ErrorCode::TerminalSessionEnded =>
                 {
                     json!({"id": prepared.input["session_id"], "state": e.details["state"]})
                 }
@@ -917,8 +910,7 @@ impl Tool for TerminalSession {
             Ok(real) if real == Path::new(&cwd) && real.is_dir() => {}
             _ => {
                 return Err(ToolError::new(
-                    ErrorClass::Conflict,
-                    "stale_target",
+                    ErrorCode::StaleTarget,
                     format!("the approved cwd {cwd} is no longer that directory"),
                 ));
             }
@@ -934,8 +926,7 @@ impl Tool for TerminalSession {
         let frozen: Option<SandboxSpec> = input.get("sandbox").and_then(|v| serde_json::from_value(v.clone()).ok());
         if frozen.as_ref() != Some(&sandbox) {
             return Err(ToolError::new(
-                ErrorClass::Conflict,
-                "sandbox_changed",
+                ErrorCode::SandboxChanged,
                 "the sandbox this session would get is not the one approved (the server's sandbox or the workspace changed); freeze the call again",
             )
             .with_details(json!({"approved": input.get("sandbox"), "now": sandbox})));
@@ -948,7 +939,7 @@ impl Tool for TerminalSession {
                 .store()
                 .other_users_workspace_paths(&ctx.owner_id)
                 .await
-                .map_err(|e| ToolError::new(ErrorClass::Unavailable, "store_error", e.to_string()))?
+                .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?
                 .into_iter()
                 .map(PathBuf::from)
                 .filter(|p| p.as_path() != ctx.workspace.root())

@@ -29,7 +29,8 @@ use cap_std::fs::Dir;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::tool::{ErrorClass, ToolError};
+use crate::error_code::ErrorCode;
+use crate::tool::ToolError;
 
 /// The device and inode of a workspace root folder, stored as `"<dev>:<ino>"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,8 +103,7 @@ impl RootError {
     pub fn to_tool_error(&self, id: &str, path: &str) -> ToolError {
         match self {
             RootError::Changed { change, found } => ToolError::new(
-                ErrorClass::Conflict,
-                "workspace_changed",
+                ErrorCode::WorkspaceChanged,
                 format!(
                     "workspace {id} at {path} changed since it was registered: {}; nothing runs in it until an admin \
                      re-registers it (POST /v1/workspaces/{id}/reregister)",
@@ -113,8 +113,7 @@ impl RootError {
             .with_details(json!({"workspace_id": id, "path": path, "change": change,
                                  "found": found.map(|f| f.encode())})),
             RootError::Unavailable(message) => ToolError::new(
-                ErrorClass::Unavailable,
-                "workspace_unavailable",
+                ErrorCode::WorkspaceUnavailable,
                 format!("workspace {id} at {path} cannot be opened: {message}"),
             )
             .with_details(json!({"workspace_id": id, "path": path})),
@@ -256,7 +255,7 @@ impl Workspace {
         let file = self.dir.open_with(rel, &options).map_err(|e| io_error(rel, &e))?.into_std();
         let meta = file.metadata().map_err(|e| io_error(rel, &e))?;
         if meta.is_dir() {
-            return Err(ToolError::new(ErrorClass::BadInput, "is_a_directory", format!("{rel} is a directory"))
+            return Err(ToolError::new(ErrorCode::IsADirectory, format!("{rel} is a directory"))
                 .with_details(json!({"path": rel})));
         }
         if !meta.is_file() {
@@ -283,8 +282,7 @@ impl Workspace {
 /// other link may be a file outside the workspace (another user's, the server's secrets).
 pub fn hard_link_refused(rel: &str, nlink: u64) -> ToolError {
     ToolError::new(
-        ErrorClass::BadInput,
-        "outside_workspace",
+        ErrorCode::OutsideWorkspace,
         format!(
             "{rel} has {nlink} hard links; on a shared server the Read tools refuse hard-linked files, which may be \
              the same file as one outside the workspace (a single-user deployment may allow them with \
@@ -296,7 +294,7 @@ pub fn hard_link_refused(rel: &str, nlink: u64) -> ToolError {
 
 /// True for the error of [`hard_link_refused`].
 pub fn is_hard_link_refusal(e: &ToolError) -> bool {
-    e.code == "outside_workspace" && e.details.get("hard_links").is_some()
+    e.code == ErrorCode::OutsideWorkspace && e.details.get("hard_links").is_some()
 }
 
 /// Normalises a workspace-relative path: `""`/`"."` → `"."`, strips `./` and duplicate
@@ -304,7 +302,7 @@ pub fn is_hard_link_refusal(e: &ToolError) -> bool {
 /// `outside_workspace` / `invalid_path`.
 pub fn normalize(rel: &str) -> Result<String, ToolError> {
     if rel.contains('\0') {
-        return Err(ToolError::new(ErrorClass::BadInput, "invalid_path", "path contains a NUL byte"));
+        return Err(ToolError::new(ErrorCode::InvalidPath, "path contains a NUL byte"));
     }
     let path = Path::new(rel);
     let mut parts: Vec<&str> = Vec::new();
@@ -322,15 +320,14 @@ pub fn normalize(rel: &str) -> Result<String, ToolError> {
 
 /// The `outside_workspace` error for `rel`.
 pub fn outside(rel: &str) -> ToolError {
-    ToolError::new(ErrorClass::BadInput, "outside_workspace", format!("path {rel:?} leads outside the workspace"))
+    ToolError::new(ErrorCode::OutsideWorkspace, format!("path {rel:?} leads outside the workspace"))
         .with_details(json!({"path": rel}))
 }
 
 /// The `unsupported_file_type` error (FIFO, socket, device) for `rel`.
 pub fn unsupported(rel: &str) -> ToolError {
     ToolError::new(
-        ErrorClass::BadInput,
-        "unsupported_file_type",
+        ErrorCode::UnsupportedFileType,
         format!("{rel} is not a regular file or directory (FIFO, socket or device)"),
     )
     .with_details(json!({"path": rel}))
@@ -343,19 +340,17 @@ pub fn io_error(rel: &str, e: &io::Error) -> ToolError {
     if escaped {
         return outside(rel);
     }
-    let (class, code) = match e.kind() {
-        io::ErrorKind::NotFound => (ErrorClass::NotFound, "not_found"),
-        io::ErrorKind::PermissionDenied => (ErrorClass::Failed, "permission_denied"),
-        io::ErrorKind::NotADirectory => (ErrorClass::BadInput, "not_a_directory"),
-        io::ErrorKind::IsADirectory => (ErrorClass::BadInput, "is_a_directory"),
-        io::ErrorKind::AlreadyExists => (ErrorClass::Conflict, "already_exists"),
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge => {
-            (ErrorClass::Failed, "no_space")
-        }
-        _ if e.raw_os_error() == Some(40) => (ErrorClass::BadInput, "symlink_loop"),
-        _ => (ErrorClass::Failed, "io_error"),
+    let code = match e.kind() {
+        io::ErrorKind::NotFound => ErrorCode::NotFound,
+        io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+        io::ErrorKind::NotADirectory => ErrorCode::NotADirectory,
+        io::ErrorKind::IsADirectory => ErrorCode::IsADirectory,
+        io::ErrorKind::AlreadyExists => ErrorCode::AlreadyExists,
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge => ErrorCode::NoSpace,
+        _ if e.raw_os_error() == Some(40) => ErrorCode::SymlinkLoop,
+        _ => ErrorCode::IoError,
     };
-    ToolError::new(class, code, format!("{rel}: {e}")).with_details(json!({"path": rel, "os_error": e.raw_os_error()}))
+    ToolError::new(code, format!("{rel}: {e}")).with_details(json!({"path": rel, "os_error": e.raw_os_error()}))
 }
 
 const fn libc_exdev() -> i32 {
@@ -372,8 +367,8 @@ mod tests {
         assert_eq!(normalize("./src//main.rs").ok().as_deref(), Some("src/main.rs"));
         assert_eq!(normalize("a/./b/").ok().as_deref(), Some("a/b"));
         for bad in ["../x", "a/../../x", "/etc/passwd", "a/.."] {
-            assert_eq!(normalize(bad).map_err(|e| e.code).err().as_deref(), Some("outside_workspace"), "{bad}");
+            assert_eq!(normalize(bad).map_err(|e| e.code).err(), Some(ErrorCode::OutsideWorkspace), "{bad}");
         }
-        assert_eq!(normalize("a\0b").map_err(|e| e.code).err().as_deref(), Some("invalid_path"));
+        assert_eq!(normalize("a\0b").map_err(|e| e.code).err(), Some(ErrorCode::InvalidPath));
     }
 }

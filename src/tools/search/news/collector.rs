@@ -39,15 +39,12 @@ pub const ACCEPT: &str = "application/rss+xml, application/atom+xml, application
 /// The collector (see the module docs).
 pub struct Collector {
     store: Store,
-    client: Result<reqwest::Client, String>,
+    client: Result<reqwest::Client, net::ClientError>,
     fetch_timeout: Duration,
     max_feed_bytes: u64,
     max_items: usize,
     concurrency: usize,
     wake: Notify,
-    /// Serialises this process's collector writes on SQLite, whose single writer would
-    /// otherwise make concurrent fetches wait in its busy handler's sleeps.
-    write_lock: tokio::sync::Mutex<()>,
     /// Items inserted since the store's search statistics were last refreshed.
     inserted_since_analyze: std::sync::atomic::AtomicU64,
 }
@@ -99,7 +96,6 @@ impl Collector {
             max_items: config.news_max_items_per_fetch.max(1),
             concurrency: config.news_concurrency.max(1),
             wake: Notify::new(),
-            write_lock: tokio::sync::Mutex::new(()),
             inserted_since_analyze: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -242,10 +238,6 @@ impl Collector {
                             feed_format: parsed.format,
                             items: &parsed.items,
                         };
-                        let _serial = match self.store.backend() {
-                            crate::store::Backend::Sqlite => Some(self.write_lock.lock().await),
-                            crate::store::Backend::Postgres => None,
-                        };
                         self.store.record_news_fetch(&source.id, &rec, &last).await.map(FetchOutcome::Stored)
                     }
                     Err(e) => {
@@ -315,7 +307,7 @@ impl Collector {
     async fn fetch(&self, source: &NewsSourceRow) -> Result<Response, FetchError> {
         let client = self.client.as_ref().map_err(|e| FetchError {
             code: "fetch_failed",
-            message: e.clone(),
+            message: e.to_string(),
             status: None,
             retry_after: None,
         })?;

@@ -41,15 +41,20 @@ pub struct ParsedFeed {
     pub skipped: usize,
 }
 
-/// Parses `body` fetched from `feed_url` (see the module docs). The error is feed-rs's
-/// description of what is malformed.
-pub fn parse(body: &[u8], content_type: Option<&str>, feed_url: &str, max_items: usize) -> Result<ParsedFeed, String> {
+/// Parses `body` fetched from `feed_url` (see the module docs). The error is feed-rs's,
+/// describing what is malformed.
+pub fn parse(
+    body: &[u8],
+    content_type: Option<&str>,
+    feed_url: &str,
+    max_items: usize,
+) -> Result<ParsedFeed, feed_rs::parser::ParseFeedError> {
     let decoded = transcode(body, content_type);
     let parser = feed_rs::parser::Builder::new()
         .base_uri(Some(feed_url))
         .id_generator(|_links, _title, _uri| String::new())
         .build();
-    let feed = parser.parse(decoded.as_ref()).map_err(|e| e.to_string())?;
+    let feed = parser.parse(decoded.as_ref())?;
     let format = match feed.feed_type {
         feed_rs::model::FeedType::Atom => "atom",
         feed_rs::model::FeedType::JSON => "json_feed",

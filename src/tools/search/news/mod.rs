@@ -4,5 +4,5 @@
 
 pub mod collector;
 pub mod feed;
-pub mod query;
+pub use crate::store::news_query as query;
 pub mod tool;

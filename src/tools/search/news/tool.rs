@@ -14,10 +14,9 @@ use serde_json::{Value, json};
 
 use super::query;
 use crate::availability::{Availability, AvailabilityContext};
+use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
-use crate::registry::{
-    ErrorClass, ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
-};
+use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::store::{NewsQuery, NewsSort};
 use crate::tools::search::SearchHub;
 use crate::tools::{str_field, uint_field};
@@ -108,8 +107,7 @@ impl Tool for NewsSearch {
         let text = str_field(&input, "query").unwrap_or_default().trim().to_owned();
         if !query::has_positive_term(&text) {
             return Err(ToolError::new(
-                ErrorClass::BadInput,
-                "empty_query",
+                ErrorCode::EmptyQuery,
                 "the query needs at least one word or phrase that is not excluded",
             ));
         }
@@ -123,8 +121,7 @@ impl Tool for NewsSearch {
             if let Some(raw) = str_field(&input, field) {
                 let t = parse_time(raw, end_of_day, now).ok_or_else(|| {
                     ToolError::new(
-                        ErrorClass::BadInput,
-                        "invalid_time",
+                        ErrorCode::InvalidTime,
                         format!("{field} {raw:?} is not RFC 3339, YYYY-MM-DD, or a relative time like 24h, 7d, 2w"),
                     )
                 })?;
@@ -134,7 +131,7 @@ impl Tool for NewsSearch {
         if let (Some(s), Some(u)) = (canonical["since"].as_str(), canonical["until"].as_str())
             && s > u
         {
-            return Err(ToolError::new(ErrorClass::BadInput, "invalid_range", format!("since {s} is after until {u}")));
+            return Err(ToolError::new(ErrorCode::InvalidRange, format!("since {s} is after until {u}")));
         }
         if let Some(source) = str_field(&input, "source") {
             canonical["source"] = json!(source.trim());
@@ -144,14 +141,14 @@ impl Tool for NewsSearch {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let text = str_field(input, "query").unwrap_or_default();
-        let fts5 = query::to_fts5(text)
-            .ok_or_else(|| ToolError::new(ErrorClass::BadInput, "empty_query", "the query has no searchable term"))?;
+        if !query::has_positive_term(text) {
+            return Err(ToolError::new(ErrorCode::EmptyQuery, "the query has no searchable term"));
+        }
         let sort = if str_field(input, "sort") == Some("time") { NewsSort::Time } else { NewsSort::Relevance };
         let limit = uint_field(input, "limit", DEFAULT_LIMIT, MAX_LIMIT);
         let q = NewsQuery {
             user_id: &ctx.owner_id,
             text,
-            fts5: &fts5,
             since: str_field(input, "since"),
             until: str_field(input, "until"),
             source: str_field(input, "source"),
@@ -161,7 +158,7 @@ impl Tool for NewsSearch {
         let searched_at = crate::ids::now();
         let hits = self.hub.store().search_news(&q).await.map_err(|e| {
             tracing::warn!(error = %e, "news search failed");
-            ToolError::new(ErrorClass::Unavailable, "store_unavailable", "the News Hub store could not be searched")
+            ToolError::new(ErrorCode::StoreUnavailable, "the News Hub store could not be searched")
         })?;
         let mut results = Vec::with_capacity(hits.len());
         let mut evidence = Vec::with_capacity(hits.len());

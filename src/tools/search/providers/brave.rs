@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Answer, Endpoint, Freshness, WebQuery, clean};
+use super::{Answer, Endpoint, Freshness, ParseError, WebQuery, clean};
 
 /// The request.
 pub fn request(client: &reqwest::Client, ep: &Endpoint<'_>, q: &WebQuery) -> reqwest::RequestBuilder {
@@ -64,10 +64,10 @@ struct Item {
 }
 
 /// Parses a 2xx body.
-pub fn parse(body: &[u8], q: &WebQuery) -> Result<Answer, String> {
-    let resp: Response = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+pub fn parse(body: &[u8], q: &WebQuery) -> Result<Answer, ParseError> {
+    let resp: Response = serde_json::from_slice(body)?;
     if resp.kind != "search" {
-        return Err(format!("expected type \"search\", got {:?}", resp.kind));
+        return Err(ParseError::NotSearch(resp.kind));
     }
     let mut answer = Answer::default();
     for item in resp.web.map(|w| w.results).unwrap_or_default() {

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::{SearchConfig, Secret};
 use super::net;
+use crate::error::ErrorCode;
 
 /// Largest provider response read, in bytes.
 pub const MAX_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
@@ -176,7 +177,7 @@ pub struct ProviderError {
     /// `provider_timeout`, `provider_unreachable` (connection failed), `provider_bad_response`
     /// (a 2xx body that is not the provider's format), `provider_engines_failed` (SearXNG:
     /// no results because every engine failed), `cancelled`.
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// Human sentence, with the provider's own error message when it sent one.
     pub message: String,
     /// The provider's HTTP status, when it answered.
@@ -190,8 +191,8 @@ pub struct ProviderError {
 impl ProviderError {
     /// True when the failure says the provider cannot be reached (for its health).
     pub fn is_unreachable(&self) -> bool {
-        matches!(self.code, "provider_unreachable" | "provider_timeout")
-            || (self.code == "provider_error" && self.status.is_some_and(|s| s >= 500))
+        matches!(self.code, ErrorCode::ProviderUnreachable | ErrorCode::ProviderTimeout)
+            || (self.code == ErrorCode::ProviderError && self.status.is_some_and(|s| s >= 500))
     }
 }
 
@@ -203,9 +204,43 @@ fn request(client: &reqwest::Client, ep: &Endpoint<'_>, q: &WebQuery) -> reqwest
     }
 }
 
+/// Why a provider's 2xx body is not its format.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    /// Not the provider's JSON (serde's description).
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    /// Brave: an answer whose `type` is not `search` (the type found).
+    #[error("expected type \"search\", got {0:?}")]
+    NotSearch(String),
+}
+
+/// Why a provider's health check failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthError {
+    /// The provider could not be reached (its name, what failed).
+    #[error("{provider} could not be reached: {detail}")]
+    Unreachable {
+        /// Provider name.
+        provider: &'static str,
+        /// What failed ([`net::describe`]).
+        detail: String,
+    },
+    /// The check's request was answered with a status that fails it.
+    #[error("{provider} health check answered HTTP {status}: {detail}")]
+    Status {
+        /// Provider name.
+        provider: &'static str,
+        /// The HTTP status.
+        status: u16,
+        /// The provider's error message, if it sent one.
+        detail: String,
+    },
+}
+
 fn parse(kind: ProviderKind, body: &[u8], q: &WebQuery) -> Result<Answer, ProviderError> {
-    let bad = |e: String| ProviderError {
-        code: "provider_bad_response",
+    let bad = |e: ParseError| ProviderError {
+        code: ErrorCode::ProviderBadResponse,
         message: format!("{} answered 2xx with a body that is not its JSON format: {e}", kind.as_str()),
         status: None,
         retry_after_ms: None,
@@ -281,7 +316,7 @@ pub async fn search(
                     }
                     Err(net::BodyError::TooLarge(max)) => {
                         return Err(ProviderError {
-                            code: "provider_bad_response",
+                            code: ErrorCode::ProviderBadResponse,
                             message: format!("{name} answered with more than {max} bytes"),
                             status: Some(status),
                             retry_after_ms: None,
@@ -299,9 +334,9 @@ pub async fn search(
                 let retryable = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
                 let err = ProviderError {
                     code: if status == StatusCode::TOO_MANY_REQUESTS {
-                        "provider_rate_limited"
+                        ErrorCode::ProviderRateLimited
                     } else {
-                        "provider_error"
+                        ErrorCode::ProviderError
                     },
                     message: format!("{name} answered HTTP {}: {detail}", status.as_u16()),
                     status: Some(status.as_u16()),
@@ -329,7 +364,7 @@ pub async fn search(
             );
             return Err(error);
         }
-        tracing::debug!(provider = name, attempt, wait_ms = wait.as_millis() as u64, code = error.code, "retrying");
+        tracing::debug!(provider = name, attempt, wait_ms = wait.as_millis() as u64, code = %error.code, "retrying");
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             () = cancel.cancelled() => return Err(cancelled(attempt)),
@@ -339,7 +374,7 @@ pub async fn search(
 
 fn cancelled(attempts: u32) -> ProviderError {
     ProviderError {
-        code: "cancelled",
+        code: ErrorCode::Cancelled,
         message: "the call was cancelled".into(),
         status: None,
         retry_after_ms: None,
@@ -349,9 +384,9 @@ fn cancelled(attempts: u32) -> ProviderError {
 
 fn transport_error(name: &str, e: &reqwest::Error, attempts: u32) -> ProviderError {
     let (code, what) = if e.is_timeout() {
-        ("provider_timeout", "did not answer in time")
+        (ErrorCode::ProviderTimeout, "did not answer in time")
     } else {
-        ("provider_unreachable", "could not be reached")
+        (ErrorCode::ProviderUnreachable, "could not be reached")
     };
     ProviderError {
         code,
@@ -365,7 +400,7 @@ fn transport_error(name: &str, e: &reqwest::Error, attempts: u32) -> ProviderErr
 /// Health check of one endpoint (no query is spent): SearXNG's `GET /healthz` must answer
 /// 2xx; Tavily's `GET /usage` must accept the key (2xx); for Brave, which has no such
 /// endpoint, the API host must answer HTTP at all with a status below 500.
-pub async fn check(client: &reqwest::Client, ep: &Endpoint<'_>) -> Result<(), String> {
+pub async fn check(client: &reqwest::Client, ep: &Endpoint<'_>) -> Result<(), HealthError> {
     let name = ep.kind.as_str();
     let req = match ep.kind {
         ProviderKind::Searxng => client.get(format!("{}/healthz", ep.base_url)),
@@ -378,7 +413,7 @@ pub async fn check(client: &reqwest::Client, ep: &Endpoint<'_>) -> Result<(), St
             }
         }
     };
-    let resp = req.send().await.map_err(|e| format!("{name} could not be reached: {}", net::describe(&e)))?;
+    let resp = req.send().await.map_err(|e| HealthError::Unreachable { provider: name, detail: net::describe(&e) })?;
     let status = resp.status();
     let ok = match ep.kind {
         ProviderKind::Brave => !status.is_server_error(),
@@ -389,7 +424,7 @@ pub async fn check(client: &reqwest::Client, ep: &Endpoint<'_>) -> Result<(), St
     } else {
         let body = net::read_capped(resp, 64 * 1024).await.unwrap_or_default();
         let detail = error_message(ep.kind, &body).unwrap_or_default();
-        Err(format!("{name} health check answered HTTP {}: {detail}", status.as_u16()))
+        Err(HealthError::Status { provider: name, status: status.as_u16(), detail })
     }
 }
 

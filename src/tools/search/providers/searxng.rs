@@ -7,6 +7,7 @@
 use serde::Deserialize;
 
 use super::{Answer, Endpoint, ProviderError, WebQuery, clean};
+use crate::error::ErrorCode;
 
 /// The request.
 pub fn request(client: &reqwest::Client, ep: &Endpoint<'_>, q: &WebQuery) -> reqwest::RequestBuilder {
@@ -51,7 +52,7 @@ struct Item {
 /// (`provider_engines_failed`), not an empty list.
 pub fn parse(body: &[u8], q: &WebQuery) -> Result<Answer, ProviderError> {
     let resp: Response = serde_json::from_slice(body).map_err(|e| ProviderError {
-        code: "provider_bad_response",
+        code: ErrorCode::ProviderBadResponse,
         message: format!("searxng answered 2xx with a body that is not its JSON format: {e}"),
         status: None,
         retry_after_ms: None,
@@ -83,7 +84,7 @@ pub fn parse(body: &[u8], q: &WebQuery) -> Result<Answer, ProviderError> {
     }
     if answer.results.is_empty() && !failed.is_empty() {
         return Err(ProviderError {
-            code: "provider_engines_failed",
+            code: ErrorCode::ProviderEnginesFailed,
             message: format!("searxng returned no results because its engines failed: {}", failed.join("; ")),
             status: None,
             retry_after_ms: None,

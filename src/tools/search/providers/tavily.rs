@@ -8,7 +8,7 @@
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Answer, Endpoint, WebQuery, clean};
+use super::{Answer, Endpoint, ParseError, WebQuery, clean};
 
 /// The request.
 pub fn request(client: &reqwest::Client, ep: &Endpoint<'_>, q: &WebQuery) -> reqwest::RequestBuilder {
@@ -50,8 +50,8 @@ struct Item {
 }
 
 /// Parses a 2xx body.
-pub fn parse(body: &[u8], q: &WebQuery) -> Result<Answer, String> {
-    let resp: Response = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+pub fn parse(body: &[u8], q: &WebQuery) -> Result<Answer, ParseError> {
+    let resp: Response = serde_json::from_slice(body)?;
     let mut answer = Answer::default();
     for item in resp.results {
         if let Some(r) = clean(&item.url, &item.title, &item.content, item.published_date.as_deref()) {

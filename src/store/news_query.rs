@@ -1,4 +1,5 @@
-//! The `news_search` query language, the one Postgres' `websearch_to_tsquery` reads:
+//! The `news_search` query language, the one Postgres' `websearch_to_tsquery` reads (the
+//! store runs it on either back-end: [`super::Store::search_news`]):
 //! words are ANDed, `"quoted text"` is a phrase, `or` between two terms is OR, and a
 //! leading `-` negates a term. On SQLite the same text is translated to an FTS5
 //! expression ([`to_fts5`]) in which every term is a quoted string, so no input can be an
