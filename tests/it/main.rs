@@ -13,6 +13,7 @@ mod hostile_approvals;
 mod hostile_files;
 mod hostile_sandbox;
 mod http_limits;
+mod inputs;
 mod logs;
 mod mcp;
 mod mcp_real;
