@@ -38,7 +38,7 @@ use crate::store::TerminalSessionRow;
 use crate::tools::terminal::host::{ExitInfo, Session};
 use crate::tools::terminal::output::decode_utf8;
 use crate::tools::terminal::range::{LineMatch, Piece, Source};
-use crate::tools::terminal::{OutputQuery, OutputRead};
+use crate::tools::terminal::{OutputFields, OutputQuery, OutputRead};
 
 /// Largest `output` event, in bytes of output.
 const EVENT_BYTES: usize = 64 * 1024;
@@ -418,12 +418,15 @@ pub async fn read_output(
 ) -> Result<Json<OutputView>> {
     let row = owned(&app, &user, &id).await?;
     let live = app.terminal.get(&user.user_id, &id);
-    let mut input = json!({"from": q.from, "to": q.to, "max_bytes": q.max_bytes, "max_matches": q.max_matches,
-        "pattern": q.pattern, "case_insensitive": q.case_insensitive});
-    if let Some(o) = input.as_object_mut() {
-        o.retain(|_, v| !v.is_null());
-    }
-    let query = OutputQuery::from_input(&input).map_err(|e| Error::BadRequest {
+    let fields = OutputFields {
+        from: q.from,
+        to: q.to,
+        max_bytes: q.max_bytes,
+        pattern: q.pattern.as_deref(),
+        case_insensitive: q.case_insensitive,
+        max_matches: q.max_matches,
+    };
+    let query = OutputQuery::from_fields(&fields).map_err(|e| Error::BadRequest {
         code: match e.code {
             ErrorCode::InvalidRange => ErrorCode::InvalidRange,
             ErrorCode::InvalidPattern => ErrorCode::InvalidPattern,

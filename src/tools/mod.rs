@@ -4,6 +4,7 @@
 
 pub mod codebase;
 pub mod edit;
+pub mod input;
 pub mod read;
 pub mod search;
 pub mod terminal;
@@ -82,19 +83,4 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
     );
     registry.register(Arc::new(terminal::TerminalSession::new(terminal.clone())))?;
     Ok(CoreTools { search, terminal })
-}
-
-/// Reads an optional unsigned integer field with a default and an upper bound.
-pub(crate) fn uint_field(input: &serde_json::Value, name: &str, default: u64, max: u64) -> u64 {
-    input.get(name).and_then(serde_json::Value::as_u64).unwrap_or(default).min(max)
-}
-
-/// Reads an optional string field.
-pub(crate) fn str_field<'a>(input: &'a serde_json::Value, name: &str) -> Option<&'a str> {
-    input.get(name).and_then(serde_json::Value::as_str)
-}
-
-/// Reads an optional boolean field (default false).
-pub(crate) fn bool_field(input: &serde_json::Value, name: &str) -> bool {
-    input.get(name).and_then(serde_json::Value::as_bool).unwrap_or(false)
 }

@@ -75,44 +75,96 @@ async fn tool_schemas_stay_the_same() {
 fn calls() -> Vec<(&'static str, &'static str, Value)> {
     vec![
         ("discover_default", "read_discover", json!({})),
-        ("discover_full", "read_discover", json!({"query": "a", "path": "src", "kind": "file", "max_depth": 3, "limit": 5})),
+        (
+            "discover_full",
+            "read_discover",
+            json!({"query": "a", "path": "src", "kind": "file", "max_depth": 3, "limit": 5}),
+        ),
         ("discover_cursor", "read_discover", json!({"path": "./src/", "cursor": "o2", "kind": "dir"})),
         ("open_default", "read_open", json!({"path": "a.txt"})),
         ("open_range", "read_open", json!({"path": "./a.txt", "start_line": 2, "end_line": 3, "max_bytes": 10})),
         ("open_float", "read_open", json!({"path": "a.txt", "start_line": 2.0})),
         ("grep_default", "grep", json!({"pattern": "two"})),
-        ("grep_full", "grep", json!({"pattern": "t.o", "path": "src", "literal": false, "case_insensitive": true,
-            "glob": "*.rs", "context": 2, "limit": 7, "max_per_file": 3})),
+        (
+            "grep_full",
+            "grep",
+            json!({"pattern": "t.o", "path": "src", "literal": false, "case_insensitive": true,
+            "glob": "*.rs", "context": 2, "limit": 7, "max_per_file": 3}),
+        ),
         ("grep_globs", "grep", json!({"pattern": "x", "glob": ["*.rs", "!b.rs"], "literal": true})),
         ("explore_definitions", "codebase_explore", json!({"kind": "definitions", "symbol": "main"})),
-        ("explore_references", "codebase_explore", json!({"kind": "references", "path": "src/b.rs", "line": 1, "column": 4})),
+        (
+            "explore_references",
+            "codebase_explore",
+            json!({"kind": "references", "path": "src/b.rs", "line": 1, "column": 4}),
+        ),
         ("explore_impact", "codebase_explore", json!({"kind": "impact", "path": "src/b.rs", "depth": 2, "limit": 9})),
         ("explore_overview", "codebase_explore", json!({"kind": "overview", "max_tokens": 500})),
         ("write_new", "write_file", json!({"path": "new.txt", "content": "hello\n"})),
         ("write_dirs", "write_file", json!({"path": "d/e/new.txt", "content": "x", "create_dirs": true})),
-        ("write_over", "write_file", json!({"path": "a.txt", "content": "y",
-            "expected_sha256": "B6285C57E8797DB5D4C51C80D6F11938AFDA9B11C6A003549709189E9B4B92A2"})),
+        (
+            "write_over",
+            "write_file",
+            json!({"path": "a.txt", "content": "y",
+            "expected_sha256": "B6285C57E8797DB5D4C51C80D6F11938AFDA9B11C6A003549709189E9B4B92A2"}),
+        ),
         ("replace_one", "replace_block", json!({"path": "a.txt", "old": "two", "new": "2"})),
-        ("replace_many", "replace_block", json!({"path": "src/b.rs", "old": "x", "new": "y", "expected_occurrences": 2})),
+        (
+            "replace_many",
+            "replace_block",
+            json!({"path": "src/b.rs", "old": "x", "new": "y", "expected_occurrences": 2}),
+        ),
         ("delete_file", "delete_path", json!({"path": "a.txt"})),
         ("delete_dir", "delete_path", json!({"path": "src", "recursive": true})),
         ("move_file", "move_path", json!({"from": "a.txt", "to": "c.txt"})),
         ("move_over", "move_path", json!({"from": "a.txt", "to": "src/b.rs", "overwrite": true})),
-        ("term_start", "terminal_session", json!({"action": "start", "command": "echo", "args": ["hi"], "cwd": "src",
-            "env": {"A": "1", "B": null}, "timeout_ms": 5000, "cols": 80, "rows": 24, "settle_ms": 0})),
+        (
+            "term_start",
+            "terminal_session",
+            json!({"action": "start", "command": "echo", "args": ["hi"], "cwd": "src",
+            "env": {"A": "1", "B": null}, "timeout_ms": 5000, "cols": 80, "rows": 24, "settle_ms": 0}),
+        ),
         ("term_start_default", "terminal_session", json!({"action": "start", "command": "ls"})),
         ("term_input", "terminal_session", json!({"action": "input", "session_id": "pty_1", "data": "ls\n"})),
-        ("term_input_settle", "terminal_session", json!({"action": "input", "session_id": "pty_1", "data": "", "settle_ms": 7})),
+        (
+            "term_input_settle",
+            "terminal_session",
+            json!({"action": "input", "session_id": "pty_1", "data": "", "settle_ms": 7}),
+        ),
         ("term_signal", "terminal_session", json!({"action": "signal", "session_id": "pty_1", "signal": "eof"})),
-        ("term_resize", "terminal_session", json!({"action": "resize", "session_id": "pty_1", "cols": 100, "rows": 30})),
+        (
+            "term_resize",
+            "terminal_session",
+            json!({"action": "resize", "session_id": "pty_1", "cols": 100, "rows": 30}),
+        ),
         ("term_wait", "terminal_session", json!({"action": "wait", "session_id": "pty_1"})),
-        ("term_wait_idle", "terminal_session", json!({"action": "wait", "session_id": "pty_1", "until": "idle", "timeout_ms": 900000})),
-        ("term_wait_idle_ms", "terminal_session", json!({"action": "wait", "session_id": "pty_1", "until": "idle", "idle_ms": 20})),
+        (
+            "term_wait_idle",
+            "terminal_session",
+            json!({"action": "wait", "session_id": "pty_1", "until": "idle", "timeout_ms": 900000}),
+        ),
+        (
+            "term_wait_idle_ms",
+            "terminal_session",
+            json!({"action": "wait", "session_id": "pty_1", "until": "idle", "idle_ms": 20}),
+        ),
         ("term_kill", "terminal_session", json!({"action": "kill", "session_id": "pty_1"})),
         ("term_output", "terminal_session", json!({"action": "output", "session_id": "pty_1"})),
-        ("term_output_page", "terminal_session", json!({"action": "output", "session_id": "pty_1", "from": 3, "to": 90, "max_bytes": 10})),
-        ("term_output_search", "terminal_session", json!({"action": "output", "session_id": "pty_1", "pattern": "e+", "max_matches": 4})),
-        ("term_output_search_ci", "terminal_session", json!({"action": "output", "session_id": "pty_1", "pattern": "E", "case_insensitive": true})),
+        (
+            "term_output_page",
+            "terminal_session",
+            json!({"action": "output", "session_id": "pty_1", "from": 3, "to": 90, "max_bytes": 10}),
+        ),
+        (
+            "term_output_search",
+            "terminal_session",
+            json!({"action": "output", "session_id": "pty_1", "pattern": "e+", "max_matches": 4}),
+        ),
+        (
+            "term_output_search_ci",
+            "terminal_session",
+            json!({"action": "output", "session_id": "pty_1", "pattern": "E", "case_insensitive": true}),
+        ),
     ]
 }
 
@@ -141,7 +193,8 @@ async fn frozen_inputs_stay_the_same() {
     let root = t.workspace.to_string_lossy().into_owned();
     // The session the actions on a session go to (`pty_1` in `calls`, `<session>` in the
     // snapshot).
-    let start = t.call(&token, &run, &turn, "terminal_session", "session", json!({"action": "start", "command": "cat"})).await;
+    let start =
+        t.call(&token, &run, &turn, "terminal_session", "session", json!({"action": "start", "command": "cat"})).await;
     assert_eq!(start.status, StatusCode::CREATED, "{start:?}");
     let grant = t
         .post(

@@ -20,6 +20,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use self::index::{CodeGraphs, Phase, WorkspaceIndex};
@@ -28,12 +30,16 @@ use self::resolve::ModuleGraph;
 use crate::availability::{Availability, AvailabilityContext};
 use crate::error::ErrorCode;
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use crate::tools::input;
 use crate::tools::read::blocking;
-use crate::tools::{str_field, uint_field};
 use crate::workspace::{self, Workspace};
 
 /// The query kinds.
 pub const KINDS: [&str; 7] = ["definitions", "references", "callers", "callees", "dependencies", "impact", "overview"];
+/// Default `depth` (`impact`: [`DEFAULT_IMPACT_DEPTH`]).
+pub const DEFAULT_DEPTH: u64 = 1;
+/// Default `depth` of `impact`.
+pub const DEFAULT_IMPACT_DEPTH: u64 = 3;
 /// Default and largest `limit`.
 pub const DEFAULT_LIMIT: u64 = 50;
 /// Largest `limit`.
@@ -44,6 +50,73 @@ pub const MAX_DEPTH: u64 = 5;
 pub const DEFAULT_MAX_TOKENS: u64 = 2048;
 /// Largest `overview` budget, tokens.
 pub const MAX_MAX_TOKENS: u64 = 16_384;
+
+/// A query kind (the names of [`KINDS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum QueryKind {
+    Definitions,
+    References,
+    Callers,
+    Callees,
+    Dependencies,
+    Impact,
+    Overview,
+}
+
+impl QueryKind {
+    /// The snake_case name.
+    fn as_str(self) -> &'static str {
+        match self {
+            QueryKind::Definitions => "definitions",
+            QueryKind::References => "references",
+            QueryKind::Callers => "callers",
+            QueryKind::Callees => "callees",
+            QueryKind::Dependencies => "dependencies",
+            QueryKind::Impact => "impact",
+            QueryKind::Overview => "overview",
+        }
+    }
+}
+
+/// The input of `codebase_explore` (also its canonical input, defaults filled).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ExploreInput {
+    /// definitions {symbol}; references {symbol | path+line}; callers/callees {symbol, depth}; dependencies {path}; impact {symbol | path, depth}; overview {path?}
+    kind: QueryKind,
+    /// A name, or Container::name / module.name
+    #[schemars(length(min = 1, max = 512))]
+    symbol: Option<String>,
+    /// File or folder relative to the workspace root
+    #[schemars(length(max = 4096))]
+    path: Option<String>,
+    /// With path: the location whose symbol references are wanted (1-based)
+    #[schemars(range(min = 1, max = u32::MAX))]
+    line: Option<u64>,
+    /// With path and line: the column (1-based)
+    #[schemars(range(min = 1, max = u32::MAX))]
+    column: Option<u64>,
+    /// Transitive depth for callers, callees and impact (default 1; impact 3)
+    #[schemars(range(min = 1, max = MAX_DEPTH))]
+    depth: Option<u64>,
+    /// Most results (default 50)
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
+    limit: Option<u64>,
+    /// Budget of the overview map (default 2048)
+    #[schemars(range(min = 128, max = MAX_MAX_TOKENS))]
+    max_tokens: Option<u64>,
+}
+
+impl ExploreInput {
+    fn limit(&self) -> u64 {
+        self.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT)
+    }
+
+    fn max_tokens(&self) -> u64 {
+        self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).min(MAX_MAX_TOKENS)
+    }
+}
 
 /// The `codebase_explore` tool.
 pub struct CodebaseExplore {
@@ -66,21 +139,7 @@ impl CodebaseExplore {
                     dependencies, the impact of changing a symbol or file, and an overview map of a folder. Every \
                     returned location is re-checked against the current file text; stale candidates are reported apart."
                     .into(),
-                input_schema: json!({
-                    "type": "object",
-                    "required": ["kind"],
-                    "properties": {
-                        "kind": {"type": "string", "enum": KINDS, "description": "definitions {symbol}; references {symbol | path+line}; callers/callees {symbol, depth}; dependencies {path}; impact {symbol | path, depth}; overview {path?}"},
-                        "symbol": {"type": "string", "minLength": 1, "maxLength": 512, "description": "A name, or Container::name / module.name"},
-                        "path": {"type": "string", "maxLength": 4096, "description": "File or folder relative to the workspace root"},
-                        "line": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "With path: the location whose symbol references are wanted (1-based)"},
-                        "column": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "With path and line: the column (1-based)"},
-                        "depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH, "description": "Transitive depth for callers, callees and impact (default 1; impact 3)"},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": "Most results (default 50)"},
-                        "max_tokens": {"type": "integer", "minimum": 128, "maximum": MAX_MAX_TOKENS, "description": "Budget of the overview map (default 2048)"}
-                    },
-                    "additionalProperties": false
-                }),
+                input_schema: input::schema_of::<ExploreInput>(),
                 requires_approval: false,
                 capability: Some("fs.read".into()),
                 replacement: None,
@@ -134,9 +193,10 @@ impl Tool for CodebaseExplore {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let kind = str_field(&input, "kind").unwrap_or_default().to_owned();
-        let symbol = str_field(&input, "symbol").map(str::trim).filter(|s| !s.is_empty());
-        let path = match str_field(&input, "path") {
+        let input: ExploreInput = input::parse(&input)?;
+        let kind = input.kind.as_str();
+        let symbol = input.symbol.as_deref().map(str::trim).filter(|s| !s.is_empty());
+        let path = match input.path.as_deref() {
             Some(p) => {
                 let p = workspace::normalize(p)?;
                 ctx.workspace.check_beneath(&p)?;
@@ -144,21 +204,23 @@ impl Tool for CodebaseExplore {
             }
             None => None,
         };
-        let line = input.get("line").and_then(Value::as_u64);
-        match kind.as_str() {
-            "definitions" | "callers" | "callees" if symbol.is_none() => return Err(missing(&kind, "symbol")),
-            "references" if symbol.is_none() && (path.is_none() || line.is_none()) => {
-                return Err(missing(&kind, "symbol, or path and line"));
+        let line = input.line;
+        match input.kind {
+            QueryKind::Definitions | QueryKind::Callers | QueryKind::Callees if symbol.is_none() => {
+                return Err(missing(kind, "symbol"));
             }
-            "dependencies" if path.is_none() => return Err(missing(&kind, "path")),
-            "impact" if symbol.is_none() && path.is_none() => return Err(missing(&kind, "symbol or path")),
+            QueryKind::References if symbol.is_none() && (path.is_none() || line.is_none()) => {
+                return Err(missing(kind, "symbol, or path and line"));
+            }
+            QueryKind::Dependencies if path.is_none() => return Err(missing(kind, "path")),
+            QueryKind::Impact if symbol.is_none() && path.is_none() => return Err(missing(kind, "symbol or path")),
             _ => {}
         }
-        let default_depth = if kind == "impact" { 3 } else { 1 };
+        let default_depth = if input.kind == QueryKind::Impact { DEFAULT_IMPACT_DEPTH } else { DEFAULT_DEPTH };
         let mut canonical = json!({
             "kind": kind,
-            "depth": uint_field(&input, "depth", default_depth, MAX_DEPTH),
-            "limit": uint_field(&input, "limit", DEFAULT_LIMIT, MAX_LIMIT),
+            "depth": input.depth.unwrap_or(default_depth).min(MAX_DEPTH),
+            "limit": input.limit(),
         });
         if let Some(s) = symbol {
             canonical["symbol"] = json!(s);
@@ -168,12 +230,12 @@ impl Tool for CodebaseExplore {
         }
         if let Some(l) = line {
             canonical["line"] = json!(l);
-            if let Some(c) = input.get("column").and_then(Value::as_u64) {
+            if let Some(c) = input.column {
                 canonical["column"] = json!(c);
             }
         }
-        if kind == "overview" {
-            canonical["max_tokens"] = json!(uint_field(&input, "max_tokens", DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS));
+        if input.kind == QueryKind::Overview {
+            canonical["max_tokens"] = json!(input.max_tokens());
         }
         Ok(Prepared { input: canonical, preview: Value::Null })
     }
@@ -199,24 +261,25 @@ impl Tool for CodebaseExplore {
     }
 }
 
-/// Parses a canonical input into a [`Query`].
-pub fn parse_query(input: &Value) -> Query {
-    Query {
-        kind: str_field(input, "kind").unwrap_or_default().to_owned(),
-        symbol: str_field(input, "symbol").map(str::to_owned),
-        path: str_field(input, "path").map(str::to_owned),
-        line: input.get("line").and_then(Value::as_u64).and_then(|l| u32::try_from(l).ok()),
-        column: input.get("column").and_then(Value::as_u64).and_then(|c| u32::try_from(c).ok()),
-        depth: u32::try_from(uint_field(input, "depth", 1, MAX_DEPTH)).unwrap_or(1),
-        limit: usize::try_from(uint_field(input, "limit", DEFAULT_LIMIT, MAX_LIMIT)).unwrap_or(50),
-        max_tokens: usize::try_from(uint_field(input, "max_tokens", DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS))
-            .unwrap_or(2048),
-    }
+/// Parses a canonical input into a [`Query`]; an input that is not an `ExploreInput` is
+/// `corrupt_input`.
+pub fn parse_query(input: &Value) -> Result<Query, ToolError> {
+    let input: ExploreInput = input::frozen(input)?;
+    Ok(Query {
+        kind: input.kind.as_str().to_owned(),
+        line: input.line.and_then(|l| u32::try_from(l).ok()),
+        column: input.column.and_then(|c| u32::try_from(c).ok()),
+        depth: u32::try_from(input.depth.unwrap_or(DEFAULT_DEPTH).min(MAX_DEPTH)).unwrap_or(1),
+        limit: usize::try_from(input.limit()).unwrap_or(50),
+        max_tokens: usize::try_from(input.max_tokens()).unwrap_or(2048),
+        symbol: input.symbol,
+        path: input.path,
+    })
 }
 
 /// Runs a query against a ready index (blocking).
 pub fn run(ix: &WorkspaceIndex, ws: &Workspace, modules: &ModuleGraph, input: &Value) -> Result<ToolOutput, ToolError> {
-    let q = parse_query(input);
+    let q = parse_query(input)?;
     let g = ix.graph();
     let is_dir = match &q.path {
         None => true,
@@ -326,7 +389,10 @@ impl Tool for ReportsChanges {
         let out = self.inner.execute(input, ctx).await?;
         if let Some(index) = self.graphs.get(ctx.workspace.root()) {
             index.notify_changed(
-                ["path", "from", "to"].into_iter().filter_map(|f| str_field(input, f)).map(str::to_owned),
+                ["path", "from", "to"]
+                    .into_iter()
+                    .filter_map(|f| input.get(f).and_then(Value::as_str))
+                    .map(str::to_owned),
             );
         }
         Ok(out)

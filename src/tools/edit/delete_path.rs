@@ -8,6 +8,8 @@
 //! state at execution is `stale_target` and nothing is deleted.
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents};
@@ -15,9 +17,33 @@ use super::{TargetState, check_precondition, check_resolved, target};
 use crate::error::ErrorCode;
 use crate::harness::{CommitGate, SideEffects};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::tools::input;
 use crate::tools::read::blocking;
-use crate::tools::{bool_field, str_field};
 use crate::workspace::{self, Workspace};
+
+/// The input of `delete_path`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DeletePathInput {
+    /// Path relative to the workspace root
+    #[schemars(length(min = 1, max = super::MAX_PATH_BYTES))]
+    path: String,
+    /// Required (true) to delete a directory and everything in it
+    #[serde(default)]
+    recursive: bool,
+}
+
+/// The canonical input of `delete_path` as frozen: the normalised and the resolved absolute
+/// path, `recursive`, and the target's state (`precondition`, absent before the preview is
+/// made).
+#[derive(Debug, Clone, Deserialize)]
+struct Frozen {
+    path: String,
+    resolved_path: String,
+    #[serde(default)]
+    recursive: bool,
+    precondition: Option<Value>,
+}
 
 /// The `delete_path` tool.
 pub struct DeletePath {
@@ -33,15 +59,7 @@ impl DeletePath {
                 "Delete a file or directory",
                 "Delete a workspace file, or a directory with recursive: true. Never the workspace root; symlinks are \
                  not followed. Needs approval; the approver sees what will be removed.",
-                json!({
-                    "type": "object",
-                    "required": ["path"],
-                    "properties": {
-                        "path": super::path_schema("Path relative to the workspace root"),
-                        "recursive": {"type": "boolean", "description": "Required (true) to delete a directory and everything in it"}
-                    },
-                    "additionalProperties": false
-                }),
+                input::schema_of::<DeletePathInput>(),
             ),
         }
     }
@@ -54,8 +72,9 @@ impl Default for DeletePath {
 }
 
 fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
-    let (rel, abs) = target(ws, input, "path")?;
-    Ok(json!({"path": rel, "resolved_path": abs, "recursive": bool_field(input, "recursive")}))
+    let input: DeletePathInput = input::parse(input)?;
+    let (rel, abs) = target(ws, &input.path)?;
+    Ok(json!({"path": rel, "resolved_path": abs, "recursive": input.recursive}))
 }
 
 /// What is at the target.
@@ -95,31 +114,31 @@ fn describe(rel: &str, found: &Found) -> Value {
 }
 
 /// The preview and the precondition it shows.
-fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError> {
-    let rel = str_field(input, "path").unwrap_or_default();
+fn plan(ws: &Workspace, input: &Frozen) -> Result<(Value, TargetState), ToolError> {
+    let rel = input.path.as_str();
     let located = efs::locate(ws, rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(rel))?;
-    let found = look(dir, &located.name, rel, bool_field(input, "recursive"))?;
+    let found = look(dir, &located.name, rel, input.recursive)?;
     let mut preview = describe(rel, &found);
     preview["action"] = json!("delete_path");
-    preview["resolved_path"] = json!(str_field(input, "resolved_path"));
+    preview["resolved_path"] = json!(input.resolved_path);
     Ok((preview, found.state()))
 }
 
-fn delete(ws: &Workspace, input: &Value, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
-    let rel = check_resolved(ws, input, "path", "resolved_path")?;
-    let abs = str_field(input, "resolved_path").unwrap_or_default();
+fn delete(ws: &Workspace, input: &Frozen, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
+    let rel = check_resolved(ws, &input.path, &input.resolved_path)?;
+    let abs = input.resolved_path.as_str();
     let _guard = efs::lock_paths(&[abs]);
     let located = efs::locate(ws, &rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
-    let found = match look(dir, &located.name, &rel, bool_field(input, "recursive")) {
+    let found = match look(dir, &located.name, &rel, input.recursive) {
         Err(e) if e.code == ErrorCode::NotFound => {
-            check_precondition(&rel, input.get("precondition"), &TargetState::Absent)?;
+            check_precondition(&rel, input.precondition.as_ref(), &TargetState::Absent)?;
             return Err(e);
         }
         other => other?,
     };
-    check_precondition(&rel, input.get("precondition"), &found.state())?;
+    check_precondition(&rel, input.precondition.as_ref(), &found.state())?;
     gate.pass()?;
     match &found {
         Found::File { .. } => dir.remove_file(&located.name).map_err(|e| workspace::io_error(&rel, &e))?,
@@ -167,12 +186,12 @@ impl Tool for DeletePath {
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let mut canonical = canonical(&input, ctx.workspace)?;
         let ws = ctx.workspace.clone();
-        let frozen = canonical.clone();
+        let frozen: Frozen = input::frozen(&canonical)?;
+        let rel = frozen.path.clone();
         let (preview, state) = blocking(move || plan(&ws, &frozen)).await?;
         let precondition = state.to_json();
         canonical["precondition"] = precondition.clone();
-        let rel = str_field(&canonical, "path").unwrap_or_default();
-        let preview = super::finish_preview(preview, &precondition, &[("path", rel)]);
+        let preview = super::finish_preview(preview, &precondition, &[("path", &rel)]);
         Ok(Prepared { input: canonical, preview })
     }
 
@@ -189,7 +208,7 @@ impl Tool for DeletePath {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let input = input.clone();
+        let input: Frozen = input::frozen(input)?;
         let ws = ctx.workspace.clone();
         let gate = ctx.commit.clone();
         blocking(move || delete(&ws, &input, &gate)).await

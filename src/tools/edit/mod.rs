@@ -39,21 +39,10 @@ use serde_json::{Value, json};
 use crate::error::ErrorCode;
 use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
 use crate::registry::{ToolError, ToolKind, ToolSpec};
-use crate::tools::str_field;
 use crate::workspace::{self, Workspace};
 
-/// The JSON Schema of a workspace path field.
-fn path_schema(description: &str) -> Value {
-    json!({"type": "string", "minLength": 1, "maxLength": 4096, "description": description})
-}
-
-/// The JSON Schema of an `expected_sha256` field.
-fn sha_schema() -> Value {
-    json!({
-        "type": "string", "pattern": "^[0-9a-fA-F]{64}$",
-        "description": "SHA-256 (hex) of the file as last read (read_open returns it); if the file changed since, nothing is written (409 stale_target)"
-    })
-}
+/// Longest workspace path an Edit tool takes, in bytes.
+pub const MAX_PATH_BYTES: u32 = 4096;
 
 /// The spec shared by the four tools: public, domain `edit`, always approved, `fs.write`.
 fn spec(id: &str, title: &str, description: &str, input_schema: Value) -> ToolSpec {
@@ -71,24 +60,22 @@ fn spec(id: &str, title: &str, description: &str, input_schema: Value) -> ToolSp
     }
 }
 
-/// Normalises the path in field `field` and resolves it against the workspace root:
+/// Normalises the path `given` and resolves it against the workspace root:
 /// `(workspace-relative path, absolute path)`. The root itself is refused
 /// (`workspace_root`), escapes are `outside_workspace`.
-fn target(ws: &Workspace, input: &Value, field: &str) -> Result<(String, String), ToolError> {
-    let rel = workspace::normalize(str_field(input, field).unwrap_or_default())?;
+fn target(ws: &Workspace, given: &str) -> Result<(String, String), ToolError> {
+    let rel = workspace::normalize(given)?;
     if rel == "." {
-        return Err(fs::root_refused(str_field(input, field).unwrap_or_default()));
+        return Err(fs::root_refused(given));
     }
     let abs = ws.root().join(&rel).to_string_lossy().into_owned();
     Ok((rel, abs))
 }
 
-/// At execution: the absolute target frozen in the input must still be where this
-/// workspace puts the relative path; otherwise the approval covered another file.
-fn check_resolved(ws: &Workspace, input: &Value, rel_field: &str, abs_field: &str) -> Result<String, ToolError> {
-    let rel = str_field(input, rel_field).unwrap_or_default().to_owned();
-    let frozen = str_field(input, abs_field).unwrap_or_default();
-    let now = ws.root().join(&rel).to_string_lossy().into_owned();
+/// At execution: the absolute target `frozen` in the input must still be where this
+/// workspace puts the relative path `rel`; otherwise the approval covered another file.
+fn check_resolved(ws: &Workspace, rel: &str, frozen: &str) -> Result<String, ToolError> {
+    let now = ws.root().join(rel).to_string_lossy().into_owned();
     if rel.is_empty() || rel == "." || frozen != now {
         return Err(ToolError::new(
             ErrorCode::WorkspaceMoved,
@@ -96,12 +83,7 @@ fn check_resolved(ws: &Workspace, input: &Value, rel_field: &str, abs_field: &st
         )
         .with_details(json!({"path": rel, "approved": frozen, "now": now})));
     }
-    Ok(rel)
-}
-
-/// `expected_sha256`, lowercased, if given.
-fn expected_sha(input: &Value) -> Option<String> {
-    str_field(input, "expected_sha256").map(str::to_ascii_lowercase)
+    Ok(rel.to_owned())
 }
 
 /// The `expected_sha256` precondition: 409 `stale_target` when the file's current hash

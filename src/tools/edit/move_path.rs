@@ -10,6 +10,8 @@
 //! and nothing moves.
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents};
@@ -17,9 +19,38 @@ use super::{TargetState, check_precondition, check_resolved, target};
 use crate::error::ErrorCode;
 use crate::harness::{CommitGate, SideEffects};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::tools::input;
 use crate::tools::read::blocking;
-use crate::tools::{bool_field, str_field};
 use crate::workspace::{self, Workspace};
+
+/// The input of `move_path`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MovePathInput {
+    /// Source path relative to the workspace root
+    #[schemars(length(min = 1, max = super::MAX_PATH_BYTES))]
+    from: String,
+    /// Destination path relative to the workspace root
+    #[schemars(length(min = 1, max = super::MAX_PATH_BYTES))]
+    to: String,
+    /// Replace an existing destination file (default false)
+    #[serde(default)]
+    overwrite: bool,
+}
+
+/// The canonical input of `move_path` as frozen: both normalised paths and their resolved
+/// absolute paths, `overwrite`, and the state of both ends (`precondition`, absent before
+/// the preview is made).
+#[derive(Debug, Clone, Deserialize)]
+struct Frozen {
+    from: String,
+    to: String,
+    resolved_from: String,
+    resolved_to: String,
+    #[serde(default)]
+    overwrite: bool,
+    precondition: Option<Value>,
+}
 
 /// The `move_path` tool.
 pub struct MovePath {
@@ -35,16 +66,7 @@ impl MovePath {
                 "Move a file or directory",
                 "Move or rename a workspace file or directory, also across directories (the destination's parent must \
                  exist). Refuses to overwrite an existing destination unless overwrite: true. Needs approval.",
-                json!({
-                    "type": "object",
-                    "required": ["from", "to"],
-                    "properties": {
-                        "from": super::path_schema("Source path relative to the workspace root"),
-                        "to": super::path_schema("Destination path relative to the workspace root"),
-                        "overwrite": {"type": "boolean", "description": "Replace an existing destination file (default false)"}
-                    },
-                    "additionalProperties": false
-                }),
+                input::schema_of::<MovePathInput>(),
             ),
         }
     }
@@ -57,8 +79,9 @@ impl Default for MovePath {
 }
 
 fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
-    let (from, resolved_from) = target(ws, input, "from")?;
-    let (to, resolved_to) = target(ws, input, "to")?;
+    let input: MovePathInput = input::parse(input)?;
+    let (from, resolved_from) = target(ws, &input.from)?;
+    let (to, resolved_to) = target(ws, &input.to)?;
     if from == to {
         return Err(ToolError::new(ErrorCode::SamePath, format!("from and to are both {from}"))
             .with_details(json!({"from": from, "to": to})));
@@ -69,7 +92,7 @@ fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
     }
     Ok(json!({
         "from": from, "to": to, "resolved_from": resolved_from, "resolved_to": resolved_to,
-        "overwrite": bool_field(input, "overwrite"),
+        "overwrite": input.overwrite,
     }))
 }
 
@@ -100,10 +123,10 @@ impl Plan {
 
 /// Inspects both ends. At execution (`frozen` = the frozen precondition) each must first be
 /// in the state the preview showed.
-fn plan(ws: &Workspace, input: &Value, frozen: Option<&Value>) -> Result<Plan, ToolError> {
-    let from = str_field(input, "from").unwrap_or_default();
-    let to = str_field(input, "to").unwrap_or_default();
-    let overwrite = bool_field(input, "overwrite");
+fn plan(ws: &Workspace, input: &Frozen, frozen: Option<&Value>) -> Result<Plan, ToolError> {
+    let from = input.from.as_str();
+    let to = input.to.as_str();
+    let overwrite = input.overwrite;
     let src = efs::locate(ws, from, Parents::MustExist)?;
     let from_dir = src.dir.ok_or_else(|| super::not_found(from))?;
     let (source, source_sha256, size, is_dir) = match efs::inspect(&from_dir, &src.name, from)? {
@@ -187,28 +210,28 @@ fn plan(ws: &Workspace, input: &Value, frozen: Option<&Value>) -> Result<Plan, T
     })
 }
 
-fn preview(input: &Value, plan: &Plan) -> Value {
+fn preview(input: &Frozen, plan: &Plan) -> Value {
     let preview = json!({
         "action": "move_path",
-        "from": str_field(input, "from"),
-        "to": str_field(input, "to"),
-        "resolved_from": str_field(input, "resolved_from"),
-        "resolved_to": str_field(input, "resolved_to"),
+        "from": input.from,
+        "to": input.to,
+        "resolved_from": input.resolved_from,
+        "resolved_to": input.resolved_to,
         "source": plan.source,
         "overwrites": plan.replaced.as_ref().map(|(f, sha)| json!({"sha256": sha, "size": f.size})),
     });
-    let paths =
-        [("from", str_field(input, "from").unwrap_or_default()), ("to", str_field(input, "to").unwrap_or_default())];
+    let paths = [("from", input.from.as_str()), ("to", input.to.as_str())];
     super::finish_preview(preview, &plan.precondition(), &paths)
 }
 
-fn apply(ws: &Workspace, input: &Value, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
-    let from = check_resolved(ws, input, "from", "resolved_from")?;
-    let to = check_resolved(ws, input, "to", "resolved_to")?;
-    let resolved_from = str_field(input, "resolved_from").unwrap_or_default();
-    let resolved_to = str_field(input, "resolved_to").unwrap_or_default();
+fn apply(ws: &Workspace, input: &Frozen, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
+    let from = check_resolved(ws, &input.from, &input.resolved_from)?;
+    let to = check_resolved(ws, &input.to, &input.resolved_to)?;
+    let resolved_from = input.resolved_from.as_str();
+    let resolved_to = input.resolved_to.as_str();
     let _guard = efs::lock_paths(&[resolved_from, resolved_to]);
-    let p = plan(ws, input, Some(input.get("precondition").unwrap_or(&Value::Null)))?;
+    let none = Value::Null;
+    let p = plan(ws, input, Some(input.precondition.as_ref().unwrap_or(&none)))?;
     match &p.replaced {
         None => {
             gate.pass()?;
@@ -258,7 +281,7 @@ impl Tool for MovePath {
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let mut canonical = canonical(&input, ctx.workspace)?;
         let ws = ctx.workspace.clone();
-        let frozen = canonical.clone();
+        let frozen: Frozen = input::frozen(&canonical)?;
         let (preview, precondition) =
             blocking(move || plan(&ws, &frozen, None).map(|p| (preview(&frozen, &p), p.precondition()))).await?;
         canonical["precondition"] = precondition;
@@ -278,7 +301,7 @@ impl Tool for MovePath {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let input = input.clone();
+        let input: Frozen = input::frozen(input)?;
         let ws = ctx.workspace.clone();
         let gate = ctx.commit.clone();
         blocking(move || apply(&ws, &input, &gate)).await

@@ -17,17 +17,19 @@
 //!   line-ending style its line endings take that style, so a CRLF file stays CRLF.
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents, Replace};
-use super::{TargetState, check_expected, check_precondition, check_resolved, diff, expected_sha, target};
+use super::{TargetState, check_expected, check_precondition, check_resolved, diff, target};
 use crate::error::ErrorCode;
 use crate::evidence::sha256_hex;
 use crate::harness::{CommitGate, SideEffects};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::tools::input;
 use crate::tools::read::blocking;
 use crate::tools::read::open::BINARY_SNIFF_BYTES;
-use crate::tools::{str_field, uint_field};
 use crate::workspace::Workspace;
 
 /// Largest `expected_occurrences`.
@@ -39,6 +41,49 @@ pub const MAX_CANDIDATE_SCAN_LINES: usize = 20_000;
 /// Lowest similarity (0–1, `similar`'s ratio: 2·matches / total characters) a candidate line
 /// must reach.
 pub const MIN_CANDIDATE_SIMILARITY: f32 = 0.6;
+
+/// Default `expected_occurrences`.
+pub const DEFAULT_OCCURRENCES: u64 = 1;
+
+/// The input of `replace_block`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReplaceBlockInput {
+    /// File path relative to the workspace root
+    #[schemars(length(min = 1, max = super::MAX_PATH_BYTES))]
+    path: String,
+    /// The exact text to replace
+    #[schemars(length(min = 1))]
+    old: String,
+    /// The replacement, inserted byte for byte
+    new: String,
+    /// How many times `old` must occur; all of them are replaced (default 1)
+    #[schemars(range(min = 1, max = MAX_OCCURRENCES))]
+    expected_occurrences: Option<u64>,
+    /// SHA-256 (hex) of the file as last read (read_open returns it); if the file changed since, nothing is written (409 stale_target)
+    #[schemars(pattern(r"^[0-9a-fA-F]{64}$"))]
+    expected_sha256: Option<String>,
+}
+
+/// The canonical input of `replace_block` as frozen: [`ReplaceBlockInput`] with the
+/// normalised path, the resolved absolute path, the lowercased hash, the count filled in and
+/// the target's state (`precondition`, absent before the preview is made).
+#[derive(Debug, Clone, Deserialize)]
+struct Frozen {
+    path: String,
+    resolved_path: String,
+    old: String,
+    new: String,
+    expected_occurrences: Option<u64>,
+    expected_sha256: Option<String>,
+    precondition: Option<Value>,
+}
+
+impl Frozen {
+    fn expected_occurrences(&self) -> u64 {
+        self.expected_occurrences.unwrap_or(DEFAULT_OCCURRENCES).clamp(1, MAX_OCCURRENCES)
+    }
+}
 
 /// The `replace_block` tool.
 pub struct ReplaceBlock {
@@ -56,19 +101,7 @@ impl ReplaceBlock {
                  exactly expected_occurrences times (default 1), else nothing is written and the count (or the closest \
                  candidate lines) is returned. Keeps the file's line endings and encoding; refuses binary files. Needs \
                  approval; the approver sees a unified diff.",
-                json!({
-                    "type": "object",
-                    "required": ["path", "old", "new"],
-                    "properties": {
-                        "path": super::path_schema("File path relative to the workspace root"),
-                        "old": {"type": "string", "minLength": 1, "description": "The exact text to replace"},
-                        "new": {"type": "string", "description": "The replacement, inserted byte for byte"},
-                        "expected_occurrences": {"type": "integer", "minimum": 1, "maximum": MAX_OCCURRENCES,
-                            "description": "How many times `old` must occur; all of them are replaced (default 1)"},
-                        "expected_sha256": super::sha_schema()
-                    },
-                    "additionalProperties": false
-                }),
+                input::schema_of::<ReplaceBlockInput>(),
             ),
         }
     }
@@ -81,9 +114,9 @@ impl Default for ReplaceBlock {
 }
 
 fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
-    let (rel, abs) = target(ws, input, "path")?;
-    let old = str_field(input, "old").unwrap_or_default();
-    let new = str_field(input, "new").unwrap_or_default();
+    let input: ReplaceBlockInput = input::parse(input)?;
+    let (rel, abs) = target(ws, &input.path)?;
+    let (old, new) = (&input.old, &input.new);
     if old == new {
         return Err(ToolError::new(ErrorCode::NoChange, "old and new are the same text; nothing to replace")
             .with_details(json!({"path": rel})));
@@ -93,10 +126,10 @@ fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
         "resolved_path": abs,
         "old": old,
         "new": new,
-        "expected_occurrences": uint_field(input, "expected_occurrences", 1, MAX_OCCURRENCES).max(1),
+        "expected_occurrences": input.expected_occurrences.unwrap_or(DEFAULT_OCCURRENCES).clamp(1, MAX_OCCURRENCES),
     });
-    if let Some(sha) = expected_sha(input) {
-        c["expected_sha256"] = json!(sha);
+    if let Some(sha) = &input.expected_sha256 {
+        c["expected_sha256"] = json!(sha.to_ascii_lowercase());
     }
     Ok(c)
 }
@@ -366,7 +399,7 @@ fn edit(
     dir: &cap_std::fs::Dir,
     name: &str,
     rel: &str,
-    input: &Value,
+    input: &Frozen,
     frozen: Option<Option<&Value>>,
 ) -> Result<Edit, ToolError> {
     let file = match efs::inspect(dir, name, rel)? {
@@ -384,23 +417,17 @@ fn edit(
     if let Some(frozen) = frozen {
         check_precondition(rel, frozen, &TargetState::File { sha256: sha256_before.clone() })?;
     }
-    check_expected(rel, expected_sha(input).as_deref(), Some(&sha256_before))?;
+    check_expected(rel, input.expected_sha256.as_deref(), Some(&sha256_before))?;
     let (before, encoding) = decode(&raw, rel)?;
-    let expected = usize::try_from(uint_field(input, "expected_occurrences", 1, MAX_OCCURRENCES)).unwrap_or(1).max(1);
-    let replacement = replace(
-        &before,
-        str_field(input, "old").unwrap_or_default(),
-        str_field(input, "new").unwrap_or_default(),
-        expected,
-        rel,
-    )?;
+    let expected = usize::try_from(input.expected_occurrences()).unwrap_or(1).max(1);
+    let replacement = replace(&before, &input.old, &input.new, expected, rel)?;
     let bytes = encode(&replacement.text, encoding);
     Ok(Edit { file, sha256_before, size_before: raw.len(), encoding, before, replacement, bytes })
 }
 
 /// The preview and the precondition it shows.
-fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError> {
-    let rel = str_field(input, "path").unwrap_or_default();
+fn plan(ws: &Workspace, input: &Frozen) -> Result<(Value, TargetState), ToolError> {
+    let rel = input.path.as_str();
     let located = efs::locate(ws, rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(rel))?;
     let e = edit(dir, &located.name, rel, input, None)?;
@@ -409,7 +436,7 @@ fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError
     let preview = json!({
         "action": "replace_block",
         "path": rel,
-        "resolved_path": str_field(input, "resolved_path"),
+        "resolved_path": input.resolved_path,
         "occurrences": e.replacement.lines.len(),
         "lines": e.replacement.lines,
         "encoding": e.encoding.name(),
@@ -424,13 +451,13 @@ fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError
     Ok((preview, state))
 }
 
-fn apply(ws: &Workspace, input: &Value, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
-    let rel = check_resolved(ws, input, "path", "resolved_path")?;
-    let abs = str_field(input, "resolved_path").unwrap_or_default();
+fn apply(ws: &Workspace, input: &Frozen, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
+    let rel = check_resolved(ws, &input.path, &input.resolved_path)?;
+    let abs = input.resolved_path.as_str();
     let _guard = efs::lock_paths(&[abs]);
     let located = efs::locate(ws, &rel, Parents::MustExist)?;
     let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
-    let e = edit(dir, &located.name, &rel, input, Some(input.get("precondition")))?;
+    let e = edit(dir, &located.name, &rel, input, Some(input.precondition.as_ref()))?;
     efs::write_atomic(dir, &located.name, &rel, &e.bytes, Some(e.file.mode), Replace::Overwrite, ws.node(), || {
         match efs::inspect(dir, &located.name, &rel)? {
             Leaf::File(now) if now.same_version(&e.file) => gate.pass(),
@@ -478,12 +505,12 @@ impl Tool for ReplaceBlock {
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let mut canonical = canonical(&input, ctx.workspace)?;
         let ws = ctx.workspace.clone();
-        let frozen = canonical.clone();
+        let frozen: Frozen = input::frozen(&canonical)?;
+        let rel = frozen.path.clone();
         let (preview, state) = blocking(move || plan(&ws, &frozen)).await?;
         let precondition = state.to_json();
         canonical["precondition"] = precondition.clone();
-        let rel = str_field(&canonical, "path").unwrap_or_default();
-        let preview = super::finish_preview(preview, &precondition, &[("path", rel)]);
+        let preview = super::finish_preview(preview, &precondition, &[("path", &rel)]);
         Ok(Prepared { input: canonical, preview })
     }
 
@@ -500,7 +527,7 @@ impl Tool for ReplaceBlock {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let input = input.clone();
+        let input: Frozen = input::frozen(input)?;
         let ws = ctx.workspace.clone();
         let gate = ctx.commit.clone();
         blocking(move || apply(&ws, &input, &gate)).await

@@ -9,18 +9,49 @@
 //! file that is not in that state at execution is `stale_target`, nothing written.
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents, Regular, Replace};
-use super::{
-    TargetState, check_expected, check_precondition, check_resolved, diff, diffable, expected_sha, mode_text, target,
-};
+use super::{TargetState, check_expected, check_precondition, check_resolved, diff, diffable, mode_text, target};
 use crate::evidence::sha256_hex;
 use crate::harness::{CommitGate, SideEffects};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use crate::tools::input;
 use crate::tools::read::blocking;
-use crate::tools::{bool_field, str_field};
 use crate::workspace::Workspace;
+
+/// The input of `write_file`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WriteFileInput {
+    /// File path relative to the workspace root
+    #[schemars(length(min = 1, max = super::MAX_PATH_BYTES))]
+    path: String,
+    /// The whole new content, written byte for byte
+    content: String,
+    /// Create missing parent directories (default false)
+    #[serde(default)]
+    create_dirs: bool,
+    /// SHA-256 (hex) of the file as last read (read_open returns it); if the file changed since, nothing is written (409 stale_target)
+    #[schemars(pattern(r"^[0-9a-fA-F]{64}$"))]
+    expected_sha256: Option<String>,
+}
+
+/// The canonical input of `write_file` as frozen: [`WriteFileInput`] with the normalised
+/// path, the resolved absolute path, the lowercased hash and the target's state
+/// (`precondition`, absent before the preview is made).
+#[derive(Debug, Clone, Deserialize)]
+struct Frozen {
+    path: String,
+    resolved_path: String,
+    content: String,
+    #[serde(default)]
+    create_dirs: bool,
+    expected_sha256: Option<String>,
+    precondition: Option<Value>,
+}
 
 /// The `write_file` tool.
 pub struct WriteFile {
@@ -37,17 +68,7 @@ impl WriteFile {
                 "Create or overwrite a workspace file with the given text, atomically, keeping the file's mode. \
                  Needs approval; the approver sees a unified diff. Give expected_sha256 (from read_open) to refuse \
                  the write if the file changed since you read it.",
-                json!({
-                    "type": "object",
-                    "required": ["path", "content"],
-                    "properties": {
-                        "path": super::path_schema("File path relative to the workspace root"),
-                        "content": {"type": "string", "description": "The whole new content, written byte for byte"},
-                        "create_dirs": {"type": "boolean", "description": "Create missing parent directories (default false)"},
-                        "expected_sha256": super::sha_schema()
-                    },
-                    "additionalProperties": false
-                }),
+                input::schema_of::<WriteFileInput>(),
             ),
         }
     }
@@ -61,15 +82,16 @@ impl Default for WriteFile {
 
 /// The canonical input: normalised path, resolved absolute path, every default.
 fn canonical(input: &Value, ws: &Workspace) -> Result<Value, ToolError> {
-    let (rel, abs) = target(ws, input, "path")?;
+    let input: WriteFileInput = input::parse(input)?;
+    let (rel, abs) = target(ws, &input.path)?;
     let mut c = json!({
         "path": rel,
         "resolved_path": abs,
-        "content": str_field(input, "content").unwrap_or_default(),
-        "create_dirs": bool_field(input, "create_dirs"),
+        "content": input.content,
+        "create_dirs": input.create_dirs,
     });
-    if let Some(sha) = expected_sha(input) {
-        c["expected_sha256"] = json!(sha);
+    if let Some(sha) = &input.expected_sha256 {
+        c["expected_sha256"] = json!(sha.to_ascii_lowercase());
     }
     Ok(c)
 }
@@ -89,7 +111,7 @@ impl Before {
 }
 
 /// Inspects the target and checks `expected_sha256`; `None` = the file does not exist.
-fn current(dir: &cap_std::fs::Dir, name: &str, rel: &str, input: &Value) -> Result<Option<Before>, ToolError> {
+fn current(dir: &cap_std::fs::Dir, name: &str, rel: &str, input: &Frozen) -> Result<Option<Before>, ToolError> {
     let before = match efs::inspect(dir, name, rel)? {
         Leaf::Missing => None,
         Leaf::Dir => return Err(super::is_a_directory(rel)),
@@ -103,13 +125,13 @@ fn current(dir: &cap_std::fs::Dir, name: &str, rel: &str, input: &Value) -> Resu
             Some(Before { file, bytes: Some(bytes), sha256 })
         }
     };
-    check_expected(rel, expected_sha(input).as_deref(), before.as_ref().map(|b| b.sha256.as_str()))?;
+    check_expected(rel, input.expected_sha256.as_deref(), before.as_ref().map(|b| b.sha256.as_str()))?;
     Ok(before)
 }
 
-fn preview(input: &Value, missing_dirs: &[String], before: Option<&Before>) -> Value {
-    let rel = str_field(input, "path").unwrap_or_default();
-    let content = str_field(input, "content").unwrap_or_default();
+fn preview(input: &Frozen, missing_dirs: &[String], before: Option<&Before>) -> Value {
+    let rel = input.path.as_str();
+    let content = input.content.as_str();
     let (diff, note) = match before.map(|b| b.bytes.as_deref().map(diffable)) {
         Some(None) => (None, Some("the current file is too large to diff")),
         Some(Some(None)) => (None, Some("the current file is binary or not UTF-8; no text diff")),
@@ -120,7 +142,7 @@ fn preview(input: &Value, missing_dirs: &[String], before: Option<&Before>) -> V
     json!({
         "action": "write_file",
         "path": rel,
-        "resolved_path": str_field(input, "resolved_path"),
+        "resolved_path": input.resolved_path,
         "creates": before.is_none(),
         "create_dirs": missing_dirs,
         "before": before.map(|b| json!({"sha256": b.sha256, "size": b.file.size, "mode": mode_text(b.file.mode)})),
@@ -133,31 +155,31 @@ fn preview(input: &Value, missing_dirs: &[String], before: Option<&Before>) -> V
 }
 
 /// The preview and the precondition it shows.
-fn plan(ws: &Workspace, input: &Value) -> Result<(Value, TargetState), ToolError> {
-    let rel = str_field(input, "path").unwrap_or_default();
-    let parents = if bool_field(input, "create_dirs") { Parents::Probe } else { Parents::MustExist };
+fn plan(ws: &Workspace, input: &Frozen) -> Result<(Value, TargetState), ToolError> {
+    let rel = input.path.as_str();
+    let parents = if input.create_dirs { Parents::Probe } else { Parents::MustExist };
     let located = efs::locate(ws, rel, parents)?;
     let before = match &located.dir {
         Some(dir) => current(dir, &located.name, rel, input)?,
         None => {
-            check_expected(rel, expected_sha(input).as_deref(), None)?;
+            check_expected(rel, input.expected_sha256.as_deref(), None)?;
             None
         }
     };
     Ok((preview(input, &located.missing_dirs, before.as_ref()), Before::state(before.as_ref())))
 }
 
-fn write(ws: &Workspace, input: &Value, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
-    let rel = check_resolved(ws, input, "path", "resolved_path")?;
-    let abs = str_field(input, "resolved_path").unwrap_or_default();
-    let content = str_field(input, "content").unwrap_or_default();
+fn write(ws: &Workspace, input: &Frozen, gate: &CommitGate) -> Result<ToolOutput, ToolError> {
+    let rel = check_resolved(ws, &input.path, &input.resolved_path)?;
+    let abs = input.resolved_path.as_str();
+    let content = input.content.as_str();
     let _guard = efs::lock_paths(&[abs]);
-    let parents = if bool_field(input, "create_dirs") { Parents::Create } else { Parents::MustExist };
+    let parents = if input.create_dirs { Parents::Create } else { Parents::MustExist };
     let located = efs::locate(ws, &rel, parents)?;
     let result = (|| {
         let dir = located.dir.as_ref().ok_or_else(|| super::not_found(&rel))?;
         let before = current(dir, &located.name, &rel, input)?;
-        check_precondition(&rel, input.get("precondition"), &Before::state(before.as_ref()))?;
+        check_precondition(&rel, input.precondition.as_ref(), &Before::state(before.as_ref()))?;
         let replace = if before.is_some() { Replace::Overwrite } else { Replace::CreateNew };
         let mode = before.as_ref().map(|b| b.file.mode);
         efs::write_atomic(dir, &located.name, &rel, content.as_bytes(), mode, replace, ws.node(), || {
@@ -225,12 +247,12 @@ impl Tool for WriteFile {
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let mut canonical = canonical(&input, ctx.workspace)?;
         let ws = ctx.workspace.clone();
-        let frozen = canonical.clone();
+        let frozen: Frozen = input::frozen(&canonical)?;
+        let rel = frozen.path.clone();
         let (preview, state) = blocking(move || plan(&ws, &frozen)).await?;
         let precondition = state.to_json();
         canonical["precondition"] = precondition.clone();
-        let rel = str_field(&canonical, "path").unwrap_or_default();
-        let preview = super::finish_preview(preview, &precondition, &[("path", rel)]);
+        let preview = super::finish_preview(preview, &precondition, &[("path", &rel)]);
         Ok(Prepared { input: canonical, preview })
     }
 
@@ -247,7 +269,7 @@ impl Tool for WriteFile {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let input = input.clone();
+        let input: Frozen = input::frozen(input)?;
         let ws = ctx.workspace.clone();
         let gate = ctx.commit.clone();
         blocking(move || write(&ws, &input, &gate)).await

@@ -11,13 +11,15 @@
 use async_trait::async_trait;
 use nucleo_matcher::pattern::{AtomKind, CaseMatching, Normalization, Pattern};
 use nucleo_matcher::{Config, Matcher, Utf32Str};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::blocking;
 use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
-use crate::tools::{str_field, uint_field};
+use crate::tools::input;
 use crate::workspace::{self, Workspace};
 
 /// Entries scanned at most per call.
@@ -26,6 +28,48 @@ pub const MAX_SCANNED: usize = 200_000;
 pub const DEFAULT_LIMIT: u64 = 100;
 /// Largest page size.
 pub const MAX_LIMIT: u64 = 1000;
+
+/// Nesting levels `max_depth` may name at most.
+pub const MAX_DEPTH: u64 = 64;
+
+/// Which entries to list.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum EntryKind {
+    #[default]
+    Any,
+    File,
+    Dir,
+}
+
+/// The input of `read_discover` (also its canonical input, defaults filled).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DiscoverInput {
+    /// File or folder name fragment, matched fuzzily
+    #[schemars(length(max = 512))]
+    query: Option<String>,
+    /// Folder to look in, relative to the workspace root (default the root)
+    #[schemars(length(max = 4096))]
+    path: Option<String>,
+    /// Only files or only folders
+    kind: Option<EntryKind>,
+    /// Deepest level to descend
+    #[schemars(range(min = 1, max = MAX_DEPTH))]
+    max_depth: Option<u64>,
+    /// Entries per page (default 100)
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
+    limit: Option<u64>,
+    /// next_cursor of the previous page
+    #[schemars(length(max = 64))]
+    cursor: Option<String>,
+}
+
+impl DiscoverInput {
+    fn limit(&self) -> u64 {
+        self.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT)
+    }
+}
 
 /// The `read_discover` tool.
 pub struct ReadDiscover {
@@ -44,18 +88,7 @@ impl ReadDiscover {
                 description: "List directories, paths and file-name candidates in the workspace. Honours .gitignore. \
                     Give `query` to fuzzy-match file and folder names (best first), `path` to look inside a folder."
                     .into(),
-                input_schema: json!({
-                    "type": "object",
-                    "properties": {
-                        "query": {"type": "string", "maxLength": 512, "description": "File or folder name fragment, matched fuzzily"},
-                        "path": {"type": "string", "maxLength": 4096, "description": "Folder to look in, relative to the workspace root (default the root)"},
-                        "kind": {"type": "string", "enum": ["any", "file", "dir"], "description": "Only files or only folders"},
-                        "max_depth": {"type": "integer", "minimum": 1, "maximum": 64, "description": "Deepest level to descend"},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": "Entries per page (default 100)"},
-                        "cursor": {"type": "string", "maxLength": 64, "description": "next_cursor of the previous page"}
-                    },
-                    "additionalProperties": false
-                }),
+                input_schema: input::schema_of::<DiscoverInput>(),
                 requires_approval: false,
                 capability: Some("fs.read".into()),
                 replacement: None,
@@ -88,24 +121,29 @@ impl Tool for ReadDiscover {
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let ws = ctx.workspace;
-        let path = workspace::normalize(str_field(&input, "path").unwrap_or("."))?;
+        let input: DiscoverInput = input::parse(&input)?;
+        let path = workspace::normalize(input.path.as_deref().unwrap_or("."))?;
         ws.check_beneath(&path)?;
-        parse_cursor(str_field(&input, "cursor"))?;
+        parse_cursor(input.cursor.as_deref())?;
         let mut canonical = json!({
             "path": path,
-            "kind": str_field(&input, "kind").unwrap_or("any"),
-            "limit": uint_field(&input, "limit", DEFAULT_LIMIT, MAX_LIMIT),
+            "kind": input.kind.unwrap_or_default(),
+            "limit": input.limit(),
         });
-        for key in ["query", "cursor", "max_depth"] {
-            if let Some(v) = input.get(key) {
-                canonical[key] = v.clone();
-            }
+        if let Some(query) = &input.query {
+            canonical["query"] = json!(query);
+        }
+        if let Some(cursor) = &input.cursor {
+            canonical["cursor"] = json!(cursor);
+        }
+        if let Some(depth) = input.max_depth {
+            canonical["max_depth"] = json!(depth);
         }
         Ok(Prepared { input: canonical, preview: Value::Null })
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let input = input.clone();
+        let input: DiscoverInput = input::frozen(input)?;
         let ws = ctx.workspace.clone();
         let cancel = ctx.cancel.clone();
         blocking(move || discover(&ws, &input, &cancel)).await
@@ -121,14 +159,14 @@ struct Found {
 
 fn discover(
     ws: &Workspace,
-    input: &Value,
+    input: &DiscoverInput,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> Result<ToolOutput, ToolError> {
-    let rel = str_field(input, "path").unwrap_or(".").to_owned();
-    let kind_filter = str_field(input, "kind").unwrap_or("any");
-    let limit = usize::try_from(uint_field(input, "limit", DEFAULT_LIMIT, MAX_LIMIT)).unwrap_or(100);
-    let offset = parse_cursor(str_field(input, "cursor"))?;
-    let query = str_field(input, "query").filter(|q| !q.trim().is_empty());
+    let rel = input.path.as_deref().unwrap_or(".").to_owned();
+    let kind_filter = input.kind.unwrap_or_default();
+    let limit = usize::try_from(input.limit()).unwrap_or(100);
+    let offset = parse_cursor(input.cursor.as_deref())?;
+    let query = input.query.as_deref().filter(|q| !q.trim().is_empty());
 
     let meta = ws.dir().metadata(&rel).map_err(|e| workspace::io_error(&rel, &e))?;
     if !meta.is_dir() {
@@ -143,7 +181,7 @@ fn discover(
 
     let mut walker = ignore::WalkBuilder::new(&real_start);
     walker.follow_links(false).sort_by_file_name(|a, b| a.cmp(b)).require_git(false);
-    if let Some(depth) = input.get("max_depth").and_then(Value::as_u64) {
+    if let Some(depth) = input.max_depth {
         walker.max_depth(usize::try_from(depth).ok());
     }
     let mut matcher = Matcher::new(Config::DEFAULT.match_paths());
@@ -174,7 +212,7 @@ fn discover(
             Some(t) if t.is_symlink() => "symlink",
             _ => "other",
         };
-        if (kind_filter == "file" && kind != "file") || (kind_filter == "dir" && kind != "dir") {
+        if (kind_filter == EntryKind::File && kind != "file") || (kind_filter == EntryKind::Dir && kind != "dir") {
             continue;
         }
         let score = match &pattern {

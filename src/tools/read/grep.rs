@@ -13,6 +13,8 @@ use async_trait::async_trait;
 use grep_matcher::Matcher;
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{Searcher, SearcherBuilder, Sink, SinkContext, SinkContextKind, SinkMatch};
+use schemars::{JsonSchema, SchemaGenerator, json_schema};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -20,7 +22,7 @@ use super::blocking;
 use crate::error::ErrorCode;
 use crate::evidence::{EvidenceDraft, sha256_hex};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
-use crate::tools::{bool_field, str_field, uint_field};
+use crate::tools::input;
 use crate::workspace::{self, Workspace};
 
 /// Files larger than this are skipped, in bytes.
@@ -31,6 +33,89 @@ pub const MAX_FILES: usize = 100_000;
 pub const MAX_LINE_BYTES: usize = 1000;
 /// Evidence items at most per call (one per file with matches).
 pub const MAX_EVIDENCE_FILES: usize = 50;
+
+/// Default `limit`: matches in all.
+pub const DEFAULT_LIMIT: u64 = 200;
+/// Largest `limit`.
+pub const MAX_LIMIT: u64 = 2000;
+/// Default `max_per_file`.
+pub const DEFAULT_PER_FILE: u64 = 50;
+/// Largest `max_per_file`.
+pub const MAX_PER_FILE: u64 = 1000;
+/// Largest `context`, lines before and after (default 0).
+pub const MAX_CONTEXT: u64 = 10;
+
+/// `glob`: one glob or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Globs {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl JsonSchema for Globs {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Globs".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> schemars::Schema {
+        json_schema!({"oneOf": [
+            {"type": "string", "maxLength": 1024},
+            {"type": "array", "items": {"type": "string", "maxLength": 1024}, "maxItems": 32}
+        ]})
+    }
+}
+
+/// The input of `grep` (also its canonical input, defaults filled and `glob` a list).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GrepInput {
+    /// Regular expression (Rust regex syntax), or literal text when literal is true
+    #[schemars(length(min = 1, max = 4096))]
+    pattern: String,
+    /// File or folder to search, relative to the workspace root (default the root)
+    #[schemars(length(max = 4096))]
+    path: Option<String>,
+    /// Treat pattern as plain text
+    #[serde(default)]
+    literal: bool,
+    /// Ignore case
+    #[serde(default)]
+    case_insensitive: bool,
+    /// Only files matching these globs; prefix ! to exclude
+    glob: Option<Globs>,
+    /// Lines of context before and after each match
+    #[schemars(range(min = 0, max = MAX_CONTEXT))]
+    context: Option<u64>,
+    /// Most matches in all (default 200)
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
+    limit: Option<u64>,
+    /// Most matches per file (default 50)
+    #[schemars(range(min = 1, max = MAX_PER_FILE))]
+    max_per_file: Option<u64>,
+}
+
+impl GrepInput {
+    fn context(&self) -> u64 {
+        self.context.unwrap_or(0).min(MAX_CONTEXT)
+    }
+
+    fn limit(&self) -> u64 {
+        self.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT)
+    }
+
+    fn max_per_file(&self) -> u64 {
+        self.max_per_file.unwrap_or(DEFAULT_PER_FILE).min(MAX_PER_FILE)
+    }
+
+    fn globs(&self) -> Vec<String> {
+        match &self.glob {
+            Some(Globs::One(g)) => vec![g.clone()],
+            Some(Globs::Many(gs)) => gs.clone(),
+            None => Vec::new(),
+        }
+    }
+}
 
 /// The `grep` tool.
 pub struct Grep {
@@ -51,24 +136,7 @@ impl Grep {
                     config keys. Honours .gitignore, skips binary files, returns matching lines with line numbers and \
                     optional context."
                         .into(),
-                input_schema: json!({
-                    "type": "object",
-                    "required": ["pattern"],
-                    "properties": {
-                        "pattern": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "Regular expression (Rust regex syntax), or literal text when literal is true"},
-                        "path": {"type": "string", "maxLength": 4096, "description": "File or folder to search, relative to the workspace root (default the root)"},
-                        "literal": {"type": "boolean", "description": "Treat pattern as plain text"},
-                        "case_insensitive": {"type": "boolean", "description": "Ignore case"},
-                        "glob": {"description": "Only files matching these globs; prefix ! to exclude", "oneOf": [
-                            {"type": "string", "maxLength": 1024},
-                            {"type": "array", "items": {"type": "string", "maxLength": 1024}, "maxItems": 32}
-                        ]},
-                        "context": {"type": "integer", "minimum": 0, "maximum": 10, "description": "Lines of context before and after each match"},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": 2000, "description": "Most matches in all (default 200)"},
-                        "max_per_file": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "Most matches per file (default 50)"}
-                    },
-                    "additionalProperties": false
-                }),
+                input_schema: input::schema_of::<GrepInput>(),
                 requires_approval: false,
                 capability: Some("fs.read".into()),
                 replacement: None,
@@ -84,22 +152,13 @@ impl Default for Grep {
     }
 }
 
-fn matcher_for(input: &Value) -> Result<RegexMatcher, ToolError> {
-    let pattern = str_field(input, "pattern").unwrap_or_default();
+fn matcher_for(input: &GrepInput) -> Result<RegexMatcher, ToolError> {
     RegexMatcherBuilder::new()
-        .case_insensitive(bool_field(input, "case_insensitive"))
-        .fixed_strings(bool_field(input, "literal"))
+        .case_insensitive(input.case_insensitive)
+        .fixed_strings(input.literal)
         .size_limit(16 * 1024 * 1024)
-        .build(pattern)
+        .build(&input.pattern)
         .map_err(|e| ToolError::new(ErrorCode::InvalidPattern, format!("pattern does not compile: {e}")))
-}
-
-fn globs(input: &Value) -> Vec<String> {
-    match input.get("glob") {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => items.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect(),
-        _ => Vec::new(),
-    }
 }
 
 #[async_trait]
@@ -110,31 +169,32 @@ impl Tool for Grep {
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let ws = ctx.workspace;
+        let input: GrepInput = input::parse(&input)?;
         matcher_for(&input)?;
-        let path = workspace::normalize(str_field(&input, "path").unwrap_or("."))?;
+        let path = workspace::normalize(input.path.as_deref().unwrap_or("."))?;
         ws.check_beneath(&path)?;
-        let globs = globs(&input);
+        let globs = input.globs();
         let mut overrides = ignore::overrides::OverrideBuilder::new(ws.root());
         for g in &globs {
             overrides.add(g).map_err(|e| ToolError::new(ErrorCode::InvalidGlob, format!("glob {g:?}: {e}")))?;
         }
         Ok(Prepared {
             input: json!({
-                "pattern": str_field(&input, "pattern"),
+                "pattern": input.pattern,
                 "path": path,
-                "literal": bool_field(&input, "literal"),
-                "case_insensitive": bool_field(&input, "case_insensitive"),
+                "literal": input.literal,
+                "case_insensitive": input.case_insensitive,
                 "glob": globs,
-                "context": uint_field(&input, "context", 0, 10),
-                "limit": uint_field(&input, "limit", 200, 2000),
-                "max_per_file": uint_field(&input, "max_per_file", 50, 1000),
+                "context": input.context(),
+                "limit": input.limit(),
+                "max_per_file": input.max_per_file(),
             }),
             preview: Value::Null,
         })
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let input = input.clone();
+        let input: GrepInput = input::frozen(input)?;
         let ws = ctx.workspace.clone();
         let cancel = ctx.cancel.clone();
         blocking(move || grep(&ws, &input, &cancel)).await
@@ -193,13 +253,13 @@ impl Sink for Collect<'_> {
     }
 }
 
-fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<ToolOutput, ToolError> {
+fn grep(ws: &Workspace, input: &GrepInput, cancel: &CancellationToken) -> Result<ToolOutput, ToolError> {
     let matcher = matcher_for(input)?;
-    let rel = str_field(input, "path").unwrap_or(".").to_owned();
-    let context = usize::try_from(uint_field(input, "context", 0, 10)).unwrap_or(0);
-    let limit = usize::try_from(uint_field(input, "limit", 200, 2000)).unwrap_or(200);
-    let per_file = usize::try_from(uint_field(input, "max_per_file", 50, 1000)).unwrap_or(50);
-    let globs = globs(input);
+    let rel = input.path.as_deref().unwrap_or(".").to_owned();
+    let context = usize::try_from(input.context()).unwrap_or(0);
+    let limit = usize::try_from(input.limit()).unwrap_or(200);
+    let per_file = usize::try_from(input.max_per_file()).unwrap_or(50);
+    let globs = input.globs();
 
     // Walked through the workspace's open root handle, never by the root's path.
     let real_root = ws.walk_root();
@@ -274,7 +334,7 @@ fn grep(ws: &Workspace, input: &Value, cancel: &CancellationToken) -> Result<Too
             let excerpt: String = sink.hits.iter().map(|h| format!("{}:{}: {}\n", path, h.line, h.text)).collect();
             evidence.push(EvidenceDraft {
                 kind: "grep_match".into(),
-                provenance: json!({"path": path, "lines": lines, "pattern": str_field(input, "pattern"), "file_sha256": sha256_hex(&bytes)}),
+                provenance: json!({"path": path, "lines": lines, "pattern": input.pattern, "file_sha256": sha256_hex(&bytes)}),
                 content_sha256: sha256_hex(&bytes),
                 excerpt: crate::evidence::excerpt(&excerpt, crate::evidence::EXCERPT_MAX_BYTES),
             });

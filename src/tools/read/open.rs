@@ -11,6 +11,8 @@
 use std::io::Read;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -18,7 +20,7 @@ use super::blocking;
 use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
-use crate::tools::{str_field, uint_field};
+use crate::tools::input;
 use crate::workspace::{self, Workspace};
 
 /// Default cap on returned content, in bytes.
@@ -29,6 +31,30 @@ pub const MAX_MAX_BYTES: u64 = 1024 * 1024;
 pub const BINARY_SNIFF_BYTES: usize = 8192;
 /// Largest UTF-16 file decoded, in bytes.
 pub const MAX_UTF16_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The input of `read_open` (also its canonical input, defaults filled).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OpenInput {
+    /// File path relative to the workspace root
+    #[schemars(length(min = 1, max = 4096))]
+    path: String,
+    /// First line to return (1-based)
+    #[schemars(range(min = 1, max = u32::MAX))]
+    start_line: Option<u64>,
+    /// Last line to return (inclusive)
+    #[schemars(range(min = 1, max = u32::MAX))]
+    end_line: Option<u64>,
+    /// Most bytes of text to return (default 262144)
+    #[schemars(range(min = 1, max = MAX_MAX_BYTES))]
+    max_bytes: Option<u64>,
+}
+
+impl OpenInput {
+    fn max_bytes(&self) -> u64 {
+        self.max_bytes.unwrap_or(DEFAULT_MAX_BYTES).min(MAX_MAX_BYTES)
+    }
+}
 
 /// The `read_open` tool.
 pub struct ReadOpen {
@@ -48,17 +74,7 @@ impl ReadOpen {
                     with its SHA-256, line count and line-ending style; large output is truncated with a marker; binary \
                     and non-UTF-8 files are reported as such."
                     .into(),
-                input_schema: json!({
-                    "type": "object",
-                    "required": ["path"],
-                    "properties": {
-                        "path": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "File path relative to the workspace root"},
-                        "start_line": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "First line to return (1-based)"},
-                        "end_line": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "description": "Last line to return (inclusive)"},
-                        "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_MAX_BYTES, "description": "Most bytes of text to return (default 262144)"}
-                    },
-                    "additionalProperties": false
-                }),
+                input_schema: input::schema_of::<OpenInput>(),
                 requires_approval: false,
                 capability: Some("fs.read".into()),
                 replacement: None,
@@ -82,17 +98,16 @@ impl Tool for ReadOpen {
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let ws = ctx.workspace;
-        let path = workspace::normalize(str_field(&input, "path").unwrap_or_default())?;
+        let input: OpenInput = input::parse(&input)?;
+        let path = workspace::normalize(&input.path)?;
         ws.check_beneath(&path)?;
-        let start = input.get("start_line").and_then(Value::as_u64);
-        let end = input.get("end_line").and_then(Value::as_u64);
+        let (start, end) = (input.start_line, input.end_line);
         if let (Some(s), Some(e)) = (start, end)
             && s > e
         {
             return Err(ToolError::new(ErrorCode::InvalidRange, format!("start_line {s} is after end_line {e}")));
         }
-        let mut canonical =
-            json!({"path": path, "max_bytes": uint_field(&input, "max_bytes", DEFAULT_MAX_BYTES, MAX_MAX_BYTES)});
+        let mut canonical = json!({"path": path, "max_bytes": input.max_bytes()});
         if let Some(s) = start {
             canonical["start_line"] = json!(s);
         }
@@ -103,7 +118,7 @@ impl Tool for ReadOpen {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let input = input.clone();
+        let input: OpenInput = input::frozen(input)?;
         let ws = ctx.workspace.clone();
         blocking(move || open(&ws, &input)).await
     }
@@ -211,12 +226,11 @@ fn keep_line(s: &mut Scan, line: &mut Vec<u8>, line_no: u64, max_bytes: usize) {
     line.clear();
 }
 
-fn open(ws: &Workspace, input: &Value) -> Result<ToolOutput, ToolError> {
-    let rel = str_field(input, "path").unwrap_or_default().to_owned();
-    let start = input.get("start_line").and_then(Value::as_u64).unwrap_or(1);
-    let end = input.get("end_line").and_then(Value::as_u64).unwrap_or(u64::MAX);
-    let max_bytes =
-        usize::try_from(uint_field(input, "max_bytes", DEFAULT_MAX_BYTES, MAX_MAX_BYTES)).unwrap_or(262_144);
+fn open(ws: &Workspace, input: &OpenInput) -> Result<ToolOutput, ToolError> {
+    let rel = input.path.clone();
+    let start = input.start_line.unwrap_or(1);
+    let end = input.end_line.unwrap_or(u64::MAX);
+    let max_bytes = usize::try_from(input.max_bytes()).unwrap_or(262_144);
     let (file, meta) = ws.open_regular(&rel)?;
     let mut bom = [0u8; 2];
     let bom_len = std::os::unix::fs::FileExt::read_at(&file, &mut bom, 0).map_err(|e| workspace::io_error(&rel, &e))?;

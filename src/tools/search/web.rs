@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::SearchHub;
@@ -20,12 +22,47 @@ use crate::availability::{Availability, AvailabilityContext};
 use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
-use crate::tools::{str_field, uint_field};
+use crate::tools::input;
 
 /// Results returned when `count` is not given.
 pub const DEFAULT_COUNT: u64 = 10;
 /// Longest query, in characters.
 pub const MAX_QUERY_CHARS: u64 = 400;
+
+/// Largest `count`.
+const MAX_COUNT_INPUT: u64 = MAX_COUNT as u64;
+
+/// The input of `web_search`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WebSearchInput {
+    /// What to search for
+    #[schemars(length(min = 1, max = MAX_QUERY_CHARS))]
+    query: String,
+    /// Results wanted (default 10)
+    #[schemars(range(min = 1, max = MAX_COUNT_INPUT))]
+    count: Option<u64>,
+    /// Only results from the last day, week, month or year
+    freshness: Option<Freshness>,
+    /// Only results from this host, e.g. docs.rs
+    #[schemars(length(min = 1, max = 253))]
+    site: Option<String>,
+    /// Result language, ISO 639-1 with an optional region (en, pt-BR)
+    #[schemars(pattern(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})?$"))]
+    language: Option<String>,
+}
+
+/// The canonical input of `web_search` as frozen: [`WebSearchInput`] with the trimmed query,
+/// the count filled in, the normalised site and the connection that answers.
+#[derive(Debug, Clone, Deserialize)]
+struct Frozen {
+    query: String,
+    count: Option<u64>,
+    connection_id: String,
+    freshness: Option<Freshness>,
+    site: Option<String>,
+    language: Option<String>,
+}
 
 /// The `web_search` tool.
 pub struct WebSearch {
@@ -46,18 +83,7 @@ impl WebSearch {
                     results (url, title, snippet, provider, rank, retrieved_at, published_at when known). For news \
                     already collected by the local News Hub use news_search instead; this tool never reads it."
                     .into(),
-                input_schema: json!({
-                    "type": "object",
-                    "required": ["query"],
-                    "properties": {
-                        "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, "description": "What to search for"},
-                        "count": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT, "description": "Results wanted (default 10)"},
-                        "freshness": {"type": "string", "enum": ["day", "week", "month", "year"], "description": "Only results from the last day, week, month or year"},
-                        "site": {"type": "string", "minLength": 1, "maxLength": 253, "description": "Only results from this host, e.g. docs.rs"},
-                        "language": {"type": "string", "pattern": "^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})?$", "description": "Result language, ISO 639-1 with an optional region (en, pt-BR)"}
-                    },
-                    "additionalProperties": false
-                }),
+                input_schema: input::schema_of::<WebSearchInput>(),
                 requires_approval: false,
                 capability: Some("net".into()),
                 replacement: None,
@@ -84,13 +110,13 @@ fn normalize_site(raw: &str) -> Option<String> {
     valid.then_some(host)
 }
 
-fn query_of(input: &Value) -> WebQuery {
+fn query_of(input: &Frozen) -> WebQuery {
     WebQuery {
-        query: str_field(input, "query").unwrap_or_default().to_owned(),
-        count: usize::try_from(uint_field(input, "count", DEFAULT_COUNT, MAX_COUNT as u64)).unwrap_or(10),
-        freshness: str_field(input, "freshness").and_then(Freshness::parse),
-        site: str_field(input, "site").map(str::to_owned),
-        language: str_field(input, "language").map(str::to_owned),
+        query: input.query.clone(),
+        count: usize::try_from(input.count.unwrap_or(DEFAULT_COUNT).min(MAX_COUNT_INPUT)).unwrap_or(10),
+        freshness: input.freshness,
+        site: input.site.clone(),
+        language: input.language.clone(),
     }
 }
 
@@ -105,33 +131,35 @@ impl Tool for WebSearch {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let query = str_field(&input, "query").unwrap_or_default().trim().to_owned();
+        let input: WebSearchInput = input::parse(&input)?;
+        let query = input.query.trim().to_owned();
         if query.is_empty() {
             return Err(ToolError::new(ErrorCode::EmptyQuery, "query is empty"));
         }
         let conn = self.hub.pick(ctx.owner_id)?;
         let mut canonical = json!({
             "query": query,
-            "count": uint_field(&input, "count", DEFAULT_COUNT, MAX_COUNT as u64),
+            "count": input.count.unwrap_or(DEFAULT_COUNT).min(MAX_COUNT_INPUT),
             "provider": conn.provider.as_str(),
             "connection_id": conn.id,
         });
-        if let Some(f) = str_field(&input, "freshness") {
-            canonical["freshness"] = json!(f);
+        if let Some(f) = input.freshness {
+            canonical["freshness"] = json!(f.as_str());
         }
-        if let Some(site) = str_field(&input, "site") {
+        if let Some(site) = input.site.as_deref() {
             let host = normalize_site(site)
                 .ok_or_else(|| ToolError::new(ErrorCode::InvalidSite, format!("site {site:?} is not a host name")))?;
             canonical["site"] = json!(host);
         }
-        if let Some(lang) = str_field(&input, "language") {
+        if let Some(lang) = &input.language {
             canonical["language"] = json!(lang);
         }
         Ok(Prepared { input: canonical, preview: Value::Null })
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let connection_id = str_field(input, "connection_id").unwrap_or_default();
+        let input: Frozen = input::frozen(input)?;
+        let connection_id = input.connection_id.as_str();
         if let Err(wait) = self.hub.take_rate_token(&ctx.owner_id) {
             let per_minute = self.hub.config().search_rate_per_minute;
             return Err(ToolError::new(
@@ -154,7 +182,7 @@ impl Tool for WebSearch {
             ));
         }
         let client = self.hub.client()?;
-        let q = query_of(input);
+        let q = query_of(&input);
         let ep = Endpoint { kind: conn.provider, base_url: &conn.base_url, key: key.as_ref() };
         let policy = RetryPolicy {
             retries: self.hub.config().search_retries,

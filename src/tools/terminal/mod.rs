@@ -25,11 +25,14 @@ pub mod host;
 pub mod output;
 pub mod range;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use regex::Regex;
@@ -43,7 +46,7 @@ use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::sandbox::{SANDBOX_HOME, SANDBOX_TMP, Sandbox, SandboxSpec, SpecRequest};
 use crate::store::{TerminalReport, TerminalSessionRow};
-use crate::tools::{str_field, uint_field};
+use crate::tools::input;
 
 /// Environment every session gets unless the call sets the variable itself: output is
 /// never held by a pager and nothing waits for an editor.
@@ -67,6 +70,297 @@ pub const DEFAULT_SETTLE_MS: u64 = 300;
 pub const MAX_SETTLE_MS: u64 = 10_000;
 /// Largest `input.data`, in bytes.
 pub const MAX_INPUT_BYTES: usize = 64 * 1024;
+/// PTY columns when `start` gives none.
+pub const DEFAULT_COLS: u64 = 120;
+/// Most PTY columns.
+pub const MAX_COLS: u64 = 1000;
+/// PTY rows when `start` gives none.
+pub const DEFAULT_ROWS: u64 = 32;
+/// Most PTY rows.
+pub const MAX_ROWS: u64 = 500;
+/// Fewest PTY columns or rows.
+pub const MIN_SIZE: u64 = 2;
+/// How long `wait` waits when it gives no `timeout_ms`: 30 s.
+pub const DEFAULT_WAIT_MS: u64 = 30_000;
+/// Quiet time of `wait until=idle` when it gives no `idle_ms`.
+pub const DEFAULT_IDLE_MS: u64 = 500;
+/// Shortest `idle_ms`.
+pub const MIN_IDLE_MS: u64 = 10;
+/// Longest `idle_ms`: 10 minutes.
+pub const MAX_IDLE_MS: u64 = 600_000;
+/// Longest `command` or `cwd`, in bytes.
+pub const MAX_PATH_BYTES: u32 = 4096;
+/// Most `args`.
+pub const MAX_ARGS: u32 = 1024;
+/// Longest argument, in bytes.
+pub const MAX_ARG_BYTES: u32 = 65_536;
+/// Most variables in `env`.
+pub const MAX_ENV_VARS: u32 = 256;
+/// Longest variable value, in bytes.
+pub const MAX_ENV_VALUE_BYTES: u32 = 32_768;
+/// Longest `session_id`.
+pub const MAX_SESSION_ID_BYTES: u32 = 64;
+
+/// `terminal_session`'s input: one variant per action, named by `action`. Each variant takes
+/// only its own fields (another is `invalid_field`) and needs its required ones
+/// (`missing_field`); both checks read the variant's generated schema, so they follow the
+/// type. The tool publishes one flat object schema ([`flat_schema`]): every field of every
+/// action, `action` the only required one, so a call names its action first and the
+/// per-action answer is one of those two codes (as it was before the input was typed).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub(crate) enum TerminalAction {
+    Start(StartInput),
+    Input(TypeInput),
+    Signal(SignalInput),
+    Resize(ResizeInput),
+    Wait(WaitInput),
+    Kill(KillInput),
+    Output(OutputInput),
+}
+
+impl TerminalAction {
+    /// The session an action goes to (all but `start`).
+    fn session_id(&self) -> Option<&str> {
+        match self {
+            TerminalAction::Start(_) => None,
+            TerminalAction::Input(a) => Some(&a.session_id),
+            TerminalAction::Signal(a) => Some(&a.session_id),
+            TerminalAction::Resize(a) => Some(&a.session_id),
+            TerminalAction::Wait(a) => Some(&a.session_id),
+            TerminalAction::Kill(a) => Some(&a.session_id),
+            TerminalAction::Output(a) => Some(&a.session_id),
+        }
+    }
+}
+
+/// `start`: open a session.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StartInput {
+    /// start: program to run (default: the user's shell)
+    #[schemars(length(min = 1, max = MAX_PATH_BYTES))]
+    command: Option<String>,
+    /// start: its arguments
+    #[schemars(length(max = MAX_ARGS), inner(length(max = MAX_ARG_BYTES)))]
+    args: Option<Vec<String>>,
+    /// start: working directory, relative to the workspace or absolute (default: the workspace root)
+    #[schemars(length(min = 1, max = MAX_PATH_BYTES))]
+    cwd: Option<String>,
+    /// start: variables to set (null removes one)
+    #[schemars(extend(
+        "maxProperties" = MAX_ENV_VARS,
+        "additionalProperties" = {"type": ["string", "null"], "maxLength": MAX_ENV_VALUE_BYTES},
+    ))]
+    env: Option<BTreeMap<String, Option<String>>>,
+    /// start: life limit of the session (default 1 h); wait: how long to wait (default 30 s, at most 5 min)
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
+    timeout_ms: Option<u64>,
+    /// start/resize: PTY columns (default 120)
+    #[schemars(range(min = MIN_SIZE, max = MAX_COLS))]
+    cols: Option<u64>,
+    /// start/resize: PTY rows (default 32)
+    #[schemars(range(min = MIN_SIZE, max = MAX_ROWS))]
+    rows: Option<u64>,
+    /// start/input: return once output has been quiet this long (default 300)
+    #[schemars(range(min = 0, max = MAX_SETTLE_MS))]
+    settle_ms: Option<u64>,
+}
+
+/// `input`: type text into a session.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TypeInput {
+    /// The session (all actions but start)
+    #[schemars(length(max = MAX_SESSION_ID_BYTES))]
+    session_id: String,
+    /// input: text to type (\n = Enter)
+    #[schemars(length(max = MAX_INPUT_BYTES))]
+    data: String,
+    /// start/input: return once output has been quiet this long (default 300)
+    #[schemars(range(min = 0, max = MAX_SETTLE_MS))]
+    settle_ms: Option<u64>,
+}
+
+/// What `signal` sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalName {
+    /// Ctrl-C (SIGINT to the foreground when the input is blocked).
+    Interrupt,
+    /// Ctrl-D.
+    Eof,
+    /// SIGTERM to the foreground process group.
+    Terminate,
+    /// SIGKILL to the foreground process group.
+    Kill,
+}
+
+/// `signal`: send a signal.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SignalInput {
+    /// The session (all actions but start)
+    #[schemars(length(max = MAX_SESSION_ID_BYTES))]
+    session_id: String,
+    /// signal: what to send
+    signal: SignalName,
+}
+
+/// `resize`: change the PTY size.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResizeInput {
+    /// The session (all actions but start)
+    #[schemars(length(max = MAX_SESSION_ID_BYTES))]
+    session_id: String,
+    /// start/resize: PTY columns (default 120)
+    #[schemars(range(min = MIN_SIZE, max = MAX_COLS))]
+    cols: u64,
+    /// start/resize: PTY rows (default 32)
+    #[schemars(range(min = MIN_SIZE, max = MAX_ROWS))]
+    rows: u64,
+}
+
+/// What `wait` waits for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitUntil {
+    /// The program's exit.
+    #[default]
+    Exit,
+    /// Output going quiet for `idle_ms`.
+    Idle,
+}
+
+/// `wait`: wait for the exit or for quiet output.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WaitInput {
+    /// The session (all actions but start)
+    #[schemars(length(max = MAX_SESSION_ID_BYTES))]
+    session_id: String,
+    /// wait: for the exit (default) or for output to go quiet
+    until: Option<WaitUntil>,
+    /// wait until=idle: quiet time (default 500)
+    #[schemars(range(min = MIN_IDLE_MS, max = MAX_IDLE_MS))]
+    idle_ms: Option<u64>,
+    /// start: life limit of the session (default 1 h); wait: how long to wait (default 30 s, at most 5 min)
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
+    timeout_ms: Option<u64>,
+}
+
+impl WaitInput {
+    fn timeout_ms(&self) -> u64 {
+        self.timeout_ms.unwrap_or(DEFAULT_WAIT_MS).min(MAX_WAIT_MS)
+    }
+
+    /// The quiet time, when waiting for it.
+    fn idle_ms(&self) -> Option<u64> {
+        (self.until == Some(WaitUntil::Idle)).then(|| self.idle_ms.unwrap_or(DEFAULT_IDLE_MS).min(MAX_IDLE_MS))
+    }
+}
+
+/// `kill`: end the session.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct KillInput {
+    /// The session (all actions but start)
+    #[schemars(length(max = MAX_SESSION_ID_BYTES))]
+    session_id: String,
+}
+
+/// `output`: read a stored range, or search it ([`OutputQuery`] reads the fields).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OutputInput {
+    /// The session (all actions but start)
+    #[schemars(length(max = MAX_SESSION_ID_BYTES))]
+    session_id: String,
+    /// output: first byte offset (default 0)
+    #[schemars(range(min = 0, max = MAX_OFFSET))]
+    from: Option<u64>,
+    /// output: one past the last byte offset (default: the end so far)
+    #[schemars(range(min = 0, max = MAX_OFFSET))]
+    to: Option<u64>,
+    /// output: bytes of output per page (default 65536); the result's next_from continues
+    #[schemars(range(min = 1, max = MAX_OUTPUT_BYTES))]
+    max_bytes: Option<u64>,
+    /// output: a regex (Rust syntax) matched against each rendered line
+    #[schemars(length(min = 1, max = MAX_PATTERN_BYTES))]
+    pattern: Option<String>,
+    /// output: pattern ignores case
+    case_insensitive: Option<bool>,
+    /// output: matching lines at most (default 100)
+    #[schemars(range(min = 1, max = MAX_MATCHES))]
+    max_matches: Option<u64>,
+}
+
+/// The frozen canonical input of `start` (what [`prepare_start`] resolved).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct FrozenStart {
+    command: String,
+    program: String,
+    args: Vec<String>,
+    cwd: String,
+    env: Map<String, Value>,
+    timeout_ms: Option<u64>,
+    cols: Option<u64>,
+    rows: Option<u64>,
+    settle_ms: Option<u64>,
+    sandbox: Option<Value>,
+}
+
+/// The schema of each action's variant, generated from [`TerminalAction`].
+static VARIANTS: LazyLock<Vec<Value>> = LazyLock::new(|| match input::schema_of::<TerminalAction>().get("oneOf") {
+    Some(Value::Array(variants)) => variants.clone(),
+    _ => Vec::new(),
+});
+
+/// The `action` a variant schema stands for.
+fn variant_action(variant: &Value) -> Option<&str> {
+    variant.pointer("/properties/action/const").and_then(Value::as_str)
+}
+
+/// The published input schema: one object with every field of every action (the first
+/// action that has a field gives its schema; `flat_schema_is_lossless` checks that they all
+/// agree), `action` an enum of the actions and the only required field.
+pub fn flat_schema() -> Value {
+    let mut actions = Vec::new();
+    let mut properties = Map::new();
+    for variant in VARIANTS.iter() {
+        actions.extend(variant_action(variant).map(|a| json!(a)));
+        for (name, schema) in variant.get("properties").and_then(Value::as_object).into_iter().flatten() {
+            if name != "action" && !properties.contains_key(name) {
+                properties.insert(name.clone(), schema.clone());
+            }
+        }
+    }
+    let mut all = Map::new();
+    all.insert("action".into(), json!({"type": "string", "enum": actions}));
+    all.extend(properties);
+    json!({"type": "object", "required": ["action"], "properties": all, "additionalProperties": false})
+}
+
+/// The per-action rules of [`TerminalAction`] on a schema-valid input: a field the action
+/// does not take is `invalid_field`, a missing required one `missing_field` (checked in
+/// that order, as before the input was typed).
+fn check_action_fields(input: &Value) -> Result<(), ToolError> {
+    let action = input.get("action").and_then(Value::as_str).unwrap_or_default();
+    let Some(variant) = VARIANTS.iter().find(|v| variant_action(v) == Some(action)) else { return Ok(()) };
+    let takes = |k: &str| variant.pointer(&format!("/properties/{k}")).is_some();
+    if let Some(extra) = input.as_object().into_iter().flat_map(|o| o.keys()).find(|k| !takes(k)) {
+        return Err(bad(ErrorCode::InvalidField, format!("action {action} does not take {extra}")));
+    }
+    let required = variant.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str);
+    for field in required {
+        if input.get(field).is_none() {
+            return Err(bad(ErrorCode::MissingField, format!("action {action} needs {field}")));
+        }
+    }
+    Ok(())
+}
 
 /// The `terminal_session` tool.
 pub struct TerminalSession {
@@ -93,33 +387,7 @@ impl TerminalSession {
                 the matching lines with their offsets. Sessions keep state (cwd, variables, servers) between calls. \
                 Every action needs approval."
                 .into(),
-            input_schema: json!({
-                "type": "object",
-                "required": ["action"],
-                "properties": {
-                    "action": {"type": "string", "enum": ["start", "input", "signal", "resize", "wait", "kill", "output"]},
-                    "session_id": {"type": "string", "maxLength": 64, "description": "The session (all actions but start)"},
-                    "command": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "start: program to run (default: the user's shell)"},
-                    "args": {"type": "array", "items": {"type": "string", "maxLength": 65536}, "maxItems": 1024, "description": "start: its arguments"},
-                    "cwd": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "start: working directory, relative to the workspace or absolute (default: the workspace root)"},
-                    "env": {"type": "object", "maxProperties": 256, "additionalProperties": {"type": ["string", "null"], "maxLength": 32768}, "description": "start: variables to set (null removes one)"},
-                    "timeout_ms": {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_MS, "description": "start: life limit of the session (default 1 h); wait: how long to wait (default 30 s, at most 5 min)"},
-                    "cols": {"type": "integer", "minimum": 2, "maximum": 1000, "description": "start/resize: PTY columns (default 120)"},
-                    "rows": {"type": "integer", "minimum": 2, "maximum": 500, "description": "start/resize: PTY rows (default 32)"},
-                    "data": {"type": "string", "maxLength": MAX_INPUT_BYTES, "description": "input: text to type (\\n = Enter)"},
-                    "signal": {"type": "string", "enum": ["interrupt", "eof", "terminate", "kill"], "description": "signal: what to send"},
-                    "until": {"type": "string", "enum": ["exit", "idle"], "description": "wait: for the exit (default) or for output to go quiet"},
-                    "idle_ms": {"type": "integer", "minimum": 10, "maximum": 600000, "description": "wait until=idle: quiet time (default 500)"},
-                    "settle_ms": {"type": "integer", "minimum": 0, "maximum": MAX_SETTLE_MS, "description": "start/input: return once output has been quiet this long (default 300)"},
-                    "from": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "description": "output: first byte offset (default 0)"},
-                    "to": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "description": "output: one past the last byte offset (default: the end so far)"},
-                    "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_BYTES, "description": "output: bytes of output per page (default 65536); the result's next_from continues"},
-                    "pattern": {"type": "string", "minLength": 1, "maxLength": MAX_PATTERN_BYTES, "description": "output: a regex (Rust syntax) matched against each rendered line"},
-                    "case_insensitive": {"type": "boolean", "description": "output: pattern ignores case"},
-                    "max_matches": {"type": "integer", "minimum": 1, "maximum": MAX_MATCHES, "description": "output: matching lines at most (default 100)"}
-                },
-                "additionalProperties": false
-            }),
+            input_schema: flat_schema(),
             requires_approval: true,
             capability: Some("pty".into()),
             replacement: None,
@@ -133,25 +401,9 @@ fn bad(code: ErrorCode, message: impl Into<String>) -> ToolError {
     ToolError::new(code, message)
 }
 
+/// The `action` of an input (raw or frozen).
 fn action_of(input: &Value) -> &str {
-    str_field(input, "action").unwrap_or_default()
-}
-
-/// Fields each action accepts besides `action`.
-fn allowed_fields(action: &str) -> &'static [&'static str] {
-    match action {
-        "start" => &["command", "args", "cwd", "env", "timeout_ms", "cols", "rows", "settle_ms"],
-        "input" => &["session_id", "data", "settle_ms"],
-        "signal" => &["session_id", "signal"],
-        "resize" => &["session_id", "cols", "rows"],
-        "wait" => &["session_id", "until", "idle_ms", "timeout_ms"],
-        "output" => &["session_id", "from", "to", "max_bytes", "pattern", "case_insensitive", "max_matches"],
-        _ => &["session_id"],
-    }
-}
-
-fn require<'a>(input: &'a Value, field: &str, action: &str) -> Result<&'a Value, ToolError> {
-    input.get(field).ok_or_else(|| bad(ErrorCode::MissingField, format!("action {action} needs {field}")))
+    input.get("action").and_then(Value::as_str).unwrap_or_default()
 }
 
 /// Resolves `command` to the program that will run: a path containing `/` against `cwd`,
@@ -188,16 +440,14 @@ struct Starter<'a> {
 }
 
 /// The canonical `start` input and its approval facts.
-fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result<Prepared, ToolError> {
+fn prepare_start(input: &StartInput, ws_root: &Path, starter: &Starter<'_>) -> Result<Prepared, ToolError> {
     // A NUL byte cannot reach a process (argv, env and paths are C strings): refused here,
     // before anyone approves a call that could never run.
-    let strings = ["command", "cwd"]
-        .iter()
-        .filter_map(|f| str_field(input, f))
-        .chain(input.get("args").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str))
-        .chain(
-            input.get("env").and_then(Value::as_object).into_iter().flat_map(|m| m.values()).filter_map(Value::as_str),
-        );
+    let strings = [&input.command, &input.cwd]
+        .into_iter()
+        .filter_map(Option::as_deref)
+        .chain(input.args.iter().flatten().map(String::as_str))
+        .chain(input.env.iter().flat_map(|m| m.values()).filter_map(Option::as_deref));
     for v in strings {
         if v.contains('\0') {
             return Err(bad(
@@ -206,7 +456,7 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
             ));
         }
     }
-    let cwd: PathBuf = match str_field(input, "cwd") {
+    let cwd: PathBuf = match input.cwd.as_deref() {
         None => ws_root.to_path_buf(),
         Some(c) => {
             let given = if Path::new(c).is_absolute() { PathBuf::from(c) } else { ws_root.join(c) };
@@ -226,7 +476,8 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
         is_admin: starter.is_admin,
         read_only: &[],
     })?;
-    let call_env: Map<String, Value> = input.get("env").and_then(Value::as_object).cloned().unwrap_or_default();
+    let call_env: Map<String, Value> =
+        input.env.iter().flatten().map(|(k, v)| (k.clone(), v.as_ref().map_or(Value::Null, |v| json!(v)))).collect();
     if let Some(k) = call_env.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
         return Err(bad(ErrorCode::InvalidEnv, format!("{k:?} is not a valid environment variable name")));
     }
@@ -248,7 +499,7 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
     env.extend(DEFAULT_ENV.iter().map(|(k, v)| ((*k).to_owned(), json!(v))));
     env.extend(call_env.clone());
     let env: Map<String, Value> = env.into_iter().collect();
-    let command = match str_field(input, "command") {
+    let command = match input.command.as_deref() {
         Some(c) => c.to_owned(),
         None => std::env::var("SHELL").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/bash".into()),
     };
@@ -259,11 +510,7 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
             format!("{program} is outside the folders the sandbox shows ({})", sandbox.read_only.join(", ")),
         ));
     }
-    let args: Vec<String> = input
-        .get("args")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
-        .unwrap_or_default();
+    let args: Vec<String> = input.args.clone().unwrap_or_default();
     let canonical = json!({
         "action": "start",
         "command": command,
@@ -271,10 +518,10 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
         "args": args,
         "cwd": cwd.to_string_lossy(),
         "env": env,
-        "timeout_ms": uint_field(input, "timeout_ms", DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS),
-        "cols": uint_field(input, "cols", 120, 1000),
-        "rows": uint_field(input, "rows", 32, 500),
-        "settle_ms": uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS),
+        "timeout_ms": input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS).min(MAX_TIMEOUT_MS),
+        "cols": input.cols.unwrap_or(DEFAULT_COLS).min(MAX_COLS),
+        "rows": input.rows.unwrap_or(DEFAULT_ROWS).min(MAX_ROWS),
+        "settle_ms": input.settle_ms.unwrap_or(DEFAULT_SETTLE_MS).min(MAX_SETTLE_MS),
         "sandbox": sandbox,
     });
     let outside = !cwd.starts_with(ws_root);
@@ -291,65 +538,53 @@ fn prepare_start(input: &Value, ws_root: &Path, starter: &Starter<'_>) -> Result
 }
 
 /// The canonical input of the actions on an existing session (defaults filled in).
-fn canonical_session_action(input: &Value) -> Result<Value, ToolError> {
-    let action = action_of(input);
-    let session_id = require(input, "session_id", action)?.clone();
+fn canonical_session_action(action: &TerminalAction) -> Result<Value, ToolError> {
     Ok(match action {
-        "input" => json!({
-            "action": "input", "session_id": session_id,
-            "data": require(input, "data", action)?,
-            "settle_ms": uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS),
+        TerminalAction::Input(a) => json!({
+            "action": "input", "session_id": a.session_id, "data": a.data,
+            "settle_ms": a.settle_ms.unwrap_or(DEFAULT_SETTLE_MS).min(MAX_SETTLE_MS),
         }),
-        "signal" => json!({"action": "signal", "session_id": session_id, "signal": require(input, "signal", action)?}),
-        "resize" => json!({
-            "action": "resize", "session_id": session_id,
-            "cols": require(input, "cols", action)?, "rows": require(input, "rows", action)?,
-        }),
-        "wait" => {
-            let until = str_field(input, "until").unwrap_or("exit");
+        TerminalAction::Signal(a) => json!({"action": "signal", "session_id": a.session_id, "signal": a.signal}),
+        TerminalAction::Resize(a) => {
+            json!({"action": "resize", "session_id": a.session_id, "cols": a.cols, "rows": a.rows})
+        }
+        TerminalAction::Wait(a) => {
             let mut c = json!({
-                "action": "wait", "session_id": session_id, "until": until,
-                "timeout_ms": uint_field(input, "timeout_ms", 30_000, MAX_WAIT_MS),
+                "action": "wait", "session_id": a.session_id, "until": a.until.unwrap_or_default(),
+                "timeout_ms": a.timeout_ms(),
             });
-            if until == "idle" {
-                c["idle_ms"] = json!(uint_field(input, "idle_ms", 500, 600_000));
+            if let Some(idle) = a.idle_ms() {
+                c["idle_ms"] = json!(idle);
             }
             c
         }
-        "output" => {
-            let q = OutputQuery::from_input(input)?;
-            let mut c = json!({"action": "output", "session_id": session_id, "from": q.from});
+        TerminalAction::Output(a) => {
+            let q = OutputQuery::from_fields(&a.fields())?;
+            let mut c = json!({"action": "output", "session_id": a.session_id, "from": q.from});
             if let Some(to) = q.to {
                 c["to"] = json!(to);
             }
-            match str_field(input, "pattern") {
+            match &a.pattern {
                 Some(p) => {
                     c["pattern"] = json!(p);
-                    c["case_insensitive"] = json!(input.get("case_insensitive").and_then(Value::as_bool) == Some(true));
+                    c["case_insensitive"] = json!(a.case_insensitive == Some(true));
                     c["max_matches"] = json!(q.max_matches);
                 }
                 None => c["max_bytes"] = json!(q.max_bytes),
             }
             c
         }
-        _ => json!({"action": "kill", "session_id": session_id}),
+        TerminalAction::Kill(a) => json!({"action": "kill", "session_id": a.session_id}),
+        TerminalAction::Start(_) => return Err(bad(ErrorCode::InvalidField, "start is not an action on a session")),
     })
 }
 
 fn canonical(input: &Value, ctx: &PrepareContext<'_>, starter: &Starter<'_>) -> Result<Prepared, ToolError> {
-    let action = action_of(input);
-    if let Some(extra) = input
-        .as_object()
-        .into_iter()
-        .flat_map(|o| o.keys())
-        .find(|k| k.as_str() != "action" && !allowed_fields(action).contains(&k.as_str()))
-    {
-        return Err(bad(ErrorCode::InvalidField, format!("action {action} does not take {extra}")));
+    check_action_fields(input)?;
+    match input::parse::<TerminalAction>(input)? {
+        TerminalAction::Start(start) => prepare_start(&start, ctx.workspace.root(), starter),
+        action => Ok(Prepared { input: canonical_session_action(&action)?, preview: Value::Null }),
     }
-    if action == "start" {
-        return prepare_start(input, ctx.workspace.root(), starter);
-    }
-    Ok(Prepared { input: canonical_session_action(input)?, preview: Value::Null })
 }
 
 fn session_not_found(id: &str) -> ToolError {
@@ -413,9 +648,8 @@ impl TerminalSession {
         self.host.store().user_is_admin(user_id).await.map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))
     }
 
-    /// The caller's live session named in `input`, or 404 / 409 (ended).
-    async fn live_session(&self, input: &Value, owner_id: &str) -> Result<Arc<Session>, ToolError> {
-        let id = str_field(input, "session_id").unwrap_or_default();
+    /// The caller's live session `id`, or 404 / 409 (ended).
+    async fn live_session(&self, id: &str, owner_id: &str) -> Result<Arc<Session>, ToolError> {
         let ended = |state: &str, exit_code: Option<i64>, end_reason: Option<&str>| {
             ToolError::new(
                 ErrorCode::TerminalSessionEnded,
@@ -440,14 +674,13 @@ impl TerminalSession {
         }
     }
 
-    /// The caller's session named in `input`, live or ended: the live session (if this
-    /// process holds it) and its stored row.
+    /// The caller's session `id`, live or ended: the live session (if this process holds it)
+    /// and its stored row.
     async fn any_session(
         &self,
-        input: &Value,
+        id: &str,
         owner_id: &str,
     ) -> Result<(Option<Arc<Session>>, TerminalSessionRow), ToolError> {
-        let id = str_field(input, "session_id").unwrap_or_default();
         let row = self.host.store().terminal_session_for(owner_id, id).await.map_err(store_error)?;
         let row = row.ok_or_else(|| session_not_found(id))?;
         Ok((self.host.get(owner_id, id), row))
@@ -456,18 +689,18 @@ impl TerminalSession {
     /// Runs one action on a session and returns its result and evidence. Every action but
     /// `output` reports the output from the session's reported-up-to offset to the end at
     /// its return.
-    async fn act(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let action = action_of(input);
-        if action == "output" {
-            return self.read_output(input, ctx).await;
+    async fn act(&self, input: &Value, action: &TerminalAction, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let id = action.session_id().unwrap_or_default();
+        if let TerminalAction::Output(o) = action {
+            return self.read_output(input, o, ctx).await;
         }
-        let wait_only = action == "wait" || action == "kill";
-        let session = match self.live_session(input, &ctx.owner_id).await {
+        let wait_only = matches!(action, TerminalAction::Wait(_) | TerminalAction::Kill(_));
+        let session = match self.live_session(id, &ctx.owner_id).await {
             Ok(s) => s,
             // Waiting on, or killing, a session that already ended reports how it ended,
             // with the output not yet reported.
             Err(e) if wait_only && e.code == ErrorCode::TerminalSessionEnded => {
-                return self.ended_report(input, ctx).await;
+                return self.ended_report(input, id, ctx).await;
             }
             Err(e) => return Err(e),
         };
@@ -479,29 +712,28 @@ impl TerminalSession {
         let source = Source { store, id: &session.id, live: Some(&session) };
         source.pull(&mut capture, None).await.map_err(store_error)?;
         let reason = match action {
-            "input" => {
-                let data = str_field(input, "data").unwrap_or_default();
-                session.write_input(data.as_bytes().to_vec()).await?;
-                let settle_ms = uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS);
+            TerminalAction::Input(a) => {
+                session.write_input(a.data.as_bytes().to_vec()).await?;
+                let settle_ms = a.settle_ms.unwrap_or(DEFAULT_SETTLE_MS).min(MAX_SETTLE_MS);
                 settle(&source, &session, &mut capture, settle_ms, ctx).await?
             }
-            "signal" => {
-                match str_field(input, "signal").unwrap_or_default() {
-                    "interrupt" => match session.write_input(vec![0x03]).await {
+            TerminalAction::Signal(a) => {
+                match a.signal {
+                    SignalName::Interrupt => match session.write_input(vec![0x03]).await {
                         // Ctrl-C through the terminal (the line discipline, or the program in raw
                         // mode, acts on it); when the input is blocked, SIGINT to the foreground.
                         Err(e) if e.code == ErrorCode::PtyInputBlocked => session.signal_foreground(libc::SIGINT),
                         other => other?,
                     },
-                    "eof" => session.write_input(vec![0x04]).await?,
-                    "terminate" => session.signal_foreground(libc::SIGTERM),
-                    _ => session.signal_foreground(libc::SIGKILL),
+                    SignalName::Eof => session.write_input(vec![0x04]).await?,
+                    SignalName::Terminate => session.signal_foreground(libc::SIGTERM),
+                    SignalName::Kill => session.signal_foreground(libc::SIGKILL),
                 }
                 settle(&source, &session, &mut capture, DEFAULT_SETTLE_MS, ctx).await?
             }
-            "resize" => {
-                let cols = u16::try_from(uint_field(input, "cols", 120, 1000)).unwrap_or(120);
-                let rows = u16::try_from(uint_field(input, "rows", 32, 500)).unwrap_or(32);
+            TerminalAction::Resize(a) => {
+                let cols = u16::try_from(a.cols.min(MAX_COLS)).unwrap_or(120);
+                let rows = u16::try_from(a.rows.min(MAX_ROWS)).unwrap_or(32);
                 session.resize(cols, rows)?;
                 if let Err(e) = store.resize_terminal_session(&session.id, cols, rows).await {
                     tracing::warn!(error = %e, "recording a PTY resize failed");
@@ -509,10 +741,9 @@ impl TerminalSession {
                 source.pull(&mut capture, None).await.map_err(store_error)?;
                 "resized"
             }
-            "wait" => {
-                let timeout = Duration::from_millis(uint_field(input, "timeout_ms", 30_000, MAX_WAIT_MS));
-                let idle = (str_field(input, "until") == Some("idle"))
-                    .then(|| Duration::from_millis(uint_field(input, "idle_ms", 500, 600_000)));
+            TerminalAction::Wait(a) => {
+                let timeout = Duration::from_millis(a.timeout_ms());
+                let idle = a.idle_ms().map(Duration::from_millis);
                 watch_output(&source, &session, &mut capture, idle, timeout, ctx).await?
             }
             _ => {
@@ -529,8 +760,8 @@ impl TerminalSession {
     /// `wait`/`kill` on a session that has ended: its exit, and the output not yet reported
     /// (from the reported-up-to offset to the end), read from the ring if this process still
     /// holds it, else from the store.
-    async fn ended_report(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let (live, row) = self.any_session(input, &ctx.owner_id).await?;
+    async fn ended_report(&self, input: &Value, id: &str, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let (live, row) = self.any_session(id, &ctx.owner_id).await?;
         let facts = match &live {
             Some(s) if s.ended() => Facts::live(s),
             _ => Facts::stored(&row),
@@ -544,14 +775,14 @@ impl TerminalSession {
 
     /// The `output` action: a page of the rendered text of a stored range, or the lines of
     /// it matching `pattern`. Moves no reported-up-to offset.
-    async fn read_output(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let (live, row) = self.any_session(input, &ctx.owner_id).await?;
+    async fn read_output(&self, input: &Value, o: &OutputInput, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+        let (live, row) = self.any_session(&o.session_id, &ctx.owner_id).await?;
         let facts = match &live {
             Some(s) => Facts::live(s),
             None => Facts::stored(&row),
         };
         let source = Source { store: self.host.store(), id: &row.id, live: live.as_deref() };
-        let q = OutputQuery::from_input(input)?;
+        let q = OutputQuery::from_fields(&o.fields())?;
         let (output, evidence, event) = match q.read(&source, facts.size).await.map_err(store_error)? {
             OutputRead::Page(page) => {
                 let out = &page.captured;
@@ -698,45 +929,78 @@ pub fn output_pattern(pattern: &str, case_insensitive: bool) -> Result<Regex, To
         .map_err(|e| bad(ErrorCode::InvalidPattern, format!("pattern does not compile: {e}")))
 }
 
-/// An offset field: a whole number in `0..=MAX_OFFSET` (also when written as `1e6`), or
-/// `invalid_field`.
-fn offset_field(input: &Value, name: &str) -> Result<Option<u64>, ToolError> {
-    let Some(v) = input.get(name) else { return Ok(None) };
-    let n = v.as_u64().or_else(|| v.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64));
-    match n {
-        Some(n) if n <= MAX_OFFSET => Ok(Some(n)),
-        _ => Err(bad(ErrorCode::InvalidField, format!("{name} must be a byte offset from 0 to {MAX_OFFSET}"))),
+/// An offset field: a whole number in `0..=MAX_OFFSET`, or `invalid_field`.
+fn offset_field(value: Option<u64>, name: &str) -> Result<Option<u64>, ToolError> {
+    match value {
+        Some(n) if n > MAX_OFFSET => {
+            Err(bad(ErrorCode::InvalidField, format!("{name} must be a byte offset from 0 to {MAX_OFFSET}")))
+        }
+        other => Ok(other),
+    }
+}
+
+/// The fields of an `output` read: the `output` action's ([`OutputInput`]) and those of
+/// `GET /v1/terminal-sessions/{id}/output`.
+#[derive(Debug, Clone, Default)]
+pub struct OutputFields<'a> {
+    /// First byte offset (default 0).
+    pub from: Option<u64>,
+    /// One past the last byte offset (default: the end so far).
+    pub to: Option<u64>,
+    /// Bytes per page (default [`DEFAULT_OUTPUT_BYTES`]); not with `pattern`.
+    pub max_bytes: Option<u64>,
+    /// A regex matched against each rendered line (a search).
+    pub pattern: Option<&'a str>,
+    /// `pattern` ignores case; only with `pattern`.
+    pub case_insensitive: Option<bool>,
+    /// Matching lines at most (default [`DEFAULT_MATCHES`]); only with `pattern`.
+    pub max_matches: Option<u64>,
+}
+
+impl OutputInput {
+    /// The fields of this `output` action.
+    fn fields(&self) -> OutputFields<'_> {
+        OutputFields {
+            from: self.from,
+            to: self.to,
+            max_bytes: self.max_bytes,
+            pattern: self.pattern.as_deref(),
+            case_insensitive: self.case_insensitive,
+            max_matches: self.max_matches,
+        }
     }
 }
 
 impl OutputQuery {
-    /// The query of a raw or canonical `output` input: `invalid_range` when `from` > `to`,
-    /// `invalid_pattern`, `invalid_field` (a bad offset, or `max_bytes` with `pattern`,
+    /// The query of an `output` read: `invalid_range` when `from` > `to`, `invalid_pattern`,
+    /// `invalid_field` (a bad offset, or `max_bytes` with `pattern`,
     /// `case_insensitive`/`max_matches` without it).
-    pub fn from_input(input: &Value) -> Result<Self, ToolError> {
-        let from = offset_field(input, "from")?.unwrap_or(0);
-        let to = offset_field(input, "to")?;
+    pub fn from_fields(f: &OutputFields<'_>) -> Result<Self, ToolError> {
+        let from = offset_field(f.from, "from")?.unwrap_or(0);
+        let to = offset_field(f.to, "to")?;
         if let Some(to) = to.filter(|to| *to < from) {
             return Err(bad(ErrorCode::InvalidRange, format!("from {from} is after to {to}")));
         }
-        let searching = input.get("pattern").is_some();
-        let misplaced =
-            if searching { ["max_bytes"].as_slice() } else { ["case_insensitive", "max_matches"].as_slice() };
-        if let Some(f) = misplaced.iter().find(|f| input.get(**f).is_some()) {
+        let searching = f.pattern.is_some();
+        let misplaced = if searching {
+            [("max_bytes", f.max_bytes.is_some())].to_vec()
+        } else {
+            [("case_insensitive", f.case_insensitive.is_some()), ("max_matches", f.max_matches.is_some())].to_vec()
+        };
+        if let Some((name, _)) = misplaced.iter().find(|(_, given)| *given) {
             let with = if searching { "with pattern (a search)" } else { "without pattern (a page)" };
-            return Err(bad(ErrorCode::InvalidField, format!("output {with} does not take {f}")));
+            return Err(bad(ErrorCode::InvalidField, format!("output {with} does not take {name}")));
         }
-        let pattern = match str_field(input, "pattern") {
-            Some(p) => Some(output_pattern(p, input.get("case_insensitive").and_then(Value::as_bool) == Some(true))?),
+        let pattern = match f.pattern {
+            Some(p) => Some(output_pattern(p, f.case_insensitive == Some(true))?),
             None => None,
         };
         Ok(Self {
             from,
             to,
-            max_bytes: uint_field(input, "max_bytes", DEFAULT_OUTPUT_BYTES, MAX_OUTPUT_BYTES).max(1),
+            max_bytes: f.max_bytes.unwrap_or(DEFAULT_OUTPUT_BYTES).clamp(1, MAX_OUTPUT_BYTES),
             pattern,
-            max_matches: usize::try_from(uint_field(input, "max_matches", DEFAULT_MATCHES, MAX_MATCHES).max(1))
-                .unwrap_or(100),
+            max_matches: usize::try_from(f.max_matches.unwrap_or(DEFAULT_MATCHES).clamp(1, MAX_MATCHES)).unwrap_or(100),
         })
     }
 
@@ -875,7 +1139,9 @@ impl Tool for TerminalSession {
         if action != "start" {
             // The approver sees which session the action goes to; a call on a session
             // that is not the caller's (or does not exist) is refused before anyone is asked.
-            let session = match self.live_session(&prepared.input, ctx.owner_id).await {
+            let frozen: TerminalAction = input::frozen(&prepared.input)?;
+            let id = frozen.session_id().unwrap_or_default();
+            let session = match self.live_session(id, ctx.owner_id).await {
                 Ok(s) => {
                     json!({"id": s.id, "command_line": s.command_line, "cwd": s.cwd, "pid": s.pid, "state": "running"})
                 }
@@ -899,12 +1165,11 @@ impl Tool for TerminalSession {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         if action_of(input) != "start" {
-            return self.act(input, ctx).await;
+            let action: TerminalAction = input::frozen(input)?;
+            return self.act(input, &action, ctx).await;
         }
-        let str_list = |v: &Value| -> Vec<String> {
-            v.as_array().map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect()).unwrap_or_default()
-        };
-        let cwd = str_field(input, "cwd").unwrap_or_default().to_owned();
+        let start: FrozenStart = input::frozen(input)?;
+        let cwd = start.cwd.clone();
         // The frozen cwd must still be the real directory it was when approved.
         match std::fs::canonicalize(&cwd) {
             Ok(real) if real == Path::new(&cwd) && real.is_dir() => {}
@@ -923,7 +1188,7 @@ impl Tool for TerminalSession {
             is_admin,
             read_only: &[],
         })?;
-        let frozen: Option<SandboxSpec> = input.get("sandbox").and_then(|v| serde_json::from_value(v.clone()).ok());
+        let frozen: Option<SandboxSpec> = start.sandbox.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok());
         if frozen.as_ref() != Some(&sandbox) {
             return Err(ToolError::new(
                 ErrorCode::SandboxChanged,
@@ -951,14 +1216,14 @@ impl Tool for TerminalSession {
             owner_id: ctx.owner_id.clone(),
             run_id: ctx.run_id.clone(),
             invocation_id: ctx.invocation_id.clone(),
-            program: str_field(input, "program").unwrap_or_default().to_owned(),
-            command: str_field(input, "command").unwrap_or_default().to_owned(),
-            args: str_list(&input["args"]),
+            program: start.program.clone(),
+            command: start.command.clone(),
+            args: start.args.clone(),
             cwd,
-            env: input.get("env").and_then(Value::as_object).cloned().unwrap_or_default(),
-            timeout_ms: uint_field(input, "timeout_ms", DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS),
-            cols: u16::try_from(uint_field(input, "cols", 120, 1000)).unwrap_or(120),
-            rows: u16::try_from(uint_field(input, "rows", 32, 500)).unwrap_or(32),
+            env: start.env.clone(),
+            timeout_ms: start.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS).min(MAX_TIMEOUT_MS),
+            cols: u16::try_from(start.cols.unwrap_or(DEFAULT_COLS).min(MAX_COLS)).unwrap_or(120),
+            rows: u16::try_from(start.rows.unwrap_or(DEFAULT_ROWS).min(MAX_ROWS)).unwrap_or(32),
         };
         let size = (spec.rows, spec.cols);
         // Until this execution returns, cancelling it (or dropping it) ends the session it
@@ -967,10 +1232,49 @@ impl Tool for TerminalSession {
         let session = self.host.start(spec, ctx.cancel.clone(), done_rx).await?;
         let mut capture = Capture::new(0, size.0, size.1);
         let source = Source { store: self.host.store(), id: &session.id, live: Some(&session) };
-        let settle_ms = uint_field(input, "settle_ms", DEFAULT_SETTLE_MS, MAX_SETTLE_MS);
+        let settle_ms = start.settle_ms.unwrap_or(DEFAULT_SETTLE_MS).min(MAX_SETTLE_MS);
         let reason = settle(&source, &session, &mut capture, settle_ms, ctx).await?;
         let out = self.finish(input, &Facts::live(&session), &capture, reason, ctx).await;
         let _ = done.send(());
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every action that shares a field gives it the same schema, so the flat schema loses
+    /// nothing of any action's.
+    #[test]
+    fn flat_schema_is_lossless() {
+        let flat = flat_schema();
+        assert_eq!(VARIANTS.len(), 7);
+        for variant in VARIANTS.iter() {
+            let action = variant_action(variant).unwrap_or_default();
+            for (name, schema) in variant["properties"].as_object().into_iter().flatten() {
+                if name != "action" {
+                    assert_eq!(&flat["properties"][name], schema, "{action}.{name}");
+                }
+            }
+            assert_eq!(variant["additionalProperties"], json!(false), "{action}");
+        }
+        assert_eq!(
+            flat["properties"]["action"]["enum"],
+            json!(["start", "input", "signal", "resize", "wait", "kill", "output"])
+        );
+        assert_eq!(flat["required"], json!(["action"]));
+    }
+
+    #[test]
+    fn action_fields_follow_the_type() {
+        let code = |v: Value| check_action_fields(&v).err().map_or("", |e| e.code.as_str());
+        assert_eq!(code(json!({"action": "input", "session_id": "s"})), "missing_field");
+        assert_eq!(code(json!({"action": "input", "session_id": "s", "data": "x", "cols": 3})), "invalid_field");
+        assert_eq!(code(json!({"action": "kill"})), "missing_field");
+        assert_eq!(code(json!({"action": "start", "session_id": "s"})), "invalid_field");
+        assert_eq!(code(json!({"action": "resize", "session_id": "s", "cols": 80})), "missing_field");
+        assert_eq!(code(json!({"action": "start", "command": "ls", "env": {"A": null}})), "");
+        assert_eq!(code(json!({"action": "wait", "session_id": "s", "until": "idle", "idle_ms": 20})), "");
     }
 }

@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::query;
@@ -18,13 +20,63 @@ use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::store::{NewsQuery, NewsSort};
+use crate::tools::input;
 use crate::tools::search::SearchHub;
-use crate::tools::{str_field, uint_field};
 
 /// Hits returned when `limit` is not given.
 pub const DEFAULT_LIMIT: u64 = 10;
 /// Most hits one call returns.
 pub const MAX_LIMIT: u64 = 50;
+
+/// `sort` of a news search (the store's [`NewsSort`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SortBy {
+    /// Best match first.
+    #[default]
+    Relevance,
+    /// Newest first.
+    Time,
+}
+
+impl From<SortBy> for NewsSort {
+    fn from(s: SortBy) -> Self {
+        match s {
+            SortBy::Relevance => NewsSort::Relevance,
+            SortBy::Time => NewsSort::Time,
+        }
+    }
+}
+
+/// The input of `news_search`; its canonical input has the same fields, with the query and
+/// source trimmed, `since`/`until` absolute and `sort`/`limit` filled in.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NewsSearchInput {
+    /// Words, "quoted phrases", or, -excluded
+    #[schemars(length(min = 1, max = 400))]
+    query: String,
+    /// Only items published (or collected) at or after: RFC 3339, YYYY-MM-DD, or relative like 24h, 7d, 2w
+    #[schemars(length(min = 2, max = 40))]
+    since: Option<String>,
+    /// Only items published (or collected) at or before: RFC 3339, YYYY-MM-DD, or relative
+    #[schemars(length(min = 2, max = 40))]
+    until: Option<String>,
+    /// Only this source: its id, name or feed URL
+    #[schemars(length(min = 1, max = 2048))]
+    source: Option<String>,
+    /// relevance (default) or time (newest first)
+    sort: Option<SortBy>,
+    /// Most hits (default 10)
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
+    limit: Option<u64>,
+}
+
+impl NewsSearchInput {
+    fn limit(&self) -> u64 {
+        self.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT)
+    }
+}
 
 /// The `news_search` tool.
 pub struct NewsSearch {
@@ -47,19 +99,7 @@ impl NewsSearch {
                     time. Each hit has its source, published_at and collected_at. It never searches the live web: use \
                     web_search for that."
                         .into(),
-                input_schema: json!({
-                    "type": "object",
-                    "required": ["query"],
-                    "properties": {
-                        "query": {"type": "string", "minLength": 1, "maxLength": 400, "description": "Words, \"quoted phrases\", or, -excluded"},
-                        "since": {"type": "string", "minLength": 2, "maxLength": 40, "description": "Only items published (or collected) at or after: RFC 3339, YYYY-MM-DD, or relative like 24h, 7d, 2w"},
-                        "until": {"type": "string", "minLength": 2, "maxLength": 40, "description": "Only items published (or collected) at or before: RFC 3339, YYYY-MM-DD, or relative"},
-                        "source": {"type": "string", "minLength": 1, "maxLength": 2048, "description": "Only this source: its id, name or feed URL"},
-                        "sort": {"type": "string", "enum": ["relevance", "time"], "description": "relevance (default) or time (newest first)"},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": "Most hits (default 10)"}
-                    },
-                    "additionalProperties": false
-                }),
+                input_schema: input::schema_of::<NewsSearchInput>(),
                 requires_approval: false,
                 capability: None,
                 replacement: None,
@@ -104,7 +144,8 @@ impl Tool for NewsSearch {
     }
 
     async fn prepare(&self, input: Value, _ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let text = str_field(&input, "query").unwrap_or_default().trim().to_owned();
+        let input: NewsSearchInput = input::parse(&input)?;
+        let text = input.query.trim().to_owned();
         if !query::has_positive_term(&text) {
             return Err(ToolError::new(
                 ErrorCode::EmptyQuery,
@@ -114,11 +155,11 @@ impl Tool for NewsSearch {
         let now = Utc::now();
         let mut canonical = json!({
             "query": text,
-            "sort": str_field(&input, "sort").unwrap_or("relevance"),
-            "limit": uint_field(&input, "limit", DEFAULT_LIMIT, MAX_LIMIT),
+            "sort": input.sort.unwrap_or_default(),
+            "limit": input.limit(),
         });
-        for (field, end_of_day) in [("since", false), ("until", true)] {
-            if let Some(raw) = str_field(&input, field) {
+        for (field, end_of_day, given) in [("since", false, &input.since), ("until", true, &input.until)] {
+            if let Some(raw) = given.as_deref() {
                 let t = parse_time(raw, end_of_day, now).ok_or_else(|| {
                     ToolError::new(
                         ErrorCode::InvalidTime,
@@ -133,25 +174,26 @@ impl Tool for NewsSearch {
         {
             return Err(ToolError::new(ErrorCode::InvalidRange, format!("since {s} is after until {u}")));
         }
-        if let Some(source) = str_field(&input, "source") {
+        if let Some(source) = input.source.as_deref() {
             canonical["source"] = json!(source.trim());
         }
         Ok(Prepared { input: canonical, preview: Value::Null })
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let text = str_field(input, "query").unwrap_or_default();
+        let input: NewsSearchInput = input::frozen(input)?;
+        let text = input.query.as_str();
         if !query::has_positive_term(text) {
             return Err(ToolError::new(ErrorCode::EmptyQuery, "the query has no searchable term"));
         }
-        let sort = if str_field(input, "sort") == Some("time") { NewsSort::Time } else { NewsSort::Relevance };
-        let limit = uint_field(input, "limit", DEFAULT_LIMIT, MAX_LIMIT);
+        let sort = NewsSort::from(input.sort.unwrap_or_default());
+        let limit = input.limit();
         let q = NewsQuery {
             user_id: &ctx.owner_id,
             text,
-            since: str_field(input, "since"),
-            until: str_field(input, "until"),
-            source: str_field(input, "source"),
+            since: input.since.as_deref(),
+            until: input.until.as_deref(),
+            source: input.source.as_deref(),
             sort,
             limit: i64::try_from(limit).unwrap_or(10),
         };
@@ -201,8 +243,8 @@ impl Tool for NewsSearch {
                 "source": "news_hub",
                 "query": text,
                 "sort": if sort == NewsSort::Time { "time" } else { "relevance" },
-                "since": str_field(input, "since"),
-                "until": str_field(input, "until"),
+                "since": input.since,
+                "until": input.until,
                 "searched_at": searched_at,
                 "result_count": results.len(),
                 "results": results,

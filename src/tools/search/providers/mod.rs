@@ -77,7 +77,8 @@ impl ProviderKind {
 }
 
 /// `freshness` of a query: results from the last day, week, month or year.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum Freshness {
     /// Past 24 hours.
     Day,
