@@ -14,7 +14,7 @@ use crate::exposure::index::ToolIndex;
 use crate::harness::Harness;
 use crate::registry::Registry;
 use crate::store::{RunRow, Store};
-use crate::workspace::{HardLinks, Workspace};
+use crate::workspace::{HardLinks, RunWorkspace, Workspace};
 
 /// Everything the chain needs, cheap to clone (typed axum state).
 #[derive(Clone)]
@@ -108,12 +108,32 @@ impl App {
         if self.config.allow_hard_link_reads { HardLinks::Allow } else { HardLinks::Refuse }
     }
 
-    /// Opens the run's workspace root on this host, by identity: `workspace_changed` (409)
-    /// when the folder at its path is not the one registered, `workspace_unavailable` (503)
-    /// when it cannot be opened.
-    pub async fn workspace_of(&self, run: &RunRow) -> Result<Workspace> {
+    /// The run's registered workspace, to be opened by identity
+    /// ([`RunWorkspace::open`]: `workspace_changed` (409) when the folder at its path is not
+    /// the one registered, `workspace_unavailable` (503) when it cannot be opened). 404 when
+    /// the run names no workspace of its owner.
+    pub async fn run_workspace(&self, run: &RunRow) -> Result<RunWorkspace> {
         let ws =
             self.store.workspace_for(&run.owner_id, &run.workspace_id).await?.ok_or(Error::NotFound("workspace"))?;
-        crate::workspace::open_registered(&ws, self.hard_link_rule()).map_err(Error::Tool)
+        Ok(RunWorkspace::new(ws, self.hard_link_rule()))
+    }
+
+    /// Opens the run's workspace root on this host, by identity (see [`App::run_workspace`]).
+    pub async fn workspace_of(&self, run: &RunRow) -> Result<Workspace> {
+        self.run_workspace(run).await?.open().map_err(Error::Tool)
+    }
+
+    /// What a freeze consults besides the run: the store, the registry, the deployment's
+    /// approval settings and the harness's wake-up handle.
+    pub fn freeze_stage(&self) -> crate::invocation::FreezeStage<'_> {
+        crate::invocation::FreezeStage {
+            store: &self.store,
+            registry: &self.registry,
+            approvals: crate::invocation::ApprovalSettings {
+                four_eyes_domains: &self.config.four_eyes_domains,
+                ttl_secs: self.config.approval_ttl_secs,
+            },
+            wake: self.harness.waker(),
+        }
     }
 }

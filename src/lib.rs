@@ -29,6 +29,7 @@ pub mod registry;
 pub mod sandbox;
 pub mod secret;
 pub mod server;
+pub mod state;
 pub mod store;
 pub mod surface;
 pub mod tools;

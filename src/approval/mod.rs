@@ -18,11 +18,13 @@ pub mod policy;
 
 use serde_json::json;
 
-use crate::app::App;
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
+use crate::events::Wake;
+use crate::registry::Registry;
+use crate::state::ApprovalStatus;
 pub use crate::store::Decider;
-use crate::store::{ApprovalRow, DecideOutcome, GrantRequest};
+use crate::store::{ApprovalRow, DecideOutcome, GrantRequest, Store};
 
 /// Grants approval `id` if `who` may grant it under its stored rule and `triple` equals the
 /// frozen invocation; wakes the harness.
@@ -32,24 +34,31 @@ use crate::store::{ApprovalRow, DecideOutcome, GrantRequest};
 /// changed); 409 `approval_mismatch` (nothing changed), `approval_decided`,
 /// `approval_expired`, `stale_definition` (the tool's definition changed since the call was
 /// frozen).
-pub async fn grant(app: &App, who: &Decider<'_>, id: &str, triple: &GrantRequest<'_>) -> Result<ApprovalRow> {
+pub async fn grant(
+    store: &Store,
+    registry: &Registry,
+    wake: &Wake,
+    who: &Decider<'_>,
+    id: &str,
+    triple: &GrantRequest<'_>,
+) -> Result<ApprovalRow> {
     // A call its tool no longer matches (an MCP definition changed since it was frozen:
     // 409 `stale_definition`) is not granted.
-    if let Some(row) = app.store.approval_visible(&who.viewer(), id).await?
-        && row.status == "pending"
+    if let Some(row) = store.approval_visible(&who.viewer(), id).await?
+        && row.status == ApprovalStatus::Pending
     {
-        app.registry.check_frozen(&row.tool_id, &row.input).map_err(Error::Tool)?;
+        registry.check_frozen(&row.tool_id, &row.input).map_err(Error::Tool)?;
     }
-    let outcome = app.store.grant_approval(who, id, triple).await?;
+    let outcome = store.grant_approval(who, id, triple).await?;
     let row = settle(outcome, Some(triple))?;
-    app.harness.wake();
+    wake.wake();
     Ok(row)
 }
 
 /// Denies approval `id` (its requester may always withdraw it; admins and approvers may deny
 /// a four-eyes approval). Errors: 404; 409 `approval_decided`, `approval_expired`.
-pub async fn deny(app: &App, who: &Decider<'_>, id: &str, reason: Option<&str>) -> Result<ApprovalRow> {
-    let outcome = app.store.deny_approval(who, id, reason).await?;
+pub async fn deny(store: &Store, who: &Decider<'_>, id: &str, reason: Option<&str>) -> Result<ApprovalRow> {
+    let outcome = store.deny_approval(who, id, reason).await?;
     settle(outcome, None)
 }
 
@@ -103,5 +112,9 @@ fn settle(outcome: DecideOutcome, triple: Option<&GrantRequest<'_>>) -> Result<A
 }
 
 fn decision_word(row: &ApprovalRow) -> String {
-    if row.status == "pending" { format!("invocation is {}", row.invocation_status) } else { row.status.clone() }
+    if row.status == ApprovalStatus::Pending {
+        format!("invocation is {}", row.invocation_status)
+    } else {
+        row.status.to_string()
+    }
 }

@@ -8,7 +8,7 @@
 pub use mira_core::policy::{ALWAYS_APPROVE_DOMAINS, Decision, decide, requires_approval};
 
 use crate::registry::ToolSpec;
-pub use crate::store::ApprovalRule;
+pub use crate::state::ApprovalRule;
 
 /// The rule for a call of `spec` under the deployment's four-eyes domains (`*` names every
 /// domain): four-eyes when the tool's registry domain is listed. Only registry facts count,

@@ -421,7 +421,7 @@ async fn start_latency(starts: usize) -> anyhow::Result<()> {
         }
         let slab_delta = slab_kib().saturating_sub(slab_before);
         for s in &live {
-            s.end("killed", "bench".into());
+            s.end(mira::state::TerminalSessionState::Killed, "bench".into());
         }
         println!(
             "  {label:<28} enforced={enforced:<5} {starts} starts: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (first start {:.1} ms); slab +{} KiB for 20 live sessions",

@@ -95,6 +95,23 @@ pub struct RunSignal {
     pub kind: EventKind,
 }
 
+/// Tells the harness loop there may be work (a new queued invocation, a grant): a cheap
+/// handle the stages that queue work (freeze, grant) hold instead of the harness.
+#[derive(Debug, Clone, Default)]
+pub struct Wake(std::sync::Arc<tokio::sync::Notify>);
+
+impl Wake {
+    /// Wakes the loop (at most one pending wake-up is kept).
+    pub fn wake(&self) {
+        self.0.notify_one();
+    }
+
+    /// Resolves at the next wake-up (or at once for one that came while nobody waited).
+    pub async fn notified(&self) {
+        self.0.notified().await;
+    }
+}
+
 /// In-process wake-ups for event subscribers, sent after commit.
 #[derive(Clone)]
 pub struct EventBus {

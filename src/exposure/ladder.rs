@@ -53,7 +53,7 @@ impl LadderState {
 }
 
 /// A reason with a stable code.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Reason {
     /// Stable snake_case code.
     pub code: String,
@@ -61,80 +61,54 @@ pub struct Reason {
     pub message: String,
 }
 
-/// One stage of the ladder.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct StageView {
-    /// `registered`, `public`, `available`, `exposed`.
-    pub stage: &'static str,
-    /// `ok`, `blocked`, or `not_reached` (an earlier stage blocked, or no turn was given).
-    pub status: &'static str,
-    /// Why it is blocked.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<Reason>,
-}
-
-/// `GET /v1/tools/{id}`: a tool and where it stands.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct ToolView {
-    /// Tool id.
-    pub id: String,
-    /// Kind (absent when not registered).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kind: Option<ToolKind>,
-    /// Domain.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub domain: Option<String>,
-    /// Title.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub title: Option<String>,
-    /// Description.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// Input JSON Schema.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub input_schema: Option<serde_json::Value>,
-    /// Every call waits for an exact-invocation approval (the policy's answer:
-    /// [`crate::approval::policy::requires_approval`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub requires_approval: Option<bool>,
-    /// For legacy entries, the public tool to use instead.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub replacement: Option<String>,
-    /// The ladder state.
+/// Where a tool stands: the state, how many stages it passed, why it stops, and how the
+/// turn exposed it. The HTTP view of a tool (`GET /v1/tools/{id}`) is built from this.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ladder {
+    /// The state.
     pub state: LadderState,
+    /// How many of the stages `registered`, `public`, `available`, `exposed` hold (0–4);
+    /// when `reason` is set, the stage at this index is the one that blocks.
+    pub reached: usize,
     /// Why the tool stops at `state` (absent when exposed, or available without a turn).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<Reason>,
-    /// Exposed function name (when exposed).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub function_name: Option<String>,
-    /// Ranking score in the turn (when exposed by ranking).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub score: Option<f64>,
-    /// Every stage with its status.
-    pub stages: Vec<StageView>,
-    /// For External MCP ids: the MCP stages of the tool (install, enabled, connect,
-    /// disclaimer, discover, agent_access, tool_exposure, approval), as in
-    /// `GET /v1/mcp/servers/{id}`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub mcp: Option<serde_json::Value>,
+    /// How the turn exposed it (when exposed).
+    pub exposed: Option<ExposedAs>,
 }
 
-const STAGES: [&str; 4] = ["registered", "public", "available", "exposed"];
+/// How a turn exposed a tool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExposedAs {
+    /// The function name the model calls it by.
+    pub function_name: String,
+    /// Ranking score in the turn (when exposed by ranking).
+    pub score: Option<f64>,
+}
+
+/// A call's tool is not exposed in its turn: the state it stops at and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocked {
+    /// The state (never `exposed`); [`LadderState::as_str`] is the error code of the call.
+    pub state: LadderState,
+    /// Why.
+    pub reason: Reason,
+}
+
+impl Ladder {
+    fn blocked_at(reached: usize, reason: Reason) -> Self {
+        let state = match reached {
+            0 => LadderState::NotRegistered,
+            1 => LadderState::NotPublic,
+            2 => LadderState::Unavailable,
+            _ => LadderState::Available,
+        };
+        Self { state, reached, reason: Some(reason), exposed: None }
+    }
+}
 
 /// Computes the ladder of `tool_id` for the user and device in `ctx`, and for `turn` when
 /// given (its stored exposure).
-pub fn view(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, turn: Option<&Exposure>) -> ToolView {
-    let mut v = view_inner(registry, tool_id, ctx, turn);
-    if let Some(explainer) = registry.explainer_for(tool_id) {
-        v.mcp = explainer.detail(tool_id, &ctx.user_id);
-    }
-    v
-}
-
-fn view_inner(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, turn: Option<&Exposure>) -> ToolView {
+pub fn evaluate(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, turn: Option<&Exposure>) -> Ladder {
     let Some(entry) = registry.get(tool_id, &ctx.user_id) else {
         let explained = registry.explainer_for(tool_id).and_then(|e| e.why_absent(tool_id, &ctx.user_id));
         let reason = if let Some((code, message)) = explained {
@@ -150,43 +124,29 @@ fn view_inner(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, tur
         } else {
             Reason { code: "unknown_tool".into(), message: format!("no tool {tool_id} is registered") }
         };
-        return finish(empty(tool_id), 0, reason);
+        return Ladder::blocked_at(0, reason);
     };
     let spec = entry.spec();
-    let mut v = ToolView {
-        id: spec.id.clone(),
-        kind: Some(spec.kind),
-        domain: Some(spec.domain.clone()),
-        title: Some(spec.title.clone()),
-        description: Some(spec.description.clone()),
-        input_schema: Some(spec.input_schema.clone()),
-        requires_approval: Some(crate::approval::policy::requires_approval(spec)),
-        replacement: spec.replacement.clone(),
-        ..empty(tool_id)
-    };
     if spec.kind == ToolKind::SkillPrivate || !surface::is_public(spec) {
         let (code, message) = surface::why_not_public(spec);
-        return finish(v, 1, Reason { code: code.into(), message });
+        return Ladder::blocked_at(1, Reason { code: code.into(), message });
     }
     if let Availability::Unavailable { code, message } = availability::evaluate(&entry, ctx) {
-        return finish(v, 2, Reason { code: code.as_str().into(), message });
+        return Ladder::blocked_at(2, Reason { code: code.as_str().into(), message });
     }
     let Some(exposure) = turn else {
-        v.state = LadderState::Available;
-        v.stages = stage_list(3, None);
-        v.stages[3].status = "not_reached";
-        return v;
+        return Ladder { state: LadderState::Available, reached: 3, reason: None, exposed: None };
     };
     match exposure.tools.iter().find(|t: &&ExposedTool| t.id == spec.id) {
-        Some(t) => {
-            v.state = LadderState::Exposed;
-            v.function_name = Some(t.function_name.clone());
-            v.score = t.score;
-            v.stages = stage_list(4, None);
-            v
-        }
-        None => {
-            let reason = Reason {
+        Some(t) => Ladder {
+            state: LadderState::Exposed,
+            reached: 4,
+            reason: None,
+            exposed: Some(ExposedAs { function_name: t.function_name.clone(), score: t.score }),
+        },
+        None => Ladder::blocked_at(
+            3,
+            Reason {
                 code: "not_exposed".into(),
                 message: format!(
                     "{} was available but not among the {} tools exposed in this turn (strategy {}, {} candidates)",
@@ -195,57 +155,22 @@ fn view_inner(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, tur
                     exposure.strategy.as_str(),
                     exposure.candidate_count
                 ),
-            };
-            let mut v = finish(v, 3, reason);
-            v.state = LadderState::Available;
-            v
-        }
+            },
+        ),
     }
 }
 
-fn empty(tool_id: &str) -> ToolView {
-    ToolView {
-        id: tool_id.to_owned(),
-        kind: None,
-        domain: None,
-        title: None,
-        description: None,
-        input_schema: None,
-        requires_approval: None,
-        replacement: None,
-        state: LadderState::NotRegistered,
-        reason: None,
-        function_name: None,
-        score: None,
-        stages: Vec::new(),
-        mcp: None,
+/// Whether a call of `tool_id` in the turn whose exposure is `turn` may be frozen: Ok when
+/// the tool is exposed, else the stage that blocks it and why.
+pub fn check(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, turn: &Exposure) -> Result<(), Blocked> {
+    let ladder = evaluate(registry, tool_id, ctx, Some(turn));
+    match (ladder.state, ladder.reason) {
+        (LadderState::Exposed, _) => Ok(()),
+        (state, Some(reason)) => Err(Blocked { state, reason }),
+        // Not reached: with a turn, every state but `exposed` carries its reason.
+        (state, None) => Err(Blocked {
+            state,
+            reason: Reason { code: state.as_str().to_owned(), message: format!("{tool_id} cannot be called") },
+        }),
     }
-}
-
-/// Marks stages before `blocked_at` ok, `blocked_at` blocked with `reason`, later ones not reached.
-fn finish(mut v: ToolView, blocked_at: usize, reason: Reason) -> ToolView {
-    v.state = match blocked_at {
-        0 => LadderState::NotRegistered,
-        1 => LadderState::NotPublic,
-        2 => LadderState::Unavailable,
-        _ => LadderState::Available,
-    };
-    v.stages = stage_list(blocked_at, Some(reason.clone()));
-    v.reason = Some(reason);
-    v
-}
-
-fn stage_list(ok_until: usize, blocked: Option<Reason>) -> Vec<StageView> {
-    let mut blocked = blocked;
-    STAGES
-        .iter()
-        .enumerate()
-        .map(|(i, stage)| match i.cmp(&ok_until) {
-            std::cmp::Ordering::Less => StageView { stage, status: "ok", reason: None },
-            std::cmp::Ordering::Equal if blocked.is_some() => {
-                StageView { stage, status: "blocked", reason: blocked.take() }
-            }
-            _ => StageView { stage, status: "not_reached", reason: None },
-        })
-        .collect()
 }

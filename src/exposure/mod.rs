@@ -15,7 +15,7 @@ pub mod ladder;
 pub mod lexical;
 mod names;
 
-pub use ladder::{LadderState, ToolView};
+pub use ladder::LadderState;
 pub use names::function_name;
 
 use std::cmp::Ordering;

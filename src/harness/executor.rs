@@ -67,7 +67,9 @@ impl Executor for LocalExecutor {
             .await
             .map_err(|e| unavailable(e.to_string()))?
             .ok_or_else(|| unavailable(format!("workspace {} is gone", run.workspace_id)))?;
-        let workspace = crate::workspace::open_registered(&ws, self.hard_links)?.with_node(&self.node);
+        let ws = crate::workspace::RunWorkspace::new(ws, self.hard_links);
+        let workspace = ws.open()?.with_node(&self.node);
+        let ws = ws.row();
         // A call frozen against an earlier registration of the root was approved for another
         // folder: it does not run in the re-registered one.
         if ws.root_registered_at.as_deref().is_some_and(|at| inv.created_at.as_str() < at) {

@@ -28,13 +28,15 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::policy::{self, ApprovalRule, Decision};
 use crate::error::ErrorCode;
+pub use crate::events::Wake;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{Entry, Registry, ToolError, ToolOutput};
+use crate::state::ApprovalStatus;
 use crate::store::{FinalStatus, InvocationRow, Store};
 
 /// Largest serialized tool output kept in a result, in bytes; larger outputs are replaced
@@ -114,11 +116,16 @@ pub struct Harness {
     executor: Arc<dyn Executor>,
     node_id: String,
     limits: HarnessLimits,
-    notify: Notify,
+    wake: Wake,
     running: Mutex<HashMap<String, Arc<RunningCall>>>,
 }
 
 impl Harness {
+    /// The handle that wakes this harness's loop.
+    pub fn waker(&self) -> &Wake {
+        &self.wake
+    }
+
     /// A harness for node `node_id` (`<stable node>:<boot id>`).
     pub fn new(
         store: Store,
@@ -127,7 +134,7 @@ impl Harness {
         node_id: String,
         limits: HarnessLimits,
     ) -> Self {
-        Self { store, registry, executor, node_id, limits, notify: Notify::new(), running: Mutex::new(HashMap::new()) }
+        Self { store, registry, executor, node_id, limits, wake: Wake::default(), running: Mutex::new(HashMap::new()) }
     }
 
     /// This server's node id.
@@ -137,7 +144,7 @@ impl Harness {
 
     /// Tells the loop there may be work (a new queued invocation, a grant).
     pub fn wake(&self) {
-        self.notify.notify_one();
+        self.wake.wake();
     }
 
     /// Cancels a running invocation on this node, as far as its commit point allows (see
@@ -186,7 +193,7 @@ impl Harness {
             while tasks.try_join_next().is_some() {}
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                () = self.notify.notified() => {}
+                () = self.wake.notified() => {}
                 _ = sweep.tick() => self.sweep().await,
             }
         }
@@ -224,7 +231,7 @@ impl Harness {
     /// frozen as gated) runs only with a granted approval whose triple equals the
     /// invocation's. No action type reaches [`Executor::execute`] by another path.
     pub async fn gate(&self, inv: &InvocationRow, entry: &Entry) -> Result<(), ToolError> {
-        let gated = inv.approval_required != 0 || policy::decide(entry.spec()) != Decision::Skip;
+        let gated = inv.approval_required || policy::decide(entry.spec()) != Decision::Skip;
         if !gated {
             return Ok(());
         }
@@ -236,7 +243,7 @@ impl Harness {
             .await
             .map_err(|e| refused(&format!("approval could not be read: {e}")))?
             .ok_or_else(|| refused("the tool requires approval and none exists"))?;
-        let exact = approval.status == "granted"
+        let exact = approval.status == ApprovalStatus::Granted
             && approval.tool_id == inv.tool_id
             && approval.tool_call_id == inv.tool_call_id
             && approval.input_hash == inv.input_hash;

@@ -15,9 +15,9 @@ use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use crate::app::App;
 use crate::approval;
-use crate::approval::policy::ApprovalRule;
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
+use crate::state::{ApprovalRule, ApprovalStatus, InvocationStatus};
 use crate::store::{ApprovalRow, GrantRequest, Viewer, json_col};
 
 /// The frozen invocation an approval is about.
@@ -37,7 +37,7 @@ pub struct FrozenCall {
     #[schema(value_type = Object)]
     pub input: Value,
     /// Invocation status.
-    pub status: String,
+    pub status: InvocationStatus,
 }
 
 /// The user who froze the call an approval is about.
@@ -57,7 +57,7 @@ pub struct ApprovalView {
     /// Run.
     pub run_id: String,
     /// `pending|granted|denied|expired|cancelled`.
-    pub status: String,
+    pub status: ApprovalStatus,
     /// Who may grant, fixed when the call was frozen: `self_approval` (the requester) or
     /// `four_eyes` (another user who is an admin or approver; the requester may deny).
     pub rule: ApprovalRule,
@@ -96,7 +96,7 @@ pub(super) fn view(row: ApprovalRow, viewer: &Viewer<'_>) -> Result<ApprovalView
     Ok(ApprovalView {
         rule,
         rule_domain: row.rule_domain.clone(),
-        awaits_second_person: rule == ApprovalRule::FourEyes && row.status == "pending",
+        awaits_second_person: rule == ApprovalRule::FourEyes && row.status == ApprovalStatus::Pending,
         requested_by: Requester { user_id: row.owner_id.clone(), name: row.requester_name.clone() },
         may_grant,
         invocation: FrozenCall {
@@ -126,6 +126,7 @@ pub(super) fn view(row: ApprovalRow, viewer: &Viewer<'_>) -> Result<ApprovalView
 #[serde(deny_unknown_fields)]
 pub struct ApprovalQuery {
     /// Only this status.
+    #[param(value_type = Option<ApprovalStatus>)]
     pub status: Option<String>,
     /// Only this run.
     pub run_id: Option<String>,
@@ -146,8 +147,6 @@ pub struct ApprovalList {
     pub next_cursor: Option<String>,
 }
 
-const STATUSES: [&str; 5] = ["pending", "granted", "denied", "expired", "cancelled"];
-
 /// The caller's approvals; for admins and approvers also every four-eyes approval (with its
 /// requester named).
 #[utoipa::path(get, path = "/v1/approvals", tag = "approvals", params(ApprovalQuery),
@@ -157,21 +156,15 @@ pub async fn list_approvals(
     user: AuthUser,
     Query(q): Query<ApprovalQuery>,
 ) -> Result<Json<ApprovalList>> {
-    if let Some(s) = &q.status
-        && !STATUSES.contains(&s.as_str())
-    {
-        return Err(Error::bad_request(
-            ErrorCode::InvalidQuery,
-            format!("status must be one of {}", STATUSES.join(", ")),
-        ));
-    }
+    let status = q.status.as_deref().map(str::parse::<ApprovalStatus>).transpose().map_err(|_| {
+        let all: Vec<&str> = ApprovalStatus::ALL.iter().map(|s| s.as_str()).collect();
+        Error::bad_request(ErrorCode::InvalidQuery, format!("status must be one of {}", all.join(", ")))
+    })?;
     let page = super::Page { limit: q.limit, cursor: q.cursor };
     let limit = page.limit()?;
     let viewer = user.viewer();
-    let rows = app
-        .store
-        .list_approvals(&viewer, q.status.as_deref(), q.run_id.as_deref(), page.cursor.as_deref(), limit + 1)
-        .await?;
+    let rows =
+        app.store.list_approvals(&viewer, status, q.run_id.as_deref(), page.cursor.as_deref(), limit + 1).await?;
     let (rows, next_cursor) = super::Page::split(rows, limit, |r| r.id.clone());
     let approvals = rows.into_iter().map(|r| view(r, &viewer)).collect::<Result<_>>()?;
     Ok(Json(ApprovalList { approvals, next_cursor }))
@@ -218,7 +211,7 @@ pub async fn grant(
 ) -> Result<Json<ApprovalView>> {
     let triple =
         GrantRequest { tool_id: &body.tool_id, tool_call_id: &body.tool_call_id, input_hash: &body.input_hash };
-    let row = approval::grant(&app, &user.decider(), &id, &triple).await?;
+    let row = approval::grant(&app.store, &app.registry, app.harness.waker(), &user.decider(), &id, &triple).await?;
     Ok(Json(view(row, &user.viewer())?))
 }
 
@@ -246,7 +239,7 @@ pub async fn deny(
     if body.reason.as_ref().is_some_and(|r| r.len() > 2000) {
         return Err(Error::bad_request(ErrorCode::InvalidRequest, "reason must be at most 2000 characters"));
     }
-    let row = approval::deny(&app, &user.decider(), &id, body.reason.as_deref()).await?;
+    let row = approval::deny(&app.store, &user.decider(), &id, body.reason.as_deref()).await?;
     Ok(Json(view(row, &user.viewer())?))
 }
 

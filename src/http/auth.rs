@@ -64,8 +64,8 @@ impl FromRequestParts<App> for AuthUser {
         Ok(AuthUser {
             user_id: identity.user_id,
             name: identity.name,
-            is_admin: identity.is_admin != 0,
-            is_approver: identity.is_approver != 0,
+            is_admin: identity.is_admin,
+            is_approver: identity.is_approver,
             token_id: identity.token_id,
         })
     }

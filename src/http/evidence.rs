@@ -59,7 +59,7 @@ fn view(row: EvidenceRow) -> Result<EvidenceView> {
     Ok(EvidenceView {
         provenance: json_col(&row.provenance)?,
         acceptance: row.accepted.map(|a| Acceptance {
-            accepted: a != 0,
+            accepted: a,
             note: row.acceptance_note,
             at: row.accepted_at,
             by: row.accepted_by,

@@ -39,7 +39,10 @@ const POLL: Duration = Duration::from_secs(15);
 const OWNED_CACHE: usize = 10_000;
 
 async fn snapshot(app: &App, viewer: &Viewer<'_>) -> Result<String> {
-    let rows = app.store.list_approvals(viewer, Some("pending"), None, None, SNAPSHOT_LIMIT + 1).await?;
+    let rows = app
+        .store
+        .list_approvals(viewer, Some(crate::state::ApprovalStatus::Pending), None, None, SNAPSHOT_LIMIT + 1)
+        .await?;
     let (rows, next_cursor) = super::Page::split(rows, SNAPSHOT_LIMIT, |r| r.id.clone());
     let approvals = rows.into_iter().map(|r| view(r, viewer)).collect::<Result<_>>()?;
     let list = ApprovalList { approvals, next_cursor };

@@ -16,6 +16,7 @@ use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::harness::CancelOutcome;
 use crate::invocation::{self, CallRequest};
+use crate::state::InvocationStatus;
 use crate::store::{CancelRequest, InvocationRow, json_col};
 
 /// Body of `POST /v1/runs/{run_id}/invocations`.
@@ -53,7 +54,7 @@ pub struct InvocationView {
     #[schema(value_type = Object)]
     pub input: Value,
     /// `awaiting_approval|queued|running|completed|failed|denied|expired|cancelled|interrupted`.
-    pub status: String,
+    pub status: InvocationStatus,
     /// The approval request, when the call needs one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approval_id: Option<String>,
@@ -120,7 +121,15 @@ pub async fn create_invocation(
     let run = owned_run(&app, &user, &run_id).await?;
     let req =
         CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input.0 };
-    let frozen = invocation::freeze(&app, &user.user_id, &run, req).await?;
+    let availability = app.run_availability_context(&user.user_id, &run).await?;
+    let workspace = app.run_workspace(&run).await?;
+    let scope = invocation::RunScope { run: &run, availability: &availability, workspace: &workspace };
+    let frozen = invocation::freeze(&app.freeze_stage(), &scope, &user.user_id, req).await.map_err(|e| {
+        e.into_error(|n| {
+            let view = super::tools::tool_view(&app.registry, &n.tool_id, &availability, Some(&n.exposure));
+            serde_json::to_value(view).unwrap_or(Value::Null)
+        })
+    })?;
     let status = if frozen.created { StatusCode::CREATED } else { StatusCode::OK };
     let evidence_ids = if frozen.created { Vec::new() } else { app.store.evidence_ids_of(&frozen.row.id).await? };
     Ok((status, Json(view(frozen.row, frozen.approval_id, evidence_ids)?)))
@@ -193,7 +202,7 @@ pub async fn cancel_invocation(
     if cancelled {
         return Ok((StatusCode::OK, Json(full_view(&app, row).await?)));
     }
-    if row.status != "running" {
+    if row.status != InvocationStatus::Running {
         return Err(invalid_state(&row));
     }
     let row = match app.store.request_cancel(&user.user_id, &id, &user.token_id).await? {
@@ -211,7 +220,7 @@ pub async fn cancel_invocation(
                 break;
             }
             let now = app.store.invocation_for(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
-            if now.status != "running" {
+            if now.status != InvocationStatus::Running {
                 return Err(invalid_state(&now));
             }
         }
@@ -232,7 +241,7 @@ pub async fn cancel_invocation(
             format!("invocation {} has finished running; its result is being stored and stands as it is", row.id),
             serde_json::json!({"status": row.status, "finished": true}),
         )),
-        CancelOutcome::NotHere if row.status != "running" => Err(invalid_state(&row)),
+        CancelOutcome::NotHere if row.status != InvocationStatus::Running => Err(invalid_state(&row)),
         CancelOutcome::NotHere => Ok((StatusCode::ACCEPTED, Json(full_view(&app, row).await?))),
     }
 }

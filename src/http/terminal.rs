@@ -34,6 +34,7 @@ use super::error::{Json, Path, Query};
 use crate::app::App;
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
+use crate::state::TerminalSessionState;
 use crate::store::TerminalSessionRow;
 use crate::tools::terminal::host::{ExitInfo, Session};
 use crate::tools::terminal::output::decode_utf8;
@@ -53,7 +54,7 @@ pub struct SessionView {
     /// The `start` invocation.
     pub invocation_id: String,
     /// `running|exited|killed|timed_out|reaped|lost`.
-    pub state: String,
+    pub state: TerminalSessionState,
     /// Program as given.
     pub command: String,
     /// Arguments.
@@ -309,7 +310,7 @@ impl Viewer {
                 self.exit = s.exit_info();
                 for _ in 0..100 {
                     match self.app.store.terminal_session_for_any(&self.id).await {
-                        Ok(Some(row)) if row.state != "running" => break,
+                        Ok(Some(row)) if row.state != TerminalSessionState::Running => break,
                         _ => tokio::time::sleep(Duration::from_millis(50)).await,
                     }
                 }
@@ -329,12 +330,12 @@ impl Viewer {
     /// The `exit` event: the recorded end, or the process's own exit while the record is late.
     async fn exit_event(&mut self) -> Option<Event> {
         let row = self.app.store.terminal_session_for_any(&self.id).await.ok().flatten()?;
-        let data = match (&self.exit, row.state.as_str()) {
-            (Some(e), "running") => json!({
+        let data = match (&self.exit, row.state) {
+            (Some(e), TerminalSessionState::Running) => json!({
                 "state": e.state, "end_reason": e.end_reason, "exit_code": e.exit_code,
                 "signal": e.signal, "bytes_out": self.offset,
             }),
-            (None, "running") => return None,
+            (None, TerminalSessionState::Running) => return None,
             _ => json!({
                 "state": row.state, "end_reason": row.end_reason, "exit_code": row.exit_code,
                 "signal": row.signal, "bytes_out": row.bytes_out,

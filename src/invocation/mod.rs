@@ -10,14 +10,17 @@ pub use mira_core::canonical;
 
 use serde_json::{Value, json};
 
-use crate::app::App;
 use crate::approval::policy::{self, Decision};
-use crate::error::ErrorCode;
-use crate::error::{Error, Result};
-use crate::exposure::{Exposure, LadderState, ladder};
+use crate::availability::AvailabilityContext;
+use crate::error::{Error, ErrorCode};
+use crate::events::Wake;
+use crate::exposure::Exposure;
+use crate::exposure::ladder::{self, Blocked};
 use crate::ids;
-use crate::registry::PrepareContext;
-use crate::store::{ApprovalRequest, FreezeOutcome, InvocationRow, NewInvocation, RunRow};
+use crate::registry::{PrepareContext, Registry, ToolError};
+use crate::state::InvocationStatus;
+use crate::store::{ApprovalRequest, FreezeOutcome, InvocationRow, NewInvocation, RunRow, Store, StoreError};
+use crate::workspace::RunWorkspace;
 
 /// A Planner's call as received.
 #[derive(Debug, Clone)]
@@ -46,43 +49,135 @@ pub struct Frozen {
 /// Longest accepted `tool_call_id`, in bytes.
 pub const MAX_CALL_ID_BYTES: usize = 256;
 
-/// Freezes a call in `run` for `user_id` (see the module docs).
+/// The deployment's approval settings a freeze applies.
+#[derive(Debug, Clone, Copy)]
+pub struct ApprovalSettings<'a> {
+    /// Tool domains whose calls need a second person (`*` = every domain).
+    pub four_eyes_domains: &'a [String],
+    /// How long an approval request waits for a decision, in seconds.
+    pub ttl_secs: u64,
+}
+
+/// What freezing consults and whom it tells, besides the run's own context.
+#[derive(Clone, Copy)]
+pub struct FreezeStage<'a> {
+    /// Turns, invocations and approval requests.
+    pub store: &'a Store,
+    /// The tools: their ladder, schemas and canonicalisation.
+    pub registry: &'a Registry,
+    /// The deployment's approval settings.
+    pub approvals: ApprovalSettings<'a>,
+    /// Wakes the harness when a call is queued.
+    pub wake: &'a Wake,
+}
+
+/// The run a call is frozen in, as the caller resolved it.
+#[derive(Clone, Copy)]
+pub struct RunScope<'a> {
+    /// The run (the caller checked that it is the user's).
+    pub run: &'a RunRow,
+    /// The run's availability context (owner, device, workspace root state).
+    pub availability: &'a AvailabilityContext,
+    /// The run's workspace, opened only once the tool is exposed and the input is valid.
+    pub workspace: &'a RunWorkspace,
+}
+
+/// Why a call was not frozen.
+#[derive(Debug)]
+pub enum FreezeError {
+    /// The tool is not exposed in the call's turn: 409 with the ladder stage as the code
+    /// (`not_registered`, `not_public`, `unavailable`, `not_exposed`). The caller adds the
+    /// tool's whole ladder view ([`FreezeError::into_error`] takes it).
+    NotExposed(Box<NotExposed>),
+    /// Any other refusal.
+    Refused(Error),
+}
+
+/// A call whose tool is not exposed in its turn.
+#[derive(Debug)]
+pub struct NotExposed {
+    /// The tool id the call resolved to.
+    pub tool_id: String,
+    /// The turn's stored exposure.
+    pub exposure: Exposure,
+    /// Where the ladder stopped, and why.
+    pub blocked: Blocked,
+    /// For a legacy entry, the public tool to use instead.
+    pub replacement: Option<String>,
+}
+
+impl FreezeError {
+    /// The API error; `ladder` is the tool's ladder view (JSON) for a call that was not
+    /// exposed, placed in the details beside the tool id and its replacement.
+    pub fn into_error(self, ladder: impl FnOnce(&NotExposed) -> Value) -> Error {
+        match self {
+            FreezeError::Refused(e) => e,
+            FreezeError::NotExposed(n) => {
+                let details = json!({"tool_id": n.tool_id, "replacement": n.replacement, "ladder": ladder(&n)});
+                Error::conflict(n.blocked.state.error_code(), n.blocked.reason.message.clone(), details)
+            }
+        }
+    }
+}
+
+impl From<Error> for FreezeError {
+    fn from(e: Error) -> Self {
+        FreezeError::Refused(e)
+    }
+}
+
+impl From<StoreError> for FreezeError {
+    fn from(e: StoreError) -> Self {
+        FreezeError::Refused(e.into())
+    }
+}
+
+impl From<ToolError> for FreezeError {
+    fn from(e: ToolError) -> Self {
+        FreezeError::Refused(e.into())
+    }
+}
+
+/// Freezes a call in `scope.run` for `user_id` (see the module docs).
 ///
-/// Errors: 404 turn; 409 `tool_call_id_conflict`; 409 with the failed ladder stage
-/// (`not_registered`, `not_public`, `unavailable`, `not_exposed`) and the ladder in details;
-/// 422 schema violations; tool-specific errors from canonicalisation (`outside_workspace`…).
-pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) -> Result<Frozen> {
+/// Errors: 404 turn; 409 `tool_call_id_conflict`; [`FreezeError::NotExposed`] (409 with the
+/// failed ladder stage); 422 schema violations; tool-specific errors from canonicalisation
+/// (`outside_workspace`…); the workspace's own (`workspace_changed`, `workspace_unavailable`).
+pub async fn freeze(
+    stage: &FreezeStage<'_>,
+    scope: &RunScope<'_>,
+    user_id: &str,
+    req: CallRequest,
+) -> std::result::Result<Frozen, FreezeError> {
+    let run = scope.run;
     if req.tool_call_id.is_empty() || req.tool_call_id.len() > MAX_CALL_ID_BYTES {
         return Err(Error::bad_request(
             ErrorCode::InvalidRequest,
             format!("tool_call_id must be 1 to {MAX_CALL_ID_BYTES} bytes"),
-        ));
+        )
+        .into());
     }
-    let turn = app.store.turn_for(user_id, &req.turn_id).await?;
+    let turn = stage.store.turn_for(user_id, &req.turn_id).await?;
     let turn = turn.filter(|t| t.run_id == run.id).ok_or(Error::NotFound("turn"))?;
     let exposure: Exposure = serde_json::from_str(&turn.exposure).map_err(|e| Error::Internal(e.to_string()))?;
     let tool_id = exposure.find(&req.tool).map_or(req.tool.clone(), |t| t.id.clone());
 
-    let existing = app.store.invocation_by_call(&run.id, &req.tool_call_id).await?;
+    let existing = stage.store.invocation_by_call(&run.id, &req.tool_call_id).await?;
     if let Some(existing) = &existing
         && existing.tool_id != tool_id
     {
-        return Err(call_id_conflict(existing));
+        return Err(call_id_conflict(existing).into());
     }
 
-    let ctx = app.run_availability_context(user_id, run).await?;
-    let view = ladder::view(&app.registry, &tool_id, &ctx, Some(&exposure));
-    if view.state != LadderState::Exposed {
-        let message = view.reason.as_ref().map_or_else(|| format!("{tool_id} cannot be called"), |r| r.message.clone());
-        let code = view.state.error_code();
-        let details = json!({"tool_id": tool_id, "replacement": view.replacement, "ladder": view});
-        return Err(Error::conflict(code, message, details));
+    if let Err(blocked) = ladder::check(stage.registry, &tool_id, scope.availability, &exposure) {
+        let replacement = stage.registry.get(&tool_id, user_id).and_then(|e| e.spec().replacement.clone());
+        return Err(FreezeError::NotExposed(Box::new(NotExposed { tool_id, exposure, blocked, replacement })));
     }
-    let entry = app.registry.get(&tool_id, user_id).ok_or(Error::NotFound("tool"))?;
+    let entry = stage.registry.get(&tool_id, user_id).ok_or(Error::NotFound("tool"))?;
     let mut req = req;
     entry.check_input(&mut req.input).map_err(|errors| Error::InputInvalid { errors })?;
 
-    let workspace = app.workspace_of(run).await?;
+    let workspace = scope.workspace.open()?;
     let prepare_ctx = PrepareContext { workspace: &workspace, owner_id: user_id, run_id: &run.id };
     if let Some(existing) = existing {
         // A retried call: compare only, so preconditions the frozen call itself may have
@@ -91,10 +186,10 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
             serde_json::from_str(&existing.input).map_err(|e| Error::Internal(format!("stored input: {e}")))?;
         let input = entry.tool.replay_input(entry.tool.canonicalize(req.input, &prepare_ctx).await?, &frozen);
         return if existing.input_hash == canonical::input_hash(&tool_id, &input) {
-            let approval_id = app.store.approval_id_of(&existing.id).await?;
+            let approval_id = stage.store.approval_id_of(&existing.id).await?;
             Ok(Frozen { row: existing, approval_id, created: false })
         } else {
-            Err(call_id_conflict(&existing))
+            Err(call_id_conflict(&existing).into())
         };
     }
     let prepared = entry.tool.prepare(req.input, &prepare_ctx).await?;
@@ -103,7 +198,7 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
     let approval = match policy::decide(entry.spec()) {
         Decision::Skip => None,
         Decision::NeedsApproval { mut reasons } => {
-            let rule = policy::rule_for(entry.spec(), &app.config.four_eyes_domains);
+            let rule = policy::rule_for(entry.spec(), stage.approvals.four_eyes_domains);
             let rule_domain = (rule == policy::ApprovalRule::FourEyes).then(|| entry.spec().domain.clone());
             if let Some(domain) = &rule_domain {
                 reasons.push(format!(
@@ -111,7 +206,7 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
                 ));
             }
             let preview = json!({"reasons": reasons, "tool": prepared.preview});
-            let expires_at = ids::now_plus_ms(app.config.approval_ttl_secs.saturating_mul(1000));
+            let expires_at = ids::now_plus_ms(stage.approvals.ttl_secs.saturating_mul(1000));
             Some(ApprovalRequest { preview, expires_at, rule, rule_domain })
         }
     };
@@ -125,17 +220,17 @@ pub async fn freeze(app: &App, user_id: &str, run: &RunRow, req: CallRequest) ->
         input_hash: input_hash.clone(),
         approval,
     };
-    match app.store.freeze_invocation(&new).await? {
+    match stage.store.freeze_invocation(&new).await? {
         FreezeOutcome::Created(row, approval_id) => {
-            if row.status == "queued" {
-                app.harness.wake();
+            if row.status == InvocationStatus::Queued {
+                stage.wake.wake();
             }
             Ok(Frozen { row, approval_id, created: true })
         }
         FreezeOutcome::Existing(row, approval_id) if row.tool_id == tool_id && row.input_hash == input_hash => {
             Ok(Frozen { row, approval_id, created: false })
         }
-        FreezeOutcome::Existing(row, _) => Err(call_id_conflict(&row)),
+        FreezeOutcome::Existing(row, _) => Err(call_id_conflict(&row).into()),
     }
 }
 

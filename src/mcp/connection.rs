@@ -18,6 +18,7 @@ use super::config::{self, Resolved};
 use super::stdio::{self, LineFacts, StderrTail};
 use super::{Control, McpManager, ServerSlot};
 use crate::events::EventKind;
+use crate::state::McpConnectionState;
 
 /// Protocol version this client asks for. The server answers with the version it speaks;
 /// that negotiated version is what gets recorded.
@@ -105,7 +106,7 @@ pub(super) async fn supervise(
         if shutdown.is_cancelled() {
             return;
         }
-        if slot.state.read().row.enabled == 0 {
+        if !slot.state.read().row.enabled {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 c = rx.recv() => match c {
@@ -117,7 +118,7 @@ pub(super) async fn supervise(
             continue;
         }
         let mut conn = slot.state.read().conn.clone();
-        conn.state = "connecting".into();
+        conn.state = McpConnectionState::Connecting;
         conn.attempts += 1;
         manager.save_conn(&slot, conn).await;
         let (notice_tx, mut notice_rx) = mpsc::unbounded_channel();
@@ -133,7 +134,7 @@ pub(super) async fn supervise(
                 backoff = settings.backoff_min;
                 let info = live.peer.peer_info();
                 let mut conn = slot.state.read().conn.clone();
-                conn.state = "connected".into();
+                conn.state = McpConnectionState::Connected;
                 conn.protocol_version = Some(live.protocol_version.clone());
                 conn.server_info = info.as_ref().and_then(|i| serde_json::to_string(&i.server_info).ok());
                 conn.capabilities = info.as_ref().and_then(|i| serde_json::to_string(&i.capabilities).ok());
@@ -155,7 +156,7 @@ pub(super) async fn supervise(
                 *slot.live.lock() = None;
                 if let End::Lost(why) = &end {
                     let mut s = slot.state.write();
-                    s.conn.state = "failed".into();
+                    s.conn.state = McpConnectionState::Failed;
                     s.conn.last_error = Some(why.clone());
                 }
                 let exit = match child {
@@ -173,20 +174,20 @@ pub(super) async fn supervise(
                 conn.stderr_tail = live.stderr.as_ref().map(|s| s.text()).filter(|t| !t.is_empty());
                 match end {
                     End::Shutdown => {
-                        conn.state = "disconnected".into();
+                        conn.state = McpConnectionState::Disconnected;
                         conn.last_error = Some("the runtime stopped".into());
                         manager.save_conn(&slot, conn).await;
                         return;
                     }
                     End::Removed => return,
                     End::Disabled => {
-                        conn.state = "disconnected".into();
+                        conn.state = McpConnectionState::Disconnected;
                         conn.last_error = Some("the server was disabled".into());
                         manager.save_conn(&slot, conn).await;
                         continue;
                     }
                     End::Lost(why) => {
-                        conn.state = "failed".into();
+                        conn.state = McpConnectionState::Failed;
                         conn.last_error = Some(match exit {
                             Some(exit) => format!("{why}; {exit}"),
                             None => why,
@@ -197,7 +198,7 @@ pub(super) async fn supervise(
             }
             Err((why, stderr)) => {
                 let mut conn = slot.state.read().conn.clone();
-                conn.state = "failed".into();
+                conn.state = McpConnectionState::Failed;
                 conn.last_error = Some(why);
                 conn.stderr_tail = stderr.map(|s| s.text()).filter(|t| !t.is_empty());
                 manager.save_conn(&slot, conn).await;
@@ -399,7 +400,7 @@ async fn watch(
             c = rx.recv() => match c {
                 None | Some(Control::Remove) => return stop(End::Removed),
                 Some(Control::Reconsider) => {
-                    if slot.state.read().row.enabled == 0 {
+                    if !slot.state.read().row.enabled {
                         return stop(End::Disabled);
                     }
                 }

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use crate::error::ErrorCode;
 use crate::registry::ToolError;
+use crate::state::McpToolStatus;
 use crate::store::McpToolRow;
 
 /// Stable code of a frozen call whose tool definition changed since.
@@ -68,7 +69,11 @@ pub fn carry_review(old: Option<&McpToolRow>, new: &mut McpToolRow, access_on: b
         }
         return;
     }
-    if access_on && old.status != "rejected" && new.status == "ok" && fingerprint(old) != fingerprint(new) {
+    if access_on
+        && old.status != McpToolStatus::Rejected
+        && new.status == McpToolStatus::Ok
+        && fingerprint(old) != fingerprint(new)
+    {
         new.review_previous = Some(document(old).to_string());
         new.review_since = Some(now.to_owned());
     }
@@ -109,7 +114,7 @@ mod tests {
         McpToolRow {
             server_id: "mcp_1".into(),
             name: "fetch_doc".into(),
-            status: "ok".into(),
+            status: McpToolStatus::Ok,
             rejection: None,
             title: None,
             description: Some(description.into()),

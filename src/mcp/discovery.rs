@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::connection::{Live, request};
 use super::{McpManager, ServerSlot};
+use crate::state::McpToolStatus;
 use crate::store::McpToolRow;
 
 /// Most pages followed in one discovery.
@@ -94,7 +95,7 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
     let mut row = McpToolRow {
         server_id: String::new(),
         name: name.clone(),
-        status: "ok".into(),
+        status: McpToolStatus::Ok,
         rejection: None,
         title: text("title").or_else(|| tool.pointer("/annotations/title").and_then(Value::as_str).map(str::to_owned)),
         description: text("description"),
@@ -110,7 +111,7 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
         review_since: None,
     };
     let reject = |row: &mut McpToolRow, why: String| {
-        row.status = "rejected".into();
+        row.status = McpToolStatus::Rejected;
         row.rejection = Some(why);
     };
     if raw_name.is_none() {
@@ -133,7 +134,7 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
             Some(schema) => match crate::registry::schema::compile(schema) {
                 Ok(c) => {
                     row.schema_dialect = Some(c.dialect.dialect.as_str().to_owned());
-                    row.schema_declared = Some(i64::from(c.dialect.declared));
+                    row.schema_declared = Some(c.dialect.declared);
                 }
                 Err(problem) => row.schema_problem = Some(problem.0),
             },
@@ -161,7 +162,7 @@ mod tests {
     fn malformed_tools_are_rejected_with_reasons() {
         let mut seen = HashSet::new();
         let ok = check(&serde_json::json!({"name": "echo", "inputSchema": {"type": "object"}}), 0, &mut seen, "t");
-        assert_eq!(ok.status, "ok");
+        assert_eq!(ok.status, McpToolStatus::Ok);
         let dup = check(&serde_json::json!({"name": "echo", "inputSchema": {"type": "object"}}), 1, &mut seen, "t");
         assert!(dup.rejection.unwrap_or_default().starts_with("duplicate_name"));
         let none = check(&serde_json::json!({"name": "a"}), 2, &mut seen, "t");

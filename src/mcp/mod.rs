@@ -44,6 +44,7 @@ use tokio_util::task::TaskTracker;
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::registry::{Explainer, Registry};
+use crate::state::{McpConnectionState, McpToolStatus};
 use crate::store::{McpConnectionRow, McpServerRow, McpToolRow, Store};
 
 pub use config::{HttpInput, SecretInput, StdioInput, TransportInput};
@@ -128,7 +129,7 @@ impl ServerState {
     pub fn switch_of(&self, tool: &str) -> (bool, &'static str) {
         match self.access.get(tool) {
             Some(on) => (*on, "tool"),
-            None => (self.row.default_agent_access != 0, "server_default"),
+            None => (self.row.default_agent_access, "server_default"),
         }
     }
 
@@ -282,11 +283,11 @@ impl McpManager {
     async fn load_state(&self, row: McpServerRow) -> anyhow::Result<ServerState> {
         let conn = self.store.mcp_connection(&row.id).await?.unwrap_or_else(|| McpConnectionRow {
             server_id: row.id.clone(),
-            state: "disconnected".into(),
+            state: McpConnectionState::Disconnected,
             ..McpConnectionRow::default()
         });
         let tools = self.store.mcp_tools(&row.id).await?;
-        let access = self.store.mcp_access(&row.id).await?.into_iter().map(|a| (a.tool_name, a.enabled != 0)).collect();
+        let access = self.store.mcp_access(&row.id).await?.into_iter().map(|a| (a.tool_name, a.enabled)).collect();
         Ok(ServerState { row, conn, tools, access })
     }
 
@@ -377,14 +378,15 @@ impl McpManager {
             disclaimer: req.disclaimer,
             disclaimer_accepted_at: None,
             disclaimer_accepted_by: None,
-            enabled: i64::from(req.enabled),
-            default_agent_access: i64::from(req.default_agent_access),
+            enabled: req.enabled,
+            default_agent_access: req.default_agent_access,
             request_timeout_ms: req.request_timeout_ms,
             created_at: now.clone(),
             updated_at: now,
         };
         self.store.insert_mcp_server(&row).await?;
-        let conn = McpConnectionRow { server_id: id, state: "disconnected".into(), ..McpConnectionRow::default() };
+        let conn =
+            McpConnectionRow { server_id: id, state: McpConnectionState::Disconnected, ..McpConnectionRow::default() };
         Ok(self.add_slot(ServerState { row, conn, tools: Vec::new(), access: HashMap::new() }))
     }
 
@@ -398,10 +400,10 @@ impl McpManager {
         }
         let mut row = slot.state.read().row.clone();
         if let Some(e) = patch.enabled {
-            row.enabled = i64::from(e);
+            row.enabled = e;
         }
         if let Some(d) = patch.default_agent_access {
-            row.default_agent_access = i64::from(d);
+            row.default_agent_access = d;
         }
         if let Some(ms) = patch.request_timeout_ms {
             row.request_timeout_ms = ms;
@@ -420,7 +422,7 @@ impl McpManager {
         Self::may_manage(&slot, user_id, is_admin)?;
         self.store.delete_mcp_server(id).await?;
         self.servers.write().remove(id);
-        slot.state.write().row.enabled = 0;
+        slot.state.write().row.enabled = false;
         self.sync_projections(&slot);
         slot.tell(Control::Remove);
         Ok(())
@@ -430,7 +432,7 @@ impl McpManager {
     pub fn connect(&self, user_id: &str, is_admin: bool, id: &str) -> Result<Arc<ServerSlot>> {
         let slot = self.slot_for(user_id, id)?;
         Self::may_manage(&slot, user_id, is_admin)?;
-        if slot.state.read().row.enabled == 0 {
+        if !slot.state.read().row.enabled {
             return Err(Error::conflict(
                 ErrorCode::McpServerDisabled,
                 format!("MCP server {id} is disabled; enable it with PATCH /v1/mcp/servers/{id} {{\"enabled\": true}}"),
@@ -473,7 +475,7 @@ impl McpManager {
             Error::conflict(ErrorCode::McpNotConnected, why, serde_json::json!({"server_id": id, "stage": "connect"}))
         };
         if slot.live.lock().is_none() {
-            let state = slot.state.read().conn.state.clone();
+            let state = slot.state.read().conn.state;
             return Err(not_connected(format!(
                 "MCP server {id} is {state}; discovery needs a connection (POST /v1/mcp/servers/{id}/connect)"
             )));
@@ -523,7 +525,7 @@ impl McpManager {
                 .read()
                 .tools
                 .iter()
-                .find(|t| t.name == tool && t.status != "removed")
+                .find(|t| t.name == tool && t.status != McpToolStatus::Removed)
                 .map(definition::fingerprint);
             if current.as_deref() != Some(expected) {
                 return Err(Error::conflict(
@@ -556,7 +558,7 @@ impl McpManager {
         let Some((server_id, tool)) = parse_projection_id(tool_id) else { return Ok(()) };
         let Some(slot) = self.slot(server_id) else { return Ok(()) };
         let state = slot.state.read();
-        match state.tools.iter().find(|t| t.name == tool && t.status == "ok") {
+        match state.tools.iter().find(|t| t.name == tool && t.status == McpToolStatus::Ok) {
             Some(current) => definition::check_frozen(tool_id, frozen, current),
             None => Ok(()),
         }
@@ -569,8 +571,8 @@ impl McpManager {
         let removed = !self.servers.read().contains_key(&slot.id);
         let state = slot.state.read().clone();
         let mut want: BTreeMap<String, tool::McpTool> = BTreeMap::new();
-        if !removed && state.row.enabled != 0 && !state.disclaimer_pending() {
-            for t in state.tools.iter().filter(|t| t.status == "ok") {
+        if !removed && state.row.enabled && !state.disclaimer_pending() {
+            for t in state.tools.iter().filter(|t| t.status == McpToolStatus::Ok) {
                 if state.access_of(&t.name).0 {
                     match tool::McpTool::new(&state, t, self.me.clone()) {
                         Ok(tool) => {

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use super::definition::{self, DEFINITION_CHANGED};
 use super::{McpManager, ServerSlot, ServerState, projection_id};
 use crate::exposure::function_name;
+use crate::state::{McpConnectionState, McpToolStatus};
 use crate::store::McpToolRow;
 
 /// One stage.
@@ -187,7 +188,7 @@ fn base(s: &ServerState) -> Vec<McpStage> {
         format!("installed {} by {}", s.row.created_at, s.row.installed_by),
         None,
     )];
-    out.push(if s.row.enabled != 0 {
+    out.push(if s.row.enabled {
         stage("enabled", "ok", "enabled", "the server is enabled".into(), None)
     } else {
         stage(
@@ -200,15 +201,15 @@ fn base(s: &ServerState) -> Vec<McpStage> {
     });
     let c = &s.conn;
     let tail = c.stderr_tail.as_deref().map(|t| format!("; stderr: {}", t.trim_end())).unwrap_or_default();
-    out.push(match c.state.as_str() {
-        "connected" => stage(
+    out.push(match c.state {
+        McpConnectionState::Connected => stage(
             "connect",
             "ok",
             "connected",
             format!("connected, protocol version {}", c.protocol_version.as_deref().unwrap_or("?")),
             None,
         ),
-        "connecting" => stage(
+        McpConnectionState::Connecting => stage(
             "connect",
             "pending",
             "mcp_connecting",
@@ -219,13 +220,13 @@ fn base(s: &ServerState) -> Vec<McpStage> {
             ),
             None,
         ),
-        _ if s.row.enabled == 0 => {
+        _ if !s.row.enabled => {
             stage("connect", "pending", "mcp_server_disabled", "waits for the server to be enabled".into(), None)
         }
         state => stage(
             "connect",
             "blocked",
-            if state == "failed" { "mcp_connect_failed" } else { "mcp_disconnected" },
+            if state == McpConnectionState::Failed { "mcp_connect_failed" } else { "mcp_disconnected" },
             format!("{state}: {}{tail}", c.last_error.as_deref().unwrap_or("not connected yet")),
             act("POST", format!("{path}/connect"), None),
         ),
@@ -254,8 +255,8 @@ fn base(s: &ServerState) -> Vec<McpStage> {
 
 fn discover_stage(s: &ServerState) -> McpStage {
     let path = format!("/v1/mcp/servers/{}", s.row.id);
-    let ok = s.tools.iter().filter(|t| t.status == "ok").count();
-    let rejected = s.tools.iter().filter(|t| t.status == "rejected").count();
+    let ok = s.tools.iter().filter(|t| t.status == McpToolStatus::Ok).count();
+    let rejected = s.tools.iter().filter(|t| t.status == McpToolStatus::Rejected).count();
     match (&s.conn.discovered_at, &s.conn.discovery_error) {
         (_, Some(e)) => stage(
             "discover",
@@ -278,7 +279,7 @@ fn discover_stage(s: &ServerState) -> McpStage {
             format!("the server lists no usable tool ({rejected} rejected)"),
             act("POST", format!("{path}/discover"), None),
         ),
-        (None, None) if s.conn.state == "connected" || s.conn.state == "connecting" => {
+        (None, None) if matches!(s.conn.state, McpConnectionState::Connected | McpConnectionState::Connecting) => {
             stage("discover", "pending", "mcp_not_discovered", "tools/list has not completed yet".into(), None)
         }
         (None, None) => stage("discover", "pending", "mcp_not_connected", "waits for a connection".into(), None),
@@ -291,7 +292,7 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
     let mut stages = base(&s);
     stages.push(discover_stage(&s));
     let path = format!("/v1/mcp/servers/{}", s.row.id);
-    let usable: Vec<_> = s.tools.iter().filter(|t| t.status == "ok").collect();
+    let usable: Vec<_> = s.tools.iter().filter(|t| t.status == McpToolStatus::Ok).collect();
     let accessible = usable.iter().filter(|t| s.access_of(&t.name).0).count();
     let reviewing: Vec<&str> = usable.iter().filter(|t| t.review_previous.is_some()).map(|t| t.name.as_str()).collect();
     let review_note = if reviewing.is_empty() {
@@ -338,10 +339,10 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
         deployment_wide: s.row.owner_id.is_none(),
         transport: s.row.transport.clone(),
         config: parse(Some(&s.row.config)).unwrap_or(Value::Null),
-        enabled: s.row.enabled != 0,
+        enabled: s.row.enabled,
         disclaimer: s.row.disclaimer.clone(),
         disclaimer_accepted_at: s.row.disclaimer_accepted_at.clone(),
-        default_agent_access: s.row.default_agent_access != 0,
+        default_agent_access: s.row.default_agent_access,
         request_timeout_ms: s.row.request_timeout_ms,
         connection: json!({
             "state": s.conn.state, "protocol_version": s.conn.protocol_version,
@@ -356,8 +357,8 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
 }
 
 fn exposure_stage(s: &ServerState, projected: usize, first_blocked: Option<(&'static str, String)>) -> McpStage {
-    match (projected, s.conn.state.as_str(), first_blocked) {
-        (n, "connected", _) if n > 0 => stage(
+    match (projected, s.conn.state, first_blocked) {
+        (n, McpConnectionState::Connected, _) if n > 0 => stage(
             "tool_exposure",
             "ok",
             "projected",
@@ -402,10 +403,10 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
     let mut stages = base(s);
     let path = format!("/v1/mcp/servers/{}", s.row.id);
     stages.push(match row {
-        Some(t) if t.status == "ok" => {
+        Some(t) if t.status == McpToolStatus::Ok => {
             stage("discover", "ok", "discovered", format!("listed at {}", t.discovered_at), None)
         }
-        Some(t) if t.status == "rejected" => stage(
+        Some(t) if t.status == McpToolStatus::Rejected => stage(
             "discover",
             "blocked",
             "mcp_tool_rejected",
@@ -479,7 +480,7 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
         name: name.to_owned(),
         function_name: function_name(&id),
         tool_id: id,
-        status: row.map_or_else(|| "not_listed".to_owned(), |t| t.status.clone()),
+        status: row.map_or_else(|| "not_listed".to_owned(), |t| t.status.to_string()),
         rejection: row.and_then(|t| t.rejection.clone()),
         title: row.and_then(|t| t.title.clone()),
         description: row.and_then(|t| t.description.clone()),
@@ -487,7 +488,7 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
         input_schema: row.and_then(|t| parse(t.input_schema.as_deref())),
         output_schema: row.and_then(|t| parse(t.output_schema.as_deref())),
         input_schema_dialect: row.and_then(|t| {
-            t.schema_dialect.clone().map(|dialect| InputDialect { dialect, declared: t.schema_declared == Some(1) })
+            t.schema_dialect.clone().map(|dialect| InputDialect { dialect, declared: t.schema_declared == Some(true) })
         }),
         schema_problem: problem,
         definition_sha256: row.map(definition::fingerprint),
@@ -509,7 +510,7 @@ pub fn tool_view(manager: &McpManager, slot: &ServerSlot, name: &str) -> ToolSta
 /// sentence naming the stage and the unblocking action.
 pub fn why_not_projected(s: &ServerState, tool: &str) -> (String, String) {
     let id = &s.row.id;
-    if s.row.enabled == 0 {
+    if !s.row.enabled {
         return (
             "mcp_server_disabled".into(),
             format!("stage enabled: MCP server {id} is disabled (PATCH /v1/mcp/servers/{id} {{\"enabled\": true}})"),
@@ -536,13 +537,13 @@ pub fn why_not_projected(s: &ServerState, tool: &str) -> (String, String) {
                 format!("stage discover: MCP server {id} does not list a tool {tool}"),
             );
         }
-        Some(t) if t.status == "rejected" => {
+        Some(t) if t.status == McpToolStatus::Rejected => {
             return (
                 "mcp_tool_rejected".into(),
                 format!("stage discover: tool {tool} was rejected: {}", t.rejection.as_deref().unwrap_or("")),
             );
         }
-        Some(t) if t.status == "removed" => {
+        Some(t) if t.status == McpToolStatus::Removed => {
             return (
                 "mcp_tool_removed".into(),
                 format!(

@@ -16,39 +16,7 @@ use serde_json::json;
 use super::{Store, StoreResult};
 use crate::events::EventKind;
 use crate::ids;
-
-/// Who may grant an approval: the rule that applied when the call was frozen. It is stored
-/// with the approval and never recomputed, so a later change of the deployment's
-/// `--four-eyes-domains` does not change what an existing approval demands (neither loosening
-/// it for a pending call nor stranding approvals asked under the old setting).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalRule {
-    /// The user who froze the call decides (the default).
-    SelfApproval,
-    /// A different user decides: an admin or a user with the approver role. The requester may
-    /// still deny (withdraw) the call, never grant it.
-    FourEyes,
-}
-
-impl ApprovalRule {
-    /// The stored text (`self_approval`, `four_eyes`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SelfApproval => "self_approval",
-            Self::FourEyes => "four_eyes",
-        }
-    }
-
-    /// Parses the stored text; None for anything else.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "self_approval" => Some(Self::SelfApproval),
-            "four_eyes" => Some(Self::FourEyes),
-            _ => None,
-        }
-    }
-}
+use crate::state::{ApprovalRule, ApprovalStatus, InvocationStatus};
 
 /// An approval joined with the frozen invocation it is about.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -67,8 +35,8 @@ pub struct ApprovalRow {
     pub tool_call_id: String,
     /// Frozen input hash.
     pub input_hash: String,
-    /// `pending|granted|denied|expired|cancelled`.
-    pub status: String,
+    /// The decision, or `pending`.
+    pub status: ApprovalStatus,
     /// Tool-specific preview JSON (diff, real cwd…).
     pub preview: Option<String>,
     /// Reason given on deny.
@@ -88,10 +56,9 @@ pub struct ApprovalRow {
     /// The invocation's turn.
     pub turn_id: String,
     /// The invocation's status.
-    pub invocation_status: String,
-    /// Who may grant: `self_approval|four_eyes`, fixed when the call was frozen (read it
-    /// with [`ApprovalRow::rule`]).
-    pub rule: String,
+    pub invocation_status: InvocationStatus,
+    /// Who may grant, fixed when the call was frozen.
+    pub rule: ApprovalRule,
     /// The tool domain that demanded four-eyes (None for self-approval).
     pub rule_domain: Option<String>,
     /// The requester's user name.
@@ -99,19 +66,19 @@ pub struct ApprovalRow {
 }
 
 impl ApprovalRow {
-    /// The stored rule. A value this build does not know counts as four-eyes (the stricter
-    /// rule), never as self-approval.
+    /// The stored rule (who may grant).
     pub fn rule(&self) -> ApprovalRule {
-        ApprovalRule::parse(&self.rule).unwrap_or(ApprovalRule::FourEyes)
+        self.rule
     }
 
     /// Whether `viewer` may grant this approval now: pending, its invocation still waiting,
     /// and the viewer is the owner (self-approval) or another user who may second (four-eyes).
     pub fn may_grant(&self, viewer: &Viewer<'_>) -> bool {
-        let pending = self.status == "pending" && self.invocation_status == "awaiting_approval";
+        let pending =
+            self.status == ApprovalStatus::Pending && self.invocation_status == InvocationStatus::AwaitingApproval;
         let mine = self.owner_id == viewer.user_id;
         pending
-            && match self.rule() {
+            && match self.rule {
                 ApprovalRule::SelfApproval => mine,
                 ApprovalRule::FourEyes => !mine && viewer.may_second,
             }
@@ -225,21 +192,22 @@ impl Store {
     pub async fn list_approvals(
         &self,
         viewer: &Viewer<'_>,
-        status: Option<&str>,
+        status: Option<ApprovalStatus>,
         run_id: Option<&str>,
         cursor: Option<&str>,
         limit: i64,
     ) -> StoreResult<Vec<ApprovalRow>> {
         let sql = format!(
-            "{SELECT} WHERE {VISIBLE} AND ($3 = '' OR a.status = $3) AND ($4 = '' OR a.run_id = $4)
-             AND ($5 = '' OR a.id > $5) ORDER BY a.id LIMIT $6"
+            "{SELECT} WHERE {VISIBLE} AND ($3 IS NULL OR a.status = $3) AND ($4 IS NULL OR a.run_id = $4)
+             AND ($5 IS NULL OR a.id > $5) ORDER BY a.id LIMIT $6"
         );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(viewer.user_id)
             .bind(i64::from(viewer.may_second))
-            .bind(status.unwrap_or(""))
-            .bind(run_id.unwrap_or(""))
-            .bind(cursor.unwrap_or(""))
+            .bind(status)
+            // An empty filter is no filter (as it always was).
+            .bind(run_id.filter(|r| !r.is_empty()))
+            .bind(cursor.filter(|c| !c.is_empty()))
             .bind(limit)
             .fetch_all(self.pool())
             .await?)
@@ -257,7 +225,7 @@ impl Store {
     ) -> StoreResult<DecideOutcome> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
-        let granted: Option<(String, String, String, String)> = sqlx::query_as(
+        let granted: Option<(String, String, String, ApprovalRule)> = sqlx::query_as(
             "UPDATE approvals SET status = 'granted', decided_by = $1, decided_token_id = $2, decided_at = $3
              WHERE id = $4 AND status = 'pending' AND expires_at > $3
                AND ((rule = 'self_approval' AND owner_id = $1) OR (rule = 'four_eyes' AND owner_id <> $1 AND $5 <> 0))
@@ -307,7 +275,7 @@ impl Store {
     pub async fn deny_approval(&self, who: &Decider<'_>, id: &str, reason: Option<&str>) -> StoreResult<DecideOutcome> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
-        let denied: Option<(String, String, String, String)> = sqlx::query_as(
+        let denied: Option<(String, String, String, ApprovalRule)> = sqlx::query_as(
             "UPDATE approvals SET status = 'denied', decided_by = $1, decided_token_id = $2, decided_at = $3, reason = $4
              WHERE id = $5 AND status = 'pending' AND expires_at > $3
                AND (owner_id = $1 OR (rule = 'four_eyes' AND $6 <> 0))
@@ -359,13 +327,15 @@ impl Store {
         let Some(row) = self.approval_visible(viewer, id).await? else {
             return Ok(DecideOutcome::NotFound);
         };
-        let own_four_eyes = row.rule() == ApprovalRule::FourEyes && row.owner_id == viewer.user_id;
-        Ok(match row.status.as_str() {
-            "expired" => DecideOutcome::Expired(row),
-            "pending" if row.expires_at <= ids::now() => DecideOutcome::Expired(row),
-            "pending" if row.invocation_status != "awaiting_approval" => DecideOutcome::AlreadyDecided(row),
-            "pending" if triple.is_some() && own_four_eyes => DecideOutcome::FourEyesRequired(row),
-            "pending" => match triple {
+        let own_four_eyes = row.rule == ApprovalRule::FourEyes && row.owner_id == viewer.user_id;
+        Ok(match row.status {
+            ApprovalStatus::Expired => DecideOutcome::Expired(row),
+            ApprovalStatus::Pending if row.expires_at <= ids::now() => DecideOutcome::Expired(row),
+            ApprovalStatus::Pending if row.invocation_status != InvocationStatus::AwaitingApproval => {
+                DecideOutcome::AlreadyDecided(row)
+            }
+            ApprovalStatus::Pending if triple.is_some() && own_four_eyes => DecideOutcome::FourEyesRequired(row),
+            ApprovalStatus::Pending => match triple {
                 Some(t)
                     if t.tool_id != row.tool_id
                         || t.tool_call_id != row.tool_call_id

@@ -7,6 +7,7 @@ use super::{Store, StoreResult};
 use crate::events::EventKind;
 pub use crate::evidence::EvidenceDraft;
 use crate::ids;
+use crate::state::OptionalFlag;
 
 /// A stored piece of evidence.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -31,8 +32,9 @@ pub struct EvidenceRow {
     pub excerpt: String,
     /// RFC 3339.
     pub created_at: String,
-    /// NULL until judged; 1 accepted, 0 rejected.
-    pub accepted: Option<i64>,
+    /// The Planner's acceptance: None until judged, then true (accepted) or false (rejected).
+    #[sqlx(try_from = "OptionalFlag")]
+    pub accepted: Option<bool>,
     /// The Planner's note.
     pub acceptance_note: Option<String>,
     /// RFC 3339.

@@ -9,6 +9,7 @@ use super::evidence::EvidenceDraft;
 use super::{Backend, Store, StoreError, StoreResult, WriteTx};
 use crate::events::EventKind;
 use crate::ids;
+use crate::state::{Flag, InvocationStatus};
 
 /// A stored invocation.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -29,10 +30,11 @@ pub struct InvocationRow {
     pub input: String,
     /// Lowercase hex SHA-256 of the canonical `{"input", "tool_id"}` document.
     pub input_hash: String,
-    /// 1 when the policy demanded approval at freeze time.
-    pub approval_required: i64,
-    /// `awaiting_approval|queued|running|completed|failed|denied|expired|cancelled|interrupted`.
-    pub status: String,
+    /// True when the policy demanded approval at freeze time.
+    #[sqlx(try_from = "Flag")]
+    pub approval_required: bool,
+    /// Where it stands.
+    pub status: InvocationStatus,
     /// `{ok, output, error?}` once finished.
     pub result: Option<String>,
     /// Node that claimed it for execution.
@@ -128,12 +130,12 @@ pub enum FinalStatus {
 }
 
 impl FinalStatus {
-    /// Stored status text.
-    pub fn as_str(self) -> &'static str {
+    /// The invocation status it is stored as.
+    pub fn status(self) -> InvocationStatus {
         match self {
-            Self::Completed => "completed",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
+            Self::Completed => InvocationStatus::Completed,
+            Self::Failed => InvocationStatus::Failed,
+            Self::Cancelled => InvocationStatus::Cancelled,
         }
     }
 }
@@ -159,7 +161,7 @@ impl Store {
 
     async fn insert_invocation(&self, new: &NewInvocation) -> StoreResult<FreezeOutcome> {
         let now = ids::now();
-        let status = if new.approval.is_some() { "awaiting_approval" } else { "queued" };
+        let status = if new.approval.is_some() { InvocationStatus::AwaitingApproval } else { InvocationStatus::Queued };
         let row = InvocationRow {
             id: ids::new_id("inv"),
             run_id: new.run_id.clone(),
@@ -169,8 +171,8 @@ impl Store {
             tool_call_id: new.tool_call_id.clone(),
             input: new.input.clone(),
             input_hash: new.input_hash.clone(),
-            approval_required: i64::from(new.approval.is_some()),
-            status: status.to_owned(),
+            approval_required: new.approval.is_some(),
+            status,
             result: None,
             claimed_by: None,
             lease_until: None,
@@ -213,8 +215,8 @@ impl Store {
         .bind(&row.tool_call_id)
         .bind(&row.input)
         .bind(&row.input_hash)
-        .bind(row.approval_required)
-        .bind(&row.status)
+        .bind(i64::from(row.approval_required))
+        .bind(row.status)
         .bind(&now)
         .execute(tx.conn())
         .await?;
@@ -380,7 +382,7 @@ impl Store {
     ) -> StoreResult<Option<Vec<String>>> {
         let now = ids::now();
         let ok = status == FinalStatus::Completed;
-        let status = status.as_str();
+        let status = status.status();
         let mut tx = self.begin_write().await?;
         let done = sqlx::query(
             "UPDATE invocations SET status = $1, result = $2, finished_at = $3, updated_at = $3, lease_until = NULL
@@ -548,7 +550,7 @@ impl Store {
         let Some(row) = row else {
             drop(tx);
             return Ok(self.invocation_for(owner_id, id).await?.map(|row| {
-                if row.status == "running" {
+                if row.status == InvocationStatus::Running {
                     CancelRequest::AlreadyRequested(row)
                 } else {
                     CancelRequest::NotRunning(row)

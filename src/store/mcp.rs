@@ -3,6 +3,7 @@
 
 use super::{Store, StoreResult};
 use crate::ids;
+use crate::state::{Flag, McpConnectionState, McpToolStatus, OptionalFlag};
 
 /// An installed server (`mcp_servers`).
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -29,10 +30,12 @@ pub struct McpServerRow {
     pub disclaimer_accepted_at: Option<String>,
     /// Who accepted it.
     pub disclaimer_accepted_by: Option<String>,
-    /// 1 = enabled.
-    pub enabled: i64,
-    /// 1 = tools without their own switch have agent access.
-    pub default_agent_access: i64,
+    /// The server is enabled.
+    #[sqlx(try_from = "Flag")]
+    pub enabled: bool,
+    /// Tools without their own switch have agent access.
+    #[sqlx(try_from = "Flag")]
+    pub default_agent_access: bool,
     /// Timeout of each request to the server, ms.
     pub request_timeout_ms: i64,
     /// RFC 3339.
@@ -46,8 +49,8 @@ pub struct McpServerRow {
 pub struct McpConnectionRow {
     /// The server.
     pub server_id: String,
-    /// `connecting|connected|failed|disconnected`.
-    pub state: String,
+    /// Where the connection stands.
+    pub state: McpConnectionState,
     /// Negotiated protocol version.
     pub protocol_version: Option<String>,
     /// Server implementation info (JSON).
@@ -77,8 +80,8 @@ pub struct McpToolRow {
     pub server_id: String,
     /// Tool name as listed.
     pub name: String,
-    /// `ok|rejected|removed`.
-    pub status: String,
+    /// What the last listing said about it.
+    pub status: McpToolStatus,
     /// Why it was rejected.
     pub rejection: Option<String>,
     /// Title.
@@ -97,8 +100,9 @@ pub struct McpToolRow {
     pub removed_at: Option<String>,
     /// Dialect the inputSchema compiled as (`draft-04` … `2020-12`; migration 0010).
     pub schema_dialect: Option<String>,
-    /// 1 when the schema declared its dialect in `$schema`.
-    pub schema_declared: Option<i64>,
+    /// True when the schema declared its dialect in `$schema` (None without a dialect).
+    #[sqlx(try_from = "OptionalFlag")]
+    pub schema_declared: Option<bool>,
     /// Why the inputSchema compiles in no dialect (the tool is `schema_unusable`).
     pub schema_problem: Option<String>,
     /// The definition (JSON) that had agent access before a re-discovery changed it; set
@@ -115,8 +119,9 @@ pub struct McpAccessRow {
     pub server_id: String,
     /// Tool name.
     pub tool_name: String,
-    /// 1 = on.
-    pub enabled: i64,
+    /// Agent access on.
+    #[sqlx(try_from = "Flag")]
+    pub enabled: bool,
     /// Who set it.
     pub updated_by: String,
     /// RFC 3339.
@@ -152,8 +157,8 @@ impl Store {
         .bind(&row.disclaimer)
         .bind(&row.disclaimer_accepted_at)
         .bind(&row.disclaimer_accepted_by)
-        .bind(row.enabled)
-        .bind(row.default_agent_access)
+        .bind(i64::from(row.enabled))
+        .bind(i64::from(row.default_agent_access))
         .bind(row.request_timeout_ms)
         .bind(&row.created_at)
         .bind(&row.updated_at)
@@ -187,8 +192,8 @@ impl Store {
                 disclaimer_accepted_at = $5, disclaimer_accepted_by = $6, updated_at = $7 WHERE id = $1",
         )
         .bind(&row.id)
-        .bind(row.enabled)
-        .bind(row.default_agent_access)
+        .bind(i64::from(row.enabled))
+        .bind(i64::from(row.default_agent_access))
         .bind(row.request_timeout_ms)
         .bind(&row.disclaimer_accepted_at)
         .bind(&row.disclaimer_accepted_by)
@@ -234,7 +239,7 @@ impl Store {
                 discovery_error = excluded.discovery_error, updated_at = excluded.updated_at",
         )
         .bind(&c.server_id)
-        .bind(&c.state)
+        .bind(c.state)
         .bind(&c.protocol_version)
         .bind(&c.server_info)
         .bind(&c.capabilities)
@@ -286,7 +291,7 @@ impl Store {
             )
             .bind(server_id)
             .bind(&t.name)
-            .bind(&t.status)
+            .bind(t.status)
             .bind(&t.rejection)
             .bind(&t.title)
             .bind(&t.description)
@@ -295,7 +300,7 @@ impl Store {
             .bind(&t.annotations)
             .bind(&t.discovered_at)
             .bind(&t.schema_dialect)
-            .bind(t.schema_declared)
+            .bind(t.schema_declared.map(i64::from))
             .bind(&t.schema_problem)
             .bind(&t.review_previous)
             .bind(&t.review_since)

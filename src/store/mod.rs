@@ -23,7 +23,8 @@ mod search;
 mod terminal;
 mod users;
 
-pub use approvals::{ApprovalRow, ApprovalRule, DecideOutcome, Decider, GrantRequest, Viewer};
+pub use crate::state::ApprovalRule;
+pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, Viewer};
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{
@@ -51,7 +52,7 @@ use crate::events::{EventBus, EventKind, RunSignal};
 pub enum StoreError {
     /// The database refused or failed a statement (connection lost, constraint, busy…).
     #[error("database error: {0}")]
-    Db(#[from] sqlx::Error),
+    Db(sqlx::Error),
     /// Applying migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -67,6 +68,18 @@ impl StoreError {
     /// True for a unique-constraint violation (used to turn races into clean conflicts).
     pub fn is_unique_violation(&self) -> bool {
         matches!(self, StoreError::Db(sqlx::Error::Database(e)) if e.is_unique_violation())
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    /// A column that does not decode into its Rust type (a state text this build does not
+    /// know, say) is [`StoreError::Corrupt`] naming the column; anything else is
+    /// [`StoreError::Db`].
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::ColumnDecode { index, source } => StoreError::Corrupt(format!("column {index}: {source}")),
+            e => StoreError::Db(e),
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use super::{Store, StoreError, StoreResult};
 use crate::ids;
+use crate::state::TerminalSessionState;
 
 /// A stored terminal session.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -47,8 +48,8 @@ pub struct TerminalSessionRow {
     /// `<boot id>:<start time>` of the leader, which tells it apart from a later process
     /// that got the same pid.
     pub pid_start: Option<String>,
-    /// `running|exited|killed|timed_out|reaped|lost|failed`.
-    pub state: String,
+    /// `running`, or how it ended.
+    pub state: TerminalSessionState,
     /// Why it ended, in words.
     pub end_reason: Option<String>,
     /// Exit code when the process exited.
@@ -70,10 +71,10 @@ pub struct TerminalSessionRow {
 }
 
 /// How a session ended.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SessionEnd {
     /// Final state (`exited`, `killed`, `timed_out`, `reaped`, `lost`).
-    pub state: String,
+    pub state: TerminalSessionState,
     /// Why, in words.
     pub reason: Option<String>,
     /// Exit code.
@@ -121,7 +122,7 @@ impl Store {
         .bind(row.timeout_ms)
         .bind(row.pid)
         .bind(&row.pid_start)
-        .bind(&row.state)
+        .bind(row.state)
         .bind(&row.started_at)
         .execute(self.pool())
         .await?;
@@ -257,7 +258,7 @@ impl Store {
             "UPDATE terminal_sessions SET state = $1, end_reason = $2, exit_code = $3, signal = $4, ended_at = $5,
                 bytes_out = $6 WHERE id = $7 AND state = 'running'",
         )
-        .bind(&end.state)
+        .bind(end.state)
         .bind(&end.reason)
         .bind(end.exit_code)
         .bind(&end.signal)

@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use super::{Store, StoreResult};
 use crate::ids;
+use crate::state::Flag;
 
 /// A stored user.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -13,19 +14,13 @@ pub struct UserRow {
     /// Unique name.
     pub name: String,
     /// 1 when the user may create users and workspaces.
-    #[serde(serialize_with = "as_bool")]
-    #[schema(value_type = bool)]
-    pub is_admin: i64,
+    #[sqlx(try_from = "Flag")]
+    pub is_admin: bool,
     /// 1 when the user may grant other users' four-eyes approvals (admins may too).
-    #[serde(serialize_with = "as_bool")]
-    #[schema(value_type = bool)]
-    pub is_approver: i64,
+    #[sqlx(try_from = "Flag")]
+    pub is_approver: bool,
     /// RFC 3339.
     pub created_at: String,
-}
-
-fn as_bool<S: serde::Serializer>(v: &i64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_bool(*v != 0)
 }
 
 /// Who a valid token belongs to.
@@ -35,10 +30,12 @@ pub struct TokenIdentity {
     pub user_id: String,
     /// The user's name.
     pub name: String,
-    /// 1 for admins.
-    pub is_admin: i64,
-    /// 1 for approvers (may grant other users' four-eyes approvals).
-    pub is_approver: i64,
+    /// True for admins.
+    #[sqlx(try_from = "Flag")]
+    pub is_admin: bool,
+    /// True for approvers (may grant other users' four-eyes approvals).
+    #[sqlx(try_from = "Flag")]
+    pub is_approver: bool,
     /// The token row, recorded on decisions ("from which token").
     pub token_id: String,
 }
@@ -69,16 +66,16 @@ impl Store {
         let user = UserRow {
             id: ids::new_id("usr"),
             name: name.to_owned(),
-            is_admin: i64::from(roles.admin),
-            is_approver: i64::from(roles.approver),
+            is_admin: roles.admin,
+            is_approver: roles.approver,
             created_at: ids::now(),
         };
         let mut tx = self.begin_write().await?;
         sqlx::query("INSERT INTO users (id, name, is_admin, is_approver, created_at) VALUES ($1, $2, $3, $4, $5)")
             .bind(&user.id)
             .bind(&user.name)
-            .bind(user.is_admin)
-            .bind(user.is_approver)
+            .bind(i64::from(user.is_admin))
+            .bind(i64::from(user.is_approver))
             .bind(&user.created_at)
             .execute(tx.conn())
             .await?;

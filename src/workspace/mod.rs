@@ -18,6 +18,33 @@ pub fn open_registered(row: &crate::store::WorkspaceRow, rule: HardLinks) -> Res
         .map_err(|e| e.to_tool_error(&row.id, &row.path))
 }
 
+/// A run's registered workspace, looked up but not opened: the freeze opens it once the
+/// call's tool is exposed and its input valid, the harness when the call runs. Both open it
+/// through [`RunWorkspace::open`], by identity.
+#[derive(Debug, Clone)]
+pub struct RunWorkspace {
+    row: crate::store::WorkspaceRow,
+    hard_links: HardLinks,
+}
+
+impl RunWorkspace {
+    /// The workspace `row` of a run, to be opened with the Read tools' hard-link rule `rule`.
+    pub fn new(row: crate::store::WorkspaceRow, rule: HardLinks) -> Self {
+        Self { row, hard_links: rule }
+    }
+
+    /// The stored workspace.
+    pub fn row(&self) -> &crate::store::WorkspaceRow {
+        &self.row
+    }
+
+    /// Opens the root on this host ([`open_registered`]). Errors: `workspace_changed` (409),
+    /// `workspace_unavailable` (503).
+    pub fn open(&self) -> Result<Workspace, ToolError> {
+        open_registered(&self.row, self.hard_links)
+    }
+}
+
 /// Whether the registered root of `row` is still the folder that was registered (one open
 /// and `fstat`), as an availability answer for the tools working in it.
 pub fn root_state(row: &crate::store::WorkspaceRow) -> Availability {

@@ -882,7 +882,7 @@ async fn every_gated_tool_is_refused_without_a_matching_grant(backend: Backend) 
         let mira::store::FreezeOutcome::Created(row, None) = store.freeze_invocation(&new).await.unwrap() else {
             panic!("expected a new invocation without approval");
         };
-        assert_eq!(row.status, "queued");
+        assert_eq!(row.status.as_str(), "queued");
         bypassed.push(row.id);
     }
     app.harness.wake();

@@ -21,6 +21,7 @@ mod modules;
 mod news;
 mod openapi;
 mod read_tools;
+mod schema;
 mod schemathesis;
 mod spine;
 mod store;

@@ -179,7 +179,7 @@ async fn racing_grants_have_one_winner(backend: Backend) {
     for t in tasks {
         match t.await.unwrap() {
             DecideOutcome::Decided(_) => won += 1,
-            DecideOutcome::AlreadyDecided(row) => assert_eq!(row.status, "granted"),
+            DecideOutcome::AlreadyDecided(row) => assert_eq!(row.status.as_str(), "granted"),
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -208,8 +208,8 @@ async fn grant_and_deny_race_one_wins(backend: Backend) {
         let row = f.store.invocation_by_id(&inv.id).await.unwrap().unwrap();
         let approval = f.store.approval_for(&f.user, &apr).await.unwrap().unwrap();
         match approval.status.as_str() {
-            "granted" => assert_eq!(row.status, "queued"),
-            "denied" => assert_eq!(row.status, "denied"),
+            "granted" => assert_eq!(row.status.as_str(), "queued"),
+            "denied" => assert_eq!(row.status.as_str(), "denied"),
             s => panic!("status {s}"),
         }
     }
@@ -229,7 +229,7 @@ async fn mismatch_changes_nothing_and_expiry_ends_the_wait(backend: Backend) {
         f.store.grant_approval(&dec(&f.user), &apr, &same_input_other_call).await.unwrap(),
         DecideOutcome::Mismatch(_)
     ));
-    assert_eq!(f.store.invocation_by_id(&inv.id).await.unwrap().unwrap().status, "awaiting_approval");
+    assert_eq!(f.store.invocation_by_id(&inv.id).await.unwrap().unwrap().status.as_str(), "awaiting_approval");
     // Another user cannot see or decide it.
     let right = GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
     assert!(matches!(f.store.grant_approval(&dec("usr_other"), &apr, &right).await.unwrap(), DecideOutcome::NotFound));
@@ -251,7 +251,7 @@ async fn mismatch_changes_nothing_and_expiry_ends_the_wait(backend: Backend) {
         DecideOutcome::Expired(_)
     ));
     assert_eq!(f.store.expire_approvals().await.unwrap(), 1);
-    assert_eq!(f.store.invocation_by_id(&exp_inv.id).await.unwrap().unwrap().status, "expired");
+    assert_eq!(f.store.invocation_by_id(&exp_inv.id).await.unwrap().unwrap().status.as_str(), "expired");
     let events = f.store.events_after(&f.run.id, 0, 100).await.unwrap();
     assert!(events.iter().any(|e| e.kind == "approval.expired"));
 }
@@ -265,7 +265,7 @@ async fn four_eyes_decisions_and_claims(backend: Backend) {
         .create_user_with_roles("appr", Roles { admin: false, approver: true }, &mira::auth::hash_token("a"))
         .await
         .unwrap();
-    assert_eq!(approver.is_approver, 1);
+    assert!(approver.is_approver);
     assert!(f.store.may_second(&approver.id).await.unwrap());
     let plain = f.store.create_user("plain", false, &mira::auth::hash_token("p")).await.unwrap();
     assert!(!f.store.may_second(&plain.id).await.unwrap() && !f.store.may_second(&f.user).await.unwrap());
@@ -291,10 +291,11 @@ async fn four_eyes_decisions_and_claims(backend: Backend) {
     let plain_view = Viewer { user_id: &plain.id, may_second: false };
     assert!(f.store.list_approvals(&plain_view, None, None, None, 10).await.unwrap().is_empty());
     assert!(f.store.approval_visible(&plain_view, &apr).await.unwrap().is_none());
-    assert_eq!(f.store.invocation_by_id(&inv.id).await.unwrap().unwrap().status, "awaiting_approval");
+    assert_eq!(f.store.invocation_by_id(&inv.id).await.unwrap().unwrap().status.as_str(), "awaiting_approval");
     // The approver: listed (requester named), granted, then claimable.
     let view = Viewer { user_id: &approver.id, may_second: true };
-    let listed = f.store.list_approvals(&view, Some("pending"), None, None, 10).await.unwrap();
+    let listed =
+        f.store.list_approvals(&view, Some(mira::state::ApprovalStatus::Pending), None, None, 10).await.unwrap();
     assert_eq!(
         listed.iter().map(|a| (a.id.as_str(), a.requester_name.as_str())).collect::<Vec<_>>(),
         [(apr.as_str(), "u")]

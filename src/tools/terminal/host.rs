@@ -36,6 +36,7 @@ use crate::error::ErrorCode;
 use crate::registry::ToolError;
 use crate::sandbox::cgroup::SessionCgroup;
 use crate::sandbox::{Sandbox, SandboxSpec};
+use crate::state::TerminalSessionState;
 use crate::store::{SessionEnd, Store, TerminalSessionRow};
 
 /// Limits of the PTY host.
@@ -65,7 +66,7 @@ impl Default for TerminalConfig {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ExitInfo {
     /// `exited|killed|timed_out|reaped|lost`.
-    pub state: String,
+    pub state: TerminalSessionState,
     /// Why, in words.
     pub end_reason: Option<String>,
     /// Exit code, when the leader exited.
@@ -124,7 +125,7 @@ pub struct Session {
     writer: Mutex<Box<dyn Write + Send>>,
     master: Mutex<Box<dyn MasterPty + Send>>,
     last_activity: Mutex<Instant>,
-    end_request: Mutex<Option<(String, String)>>,
+    end_request: Mutex<Option<(TerminalSessionState, String)>>,
     /// Signalled when bytes of the ring are stored (room for the waiting reader).
     room: Condvar,
     /// Wakes the flusher early (the ring is filling up, or the reader is waiting).
@@ -251,11 +252,11 @@ impl Session {
     }
 
     /// Ends the session: records why, then kills every process of its session.
-    pub fn end(&self, state: &str, reason: String) {
+    pub fn end(&self, state: TerminalSessionState, reason: String) {
         {
             let mut req = self.end_request.lock();
             if req.is_none() {
-                *req = Some((state.to_owned(), reason));
+                *req = Some((state, reason));
             }
         }
         self.kill_tree();
@@ -453,7 +454,7 @@ impl TerminalHost {
             .cloned()
             .collect();
         for s in stale {
-            s.end("reaped", format!("no output and no action for {} s", self.config.idle_secs));
+            s.end(TerminalSessionState::Reaped, format!("no output and no action for {} s", self.config.idle_secs));
         }
     }
 
@@ -461,7 +462,7 @@ impl TerminalHost {
     pub fn kill_all(&self) {
         let all: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
         for s in all {
-            s.end("lost", "the server stopped; its processes were killed with it".to_owned());
+            s.end(TerminalSessionState::Lost, "the server stopped; its processes were killed with it".to_owned());
         }
     }
 
@@ -511,8 +512,8 @@ impl TerminalHost {
             let s = session.clone();
             tokio::spawn(async move {
                 tokio::select! {
-                    () = cancel.cancelled() => s.end("killed", "its start invocation was cancelled".into()),
-                    r = done => if r.is_err() { s.end("killed", "its start invocation was abandoned".into()) },
+                    () = cancel.cancelled() => s.end(TerminalSessionState::Killed, "its start invocation was cancelled".into()),
+                    r = done => if r.is_err() { s.end(TerminalSessionState::Killed, "its start invocation was abandoned".into()) },
                 }
             });
             Ok(session)
@@ -582,7 +583,7 @@ impl TerminalHost {
             timeout_ms: i64::try_from(spec.timeout_ms).unwrap_or(i64::MAX),
             pid: Some(i64::from(pid)),
             pid_start: process_stamp(pid),
-            state: "running".into(),
+            state: TerminalSessionState::Running,
             end_reason: None,
             exit_code: None,
             signal: None,
@@ -630,7 +631,7 @@ impl TerminalHost {
                 let info = match requested {
                     Some((state, reason)) => ExitInfo { state, end_reason: Some(reason), exit_code: code, signal },
                     None => ExitInfo {
-                        state: "exited".into(),
+                        state: TerminalSessionState::Exited,
                         end_reason: status.as_ref().err().map(|e| format!("waiting for the process failed: {e}")),
                         exit_code: code,
                         signal,
@@ -650,7 +651,7 @@ impl TerminalHost {
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
             tokio::select! {
-                () = tokio::time::sleep(life) => s.end("timed_out", format!("the session's life limit of {} ms passed", life.as_millis())),
+                () = tokio::time::sleep(life) => s.end(TerminalSessionState::TimedOut, format!("the session's life limit of {} ms passed", life.as_millis())),
                 _ = exit.wait_for(Option::is_some) => {}
                 () = shutdown.cancelled() => {}
             }
@@ -744,7 +745,7 @@ impl TerminalHost {
         s.ring.lock().spill();
         s.room.notify_all();
         let info = exit.borrow().clone().unwrap_or(ExitInfo {
-            state: "lost".into(),
+            state: TerminalSessionState::Lost,
             end_reason: None,
             exit_code: None,
             signal: None,

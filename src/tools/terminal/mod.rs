@@ -45,6 +45,7 @@ use crate::error::ErrorCode;
 use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::sandbox::{SANDBOX_HOME, SANDBOX_TMP, Sandbox, SandboxSpec, SpecRequest};
+use crate::state::TerminalSessionState;
 use crate::store::{TerminalReport, TerminalSessionRow};
 use crate::tools::input;
 
@@ -617,8 +618,8 @@ impl Facts {
 
     fn stored(row: &TerminalSessionRow) -> Self {
         let args: Vec<String> = serde_json::from_str(&row.args).unwrap_or_default();
-        let exit = (row.state != "running").then(|| ExitInfo {
-            state: row.state.clone(),
+        let exit = (row.state != TerminalSessionState::Running).then(|| ExitInfo {
+            state: row.state,
             end_reason: row.end_reason.clone(),
             exit_code: row.exit_code,
             signal: row.signal.clone(),
@@ -634,8 +635,8 @@ impl Facts {
         }
     }
 
-    fn state(&self) -> &str {
-        self.exit.as_ref().map_or("running", |e| e.state.as_str())
+    fn state(&self) -> TerminalSessionState {
+        self.exit.as_ref().map_or(TerminalSessionState::Running, |e| e.state)
     }
 }
 
@@ -650,7 +651,7 @@ impl TerminalSession {
 
     /// The caller's live session `id`, or 404 / 409 (ended).
     async fn live_session(&self, id: &str, owner_id: &str) -> Result<Arc<Session>, ToolError> {
-        let ended = |state: &str, exit_code: Option<i64>, end_reason: Option<&str>| {
+        let ended = |state: TerminalSessionState, exit_code: Option<i64>, end_reason: Option<&str>| {
             ToolError::new(
                 ErrorCode::TerminalSessionEnded,
                 format!(
@@ -664,11 +665,11 @@ impl TerminalSession {
             // Ended in memory, perhaps not yet recorded: the process's own exit is the answer.
             return match s.exit_info() {
                 None => Ok(s),
-                Some(e) => Err(ended(&e.state, e.exit_code, e.end_reason.as_deref())),
+                Some(e) => Err(ended(e.state, e.exit_code, e.end_reason.as_deref())),
             };
         }
         match self.host.store().terminal_session_for(owner_id, id).await {
-            Ok(Some(row)) => Err(ended(&row.state, row.exit_code, row.end_reason.as_deref())),
+            Ok(Some(row)) => Err(ended(row.state, row.exit_code, row.end_reason.as_deref())),
             Ok(None) => Err(session_not_found(id)),
             Err(e) => Err(store_error(e)),
         }
@@ -747,7 +748,7 @@ impl TerminalSession {
                 watch_output(&source, &session, &mut capture, idle, timeout, ctx).await?
             }
             _ => {
-                session.end("killed", "killed by a terminal_session kill action".into());
+                session.end(TerminalSessionState::Killed, "killed by a terminal_session kill action".into());
                 let mut exit = session.exit();
                 let _ = tokio::time::timeout(Duration::from_secs(5), exit.wait_for(Option::is_some)).await;
                 source.pull(&mut capture, None).await.map_err(store_error)?;
