@@ -300,6 +300,7 @@ async fn states_outside_the_enums_are_refused(backend: Backend) {
 /// Migration 0013 keeps every row (and the rows that refer to the rebuilt tables: SQLite
 /// drops and re-creates them), the indexes, and foreign-key enforcement.
 async fn state_checks_keep_existing_rows(backend: Backend) {
+    sqlx::any::install_default_drivers();
     let tmp = tempfile::tempdir().unwrap();
     let db = TestDb::new(backend, tmp.path()).await;
     let side = if backend == Backend::Sqlite { Side::Sqlite } else { Side::Postgres };
