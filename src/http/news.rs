@@ -58,6 +58,20 @@ pub struct SourceError {
     pub at: Option<String>,
 }
 
+/// Where a news source stands, as the API shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceStatus {
+    /// The collector skips it.
+    Paused,
+    /// Never fetched successfully, no failure yet.
+    Pending,
+    /// The last fetch succeeded.
+    Ok,
+    /// The last fetch failed.
+    Failing,
+}
+
 /// A source as the API shows it.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct SourceView {
@@ -73,7 +87,7 @@ pub struct SourceView {
     pub paused: bool,
     /// `paused`, `pending` (never fetched successfully, no failure yet), `ok`, or `failing`
     /// (the last fetch failed).
-    pub status: &'static str,
+    pub status: SourceStatus,
     /// Seconds between fetches.
     pub interval_secs: i64,
     /// Items stored for it.
@@ -104,13 +118,13 @@ pub struct SourceView {
 impl From<NewsSourceRow> for SourceView {
     fn from(s: NewsSourceRow) -> Self {
         let status = if s.paused != 0 {
-            "paused"
+            SourceStatus::Paused
         } else if s.failures > 0 {
-            "failing"
+            SourceStatus::Failing
         } else if s.last_success_at.is_none() {
-            "pending"
+            SourceStatus::Pending
         } else {
-            "ok"
+            SourceStatus::Ok
         };
         let last_error = s.last_error.as_deref().map(|text| {
             let v = json_or_null(Some(text));

@@ -15,13 +15,25 @@ use crate::exposure::ladder::{self, LadderState, Reason};
 use crate::registry::{Registry, ToolKind};
 use crate::surface;
 
+/// Where one stage of the ladder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StageStatus {
+    /// The stage holds.
+    Ok,
+    /// The stage is the one that stops the tool (see `reason`).
+    Blocked,
+    /// An earlier stage blocked, or no turn was given.
+    NotReached,
+}
+
 /// One stage of the ladder.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct StageView {
     /// `registered`, `public`, `available`, `exposed`.
     pub stage: &'static str,
     /// `ok`, `blocked`, or `not_reached` (an earlier stage blocked, or no turn was given).
-    pub status: &'static str,
+    pub status: StageStatus,
     /// Why it is blocked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<Reason>,
@@ -125,11 +137,11 @@ pub fn tool_view(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, 
         .iter()
         .enumerate()
         .map(|(i, stage)| match i.cmp(&ladder.reached) {
-            std::cmp::Ordering::Less => StageView { stage, status: "ok", reason: None },
+            std::cmp::Ordering::Less => StageView { stage, status: StageStatus::Ok, reason: None },
             std::cmp::Ordering::Equal if blocked.is_some() => {
-                StageView { stage, status: "blocked", reason: blocked.take() }
+                StageView { stage, status: StageStatus::Blocked, reason: blocked.take() }
             }
-            _ => StageView { stage, status: "not_reached", reason: None },
+            _ => StageView { stage, status: StageStatus::NotReached, reason: None },
         })
         .collect();
     v.reason = ladder.reason;

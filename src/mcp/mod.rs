@@ -48,7 +48,7 @@ use crate::state::{McpConnectionState, McpToolStatus};
 use crate::store::{McpConnectionRow, McpServerRow, McpToolRow, Store};
 
 pub use config::{HttpInput, SecretInput, StdioInput, TransportInput};
-pub use stages::{McpStage, ServerView, ToolStatus};
+pub use stages::{McpStage, McpStageStatus, ServerView, ToolListing, ToolStatus};
 
 /// The prefix of every projected tool id.
 pub const ID_PREFIX: &str = "mcp:";

@@ -10,6 +10,18 @@ use crate::exposure::function_name;
 use crate::state::{McpConnectionState, McpToolStatus};
 use crate::store::McpToolRow;
 
+/// Where one MCP stage stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum McpStageStatus {
+    /// The stage holds.
+    Ok,
+    /// The stage stops the server or tool; `action` says what unblocks it.
+    Blocked,
+    /// The stage waits for an earlier one (or for work in progress, like connecting).
+    Pending,
+}
+
 /// One stage.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct McpStage {
@@ -17,7 +29,7 @@ pub struct McpStage {
     /// `tool_exposure`, `approval`.
     pub stage: &'static str,
     /// `ok`, `blocked` or `pending`.
-    pub status: &'static str,
+    pub status: McpStageStatus,
     /// Stable code of the reason.
     pub code: String,
     /// Why, in a sentence.
@@ -28,7 +40,7 @@ pub struct McpStage {
     pub action: Option<Value>,
 }
 
-fn stage(stage: &'static str, status: &'static str, code: &str, reason: String, action: Option<Value>) -> McpStage {
+fn stage(stage: &'static str, status: McpStageStatus, code: &str, reason: String, action: Option<Value>) -> McpStage {
     McpStage { stage, status, code: code.to_owned(), reason, action }
 }
 
@@ -37,6 +49,31 @@ fn act(method: &str, path: String, body: Option<Value>) -> Option<Value> {
         Some(b) => json!({"method": method, "path": path, "body": b}),
         None => json!({"method": method, "path": path}),
     })
+}
+
+/// What the server's listing says about a tool in its view: the stored MCP tool status
+/// (`ok`, `rejected`, `removed`), or `not_listed` for a name the server never listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolListing {
+    /// Listed and usable.
+    Ok,
+    /// Listed but refused (see `rejection`).
+    Rejected,
+    /// Listed before, dropped by the server since.
+    Removed,
+    /// The server has never listed a tool of this name.
+    NotListed,
+}
+
+impl From<McpToolStatus> for ToolListing {
+    fn from(status: McpToolStatus) -> Self {
+        match status {
+            McpToolStatus::Ok => Self::Ok,
+            McpToolStatus::Rejected => Self::Rejected,
+            McpToolStatus::Removed => Self::Removed,
+        }
+    }
 }
 
 /// A discovered tool with its own stages.
@@ -49,7 +86,7 @@ pub struct ToolStatus {
     /// Function name the model calls it by.
     pub function_name: String,
     /// `ok`, `rejected` or `removed`.
-    pub status: String,
+    pub status: ToolListing,
     /// Why it was rejected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejection: Option<String>,
@@ -183,17 +220,17 @@ fn base(s: &ServerState) -> Vec<McpStage> {
     let path = format!("/v1/mcp/servers/{id}");
     let mut out = vec![stage(
         "install",
-        "ok",
+        McpStageStatus::Ok,
         "installed",
         format!("installed {} by {}", s.row.created_at, s.row.installed_by),
         None,
     )];
     out.push(if s.row.enabled {
-        stage("enabled", "ok", "enabled", "the server is enabled".into(), None)
+        stage("enabled", McpStageStatus::Ok, "enabled", "the server is enabled".into(), None)
     } else {
         stage(
             "enabled",
-            "blocked",
+            McpStageStatus::Blocked,
             "mcp_server_disabled",
             "the server is disabled; its tools are not projected".into(),
             act("PATCH", path.clone(), Some(json!({"enabled": true}))),
@@ -204,14 +241,14 @@ fn base(s: &ServerState) -> Vec<McpStage> {
     out.push(match c.state {
         McpConnectionState::Connected => stage(
             "connect",
-            "ok",
+            McpStageStatus::Ok,
             "connected",
             format!("connected, protocol version {}", c.protocol_version.as_deref().unwrap_or("?")),
             None,
         ),
         McpConnectionState::Connecting => stage(
             "connect",
-            "pending",
+            McpStageStatus::Pending,
             "mcp_connecting",
             format!(
                 "connecting (attempt {}){}",
@@ -220,12 +257,16 @@ fn base(s: &ServerState) -> Vec<McpStage> {
             ),
             None,
         ),
-        _ if !s.row.enabled => {
-            stage("connect", "pending", "mcp_server_disabled", "waits for the server to be enabled".into(), None)
-        }
+        _ if !s.row.enabled => stage(
+            "connect",
+            McpStageStatus::Pending,
+            "mcp_server_disabled",
+            "waits for the server to be enabled".into(),
+            None,
+        ),
         state => stage(
             "connect",
-            "blocked",
+            McpStageStatus::Blocked,
             if state == McpConnectionState::Failed { "mcp_connect_failed" } else { "mcp_disconnected" },
             format!("{state}: {}{tail}", c.last_error.as_deref().unwrap_or("not connected yet")),
             act("POST", format!("{path}/connect"), None),
@@ -234,7 +275,7 @@ fn base(s: &ServerState) -> Vec<McpStage> {
     out.push(if s.disclaimer_pending() {
         stage(
             "disclaimer",
-            "blocked",
+            McpStageStatus::Blocked,
             "mcp_disclaimer_not_accepted",
             "the server's disclaimer must be accepted before its tools are used".into(),
             act("POST", format!("{path}/disclaimer/accept"), None),
@@ -242,13 +283,13 @@ fn base(s: &ServerState) -> Vec<McpStage> {
     } else if s.row.disclaimer.is_some() {
         stage(
             "disclaimer",
-            "ok",
+            McpStageStatus::Ok,
             "accepted",
             format!("accepted {}", s.row.disclaimer_accepted_at.as_deref().unwrap_or("")),
             None,
         )
     } else {
-        stage("disclaimer", "ok", "none", "the server carries no disclaimer".into(), None)
+        stage("disclaimer", McpStageStatus::Ok, "none", "the server carries no disclaimer".into(), None)
     });
     out
 }
@@ -260,29 +301,37 @@ fn discover_stage(s: &ServerState) -> McpStage {
     match (&s.conn.discovered_at, &s.conn.discovery_error) {
         (_, Some(e)) => stage(
             "discover",
-            "blocked",
+            McpStageStatus::Blocked,
             "mcp_discovery_failed",
             format!("tools/list failed: {e}"),
             act("POST", format!("{path}/discover"), None),
         ),
         (Some(at), None) if ok > 0 => stage(
             "discover",
-            "ok",
+            McpStageStatus::Ok,
             "discovered",
             format!("{ok} tools listed, {rejected} rejected (last listing {at})"),
             None,
         ),
         (Some(_), None) => stage(
             "discover",
-            "blocked",
+            McpStageStatus::Blocked,
             "mcp_no_tools",
             format!("the server lists no usable tool ({rejected} rejected)"),
             act("POST", format!("{path}/discover"), None),
         ),
         (None, None) if matches!(s.conn.state, McpConnectionState::Connected | McpConnectionState::Connecting) => {
-            stage("discover", "pending", "mcp_not_discovered", "tools/list has not completed yet".into(), None)
+            stage(
+                "discover",
+                McpStageStatus::Pending,
+                "mcp_not_discovered",
+                "tools/list has not completed yet".into(),
+                None,
+            )
         }
-        (None, None) => stage("discover", "pending", "mcp_not_connected", "waits for a connection".into(), None),
+        (None, None) => {
+            stage("discover", McpStageStatus::Pending, "mcp_not_connected", "waits for a connection".into(), None)
+        }
     }
 }
 
@@ -303,7 +352,7 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
     stages.push(if accessible > 0 {
         stage(
             "agent_access",
-            "ok",
+            McpStageStatus::Ok,
             "agent_access_on",
             format!("{accessible} of {} tools have agent access{review_note}", usable.len()),
             None,
@@ -311,17 +360,17 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
     } else if !reviewing.is_empty() {
         stage(
             "agent_access",
-            "blocked",
+            McpStageStatus::Blocked,
             DEFINITION_CHANGED,
             format!("no tool has agent access{review_note}"),
             act("PUT", format!("{path}/tools/{{tool_name}}/agent-access"), Some(json!({"enabled": true}))),
         )
     } else if usable.is_empty() {
-        stage("agent_access", "pending", "mcp_no_tools", "waits for discovered tools".into(), None)
+        stage("agent_access", McpStageStatus::Pending, "mcp_no_tools", "waits for discovered tools".into(), None)
     } else {
         stage(
             "agent_access",
-            "blocked",
+            McpStageStatus::Blocked,
             "mcp_agent_access_off",
             "no tool has agent access".into(),
             act("PUT", format!("{path}/tools/{{tool_name}}/agent-access"), Some(json!({"enabled": true}))),
@@ -329,7 +378,7 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
     });
     let projected =
         usable.iter().filter(|t| t.schema_problem.is_none() && manager.is_projected(&s.row.id, &t.name)).count();
-    let first_blocked = stages.iter().find(|st| st.status != "ok").map(|st| (st.stage, st.code.clone()));
+    let first_blocked = stages.iter().find(|st| st.status != McpStageStatus::Ok).map(|st| (st.stage, st.code.clone()));
     stages.push(exposure_stage(&s, projected, first_blocked));
     stages.push(approval_stage());
     let tools = s.tools.iter().map(|t| tool_status(manager, &s, &t.name)).collect();
@@ -360,29 +409,33 @@ fn exposure_stage(s: &ServerState, projected: usize, first_blocked: Option<(&'st
     match (projected, s.conn.state, first_blocked) {
         (n, McpConnectionState::Connected, _) if n > 0 => stage(
             "tool_exposure",
-            "ok",
+            McpStageStatus::Ok,
             "projected",
             format!("{n} tools are projected, public and available; each turn exposes at most 20 tools, by relevance"),
             None,
         ),
         (n, state, _) if n > 0 => stage(
             "tool_exposure",
-            "blocked",
+            McpStageStatus::Blocked,
             "mcp_not_connected",
             format!("{n} tools are projected but unavailable while the server is {state}"),
             None,
         ),
-        (_, _, Some((st, code))) => {
-            stage("tool_exposure", "pending", &code, format!("no tool is projected: stage {st} does not hold"), None)
-        }
-        _ => stage("tool_exposure", "pending", "mcp_not_projected", "no tool is projected".into(), None),
+        (_, _, Some((st, code))) => stage(
+            "tool_exposure",
+            McpStageStatus::Pending,
+            &code,
+            format!("no tool is projected: stage {st} does not hold"),
+            None,
+        ),
+        _ => stage("tool_exposure", McpStageStatus::Pending, "mcp_not_projected", "no tool is projected".into(), None),
     }
 }
 
 fn approval_stage() -> McpStage {
     stage(
         "approval",
-        "pending",
+        McpStageStatus::Pending,
         "approval_per_call",
         "every call of an MCP tool waits for its own exact-invocation approval, whatever the server's annotations say"
             .into(),
@@ -404,28 +457,28 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
     let path = format!("/v1/mcp/servers/{}", s.row.id);
     stages.push(match row {
         Some(t) if t.status == McpToolStatus::Ok => {
-            stage("discover", "ok", "discovered", format!("listed at {}", t.discovered_at), None)
+            stage("discover", McpStageStatus::Ok, "discovered", format!("listed at {}", t.discovered_at), None)
         }
         Some(t) if t.status == McpToolStatus::Rejected => stage(
             "discover",
-            "blocked",
+            McpStageStatus::Blocked,
             "mcp_tool_rejected",
             format!("rejected: {}", t.rejection.as_deref().unwrap_or("")),
             act("POST", format!("{path}/discover"), None),
         ),
         Some(t) => stage(
             "discover",
-            "blocked",
+            McpStageStatus::Blocked,
             "mcp_tool_removed",
             format!("the server no longer lists {name} (gone since {})", t.removed_at.as_deref().unwrap_or("?")),
             act("POST", format!("{path}/discover"), None),
         ),
         None => {
             let mut d = discover_stage(s);
-            if d.status == "ok" {
+            if d.status == McpStageStatus::Ok {
                 d = stage(
                     "discover",
-                    "blocked",
+                    McpStageStatus::Blocked,
                     "mcp_tool_not_listed",
                     format!("the server does not list {name}"),
                     act("POST", format!("{path}/discover"), None),
@@ -436,11 +489,11 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
     });
     let review = row.and_then(review_of);
     stages.push(if access {
-        stage("agent_access", "ok", "agent_access_on", format!("agent access is on ({source})"), None)
+        stage("agent_access", McpStageStatus::Ok, "agent_access_on", format!("agent access is on ({source})"), None)
     } else if let Some(r) = &review {
         stage(
             "agent_access",
-            "blocked",
+            McpStageStatus::Blocked,
             DEFINITION_CHANGED,
             format!(
                 "the server changed the definition of {name} at {} while it had agent access; agent access is off \
@@ -457,18 +510,18 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
     } else {
         stage(
             "agent_access",
-            "blocked",
+            McpStageStatus::Blocked,
             "mcp_agent_access_off",
             format!("agent access is off ({source})"),
             act("PUT", format!("{path}/tools/{name}/agent-access"), Some(json!({"enabled": true}))),
         )
     });
-    let first_blocked = stages.iter().find(|st| st.status != "ok").map(|st| (st.stage, st.code.clone()));
+    let first_blocked = stages.iter().find(|st| st.status != McpStageStatus::Ok).map(|st| (st.stage, st.code.clone()));
     let problem = row.and_then(|t| t.schema_problem.clone());
     stages.push(match &problem {
         Some(p) if first_blocked.is_none() => stage(
             "tool_exposure",
-            "blocked",
+            McpStageStatus::Blocked,
             "schema_unusable",
             format!("{name} is projected but unavailable: its inputSchema cannot be used: {p}"),
             act("POST", format!("{path}/discover"), None),
@@ -480,7 +533,7 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
         name: name.to_owned(),
         function_name: function_name(&id),
         tool_id: id,
-        status: row.map_or_else(|| "not_listed".to_owned(), |t| t.status.to_string()),
+        status: row.map_or(ToolListing::NotListed, |t| t.status.into()),
         rejection: row.and_then(|t| t.rejection.clone()),
         title: row.and_then(|t| t.title.clone()),
         description: row.and_then(|t| t.description.clone()),
