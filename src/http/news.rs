@@ -117,7 +117,7 @@ pub struct SourceView {
 
 impl From<NewsSourceRow> for SourceView {
     fn from(s: NewsSourceRow) -> Self {
-        let status = if s.paused != 0 {
+        let status = if s.paused {
             SourceStatus::Paused
         } else if s.failures > 0 {
             SourceStatus::Failing
@@ -139,7 +139,7 @@ impl From<NewsSourceRow> for SourceView {
             status,
             last_fetch: json_or_null(s.last_fetch.as_deref()),
             shared: s.owner_id.is_none(),
-            paused: s.paused != 0,
+            paused: s.paused,
             id: s.id,
             name: s.name,
             url: s.url,
@@ -293,7 +293,7 @@ pub async fn resume_source(State(app): State<App>, user: AuthUser, Path(id): Pat
     security(("bearer" = [])))]
 pub async fn fetch_source(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<SourceView>> {
     let row = changeable(&app, &user, &id).await?;
-    if row.paused != 0 {
+    if row.paused {
         return Err(Error::conflict(ErrorCode::SourcePaused, "the source is paused; resume it first", Value::Null));
     }
     app.store.news_source_due_now(&id).await?;

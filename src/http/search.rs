@@ -238,7 +238,7 @@ pub async fn create_connection(
         credential_ciphertext: ciphertext,
         credential_key_id: key_id,
         credential_env: env,
-        enabled: i64::from(body.enabled.unwrap_or(true)),
+        enabled: body.enabled.unwrap_or(true),
         created_at: now.clone(),
         updated_at: now,
     };
@@ -307,7 +307,7 @@ pub async fn update_connection(
         row.name = name;
     }
     if let Some(enabled) = body.enabled {
-        row.enabled = i64::from(enabled);
+        row.enabled = enabled;
     }
     if let Some(key) = &body.api_key {
         check_key(key)?;

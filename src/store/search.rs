@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use super::{Backend, Store, StoreResult};
+use crate::state::Flag;
 
 /// A stored web search provider connection (the credential stays sealed).
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -27,8 +28,9 @@ pub struct SearchConnectionRow {
     pub credential_key_id: Option<String>,
     /// Environment variable name (kind `env`).
     pub credential_env: Option<String>,
-    /// 1 when calls may use it.
-    pub enabled: i64,
+    /// True when calls may use it (stored as 0/1).
+    #[sqlx(try_from = "Flag")]
+    pub enabled: bool,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
@@ -46,8 +48,9 @@ pub struct NewsSourceRow {
     pub name: String,
     /// Feed URL.
     pub url: String,
-    /// 1 when the collector skips it.
-    pub paused: i64,
+    /// True when the collector skips it (stored as 0/1).
+    #[sqlx(try_from = "Flag")]
+    pub paused: bool,
     /// Seconds between fetches.
     pub interval_secs: i64,
     /// When the collector fetches it next (or the end of a running fetch's lease).
@@ -89,7 +92,7 @@ impl NewsSourceRow {
             owner_id,
             name,
             url,
-            paused: 0,
+            paused: false,
             interval_secs,
             next_fetch_at: now.clone(),
             etag: None,
@@ -255,7 +258,7 @@ impl Store {
         .bind(&row.credential_ciphertext)
         .bind(&row.credential_key_id)
         .bind(&row.credential_env)
-        .bind(row.enabled)
+        .bind(i64::from(row.enabled))
         .bind(&row.created_at)
         .bind(&row.updated_at)
         .execute(self.pool())
@@ -297,7 +300,7 @@ impl Store {
         .bind(&row.id)
         .bind(&row.owner_id)
         .bind(&row.name)
-        .bind(row.enabled)
+        .bind(i64::from(row.enabled))
         .bind(&row.credential_kind)
         .bind(&row.credential_ciphertext)
         .bind(&row.credential_key_id)
@@ -332,7 +335,7 @@ impl Store {
         .bind(&row.owner_id)
         .bind(&row.name)
         .bind(&row.url)
-        .bind(row.paused)
+        .bind(i64::from(row.paused))
         .bind(row.interval_secs)
         .bind(&row.next_fetch_at)
         .bind(&row.created_at)

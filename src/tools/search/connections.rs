@@ -83,7 +83,7 @@ impl Connection {
             name: row.name.clone(),
             base_url: row.base_url.clone(),
             credential,
-            enabled: row.enabled != 0,
+            enabled: row.enabled,
             created_at: Some(row.created_at.clone()),
         })
     }
