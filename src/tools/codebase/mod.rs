@@ -34,8 +34,16 @@ use crate::tools::input;
 use crate::tools::read::blocking;
 use crate::workspace::{self, Workspace};
 
-/// The query kinds.
-pub const KINDS: [&str; 7] = ["definitions", "references", "callers", "callees", "dependencies", "impact", "overview"];
+/// The query kinds: the names of the `kind` input's enum (`QueryKind`), in its order.
+pub const KINDS: [&str; QueryKind::ALL.len()] = {
+    let mut names = [""; QueryKind::ALL.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = QueryKind::ALL[i].as_str();
+        i += 1;
+    }
+    names
+};
 /// Default `depth` (`impact`: [`DEFAULT_IMPACT_DEPTH`]).
 pub const DEFAULT_DEPTH: u64 = 1;
 /// Default `depth` of `impact`.
@@ -51,7 +59,7 @@ pub const DEFAULT_MAX_TOKENS: u64 = 2048;
 /// Largest `overview` budget, tokens.
 pub const MAX_MAX_TOKENS: u64 = 16_384;
 
-/// A query kind (the names of [`KINDS`]).
+/// A query kind; [`KINDS`] lists their names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum QueryKind {
@@ -65,8 +73,19 @@ pub(crate) enum QueryKind {
 }
 
 impl QueryKind {
-    /// The snake_case name.
-    fn as_str(self) -> &'static str {
+    /// Every kind, in the order of the input schema's enum.
+    pub(crate) const ALL: [Self; 7] = [
+        Self::Definitions,
+        Self::References,
+        Self::Callers,
+        Self::Callees,
+        Self::Dependencies,
+        Self::Impact,
+        Self::Overview,
+    ];
+
+    /// The snake_case name (the serde name).
+    const fn as_str(self) -> &'static str {
         match self {
             QueryKind::Definitions => "definitions",
             QueryKind::References => "references",
@@ -396,5 +415,20 @@ impl Tool for ReportsChanges {
             );
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KINDS, QueryKind};
+
+    #[test]
+    fn kinds_are_the_serde_names_of_query_kind() {
+        for (kind, name) in QueryKind::ALL.iter().zip(KINDS) {
+            assert_eq!(serde_json::to_value(kind).unwrap(), serde_json::json!(name));
+            assert_eq!(serde_json::from_value::<QueryKind>(serde_json::json!(name)).unwrap(), *kind);
+        }
+        let schema = serde_json::to_value(schemars::schema_for!(QueryKind)).unwrap();
+        assert_eq!(schema["enum"], serde_json::json!(KINDS), "ALL lists every kind, in the schema's order");
     }
 }
