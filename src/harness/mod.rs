@@ -19,7 +19,7 @@
 pub use mira_core::commit;
 pub mod executor;
 
-pub use commit::{CommitGate, GateState, SideEffects, StopOutcome, StopReason};
+pub use commit::{CommitGate, GateState, SideEffects, StopNoteOutcome, StopOutcome, StopReason};
 pub use executor::{Executor, LocalExecutor};
 
 use std::collections::HashMap;
@@ -334,7 +334,7 @@ impl Harness {
                 Some(commit::late_stop_note(&inv.tool_id, effects, reason, &at))
             }
             GateState::Stopped { reason, at } => Some(json!({
-                "requested_at": at, "reason": reason, "outcome": "stopped_before_commit",
+                "requested_at": at, "reason": reason, "outcome": StopNoteOutcome::StoppedBeforeCommit,
                 "message": format!("a stop ({reason:?}) won before {} changed anything; nothing was changed", inv.tool_id),
             })),
             _ => None,

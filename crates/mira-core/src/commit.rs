@@ -42,6 +42,19 @@ pub enum SideEffects {
     FromStart,
 }
 
+/// The `outcome` of a result's `stop` note: what a stop request did to the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopNoteOutcome {
+    /// The stop won before the commit point; nothing was changed.
+    StoppedBeforeCommit,
+    /// The call had started acting (`SideEffects::FromStart`); it was asked to stop as far
+    /// as it can.
+    AfterStart,
+    /// The call had passed its commit point; it was not stopped.
+    TooLate,
+}
+
 /// Why a running call is asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -186,14 +199,14 @@ impl CommitGate {
 pub fn late_stop_note(tool_id: &str, effects: SideEffects, reason: StopReason, at: &str) -> serde_json::Value {
     let (outcome, message) = match effects {
         SideEffects::FromStart => (
-            "after_start",
+            StopNoteOutcome::AfterStart,
             format!(
                 "a {} was requested at {at}, after {tool_id} had started acting; it was asked to stop as far as it can, and this result is what it reports",
                 reason_word(reason)
             ),
         ),
         _ => (
-            "too_late",
+            StopNoteOutcome::TooLate,
             format!(
                 "a {} was requested at {at}, after {tool_id} had passed its commit point; it was not stopped, and this result is what happened",
                 reason_word(reason)

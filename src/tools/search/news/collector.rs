@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -54,12 +55,53 @@ pub struct Collector {
 /// planning with default estimates until autovacuum gets to the table).
 pub const ANALYZE_AFTER_ITEMS: u64 = 10_000;
 
+/// Why a fetch failed: the `code` recorded in a source's `last_error` and the `error` of
+/// its `last_fetch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FetchCode {
+    /// The source did not answer within the fetch timeout.
+    FeedTimeout,
+    /// The source could not be reached (connection refused, DNS…).
+    SourceUnreachable,
+    /// The source redirects in a loop.
+    RedirectLoop,
+    /// The source redirects more often than allowed.
+    TooManyRedirects,
+    /// The source answered with an HTTP error status.
+    HttpError,
+    /// The feed is larger than the configured cap.
+    FeedTooLarge,
+    /// The document is not a readable RSS, Atom or JSON feed.
+    FeedMalformed,
+    /// Any other failure of the fetch (or no HTTP client).
+    FetchFailed,
+    /// The fetch could not be recorded in the store.
+    StoreFailed,
+}
+
+impl FetchCode {
+    /// The snake_case code (the serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FeedTimeout => "feed_timeout",
+            Self::SourceUnreachable => "source_unreachable",
+            Self::RedirectLoop => "redirect_loop",
+            Self::TooManyRedirects => "too_many_redirects",
+            Self::HttpError => "http_error",
+            Self::FeedTooLarge => "feed_too_large",
+            Self::FeedMalformed => "feed_malformed",
+            Self::FetchFailed => "fetch_failed",
+            Self::StoreFailed => "store_failed",
+        }
+    }
+}
+
 /// A failed fetch.
 #[derive(Debug, Clone)]
 pub struct FetchError {
-    /// `feed_timeout`, `source_unreachable`, `redirect_loop`, `too_many_redirects`,
-    /// `http_error`, `feed_too_large`, `feed_malformed`, `fetch_failed`.
-    pub code: &'static str,
+    /// Why.
+    pub code: FetchCode,
     /// Human sentence.
     pub message: String,
     /// The HTTP status, when the server answered.
@@ -242,7 +284,7 @@ impl Collector {
                     }
                     Err(e) => {
                         let err = FetchError {
-                            code: "feed_malformed",
+                            code: FetchCode::FeedMalformed,
                             message: format!("the document is not a readable RSS, Atom or JSON feed: {e}"),
                             status: Some(200),
                             retry_after: None,
@@ -266,7 +308,7 @@ impl Collector {
         match result {
             Ok(outcome) => {
                 if let FetchOutcome::Failed(e) = &outcome {
-                    tracing::info!(source = %source.id, code = e.code, error = %e.message, "news fetch failed");
+                    tracing::info!(source = %source.id, code = e.code.as_str(), error = %e.message, "news fetch failed");
                 }
                 outcome
             }
@@ -274,7 +316,7 @@ impl Collector {
                 // The source may have been deleted while it was fetched.
                 tracing::warn!(source = %source.id, error = %e, "recording a news fetch failed");
                 FetchOutcome::Failed(FetchError {
-                    code: "store_failed",
+                    code: FetchCode::StoreFailed,
                     message: e.to_string(),
                     status: None,
                     retry_after: None,
@@ -306,7 +348,7 @@ impl Collector {
 
     async fn fetch(&self, source: &NewsSourceRow) -> Result<Response, FetchError> {
         let client = self.client.as_ref().map_err(|e| FetchError {
-            code: "fetch_failed",
+            code: FetchCode::FetchFailed,
             message: e.to_string(),
             status: None,
             retry_after: None,
@@ -327,7 +369,7 @@ impl Collector {
             let retry_after = net::retry_after(resp.headers());
             let reason = status.canonical_reason().unwrap_or("");
             return Err(FetchError {
-                code: "http_error",
+                code: FetchCode::HttpError,
                 message: format!("the source answered HTTP {} {reason}", status.as_u16()),
                 status: Some(status.as_u16()),
                 retry_after,
@@ -341,7 +383,7 @@ impl Collector {
         let content_type = header(reqwest::header::CONTENT_TYPE);
         let body = net::read_capped(resp, self.max_feed_bytes).await.map_err(|e| match e {
             net::BodyError::TooLarge(max) => FetchError {
-                code: "feed_too_large",
+                code: FetchCode::FeedTooLarge,
                 message: format!("the feed is larger than the {max}-byte cap"),
                 status: Some(status.as_u16()),
                 retry_after: None,
@@ -353,15 +395,15 @@ impl Collector {
 
     fn transport_error(&self, e: &reqwest::Error) -> FetchError {
         let (code, message) = if e.is_timeout() {
-            ("feed_timeout", format!("the source did not answer within {} s", self.fetch_timeout.as_secs()))
+            (FetchCode::FeedTimeout, format!("the source did not answer within {} s", self.fetch_timeout.as_secs()))
         } else if net::is_redirect_loop(e) {
-            ("redirect_loop", format!("the source redirects in a loop: {}", net::describe(e)))
+            (FetchCode::RedirectLoop, format!("the source redirects in a loop: {}", net::describe(e)))
         } else if e.is_redirect() {
-            ("too_many_redirects", format!("the source redirects too often: {}", net::describe(e)))
+            (FetchCode::TooManyRedirects, format!("the source redirects too often: {}", net::describe(e)))
         } else if e.is_connect() {
-            ("source_unreachable", format!("the source could not be reached: {}", net::describe(e)))
+            (FetchCode::SourceUnreachable, format!("the source could not be reached: {}", net::describe(e)))
         } else {
-            ("fetch_failed", format!("fetching the source failed: {}", net::describe(e)))
+            (FetchCode::FetchFailed, format!("fetching the source failed: {}", net::describe(e)))
         };
         FetchError { code, message, status: None, retry_after: None }
     }
@@ -384,6 +426,25 @@ pub fn json_or_null(text: Option<&str>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fetch_codes_serialise_as_their_text() {
+        use FetchCode::*;
+        for code in [
+            FeedTimeout,
+            SourceUnreachable,
+            RedirectLoop,
+            TooManyRedirects,
+            HttpError,
+            FeedTooLarge,
+            FeedMalformed,
+            FetchFailed,
+            StoreFailed,
+        ] {
+            assert_eq!(json!(code), json!(code.as_str()));
+        }
+        assert_eq!(json!({"code": HttpError}), json!({"code": "http_error"}));
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {
