@@ -21,7 +21,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::RwLock;
 use serde::Serialize;
 
-use crate::exposure::hybrid::QueryEmbedder;
+use crate::exposure::hybrid::{EmbedQueryError, QueryEmbedder};
 use model::{LoadError, Model, ModelSource};
 
 /// Where the embedding model comes from (flags and environment of `mira serve`).
@@ -225,12 +225,12 @@ impl QueryEmbedder for Embeddings {
         self.model.get().map(|m| m.id().to_owned())
     }
 
-    fn embed_query(&self, query: &str) -> Result<Vec<f32>, String> {
+    fn embed_query(&self, query: &str) -> Result<Vec<f32>, EmbedQueryError> {
         let Some(model) = self.model.get() else {
             let s = self.status();
-            return Err(s.reason.unwrap_or_else(|| "no embedding model is ready".into()));
+            return Err(EmbedQueryError::NotReady(s.reason.unwrap_or_else(|| "no embedding model is ready".into())));
         };
         self.counters.queries_embedded.fetch_add(1, Ordering::Relaxed);
-        model.embed_query(query).map_err(|e| format!("embedding the task failed: {e}; ranked by BM25"))
+        Ok(model.embed_query(query)?)
     }
 }

@@ -111,7 +111,7 @@ async fn embed_pending(
             })
             .await
             .map_err(|e| e.to_string())
-            .and_then(|r| r);
+            .and_then(|r| r.map_err(|e| e.to_string()));
             match result {
                 Ok(vectors) => {
                     let rows: Vec<(String, Vec<f32>)> = misses.iter().map(|(s, _)| s.clone()).zip(vectors).collect();

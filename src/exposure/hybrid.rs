@@ -22,7 +22,18 @@ pub trait QueryEmbedder: Send + Sync {
     /// The model's id when a model is ready.
     fn model_id(&self) -> Option<String>;
     /// The query's L2-normalised vector, or why there is none (no model, loading, failed).
-    fn embed_query(&self, query: &str) -> Result<Vec<f32>, String>;
+    fn embed_query(&self, query: &str) -> Result<Vec<f32>, EmbedQueryError>;
+}
+
+/// Why a query has no vector; its message becomes the ranking's `lexical_reason`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EmbedQueryError {
+    /// No model is ready: the embedding status's reason (unavailable, loading, failed).
+    #[error("{0}")]
+    NotReady(String),
+    /// The model is ready but embedding the query failed.
+    #[error("embedding the task failed: {0}; ranked by BM25")]
+    Failed(#[from] crate::embedding::model::EmbedError),
 }
 
 /// How the hybrid combines the two rankings.
@@ -198,7 +209,7 @@ impl Ranker for IndexRanker {
         }
         let (model, q) = match (self.embedder.model_id(), self.embedder.embed_query(query)) {
             (Some(model), Ok(q)) => (model, q),
-            (_, Err(reason)) => return lexical_ranking(Some(reason)),
+            (_, Err(reason)) => return lexical_ranking(Some(reason.to_string())),
             (None, Ok(_)) => return lexical_ranking(Some("no embedding model is ready".to_owned())),
         };
         let dense: Vec<Option<f64>> = resolved

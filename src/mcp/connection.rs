@@ -111,7 +111,7 @@ pub(super) async fn supervise(
                 () = shutdown.cancelled() => return,
                 c = rx.recv() => match c {
                     None | Some(Control::Remove) => return,
-                    Some(Control::Discover(reply)) => { let _ = reply.send(Err("the server is disabled".into())); }
+                    Some(Control::Discover(reply)) => { let _ = reply.send(Err(super::discovery::DiscoveryError::Disabled)); }
                     Some(Control::Reconsider) => { backoff = settings.backoff_min; }
                 },
             }
@@ -213,7 +213,7 @@ pub(super) async fn supervise(
                 () = &mut sleep => break,
                 c = rx.recv() => match c {
                     None | Some(Control::Remove) => return,
-                    Some(Control::Discover(reply)) => { let _ = reply.send(Err("the server is not connected".into())); }
+                    Some(Control::Discover(reply)) => { let _ = reply.send(Err(super::discovery::DiscoveryError::NotConnected)); }
                     Some(Control::Reconsider) => { backoff = settings.backoff_min; break; }
                 },
             }

@@ -24,8 +24,32 @@ use crate::store::McpToolRow;
 /// Most pages followed in one discovery.
 pub const MAX_PAGES: usize = 100;
 
+/// Why a discovery did not complete; its message is stored as the connection's
+/// `discovery_error` and returned in `mcp_discovery_failed`.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// The server is disabled (answered by the connection task without trying).
+    #[error("the server is disabled")]
+    Disabled,
+    /// The server is not connected (answered by the connection task without trying).
+    #[error("the server is not connected")]
+    NotConnected,
+    /// The `tools/list` request failed (transport, timeout, JSON-RPC error).
+    #[error(transparent)]
+    Request(#[from] rmcp::ServiceError),
+    /// A `tools/list` result without a `tools` array.
+    #[error("the tools/list result has no tools array")]
+    NoToolsArray,
+    /// More than [`MAX_PAGES`] pages.
+    #[error("tools/list returned more than {MAX_PAGES} pages")]
+    TooManyPages,
+    /// Storing the listing failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
 /// Runs one discovery and stores it; errors are recorded on the connection row too.
-pub async fn run(manager: &Arc<McpManager>, slot: &Arc<ServerSlot>, live: &Live) -> Result<(), String> {
+pub async fn run(manager: &Arc<McpManager>, slot: &Arc<ServerSlot>, live: &Live) -> Result<(), DiscoveryError> {
     let result = list(live, slot).await;
     let mut conn = slot.state.read().conn.clone();
     match result {
@@ -38,8 +62,8 @@ pub async fn run(manager: &Arc<McpManager>, slot: &Arc<ServerSlot>, live: &Live)
                     super::definition::carry_review(old, row, state.switch_of(&row.name).0, &now);
                 }
             }
-            manager.store().replace_mcp_tools(&slot.id, &listed).await.map_err(|e| e.to_string())?;
-            let tools = manager.store().mcp_tools(&slot.id).await.map_err(|e| e.to_string())?;
+            manager.store().replace_mcp_tools(&slot.id, &listed).await?;
+            let tools = manager.store().mcp_tools(&slot.id).await?;
             slot.state.write().tools = tools;
             // Projections follow the new listing at once: no await between the two, so no
             // turn sees a definition the state no longer holds.
@@ -50,22 +74,22 @@ pub async fn run(manager: &Arc<McpManager>, slot: &Arc<ServerSlot>, live: &Live)
             Ok(())
         }
         Err(e) => {
-            conn.discovery_error = Some(e.clone());
+            conn.discovery_error = Some(e.to_string());
             manager.save_conn(slot, conn).await;
             Err(e)
         }
     }
 }
 
-async fn list(live: &Live, slot: &ServerSlot) -> Result<Vec<McpToolRow>, String> {
+async fn list(live: &Live, slot: &ServerSlot) -> Result<Vec<McpToolRow>, DiscoveryError> {
     let now = crate::ids::now();
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_PAGES {
         let params = cursor.as_ref().map(|c| serde_json::json!({"cursor": c}));
-        let page = request(live, slot, "tools/list", params).await.map_err(|e| e.to_string())?;
-        let tools = page.get("tools").and_then(Value::as_array).ok_or("the tools/list result has no tools array")?;
+        let page = request(live, slot, "tools/list", params).await?;
+        let tools = page.get("tools").and_then(Value::as_array).ok_or(DiscoveryError::NoToolsArray)?;
         for (i, tool) in tools.iter().enumerate() {
             out.push(check(tool, i, &mut seen, &now));
         }
@@ -74,7 +98,7 @@ async fn list(live: &Live, slot: &ServerSlot) -> Result<Vec<McpToolRow>, String>
             return Ok(out);
         }
     }
-    Err(format!("tools/list returned more than {MAX_PAGES} pages"))
+    Err(DiscoveryError::TooManyPages)
 }
 
 /// Whether a tool name is acceptable (see the module docs).

@@ -150,7 +150,7 @@ pub enum Control {
     /// Connect now if enabled and not connected (resets the backoff); disconnect if disabled.
     Reconsider,
     /// Run `tools/list` now and report.
-    Discover(oneshot::Sender<std::result::Result<(), String>>),
+    Discover(oneshot::Sender<std::result::Result<(), discovery::DiscoveryError>>),
     /// The server was removed: disconnect and end.
     Remove,
 }

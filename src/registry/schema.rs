@@ -104,12 +104,23 @@ pub struct SchemaProblem(pub String);
 const FALLBACK: [Dialect; 5] =
     [Dialect::Draft202012, Dialect::Draft201909, Dialect::Draft07, Dialect::Draft06, Dialect::Draft04];
 
-fn build(schema: &Value, dialect: Dialect) -> Result<jsonschema::Validator, String> {
+/// Why a schema does not compile in one dialect: the compiler's message (cut to 300
+/// characters), located in the schema when the compiler says where.
+#[derive(Debug, thiserror::Error)]
+enum BuildError {
+    /// The compiler named no place in the schema.
+    #[error("{message}")]
+    Whole { message: String },
+    /// Meta-schema errors locate the offending keyword in the schema itself.
+    #[error("at {at}: {message}")]
+    At { at: String, message: String },
+}
+
+fn build(schema: &Value, dialect: Dialect) -> Result<jsonschema::Validator, BuildError> {
     jsonschema::options().with_draft(dialect.draft()).build(schema).map_err(|e| {
-        // Meta-schema errors locate the offending keyword in the schema itself.
         let at = e.instance_path().to_string();
         let message = crate::evidence::excerpt(&e.to_string(), 300);
-        if at.is_empty() { message } else { format!("at {at}: {message}") }
+        if at.is_empty() { BuildError::Whole { message } } else { BuildError::At { at, message } }
     })
 }
 
@@ -137,7 +148,7 @@ pub fn compile(schema: &Value) -> Result<Compiled, SchemaProblem> {
         .then_some(Dialect::Draft04)
         .into_iter()
         .chain(FALLBACK.into_iter().filter(|d| !(draft04_first && *d == Dialect::Draft04)));
-    let mut first_error: Option<(Dialect, String)> = None;
+    let mut first_error: Option<(Dialect, BuildError)> = None;
     for dialect in order {
         match build(schema, dialect) {
             Ok(validator) => return Ok(Compiled { validator, dialect: SchemaDialect { dialect, declared: false } }),
@@ -146,7 +157,8 @@ pub fn compile(schema: &Value) -> Result<Compiled, SchemaProblem> {
             }
         }
     }
-    let (dialect, e) = first_error.unwrap_or((Dialect::Draft202012, "no dialect was tried".into()));
+    let (dialect, e) =
+        first_error.map(|(d, e)| (d, e.to_string())).unwrap_or((Dialect::Draft202012, "no dialect was tried".into()));
     Err(SchemaProblem(format!(
         "the schema declares no $schema and compiles under no JSON Schema dialect (2020-12, 2019-09, draft-07, \
          draft-06, draft-04); as {}: {e}",

@@ -54,6 +54,32 @@ pub enum LoadError {
     Failed(String),
 }
 
+/// Why embedding texts with a loaded model failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EmbedError {
+    /// ONNX Runtime or the tokenizer returned an error (its message).
+    #[error("{0}")]
+    Run(String),
+    /// ONNX Runtime or the tokenizer panicked (the panic message).
+    #[error("embedding panicked: {0}")]
+    Panicked(String),
+    /// A query run returned no vector.
+    #[error("the model returned no vector")]
+    NoVector,
+    /// A tool run returned fewer vectors than the (name, body) fields need.
+    #[error("the model returned too few vectors")]
+    TooFewVectors,
+    /// A batch run returned a different number of vectors than texts, or vectors of the
+    /// wrong dimension.
+    #[error("the model returned {vectors} vectors for {texts} texts")]
+    WrongCount {
+        /// Vectors returned.
+        vectors: usize,
+        /// Texts given.
+        texts: usize,
+    },
+}
+
 /// Where to load a model from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelSource {
@@ -110,10 +136,12 @@ impl Model {
     }
 
     /// Embeds one query (a turn's task) on the query session: an L2-normalised vector.
-    pub fn embed_query(&self, text: &str) -> Result<Vec<f32>, String> {
+    ///
+    /// Errors: [`EmbedError`] when the run fails or returns no vector.
+    pub fn embed_query(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
         let text = truncate(text, MAX_EMBED_TEXT_BYTES);
         let mut out = run(&self.query, &[text])?;
-        out.pop().ok_or_else(|| "the model returned no vector".to_owned())
+        out.pop().ok_or(EmbedError::NoVector)
     }
 
     /// Tool vectors for (name, body) fields (the server's `exposure::tool_fields`) on the
@@ -126,7 +154,9 @@ impl Model {
     /// it does when the whole text is embedded at once. On the MetaTool development set
     /// (2,000 queries, seed 7) dense Recall@20 is 0.882 with the whole text, 0.887 with the
     /// body alone and 0.899 with this combination; weights 0.2–0.5 are within 0.002.
-    pub fn embed_tools(&self, fields: &[(&str, &str)]) -> Result<Vec<Vec<f32>>, String> {
+    ///
+    /// Errors: those of [`Model::embed_batch`], or [`EmbedError::TooFewVectors`].
+    pub fn embed_tools(&self, fields: &[(&str, &str)]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let mut texts = Vec::with_capacity(fields.len() * 2);
         for (name, body) in fields {
             texts.push(*name);
@@ -138,11 +168,11 @@ impl Model {
         let mut it = vectors.into_iter();
         let mut out = Vec::with_capacity(fields.len());
         for (_, body) in fields {
-            let name = it.next().ok_or("the model returned too few vectors")?;
+            let name = it.next().ok_or(EmbedError::TooFewVectors)?;
             if body.is_empty() {
                 out.push(name);
             } else {
-                let body = it.next().ok_or("the model returned too few vectors")?;
+                let body = it.next().ok_or(EmbedError::TooFewVectors)?;
                 out.push(body.iter().zip(&name).map(|(b, n)| b + NAME_WEIGHT * n).collect());
             }
         }
@@ -157,23 +187,26 @@ impl Model {
 
     /// Embeds texts on the batch session (one ONNX run per call): L2-normalised vectors in
     /// input order. Texts longer than [`MAX_EMBED_TEXT_BYTES`] are cut first.
-    pub fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+    ///
+    /// Errors: [`EmbedError::Run`]/[`EmbedError::Panicked`] when the run fails,
+    /// [`EmbedError::WrongCount`] when its output does not match the texts.
+    pub fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let texts: Vec<&str> = texts.iter().map(|t| truncate(t, MAX_EMBED_TEXT_BYTES)).collect();
         let out = run(&self.batch, &texts)?;
         if out.len() != texts.len() || out.iter().any(|v| v.len() != self.dim) {
-            return Err(format!("the model returned {} vectors for {} texts", out.len(), texts.len()));
+            return Err(EmbedError::WrongCount { vectors: out.len(), texts: texts.len() });
         }
         Ok(out)
     }
 }
 
-fn run(session: &Mutex<TextEmbedding>, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+fn run(session: &Mutex<TextEmbedding>, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
     let mut session = session.lock();
     let n = texts.len().max(1);
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| session.embed(texts, Some(n)))) {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(panic) => Err(format!("embedding panicked: {}", panic_message(&panic))),
+        Ok(Err(e)) => Err(EmbedError::Run(e.to_string())),
+        Err(panic) => Err(EmbedError::Panicked(panic_message(&panic))),
     }
 }
 
@@ -195,6 +228,15 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
+/// Why the ONNX Runtime library could not be loaded or its environment built.
+#[derive(Debug, thiserror::Error)]
+enum RuntimeError {
+    #[error(transparent)]
+    Load(#[from] ort::LoadDynamicError),
+    #[error(transparent)]
+    Build(#[from] ort::Error),
 }
 
 /// The library ONNX Runtime was loaded from in this process and its one environment (a
@@ -219,9 +261,8 @@ fn load_runtime(path: &Path) -> Result<Environment, LoadError> {
             path.display()
         )));
     }
-    let loaded = std::panic::catch_unwind(|| -> Result<Environment, String> {
-        let builder = ort::init_from(path).map_err(|e| e.to_string())?;
-        builder.with_name("mira").with_telemetry(false).build().map_err(|e| e.to_string())
+    let loaded = std::panic::catch_unwind(|| -> Result<Environment, RuntimeError> {
+        Ok(ort::init_from(path)?.with_name("mira").with_telemetry(false).build()?)
     });
     match loaded {
         Ok(Ok(env)) => {
