@@ -55,9 +55,10 @@ impl Store {
 
     /// A run's evidence, oldest first.
     pub async fn list_evidence(&self, run_id: &str, cursor: Option<&str>, limit: i64) -> StoreResult<Vec<EvidenceRow>> {
-        Ok(sqlx::query_as("SELECT * FROM evidence WHERE run_id = $1 AND ($2 = '' OR id > $2) ORDER BY id LIMIT $3")
+        Ok(sqlx::query_as("SELECT * FROM evidence WHERE run_id = $1 AND ($2 IS NULL OR id > $2) ORDER BY id LIMIT $3")
             .bind(run_id)
-            .bind(cursor.unwrap_or(""))
+            // An empty cursor is no cursor (as it always was).
+            .bind(cursor.filter(|c| !c.is_empty()))
             .bind(limit)
             .fetch_all(self.pool())
             .await?)

@@ -300,12 +300,15 @@ impl Store {
         cursor: Option<&str>,
         limit: i64,
     ) -> StoreResult<Vec<InvocationRow>> {
-        Ok(sqlx::query_as("SELECT * FROM invocations WHERE run_id = $1 AND ($2 = '' OR id > $2) ORDER BY id LIMIT $3")
-            .bind(run_id)
-            .bind(cursor.unwrap_or(""))
-            .bind(limit)
-            .fetch_all(self.pool())
-            .await?)
+        Ok(sqlx::query_as(
+            "SELECT * FROM invocations WHERE run_id = $1 AND ($2 IS NULL OR id > $2) ORDER BY id LIMIT $3",
+        )
+        .bind(run_id)
+        // An empty cursor is no cursor (as it always was).
+        .bind(cursor.filter(|c| !c.is_empty()))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
     }
 
     /// Claims the oldest queued invocation that may run: approval-free, or carrying a
@@ -436,9 +439,10 @@ impl Store {
         let now = ids::now();
         let orphans: Vec<InvocationRow> = sqlx::query_as(
             "SELECT * FROM invocations WHERE status = 'running'
-             AND (($1 <> '' AND substr(claimed_by, 1, length($1)) = $1) OR lease_until < $2)",
+             AND (($1 IS NOT NULL AND substr(claimed_by, 1, length($1)) = $1) OR lease_until < $2)",
         )
-        .bind(dead_node_prefix.unwrap_or(""))
+        // An empty prefix would match every node: it sweeps expired leases only (as it always did).
+        .bind(dead_node_prefix.filter(|p| !p.is_empty()))
         .bind(&now)
         .fetch_all(self.pool())
         .await?;
@@ -456,7 +460,7 @@ impl Store {
             .bind(result.to_string())
             .bind(&now)
             .bind(&inv.id)
-            .bind(inv.claimed_by.as_deref().unwrap_or(""))
+            .bind(inv.claimed_by.as_deref())
             .execute(tx.conn())
             .await?;
             if done.rows_affected() == 1 {

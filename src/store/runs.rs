@@ -337,12 +337,15 @@ impl Store {
 
     /// The caller's runs, newest first, `limit` at a time after `cursor` (a run id).
     pub async fn list_runs(&self, owner_id: &str, cursor: Option<&str>, limit: i64) -> StoreResult<Vec<RunRow>> {
-        Ok(sqlx::query_as("SELECT * FROM runs WHERE owner_id = $1 AND ($2 = '' OR id < $2) ORDER BY id DESC LIMIT $3")
-            .bind(owner_id)
-            .bind(cursor.unwrap_or(""))
-            .bind(limit)
-            .fetch_all(self.pool())
-            .await?)
+        Ok(sqlx::query_as(
+            "SELECT * FROM runs WHERE owner_id = $1 AND ($2 IS NULL OR id < $2) ORDER BY id DESC LIMIT $3",
+        )
+        .bind(owner_id)
+        // An empty cursor is no cursor (as it always was).
+        .bind(cursor.filter(|c| !c.is_empty()))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
     }
 
     /// Stores a turn with its exposure and appends `exposure.created`, atomically.

@@ -353,12 +353,13 @@ impl Store {
         limit: i64,
     ) -> StoreResult<Vec<NewsSourceRow>> {
         let sql = format!(
-            "SELECT {SOURCE_COLUMNS} FROM news_sources WHERE (owner_id = $1 OR owner_id IS NULL) AND id > $2
-             ORDER BY id LIMIT $3"
+            "SELECT {SOURCE_COLUMNS} FROM news_sources WHERE (owner_id = $1 OR owner_id IS NULL)
+             AND ($2 IS NULL OR id > $2) ORDER BY id LIMIT $3"
         );
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(user_id)
-            .bind(cursor.unwrap_or(""))
+            // An empty cursor is no cursor (every id sorts after it, as it always did).
+            .bind(cursor.filter(|c| !c.is_empty()))
             .bind(limit)
             .fetch_all(self.pool())
             .await?)

@@ -168,11 +168,12 @@ impl Store {
     ) -> StoreResult<Vec<TerminalSessionRow>> {
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT s.*, {REPORTED_TO} AS reported_to FROM terminal_sessions s WHERE s.owner_id = $1
-             AND ($2 = '' OR s.run_id = $2) AND ($3 = '' OR s.id < $3) ORDER BY s.id DESC LIMIT $4"
+             AND ($2 IS NULL OR s.run_id = $2) AND ($3 IS NULL OR s.id < $3) ORDER BY s.id DESC LIMIT $4"
         )))
         .bind(owner_id)
-        .bind(run_id.unwrap_or(""))
-        .bind(cursor.unwrap_or(""))
+        // An empty filter is no filter (as it always was).
+        .bind(run_id.filter(|r| !r.is_empty()))
+        .bind(cursor.filter(|c| !c.is_empty()))
         .bind(limit)
         .fetch_all(self.pool())
         .await?)
