@@ -33,7 +33,7 @@ pub enum EmbedQueryError {
     NotReady(String),
     /// The model is ready but embedding the query failed.
     #[error("embedding the task failed: {0}; ranked by BM25")]
-    Failed(#[from] crate::embedding::model::EmbedError),
+    Failed(#[from] mira_embed::EmbedError),
 }
 
 /// How the hybrid combines the two rankings.

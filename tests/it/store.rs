@@ -82,6 +82,34 @@ async fn runs_paginate_newest_first(backend: Backend) {
     assert!(ids.windows(2).all(|w| w[0] > w[1]), "{ids:?}");
 }
 
+/// "No filter" is a NULL bind; an empty string still means no filter, a cursor still filters,
+/// and an empty node prefix never sweeps live invocations.
+async fn list_filters_none_empty_and_cursor(backend: Backend) {
+    let f = fixture(backend).await;
+    f.store.create_run(&f.user, &f.run.workspace_id, None, None).await.unwrap();
+    let none = f.store.list_runs(&f.user, None, 10).await.unwrap();
+    let empty = f.store.list_runs(&f.user, Some(""), 10).await.unwrap();
+    assert_eq!(none.len(), 2);
+    assert_eq!(none.iter().map(|r| &r.id).collect::<Vec<_>>(), empty.iter().map(|r| &r.id).collect::<Vec<_>>());
+    assert_eq!(f.store.list_runs(&f.user, Some(&none[0].id), 10).await.unwrap().len(), 1);
+
+    let (a, _) = freeze(&f, "a", false).await;
+    freeze(&f, "b", false).await;
+    assert_eq!(f.store.list_invocations(&f.run.id, None, 10).await.unwrap().len(), 2);
+    assert_eq!(f.store.list_invocations(&f.run.id, Some(""), 10).await.unwrap().len(), 2);
+    let after = f.store.list_invocations(&f.run.id, Some(&a.id), 10).await.unwrap();
+    assert_eq!(after.len(), 1);
+    assert_ne!(after[0].id, a.id);
+    assert!(f.store.list_evidence(&f.run.id, None, 10).await.unwrap().is_empty());
+    assert!(f.store.list_evidence(&f.run.id, Some(""), 10).await.unwrap().is_empty());
+
+    assert!(f.store.claim_next("node-live", 60_000).await.unwrap().is_some());
+    assert_eq!(f.store.interrupt_orphans(None).await.unwrap(), 0);
+    assert_eq!(f.store.interrupt_orphans(Some("")).await.unwrap(), 0, "an empty prefix matches no node");
+    assert_eq!(f.store.interrupt_orphans(Some("node-other")).await.unwrap(), 0);
+    assert_eq!(f.store.interrupt_orphans(Some("node-li")).await.unwrap(), 1);
+}
+
 async fn concurrent_event_appends_get_distinct_monotonic_ids(backend: Backend) {
     let f = Arc::new(fixture(backend).await);
     let mut tasks = Vec::new();
@@ -334,6 +362,7 @@ async fn bus_wakes_after_commit_only(backend: Backend) {
 both_backends!(
     users_tokens_and_isolation,
     runs_paginate_newest_first,
+    list_filters_none_empty_and_cursor,
     concurrent_event_appends_get_distinct_monotonic_ids,
     freezing_is_idempotent_per_call_id,
     claims_are_exclusive_and_gated,
