@@ -69,6 +69,9 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let registry = Arc::new(Registry::new());
     let config = Arc::new(settings.runtime.clone());
     let node_id = node_id(&settings.data_dir)?;
+    // No tool opens the data dir, even where it lies inside a workspace.
+    crate::workspace::reserve(&settings.data_dir)
+        .with_context(|| format!("reserving data dir {}", settings.data_dir.display()))?;
     let sandbox = {
         let (cfg, dir, url, node) = (
             settings.runtime.sandbox.clone(),

@@ -299,3 +299,53 @@ both_backends!(
     a_single_user_deployment_may_allow_hard_link_reads,
     workspace_paths_are_no_oracle_for_non_admins,
 );
+
+/// The default `cargo run -- serve` layout, data dir inside the workspace: no Read or Edit
+/// tool of a non-admin opens it — not by its path, not through a symlink to it — so the admin
+/// token never reaches a result, and nothing in it is written, moved or deleted.
+async fn data_dir_inside_the_workspace_is_never_opened(backend: Backend) {
+    let t = spawn_with(backend, Options { data_in_workspace: true, ..Options::default() }).await;
+    let token = t.user("mallory").await;
+    std::os::unix::fs::symlink("data", t.workspace.join("d")).unwrap();
+    let secret = std::fs::read_to_string(t.data_dir.join("admin.token")).unwrap();
+    let secret = secret.trim();
+    let before = files(&t.data_dir);
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "read and change files").await;
+    let reads = [
+        ("read_open", json!({"path": "data/admin.token"})),
+        ("read_open", json!({"path": "d/admin.token"})),
+        ("grep", json!({"pattern": "[a-z0-9]", "path": "data"})),
+        ("grep", json!({"pattern": secret})),
+    ];
+    for (i, (tool, input)) in reads.into_iter().enumerate() {
+        let r = t.call(&token, &run, &turn, tool, &format!("r{i}"), input.clone()).await;
+        // What came back (the result or the refusal), not the echoed input.
+        let text = match r.body["invocation_id"].as_str() {
+            Some(id) => t.wait_final(&token, id).await["result"].to_string(),
+            None => r.body["error"].to_string(),
+        };
+        assert!(!text.contains(secret), "{tool} {input} leaked the admin token: {text}");
+        if tool == "read_open" {
+            assert!(text.contains("outside_workspace"), "{tool} {input}: {text}");
+        }
+    }
+    let edits = [
+        ("write_file", json!({"path": "data/x.txt", "content": "x"})),
+        ("write_file", json!({"path": "d/admin.token", "content": "x"})),
+        ("delete_path", json!({"path": "data/mira.db"})),
+        ("move_path", json!({"from": "data", "to": "elsewhere"})),
+    ];
+    for (i, (tool, input)) in edits.into_iter().enumerate() {
+        let r = t.call(&token, &run, &turn, tool, &format!("e{i}"), input.clone()).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{tool} {input}: {r:?}");
+        assert!(r.body.to_string().contains("outside_workspace"), "{tool} {input}: {r:?}");
+    }
+    let after = files(&t.data_dir);
+    let kept = |list: &[(String, String)], name: &str| list.iter().find(|(n, _)| n == name).cloned();
+    assert_eq!(kept(&after, "admin.token"), kept(&before, "admin.token"));
+    assert!(after.iter().any(|(n, _)| n == "mira.db") == before.iter().any(|(n, _)| n == "mira.db"));
+    assert!(!t.data_dir.join("x.txt").exists());
+}
+
+both_backends!(data_dir_inside_the_workspace_is_never_opened);

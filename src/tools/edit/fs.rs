@@ -68,6 +68,9 @@ pub fn locate(ws: &Workspace, rel: &str, parents: Parents) -> Result<Located, To
         _ => return Err(root_refused(rel)),
     };
     let mut dir = ws.dir().try_clone().map_err(|e| workspace::io_error(rel, &e))?;
+    if workspace::is_reserved(&dir, None) {
+        return Err(workspace::reserved_refused(rel));
+    }
     let mut walked = String::new();
     let mut missing = Vec::new();
     for (i, part) in parts.iter().enumerate() {
@@ -100,6 +103,12 @@ pub fn locate(ws: &Workspace, rel: &str, parents: Parents) -> Result<Located, To
             Err(e) => return Err(walk_error(rel, &walked, &e)),
         }
         dir = dir.open_dir_nofollow(part).map_err(|e| walk_error(rel, &walked, &e))?;
+        if workspace::is_reserved(&dir, None) {
+            return Err(workspace::reserved_refused(rel));
+        }
+    }
+    if workspace::is_reserved(&dir, Some(&name)) {
+        return Err(workspace::reserved_refused(rel));
     }
     Ok(Located { dir: Some(dir), name, missing_dirs: missing })
 }

@@ -19,7 +19,7 @@ pub mod sweep;
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd as _;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -264,6 +264,9 @@ impl Workspace {
         if meta.nlink() > 1 && self.hard_links == HardLinks::Refuse {
             return Err(hard_link_refused(rel, meta.nlink()));
         }
+        if is_reserved(&file, None) {
+            return Err(reserved_refused(rel));
+        }
         Ok((file, meta))
     }
 
@@ -316,6 +319,46 @@ pub fn normalize(rel: &str) -> Result<String, ToolError> {
         }
     }
     Ok(if parts.is_empty() { ".".to_owned() } else { parts.join("/") })
+}
+
+/// The server's own folders (its data dir: admin token, secret key, database, indexes) that
+/// the tools never open, even where one lies inside a workspace (the default `./data` of a
+/// server whose workspace is its own folder). Process-wide, because every server of the
+/// process must hide its folder from every workspace; canonical paths, compared with the
+/// kernel's path of an opened handle (`/proc/self/fd`), so symlinks do not hide them.
+static RESERVED: std::sync::RwLock<Vec<PathBuf>> = std::sync::RwLock::new(Vec::new());
+
+/// Adds `dir` (canonicalised; it must exist) to the folders the tools never open.
+/// Errors: the folder cannot be canonicalised.
+pub fn reserve(dir: &Path) -> io::Result<()> {
+    let dir = dir.canonicalize()?;
+    let mut reserved = RESERVED.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !reserved.contains(&dir) {
+        reserved.push(dir);
+    }
+    Ok(())
+}
+
+/// Whether the opened handle `fd`, or its entry `name` when given, is a reserved folder or
+/// lies beneath one ([`reserve`]). A handle whose path cannot be read counts as reserved.
+pub fn is_reserved(fd: &impl AsRawFd, name: Option<&str>) -> bool {
+    let reserved = RESERVED.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if reserved.is_empty() {
+        return false;
+    }
+    let Ok(mut path) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+        return true;
+    };
+    if let Some(name) = name {
+        path.push(name);
+    }
+    reserved.iter().any(|r| path.starts_with(r))
+}
+
+/// The `outside_workspace` error for a path that is one of the server's own folders.
+pub fn reserved_refused(rel: &str) -> ToolError {
+    ToolError::new(ErrorCode::OutsideWorkspace, format!("{rel} is part of the server's data dir, which no tool opens"))
+        .with_details(json!({"path": rel, "reserved": true}))
 }
 
 /// The `outside_workspace` error for `rel`.
