@@ -1,7 +1,7 @@
 //! The chain's error type. Every stage returns [`Error`]; `crate::http::error` maps it to
 //! an HTTP status and the `{"error": {code, message, details}}` body in one place.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 pub use mira_core::error_code as code;
 pub use mira_core::error_code::ErrorCode;
@@ -101,6 +101,13 @@ impl Error {
     pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
         debug_assert_eq!(code.status(), 400, "{code} is not a 400");
         Error::BadRequest { code, message: message.into(), details: Value::Null }
+    }
+
+    /// A 400 `invalid_request` about one field of the body: `details` is `{"field": field}`
+    /// (the field's path, e.g. `title` or `input.path`), the same shape as a body that does not
+    /// deserialise.
+    pub fn invalid_field(field: &str, message: impl Into<String>) -> Self {
+        Error::BadRequest { code: ErrorCode::InvalidRequest, message: message.into(), details: json!({"field": field}) }
     }
 
     /// A 409 with code, message and details (`code` is a 409 of the catalogue).

@@ -237,7 +237,7 @@ pub async fn deny(
     Json(body): Json<DenyBody>,
 ) -> Result<Json<ApprovalView>> {
     if body.reason.as_ref().is_some_and(|r| r.len() > 2000) {
-        return Err(Error::bad_request(ErrorCode::InvalidRequest, "reason must be at most 2000 characters"));
+        return Err(Error::invalid_field("reason", "reason must be at most 2000 characters"));
     }
     let row = approval::deny(&app.store, &user.decider(), &id, body.reason.as_deref()).await?;
     Ok(Json(view(row, &user.viewer())?))

@@ -11,7 +11,6 @@ use super::auth::AuthUser;
 use super::error::{Json, Path, Query};
 use super::runs::owned_run;
 use crate::app::App;
-use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::store::{EvidenceRow, json_col};
 
@@ -133,7 +132,7 @@ pub async fn accept(
     Json(body): Json<AcceptanceBody>,
 ) -> Result<Json<EvidenceView>> {
     if body.note.as_ref().is_some_and(|n| n.len() > 2000) {
-        return Err(Error::bad_request(ErrorCode::InvalidRequest, "note must be at most 2000 characters"));
+        return Err(Error::invalid_field("note", "note must be at most 2000 characters"));
     }
     let row = app
         .store

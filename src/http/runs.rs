@@ -76,7 +76,7 @@ pub async fn create_run(
     Json(body): Json<CreateRun>,
 ) -> Result<(StatusCode, Json<RunView>)> {
     if body.title.as_ref().is_some_and(|t| t.len() > 256) {
-        return Err(Error::bad_request(ErrorCode::InvalidRequest, "title must be at most 256 characters"));
+        return Err(Error::invalid_field("title", "title must be at most 256 characters"));
     }
     let workspace = match &body.workspace_id {
         Some(id) => app.store.workspace_for(&user.user_id, id).await?,

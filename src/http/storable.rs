@@ -301,11 +301,23 @@ pub fn from_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Body
     };
     let value = serde_path_to_error::deserialize(Guard(&mut de)).map_err(|e| {
         let path = e.path().to_string();
-        classify(e.into_inner(), path)
+        let inner = e.into_inner();
+        // serde reports a missing field at the object holding it: name the field itself.
+        let path = match missing_field(&inner.to_string()) {
+            Some(field) if path == "." => field.to_owned(),
+            Some(field) => format!("{path}.{field}"),
+            None => path,
+        };
+        classify(inner, path)
     })?;
     // Characters after the document are a syntax error, as with serde_json::from_slice.
     de.end().map_err(|e| classify(e, ".".into()))?;
     Ok(value)
+}
+
+/// The field named by serde's "missing field `x`" message.
+fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.split('`').next()
 }
 
 #[cfg(test)]
@@ -348,5 +360,10 @@ mod tests {
         assert!(matches!(from_json::<Body>(br#"{"title":"\ud800"}"#), Err(BodyError::Syntax(_))));
         assert!(matches!(from_json::<Body>(br#"{"title":"#), Err(BodyError::Syntax(_))));
         assert!(matches!(from_json::<Body>(br#"{"title":1}"#), Err(BodyError::Shape { .. })));
+        // A missing field is named, not its parent.
+        match from_json::<Body>(br#"{"tags":[]}"#) {
+            Err(BodyError::Shape { path, .. }) => assert_eq!(path, "title"),
+            other => panic!("{other:?}"),
+        }
     }
 }

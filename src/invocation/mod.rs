@@ -151,8 +151,8 @@ pub async fn freeze(
 ) -> std::result::Result<Frozen, FreezeError> {
     let run = scope.run;
     if req.tool_call_id.is_empty() || req.tool_call_id.len() > MAX_CALL_ID_BYTES {
-        return Err(Error::bad_request(
-            ErrorCode::InvalidRequest,
+        return Err(Error::invalid_field(
+            "tool_call_id",
             format!("tool_call_id must be 1 to {MAX_CALL_ID_BYTES} bytes"),
         )
         .into());

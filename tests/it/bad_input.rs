@@ -255,7 +255,25 @@ async fn integers_out_of_range_are_422(backend: Backend) {
     assert_eq!(done["result"]["output"]["start_line"], 2, "{done}");
 }
 
+/// A 400 about one field names it in `details.field`: a missing field, a wrong type, a value
+/// too long.
+async fn bad_fields_are_named(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = t.user("alice").await;
+    let run = t.run(&token).await;
+    let field = |r: &crate::common::Resp| (r.status, r.code().to_owned(), r.body["error"]["details"]["field"].clone());
+    let bad = StatusCode::BAD_REQUEST;
+    let r = t.post(&format!("/v1/runs/{run}/turns"), &token, json!({})).await;
+    assert_eq!(field(&r), (bad, "invalid_request".into(), json!("task")), "{r:?}");
+    let r = t.post("/v1/runs", &token, json!({"title": "x".repeat(300)})).await;
+    assert_eq!(field(&r), (bad, "invalid_request".into(), json!("title")), "{r:?}");
+    let (turn, _) = t.turn(&token, &run, "read files").await;
+    let r = t.call(&token, &run, &turn, "read_open", &"c".repeat(1000), json!({"path": "a.txt"})).await;
+    assert_eq!(field(&r), (bad, "invalid_request".into(), json!("tool_call_id")), "{r:?}");
+}
+
 both_backends!(
+    bad_fields_are_named,
     nul_is_refused_by_every_operation,
     nul_in_named_fields,
     bad_body_catalogue,
