@@ -5,7 +5,7 @@
 //! JSON, a body over the limit, a bad query string) are turned into the same error shape.
 
 use axum::extract::FromRequest;
-use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::rejection::PathRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -72,12 +72,6 @@ impl IntoResponse for Error {
                 .insert(axum::http::header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
         }
         response
-    }
-}
-
-impl From<QueryRejection> for Error {
-    fn from(r: QueryRejection) -> Self {
-        Error::bad_request(ErrorCode::InvalidQuery, r.body_text())
     }
 }
 
@@ -181,7 +175,22 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestP
                 }
             }
         }
-        axum::extract::Query::<T>::try_from_uri(&parts.uri).map(|q| Query(q.0)).map_err(Error::from)
+        // What axum's Query does (serde_urlencoded), with the parameter named in the error.
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(de).map(Query).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            let parameter =
+                if path == "." { super::storable::missing_field(&message).map(str::to_owned) } else { Some(path) };
+            match parameter {
+                Some(name) => Error::BadRequest {
+                    code: ErrorCode::InvalidQuery,
+                    message: format!("query parameter {name}: {message}"),
+                    details: json!({"parameter": name}),
+                },
+                None => Error::bad_request(ErrorCode::InvalidQuery, format!("the query string is invalid: {message}")),
+            }
+        })
     }
 }
 

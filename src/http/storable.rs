@@ -316,7 +316,7 @@ pub fn from_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Body
 }
 
 /// The field named by serde's "missing field `x`" message.
-fn missing_field(message: &str) -> Option<&str> {
+pub(crate) fn missing_field(message: &str) -> Option<&str> {
     message.strip_prefix("missing field `")?.split('`').next()
 }
 

@@ -270,6 +270,16 @@ async fn bad_fields_are_named(backend: Backend) {
     let (turn, _) = t.turn(&token, &run, "read files").await;
     let r = t.call(&token, &run, &turn, "read_open", &"c".repeat(1000), json!({"path": "a.txt"})).await;
     assert_eq!(field(&r), (bad, "invalid_request".into(), json!("tool_call_id")), "{r:?}");
+    // A body's unknown field, and query parameters: unknown, or of the wrong type.
+    let r = t.post("/v1/runs", &token, json!({"surprise": 1})).await;
+    assert_eq!(field(&r), (bad, "invalid_request".into(), json!("surprise")), "{r:?}");
+    for (query, name) in [("bogus=1", "bogus"), ("limit=abc", "limit")] {
+        let r = t.get(&format!("/v1/runs?{query}"), &token).await;
+        assert_eq!((r.status, r.code()), (bad, "invalid_query"), "{query}: {r:?}");
+        assert_eq!(r.body["error"]["details"]["parameter"], name, "{query}: {r:?}");
+        let message = r.body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(&format!("query parameter {name}: ")), "{message}");
+    }
 }
 
 both_backends!(
