@@ -45,6 +45,8 @@ pub struct App {
     pub sandbox: Arc<crate::sandbox::Sandbox>,
     /// Open event streams per user (the cap of `--max-streams-per-user`).
     pub streams: Arc<crate::limits::StreamLimiter>,
+    /// This replica's identity and cluster settings.
+    pub node: Arc<crate::cluster::Node>,
 }
 
 impl App {

@@ -72,6 +72,9 @@ pub struct ServeConfig {
     #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
     pub http: crate::limits::HttpLimits,
+    #[allow(missing_docs)] // A flattened section: its help is its own fields'.
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 /// The embedding model that ranks exposures beyond 20 tools (none: BM25 only).
@@ -167,6 +170,8 @@ pub struct RuntimeConfig {
     pub sandbox: crate::sandbox::SandboxConfig,
     /// Connection and stream limits of the HTTP server.
     pub http: crate::limits::HttpLimits,
+    /// Replicas on one database: cluster secret, internal address, heartbeat.
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -186,6 +191,12 @@ impl Default for RuntimeConfig {
             four_eyes_domains: Vec::new(),
             sandbox: crate::sandbox::SandboxConfig::default(),
             http: crate::limits::HttpLimits::default(),
+            cluster: crate::cluster::ClusterConfig {
+                heartbeat_secs: 2,
+                dead_after_secs: 10,
+                database_wait_secs: 0,
+                ..Default::default()
+            },
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod app;
 pub mod approval;
 pub mod auth;
 pub mod availability;
+pub mod cluster;
 pub mod config;
 pub mod embedding;
 pub mod error;

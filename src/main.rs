@@ -168,6 +168,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
                 .collect(),
             sandbox: cfg.sandbox.clone(),
             http: cfg.http.clone(),
+            cluster: cfg.cluster.clone(),
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,

@@ -60,6 +60,38 @@ pub async fn open_store(data_dir: &Path, url: &str) -> anyhow::Result<Store> {
     Ok(store)
 }
 
+/// [`open_store`], retrying for up to `wait` while the database cannot be reached (each
+/// failure logged with the next attempt's delay); then the last error.
+pub async fn open_store_waiting(data_dir: &Path, url: &str, wait: Duration) -> anyhow::Result<Store> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match open_store(data_dir, url).await {
+            Ok(store) => return Ok(store),
+            Err(e) if tokio::time::Instant::now() + delay < deadline && unreachable_database(&e) => {
+                tracing::warn!(error = %format!("{e:#}"), retry_in_ms = delay.as_millis() as u64,
+                    "the database cannot be reached; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether opening the store failed because the database could not be reached (worth a
+/// retry), not because of a bad URL or a failed migration.
+fn unreachable_database(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<crate::store::StoreError>(),
+            Some(crate::store::StoreError::Db(
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)
+            ))
+        ) || matches!(c.downcast_ref::<crate::store::StoreError>(), Some(crate::store::StoreError::Db(sqlx::Error::Database(d))) if d.code().is_some_and(|c| c.starts_with("57P") || c == "08006" || c == "08001"))
+    })
+}
+
 /// Builds the application around a migrated store: registers the core tools, opens the
 /// default workspace, recovers invocations a previous incarnation left running, and sets
 /// up hybrid exposure ranking over the tool index (the model loads once serving starts,
@@ -118,12 +150,21 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     } else {
         crate::workspace::HardLinks::Refuse
     };
-    let executor = Arc::new(LocalExecutor::new(store.clone(), hard_links, &stable));
+    let local = Arc::new(LocalExecutor::new(store.clone(), hard_links, &stable));
     let limits = HarnessLimits {
         concurrency: settings.runtime.execution_concurrency,
         timeout: Duration::from_secs(settings.runtime.execution_timeout_secs),
         lease: Duration::from_secs(30),
     };
+    let cluster_node = Arc::new(crate::cluster::Node {
+        id: stable.clone(),
+        process_id: node.clone(),
+        config: settings.runtime.cluster.clone(),
+    });
+    let executor = Arc::new(
+        crate::cluster::forward::ClusterExecutor::new(local, store.clone(), cluster_node.clone())
+            .context("building the cluster's HTTP client")?,
+    );
     let harness = Arc::new(Harness::new(store.clone(), registry.clone(), executor, node, limits));
     let interrupted = harness.recover(&format!("{stable}:")).await?;
     if interrupted > 0 {
@@ -148,6 +189,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         terminal: core.terminal,
         sandbox,
         streams: crate::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
+        node: cluster_node,
     })
 }
 
@@ -262,7 +304,8 @@ impl Server {
     /// Opens the store, builds the app, binds and starts serving and executing.
     pub async fn start(settings: Settings) -> anyhow::Result<Server> {
         crate::net::install_tls_provider();
-        let store = open_store(&settings.data_dir, &settings.database_url).await?;
+        let wait = Duration::from_secs(settings.runtime.cluster.database_wait_secs);
+        let store = open_store_waiting(&settings.data_dir, &settings.database_url, wait).await?;
         let admin_token_file = bootstrap_admin(&store, &settings.data_dir).await?;
         let app = build(&settings, store).await?;
         Self::serve(settings, app, admin_token_file).await
@@ -275,6 +318,25 @@ impl Server {
             .with_context(|| format!("binding {}", settings.listen))?;
         let addr = tokio::net::TcpListener::local_addr(&listener)?;
         app.sandbox.set_listen_port(addr.port());
+        let internal =
+            (app.node.config.internal_url.clone()).unwrap_or_else(|| crate::cluster::default_internal_url(addr));
+        crate::cluster::register(&app.store, &app.node, &internal).await.context("registering this replica")?;
+        crate::cluster::spawn_heartbeat(
+            app.store.clone(),
+            (*app.node).clone(),
+            internal,
+            app.terminal.clone(),
+            app.shutdown.clone(),
+        );
+        if app.store.backend() == crate::store::Backend::Postgres {
+            crate::events::listen::spawn(
+                settings.database_url.clone(),
+                &app.node.id,
+                app.store.bus().clone(),
+                app.harness.waker().clone(),
+                app.shutdown.clone(),
+            );
+        }
         let harness = app.harness.spawn(app.shutdown.clone());
         let indexer = crate::embedding::worker::spawn(
             app.embeddings.clone(),
@@ -315,6 +377,10 @@ impl Server {
         self.app.terminal.stopped(Duration::from_secs(5)).await;
         self.app.sandbox.release();
         bounded("indexer", self.indexer).await;
+        let node = &self.app.node;
+        if let Err(e) = self.app.store.leave_replica(&node.id, &node.process_id).await {
+            tracing::warn!(error = %e, "recording this replica's stop failed");
+        }
         bounded("store", self.app.store.close()).await;
     }
 }

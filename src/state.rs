@@ -218,6 +218,16 @@ state_enum! {
     }
 }
 
+state_enum! {
+    /// Whether a replica of the cluster is alive (see [`crate::cluster`]).
+    ReplicaState, "replica state" {
+        /// It keeps its heartbeat.
+        Alive = "alive",
+        /// Its heartbeat stopped; another replica declared it dead.
+        Dead = "dead",
+    }
+}
+
 /// A `0/1` integer column read as `bool` (`#[sqlx(try_from = "Flag")]` on a row field):
 /// zero is false, anything else true.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,9 @@
 //! pending inbox in the shape of `GET /v1/approvals?status=pending&limit=200`
 //! (`{"approvals": [...], "next_cursor"}`, oldest first). The first event comes at once; the
 //! next ones only when the inbox changed, checked after every committed event of one of the
-//! caller's runs and at least every 15 s (approvals expire, other replicas write). A reconnect
+//! caller's runs (on Postgres also those committed by other replicas, see
+//! [`crate::events::listen`]), after the cross-replica listener reconnects, and at least
+//! every 15 s (approvals expire). A reconnect
 //! simply gets a fresh snapshot. For admins and approvers the inbox also holds every pending
 //! four-eyes approval of other users (each naming its requester), so their stream is also
 //! woken by the approval events (requested, granted, denied, expired, cancelled) of any run. Keep-alive comments every 15 s; the stream ends when the
@@ -19,7 +21,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -28,7 +30,7 @@ use super::approvals::{ApprovalList, view};
 use super::auth::AuthUser;
 use crate::app::App;
 use crate::error::Result;
-use crate::events::EventKind;
+use crate::events::{EventKind, Heard};
 use crate::store::Viewer;
 
 /// Most approvals in one snapshot (the API's page limit).
@@ -76,10 +78,11 @@ pub async fn approvals_stream(
                     () = app.shutdown.cancelled() => return,
                     () = tx.closed() => return,
                     () = tokio::time::sleep(POLL) => break,
-                    signal = signals.recv() => match signal {
-                        Ok(s) => (s.run_id, s.kind),
-                        Err(broadcast::error::RecvError::Lagged(_)) => break,
-                        Err(broadcast::error::RecvError::Closed) => return,
+                    heard = signals.recv() => match heard {
+                        Heard::Run(s) => (s.run_id, s.kind),
+                        // Signals may have been missed (lag, listener reconnect): re-read.
+                        Heard::Resync => break,
+                        Heard::Closed => return,
                     },
                 };
                 if user.viewer().may_second && changes_approvals(kind) {

@@ -4,6 +4,7 @@
 
 pub mod approvals;
 pub mod auth;
+pub mod cluster;
 pub mod error;
 pub mod events;
 pub mod evidence;
@@ -115,6 +116,7 @@ impl utoipa::Modify for BearerAuth {
 fn api() -> OpenApiRouter<App> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(service::router())
+        .merge(cluster::router())
         .merge(users::router())
         .merge(workspaces::router())
         .merge(tools::router())
@@ -222,6 +224,7 @@ pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router 
         ));
     let streams = streams.layer(axum::middleware::from_fn_with_state(app.clone(), limits::stream_slot));
     api.merge(streams)
+        .merge(cluster::internal_router())
         .merge(web::router())
         .fallback(|| async { Error::NotFound("route") })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })

@@ -57,6 +57,23 @@ pub struct Ready {
     /// What the host offers for sandboxing terminal sessions (Landlock ABI, cgroups) and
     /// which protections are in force.
     pub sandbox: crate::sandbox::SandboxReport,
+    /// This replica: its node id and how it hears other replicas' events.
+    pub replica: ReplicaReady,
+}
+
+/// This replica in `/readyz`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ReplicaReady {
+    /// The data directory's stable node id (owner of its terminal sessions).
+    pub node_id: String,
+    /// `in_process` (SQLite: one process) or `postgres_notify` (LISTEN/NOTIFY between replicas).
+    pub events: &'static str,
+    /// Postgres: the event listener is connected now.
+    pub listening: bool,
+    /// Postgres: listener connections made since start (each one re-read every stream).
+    pub listener_connections: u64,
+    /// Postgres: event notifications received from other replicas since start.
+    pub notifications_received: u64,
 }
 
 /// The process is up.
@@ -93,6 +110,16 @@ pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
         embedding,
         tools_registered: app.registry.all().len(),
         sandbox: app.sandbox.report(),
+        replica: {
+            let l = app.store.bus().listener();
+            ReplicaReady {
+                node_id: app.node.id.clone(),
+                events: if l.enabled.load(Ordering::Relaxed) { "postgres_notify" } else { "in_process" },
+                listening: l.listening.load(Ordering::Relaxed),
+                listener_connections: l.connections.load(Ordering::Relaxed),
+                notifications_received: l.received.load(Ordering::Relaxed),
+            }
+        },
     };
     (status, axum::Json(body))
 }

@@ -15,6 +15,11 @@
 //!   stream then ends.
 //!
 //! Every viewer pulls at its own pace from shared buffers; nothing is queued per viewer.
+//!
+//! With several replicas the stream works from any of them: on a replica other than the
+//! session's owner it reads the stored output, woken by the run's `terminal.output` events
+//! (which reach every replica, see [`crate::events::listen`]), and ends with `exit` once the
+//! session's end is recorded (`lost` when its replica died).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -34,6 +39,7 @@ use super::error::{Json, Path, Query};
 use crate::app::App;
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
+use crate::events::{EventKind, Heard};
 use crate::state::TerminalSessionState;
 use crate::store::TerminalSessionRow;
 use crate::tools::terminal::host::{ExitInfo, Session};
@@ -217,7 +223,8 @@ pub async fn stream_session(
             details: json!({"offset": offset, "bytes_out": total}),
         });
     }
-    let state = Viewer { app, id, live, offset, pending: Vec::new(), exit: None, done: false };
+    let run_id = row.run_id.clone();
+    let state = Viewer { app, id, run_id, live, offset, pending: Vec::new(), exit: None, done: false, signals: None };
     let stream = futures::stream::unfold(state, |mut v| async move {
         if v.done {
             return None;
@@ -232,6 +239,10 @@ pub async fn stream_session(
 struct Viewer {
     app: App,
     id: String,
+    /// The run whose `terminal.output` events announce stored output.
+    run_id: String,
+    /// Bus subscription, taken when the session runs in another replica's process.
+    signals: Option<crate::events::Subscription>,
     live: Option<Arc<Session>>,
     offset: u64,
     /// Bytes of an incomplete UTF-8 character, held until the rest arrives.
@@ -322,8 +333,36 @@ impl Viewer {
                 let (text, _) = decode_utf8(&std::mem::take(&mut self.pending), true);
                 return Some(output_event(start, self.offset, &text));
             }
-            self.done = true;
-            return self.exit_event().await;
+            if let Some(exit) = self.exit_event().await {
+                self.done = true;
+                return Some(exit);
+            }
+            // Still running, in another replica's process (or its end is not recorded yet):
+            // wait for more output to be stored (a `terminal.output` event of its run, from
+            // any replica) or for its end, re-reading at least every second.
+            let still_running = matches!(self.app.store.terminal_session_for_any(&self.id).await,
+                Ok(Some(row)) if row.state == TerminalSessionState::Running);
+            if !still_running {
+                self.done = true;
+                return None;
+            }
+            let run_id = self.run_id.clone();
+            let bus = self.app.store.bus().clone();
+            let signals = self.signals.get_or_insert_with(|| bus.subscribe());
+            let wait = async {
+                loop {
+                    match signals.recv().await {
+                        Heard::Run(s) if s.run_id == run_id && s.kind == EventKind::TerminalOutput => return,
+                        Heard::Run(_) => {}
+                        Heard::Resync | Heard::Closed => return,
+                    }
+                }
+            };
+            tokio::select! {
+                () = wait => {}
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                () = self.app.shutdown.cancelled() => { self.done = true; return None; }
+            }
         }
     }
 

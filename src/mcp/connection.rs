@@ -68,6 +68,11 @@ impl ClientHandler for Handler {
         });
         let write = async {
             let mut tx = manager.store().begin_write().await?;
+            // Only while the invocation runs: a late notice of an execution whose lease was
+            // taken over (it ended `interrupted`) adds nothing after its end.
+            if !tx.invocation_still_running(&route.invocation_id).await? {
+                return Ok(());
+            }
             tx.append_event(&route.run_id, EventKind::ExecutionProgress, &data).await?;
             tx.commit().await
         };

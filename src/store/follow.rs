@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::events::Heard;
 use crate::store::{EventRow, Store, StoreError};
 
 /// Events read from the store per query. With the channel below, this bounds what one
@@ -53,11 +54,12 @@ pub fn follow(
                     () = shutdown.cancelled() => return,
                     () = tx.closed() => return,
                     () = tokio::time::sleep(POLL) => break,
-                    signal = signals.recv() => match signal {
-                        Ok(s) if s.run_id == run_id && s.seq > last => break,
-                        Ok(_) => {}
-                        Err(broadcast::error::RecvError::Lagged(_)) => break,
-                        Err(broadcast::error::RecvError::Closed) => return,
+                    heard = signals.recv() => match heard {
+                        Heard::Run(s) if s.run_id == run_id && s.seq > last => break,
+                        Heard::Run(_) => {}
+                        // Signals may have been missed (lag, listener reconnect): re-read.
+                        Heard::Resync => break,
+                        Heard::Closed => return,
                     },
                 }
             }

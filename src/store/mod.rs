@@ -18,6 +18,7 @@ pub mod follow;
 mod invocations;
 mod mcp;
 pub mod news_query;
+mod replicas;
 mod runs;
 mod search;
 mod terminal;
@@ -31,6 +32,7 @@ pub use invocations::{
     ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation,
 };
 pub use mcp::{McpAccessRow, McpConnectionRow, McpServerRow, McpToolRow};
+pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
 pub use search::{
     FetchRecord, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow, UpsertCounts,
@@ -199,7 +201,7 @@ impl Store {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         };
-        Ok(WriteTx { tx, appended: Vec::new(), bus: self.bus.clone() })
+        Ok(WriteTx { tx, appended: Vec::new(), bus: self.bus.clone(), backend: self.backend })
     }
 
     pub(crate) fn pool(&self) -> &AnyPool {
@@ -207,11 +209,15 @@ impl Store {
     }
 }
 
+/// Most `pg_notify` calls in one statement.
+const NOTIFY_CHUNK: usize = 64;
+
 /// A write transaction that appends events and broadcasts them after commit.
 pub struct WriteTx {
     tx: Transaction<'static, Any>,
     appended: Vec<RunSignal>,
     bus: EventBus,
+    backend: Backend,
 }
 
 impl WriteTx {
@@ -236,13 +242,42 @@ impl WriteTx {
         Ok(seq)
     }
 
-    /// Commits, then wakes subscribers of every run that got events.
-    pub async fn commit(self) -> StoreResult<()> {
+    /// Commits, then wakes subscribers of every run that got events. On Postgres the
+    /// transaction first sends one `pg_notify` per appended event (one statement), which
+    /// Postgres delivers to the other replicas only if the commit succeeds, in commit order
+    /// (see [`crate::events::listen`]).
+    pub async fn commit(mut self) -> StoreResult<()> {
+        if self.backend == Backend::Postgres && !self.appended.is_empty() {
+            for chunk in self.appended.chunks(NOTIFY_CHUNK) {
+                let calls: Vec<String> = (0..chunk.len())
+                    .map(|i| format!("pg_notify('{}', ${})", crate::events::listen::CHANNEL, i + 1))
+                    .collect();
+                // `SELECT 1 FROM (…)`: pg_notify returns `void`, which the Any driver cannot decode.
+                let sql = format!("SELECT 1 FROM (SELECT {}) n", calls.join(", "));
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for signal in chunk {
+                    q = q.bind(self.bus.payload(signal));
+                }
+                q.execute(&mut *self.tx).await?;
+            }
+        }
         self.tx.commit().await?;
         for signal in self.appended {
             self.bus.publish(signal);
         }
         Ok(())
+    }
+
+    /// Locks invocation `id` when it is still `running` and says whether it is: the fence
+    /// of writes made on behalf of an execution after it started (progress events). An
+    /// invocation that finished or was interrupted — its lease taken over after its replica
+    /// died — never runs again, so a late write of the old execution is dropped.
+    pub async fn invocation_still_running(&mut self, id: &str) -> StoreResult<bool> {
+        let done = sqlx::query("UPDATE invocations SET updated_at = updated_at WHERE id = $1 AND status = 'running'")
+            .bind(id)
+            .execute(&mut *self.tx)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     pub(crate) fn conn(&mut self) -> &mut sqlx::AnyConnection {

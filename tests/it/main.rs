@@ -6,6 +6,7 @@ mod common;
 
 mod approval;
 mod bad_input;
+mod cluster;
 mod codegraph;
 mod docs;
 mod embedding;

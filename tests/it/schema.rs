@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use crate::common::{self, Backend, TestDb};
 use mira::state::{
-    ApprovalRule, ApprovalStatus, InvocationStatus, McpConnectionState, McpToolStatus, TerminalSessionState,
+    ApprovalRule, ApprovalStatus, InvocationStatus, McpConnectionState, McpToolStatus, ReplicaState,
+    TerminalSessionState,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +141,7 @@ fn check_constraints_list_the_enum_values() {
         ("mcp_tools", check_text("status", McpToolStatus::ALL, McpToolStatus::as_str)),
         ("mcp_tools", "CHECK (schema_declared IN (0, 1))".to_owned()),
         ("terminal_sessions", check_text("state", TerminalSessionState::ALL, TerminalSessionState::as_str)),
+        ("replicas", check_text("state", ReplicaState::ALL, ReplicaState::as_str)),
     ];
     for side in [Side::Sqlite, Side::Postgres] {
         let all: String = files(side).into_values().collect::<Vec<_>>().join("\n");

@@ -327,6 +327,12 @@ catalogue! {
     NewsHubEmpty = (503, "news_hub_empty"),
     /// No search provider is configured for the caller.
     NoSearchProvider = (503, "no_search_provider"),
+    /// The replica that owns the resource (a terminal session) stopped sending heartbeats;
+    /// the resource ends `lost` once that replica is declared dead.
+    OwnerGone = (503, "owner_gone"),
+    /// The replica that owns the resource runs but cannot be reached from this one (no
+    /// `--cluster-secret`, or the forwarded request failed before it was sent).
+    OwnerUnreachable = (503, "owner_unreachable"),
     /// The search provider cannot be reached.
     ProviderUnreachable = (503, "provider_unreachable"),
     /// A non-streaming request took longer than `--request-timeout-secs`.

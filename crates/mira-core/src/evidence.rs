@@ -9,7 +9,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 /// Evidence produced by a tool, before it is stored.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct EvidenceDraft {
     /// What kind of fact: `file_excerpt`, `grep_match`, `directory_listing`, `file_write`…
     pub kind: String,

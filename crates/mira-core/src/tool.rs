@@ -65,7 +65,7 @@ impl ToolSpec {
 /// A tool's error: a stable code, a sentence, details. At freeze time it becomes an HTTP
 /// error with its code's status ([`ErrorCode::status`]); during execution it becomes the
 /// invocation's `result.error`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct ToolError {
     /// Stable code (`outside_workspace`, `binary_file`, `stale_target`…).
     pub code: ErrorCode,
@@ -105,7 +105,7 @@ pub struct Prepared {
 }
 
 /// A tool's successful output and the evidence it yields.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct ToolOutput {
     /// The result the Planner reads.
     pub output: Value,

@@ -439,6 +439,11 @@ impl TerminalHost {
         Ok(lost.len())
     }
 
+    /// The stable node id of this host's replica (the `node_id` of the sessions it starts).
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
     /// A live session of `owner_id`.
     pub fn get(&self, owner_id: &str, id: &str) -> Option<Arc<Session>> {
         self.sessions.lock().get(id).filter(|s| s.owner_id == owner_id).cloned()

@@ -1143,6 +1143,18 @@ impl Tool for TerminalSession {
             let frozen: TerminalAction = input::frozen(&prepared.input)?;
             let id = frozen.session_id().unwrap_or_default();
             let session = match self.live_session(id, ctx.owner_id).await {
+                // Running in another replica's process (the owner runs the action when it
+                // comes, see crate::cluster::forward): the stored row describes it.
+                Err(e) if e.code == ErrorCode::TerminalSessionEnded && e.details["state"] == "running" => {
+                    match self.host.store().terminal_session_for(ctx.owner_id, id).await.map_err(store_error)? {
+                        Some(row) if row.node_id != self.host.node_id() => {
+                            let f = Facts::stored(&row);
+                            json!({"id": f.id, "command_line": f.command_line, "cwd": f.cwd, "pid": f.pid,
+                                   "state": "running", "node_id": row.node_id})
+                        }
+                        _ => return Err(e),
+                    }
+                }
                 Ok(s) => {
                     json!({"id": s.id, "command_line": s.command_line, "cwd": s.cwd, "pid": s.pid, "state": "running"})
                 }

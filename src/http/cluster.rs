@@ -1,0 +1,111 @@
+//! `GET /v1/admin/replicas`: the replica registry (see [`crate::cluster`]), and the internal
+//! route replicas forward terminal actions over.
+
+use axum::extract::State;
+use serde::Serialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use tokio_util::sync::CancellationToken;
+
+use super::auth::AuthUser;
+use super::error::Json;
+use crate::app::App;
+use crate::cluster::forward::{ExecuteAnswer, ExecuteRequest, SECRET_HEADER, TERMINAL_TOOL};
+use crate::error::{Error, ErrorCode, Result};
+use crate::harness::{CommitGate, Executor, LocalExecutor};
+use crate::registry::ToolError;
+use crate::state::InvocationStatus;
+use crate::store::ReplicaRow;
+use crate::workspace::HardLinks;
+
+/// One replica and whether it counts as running now.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ReplicaView {
+    /// The stored row.
+    #[serde(flatten)]
+    pub replica: ReplicaRow,
+    /// `state` is `alive` and the heartbeat is younger than `--replica-dead-after-secs`.
+    pub live: bool,
+    /// This is the replica that answered.
+    pub this: bool,
+}
+
+/// The registry.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ReplicaList {
+    /// Every replica ever registered on this database, by node id.
+    pub replicas: Vec<ReplicaView>,
+}
+
+/// The replicas sharing this database (admin only).
+#[utoipa::path(get, path = "/v1/admin/replicas", tag = "service",
+    responses((status = 200, body = ReplicaList), (status = 403)),
+    security(("bearer" = [])))]
+pub async fn list_replicas(State(app): State<App>, user: AuthUser) -> Result<Json<ReplicaList>> {
+    user.require_admin()?;
+    let replicas = app
+        .store
+        .list_replicas()
+        .await?
+        .into_iter()
+        .map(|r| ReplicaView { live: app.node.is_alive(&r), this: r.node_id == app.node.id, replica: r })
+        .collect();
+    Ok(Json(ReplicaList { replicas }))
+}
+
+/// Routes of this module.
+pub fn router() -> OpenApiRouter<App> {
+    OpenApiRouter::new().routes(routes!(list_replicas))
+}
+
+/// `POST /internal/v1/execute`: runs a terminal action forwarded by the replica that claimed
+/// it (see [`crate::cluster::forward`]). Not part of the public API: it answers only requests
+/// carrying the cluster secret (401 otherwise, and always when no secret is configured).
+pub async fn internal_execute(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<ExecuteRequest>,
+) -> Result<axum::Json<ExecuteAnswer>> {
+    let given = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+    if !app.node.config.secret_matches(given) {
+        return Err(Error::Unauthorized);
+    }
+    let inv = app.store.invocation_by_id(&body.invocation_id).await?.ok_or(Error::NotFound("invocation"))?;
+    if inv.status != InvocationStatus::Running || inv.claimed_by.as_deref() != Some(body.claimed_by.as_str()) {
+        return Err(Error::Conflict {
+            code: ErrorCode::LeaseLost,
+            message: format!("{} is not running under the claim of {}", inv.id, body.claimed_by),
+            details: serde_json::json!({"status": inv.status}),
+        });
+    }
+    if inv.tool_id != TERMINAL_TOOL {
+        return Err(Error::bad_request(ErrorCode::InvalidField, "only terminal session actions are forwarded"));
+    }
+    let answer = match app.registry.get_any(&inv.tool_id) {
+        None => {
+            ExecuteAnswer::Err(ToolError::new(ErrorCode::ToolGone, format!("{} is no longer registered", inv.tool_id)))
+        }
+        Some(entry) => match serde_json::from_str::<serde_json::Value>(&inv.input) {
+            Err(e) => ExecuteAnswer::Err(ToolError::new(ErrorCode::CorruptInput, e.to_string())),
+            Ok(input) => {
+                let hard_links = if app.config.allow_hard_link_reads { HardLinks::Allow } else { HardLinks::Refuse };
+                let local = LocalExecutor::new(app.store.clone(), hard_links, &app.node.id);
+                // The claimer closing the connection (a cancel, its time limit) stops the action.
+                let cancel = CancellationToken::new();
+                let _stop_on_drop = cancel.clone().drop_guard();
+                match local.execute(&inv, &entry, &input, cancel, CommitGate::new()).await {
+                    Ok(out) => ExecuteAnswer::Ok(out),
+                    Err(e) => ExecuteAnswer::Err(e),
+                }
+            }
+        },
+    };
+    Ok(axum::Json(answer))
+}
+
+/// The internal routes replicas call on each other (outside the OpenAPI document and the
+/// request timeout: a forwarded `wait` lasts as long as the action).
+pub fn internal_router() -> axum::Router<App> {
+    axum::Router::new().route("/internal/v1/execute", axum::routing::post(internal_execute))
+}

@@ -1,0 +1,655 @@
+//! Several replicas on one Postgres database, as separate `mira` processes started by
+//! `scripts/cluster.sh` behind a real haproxy (installed by `scripts/setup-cluster.sh`):
+//! run events and the approvals inbox across replicas, a replica killed with SIGKILL during
+//! mixed load, a replica's event listener connection terminated by Postgres. Postgres only.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::common::{Backend, Resp, TestDb};
+
+/// N replicas + haproxy on one fresh Postgres database; stopped on drop.
+struct Cluster {
+    dir: PathBuf,
+    lb: String,
+    ports: Vec<u16>,
+    pids: Vec<i32>,
+    admin: String,
+    client: reqwest::Client,
+    pool: sqlx::PgPool,
+    _tmp: tempfile::TempDir,
+    _db: TestDb,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(script())
+            .args(["stop", "--dir"])
+            .arg(&self.dir)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh")
+}
+
+impl Cluster {
+    async fn start(n: usize) -> Cluster {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = TestDb::new(Backend::Postgres, tmp.path()).await;
+        let dir = tmp.path().join("cluster");
+        let out = tokio::process::Command::new("bash")
+            .arg(script())
+            .args(["start", "--replicas", &n.to_string(), "--database-url", &db.url, "--dir"])
+            .arg(&dir)
+            .args(["--bin", env!("CARGO_BIN_EXE_mira")])
+            .args(["--", "--heartbeat-secs", "1", "--replica-dead-after-secs", "3", "--execution-concurrency", "8"])
+            // One embedding model per test process is enough: replicas rank lexically.
+            .env_remove("MIRA_EMBEDDING_MODEL_DIR")
+            .env_remove("MIRA_EMBEDDING_MODEL")
+            .env("RUST_LOG", "warn")
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "cluster.sh start failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let exports: HashMap<&str, &str> =
+            stdout.lines().filter_map(|l| l.strip_prefix("export ")?.split_once('=')).collect();
+        let read = |name: String| std::fs::read_to_string(dir.join(name)).unwrap().trim().to_owned();
+        let ports = (1..=n).map(|i| read(format!("r{i}.port")).parse().unwrap()).collect();
+        let pids = (1..=n).map(|i| read(format!("r{i}.pid")).parse().unwrap()).collect();
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&db.url).await.unwrap();
+        Cluster {
+            lb: exports["MIRA_CLUSTER_URL"].to_owned(),
+            admin: exports["MIRA_ADMIN_TOKEN"].to_owned(),
+            dir,
+            ports,
+            pids,
+            client: mira::net::client_builder().build().unwrap(),
+            pool,
+            _tmp: tmp,
+            _db: db,
+        }
+    }
+
+    /// Replica `i`'s own address (0-based).
+    fn at(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.ports[i])
+    }
+
+    fn node_id(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("r{}/data/node.id", i + 1))).unwrap().trim().to_owned()
+    }
+
+    fn workspace(&self) -> PathBuf {
+        self.dir.join("ws")
+    }
+
+    fn kill9(&self, i: usize) {
+        // SAFETY: kill(2) on a pid this test's script started.
+        assert_eq!(unsafe { libc::kill(self.pids[i], libc::SIGKILL) }, 0);
+    }
+
+    /// One request; transport errors are `None` (a replica may be dying).
+    async fn try_req(&self, method: reqwest::Method, url: &str, token: &str, body: Option<Value>) -> Option<Resp> {
+        let mut req = self.client.request(method, url).bearer_auth(token).timeout(Duration::from_secs(30));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.ok()?;
+        let status = resp.status();
+        let text = resp.text().await.ok()?;
+        Some(Resp { status, body: serde_json::from_str(&text).unwrap_or(Value::String(text)) })
+    }
+
+    async fn req(&self, method: reqwest::Method, url: &str, token: &str, body: Option<Value>) -> Resp {
+        self.try_req(method, url, token, body).await.expect("request answered")
+    }
+
+    async fn user(&self, name: &str) -> String {
+        let r = self
+            .req(reqwest::Method::POST, &format!("{}/v1/users", self.lb), &self.admin, Some(json!({"name": name})))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        r.body["token"].as_str().unwrap().to_owned()
+    }
+
+    async fn run_and_turn(&self, base: &str, token: &str, task: &str) -> (String, String) {
+        let r =
+            self.req(reqwest::Method::POST, &format!("{base}/v1/runs"), token, Some(json!({"title": "cluster"}))).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        let run = r.body["id"].as_str().unwrap().to_owned();
+        let r = self
+            .req(reqwest::Method::POST, &format!("{base}/v1/runs/{run}/turns"), token, Some(json!({"task": task})))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        (run, r.body["turn_id"].as_str().unwrap().to_owned())
+    }
+
+    /// Freezes a call at `base`, retrying (same `tool_call_id`: idempotent) while replicas die.
+    async fn freeze(
+        &self,
+        base: &str,
+        token: &str,
+        run: &str,
+        turn: &str,
+        tool: &str,
+        call: &str,
+        input: Value,
+    ) -> Value {
+        let body = json!({"turn_id": turn, "tool_id": tool, "tool_call_id": call, "input": input});
+        for _ in 0..50 {
+            match self
+                .try_req(reqwest::Method::POST, &format!("{base}/v1/runs/{run}/invocations"), token, Some(body.clone()))
+                .await
+            {
+                Some(r) if r.status == StatusCode::CREATED || r.status == StatusCode::OK => return r.body,
+                Some(r) if r.status.is_client_error() => panic!("freezing {call}: {r:?}"),
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        panic!("freezing {call} never succeeded");
+    }
+
+    /// Grants `inv` at `base`; true when this request decided it, false when it was decided
+    /// already (retries transport failures and 5xx).
+    async fn grant(&self, base: &str, token: &str, inv: &Value) -> bool {
+        let body =
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]});
+        let url = format!("{base}/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap());
+        for _ in 0..50 {
+            match self.try_req(reqwest::Method::POST, &url, token, Some(body.clone())).await {
+                Some(r) if r.status == StatusCode::OK => return true,
+                Some(r) if r.status == StatusCode::CONFLICT && r.body["error"]["code"] == "approval_decided" => {
+                    return false;
+                }
+                Some(r) if r.status.is_client_error() => panic!("granting: {r:?}"),
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        panic!("granting never succeeded");
+    }
+
+    /// Polls an invocation at `base` until it is final (60 s at most).
+    async fn final_of(&self, base: &str, token: &str, id: &str) -> Value {
+        for _ in 0..600 {
+            if let Some(r) =
+                self.try_req(reqwest::Method::GET, &format!("{base}/v1/invocations/{id}"), token, None).await
+            {
+                let s = r.body["status"].as_str().unwrap_or("");
+                if r.status == StatusCode::OK && !matches!(s, "queued" | "running" | "awaiting_approval") {
+                    return r.body;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("invocation {id} did not finish");
+    }
+
+    async fn ready(&self, i: usize) -> Value {
+        self.client.get(format!("{}/readyz", self.at(i))).send().await.unwrap().json().await.unwrap()
+    }
+
+    /// Opens an SSE stream; its events (id, type, data) arrive on the channel.
+    async fn sse(
+        &self,
+        url: &str,
+        token: &str,
+        last_event_id: Option<i64>,
+    ) -> mpsc::Receiver<(Option<i64>, String, Value)> {
+        let mut req = self.client.get(url).bearer_auth(token);
+        if let Some(id) = last_event_id {
+            req = req.header("Last-Event-ID", id.to_string());
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let (tx, rx) = mpsc::channel(10_000);
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut stream = resp.bytes_stream();
+            let mut buf = String::new();
+            while let Some(Ok(chunk)) = stream.next().await {
+                buf.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = buf.find("\n\n") {
+                    let block: String = buf.drain(..end + 2).collect();
+                    let (mut id, mut event, mut data) = (None, String::new(), String::new());
+                    for line in block.lines() {
+                        if let Some(v) = line.strip_prefix("id:") {
+                            id = v.trim().parse().ok();
+                        } else if let Some(v) = line.strip_prefix("event:") {
+                            event = v.trim().to_owned();
+                        } else if let Some(v) = line.strip_prefix("data:") {
+                            data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                        }
+                    }
+                    if event.is_empty() {
+                        continue; // a keep-alive comment
+                    }
+                    let data = serde_json::from_str(&data).unwrap_or(Value::String(data));
+                    if tx.send((id, event, data)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        rx
+    }
+
+    /// Stored events of a run (id, type), in id order.
+    async fn stored_events(&self, run: &str) -> Vec<(i64, String)> {
+        sqlx::query_as("SELECT seq, type FROM events WHERE run_id = $1 ORDER BY seq")
+            .bind(run)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+/// Receives from `rx` until `n` events arrived (30 s at most).
+async fn take(rx: &mut mpsc::Receiver<(Option<i64>, String, Value)>, n: usize) -> Vec<(i64, String, Value)> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while out.len() < n {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some((id, event, data))) => out.push((id.unwrap_or(-1), event, data)),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Receives `approvals` snapshots until one satisfies `pred` (10 s at most).
+async fn snapshot_where(rx: &mut mpsc::Receiver<(Option<i64>, String, Value)>, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some((_, event, data))) if event == "approvals" && pred(&data) => return data,
+            Ok(Some(_)) => {}
+            other => panic!("no matching inbox snapshot: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_from_a_reach_a_stream_at_b_in_order_and_resumable_at_c() {
+    let c = Cluster::start(3).await;
+    std::fs::write(c.workspace().join("hello.txt"), "hello\nworld\n").unwrap();
+    let alice = c.user("alice").await;
+    let (a, b, cc) = (c.at(0), c.at(1), c.at(2));
+    let (run, turn) = c.run_and_turn(&a, &alice, "read hello.txt").await;
+    let mut at_b = c.sse(&format!("{b}/v1/runs/{run}/events"), &alice, None).await;
+    let first = take(&mut at_b, 1).await;
+    assert_eq!(first.first().map(|e| (e.0, e.1.as_str())), Some((1, "exposure.created")), "{first:?}");
+    // Calls frozen at A, executed by whichever replica claims them.
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let inv = c.freeze(&a, &alice, &run, &turn, "read_open", &format!("r{i}"), json!({"path": "hello.txt"})).await;
+        ids.push(inv["invocation_id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        assert_eq!(c.final_of(&a, &alice, id).await["status"], "completed");
+    }
+    let stored = c.stored_events(&run).await;
+    let rest = take(&mut at_b, stored.len() - 1).await;
+    let seen: Vec<(i64, String)> = first.iter().chain(&rest).map(|(id, t, _)| (*id, t.clone())).collect();
+    assert_eq!(seen, stored, "B's stream has every event of the run, in order, with the stored ids");
+    assert!(
+        c.ready(1).await["replica"]["notifications_received"].as_u64().unwrap() > 0,
+        "B heard A's commits through LISTEN/NOTIFY"
+    );
+    // Resumed at C from the middle: the same ids and payloads.
+    let half = i64::try_from(stored.len() / 2).unwrap();
+    let mut at_c = c.sse(&format!("{cc}/v1/runs/{run}/events"), &alice, Some(half)).await;
+    let resumed = take(&mut at_c, stored.len() - stored.len() / 2).await;
+    let from_b: Vec<_> = first.iter().chain(&rest).filter(|e| e.0 > half).cloned().collect();
+    assert_eq!(resumed, from_b, "a stream resumed at C with Last-Event-ID continues exactly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_inbox_follows_every_replica() {
+    let c = Cluster::start(3).await;
+    let alice = c.user("alice").await;
+    let (a, b, cc) = (c.at(0), c.at(1), c.at(2));
+    let (run, turn) = c.run_and_turn(&a, &alice, "write a file").await;
+    let mut inbox = c.sse(&format!("{b}/v1/approvals/stream"), &alice, None).await;
+    snapshot_where(&mut inbox, |s| s["approvals"].as_array().is_some_and(Vec::is_empty)).await;
+    let started = tokio::time::Instant::now();
+    let inv = c.freeze(&a, &alice, &run, &turn, "write_file", "w1", json!({"path": "w1.txt", "content": "one"})).await;
+    assert_eq!(inv["status"], "awaiting_approval", "{inv}");
+    let approval = inv["approval_id"].as_str().unwrap().to_owned();
+    snapshot_where(&mut inbox, |s| {
+        s["approvals"].as_array().is_some_and(|a| a.iter().any(|x| x["id"] == approval.as_str()))
+    })
+    .await;
+    // Well before the stream's 15 s re-read: the notification woke it.
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(c.grant(&cc, &alice, &inv).await, "granted at C");
+    snapshot_where(&mut inbox, |s| s["approvals"].as_array().is_some_and(Vec::is_empty)).await;
+    let done = c.final_of(&b, &alice, inv["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(std::fs::read_to_string(c.workspace().join("w1.txt")).unwrap(), "one");
+    assert!(!c.grant(&a, &alice, &inv).await, "a second grant at A finds it decided");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_listener_misses_no_event() {
+    let c = Cluster::start(2).await;
+    std::fs::write(c.workspace().join("hello.txt"), "hello\n").unwrap();
+    let alice = c.user("alice").await;
+    let (a, b) = (c.at(0), c.at(1));
+    let (run, turn) = c.run_and_turn(&a, &alice, "read hello.txt").await;
+    let mut at_b = c.sse(&format!("{b}/v1/runs/{run}/events"), &alice, None).await;
+    assert_eq!(take(&mut at_b, 1).await.len(), 1);
+    assert_eq!(c.ready(1).await["replica"]["listener_connections"], 1);
+    let name = mira::events::listen::application_name(&c.node_id(1));
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()",
+    )
+    .bind(&name)
+    .fetch_all(&c.pool)
+    .await
+    .unwrap();
+    assert_eq!(killed, vec![true], "B's listener connection was found and terminated");
+    // Events committed while B's listener is away and reconnecting.
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let inv = c.freeze(&a, &alice, &run, &turn, "read_open", &format!("r{i}"), json!({"path": "hello.txt"})).await;
+        ids.push(inv["invocation_id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        c.final_of(&a, &alice, id).await;
+    }
+    let stored = c.stored_events(&run).await;
+    let rest = take(&mut at_b, stored.len() - 1).await;
+    let seen: Vec<(i64, String)> = rest.iter().map(|(id, t, _)| (*id, t.clone())).collect();
+    assert_eq!(seen, stored[1..].to_vec(), "no event missed, none repeated");
+    let mut connections = 0;
+    for _ in 0..100 {
+        connections = c.ready(1).await["replica"]["listener_connections"].as_u64().unwrap();
+        if connections >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(connections, 2, "B's listener reconnected once");
+}
+
+/// What one mixed call ended as.
+struct Outcome {
+    call: String,
+    invocation: String,
+    gated: bool,
+    decided_here: usize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_load_loses_nothing_and_runs_nothing_twice() {
+    let c = Arc::new(Cluster::start(3).await);
+    let ws = c.workspace();
+    std::fs::create_dir_all(ws.join("w")).unwrap();
+    for i in 0..10 {
+        std::fs::write(ws.join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let alice = c.user("alice").await;
+    let lb = c.lb.clone();
+    let (run, turn) = c.run_and_turn(&lb, &alice, "read and write files, run commands in a terminal").await;
+
+    // Terminal sessions, started wherever the claims land; then actions on each through the
+    // load balancer (a claim on another replica than the session's is forwarded to its owner).
+    let mut sessions = Vec::new();
+    for i in 0..6 {
+        let input =
+            json!({"action": "start", "command": "bash", "args": ["--norc", "--noprofile"], "env": {"PS1": "$ "}});
+        let inv = c.freeze(&lb, &alice, &run, &turn, "terminal_session", &format!("t{i}"), input).await;
+        c.grant(&lb, &alice, &inv).await;
+        let done = c.final_of(&lb, &alice, inv["invocation_id"].as_str().unwrap()).await;
+        assert_eq!(done["status"], "completed", "{done}");
+        sessions.push(done["result"]["output"]["session_id"].as_str().unwrap().to_owned());
+    }
+    for (i, s) in sessions.iter().enumerate() {
+        let input = json!({"action": "input", "session_id": s, "data": format!("echo mark-$((40+{i}))\n")});
+        let inv = c.freeze(&lb, &alice, &run, &turn, "terminal_session", &format!("ti{i}"), input).await;
+        c.grant(&lb, &alice, &inv).await;
+        let mut seen = c.final_of(&lb, &alice, inv["invocation_id"].as_str().unwrap()).await;
+        assert_eq!(seen["status"], "completed", "{seen}");
+        let mut text = seen["result"]["output"]["output"].as_str().unwrap_or("").to_owned();
+        for k in 0..10 {
+            if text.contains(&format!("mark-{}", 40 + i)) {
+                break;
+            }
+            let input = json!({"action": "wait", "session_id": s, "until": "idle", "idle_ms": 300, "timeout_ms": 2000});
+            let inv = c.freeze(&lb, &alice, &run, &turn, "terminal_session", &format!("tw{i}-{k}"), input).await;
+            c.grant(&lb, &alice, &inv).await;
+            seen = c.final_of(&lb, &alice, inv["invocation_id"].as_str().unwrap()).await;
+            assert_eq!(seen["status"], "completed", "{seen}");
+            text.push_str(seen["result"]["output"]["output"].as_str().unwrap_or(""));
+        }
+        assert!(text.contains(&format!("mark-{}", 40 + i)), "session {s} ran the input: {text:?}");
+    }
+    let owners: Vec<(String, String)> =
+        sqlx::query_as("SELECT id, node_id FROM terminal_sessions").fetch_all(&c.pool).await.unwrap();
+    let forwarded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM invocations i JOIN terminal_sessions s ON s.id = (i.input::json->>'session_id')
+         WHERE i.tool_id = 'terminal_session' AND i.status = 'completed' AND split_part(i.claimed_by, ':', 1) <> s.node_id",
+    )
+    .fetch_one(&c.pool)
+    .await
+    .unwrap();
+    assert!(forwarded > 0, "some actions were claimed by a replica other than their session's owner");
+    // The victim: the replica holding the most sessions.
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, node) in &owners {
+        *per_node.entry(node.clone()).or_default() += 1;
+    }
+    let victim_node = per_node.iter().max_by_key(|(_, n)| **n).unwrap().0.clone();
+    let victim = (0..3).find(|i| c.node_id(*i) == victim_node).unwrap();
+    let victim_sessions: Vec<String> =
+        owners.iter().filter(|(_, n)| *n == victim_node).map(|(id, _)| id.clone()).collect();
+
+    // ~200 mixed calls from 12 clients through the load balancer; the victim dies a third in.
+    let total = 198;
+    let issued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..12 {
+        let (c, alice, run, turn, issued) = (c.clone(), alice.clone(), run.clone(), turn.clone(), issued.clone());
+        tasks.spawn(async move {
+            let mut out = Vec::new();
+            for k in (w..total).step_by(12) {
+                issued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let lb = c.lb.clone();
+                let gated = k % 3 == 0;
+                let call = format!("m{k}");
+                let inv = if gated {
+                    let input = json!({"path": format!("w/{k}.txt"), "content": format!("{k}")});
+                    c.freeze(&lb, &alice, &run, &turn, "write_file", &call, input).await
+                } else {
+                    c.freeze(&lb, &alice, &run, &turn, "read_open", &call, json!({"path": format!("f{}.txt", k % 10)}))
+                        .await
+                };
+                let mut decided_here = 0;
+                if gated {
+                    // Two grants race through the load balancer: one decides.
+                    let (x, y) = tokio::join!(c.grant(&lb, &alice, &inv), c.grant(&lb, &alice, &inv));
+                    decided_here = usize::from(x) + usize::from(y);
+                }
+                out.push(Outcome {
+                    call,
+                    invocation: inv["invocation_id"].as_str().unwrap().to_owned(),
+                    gated,
+                    decided_here,
+                });
+            }
+            out
+        });
+    }
+    while issued.load(std::sync::atomic::Ordering::SeqCst) < total / 3 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.kill9(victim);
+    let mut outcomes = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        outcomes.extend(r.unwrap());
+    }
+    assert_eq!(outcomes.len(), total);
+
+    // Every call reaches a final state: completed, or interrupted where the victim ran it.
+    let mut finals = HashMap::new();
+    for o in &outcomes {
+        let done = c.final_of(&lb, &alice, &o.invocation).await;
+        finals.insert(o.invocation.clone(), done);
+    }
+    let mut interrupted = 0;
+    for o in &outcomes {
+        let done = &finals[&o.invocation];
+        match done["status"].as_str().unwrap() {
+            "completed" => {
+                if o.gated {
+                    let k = o.call.trim_start_matches('m');
+                    assert_eq!(std::fs::read_to_string(ws.join(format!("w/{k}.txt"))).unwrap(), k);
+                }
+            }
+            "interrupted" => interrupted += 1,
+            other => panic!("{} ended {other}: {done}", o.call),
+        }
+    }
+    let by_victim: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM invocations WHERE status = 'interrupted' AND split_part(claimed_by, ':', 1) <> $1",
+    )
+    .bind(&victim_node)
+    .fetch_all(&c.pool)
+    .await
+    .unwrap();
+    assert!(by_victim.is_empty(), "only the dead replica's calls were interrupted: {by_victim:?}");
+    // None ran twice: one execution.started per invocation at most.
+    let twice: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT data::json->>'invocation_id', count(*) FROM events WHERE type = 'execution.started'
+         GROUP BY 1 HAVING count(*) > 1",
+    )
+    .fetch_all(&c.pool)
+    .await
+    .unwrap();
+    assert!(twice.is_empty(), "started twice: {twice:?}");
+    // Every grant decided once: one approval.granted per approval, and at most one of the two
+    // racing grant requests won (the other found it decided; both may have lost only when the
+    // dead replica decided and its answer was lost).
+    let granted: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT data::json->>'approval_id', count(*) FROM events WHERE type = 'approval.granted' GROUP BY 1",
+    )
+    .fetch_all(&c.pool)
+    .await
+    .unwrap();
+    assert!(granted.iter().all(|(_, n)| *n == 1), "{granted:?}");
+    let gated: HashSet<&str> = outcomes.iter().filter(|o| o.gated).map(|o| o.invocation.as_str()).collect();
+    let undecided: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM approvals WHERE status = 'pending'").fetch_one(&c.pool).await.unwrap();
+    assert_eq!(undecided, 0);
+    assert!(outcomes.iter().all(|o| o.decided_here <= 1), "two grants of one approval both won");
+    assert_eq!(gated.len(), total / 3);
+    eprintln!(
+        "killed replica {victim} ({victim_node}): {interrupted} of {total} calls interrupted, {forwarded} terminal actions forwarded"
+    );
+
+    // The dead replica's sessions end lost; the others still run.
+    for _ in 0..100 {
+        let lost: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM terminal_sessions WHERE node_id = $1 AND state = 'lost'")
+                .bind(&victim_node)
+                .fetch_one(&c.pool)
+                .await
+                .unwrap();
+        if lost == i64::try_from(victim_sessions.len()).unwrap() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for s in &owners {
+        let r = c.req(reqwest::Method::GET, &format!("{lb}/v1/terminal-sessions/{}", s.0), &alice, None).await;
+        let expected = if s.1 == victim_node { "lost" } else { "running" };
+        assert_eq!(r.body["state"], expected, "{r:?}");
+    }
+    let replicas = c.req(reqwest::Method::GET, &format!("{lb}/v1/admin/replicas"), &c.admin, None).await;
+    let states: BTreeMap<String, String> = replicas.body["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["node_id"].as_str().unwrap().to_owned(), r["state"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(states.get(&victim_node).map(String::as_str), Some("dead"), "{states:?}");
+    assert_eq!(states.values().filter(|s| *s == "alive").count(), 2, "{states:?}");
+    // An action on a lost session says so, from any replica.
+    let input = json!({"action": "input", "session_id": victim_sessions[0], "data": "echo late\n"});
+    let inv = c.freeze(&lb, &alice, &run, &turn, "terminal_session", "after", input).await;
+    c.grant(&lb, &alice, &inv).await;
+    let done = c.final_of(&lb, &alice, inv["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["result"]["error"]["code"], "terminal_session_ended", "{done}");
+    assert_eq!(done["result"]["error"]["details"]["state"], "lost", "{done}");
+}
+
+/// A terminal action on a session whose replica stopped (declared dead, its sessions not yet
+/// marked) fails with `owner_gone` and runs nothing; once marked, the session is `lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_on_a_gone_replicas_session_is_owner_gone() {
+    let t = crate::common::spawn(Backend::Postgres).await;
+    let alice = t.user("alice").await;
+    let run = t.run(&alice).await;
+    let (turn, _) = t.turn(&alice, &run, "run commands in a terminal").await;
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&t.db.url).await.unwrap();
+    let owner: String =
+        sqlx::query_scalar("SELECT owner_id FROM runs WHERE id = $1").bind(&run).fetch_one(&pool).await.unwrap();
+    let now = mira::ids::now();
+    sqlx::query(
+        "INSERT INTO replicas (node_id, process_id, address, state, started_at, heartbeat_at)
+         VALUES ('node-ghost', 'node-ghost:1', 'http://127.0.0.1:9', 'dead', $1, $1)",
+    )
+    .bind(&now)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO terminal_sessions (id, owner_id, run_id, invocation_id, node_id, command, args, cwd, env, cols, rows,
+            timeout_ms, state, bytes_out, retained_from, started_at)
+         VALUES ('term_ghost', $1, $2, 'inv_x', 'node-ghost', 'bash', '[]', '/', '{}', 80, 24, 60000, 'running', 0, 0, $3)",
+    )
+    .bind(&owner)
+    .bind(&run)
+    .bind(&now)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let input = json!({"action": "input", "session_id": "term_ghost", "data": "echo hi\n"});
+    let r = t.call(&alice, &run, &turn, "terminal_session", "g1", input).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let body = json!({"tool_id": r.body["tool_id"], "tool_call_id": r.body["tool_call_id"], "input_hash": r.body["input_hash"]});
+    let g = t.post(&format!("/v1/approvals/{}/grant", r.body["approval_id"].as_str().unwrap()), &alice, body).await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    let done = t.wait_final(&alice, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["result"]["error"]["code"], "owner_gone", "{done}");
+    assert_eq!(done["result"]["error"]["details"]["node_id"], "node-ghost", "{done}");
+    // The registry lists this replica alive and the ghost dead.
+    let list = t.get("/v1/admin/replicas", &t.admin_token).await;
+    assert_eq!(list.status, StatusCode::OK, "{list:?}");
+    let rows = list.body["replicas"].as_array().unwrap();
+    assert!(rows.iter().any(|r| r["this"] == true && r["state"] == "alive" && r["live"] == true), "{list:?}");
+    assert!(rows.iter().any(|r| r["node_id"] == "node-ghost" && r["live"] == false), "{list:?}");
+    assert_eq!(t.get("/v1/admin/replicas", &alice).await.status, StatusCode::FORBIDDEN);
+    // The internal route refuses a request without the cluster secret.
+    let internal = t
+        .client
+        .post(format!("{}/internal/v1/execute", t.base))
+        .json(&json!({"invocation_id": "inv_x", "claimed_by": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(internal.status(), StatusCode::UNAUTHORIZED);
+}
