@@ -522,6 +522,33 @@ impl Sandbox {
         self.listen_port.store(port, Ordering::Relaxed);
     }
 
+    /// The spec a session frozen with `frozen` runs under here, when that is the approved
+    /// one: `now` (this server's spec for it) when equal, or — for a call frozen on another
+    /// replica of the same database, whose own listen port the frozen spec denies instead of
+    /// this server's — `frozen` with this server's port denied too (every port the approval
+    /// promised to deny stays denied). None when they differ in anything else
+    /// (`sandbox_changed`).
+    pub fn accept_frozen(&self, now: &SandboxSpec, frozen: &SandboxSpec) -> Option<SandboxSpec> {
+        if now == frozen {
+            return Some(now.clone());
+        }
+        let own = self.listen_port.load(Ordering::Relaxed);
+        let (Some(NetworkRule::DenyTcpConnect { ports: here }), Some(NetworkRule::DenyTcpConnect { ports: there })) =
+            (&now.network, &frozen.network)
+        else {
+            return None;
+        };
+        let only_own_port_differs = here.iter().all(|p| *p == own || there.contains(p));
+        let without_ports = |s: &SandboxSpec| SandboxSpec { network: None, ..s.clone() };
+        if own == 0 || !only_own_port_differs || without_ports(now) != without_ports(frozen) {
+            return None;
+        }
+        let mut ports: Vec<u16> = there.iter().copied().chain([own]).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        Some(SandboxSpec { network: Some(NetworkRule::DenyTcpConnect { ports }), ..now.clone() })
+    }
+
     /// Whether sessions are sandboxed.
     pub fn enforced(&self) -> bool {
         matches!(self.state, State::Enforced)

@@ -586,13 +586,12 @@ async fn a_replica_killed_mid_load_loses_nothing_and_runs_nothing_twice() {
         .collect();
     assert_eq!(states.get(&victim_node).map(String::as_str), Some("dead"), "{states:?}");
     assert_eq!(states.values().filter(|s| *s == "alive").count(), 2, "{states:?}");
-    // An action on a lost session says so, from any replica.
+    // An action on a lost session says so, from any replica (refused before approval).
     let input = json!({"action": "input", "session_id": victim_sessions[0], "data": "echo late\n"});
-    let inv = c.freeze(&lb, &alice, &run, &turn, "terminal_session", "after", input).await;
-    c.grant(&lb, &alice, &inv).await;
-    let done = c.final_of(&lb, &alice, inv["invocation_id"].as_str().unwrap()).await;
-    assert_eq!(done["result"]["error"]["code"], "terminal_session_ended", "{done}");
-    assert_eq!(done["result"]["error"]["details"]["state"], "lost", "{done}");
+    let body = json!({"turn_id": turn, "tool_id": "terminal_session", "tool_call_id": "after", "input": input});
+    let r = c.req(reqwest::Method::POST, &format!("{lb}/v1/runs/{run}/invocations"), &alice, Some(body)).await;
+    assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("terminal_session_ended")), "{r:?}");
+    assert_eq!(r.body["error"]["details"]["state"], "lost", "{r:?}");
 }
 
 /// A terminal action on a session whose replica stopped (declared dead, its sessions not yet

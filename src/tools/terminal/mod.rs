@@ -1202,13 +1202,15 @@ impl Tool for TerminalSession {
             read_only: &[],
         })?;
         let frozen: Option<SandboxSpec> = start.sandbox.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok());
-        if frozen.as_ref() != Some(&sandbox) {
+        // Frozen on another replica, the spec denies that replica's own port instead of this
+        // one's: accepted, and both are denied.
+        let Some(sandbox) = frozen.as_ref().and_then(|f| self.host.sandbox().accept_frozen(&sandbox, f)) else {
             return Err(ToolError::new(
                 ErrorCode::SandboxChanged,
                 "the sandbox this session would get is not the one approved (the server's sandbox or the workspace changed); freeze the call again",
             )
             .with_details(json!({"approved": input.get("sandbox"), "now": sandbox})));
-        }
+        };
         // Other users' workspaces inside this sandbox's folders are covered too.
         let hidden = if is_admin || !sandbox.enforced {
             Vec::new()
