@@ -15,6 +15,14 @@ use tokio::sync::mpsc;
 
 use crate::common::{Backend, Resp, TestDb};
 
+/// A user's run and turn to freeze calls in.
+#[derive(Clone)]
+struct Who {
+    token: String,
+    run: String,
+    turn: String,
+}
+
 /// N replicas + haproxy on one fresh Postgres database; stopped on drop.
 struct Cluster {
     dir: PathBuf,
@@ -137,17 +145,9 @@ impl Cluster {
     }
 
     /// Freezes a call at `base`, retrying (same `tool_call_id`: idempotent) while replicas die.
-    async fn freeze(
-        &self,
-        base: &str,
-        token: &str,
-        run: &str,
-        turn: &str,
-        tool: &str,
-        call: &str,
-        input: Value,
-    ) -> Value {
-        let body = json!({"turn_id": turn, "tool_id": tool, "tool_call_id": call, "input": input});
+    async fn freeze(&self, base: &str, who: &Who, tool: &str, call: &str, input: Value) -> Value {
+        let (token, run) = (&who.token, &who.run);
+        let body = json!({"turn_id": who.turn, "tool_id": tool, "tool_call_id": call, "input": input});
         for _ in 0..50 {
             match self
                 .try_req(reqwest::Method::POST, &format!("{base}/v1/runs/{run}/invocations"), token, Some(body.clone()))
@@ -287,13 +287,14 @@ async fn events_from_a_reach_a_stream_at_b_in_order_and_resumable_at_c() {
     let alice = c.user("alice").await;
     let (a, b, cc) = (c.at(0), c.at(1), c.at(2));
     let (run, turn) = c.run_and_turn(&a, &alice, "read hello.txt").await;
+    let who = Who { token: alice.clone(), run: run.clone(), turn: turn.clone() };
     let mut at_b = c.sse(&format!("{b}/v1/runs/{run}/events"), &alice, None).await;
     let first = take(&mut at_b, 1).await;
     assert_eq!(first.first().map(|e| (e.0, e.1.as_str())), Some((1, "exposure.created")), "{first:?}");
     // Calls frozen at A, executed by whichever replica claims them.
     let mut ids = Vec::new();
     for i in 0..8 {
-        let inv = c.freeze(&a, &alice, &run, &turn, "read_open", &format!("r{i}"), json!({"path": "hello.txt"})).await;
+        let inv = c.freeze(&a, &who, "read_open", &format!("r{i}"), json!({"path": "hello.txt"})).await;
         ids.push(inv["invocation_id"].as_str().unwrap().to_owned());
     }
     for id in &ids {
@@ -321,10 +322,11 @@ async fn approvals_inbox_follows_every_replica() {
     let alice = c.user("alice").await;
     let (a, b, cc) = (c.at(0), c.at(1), c.at(2));
     let (run, turn) = c.run_and_turn(&a, &alice, "write a file").await;
+    let who = Who { token: alice.clone(), run: run.clone(), turn: turn.clone() };
     let mut inbox = c.sse(&format!("{b}/v1/approvals/stream"), &alice, None).await;
     snapshot_where(&mut inbox, |s| s["approvals"].as_array().is_some_and(Vec::is_empty)).await;
     let started = tokio::time::Instant::now();
-    let inv = c.freeze(&a, &alice, &run, &turn, "write_file", "w1", json!({"path": "w1.txt", "content": "one"})).await;
+    let inv = c.freeze(&a, &who, "write_file", "w1", json!({"path": "w1.txt", "content": "one"})).await;
     assert_eq!(inv["status"], "awaiting_approval", "{inv}");
     let approval = inv["approval_id"].as_str().unwrap().to_owned();
     snapshot_where(&mut inbox, |s| {
@@ -348,6 +350,7 @@ async fn a_terminated_listener_misses_no_event() {
     let alice = c.user("alice").await;
     let (a, b) = (c.at(0), c.at(1));
     let (run, turn) = c.run_and_turn(&a, &alice, "read hello.txt").await;
+    let who = Who { token: alice.clone(), run: run.clone(), turn: turn.clone() };
     let mut at_b = c.sse(&format!("{b}/v1/runs/{run}/events"), &alice, None).await;
     assert_eq!(take(&mut at_b, 1).await.len(), 1);
     assert_eq!(c.ready(1).await["replica"]["listener_connections"], 1);
@@ -363,7 +366,7 @@ async fn a_terminated_listener_misses_no_event() {
     // Events committed while B's listener is away and reconnecting.
     let mut ids = Vec::new();
     for i in 0..6 {
-        let inv = c.freeze(&a, &alice, &run, &turn, "read_open", &format!("r{i}"), json!({"path": "hello.txt"})).await;
+        let inv = c.freeze(&a, &who, "read_open", &format!("r{i}"), json!({"path": "hello.txt"})).await;
         ids.push(inv["invocation_id"].as_str().unwrap().to_owned());
     }
     for id in &ids {
@@ -403,6 +406,7 @@ async fn a_replica_killed_mid_load_loses_nothing_and_runs_nothing_twice() {
     let alice = c.user("alice").await;
     let lb = c.lb.clone();
     let (run, turn) = c.run_and_turn(&lb, &alice, "read and write files, run commands in a terminal").await;
+    let who = Who { token: alice.clone(), run: run.clone(), turn: turn.clone() };
 
     // Terminal sessions, started wherever the claims land; then actions on each through the
     // load balancer (a claim on another replica than the session's is forwarded to its owner).
@@ -410,7 +414,7 @@ async fn a_replica_killed_mid_load_loses_nothing_and_runs_nothing_twice() {
     for i in 0..6 {
         let input =
             json!({"action": "start", "command": "bash", "args": ["--norc", "--noprofile"], "env": {"PS1": "$ "}});
-        let inv = c.freeze(&lb, &alice, &run, &turn, "terminal_session", &format!("t{i}"), input).await;
+        let inv = c.freeze(&lb, &who, "terminal_session", &format!("t{i}"), input).await;
         c.grant(&lb, &alice, &inv).await;
         let done = c.final_of(&lb, &alice, inv["invocation_id"].as_str().unwrap()).await;
         assert_eq!(done["status"], "completed", "{done}");
@@ -418,7 +422,7 @@ async fn a_replica_killed_mid_load_loses_nothing_and_runs_nothing_twice() {
     }
     for (i, s) in sessions.iter().enumerate() {
         let input = json!({"action": "input", "session_id": s, "data": format!("echo mark-$((40+{i}))\n")});
-        let inv = c.freeze(&lb, &alice, &run, &turn, "terminal_session", &format!("ti{i}"), input).await;
+        let inv = c.freeze(&lb, &who, "terminal_session", &format!("ti{i}"), input).await;
         c.grant(&lb, &alice, &inv).await;
         let mut seen = c.final_of(&lb, &alice, inv["invocation_id"].as_str().unwrap()).await;
         assert_eq!(seen["status"], "completed", "{seen}");
@@ -428,7 +432,7 @@ async fn a_replica_killed_mid_load_loses_nothing_and_runs_nothing_twice() {
                 break;
             }
             let input = json!({"action": "wait", "session_id": s, "until": "idle", "idle_ms": 300, "timeout_ms": 2000});
-            let inv = c.freeze(&lb, &alice, &run, &turn, "terminal_session", &format!("tw{i}-{k}"), input).await;
+            let inv = c.freeze(&lb, &who, "terminal_session", &format!("tw{i}-{k}"), input).await;
             c.grant(&lb, &alice, &inv).await;
             seen = c.final_of(&lb, &alice, inv["invocation_id"].as_str().unwrap()).await;
             assert_eq!(seen["status"], "completed", "{seen}");
@@ -461,7 +465,7 @@ async fn a_replica_killed_mid_load_loses_nothing_and_runs_nothing_twice() {
     let issued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..12 {
-        let (c, alice, run, turn, issued) = (c.clone(), alice.clone(), run.clone(), turn.clone(), issued.clone());
+        let (c, who, alice, issued) = (c.clone(), who.clone(), alice.clone(), issued.clone());
         tasks.spawn(async move {
             let mut out = Vec::new();
             for k in (w..total).step_by(12) {
@@ -471,10 +475,9 @@ async fn a_replica_killed_mid_load_loses_nothing_and_runs_nothing_twice() {
                 let call = format!("m{k}");
                 let inv = if gated {
                     let input = json!({"path": format!("w/{k}.txt"), "content": format!("{k}")});
-                    c.freeze(&lb, &alice, &run, &turn, "write_file", &call, input).await
+                    c.freeze(&lb, &who, "write_file", &call, input).await
                 } else {
-                    c.freeze(&lb, &alice, &run, &turn, "read_open", &call, json!({"path": format!("f{}.txt", k % 10)}))
-                        .await
+                    c.freeze(&lb, &who, "read_open", &call, json!({"path": format!("f{}.txt", k % 10)})).await
                 };
                 let mut decided_here = 0;
                 if gated {
@@ -590,7 +593,11 @@ async fn a_replica_killed_mid_load_loses_nothing_and_runs_nothing_twice() {
     let input = json!({"action": "input", "session_id": victim_sessions[0], "data": "echo late\n"});
     let body = json!({"turn_id": turn, "tool_id": "terminal_session", "tool_call_id": "after", "input": input});
     let r = c.req(reqwest::Method::POST, &format!("{lb}/v1/runs/{run}/invocations"), &alice, Some(body)).await;
-    assert_eq!((r.status, r.body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("terminal_session_ended")), "{r:?}");
+    assert_eq!(
+        (r.status, r.body["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("terminal_session_ended")),
+        "{r:?}"
+    );
     assert_eq!(r.body["error"]["details"]["state"], "lost", "{r:?}");
 }
 
