@@ -136,6 +136,12 @@ impl Error {
             Error::Store(StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed)) => {
                 ErrorCode::StoreUnavailable
             }
+            // Postgres shutting down or restarting (57P01-57P03), or a lost connection (08…).
+            Error::Store(StoreError::Db(sqlx::Error::Database(d)))
+                if d.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08")) =>
+            {
+                ErrorCode::StoreUnavailable
+            }
             Error::Store(_) | Error::Internal(_) => ErrorCode::Internal,
         }
     }

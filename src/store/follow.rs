@@ -1,6 +1,6 @@
 //! Following a run's event log: stored events after an id, then new ones as they commit.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -16,10 +16,16 @@ const BATCH: i64 = 100;
 const QUEUE: usize = 16;
 /// A follower re-reads the store at least this often even without a wake-up.
 const POLL: Duration = Duration::from_secs(5);
+/// How long a follower keeps retrying a database it cannot reach before the stream ends
+/// with the error (the client then resumes with `Last-Event-ID`).
+const OUTAGE: Duration = Duration::from_secs(60);
+/// Between those retries.
+const RETRY: Duration = Duration::from_millis(500);
 
 /// A stream of `run_id`'s events with id > `after`, in id order, without gaps or repeats:
 /// first what is stored, then each newly committed event. Ends when the receiver is dropped,
-/// on `shutdown`, or after a store error (yielded as the last item).
+/// on `shutdown`, or after a store error (yielded as the last item); a database that cannot
+/// be reached is retried for up to a minute first.
 pub fn follow(
     store: Store,
     run_id: String,
@@ -31,9 +37,21 @@ pub fn follow(
         // Subscribe before the first read so that nothing committed in between is missed.
         let mut signals = store.bus().subscribe();
         let mut last = after;
+        let mut outage: Option<Instant> = None;
         loop {
             let batch = match store.events_after(&run_id, last, BATCH).await {
-                Ok(batch) => batch,
+                Ok(batch) => {
+                    outage = None;
+                    batch
+                }
+                // The database is away (restarting, say): keep the stream and read again.
+                Err(e) if e.is_unavailable() && outage.get_or_insert_with(Instant::now).elapsed() < OUTAGE => {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tx.closed() => return,
+                        () = tokio::time::sleep(RETRY) => continue,
+                    }
+                }
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;
                     return;

@@ -67,6 +67,18 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// True when the database cannot be reached for now (connection refused or lost, pool
+    /// timed out, Postgres shutting down or restarting): worth retrying later.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Db(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed) => true,
+            StoreError::Db(sqlx::Error::Database(d)) => {
+                d.code().is_some_and(|c| c.starts_with("57P") || c.starts_with("08"))
+            }
+            _ => false,
+        }
+    }
+
     /// True for a unique-constraint violation (used to turn races into clean conflicts).
     pub fn is_unique_violation(&self) -> bool {
         matches!(self, StoreError::Db(sqlx::Error::Database(e)) if e.is_unique_violation())
@@ -154,9 +166,15 @@ impl Store {
                 pool
             }
             Backend::Postgres => {
+                // One direct connection first: a server that is down fails at once (refused)
+                // instead of after the pool's acquire timeout.
+                sqlx::Connection::close(<sqlx::AnyConnection as sqlx::Connection>::connect_with(&options).await?)
+                    .await?;
+                // A request waits at most 5 s for a connection: past that (the database away,
+                // or overloaded) it is answered 503 `store_unavailable`.
                 AnyPoolOptions::new()
                     .max_connections(16)
-                    .acquire_timeout(Duration::from_secs(30))
+                    .acquire_timeout(Duration::from_secs(5))
                     .connect_with(options)
                     .await?
             }

@@ -659,3 +659,257 @@ async fn an_action_on_a_gone_replicas_session_is_owner_gone() {
         .unwrap();
     assert_eq!(internal.status(), StatusCode::UNAUTHORIZED);
 }
+
+/// A private Postgres cluster (initdb + pg_ctl as user `postgres`, under /tmp, on a free
+/// port) that a test may stop and start; removed on drop. Never the shared server.
+struct PrivatePg {
+    dir: PathBuf,
+    port: u16,
+}
+
+fn pg_bin(name: &str) -> PathBuf {
+    let root = std::path::Path::new("/usr/lib/postgresql");
+    let mut versions: Vec<PathBuf> = std::fs::read_dir(root).unwrap().map(|e| e.unwrap().path()).collect();
+    versions.sort();
+    versions.last().expect("a Debian PostgreSQL server (scripts/ensure-postgres.sh)").join("bin").join(name)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl PrivatePg {
+    fn init() -> PrivatePg {
+        let dir = PathBuf::from(format!("/tmp/mira-pg-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = std::process::Command::new("chown").arg("postgres:postgres").arg(&dir).status().unwrap();
+        assert!(ok.success());
+        let pg = PrivatePg { dir, port: free_port() };
+        pg.as_postgres(pg_bin("initdb"), &["-D", &pg.data(), "-A", "trust", "-U", "postgres", "--no-sync"]);
+        pg
+    }
+
+    fn data(&self) -> String {
+        self.dir.join("data").display().to_string()
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn as_postgres(&self, bin: PathBuf, args: &[&str]) {
+        let out =
+            std::process::Command::new("runuser").args(["-u", "postgres", "--"]).arg(bin).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn start(&self) {
+        let options = format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", self.port, self.dir.display());
+        let log = self.dir.join("log").display().to_string();
+        self.as_postgres(pg_bin("pg_ctl"), &["-D", &self.data(), "-o", &options, "-l", &log, "-w", "start"]);
+    }
+
+    fn stop(&self) {
+        self.as_postgres(pg_bin("pg_ctl"), &["-D", &self.data(), "-m", "fast", "-w", "stop"]);
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(pg_bin("pg_ctl"))
+            .args(["-D", &self.data(), "-m", "immediate", "-w", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A `mira serve` process of the test; killed on drop.
+struct Replica {
+    child: std::process::Child,
+    base: String,
+    log: PathBuf,
+}
+
+impl Replica {
+    fn spawn(dir: &std::path::Path, url: &str, extra: &[&str]) -> Replica {
+        let port = free_port();
+        // The default workspace is one folder for every replica of a database.
+        let ws = dir.parent().unwrap().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        let log = dir.join("serve.log");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_mira"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--heartbeat-secs", "1"])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .arg("--workspace")
+            .arg(&ws)
+            .args(extra)
+            .env("DATABASE_URL", url)
+            .env("RUST_LOG", "info")
+            .env_remove("MIRA_EMBEDDING_MODEL_DIR")
+            .env_remove("MIRA_EMBEDDING_MODEL")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Replica { child, base: format!("http://127.0.0.1:{port}"), log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (30 s at most) until `/readyz` answers `status`.
+    async fn until_ready(&self, client: &reqwest::Client, status: StatusCode) -> Value {
+        for _ in 0..300 {
+            if let Ok(r) = client.get(format!("{}/readyz", self.base)).timeout(Duration::from_secs(5)).send().await
+                && r.status() == status
+            {
+                return r.json().await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{} never answered /readyz {status}; log:\n{}", self.base, self.log());
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The database down at start: `mira serve` retries (logged) and serves once it is up, or
+/// exits with a clear error when it stays down; a Postgres restart under two replicas gives
+/// clear 503s meanwhile, then everything recovers and no event is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_down_at_start_and_restarted_under_load() {
+    let pg = PrivatePg::init();
+    let tmp = tempfile::tempdir().unwrap();
+    let client = mira::net::client_builder().build().unwrap();
+
+    // Down for good: a clear error after the wait, no panic.
+    let started = std::time::Instant::now();
+    let mut gives_up = Replica::spawn(&tmp.path().join("x"), &pg.url(), &["--database-wait-secs", "1"]);
+    let status = gives_up.child.wait().unwrap();
+    assert!(!status.success());
+    let log = gives_up.log();
+    assert!(log.contains("the database cannot be reached; retrying"), "{log}");
+    assert!(log.contains(&format!("connecting to postgres://postgres@127.0.0.1:{}/postgres", pg.port)), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+
+    // Down at start, up a moment later: it waits, then serves.
+    let a = Replica::spawn(&tmp.path().join("a"), &pg.url(), &[]);
+    for _ in 0..100 {
+        if a.log().contains("retrying") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(a.log().contains("the database cannot be reached; retrying"), "{}", a.log());
+    pg.start();
+    a.until_ready(&client, StatusCode::OK).await;
+    let b = Replica::spawn(&tmp.path().join("b"), &pg.url(), &[]);
+    let ready_b = b.until_ready(&client, StatusCode::OK).await;
+    assert_eq!(ready_b["replica"]["events"], "postgres_notify");
+
+    let admin = std::fs::read_to_string(tmp.path().join("a/data/admin.token")).unwrap().trim().to_owned();
+    let ask = |method: reqwest::Method, url: String, token: String, body: Option<Value>| {
+        let client = client.clone();
+        async move {
+            let mut req = client.request(method, url).bearer_auth(token).timeout(Duration::from_secs(60));
+            if let Some(b) = body {
+                req = req.json(&b);
+            }
+            let r = req.send().await.unwrap();
+            let status = r.status();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (s, user) =
+        ask(reqwest::Method::POST, format!("{}/v1/users", a.base), admin.clone(), Some(json!({"name": "alice"}))).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let alice = user["token"].as_str().unwrap().to_owned();
+    std::fs::write(tmp.path().join("ws/hello.txt"), "hello\n").unwrap();
+    let (s, run) =
+        ask(reqwest::Method::POST, format!("{}/v1/runs", a.base), alice.clone(), Some(json!({"title": "t"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{run}");
+    let run = run["id"].as_str().unwrap().to_owned();
+    let resp = client.get(format!("{}/v1/runs/{run}/events", b.base)).bearer_auth(&alice).send().await.unwrap();
+    let mut at_b = {
+        let (tx, rx) = mpsc::channel(1000);
+        tokio::spawn(async move {
+            let got = crate::common::read_sse(resp, 1000, Duration::from_secs(120)).await;
+            for e in got {
+                let _ = tx.send((Some(e.0), e.1, e.2)).await;
+            }
+        });
+        rx
+    };
+
+    // Postgres restarts: meanwhile clear 503s, not hangs or 500s.
+    pg.stop();
+    let (s, body) = ask(reqwest::Method::GET, format!("{}/readyz", a.base), String::new(), None).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let t0 = std::time::Instant::now();
+    let (s, body) =
+        ask(reqwest::Method::POST, format!("{}/v1/runs", a.base), alice.clone(), Some(json!({"title": "x"}))).await;
+    assert_eq!(
+        (s, body["error"]["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("store_unavailable")),
+        "{body}"
+    );
+    eprintln!("a request while Postgres was down answered 503 store_unavailable in {:?}", t0.elapsed());
+    pg.start();
+    a.until_ready(&client, StatusCode::OK).await;
+    b.until_ready(&client, StatusCode::OK).await;
+
+    // After: calls run, and B's stream (opened before the restart) has every event.
+    let (s, turn) = ask(
+        reqwest::Method::POST,
+        format!("{}/v1/runs/{run}/turns", a.base),
+        alice.clone(),
+        Some(json!({"task": "read hello.txt"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{turn}");
+    let turn = turn["turn_id"].as_str().unwrap().to_owned();
+    for i in 0..4 {
+        let body = json!({"turn_id": turn, "tool_id": "read_open", "tool_call_id": format!("r{i}"), "input": {"path": "hello.txt"}});
+        let (s, inv) =
+            ask(reqwest::Method::POST, format!("{}/v1/runs/{run}/invocations", a.base), alice.clone(), Some(body))
+                .await;
+        assert_eq!(s, StatusCode::CREATED, "{inv}");
+        let id = inv["invocation_id"].as_str().unwrap().to_owned();
+        let mut status = String::new();
+        for _ in 0..300 {
+            let (_, v) =
+                ask(reqwest::Method::GET, format!("{}/v1/invocations/{id}", a.base), alice.clone(), None).await;
+            status = v["status"].as_str().unwrap_or("").to_owned();
+            if status == "completed" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(status, "completed");
+    }
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&pg.url()).await.unwrap();
+    let stored: Vec<(i64, String)> = sqlx::query_as("SELECT seq, type FROM events WHERE run_id = $1 ORDER BY seq")
+        .bind(&run)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    drop(a);
+    drop(b);
+    let mut seen = Vec::new();
+    while let Some((id, event, _)) = at_b.recv().await {
+        seen.push((id.unwrap_or(-1), event));
+    }
+    assert_eq!(seen, stored, "B's stream, open across the restart, has every event in order");
+}
