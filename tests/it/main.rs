@@ -21,6 +21,8 @@ mod mcp_real;
 mod modules;
 mod news;
 mod openapi;
+mod postgres_tls;
+mod private_pg;
 mod read_tools;
 mod schema;
 mod schemathesis;
