@@ -25,6 +25,7 @@ pub use mira_core::ids;
 pub mod invocation;
 pub mod limits;
 pub mod mcp;
+pub mod metrics;
 pub mod net;
 pub mod registry;
 pub mod sandbox;

@@ -82,6 +82,7 @@ impl StreamLimiter {
             });
         }
         *n += 1;
+        crate::metrics::stream_opened();
         Ok(StreamPermit { limiter: self.clone(), user_id: user_id.to_owned() })
     }
 
@@ -108,6 +109,7 @@ impl Drop for StreamPermit {
             }
         }
         drop(open);
+        crate::metrics::stream_closed();
         release_memory();
     }
 }

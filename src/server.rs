@@ -167,6 +167,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     );
     let harness = Arc::new(Harness::new(store.clone(), registry.clone(), executor, node, limits));
     let interrupted = harness.recover(&format!("{stable}:")).await?;
+    crate::metrics::invocations_recovered(interrupted);
     if interrupted > 0 {
         tracing::warn!(interrupted, "invocations left running by the previous process were marked interrupted");
     }
@@ -246,6 +247,22 @@ fn spawn_sweep(store: Store, node: &str, runtime: &RuntimeConfig, shutdown: Canc
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(workspace = %row.id, error = %e, "temp sweep failed"),
+            }
+        }
+    });
+}
+
+/// Sets `mira_replica_heartbeat_timestamp_seconds{node}` now and every 10 s until shutdown,
+/// `node` being this data dir's stable id.
+fn spawn_heartbeat(app: &App) {
+    let node = app.harness.node_id().split(':').next().unwrap_or_default().to_owned();
+    let shutdown = app.shutdown.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => crate::metrics::heartbeat(&node),
+                () = shutdown.cancelled() => return,
             }
         }
     });
@@ -345,6 +362,7 @@ impl Server {
             app.store.clone(),
             app.shutdown.clone(),
         );
+        spawn_heartbeat(&app);
         let router = crate::http::router(app.clone(), settings.body_limit, settings.request_timeout);
         let limits = &settings.runtime.http;
         let idle = Duration::from_secs(limits.idle_timeout_secs.max(1));

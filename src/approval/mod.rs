@@ -59,12 +59,17 @@ pub async fn grant(
 /// a four-eyes approval). Errors: 404; 409 `approval_decided`, `approval_expired`.
 pub async fn deny(store: &Store, who: &Decider<'_>, id: &str, reason: Option<&str>) -> Result<ApprovalRow> {
     let outcome = store.deny_approval(who, id, reason).await?;
-    settle(outcome, None)
+    let row = settle(outcome, None)?;
+    crate::metrics::invocation_finished(&row.tool_id, crate::state::InvocationStatus::Denied.as_str());
+    Ok(row)
 }
 
 fn settle(outcome: DecideOutcome, triple: Option<&GrantRequest<'_>>) -> Result<ApprovalRow> {
     match outcome {
-        DecideOutcome::Decided(row) => Ok(row),
+        DecideOutcome::Decided(row) => {
+            observe_wait(&row);
+            Ok(row)
+        }
         DecideOutcome::NotFound => Err(Error::NotFound("approval")),
         DecideOutcome::Mismatch(row) => {
             let given = triple
@@ -108,6 +113,15 @@ fn settle(outcome: DecideOutcome, triple: Option<&GrantRequest<'_>>) -> Result<A
             format!("approval {} expired at {}", row.id, row.expires_at),
             json!({"approval_id": row.id, "expires_at": row.expires_at}),
         )),
+    }
+}
+
+/// Records the time the approval waited for its decision (`mira_approval_wait_seconds`).
+fn observe_wait(row: &ApprovalRow) {
+    let parse = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
+    if let (Some(asked), Some(decided)) = (parse(&row.created_at), row.decided_at.as_deref().and_then(parse)) {
+        let waited = (decided - asked).to_std().unwrap_or_default();
+        crate::metrics::approval_decided(row.status.as_str(), waited);
     }
 }
 

@@ -367,7 +367,7 @@ impl Harness {
             result["stop"] = note;
         }
         match self.store.finish_invocation(&inv, &self.node_id, status, &result, &evidence).await {
-            Ok(Some(_)) => {}
+            Ok(Some(_)) => crate::metrics::invocation_finished(&inv.tool_id, status.status().as_str()),
             Ok(None) => tracing::warn!(invocation = %inv.id, "claim lost before the result was stored; result dropped"),
             Err(e) => tracing::error!(invocation = %inv.id, error = %e, "storing a result failed"),
         }

@@ -228,6 +228,7 @@ pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router 
         .merge(web::router())
         .fallback(|| async { Error::NotFound("route") })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
+        .layer(axum::middleware::from_fn(service::track_http))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(TraceLayer::new_for_http())
         .with_state(app)

@@ -124,7 +124,39 @@ pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
     (status, axum::Json(body))
 }
 
+/// Prometheus metrics in the OpenMetrics text format ([`crate::metrics`]): HTTP requests
+/// by route template and status, invocations by tool and final status, approval wait time,
+/// harness queue depth and recoveries, open event streams, MCP connections by state and the
+/// replica's heartbeat. Admin token only (a scraper is given an admin user's token); labels
+/// carry no user ids, inputs or raw URLs. Errors: 401, 403 (not an admin), 503
+/// `store_unavailable` (the scrape-time store counts failed).
+#[utoipa::path(get, path = "/metrics", tag = "service",
+    responses((status = 200, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String,
+        description = "every metric, OpenMetrics text"), (status = 403)),
+    security(("bearer" = [])))]
+pub async fn metrics(State(app): State<App>, user: super::auth::AuthUser) -> crate::error::Result<impl IntoResponse> {
+    user.require_admin()?;
+    let queue = app.store.harness_queue_counts().await?;
+    let mcp = app.store.mcp_state_counts().await?;
+    let body = crate::metrics::render(&queue, &mcp);
+    Ok(([(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body))
+}
+
+/// Middleware on every route: counts the answer in `mira_http_requests_total` by method,
+/// matched route template (`unmatched` for the fallback) and status.
+pub async fn track_http(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let started = std::time::Instant::now();
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
+    let response = next.run(req).await;
+    crate::metrics::http_request(method.as_str(), &route, response.status().as_u16(), started.elapsed());
+    response
+}
+
 /// Routes of this module.
 pub fn router() -> OpenApiRouter<App> {
-    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz))
+    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz)).routes(routes!(metrics))
 }

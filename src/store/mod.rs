@@ -17,6 +17,7 @@ mod evidence;
 pub mod follow;
 mod invocations;
 mod mcp;
+mod metrics;
 pub mod news_query;
 mod replicas;
 mod runs;

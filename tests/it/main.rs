@@ -18,6 +18,7 @@ mod inputs;
 mod logs;
 mod mcp;
 mod mcp_real;
+mod metrics;
 mod modules;
 mod news;
 mod openapi;
