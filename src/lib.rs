@@ -34,5 +34,6 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod surface;
+pub mod telemetry;
 pub mod tools;
 pub mod workspace;

@@ -123,20 +123,36 @@ enum UserCommand {
 }
 
 /// Logs go to stderr: JSON lines with `--log-format json`, else text, coloured only when stderr is a
-/// terminal (a file or a pipe gets plain text without ANSI escape codes).
-fn init_tracing(json: bool) {
+/// terminal (a file or a pipe gets plain text without ANSI escape codes). When
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, traces are
+/// exported over OTLP/HTTP too ([`mira::telemetry`]); the provider is returned so that `run`
+/// flushes it at exit.
+fn init_tracing(json: bool) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
     use std::io::IsTerminal;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,tower_http=info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    if json {
-        builder.json().init();
+    let filter = mira::telemetry::log_filter(filter);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
+    let fmt = if json { fmt.json().with_filter(filter).boxed() } else { fmt.with_filter(filter).boxed() };
+    let (provider, failed) = if mira::telemetry::enabled_by_env() {
+        match mira::telemetry::provider(None) {
+            Ok(p) => (Some(p), None),
+            Err(e) => (None, Some(e)),
+        }
     } else {
-        builder.init();
+        (None, None)
+    };
+    let otel = provider.as_ref().map(mira::telemetry::layer);
+    tracing_subscriber::registry().with(fmt).with(otel).init();
+    match (&provider, failed) {
+        (Some(_), _) => tracing::info!("exporting traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT)"),
+        (None, Some(e)) => tracing::error!(error = %e, "trace export is off: the OTLP exporter could not be set up"),
+        (None, None) => {}
     }
+    provider
 }
 
 async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
@@ -225,7 +241,7 @@ async fn run() -> ExitCode {
     mira::net::install_tls_provider();
     let cli = Cli::parse();
     let json_logs = matches!(&cli.command, Command::Serve(c) if c.log_format == "json");
-    init_tracing(json_logs);
+    let traces = init_tracing(json_logs);
     let result = match cli.command {
         Command::Serve(cfg) => serve(*cfg).await,
         Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
@@ -284,6 +300,10 @@ async fn run() -> ExitCode {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }
     };
+    if let Some(provider) = traces {
+        // Sends the last batch (bounded by the exporter's timeout).
+        let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

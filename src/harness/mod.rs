@@ -309,7 +309,36 @@ impl Harness {
         entry.tool.execute(&prepared.input, &ctx).await
     }
 
+    /// Executes one claimed invocation inside its `execute_tool {tool}` span (GenAI semantic
+    /// conventions), a child of the request that made it runnable ([`crate::telemetry`]).
     async fn run_one(&self, inv: InvocationRow, stopping: CancellationToken) {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            target: "mira::otel",
+            "execute_tool",
+            otel.name = format!("execute_tool {}", inv.tool_id).as_str(),
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = inv.tool_id.as_str(),
+            gen_ai.tool.call.id = inv.tool_call_id.as_str(),
+            gen_ai.tool.type = "function",
+            mira.invocation.id = inv.id.as_str(),
+            mira.run.id = inv.run_id.as_str(),
+            mira.invocation.status = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        if tracing::enabled!(target: "mira::otel", tracing::Level::INFO) {
+            match self.store.invocation_trace(&inv.id).await {
+                Ok(Some(parent)) => crate::telemetry::set_parent(&span, &parent),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(invocation = %inv.id, error = %e, "reading the trace context failed"),
+            }
+        }
+        self.run_one_in_span(inv, stopping, &span).instrument(span.clone()).await;
+    }
+
+    async fn run_one_in_span(&self, inv: InvocationRow, stopping: CancellationToken, span: &tracing::Span) {
         let entry = self.registry.get_any(&inv.tool_id);
         let effects = entry.as_ref().map_or(SideEffects::FromStart, |e| e.tool.side_effects());
         let call = Arc::new(RunningCall {
@@ -366,7 +395,18 @@ impl Harness {
             }
             result["stop"] = note;
         }
-        match self.store.finish_invocation(&inv, &self.node_id, status, &result, &evidence).await {
+        span.record("mira.invocation.status", status.status().as_str());
+        if status != FinalStatus::Completed {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", result["error"]["code"].as_str().unwrap_or("tool_error"));
+        }
+        let store_span =
+            tracing::info_span!(target: "mira::otel", "store_result", mira.evidence.count = evidence.len());
+        let stored = {
+            use tracing::Instrument;
+            self.store.finish_invocation(&inv, &self.node_id, status, &result, &evidence).instrument(store_span).await
+        };
+        match stored {
             Ok(Some(_)) => crate::metrics::invocation_finished(&inv.tool_id, status.status().as_str()),
             Ok(None) => tracing::warn!(invocation = %inv.id, "claim lost before the result was stored; result dropped"),
             Err(e) => tracing::error!(invocation = %inv.id, error = %e, "storing a result failed"),

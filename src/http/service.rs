@@ -143,16 +143,32 @@ pub async fn metrics(State(app): State<App>, user: super::auth::AuthUser) -> cra
 }
 
 /// Middleware on every route: counts the answer in `mira_http_requests_total` by method,
-/// matched route template (`unmatched` for the fallback) and status.
+/// matched route template (`unmatched` for the fallback) and status, and runs the request in
+/// a server span `{METHOD} {route}` ([`crate::telemetry`]) that continues the caller's W3C
+/// `traceparent`.
 pub async fn track_http(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use tracing::Instrument;
     let started = std::time::Instant::now();
     let method = req.method().clone();
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned());
-    let response = next.run(req).await;
-    crate::metrics::http_request(method.as_str(), &route, response.status().as_u16(), started.elapsed());
+    let name = format!("{method} {route}");
+    let span = tracing::info_span!(
+        target: "mira::otel",
+        "http_request",
+        otel.name = name.as_str(),
+        otel.kind = "server",
+        http.request.method = method.as_str(),
+        http.route = route.as_str(),
+        http.response.status_code = tracing::field::Empty,
+    );
+    crate::telemetry::set_parent_from_headers(&span, req.headers());
+    let response = next.run(req).instrument(span.clone()).await;
+    let status = response.status().as_u16();
+    span.record("http.response.status_code", status);
+    crate::metrics::http_request(method.as_str(), &route, status, started.elapsed());
     response
 }
 

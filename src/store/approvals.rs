@@ -256,6 +256,17 @@ impl Store {
         .bind(&invocation_id)
         .execute(tx.conn())
         .await?;
+        // While traces are exported: the grant request's trace becomes the execution's parent.
+        if let Some(traceparent) = crate::telemetry::current_traceparent() {
+            sqlx::query(
+                "INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)
+                 ON CONFLICT (invocation_id) DO UPDATE SET trace_parent = excluded.trace_parent",
+            )
+            .bind(&invocation_id)
+            .bind(traceparent)
+            .execute(tx.conn())
+            .await?;
+        }
         tx.append_event(
             &run_id,
             EventKind::ApprovalGranted,

@@ -220,6 +220,14 @@ impl Store {
         .bind(&now)
         .execute(tx.conn())
         .await?;
+        // While traces are exported: the freeze request's trace, for the execution span.
+        if let Some(traceparent) = crate::telemetry::current_traceparent() {
+            sqlx::query("INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)")
+                .bind(&row.id)
+                .bind(traceparent)
+                .execute(tx.conn())
+                .await?;
+        }
         let input: serde_json::Value = serde_json::from_str(&row.input)?;
         tx.append_event(
             &row.run_id,

@@ -23,6 +23,7 @@ mod replicas;
 mod runs;
 mod search;
 mod terminal;
+mod traces;
 mod users;
 
 pub use crate::state::ApprovalRule;

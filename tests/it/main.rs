@@ -30,5 +30,6 @@ mod schemathesis;
 mod spine;
 mod store;
 mod terminal;
+mod traces;
 mod web;
 mod web_search;
