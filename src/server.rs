@@ -86,10 +86,29 @@ fn unreachable_database(e: &anyhow::Error) -> bool {
         matches!(
             c.downcast_ref::<crate::store::StoreError>(),
             Some(crate::store::StoreError::Db(
-                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)
+                sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_)
             ))
-        ) || matches!(c.downcast_ref::<crate::store::StoreError>(), Some(crate::store::StoreError::Db(sqlx::Error::Database(d))) if d.code().is_some_and(|c| c.starts_with("57P") || c == "08006" || c == "08001"))
+        ) || matches!(c.downcast_ref::<crate::store::StoreError>(),
+                Some(crate::store::StoreError::Db(e @ (sqlx::Error::Io(_) | sqlx::Error::Tls(_)))) if !tls_refused(e))
+            || matches!(c.downcast_ref::<crate::store::StoreError>(), Some(crate::store::StoreError::Db(sqlx::Error::Database(d))) if d.code().is_some_and(|c| c.starts_with("57P") || c == "08006" || c == "08001"))
     })
+}
+
+/// A TLS failure that waiting cannot cure: the server's certificate was refused (unknown
+/// issuer, a name it does not cover, expired: rustls reports it inside an I/O error) or the
+/// CA file (`sslrootcert`) cannot be read. A refused or reset connection stays retryable.
+fn tls_refused(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(io) => {
+            matches!(io.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied)
+                || io.get_ref().is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+        }
+        sqlx::Error::Tls(inner) => {
+            let text = inner.to_string().to_lowercase();
+            ["certificate", "no such file", "permission denied", "pem"].iter().any(|w| text.contains(w))
+        }
+        _ => false,
+    }
 }
 
 /// Builds the application around a migrated store: registers the core tools, opens the
@@ -252,22 +271,6 @@ fn spawn_sweep(store: Store, node: &str, runtime: &RuntimeConfig, shutdown: Canc
     });
 }
 
-/// Sets `mira_replica_heartbeat_timestamp_seconds{node}` now and every 10 s until shutdown,
-/// `node` being this data dir's stable id.
-fn spawn_heartbeat(app: &App) {
-    let node = app.harness.node_id().split(':').next().unwrap_or_default().to_owned();
-    let shutdown = app.shutdown.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(10));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => crate::metrics::heartbeat(&node),
-                () = shutdown.cancelled() => return,
-            }
-        }
-    });
-}
-
 /// A stable id for this data directory (kept in `<data-dir>/node.id`).
 fn node_id(data_dir: &Path) -> anyhow::Result<String> {
     let file = data_dir.join("node.id");
@@ -362,7 +365,6 @@ impl Server {
             app.store.clone(),
             app.shutdown.clone(),
         );
-        spawn_heartbeat(&app);
         let router = crate::http::router(app.clone(), settings.body_limit, settings.request_timeout);
         let limits = &settings.runtime.http;
         let idle = Duration::from_secs(limits.idle_timeout_secs.max(1));

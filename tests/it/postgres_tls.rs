@@ -173,6 +173,12 @@ async fn sslmode_require_and_verify_full() {
     assert!(e.contains("connecting to postgres://postgres@127.0.0.1"), "{e}");
     assert!(e.to_lowercase().contains("certificate") && e.contains("UnknownIssuer"), "{e}");
 
+    // `mira serve` waits for a database that is down, not for one whose certificate is refused.
+    let started = std::time::Instant::now();
+    let e = mira::server::open_store_waiting(&data, &wrong_ca, Duration::from_secs(30)).await.err().expect("refused");
+    assert!(format!("{e:#}").contains("UnknownIssuer"), "{e:#}");
+    assert!(started.elapsed() < Duration::from_secs(10), "a refused certificate is not retried");
+
     // The right CA but a host the certificate does not name (the server listens there too).
     let wrong_host = pg.url("127.0.0.2", "postgres", &format!("sslmode=verify-full&sslrootcert={}", ca.display()));
     let e = connect_error(&wrong_host, &data).await;
@@ -182,4 +188,7 @@ async fn sslmode_require_and_verify_full() {
     let missing = pg.url("127.0.0.1", "postgres", "sslmode=verify-full&sslrootcert=/nonexistent/ca.crt");
     let e = connect_error(&missing, &data).await;
     assert!(e.contains("/nonexistent/ca.crt") || e.to_lowercase().contains("no such file"), "{e}");
+    let started = std::time::Instant::now();
+    assert!(mira::server::open_store_waiting(&data, &missing, Duration::from_secs(30)).await.is_err());
+    assert!(started.elapsed() < Duration::from_secs(10), "a missing CA file is not retried");
 }
