@@ -123,7 +123,7 @@ impl Metrics {
         let recoveries = Counter::default();
         registry.register(
             "harness_recovered_invocations",
-            "Invocations a dead or previous incarnation left running that this replica recovered",
+            "Invocations left running by a previous incarnation, an expired lease or a dead replica that this replica recovered (interrupted)",
             recoveries.clone(),
         );
         let streams = Gauge::default();
@@ -137,7 +137,7 @@ impl Metrics {
         let heartbeat = Family::<NodeLabels, Gauge>::default();
         registry.register(
             "replica_heartbeat_timestamp_seconds",
-            "Unix time of this replica's last heartbeat, by node id",
+            "Unix time of this replica's last successful heartbeat in the store, by node id",
             heartbeat.clone(),
         );
         Metrics {

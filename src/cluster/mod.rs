@@ -147,6 +147,7 @@ pub fn spawn_heartbeat(
             }
             match store.replica_heartbeat(&node.id, &node.process_id).await {
                 Ok(true) => {
+                    crate::metrics::heartbeat(&node.id);
                     healthy_since.get_or_insert_with(tokio::time::Instant::now);
                 }
                 Ok(false) => {

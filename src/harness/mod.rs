@@ -222,8 +222,9 @@ impl Harness {
         if let Err(e) = self.store.expire_approvals().await {
             tracing::warn!(error = %e, "expiring approvals failed");
         }
-        if let Err(e) = self.store.interrupt_orphans(None).await {
-            tracing::warn!(error = %e, "sweeping expired leases failed");
+        match self.store.interrupt_orphans(None).await {
+            Ok(n) => crate::metrics::invocations_recovered(n),
+            Err(e) => tracing::warn!(error = %e, "sweeping expired leases failed"),
         }
     }
 

@@ -119,7 +119,8 @@ impl Store {
             .bind(&r.node_id)
             .execute(self.pool())
             .await?;
-            self.interrupt_orphans(Some(&format!("{}:", r.node_id))).await?;
+            let interrupted = self.interrupt_orphans(Some(&format!("{}:", r.node_id))).await?;
+            crate::metrics::invocations_recovered(interrupted);
             declared.push(r.node_id);
         }
         Ok(declared)
