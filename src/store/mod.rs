@@ -37,7 +37,8 @@ pub use mcp::{McpAccessRow, McpConnectionRow, McpServerRow, McpToolRow};
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
 pub use search::{
-    FetchRecord, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow, UpsertCounts,
+    FetchRecord, NEWS_RANK_POOL, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow,
+    UpsertCounts,
 };
 pub use terminal::{SessionEnd, TerminalReport, TerminalSessionRow};
 pub use users::{Roles, TokenIdentity, UserRow};
@@ -136,6 +137,8 @@ pub struct Store {
     /// Serialises this process's News Hub fetch writes on SQLite, whose single writer would
     /// otherwise make concurrent fetches wait in its busy handler's sleeps.
     news_writes: Arc<tokio::sync::Mutex<()>>,
+    /// The news search's window boundaries and when they were read ([`search::NewsCuts`]).
+    news_cuts: Arc<std::sync::Mutex<Option<search::NewsCuts>>>,
 }
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
@@ -181,7 +184,7 @@ impl Store {
                     .await?
             }
         };
-        Ok(Store { pool, backend, bus, news_writes: Arc::default() })
+        Ok(Store { pool, backend, bus, news_writes: Arc::default(), news_cuts: Arc::default() })
     }
 
     /// Applies this back-end's pending migrations.

@@ -231,9 +231,49 @@ pub struct NewsHit {
 /// Postgres' 65,535 parameter limits).
 pub const UPSERT_CHUNK: usize = 100;
 
-/// Postgres ranks (`ts_rank_cd`) only the newest this many matches of a query: ranking every
-/// match of a common word across 100k items took over a second (`mira bench news`).
-pub const POSTGRES_RANK_POOL: usize = 2000;
+/// Both back-ends rank (BM25 on SQLite, `ts_rank_cd` on Postgres) only the newest this many
+/// matches of a query (by `effective_at`, then id, both descending): ranking every match of a
+/// common word across 100k items took over 100 ms on either back-end (`mira bench news`).
+pub const NEWS_RANK_POOL: usize = 128;
+
+/// SQLite: from this many matches on, a news search walks the time index against the match
+/// list instead of going from the matches to the items.
+const SQLITE_WALK_FROM: i64 = 2048;
+
+/// SQLite: from this many matches on, a news search walks the time index probing each item's
+/// rowid under the MATCH (about 20 µs a probe, so it only pays when most items match).
+const SQLITE_PROBE_FROM: i64 = 32768;
+
+/// Postgres: the newest-first windows a news search walks, in items: the matches are looked for among
+/// the newest 512 items first, then the next 3,584, then the next 28,672, then the rest, until
+/// [`NEWS_RANK_POOL`] are found. A common word is done after the first window; a rare one costs
+/// a few index lookups per window.
+const NEWS_WINDOWS: [i64; 3] = [512, 4096, 32768];
+
+/// How long the window boundaries are reused. They only shape the work: any non-increasing
+/// boundaries partition the items, so stale ones give the same hits.
+const NEWS_CUTS_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How a news search window finds its matches on SQLite (Postgres leaves it to its planner).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NewsScan {
+    /// Down the time index, one FTS5 rowid probe per item.
+    Probe,
+    /// Down the time index, against the match list read once.
+    Walk,
+    /// From the match list to the items, then sorted.
+    Matches,
+    /// Postgres: the planner's choice.
+    Planner,
+}
+
+/// The `effective_at` of the items at the [`NEWS_WINDOWS`] offsets (newest first), and when
+/// they were read.
+#[derive(Debug, Clone)]
+pub struct NewsCuts {
+    read_at: std::time::Instant,
+    cuts: Vec<String>,
+}
 
 const SOURCE_COLUMNS: &str = "id, owner_id, name, url, paused, interval_secs, next_fetch_at, etag, last_modified, \
     failures, last_fetch_at, last_success_at, last_error, last_error_at, last_fetch, item_count, feed_title, \
@@ -619,12 +659,45 @@ impl Store {
         Ok(hidden == 0)
     }
 
+    /// The window boundaries of [`Store::search_news`]: newest first, at most
+    /// `NEWS_WINDOWS.len()`, cached for [`NEWS_CUTS_TTL`].
+    async fn news_window_cuts(&self) -> StoreResult<Vec<String>> {
+        if let Some(c) = self.news_cuts.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+            && c.read_at.elapsed() < NEWS_CUTS_TTL
+        {
+            return Ok(c.cuts.clone());
+        }
+        let one = "(SELECT effective_at FROM news_items ORDER BY effective_at DESC LIMIT 1 OFFSET {})";
+        let sql = format!(
+            "SELECT {}, {}, {}",
+            one.replace("{}", &(NEWS_WINDOWS[0] - 1).to_string()),
+            one.replace("{}", &(NEWS_WINDOWS[1] - 1).to_string()),
+            one.replace("{}", &(NEWS_WINDOWS[2] - 1).to_string()),
+        );
+        let (a, b, c): (Option<String>, Option<String>, Option<String>) =
+            sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_one(self.pool()).await?;
+        let cuts: Vec<String> = [a, b, c].into_iter().flatten().collect();
+        *self.news_cuts.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(NewsCuts { read_at: std::time::Instant::now(), cuts: cuts.clone() });
+        Ok(cuts)
+    }
+
     /// Full-text search over the items of the sources `q.user_id` can see (see
-    /// [`NewsQuery`]). SQLite: FTS5 `MATCH` ranked by BM25 (title ×10, summary ×4, content
-    /// ×1) with `snippet()`; Postgres: `@@ websearch_to_tsquery('english', …)` ranked by
-    /// `ts_rank_cd` over the A/B/C-weighted vector among the newest
-    /// [`POSTGRES_RANK_POOL`] matches, with `ts_headline` for the passage. A query without a
-    /// positive term ([`super::news_query::has_positive_term`]) finds nothing.
+    /// [`NewsQuery`]), in two steps that run the same way on both back-ends:
+    ///
+    /// 1. **Pool**: the newest [`NEWS_RANK_POOL`] matches (by `effective_at`, then id, both
+    ///    descending), so a common word reads a few hundred rows and a rare one a few index
+    ///    entries. SQLite matches with FTS5 `MATCH` and picks its scan by the number of
+    ///    matches ([`SQLITE_WALK_FROM`], [`SQLITE_PROBE_FROM`]); Postgres matches with
+    ///    `@@ websearch_to_tsquery('english', …)` over the stored `search` vector and its GIN
+    ///    index, window by window ([`NEWS_WINDOWS`], newest items first).
+    /// 2. **Rank**: only the pool is ranked — SQLite: BM25 (title ×10, summary ×4, content
+    ///    ×1) with `snippet()`; Postgres: `ts_rank_cd` over the A/B/C-weighted vector with
+    ///    `ts_headline` — and the best `limit` returned (by score, or by time with
+    ///    [`NewsSort::Time`]). The passage is computed for those rows alone.
+    ///
+    /// A query without a positive term ([`super::news_query::has_positive_term`]) finds
+    /// nothing.
     pub async fn search_news(&self, q: &NewsQuery<'_>) -> StoreResult<Vec<NewsHit>> {
         let text = match self.backend() {
             Backend::Sqlite => match super::news_query::to_fts5(q.text) {
@@ -634,37 +707,70 @@ impl Store {
             Backend::Postgres if super::news_query::has_positive_term(q.text) => q.text.to_owned(),
             Backend::Postgres => return Ok(Vec::new()),
         };
+        // When the caller sees every source and names none, the source condition is left out
+        // (no join, no per-row check).
+        let every = q.source.is_none() && self.sees_every_news_source(q.user_id).await?;
+        let mut pool: Vec<String> = Vec::with_capacity(NEWS_RANK_POOL);
+        match self.backend() {
+            // SQLite: how the newest matches are found depends on how many there are, counted
+            // up to SQLITE_PROBE_FROM: few → from the match list to the items; more → down the
+            // time index against the match list; very many → down the time index with a rowid
+            // probe per item, which stops after a few hundred items.
+            Backend::Sqlite => {
+                let many: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM news_items_fts WHERE news_items_fts MATCH $1 LIMIT $2)",
+                )
+                .bind(&text)
+                .bind(SQLITE_PROBE_FROM)
+                .fetch_one(self.pool())
+                .await?;
+                let scan = match many {
+                    n if n >= SQLITE_PROBE_FROM => NewsScan::Probe,
+                    n if n >= SQLITE_WALK_FROM => NewsScan::Walk,
+                    _ => NewsScan::Matches,
+                };
+                pool = self.news_window(q, &text, every, None, None, NEWS_RANK_POOL, scan).await?;
+            }
+            // Postgres: window by window ([`NEWS_WINDOWS`]) until the pool is full.
+            Backend::Postgres => {
+                let cuts = self.news_window_cuts().await?;
+                for w in 0..=cuts.len() {
+                    let lower = cuts.get(w).map(String::as_str);
+                    let upper = w.checked_sub(1).and_then(|u| cuts.get(u)).map(String::as_str);
+                    let need = NEWS_RANK_POOL - pool.len();
+                    pool.extend(self.news_window(q, &text, every, lower, upper, need, NewsScan::Planner).await?);
+                    if pool.len() >= NEWS_RANK_POOL {
+                        break;
+                    }
+                }
+            }
+        }
+        if pool.is_empty() {
+            return Ok(Vec::new());
+        }
         let order = match q.sort {
             NewsSort::Relevance => "score DESC, effective_at DESC, id",
             NewsSort::Time => "effective_at DESC, score DESC, id",
         };
         let order_top = order.replace(", ", ", top.");
-        // Postgres: when the caller sees every source and names none, the source condition
-        // is left out, so the planner can walk the newest matches of a common word instead
-        // of probing the full-text index once per source.
-        let postgres = self.backend() == Backend::Postgres;
-        let visibility = if postgres && q.source.is_none() && self.sees_every_news_source(q.user_id).await? {
-            "AND $2::text IS NOT NULL AND $5::text IS NULL"
-        } else {
-            "AND i.source_id = ANY(ARRAY(SELECT s.id FROM news_sources s WHERE (s.owner_id = $2 OR s.owner_id IS NULL)
-                 AND ($5::text IS NULL OR s.id = $5 OR s.name = $5 OR s.url = $5)))"
-        };
         let sql = match self.backend() {
-            // The best `limit` rows are chosen first (BM25 only); `snippet()` then runs for
-            // those rows alone, each looked up by rowid under the same MATCH (CROSS JOIN
+            // BM25 runs in one scan of the match list restricted to the pool's rowids (the
+            // unary `+` keeps the IN list from becoming one lookup per rowid, each of which
+            // would recompute the phrase statistics); `snippet()` then runs for the best
+            // `limit` rows alone, each looked up by rowid under the same MATCH (CROSS JOIN
             // keeps `top` the outer loop).
             Backend::Sqlite => format!(
-                "WITH top AS (
-                     SELECT i.n, i.effective_at AS effective_at, i.id AS id, -bm25(news_items_fts, 10.0, 4.0, 1.0) AS score
+                "WITH ranked AS MATERIALIZED (
+                     SELECT rowid AS n, -bm25(news_items_fts, 10.0, 4.0, 1.0) AS score
                      FROM news_items_fts
-                     JOIN news_items i ON i.n = news_items_fts.rowid
-                     JOIN news_sources s ON s.id = i.source_id
                      WHERE news_items_fts MATCH $1
-                       AND (s.owner_id = $2 OR s.owner_id IS NULL)
-                       AND ($3 IS NULL OR i.effective_at >= $3)
-                       AND ($4 IS NULL OR i.effective_at <= $4)
-                       AND ($5 IS NULL OR s.id = $5 OR s.name = $5 OR s.url = $5)
-                     ORDER BY {order} LIMIT $6
+                       AND rowid >= (SELECT min(CAST(value AS INTEGER)) FROM json_each($2))
+                       AND rowid <= (SELECT max(CAST(value AS INTEGER)) FROM json_each($2))
+                       AND +rowid IN (SELECT CAST(value AS INTEGER) FROM json_each($2))
+                 ), top AS (
+                     SELECT ranked.n, i.effective_at AS effective_at, i.id AS id, ranked.score AS score
+                     FROM ranked JOIN news_items i ON i.n = ranked.n
+                     ORDER BY {order} LIMIT $3
                  )
                  SELECT i.id, i.source_id, s.name AS source_name, s.url AS source_url, i.guid, i.url, i.title,
                         i.summary, i.published_at, i.collected_at, i.changed_at, i.content_sha256,
@@ -676,52 +782,121 @@ impl Store {
                  WHERE news_items_fts MATCH $1
                  ORDER BY top.{order_top}"
             ),
-            // Ranking every match of a very common word costs a `ts_rank_cd` (and a detoasted
-            // vector) per row; so the candidates are the newest POSTGRES_RANK_POOL matches
-            // (found through the time index or the GIN index, as the planner sees fit), and
-            // only those are ranked.
             Backend::Postgres => format!(
-                "WITH pool AS MATERIALIZED (
-                     SELECT i.id AS item_id, q.query
-                     FROM news_items i
-                     CROSS JOIN (SELECT websearch_to_tsquery('english', $1) AS query) q
-                     WHERE i.search @@ q.query
-                       {visibility}
-                       AND ($3::text IS NULL OR i.effective_at >= $3)
-                       AND ($4::text IS NULL OR i.effective_at <= $4)
-                     ORDER BY i.effective_at DESC
-                     LIMIT {POSTGRES_RANK_POOL}
-                 ), hits AS (
-                     SELECT i.id, i.source_id, s.name AS source_name, s.url AS source_url, i.guid, i.url,
-                            i.title, i.summary, i.content, i.published_at, i.collected_at, i.changed_at,
-                            i.effective_at, i.content_sha256, pool.query,
-                            ts_rank_cd(i.search, pool.query)::float8 AS score
-                     FROM pool
-                     JOIN news_items i ON i.id = pool.item_id
-                     JOIN news_sources s ON s.id = i.source_id
-                     ORDER BY {order} LIMIT $6
+                "WITH top AS MATERIALIZED (
+                     SELECT i.id, i.effective_at,
+                            ts_rank_cd(i.search, websearch_to_tsquery('english', $1))::float8 AS score
+                     FROM json_array_elements_text($2::json) AS p(id)
+                     JOIN news_items i ON i.id = p.id
+                     ORDER BY {order} LIMIT $3
                  )
-                 SELECT id, source_id, source_name, source_url, guid, url, title, summary, published_at,
-                        collected_at, changed_at, content_sha256,
-                        ts_headline('english', title || ' — ' || summary || ' ' || content, query,
+                 SELECT i.id, i.source_id, s.name AS source_name, s.url AS source_url, i.guid, i.url, i.title,
+                        i.summary, i.published_at, i.collected_at, i.changed_at, i.content_sha256,
+                        ts_headline('english', i.title || ' — ' || i.summary || ' ' || i.content,
+                                    websearch_to_tsquery('english', $1),
                                     'StartSel=\"\", StopSel=\"\", MaxWords=40, MinWords=15, MaxFragments=1')
                             AS snippet,
-                        score
-                 FROM hits ORDER BY {order}"
+                        top.score
+                 FROM top
+                 JOIN news_items i ON i.id = top.id
+                 JOIN news_sources s ON s.id = i.source_id
+                 ORDER BY top.{order_top}"
             ),
         };
         Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(text)
-            .bind(q.user_id)
-            .bind(q.since)
-            .bind(q.until)
-            .bind(q.source)
+            .bind(serde_json::Value::from(pool).to_string())
             .bind(q.limit)
             // Not a cached prepared statement: Postgres then plans each search with its actual
-            // words (a generic plan cannot tell a word in every item from a rare one and picks
-            // the wrong index, 10–30× slower for common words).
+            // words (see `news_window`).
             .persistent(false)
             .fetch_all(self.pool())
             .await?)
+    }
+
+    /// The keys (SQLite: rowid as text; Postgres: id) of the newest `need` matches of `q`
+    /// among the items with `lower <= effective_at < upper` (None: unbounded), newest first
+    /// by `(effective_at, id)`.
+    #[allow(clippy::too_many_arguments)]
+    async fn news_window(
+        &self,
+        q: &NewsQuery<'_>,
+        text: &str,
+        every: bool,
+        lower: Option<&str>,
+        upper: Option<&str>,
+        need: usize,
+        scan: NewsScan,
+    ) -> StoreResult<Vec<String>> {
+        let sql = match self.backend() {
+            // Bounds are bound as text with neutral values ('' and '~' sort before and after
+            // every RFC 3339 time), so SQLite can use them as an index range.
+            Backend::Sqlite => {
+                let (source_join, visibility) = if every {
+                    ("", "AND $2 IS NOT NULL AND $5 IS NULL")
+                } else {
+                    (
+                        "JOIN news_sources s ON s.id = i.source_id",
+                        "AND (s.owner_id = $2 OR s.owner_id IS NULL)
+                         AND ($5 IS NULL OR s.id = $5 OR s.name = $5 OR s.url = $5)",
+                    )
+                };
+                let list = "i.n IN (SELECT rowid FROM news_items_fts WHERE news_items_fts MATCH $1)";
+                let (indexed, matching) = match scan {
+                    NewsScan::Probe => (
+                        "INDEXED BY news_items_time_id",
+                        "EXISTS (SELECT 1 FROM news_items_fts f WHERE f.rowid = i.n AND news_items_fts MATCH $1)",
+                    ),
+                    NewsScan::Walk => ("INDEXED BY news_items_time_id", list),
+                    NewsScan::Matches | NewsScan::Planner => ("", list),
+                };
+                format!(
+                    "SELECT CAST(i.n AS TEXT) FROM news_items i {indexed} {source_join}
+                     WHERE i.effective_at >= $3 AND i.effective_at <= $4 AND i.effective_at < $7
+                       {visibility}
+                       AND {matching}
+                     ORDER BY i.effective_at DESC, i.id DESC LIMIT $6"
+                )
+            }
+            // The first window may walk the time index (the planner's choice); the others are
+            // sorted by a key no index provides (the same order: RFC 3339 text under "C"), so
+            // the planner fetches from the GIN index (or the window's time range, whichever is
+            // smaller) instead of walking every item of the window testing its vector.
+            Backend::Postgres => {
+                let visibility = if every {
+                    "AND $2::text IS NOT NULL AND $5::text IS NULL"
+                } else {
+                    "AND i.source_id = ANY(ARRAY(SELECT s.id FROM news_sources s WHERE (s.owner_id = $2 OR s.owner_id IS NULL)
+                         AND ($5::text IS NULL OR s.id = $5 OR s.name = $5 OR s.url = $5)))"
+                };
+                let key = if upper.is_none() { "i.effective_at" } else { "i.effective_at COLLATE \"C\"" };
+                format!(
+                    "SELECT i.id FROM news_items i
+                     WHERE i.search @@ websearch_to_tsquery('english', $1)
+                       {visibility}
+                       AND ($3::text IS NULL OR i.effective_at >= $3)
+                       AND ($4::text IS NULL OR i.effective_at <= $4)
+                       AND ($7::text IS NULL OR i.effective_at < $7)
+                       AND ($8::text IS NULL OR i.effective_at >= $8)
+                     ORDER BY {key} DESC, i.id COLLATE \"C\" DESC LIMIT $6"
+                )
+            }
+        };
+        let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(text).bind(q.user_id);
+        let query = match self.backend() {
+            Backend::Sqlite => {
+                let lo = match (lower, q.since) {
+                    (Some(l), Some(s)) => l.max(s),
+                    (l, s) => l.or(s).unwrap_or(""),
+                };
+                query.bind(lo).bind(q.until.unwrap_or("~")).bind(q.source).bind(need as i64).bind(upper.unwrap_or("~"))
+            }
+            Backend::Postgres => {
+                query.bind(q.since).bind(q.until).bind(q.source).bind(need as i64).bind(upper).bind(lower)
+            }
+        };
+        // Not a cached prepared statement: Postgres then plans each window with its actual
+        // words and bounds (a generic plan cannot tell a word in every item from a rare one).
+        Ok(query.persistent(false).fetch_all(self.pool()).await?)
     }
 }

@@ -601,7 +601,129 @@ async fn the_store_reads_the_query_language_and_takes_concurrent_fetches(backend
     store.close().await;
 }
 
+/// The newest [`mira::store::NEWS_RANK_POOL`] matches are ranked, found the same way on both
+/// back-ends whatever path the store takes (SQLite: from the matches, or down the time index;
+/// Postgres: window by window), with and without the per-source visibility condition, with
+/// since/until, for words in every item, in one in ten, in three, and for phrases.
+async fn search_ranks_the_newest_matches(backend: Backend) {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = common::TestDb::new(backend, tmp.path()).await;
+    let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
+    let reader = store.create_user("reader", false, &mira::auth::hash_token("r")).await.unwrap();
+    let owner = store.create_user("owner", false, &mira::auth::hash_token("o")).await.unwrap();
+    let shared = mira::store::NewsSourceRow::new(None, "shared".into(), "http://127.0.0.1:9/a".into(), 60);
+    let private =
+        mira::store::NewsSourceRow::new(Some(owner.id.clone()), "own".into(), "http://127.0.0.1:9/b".into(), 60);
+    store.create_news_source(&shared).await.unwrap();
+    store.create_news_source(&private).await.unwrap();
+    let base = chrono::DateTime::parse_from_rfc3339("2025-01-01T00:00:00Z").unwrap().with_timezone(&chrono::Utc);
+    let at = |i: usize| mira::ids::format_time(base + chrono::Duration::minutes(i as i64));
+    const N: usize = 2600;
+    let item = |i: usize, title: String| mira::store::NewNewsItem {
+        dedup_key: format!("guid:{i}"),
+        guid: Some(format!("{i}")),
+        url: None,
+        summary: String::new(),
+        content: format!("n{i}"),
+        author: None,
+        published_at: Some(at(i)),
+        content_sha256: mira::evidence::sha256_hex(title.as_bytes()),
+        title,
+    };
+    // Every item has "alpha" once — item 5 (old) five times, item N-10 three times; one in ten
+    // has "beta"; three have "gamma"; one in fifty "delta epsilon", another one in fifty the
+    // reverse.
+    let items: Vec<_> = (0..N)
+        .map(|i| {
+            let mut t = match i {
+                5 => "alpha alpha alpha alpha alpha".to_owned(),
+                i if i == N - 10 => "alpha alpha alpha".to_owned(),
+                _ => "alpha".to_owned(),
+            };
+            if i % 10 == 0 {
+                t.push_str(" beta");
+            }
+            if i % 1000 == 7 {
+                t.push_str(" gamma");
+            }
+            match i % 50 {
+                0 => t.push_str(" delta epsilon"),
+                25 => t.push_str(" epsilon delta"),
+                _ => {}
+            }
+            item(i, t)
+        })
+        .collect();
+    let record = |items: &[mira::store::NewNewsItem], id: String| {
+        let store = store.clone();
+        let items = items.to_vec();
+        async move {
+            let now = mira::ids::now();
+            let rec = mira::store::FetchRecord {
+                now: &now,
+                next_fetch_at: &now,
+                etag: None,
+                last_modified: None,
+                feed_title: None,
+                feed_format: "rss",
+                items: &items,
+            };
+            store.record_news_fetch(&id, &rec, &json!({})).await.unwrap();
+        }
+    };
+    record(&items, shared.id.clone()).await;
+    // The owner's private source: "beta" items newer than every shared one.
+    let own: Vec<_> = (N..N + 5).map(|i| item(i, "beta own".to_owned())).collect();
+    record(&own, private.id.clone()).await;
+    store.refresh_news_statistics().await.unwrap();
+
+    let search = |user: String, text: &'static str, sort, since: Option<String>, until: Option<String>| {
+        let store = store.clone();
+        async move {
+            let q = mira::store::NewsQuery {
+                user_id: &user,
+                text,
+                since: since.as_deref(),
+                until: until.as_deref(),
+                source: None,
+                sort,
+                limit: 10,
+            };
+            let hits = store.search_news(&q).await.unwrap();
+            hits.into_iter().map(|h| h.guid.unwrap().parse::<usize>().unwrap()).collect::<Vec<_>>()
+        }
+    };
+    use mira::store::NewsSort::{Relevance, Time};
+    let r = reader.id.clone();
+    let newest = |pick: &dyn Fn(usize) -> bool, below: usize| -> Vec<usize> {
+        (0..=below).rev().filter(|i| pick(*i)).take(10).collect()
+    };
+    assert_eq!(search(r.clone(), "alpha", Time, None, None).await, newest(&|_| true, N - 1));
+    let best = search(r.clone(), "alpha", Relevance, None, None).await;
+    assert_eq!(best[0], N - 10, "the best of the newest matches first: {best:?}");
+    assert!(!best.contains(&5), "item 5 scores higher but is not among the newest matches: {best:?}");
+    assert_eq!(search(r.clone(), "beta", Time, None, None).await, newest(&|i| i % 10 == 0, N - 1));
+    assert_eq!(search(r.clone(), "gamma", Time, None, None).await, [2007, 1007, 7]);
+    let mut rare = search(r.clone(), "gamma", Relevance, None, None).await;
+    rare.sort();
+    assert_eq!(rare, [7, 1007, 2007]);
+    assert_eq!(search(r.clone(), "\"delta epsilon\"", Time, None, None).await, newest(&|i| i % 50 == 0, N - 1));
+    assert_eq!(
+        search(r.clone(), "beta", Time, Some(at(2000)), Some(at(2300))).await,
+        newest(&|i| i % 10 == 0, 2300),
+        "since/until"
+    );
+    assert_eq!(search(r.clone(), "alpha", Time, None, Some(at(100))).await, newest(&|_| true, 100));
+    // The owner sees every source (no source condition): its own items come first.
+    let o = owner.id.clone();
+    let mut expected: Vec<usize> = (N..N + 5).rev().collect();
+    expected.extend(newest(&|i| i % 10 == 0, N - 1).into_iter().take(5));
+    assert_eq!(search(o.clone(), "beta", Time, None, None).await, expected);
+    store.close().await;
+}
+
 both_backends!(
+    search_ranks_the_newest_matches,
     the_store_reads_the_query_language_and_takes_concurrent_fetches,
     one_claim_wins,
     collects_rss_atom_and_json_feed_and_searches_them,
