@@ -54,6 +54,15 @@ pub struct ServeConfig {
     /// Default: none — only admins install stdio servers, which run on this host.
     #[arg(long, env = "MIRA_MCP_STDIO_ALLOW", value_delimiter = ',')]
     pub mcp_stdio_allow: Vec<String>,
+    /// Remove runs nobody has touched for this many days (no turn, invocation change or event
+    /// since; none of their calls waiting or running), with their turns, invocations,
+    /// approvals, evidence, events and terminal output, in a background job
+    /// (docs/retention.md). Default: off (0 is off too).
+    #[arg(long, env = "MIRA_RETENTION_DAYS")]
+    pub retention_days: Option<u64>,
+    /// Seconds between two retention sweeps (the first runs at start-up).
+    #[arg(long, env = "MIRA_RETENTION_INTERVAL_SECS", default_value_t = 3600)]
+    pub retention_interval_secs: u64,
     /// Log format: `text` or `json`.
     #[arg(long, env = "MIRA_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
@@ -172,6 +181,8 @@ pub struct RuntimeConfig {
     pub http: crate::limits::HttpLimits,
     /// Replicas on one database: cluster secret, internal address, heartbeat.
     pub cluster: crate::cluster::ClusterConfig,
+    /// Retention of old runs (default: none, nothing is removed).
+    pub retention: Option<crate::retention::RetentionPolicy>,
 }
 
 impl Default for RuntimeConfig {
@@ -197,6 +208,7 @@ impl Default for RuntimeConfig {
                 database_wait_secs: 0,
                 ..Default::default()
             },
+            retention: None,
         }
     }
 }

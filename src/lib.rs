@@ -28,6 +28,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod net;
 pub mod registry;
+pub mod retention;
 pub mod sandbox;
 pub mod secret;
 pub mod server;

@@ -185,6 +185,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             sandbox: cfg.sandbox.clone(),
             http: cfg.http.clone(),
             cluster: cfg.cluster.clone(),
+            retention: mira::retention::RetentionPolicy::from_days(cfg.retention_days, cfg.retention_interval_secs),
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,

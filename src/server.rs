@@ -191,6 +191,19 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         tracing::warn!(interrupted, "invocations left running by the previous process were marked interrupted");
     }
     spawn_sweep(store.clone(), &stable, &settings.runtime, shutdown.clone());
+    if let Some(policy) = settings.runtime.retention {
+        tracing::info!(
+            max_age_secs = policy.max_age.as_secs(),
+            interval_secs = policy.interval.as_secs(),
+            "retention on"
+        );
+        crate::retention::spawn(store.clone(), policy, shutdown.clone());
+        if store.sqlite_auto_vacuum().await?.is_some_and(|mode| mode != 2) {
+            tracing::warn!(
+                "this SQLite file predates auto_vacuum=INCREMENTAL: retention frees pages for reuse but the file does not shrink until it is converted once (docs/retention.md)"
+            );
+        }
+    }
     mcp.start().await.context("loading External MCP servers")?;
     let embeddings = Arc::new(Embeddings::new(settings.runtime.embedding.clone(), &settings.data_dir));
     let tool_index = Arc::new(ToolIndex::new());

@@ -20,6 +20,7 @@ mod mcp;
 mod metrics;
 pub mod news_query;
 mod replicas;
+mod retention;
 mod runs;
 mod search;
 mod terminal;
@@ -35,6 +36,7 @@ pub use invocations::{
 };
 pub use mcp::{McpAccessRow, McpConnectionRow, McpServerRow, McpToolRow};
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
+pub use retention::RetentionCounts;
 pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
 pub use search::{
     FetchRecord, NEWS_RANK_POOL, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow,
@@ -166,6 +168,21 @@ impl Store {
                     .acquire_timeout(Duration::from_secs(30))
                     .connect_with(options)
                     .await?;
+                // A new (empty) file gets `auto_vacuum = INCREMENTAL`, so retention can give
+                // deleted rows' pages back (`Store::reclaim_space`). The mode is fixed when the
+                // first table is created, and remembered only by the connection that set it, so
+                // the empty file is rewritten (VACUUM) on that connection right away. Existing
+                // files keep their mode (converting them is a VACUUM of the whole file: see
+                // docs/retention.md).
+                {
+                    let mut conn = pool.acquire().await?;
+                    let objects: i64 =
+                        sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master").fetch_one(&mut *conn).await?;
+                    if objects == 0 {
+                        sqlx::query("PRAGMA auto_vacuum = INCREMENTAL").execute(&mut *conn).await?;
+                        sqlx::query("VACUUM").execute(&mut *conn).await?;
+                    }
+                }
                 sqlx::query("PRAGMA journal_mode = WAL").execute(&pool).await?;
                 sqlx::query("PRAGMA synchronous = NORMAL").execute(&pool).await?;
                 pool

@@ -25,6 +25,7 @@ mod openapi;
 mod postgres_tls;
 mod private_pg;
 mod read_tools;
+mod retention;
 mod schema;
 mod schemathesis;
 mod spine;
