@@ -99,16 +99,20 @@ impl Store {
             format!("DELETE FROM events WHERE run_id IN ({ids_sql})"),
             format!("DELETE FROM evidence WHERE run_id IN ({ids_sql})"),
             format!("DELETE FROM approvals WHERE run_id IN ({ids_sql})"),
+            // Explicit: SQLite applies the table's ON DELETE CASCADE only with foreign keys on.
+            format!(
+                "DELETE FROM invocation_traces WHERE invocation_id IN (SELECT id FROM invocations WHERE run_id IN ({ids_sql}))"
+            ),
             format!("DELETE FROM invocations WHERE run_id IN ({ids_sql})"),
             format!("DELETE FROM turns WHERE run_id IN ({ids_sql})"),
             format!("DELETE FROM runs WHERE id IN ({ids_sql})"),
         ];
-        let mut removed = [0u64; 9];
+        let mut removed = [0u64; 10];
         for (sql, n) in statements.into_iter().zip(removed.iter_mut()) {
             *n = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(&list).execute(tx.conn()).await?.rows_affected();
         }
         tx.commit().await?;
-        let [_, _, terminal_sessions, events, evidence, approvals, invocations, turns, runs] = removed;
+        let [_, _, terminal_sessions, events, evidence, approvals, _, invocations, turns, runs] = removed;
         Ok(RetentionCounts { runs, turns, invocations, approvals, evidence, events, terminal_sessions })
     }
 
