@@ -1,16 +1,24 @@
-//! `mira bench invocations`: frozen invocations per second.
+//! `mira bench invocations`: how many invocations per second are frozen and executed.
 //!
-//! Starts a server in-process on a fresh store (a temporary SQLite file, or a fresh database on
-//! the given Postgres server), opens a run and a turn, then `clients` concurrent HTTP clients
-//! submit `read_open` calls (each a new `tool_call_id`) for `seconds`. Prints the freeze
-//! throughput, the request latency p50/p99, and how many of the frozen calls the harness
-//! executed by the end.
+//! Starts a server in-process on a fresh store (a temporary SQLite file, or a fresh database
+//! on the given Postgres server). First it measures the ceiling: a pgbench-style one-row
+//! insert (one autocommit `INSERT` per statement) by the same number of clients on the same
+//! database, for `--ceiling-seconds`. Then `clients` planners, each with its own run and
+//! turn, submit `read_open` calls (each a new `tool_call_id`) for `seconds`. Printed:
+//!
+//! - `frozen/s`: accepted freezes per second, with the request latency p50/p99;
+//! - `completed/s`: invocations that had reached `completed` with their evidence stored by the
+//!   end of the load, per second of load;
+//! - the backlog left at the end (queued or running), also in seconds of work at the measured
+//!   completion rate, and how long the harness then took to drain it;
+//! - freeze → completed latency (from the stored times, millisecond resolution) p50/p99.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
+use sqlx::Connection;
 
 use mira::config::RuntimeConfig;
 use mira::server::{Server, Settings};
@@ -18,12 +26,15 @@ use mira::server::{Server, Settings};
 /// Options of the benchmark.
 #[derive(Debug, Clone, clap::Args)]
 pub struct InvocationBench {
-    /// Concurrent clients.
+    /// Concurrent planners, each with its own run.
     #[arg(long, default_value_t = 32)]
     pub clients: usize,
     /// Seconds of load.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Seconds of the one-row insert ceiling measured first (0 skips it).
+    #[arg(long, default_value_t = 5)]
+    pub ceiling_seconds: u64,
     /// A Postgres server URL (a fresh database is created on it and dropped after);
     /// default a temporary SQLite file.
     #[arg(long)]
@@ -45,32 +56,51 @@ pub async fn run(opts: InvocationBench) -> anyhow::Result<()> {
             (format!("{base}/{name}"), Some((admin.clone(), name)))
         }
     };
+    let result = measure(&opts, &tmp, workspace, &url).await;
+    if let Some((admin, name)) = pg_db {
+        admin_sql(&admin, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+async fn measure(opts: &InvocationBench, tmp: &std::path::Path, workspace: std::path::PathBuf, url: &str) -> anyhow::Result<()> {
     let settings = Settings {
         listen: "127.0.0.1:0".parse()?,
-        data_dir: tmp.clone(),
-        database_url: url,
+        data_dir: tmp.to_path_buf(),
+        database_url: url.to_owned(),
         workspace,
         runtime: RuntimeConfig::default(),
         body_limit: 1024 * 1024,
         request_timeout: Duration::from_secs(30),
     };
     let server = Server::start(settings).await?;
+    let backend = server.app.store.backend().name();
+    let ceiling = if opts.ceiling_seconds > 0 {
+        Some(insert_ceiling(url, opts.clients, Duration::from_secs(opts.ceiling_seconds)).await?)
+    } else {
+        None
+    };
     let token = std::fs::read_to_string(tmp.join("admin.token"))?.trim().to_owned();
     let base = format!("http://{}", server.addr);
     let client = mira::net::client_builder().pool_max_idle_per_host(opts.clients).build()?;
-    let api = Arc::new(Api { client: client.clone(), base: base.clone(), token: token.clone() });
-    let run = api.post("/v1/runs", &json!({"title": "bench"})).await?;
-    let run_id = run["id"].as_str().context("run id")?.to_owned();
-    let turn = api.post(&format!("/v1/runs/{run_id}/turns"), &json!({"task": "read a file"})).await?;
-    let turn_id = turn["turn_id"].as_str().context("turn id")?.to_owned();
+    let api = Arc::new(Api { client, base, token });
+    let mut planners = Vec::with_capacity(opts.clients);
+    for n in 0..opts.clients {
+        let run = api.post("/v1/runs", &json!({"title": format!("bench planner {n}")})).await?;
+        let run_id = run["id"].as_str().context("run id")?.to_owned();
+        let turn = api.post(&format!("/v1/runs/{run_id}/turns"), &json!({"task": "read a file"})).await?;
+        let turn_id = turn["turn_id"].as_str().context("turn id")?.to_owned();
+        planners.push((run_id, turn_id));
+    }
 
     let deadline = Instant::now() + Duration::from_secs(opts.seconds);
     let started = Instant::now();
-    let path = Arc::new(format!("/v1/runs/{run_id}/invocations"));
     let mut tasks = Vec::new();
-    for client_no in 0..opts.clients {
-        let (api, path, turn_id) = (api.clone(), path.clone(), turn_id.clone());
+    for (client_no, (run_id, turn_id)) in planners.into_iter().enumerate() {
+        let api = api.clone();
         tasks.push(tokio::spawn(async move {
+            let path = format!("/v1/runs/{run_id}/invocations");
             let mut latencies = Vec::new();
             let mut errors = 0u64;
             let mut n = 0u64;
@@ -95,26 +125,49 @@ pub async fn run(opts: InvocationBench) -> anyhow::Result<()> {
         errors += e;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let mut conn = sqlx::AnyConnection::connect(url).await?;
+    let at_end = counts(&mut conn).await?;
+    let drain_started = Instant::now();
+    let mut drained = at_end;
+    while drained.backlog > 0 && drain_started.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drained = counts(&mut conn).await?;
+    }
+    let drain = drain_started.elapsed().as_secs_f64();
+    let e2e = end_to_end(&mut conn).await?;
+    conn.close().await?;
+    server.shutdown().await;
+
     let p = super::percentiles(&latencies);
-    let executed = executed_count(&client, &base, &token, &run_id).await.unwrap_or(0);
+    let e = super::percentiles(&e2e);
+    let frozen_rate = latencies.len() as f64 / elapsed;
+    let completed_rate = at_end.completed as f64 / elapsed;
     println!(
-        "backend={} clients={} seconds={:.1} frozen={} errors={} throughput={:.0}/s p50={:.2}ms p99={:.2}ms max={:.2}ms executed_by_end={}",
-        server.app.store.backend().name(),
-        opts.clients,
-        elapsed,
+        "backend={backend} clients={} runs={} seconds={elapsed:.1} (read_open, one run per planner)",
+        opts.clients, opts.clients
+    );
+    match ceiling {
+        Some(c) => println!("  ceiling   one-row insert, same database, {} clients: {:>8.0}/s  mean {:.2} ms", opts.clients, c.rate, c.mean_ms),
+        None => println!("  ceiling   skipped (--ceiling-seconds 0)"),
+    }
+    println!(
+        "  frozen    {:>8.0}/s  ({} accepted, {errors} errors)  request p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+        frozen_rate,
         latencies.len(),
-        errors,
-        latencies.len() as f64 / elapsed,
         p.p50,
         p.p99,
-        p.max,
-        executed,
+        p.max
     );
-    server.shutdown().await;
-    if let Some((admin, name)) = pg_db {
-        admin_sql(&admin, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
-    }
-    let _ = std::fs::remove_dir_all(&tmp);
+    println!(
+        "  completed {:>8.0}/s  ({} completed with evidence by the end of the load; {} failed)",
+        completed_rate, at_end.completed, at_end.failed
+    );
+    let backlog_secs = if completed_rate > 0.0 { at_end.backlog as f64 / completed_rate } else { f64::INFINITY };
+    println!(
+        "  backlog   {} queued or running at the end = {backlog_secs:.2} s of work; drained to {} in {drain:.2} s",
+        at_end.backlog, drained.backlog
+    );
+    println!("  freeze -> completed (stored times, ms resolution): p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms", e.p50, e.p99, e.max);
     Ok(())
 }
 
@@ -138,14 +191,107 @@ impl Api {
     }
 }
 
-async fn executed_count(client: &reqwest::Client, base: &str, token: &str, run_id: &str) -> anyhow::Result<u64> {
-    let events: String = client.get(format!("{base}/v1/runs/{run_id}")).bearer_auth(token).send().await?.text().await?;
-    let run: serde_json::Value = serde_json::from_str(&events)?;
-    // Each executed read_open appends frozen, started, completed and evidence events.
-    Ok(run["last_event_id"].as_u64().unwrap_or(0).saturating_sub(1) / 4)
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    completed: i64,
+    failed: i64,
+    backlog: i64,
 }
 
-async fn admin_sql(admin_url: &str, sql: &str) -> anyhow::Result<()> {
+async fn counts(conn: &mut sqlx::AnyConnection) -> anyhow::Result<Counts> {
+    let completed: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM invocations i WHERE i.status = 'completed'
+           AND EXISTS (SELECT 1 FROM evidence e WHERE e.invocation_id = i.id)",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let failed: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM invocations WHERE status IN ('failed', 'interrupted', 'cancelled')")
+            .fetch_one(&mut *conn)
+            .await?;
+    let backlog: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM invocations WHERE status IN ('queued', 'running')")
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(Counts { completed, failed, backlog })
+}
+
+/// Freeze → completed durations from the stored times.
+async fn end_to_end(conn: &mut sqlx::AnyConnection) -> anyhow::Result<Vec<Duration>> {
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT created_at, finished_at FROM invocations WHERE status = 'completed'")
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|(c, f)| {
+            let c = chrono::DateTime::parse_from_rfc3339(c).ok()?;
+            let f = chrono::DateTime::parse_from_rfc3339(f).ok()?;
+            (f - c).to_std().ok()
+        })
+        .collect())
+}
+
+/// The ceiling's figures.
+struct Ceiling {
+    rate: f64,
+    mean_ms: f64,
+}
+
+/// pgbench-style: `clients` tasks each insert one row per autocommit statement for
+/// `duration` into a scratch table of the same database (dropped after). On SQLite the
+/// clients share one connection, as SQLite has one writer (several would only add busy
+/// waits).
+async fn insert_ceiling(url: &str, clients: usize, duration: Duration) -> anyhow::Result<Ceiling> {
+    let sqlite = url.starts_with("sqlite:");
+    let connections = if sqlite { 1 } else { clients.max(1) };
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(u32::try_from(connections).unwrap_or(u32::MAX))
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                if sqlite {
+                    // As the store's own connections.
+                    sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                }
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await?;
+    sqlx::query("CREATE TABLE mira_bench_ceiling (id TEXT PRIMARY KEY, v TEXT NOT NULL)").execute(&pool).await?;
+    let deadline = Instant::now() + duration;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut n, mut busy) = (0u64, Duration::ZERO);
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                sqlx::query("INSERT INTO mira_bench_ceiling (id, v) VALUES ($1, $2)")
+                    .bind(format!("{c}-{n}"))
+                    .bind("x")
+                    .execute(&pool)
+                    .await?;
+                busy += t0.elapsed();
+                n += 1;
+            }
+            anyhow::Ok((n, busy))
+        }));
+    }
+    let (mut total, mut busy) = (0u64, Duration::ZERO);
+    for t in tasks {
+        let (n, b) = t.await??;
+        total += n;
+        busy += b;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    sqlx::query("DROP TABLE mira_bench_ceiling").execute(&pool).await?;
+    pool.close().await;
+    Ok(Ceiling { rate: total as f64 / elapsed, mean_ms: busy.as_secs_f64() * 1000.0 / total.max(1) as f64 })
+}
+
+/// Runs one statement on the Postgres server at `admin_url` (creating, dropping databases).
+pub(super) async fn admin_sql(admin_url: &str, sql: &str) -> anyhow::Result<()> {
     sqlx::any::install_default_drivers();
     let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(admin_url).await?;
     sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut conn).await?;
