@@ -43,9 +43,11 @@ pub struct InvocationBench {
 
 /// Runs the benchmark and prints its figures.
 pub async fn run(opts: InvocationBench) -> anyhow::Result<()> {
-    let tmp = std::env::temp_dir().join(format!("mira-bench-{}", uuid::Uuid::now_v7().simple()));
-    let workspace = tmp.join("ws");
+    let root = std::env::temp_dir().join(format!("mira-bench-{}", uuid::Uuid::now_v7().simple()));
+    // The data dir beside the workspace, never inside it (the read tools refuse the data dir).
+    let (tmp, workspace) = (root.join("data"), root.join("ws"));
     std::fs::create_dir_all(&workspace)?;
+    std::fs::create_dir_all(&tmp)?;
     std::fs::write(workspace.join("file.txt"), "line one\nline two\nline three\n")?;
     let (url, pg_db) = match &opts.postgres {
         None => (format!("sqlite://{}?mode=rwc", tmp.join("mira.db").display()), None),
@@ -60,11 +62,16 @@ pub async fn run(opts: InvocationBench) -> anyhow::Result<()> {
     if let Some((admin, name)) = pg_db {
         admin_sql(&admin, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
     }
-    let _ = std::fs::remove_dir_all(&tmp);
+    let _ = std::fs::remove_dir_all(&root);
     result
 }
 
-async fn measure(opts: &InvocationBench, tmp: &std::path::Path, workspace: std::path::PathBuf, url: &str) -> anyhow::Result<()> {
+async fn measure(
+    opts: &InvocationBench,
+    tmp: &std::path::Path,
+    workspace: std::path::PathBuf,
+    url: &str,
+) -> anyhow::Result<()> {
     let settings = Settings {
         listen: "127.0.0.1:0".parse()?,
         data_dir: tmp.to_path_buf(),
@@ -147,7 +154,10 @@ async fn measure(opts: &InvocationBench, tmp: &std::path::Path, workspace: std::
         opts.clients, opts.clients
     );
     match ceiling {
-        Some(c) => println!("  ceiling   one-row insert, same database, {} clients: {:>8.0}/s  mean {:.2} ms", opts.clients, c.rate, c.mean_ms),
+        Some(c) => println!(
+            "  ceiling   one-row insert, same database, {} clients: {:>8.0}/s  mean {:.2} ms",
+            opts.clients, c.rate, c.mean_ms
+        ),
         None => println!("  ceiling   skipped (--ceiling-seconds 0)"),
     }
     println!(
@@ -167,7 +177,10 @@ async fn measure(opts: &InvocationBench, tmp: &std::path::Path, workspace: std::
         "  backlog   {} queued or running at the end = {backlog_secs:.2} s of work; drained to {} in {drain:.2} s",
         at_end.backlog, drained.backlog
     );
-    println!("  freeze -> completed (stored times, ms resolution): p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms", e.p50, e.p99, e.max);
+    println!(
+        "  freeze -> completed (stored times, ms resolution): p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms",
+        e.p50, e.p99, e.max
+    );
     Ok(())
 }
 
