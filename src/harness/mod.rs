@@ -1,13 +1,14 @@
 //! Harness Execution: runs cleared invocations off the request path and records what
 //! really happened.
 //!
-//! A loop claims queued invocations from the store ([`Store::claim_next`], a compare-and-
-//! set that also demands a granted approval with the exact triple for approval-gated
-//! calls), runs each through the [`Executor`] with a time limit, a lease it keeps renewing
-//! and a cancellation token, and stores the result with its evidence in one transaction.
-//! Before execution every invocation passes [`Harness::gate`] again, whatever path it came
-//! by. On start, invocations a previous incarnation of this server left `running` become
-//! `interrupted` and are never re-run; queued ones (granted but not started) simply run.
+//! A loop claims queued invocations from the store in batches as large as its free
+//! execution slots ([`Store::claim_batch`], a compare-and-set that also demands a granted
+//! approval with the exact triple for approval-gated calls), runs each through the
+//! [`Executor`] with a time limit, a lease it keeps renewing and a cancellation token, and
+//! stores the result with its evidence in one transaction. Before execution every invocation
+//! passes [`Harness::gate`] again, whatever path it came by. On start, invocations a previous
+//! incarnation of this server left `running` become `interrupted` and are never re-run;
+//! queued ones (granted but not started) simply run.
 //!
 //! Stopping a running call (a cancel, the time limit, the server stopping) goes through its
 //! [`CommitGate`] (see [`commit`]): a stop that wins before the tool's commit point means
@@ -38,6 +39,9 @@ use crate::evidence::EvidenceDraft;
 use crate::registry::{Entry, Registry, ToolError, ToolOutput};
 use crate::state::ApprovalStatus;
 use crate::store::{FinalStatus, InvocationRow, Store};
+
+/// Most invocations claimed in one transaction.
+const MAX_CLAIM_BATCH: usize = 64;
 
 /// Largest serialized tool output kept in a result, in bytes; larger outputs are replaced
 /// by a truncation marker with their head.
@@ -172,22 +176,34 @@ impl Harness {
         let mut sweep = tokio::time::interval(Duration::from_secs(1));
         let mut tasks = tokio::task::JoinSet::new();
         loop {
-            while let Ok(permit) = Arc::clone(&permits).try_acquire_owned() {
-                match self.store.claim_next(&self.node_id, millis(self.limits.lease)).await {
-                    Ok(Some(inv)) => {
-                        let this = Arc::clone(&self);
-                        let stopping = shutdown.clone();
-                        tasks.spawn(async move {
-                            this.run_one(inv, stopping).await;
-                            drop(permit);
-                            this.wake();
-                        });
-                    }
-                    Ok(None) => break,
+            // Claims as many as there are free execution slots, in batches: one transaction
+            // of a few statements per batch instead of one per invocation.
+            loop {
+                let free = permits.available_permits().min(MAX_CLAIM_BATCH);
+                if free == 0 {
+                    break;
+                }
+                let batch = match self.store.claim_batch(&self.node_id, millis(self.limits.lease), free).await {
+                    Ok(batch) => batch,
                     Err(e) => {
-                        tracing::warn!(error = %e, "claiming an invocation failed");
+                        tracing::warn!(error = %e, "claiming invocations failed");
                         break;
                     }
+                };
+                let full = batch.len() == free;
+                for inv in batch {
+                    // Only this loop takes permits, and it asked for no more than were free.
+                    let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { break };
+                    let this = Arc::clone(&self);
+                    let stopping = shutdown.clone();
+                    tasks.spawn(async move {
+                        this.run_one(inv, stopping).await;
+                        drop(permit);
+                        this.wake();
+                    });
+                }
+                if !full {
+                    break;
                 }
             }
             while tasks.try_join_next().is_some() {}

@@ -185,14 +185,18 @@ impl Store {
             cancel_token_id: None,
         };
         let mut tx = self.begin_write().await?;
-        // Re-check inside the write lock (SQLite serializes here; Postgres relies on the
-        // unique index and the caller's retry).
-        let dup: Option<String> =
-            sqlx::query_scalar("SELECT id FROM invocations WHERE run_id = $1 AND tool_call_id = $2")
-                .bind(&new.run_id)
-                .bind(&new.tool_call_id)
-                .fetch_optional(tx.conn())
-                .await?;
+        // Re-check inside the write lock on SQLite (one writer: a cheap in-process read).
+        // Postgres relies on the unique index and the caller's fallback, saving a round trip.
+        let dup: Option<String> = match self.backend() {
+            Backend::Sqlite => {
+                sqlx::query_scalar("SELECT id FROM invocations WHERE run_id = $1 AND tool_call_id = $2")
+                    .bind(&new.run_id)
+                    .bind(&new.tool_call_id)
+                    .fetch_optional(tx.conn())
+                    .await?
+            }
+            Backend::Postgres => None,
+        };
         if let Some(id) = dup {
             drop(tx);
             let existing = self
@@ -319,19 +323,36 @@ impl Store {
         .await?)
     }
 
-    /// Claims the oldest queued invocation that may run: approval-free, or carrying a
-    /// granted approval whose triple equals the invocation's (and, when its rule is
-    /// four-eyes, decided by another user who is an admin or approver). Sets `running`, the claimer
-    /// and a lease, and appends `execution.started`, in one transaction. Two claimers can
-    /// never get the same row (SQLite: one writer; Postgres: `FOR UPDATE SKIP LOCKED`).
+    /// Claims the oldest queued invocation that may run (see [`Store::claim_batch`]).
     pub async fn claim_next(&self, node_id: &str, lease_ms: u64) -> StoreResult<Option<ClaimedInvocation>> {
-        let lock = match self.backend() {
-            Backend::Sqlite => "",
-            Backend::Postgres => "FOR UPDATE OF i SKIP LOCKED",
+        Ok(self.claim_batch(node_id, lease_ms, 1).await?.into_iter().next())
+    }
+
+    /// Claims up to `limit` of the oldest queued invocations that may run: approval-free, or
+    /// carrying a granted approval whose triple equals the invocation's (and, when its rule
+    /// is four-eyes, decided by another user who is an admin or approver). Sets `running`,
+    /// the claimer and a lease, and appends one `execution.started` each, all in one
+    /// transaction of five statements whatever `limit` is. Two claimers can never get the
+    /// same row (SQLite: one writer; Postgres: `FOR UPDATE SKIP LOCKED`, and the final
+    /// `status = 'queued'` compare-and-set). Returned oldest first.
+    ///
+    /// On Postgres two claimers' batches may touch the same runs' event counters in different
+    /// orders; a deadlock then aborts one transaction, which changes nothing (its rows stay
+    /// queued) and is an error the caller retries.
+    pub async fn claim_batch(&self, node_id: &str, lease_ms: u64, limit: usize) -> StoreResult<Vec<ClaimedInvocation>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Postgres: `= ANY(ARRAY(…))` makes the locking subquery an init plan, run once; under
+        // `IN (…)` the planner may re-run it per row, and with SKIP LOCKED each run picks other
+        // rows (more than `limit` were claimed).
+        let (open, lock, close) = match self.backend() {
+            Backend::Sqlite => ("IN (", "", ")"),
+            Backend::Postgres => ("= ANY(ARRAY(", "FOR UPDATE OF i SKIP LOCKED", "))"),
         };
         let sql = format!(
             "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = $2, started_at = $3, updated_at = $3
-             WHERE id = (
+             WHERE id {open}
                 SELECT i.id FROM invocations i
                 WHERE i.status = 'queued'
                   AND (i.approval_required = 0 OR EXISTS (
@@ -343,28 +364,36 @@ impl Store {
                                 SELECT 1 FROM users u
                                 WHERE u.id = a.decided_by AND u.id <> i.owner_id
                                   AND (u.is_admin <> 0 OR u.is_approver <> 0)))))
-                ORDER BY i.id LIMIT 1 {lock}
-             ) AND status = 'queued'
+                ORDER BY i.id LIMIT $4 {lock}
+             {close} AND status = 'queued'
              RETURNING *"
         );
         let now = ids::now();
         let mut tx = self.begin_write().await?;
-        let row: Option<InvocationRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let mut rows: Vec<InvocationRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(node_id)
             .bind(ids::now_plus_ms(lease_ms))
             .bind(&now)
-            .fetch_optional(tx.conn())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(tx.conn())
             .await?;
-        if let Some(row) = &row {
-            tx.append_event(
-                &row.run_id,
-                EventKind::ExecutionStarted,
-                &json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
-            )
-            .await?;
+        if rows.is_empty() {
+            return Ok(rows);
         }
+        rows.sort_by(|a, b| a.id.cmp(&b.id));
+        let events: Vec<_> = rows
+            .iter()
+            .map(|row| {
+                (
+                    row.run_id.as_str(),
+                    EventKind::ExecutionStarted,
+                    json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
+                )
+            })
+            .collect();
+        tx.append_events(&events).await?;
         tx.commit().await?;
-        Ok(row)
+        Ok(rows)
     }
 
     /// Extends this node's lease on a running invocation. False when the claim was lost.
@@ -415,26 +444,26 @@ impl Store {
             evidence_ids.push(id);
         }
         let kind = if ok { EventKind::ExecutionCompleted } else { EventKind::ExecutionFailed };
-        tx.append_event(
-            &inv.run_id,
+        let mut events = Vec::with_capacity(1 + evidence.len());
+        events.push((
+            inv.run_id.as_str(),
             kind,
-            &json!({
+            json!({
                 "invocation_id": inv.id, "tool_id": inv.tool_id, "tool_call_id": inv.tool_call_id,
                 "status": status, "error": result.get("error"), "evidence_ids": evidence_ids,
             }),
-        )
-        .await?;
+        ));
         for (id, draft) in evidence_ids.iter().zip(evidence) {
-            tx.append_event(
-                &inv.run_id,
+            events.push((
+                inv.run_id.as_str(),
                 EventKind::EvidenceRecorded,
-                &json!({
+                json!({
                     "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
                     "kind": draft.kind, "content_sha256": draft.content_sha256,
                 }),
-            )
-            .await?;
+            ));
         }
+        tx.append_events(&events).await?;
         tx.commit().await?;
         Ok(Some(evidence_ids))
     }

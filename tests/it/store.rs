@@ -359,7 +359,103 @@ async fn bus_wakes_after_commit_only(backend: Backend) {
     let _ = EventBus::new();
 }
 
+/// Batched appends interleaved with single ones, over two runs: every run's ids stay
+/// distinct, gapless and in commit order, and the batch's own events of a run are
+/// consecutive in the order given.
+async fn batched_event_appends_stay_gapless_per_run(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    let other = f.store.create_run(&f.user, &f.run.workspace_id, None, None).await.unwrap();
+    let other = Arc::new(other.id);
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let (f, other) = (f.clone(), other.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tx = f.store.begin_write().await.unwrap();
+            let seqs = if i % 2 == 0 {
+                let events = [
+                    (f.run.id.as_str(), EventKind::TerminalOutput, json!({"i": i, "k": 0})),
+                    (other.as_str(), EventKind::TerminalOutput, json!({"i": i, "k": 0})),
+                    (f.run.id.as_str(), EventKind::TerminalOutput, json!({"i": i, "k": 1})),
+                ];
+                tx.append_events(&events).await.unwrap()
+            } else {
+                vec![tx.append_event(&f.run.id, EventKind::TerminalOutput, &json!({"i": i, "k": 0})).await.unwrap()]
+            };
+            tx.commit().await.unwrap();
+            (i, seqs)
+        }));
+    }
+    let mut mine = Vec::new();
+    let mut theirs = Vec::new();
+    for t in tasks {
+        let (i, seqs) = t.await.unwrap();
+        if i % 2 == 0 {
+            assert_eq!(seqs[2], seqs[0] + 1, "one batch's events of a run are consecutive: {seqs:?}");
+            mine.extend([seqs[0], seqs[2]]);
+            theirs.push(seqs[1]);
+        } else {
+            mine.push(seqs[0]);
+        }
+    }
+    mine.sort();
+    theirs.sort();
+    // The fixture's run starts with exposure.created (1); the other run has no events yet.
+    assert_eq!(mine, (2..=31).collect::<Vec<_>>());
+    assert_eq!(theirs, (1..=10).collect::<Vec<_>>());
+    let stored = f.store.events_after(&f.run.id, 0, 100).await.unwrap();
+    assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), (1..=31).collect::<Vec<_>>());
+    let pair = stored.iter().filter(|e| e.data.contains("\"k\":1")).count();
+    assert_eq!(pair, 10);
+    assert_eq!(f.store.last_event_seq(&other).await.unwrap(), 10);
+    assert_eq!(f.store.events_after(&other, 0, 100).await.unwrap().len(), 10);
+}
+
+/// Workers claiming in batches get every queued invocation exactly once, oldest first
+/// within a batch, each with one `execution.started`; the approval-gated one stays.
+async fn batch_claims_are_exclusive_and_gated(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    for i in 0..40 {
+        freeze(&f, &format!("q{i:02}"), false).await;
+    }
+    let (gated, _) = freeze(&f, "needs-approval", true).await;
+    let mut tasks = Vec::new();
+    for worker in 0..4 {
+        let f = f.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let batch = f.store.claim_batch(&format!("node-{worker}"), 60_000, 7).await.unwrap();
+                if batch.is_empty() {
+                    break;
+                }
+                assert!(batch.len() <= 7);
+                assert!(batch.windows(2).all(|w| w[0].id < w[1].id), "oldest first");
+                for inv in &batch {
+                    assert_eq!(inv.status, mira::state::InvocationStatus::Running);
+                    assert_eq!(inv.claimed_by.as_deref(), Some(format!("node-{worker}").as_str()));
+                }
+                got.extend(batch.into_iter().map(|i| i.id));
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!((all.len(), unique.len()), (40, 40), "every queued invocation claimed exactly once");
+    assert!(!unique.contains(&gated.id), "an approval-gated invocation is never claimed without a grant");
+    let events = f.store.events_after(&f.run.id, 0, 1000).await.unwrap();
+    let started: Vec<_> = events.iter().filter(|e| e.kind == "execution.started").collect();
+    assert_eq!(started.len(), 40);
+    assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1), "gapless");
+    assert!(f.store.claim_batch("n", 60_000, 0).await.unwrap().is_empty());
+}
+
 both_backends!(
+    batched_event_appends_stay_gapless_per_run,
+    batch_claims_are_exclusive_and_gated,
     users_tokens_and_isolation,
     runs_paginate_newest_first,
     list_filters_none_empty_and_cursor,
