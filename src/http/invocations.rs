@@ -164,16 +164,97 @@ pub async fn list_invocations(
     Ok(Json(InvocationList { invocations, next_cursor }))
 }
 
+/// Longest accepted `wait_ms` of `GET /v1/invocations/{id}`, in milliseconds (30 s).
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+/// Query of `GET /v1/invocations/{invocation_id}`.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WaitParams {
+    /// Wait up to this many milliseconds (0–30000) for the invocation to reach a final status
+    /// or `awaiting_approval`, and answer as soon as it does; answered at once when it already
+    /// is, or without the parameter. When the time runs out the current state is answered
+    /// (200 either way: read `status`). Not a number or above 30000: 400 `invalid_query`.
+    #[param(minimum = 0, maximum = 30000)]
+    pub wait_ms: Option<u64>,
+}
+
 /// One invocation with its result and evidence ids.
-#[utoipa::path(get, path = "/v1/invocations/{invocation_id}", tag = "invocations", params(("invocation_id" = String, Path)),
-    responses((status = 200, body = InvocationView), (status = 404)), security(("bearer" = [])))]
+///
+/// With `wait_ms`, answered once it is final or awaits approval (woken by the run's committed
+/// events, not by polling), or when `wait_ms` runs out.
+#[utoipa::path(get, path = "/v1/invocations/{invocation_id}", tag = "invocations",
+    params(("invocation_id" = String, Path), WaitParams),
+    responses((status = 200, body = InvocationView), (status = 404)),
+    security(("bearer" = [])))]
 pub async fn get_invocation(
     State(app): State<App>,
     user: AuthUser,
     Path(id): Path<String>,
+    Query(params): Query<WaitParams>,
 ) -> Result<Json<InvocationView>> {
-    let row = app.store.invocation_for(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
+    let wait_ms = params.wait_ms.unwrap_or(0);
+    if wait_ms > MAX_WAIT_MS {
+        return Err(Error::BadRequest {
+            code: ErrorCode::InvalidQuery,
+            message: format!("wait_ms must be 0 to {MAX_WAIT_MS} (milliseconds)"),
+            details: serde_json::json!({"parameter": "wait_ms", "max": MAX_WAIT_MS}),
+        });
+    }
+    let row = wait_for_settled(&app, &user.user_id, &id, std::time::Duration::from_millis(wait_ms)).await?;
     Ok(Json(full_view(&app, row).await?))
+}
+
+/// True when a waiter of `GET /v1/invocations/{id}?wait_ms` stops waiting.
+fn settled(status: InvocationStatus) -> bool {
+    status.is_final() || status == InvocationStatus::AwaitingApproval
+}
+
+/// Reads the caller's invocation until it is [`settled`] or `wait` elapses. Subscribes to the
+/// event bus before each read, so a change committed in between wakes it; re-reads only for
+/// events of its run that can change an invocation's status.
+async fn wait_for_settled(app: &App, user_id: &str, id: &str, wait: std::time::Duration) -> Result<InvocationRow> {
+    use crate::events::EventKind;
+    use tokio::sync::broadcast::error::RecvError;
+    let deadline = tokio::time::Instant::now() + wait;
+    // Subscribed before the first read: nothing committed after the read is missed.
+    let mut signals = (!wait.is_zero()).then(|| app.store.bus().subscribe());
+    loop {
+        let row = app.store.invocation_for(user_id, id).await?.ok_or(Error::NotFound("invocation"))?;
+        let Some(rx) = signals.as_mut() else { return Ok(row) };
+        if settled(row.status) {
+            return Ok(row);
+        }
+        loop {
+            let signal = tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return Ok(row),
+                signal = rx.recv() => signal,
+            };
+            match signal {
+                Ok(s)
+                    if s.run_id == row.run_id
+                        && matches!(
+                            s.kind,
+                            EventKind::ExecutionCompleted
+                                | EventKind::ExecutionFailed
+                                | EventKind::InvocationCancelled
+                                | EventKind::ApprovalDenied
+                                | EventKind::ApprovalExpired
+                                | EventKind::ApprovalRequested
+                        ) =>
+                {
+                    break;
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => break,
+                // The bus is gone (the server is stopping): answer what is stored.
+                Err(RecvError::Closed) => {
+                    signals = None;
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Cancels an invocation that has not finished.

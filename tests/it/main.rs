@@ -32,5 +32,6 @@ mod spine;
 mod store;
 mod terminal;
 mod traces;
+mod wait;
 mod web;
 mod web_search;
