@@ -59,6 +59,8 @@ enum BenchCommand {
     Terminal(bench::terminal::TerminalBench),
     /// Server RSS before, during and after many SSE clients / idle connections come and go.
     Sse(bench::sse::SseBench),
+    /// Sustained load: RSS, data size and disk bytes per call over time.
+    Soak(bench::soak::SoakBench),
 }
 
 /// Arguments of `mira bench exposure`.
@@ -297,6 +299,7 @@ async fn run() -> ExitCode {
         Command::Bench { command: BenchCommand::News(opts) } => bench::news::run(opts).await,
         Command::Bench { command: BenchCommand::Terminal(opts) } => bench::terminal::run(opts).await,
         Command::Bench { command: BenchCommand::Sse(opts) } => bench::sse::run(opts).await,
+        Command::Bench { command: BenchCommand::Soak(opts) } => bench::soak::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }
