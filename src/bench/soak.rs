@@ -4,7 +4,7 @@
 //! given Postgres server), then `clients` planners (each with its own run) freeze `read_open`
 //! and `grep` calls in turn for `minutes`. Every `every` seconds it prints the calls frozen and
 //! completed so far, this process's RSS (`VmRSS` of /proc/self/status: server and clients,
-//! which hold nothing per call), the data folder's size and disk bytes per call (the SQLite
+//! which hold nothing per call; with its anonymous and file-backed parts), the data folder's size and disk bytes per call (the SQLite
 //! file with its WAL, or the Postgres database's `pg_database_size`), and the RSS growth per
 //! call since the first sample (after warm-up).
 
@@ -118,8 +118,8 @@ async fn soak(
     let mut first: Option<(u64, u64)> = None;
     println!("backend={} clients={} minutes={}", server.app.store.backend().name(), opts.clients, opts.minutes);
     println!(
-        "{:>7} {:>9} {:>9} {:>10} {:>11} {:>11} {:>13}",
-        "t_s", "frozen", "completed", "rss_kb", "disk_kb", "disk_B/call", "rss_B/call*"
+        "{:>7} {:>9} {:>9} {:>10} {:>10} {:>10} {:>11} {:>11} {:>13}",
+        "t_s", "frozen", "completed", "rss_kb", "anon_kb", "file_kb", "disk_kb", "disk_B/call", "rss_B/call*"
     );
     loop {
         let sleep = Duration::from_secs(opts.every.max(1));
@@ -139,11 +139,13 @@ async fn soak(
         let per_call_rss =
             if calls > c0 { (rss.saturating_sub(r0) as f64 * 1024.0) / (calls - c0) as f64 } else { 0.0 };
         println!(
-            "{:>7.0} {:>9} {:>9} {:>10} {:>11} {:>11.0} {:>13.0}",
+            "{:>7.0} {:>9} {:>9} {:>10} {:>10} {:>10} {:>11} {:>11.0} {:>13.0}",
             started.elapsed().as_secs_f64(),
             calls,
             completed,
             rss,
+            status_kb("RssAnon:"),
+            status_kb("RssFile:"),
             disk / 1024,
             disk as f64 / calls.max(1) as f64,
             per_call_rss
@@ -163,12 +165,17 @@ async fn soak(
     Ok(())
 }
 
-/// VmRSS of this process, kB.
-fn rss_kb() -> u64 {
+/// A field of /proc/self/status in kB (`VmRSS:`, `RssAnon:`, `RssFile:`).
+fn status_kb(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok())
+        .and_then(|s| s.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0)
+}
+
+/// VmRSS of this process, kB.
+fn rss_kb() -> u64 {
+    status_kb("VmRSS:")
 }
 
 /// Bytes the store uses: the data folder (SQLite file, WAL, evidence files) plus, on
