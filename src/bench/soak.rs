@@ -100,7 +100,7 @@ async fn soak(
             let mut n = 0u64;
             while Instant::now() < deadline {
                 n += 1;
-                let (tool, input) = if n % 2 == 0 {
+                let (tool, input) = if n.is_multiple_of(2) {
                     ("read_open", json!({"path": format!("file{}.txt", n % 20), "start_line": 1, "end_line": 20}))
                 } else {
                     ("grep", json!({"pattern": format!("line {} of", n % 200), "limit": 10}))
