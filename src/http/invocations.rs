@@ -215,7 +215,7 @@ fn settled(status: InvocationStatus) -> bool {
 /// events of its run that can change an invocation's status.
 async fn wait_for_settled(app: &App, user_id: &str, id: &str, wait: std::time::Duration) -> Result<InvocationRow> {
     use crate::events::EventKind;
-    use tokio::sync::broadcast::error::RecvError;
+    use crate::events::Heard;
     let deadline = tokio::time::Instant::now() + wait;
     // Subscribed before the first read: nothing committed after the read is missed.
     let mut signals = (!wait.is_zero()).then(|| app.store.bus().subscribe());
@@ -231,7 +231,7 @@ async fn wait_for_settled(app: &App, user_id: &str, id: &str, wait: std::time::D
                 signal = rx.recv() => signal,
             };
             match signal {
-                Ok(s)
+                Heard::Run(s)
                     if s.run_id == row.run_id
                         && matches!(
                             s.kind,
@@ -245,10 +245,12 @@ async fn wait_for_settled(app: &App, user_id: &str, id: &str, wait: std::time::D
                 {
                     break;
                 }
-                Ok(_) => {}
-                Err(RecvError::Lagged(_)) => break,
+                Heard::Run(_) => {}
+                // Signals may have been missed (lagged, or the cross-replica listener
+                // reconnected): re-read.
+                Heard::Resync => break,
                 // The bus is gone (the server is stopping): answer what is stored.
-                Err(RecvError::Closed) => {
+                Heard::Closed => {
                     signals = None;
                     break;
                 }
