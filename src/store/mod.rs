@@ -213,7 +213,14 @@ impl Store {
                     .await?
             }
         };
-        Ok(Store { pool, backend, bus, news_writes: Arc::default(), news_cuts: Arc::default(), sqlite_writer: Arc::default() })
+        Ok(Store {
+            pool,
+            backend,
+            bus,
+            news_writes: Arc::default(),
+            news_cuts: Arc::default(),
+            sqlite_writer: Arc::default(),
+        })
     }
 
     /// Applies this back-end's pending migrations.
