@@ -49,19 +49,9 @@ pub async fn run(opts: InvocationBench) -> anyhow::Result<()> {
     std::fs::create_dir_all(&workspace)?;
     std::fs::create_dir_all(&tmp)?;
     std::fs::write(workspace.join("file.txt"), "line one\nline two\nline three\n")?;
-    let (url, pg_db) = match &opts.postgres {
-        None => (format!("sqlite://{}?mode=rwc", tmp.join("mira.db").display()), None),
-        Some(admin) => {
-            let name = format!("mira_bench_{}", uuid::Uuid::now_v7().simple());
-            admin_sql(admin, &format!("CREATE DATABASE {name}")).await?;
-            let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-            (format!("{base}/{name}"), Some((admin.clone(), name)))
-        }
-    };
-    let result = measure(&opts, &tmp, workspace, &url).await;
-    if let Some((admin, name)) = pg_db {
-        admin_sql(&admin, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
-    }
+    let db = super::ScratchDb::create(opts.postgres.as_deref(), &tmp, "mira_bench").await?;
+    let result = measure(&opts, &tmp, workspace, &db.url).await;
+    db.drop(false).await?;
     let _ = std::fs::remove_dir_all(&root);
     result
 }
@@ -301,12 +291,4 @@ async fn insert_ceiling(url: &str, clients: usize, duration: Duration) -> anyhow
     sqlx::query("DROP TABLE mira_bench_ceiling").execute(&pool).await?;
     pool.close().await;
     Ok(Ceiling { rate: total as f64 / elapsed, mean_ms: busy.as_secs_f64() * 1000.0 / total.max(1) as f64 })
-}
-
-/// Runs one statement on the Postgres server at `admin_url` (creating, dropping databases).
-pub(super) async fn admin_sql(admin_url: &str, sql: &str) -> anyhow::Result<()> {
-    sqlx::any::install_default_drivers();
-    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(admin_url).await?;
-    sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut conn).await?;
-    Ok(())
 }

@@ -14,6 +14,49 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// The database a benchmark runs on: a SQLite file in a folder of the benchmark's, or a fresh
+/// database created on a Postgres server and dropped by [`ScratchDb::drop`].
+pub struct ScratchDb {
+    /// The URL the benchmark's server connects to.
+    pub url: String,
+    /// The Postgres server's URL and the database created on it.
+    postgres: Option<(String, String)>,
+}
+
+impl ScratchDb {
+    /// `mira.db` in `dir` when `postgres` is None; otherwise a new database named
+    /// `<prefix>_<uuid>` on the server `postgres` (a URL naming a database the user may create
+    /// databases from).
+    pub async fn create(postgres: Option<&str>, dir: &std::path::Path, prefix: &str) -> anyhow::Result<Self> {
+        let Some(server) = postgres else {
+            return Ok(Self { url: format!("sqlite://{}?mode=rwc", dir.join("mira.db").display()), postgres: None });
+        };
+        let name = format!("{prefix}_{}", uuid::Uuid::now_v7().simple());
+        admin_sql(server, &format!("CREATE DATABASE {name}")).await?;
+        let base = server.rsplit_once('/').map_or(server, |(b, _)| b);
+        Ok(Self { url: format!("{base}/{name}"), postgres: Some((server.to_owned(), name)) })
+    }
+
+    /// Drops the Postgres database (nothing for SQLite: the file goes with its folder), or,
+    /// with `keep`, names it on stderr and leaves it.
+    pub async fn drop(self, keep: bool) -> anyhow::Result<()> {
+        match self.postgres {
+            Some((server, name)) if keep => eprintln!("kept database {name} on {}", mira::store::redact_url(&server)),
+            Some((server, name)) => admin_sql(&server, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?,
+            None => {}
+        }
+        Ok(())
+    }
+}
+
+/// Runs one statement on the server `admin_url` outside any transaction.
+async fn admin_sql(admin_url: &str, sql: &str) -> anyhow::Result<()> {
+    sqlx::any::install_default_drivers();
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(admin_url).await?;
+    sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut conn).await?;
+    Ok(())
+}
+
 /// A server started for a benchmark: SQLite and a workspace in a temporary directory, the
 /// admin's client, and the directory (removed by [`BenchServer::stop`]).
 pub struct BenchServer {

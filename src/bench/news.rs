@@ -135,33 +135,9 @@ fn load_average() -> Option<f64> {
 pub async fn run(args: NewsBench) -> anyhow::Result<()> {
     let tmp = std::env::temp_dir().join(format!("mira-bench-{}", uuid::Uuid::now_v7().simple()));
     std::fs::create_dir_all(&tmp)?;
-    let mut pg_db = None;
-    let url = match &args.postgres {
-        None => format!("sqlite://{}?mode=rwc", tmp.join("mira.db").display()),
-        Some(server) => {
-            let name = format!("mira_bench_{}", uuid::Uuid::now_v7().simple());
-            let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(server).await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&admin).await?;
-            admin.close().await;
-            let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b).to_owned();
-            pg_db = Some((server.clone(), name.clone()));
-            format!("{base}/{name}")
-        }
-    };
-    let result = bench(&args, &url, &tmp).await;
-    match pg_db {
-        Some((server, name)) if args.keep_db => {
-            eprintln!("kept database {name} on {}", mira::store::redact_url(&server));
-        }
-        Some((server, name)) => {
-            let admin = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&server).await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-                .execute(&admin)
-                .await?;
-            admin.close().await;
-        }
-        None => {}
-    }
+    let db = super::ScratchDb::create(args.postgres.as_deref(), &tmp, "mira_bench").await?;
+    let result = bench(&args, &db.url, &tmp).await;
+    db.drop(args.keep_db).await?;
     let _ = std::fs::remove_dir_all(&tmp);
     println!("{}", serde_json::to_string_pretty(&result?)?);
     Ok(())

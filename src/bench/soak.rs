@@ -45,19 +45,9 @@ pub async fn run(opts: SoakBench) -> anyhow::Result<()> {
         let text: String = (0..200).map(|l| format!("line {l} of file {i}: some text to search\n")).collect();
         std::fs::write(workspace.join(format!("file{i}.txt")), text)?;
     }
-    let (url, pg_db) = match &opts.postgres {
-        None => (format!("sqlite://{}?mode=rwc", data.join("mira.db").display()), None),
-        Some(admin) => {
-            let name = format!("mira_soak_{}", uuid::Uuid::now_v7().simple());
-            super::invocations::admin_sql(admin, &format!("CREATE DATABASE {name}")).await?;
-            let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-            (format!("{base}/{name}"), Some((admin.clone(), name)))
-        }
-    };
-    let result = soak(&opts, &data, workspace, &url).await;
-    if let Some((admin, name)) = pg_db {
-        super::invocations::admin_sql(&admin, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
-    }
+    let db = super::ScratchDb::create(opts.postgres.as_deref(), &data, "mira_soak").await?;
+    let result = soak(&opts, &data, workspace, &db.url).await;
+    db.drop(false).await?;
     let _ = std::fs::remove_dir_all(&root);
     result
 }

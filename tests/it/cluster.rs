@@ -220,22 +220,10 @@ impl Cluster {
             let mut buf = String::new();
             while let Some(Ok(chunk)) = stream.next().await {
                 buf.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some(end) = buf.find("\n\n") {
-                    let block: String = buf.drain(..end + 2).collect();
-                    let (mut id, mut event, mut data) = (None, String::new(), String::new());
-                    for line in block.lines() {
-                        if let Some(v) = line.strip_prefix("id:") {
-                            id = v.trim().parse().ok();
-                        } else if let Some(v) = line.strip_prefix("event:") {
-                            event = v.trim().to_owned();
-                        } else if let Some(v) = line.strip_prefix("data:") {
-                            data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                        }
-                    }
+                while let Some((id, event, data)) = crate::common::next_sse_block(&mut buf) {
                     if event.is_empty() {
                         continue; // a keep-alive comment
                     }
-                    let data = serde_json::from_str(&data).unwrap_or(Value::String(data));
                     if tx.send((id, event, data)).await.is_err() {
                         return;
                     }

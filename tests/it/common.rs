@@ -302,24 +302,32 @@ pub async fn read_sse(resp: reqwest::Response, n: usize, timeout: Duration) -> V
             _ => break,
         };
         buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
-            let (mut id, mut event, mut data) = (None, String::new(), String::new());
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id:") {
-                    id = v.trim().parse().ok();
-                } else if let Some(v) = line.strip_prefix("event:") {
-                    event = v.trim().to_owned();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
-                }
-            }
+        while let Some((id, event, data)) = next_sse_block(&mut buf) {
             if let Some(id) = id {
-                out.push((id, event, serde_json::from_str(&data).unwrap_or(Value::String(data))));
+                out.push((id, event, data));
             }
         }
     }
     out
+}
+
+/// Takes the first complete SSE block (ending in a blank line) off `buf` as (id, event, data);
+/// data that is JSON is parsed, other data is a JSON string. None until a block is complete.
+pub fn next_sse_block(buf: &mut String) -> Option<(Option<i64>, String, Value)> {
+    let end = buf.find("\n\n")?;
+    let block: String = buf.drain(..end + 2).collect();
+    let (mut id, mut event, mut data) = (None, String::new(), String::new());
+    for line in block.lines() {
+        if let Some(v) = line.strip_prefix("id:") {
+            id = v.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("event:") {
+            event = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push_str(v.strip_prefix(' ').unwrap_or(v));
+        }
+    }
+    let data = serde_json::from_str(&data).unwrap_or(Value::String(data));
+    Some((id, event, data))
 }
 
 /// A dynamic tool for tests: counts its executions, optionally requires approval, can block.
