@@ -16,6 +16,18 @@ use crate::registry::Registry;
 use crate::store::{RunRow, Store};
 use crate::workspace::{HardLinks, RunWorkspace, Workspace};
 
+/// The caller's run as a freeze sees it ([`App::freeze_scope`]).
+pub struct FreezeScope {
+    /// The run.
+    pub run: RunRow,
+    /// Its availability context for the caller.
+    pub availability: AvailabilityContext,
+    /// Its workspace, not opened yet.
+    pub workspace: RunWorkspace,
+    /// The id of the run's invocation with the call's `tool_call_id`, when one exists.
+    pub existing_call: Option<String>,
+}
+
 /// Everything the chain needs, cheap to clone (typed axum state).
 #[derive(Clone)]
 pub struct App {
@@ -47,6 +59,8 @@ pub struct App {
     pub streams: Arc<crate::limits::StreamLimiter>,
     /// This replica's identity and cluster settings.
     pub node: Arc<crate::cluster::Node>,
+    /// Turns with their exposure parsed, for freezes ([`crate::invocation::TurnCache`]).
+    pub turns: Arc<crate::invocation::TurnCache>,
 }
 
 impl App {
@@ -75,6 +89,17 @@ impl App {
     }
 
     async fn device_context(&self, user_id: &str, device_id: Option<&str>) -> Result<AvailabilityContext> {
+        let is_admin = self.store.user_is_admin(user_id).await?;
+        self.device_context_as(user_id, is_admin, device_id).await
+    }
+
+    /// [`App::device_context`] for a user whose admin flag the caller already knows.
+    async fn device_context_as(
+        &self,
+        user_id: &str,
+        is_admin: bool,
+        device_id: Option<&str>,
+    ) -> Result<AvailabilityContext> {
         let device = match device_id {
             None => DeviceInfo::local(),
             Some(id) if id == crate::availability::LOCAL_DEVICE_ID => DeviceInfo::local(),
@@ -84,7 +109,6 @@ impl App {
                 DeviceInfo { id: row.id, local: false, capabilities }
             }
         };
-        let is_admin = self.store.user_is_admin(user_id).await?;
         Ok(AvailabilityContext {
             user_id: user_id.to_owned(),
             is_admin,
@@ -125,6 +149,38 @@ impl App {
         self.run_workspace(run).await?.open().map_err(Error::Tool)
     }
 
+    /// Everything a freeze needs to know about the caller's run, read in one round trip
+    /// ([`Store::run_scope_for`]) instead of four: the run (404 `run` when it is not the
+    /// caller's), its availability context for `user` (whose admin flag comes from the
+    /// authenticated token), its workspace (404 `workspace` when the run names none of its
+    /// owner's) and the id of the run's invocation with `tool_call_id`, if one exists.
+    pub async fn freeze_scope(
+        &self,
+        user: &crate::http::auth::AuthUser,
+        run_id: &str,
+        tool_call_id: &str,
+    ) -> Result<FreezeScope> {
+        let scope = self
+            .store
+            .run_scope_for(&user.user_id, run_id, Some(tool_call_id))
+            .await?
+            .ok_or(Error::NotFound("run"))?;
+        let mut availability = self.device_context_as(&user.user_id, user.is_admin, scope.run.device_id.as_deref()).await?;
+        if let Some(ws) = &scope.workspace {
+            availability.workspace_root = Some(std::path::PathBuf::from(&ws.path));
+            if ws.device_id.is_none() {
+                availability.workspace_state = crate::workspace::root_state(ws);
+            }
+        }
+        let workspace = scope.workspace.ok_or(Error::NotFound("workspace"))?;
+        Ok(FreezeScope {
+            run: scope.run,
+            availability,
+            workspace: RunWorkspace::new(workspace, self.hard_link_rule()),
+            existing_call: scope.invocation_id,
+        })
+    }
+
     /// What a freeze consults besides the run: the store, the registry, the deployment's
     /// approval settings and the harness's wake-up handle.
     pub fn freeze_stage(&self) -> crate::invocation::FreezeStage<'_> {
@@ -136,6 +192,7 @@ impl App {
                 ttl_secs: self.config.approval_ttl_secs,
             },
             wake: self.harness.waker(),
+            turns: &self.turns,
         }
     }
 }

@@ -223,6 +223,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         sandbox,
         streams: crate::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
         node: cluster_node,
+        turns: Arc::default(),
     })
 }
 

@@ -55,18 +55,14 @@ impl Executor for LocalExecutor {
         commit: CommitGate,
     ) -> Result<ToolOutput, ToolError> {
         let unavailable = |msg: String| ToolError::new(ErrorCode::WorkspaceUnavailable, msg);
-        let run = self
+        // The run and its workspace in one round trip.
+        let scope = self
             .store
-            .run_for(&inv.owner_id, &inv.run_id)
+            .run_scope_for(&inv.owner_id, &inv.run_id, None)
             .await
             .map_err(|e| unavailable(e.to_string()))?
             .ok_or_else(|| unavailable(format!("run {} is gone", inv.run_id)))?;
-        let ws = self
-            .store
-            .workspace_for(&run.owner_id, &run.workspace_id)
-            .await
-            .map_err(|e| unavailable(e.to_string()))?
-            .ok_or_else(|| unavailable(format!("workspace {} is gone", run.workspace_id)))?;
+        let ws = scope.workspace.ok_or_else(|| unavailable(format!("workspace {} is gone", scope.run.workspace_id)))?;
         let ws = crate::workspace::RunWorkspace::new(ws, self.hard_links);
         let workspace = ws.open()?.with_node(&self.node);
         let ws = ws.row();

@@ -118,12 +118,16 @@ pub async fn create_invocation(
     Path(run_id): Path<String>,
     Json(body): Json<CreateInvocation>,
 ) -> Result<(StatusCode, Json<InvocationView>)> {
-    let run = owned_run(&app, &user, &run_id).await?;
+    let crate::app::FreezeScope { run, availability, workspace, existing_call } =
+        app.freeze_scope(&user, &run_id, &body.tool_call_id).await?;
     let req =
         CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input.0 };
-    let availability = app.run_availability_context(&user.user_id, &run).await?;
-    let workspace = app.run_workspace(&run).await?;
-    let scope = invocation::RunScope { run: &run, availability: &availability, workspace: &workspace };
+    let scope = invocation::RunScope {
+        run: &run,
+        availability: &availability,
+        workspace: &workspace,
+        existing_call: existing_call.as_deref(),
+    };
     let frozen = invocation::freeze(&app.freeze_stage(), &scope, &user.user_id, req).await.map_err(|e| {
         e.into_error(|n| {
             let view = super::tools::tool_view(&app.registry, &n.tool_id, &availability, Some(&n.exposure));

@@ -7,6 +7,8 @@
 //! stores the result — all before anything executes.
 
 pub use mira_core::canonical;
+mod turns;
+pub use turns::{CachedTurn, TURN_CACHE_CAPACITY, TurnCache};
 
 use serde_json::{Value, json};
 
@@ -69,6 +71,8 @@ pub struct FreezeStage<'a> {
     pub approvals: ApprovalSettings<'a>,
     /// Wakes the harness when a call is queued.
     pub wake: &'a Wake,
+    /// Turns whose exposure was read and parsed already.
+    pub turns: &'a TurnCache,
 }
 
 /// The run a call is frozen in, as the caller resolved it.
@@ -80,6 +84,9 @@ pub struct RunScope<'a> {
     pub availability: &'a AvailabilityContext,
     /// The run's workspace, opened only once the tool is exposed and the input is valid.
     pub workspace: &'a RunWorkspace,
+    /// The id of the run's invocation with the call's `tool_call_id`, as read with the run
+    /// (None: there was none then; a call frozen since is caught by the insert).
+    pub existing_call: Option<&'a str>,
 }
 
 /// Why a call was not frozen.
@@ -157,20 +164,24 @@ pub async fn freeze(
         )
         .into());
     }
-    let turn = stage.store.turn_for(user_id, &req.turn_id).await?;
+    let turn = stage.turns.turn_for(stage.store, user_id, &req.turn_id).await?;
     let turn = turn.filter(|t| t.run_id == run.id).ok_or(Error::NotFound("turn"))?;
-    let exposure: Exposure = serde_json::from_str(&turn.exposure).map_err(|e| Error::Internal(e.to_string()))?;
+    let exposure = &turn.exposure;
     let tool_id = exposure.find(&req.tool).map_or(req.tool.clone(), |t| t.id.clone());
 
-    let existing = stage.store.invocation_by_call(&run.id, &req.tool_call_id).await?;
+    let existing = match scope.existing_call {
+        Some(id) => stage.store.invocation_by_id(id).await?.filter(|i| i.run_id == run.id),
+        None => None,
+    };
     if let Some(existing) = &existing
         && existing.tool_id != tool_id
     {
         return Err(call_id_conflict(existing).into());
     }
 
-    if let Err(blocked) = ladder::check(stage.registry, &tool_id, scope.availability, &exposure) {
+    if let Err(blocked) = ladder::check(stage.registry, &tool_id, scope.availability, exposure) {
         let replacement = stage.registry.get(&tool_id, user_id).and_then(|e| e.spec().replacement.clone());
+        let exposure = exposure.clone();
         return Err(FreezeError::NotExposed(Box::new(NotExposed { tool_id, exposure, blocked, replacement })));
     }
     let entry = stage.registry.get(&tool_id, user_id).ok_or(Error::NotFound("tool"))?;

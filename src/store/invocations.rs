@@ -143,145 +143,263 @@ impl FinalStatus {
 /// An invocation claimed for execution by this node.
 pub type ClaimedInvocation = InvocationRow;
 
+/// Most freezes written in one transaction.
+const MAX_FREEZE_BATCH: usize = 64;
+
+/// Most execution results written in one transaction.
+const MAX_FINISH_BATCH: usize = 64;
+
+/// A freeze waiting for its group commit.
+pub(crate) struct PendingFreeze {
+    new: NewInvocation,
+    /// The freeze request's W3C trace context, while traces are exported (read in the
+    /// request's span, before the write moves to the flush task).
+    trace_parent: Option<String>,
+}
+
+/// An execution result waiting for its group commit.
+pub(crate) struct PendingFinish {
+    inv: InvocationRow,
+    node_id: String,
+    status: FinalStatus,
+    result: serde_json::Value,
+    evidence: Vec<EvidenceDraft>,
+}
+
 impl Store {
     /// Inserts a frozen invocation (plus its approval request and events) unless the run
     /// already has `tool_call_id`, in which case the existing one is returned untouched.
+    ///
+    /// Concurrent freezes share one transaction (a group commit, see [`super::group`]): one
+    /// multi-row insert of the invocations, one of their approval requests and one of their
+    /// events, and one commit, instead of one transaction each.
     pub async fn freeze_invocation(&self, new: &NewInvocation) -> StoreResult<FreezeOutcome> {
-        match self.insert_invocation(new).await {
-            Ok(created) => Ok(created),
-            Err(e) if e.is_unique_violation() => {
-                // Lost a race with the same call id: report the winner.
-                let existing = self.invocation_by_call(&new.run_id, &new.tool_call_id).await?.ok_or(e)?;
-                let approval = self.approval_id_of(&existing.id).await?;
-                Ok(FreezeOutcome::Existing(existing, approval))
+        let item = PendingFreeze { new: new.clone(), trace_parent: crate::telemetry::current_traceparent() };
+        let (answer, start) = self.freezes.push(item);
+        if start {
+            let guard = super::group::FlushGuard::new(std::sync::Arc::clone(&self.freezes));
+            let store = self.clone();
+            tokio::spawn(async move {
+                loop {
+                    let batch = guard.queue().take(MAX_FREEZE_BATCH);
+                    if batch.is_empty() {
+                        break;
+                    }
+                    let (items, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+                    for (outcome, answer) in store.freeze_batch(&items).await.into_iter().zip(answers) {
+                        let _ = answer.send(outcome);
+                    }
+                }
+                guard.done();
+            });
+        }
+        answer.await.map_err(|_| StoreError::Db(sqlx::Error::PoolClosed))?
+    }
+
+    /// Writes a batch of freezes in one transaction; when that fails, each on its own (so an
+    /// error is only its item's). One outcome per item, in order.
+    async fn freeze_batch(&self, items: &[PendingFreeze]) -> Vec<StoreResult<FreezeOutcome>> {
+        match self.insert_invocations(items).await {
+            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+            Err(e) if items.len() == 1 => vec![Err(e)],
+            Err(e) => {
+                tracing::debug!(error = %e, n = items.len(), "a batch of freezes failed; writing them one by one");
+                let mut outcomes = Vec::with_capacity(items.len());
+                for item in items {
+                    outcomes.push(
+                        self.insert_invocations(std::slice::from_ref(item))
+                            .await
+                            .and_then(|mut o| o.pop().ok_or_else(|| StoreError::Corrupt("no freeze outcome".into()))),
+                    );
+                }
+                outcomes
             }
-            Err(e) => Err(e),
         }
     }
 
-    async fn insert_invocation(&self, new: &NewInvocation) -> StoreResult<FreezeOutcome> {
+    /// Inserts `items` in one transaction. A call id its run already has (or that an earlier
+    /// item of the batch took) is left alone (`ON CONFLICT DO NOTHING`) and answered with the
+    /// existing invocation, read after the commit.
+    async fn insert_invocations(&self, items: &[PendingFreeze]) -> StoreResult<Vec<FreezeOutcome>> {
         let now = ids::now();
-        let status = if new.approval.is_some() { InvocationStatus::AwaitingApproval } else { InvocationStatus::Queued };
-        let row = InvocationRow {
-            id: ids::new_id("inv"),
-            run_id: new.run_id.clone(),
-            turn_id: new.turn_id.clone(),
-            owner_id: new.owner_id.clone(),
-            tool_id: new.tool_id.clone(),
-            tool_call_id: new.tool_call_id.clone(),
-            input: new.input.clone(),
-            input_hash: new.input_hash.clone(),
-            approval_required: new.approval.is_some(),
-            status,
-            result: None,
-            claimed_by: None,
-            lease_until: None,
-            created_at: now.clone(),
-            updated_at: now.clone(),
-            started_at: None,
-            finished_at: None,
-            cancel_requested_at: None,
-            cancel_requested_by: None,
-            cancel_token_id: None,
-        };
+        let rows: Vec<InvocationRow> = items
+            .iter()
+            .map(|item| {
+                let new = &item.new;
+                let status =
+                    if new.approval.is_some() { InvocationStatus::AwaitingApproval } else { InvocationStatus::Queued };
+                InvocationRow {
+                    id: ids::new_id("inv"),
+                    run_id: new.run_id.clone(),
+                    turn_id: new.turn_id.clone(),
+                    owner_id: new.owner_id.clone(),
+                    tool_id: new.tool_id.clone(),
+                    tool_call_id: new.tool_call_id.clone(),
+                    input: new.input.clone(),
+                    input_hash: new.input_hash.clone(),
+                    approval_required: new.approval.is_some(),
+                    status,
+                    result: None,
+                    claimed_by: None,
+                    lease_until: None,
+                    created_at: now.clone(),
+                    updated_at: now.clone(),
+                    started_at: None,
+                    finished_at: None,
+                    cancel_requested_at: None,
+                    cancel_requested_by: None,
+                    cancel_token_id: None,
+                }
+            })
+            .collect();
         let mut tx = self.begin_write().await?;
-        // Re-check inside the write lock on SQLite (one writer: a cheap in-process read).
-        // Postgres relies on the unique index and the caller's fallback, saving a round trip.
-        let dup: Option<String> = match self.backend() {
-            Backend::Sqlite => {
-                sqlx::query_scalar("SELECT id FROM invocations WHERE run_id = $1 AND tool_call_id = $2")
-                    .bind(&new.run_id)
-                    .bind(&new.tool_call_id)
-                    .fetch_optional(tx.conn())
-                    .await?
-            }
-            Backend::Postgres => None,
-        };
-        if let Some(id) = dup {
-            drop(tx);
-            let existing = self
-                .invocation_by_id(&id)
-                .await?
-                .ok_or_else(|| StoreError::Corrupt(format!("invocation {id} vanished")))?;
-            let approval = self.approval_id_of(&existing.id).await?;
-            return Ok(FreezeOutcome::Existing(existing, approval));
-        }
-        sqlx::query(
+        let mut sql = String::from(
             "INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
-                approval_required, status, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)",
-        )
-        .bind(&row.id)
-        .bind(&row.run_id)
-        .bind(&row.turn_id)
-        .bind(&row.owner_id)
-        .bind(&row.tool_id)
-        .bind(&row.tool_call_id)
-        .bind(&row.input)
-        .bind(&row.input_hash)
-        .bind(i64::from(row.approval_required))
-        .bind(row.status)
-        .bind(&now)
-        .execute(tx.conn())
-        .await?;
-        // While traces are exported: the freeze request's trace, for the execution span.
-        if let Some(traceparent) = crate::telemetry::current_traceparent() {
-            sqlx::query("INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)")
+                approval_required, status, created_at, updated_at) VALUES ",
+        );
+        let now_param = rows.len() * 10 + 1;
+        for i in 0..rows.len() {
+            let b = i * 10;
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!(
+                "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${now_param}, ${now_param})",
+                b + 1,
+                b + 2,
+                b + 3,
+                b + 4,
+                b + 5,
+                b + 6,
+                b + 7,
+                b + 8,
+                b + 9,
+                b + 10
+            ));
+        }
+        sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
+        let mut insert = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+        for row in &rows {
+            insert = insert
                 .bind(&row.id)
-                .bind(traceparent)
-                .execute(tx.conn())
-                .await?;
+                .bind(&row.run_id)
+                .bind(&row.turn_id)
+                .bind(&row.owner_id)
+                .bind(&row.tool_id)
+                .bind(&row.tool_call_id)
+                .bind(&row.input)
+                .bind(&row.input_hash)
+                .bind(i64::from(row.approval_required))
+                .bind(row.status);
         }
-        let input: serde_json::Value = serde_json::from_str(&row.input)?;
-        tx.append_event(
-            &row.run_id,
-            EventKind::InvocationFrozen,
-            &json!({
-                "invocation_id": row.id, "turn_id": row.turn_id, "tool_id": row.tool_id,
-                "tool_call_id": row.tool_call_id, "input_hash": row.input_hash, "input": input,
-                "status": row.status,
-            }),
-        )
-        .await?;
-        let mut approval_id = None;
-        if let Some(request) = &new.approval {
-            let (preview, expires_at) = (&request.preview, &request.expires_at);
-            let id = ids::new_id("apr");
-            sqlx::query(
-                "INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash,
-                    status, preview, expires_at, created_at, rule, rule_domain)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $11, $12)",
-            )
-            .bind(&id)
-            .bind(&row.id)
-            .bind(&row.run_id)
-            .bind(&row.owner_id)
-            .bind(&row.tool_id)
-            .bind(&row.tool_call_id)
-            .bind(&row.input_hash)
-            .bind(preview.to_string())
-            .bind(expires_at)
-            .bind(&now)
-            .bind(request.rule.as_str())
-            .bind(request.rule_domain.as_deref())
-            .execute(tx.conn())
-            .await?;
-            tx.append_event(
-                &row.run_id,
-                EventKind::ApprovalRequested,
-                &json!({
-                    "approval_id": id, "invocation_id": row.id, "tool_id": row.tool_id,
-                    "tool_call_id": row.tool_call_id, "input_hash": row.input_hash,
-                    "expires_at": expires_at, "rule": request.rule.as_str(), "rule_domain": request.rule_domain,
+        let inserted: Vec<String> = insert.bind(&now).fetch_all(tx.conn()).await?;
+        let created: Vec<bool> = rows.iter().map(|r| inserted.contains(&r.id)).collect();
+        // While traces are exported: each freeze request's trace, for the execution span.
+        for ((row, item), _) in rows.iter().zip(items).zip(&created).filter(|(_, c)| **c) {
+            if let Some(traceparent) = &item.trace_parent {
+                sqlx::query("INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)")
+                    .bind(&row.id)
+                    .bind(traceparent)
+                    .execute(tx.conn())
+                    .await?;
+            }
+        }
+        let mut approval_ids: Vec<Option<String>> = vec![None; rows.len()];
+        let mut events = Vec::with_capacity(rows.len());
+        let mut approvals = Vec::new();
+        for (i, (row, item)) in rows.iter().zip(items).enumerate() {
+            if !created[i] {
+                continue;
+            }
+            let input: serde_json::Value = serde_json::from_str(&row.input)?;
+            events.push((
+                row.run_id.as_str(),
+                EventKind::InvocationFrozen,
+                json!({
+                    "invocation_id": row.id, "turn_id": row.turn_id, "tool_id": row.tool_id,
+                    "tool_call_id": row.tool_call_id, "input_hash": row.input_hash, "input": input,
+                    "status": row.status,
                 }),
-            )
-            .await?;
-            approval_id = Some(id);
+            ));
+            if let Some(request) = &item.new.approval {
+                let id = ids::new_id("apr");
+                events.push((
+                    row.run_id.as_str(),
+                    EventKind::ApprovalRequested,
+                    json!({
+                        "approval_id": id, "invocation_id": row.id, "tool_id": row.tool_id,
+                        "tool_call_id": row.tool_call_id, "input_hash": row.input_hash,
+                        "expires_at": request.expires_at, "rule": request.rule.as_str(), "rule_domain": request.rule_domain,
+                    }),
+                ));
+                approvals.push((id.clone(), row, request));
+                approval_ids[i] = Some(id);
+            }
         }
+        if !approvals.is_empty() {
+            let mut sql = String::from(
+                "INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash,
+                    status, preview, expires_at, created_at, rule, rule_domain) VALUES ",
+            );
+            let now_param = approvals.len() * 11 + 1;
+            for i in 0..approvals.len() {
+                let b = i * 11;
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(&format!(
+                    "(${}, ${}, ${}, ${}, ${}, ${}, ${}, 'pending', ${}, ${}, ${now_param}, ${}, ${})",
+                    b + 1,
+                    b + 2,
+                    b + 3,
+                    b + 4,
+                    b + 5,
+                    b + 6,
+                    b + 7,
+                    b + 8,
+                    b + 9,
+                    b + 10,
+                    b + 11
+                ));
+            }
+            let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (id, row, request) in &approvals {
+                insert = insert
+                    .bind(id)
+                    .bind(&row.id)
+                    .bind(&row.run_id)
+                    .bind(&row.owner_id)
+                    .bind(&row.tool_id)
+                    .bind(&row.tool_call_id)
+                    .bind(&row.input_hash)
+                    .bind(request.preview.to_string())
+                    .bind(&request.expires_at)
+                    .bind(request.rule.as_str())
+                    .bind(request.rule_domain.as_deref());
+            }
+            insert.bind(&now).execute(tx.conn()).await?;
+        }
+        tx.append_events(&events).await?;
         tx.commit().await?;
-        Ok(FreezeOutcome::Created(row, approval_id))
+        let mut outcomes = Vec::with_capacity(rows.len());
+        for ((row, approval_id), created) in rows.into_iter().zip(approval_ids).zip(created) {
+            if created {
+                outcomes.push(FreezeOutcome::Created(row, approval_id));
+                continue;
+            }
+            // The run had this call id already (or an earlier freeze of this batch took it):
+            // report the winner.
+            let existing = self
+                .invocation_by_call(&row.run_id, &row.tool_call_id)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt(format!("invocation {} of run {} vanished", row.tool_call_id, row.run_id)))?;
+            let approval = self.approval_id_of(&existing.id).await?;
+            outcomes.push(FreezeOutcome::Existing(existing, approval));
+        }
+        Ok(outcomes)
     }
 
+impl Store {
     /// The invocation with this call id in the run.
     pub async fn invocation_by_call(&self, run_id: &str, tool_call_id: &str) -> StoreResult<Option<InvocationRow>> {
         Ok(sqlx::query_as("SELECT * FROM invocations WHERE run_id = $1 AND tool_call_id = $2")
@@ -412,6 +530,10 @@ impl Store {
     /// Records the end of an execution claimed by `node_id`: final status, result, evidence
     /// and events in one transaction. Returns the evidence ids, or None when the claim was
     /// lost meanwhile (the invocation was marked interrupted) and nothing was written.
+    ///
+    /// Results finished at the same time share one transaction (a group commit, see
+    /// [`super::group`]); each still changes its invocation only if it is `running` under
+    /// `node_id`'s claim.
     pub async fn finish_invocation(
         &self,
         inv: &InvocationRow,
@@ -420,52 +542,128 @@ impl Store {
         result: &serde_json::Value,
         evidence: &[EvidenceDraft],
     ) -> StoreResult<Option<Vec<String>>> {
+        let item = PendingFinish {
+            inv: inv.clone(),
+            node_id: node_id.to_owned(),
+            status,
+            result: result.clone(),
+            evidence: evidence.to_vec(),
+        };
+        let (answer, start) = self.finishes.push(item);
+        if start {
+            let guard = super::group::FlushGuard::new(std::sync::Arc::clone(&self.finishes));
+            let store = self.clone();
+            tokio::spawn(async move {
+                loop {
+                    let batch = guard.queue().take(MAX_FINISH_BATCH);
+                    if batch.is_empty() {
+                        break;
+                    }
+                    let (items, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+                    let outcomes = match store.finish_invocations(&items).await {
+                        Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+                        Err(e) if items.len() == 1 => vec![Err(e)],
+                        Err(e) => {
+                            tracing::debug!(error = %e, n = items.len(), "a batch of results failed; storing them one by one");
+                            let mut outcomes = Vec::with_capacity(items.len());
+                            for item in &items {
+                                outcomes.push(store.finish_invocations(std::slice::from_ref(item)).await.and_then(|mut o| {
+                                    o.pop().ok_or_else(|| StoreError::Corrupt("no result outcome".into()))
+                                }));
+                            }
+                            outcomes
+                        }
+                    };
+                    for (outcome, answer) in outcomes.into_iter().zip(answers) {
+                        let _ = answer.send(outcome);
+                    }
+                }
+                guard.done();
+            });
+        }
+        answer.await.map_err(|_| StoreError::Db(sqlx::Error::PoolClosed))?
+    }
+
+    /// Stores a batch of execution results in one transaction: one compare-and-set update of
+    /// every invocation (`running` under its claimer), one insert of the evidence of those
+    /// that were updated, one append of their events. One outcome per item, in order (None:
+    /// the claim was lost, nothing written for it).
+    async fn finish_invocations(&self, items: &[PendingFinish]) -> StoreResult<Vec<Option<Vec<String>>>> {
         let now = ids::now();
-        let ok = status == FinalStatus::Completed;
-        let status = status.status();
         let mut tx = self.begin_write().await?;
-        let done = sqlx::query(
-            "UPDATE invocations SET status = $1, result = $2, finished_at = $3, updated_at = $3, lease_until = NULL
-             WHERE id = $4 AND status = 'running' AND claimed_by = $5",
-        )
-        .bind(status)
-        .bind(result.to_string())
-        .bind(&now)
-        .bind(&inv.id)
-        .bind(node_id)
-        .execute(tx.conn())
-        .await?;
-        if done.rows_affected() != 1 {
-            return Ok(None);
+        // `v` carries each invocation's new status and result and its claimer.
+        let mut values = String::new();
+        for i in 0..items.len() {
+            let b = i * 4;
+            if i > 0 {
+                values.push_str(", ");
+            }
+            values.push_str(&format!("(${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4));
         }
-        let mut evidence_ids = Vec::with_capacity(evidence.len());
-        for draft in evidence {
-            let id = insert_evidence(&mut tx, inv, draft, &now).await?;
-            evidence_ids.push(id);
+        let now_param = items.len() * 4 + 1;
+        let sql = format!(
+            "WITH v (id, status, result, node) AS (VALUES {values})
+             UPDATE invocations SET status = (SELECT v.status FROM v WHERE v.id = invocations.id),
+                 result = (SELECT v.result FROM v WHERE v.id = invocations.id),
+                 finished_at = ${now_param}, updated_at = ${now_param}, lease_until = NULL
+             WHERE id IN (SELECT v.id FROM v) AND status = 'running'
+               AND claimed_by = (SELECT v.node FROM v WHERE v.id = invocations.id)
+             RETURNING id"
+        );
+        let mut update = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+        for item in items {
+            update = update
+                .bind(&item.inv.id)
+                .bind(item.status.status())
+                .bind(item.result.to_string())
+                .bind(&item.node_id);
         }
-        let kind = if ok { EventKind::ExecutionCompleted } else { EventKind::ExecutionFailed };
-        let mut events = Vec::with_capacity(1 + evidence.len());
-        events.push((
-            inv.run_id.as_str(),
-            kind,
-            json!({
-                "invocation_id": inv.id, "tool_id": inv.tool_id, "tool_call_id": inv.tool_call_id,
-                "status": status, "error": result.get("error"), "evidence_ids": evidence_ids,
-            }),
-        ));
-        for (id, draft) in evidence_ids.iter().zip(evidence) {
+        let updated: Vec<String> = update.bind(&now).fetch_all(tx.conn()).await?;
+        if updated.is_empty() {
+            return Ok(vec![None; items.len()]);
+        }
+        let mut outcomes: Vec<Option<Vec<String>>> = Vec::with_capacity(items.len());
+        let mut evidence = Vec::new();
+        for item in items {
+            if !updated.contains(&item.inv.id) {
+                outcomes.push(None);
+                continue;
+            }
+            let ids: Vec<String> = item.evidence.iter().map(|_| ids::new_id("evd")).collect();
+            for (id, draft) in ids.iter().zip(&item.evidence) {
+                evidence.push((id.clone(), &item.inv, draft));
+            }
+            outcomes.push(Some(ids));
+        }
+        insert_evidence_rows(&mut tx, &evidence, &now).await?;
+        let mut events = Vec::new();
+        for (item, evidence_ids) in items.iter().zip(&outcomes) {
+            let Some(evidence_ids) = evidence_ids else { continue };
+            let (inv, status) = (&item.inv, item.status.status());
+            let kind =
+                if item.status == FinalStatus::Completed { EventKind::ExecutionCompleted } else { EventKind::ExecutionFailed };
             events.push((
                 inv.run_id.as_str(),
-                EventKind::EvidenceRecorded,
+                kind,
                 json!({
-                    "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
-                    "kind": draft.kind, "content_sha256": draft.content_sha256,
+                    "invocation_id": inv.id, "tool_id": inv.tool_id, "tool_call_id": inv.tool_call_id,
+                    "status": status, "error": item.result.get("error"), "evidence_ids": evidence_ids,
                 }),
             ));
+            for (id, draft) in evidence_ids.iter().zip(&item.evidence) {
+                events.push((
+                    inv.run_id.as_str(),
+                    EventKind::EvidenceRecorded,
+                    json!({
+                        "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
+                        "kind": draft.kind, "content_sha256": draft.content_sha256,
+                    }),
+                ));
+            }
         }
         tx.append_events(&events).await?;
         tx.commit().await?;
-        Ok(Some(evidence_ids))
+        Ok(outcomes)
     }
 
     /// Marks as `interrupted` every running invocation claimed by a node id starting with
@@ -620,28 +818,52 @@ impl Store {
     }
 }
 
-async fn insert_evidence(
+/// Most evidence rows in one insert statement (10 parameters each).
+const EVIDENCE_ROWS_PER_INSERT: usize = 256;
+
+/// Inserts evidence rows `(id, invocation, draft)` with multi-row inserts.
+async fn insert_evidence_rows(
     tx: &mut WriteTx,
-    inv: &InvocationRow,
-    draft: &EvidenceDraft,
+    rows: &[(String, &InvocationRow, &EvidenceDraft)],
     now: &str,
-) -> StoreResult<String> {
-    let id = ids::new_id("evd");
-    sqlx::query(
-        "INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256, excerpt, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-    )
-    .bind(&id)
-    .bind(&inv.run_id)
-    .bind(&inv.id)
-    .bind(&inv.owner_id)
-    .bind(&inv.tool_id)
-    .bind(&draft.kind)
-    .bind(draft.provenance.to_string())
-    .bind(&draft.content_sha256)
-    .bind(&draft.excerpt)
-    .bind(now)
-    .execute(tx.conn())
-    .await?;
-    Ok(id)
+) -> StoreResult<()> {
+    for chunk in rows.chunks(EVIDENCE_ROWS_PER_INSERT) {
+        let mut sql = String::from(
+            "INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256, excerpt, created_at) VALUES ",
+        );
+        let now_param = chunk.len() * 9 + 1;
+        for i in 0..chunk.len() {
+            let b = i * 9;
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!(
+                "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${now_param})",
+                b + 1,
+                b + 2,
+                b + 3,
+                b + 4,
+                b + 5,
+                b + 6,
+                b + 7,
+                b + 8,
+                b + 9
+            ));
+        }
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (id, inv, draft) in chunk {
+            insert = insert
+                .bind(id)
+                .bind(&inv.run_id)
+                .bind(&inv.id)
+                .bind(&inv.owner_id)
+                .bind(&inv.tool_id)
+                .bind(&draft.kind)
+                .bind(draft.provenance.to_string())
+                .bind(&draft.content_sha256)
+                .bind(&draft.excerpt);
+        }
+        insert.bind(now).execute(tx.conn()).await?;
+    }
+    Ok(())
 }

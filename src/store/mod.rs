@@ -11,6 +11,8 @@
 //! after the commit succeeded.
 
 mod approvals;
+pub mod cache;
+mod group;
 mod embeddings;
 mod events;
 mod evidence;
@@ -37,7 +39,7 @@ pub use invocations::{
 pub use mcp::{McpAccessRow, McpConnectionRow, McpServerRow, McpToolRow};
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use retention::RetentionCounts;
-pub use runs::{DeviceRow, RunRow, TurnRow, WorkspaceRow};
+pub use runs::{DeviceRow, RunRow, RunScopeRow, TurnRow, WorkspaceRow};
 pub use search::{
     FetchRecord, NEWS_RANK_POOL, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow,
     UpsertCounts,
@@ -145,6 +147,12 @@ pub struct Store {
     /// until commit or drop: writers queue here in arrival order instead of meeting in
     /// SQLite's busy handler, whose back-off sleeps (up to 100 ms each) made the p99.
     sqlite_writer: Arc<tokio::sync::Mutex<()>>,
+    /// Recently authenticated tokens ([`cache`]).
+    identities: Arc<cache::IdentityCache>,
+    /// Freezes waiting for their group commit ([`group`]).
+    freezes: Arc<group::GroupQueue<invocations::PendingFreeze, StoreResult<FreezeOutcome>>>,
+    /// Execution results waiting for their group commit.
+    finishes: Arc<group::GroupQueue<invocations::PendingFinish, StoreResult<Option<Vec<String>>>>>,
 }
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
@@ -167,7 +175,7 @@ impl Store {
             Backend::Sqlite => {
                 // WAL is a property of the file: set it once, before the pool opens more
                 // connections (changing it needs an exclusive lock).
-                let pool = AnyPoolOptions::new()
+                let pool = pool_options()
                     .max_connections(8)
                     .acquire_timeout(Duration::from_secs(30))
                     // `synchronous` is a property of each connection, not of the file: in WAL
@@ -206,7 +214,7 @@ impl Store {
                     .await?;
                 // A request waits at most 5 s for a connection: past that (the database away,
                 // or overloaded) it is answered 503 `store_unavailable`.
-                AnyPoolOptions::new()
+                pool_options()
                     .max_connections(16)
                     .acquire_timeout(Duration::from_secs(5))
                     .connect_with(options)
@@ -220,6 +228,9 @@ impl Store {
             news_writes: Arc::default(),
             news_cuts: Arc::default(),
             sqlite_writer: Arc::default(),
+            identities: Arc::default(),
+            freezes: Arc::default(),
+            finishes: Arc::default(),
         })
     }
 
@@ -291,6 +302,25 @@ impl Store {
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
     }
+}
+
+/// A connection idle at least this long is pinged before it is handed out.
+const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// Pool options both back-ends share. sqlx's default pings every connection before handing
+/// it out — one extra round trip per statement outside a transaction, which under load was
+/// a third of the freeze path's round trips. Only a connection idle for
+/// [`PING_IDLE_AFTER`] is pinged now (a connection that broke while in use is closed when it
+/// is returned, which sqlx checks with a ping of its own).
+fn pool_options() -> AnyPoolOptions {
+    AnyPoolOptions::new().test_before_acquire(false).before_acquire(|conn, meta| {
+        Box::pin(async move {
+            if meta.idle_for >= PING_IDLE_AFTER {
+                sqlx::Connection::ping(conn).await?;
+            }
+            Ok(true)
+        })
+    })
 }
 
 /// Most `pg_notify` calls in one statement.

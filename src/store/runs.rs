@@ -398,3 +398,95 @@ impl Store {
             .await?)
     }
 }
+
+/// A run read together with its workspace (see [`Store::run_scope_for`]).
+#[derive(Debug, Clone)]
+pub struct RunScopeRow {
+    /// The run.
+    pub run: RunRow,
+    /// Its workspace, None when the row is gone (or is another user's).
+    pub workspace: Option<WorkspaceRow>,
+    /// The id of the run's invocation with the call id asked about, if any.
+    pub invocation_id: Option<String>,
+}
+
+/// The joined row of [`Store::run_scope_for`].
+#[derive(sqlx::FromRow)]
+struct JoinedRunScope {
+    r_id: String,
+    r_owner_id: String,
+    r_workspace_id: String,
+    r_device_id: Option<String>,
+    r_title: Option<String>,
+    r_event_seq: i64,
+    r_created_at: String,
+    w_id: Option<String>,
+    w_owner_id: Option<String>,
+    w_name: Option<String>,
+    w_path: Option<String>,
+    w_device_id: Option<String>,
+    w_created_at: Option<String>,
+    w_root_identity: Option<String>,
+    w_root_registered_at: Option<String>,
+    invocation_id: Option<String>,
+}
+
+impl Store {
+    /// The caller's run with its workspace (the row [`Store::workspace_for`] gives for the
+    /// run's owner) and, when `tool_call_id` is given, the id of the run's invocation with
+    /// that call id — one round trip instead of three, for the freeze path and the harness.
+    /// None when the run is not the caller's.
+    pub async fn run_scope_for(
+        &self,
+        owner_id: &str,
+        run_id: &str,
+        tool_call_id: Option<&str>,
+    ) -> StoreResult<Option<RunScopeRow>> {
+        let row: Option<JoinedRunScope> = sqlx::query_as(
+            "SELECT r.id AS r_id, r.owner_id AS r_owner_id, r.workspace_id AS r_workspace_id,
+                    r.device_id AS r_device_id, r.title AS r_title, r.event_seq AS r_event_seq,
+                    r.created_at AS r_created_at,
+                    w.id AS w_id, w.owner_id AS w_owner_id, w.name AS w_name, w.path AS w_path,
+                    w.device_id AS w_device_id, w.created_at AS w_created_at,
+                    w.root_identity AS w_root_identity, w.root_registered_at AS w_root_registered_at,
+                    (SELECT i.id FROM invocations i WHERE $3 IS NOT NULL AND i.run_id = r.id AND i.tool_call_id = $3)
+                        AS invocation_id
+             FROM runs r
+             LEFT JOIN workspaces w ON w.id = r.workspace_id AND (w.owner_id = r.owner_id OR w.owner_id IS NULL)
+             WHERE r.id = $1 AND r.owner_id = $2",
+        )
+        .bind(run_id)
+        .bind(owner_id)
+        .bind(tool_call_id)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(|j| {
+            let workspace = match (j.w_id, j.w_name, j.w_path, j.w_created_at) {
+                (Some(id), Some(name), Some(path), Some(created_at)) => Some(WorkspaceRow {
+                    id,
+                    owner_id: j.w_owner_id,
+                    name,
+                    path,
+                    device_id: j.w_device_id,
+                    created_at,
+                    root_identity: j.w_root_identity,
+                    root_registered_at: j.w_root_registered_at,
+                }),
+                _ => None,
+            };
+            RunScopeRow {
+                run: RunRow {
+                    id: j.r_id,
+                    owner_id: j.r_owner_id,
+                    workspace_id: j.r_workspace_id,
+                    device_id: j.r_device_id,
+                    title: j.r_title,
+                    event_seq: j.r_event_seq,
+                    created_at: j.r_created_at,
+                },
+                workspace,
+                invocation_id: j.invocation_id,
+            }
+        }))
+    }
+}

@@ -91,16 +91,26 @@ impl Store {
         Ok(user)
     }
 
-    /// The identity behind a token hash, if the token exists and is not revoked.
+    /// The identity behind a token hash, if the token exists and is not revoked. A valid
+    /// token's identity is reused for up to [`super::cache::IDENTITY_TTL`] (see
+    /// [`super::cache`] for when a revocation takes effect).
     pub async fn identity_by_token(&self, token_sha256: &str) -> StoreResult<Option<TokenIdentity>> {
-        Ok(sqlx::query_as(
+        let start = match self.identities.get(token_sha256) {
+            Ok(identity) => return Ok(Some(identity)),
+            Err(start) => start,
+        };
+        let identity: Option<TokenIdentity> = sqlx::query_as(
             "SELECT u.id AS user_id, u.name, u.is_admin, u.is_approver, t.id AS token_id
              FROM tokens t JOIN users u ON u.id = t.user_id
              WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
         )
         .bind(token_sha256)
         .fetch_optional(self.pool())
-        .await?)
+        .await?;
+        if let Some(identity) = &identity {
+            self.identities.put(token_sha256, identity, start);
+        }
+        Ok(identity)
     }
 }
 

@@ -30,6 +30,7 @@ mod schema;
 mod schemathesis;
 mod spine;
 mod store;
+mod throughput;
 mod terminal;
 mod traces;
 mod wait;
