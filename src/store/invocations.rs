@@ -170,7 +170,7 @@ impl Store {
     /// Inserts a frozen invocation (plus its approval request and events) unless the run
     /// already has `tool_call_id`, in which case the existing one is returned untouched.
     ///
-    /// Concurrent freezes share one transaction (a group commit, see [`super::group`]): one
+    /// Concurrent freezes share one transaction (a group commit, see `store::group`): one
     /// multi-row insert of the invocations, one of their approval requests and one of their
     /// events, and one commit, instead of one transaction each.
     pub async fn freeze_invocation(&self, new: &NewInvocation) -> StoreResult<FreezeOutcome> {
@@ -398,6 +398,7 @@ impl Store {
         }
         Ok(outcomes)
     }
+}
 
 impl Store {
     /// The invocation with this call id in the run.
@@ -532,7 +533,7 @@ impl Store {
     /// lost meanwhile (the invocation was marked interrupted) and nothing was written.
     ///
     /// Results finished at the same time share one transaction (a group commit, see
-    /// [`super::group`]); each still changes its invocation only if it is `running` under
+    /// `store::group`); each still changes its invocation only if it is `running` under
     /// `node_id`'s claim.
     pub async fn finish_invocation(
         &self,

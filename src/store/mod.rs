@@ -149,7 +149,7 @@ pub struct Store {
     sqlite_writer: Arc<tokio::sync::Mutex<()>>,
     /// Recently authenticated tokens ([`cache`]).
     identities: Arc<cache::IdentityCache>,
-    /// Freezes waiting for their group commit ([`group`]).
+    /// Freezes waiting for their group commit (`group`).
     freezes: Arc<group::GroupQueue<invocations::PendingFreeze, StoreResult<FreezeOutcome>>>,
     /// Execution results waiting for their group commit.
     finishes: Arc<group::GroupQueue<invocations::PendingFinish, StoreResult<Option<Vec<String>>>>>,
