@@ -160,12 +160,10 @@ impl App {
         run_id: &str,
         tool_call_id: &str,
     ) -> Result<FreezeScope> {
-        let scope = self
-            .store
-            .run_scope_for(&user.user_id, run_id, Some(tool_call_id))
-            .await?
-            .ok_or(Error::NotFound("run"))?;
-        let mut availability = self.device_context_as(&user.user_id, user.is_admin, scope.run.device_id.as_deref()).await?;
+        let scope =
+            self.store.run_scope_for(&user.user_id, run_id, Some(tool_call_id)).await?.ok_or(Error::NotFound("run"))?;
+        let mut availability =
+            self.device_context_as(&user.user_id, user.is_admin, scope.run.device_id.as_deref()).await?;
         if let Some(ws) = &scope.workspace {
             availability.workspace_root = Some(std::path::PathBuf::from(&ws.path));
             if ws.device_id.is_none() {

@@ -389,10 +389,9 @@ impl Store {
             }
             // The run had this call id already (or an earlier freeze of this batch took it):
             // report the winner.
-            let existing = self
-                .invocation_by_call(&row.run_id, &row.tool_call_id)
-                .await?
-                .ok_or_else(|| StoreError::Corrupt(format!("invocation {} of run {} vanished", row.tool_call_id, row.run_id)))?;
+            let existing = self.invocation_by_call(&row.run_id, &row.tool_call_id).await?.ok_or_else(|| {
+                StoreError::Corrupt(format!("invocation {} of run {} vanished", row.tool_call_id, row.run_id))
+            })?;
             let approval = self.approval_id_of(&existing.id).await?;
             outcomes.push(FreezeOutcome::Existing(existing, approval));
         }
@@ -568,9 +567,9 @@ impl Store {
                             tracing::debug!(error = %e, n = items.len(), "a batch of results failed; storing them one by one");
                             let mut outcomes = Vec::with_capacity(items.len());
                             for item in &items {
-                                outcomes.push(store.finish_invocations(std::slice::from_ref(item)).await.and_then(|mut o| {
-                                    o.pop().ok_or_else(|| StoreError::Corrupt("no result outcome".into()))
-                                }));
+                                outcomes.push(store.finish_invocations(std::slice::from_ref(item)).await.and_then(
+                                    |mut o| o.pop().ok_or_else(|| StoreError::Corrupt("no result outcome".into())),
+                                ));
                             }
                             outcomes
                         }
@@ -613,11 +612,8 @@ impl Store {
         );
         let mut update = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
         for item in items {
-            update = update
-                .bind(&item.inv.id)
-                .bind(item.status.status())
-                .bind(item.result.to_string())
-                .bind(&item.node_id);
+            update =
+                update.bind(&item.inv.id).bind(item.status.status()).bind(item.result.to_string()).bind(&item.node_id);
         }
         let updated: Vec<String> = update.bind(&now).fetch_all(tx.conn()).await?;
         if updated.is_empty() {
@@ -641,8 +637,11 @@ impl Store {
         for (item, evidence_ids) in items.iter().zip(&outcomes) {
             let Some(evidence_ids) = evidence_ids else { continue };
             let (inv, status) = (&item.inv, item.status.status());
-            let kind =
-                if item.status == FinalStatus::Completed { EventKind::ExecutionCompleted } else { EventKind::ExecutionFailed };
+            let kind = if item.status == FinalStatus::Completed {
+                EventKind::ExecutionCompleted
+            } else {
+                EventKind::ExecutionFailed
+            };
             events.push((
                 inv.run_id.as_str(),
                 kind,

@@ -12,11 +12,11 @@
 
 mod approvals;
 pub mod cache;
-mod group;
 mod embeddings;
 mod events;
 mod evidence;
 pub mod follow;
+mod group;
 mod invocations;
 mod mcp;
 mod metrics;
@@ -214,11 +214,7 @@ impl Store {
                     .await?;
                 // A request waits at most 5 s for a connection: past that (the database away,
                 // or overloaded) it is answered 503 `store_unavailable`.
-                pool_options()
-                    .max_connections(16)
-                    .acquire_timeout(Duration::from_secs(5))
-                    .connect_with(options)
-                    .await?
+                pool_options().max_connections(16).acquire_timeout(Duration::from_secs(5)).connect_with(options).await?
             }
         };
         Ok(Store {

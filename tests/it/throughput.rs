@@ -35,7 +35,13 @@ async fn concurrent_freezes_keep_every_guarantee(backend: Backend) {
         for _ in 0..3 {
             calls.push((run.clone(), turn.clone(), "read_open", "same".to_owned(), json!({"path": "f.txt"})));
         }
-        calls.push((run.clone(), turn.clone(), "read_open", "same".to_owned(), json!({"path": "f.txt", "end_line": 1})));
+        calls.push((
+            run.clone(),
+            turn.clone(),
+            "read_open",
+            "same".to_owned(),
+            json!({"path": "f.txt", "end_line": 1}),
+        ));
         for n in 0..2 {
             calls.push((
                 run.clone(),
