@@ -226,6 +226,8 @@ async fn shutdown_signal() {
 }
 
 fn main() -> ExitCode {
+    // Before the runtime starts its threads (see the function's docs).
+    mira::limits::tune_allocator();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -5,8 +5,11 @@
 //! and `grep` calls in turn for `minutes`. Every `every` seconds it prints the calls frozen and
 //! completed so far, this process's RSS (`VmRSS` of /proc/self/status: server and clients,
 //! which hold nothing per call; with its anonymous and file-backed parts), the data folder's size and disk bytes per call (the SQLite
-//! file with its WAL, or the Postgres database's `pg_database_size`), and the RSS growth per
-//! call since the first sample (after warm-up).
+//! file with its WAL, or the Postgres database's `pg_database_size`), glibc malloc's bytes in
+//! use and free inside its arenas (a leak grows the first, fragmentation the second), and the
+//! RSS growth per call since the first sample after `warmup` seconds; at the end a summary
+//! line (RSS at start, after warm-up, at the end, its largest growth after warm-up, calls,
+//! disk per call).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +32,10 @@ pub struct SoakBench {
     /// Seconds between samples.
     #[arg(long, default_value_t = 10)]
     pub every: u64,
+    /// Seconds of load before the reference sample ("after warm-up") that growth is
+    /// measured from.
+    #[arg(long, default_value_t = 60)]
+    pub warmup: u64,
     /// A Postgres server URL (a fresh database is created on it and dropped after);
     /// default a temporary SQLite file.
     #[arg(long)]
@@ -105,11 +112,30 @@ async fn soak(
         }));
     }
     let started = Instant::now();
+    let rss_start = rss_kb();
     let mut first: Option<(u64, u64)> = None;
-    println!("backend={} clients={} minutes={}", server.app.store.backend().name(), opts.clients, opts.minutes);
+    let mut rss_max = rss_start;
+    let (mut calls_end, mut rss_end, mut disk_end) = (0, rss_start, 0);
     println!(
-        "{:>7} {:>9} {:>9} {:>10} {:>10} {:>10} {:>11} {:>11} {:>13}",
-        "t_s", "frozen", "completed", "rss_kb", "anon_kb", "file_kb", "disk_kb", "disk_B/call", "rss_B/call*"
+        "backend={} clients={} minutes={} warmup_s={} rss_start_kb={rss_start}",
+        server.app.store.backend().name(),
+        opts.clients,
+        opts.minutes,
+        opts.warmup
+    );
+    println!(
+        "{:>7} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>13}",
+        "t_s",
+        "frozen",
+        "completed",
+        "rss_kb",
+        "anon_kb",
+        "file_kb",
+        "heap_kb",
+        "free_kb",
+        "disk_kb",
+        "disk_B/call",
+        "rss_B/call*"
     );
     loop {
         let sleep = Duration::from_secs(opts.every.max(1));
@@ -125,17 +151,28 @@ async fn soak(
             server.app.store.count_invocations_with_status(mira::state::InvocationStatus::Completed).await?;
         let rss = rss_kb();
         let disk = disk_bytes(&server.app.store, data).await?;
-        let (c0, r0) = *first.get_or_insert((calls, rss));
-        let per_call_rss =
-            if calls > c0 { (rss.saturating_sub(r0) as f64 * 1024.0) / (calls - c0) as f64 } else { 0.0 };
+        if started.elapsed() >= Duration::from_secs(opts.warmup) || done {
+            first.get_or_insert((calls, rss));
+        }
+        let per_call_rss = match first {
+            Some((c0, r0)) if calls > c0 => (rss.saturating_sub(r0) as f64 * 1024.0) / (calls - c0) as f64,
+            _ => 0.0,
+        };
+        if first.is_some() {
+            rss_max = rss_max.max(rss);
+        }
+        (calls_end, rss_end, disk_end) = (calls, rss, disk);
+        let (heap, free) = malloc_kb();
         println!(
-            "{:>7.0} {:>9} {:>9} {:>10} {:>10} {:>10} {:>11} {:>11.0} {:>13.0}",
+            "{:>7.0} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11.0} {:>13.0}",
             started.elapsed().as_secs_f64(),
             calls,
             completed,
             rss,
             status_kb("RssAnon:"),
             status_kb("RssFile:"),
+            heap,
+            free,
             disk / 1024,
             disk as f64 / calls.max(1) as f64,
             per_call_rss
@@ -147,9 +184,18 @@ async fn soak(
     for t in tasks {
         t.await?;
     }
+    let (c0, r0) = first.unwrap_or((0, rss_start));
     println!(
-        "errors={} (* RSS growth per call since the first sample; disk per call includes the fixed schema)",
-        errors.load(Ordering::Relaxed)
+        "summary: calls={calls_end} errors={} rss_start_kb={rss_start} rss_after_warmup_kb={r0} (at {c0} calls) \
+         rss_end_kb={rss_end} rss_max_after_warmup_kb={rss_max} growth_after_warmup_kb={} disk_kb={} disk_B/call={:.0}",
+        errors.load(Ordering::Relaxed),
+        rss_max.saturating_sub(r0),
+        disk_end / 1024,
+        disk_end as f64 / calls_end.max(1) as f64,
+    );
+    println!(
+        "(heap_kb/free_kb: glibc malloc's bytes in use and free inside its arenas (mallinfo2); \
+         * RSS growth per call since the warm-up sample; disk per call includes the fixed schema)"
     );
     server.shutdown().await;
     Ok(())
@@ -161,6 +207,22 @@ fn status_kb(field: &str) -> u64 {
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0)
+}
+
+/// glibc malloc's bytes in use (`uordblks` + `hblkhd`, mmapped blocks included) and free
+/// bytes kept inside its arenas (`fordblks`), in kB: a leak grows the first, fragmentation
+/// the second. Zeros where the allocator is not glibc's.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn malloc_kb() -> (u64, u64) {
+    // SAFETY: mallinfo2 only reads glibc's arena statistics (under their locks); no
+    // preconditions.
+    let m = unsafe { libc::mallinfo2() };
+    (((m.uordblks + m.hblkhd) / 1024) as u64, (m.fordblks / 1024) as u64)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn malloc_kb() -> (u64, u64) {
+    (0, 0)
 }
 
 /// VmRSS of this process, kB.

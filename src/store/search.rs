@@ -256,15 +256,16 @@ const NEWS_CUTS_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How a news search window finds its matches on SQLite (Postgres leaves it to its planner).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NewsScan {
+enum NewsScan<'a> {
     /// Down the time index, one FTS5 rowid probe per item.
     Probe,
     /// Down the time index, against the match list read once.
     Walk,
     /// From the match list to the items, then sorted.
     Matches,
-    /// Postgres: the planner's choice.
-    Planner,
+    /// Postgres: the planner's choice, with the phrase prefilter when the query has one
+    /// (the JSON array of the adjacent lexeme pairs every match holds: [`Store::news_phrase_pairs`]).
+    Planner { pairs: Option<&'a str> },
 }
 
 /// The `effective_at` of the items at the [`NEWS_WINDOWS`] offsets (newest first), and when
@@ -690,7 +691,10 @@ impl Store {
     ///    entries. SQLite matches with FTS5 `MATCH` and picks its scan by the number of
     ///    matches ([`SQLITE_WALK_FROM`], [`SQLITE_PROBE_FROM`]); Postgres matches with
     ///    `@@ websearch_to_tsquery('english', …)` over the stored `search` vector and its GIN
-    ///    index, window by window ([`NEWS_WINDOWS`], newest items first).
+    ///    index, window by window ([`NEWS_WINDOWS`], newest items first); a phrase every
+    ///    match needs is looked up first by its adjacent lexeme pairs in the pair index
+    ///    (`phrase_pairs`, migration 0020), which the lexeme index cannot answer since it
+    ///    holds no positions ([`super::news_query::phrase_pairs`]).
     /// 2. **Rank**: only the pool is ranked — SQLite: BM25 (title ×10, summary ×4, content
     ///    ×1) with `snippet()`; Postgres: `ts_rank_cd` over the A/B/C-weighted vector with
     ///    `ts_headline` — and the best `limit` returned (by score, or by time with
@@ -733,12 +737,14 @@ impl Store {
             }
             // Postgres: window by window ([`NEWS_WINDOWS`]) until the pool is full.
             Backend::Postgres => {
+                let pairs = self.news_phrase_pairs(&text).await?;
                 let cuts = self.news_window_cuts().await?;
                 for w in 0..=cuts.len() {
                     let lower = cuts.get(w).map(String::as_str);
                     let upper = w.checked_sub(1).and_then(|u| cuts.get(u)).map(String::as_str);
                     let need = NEWS_RANK_POOL - pool.len();
-                    pool.extend(self.news_window(q, &text, every, lower, upper, need, NewsScan::Planner).await?);
+                    let scan = NewsScan::Planner { pairs: pairs.as_deref() };
+                    pool.extend(self.news_window(q, &text, every, lower, upper, need, scan).await?);
                     if pool.len() >= NEWS_RANK_POOL {
                         break;
                     }
@@ -814,6 +820,25 @@ impl Store {
             .await?)
     }
 
+    /// Postgres: the adjacent lexeme pairs every match of `text` holds (see
+    /// [`super::news_query::phrase_pairs`]) as a JSON array of `"x y"` strings, or None when
+    /// the query has no phrase (one round trip, only for queries that may have one).
+    async fn news_phrase_pairs(&self, text: &str) -> StoreResult<Option<String>> {
+        if !super::news_query::may_have_phrase(text) {
+            return Ok(None);
+        }
+        let tsquery: String = sqlx::query_scalar("SELECT websearch_to_tsquery('english', $1)::text")
+            .bind(text)
+            .fetch_one(self.pool())
+            .await?;
+        let pairs = super::news_query::phrase_pairs(&tsquery);
+        if pairs.is_empty() {
+            return Ok(None);
+        }
+        let keys: Vec<String> = pairs.into_iter().map(|(x, y)| format!("{x} {y}")).collect();
+        Ok(Some(serde_json::Value::from(keys).to_string()))
+    }
+
     /// The keys (SQLite: rowid as text; Postgres: id) of the newest `need` matches of `q`
     /// among the items with `lower <= effective_at < upper` (None: unbounded), newest first
     /// by `(effective_at, id)`.
@@ -826,7 +851,7 @@ impl Store {
         lower: Option<&str>,
         upper: Option<&str>,
         need: usize,
-        scan: NewsScan,
+        scan: NewsScan<'_>,
     ) -> StoreResult<Vec<String>> {
         let sql = match self.backend() {
             // Bounds are bound as text with neutral values ('' and '~' sort before and after
@@ -848,7 +873,7 @@ impl Store {
                         "EXISTS (SELECT 1 FROM news_items_fts f WHERE f.rowid = i.n AND news_items_fts MATCH $1)",
                     ),
                     NewsScan::Walk => ("INDEXED BY news_items_time_id", list),
-                    NewsScan::Matches | NewsScan::Planner => ("", list),
+                    NewsScan::Matches | NewsScan::Planner { .. } => ("", list),
                 };
                 format!(
                     "SELECT CAST(i.n AS TEXT) FROM news_items i {indexed} {source_join}
@@ -870,14 +895,32 @@ impl Store {
                          AND ($5::text IS NULL OR s.id = $5 OR s.name = $5 OR s.url = $5)))"
                 };
                 let key = if upper.is_none() { "i.effective_at" } else { "i.effective_at COLLATE \"C\"" };
+                // A phrase's adjacent pairs (bound as $9) are looked up in the pair index
+                // (migration 0020) and the vector test decides. It is written as the
+                // function behind `@@` so that the planner does not also read the lexeme
+                // index: for two common words that costs more than the few candidates.
+                // The time bounds are compared under "C" then (the same order for RFC 3339
+                // text) for the same reason: the window's time range in the time index is
+                // larger than the phrase's candidates.
+                let (matching, pairs, at) = match scan {
+                    NewsScan::Planner { pairs: Some(_) } => (
+                        "ts_match_vq(i.search, websearch_to_tsquery('english', $1))",
+                        "AND i.phrase_pairs @> news_pair_hashes($9::text)",
+                        "i.effective_at COLLATE \"C\"",
+                    ),
+                    _ => ("i.search @@ websearch_to_tsquery('english', $1)", "", "i.effective_at"),
+                };
+                // The cheap conditions first: Postgres tests filters of equal cost in the
+                // order written, so an item outside the window never has its vector read.
                 format!(
                     "SELECT i.id FROM news_items i
-                     WHERE i.search @@ websearch_to_tsquery('english', $1)
+                     WHERE ($3::text IS NULL OR {at} >= $3)
+                       AND ($4::text IS NULL OR {at} <= $4)
+                       AND ($7::text IS NULL OR {at} < $7)
+                       AND ($8::text IS NULL OR {at} >= $8)
                        {visibility}
-                       AND ($3::text IS NULL OR i.effective_at >= $3)
-                       AND ($4::text IS NULL OR i.effective_at <= $4)
-                       AND ($7::text IS NULL OR i.effective_at < $7)
-                       AND ($8::text IS NULL OR i.effective_at >= $8)
+                       {pairs}
+                       AND {matching}
                      ORDER BY {key} DESC, i.id COLLATE \"C\" DESC LIMIT $6"
                 )
             }
@@ -892,7 +935,11 @@ impl Store {
                 query.bind(lo).bind(q.until.unwrap_or("~")).bind(q.source).bind(need as i64).bind(upper.unwrap_or("~"))
             }
             Backend::Postgres => {
-                query.bind(q.since).bind(q.until).bind(q.source).bind(need as i64).bind(upper).bind(lower)
+                let query = query.bind(q.since).bind(q.until).bind(q.source).bind(need as i64).bind(upper).bind(lower);
+                match scan {
+                    NewsScan::Planner { pairs: Some(pairs) } => query.bind(pairs),
+                    _ => query,
+                }
             }
         };
         // Not a cached prepared statement: Postgres then plans each window with its actual

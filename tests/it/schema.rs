@@ -37,6 +37,9 @@ const DIALECT: &[(&str, Side, &str, Option<usize>)] = &[
     ("0006_search.sql", Side::Postgres, "    search          tsvector GENERATED", Some(5)),
     ("0006_search.sql", Side::Sqlite, "-- Full-text index over title, summary and content", Some(23)),
     ("0006_search.sql", Side::Postgres, "CREATE INDEX news_items_search ON news_items USING GIN", Some(1)),
+    // Phrase search: FTS5 indexes positions; Postgres adds an adjacent-pair column and index.
+    ("0020_news_phrase_pairs.sql", Side::Sqlite, "", None),
+    ("0020_news_phrase_pairs.sql", Side::Postgres, "", None),
     // CHECK constraints: SQLite rebuilds the tables, Postgres alters them.
     ("0013_state_checks.sql", Side::Sqlite, "", None),
     ("0013_state_checks.sql", Side::Postgres, "", None),
@@ -193,6 +196,7 @@ async fn migrated_back_ends_have_the_same_columns() {
     // Dialect: SQLite's FTS5 index refers to an integer rowid; Postgres keeps a tsvector.
     assert!(sqlite.get_mut("news_items").unwrap().remove("n").is_some());
     assert!(postgres.get_mut("news_items").unwrap().remove("search").is_some());
+    assert!(postgres.get_mut("news_items").unwrap().remove("phrase_pairs").is_some());
     assert!(!sqlite.is_empty());
     assert_eq!(sqlite, postgres);
     let _ = common::admin_url();
