@@ -151,19 +151,19 @@ impl App {
 
     /// Everything a freeze needs to know about the caller's run, read in one round trip
     /// ([`Store::run_scope_for`]) instead of four: the run (404 `run` when it is not the
-    /// caller's), its availability context for `user` (whose admin flag comes from the
-    /// authenticated token), its workspace (404 `workspace` when the run names none of its
+    /// caller's), its availability context for `user_id` (`is_admin` as the
+    /// authenticated token says), its workspace (404 `workspace` when the run names none of its
     /// owner's) and the id of the run's invocation with `tool_call_id`, if one exists.
     pub async fn freeze_scope(
         &self,
-        user: &crate::http::auth::AuthUser,
+        user_id: &str,
+        is_admin: bool,
         run_id: &str,
         tool_call_id: &str,
     ) -> Result<FreezeScope> {
         let scope =
-            self.store.run_scope_for(&user.user_id, run_id, Some(tool_call_id)).await?.ok_or(Error::NotFound("run"))?;
-        let mut availability =
-            self.device_context_as(&user.user_id, user.is_admin, scope.run.device_id.as_deref()).await?;
+            self.store.run_scope_for(user_id, run_id, Some(tool_call_id)).await?.ok_or(Error::NotFound("run"))?;
+        let mut availability = self.device_context_as(user_id, is_admin, scope.run.device_id.as_deref()).await?;
         if let Some(ws) = &scope.workspace {
             availability.workspace_root = Some(std::path::PathBuf::from(&ws.path));
             if ws.device_id.is_none() {

@@ -119,7 +119,7 @@ pub async fn create_invocation(
     Json(body): Json<CreateInvocation>,
 ) -> Result<(StatusCode, Json<InvocationView>)> {
     let crate::app::FreezeScope { run, availability, workspace, existing_call } =
-        app.freeze_scope(&user, &run_id, &body.tool_call_id).await?;
+        app.freeze_scope(&user.user_id, user.is_admin, &run_id, &body.tool_call_id).await?;
     let req =
         CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input.0 };
     let scope = invocation::RunScope {
