@@ -222,7 +222,9 @@ impl Executor for ClusterExecutor {
             }
             return match self.store.replica(&owner.node_id).await.map_err(store_error)? {
                 Some(r) if self.node.is_alive(&r) => {
-                    commit.commit().map_err(|reason| reason.error("stopped before it was forwarded; nothing was sent"))?;
+                    commit
+                        .commit()
+                        .map_err(|reason| reason.error("stopped before it was forwarded; nothing was sent"))?;
                     self.forward(&r.address, inv, &cancel).await
                 }
                 _ => Err(mcp_owner_gone(server_id, &owner.node_id, false)),

@@ -210,18 +210,13 @@ impl ServerState {
     /// The sentence of `owner_gone` for this server.
     pub fn owner_gone_reason(&self, owner: &OwnerView) -> String {
         let id = &self.row.id;
-        let why = if owner.state == McpOwnerState::Lost {
-            "was declared dead"
-        } else {
-            "stopped sending heartbeats"
-        };
+        let why = if owner.state == McpOwnerState::Lost { "was declared dead" } else { "stopped sending heartbeats" };
         format!(
             "stage connect: the process of stdio MCP server {id} lived on replica {}, which {why}; nothing runs it \
              now (POST /v1/mcp/servers/{id}/connect starts it on a live replica)",
             owner.node_id
         )
     }
-}
 }
 
 /// What a supervisor is told.
@@ -713,14 +708,12 @@ impl McpManager {
 
     /// Asks the live owner replica to connect server `id` (`POST /internal/v1/mcp/connect`).
     async fn connect_at_owner(&self, link: &ClusterLink, owner: &OwnerView, id: &str) -> Result<()> {
-        let unreachable = |why: String| {
-            Error::Unavailable {
-                code: ErrorCode::OwnerUnreachable,
-                message: format!(
-                    "the process of MCP server {id} lives on replica {} and it cannot be asked to connect: {why}",
-                    owner.node_id
-                ),
-            }
+        let unreachable = |why: String| Error::Unavailable {
+            code: ErrorCode::OwnerUnreachable,
+            message: format!(
+                "the process of MCP server {id} lives on replica {} and it cannot be asked to connect: {why}",
+                owner.node_id
+            ),
         };
         let secret = link.node.config.secret.as_deref().filter(|s| !s.is_empty());
         let Some(secret) = secret else { return Err(unreachable("this replica has no --cluster-secret".into())) };

@@ -750,11 +750,8 @@ impl Replica {
         if !model {
             command.env_remove("MIRA_EMBEDDING_MODEL_DIR").env_remove("MIRA_EMBEDDING_MODEL");
         }
-        let child = command
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let child =
+            command.stdout(std::process::Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
         Replica { child, base: format!("http://127.0.0.1:{port}"), log }
     }
 
@@ -947,7 +944,14 @@ impl Cluster {
     }
 
     /// Polls replica `i`'s ladder entry until `pred` holds (30 s at most).
-    async fn ladder_until(&self, i: usize, token: &str, turn: &str, tool: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    async fn ladder_until(
+        &self,
+        i: usize,
+        token: &str,
+        turn: &str,
+        tool: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         for _ in 0..300 {
             let v = self.ladder(i, token, turn, tool).await;
             if pred(&v) {
@@ -1041,11 +1045,12 @@ async fn a_stdio_mcp_server_lives_on_one_replica_and_calls_are_forwarded() {
     let mut calls = 0;
     for n in 0..24 {
         let (at, grant_at) = (1 + n % 2, 1 + (n + 1) % 2);
-        let done = c.call_granted(at, grant_at, &who, &tool, &format!("e{n}"), json!({"text": format!("hi {n}")})).await;
+        let done =
+            c.call_granted(at, grant_at, &who, &tool, &format!("e{n}"), json!({"text": format!("hi {n}")})).await;
         calls += 1;
         assert_eq!(done["status"], "completed", "{done:#}");
         assert_eq!(done["result"]["output"]["content"][0]["text"], format!("hi {n}"), "{done:#}");
-        let by = c.claimed_by(done["id"].as_str().unwrap()).await;
+        let by = c.claimed_by(done["invocation_id"].as_str().unwrap()).await;
         if !by.starts_with(&format!("{owner}:")) {
             forwarded += 1;
         }
@@ -1065,11 +1070,11 @@ async fn a_stdio_mcp_server_lives_on_one_replica_and_calls_are_forwarded() {
         "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = '9999-12-31T00:00:00.000Z'
          WHERE id = $2",
     )
-        .bind(format!("{other1}:claimer"))
-        .bind(inv_id)
-        .execute(&c.pool)
-        .await
-        .unwrap();
+    .bind(format!("{other1}:claimer"))
+    .bind(inv_id)
+    .execute(&c.pool)
+    .await
+    .unwrap();
     sqlx::query("UPDATE approvals SET status = 'denied' WHERE invocation_id = $1")
         .bind(inv_id)
         .execute(&c.pool)
@@ -1144,8 +1149,11 @@ async fn every_replica_answers_code_graph_calls_from_its_own_index() {
     let c = Cluster::start(3).await;
     let ws = c.workspace();
     std::fs::create_dir_all(ws.join("src")).unwrap();
-    std::fs::write(ws.join("src/lib.rs"), "pub fn alpha() -> u32 {\n    beta_helper()\n}\n\nfn beta_helper() -> u32 {\n    1\n}\n")
-        .unwrap();
+    std::fs::write(
+        ws.join("src/lib.rs"),
+        "pub fn alpha() -> u32 {\n    beta_helper()\n}\n\nfn beta_helper() -> u32 {\n    1\n}\n",
+    )
+    .unwrap();
     let alice = c.user("alice").await;
     let (run, turn) = c.run_and_turn(&c.lb, &alice, "explore the code").await;
     let who = Who { token: alice.clone(), run, turn: turn.clone() };
@@ -1157,7 +1165,13 @@ async fn every_replica_answers_code_graph_calls_from_its_own_index() {
         let (c, who) = (&c, &who);
         async move {
             let inv = c
-                .freeze(&c.at(at), who, "codebase_explore", &format!("x{n}"), json!({"kind": "definitions", "symbol": symbol}))
+                .freeze(
+                    &c.at(at),
+                    who,
+                    "codebase_explore",
+                    &format!("x{n}"),
+                    json!({"kind": "definitions", "symbol": symbol}),
+                )
                 .await;
             let id = inv["invocation_id"].as_str().unwrap().to_owned();
             let done = c.final_of(&c.at(at), &who.token, &id).await;
