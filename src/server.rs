@@ -204,7 +204,9 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
             );
         }
     }
+    mcp.set_node(cluster_node.clone()).context("building the cluster's HTTP client")?;
     mcp.start().await.context("loading External MCP servers")?;
+    mcp.spawn_refresh();
     let embeddings = Arc::new(Embeddings::new(settings.runtime.embedding.clone(), &settings.data_dir));
     let tool_index = Arc::new(ToolIndex::new());
     let ranker = Arc::new(IndexRanker::new(tool_index.clone(), embeddings.clone(), Mode::Hybrid));

@@ -327,8 +327,9 @@ catalogue! {
     NewsHubEmpty = (503, "news_hub_empty"),
     /// No search provider is configured for the caller.
     NoSearchProvider = (503, "no_search_provider"),
-    /// The replica that owns the resource (a terminal session) stopped sending heartbeats;
-    /// the resource ends `lost` once that replica is declared dead.
+    /// The replica that owns the resource (a terminal session, a stdio MCP server's process)
+    /// stopped sending heartbeats: nothing ran. A session ends `lost` once that replica is
+    /// declared dead; an MCP server waits for an explicit connect on a live replica.
     OwnerGone = (503, "owner_gone"),
     /// The replica that owns the resource runs but cannot be reached from this one (no
     /// `--cluster-secret`, or the forwarded request failed before it was sent).
