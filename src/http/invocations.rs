@@ -123,7 +123,9 @@ pub async fn create_invocation(
         CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input.0 };
     let availability = app.run_availability_context(&user.user_id, &run).await?;
     let workspace = app.run_workspace(&run).await?;
-    let scope = invocation::RunScope { run: &run, availability: &availability, workspace: &workspace };
+    let device = app.device_tools(&run, workspace.row());
+    let scope =
+        invocation::RunScope { run: &run, availability: &availability, workspace: &workspace, device: device.as_ref() };
     let frozen = invocation::freeze(&app.freeze_stage(), &scope, &user.user_id, req).await.map_err(|e| {
         e.into_error(|n| {
             let view = super::tools::tool_view(&app.registry, &n.tool_id, &availability, Some(&n.exposure));

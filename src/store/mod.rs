@@ -11,6 +11,7 @@
 //! after the commit succeeded.
 
 mod approvals;
+mod devices;
 mod embeddings;
 mod events;
 mod evidence;
