@@ -17,10 +17,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ed25519_dalek::SigningKey;
 use mira_core::remote::{
     Advertised, ChallengeAnswer, ConnectRequest, EnrollAnswer, EnrollRequest, JobEnvelope, JobOutcome, JobPhase,
-    JobResult, PROTOCOL_VERSION, ServerMessage, SignedJob,
+    JobResult, PROTOCOL_VERSION, ServerMessage, SignedJob, SigningKey,
 };
 use parking_lot::Mutex;
 use rand::RngExt;

@@ -18,7 +18,9 @@
 //!
 //! Keys and signatures travel as lowercase hex.
 
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use ed25519_dalek::{Signature, Signer, Verifier};
+/// The Ed25519 key types (ed25519-dalek), re-exported for users of the protocol.
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
