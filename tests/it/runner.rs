@@ -1,5 +1,6 @@
 //! Remote devices (docs/runner.md): a control plane and real `mira runner` processes on
 //! loopback, enrolled with one-time codes; and the runner's own refusals of signed jobs.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,6 +1,7 @@
 //! The runner's checks of signed jobs (crates/mira-runner, docs/runner.md), on the runner
 //! library the process runs, with a real journal and workspace folders: forged, tampered,
 //! expired, replayed and misaddressed jobs run nothing; an execution runs at most once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
