@@ -12,6 +12,7 @@
 
 mod approvals;
 pub mod cache;
+mod devices;
 mod embeddings;
 mod events;
 mod evidence;
