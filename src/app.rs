@@ -61,6 +61,8 @@ pub struct App {
     pub node: Arc<crate::cluster::Node>,
     /// Turns with their exposure parsed, for freezes ([`crate::invocation::TurnCache`]).
     pub turns: Arc<crate::invocation::TurnCache>,
+    /// Connected device runners (docs/runner.md).
+    pub devices: Arc<crate::devices::DeviceHub>,
 }
 
 impl App {
@@ -105,8 +107,7 @@ impl App {
             Some(id) if id == crate::availability::LOCAL_DEVICE_ID => DeviceInfo::local(),
             Some(id) => {
                 let row = self.store.device_for(user_id, id).await?.ok_or(Error::NotFound("device"))?;
-                let capabilities: Vec<String> = serde_json::from_str(&row.capabilities).unwrap_or_default();
-                DeviceInfo { id: row.id, local: false, capabilities }
+                self.device_info(&row)
             }
         };
         Ok(AvailabilityContext {
@@ -115,6 +116,50 @@ impl App {
             device,
             workspace_root: None,
             workspace_state: crate::availability::Availability::Available,
+        })
+    }
+
+    /// What availability knows of the device `row`: while its runner is connected, the
+    /// capabilities and tools that runner advertised; otherwise the declared capabilities
+    /// (and the last advertised ones) and why it cannot execute now.
+    pub fn device_info(&self, row: &crate::store::DeviceRow) -> DeviceInfo {
+        let mut capabilities: Vec<String> = serde_json::from_str(&row.capabilities).unwrap_or_default();
+        let presence = self.devices.presence(row);
+        let advertised = match &presence {
+            crate::devices::Presence::Connected(a) => Some(a.clone()),
+            _ => row.advertised.as_deref().and_then(|a| serde_json::from_str::<mira_core::remote::Advertised>(a).ok()),
+        };
+        let runner_tools = advertised.as_ref().map(|a| a.tools.clone());
+        if let Some(a) = advertised {
+            for c in a.capabilities {
+                if !capabilities.contains(&c) {
+                    capabilities.push(c);
+                }
+            }
+        }
+        DeviceInfo {
+            id: row.id.clone(),
+            local: false,
+            capabilities,
+            runner: presence.availability(&row.id),
+            runner_tools,
+        }
+    }
+
+    /// The runner of `run`'s device as the freeze's canonicaliser, when the run is bound to
+    /// a device (`ws` is the run's workspace).
+    pub fn device_tools(
+        &self,
+        run: &RunRow,
+        ws: &crate::store::WorkspaceRow,
+    ) -> Option<crate::devices::executor::DeviceTools> {
+        let device = run.device_id.as_deref().filter(|d| *d != crate::availability::LOCAL_DEVICE_ID)?;
+        Some(crate::devices::executor::DeviceTools {
+            hub: self.devices.clone(),
+            device_id: device.to_owned(),
+            workspace: ws.path.clone(),
+            run_id: run.id.clone(),
+            owner_id: run.owner_id.clone(),
         })
     }
 

@@ -31,6 +31,10 @@ pub struct ServeConfig {
     /// Seconds one tool execution may take before it is cancelled and failed.
     #[arg(long, env = "MIRA_EXECUTION_TIMEOUT_SECS", default_value_t = 600)]
     pub execution_timeout_secs: u64,
+    /// Heartbeat lease of device runners in seconds: a runner without a heartbeat for this
+    /// long is `device_offline` (docs/runner.md).
+    #[arg(long, env = "MIRA_RUNNER_LEASE_SECS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub runner_lease_secs: u64,
     /// Tool executions running at once on this server.
     #[arg(long, env = "MIRA_EXECUTION_CONCURRENCY", default_value_t = 16)]
     pub execution_concurrency: usize,
@@ -183,6 +187,8 @@ pub struct RuntimeConfig {
     pub cluster: crate::cluster::ClusterConfig,
     /// Retention of old runs (default: none, nothing is removed).
     pub retention: Option<crate::retention::RetentionPolicy>,
+    /// Device runners: heartbeat lease, job and enrollment code lifetimes.
+    pub devices: crate::devices::DeviceSettings,
 }
 
 impl Default for RuntimeConfig {
@@ -209,6 +215,7 @@ impl Default for RuntimeConfig {
                 ..Default::default()
             },
             retention: None,
+            devices: crate::devices::DeviceSettings::default(),
         }
     }
 }

@@ -35,6 +35,10 @@ enum Command {
     },
     /// Print the OpenAPI document.
     Openapi,
+    /// The device runner (docs/runner.md): `mira runner enroll --server URL --code CODE`,
+    /// then `mira runner --server URL --workspace DIR…` on the user's machine. The same as
+    /// the standalone `mira-runner` binary.
+    Runner(mira_runner::cli::RunnerArgs),
     /// Benchmarks that print figures.
     Bench {
         #[command(subcommand)]
@@ -188,6 +192,10 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             http: cfg.http.clone(),
             cluster: cfg.cluster.clone(),
             retention: mira::retention::RetentionPolicy::from_days(cfg.retention_days, cfg.retention_interval_secs),
+            devices: mira::devices::DeviceSettings {
+                lease: Duration::from_secs(cfg.runner_lease_secs),
+                ..Default::default()
+            },
             ..RuntimeConfig::default()
         },
         body_limit: cfg.body_limit,
@@ -249,6 +257,15 @@ async fn run() -> ExitCode {
     let traces = init_tracing(json_logs);
     let result = match cli.command {
         Command::Serve(cfg) => serve(*cfg).await,
+        Command::Runner(args) => {
+            return match mira_runner::cli::run(args).await {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("mira runner: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
             eprintln!("migrations applied");
         }),

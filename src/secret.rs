@@ -65,6 +65,8 @@ pub enum SecretError {
 pub struct SecretBox {
     cipher: XChaCha20Poly1305,
     key_id: String,
+    /// SHA-256 of a label and the key: the root of [`SecretBox::derive_seed`].
+    derive_root: [u8; 32],
 }
 
 impl std::fmt::Debug for SecretBox {
@@ -77,7 +79,10 @@ impl SecretBox {
     /// A box over a raw 32-byte key.
     pub fn from_key(key: &[u8]) -> Result<Self, SecretError> {
         let cipher = XChaCha20Poly1305::new_from_slice(key).map_err(|_| SecretError::KeyLength(key.len()))?;
-        Ok(Self { cipher, key_id: crate::evidence::sha256_hex(key)[..16].to_owned() })
+        use sha2::Digest;
+        let derive_root: [u8; 32] =
+            sha2::Sha256::new().chain_update(b"mira-derive-v1\n").chain_update(key).finalize().into();
+        Ok(Self { cipher, key_id: crate::evidence::sha256_hex(key)[..16].to_owned(), derive_root })
     }
 
     /// The key from `MIRA_SECRET_KEY` when set, else from `<data_dir>/secret.key`, created
@@ -124,6 +129,14 @@ impl SecretBox {
             .decode(text.trim())
             .map_err(|source| SecretError::NotBase64 { what: file.display().to_string(), source })?;
         Self::from_key(&key)
+    }
+
+    /// 32 bytes derived from this key for the purpose `label` (SHA-256 of a root derived from
+    /// the key and the label): keys that follow the secret key without being it, such as the
+    /// control plane's Ed25519 job-signing key (`label` `runner-signing`, docs/runner.md).
+    pub fn derive_seed(&self, label: &str) -> [u8; 32] {
+        use sha2::Digest;
+        sha2::Sha256::new().chain_update(self.derive_root).chain_update(label.as_bytes()).finalize().into()
     }
 
     /// The id of this box's key.

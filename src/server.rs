@@ -180,10 +180,19 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         process_id: node.clone(),
         config: settings.runtime.cluster.clone(),
     });
-    let executor = Arc::new(
+    let cluster_executor = Arc::new(
         crate::cluster::forward::ClusterExecutor::new(local, store.clone(), cluster_node.clone())
             .context("building the cluster's HTTP client")?,
     );
+    let signing = crate::secret::SecretBox::load(&settings.data_dir)
+        .map_err(|e| anyhow::anyhow!("the secret key (for the runner signing key): {e}"))?
+        .derive_seed(crate::devices::SIGNING_KEY_LABEL);
+    let devices = Arc::new(crate::devices::DeviceHub::new(
+        store.clone(),
+        mira_core::remote::signing_key(&signing),
+        settings.runtime.devices,
+    ));
+    let executor = Arc::new(crate::devices::RemoteExecutor::new(cluster_executor, devices.clone(), store.clone()));
     let harness = Arc::new(Harness::new(store.clone(), registry.clone(), executor, node, limits));
     let interrupted = harness.recover(&format!("{stable}:")).await?;
     crate::metrics::invocations_recovered(interrupted);
@@ -204,7 +213,9 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
             );
         }
     }
+    mcp.set_node(cluster_node.clone()).context("building the cluster's HTTP client")?;
     mcp.start().await.context("loading External MCP servers")?;
+    mcp.spawn_refresh();
     let embeddings = Arc::new(Embeddings::new(settings.runtime.embedding.clone(), &settings.data_dir));
     let tool_index = Arc::new(ToolIndex::new());
     let ranker = Arc::new(IndexRanker::new(tool_index.clone(), embeddings.clone(), Mode::Hybrid));
@@ -224,6 +235,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         streams: crate::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
         node: cluster_node,
         turns: Arc::default(),
+        devices,
     })
 }
 

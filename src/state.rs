@@ -228,6 +228,17 @@ state_enum! {
     }
 }
 
+state_enum! {
+    /// Whether the replica named as a stdio MCP server's owner holds its process (see
+    /// [`crate::mcp`], `mcp_owners`).
+    McpOwnerState, "MCP owner state" {
+        /// That replica runs (or may start) the server's process.
+        Held = "held",
+        /// That replica was declared dead; an explicit connect moves the server elsewhere.
+        Lost = "lost",
+    }
+}
+
 /// A `0/1` integer column read as `bool` (`#[sqlx(try_from = "Flag")]` on a row field):
 /// zero is false, anything else true.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,10 +30,17 @@ pub fn evaluate(entry: &Entry, ctx: &AvailabilityContext) -> Availability {
             );
         }
         if !ctx.device.local {
-            return Availability::unavailable(
-                ErrorCode::DeviceNotConnected,
-                format!("no runner is connected for device {}; its work cannot execute now", ctx.device.id),
-            );
+            if ctx.device.runner != Availability::Available {
+                return ctx.device.runner.clone();
+            }
+            if WORKSPACE_CAPABILITIES.contains(&cap.as_str())
+                && ctx.device.runner_tools.as_ref().is_some_and(|tools| !tools.contains(&spec.id))
+            {
+                return Availability::unavailable(
+                    ErrorCode::DeviceLacksCapability,
+                    format!("the runner of device {} does not implement {}", ctx.device.id, spec.id),
+                );
+            }
         }
     }
     if spec.capability.as_deref().is_some_and(|c| WORKSPACE_CAPABILITIES.contains(&c))

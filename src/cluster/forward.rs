@@ -1,17 +1,23 @@
-//! Terminal actions that land on a replica other than the session's owner.
+//! Actions on replica-owned resources that land on a replica other than the owner.
 //!
 //! A terminal session's PTY lives in the process of the replica that started it
-//! (`terminal_sessions.node_id`). Any replica's harness may claim a later action on it
-//! (`input`, `wait`, `kill`…). [`ClusterExecutor`] then sends the execution to the owner:
+//! (`terminal_sessions.node_id`); a stdio MCP server's process in the replica that holds it
+//! (`mcp_owners`, see [`crate::mcp`]). Any replica's harness may claim a later action on a
+//! session (`input`, `wait`, `kill`…) or a call of a projected stdio MCP tool.
+//! [`ClusterExecutor`] then sends the execution to the owner:
 //! `POST <owner address>/internal/v1/execute` with the invocation id and the claimer's
 //! process id, authenticated by the cluster secret (`x-mira-cluster-secret`, compared in
 //! constant time, never logged). The owner checks that the invocation is still running under
-//! that claim, runs it with its own [`LocalExecutor`] and answers the tool's output or error;
+//! that claim, gates it again itself ([`crate::harness::Harness::gate`]: a grant that is no
+//! longer an exact granted approval is refused with `approval_required`, nothing runs), runs
+//! it with its own [`LocalExecutor`] and answers the tool's output or error;
 //! the claimer records the result under its lease as for a local execution (so a claim taken
 //! over meanwhile drops it: the lease is the fencing token).
 //!
-//! When the owner's heartbeat is older than `--replica-dead-after-secs` the action fails with
-//! `owner_gone` (nothing ran; the session ends `lost` once the owner is declared dead); when
+//! When the owner's heartbeat is older than `--replica-dead-after-secs` (or, for an MCP server,
+//! its owner was declared dead: `lost`) the action fails with `owner_gone` (nothing ran; the
+//! session ends `lost` once the owner is declared dead; the MCP server waits for an explicit
+//! connect on a live replica); when
 //! the owner runs but cannot be reached (no secret configured, connection refused) with
 //! `owner_unreachable`. A forwarded request that fails after it was sent leaves the outcome
 //! unknown (`outcome_unknown`). Ended sessions are answered from the store by any replica.
@@ -28,13 +34,19 @@ use crate::error::ErrorCode;
 use crate::harness::CommitGate;
 use crate::harness::executor::{Executor, LocalExecutor};
 use crate::registry::{Entry, ToolError, ToolOutput};
-use crate::state::TerminalSessionState;
+use crate::state::{McpOwnerState, TerminalSessionState};
 use crate::store::{InvocationRow, Store};
 
 /// The header carrying the cluster secret.
 pub const SECRET_HEADER: &str = "x-mira-cluster-secret";
 /// The tool whose sessions live on one replica.
 pub const TERMINAL_TOOL: &str = "terminal_session";
+
+/// Whether invocations of `tool_id` may be forwarded between replicas: terminal session
+/// actions and calls of projected MCP tools.
+pub fn forwardable(tool_id: &str) -> bool {
+    tool_id == TERMINAL_TOOL || crate::mcp::parse_projection_id(tool_id).is_some()
+}
 
 /// Body of `POST /internal/v1/execute`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -94,8 +106,22 @@ pub fn owner_gone(session_id: &str, node_id: &str) -> ToolError {
     .with_details(serde_json::json!({"session_id": session_id, "node_id": node_id}))
 }
 
-/// The harness's executor on a replica: terminal actions on another replica's session go
-/// to that replica, everything else runs here (see the module docs).
+/// The `owner_gone` error for a call of stdio MCP server `server_id` held by `node_id`.
+pub fn mcp_owner_gone(server_id: &str, node_id: &str, lost: bool) -> ToolError {
+    let why = if lost { "was declared dead" } else { "stopped sending heartbeats" };
+    ToolError::new(
+        ErrorCode::OwnerGone,
+        format!(
+            "the process of stdio MCP server {server_id} lives on replica {node_id}, which {why}; nothing was sent \
+             (POST /v1/mcp/servers/{server_id}/connect starts it on a live replica)"
+        ),
+    )
+    .with_details(serde_json::json!({"server_id": server_id, "node_id": node_id}))
+}
+
+/// The harness's executor on a replica: terminal actions on another replica's session and
+/// calls of a stdio MCP server another replica holds go to that replica, everything else
+/// runs here (see the module docs).
 pub struct ClusterExecutor {
     local: Arc<LocalExecutor>,
     store: Store,
@@ -122,7 +148,7 @@ impl ClusterExecutor {
         let Some(secret) = self.node.config.secret.as_deref().filter(|s| !s.is_empty()) else {
             return Err(ToolError::new(
                 ErrorCode::OwnerUnreachable,
-                "the terminal session lives on another replica and this one has no --cluster-secret to forward with; nothing was run",
+                "the resource (terminal session, stdio MCP server) lives on another replica and this one has no --cluster-secret to forward with; nothing was run",
             ));
         };
         let url = format!("{}/internal/v1/execute", base.trim_end_matches('/'));
@@ -184,13 +210,32 @@ impl Executor for ClusterExecutor {
         cancel: CancellationToken,
         commit: CommitGate,
     ) -> Result<ToolOutput, ToolError> {
+        let store_error = |e: crate::store::StoreError| ToolError::new(ErrorCode::StoreError, e.to_string());
+        if let Some((server_id, _)) = crate::mcp::parse_projection_id(&entry.spec().id) {
+            // Only stdio servers have an owner row; Streamable HTTP servers are reached from here.
+            let owner = self.store.mcp_owner(server_id).await.map_err(store_error)?;
+            let Some(owner) = owner.filter(|o| !(o.node_id == self.node.id && o.state == McpOwnerState::Held)) else {
+                return self.local.execute(inv, entry, input, cancel, commit).await;
+            };
+            if owner.state == McpOwnerState::Lost {
+                return Err(mcp_owner_gone(server_id, &owner.node_id, true));
+            }
+            return match self.store.replica(&owner.node_id).await.map_err(store_error)? {
+                Some(r) if self.node.is_alive(&r) => {
+                    commit
+                        .commit()
+                        .map_err(|reason| reason.error("stopped before it was forwarded; nothing was sent"))?;
+                    self.forward(&r.address, inv, &cancel).await
+                }
+                _ => Err(mcp_owner_gone(server_id, &owner.node_id, false)),
+            };
+        }
         let session = (entry.spec().id == TERMINAL_TOOL && input["action"] != "start")
             .then(|| input["session_id"].as_str())
             .flatten();
         let Some(session_id) = session else {
             return self.local.execute(inv, entry, input, cancel, commit).await;
         };
-        let store_error = |e: crate::store::StoreError| ToolError::new(ErrorCode::StoreError, e.to_string());
         let row = self.store.terminal_session_for(&inv.owner_id, session_id).await.map_err(store_error)?;
         let Some(row) = row else {
             return self.local.execute(inv, entry, input, cancel, commit).await;

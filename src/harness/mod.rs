@@ -391,7 +391,12 @@ impl Harness {
                 (FinalStatus::Completed, json!({"ok": true, "output": output}), out.evidence)
             }
             Err(e) => {
-                let status = if e.code == ErrorCode::Cancelled { FinalStatus::Cancelled } else { FinalStatus::Failed };
+                let status = match e.code {
+                    ErrorCode::Cancelled => FinalStatus::Cancelled,
+                    // Sent to a device whose runner went away unanswered: ended, never re-run.
+                    ErrorCode::OutcomeUnknown if e.details.get("device_id").is_some() => FinalStatus::Interrupted,
+                    _ => FinalStatus::Failed,
+                };
                 let evidence = EvidenceDraft::of_text(
                     "tool_error",
                     json!({"tool_id": inv.tool_id, "code": e.code, "details": e.details, "stop": note}),

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::auth::AuthUser;
 use super::error::Json;
 use crate::app::App;
-use crate::cluster::forward::{ExecuteAnswer, ExecuteRequest, SECRET_HEADER, TERMINAL_TOOL};
+use crate::cluster::forward::{ExecuteAnswer, ExecuteRequest, SECRET_HEADER, forwardable};
 use crate::error::{Error, ErrorCode, Result};
 use crate::harness::{CommitGate, Executor, LocalExecutor};
 use crate::registry::ToolError;
@@ -59,9 +59,12 @@ pub fn router() -> OpenApiRouter<App> {
     OpenApiRouter::new().routes(routes!(list_replicas))
 }
 
-/// `POST /internal/v1/execute`: runs a terminal action forwarded by the replica that claimed
-/// it (see [`crate::cluster::forward`]). Not part of the public API: it answers only requests
-/// carrying the cluster secret (401 otherwise, and always when no secret is configured).
+/// `POST /internal/v1/execute`: runs a terminal action or a stdio MCP call forwarded by the
+/// replica that claimed it (see [`crate::cluster::forward`]), after gating it again here
+/// ([`crate::harness::Harness::gate`] and the tool family's frozen-input check: what changed
+/// between the claim and the forward is refused, nothing runs). Not part of the public API: it
+/// answers only requests carrying the cluster secret (401 otherwise, and always when no
+/// secret is configured).
 pub async fn internal_execute(
     State(app): State<App>,
     headers: axum::http::HeaderMap,
@@ -79,10 +82,23 @@ pub async fn internal_execute(
             details: serde_json::json!({"status": inv.status}),
         });
     }
-    if inv.tool_id != TERMINAL_TOOL {
-        return Err(Error::bad_request(ErrorCode::InvalidField, "only terminal session actions are forwarded"));
+    if !forwardable(&inv.tool_id) {
+        return Err(Error::bad_request(
+            ErrorCode::InvalidField,
+            "only terminal session actions and MCP calls are forwarded",
+        ));
     }
-    let answer = match app.registry.get_any(&inv.tool_id) {
+    if let Err(e) = app.registry.check_frozen(&inv.tool_id, &inv.input) {
+        return Ok(axum::Json(ExecuteAnswer::Err(e)));
+    }
+    let entry = app.registry.get_any(&inv.tool_id);
+    // Defence in depth: the claimer gated it, and the owner gates it again before acting.
+    if let Some(entry) = &entry
+        && let Err(e) = app.harness.gate(&inv, entry).await
+    {
+        return Ok(axum::Json(ExecuteAnswer::Err(e)));
+    }
+    let answer = match entry {
         None => {
             ExecuteAnswer::Err(ToolError::new(ErrorCode::ToolGone, format!("{} is no longer registered", inv.tool_id)))
         }
@@ -104,8 +120,33 @@ pub async fn internal_execute(
     Ok(axum::Json(answer))
 }
 
+/// Body of `POST /internal/v1/mcp/connect`.
+#[derive(serde::Deserialize)]
+pub struct ConnectRequest {
+    /// The stdio MCP server this replica holds.
+    pub server_id: String,
+}
+
+/// `POST /internal/v1/mcp/connect`: an explicit connect of a stdio MCP server this replica
+/// holds, asked through another replica ([`crate::mcp::McpManager::connect`]). 204; 401
+/// without the cluster secret; 404 for an unknown server.
+pub async fn internal_mcp_connect(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<ConnectRequest>,
+) -> Result<axum::http::StatusCode> {
+    let given = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+    if !app.node.config.secret_matches(given) {
+        return Err(Error::Unauthorized);
+    }
+    app.mcp.connect_here(&body.server_id)?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
 /// The internal routes replicas call on each other (outside the OpenAPI document and the
 /// request timeout: a forwarded `wait` lasts as long as the action).
 pub fn internal_router() -> axum::Router<App> {
-    axum::Router::new().route("/internal/v1/execute", axum::routing::post(internal_execute))
+    axum::Router::new()
+        .route("/internal/v1/execute", axum::routing::post(internal_execute))
+        .route("/internal/v1/mcp/connect", axum::routing::post(internal_mcp_connect))
 }

@@ -122,11 +122,13 @@ pub async fn create_invocation(
         app.freeze_scope(&user.user_id, user.is_admin, &run_id, &body.tool_call_id).await?;
     let req =
         CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input.0 };
+    let device = app.device_tools(&run, workspace.row());
     let scope = invocation::RunScope {
         run: &run,
         availability: &availability,
         workspace: &workspace,
         existing_call: existing_call.as_deref(),
+        device: device.as_ref(),
     };
     let frozen = invocation::freeze(&app.freeze_stage(), &scope, &user.user_id, req).await.map_err(|e| {
         e.into_error(|n| {

@@ -141,16 +141,19 @@ pub async fn remove(State(app): State<App>, user: AuthUser, Path(id): Path<Strin
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Connects now (resets the reconnect backoff); 202 with the stages, connect `pending`.
+/// Connects now (resets the reconnect backoff); 202 with the stages, connect `pending`. With
+/// several replicas a stdio server is connected by the replica holding it (asked through
+/// this one), or taken over here when that replica is gone.
 #[utoipa::path(post, path = "/v1/mcp/servers/{server_id}/connect", tag = "mcp", params(("server_id" = String, Path)),
-    responses((status = 202, body = ServerView), (status = 404), (status = 409, description = "mcp_server_disabled")),
+    responses((status = 202, body = ServerView), (status = 404), (status = 409, description = "mcp_server_disabled"),
+        (status = 503, description = "owner_unreachable: the replica holding the stdio server could not be asked")),
     security(("bearer" = [])))]
 pub async fn connect(
     State(app): State<App>,
     user: AuthUser,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<ServerView>)> {
-    let slot = app.mcp.connect(&user.user_id, user.is_admin, &id)?;
+    let slot = app.mcp.connect(&user.user_id, user.is_admin, &id).await?;
     Ok((StatusCode::ACCEPTED, Json(server_view(&app.mcp, &slot))))
 }
 

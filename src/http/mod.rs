@@ -5,6 +5,7 @@
 pub mod approvals;
 pub mod auth;
 pub mod cluster;
+pub mod devices;
 pub mod error;
 pub mod events;
 pub mod evidence;
@@ -119,6 +120,7 @@ fn api() -> OpenApiRouter<App> {
         .merge(cluster::router())
         .merge(users::router())
         .merge(workspaces::router())
+        .merge(devices::router())
         .merge(tools::router())
         .merge(runs::router())
         .merge(invocations::router())
@@ -225,6 +227,7 @@ pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router 
     let streams = streams.layer(axum::middleware::from_fn_with_state(app.clone(), limits::stream_slot));
     api.merge(streams)
         .merge(cluster::internal_router())
+        .merge(devices::runner_router())
         .merge(web::router())
         .fallback(|| async { Error::NotFound("route") })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })

@@ -88,8 +88,18 @@ pub async fn create_run(
     {
         app.store.device_for(&user.user_id, device).await?.ok_or(Error::NotFound("device"))?;
     }
-    let run =
-        app.store.create_run(&user.user_id, &workspace.id, body.device_id.as_deref(), body.title.as_deref()).await?;
+    // A workspace on a device is worked on by that device: the run is bound to it.
+    let device_id = match (&workspace.device_id, body.device_id.as_deref()) {
+        (Some(ws_device), None) => Some(ws_device.as_str()),
+        (Some(ws_device), Some(d)) if d != ws_device => {
+            return Err(Error::invalid_field(
+                "device_id",
+                format!("workspace {} is on device {ws_device}, not on {d}", workspace.id),
+            ));
+        }
+        (_, d) => d,
+    };
+    let run = app.store.create_run(&user.user_id, &workspace.id, device_id, body.title.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(run.into())))
 }
 

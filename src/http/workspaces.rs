@@ -1,4 +1,4 @@
-//! Workspaces and devices.
+//! Workspaces (devices are [`super::devices`]).
 
 use std::path::{Component, PathBuf};
 
@@ -13,7 +13,7 @@ use super::error::{Json, Path};
 use crate::app::App;
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
-use crate::store::{DeviceRow, WorkspaceRow};
+use crate::store::WorkspaceRow;
 use crate::workspace::{RootChange, RootError, RootIdentity, Workspace};
 
 /// Whether a workspace's root is still the folder that was registered.
@@ -107,8 +107,12 @@ pub struct CreateWorkspace {
     /// Name, 1–128 bytes.
     #[schema(min_length = 1, max_length = 128)]
     pub name: String,
-    /// An existing folder on the server host.
+    /// An existing folder on the server host; with `device_id`, an absolute folder on that
+    /// device (checked by its runner, which must have been given it with `--workspace`).
     pub path: String,
+    /// The caller's device holding the folder (default: the server host).
+    #[serde(default)]
+    pub device_id: Option<String>,
 }
 
 /// `{"workspaces": [...]}`.
@@ -202,6 +206,14 @@ pub async fn create_workspace(
     if body.name.is_empty() || body.name.len() > 128 {
         return Err(Error::bad_request(ErrorCode::InvalidName, "name must be 1-128 characters"));
     }
+    if let Some(device) = body.device_id.as_deref().filter(|d| *d != crate::availability::LOCAL_DEVICE_ID) {
+        app.store.device_for(&user.user_id, device).await?.ok_or(Error::NotFound("device"))?;
+        let path = lexical(&body.path).filter(|p| p.as_os_str() == body.path.as_str()).ok_or_else(|| {
+            Error::bad_request(ErrorCode::InvalidWorkspacePath, "a device folder must be an absolute, normalised path")
+        })?;
+        let row = app.store.create_device_workspace(&user.user_id, &body.name, &path.to_string_lossy(), device).await?;
+        return Ok((StatusCode::CREATED, Json(row.into())));
+    }
     let (path, identity) = if user.is_admin { admin_path(&body.path)? } else { user_path(&app, &body.path)? };
     let row =
         app.store.create_workspace(&user.user_id, &body.name, &path.to_string_lossy(), &identity.encode()).await?;
@@ -255,86 +267,7 @@ pub async fn list_workspaces(State(app): State<App>, user: AuthUser) -> Result<J
     Ok(Json(WorkspaceList { workspaces: rows.into_iter().map(Into::into).collect() }))
 }
 
-/// A device.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct DeviceView {
-    /// `dev_…`
-    pub id: String,
-    /// Name.
-    pub name: String,
-    /// Declared capabilities (`fs.read`, `fs.write`, `pty`, `net`).
-    pub capabilities: Vec<String>,
-    /// Whether a runner for it is connected (none can be yet; its tools are unavailable).
-    pub connected: bool,
-    /// RFC 3339.
-    pub created_at: String,
-}
-
-impl From<DeviceRow> for DeviceView {
-    fn from(d: DeviceRow) -> Self {
-        Self {
-            capabilities: serde_json::from_str(&d.capabilities).unwrap_or_default(),
-            id: d.id,
-            name: d.name,
-            connected: false,
-            created_at: d.created_at,
-        }
-    }
-}
-
-/// Body of `POST /v1/devices`.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateDevice {
-    /// Name, at most 128 bytes.
-    #[schema(max_length = 128)]
-    pub name: String,
-    /// Capability strings, at most 32 of at most 64 characters.
-    #[serde(default)]
-    #[schema(max_items = 32)]
-    pub capabilities: Vec<String>,
-}
-
-/// `{"devices": [...]}`.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct DeviceList {
-    /// The caller's devices.
-    pub devices: Vec<DeviceView>,
-}
-
-/// Registers a device; availability of tools on runs bound to it follows its capabilities.
-#[utoipa::path(post, path = "/v1/devices", tag = "devices", request_body = CreateDevice,
-    responses((status = 201, body = DeviceView), (status = 400)), security(("bearer" = [])))]
-pub async fn create_device(
-    State(app): State<App>,
-    user: AuthUser,
-    Json(body): Json<CreateDevice>,
-) -> Result<(StatusCode, Json<DeviceView>)> {
-    if body.name.is_empty()
-        || body.name.len() > 128
-        || body.capabilities.len() > 32
-        || body.capabilities.iter().any(|c| c.is_empty() || c.len() > 64)
-    {
-        return Err(Error::bad_request(
-            ErrorCode::InvalidRequest,
-            "name must be 1-128 characters; at most 32 capabilities of 1-64 characters",
-        ));
-    }
-    let row = app.store.create_device(&user.user_id, &body.name, &body.capabilities).await?;
-    Ok((StatusCode::CREATED, Json(row.into())))
-}
-
-/// The caller's devices.
-#[utoipa::path(get, path = "/v1/devices", tag = "devices", responses((status = 200, body = DeviceList)), security(("bearer" = [])))]
-pub async fn list_devices(State(app): State<App>, user: AuthUser) -> Result<Json<DeviceList>> {
-    let rows = app.store.list_devices(&user.user_id).await?;
-    Ok(Json(DeviceList { devices: rows.into_iter().map(Into::into).collect() }))
-}
-
 /// Routes of this module.
 pub fn router() -> OpenApiRouter<App> {
-    OpenApiRouter::new()
-        .routes(routes!(create_workspace, list_workspaces))
-        .routes(routes!(reregister_workspace))
-        .routes(routes!(create_device, list_devices))
+    OpenApiRouter::new().routes(routes!(create_workspace, list_workspaces)).routes(routes!(reregister_workspace))
 }

@@ -87,6 +87,9 @@ pub struct RunScope<'a> {
     /// The id of the run's invocation with the call's `tool_call_id`, as read with the run
     /// (None: there was none then; a call frozen since is caught by the insert).
     pub existing_call: Option<&'a str>,
+    /// For a run bound to a device: its runner, which canonicalises and prepares the calls
+    /// of tools working in the workspace (on the device's files).
+    pub device: Option<&'a crate::devices::executor::DeviceTools>,
 }
 
 /// Why a call was not frozen.
@@ -188,14 +191,25 @@ pub async fn freeze(
     let mut req = req;
     entry.check_input(&mut req.input).map_err(|errors| Error::InputInvalid { errors })?;
 
-    let workspace = scope.workspace.open()?;
-    let prepare_ctx = PrepareContext { workspace: &workspace, owner_id: user_id, run_id: &run.id };
+    let device = scope.device.filter(|_| crate::devices::executor::runs_on_device(entry.spec().capability.as_deref()));
+    let workspace = match device {
+        Some(_) => None,
+        None => Some(scope.workspace.open()?),
+    };
     if let Some(existing) = existing {
         // A retried call: compare only, so preconditions the frozen call itself may have
         // changed since (an edit that already ran) cannot turn a replay into an error.
         let frozen: Value =
             serde_json::from_str(&existing.input).map_err(|e| Error::Internal(format!("stored input: {e}")))?;
-        let input = entry.tool.replay_input(entry.tool.canonicalize(req.input, &prepare_ctx).await?, &frozen);
+        let recomputed = match (device, &workspace) {
+            (Some(device), _) => device.canonicalize(&tool_id, req.input).await?,
+            (None, Some(workspace)) => {
+                let prepare_ctx = PrepareContext { workspace, owner_id: user_id, run_id: &run.id };
+                entry.tool.canonicalize(req.input, &prepare_ctx).await?
+            }
+            (None, None) => return Err(Error::Internal("no workspace".into()).into()),
+        };
+        let input = entry.tool.replay_input(recomputed, &frozen);
         return if existing.input_hash == canonical::input_hash(&tool_id, &input) {
             let approval_id = stage.store.approval_id_of(&existing.id).await?;
             Ok(Frozen { row: existing, approval_id, created: false })
@@ -203,7 +217,14 @@ pub async fn freeze(
             Err(call_id_conflict(&existing).into())
         };
     }
-    let prepared = entry.tool.prepare(req.input, &prepare_ctx).await?;
+    let prepared = match (device, &workspace) {
+        (Some(device), _) => device.prepare(&tool_id, req.input).await?,
+        (None, Some(workspace)) => {
+            let prepare_ctx = PrepareContext { workspace, owner_id: user_id, run_id: &run.id };
+            entry.tool.prepare(req.input, &prepare_ctx).await?
+        }
+        (None, None) => return Err(Error::Internal("no workspace".into()).into()),
+    };
     let input_hash = canonical::input_hash(&tool_id, &prepared.input);
 
     let approval = match policy::decide(entry.spec()) {

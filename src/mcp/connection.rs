@@ -19,6 +19,7 @@ use super::stdio::{self, LineFacts, StderrTail};
 use super::{Control, McpManager, ServerSlot};
 use crate::events::EventKind;
 use crate::state::McpConnectionState;
+use crate::store::OwnerClaim;
 
 /// Protocol version this client asks for. The server answers with the version it speaks;
 /// that negotiated version is what gets recorded.
@@ -96,6 +97,8 @@ enum End {
     Disabled,
     Removed,
     Shutdown,
+    /// Another replica holds the stdio server now.
+    Released,
 }
 
 /// The supervisor loop of one server (see the module docs of [`super`]).
@@ -107,6 +110,9 @@ pub(super) async fn supervise(
     let shutdown = manager.shutdown_token().clone();
     let settings = manager.settings().clone();
     let mut backoff = settings.backoff_min;
+    // Set by an explicit connect until the next claim: only then may a stdio server held by
+    // a gone replica be taken over.
+    let mut explicit = false;
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -117,7 +123,30 @@ pub(super) async fn supervise(
                 c = rx.recv() => match c {
                     None | Some(Control::Remove) => return,
                     Some(Control::Discover(reply)) => { let _ = reply.send(Err(super::discovery::DiscoveryError::Disabled)); }
-                    Some(Control::Reconsider) => { backoff = settings.backoff_min; }
+                    Some(Control::Reconsider | Control::Connect | Control::Release) => { backoff = settings.backoff_min; }
+                },
+            }
+            continue;
+        }
+        // A stdio process runs on one replica: claim it first, else follow its owner.
+        let how = if explicit { OwnerClaim::Explicit } else { OwnerClaim::Automatic };
+        explicit = false;
+        let claimed = manager.claim(&slot, how).await;
+        if !matches!(claimed, Ok(true)) {
+            if let Err(e) = &claimed {
+                tracing::warn!(server = %slot.id, error = %e, "claiming the stdio MCP server failed");
+            }
+            // Retried on the next control message (a refresh tells of changes), or after the
+            // backoff when the claim itself failed.
+            let retry = if claimed.is_err() { backoff } else { Duration::from_secs(3600) };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(retry) => {}
+                c = rx.recv() => match c {
+                    None | Some(Control::Remove) => return,
+                    Some(Control::Discover(reply)) => { let _ = reply.send(Err(super::discovery::DiscoveryError::NotConnected)); }
+                    Some(Control::Connect) => explicit = true,
+                    Some(Control::Reconsider | Control::Release) => {}
                 },
             }
             continue;
@@ -185,6 +214,10 @@ pub(super) async fn supervise(
                         return;
                     }
                     End::Removed => return,
+                    End::Released => {
+                        tracing::warn!(server = %slot.id, "another replica holds this stdio MCP server now; disconnected here");
+                        continue;
+                    }
                     End::Disabled => {
                         conn.state = McpConnectionState::Disconnected;
                         conn.last_error = Some("the server was disabled".into());
@@ -219,7 +252,8 @@ pub(super) async fn supervise(
                 c = rx.recv() => match c {
                     None | Some(Control::Remove) => return,
                     Some(Control::Discover(reply)) => { let _ = reply.send(Err(super::discovery::DiscoveryError::NotConnected)); }
-                    Some(Control::Reconsider) => { backoff = settings.backoff_min; break; }
+                    Some(Control::Reconsider | Control::Release) => { backoff = settings.backoff_min; break; }
+                    Some(Control::Connect) => { backoff = settings.backoff_min; explicit = true; break; }
                 },
             }
         }
@@ -404,11 +438,12 @@ async fn watch(
             }
             c = rx.recv() => match c {
                 None | Some(Control::Remove) => return stop(End::Removed),
-                Some(Control::Reconsider) => {
+                Some(Control::Reconsider | Control::Connect) => {
                     if !slot.state.read().row.enabled {
                         return stop(End::Disabled);
                     }
                 }
+                Some(Control::Release) => return stop(End::Released),
                 Some(Control::Discover(reply)) => {
                     let _ = reply.send(super::discovery::run(manager, slot, live).await);
                 }

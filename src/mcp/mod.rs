@@ -18,7 +18,20 @@
 //! the stored rows so the ladder ([`crate::exposure::ladder`]) can say synchronously which
 //! MCP stage blocks a projected id; every change is written to the store first.
 //!
-//! The server runs on a single node: the connection lives in this process.
+//! **Replicas.** A stdio server is a child process of one replica: its owner, recorded in
+//! `mcp_owners` (node id and process id, `held` or `lost`) beside the replica heartbeat. Only
+//! the owner's supervisor spawns and connects it ([`crate::store::OwnerClaim`]: a replica
+//! connects by itself only a server nobody holds or its own data directory held; it takes
+//! another replica's server only on an explicit `POST …/connect`, and only once that replica
+//! is `dead`, stale or `lost`), so the process never runs twice silently. Every other replica
+//! re-reads the stored facts at each heartbeat ([`McpManager::spawn_refresh`]: new and
+//! removed servers, settings, agent access, and for stdio servers it does not own the
+//! owner's connection row and tool listing), projects the same tools, and reports them
+//! available while the owner is alive and connected, `owner_gone` once the owner's heartbeat
+//! stopped. A call claimed on such a replica is forwarded to the owner
+//! ([`crate::cluster::forward`]). Streamable HTTP servers have no owner: any replica can
+//! reach the URL, so each replica connects and discovers by itself (the stored connection
+//! row is the last writer's view; each replica's availability is its own connection's).
 
 pub mod call;
 pub mod config;
@@ -32,7 +45,8 @@ pub mod watched_http;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -44,8 +58,8 @@ use tokio_util::task::TaskTracker;
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
 use crate::registry::{Explainer, Registry};
-use crate::state::{McpConnectionState, McpToolStatus};
-use crate::store::{McpConnectionRow, McpServerRow, McpToolRow, Store};
+use crate::state::{McpConnectionState, McpOwnerState, McpToolStatus};
+use crate::store::{McpConnectionRow, McpOwnerRow, McpServerRow, McpToolRow, OwnerClaim, Store};
 
 pub use config::{HttpInput, SecretInput, StdioInput, TransportInput};
 pub use stages::{McpStage, McpStageStatus, ServerView, ToolListing, ToolStatus};
@@ -111,6 +125,40 @@ pub struct ServerState {
     pub tools: Vec<McpToolRow>,
     /// Per-tool agent-access switches.
     pub access: HashMap<String, bool>,
+    /// The replica holding a stdio server's process, as this replica last read it (none for
+    /// Streamable HTTP servers, and before any replica claimed it).
+    pub owner: Option<OwnerView>,
+}
+
+/// Where a stdio server's process lives, seen from this replica.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct OwnerView {
+    /// The owner replica's node id.
+    pub node_id: String,
+    /// The owner's process id that claimed it.
+    pub process_id: String,
+    /// `held`, or `lost` once that replica was declared dead.
+    pub state: McpOwnerState,
+    /// The owner replica is alive with a heartbeat younger than `--replica-dead-after-secs`.
+    pub live: bool,
+    /// The owner is this replica.
+    pub here: bool,
+    /// Its internal base URL (for forwarded calls).
+    #[serde(skip)]
+    pub address: String,
+}
+
+impl OwnerView {
+    fn of(row: &McpOwnerRow, replica: Option<&crate::store::ReplicaRow>, node: &crate::cluster::Node) -> Self {
+        Self {
+            node_id: row.node_id.clone(),
+            process_id: row.process_id.clone(),
+            state: row.state,
+            live: row.node_id == node.id || replica.is_some_and(|r| node.is_alive(r)),
+            here: row.node_id == node.id,
+            address: replica.map(|r| r.address.clone()).unwrap_or_default(),
+        }
+    }
 }
 
 impl ServerState {
@@ -142,6 +190,33 @@ impl ServerState {
     pub fn disclaimer_pending(&self) -> bool {
         self.row.disclaimer.is_some() && self.row.disclaimer_accepted_at.is_none()
     }
+
+    /// Whether the server is a stdio process (owned by one replica).
+    pub fn is_stdio(&self) -> bool {
+        self.row.transport == "stdio"
+    }
+
+    /// The owner of a stdio server when this replica does not hold it.
+    pub fn owner_elsewhere(&self) -> Option<&OwnerView> {
+        self.owner.as_ref().filter(|o| self.is_stdio() && !(o.here && o.state == McpOwnerState::Held))
+    }
+
+    /// The owner of a stdio server whose process nobody runs now: its replica stopped
+    /// sending heartbeats, or was declared dead (`lost`).
+    pub fn owner_gone(&self) -> Option<&OwnerView> {
+        self.owner_elsewhere().filter(|o| o.state == McpOwnerState::Lost || !o.live)
+    }
+
+    /// The sentence of `owner_gone` for this server.
+    pub fn owner_gone_reason(&self, owner: &OwnerView) -> String {
+        let id = &self.row.id;
+        let why = if owner.state == McpOwnerState::Lost { "was declared dead" } else { "stopped sending heartbeats" };
+        format!(
+            "stage connect: the process of stdio MCP server {id} lived on replica {}, which {why}; nothing runs it \
+             now (POST /v1/mcp/servers/{id}/connect starts it on a live replica)",
+            owner.node_id
+        )
+    }
 }
 
 /// What a supervisor is told.
@@ -153,6 +228,12 @@ pub enum Control {
     Discover(oneshot::Sender<std::result::Result<(), discovery::DiscoveryError>>),
     /// The server was removed: disconnect and end.
     Remove,
+    /// An explicit connect (`POST …/connect`): like `Reconsider`, and a stdio server held by
+    /// a gone replica may be taken over ([`OwnerClaim::Explicit`]).
+    Connect,
+    /// Another replica holds this stdio server now: disconnect (without writing the
+    /// connection row, which is the owner's) and follow.
+    Release,
 }
 
 /// One server's slot: its state, live connection and supervisor channel.
@@ -166,6 +247,9 @@ pub struct ServerSlot {
     control: mpsc::UnboundedSender<Control>,
     /// Projected tool names → hash of the projected spec.
     projected: Mutex<BTreeMap<String, String>>,
+    /// Bumped after each local change of the stored server row or agent access, so that a
+    /// refresh that read the store before that change does not apply its older view.
+    changes: AtomicU64,
 }
 
 impl ServerSlot {
@@ -177,6 +261,16 @@ impl ServerSlot {
     fn tell(&self, c: Control) {
         let _ = self.control.send(c);
     }
+
+    fn changed_here(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// This replica in the cluster, for ownership and forwarded connects.
+struct ClusterLink {
+    node: Arc<crate::cluster::Node>,
+    client: reqwest::Client,
 }
 
 /// Where progress notifications of a running call go.
@@ -198,6 +292,9 @@ pub struct McpManager {
     servers: RwLock<BTreeMap<String, Arc<ServerSlot>>>,
     pub(crate) progress: Mutex<HashMap<String, ProgressRoute>>,
     pub(crate) me: Weak<McpManager>,
+    cluster: OnceLock<ClusterLink>,
+    /// Servers removed through this replica: a refresh that read them before never adds them back.
+    removed: Mutex<std::collections::HashSet<String>>,
 }
 
 /// An install request, validated by [`McpManager::install`].
@@ -254,19 +351,158 @@ impl McpManager {
             servers: RwLock::new(BTreeMap::new()),
             progress: Mutex::new(HashMap::new()),
             me: me.clone(),
+            cluster: OnceLock::new(),
+            removed: Mutex::new(std::collections::HashSet::new()),
         });
         let explainer: Arc<dyn Explainer> = manager.clone();
         registry.add_explainer(ID_PREFIX, Arc::downgrade(&explainer));
         Ok(manager)
     }
 
+    /// Names this replica (before [`McpManager::start`]): stdio servers are then claimed
+    /// in `mcp_owners` before they are spawned. Without it every server is this process's.
+    /// Fails only when the HTTP client for forwarded connects cannot be built.
+    pub fn set_node(&self, node: Arc<crate::cluster::Node>) -> anyhow::Result<()> {
+        let client = crate::net::client_builder().build()?;
+        let _ = self.cluster.set(ClusterLink { node, client });
+        Ok(())
+    }
+
     /// Loads every stored server, projects its stored tools and starts its supervisor.
     pub async fn start(&self) -> anyhow::Result<()> {
+        let owners = self.owner_views().await?;
         for row in self.store.all_mcp_servers().await? {
-            let state = self.load_state(row).await?;
+            let mut state = self.load_state(row).await?;
+            state.owner = owners.get(&state.row.id).cloned();
             self.add_slot(state);
         }
         Ok(())
+    }
+
+    /// The owner of every claimed stdio server, seen from this replica.
+    async fn owner_views(&self) -> crate::store::StoreResult<HashMap<String, OwnerView>> {
+        let Some(link) = self.cluster.get() else { return Ok(HashMap::new()) };
+        let replicas: HashMap<String, crate::store::ReplicaRow> =
+            self.store.list_replicas().await?.into_iter().map(|r| (r.node_id.clone(), r)).collect();
+        Ok(self
+            .store
+            .mcp_owners()
+            .await?
+            .into_iter()
+            .map(|o| (o.server_id.clone(), OwnerView::of(&o, replicas.get(&o.node_id), &link.node)))
+            .collect())
+    }
+
+    /// Keeps this replica in line with what other replicas stored: re-reads the servers at
+    /// every heartbeat (`--heartbeat-secs`) until shutdown (see the module docs). Postgres
+    /// only: SQLite has one replica.
+    pub fn spawn_refresh(self: &Arc<Self>) {
+        let Some(link) = self.cluster.get() else { return };
+        if self.store.backend() != crate::store::Backend::Postgres {
+            return;
+        }
+        let every = link.node.config.heartbeat();
+        let me = Arc::downgrade(self);
+        let shutdown = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let Some(manager) = me.upgrade() else { return };
+                if let Err(e) = manager.refresh().await {
+                    tracing::warn!(error = %e, "re-reading the MCP servers other replicas stored failed");
+                }
+            }
+        });
+    }
+
+    /// One refresh (see [`McpManager::spawn_refresh`]).
+    pub async fn refresh(&self) -> anyhow::Result<()> {
+        // What this replica had before reading: a server installed here meanwhile is not
+        // "removed elsewhere", a change made here meanwhile is newer than what is read.
+        let before: HashMap<String, u64> =
+            self.servers.read().iter().map(|(id, s)| (id.clone(), s.changes.load(Ordering::SeqCst))).collect();
+        let owners = self.owner_views().await?;
+        let rows = self.store.all_mcp_servers().await?;
+        let ids: std::collections::HashSet<String> = rows.iter().map(|r| r.id.clone()).collect();
+        for id in before.keys().filter(|id| !ids.contains(*id)) {
+            // Removed through another replica.
+            let Some(slot) = self.servers.write().remove(id) else { continue };
+            slot.state.write().row.enabled = false;
+            self.sync_projections(&slot);
+            slot.tell(Control::Remove);
+        }
+        for row in rows {
+            let id = row.id.clone();
+            let Some(slot) = self.slot(&id) else {
+                if before.contains_key(&id) || self.removed.lock().contains(&id) {
+                    continue;
+                }
+                // Installed through another replica.
+                let mut state = self.load_state(row).await?;
+                state.owner = owners.get(&id).cloned();
+                self.add_slot(state);
+                continue;
+            };
+            let owner = owners.get(&id).cloned();
+            let stdio = row.transport == "stdio";
+            let follower = stdio && owner.as_ref().is_some_and(|o| !(o.here && o.state == McpOwnerState::Held));
+            let access: HashMap<String, bool> =
+                self.store.mcp_access(&id).await?.into_iter().map(|a| (a.tool_name, a.enabled)).collect();
+            let mirrored = if follower {
+                Some((self.store.mcp_connection(&id).await?, self.store.mcp_tools(&id).await?))
+            } else {
+                None
+            };
+            let row_changed = {
+                let mut state = slot.state.write();
+                let fresh = before.get(&id).is_some_and(|g| *g == slot.changes.load(Ordering::SeqCst));
+                let row_changed = fresh && state.row.updated_at != row.updated_at;
+                if fresh {
+                    state.row = row;
+                    state.access = access;
+                }
+                state.owner = owner;
+                if let Some((conn, tools)) = mirrored {
+                    if let Some(conn) = conn {
+                        state.conn = conn;
+                    }
+                    state.tools = tools;
+                }
+                row_changed
+            };
+            self.sync_projections(&slot);
+            if row_changed {
+                slot.tell(Control::Reconsider);
+            }
+            if follower && slot.live.lock().is_some() {
+                slot.tell(Control::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims a stdio server's process for this replica before its supervisor spawns it
+    /// (always true without a cluster node, and for Streamable HTTP servers).
+    pub(crate) async fn claim(&self, slot: &ServerSlot, how: OwnerClaim) -> Result<bool> {
+        let Some(link) = self.cluster.get() else { return Ok(true) };
+        if !slot.state.read().is_stdio() {
+            return Ok(true);
+        }
+        let cutoff = chrono::Utc::now()
+            - chrono::Duration::from_std(link.node.config.dead_after()).unwrap_or(chrono::Duration::seconds(10));
+        let node = &link.node;
+        let mine = self
+            .store
+            .claim_mcp_owner(&slot.id, &node.id, &node.process_id, how, &crate::ids::format_time(cutoff))
+            .await?;
+        let owner = self.owner_views().await?.remove(&slot.id);
+        slot.state.write().owner = owner;
+        Ok(mine)
     }
 
     /// Waits (at most `limit`) for every supervisor to end after shutdown.
@@ -288,7 +524,7 @@ impl McpManager {
         });
         let tools = self.store.mcp_tools(&row.id).await?;
         let access = self.store.mcp_access(&row.id).await?.into_iter().map(|a| (a.tool_name, a.enabled)).collect();
-        Ok(ServerState { row, conn, tools, access })
+        Ok(ServerState { row, conn, tools, access, owner: None })
     }
 
     fn add_slot(&self, state: ServerState) -> Arc<ServerSlot> {
@@ -299,6 +535,7 @@ impl McpManager {
             live: Mutex::new(None),
             control: tx,
             projected: Mutex::new(BTreeMap::new()),
+            changes: AtomicU64::new(0),
         });
         self.servers.write().insert(slot.id.clone(), slot.clone());
         self.sync_projections(&slot);
@@ -384,10 +621,15 @@ impl McpManager {
             created_at: now.clone(),
             updated_at: now,
         };
-        self.store.insert_mcp_server(&row).await?;
+        let holder = self
+            .cluster
+            .get()
+            .filter(|_| row.transport == "stdio")
+            .map(|link| (link.node.id.as_str(), link.node.process_id.as_str()));
+        self.store.insert_mcp_server_held(&row, holder).await?;
         let conn =
             McpConnectionRow { server_id: id, state: McpConnectionState::Disconnected, ..McpConnectionRow::default() };
-        Ok(self.add_slot(ServerState { row, conn, tools: Vec::new(), access: HashMap::new() }))
+        Ok(self.add_slot(ServerState { row, conn, tools: Vec::new(), access: HashMap::new(), owner: None }))
     }
 
     /// Enables/disables a server and changes its defaults. Disabling disconnects it and
@@ -410,6 +652,7 @@ impl McpManager {
         }
         row.updated_at = crate::ids::now();
         self.store.update_mcp_server(&row).await?;
+        slot.changed_here();
         slot.state.write().row = row;
         self.sync_projections(&slot);
         slot.tell(Control::Reconsider);
@@ -421,6 +664,7 @@ impl McpManager {
         let slot = self.slot_for(user_id, id)?;
         Self::may_manage(&slot, user_id, is_admin)?;
         self.store.delete_mcp_server(id).await?;
+        self.removed.lock().insert(id.to_owned());
         self.servers.write().remove(id);
         slot.state.write().row.enabled = false;
         self.sync_projections(&slot);
@@ -428,8 +672,14 @@ impl McpManager {
         Ok(())
     }
 
-    /// Asks the supervisor to connect now (no-op when connected).
-    pub fn connect(&self, user_id: &str, is_admin: bool, id: &str) -> Result<Arc<ServerSlot>> {
+    /// Asks the supervisor to connect now (no-op when connected). A stdio server held by
+    /// another live replica is asked of that replica (forwarded with the cluster secret);
+    /// one held by a gone replica is taken over here (an explicit connect is the only way a
+    /// stdio server moves between replicas).
+    ///
+    /// Errors: 404, 403 (see [`McpManager::patch`]); 409 `mcp_server_disabled`; 503
+    /// `owner_unreachable` when the live owner cannot be asked.
+    pub async fn connect(&self, user_id: &str, is_admin: bool, id: &str) -> Result<Arc<ServerSlot>> {
         let slot = self.slot_for(user_id, id)?;
         Self::may_manage(&slot, user_id, is_admin)?;
         if !slot.state.read().row.enabled {
@@ -439,8 +689,56 @@ impl McpManager {
                 serde_json::json!({"server_id": id, "stage": "enabled"}),
             ));
         }
-        slot.tell(Control::Reconsider);
+        if let Some(link) = self.cluster.get()
+            && let Some(owner) = self.owner_views().await?.remove(id)
+        {
+            let elsewhere = {
+                let mut state = slot.state.write();
+                state.owner = Some(owner);
+                state.owner_elsewhere().filter(|o| o.state == McpOwnerState::Held && o.live).cloned()
+            };
+            if let Some(owner) = elsewhere {
+                self.connect_at_owner(link, &owner, id).await?;
+                return Ok(slot);
+            }
+        }
+        slot.tell(Control::Connect);
         Ok(slot)
+    }
+
+    /// Asks the live owner replica to connect server `id` (`POST /internal/v1/mcp/connect`).
+    async fn connect_at_owner(&self, link: &ClusterLink, owner: &OwnerView, id: &str) -> Result<()> {
+        let unreachable = |why: String| Error::Unavailable {
+            code: ErrorCode::OwnerUnreachable,
+            message: format!(
+                "the process of MCP server {id} lives on replica {} and it cannot be asked to connect: {why}",
+                owner.node_id
+            ),
+        };
+        let secret = link.node.config.secret.as_deref().filter(|s| !s.is_empty());
+        let Some(secret) = secret else { return Err(unreachable("this replica has no --cluster-secret".into())) };
+        let url = format!("{}/internal/v1/mcp/connect", owner.address.trim_end_matches('/'));
+        let response = link
+            .client
+            .post(&url)
+            .header(crate::cluster::forward::SECRET_HEADER, secret)
+            .json(&serde_json::json!({"server_id": id}))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(unreachable(format!("it answered {}", response.status())));
+        }
+        Ok(())
+    }
+
+    /// The owner's side of a forwarded connect: asks the supervisor to connect now.
+    /// Unknown servers are 404.
+    pub fn connect_here(&self, id: &str) -> Result<()> {
+        let slot = self.slot(id).ok_or(Error::NotFound("mcp server"))?;
+        slot.tell(Control::Connect);
+        Ok(())
     }
 
     /// Accepts the server's disclaimer (idempotent). 409 `no_disclaimer` when it has none.
@@ -460,6 +758,7 @@ impl McpManager {
             row.disclaimer_accepted_by = Some(user_id.to_owned());
             row.updated_at = crate::ids::now();
             self.store.update_mcp_server(&row).await?;
+            slot.changed_here();
             slot.state.write().row = row;
             self.sync_projections(&slot);
         }
@@ -539,6 +838,7 @@ impl McpManager {
             }
         }
         self.store.set_mcp_access(id, tool, enabled, user_id).await?;
+        slot.changed_here();
         {
             let mut state = slot.state.write();
             state.access.insert(tool.to_owned(), enabled);

@@ -200,7 +200,9 @@ pub struct ServerView {
     pub default_agent_access: bool,
     /// Per-request timeout, ms.
     pub request_timeout_ms: i64,
-    /// `{state, protocol_version, server_info, capabilities, last_error, stderr_tail, attempts, connected_at, discovered_at}`.
+    /// `{state, protocol_version, server_info, capabilities, last_error, stderr_tail, attempts, connected_at,
+    /// discovered_at, owner}`; `owner` (stdio servers once claimed) is `{node_id, process_id, state: held|lost,
+    /// live, here}`: the replica holding the process, whether it is alive, whether it is the replica answering.
     #[schema(value_type = Object)]
     pub connection: Value,
     /// Every stage of the server.
@@ -239,6 +241,13 @@ fn base(s: &ServerState) -> Vec<McpStage> {
     let c = &s.conn;
     let tail = c.stderr_tail.as_deref().map(|t| format!("; stderr: {}", t.trim_end())).unwrap_or_default();
     out.push(match c.state {
+        _ if s.row.enabled && s.owner_gone().is_some() => stage(
+            "connect",
+            McpStageStatus::Blocked,
+            "owner_gone",
+            s.owner_gone().map(|o| s.owner_gone_reason(o)).unwrap_or_default(),
+            act("POST", format!("{path}/connect"), None),
+        ),
         McpConnectionState::Connected => stage(
             "connect",
             McpStageStatus::Ok,
@@ -398,6 +407,7 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
             "server_info": parse(s.conn.server_info.as_deref()), "capabilities": parse(s.conn.capabilities.as_deref()),
             "last_error": s.conn.last_error, "stderr_tail": s.conn.stderr_tail, "attempts": s.conn.attempts,
             "connected_at": s.conn.connected_at, "discovered_at": s.conn.discovered_at, "updated_at": s.conn.updated_at,
+            "owner": s.owner,
         }),
         stages,
         tools,
@@ -407,6 +417,13 @@ pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
 
 fn exposure_stage(s: &ServerState, projected: usize, first_blocked: Option<(&'static str, String)>) -> McpStage {
     match (projected, s.conn.state, first_blocked) {
+        (n, _, _) if n > 0 && s.owner_gone().is_some() => stage(
+            "tool_exposure",
+            McpStageStatus::Blocked,
+            "owner_gone",
+            format!("{n} tools are projected but unavailable: the replica holding the server's process is gone"),
+            None,
+        ),
         (n, McpConnectionState::Connected, _) if n > 0 => stage(
             "tool_exposure",
             McpStageStatus::Ok,

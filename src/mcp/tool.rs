@@ -102,6 +102,13 @@ impl Tool for McpTool {
             return Availability::Available;
         }
         let s = slot.state.read();
+        // A stdio server another replica holds: usable through that replica while it lives.
+        if let Some(owner) = s.owner_gone() {
+            return Availability::unavailable(ErrorCode::OwnerGone, s.owner_gone_reason(owner));
+        }
+        if s.owner_elsewhere().is_some() && s.conn.state == crate::state::McpConnectionState::Connected {
+            return Availability::Available;
+        }
         Availability::unavailable(
             ErrorCode::McpNotConnected,
             format!(

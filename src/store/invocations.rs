@@ -127,6 +127,9 @@ pub enum FinalStatus {
     Failed,
     /// The Planner cancelled it while it ran.
     Cancelled,
+    /// Its outcome cannot be known (`outcome_unknown`: a device runner went away with it);
+    /// it is never run again.
+    Interrupted,
 }
 
 impl FinalStatus {
@@ -136,6 +139,7 @@ impl FinalStatus {
             Self::Completed => InvocationStatus::Completed,
             Self::Failed => InvocationStatus::Failed,
             Self::Cancelled => InvocationStatus::Cancelled,
+            Self::Interrupted => InvocationStatus::Interrupted,
         }
     }
 }

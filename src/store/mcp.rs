@@ -3,7 +3,7 @@
 
 use super::{Store, StoreResult};
 use crate::ids;
-use crate::state::{Flag, McpConnectionState, McpToolStatus, OptionalFlag};
+use crate::state::{Flag, McpConnectionState, McpOwnerState, McpToolStatus, OptionalFlag};
 
 /// An installed server (`mcp_servers`).
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -139,6 +139,13 @@ impl Store {
 
     /// Stores a newly installed server with a `disconnected` connection row.
     pub async fn insert_mcp_server(&self, row: &McpServerRow) -> StoreResult<()> {
+        self.insert_mcp_server_held(row, None).await
+    }
+
+    /// [`Store::insert_mcp_server`], and for a stdio server installed on a replica, its
+    /// owner row `held` by `(node id, process id)` in the same transaction: no other replica
+    /// sees the server before it has its owner.
+    pub async fn insert_mcp_server_held(&self, row: &McpServerRow, holder: Option<(&str, &str)>) -> StoreResult<()> {
         let mut tx = self.begin_write().await?;
         sqlx::query(
             "INSERT INTO mcp_servers (id, owner_id, installed_by, name, transport, config, secrets, secrets_key_id,
@@ -171,6 +178,17 @@ impl Store {
         .bind(&row.created_at)
         .execute(tx.conn())
         .await?;
+        if let Some((node_id, process_id)) = holder {
+            sqlx::query(
+                "INSERT INTO mcp_owners (server_id, node_id, process_id, state, since) VALUES ($1, $2, $3, 'held', $4)",
+            )
+            .bind(&row.id)
+            .bind(node_id)
+            .bind(process_id)
+            .bind(&row.created_at)
+            .execute(tx.conn())
+            .await?;
+        }
         tx.commit().await
     }
 
@@ -207,6 +225,7 @@ impl Store {
     pub async fn delete_mcp_server(&self, id: &str) -> StoreResult<()> {
         let mut tx = self.begin_write().await?;
         for sql in [
+            "DELETE FROM mcp_owners WHERE server_id = $1",
             "DELETE FROM mcp_agent_access WHERE server_id = $1",
             "DELETE FROM mcp_tools WHERE server_id = $1",
             "DELETE FROM mcp_connections WHERE server_id = $1",
@@ -345,5 +364,117 @@ impl Store {
         .execute(tx.conn())
         .await?;
         tx.commit().await
+    }
+}
+
+/// The replica holding a stdio MCP server's process (`mcp_owners`, migration 0019).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct McpOwnerRow {
+    /// `mcp_…`
+    pub server_id: String,
+    /// The owner replica's stable node id (its data directory's `node.id`).
+    pub node_id: String,
+    /// The owner's process id (`<node id>:<uuid>`) that claimed it last.
+    pub process_id: String,
+    /// `held`, or `lost` once that replica was declared dead.
+    pub state: McpOwnerState,
+    /// RFC 3339: when this owner claimed it.
+    pub since: String,
+}
+
+/// How a replica asks for a stdio MCP server's process ([`Store::claim_mcp_owner`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerClaim {
+    /// A supervisor about to connect by itself (start, backoff, enable): it gets a server
+    /// nobody holds, or one its own replica (node id) holds — never another replica's, and
+    /// never its own once `lost`.
+    Automatic,
+    /// An explicit connect (`POST /v1/mcp/servers/{id}/connect`): also takes a server whose
+    /// owner is `lost`, whose replica is `dead`, or whose replica's heartbeat is older than
+    /// the given cut-off.
+    Explicit,
+}
+
+impl Store {
+    /// The owner of a stdio MCP server, if any replica ever claimed it.
+    pub async fn mcp_owner(&self, server_id: &str) -> StoreResult<Option<McpOwnerRow>> {
+        Ok(sqlx::query_as("SELECT * FROM mcp_owners WHERE server_id = $1")
+            .bind(server_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// Every owner row, by server id.
+    pub async fn mcp_owners(&self) -> StoreResult<Vec<McpOwnerRow>> {
+        Ok(sqlx::query_as("SELECT * FROM mcp_owners ORDER BY server_id").fetch_all(self.pool()).await?)
+    }
+
+    /// Claims stdio MCP server `server_id` for process `process_id` of replica `node_id`
+    /// (see [`OwnerClaim`]; `stale_before`, RFC 3339, is the heartbeat cut-off under which
+    /// an explicit claim may take another replica's server). Each step is one conditional
+    /// statement, so of several replicas claiming at once exactly one holds it afterwards.
+    /// Returns true when this process holds it now.
+    pub async fn claim_mcp_owner(
+        &self,
+        server_id: &str,
+        node_id: &str,
+        process_id: &str,
+        how: OwnerClaim,
+        stale_before: &str,
+    ) -> StoreResult<bool> {
+        let now = ids::now();
+        let explicit = i64::from(how == OwnerClaim::Explicit);
+        sqlx::query(
+            "INSERT INTO mcp_owners (server_id, node_id, process_id, state, since) VALUES ($1, $2, $3, 'held', $4)
+             ON CONFLICT (server_id) DO NOTHING",
+        )
+        .bind(server_id)
+        .bind(node_id)
+        .bind(process_id)
+        .bind(&now)
+        .execute(self.pool())
+        .await?;
+        // Its own replica's server (a restart of the same data directory resumes it; a lost
+        // one only when asked).
+        sqlx::query(
+            "UPDATE mcp_owners SET process_id = $1, state = 'held', since = $2
+             WHERE server_id = $3 AND node_id = $4 AND process_id <> $1 AND (state = 'held' OR $5 = 1)",
+        )
+        .bind(process_id)
+        .bind(&now)
+        .bind(server_id)
+        .bind(node_id)
+        .bind(explicit)
+        .execute(self.pool())
+        .await?;
+        if how == OwnerClaim::Explicit {
+            sqlx::query(
+                "UPDATE mcp_owners SET node_id = $1, process_id = $2, state = 'held', since = $3
+                 WHERE server_id = $4 AND (node_id = $1 AND state = 'lost' OR node_id <> $1 AND (state = 'lost'
+                    OR NOT EXISTS (SELECT 1 FROM replicas r WHERE r.node_id = mcp_owners.node_id
+                                   AND r.state = 'alive' AND r.heartbeat_at >= $5)))",
+            )
+            .bind(node_id)
+            .bind(process_id)
+            .bind(&now)
+            .bind(server_id)
+            .bind(stale_before)
+            .execute(self.pool())
+            .await?;
+        }
+        Ok(self
+            .mcp_owner(server_id)
+            .await?
+            .is_some_and(|o| o.process_id == process_id && o.state == McpOwnerState::Held))
+    }
+
+    /// Marks the stdio servers replica `node_id` held as `lost` (it was declared dead).
+    /// Returns how many.
+    pub async fn lose_mcp_owners(&self, node_id: &str) -> StoreResult<u64> {
+        let done = sqlx::query("UPDATE mcp_owners SET state = 'lost' WHERE node_id = $1 AND state = 'held'")
+            .bind(node_id)
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected())
     }
 }

@@ -12,6 +12,7 @@
 
 mod approvals;
 pub mod cache;
+mod devices;
 mod embeddings;
 mod events;
 mod evidence;
@@ -36,7 +37,7 @@ pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{
     ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation,
 };
-pub use mcp::{McpAccessRow, McpConnectionRow, McpServerRow, McpToolRow};
+pub use mcp::{McpAccessRow, McpConnectionRow, McpOwnerRow, McpServerRow, McpToolRow, OwnerClaim};
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use retention::RetentionCounts;
 pub use runs::{DeviceRow, RunRow, RunScopeRow, TurnRow, WorkspaceRow};

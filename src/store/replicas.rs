@@ -86,8 +86,9 @@ impl Store {
     /// Declares dead every alive replica whose heartbeat is older than `stale_before`
     /// (RFC 3339), other than `self_node`: one conditional UPDATE per replica decides, so of
     /// several replicas sweeping at once exactly one declares it. For each it declared, its
-    /// running terminal sessions become `lost` and the invocations its process still held
-    /// are interrupted (never re-run). Returns the node ids it declared dead.
+    /// running terminal sessions become `lost`, the stdio MCP servers it held become `lost`
+    /// (moved only by an explicit connect) and the invocations its process still held are
+    /// interrupted (never re-run). Returns the node ids it declared dead.
     pub async fn declare_dead_replicas(&self, self_node: &str, stale_before: &str) -> StoreResult<Vec<String>> {
         let stale: Vec<ReplicaRow> =
             sqlx::query_as("SELECT * FROM replicas WHERE state = 'alive' AND heartbeat_at < $1 AND node_id <> $2")
@@ -119,6 +120,7 @@ impl Store {
             .bind(&r.node_id)
             .execute(self.pool())
             .await?;
+            self.lose_mcp_owners(&r.node_id).await?;
             let interrupted = self.interrupt_orphans(Some(&format!("{}:", r.node_id))).await?;
             crate::metrics::invocations_recovered(interrupted);
             declared.push(r.node_id);

@@ -19,6 +19,22 @@ pub struct DeviceRow {
     pub capabilities: String,
     /// RFC 3339.
     pub created_at: String,
+    /// The runner's Ed25519 public key (hex) once enrolled.
+    pub public_key: Option<String>,
+    /// SHA-256 (hex) of the pending one-time enrollment code; never shown.
+    #[serde(skip)]
+    pub enroll_code_sha256: Option<String>,
+    /// When the pending enrollment code expires (RFC 3339).
+    pub enroll_expires_at: Option<String>,
+    /// When the runner enrolled (RFC 3339).
+    pub enrolled_at: Option<String>,
+    /// When the device was revoked (RFC 3339); a revoked device is refused for good.
+    pub revoked_at: Option<String>,
+    /// The last heartbeat of its runner (RFC 3339).
+    pub last_seen_at: Option<String>,
+    /// What the runner advertised when it last connected (JSON of
+    /// `mira_core::remote::Advertised`).
+    pub advertised: Option<String>,
 }
 
 /// A workspace: a root folder on a device (the server host when `device_id` is NULL).
@@ -90,6 +106,13 @@ impl Store {
             name: name.to_owned(),
             capabilities: serde_json::to_string(capabilities)?,
             created_at: ids::now(),
+            public_key: None,
+            enroll_code_sha256: None,
+            enroll_expires_at: None,
+            enrolled_at: None,
+            revoked_at: None,
+            last_seen_at: None,
+            advertised: None,
         };
         sqlx::query("INSERT INTO devices (id, owner_id, name, capabilities, created_at) VALUES ($1, $2, $3, $4, $5)")
             .bind(&row.id)

@@ -3,11 +3,12 @@
 //! of this build into a registry.
 
 pub mod codebase;
-pub mod edit;
-pub mod input;
-pub mod read;
 pub mod search;
 pub mod terminal;
+
+/// Read, Edit and the typed inputs live in `mira-tools` (no axum, no sqlx), which a remote
+/// runner shares; they keep their paths here.
+pub use mira_tools::{edit, input, read};
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -722,13 +722,23 @@ struct Replica {
 
 impl Replica {
     fn spawn(dir: &std::path::Path, url: &str, extra: &[&str]) -> Replica {
+        Self::spawn_inner(dir, url, extra, false)
+    }
+
+    /// A replica that ranks with the embedding model of the test environment.
+    fn spawn_with_model(dir: &std::path::Path, url: &str) -> Replica {
+        Self::spawn_inner(dir, url, &[], true)
+    }
+
+    fn spawn_inner(dir: &std::path::Path, url: &str, extra: &[&str], model: bool) -> Replica {
         let port = free_port();
         // The default workspace is one folder for every replica of a database.
         let ws = dir.parent().unwrap().join("ws");
         std::fs::create_dir_all(&ws).unwrap();
         std::fs::create_dir_all(dir).unwrap();
         let log = dir.join("serve.log");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_mira"))
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_mira"));
+        command
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--heartbeat-secs", "1"])
             .arg("--data-dir")
             .arg(dir.join("data"))
@@ -736,13 +746,12 @@ impl Replica {
             .arg(&ws)
             .args(extra)
             .env("DATABASE_URL", url)
-            .env("RUST_LOG", "info")
-            .env_remove("MIRA_EMBEDDING_MODEL_DIR")
-            .env_remove("MIRA_EMBEDDING_MODEL")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+            .env("RUST_LOG", "info");
+        if !model {
+            command.env_remove("MIRA_EMBEDDING_MODEL_DIR").env_remove("MIRA_EMBEDDING_MODEL");
+        }
+        let child =
+            command.stdout(std::process::Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
         Replica { child, base: format!("http://127.0.0.1:{port}"), log }
     }
 
@@ -900,4 +909,348 @@ async fn database_down_at_start_and_restarted_under_load() {
         seen.push((id.unwrap_or(-1), event));
     }
     assert_eq!(seen, stored, "B's stream, open across the restart, has every event in order");
+}
+
+// ---------------------------------------------------------------------------------------
+// Replica-owned resources: stdio MCP servers, the code graph, tool vectors.
+
+fn mcp_python() -> String {
+    std::env::var("MIRA_MCP_PYTHON").expect("MIRA_MCP_PYTHON is not set: run `eval \"$(scripts/setup-mcp.sh)\"` first")
+}
+
+impl Cluster {
+    async fn mcp_view(&self, i: usize, token: &str, id: &str) -> Option<Value> {
+        let r = self.try_req(reqwest::Method::GET, &format!("{}/v1/mcp/servers/{id}", self.at(i)), token, None).await?;
+        (r.status == StatusCode::OK).then_some(r.body)
+    }
+
+    /// Polls replica `i`'s view of MCP server `id` until `pred` holds (30 s at most).
+    async fn mcp_until(&self, i: usize, token: &str, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        for _ in 0..300 {
+            if let Some(v) = self.mcp_view(i, token, id).await
+                && pred(&v)
+            {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("replica {i}: {what} did not happen: {:#?}", self.mcp_view(i, token, id).await);
+    }
+
+    /// Replica `i`'s ladder entry of `tool` for a turn.
+    async fn ladder(&self, i: usize, token: &str, turn: &str, tool: &str) -> Value {
+        let url = format!("{}/v1/tools/{}?turn={turn}", self.at(i), urlencoding(tool));
+        self.req(reqwest::Method::GET, &url, token, None).await.body
+    }
+
+    /// Polls replica `i`'s ladder entry until `pred` holds (30 s at most).
+    async fn ladder_until(
+        &self,
+        i: usize,
+        token: &str,
+        turn: &str,
+        tool: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        for _ in 0..300 {
+            let v = self.ladder(i, token, turn, tool).await;
+            if pred(&v) {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("replica {i}: the ladder of {tool} never changed: {:#}", self.ladder(i, token, turn, tool).await);
+    }
+
+    /// Who claimed invocation `id` last (`<node id>:<uuid>`).
+    async fn claimed_by(&self, id: &str) -> String {
+        sqlx::query_scalar::<_, Option<String>>("SELECT claimed_by FROM invocations WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+            .unwrap_or_default()
+    }
+
+    /// Freezes a call at replica `at`, grants it at replica `grant_at` and waits for its result.
+    async fn call_granted(&self, at: usize, grant_at: usize, who: &Who, tool: &str, call: &str, input: Value) -> Value {
+        let inv = self.freeze(&self.at(at), who, tool, call, input).await;
+        assert_eq!(inv["status"], "awaiting_approval", "{inv}");
+        assert!(self.grant(&self.at(grant_at), &who.token, &inv).await);
+        self.final_of(&self.at(grant_at), &who.token, inv["invocation_id"].as_str().unwrap()).await
+    }
+}
+
+fn urlencoding(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn count_lines(log: &std::path::Path, prefix: &str) -> usize {
+    std::fs::read_to_string(log).unwrap_or_default().lines().filter(|l| l.starts_with(prefix)).count()
+}
+
+/// A stdio MCP server lives on the replica that installed it: one process for the whole
+/// cluster; every replica projects its tools (available while the owner lives), a call
+/// claimed elsewhere is forwarded to the owner and answered; the owner gates a forwarded call
+/// again (a grant revoked between claim and forward is refused, nothing is sent). Once the
+/// owner is killed, the ladder of every other replica and a call say `owner_gone`, nobody
+/// restarts the process by itself, and an explicit connect moves it to a live replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_mcp_server_lives_on_one_replica_and_calls_are_forwarded() {
+    let c = Cluster::start(3).await;
+    let log = c.dir.join("fault.log");
+    let install = json!({
+        "name": "fault", "deployment_wide": true, "default_agent_access": true,
+        "transport": {"stdio": {"command": mcp_python(), "args": [
+            format!("{}/tests/mcp/fault_server.py", env!("CARGO_MANIFEST_DIR")), "--log", log.to_string_lossy()]}},
+    });
+    let r = c.req(reqwest::Method::POST, &format!("{}/v1/mcp/servers", c.at(0)), &c.admin, Some(install)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let id = r.body["id"].as_str().unwrap().to_owned();
+    let tool = format!("mcp:{id}:tool:echo");
+    let (owner, other1, other2) = (c.node_id(0), c.node_id(1), c.node_id(2));
+    let v = c
+        .mcp_until(0, &c.admin, &id, "connected at the owner", |v| {
+            v["connection"]["state"] == "connected" && v["connection"]["discovered_at"].is_string()
+        })
+        .await;
+    assert_eq!(v["connection"]["owner"]["node_id"], owner.as_str(), "{v:#}");
+    assert_eq!(v["connection"]["owner"]["here"], true, "{v:#}");
+    // The other replicas learn of the server from the store and follow its owner.
+    for i in [1, 2] {
+        let v = c
+            .mcp_until(i, &c.admin, &id, "the owner's connection seen elsewhere", |v| {
+                v["connection"]["state"] == "connected" && v["connection"]["owner"]["live"] == true
+            })
+            .await;
+        assert_eq!(v["connection"]["owner"]["node_id"], owner.as_str(), "{v:#}");
+        assert_eq!(v["connection"]["owner"]["here"], false, "{v:#}");
+        assert!(v["tools"].as_array().unwrap().iter().any(|t| t["name"] == "echo" && t["projected"] == true), "{v:#}");
+    }
+    let alice = c.user("alice").await;
+    let (run, turn) = c.run_and_turn(&c.lb, &alice, "echo through the MCP server").await;
+    let who = Who { token: alice.clone(), run, turn: turn.clone() };
+    for i in 0..3 {
+        let l = c.ladder_until(i, &alice, &turn, &tool, |l| l["state"] == "available" || l["state"] == "exposed").await;
+        assert!(l.get("reason").is_none_or(Value::is_null), "replica {i}: {l:#}");
+    }
+    // Calls frozen and granted at the other replicas: until one of them was claimed (and so
+    // forwarded) by a replica other than the owner.
+    let mut forwarded = 0;
+    let mut calls = 0;
+    for n in 0..24 {
+        let (at, grant_at) = (1 + n % 2, 1 + (n + 1) % 2);
+        let done =
+            c.call_granted(at, grant_at, &who, &tool, &format!("e{n}"), json!({"text": format!("hi {n}")})).await;
+        calls += 1;
+        assert_eq!(done["status"], "completed", "{done:#}");
+        assert_eq!(done["result"]["output"]["content"][0]["text"], format!("hi {n}"), "{done:#}");
+        let by = c.claimed_by(done["invocation_id"].as_str().unwrap()).await;
+        if !by.starts_with(&format!("{owner}:")) {
+            forwarded += 1;
+        }
+        if forwarded >= 2 {
+            break;
+        }
+    }
+    assert!(forwarded >= 2, "no call was claimed by a replica other than the owner in {calls} calls");
+    assert_eq!(count_lines(&log, "initialize"), 1, "one process for the whole cluster");
+    assert_eq!(count_lines(&log, "tools/call"), calls, "every call reached that one process once");
+
+    // Defence in depth: a call running under a claim whose grant is no longer in force when
+    // the owner receives it is refused by the owner (nothing is sent to the server).
+    let inv = c.freeze(&c.at(1), &who, &tool, "revoked", json!({"text": "must not run"})).await;
+    let inv_id = inv["invocation_id"].as_str().unwrap();
+    sqlx::query(
+        "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = '9999-12-31T00:00:00.000Z'
+         WHERE id = $2",
+    )
+    .bind(format!("{other1}:claimer"))
+    .bind(inv_id)
+    .execute(&c.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE approvals SET status = 'denied' WHERE invocation_id = $1")
+        .bind(inv_id)
+        .execute(&c.pool)
+        .await
+        .unwrap();
+    let secret = std::fs::read_to_string(c.dir.join("secret")).unwrap();
+    let answer: Value = c
+        .client
+        .post(format!("{}/internal/v1/execute", c.at(0)))
+        .header("x-mira-cluster-secret", secret.trim())
+        .json(&json!({"invocation_id": inv_id, "claimed_by": format!("{other1}:claimer")}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["err"]["code"], "approval_required", "{answer:#}");
+    assert_eq!(count_lines(&log, "tools/call"), calls, "the refused call sent nothing");
+
+    // A call frozen before the owner dies and granted after.
+    let pending = c.freeze(&c.at(1), &who, &tool, "after-kill", json!({"text": "late"})).await;
+    c.kill9(0);
+    for i in [1, 2] {
+        let l = c.ladder_until(i, &alice, &turn, &tool, |l| l["reason"]["code"] == "owner_gone").await;
+        assert_eq!(l["state"], "unavailable", "replica {i}: {l:#}");
+        let v = c
+            .mcp_until(i, &c.admin, &id, "connect stage owner_gone", |v| {
+                v["stages"].as_array().unwrap().iter().any(|s| s["stage"] == "connect" && s["code"] == "owner_gone")
+            })
+            .await;
+        assert_eq!(v["connection"]["owner"]["node_id"], owner.as_str(), "{v:#}");
+    }
+    assert!(c.grant(&c.at(1), &alice, &pending).await);
+    let done = c.final_of(&c.at(1), &alice, pending["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "failed", "{done:#}");
+    assert_eq!(done["result"]["error"]["code"], "owner_gone", "{done:#}");
+    assert_eq!(done["result"]["error"]["details"]["node_id"], owner.as_str(), "{done:#}");
+    // Nobody took the server over by itself.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(count_lines(&log, "initialize"), 1, "no replica restarted the process silently");
+
+    // An explicit connect at replica 1 moves it there, once.
+    let r = c.req(reqwest::Method::POST, &format!("{}/v1/mcp/servers/{id}/connect", c.at(1)), &c.admin, None).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{r:?}");
+    let v = c
+        .mcp_until(1, &c.admin, &id, "connected at the new owner", |v| {
+            v["connection"]["owner"]["node_id"] == other1.as_str() && v["connection"]["state"] == "connected"
+        })
+        .await;
+    assert_eq!(v["connection"]["owner"]["here"], true, "{v:#}");
+    c.mcp_until(2, &c.admin, &id, "the new owner seen elsewhere", |v| {
+        v["connection"]["owner"]["node_id"] == other1.as_str() && v["connection"]["owner"]["live"] == true
+    })
+    .await;
+    // A connect asked at replica 2 is the owner's business: it spawns nothing there.
+    let r = c.req(reqwest::Method::POST, &format!("{}/v1/mcp/servers/{id}/connect", c.at(2)), &c.admin, None).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{r:?}");
+    c.ladder_until(2, &alice, &turn, &tool, |l| l["state"] == "available" || l["state"] == "exposed").await;
+    let done = c.call_granted(2, 2, &who, &tool, "moved", json!({"text": "moved"})).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(done["result"]["output"]["content"][0]["text"], "moved", "{done:#}");
+    assert_eq!(count_lines(&log, "initialize"), 2, "the explicit connect started one process: {other2} none");
+}
+
+/// The code graph is a cache of the shared workspace that every replica builds itself (no
+/// owner to forward to, nothing to lose with a replica): calls claimed by different replicas
+/// answer alike and verified, a killed replica changes nothing for the others, and a file
+/// written meanwhile is seen by whichever replica answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_answers_code_graph_calls_from_its_own_index() {
+    let c = Cluster::start(3).await;
+    let ws = c.workspace();
+    std::fs::create_dir_all(ws.join("src")).unwrap();
+    std::fs::write(
+        ws.join("src/lib.rs"),
+        "pub fn alpha() -> u32 {\n    beta_helper()\n}\n\nfn beta_helper() -> u32 {\n    1\n}\n",
+    )
+    .unwrap();
+    let alice = c.user("alice").await;
+    let (run, turn) = c.run_and_turn(&c.lb, &alice, "explore the code").await;
+    let who = Who { token: alice.clone(), run, turn: turn.clone() };
+    for i in 0..3 {
+        c.ladder_until(i, &alice, &turn, "codebase_explore", |l| l["state"] == "available" || l["state"] == "exposed")
+            .await;
+    }
+    let explore = |n: usize, at: usize, symbol: &'static str| {
+        let (c, who) = (&c, &who);
+        async move {
+            let inv = c
+                .freeze(
+                    &c.at(at),
+                    who,
+                    "codebase_explore",
+                    &format!("x{n}"),
+                    json!({"kind": "definitions", "symbol": symbol}),
+                )
+                .await;
+            let id = inv["invocation_id"].as_str().unwrap().to_owned();
+            let done = c.final_of(&c.at(at), &who.token, &id).await;
+            (done, c.claimed_by(&id).await)
+        }
+    };
+    let mut claimers = HashSet::new();
+    for n in 0..30 {
+        let (done, by) = explore(n, n % 3, "alpha").await;
+        assert_eq!(done["status"], "completed", "{done:#}");
+        let results = done["result"]["output"]["results"].as_array().unwrap();
+        assert_eq!(results.len(), 1, "{done:#}");
+        assert_eq!(results[0]["verification"]["status"], "verified", "{done:#}");
+        assert_eq!(results[0]["path"], "src/lib.rs", "{done:#}");
+        claimers.insert(by.split(':').next().unwrap().to_owned());
+        if claimers.len() >= 2 && n >= 5 {
+            break;
+        }
+    }
+    assert!(claimers.len() >= 2, "every call was claimed by one replica: {claimers:?}");
+    c.kill9(0);
+    std::fs::write(ws.join("src/more.rs"), "pub fn gamma() -> u32 {\n    2\n}\n").unwrap();
+    for n in 100..106 {
+        let (done, by) = explore(n, 1 + n % 2, "gamma").await;
+        assert_eq!(done["status"], "completed", "{done:#}");
+        assert!(!by.starts_with(&c.node_id(0)), "{by}");
+        let results = done["result"]["output"]["results"].as_array().unwrap();
+        assert_eq!(results.len(), 1, "the new file is indexed by the replica that answered: {done:#}");
+        assert_eq!(results[0]["path"], "src/more.rs", "{done:#}");
+    }
+}
+
+/// Tool vectors are computed once per (model, text) for the whole cluster: a second replica
+/// with the same model reads every vector the first stored and embeds none itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_vectors_are_computed_once_and_shared_by_replicas() {
+    assert!(
+        std::env::var_os("MIRA_EMBEDDING_MODEL_DIR").is_some(),
+        "MIRA_EMBEDDING_MODEL_DIR is not set: eval \"$(scripts/fetch-embedding-model.sh)\" first"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let db = TestDb::new(Backend::Postgres, tmp.path()).await;
+    let client = mira::net::client_builder().build().unwrap();
+    let embedded = |v: &Value| {
+        v["embedding"]["state"] == "ready"
+            && v["embedding"]["tools_indexed"].as_u64().unwrap_or(0) > 0
+            && v["embedding"]["tools_embedded"] == v["embedding"]["tools_indexed"]
+    };
+    let until_embedded = |r: &Replica| {
+        let client = client.clone();
+        let base = r.base.clone();
+        async move {
+            for _ in 0..1200 {
+                if let Ok(resp) = client.get(format!("{base}/readyz")).send().await
+                    && let Ok(v) = resp.json::<Value>().await
+                    && embedded(&v)
+                {
+                    return v;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("{base} never embedded its tools");
+        }
+    };
+    let a = Replica::spawn_with_model(&tmp.path().join("a"), &db.url);
+    let first = until_embedded(&a).await;
+    let n = first["embedding"]["tools_indexed"].as_u64().unwrap();
+    let stored: i64 = {
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&db.url).await.unwrap();
+        sqlx::query_scalar("SELECT COUNT(*) FROM tool_embeddings").fetch_one(&pool).await.unwrap()
+    };
+    assert!(stored > 0 && u64::try_from(stored).unwrap() <= n, "{stored} rows for {n} tools");
+    // One vector per distinct tool text, each computed by this first replica.
+    assert_eq!(first["embedding"]["embedded_since_start"], stored, "{first:#}");
+    let b = Replica::spawn_with_model(&tmp.path().join("b"), &db.url);
+    let second = until_embedded(&b).await;
+    assert_eq!(second["embedding"]["tools_indexed"], n, "{second:#}");
+    assert_eq!(second["embedding"]["embedded_since_start"], 0, "the second replica computed nothing: {second:#}");
+    assert_eq!(second["embedding"]["from_cache_since_start"], stored, "{second:#}");
+    drop(b);
+    drop(a);
 }

@@ -26,6 +26,7 @@ mod postgres_tls;
 mod private_pg;
 mod read_tools;
 mod retention;
+mod runner;
 mod schema;
 mod schemathesis;
 mod spine;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::common::{self, Backend, TestDb};
 use mira::state::{
-    ApprovalRule, ApprovalStatus, InvocationStatus, McpConnectionState, McpToolStatus, ReplicaState,
+    ApprovalRule, ApprovalStatus, InvocationStatus, McpConnectionState, McpOwnerState, McpToolStatus, ReplicaState,
     TerminalSessionState,
 };
 
@@ -145,6 +145,7 @@ fn check_constraints_list_the_enum_values() {
         ("mcp_tools", "CHECK (schema_declared IN (0, 1))".to_owned()),
         ("terminal_sessions", check_text("state", TerminalSessionState::ALL, TerminalSessionState::as_str)),
         ("replicas", check_text("state", ReplicaState::ALL, ReplicaState::as_str)),
+        ("mcp_owners", check_text("state", McpOwnerState::ALL, McpOwnerState::as_str)),
     ];
     for side in [Side::Sqlite, Side::Postgres] {
         let all: String = files(side).into_values().collect::<Vec<_>>().join("\n");

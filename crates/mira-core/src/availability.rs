@@ -43,6 +43,12 @@ pub struct DeviceInfo {
     pub local: bool,
     /// Capability strings the device declares.
     pub capabilities: Vec<String>,
+    /// Whether work can execute on the device now: always available for the server host;
+    /// for a remote device, available while its runner holds a valid lease, else why not
+    /// (`device_offline`, `device_revoked`, `device_not_connected`).
+    pub runner: Availability,
+    /// The tool ids the device's runner implements (None: every tool, the server host).
+    pub runner_tools: Option<Vec<String>>,
 }
 
 impl DeviceInfo {
@@ -52,6 +58,8 @@ impl DeviceInfo {
             id: LOCAL_DEVICE_ID.to_owned(),
             local: true,
             capabilities: LOCAL_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+            runner: Availability::Available,
+            runner_tools: None,
         }
     }
 }

@@ -145,12 +145,18 @@ catalogue! {
     UnsupportedFileType = (400, "unsupported_file_type"),
     /// The workspace root itself is refused.
     WorkspaceRoot = (400, "workspace_root"),
+    /// The runner's signed challenge or its session does not verify (unknown device, wrong key, expired challenge or session).
+    DeviceAuthFailed = (401, "device_auth_failed"),
+    /// The device enrollment code is unknown, already used or expired.
+    EnrollmentCodeInvalid = (401, "enrollment_code_invalid"),
     /// No, a malformed or an unknown bearer token.
     Unauthorized = (401, "unauthorized"),
     /// The cwd is hidden by the sandbox.
     CwdHidden = (403, "cwd_hidden"),
     /// The cwd is outside what the sandbox lets the program see.
     CwdOutsideSandbox = (403, "cwd_outside_sandbox"),
+    /// The device was revoked: its runner is refused and its tools are unavailable.
+    DeviceRevoked = (403, "device_revoked"),
     /// The caller may not do this (admin-only actions).
     Forbidden = (403, "forbidden"),
     /// The requester of a four-eyes approval cannot grant it; at execution, the stored grant is not a valid second person's.
@@ -247,12 +253,24 @@ catalogue! {
     Cancelled = (422, "cancelled"),
     /// The frozen input no longer parses.
     CorruptInput = (422, "corrupt_input"),
+    /// The runner refused a job because its local policy does not give it that workspace folder.
+    DeviceWorkspaceRefused = (422, "device_workspace_refused"),
     /// The input fails the tool's JSON Schema.
     InputInvalid = (422, "input_invalid"),
     /// The server stopped.
     Interrupted = (422, "interrupted"),
     /// Another I/O error.
     IoError = (422, "io_error"),
+    /// The runner refused a job whose expiry had passed.
+    JobExpired = (422, "job_expired"),
+    /// The runner refused a job whose input hash is not the hash of its canonical input.
+    JobInputMismatch = (422, "job_input_mismatch"),
+    /// The runner refused a job it had already received (same nonce or invocation): nothing ran again.
+    JobReplayed = (422, "job_replayed"),
+    /// The runner refused a job whose signature does not verify under the control plane key it pinned.
+    JobSignatureInvalid = (422, "job_signature_invalid"),
+    /// The runner refused a job addressed to another device.
+    JobWrongDevice = (422, "job_wrong_device"),
     /// Another node took over the invocation.
     LeaseLost = (422, "lease_lost"),
     /// The MCP tool's result does not parse.
@@ -315,6 +333,8 @@ catalogue! {
     DeviceLacksCapability = (503, "device_lacks_capability"),
     /// No runner is connected for the device.
     DeviceNotConnected = (503, "device_not_connected"),
+    /// The device's runner is not connected now (its heartbeat lease ran out; `details.last_seen_at`).
+    DeviceOffline = (503, "device_offline"),
     /// The code graph is being built.
     IndexBuilding = (503, "index_building"),
     /// The code graph could not be built.
@@ -327,8 +347,9 @@ catalogue! {
     NewsHubEmpty = (503, "news_hub_empty"),
     /// No search provider is configured for the caller.
     NoSearchProvider = (503, "no_search_provider"),
-    /// The replica that owns the resource (a terminal session) stopped sending heartbeats;
-    /// the resource ends `lost` once that replica is declared dead.
+    /// The replica that owns the resource (a terminal session, a stdio MCP server's process)
+    /// stopped sending heartbeats: nothing ran. A session ends `lost` once that replica is
+    /// declared dead; an MCP server waits for an explicit connect on a live replica.
     OwnerGone = (503, "owner_gone"),
     /// The replica that owns the resource runs but cannot be reached from this one (no
     /// `--cluster-secret`, or the forwarded request failed before it was sent).

@@ -4,7 +4,7 @@
 //! result, error with its code from the catalogue ([`error_code`]), the [`tool::Tool`]
 //! trait — ([`tool`]), availability answers
 //! ([`availability`]), the registry-only approval policy ([`policy`]), the commit point of a
-//! running call ([`commit`]) and the workspace boundary ([`workspace`], cap-std
+//! running call ([`commit`]), the remote-device protocol and its signatures ([`remote`]) and the workspace boundary ([`workspace`], cap-std
 //! open-beneath). The server (`mira`) re-exports these modules under its own paths.
 
 pub mod availability;
@@ -14,5 +14,6 @@ pub mod error_code;
 pub mod evidence;
 pub mod ids;
 pub mod policy;
+pub mod remote;
 pub mod tool;
 pub mod workspace;

@@ -264,6 +264,17 @@ impl Tool for CodebaseExplore {
             .graphs
             .ensure(ctx.workspace.root())
             .map_err(|e| ToolError::new(ErrorCode::IndexFailed, format!("the workspace cannot be indexed: {e}")))?;
+        // Every replica indexes the shared workspace itself (docs/architecture.md, Replicas):
+        // a call claimed here before this replica's own index is ready waits for it, within
+        // the harness's time limit, instead of failing on what another replica exposed.
+        while matches!(ix.phase(), Phase::Loading | Phase::Walking | Phase::Parsing) {
+            tokio::select! {
+                () = ctx.cancel.cancelled() => {
+                    return Err(ToolError::new(ErrorCode::Cancelled, "cancelled while the code graph was being built"));
+                }
+                () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+            }
+        }
         if let Availability::Unavailable { code, message } = ix.availability() {
             return Err(ToolError::new(code, message));
         }

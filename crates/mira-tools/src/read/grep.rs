@@ -4,7 +4,7 @@
 //! lines. Files are found with the `ignore` walker (honours `.gitignore`, never follows
 //! symlinks) and opened through the workspace boundary; binary files (a NUL byte), files
 //! over 20 MiB and — on a shared server — files with more than one hard link (see
-//! [`crate::workspace::HardLinks`]) are skipped and counted, the last with a `note`. Caps: `max_per_file` matches per file, `limit`
+//! [`mira_core::workspace::HardLinks`]) are skipped and counted, the last with a `note`. Caps: `max_per_file` matches per file, `limit`
 //! matches in all, 100,000 files searched.
 
 use std::io::Read;
@@ -19,11 +19,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::blocking;
-use crate::error::ErrorCode;
-use crate::evidence::{EvidenceDraft, sha256_hex};
-use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
-use crate::tools::input;
-use crate::workspace::{self, Workspace};
+use crate::input;
+use mira_core::error_code::ErrorCode;
+use mira_core::evidence::{EvidenceDraft, sha256_hex};
+use mira_core::tool::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use mira_core::workspace::{self, Workspace};
 
 /// Files larger than this are skipped, in bytes.
 pub const MAX_FILE_BYTES: u64 = 20 * 1024 * 1024;
@@ -220,7 +220,7 @@ struct Collect<'m> {
 fn line_text(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let text = text.trim_end_matches(['\n', '\r']);
-    crate::evidence::excerpt(text, MAX_LINE_BYTES)
+    mira_core::evidence::excerpt(text, MAX_LINE_BYTES)
 }
 
 impl Sink for Collect<'_> {
@@ -336,7 +336,7 @@ fn grep(ws: &Workspace, input: &GrepInput, cancel: &CancellationToken) -> Result
                 kind: "grep_match".into(),
                 provenance: json!({"path": path, "lines": lines, "pattern": input.pattern, "file_sha256": sha256_hex(&bytes)}),
                 content_sha256: sha256_hex(&bytes),
-                excerpt: crate::evidence::excerpt(&excerpt, crate::evidence::EXCERPT_MAX_BYTES),
+                excerpt: mira_core::evidence::excerpt(&excerpt, mira_core::evidence::EXCERPT_MAX_BYTES),
             });
         }
         for h in sink.hits {

@@ -19,10 +19,10 @@ use parking_lot::{Mutex, MutexGuard};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::error::ErrorCode;
-use crate::evidence::sha256_hex;
-use crate::registry::ToolError;
-use crate::workspace::{self, Workspace};
+use mira_core::error_code::ErrorCode;
+use mira_core::evidence::sha256_hex;
+use mira_core::tool::ToolError;
+use mira_core::workspace::{self, Workspace};
 
 /// Largest file an Edit tool reads into memory (to hash it, diff it or replace a block in
 /// it), in bytes.
@@ -238,7 +238,7 @@ pub enum Replace {
 /// written, given `mode` (or the default `0o666 & !umask`), fsynced, then renamed over the
 /// target and the directory fsynced. `before_rename` runs just before the rename (the last
 /// precondition check). The temporary file's name names `node` (see
-/// [`crate::workspace::sweep`], which removes it if the process dies before the rename). On any error the temporary file is removed and the target is
+/// [`mira_core::workspace::sweep`], which removes it if the process dies before the rename). On any error the temporary file is removed and the target is
 /// untouched; the error carries the OS error.
 #[allow(clippy::too_many_arguments)] // each is one fact of the write; a struct would only rename them
 pub fn write_atomic(

@@ -23,14 +23,14 @@ use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents, Replace};
 use super::{TargetState, check_expected, check_precondition, check_resolved, diff, target};
-use crate::error::ErrorCode;
-use crate::evidence::sha256_hex;
-use crate::harness::{CommitGate, SideEffects};
-use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
-use crate::tools::input;
-use crate::tools::read::blocking;
-use crate::tools::read::open::BINARY_SNIFF_BYTES;
-use crate::workspace::Workspace;
+use crate::input;
+use crate::read::blocking;
+use crate::read::open::BINARY_SNIFF_BYTES;
+use mira_core::commit::{CommitGate, SideEffects};
+use mira_core::error_code::ErrorCode;
+use mira_core::evidence::sha256_hex;
+use mira_core::tool::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use mira_core::workspace::Workspace;
 
 /// Largest `expected_occurrences`.
 pub const MAX_OCCURRENCES: u64 = 10_000;
@@ -356,7 +356,7 @@ fn candidates(text: &str, old: &str) -> Vec<Value> {
         .take(MAX_CANDIDATES)
         .map(|(i, _)| {
             json!({"kind": "whitespace_differs", "line": i + 1, "end_line": i + wanted.len(),
-                   "text": crate::evidence::excerpt(&lines[i..i + wanted.len()].join("\n"), 500)})
+                   "text": mira_core::evidence::excerpt(&lines[i..i + wanted.len()].join("\n"), 500)})
         })
         .collect();
     if !found.is_empty() {
@@ -376,7 +376,7 @@ fn candidates(text: &str, old: &str) -> Vec<Value> {
         .take(MAX_CANDIDATES)
         .map(|(score, i)| {
             json!({"kind": "similar_line", "line": i + 1, "similarity": (f64::from(score) * 100.0).round() / 100.0,
-                   "text": crate::evidence::excerpt(lines[i], 500)})
+                   "text": mira_core::evidence::excerpt(lines[i], 500)})
         })
         .collect();
     found

@@ -13,8 +13,8 @@ use schemars::generate::SchemaSettings;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use crate::error::ErrorCode;
-use crate::registry::ToolError;
+use mira_core::error_code::ErrorCode;
+use mira_core::tool::ToolError;
 
 /// The JSON Schema of input type `T` as a tool publishes it: JSON Schema 2020-12 without
 /// `$schema` (the registry infers the dialect, as it did for the hand-written schemas), every

@@ -17,11 +17,11 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::blocking;
-use crate::error::ErrorCode;
-use crate::evidence::EvidenceDraft;
-use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
-use crate::tools::input;
-use crate::workspace::{self, Workspace};
+use crate::input;
+use mira_core::error_code::ErrorCode;
+use mira_core::evidence::EvidenceDraft;
+use mira_core::tool::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use mira_core::workspace::{self, Workspace};
 
 /// Default cap on returned content, in bytes.
 pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024;
@@ -292,7 +292,7 @@ fn open(ws: &Workspace, input: &OpenInput) -> Result<ToolOutput, ToolError> {
             "file_sha256": scan.sha256, "size_bytes": scan.size, "truncated": scan.truncated,
         }),
         content_sha256: scan.sha256.clone(),
-        excerpt: crate::evidence::excerpt(&content, crate::evidence::EXCERPT_MAX_BYTES),
+        excerpt: mira_core::evidence::excerpt(&content, mira_core::evidence::EXCERPT_MAX_BYTES),
     };
     Ok(ToolOutput {
         output: json!({
@@ -337,7 +337,7 @@ fn decode_utf16(
         ));
     }
     let mut s = scan(text.as_bytes(), start, end, max_bytes, rel)?;
-    s.sha256 = crate::evidence::sha256_hex(&raw);
+    s.sha256 = mira_core::evidence::sha256_hex(&raw);
     s.size = raw.len() as u64;
     Ok(s)
 }

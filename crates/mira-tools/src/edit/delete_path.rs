@@ -14,12 +14,12 @@ use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents};
 use super::{TargetState, check_precondition, check_resolved, target};
-use crate::error::ErrorCode;
-use crate::harness::{CommitGate, SideEffects};
-use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
-use crate::tools::input;
-use crate::tools::read::blocking;
-use crate::workspace::{self, Workspace};
+use crate::input;
+use crate::read::blocking;
+use mira_core::commit::{CommitGate, SideEffects};
+use mira_core::error_code::ErrorCode;
+use mira_core::tool::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use mira_core::workspace::{self, Workspace};
 
 /// The input of `delete_path`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -7,12 +7,12 @@ pub mod grep;
 pub mod legacy;
 pub mod open;
 
-use crate::error::ErrorCode;
-use crate::registry::ToolError;
+use mira_core::error_code::ErrorCode;
+use mira_core::tool::ToolError;
 
 /// Runs blocking file-system work on the blocking pool, mapping a panic or cancellation of
 /// that task to a tool error.
-pub(crate) async fn blocking<T: Send + 'static>(
+pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
 ) -> Result<T, ToolError> {
     tokio::task::spawn_blocking(f)

@@ -5,7 +5,7 @@
 //! `query` entries come in path order; with one, names are matched fuzzily (the `nucleo`
 //! matcher used by the Helix editor) and come best first. On a shared server files with
 //! more than one hard link are not listed (counted in `skipped_hard_links`, with a `note`;
-//! see [`crate::workspace::HardLinks`]). At most 200,000 entries are
+//! see [`mira_core::workspace::HardLinks`]). At most 200,000 entries are
 //! scanned; results are paginated with an opaque cursor.
 
 use async_trait::async_trait;
@@ -16,11 +16,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::blocking;
-use crate::error::ErrorCode;
-use crate::evidence::EvidenceDraft;
-use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
-use crate::tools::input;
-use crate::workspace::{self, Workspace};
+use crate::input;
+use mira_core::error_code::ErrorCode;
+use mira_core::evidence::EvidenceDraft;
+use mira_core::tool::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
+use mira_core::workspace::{self, Workspace};
 
 /// Entries scanned at most per call.
 pub const MAX_SCANNED: usize = 200_000;

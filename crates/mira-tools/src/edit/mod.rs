@@ -19,9 +19,9 @@
 //! value in the approval preview. At execution a target in any other state is `stale_target`
 //! (409) and nothing is written, so an edit made by hand between the freeze and the grant is
 //! never overwritten. A replay of the same call after the edit ran carries the frozen
-//! precondition over ([`crate::registry::Tool::replay_input`]), so it stays an idempotent 200.
+//! precondition over ([`mira_core::tool::Tool::replay_input`]), so it stays an idempotent 200.
 //! Each path is also checked for invisible and look-alike characters
-//! ([`crate::workspace::lookalike`]), flagged in the preview as `path_flags`.
+//! ([`mira_core::workspace::lookalike`]), flagged in the preview as `path_flags`.
 //!
 //! A successful edit yields evidence about bytes — paths, SHA-256 before and after, bytes
 //! written, a diff summary — never a claim that the content is right.
@@ -36,10 +36,10 @@ pub mod write_file;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::error::ErrorCode;
-use crate::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
-use crate::registry::{ToolError, ToolKind, ToolSpec};
-use crate::workspace::{self, Workspace};
+use mira_core::error_code::ErrorCode;
+use mira_core::evidence::{EXCERPT_MAX_BYTES, EvidenceDraft, excerpt};
+use mira_core::tool::{ToolError, ToolKind, ToolSpec};
+use mira_core::workspace::{self, Workspace};
 
 /// Longest workspace path an Edit tool takes, in bytes.
 pub const MAX_PATH_BYTES: u32 = 4096;

@@ -15,12 +15,12 @@ use serde_json::{Value, json};
 
 use super::fs::{self as efs, Leaf, Parents, Regular, Replace};
 use super::{TargetState, check_expected, check_precondition, check_resolved, diff, diffable, mode_text, target};
-use crate::evidence::sha256_hex;
-use crate::harness::{CommitGate, SideEffects};
-use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
-use crate::tools::input;
-use crate::tools::read::blocking;
-use crate::workspace::Workspace;
+use crate::input;
+use crate::read::blocking;
+use mira_core::commit::{CommitGate, SideEffects};
+use mira_core::evidence::sha256_hex;
+use mira_core::tool::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolOutput, ToolSpec};
+use mira_core::workspace::Workspace;
 
 /// The input of `write_file`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -1,0 +1,171 @@
+//! The command line, shared by `mira runner …` and the standalone `mira-runner …`:
+//!
+//! - `enroll --server URL --code CODE`: generates the device key pair (Ed25519) here,
+//!   registers the public key with the one-time code and pins the control plane's key.
+//! - `--server URL --workspace DIR [--workspace DIR…]` (no subcommand): connects outbound
+//!   and runs jobs in those folders until stopped (exit 0), or until the device is revoked
+//!   (exit 3).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use mira_core::remote::{EnrollAnswer, EnrollRequest};
+use tokio_util::sync::CancellationToken;
+
+use crate::connection::Connector;
+use crate::journal::Journal;
+use crate::runner::Runner;
+use crate::state;
+
+/// Exit status of a runner whose device was revoked (or whose key is refused).
+pub const EXIT_REFUSED: u8 = 3;
+
+/// `mira runner` arguments.
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct RunnerArgs {
+    /// Enroll this machine (once).
+    #[command(subcommand)]
+    pub command: Option<RunnerCommand>,
+    /// Run: connect and execute jobs.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands of `mira runner`.
+#[derive(clap::Subcommand, Debug)]
+pub enum RunnerCommand {
+    /// Generate this device's key pair and register it with a one-time enrollment code
+    /// (from `POST /v1/devices`).
+    Enroll(EnrollArgs),
+}
+
+/// `mira runner enroll` arguments.
+#[derive(clap::Args, Debug)]
+pub struct EnrollArgs {
+    /// The control plane's base URL.
+    #[arg(long)]
+    pub server: String,
+    /// The one-time enrollment code.
+    #[arg(long, env = "MIRA_ENROLLMENT_CODE")]
+    pub code: String,
+    /// State directory (key, enrollment, journal).
+    #[arg(long, env = "MIRA_RUNNER_DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// `mira runner --server … --workspace …` arguments.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The control plane's base URL (default: the one enrolled with).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// A folder jobs may work in (repeatable); every other folder is refused.
+    #[arg(long = "workspace")]
+    pub workspaces: Vec<PathBuf>,
+    /// State directory (key, enrollment, journal).
+    #[arg(long, env = "MIRA_RUNNER_DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Logs to standard error (`RUST_LOG`, default `info`).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn client() -> anyhow::Result<reqwest::Client> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Ok(reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(10)).build()?)
+}
+
+/// Runs the command on a new Tokio runtime; the exit status.
+pub fn main(args: RunnerArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mira runner: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mira runner: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the command.
+pub async fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        Some(RunnerCommand::Enroll(e)) => enroll(e).await.map(|()| ExitCode::SUCCESS),
+        None => connect(args.run).await,
+    }
+}
+
+async fn enroll(args: EnrollArgs) -> anyhow::Result<()> {
+    let dir = args.state_dir.unwrap_or_else(state::default_dir);
+    if dir.join(state::DEVICE_FILE).exists() {
+        anyhow::bail!("{} already holds an enrolled device; use another --state-dir", dir.display());
+    }
+    state::ensure_dir(&dir)?;
+    // A key left by an enrollment that failed is replaced: it was never registered.
+    let _ = std::fs::remove_file(dir.join(state::KEY_FILE));
+    let key = state::new_key(&dir)?;
+    let body = EnrollRequest { code: args.code, public_key: mira_core::remote::public_hex(&key) };
+    let url = format!("{}/v1/runner/enroll", args.server.trim_end_matches('/'));
+    let resp = client()?.post(&url).json(&body).send().await.with_context(|| format!("POST {url}"))?;
+    if !resp.status().is_success() {
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        anyhow::bail!("enrollment refused ({status}): {text}");
+    }
+    let answer: EnrollAnswer = resp.json().await?;
+    state::save_enrolled(
+        &dir,
+        &state::Enrolled {
+            server: args.server.clone(),
+            device_id: answer.device_id.clone(),
+            name: answer.name.clone(),
+            server_public_key: answer.server_public_key,
+        },
+    )?;
+    println!("enrolled device {} ({}) with {}; state in {}", answer.device_id, answer.name, args.server, dir.display());
+    Ok(())
+}
+
+async fn connect(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let dir = args.state_dir.unwrap_or_else(state::default_dir);
+    let key = state::load_key(&dir)?;
+    let (enrolled, server_key) = state::load_enrolled(&dir)?;
+    if args.workspaces.is_empty() {
+        anyhow::bail!("give at least one --workspace folder");
+    }
+    let server = args.server.unwrap_or(enrolled.server);
+    let journal = Journal::open(&dir.join("journal")).context("opening the journal")?;
+    let runner = Arc::new(Runner::new(&enrolled.device_id, server_key, &args.workspaces, journal)?);
+    let connector = Arc::new(Connector::new(&server, key, runner, client()?));
+    let stop = CancellationToken::new();
+    let signal = stop.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            Some(()) = async { match term.as_mut() { Some(t) => t.recv().await, None => None } } => {}
+        }
+        signal.cancel();
+    });
+    tracing::info!(device = %enrolled.device_id, server = %server, "runner starting");
+    match connector.run(stop).await {
+        Some(why) => {
+            eprintln!("mira runner: the control plane refused this device: {why}");
+            Ok(ExitCode::from(EXIT_REFUSED))
+        }
+        None => Ok(ExitCode::SUCCESS),
+    }
+}

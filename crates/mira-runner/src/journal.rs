@@ -1,0 +1,139 @@
+//! The runner's local job journal: what makes a job run at most once and its result
+//! survive a lost connection.
+//!
+//! - `nonce-<nonce>`: created (`O_EXCL`) when a job is accepted; a second job with the same
+//!   nonce is a replay.
+//! - `inv-<invocation>.started`: created (`O_EXCL`, synced) before an execution starts; a
+//!   second execution of the same invocation is refused, whatever its nonce.
+//! - `inv-<invocation>.result`: the [`JobResult`] once it finished (written to a temporary
+//!   file, synced, renamed); `.delivered` once the control plane took it.
+//!
+//! A `.started` without a `.result` after a restart means the runner died during the call:
+//! its result is `outcome_unknown`, never a second run.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use mira_core::error_code::ErrorCode;
+use mira_core::remote::{JobOutcome, JobResult};
+use mira_core::tool::ToolError;
+
+/// The journal directory.
+#[derive(Debug, Clone)]
+pub struct Journal {
+    dir: PathBuf,
+}
+
+/// Only hex digits, letters, `_` and `-` go into file names.
+fn safe(name: &str) -> Option<&str> {
+    (!name.is_empty() && name.len() <= 128 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+        .then_some(name)
+}
+
+fn create_new(path: &Path, content: &str) -> std::io::Result<bool> {
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(mut f) => {
+            f.write_all(content.as_bytes())?;
+            f.sync_all()?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn replayed(what: &str) -> ToolError {
+    ToolError::new(ErrorCode::JobReplayed, format!("{what} was already received by this runner; nothing was run again"))
+}
+
+fn io(e: &std::io::Error) -> ToolError {
+    ToolError::new(ErrorCode::IoError, format!("the runner's journal cannot be written: {e}; nothing was run"))
+}
+
+impl Journal {
+    /// The journal in `dir` (created if missing).
+    pub fn open(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Self { dir: dir.to_owned() })
+    }
+
+    /// Accepts the job with `nonce` once. Errors: `job_replayed`.
+    pub fn accept_nonce(&self, nonce: &str) -> Result<(), ToolError> {
+        let nonce = safe(nonce).ok_or_else(|| replayed("a job without a usable nonce"))?;
+        match create_new(&self.dir.join(format!("nonce-{nonce}")), "") {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(replayed(&format!("job {nonce}"))),
+            Err(e) => Err(io(&e)),
+        }
+    }
+
+    /// Marks the execution of `invocation` (job `nonce`) as started, once. Errors:
+    /// `job_replayed`.
+    pub fn start(&self, invocation: &str, nonce: &str) -> Result<(), ToolError> {
+        let inv = safe(invocation).ok_or_else(|| replayed("an execution without an invocation id"))?;
+        let dir = std::fs::File::open(&self.dir).map_err(|e| io(&e))?;
+        let started = create_new(&self.dir.join(format!("inv-{inv}.started")), nonce).map_err(|e| io(&e))?;
+        // The entry itself must survive a crash before the tool acts.
+        dir.sync_all().map_err(|e| io(&e))?;
+        if started { Ok(()) } else { Err(replayed(&format!("the execution of {inv}"))) }
+    }
+
+    /// Records the result of an execution (before it is sent).
+    pub fn finish(&self, result: &JobResult) -> std::io::Result<()> {
+        let Some(inv) = safe(&result.invocation_id) else { return Ok(()) };
+        let tmp = self.dir.join(format!("inv-{inv}.result.tmp"));
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec(result).unwrap_or_default())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, self.dir.join(format!("inv-{inv}.result")))
+    }
+
+    /// Marks a result as taken by the control plane.
+    pub fn delivered(&self, invocation: &str) -> std::io::Result<()> {
+        let Some(inv) = safe(invocation) else { return Ok(()) };
+        match std::fs::rename(self.dir.join(format!("inv-{inv}.result")), self.dir.join(format!("inv-{inv}.delivered")))
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Results not yet delivered: finished ones, and `outcome_unknown` for executions that
+    /// started and never finished (the runner died during them; recorded as such now).
+    /// Call at start-up, before any job runs.
+    pub fn undelivered(&self) -> std::io::Result<Vec<JobResult>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            let Some(inv) = name.strip_prefix("inv-") else { continue };
+            if let Some(inv) = inv.strip_suffix(".result") {
+                if let Ok(result) = serde_json::from_slice::<JobResult>(&std::fs::read(self.dir.join(&name))?) {
+                    out.push(result);
+                } else {
+                    tracing::warn!(invocation = inv, "an unreadable result in the journal was skipped");
+                }
+            } else if let Some(inv) = inv.strip_suffix(".started") {
+                let done = ["result", "delivered"].iter().any(|s| self.dir.join(format!("inv-{inv}.{s}")).exists());
+                if !done {
+                    let nonce = std::fs::read_to_string(self.dir.join(&name)).unwrap_or_default();
+                    let result = JobResult {
+                        nonce,
+                        invocation_id: inv.to_owned(),
+                        outcome: JobOutcome::Error {
+                            error: ToolError::new(
+                                ErrorCode::OutcomeUnknown,
+                                format!(
+                                    "the runner stopped while {inv} ran; whether its change is complete is unknown, and it is not run again"
+                                ),
+                            ),
+                        },
+                        late: true,
+                    };
+                    self.finish(&result)?;
+                    out.push(result);
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,16 @@
+//! `mira runner`: executes the Read and Edit work of a Mira control plane on the user's own
+//! machine (docs/runner.md). Built on `mira-core` and `mira-tools` only — no axum, no sqlx —
+//! so the tools are the very code the control plane runs on its host.
+//!
+//! - [`state`]: the device key (0600), the enrollment and the pinned control plane key.
+//! - [`journal`]: replays refused, executions at most once, results kept until delivered.
+//! - [`runner`]: checks a signed job (signature, input hash, expiry, device, local
+//!   workspace policy) and runs it.
+//! - [`connection`]: outbound only, signed challenge, heartbeats, reconnect with backoff.
+//! - [`cli`]: `mira runner enroll …` and `mira runner --server … --workspace …`.
+
+pub mod cli;
+pub mod connection;
+pub mod journal;
+pub mod runner;
+pub mod state;

@@ -1,0 +1,148 @@
+//! [`Runner`]: checks a signed job and runs it with the very same Read and Edit tools the
+//! control plane runs on its host ([`mira_tools`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ed25519_dalek::VerifyingKey;
+use mira_core::commit::CommitGate;
+use mira_core::error_code::ErrorCode;
+use mira_core::remote::{
+    Advertised, AdvertisedWorkspace, JobOutcome, JobPhase, JobResult, RUNNER_CAPABILITIES, SignedJob,
+};
+use mira_core::tool::{ExecContext, PrepareContext, Tool, ToolError};
+use mira_core::workspace::{HardLinks, Workspace};
+use tokio_util::sync::CancellationToken;
+
+use crate::journal::Journal;
+
+/// A device's runner: its identity, the control plane key it pinned, its local policy (the
+/// workspace folders it was given) and its tools.
+pub struct Runner {
+    device_id: String,
+    server_key: VerifyingKey,
+    workspaces: Vec<PathBuf>,
+    tools: HashMap<String, Arc<dyn Tool>>,
+    journal: Journal,
+}
+
+impl Runner {
+    /// A runner for `device_id` trusting jobs signed by `server_key`, working only in
+    /// `workspaces` (each must be an existing folder; kept canonical), journaling in
+    /// `journal`.
+    pub fn new(
+        device_id: &str,
+        server_key: VerifyingKey,
+        workspaces: &[PathBuf],
+        journal: Journal,
+    ) -> anyhow::Result<Self> {
+        let mut roots = Vec::new();
+        for w in workspaces {
+            let root = std::fs::canonicalize(w).map_err(|e| anyhow::anyhow!("workspace {}: {e}", w.display()))?;
+            if !root.is_dir() {
+                anyhow::bail!("workspace {} is not a folder", root.display());
+            }
+            roots.push(root);
+        }
+        let tools = mira_tools::read_and_edit().into_iter().map(|t| (t.spec().id.clone(), t)).collect();
+        Ok(Self { device_id: device_id.to_owned(), server_key, workspaces: roots, tools, journal })
+    }
+
+    /// The device id.
+    pub fn device_id(&self) -> &str {
+        &self.device_id
+    }
+
+    /// The journal.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// What this runner advertises: capabilities, tool ids, workspace folders, version.
+    pub fn advertised(&self) -> Advertised {
+        let mut tools: Vec<String> = self.tools.keys().cloned().collect();
+        tools.sort();
+        Advertised {
+            capabilities: RUNNER_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+            tools,
+            workspaces: self
+                .workspaces
+                .iter()
+                .map(|w| AdvertisedWorkspace { path: w.to_string_lossy().into_owned() })
+                .collect(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+
+    /// The local policy: `path` must be one of the workspace folders this runner was given.
+    fn workspace(&self, path: &str) -> Result<Workspace, ToolError> {
+        let refused = || {
+            ToolError::new(
+                ErrorCode::DeviceWorkspaceRefused,
+                format!(
+                    "this runner was not given the folder {path} (its --workspace folders decide); nothing was run"
+                ),
+            )
+            .with_details(serde_json::json!({"workspace": path}))
+        };
+        let given = std::fs::canonicalize(Path::new(path)).map_err(|_| refused())?;
+        if given.as_os_str() != path || !self.workspaces.contains(&given) {
+            return Err(refused());
+        }
+        let ws = Workspace::open(&given).map_err(|e| {
+            ToolError::new(ErrorCode::WorkspaceUnavailable, format!("the workspace {path} cannot be opened: {e}"))
+        })?;
+        Ok(ws.with_hard_links(HardLinks::Refuse).with_node(&self.device_id))
+    }
+
+    /// Checks and runs one signed job; the result to send back (also journaled for an
+    /// execution). Every refusal runs nothing.
+    pub async fn handle(&self, job: &SignedJob) -> JobResult {
+        let peek = job.peek();
+        let nonce = peek.as_ref().map(|e| e.nonce.clone()).unwrap_or_default();
+        let invocation_id = peek.as_ref().map(|e| e.invocation_id.clone()).unwrap_or_default();
+        let outcome = match self.check_and_run(job).await {
+            Ok(outcome) => outcome,
+            Err(error) => JobOutcome::Error { error },
+        };
+        let result = JobResult { nonce, invocation_id, outcome, late: false };
+        if peek.is_some_and(|e| e.phase == JobPhase::Execute)
+            && !matches!(&result.outcome, JobOutcome::Error { error } if error.code == ErrorCode::JobReplayed)
+            && let Err(e) = self.journal.finish(&result)
+        {
+            tracing::error!(error = %e, invocation = %result.invocation_id, "the result could not be journaled");
+        }
+        result
+    }
+
+    async fn check_and_run(&self, job: &SignedJob) -> Result<JobOutcome, ToolError> {
+        let env = job.open(&self.server_key, &self.device_id, &mira_core::ids::now())?;
+        self.journal.accept_nonce(&env.nonce)?;
+        let workspace = self.workspace(&env.workspace)?;
+        let tool = self.tools.get(&env.tool_id).cloned().ok_or_else(|| {
+            ToolError::new(ErrorCode::NotRegistered, format!("this runner does not implement {}", env.tool_id))
+        })?;
+        tracing::info!(phase = ?env.phase, tool = %env.tool_id, invocation = %env.invocation_id, "job");
+        let ctx = PrepareContext { workspace: &workspace, owner_id: &env.owner_id, run_id: &env.run_id };
+        match env.phase {
+            JobPhase::Prepare => {
+                let p = tool.prepare(env.input, &ctx).await?;
+                Ok(JobOutcome::Prepared { input: p.input, preview: p.preview })
+            }
+            JobPhase::Canonicalize => Ok(JobOutcome::Canonical { input: tool.canonicalize(env.input, &ctx).await? }),
+            JobPhase::Execute => {
+                self.journal.start(&env.invocation_id, &env.nonce)?;
+                let ctx = ExecContext {
+                    workspace,
+                    owner_id: env.owner_id,
+                    run_id: env.run_id,
+                    invocation_id: env.invocation_id,
+                    cancel: CancellationToken::new(),
+                    commit: CommitGate::new(),
+                };
+                Ok(JobOutcome::Output { output: tool.execute(&env.input, &ctx).await? })
+            }
+        }
+    }
+}

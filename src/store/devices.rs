@@ -1,0 +1,138 @@
+//! Devices with remote runners: enrollment codes, public keys, revocation, last seen
+//! (docs/runner.md). The rows themselves are [`super::DeviceRow`].
+
+use super::{DeviceRow, Store, StoreResult, WorkspaceRow};
+
+impl Store {
+    /// Sets a new one-time enrollment code (its SHA-256 `code_sha256`, valid until
+    /// `expires_at`) on the caller's device `id`, replacing any earlier one. False when the
+    /// device is not the caller's or is revoked.
+    pub async fn set_enrollment_code(
+        &self,
+        owner_id: &str,
+        id: &str,
+        code_sha256: &str,
+        expires_at: &str,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE devices SET enroll_code_sha256 = $1, enroll_expires_at = $2
+             WHERE id = $3 AND owner_id = $4 AND revoked_at IS NULL",
+        )
+        .bind(code_sha256)
+        .bind(expires_at)
+        .bind(id)
+        .bind(owner_id)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Uses the enrollment code whose SHA-256 is `code_sha256` at `now`: the device takes
+    /// `public_key` and the code is spent. None when no unexpired code of a device that is not
+    /// revoked matches (the code works once).
+    pub async fn enroll_device(
+        &self,
+        code_sha256: &str,
+        public_key: &str,
+        now: &str,
+    ) -> StoreResult<Option<DeviceRow>> {
+        let row: Option<DeviceRow> = sqlx::query_as(
+            "SELECT * FROM devices WHERE enroll_code_sha256 = $1 AND enroll_expires_at > $2 AND revoked_at IS NULL",
+        )
+        .bind(code_sha256)
+        .bind(now)
+        .fetch_optional(self.pool())
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let done = sqlx::query(
+            "UPDATE devices SET public_key = $1, enrolled_at = $2, enroll_code_sha256 = NULL, enroll_expires_at = NULL
+             WHERE id = $3 AND enroll_code_sha256 = $4",
+        )
+        .bind(public_key)
+        .bind(now)
+        .bind(&row.id)
+        .bind(code_sha256)
+        .execute(self.pool())
+        .await?;
+        if done.rows_affected() != 1 {
+            return Ok(None);
+        }
+        self.device_by_id(&row.id).await
+    }
+
+    /// The device `id` whoever owns it (for a runner authenticating with the device key).
+    pub async fn device_by_id(&self, id: &str) -> StoreResult<Option<DeviceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM devices WHERE id = $1").bind(id).fetch_optional(self.pool()).await?)
+    }
+
+    /// Renames the caller's device. False when it is not the caller's.
+    pub async fn rename_device(&self, owner_id: &str, id: &str, name: &str) -> StoreResult<bool> {
+        let done = sqlx::query("UPDATE devices SET name = $1 WHERE id = $2 AND owner_id = $3")
+            .bind(name)
+            .bind(id)
+            .bind(owner_id)
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Revokes the caller's device at `now` (a pending enrollment code dies with it). False
+    /// when it is not the caller's; revoking twice keeps the first time.
+    pub async fn revoke_device(&self, owner_id: &str, id: &str, now: &str) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE devices SET revoked_at = COALESCE(revoked_at, $1), enroll_code_sha256 = NULL, enroll_expires_at = NULL
+             WHERE id = $2 AND owner_id = $3",
+        )
+        .bind(now)
+        .bind(id)
+        .bind(owner_id)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records a heartbeat of device `id`'s runner at `now`, and what it advertised
+    /// (`advertised`, JSON) when given.
+    pub async fn touch_device(&self, id: &str, now: &str, advertised: Option<&str>) -> StoreResult<()> {
+        sqlx::query("UPDATE devices SET last_seen_at = $1, advertised = COALESCE($2, advertised) WHERE id = $3")
+            .bind(now)
+            .bind(advertised)
+            .bind(id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Registers the workspace `path` (absolute, on the device `device_id`; not looked at
+    /// here: the device's runner checks it) for `owner_id`.
+    pub async fn create_device_workspace(
+        &self,
+        owner_id: &str,
+        name: &str,
+        path: &str,
+        device_id: &str,
+    ) -> StoreResult<WorkspaceRow> {
+        let row = WorkspaceRow {
+            id: crate::ids::new_id("ws"),
+            owner_id: Some(owner_id.to_owned()),
+            name: name.to_owned(),
+            path: path.to_owned(),
+            device_id: Some(device_id.to_owned()),
+            created_at: crate::ids::now(),
+            root_identity: None,
+            root_registered_at: None,
+        };
+        sqlx::query(
+            "INSERT INTO workspaces (id, owner_id, name, path, device_id, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&row.id)
+        .bind(owner_id)
+        .bind(&row.name)
+        .bind(&row.path)
+        .bind(device_id)
+        .bind(&row.created_at)
+        .execute(self.pool())
+        .await?;
+        Ok(row)
+    }
+}

@@ -1,0 +1,318 @@
+//! Remote devices (docs/runner.md): a control plane and real `mira runner` processes on
+//! loopback, enrolled with one-time codes; and the runner's own refusals of signed jobs.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::common::{Backend, Options, TestApp, spawn_with};
+
+const LEASE: Duration = Duration::from_secs(2);
+
+/// A runner process with its state directory and workspace.
+struct RunnerProc {
+    device_id: String,
+    state: PathBuf,
+    workspace: PathBuf,
+    child: Option<Child>,
+    base: String,
+}
+
+impl RunnerProc {
+    fn start(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_mira"))
+            .args(["runner", "--server", &self.base, "--workspace"])
+            .arg(&self.workspace)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("runner starts");
+        self.child = Some(child);
+    }
+
+    fn pid(&self) -> String {
+        self.child.as_ref().expect("running").id().to_string()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([sig, &self.pid()]).status().expect("kill").success();
+        assert!(ok, "kill {sig}");
+    }
+
+    /// Journal entries (`inv-…`, `nonce-…`).
+    fn journal(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.state.join("journal"))
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for RunnerProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn options() -> Options {
+    let mut o = Options::default();
+    o.runtime.devices = mira::devices::DeviceSettings { lease: LEASE, ..Default::default() };
+    o
+}
+
+/// Registers a device, enrolls a runner for it with `mira runner enroll` and starts it on a
+/// new workspace folder under `root`.
+async fn device(t: &TestApp, token: &str, name: &str, root: &Path) -> RunnerProc {
+    let r = t.post("/v1/devices", token, json!({"name": name})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let device_id = r.body["id"].as_str().unwrap().to_owned();
+    let code = r.body["enrollment"]["code"].as_str().unwrap().to_owned();
+    assert_eq!(r.body["status"], "not_enrolled");
+    let state = root.join(format!("{name}-state"));
+    let workspace = root.join(format!("{name}-ws"));
+    std::fs::create_dir_all(&workspace).unwrap();
+    let workspace = std::fs::canonicalize(&workspace).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mira"))
+        .args(["runner", "enroll", "--server", &t.base, "--code", &code, "--state-dir"])
+        .arg(&state)
+        .output()
+        .expect("enroll runs");
+    assert!(out.status.success(), "enroll: {}", String::from_utf8_lossy(&out.stderr));
+    // The private key stays on the device, readable by its owner only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(state.join("device.key")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // The code works once.
+    let again = Command::new(env!("CARGO_BIN_EXE_mira"))
+        .args(["runner", "enroll", "--server", &t.base, "--code", &code, "--state-dir"])
+        .arg(root.join(format!("{name}-again")))
+        .output()
+        .expect("enroll runs");
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("enrollment_code_invalid"));
+    let mut p = RunnerProc { device_id, state, workspace, child: None, base: t.base.clone() };
+    p.start();
+    wait_status(t, token, &p.device_id, "connected", Duration::from_secs(10)).await;
+    p
+}
+
+async fn device_view(t: &TestApp, token: &str, id: &str) -> Value {
+    let r = t.get("/v1/devices", token).await;
+    r.body["devices"].as_array().unwrap().iter().find(|d| d["id"] == id).cloned().unwrap()
+}
+
+/// Waits until the device has `status`; the time it took.
+async fn wait_status(t: &TestApp, token: &str, id: &str, status: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let view = device_view(t, token, id).await;
+        if view["status"] == status {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < within, "device {id} never became {status}: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn evidence(t: &TestApp, token: &str, inv: &Value) -> Value {
+    let id = inv["evidence_ids"][0].as_str().unwrap();
+    t.get(&format!("/v1/evidence/{id}"), token).await.body
+}
+
+async fn grant(t: &TestApp, token: &str, inv: &Value) {
+    let r = t
+        .post(
+            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+            token,
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+}
+
+/// Everything but the device stamp.
+fn without_device(mut ev: Value) -> Value {
+    for field in ["id", "invocation_id", "run_id", "created_at"] {
+        ev.as_object_mut().unwrap().remove(field);
+    }
+    ev["provenance"].as_object_mut().unwrap().remove("device_id");
+    ev
+}
+
+async fn two_runners_on_loopback(backend: Backend) {
+    let t = spawn_with(backend, options()).await;
+    let token = t.user("ada").await;
+    let root = tempfile::tempdir().unwrap();
+    let a = device(&t, &token, "laptop", root.path()).await;
+    let b = device(&t, &token, "desktop", root.path()).await;
+    let view = device_view(&t, &token, &a.device_id).await;
+    assert_eq!(view["advertised"]["workspaces"][0]["path"], a.workspace.to_string_lossy().as_ref());
+    assert!(view["capabilities"].as_array().unwrap().contains(&json!("fs.write")), "{view}");
+    assert!(view["last_seen_at"].is_string());
+
+    // A workspace on device A, and the same file on the host for comparison.
+    std::fs::write(a.workspace.join("notes.txt"), "one\ntwo\nthree\n").unwrap();
+    std::fs::write(t.workspace.join("notes.txt"), "one\ntwo\nthree\n").unwrap();
+    let r =
+        t.post("/v1/workspaces", &token, json!({"name": "on-a", "path": a.workspace, "device_id": a.device_id})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let ws_a = r.body["id"].as_str().unwrap().to_owned();
+    let r = t.post("/v1/runs", &token, json!({"workspace_id": ws_a})).await;
+    assert_eq!((r.status, r.body["device_id"].as_str()), (StatusCode::CREATED, Some(a.device_id.as_str())), "{r:?}");
+    let run = r.body["id"].as_str().unwrap().to_owned();
+    let (turn, _) = t.turn(&token, &run, "read notes.txt and write a file").await;
+
+    // read_open runs on A, with the host's evidence plus the device that ran it.
+    let r = t.call(&token, &run, &turn, "read_open", "r1", json!({"path": "notes.txt"})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let done = t.wait_final(&token, r.body["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["output"]["content"], "one\ntwo\nthree\n");
+    let remote_ev = evidence(&t, &token, &done).await;
+    assert_eq!(remote_ev["provenance"]["device_id"], a.device_id.as_str());
+    let host_run = t.run(&token).await;
+    let (host_turn, _) = t.turn(&token, &host_run, "read notes.txt").await;
+    let r = t.call(&token, &host_run, &host_turn, "read_open", "h1", json!({"path": "notes.txt"})).await;
+    let host = t.wait_final(&token, r.body["id"].as_str().unwrap()).await;
+    assert_eq!(host["result"], done["result"]);
+    let host_ev = evidence(&t, &token, &host).await;
+    assert!(host_ev["provenance"].get("device_id").is_none());
+    assert_eq!(without_device(remote_ev), without_device(host_ev));
+
+    // write_file: frozen against A's files (prepare on A), approved, executed once on A.
+    let r = t.call(&token, &run, &turn, "write_file", "w1", json!({"path": "out/new.txt", "content": "hi\n"})).await;
+    assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::CREATED, Some("awaiting_approval")), "{r:?}");
+    grant(&t, &token, &r.body).await;
+    let done = t.wait_final(&token, r.body["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(std::fs::read_to_string(a.workspace.join("out/new.txt")).unwrap(), "hi\n");
+    let ev = evidence(&t, &token, &done).await;
+    assert_eq!(
+        (ev["kind"].as_str(), ev["provenance"]["device_id"].as_str()),
+        (Some("file_write"), Some(a.device_id.as_str()))
+    );
+    assert_eq!(ev["content_sha256"], mira::evidence::sha256_hex(b"hi\n"));
+    // The retried call is the same invocation: nothing runs twice.
+    let again =
+        t.call(&token, &run, &turn, "write_file", "w1", json!({"path": "out/new.txt", "content": "hi\n"})).await;
+    assert_eq!((again.status, again.body["id"].clone()), (StatusCode::OK, done["id"].clone()), "{again:?}");
+    let inv = done["id"].as_str().unwrap();
+    assert!(a.journal().contains(&format!("inv-{inv}.delivered")), "{:?}", a.journal());
+
+    // Nothing of device A's run ever reached device B.
+    assert!(b.journal().is_empty(), "{:?}", b.journal());
+    assert!(!b.workspace.join("out").exists());
+
+    // kill -STOP: A is device_offline (with last seen) within the lease; calls fail clearly.
+    a.signal("-STOP");
+    let took = wait_status(&t, &token, &a.device_id, "offline", LEASE * 3).await;
+    assert!(took <= LEASE + Duration::from_millis(800), "offline after {took:?}");
+    let view = t.get(&format!("/v1/tools/read_open?device={}", a.device_id), &token).await;
+    assert_eq!(view.body["reason"]["code"], "device_offline", "{view:?}");
+    assert!(view.body["reason"]["message"].as_str().unwrap().contains("last seen"), "{view:?}");
+    let r = t.call(&token, &run, &turn, "read_open", "r2", json!({"path": "notes.txt"})).await;
+    assert_eq!(
+        (r.status, r.body["error"]["details"]["ladder"]["reason"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("device_offline")),
+        "{r:?}"
+    );
+    a.signal("-CONT");
+    wait_status(&t, &token, &a.device_id, "connected", Duration::from_secs(40)).await;
+    let r = t.call(&token, &run, &turn, "read_open", "r3", json!({"path": "notes.txt"})).await;
+    let done = t.wait_final(&token, r.body["id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+
+    // Revocation cuts B's live connection at once: the runner stops (exit 3) and cannot return.
+    let r = t.post(&format!("/v1/devices/{}/revoke", b.device_id), &token, json!({})).await;
+    assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::OK, Some("revoked")), "{r:?}");
+    let mut b = b;
+    let mut child = b.child.take().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "the revoked runner kept running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(3));
+    let view = t.get(&format!("/v1/tools/read_open?device={}", b.device_id), &token).await;
+    assert_eq!(view.body["reason"]["code"], "device_revoked", "{view:?}");
+    let r = t.post(&format!("/v1/devices/{}/enrollment-code", b.device_id), &token, json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "device_revoked"));
+    // Rename.
+    let r = t
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/v1/devices/{}", a.device_id),
+            Some(&token),
+            Some(json!({"name": "work laptop"})),
+        )
+        .await;
+    assert_eq!((r.status, r.body["name"].as_str()), (StatusCode::OK, Some("work laptop")), "{r:?}");
+    // Another user sees none of it.
+    let other = t.user("bob").await;
+    let r = t.post(&format!("/v1/devices/{}/revoke", a.device_id), &other, json!({})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}
+
+/// `kill -9` of a runner holding a granted write: the invocation ends `interrupted` with
+/// `outcome_unknown`, the write is not made twice (not at all here: the job never left the
+/// socket), and a restarted runner does not run it.
+async fn killed_runner_leaves_outcome_unknown(backend: Backend) {
+    let t = spawn_with(backend, options()).await;
+    let token = t.user("kim").await;
+    let root = tempfile::tempdir().unwrap();
+    let mut a = device(&t, &token, "laptop", root.path()).await;
+    let r =
+        t.post("/v1/workspaces", &token, json!({"name": "on-a", "path": a.workspace, "device_id": a.device_id})).await;
+    let r = t.post("/v1/runs", &token, json!({"workspace_id": r.body["id"]})).await;
+    let run = r.body["id"].as_str().unwrap().to_owned();
+    let (turn, _) = t.turn(&token, &run, "write a file").await;
+    let r = t.call(&token, &run, &turn, "write_file", "w1", json!({"path": "x.txt", "content": "once\n"})).await;
+    assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+    // Stopped first, so the job is sent while its lease still runs, then the runner dies.
+    a.signal("-STOP");
+    grant(&t, &token, &r.body).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.signal("-KILL");
+    let _ = a.child.as_mut().unwrap().wait();
+    a.child = None;
+    let inv = r.body["id"].as_str().unwrap();
+    let start = Instant::now();
+    let done = loop {
+        let v = t.get(&format!("/v1/invocations/{inv}"), &token).await.body;
+        if !matches!(v["status"].as_str(), Some("queued" | "running")) {
+            break v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("interrupted"), Some("outcome_unknown")),
+        "{done}"
+    );
+    assert_eq!(done["result"]["error"]["details"]["device_id"], a.device_id.as_str());
+    // The runner comes back: nothing is re-sent and nothing is written.
+    a.start();
+    wait_status(&t, &token, &a.device_id, "connected", Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!a.workspace.join("x.txt").exists());
+    let v = t.get(&format!("/v1/invocations/{inv}"), &token).await.body;
+    assert_eq!(v["status"], "interrupted");
+}
+
+both_backends!(two_runners_on_loopback, killed_runner_leaves_outcome_unknown);
