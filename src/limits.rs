@@ -153,7 +153,8 @@ const MALLOC_MMAP_THRESHOLD: i32 = 256 * 1024;
 
 /// Sets glibc malloc's arena count (one per core, at least 2) and a fixed mmap threshold
 /// (256 KiB) before any thread starts, so that memory freed under sustained load is reused or
-/// returned instead of accumulating in per-thread arenas (measured with `mira bench soak`).
+/// returned instead of accumulating in per-thread arenas (compare with `mira bench soak` and
+/// `MIRA_MALLOC_TUNE=0`).
 /// Call first thing in `main`. Left alone when the environment already tunes malloc
 /// (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES`) or `MIRA_MALLOC_TUNE=0`;
 /// a no-op where the allocator is not glibc's.

@@ -115,7 +115,7 @@ async fn soak(
     let rss_start = rss_kb();
     let mut first: Option<(u64, u64)> = None;
     let mut rss_max = rss_start;
-    let (mut calls_end, mut rss_end, mut disk_end) = (0, rss_start, 0);
+    let (mut calls_end, mut rss_end, mut disk_end);
     println!(
         "backend={} clients={} minutes={} warmup_s={} rss_start_kb={rss_start}",
         server.app.store.backend().name(),
