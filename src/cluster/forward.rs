@@ -45,7 +45,7 @@ pub const TERMINAL_TOOL: &str = "terminal_session";
 /// Whether invocations of `tool_id` may be forwarded between replicas: terminal session
 /// actions and calls of projected MCP tools.
 pub fn forwardable(tool_id: &str) -> bool {
-    tool_id == TERMINAL_TOOL || crate::mcp::parse_projection_id(tool_id).is_some()
+    tool_id == TERMINAL_TOOL || mira_core::ids::parse_mcp_projection_id(tool_id).is_some()
 }
 
 /// Body of `POST /internal/v1/execute`.
@@ -211,7 +211,7 @@ impl Executor for ClusterExecutor {
         commit: CommitGate,
     ) -> Result<ToolOutput, ToolError> {
         let store_error = |e: crate::store::StoreError| ToolError::new(ErrorCode::StoreError, e.to_string());
-        if let Some((server_id, _)) = crate::mcp::parse_projection_id(&entry.spec().id) {
+        if let Some((server_id, _)) = mira_core::ids::parse_mcp_projection_id(&entry.spec().id) {
             // Only stdio servers have an owner row; Streamable HTTP servers are reached from here.
             let owner = self.store.mcp_owner(server_id).await.map_err(store_error)?;
             let Some(owner) = owner.filter(|o| !(o.node_id == self.node.id && o.state == McpOwnerState::Held)) else {

@@ -195,9 +195,10 @@ fn admin_path(raw: &str) -> Result<(PathBuf, RootIdentity)> {
 /// others only an existing folder inside the configured roots, with one answer (403
 /// `workspace_path_not_allowed`) for every other path. The root folder's identity (device,
 /// inode) is recorded: if another folder later takes its path, its tools stop
-/// (`workspace_changed`) until an admin re-registers it.
+/// (`workspace_changed`) until an admin re-registers it. With `device_id`, the folder is on
+/// that device of the caller (404 `not_found` when the caller has no such device).
 #[utoipa::path(post, path = "/v1/workspaces", tag = "workspaces", request_body = CreateWorkspace,
-    responses((status = 201, body = WorkspaceView), (status = 400), (status = 403)), security(("bearer" = [])))]
+    responses((status = 201, body = WorkspaceView), (status = 400), (status = 403), (status = 404)), security(("bearer" = [])))]
 pub async fn create_workspace(
     State(app): State<App>,
     user: AuthUser,

@@ -64,8 +64,9 @@ use crate::store::{McpConnectionRow, McpOwnerRow, McpServerRow, McpToolRow, Owne
 pub use config::{HttpInput, SecretInput, StdioInput, TransportInput};
 pub use stages::{McpStage, McpStageStatus, ServerView, ToolListing, ToolStatus};
 
-/// The prefix of every projected tool id.
-pub const ID_PREFIX: &str = "mcp:";
+pub use mira_core::ids::{
+    MCP_ID_PREFIX as ID_PREFIX, mcp_projection_id as projection_id, parse_mcp_projection_id as parse_projection_id,
+};
 
 /// Limits of the MCP client.
 #[derive(Debug, Clone)]
@@ -955,18 +956,6 @@ impl Explainer for McpManager {
     fn check_frozen(&self, id: &str, input: &Value) -> std::result::Result<(), crate::registry::ToolError> {
         McpManager::check_frozen(self, id, input)
     }
-}
-
-/// `mcp:<serverId>:tool:<toolName>`.
-pub fn projection_id(server_id: &str, tool: &str) -> String {
-    format!("{ID_PREFIX}{server_id}:tool:{tool}")
-}
-
-/// Splits a projected id into (server id, tool name).
-pub fn parse_projection_id(id: &str) -> Option<(&str, &str)> {
-    let rest = id.strip_prefix(ID_PREFIX)?;
-    let (server, tool) = rest.split_once(":tool:")?;
-    (!server.is_empty() && !tool.is_empty()).then_some((server, tool))
 }
 
 fn validate_timeout(ms: i64) -> Result<()> {

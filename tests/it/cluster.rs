@@ -1155,12 +1155,15 @@ async fn every_replica_answers_code_graph_calls_from_its_own_index() {
     )
     .unwrap();
     let alice = c.user("alice").await;
-    let (run, turn) = c.run_and_turn(&c.lb, &alice, "explore the code").await;
-    let who = Who { token: alice.clone(), run, turn: turn.clone() };
+    // A turn exposes only what is available when it is made: wait until every replica's
+    // index is ready (asked about a first turn), then make the turn the calls use.
+    let (_, probe) = c.run_and_turn(&c.lb, &alice, "explore the code").await;
     for i in 0..3 {
-        c.ladder_until(i, &alice, &turn, "codebase_explore", |l| l["state"] == "available" || l["state"] == "exposed")
+        c.ladder_until(i, &alice, &probe, "codebase_explore", |l| l["state"] == "available" || l["state"] == "exposed")
             .await;
     }
+    let (run, turn) = c.run_and_turn(&c.lb, &alice, "explore the code").await;
+    let who = Who { token: alice.clone(), run, turn };
     let explore = |n: usize, at: usize, symbol: &'static str| {
         let (c, who) = (&c, &who);
         async move {

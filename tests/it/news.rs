@@ -785,7 +785,8 @@ async fn phrases_find_the_same_items_as_a_scan(backend: Backend) {
         let (doc, p) = (words(&titles[i]), words(phrase));
         doc.windows(p.len()).any(|w| w == p.as_slice())
     };
-    let cases: Vec<(&str, Box<dyn Fn(usize) -> bool>)> = vec![
+    type Expect<'a> = Box<dyn Fn(usize) -> bool + 'a>;
+    let cases: Vec<(&str, Expect)> = vec![
         ("\"alpha delta\"", Box::new(|i| has(i, "alpha delta"))),
         ("\"delta alpha kilo\"", Box::new(|i| has(i, "delta alpha kilo"))),
         ("\"bravo tango\" lima", Box::new(|i| has(i, "bravo tango") && has(i, "lima"))),

@@ -177,7 +177,7 @@ async fn two_runners_on_loopback(backend: Backend) {
     // read_open runs on A, with the host's evidence plus the device that ran it.
     let r = t.call(&token, &run, &turn, "read_open", "r1", json!({"path": "notes.txt"})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    let done = t.wait_final(&token, r.body["id"].as_str().unwrap()).await;
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["result"]["output"]["content"], "one\ntwo\nthree\n");
     let remote_ev = evidence(&t, &token, &done).await;
@@ -185,7 +185,7 @@ async fn two_runners_on_loopback(backend: Backend) {
     let host_run = t.run(&token).await;
     let (host_turn, _) = t.turn(&token, &host_run, "read notes.txt").await;
     let r = t.call(&token, &host_run, &host_turn, "read_open", "h1", json!({"path": "notes.txt"})).await;
-    let host = t.wait_final(&token, r.body["id"].as_str().unwrap()).await;
+    let host = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(host["result"], done["result"]);
     let host_ev = evidence(&t, &token, &host).await;
     assert!(host_ev["provenance"].get("device_id").is_none());
@@ -195,7 +195,7 @@ async fn two_runners_on_loopback(backend: Backend) {
     let r = t.call(&token, &run, &turn, "write_file", "w1", json!({"path": "out/new.txt", "content": "hi\n"})).await;
     assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::CREATED, Some("awaiting_approval")), "{r:?}");
     grant(&t, &token, &r.body).await;
-    let done = t.wait_final(&token, r.body["id"].as_str().unwrap()).await;
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(std::fs::read_to_string(a.workspace.join("out/new.txt")).unwrap(), "hi\n");
     let ev = evidence(&t, &token, &done).await;
@@ -207,8 +207,12 @@ async fn two_runners_on_loopback(backend: Backend) {
     // The retried call is the same invocation: nothing runs twice.
     let again =
         t.call(&token, &run, &turn, "write_file", "w1", json!({"path": "out/new.txt", "content": "hi\n"})).await;
-    assert_eq!((again.status, again.body["id"].clone()), (StatusCode::OK, done["id"].clone()), "{again:?}");
-    let inv = done["id"].as_str().unwrap();
+    assert_eq!(
+        (again.status, again.body["invocation_id"].clone()),
+        (StatusCode::OK, done["invocation_id"].clone()),
+        "{again:?}"
+    );
+    let inv = done["invocation_id"].as_str().unwrap();
     assert!(a.journal().contains(&format!("inv-{inv}.delivered")), "{:?}", a.journal());
 
     // Nothing of device A's run ever reached device B.
@@ -231,7 +235,7 @@ async fn two_runners_on_loopback(backend: Backend) {
     a.signal("-CONT");
     wait_status(&t, &token, &a.device_id, "connected", Duration::from_secs(40)).await;
     let r = t.call(&token, &run, &turn, "read_open", "r3", json!({"path": "notes.txt"})).await;
-    let done = t.wait_final(&token, r.body["id"].as_str().unwrap()).await;
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(done["status"], "completed", "{done}");
 
     // Revocation cuts B's live connection at once: the runner stops (exit 3) and cannot return.
@@ -290,7 +294,7 @@ async fn killed_runner_leaves_outcome_unknown(backend: Backend) {
     a.signal("-KILL");
     let _ = a.child.as_mut().unwrap().wait();
     a.child = None;
-    let inv = r.body["id"].as_str().unwrap();
+    let inv = r.body["invocation_id"].as_str().unwrap();
     let start = Instant::now();
     let done = loop {
         let v = t.get(&format!("/v1/invocations/{inv}"), &token).await.body;

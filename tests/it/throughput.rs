@@ -67,7 +67,8 @@ async fn concurrent_freezes_keep_every_guarantee(backend: Backend) {
             (run, call_id, input, status, resp.json::<Value>().await.unwrap())
         }));
     }
-    let mut by_call: HashMap<(String, String), Vec<(Value, StatusCode, Value)>> = HashMap::new();
+    type Answers = Vec<(Value, StatusCode, Value)>;
+    let mut by_call: HashMap<(String, String), Answers> = HashMap::new();
     for task in tasks {
         let (run, call_id, input, status, body) = task.await.unwrap();
         by_call.entry((run, call_id)).or_default().push((input, status, body));
