@@ -192,6 +192,7 @@ async fn two_runners_on_loopback(backend: Backend) {
     assert_eq!(without_device(remote_ev), without_device(host_ev));
 
     // write_file: frozen against A's files (prepare on A), approved, executed once on A.
+    std::fs::create_dir_all(a.workspace.join("out")).unwrap();
     let r = t.call(&token, &run, &turn, "write_file", "w1", json!({"path": "out/new.txt", "content": "hi\n"})).await;
     assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::CREATED, Some("awaiting_approval")), "{r:?}");
     grant(&t, &token, &r.body).await;

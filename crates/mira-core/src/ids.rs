@@ -37,6 +37,21 @@ pub fn is_well_formed(id: &str, prefix: &str) -> bool {
         && id[prefix.len() + 1..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// The prefix of every tool id projected from an External MCP server's tool.
+pub const MCP_ID_PREFIX: &str = "mcp:";
+
+/// The projected id of tool `tool` of MCP server `server_id`: `mcp:<serverId>:tool:<toolName>`.
+pub fn mcp_projection_id(server_id: &str, tool: &str) -> String {
+    format!("{MCP_ID_PREFIX}{server_id}:tool:{tool}")
+}
+
+/// Splits a projected MCP tool id into (server id, tool name); `None` for any other id.
+pub fn parse_mcp_projection_id(id: &str) -> Option<(&str, &str)> {
+    let rest = id.strip_prefix(MCP_ID_PREFIX)?;
+    let (server, tool) = rest.split_once(":tool:")?;
+    (!server.is_empty() && !tool.is_empty()).then_some((server, tool))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,19 +73,4 @@ mod tests {
         assert!(t.ends_with('Z'));
         assert!(now_plus_ms(1000) > t);
     }
-}
-
-/// The prefix of every tool id projected from an External MCP server's tool.
-pub const MCP_ID_PREFIX: &str = "mcp:";
-
-/// The projected id of tool `tool` of MCP server `server_id`: `mcp:<serverId>:tool:<toolName>`.
-pub fn mcp_projection_id(server_id: &str, tool: &str) -> String {
-    format!("{MCP_ID_PREFIX}{server_id}:tool:{tool}")
-}
-
-/// Splits a projected MCP tool id into (server id, tool name); `None` for any other id.
-pub fn parse_mcp_projection_id(id: &str) -> Option<(&str, &str)> {
-    let rest = id.strip_prefix(MCP_ID_PREFIX)?;
-    let (server, tool) = rest.split_once(":tool:")?;
-    (!server.is_empty() && !tool.is_empty()).then_some((server, tool))
 }
