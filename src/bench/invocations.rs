@@ -39,6 +39,10 @@ pub struct InvocationBench {
     /// default a temporary SQLite file.
     #[arg(long)]
     pub postgres: Option<String>,
+    /// The server's tool executions at once (`--execution-concurrency` of `mira serve`;
+    /// default the server's default).
+    #[arg(long)]
+    pub execution_concurrency: Option<usize>,
 }
 
 /// Runs the benchmark and prints its figures.
@@ -62,12 +66,13 @@ async fn measure(
     workspace: std::path::PathBuf,
     url: &str,
 ) -> anyhow::Result<()> {
+    let concurrency = opts.execution_concurrency.unwrap_or(RuntimeConfig::default().execution_concurrency);
     let settings = Settings {
         listen: "127.0.0.1:0".parse()?,
         data_dir: tmp.to_path_buf(),
         database_url: url.to_owned(),
         workspace,
-        runtime: RuntimeConfig::default(),
+        runtime: RuntimeConfig { execution_concurrency: concurrency, ..RuntimeConfig::default() },
         body_limit: 1024 * 1024,
         request_timeout: Duration::from_secs(30),
     };
@@ -140,8 +145,8 @@ async fn measure(
     let frozen_rate = latencies.len() as f64 / elapsed;
     let completed_rate = at_end.completed as f64 / elapsed;
     println!(
-        "backend={backend} clients={} runs={} seconds={elapsed:.1} (read_open, one run per planner)",
-        opts.clients, opts.clients
+        "backend={backend} clients={} runs={} seconds={elapsed:.1} execution_concurrency={} (read_open, one run per planner)",
+        opts.clients, opts.clients, concurrency
     );
     match ceiling {
         Some(c) => println!(

@@ -36,18 +36,45 @@ fn unexpected(phase: &str) -> ToolError {
     ToolError::new(ErrorCode::Internal, format!("the runner answered a {phase} job with another kind of outcome"))
 }
 
+/// Most runs whose device binding [`RemoteExecutor`] keeps (the map is emptied when full).
+const RUN_DEVICE_CACHE: usize = 4096;
+
 /// Executes on the run's device when the run is bound to one and the tool works in its
 /// workspace; everything else goes to `inner` (the host, or the replica owning a terminal).
 pub struct RemoteExecutor {
     inner: Arc<dyn Executor>,
     hub: Arc<DeviceHub>,
     store: Store,
+    /// Each recent run's device (None: the server host). A run's device never changes after
+    /// it is created, so the binding is read once per run, not once per call.
+    run_devices: parking_lot::Mutex<std::collections::HashMap<String, Option<String>>>,
 }
 
 impl RemoteExecutor {
     /// Wraps `inner`; device work goes through `hub`.
     pub fn new(inner: Arc<dyn Executor>, hub: Arc<DeviceHub>, store: Store) -> Self {
-        Self { inner, hub, store }
+        Self { inner, hub, store, run_devices: Default::default() }
+    }
+
+    /// The device run `inv.run_id` is bound to (None: the server host), from the cache or the
+    /// store.
+    async fn device_of(&self, inv: &InvocationRow) -> Result<Option<String>, ToolError> {
+        if let Some(device) = self.run_devices.lock().get(&inv.run_id) {
+            return Ok(device.clone());
+        }
+        let run = self
+            .store
+            .run_for(&inv.owner_id, &inv.run_id)
+            .await
+            .map_err(|e| ToolError::new(ErrorCode::WorkspaceUnavailable, e.to_string()))?
+            .ok_or_else(|| ToolError::new(ErrorCode::WorkspaceUnavailable, format!("run {} is gone", inv.run_id)))?;
+        let device = run.device_id.filter(|d| d != crate::availability::LOCAL_DEVICE_ID);
+        let mut cache = self.run_devices.lock();
+        if cache.len() >= RUN_DEVICE_CACHE {
+            cache.clear();
+        }
+        cache.insert(inv.run_id.clone(), device.clone());
+        Ok(device)
     }
 }
 
@@ -61,24 +88,23 @@ impl Executor for RemoteExecutor {
         cancel: CancellationToken,
         commit: CommitGate,
     ) -> Result<ToolOutput, ToolError> {
+        if !runs_on_device(entry.spec().capability.as_deref()) {
+            return self.inner.execute(inv, entry, input, cancel, commit).await;
+        }
+        let Some(device) = self.device_of(inv).await? else {
+            return self.inner.execute(inv, entry, input, cancel, commit).await;
+        };
+        let device = device.as_str();
         let unavailable = |msg: String| ToolError::new(ErrorCode::WorkspaceUnavailable, msg);
         let store_error = |e: crate::store::StoreError| unavailable(e.to_string());
-        let run = self
+        // The run and its workspace in one round trip.
+        let scope = self
             .store
-            .run_for(&inv.owner_id, &inv.run_id)
+            .run_scope_for(&inv.owner_id, &inv.run_id, None)
             .await
             .map_err(store_error)?
             .ok_or_else(|| unavailable(format!("run {} is gone", inv.run_id)))?;
-        let device = run.device_id.as_deref().filter(|d| *d != crate::availability::LOCAL_DEVICE_ID);
-        let Some(device) = device.filter(|_| runs_on_device(entry.spec().capability.as_deref())) else {
-            return self.inner.execute(inv, entry, input, cancel, commit).await;
-        };
-        let ws = self
-            .store
-            .workspace_for(&run.owner_id, &run.workspace_id)
-            .await
-            .map_err(store_error)?
-            .ok_or_else(|| unavailable(format!("workspace {} is gone", run.workspace_id)))?;
+        let ws = scope.workspace.ok_or_else(|| unavailable(format!("workspace {} is gone", scope.run.workspace_id)))?;
         let approval_id = self.store.approval_id_of(&inv.id).await.map_err(store_error)?;
         // The device acts from the moment it has the job: this side's commit point is now.
         commit.commit().map_err(|reason| reason.error("stopped before it was sent to the device; nothing was run"))?;

@@ -120,7 +120,7 @@ pub async fn internal_execute(
     Ok(axum::Json(answer))
 }
 
-/// Body of `POST /internal/v1/mcp/connect`.
+/// Body of `POST /internal/v1/mcp/connect` and `…/discover`.
 #[derive(serde::Deserialize)]
 pub struct ConnectRequest {
     /// The stdio MCP server this replica holds.
@@ -143,10 +143,28 @@ pub async fn internal_mcp_connect(
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
+/// `POST /internal/v1/mcp/discover`: `tools/list` now on a stdio MCP server this replica
+/// holds, asked through another replica ([`crate::mcp::McpManager::discover`]). 204 when the
+/// listing is stored; the discovery's own error (409 `mcp_not_connected`,
+/// `mcp_discovery_failed`) otherwise; 401 without the cluster secret; 404 for an unknown server.
+pub async fn internal_mcp_discover(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<ConnectRequest>,
+) -> Result<axum::http::StatusCode> {
+    let given = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+    if !app.node.config.secret_matches(given) {
+        return Err(Error::Unauthorized);
+    }
+    app.mcp.discover_here(&body.server_id).await?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
 /// The internal routes replicas call on each other (outside the OpenAPI document and the
 /// request timeout: a forwarded `wait` lasts as long as the action).
 pub fn internal_router() -> axum::Router<App> {
     axum::Router::new()
         .route("/internal/v1/execute", axum::routing::post(internal_execute))
         .route("/internal/v1/mcp/connect", axum::routing::post(internal_mcp_connect))
+        .route("/internal/v1/mcp/discover", axum::routing::post(internal_mcp_discover))
 }

@@ -173,7 +173,8 @@ pub async fn accept_disclaimer(
 /// Runs `tools/list` now and returns the result.
 #[utoipa::path(post, path = "/v1/mcp/servers/{server_id}/discover", tag = "mcp", params(("server_id" = String, Path)),
     responses((status = 200, body = ServerView), (status = 404),
-        (status = 409, description = "mcp_not_connected or mcp_discovery_failed")),
+        (status = 409, description = "mcp_not_connected or mcp_discovery_failed"),
+        (status = 503, description = "owner_unreachable: the replica holding the stdio server could not be asked")),
     security(("bearer" = [])))]
 pub async fn discover(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<ServerView>> {
     let slot = app.mcp.discover(&user.user_id, user.is_admin, &id).await?;

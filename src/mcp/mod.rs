@@ -328,6 +328,23 @@ pub struct Patch {
     pub request_timeout_ms: Option<i64>,
 }
 
+/// What a replica asks the owner of a stdio server to do ([`McpManager::ask_owner`]).
+#[derive(Debug, Clone, Copy)]
+enum OwnerAction {
+    Connect,
+    Discover,
+}
+
+impl OwnerAction {
+    /// The last segment of the internal route, and the verb of messages.
+    fn verb(self) -> &'static str {
+        match self {
+            OwnerAction::Connect => "connect",
+            OwnerAction::Discover => "discover",
+        }
+    }
+}
+
 impl McpManager {
     /// A manager over `store`, projecting into `registry`; the secret key comes from
     /// `MIRA_SECRET_KEY` or `<data_dir>/secret.key`. Background work ends with `shutdown`.
@@ -690,48 +707,66 @@ impl McpManager {
                 serde_json::json!({"server_id": id, "stage": "enabled"}),
             ));
         }
-        if let Some(link) = self.cluster.get()
-            && let Some(owner) = self.owner_views().await?.remove(id)
-        {
-            let elsewhere = {
-                let mut state = slot.state.write();
-                state.owner = Some(owner);
-                state.owner_elsewhere().filter(|o| o.state == McpOwnerState::Held && o.live).cloned()
-            };
-            if let Some(owner) = elsewhere {
-                self.connect_at_owner(link, &owner, id).await?;
-                return Ok(slot);
-            }
+        if let Some((link, owner)) = self.live_owner_elsewhere(&slot, id).await? {
+            self.ask_owner(link, &owner, id, OwnerAction::Connect).await?;
+            return Ok(slot);
         }
         slot.tell(Control::Connect);
         Ok(slot)
     }
 
-    /// Asks the live owner replica to connect server `id` (`POST /internal/v1/mcp/connect`).
-    async fn connect_at_owner(&self, link: &ClusterLink, owner: &OwnerView, id: &str) -> Result<()> {
+    /// The live owner replica of stdio server `id` when it is another replica (None on
+    /// SQLite, for servers without an owner row, or when this replica holds it).
+    async fn live_owner_elsewhere(&self, slot: &ServerSlot, id: &str) -> Result<Option<(&ClusterLink, OwnerView)>> {
+        let Some(link) = self.cluster.get() else { return Ok(None) };
+        let Some(owner) = self.owner_views().await?.remove(id) else { return Ok(None) };
+        let mut state = slot.state.write();
+        state.owner = Some(owner);
+        Ok(state.owner_elsewhere().filter(|o| o.state == McpOwnerState::Held && o.live).cloned().map(|o| (link, o)))
+    }
+
+    /// Asks the live owner replica to connect or discover server `id` (`POST
+    /// /internal/v1/mcp/connect` or `…/discover`). An error the owner answers with its own
+    /// code (409 `mcp_not_connected`, `mcp_discovery_failed`…) is this answer's error too;
+    /// an owner that cannot be reached is 503 `owner_unreachable`.
+    async fn ask_owner(&self, link: &ClusterLink, owner: &OwnerView, id: &str, action: OwnerAction) -> Result<()> {
+        let verb = action.verb();
         let unreachable = |why: String| Error::Unavailable {
             code: ErrorCode::OwnerUnreachable,
             message: format!(
-                "the process of MCP server {id} lives on replica {} and it cannot be asked to connect: {why}",
+                "the process of MCP server {id} lives on replica {} and it cannot be asked to {verb}: {why}",
                 owner.node_id
             ),
         };
         let secret = link.node.config.secret.as_deref().filter(|s| !s.is_empty());
         let Some(secret) = secret else { return Err(unreachable("this replica has no --cluster-secret".into())) };
-        let url = format!("{}/internal/v1/mcp/connect", owner.address.trim_end_matches('/'));
+        let timeout = match action {
+            OwnerAction::Connect => Duration::from_secs(10),
+            OwnerAction::Discover => self.discovery_wait(id) + Duration::from_secs(5),
+        };
+        let url = format!("{}/internal/v1/mcp/{verb}", owner.address.trim_end_matches('/'));
         let response = link
             .client
             .post(&url)
             .header(crate::cluster::forward::SECRET_HEADER, secret)
             .json(&serde_json::json!({"server_id": id}))
-            .timeout(Duration::from_secs(10))
+            .timeout(timeout)
             .send()
             .await
             .map_err(|e| unreachable(e.to_string()))?;
-        if !response.status().is_success() {
-            return Err(unreachable(format!("it answered {}", response.status())));
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
         }
-        Ok(())
+        if status == reqwest::StatusCode::CONFLICT {
+            // The owner's own answer, passed on.
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            if let Ok(code) = serde_json::from_value::<ErrorCode>(body["error"]["code"].clone()) {
+                let message = body["error"]["message"].as_str().unwrap_or_default().to_owned();
+                return Err(Error::conflict(code, message, body["error"]["details"].clone()));
+            }
+        }
+        Err(unreachable(format!("it answered {status}")))
     }
 
     /// The owner's side of a forwarded connect: asks the supervisor to connect now.
@@ -771,6 +806,33 @@ impl McpManager {
     pub async fn discover(&self, user_id: &str, is_admin: bool, id: &str) -> Result<Arc<ServerSlot>> {
         let slot = self.slot_for(user_id, id)?;
         Self::may_manage(&slot, user_id, is_admin)?;
+        if let Some((link, owner)) = self.live_owner_elsewhere(&slot, id).await? {
+            // The process lives on the owner: it lists the tools and stores them; this
+            // replica then re-reads what was stored.
+            self.ask_owner(link, &owner, id, OwnerAction::Discover).await?;
+            self.refresh()
+                .await
+                .map_err(|e| Error::Internal(format!("re-reading the discovered tools failed: {e}")))?;
+            return Ok(slot);
+        }
+        self.discover_slot(slot, id).await
+    }
+
+    /// The owner's side of a forwarded discovery (`POST /internal/v1/mcp/discover`): runs
+    /// `tools/list` now. Unknown servers are 404.
+    pub async fn discover_here(&self, id: &str) -> Result<()> {
+        let slot = self.slot(id).ok_or(Error::NotFound("mcp server"))?;
+        self.discover_slot(slot, id).await.map(|_| ())
+    }
+
+    /// How long a discovery of `id` may take: its request timeout (60 s when unknown).
+    fn discovery_wait(&self, id: &str) -> Duration {
+        let ms =
+            self.slot(id).map_or(60_000, |s| u64::try_from(s.state.read().row.request_timeout_ms).unwrap_or(60_000));
+        Duration::from_millis(ms)
+    }
+
+    async fn discover_slot(&self, slot: Arc<ServerSlot>, id: &str) -> Result<Arc<ServerSlot>> {
         let not_connected = |why: String| {
             Error::conflict(ErrorCode::McpNotConnected, why, serde_json::json!({"server_id": id, "stage": "connect"}))
         };
@@ -782,8 +844,7 @@ impl McpManager {
         }
         let (tx, rx) = oneshot::channel();
         slot.tell(Control::Discover(tx));
-        let wait = Duration::from_millis(u64::try_from(slot.state.read().row.request_timeout_ms).unwrap_or(60_000))
-            + Duration::from_secs(5);
+        let wait = self.discovery_wait(id) + Duration::from_secs(5);
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(Ok(()))) => Ok(slot),
             Ok(Ok(Err(e))) => Err(Error::conflict(

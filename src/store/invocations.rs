@@ -261,26 +261,7 @@ impl Store {
             "INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
                 approval_required, status, created_at, updated_at) VALUES ",
         );
-        let now_param = rows.len() * 10 + 1;
-        for i in 0..rows.len() {
-            let b = i * 10;
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!(
-                "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${now_param}, ${now_param})",
-                b + 1,
-                b + 2,
-                b + 3,
-                b + 4,
-                b + 5,
-                b + 6,
-                b + 7,
-                b + 8,
-                b + 9,
-                b + 10
-            ));
-        }
+        sql.push_str(&value_rows(rows.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, $S, $S)"));
         sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
         let mut insert = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
         for row in &rows {
@@ -345,27 +326,7 @@ impl Store {
                 "INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash,
                     status, preview, expires_at, created_at, rule, rule_domain) VALUES ",
             );
-            let now_param = approvals.len() * 11 + 1;
-            for i in 0..approvals.len() {
-                let b = i * 11;
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push_str(&format!(
-                    "(${}, ${}, ${}, ${}, ${}, ${}, ${}, 'pending', ${}, ${}, ${now_param}, ${}, ${})",
-                    b + 1,
-                    b + 2,
-                    b + 3,
-                    b + 4,
-                    b + 5,
-                    b + 6,
-                    b + 7,
-                    b + 8,
-                    b + 9,
-                    b + 10,
-                    b + 11
-                ));
-            }
+            sql.push_str(&value_rows(approvals.len(), "(?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, $S, ?, ?)"));
             let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
             for (id, row, request) in &approvals {
                 insert = insert
@@ -596,14 +557,7 @@ impl Store {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
         // `v` carries each invocation's new status and result and its claimer.
-        let mut values = String::new();
-        for i in 0..items.len() {
-            let b = i * 4;
-            if i > 0 {
-                values.push_str(", ");
-            }
-            values.push_str(&format!("(${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4));
-        }
+        let values = value_rows(items.len(), "(?, ?, ?, ?)");
         let now_param = items.len() * 4 + 1;
         let sql = format!(
             "WITH v (id, status, result, node) AS (VALUES {values})
@@ -835,25 +789,7 @@ async fn insert_evidence_rows(
         let mut sql = String::from(
             "INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256, excerpt, created_at) VALUES ",
         );
-        let now_param = chunk.len() * 9 + 1;
-        for i in 0..chunk.len() {
-            let b = i * 9;
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!(
-                "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${now_param})",
-                b + 1,
-                b + 2,
-                b + 3,
-                b + 4,
-                b + 5,
-                b + 6,
-                b + 7,
-                b + 8,
-                b + 9
-            ));
-        }
+        sql.push_str(&value_rows(chunk.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, $S)"));
         let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
         for (id, inv, draft) in chunk {
             insert = insert
@@ -870,4 +806,38 @@ async fn insert_evidence_rows(
         insert.bind(now).execute(tx.conn()).await?;
     }
     Ok(())
+}
+
+/// The `VALUES` rows of a multi-row statement: `row` is one row with `?` for each parameter of
+/// its own and `$S` for the one parameter every row shares, bound after all the rows'
+/// parameters. For two rows of `(?, ?, $S)`: `($1, $2, $5), ($3, $4, $5)`.
+fn value_rows(rows: usize, row: &str) -> String {
+    let per_row = row.matches('?').count();
+    let row = row.replace("$S", &format!("${}", rows * per_row + 1));
+    let mut out = String::with_capacity(rows * (row.len() + per_row * 3 + 2));
+    let mut n = 0;
+    for i in 0..rows {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        for c in row.chars() {
+            if c == '?' {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            } else {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn value_rows_number_each_rows_parameters_and_share_one() {
+        assert_eq!(super::value_rows(2, "(?, ?, $S)"), "($1, $2, $5), ($3, $4, $5)");
+        assert_eq!(super::value_rows(1, "(?, 'pending', ?)"), "($1, 'pending', $2)");
+    }
 }

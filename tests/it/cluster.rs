@@ -1032,6 +1032,12 @@ async fn a_stdio_mcp_server_lives_on_one_replica_and_calls_are_forwarded() {
         assert_eq!(v["connection"]["owner"]["here"], false, "{v:#}");
         assert!(v["tools"].as_array().unwrap().iter().any(|t| t["name"] == "echo" && t["projected"] == true), "{v:#}");
     }
+    // A discovery asked at another replica runs at the owner, where the process is, and
+    // answers with the listing the owner stored.
+    let r = c.req(reqwest::Method::POST, &format!("{}/v1/mcp/servers/{id}/discover", c.at(1)), &c.admin, None).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert!(r.body["tools"].as_array().unwrap().iter().any(|t| t["name"] == "echo"), "{r:?}");
+    assert_eq!(r.body["connection"]["owner"]["node_id"], owner.as_str(), "{r:?}");
     let alice = c.user("alice").await;
     let (run, turn) = c.run_and_turn(&c.lb, &alice, "echo through the MCP server").await;
     let who = Who { token: alice.clone(), run, turn: turn.clone() };
