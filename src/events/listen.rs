@@ -1,12 +1,15 @@
 //! The cross-replica listener: Postgres `LISTEN mira_events` feeding this replica's bus.
 //!
-//! Every write transaction that appends events also sends `pg_notify('mira_events',
-//! "<origin> <run id> <seq> <kind>")` (see [`crate::store::WriteTx::commit`]); Postgres
-//! delivers it only if the transaction commits, in commit order. This task receives what
-//! other replicas sent and publishes it on the local [`EventBus`]; subscribers then re-read
-//! the store. After every (re)connection it first listens, then sends [`EventBus::resync`],
-//! so whatever was committed while it was away is read from the store: a dropped listener
-//! delays events, never loses them. Remote freezes and grants also wake the local harness.
+//! Every write transaction that appends events is followed, after its commit, by
+//! `pg_notify('mira_events', "<origin> <run id> <seq> <kind>")` (see
+//! [`crate::store::WriteTx::commit`]; one task per replica sends them in batches). This task
+//! receives what other replicas sent and publishes it on the local [`EventBus`]; subscribers
+//! then re-read the store. After every (re)connection it first listens, then sends
+//! [`EventBus::resync`], so whatever was committed while it was away is read from the store:
+//! a dropped listener delays events, never loses them. It also resyncs every
+//! [`RESYNC_EVERY`], which bounds the delay of an event whose notification was never sent
+//! (its replica died between the commit and the send). Remote freezes and grants also wake
+//! the local harness.
 
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
@@ -19,6 +22,8 @@ use super::{EventBus, EventKind, Wake};
 
 /// The notification channel.
 pub const CHANNEL: &str = "mira_events";
+/// Time between two resyncs while listening (see the module docs).
+pub const RESYNC_EVERY: Duration = Duration::from_secs(5);
 /// Longest wait between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -60,9 +65,15 @@ pub fn spawn(
             };
             backoff = Duration::from_millis(100);
             connected_again(&bus, &wake);
+            let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + RESYNC_EVERY, RESYNC_EVERY);
             loop {
                 let next = tokio::select! {
                     () = shutdown.cancelled() => return,
+                    _ = resync.tick() => {
+                        bus.resync();
+                        wake.wake();
+                        continue;
+                    }
                     n = listener.try_recv() => n,
                 };
                 match next {

@@ -6,11 +6,12 @@
 //! events themselves back from the store. A wake-up is therefore only a hint: a missed or
 //! reordered signal can delay an event on a stream, never lose or duplicate it.
 //!
-//! On Postgres the same signals reach every replica: the write transaction also sends
-//! `pg_notify('mira_events', …)` (delivered only if it commits, in commit order), and each
-//! replica's [`listen`] task feeds what other replicas sent into its own bus. After every
-//! (re)connection of that listener the bus sends [`Heard::Resync`], which makes every
-//! subscriber re-read the store, so notifications lost while it was away lose nothing.
+//! On Postgres the same signals reach every replica: after the write transaction commits,
+//! its events are announced with `pg_notify('mira_events', …)`, and each replica's
+//! [`listen`] task feeds what other replicas sent into its own bus. After every
+//! (re)connection of that listener, and every few seconds, the bus sends
+//! [`Heard::Resync`], which makes every subscriber re-read the store, so notifications lost
+//! while it was away (or never sent) lose nothing.
 
 pub mod listen;
 

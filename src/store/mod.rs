@@ -22,6 +22,7 @@ mod invocations;
 mod mcp;
 mod metrics;
 pub mod news_query;
+mod notify;
 mod replicas;
 mod retention;
 mod runs;
@@ -154,6 +155,8 @@ pub struct Store {
     freezes: Arc<group::GroupQueue<invocations::PendingFreeze, StoreResult<FreezeOutcome>>>,
     /// Execution results waiting for their group commit.
     finishes: Arc<group::GroupQueue<invocations::PendingFinish, StoreResult<Option<Vec<String>>>>>,
+    /// Postgres: sends committed events' notifications to the other replicas ([`notify`]).
+    notifier: Option<notify::Notifier>,
 }
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
@@ -219,7 +222,6 @@ impl Store {
             }
         };
         Ok(Store {
-            pool,
             backend,
             bus,
             news_writes: Arc::default(),
@@ -228,6 +230,8 @@ impl Store {
             identities: Arc::default(),
             freezes: Arc::default(),
             finishes: Arc::default(),
+            notifier: (backend == Backend::Postgres).then(|| notify::Notifier::spawn(pool.clone())),
+            pool,
         })
     }
 
@@ -293,7 +297,7 @@ impl Store {
             }
             Backend::Postgres => (self.pool.begin().await?, None),
         };
-        Ok(WriteTx { tx, appended: Vec::new(), bus: self.bus.clone(), backend: self.backend, _writer: writer })
+        Ok(WriteTx { tx, appended: Vec::new(), bus: self.bus.clone(), notifier: self.notifier.clone(), _writer: writer })
     }
 
     pub(crate) fn pool(&self) -> &AnyPool {
@@ -320,15 +324,12 @@ fn pool_options() -> AnyPoolOptions {
     })
 }
 
-/// Most `pg_notify` calls in one statement.
-const NOTIFY_CHUNK: usize = 64;
-
 /// A write transaction that appends events and broadcasts them after commit.
 pub struct WriteTx {
     tx: Transaction<'static, Any>,
     appended: Vec<RunSignal>,
     bus: EventBus,
-    backend: Backend,
+    notifier: Option<notify::Notifier>,
     /// SQLite: this process's writer slot (see `Store::sqlite_writer`), released after the
     /// transaction (declared last: dropped after `tx`).
     _writer: Option<tokio::sync::OwnedMutexGuard<()>>,
@@ -419,27 +420,15 @@ impl WriteTx {
         Ok(seqs)
     }
 
-    /// Commits, then wakes subscribers of every run that got events. On Postgres the
-    /// transaction first sends one `pg_notify` per appended event (one statement), which
-    /// Postgres delivers to the other replicas only if the commit succeeds, in commit order
-    /// (see [`crate::events::listen`]).
-    pub async fn commit(mut self) -> StoreResult<()> {
-        if self.backend == Backend::Postgres && !self.appended.is_empty() {
-            for chunk in self.appended.chunks(NOTIFY_CHUNK) {
-                let calls: Vec<String> = (0..chunk.len())
-                    .map(|i| format!("pg_notify('{}', ${})", crate::events::listen::CHANNEL, i + 1))
-                    .collect();
-                // `SELECT 1 FROM (…)`: pg_notify returns `void`, which the Any driver cannot decode.
-                let sql = format!("SELECT 1 FROM (SELECT {}) n", calls.join(", "));
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-                for signal in chunk {
-                    q = q.bind(self.bus.payload(signal));
-                }
-                q.execute(&mut *self.tx).await?;
-            }
-        }
+    /// Commits, then wakes subscribers of every run that got events: on this replica through
+    /// the bus, on the others (Postgres) through a notification sent after the commit
+    /// ([`notify`]; a `pg_notify` inside the transaction would serialise every commit).
+    pub async fn commit(self) -> StoreResult<()> {
         self.tx.commit().await?;
         for signal in self.appended {
+            if let Some(notifier) = &self.notifier {
+                notifier.send(self.bus.payload(&signal));
+            }
             self.bus.publish(signal);
         }
         Ok(())
