@@ -192,10 +192,7 @@ async fn the_journal_prunes_delivered_and_expired_entries_only() {
     assert_eq!(crash.nonce, "n_crash");
     // Replaying the pruned job is refused all the same (its envelope expired).
     let again = runner.handle(&delivered).await;
-    assert!(
-        matches!(&again.outcome, JobOutcome::Error { error } if error.code == ErrorCode::JobExpired),
-        "{again:?}"
-    );
+    assert!(matches!(&again.outcome, JobOutcome::Error { error } if error.code == ErrorCode::JobExpired), "{again:?}");
     // An entry written by an older runner (no expiry recorded) is kept while it is recent.
     std::fs::write(dir.path().join("journal/nonce-old"), "").unwrap();
     journal.prune(&mira_core::ids::now()).unwrap();
