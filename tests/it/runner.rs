@@ -398,7 +398,8 @@ async fn confirmation_at_the_device(backend: Backend) {
     assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
     grant(&t, &token, &r.body).await;
     let prompt = a.prompt(1).await;
-    for shown in ["write_file", r.body["input_hash"].as_str().unwrap(), r.body["approval_id"].as_str().unwrap(), "no.txt"]
+    for shown in
+        ["write_file", r.body["input_hash"].as_str().unwrap(), r.body["approval_id"].as_str().unwrap(), "no.txt"]
     {
         assert!(prompt.contains(shown), "{shown} not in the prompt: {prompt}");
     }
