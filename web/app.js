@@ -1,5 +1,5 @@
-// The control-plane page: sign-in, then five views routed by the URL fragment
-// (#/approvals, #/runs[/ID], #/tools, #/mcp[/ID], #/terminal[/ID]). The fragment carries
+// The control-plane page: sign-in, then six views routed by the URL fragment
+// (#/approvals, #/runs[/ID], #/tools, #/mcp[/ID], #/devices, #/terminal[/ID]). The fragment carries
 // only view names and object ids, never the token.
 
 import { session, get, ApiError } from './js/api.js';
@@ -11,6 +11,7 @@ const views = {
   runs: () => import('./js/runs.js'),
   tools: () => import('./js/tools.js'),
   mcp: () => import('./js/mcp.js'),
+  devices: () => import('./js/devices.js'),
   terminal: () => import('./js/terminal.js'),
 };
 

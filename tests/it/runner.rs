@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -20,22 +21,64 @@ struct RunnerProc {
     workspace: PathBuf,
     child: Option<Child>,
     base: String,
+    /// Started with `--confirm`, answers on its standard input.
+    confirm: bool,
+    /// Its standard error so far (with `confirm`).
+    stderr: Arc<Mutex<String>>,
 }
 
 impl RunnerProc {
     fn start(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_mira"))
-            .args(["runner", "--server", &self.base, "--workspace"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mira"));
+        cmd.args(["runner", "--server", &self.base, "--workspace"])
             .arg(&self.workspace)
             .arg("--state-dir")
             .arg(&self.state)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("runner starts");
+            .stderr(Stdio::null());
+        if self.confirm {
+            cmd.args(["--confirm", "--confirm-input", "stdin", "--confirm-timeout-secs", "30"])
+                .stdin(Stdio::piped())
+                .stderr(Stdio::piped());
+        }
+        let mut child = cmd.spawn().expect("runner starts");
+        if let Some(mut err) = child.stderr.take() {
+            let sink = self.stderr.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = err.read(&mut buf) {
+                    sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            });
+        }
         self.child = Some(child);
+    }
+
+    /// Waits for the `n`th confirmation prompt on its standard error; the prompt's text.
+    async fn prompt(&self, n: usize) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self.stderr.lock().unwrap().clone();
+            if let Some((i, _)) = text.match_indices("a job needs your confirmation").nth(n - 1) {
+                let rest = &text[i..];
+                if let Some(end) = rest.find("without an answer)") {
+                    return rest[..end].to_owned();
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "no prompt {n}; stderr: {text}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Types `line` at its prompt.
+    fn answer(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.as_mut().unwrap().stdin.as_mut().unwrap();
+        stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
     }
 
     fn pid(&self) -> String {
@@ -75,6 +118,12 @@ fn options() -> Options {
 /// Registers a device, enrolls a runner for it with `mira runner enroll` and starts it on a
 /// new workspace folder under `root`.
 async fn device(t: &TestApp, token: &str, name: &str, root: &Path) -> RunnerProc {
+    device_with(t, token, name, root, false).await
+}
+
+/// [`device`], its runner started with `--confirm` (answers on its standard input) when
+/// `confirm`.
+async fn device_with(t: &TestApp, token: &str, name: &str, root: &Path, confirm: bool) -> RunnerProc {
     let r = t.post("/v1/devices", token, json!({"name": name})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let device_id = r.body["id"].as_str().unwrap().to_owned();
@@ -102,7 +151,15 @@ async fn device(t: &TestApp, token: &str, name: &str, root: &Path) -> RunnerProc
         .expect("enroll runs");
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("enrollment_code_invalid"));
-    let mut p = RunnerProc { device_id, state, workspace, child: None, base: t.base.clone() };
+    let mut p = RunnerProc {
+        device_id,
+        state,
+        workspace,
+        child: None,
+        base: t.base.clone(),
+        confirm,
+        stderr: Arc::new(Mutex::new(String::new())),
+    };
     p.start();
     wait_status(t, token, &p.device_id, "connected", Duration::from_secs(10)).await;
     p
@@ -320,4 +377,57 @@ async fn killed_runner_leaves_outcome_unknown(backend: Backend) {
     assert_eq!(v["status"], "interrupted");
 }
 
-both_backends!(two_runners_on_loopback, killed_runner_leaves_outcome_unknown);
+/// `mira runner --confirm`: each approved job waits for the person at the device, who sees
+/// the tool, the input hash, the input and the approval; "n" declines it (nothing written,
+/// the invocation ends with `job_declined`), "y" runs it. Jobs without an approval (a read)
+/// are not asked about.
+async fn confirmation_at_the_device(backend: Backend) {
+    let t = spawn_with(backend, options()).await;
+    let token = t.user("cy").await;
+    let root = tempfile::tempdir().unwrap();
+    let mut a = device_with(&t, &token, "laptop", root.path(), true).await;
+    std::fs::write(a.workspace.join("notes.txt"), "one\n").unwrap();
+    let r =
+        t.post("/v1/workspaces", &token, json!({"name": "on-a", "path": a.workspace, "device_id": a.device_id})).await;
+    let r = t.post("/v1/runs", &token, json!({"workspace_id": r.body["id"]})).await;
+    let run = r.body["id"].as_str().unwrap().to_owned();
+    let (turn, _) = t.turn(&token, &run, "write two files").await;
+
+    // Declined: nothing is written and the invocation ends with the refusal.
+    let r = t.call(&token, &run, &turn, "write_file", "w1", json!({"path": "no.txt", "content": "never\n"})).await;
+    assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+    grant(&t, &token, &r.body).await;
+    let prompt = a.prompt(1).await;
+    for shown in
+        ["write_file", r.body["input_hash"].as_str().unwrap(), r.body["approval_id"].as_str().unwrap(), "no.txt"]
+    {
+        assert!(prompt.contains(shown), "{shown} not in the prompt: {prompt}");
+    }
+    a.answer("n");
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("failed"), Some("job_declined")),
+        "{done}"
+    );
+    assert_eq!(done["result"]["error"]["details"]["declined"], "no", "{done}");
+    assert!(!a.workspace.join("no.txt").exists());
+
+    // A read has no approval: it runs without a question.
+    let r = t.call(&token, &run, &turn, "read_open", "r1", json!({"path": "notes.txt"})).await;
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+
+    // Confirmed: it runs.
+    let r = t.call(&token, &run, &turn, "write_file", "w2", json!({"path": "yes.txt", "content": "ok\n"})).await;
+    assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+    grant(&t, &token, &r.body).await;
+    a.prompt(2).await;
+    a.answer("y");
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(std::fs::read_to_string(a.workspace.join("yes.txt")).unwrap(), "ok\n");
+    assert_eq!(a.stderr.lock().unwrap().matches("a job needs your confirmation").count(), 2);
+}
+
+both_backends!(two_runners_on_loopback, killed_runner_leaves_outcome_unknown, confirmation_at_the_device);

@@ -3,7 +3,8 @@
 //! in a real browser (Debian's chromium through playwright-core, installed by
 //! `scripts/setup-web.sh`): `tests/web/e2e.mjs` signs in, watches an approval appear without a
 //! reload, approves it, sees the evidence arrive on the run timeline (also across a dropped
-//! connection), and visits every view, saving screenshots under `tests/artifacts/web/`.
+//! connection), registers, renames and revokes a device, and visits every view, saving
+//! screenshots under `tests/artifacts/web/`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
@@ -280,6 +281,11 @@ async fn browser_end_to_end() {
     assert_eq!(four_eyes[0]["rule"], "four_eyes");
     assert_eq!(four_eyes[0]["decided_by"], approver.body["user"]["id"], "{:?}", four_eyes[0]);
     assert_eq!(four_eyes[0]["requested_by"]["name"], "ada");
+    // The device registered, renamed and revoked in the page.
+    let devices = t.get("/v1/devices", &token).await;
+    let device = devices.body["devices"].as_array().unwrap().iter().find(|d| d["name"] == "e2e laptop").cloned();
+    let device = device.unwrap_or_else(|| panic!("no device from the page: {devices:?}"));
+    assert_eq!((device["status"].as_str(), device["enrolled_at"].is_string()), (Some("revoked"), true), "{device}");
     for shot in [
         "four-eyes-requester",
         "four-eyes-approver",
@@ -290,6 +296,8 @@ async fn browser_end_to_end() {
         "tools-ranked",
         "mcp",
         "terminal",
+        "devices",
+        "devices-revoked",
         "phone-approvals",
         "phone-timeline",
     ] {

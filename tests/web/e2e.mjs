@@ -10,6 +10,7 @@
 // routes exist the test drives them for real. Prints "e2e: all checks passed" at the end.
 
 import { chromium } from 'playwright-core';
+import { generateKeyPairSync } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import net from 'node:net';
@@ -511,6 +512,75 @@ try {
   }
   await audit('terminal');
   await shot('terminal');
+
+  // ---- devices: register one in the page, see its one-time code, enroll with it, revoke ----
+  const devList = await call('GET', '/v1/devices');
+  if (routeMissing(devList)) {
+    expectedFailures.push(/\/v1\/devices/);
+    await goto('#/devices');
+    await page.waitForSelector('.view-devices [data-unavailable]');
+    check(true, 'Devices view: not available in this build');
+  } else {
+    // A name with markup in it: it must show as text.
+    const devName = 'e2e <b>laptop</b> & co';
+    await goto('#/devices');
+    await page.waitForSelector('#register-device #device-name');
+    await page.fill('#device-name', devName);
+    await page.click('#register-device button[type=submit]');
+    await page.waitForSelector('#enrollment:not([hidden]) .enrollment-code');
+    const enrollCode = (await page.locator('#enrollment .enrollment-code').innerText()).trim();
+    const command = (await page.locator('#enrollment .enroll-command').innerText()).trim();
+    check(/^mre_[0-9a-f]+$/.test(enrollCode), `the page shows the one-time enrollment code (${enrollCode.slice(0, 8)}…)`);
+    check(command === `mira-runner enroll --server ${pageBase} --code ${enrollCode}`, `the page shows the enroll command to copy (${command.replace(enrollCode, 'mre_…')})`);
+    check((await page.locator('#enrollment .expires').innerText()).trim().length > 0, 'the page shows when the code expires');
+    const devs = (await must('GET', '/v1/devices')).devices;
+    const dev = devs.find((d) => d.name === devName);
+    check(Boolean(dev) && dev.status === 'not_enrolled', 'the device registered in the page exists, not enrolled yet');
+    check(!JSON.stringify(devs).includes(enrollCode), 'the code is not in GET /v1/devices (shown once)');
+    const devCard = page.locator(`.view-devices article[data-device="${dev.id}"]`);
+    await devCard.waitFor();
+    check(await devCard.locator('.device-name').innerText() === devName && await devCard.locator('.device-name b').count() === 0, 'the device name is shown as text, markup and all');
+    check(await devCard.getAttribute('data-status') === 'not_enrolled' && (await devCard.innerText()).includes('not enrolled'), 'the card says not enrolled');
+    // The code on the screen is the real one: a runner's key enrolls with it.
+    const der = generateKeyPairSync('ed25519').publicKey.export({ format: 'der', type: 'spki' });
+    const enrolled = await fetch(`${base}/v1/runner/enroll`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ code: enrollCode, public_key: der.subarray(der.length - 32).toString('hex') }),
+    });
+    check(enrolled.ok, `the displayed code enrolls a key (${enrolled.status})`);
+    await page.waitForSelector(`.view-devices article[data-device="${dev.id}"][data-status=offline]`, { timeout: 10000 });
+    check((await devCard.innerText()).includes('offline'), 'the enrolled device without a runner is shown offline');
+    // A new code, shown once in its turn.
+    await devCard.locator('button[data-action=new-code]').click();
+    await page.waitForFunction((old) => {
+      const c = document.querySelector('#enrollment .enrollment-code');
+      return c && c.textContent.trim() !== old;
+    }, enrollCode);
+    check(/^mre_/.test(await page.locator('#enrollment .enrollment-code').innerText()), 'New enrollment code shows a new code');
+    // Rename.
+    await devCard.locator('button[data-action=rename]').click();
+    await page.fill(`#rename-${dev.id}`, 'e2e laptop');
+    await page.click(`form[data-rename="${dev.id}"] button[type=submit]`);
+    await page.waitForFunction((id) => document.querySelector(`article[data-device="${id}"] .device-name`)?.textContent === 'e2e laptop', dev.id);
+    check((await must('GET', '/v1/devices')).devices.find((d) => d.id === dev.id).name === 'e2e laptop', 'Rename in the page is stored');
+    check(await page.locator('#enrollment .device-name').innerText() === 'e2e laptop', 'the code on screen names the device by its new name');
+    await audit('devices');
+    await shot('devices');
+    // Revoke asks first: dismissing changes nothing; accepting revokes.
+    page.once('dialog', (d) => d.dismiss());
+    await devCard.locator('button[data-action=revoke]').click();
+    await page.waitForTimeout(300);
+    check((await must('GET', '/v1/devices')).devices.find((d) => d.id === dev.id).status === 'offline', 'a dismissed revoke confirmation changes nothing');
+    let asked = '';
+    page.once('dialog', (d) => { asked = d.message(); d.accept(); });
+    await devCard.locator('button[data-action=revoke]').click();
+    await page.waitForSelector(`.view-devices article[data-device="${dev.id}"][data-status=revoked]`);
+    check(asked.includes('e2e laptop') && asked.includes('cannot be undone'), 'Revoke asks for confirmation, naming the device');
+    check((await must('GET', '/v1/devices')).devices.find((d) => d.id === dev.id).status === 'revoked', 'Revoke in the page is stored: status revoked');
+    check((await devCard.innerText()).includes('revoked') && await devCard.locator('button').count() === 0, 'the revoked card says revoked and offers no action');
+    check(await page.locator('#enrollment').isHidden(), 'the code of the revoked device is no longer shown');
+    await shot('devices-revoked');
+  }
 
   // ---- four-eyes: the requester cannot approve their own call; another person must ----
   let fourEyes = null;

@@ -261,6 +261,8 @@ catalogue! {
     Interrupted = (422, "interrupted"),
     /// Another I/O error.
     IoError = (422, "io_error"),
+    /// The person at the device declined the job at the runner's confirmation prompt (`--confirm`), or did not answer in time: nothing was run.
+    JobDeclined = (422, "job_declined"),
     /// The runner refused a job whose expiry had passed.
     JobExpired = (422, "job_expired"),
     /// The runner refused a job whose input hash is not the hash of its canonical input.

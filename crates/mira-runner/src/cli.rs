@@ -4,7 +4,8 @@
 //!   registers the public key with the one-time code and pins the control plane's key.
 //! - `--server URL --workspace DIR [--workspace DIR…]` (no subcommand): connects outbound
 //!   and runs jobs in those folders until stopped (exit 0), or until the device is revoked
-//!   (exit 3).
+//!   (exit 3). With `--confirm` a person at the device confirms each job that arrives with
+//!   an approval ([`crate::confirm`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,8 +15,9 @@ use anyhow::Context;
 use mira_core::remote::{EnrollAnswer, EnrollRequest};
 use tokio_util::sync::CancellationToken;
 
+use crate::confirm::{ConfirmInput, Confirmer};
 use crate::connection::Connector;
-use crate::journal::Journal;
+use crate::journal::{Journal, PRUNE_EVERY};
 use crate::runner::Runner;
 use crate::state;
 
@@ -68,6 +70,18 @@ pub struct RunArgs {
     /// State directory (key, enrollment, journal).
     #[arg(long, env = "MIRA_RUNNER_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Ask here before running each job that arrives with an approval (tool, input hash,
+    /// input, approval id are shown); only `y` runs it, anything else declines it
+    /// (`job_declined`, nothing run).
+    #[arg(long)]
+    pub confirm: bool,
+    /// Seconds `--confirm` waits for an answer before it declines the job.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub confirm_timeout_secs: u64,
+    /// Where `--confirm` reads answers: `auto` (/dev/tty when there is one, else standard
+    /// input), `tty` or `stdin`.
+    #[arg(long, value_enum, default_value_t = ConfirmInput::Auto)]
+    pub confirm_input: ConfirmInput,
 }
 
 /// Logs to standard error (`RUST_LOG`, default `info`).
@@ -139,6 +153,14 @@ async fn enroll(args: EnrollArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prunes the journal now (a failure is logged: pruning only saves space).
+fn prune(journal: &Journal) {
+    match journal.prune(&mira_core::ids::now()) {
+        Ok(p) => tracing::debug!(nonces = p.nonces, executions = p.executions, "journal pruned"),
+        Err(e) => tracing::warn!(error = %e, "the journal could not be pruned"),
+    }
+}
+
 async fn connect(args: RunArgs) -> anyhow::Result<ExitCode> {
     let dir = args.state_dir.unwrap_or_else(state::default_dir);
     let key = state::load_key(&dir)?;
@@ -148,7 +170,19 @@ async fn connect(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let server = args.server.unwrap_or(enrolled.server);
     let journal = Journal::open(&dir.join("journal")).context("opening the journal")?;
-    let runner = Arc::new(Runner::new(&enrolled.device_id, server_key, &args.workspaces, journal)?);
+    prune(&journal);
+    let mut runner = Runner::new(&enrolled.device_id, server_key, &args.workspaces, journal.clone())?;
+    if args.confirm {
+        let timeout = std::time::Duration::from_secs(args.confirm_timeout_secs);
+        runner = runner.with_confirmation(Confirmer::new(args.confirm_input, timeout)?);
+    }
+    let runner = Arc::new(runner);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(PRUNE_EVERY).await;
+            prune(&journal);
+        }
+    });
     let connector = Arc::new(Connector::new(&server, key, runner, client()?));
     let stop = CancellationToken::new();
     let signal = stop.clone();

@@ -10,13 +10,37 @@
 //!
 //! A `.started` without a `.result` after a restart means the runner died during the call:
 //! its result is `outcome_unknown`, never a second run.
+//!
+//! Each `nonce-…` and `.started` entry records the expiry of its job's envelope.
+//! [`Journal::prune`] removes what is no longer needed once that expiry has passed (a job
+//! whose expiry has passed is refused as `job_expired` before the journal is consulted, so
+//! replay protection holds without the entry): `nonce-…` entries, and `.started` with
+//! `.delivered` of executions whose result the control plane took. A result not yet
+//! delivered (`.result`, or `.started` alone) is kept whatever its age.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use mira_core::error_code::ErrorCode;
 use mira_core::remote::{JobOutcome, JobResult};
 use mira_core::tool::ToolError;
+
+/// How often a running runner prunes its journal (it also prunes at start).
+pub const PRUNE_EVERY: Duration = Duration::from_secs(300);
+
+/// How long an entry that records no expiry (written by an older runner) is kept after it
+/// was last written: far longer than any envelope lives (60 s).
+const KEEP_WITHOUT_EXPIRY: Duration = Duration::from_secs(3600);
+
+/// What [`Journal::prune`] removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    /// `nonce-…` entries removed.
+    pub nonces: usize,
+    /// Delivered executions removed (their `.started` and `.delivered`).
+    pub executions: usize,
+}
 
 /// The journal directory.
 #[derive(Debug, Clone)]
@@ -57,25 +81,38 @@ impl Journal {
         Ok(Self { dir: dir.to_owned() })
     }
 
-    /// Accepts the job with `nonce` once. Errors: `job_replayed`.
-    pub fn accept_nonce(&self, nonce: &str) -> Result<(), ToolError> {
+    /// Accepts the job with `nonce`, whose envelope expires at `expires_at` (RFC 3339 as
+    /// in the envelope), once. Errors: `job_replayed`.
+    pub fn accept_nonce(&self, nonce: &str, expires_at: &str) -> Result<(), ToolError> {
         let nonce = safe(nonce).ok_or_else(|| replayed("a job without a usable nonce"))?;
-        match create_new(&self.dir.join(format!("nonce-{nonce}")), "") {
+        match create_new(&self.dir.join(format!("nonce-{nonce}")), expires_at) {
             Ok(true) => Ok(()),
             Ok(false) => Err(replayed(&format!("job {nonce}"))),
             Err(e) => Err(io(&e)),
         }
     }
 
-    /// Marks the execution of `invocation` (job `nonce`) as started, once. Errors:
-    /// `job_replayed`.
-    pub fn start(&self, invocation: &str, nonce: &str) -> Result<(), ToolError> {
+    /// Marks the execution of `invocation` (job `nonce`, whose envelope expires at
+    /// `expires_at`) as started, once. Errors: `job_replayed`.
+    pub fn start(&self, invocation: &str, nonce: &str, expires_at: &str) -> Result<(), ToolError> {
         let inv = safe(invocation).ok_or_else(|| replayed("an execution without an invocation id"))?;
         let dir = std::fs::File::open(&self.dir).map_err(|e| io(&e))?;
-        let started = create_new(&self.dir.join(format!("inv-{inv}.started")), nonce).map_err(|e| io(&e))?;
+        let started = create_new(&self.dir.join(format!("inv-{inv}.started")), &format!("{nonce}\n{expires_at}\n"))
+            .map_err(|e| io(&e))?;
         // The entry itself must survive a crash before the tool acts.
         dir.sync_all().map_err(|e| io(&e))?;
         if started { Ok(()) } else { Err(replayed(&format!("the execution of {inv}"))) }
+    }
+
+    /// Refuses an execution of `invocation` that already started (`job_replayed`), before
+    /// anything else is done for it (such as asking at the device). [`Journal::start`] is
+    /// what guarantees at most once.
+    pub fn not_started(&self, invocation: &str) -> Result<(), ToolError> {
+        let inv = safe(invocation).ok_or_else(|| replayed("an execution without an invocation id"))?;
+        if self.dir.join(format!("inv-{inv}.started")).exists() {
+            return Err(replayed(&format!("the execution of {inv}")));
+        }
+        Ok(())
     }
 
     /// Records the result of an execution (before it is sent).
@@ -115,7 +152,8 @@ impl Journal {
             } else if let Some(inv) = inv.strip_suffix(".started") {
                 let done = ["result", "delivered"].iter().any(|s| self.dir.join(format!("inv-{inv}.{s}")).exists());
                 if !done {
-                    let nonce = std::fs::read_to_string(self.dir.join(&name)).unwrap_or_default();
+                    let text = std::fs::read_to_string(self.dir.join(&name)).unwrap_or_default();
+                    let nonce = text.lines().next().unwrap_or_default().trim().to_owned();
                     let result = JobResult {
                         nonce,
                         invocation_id: inv.to_owned(),
@@ -135,5 +173,70 @@ impl Journal {
             }
         }
         Ok(out)
+    }
+
+    /// Removes the entries no longer needed at `now` (RFC 3339 as in the envelopes): every
+    /// `nonce-…` whose envelope expired, and every delivered execution (`.started` and
+    /// `.delivered`) whose envelope expired. Undelivered results are kept. An entry that
+    /// records no expiry is kept for an hour after it was last written.
+    pub fn prune(&self, now: &str) -> std::io::Result<Pruned> {
+        let mut pruned = Pruned::default();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name.starts_with("nonce-") {
+                if expired(&path, |text| text.trim(), now) && remove(&path)? {
+                    pruned.nonces += 1;
+                }
+            } else if let Some(inv) = name.strip_prefix("inv-").and_then(|n| n.strip_suffix(".delivered")) {
+                let started = self.dir.join(format!("inv-{inv}.started"));
+                let due = if started.exists() {
+                    expired(&started, |text| text.lines().nth(1).unwrap_or_default().trim(), now)
+                } else {
+                    // Left by a prune interrupted between its two removals.
+                    true
+                };
+                if due {
+                    // `.started` first: a `.started` left alone would read as a call that
+                    // never finished (outcome_unknown).
+                    remove(&started)?;
+                    remove(&path)?;
+                    pruned.executions += 1;
+                }
+            }
+        }
+        Ok(pruned)
+    }
+}
+
+/// Whether the entry at `path`, whose expiry `expiry` reads from its text, has expired
+/// at `now`; an entry without a readable expiry by its age.
+fn expired(path: &Path, expiry: impl Fn(&str) -> &str, now: &str) -> bool {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let at = expiry(&text);
+    if looks_like_time(at) {
+        return at <= now;
+    }
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .is_some_and(|age| age > KEEP_WITHOUT_EXPIRY)
+}
+
+/// An RFC 3339 time as the envelopes carry it (`2026-01-02T03:04:05.678Z`), so that two
+/// compare as strings.
+fn looks_like_time(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 24 && b.get(10) == Some(&b'T') && b.ends_with(b"Z") && b.iter().take(4).all(u8::is_ascii_digit)
+}
+
+/// Removes a file; whether it was there.
+fn remove(path: &Path) -> std::io::Result<bool> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }

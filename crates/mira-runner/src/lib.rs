@@ -3,13 +3,16 @@
 //! so the tools are the very code the control plane runs on its host.
 //!
 //! - [`state`]: the device key (0600), the enrollment and the pinned control plane key.
-//! - [`journal`]: replays refused, executions at most once, results kept until delivered.
+//! - [`journal`]: replays refused, executions at most once, results kept until delivered,
+//!   pruned once delivered and expired.
 //! - [`runner`]: checks a signed job (signature, input hash, expiry, device, local
 //!   workspace policy) and runs it.
+//! - [`confirm`]: the local confirmation prompt (`--confirm`) before an approved job runs.
 //! - [`connection`]: outbound only, signed challenge, heartbeats, reconnect with backoff.
 //! - [`cli`]: `mira runner enroll …` and `mira runner --server … --workspace …`.
 
 pub mod cli;
+pub mod confirm;
 pub mod connection;
 pub mod journal;
 pub mod runner;

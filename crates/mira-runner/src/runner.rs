@@ -15,16 +15,19 @@ use mira_core::tool::{ExecContext, PrepareContext, Tool, ToolError};
 use mira_core::workspace::{HardLinks, Workspace};
 use tokio_util::sync::CancellationToken;
 
+use crate::confirm::Confirmer;
 use crate::journal::Journal;
 
 /// A device's runner: its identity, the control plane key it pinned, its local policy (the
-/// workspace folders it was given) and its tools.
+/// workspace folders it was given, and whether a person confirms each approved job) and its
+/// tools.
 pub struct Runner {
     device_id: String,
     server_key: VerifyingKey,
     workspaces: Vec<PathBuf>,
     tools: HashMap<String, Arc<dyn Tool>>,
     journal: Journal,
+    confirm: Option<Confirmer>,
 }
 
 impl Runner {
@@ -46,7 +49,15 @@ impl Runner {
             roots.push(root);
         }
         let tools = mira_tools::read_and_edit().into_iter().map(|t| (t.spec().id.clone(), t)).collect();
-        Ok(Self { device_id: device_id.to_owned(), server_key, workspaces: roots, tools, journal })
+        Ok(Self { device_id: device_id.to_owned(), server_key, workspaces: roots, tools, journal, confirm: None })
+    }
+
+    /// Asks `confirm` before running each execution that arrives with an approval
+    /// (`--confirm`); a declined one runs nothing and ends with `job_declined`.
+    #[must_use]
+    pub fn with_confirmation(mut self, confirm: Confirmer) -> Self {
+        self.confirm = Some(confirm);
+        self
     }
 
     /// The device id.
@@ -118,7 +129,7 @@ impl Runner {
 
     async fn check_and_run(&self, job: &SignedJob) -> Result<JobOutcome, ToolError> {
         let env = job.open(&self.server_key, &self.device_id, &mira_core::ids::now())?;
-        self.journal.accept_nonce(&env.nonce)?;
+        self.journal.accept_nonce(&env.nonce, &env.expires_at)?;
         let workspace = self.workspace(&env.workspace)?;
         let tool = self.tools.get(&env.tool_id).cloned().ok_or_else(|| {
             ToolError::new(ErrorCode::NotRegistered, format!("this runner does not implement {}", env.tool_id))
@@ -132,7 +143,17 @@ impl Runner {
             }
             JobPhase::Canonicalize => Ok(JobOutcome::Canonical { input: tool.canonicalize(env.input, &ctx).await? }),
             JobPhase::Execute => {
-                self.journal.start(&env.invocation_id, &env.nonce)?;
+                if let (Some(confirm), Some(approval_id)) = (&self.confirm, env.approval_id.as_deref()) {
+                    // A replayed execution is refused before anyone is asked about it.
+                    self.journal.not_started(&env.invocation_id)?;
+                    if let Err(declined) = confirm.ask(&env, approval_id).await {
+                        // Journaled as started (and its refusal as its result): a declined
+                        // execution is never run later, whatever job names it again.
+                        self.journal.start(&env.invocation_id, &env.nonce, &env.expires_at)?;
+                        return Err(declined);
+                    }
+                }
+                self.journal.start(&env.invocation_id, &env.nonce, &env.expires_at)?;
                 let ctx = ExecContext {
                     workspace,
                     owner_id: env.owner_id,

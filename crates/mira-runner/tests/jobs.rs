@@ -112,3 +112,194 @@ async fn the_runner_refuses_forged_tampered_expired_and_replayed_jobs() {
     let retry = envelope(JobPhase::Execute, "inv_crash", "read_open", json!({"path": "a.txt", "max_bytes": 1000}));
     assert_eq!(code(&runner.handle(&SignedJob::seal(&retry, &server)).await.outcome), Some(ErrorCode::JobReplayed));
 }
+
+/// Pruning: entries of delivered executions and nonces whose envelopes expired go; an
+/// undelivered result, a call that never finished and unexpired entries stay; an expired
+/// job is still refused after its entries are gone.
+#[tokio::test]
+async fn the_journal_prunes_delivered_and_expired_entries_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let ws = std::fs::canonicalize(&ws).unwrap();
+    let server = mira_core::remote::signing_key(&[5; 32]);
+    let journal = mira_runner::journal::Journal::open(&dir.path().join("journal")).unwrap();
+    let runner =
+        mira_runner::runner::Runner::new("dev_a", server.verifying_key(), std::slice::from_ref(&ws), journal.clone())
+            .unwrap();
+    let envelope = |inv: &str, path: &str, ttl_ms: u64| JobEnvelope {
+        version: PROTOCOL_VERSION,
+        device_id: "dev_a".into(),
+        phase: JobPhase::Execute,
+        invocation_id: inv.into(),
+        run_id: "run_1".into(),
+        owner_id: "usr_1".into(),
+        input_hash: mira_core::canonical::input_hash("read_open", &json!({"path": path, "max_bytes": 100})),
+        tool_id: "read_open".into(),
+        input: json!({"path": path, "max_bytes": 100}),
+        approval_id: None,
+        workspace: ws.to_string_lossy().into_owned(),
+        expires_at: mira_core::ids::now_plus_ms(ttl_ms),
+        nonce: format!("n_{inv}"),
+    };
+    std::fs::write(ws.join("a.txt"), "a\n").unwrap();
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path().join("journal"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    // Three executions whose envelopes expire in 1.5 s: one delivered, one not yet
+    // delivered; and one whose envelope lives for a minute, delivered.
+    let delivered = SignedJob::seal(&envelope("inv_d", "a.txt", 1500), &server);
+    let undelivered = SignedJob::seal(&envelope("inv_u", "a.txt", 1500), &server);
+    let fresh = SignedJob::seal(&envelope("inv_f", "a.txt", 60_000), &server);
+    for job in [&delivered, &undelivered, &fresh] {
+        assert!(matches!(runner.handle(job).await.outcome, JobOutcome::Output { .. }));
+    }
+    journal.delivered("inv_d").unwrap();
+    journal.delivered("inv_f").unwrap();
+    // A call the runner died in (started, never finished), expired long ago.
+    std::fs::write(dir.path().join("journal/inv-inv_crash.started"), "n_crash\n2020-01-01T00:00:00.000Z\n").unwrap();
+    let before = names();
+    assert_eq!(before.len(), 10, "{before:?}");
+
+    // Nothing has expired yet: nothing goes.
+    let none = journal.prune(&mira_core::ids::now()).unwrap();
+    assert_eq!((none.nonces, none.executions), (0, 0));
+    assert_eq!(names(), before);
+
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let pruned = journal.prune(&mira_core::ids::now()).unwrap();
+    assert_eq!((pruned.nonces, pruned.executions), (2, 1), "{:?}", names());
+    assert_eq!(
+        names(),
+        [
+            "inv-inv_crash.started",
+            "inv-inv_f.delivered",
+            "inv-inv_f.started",
+            "inv-inv_u.result",
+            "inv-inv_u.started",
+            "nonce-n_inv_f",
+        ]
+    );
+    // The undelivered result is still sent, and the crashed call still reads as unknown.
+    let pending = journal.undelivered().unwrap();
+    assert!(pending.iter().any(|r| r.invocation_id == "inv_u"), "{pending:?}");
+    let crash = pending.iter().find(|r| r.invocation_id == "inv_crash").unwrap();
+    assert_eq!(crash.nonce, "n_crash");
+    // Replaying the pruned job is refused all the same (its envelope expired).
+    let again = runner.handle(&delivered).await;
+    assert!(matches!(&again.outcome, JobOutcome::Error { error } if error.code == ErrorCode::JobExpired), "{again:?}");
+    // An entry written by an older runner (no expiry recorded) is kept while it is recent.
+    std::fs::write(dir.path().join("journal/nonce-old"), "").unwrap();
+    journal.prune(&mira_core::ids::now()).unwrap();
+    assert!(names().contains(&"nonce-old".to_owned()));
+}
+
+/// `--confirm` on the library: no answer within the timeout, or the end of the input,
+/// declines an approved execution (`job_declined`, nothing written); a job without an
+/// approval is not asked about.
+#[tokio::test]
+async fn an_unanswered_confirmation_declines_the_job() {
+    use mira_runner::confirm::Confirmer;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let ws = std::fs::canonicalize(&ws).unwrap();
+    let server = mira_core::remote::signing_key(&[6; 32]);
+    let envelope = |phase: JobPhase, inv: &str, input: Value, approval: Option<&str>| JobEnvelope {
+        version: PROTOCOL_VERSION,
+        device_id: "dev_a".into(),
+        phase,
+        invocation_id: inv.into(),
+        run_id: "run_1".into(),
+        owner_id: "usr_1".into(),
+        input_hash: mira_core::canonical::input_hash("write_file", &input),
+        tool_id: "write_file".into(),
+        input,
+        approval_id: approval.map(str::to_owned),
+        workspace: ws.to_string_lossy().into_owned(),
+        expires_at: mira_core::ids::now_plus_ms(60_000),
+        nonce: format!("n_{inv}_{phase:?}"),
+    };
+    // The frozen input of a write of `<inv>.txt` (prepared on a runner without a prompt).
+    let plain = mira_runner::runner::Runner::new(
+        "dev_a",
+        server.verifying_key(),
+        std::slice::from_ref(&ws),
+        mira_runner::journal::Journal::open(&dir.path().join("j0")).unwrap(),
+    )
+    .unwrap();
+    let mut frozen = std::collections::HashMap::new();
+    for inv in ["inv_t", "inv_plain", "inv_e"] {
+        let input = json!({"path": format!("{inv}.txt"), "content": "x\n"});
+        let p = plain.handle(&SignedJob::seal(&envelope(JobPhase::Prepare, inv, input, None), &server)).await;
+        let JobOutcome::Prepared { input, .. } = p.outcome else { panic!("{p:?}") };
+        frozen.insert(inv, input);
+    }
+    let write = |inv: &str, approval: Option<&str>| {
+        let input = frozen[inv].clone();
+        JobEnvelope {
+            version: PROTOCOL_VERSION,
+            device_id: "dev_a".into(),
+            phase: JobPhase::Execute,
+            invocation_id: inv.into(),
+            run_id: "run_1".into(),
+            owner_id: "usr_1".into(),
+            input_hash: mira_core::canonical::input_hash("write_file", &input),
+            tool_id: "write_file".into(),
+            input,
+            approval_id: approval.map(str::to_owned),
+            workspace: ws.to_string_lossy().into_owned(),
+            expires_at: mira_core::ids::now_plus_ms(60_000),
+            nonce: format!("n_{inv}"),
+        }
+    };
+    let declined = |o: &JobOutcome| match o {
+        JobOutcome::Error { error } if error.code == ErrorCode::JobDeclined => Some(error.details.clone()),
+        _ => None,
+    };
+
+    // A terminal nobody types at.
+    let (quiet, _keep) = std::os::unix::net::UnixStream::pair().unwrap();
+    let confirm = Confirmer::from_parts(
+        Box::new(std::io::BufReader::new(quiet)),
+        Box::new(std::io::sink()),
+        Duration::from_millis(300),
+    );
+    let journal = mira_runner::journal::Journal::open(&dir.path().join("j1")).unwrap();
+    let runner = mira_runner::runner::Runner::new("dev_a", server.verifying_key(), std::slice::from_ref(&ws), journal)
+        .unwrap()
+        .with_confirmation(confirm);
+    let r = runner.handle(&SignedJob::seal(&write("inv_t", Some("apr_1")), &server)).await;
+    let details = declined(&r.outcome).unwrap_or_else(|| panic!("{r:?}"));
+    assert_eq!((details["declined"].as_str(), details["approval_id"].as_str()), (Some("timeout"), Some("apr_1")));
+    assert!(!ws.join("inv_t.txt").exists());
+    // Declined is final: the same invocation is not run later.
+    let mut again = write("inv_t", Some("apr_1"));
+    again.nonce = "n_other".into();
+    let r = runner.handle(&SignedJob::seal(&again, &server)).await;
+    assert!(matches!(&r.outcome, JobOutcome::Error { error } if error.code == ErrorCode::JobReplayed), "{r:?}");
+    // Without an approval there is no question.
+    let r = runner.handle(&SignedJob::seal(&write("inv_plain", None), &server)).await;
+    assert!(matches!(r.outcome, JobOutcome::Output { .. }), "{r:?}");
+    assert!(ws.join("inv_plain.txt").exists());
+
+    // An input that ended.
+    let confirm = Confirmer::from_parts(
+        Box::new(std::io::BufReader::new(std::io::empty())),
+        Box::new(std::io::sink()),
+        Duration::from_secs(30),
+    );
+    let journal = mira_runner::journal::Journal::open(&dir.path().join("j2")).unwrap();
+    let runner = mira_runner::runner::Runner::new("dev_a", server.verifying_key(), std::slice::from_ref(&ws), journal)
+        .unwrap()
+        .with_confirmation(confirm);
+    let r = runner.handle(&SignedJob::seal(&write("inv_e", Some("apr_2")), &server)).await;
+    let details = declined(&r.outcome).unwrap_or_else(|| panic!("{r:?}"));
+    assert_eq!(details["declined"], "end_of_input");
+    assert!(!ws.join("inv_e.txt").exists());
+}
