@@ -113,21 +113,22 @@ impl Runner {
         let peek = job.peek();
         let nonce = peek.as_ref().map(|e| e.nonce.clone()).unwrap_or_default();
         let invocation_id = peek.as_ref().map(|e| e.invocation_id.clone()).unwrap_or_default();
-        let outcome = match self.check_and_run(job).await {
+        // Set once this job marked its execution started: only then is the result its own to
+        // journal (a forged or replayed job naming a real invocation never touches that
+        // invocation's journaled result).
+        let mut started = false;
+        let outcome = match self.check_and_run(job, &mut started).await {
             Ok(outcome) => outcome,
             Err(error) => JobOutcome::Error { error },
         };
         let result = JobResult { nonce, invocation_id, outcome, late: false };
-        if peek.is_some_and(|e| e.phase == JobPhase::Execute)
-            && !matches!(&result.outcome, JobOutcome::Error { error } if error.code == ErrorCode::JobReplayed)
-            && let Err(e) = self.journal.finish(&result)
-        {
+        if started && let Err(e) = self.journal.finish(&result) {
             tracing::error!(error = %e, invocation = %result.invocation_id, "the result could not be journaled");
         }
         result
     }
 
-    async fn check_and_run(&self, job: &SignedJob) -> Result<JobOutcome, ToolError> {
+    async fn check_and_run(&self, job: &SignedJob, started: &mut bool) -> Result<JobOutcome, ToolError> {
         let env = job.open(&self.server_key, &self.device_id, &mira_core::ids::now())?;
         self.journal.accept_nonce(&env.nonce, &env.expires_at)?;
         let workspace = self.workspace(&env.workspace)?;
@@ -150,10 +151,12 @@ impl Runner {
                         // Journaled as started (and its refusal as its result): a declined
                         // execution is never run later, whatever job names it again.
                         self.journal.start(&env.invocation_id, &env.nonce, &env.expires_at)?;
+                        *started = true;
                         return Err(declined);
                     }
                 }
                 self.journal.start(&env.invocation_id, &env.nonce, &env.expires_at)?;
+                *started = true;
                 let ctx = ExecContext {
                     workspace,
                     owner_id: env.owner_id,

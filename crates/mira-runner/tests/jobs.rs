@@ -64,6 +64,13 @@ async fn the_runner_refuses_forged_tampered_expired_and_replayed_jobs() {
     // Its result waits in the journal until the control plane takes it.
     let pending = journal.undelivered().unwrap();
     assert!(pending.iter().any(|r| r.invocation_id == "inv_w" && r.nonce == exec.nonce), "{pending:?}");
+    // A forged job naming that invocation leaves its journaled result as it is.
+    let forged_w = envelope(JobPhase::Execute, "inv_w", "read_open", json!({"path": "a.txt", "max_bytes": 1000}));
+    let forged_w = SignedJob::seal(&forged_w, &mira_core::remote::signing_key(&[4; 32]));
+    assert_eq!(code(&runner.handle(&forged_w).await.outcome), Some(ErrorCode::JobSignatureInvalid));
+    let pending = journal.undelivered().unwrap();
+    let kept = pending.iter().find(|r| r.invocation_id == "inv_w").unwrap();
+    assert!(matches!(kept.outcome, JobOutcome::Output { .. }) && kept.nonce == exec.nonce, "{kept:?}");
     journal.delivered("inv_w").unwrap();
     assert!(journal.undelivered().unwrap().iter().all(|r| r.invocation_id != "inv_w"));
 
