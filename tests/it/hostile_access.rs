@@ -112,10 +112,10 @@ fn public_key(seed: u8) -> String {
 }
 
 /// `POST /v1/runner/enroll` sent from the loopback address `from`: (status, code, Retry-After).
-async fn enroll_from(t: &TestApp, from: &str, code: &str, key_seed: u8) -> (StatusCode, String, Option<u64>) {
+async fn enroll_from(base: &str, from: &str, code: &str, key_seed: u8) -> (StatusCode, String, Option<u64>) {
     let client = reqwest::Client::builder().local_address(from.parse::<IpAddr>().unwrap()).build().unwrap();
     let resp = client
-        .post(format!("{}/v1/runner/enroll", t.base))
+        .post(format!("{base}/v1/runner/enroll"))
         .json(&json!({"code": code, "public_key": public_key(key_seed)}))
         .send()
         .await
@@ -139,24 +139,24 @@ async fn wrong_enrollment_codes_are_limited_per_address_and_globally(backend: Ba
     // Three wrong codes from 127.0.0.2 are answered; the fourth is limited, with Retry-After
     // (one attempt refills in 60 / 3 = 20 s), and so is a right code from that address.
     for _ in 0..3 {
-        assert_eq!(enroll_from(&t, "127.0.0.2", wrong, 1).await.1, "enrollment_code_invalid");
+        assert_eq!(enroll_from(&t.base, "127.0.0.2", wrong, 1).await.1, "enrollment_code_invalid");
     }
-    let (status, code, retry) = enroll_from(&t, "127.0.0.2", wrong, 1).await;
+    let (status, code, retry) = enroll_from(&t.base, "127.0.0.2", wrong, 1).await;
     assert_eq!((status, code.as_str()), (StatusCode::TOO_MANY_REQUESTS, "enrollment_rate_limited"));
     assert!(retry.is_some_and(|s| (1..=20).contains(&s)), "Retry-After {retry:?}");
-    let (status, code, _) = enroll_from(&t, "127.0.0.2", &code_a, 1).await;
+    let (status, code, _) = enroll_from(&t.base, "127.0.0.2", &code_a, 1).await;
     assert_eq!((status, code.as_str()), (StatusCode::TOO_MANY_REQUESTS, "enrollment_rate_limited"));
 
     // The right code from another address still works, and a success costs nothing.
-    let (status, code, _) = enroll_from(&t, "127.0.0.1", &code_a, 2).await;
+    let (status, code, _) = enroll_from(&t.base, "127.0.0.1", &code_a, 2).await;
     assert_eq!((status, code.as_str()), (StatusCode::OK, ""), "the right code from another address");
 
     // Globally: three more wrong codes (from 127.0.0.3) empty the global bucket of six; then
     // every address is limited, even with a right code.
     for _ in 0..3 {
-        assert_eq!(enroll_from(&t, "127.0.0.3", wrong, 3).await.1, "enrollment_code_invalid");
+        assert_eq!(enroll_from(&t.base, "127.0.0.3", wrong, 3).await.1, "enrollment_code_invalid");
     }
-    let (status, code, retry) = enroll_from(&t, "127.0.0.4", &code_b, 4).await;
+    let (status, code, retry) = enroll_from(&t.base, "127.0.0.4", &code_b, 4).await;
     assert_eq!((status, code.as_str()), (StatusCode::TOO_MANY_REQUESTS, "enrollment_rate_limited"));
     assert!(retry.is_some_and(|s| (1..=10).contains(&s)), "Retry-After {retry:?}");
     let devices = t.get("/v1/devices", &alice).await;
@@ -165,13 +165,13 @@ async fn wrong_enrollment_codes_are_limited_per_address_and_globally(backend: Ba
 }
 
 async fn a_code_raced_by_concurrent_enrollments_enrolls_once(backend: Backend) {
-    let t = Arc::new(spawn(backend).await);
+    let t = spawn(backend).await;
     let alice = t.user("alice").await;
     let (device, code) = device_code(&t, &alice, "raced").await;
     let racers: Vec<_> = (0..6u8)
         .map(|i| {
-            let (t, code) = (t.clone(), code.clone());
-            tokio::spawn(async move { (i, enroll_from(&t, "127.0.0.1", &code, 10 + i).await) })
+            let (base, code) = (t.base.clone(), code.clone());
+            tokio::spawn(async move { (i, enroll_from(&base, "127.0.0.1", &code, 10 + i).await) })
         })
         .collect();
     let mut winners = Vec::new();
@@ -187,7 +187,7 @@ async fn a_code_raced_by_concurrent_enrollments_enrolls_once(backend: Backend) {
     let stored = t.app().store.device_by_id(&device).await.unwrap().unwrap();
     assert_eq!(stored.public_key.as_deref(), Some(public_key(10 + winners[0]).as_str()), "the winner's key is kept");
     // The code is spent.
-    assert_eq!(enroll_from(&t, "127.0.0.1", &code, 40).await.1, "enrollment_code_invalid");
+    assert_eq!(enroll_from(&t.base, "127.0.0.1", &code, 40).await.1, "enrollment_code_invalid");
 }
 
 /// A tool that looks like a projected MCP tool (so its calls are forwardable) and whose
