@@ -44,11 +44,7 @@ impl Bucket {
 
     /// How long until the bucket holds one whole token.
     fn wait(&self, capacity: f64) -> Duration {
-        if self.tokens >= 1.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64((1.0 - self.tokens) * 60.0 / capacity)
-        }
+        if self.tokens >= 1.0 { Duration::ZERO } else { Duration::from_secs_f64((1.0 - self.tokens) * 60.0 / capacity) }
     }
 }
 

@@ -258,7 +258,11 @@ impl DeviceHub {
     /// peer's address, when known). Wrong codes are limited per address and per process
     /// ([`enroll_limit`]): [`HubError::Limited`] before the code is looked at. Two enrollments
     /// with the same code at once: one wins, the other gets `enrollment_code_invalid`.
-    pub async fn enroll(&self, req: &EnrollRequest, client: Option<std::net::IpAddr>) -> Result<EnrollAnswer, HubError> {
+    pub async fn enroll(
+        &self,
+        req: &EnrollRequest,
+        client: Option<std::net::IpAddr>,
+    ) -> Result<EnrollAnswer, HubError> {
         if mira_core::remote::parse_public(&req.public_key).is_none() {
             return Err(HubError::Refused(
                 ErrorCode::InvalidRequest,

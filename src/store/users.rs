@@ -147,12 +147,10 @@ impl Store {
 
     /// The token with row id `token_id`, whoever owns it.
     pub async fn token_by_id(&self, token_id: &str) -> StoreResult<Option<TokenRow>> {
-        Ok(sqlx::query_as(
-            "SELECT id, user_id, label, created_at, last_used_at, revoked_at FROM tokens WHERE id = $1",
-        )
-        .bind(token_id)
-        .fetch_optional(self.pool())
-        .await?)
+        Ok(sqlx::query_as("SELECT id, user_id, label, created_at, last_used_at, revoked_at FROM tokens WHERE id = $1")
+            .bind(token_id)
+            .fetch_optional(self.pool())
+            .await?)
     }
 
     /// Number of tokens of user `user_id` that are not revoked.

@@ -58,8 +58,7 @@ async fn tokens_are_listed_created_and_revoked_by_their_owner(backend: Backend) 
         assert!(tok["id"].as_str().unwrap().starts_with("tok_"), "{tok}");
         assert!(tok["created_at"].is_string() && tok["revoked_at"].is_null(), "{tok}");
     }
-    let initial_id =
-        tokens.iter().find(|t| t["id"] != second_id.as_str()).unwrap()["id"].as_str().unwrap().to_owned();
+    let initial_id = tokens.iter().find(|t| t["id"] != second_id.as_str()).unwrap()["id"].as_str().unwrap().to_owned();
     // Both were used just now (one by this very request): their last use is known.
     assert!(tokens.iter().all(|t| t["last_used_at"].is_string()), "{list:?}");
 
@@ -252,7 +251,11 @@ async fn the_owner_of_a_forwarded_call_rechecks_availability(backend: Backend) {
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query("UPDATE approvals SET status = 'granted' WHERE invocation_id = $1").bind(&inv).execute(&pool).await.unwrap();
+    sqlx::query("UPDATE approvals SET status = 'granted' WHERE invocation_id = $1")
+        .bind(&inv)
+        .execute(&pool)
+        .await
+        .unwrap();
     pool.close().await;
 
     let forward = || async {
