@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::exposure::Ranker;
 use crate::exposure::index::ToolIndex;
 use crate::harness::Harness;
-use crate::registry::Registry;
+use crate::registry::{Registry, ToolError};
 use crate::store::{RunRow, Store};
 use crate::workspace::{HardLinks, RunWorkspace, Workspace};
 
@@ -88,6 +88,47 @@ impl App {
             }
         }
         Ok(ctx)
+    }
+
+    /// Whether the frozen invocation `inv` may still execute as far as the ladder goes, as the
+    /// freeze checked it (the turn's exposure aside, fixed when the call was frozen): its tool
+    /// is registered for the run's owner, public, and available for the run's context now —
+    /// its device (runner connected, not revoked), its workspace root, the tool's own check
+    /// (an MCP server connected…). The owner of a forwarded call runs this before acting
+    /// ([`crate::http::cluster::internal_execute`]), since the availability may have changed
+    /// between the freeze and the forward.
+    ///
+    /// Errors: `tool_gone` (not registered for the owner any more), `not_public`, the
+    /// availability reason's own code (`device_revoked`, `mcp_not_connected`,
+    /// `workspace_changed`…) with `details.ladder`; the run, its device or the store failing
+    /// give their own codes. Nothing runs on an error.
+    pub async fn check_still_available(&self, inv: &crate::store::InvocationRow) -> Result<(), ToolError> {
+        use crate::exposure::ladder::{self, LadderState};
+        let failed = |e: Error| {
+            let why = if matches!(e, Error::Store(_)) { "the store failed".to_owned() } else { e.to_string() };
+            ToolError::new(e.code(), format!("{} was not executed: {why}", inv.id))
+        };
+        let run = self
+            .store
+            .run_for(&inv.owner_id, &inv.run_id)
+            .await
+            .map_err(|e| failed(e.into()))?
+            .ok_or_else(|| failed(Error::NotFound("run")))?;
+        let ctx = self.run_availability_context(&inv.owner_id, &run).await.map_err(failed)?;
+        let view = ladder::evaluate(&self.registry, &inv.tool_id, &ctx, None);
+        let Some(reason) = view.reason.filter(|_| view.state != LadderState::Available) else {
+            return Ok(());
+        };
+        let code = match view.state {
+            LadderState::NotRegistered => ErrorCode::ToolGone,
+            LadderState::NotPublic => ErrorCode::NotPublic,
+            _ => ErrorCode::parse(&reason.code).unwrap_or(ErrorCode::Unavailable),
+        };
+        Err(ToolError::new(
+            code,
+            format!("{} was not executed: {} is {} now ({})", inv.id, inv.tool_id, view.state.as_str(), reason.message),
+        )
+        .with_details(serde_json::json!({"tool_id": inv.tool_id, "ladder": {"state": view.state.as_str(), "reason": {"code": reason.code, "message": reason.message}}})))
     }
 
     async fn device_context(&self, user_id: &str, device_id: Option<&str>) -> Result<AvailabilityContext> {

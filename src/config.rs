@@ -35,6 +35,14 @@ pub struct ServeConfig {
     /// long is `device_offline` (docs/runner.md).
     #[arg(long, env = "MIRA_RUNNER_LEASE_SECS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub runner_lease_secs: u64,
+    /// Wrong device enrollment codes (`POST /v1/runner/enroll`) accepted a minute from one
+    /// client address; more are 429 `enrollment_rate_limited` (docs/runner.md).
+    #[arg(long, env = "MIRA_ENROLL_FAILURES_PER_ADDRESS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub enroll_failures_per_address: u32,
+    /// Wrong device enrollment codes accepted a minute from all addresses together (per
+    /// replica); more are 429 `enrollment_rate_limited`.
+    #[arg(long, env = "MIRA_ENROLL_FAILURES_GLOBAL", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub enroll_failures_global: u32,
     /// Tool executions running at once on this server.
     #[arg(long, env = "MIRA_EXECUTION_CONCURRENCY", default_value_t = DEFAULT_EXECUTION_CONCURRENCY)]
     pub execution_concurrency: usize,

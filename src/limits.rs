@@ -235,6 +235,17 @@ impl axum::serve::Listener for LimitedListener {
     }
 }
 
+/// The TCP peer of a connection of [`LimitedListener`], as the server's connect info
+/// (`axum::extract::ConnectInfo<PeerAddr>`): what the enrollment attempt limit keys on.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, LimitedListener>> for PeerAddr {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, LimitedListener>) -> Self {
+        PeerAddr(*stream.remote_addr())
+    }
+}
+
 /// A connection of [`LimitedListener`]: holds its slot until dropped and reports end of
 /// stream once it has been idle too long.
 pub struct LimitedIo {

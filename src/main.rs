@@ -194,6 +194,8 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             retention: mira::retention::RetentionPolicy::from_days(cfg.retention_days, cfg.retention_interval_secs),
             devices: mira::devices::DeviceSettings {
                 lease: Duration::from_secs(cfg.runner_lease_secs),
+                enroll_failures_per_address: cfg.enroll_failures_per_address,
+                enroll_failures_global: cfg.enroll_failures_global,
                 ..Default::default()
             },
             ..RuntimeConfig::default()

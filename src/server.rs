@@ -399,7 +399,8 @@ impl Server {
         let http = tokio::spawn(async move {
             // `into_make_service`: each connection shares the router (an `Arc`); serving the
             // `Router` itself rebuilds every route's service stack per connection.
-            axum::serve(listener, router.into_make_service())
+            // With the peer's address as connect info (the enrollment attempt limit).
+            axum::serve(listener, router.into_make_service_with_connect_info::<crate::limits::PeerAddr>())
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await
         });

@@ -9,7 +9,9 @@
 //! process id, authenticated by the cluster secret (`x-mira-cluster-secret`, compared in
 //! constant time, never logged). The owner checks that the invocation is still running under
 //! that claim, gates it again itself ([`crate::harness::Harness::gate`]: a grant that is no
-//! longer an exact granted approval is refused with `approval_required`, nothing runs), runs
+//! longer an exact granted approval is refused with `approval_required`, nothing runs; and
+//! `App::check_still_available`: a tool no longer available for the run — its MCP server
+//! not connected, its device revoked — is refused with the ladder's reason), runs
 //! it with its own [`LocalExecutor`] and answers the tool's output or error;
 //! the claimer records the result under its lease as for a local execution (so a claim taken
 //! over meanwhile drops it: the lease is the fencing token).

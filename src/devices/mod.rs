@@ -11,6 +11,7 @@
 //! One process holds a runner's connection: in a cluster a runner connects to one replica,
 //! and calls for its device run there (the other replicas answer `device_offline`).
 
+pub mod enroll_limit;
 pub mod executor;
 
 use std::collections::HashMap;
@@ -51,11 +52,21 @@ pub struct DeviceSettings {
     pub job_ttl: Duration,
     /// How long an enrollment code stays valid.
     pub enroll_ttl: Duration,
+    /// Wrong enrollment codes a minute from one client address ([`enroll_limit`]).
+    pub enroll_failures_per_address: u32,
+    /// Wrong enrollment codes a minute from all addresses together, per process.
+    pub enroll_failures_global: u32,
 }
 
 impl Default for DeviceSettings {
     fn default() -> Self {
-        Self { lease: Duration::from_secs(15), job_ttl: Duration::from_secs(60), enroll_ttl: Duration::from_secs(600) }
+        Self {
+            lease: Duration::from_secs(15),
+            job_ttl: Duration::from_secs(60),
+            enroll_ttl: Duration::from_secs(600),
+            enroll_failures_per_address: 10,
+            enroll_failures_global: 100,
+        }
     }
 }
 
@@ -131,6 +142,9 @@ pub enum HubError {
     /// A refusal with its code and sentence.
     #[error("{1}")]
     Refused(ErrorCode, String),
+    /// Too many wrong enrollment codes ([`enroll_limit`]): try again after this long.
+    #[error("too many wrong enrollment codes")]
+    Limited(Duration),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -142,8 +156,21 @@ impl From<HubError> for crate::error::Error {
             HubError::Store(e) => e.into(),
             // Answered with the code's own status (401, 403 or 400).
             HubError::Refused(code, message) => crate::error::Error::Tool(ToolError::new(code, message)),
+            HubError::Limited(wait) => crate::error::Error::TooManyRequests {
+                code: ErrorCode::EnrollmentRateLimited,
+                message: format!(
+                    "too many wrong enrollment codes from this address or from everyone; try again in {} s \
+                     (nothing was looked at)",
+                    retry_after_secs(wait)
+                ),
+            },
         }
     }
+}
+
+/// Whole seconds to wait (at least 1), for `Retry-After`.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 /// The connected runners of this process and the jobs they owe (see the module docs).
@@ -152,6 +179,7 @@ pub struct DeviceHub {
     key: SigningKey,
     settings: DeviceSettings,
     inner: Mutex<Inner>,
+    enroll_limit: enroll_limit::EnrollLimiter,
 }
 
 /// The stream a connected runner reads, and the guard that forgets the connection when the
@@ -194,7 +222,9 @@ fn millis(d: Duration) -> u64 {
 impl DeviceHub {
     /// A hub signing jobs with `key`.
     pub fn new(store: Store, key: SigningKey, settings: DeviceSettings) -> Self {
-        Self { store, key, settings, inner: Mutex::new(Inner::default()) }
+        let enroll_limit =
+            enroll_limit::EnrollLimiter::new(settings.enroll_failures_per_address, settings.enroll_failures_global);
+        Self { store, key, settings, inner: Mutex::new(Inner::default()), enroll_limit }
     }
 
     /// The control plane's public key (hex), which runners pin at enrollment.
@@ -224,22 +254,41 @@ impl DeviceHub {
         Ok(stored.then_some((code, expires_at)))
     }
 
-    /// Enrolls a runner's public key with a one-time code.
-    pub async fn enroll(&self, req: &EnrollRequest) -> Result<EnrollAnswer, HubError> {
+    /// Enrolls a runner's public key with a one-time code, sent from `client` (the TCP
+    /// peer's address, when known). Wrong codes are limited per address and per process
+    /// ([`enroll_limit`]): [`HubError::Limited`] before the code is looked at. Two enrollments
+    /// with the same code at once: one wins, the other gets `enrollment_code_invalid`.
+    pub async fn enroll(
+        &self,
+        req: &EnrollRequest,
+        client: Option<std::net::IpAddr>,
+    ) -> Result<EnrollAnswer, HubError> {
         if mira_core::remote::parse_public(&req.public_key).is_none() {
             return Err(HubError::Refused(
                 ErrorCode::InvalidRequest,
                 "public_key is not an Ed25519 public key in hex".into(),
             ));
         }
+        let attempt = self.enroll_limit.begin(client).map_err(HubError::Limited)?;
         let sha = crate::evidence::sha256_hex(req.code.trim().as_bytes());
-        let row = self.store.enroll_device(&sha, &req.public_key, &crate::ids::now()).await?.ok_or_else(|| {
-            HubError::Refused(
-                ErrorCode::EnrollmentCodeInvalid,
-                "the enrollment code is unknown, already used or expired; ask for a new one (POST /v1/devices/{id}/enrollment-code)"
-                    .into(),
-            )
-        })?;
+        let row = match self.store.enroll_device(&sha, &req.public_key, &crate::ids::now()).await {
+            Ok(Some(row)) => {
+                self.enroll_limit.refund(attempt);
+                row
+            }
+            Ok(None) => {
+                tracing::info!(client = ?client, "a wrong enrollment code");
+                return Err(HubError::Refused(
+                    ErrorCode::EnrollmentCodeInvalid,
+                    "the enrollment code is unknown, already used or expired; ask for a new one (POST /v1/devices/{id}/enrollment-code)"
+                        .into(),
+                ));
+            }
+            Err(e) => {
+                self.enroll_limit.refund(attempt);
+                return Err(e.into());
+            }
+        };
         tracing::info!(device = %row.id, "device enrolled");
         Ok(EnrollAnswer { device_id: row.id, name: row.name, server_public_key: self.public_key() })
     }

@@ -61,8 +61,9 @@ pub fn router() -> OpenApiRouter<App> {
 
 /// `POST /internal/v1/execute`: runs a terminal action or a stdio MCP call forwarded by the
 /// replica that claimed it (see [`crate::cluster::forward`]), after gating it again here
-/// ([`crate::harness::Harness::gate`] and the tool family's frozen-input check: what changed
-/// between the claim and the forward is refused, nothing runs). Not part of the public API: it
+/// ([`crate::harness::Harness::gate`], the tool family's frozen-input check and the ladder's
+/// availability, [`App::check_still_available`]: what changed between the freeze and the
+/// forward is refused, nothing runs). Not part of the public API: it
 /// answers only requests carrying the cluster secret (401 otherwise, and always when no
 /// secret is configured).
 pub async fn internal_execute(
@@ -89,6 +90,11 @@ pub async fn internal_execute(
         ));
     }
     if let Err(e) = app.registry.check_frozen(&inv.tool_id, &inv.input) {
+        return Ok(axum::Json(ExecuteAnswer::Err(e)));
+    }
+    // Availability may have changed since the freeze (a device revoked, an MCP server no
+    // longer connected, a workspace root replaced): the owner asks the ladder again.
+    if let Err(e) = app.check_still_available(&inv).await {
         return Ok(axum::Json(ExecuteAnswer::Err(e)));
     }
     let entry = app.registry.get_any(&inv.tool_id);

@@ -218,9 +218,25 @@ pub fn router() -> OpenApiRouter<App> {
         .routes(routes!(new_enrollment_code))
 }
 
-/// `POST /v1/runner/enroll`: a runner registers its public key with a one-time code.
-async fn runner_enroll(State(app): State<App>, Json(body): Json<EnrollRequest>) -> Result<Response> {
-    Ok(Json(app.devices.enroll(&body).await?).into_response())
+/// `POST /v1/runner/enroll`: a runner registers its public key with a one-time code. Wrong
+/// codes are limited per client address and per process: 429 `enrollment_rate_limited` with
+/// `Retry-After` (seconds).
+async fn runner_enroll(
+    State(app): State<App>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<crate::limits::PeerAddr>>>,
+    Json(body): Json<EnrollRequest>,
+) -> Result<Response> {
+    let client = peer.map(|axum::Extension(axum::extract::ConnectInfo(p))| p.0.ip());
+    match app.devices.enroll(&body, client).await {
+        Ok(answer) => Ok(Json(answer).into_response()),
+        Err(crate::devices::HubError::Limited(wait)) => {
+            let secs = crate::devices::retry_after_secs(wait);
+            let mut response = Error::from(crate::devices::HubError::Limited(wait)).into_response();
+            response.headers_mut().insert(header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
+            Ok(response)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `POST /v1/runner/challenge`.

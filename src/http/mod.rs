@@ -19,6 +19,7 @@ pub mod search;
 pub mod service;
 pub mod storable;
 pub mod terminal;
+pub mod tokens;
 pub mod tools;
 pub mod users;
 pub mod web;
@@ -119,6 +120,7 @@ fn api() -> OpenApiRouter<App> {
         .merge(service::router())
         .merge(cluster::router())
         .merge(users::router())
+        .merge(tokens::router())
         .merge(workspaces::router())
         .merge(devices::router())
         .merge(tools::router())

@@ -47,7 +47,7 @@ pub use search::{
     UpsertCounts,
 };
 pub use terminal::{SessionEnd, TerminalReport, TerminalSessionRow};
-pub use users::{Roles, TokenIdentity, UserRow};
+pub use users::{LAST_USED_PRECISION, Roles, TokenIdentity, TokenRow, UserRow};
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -99,19 +99,117 @@ impl Store {
             Ok(identity) => return Ok(Some(identity)),
             Err(start) => start,
         };
-        let identity: Option<TokenIdentity> = sqlx::query_as(
-            "SELECT u.id AS user_id, u.name, u.is_admin, u.is_approver, t.id AS token_id
+        let row: Option<IdentityRow> = sqlx::query_as(
+            "SELECT u.id AS user_id, u.name, u.is_admin, u.is_approver, t.id AS token_id, t.last_used_at
              FROM tokens t JOIN users u ON u.id = t.user_id
              WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
         )
         .bind(token_sha256)
         .fetch_optional(self.pool())
         .await?;
-        if let Some(identity) = &identity {
-            self.identities.put(token_sha256, identity, start);
-        }
-        Ok(identity)
+        let Some(row) = row else { return Ok(None) };
+        self.identities.put(token_sha256, &row.identity, start);
+        self.note_token_use(&row.identity.token_id, row.last_used_at.as_deref()).await;
+        Ok(Some(row.identity))
     }
+
+    /// Records that token `token_id` was used now, when its stored `last_used_at` is older
+    /// than [`LAST_USED_PRECISION`] (so a busy token costs one write a minute per replica, not
+    /// one per request). A failure is logged: it never refuses the request.
+    async fn note_token_use(&self, token_id: &str, last_used_at: Option<&str>) {
+        let now = chrono::Utc::now();
+        let stale_before = ids::format_time(now - LAST_USED_PRECISION);
+        if last_used_at.is_some_and(|at| at >= stale_before.as_str()) {
+            return;
+        }
+        let done = sqlx::query(
+            "UPDATE tokens SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $3)",
+        )
+        .bind(ids::format_time(now))
+        .bind(token_id)
+        .bind(&stale_before)
+        .execute(self.pool())
+        .await;
+        if let Err(e) = done {
+            tracing::warn!(token = token_id, error = %e, "recording a token's last use failed");
+        }
+    }
+
+    /// The tokens of user `user_id` (revoked ones too), oldest first. Never their hashes.
+    pub async fn list_tokens(&self, user_id: &str) -> StoreResult<Vec<TokenRow>> {
+        Ok(sqlx::query_as(
+            "SELECT id, user_id, label, created_at, last_used_at, revoked_at FROM tokens WHERE user_id = $1 ORDER BY id",
+        )
+        .bind(user_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// The token with row id `token_id`, whoever owns it.
+    pub async fn token_by_id(&self, token_id: &str) -> StoreResult<Option<TokenRow>> {
+        Ok(sqlx::query_as("SELECT id, user_id, label, created_at, last_used_at, revoked_at FROM tokens WHERE id = $1")
+            .bind(token_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// Number of tokens of user `user_id` that are not revoked.
+    pub async fn count_active_tokens(&self, user_id: &str) -> StoreResult<i64> {
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tokens WHERE user_id = $1 AND revoked_at IS NULL")
+            .bind(user_id)
+            .fetch_one(self.pool())
+            .await?)
+    }
+
+    /// Adds a token (given as its SHA-256 hex) to user `user_id`, labelled `label`.
+    pub async fn create_token(&self, user_id: &str, label: &str, token_sha256: &str) -> StoreResult<TokenRow> {
+        let row = TokenRow {
+            id: ids::new_id("tok"),
+            user_id: user_id.to_owned(),
+            label: label.to_owned(),
+            created_at: ids::now(),
+            last_used_at: None,
+            revoked_at: None,
+        };
+        sqlx::query("INSERT INTO tokens (id, user_id, token_sha256, label, created_at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(&row.id)
+            .bind(user_id)
+            .bind(token_sha256)
+            .bind(&row.label)
+            .bind(&row.created_at)
+            .execute(self.pool())
+            .await?;
+        Ok(row)
+    }
+}
+
+/// How precisely `tokens.last_used_at` follows use: it is rewritten once it is older than this.
+pub const LAST_USED_PRECISION: chrono::Duration = chrono::Duration::seconds(60);
+
+/// A token's identity with its stored last use (read together on a cache miss).
+#[derive(sqlx::FromRow)]
+struct IdentityRow {
+    #[sqlx(flatten)]
+    identity: TokenIdentity,
+    last_used_at: Option<String>,
+}
+
+/// A stored token, without its hash.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct TokenRow {
+    /// `tok_…`
+    pub id: String,
+    /// The user it authenticates.
+    pub user_id: String,
+    /// Its label (`initial` for a user's first token).
+    pub label: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339: when it last authenticated a request, to the minute
+    /// ([`LAST_USED_PRECISION`]); null when not used since this was recorded.
+    pub last_used_at: Option<String>,
+    /// RFC 3339: when it was revoked; null while it is valid.
+    pub revoked_at: Option<String>,
 }
 
 impl Store {

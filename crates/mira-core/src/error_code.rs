@@ -231,6 +231,8 @@ catalogue! {
     TerminalSessionEnded = (409, "terminal_session_ended"),
     /// The most terminal sessions are open (`--terminal-max-sessions`).
     TerminalSessionLimit = (409, "terminal_session_limit"),
+    /// The user has the most valid bearer tokens allowed; revoke one first.
+    TokenLimit = (409, "token_limit"),
     /// The `tool_call_id` was already used in the turn for another call.
     ToolCallIdConflict = (409, "tool_call_id_conflict"),
     /// The path is not of the frozen type.
@@ -323,6 +325,9 @@ catalogue! {
     ToolGone = (422, "tool_gone"),
     /// The resolved path changed.
     WorkspaceMoved = (422, "workspace_moved"),
+    /// Too many wrong enrollment codes from this address, or from everyone (`Retry-After`
+    /// says when to try again; a right code is refused too meanwhile).
+    EnrollmentRateLimited = (429, "enrollment_rate_limited"),
     /// The caller already has `--max-streams-per-user` event streams open.
     TooManyStreams = (429, "too_many_streams"),
     /// A bug or a store error other than unavailability (logged, never detailed).

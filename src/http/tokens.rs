@@ -1,0 +1,127 @@
+//! A user's bearer tokens: `GET /v1/tokens` (list, never the secret), `POST /v1/tokens`
+//! (another token, its secret shown once), `POST /v1/tokens/{token_id}/revoke`.
+//!
+//! A user sees and revokes only their own tokens: another user's token id is 404, as an
+//! unknown one (its existence is not told). Admins may list (`?user_id=`) and revoke any
+//! user's. A revocation takes effect at once on the replica that made it and within
+//! [`crate::store::cache::IDENTITY_TTL`] on the others.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::AuthUser;
+use super::error::{Json, Path, Query};
+use crate::app::App;
+use crate::error::{Error, ErrorCode, Result};
+use crate::store::TokenRow;
+
+/// Most tokens a user may hold that are not revoked; one more is 409 `token_limit`.
+pub const MAX_ACTIVE_TOKENS: i64 = 50;
+
+/// Query of `GET /v1/tokens`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct TokenQuery {
+    /// Admins only: list this user's tokens instead of the caller's (403 `forbidden` for
+    /// anyone else naming another user).
+    #[param(pattern = r"^usr_[0-9a-f]{32}$")]
+    pub user_id: Option<String>,
+}
+
+/// `{"tokens": [...]}`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TokenList {
+    /// The tokens, revoked ones included, oldest first.
+    pub tokens: Vec<TokenRow>,
+}
+
+/// Body of `POST /v1/tokens`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    /// A label to tell it apart, 1-64 printable characters (default `api`).
+    #[schema(min_length = 1, max_length = 64)]
+    pub label: Option<String>,
+}
+
+/// A new token and its secret (shown once; only its hash is stored).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct CreatedToken {
+    /// The stored token.
+    #[serde(flatten)]
+    pub token: TokenRow,
+    /// The bearer token itself (`mira_…`).
+    pub secret: String,
+}
+
+/// The caller's tokens (an admin may name another user with `?user_id=`).
+#[utoipa::path(get, path = "/v1/tokens", tag = "users", params(TokenQuery),
+    responses((status = 200, body = TokenList), (status = 403)), security(("bearer" = [])))]
+pub async fn list_tokens(
+    State(app): State<App>,
+    user: AuthUser,
+    Query(query): Query<TokenQuery>,
+) -> Result<Json<TokenList>> {
+    let whose = match query.user_id {
+        Some(other) if other != user.user_id => {
+            user.require_admin()?;
+            other
+        }
+        _ => user.user_id,
+    };
+    Ok(Json(TokenList { tokens: app.store.list_tokens(&whose).await? }))
+}
+
+/// Creates another token for the caller. Errors: 400 `invalid_request` (label), 409
+/// `token_limit` ([`MAX_ACTIVE_TOKENS`] valid tokens already).
+#[utoipa::path(post, path = "/v1/tokens", tag = "users", request_body = CreateToken,
+    responses((status = 201, body = CreatedToken), (status = 409)), security(("bearer" = [])))]
+pub async fn create_token(
+    State(app): State<App>,
+    user: AuthUser,
+    Json(body): Json<CreateToken>,
+) -> Result<(StatusCode, Json<CreatedToken>)> {
+    let label = body.label.unwrap_or_else(|| "api".to_owned());
+    if label.is_empty() || label.chars().count() > 64 || label.chars().any(char::is_control) {
+        return Err(Error::invalid_field("label", "label must be 1-64 printable characters"));
+    }
+    if app.store.count_active_tokens(&user.user_id).await? >= MAX_ACTIVE_TOKENS {
+        return Err(Error::conflict(
+            ErrorCode::TokenLimit,
+            format!("you already have {MAX_ACTIVE_TOKENS} valid tokens; revoke one first"),
+            serde_json::json!({"limit": MAX_ACTIVE_TOKENS}),
+        ));
+    }
+    let secret = crate::auth::new_token();
+    let token = app.store.create_token(&user.user_id, &label, &crate::auth::hash_token(&secret)).await?;
+    Ok((StatusCode::CREATED, Json(CreatedToken { token, secret })))
+}
+
+/// Revokes a token: from this answer on it is refused (401) on this replica, and within 1 s
+/// on the others. The caller's own tokens (the one in use too); admins any user's. Another
+/// user's token is 404. Revoking again keeps the first `revoked_at`.
+#[utoipa::path(post, path = "/v1/tokens/{token_id}/revoke", tag = "users", params(("token_id" = String, Path)),
+    responses((status = 200, body = TokenRow), (status = 404)), security(("bearer" = [])))]
+pub async fn revoke_token(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(token_id): Path<String>,
+) -> Result<Json<TokenRow>> {
+    if !crate::ids::is_well_formed(&token_id, "tok") {
+        return Err(Error::NotFound("token"));
+    }
+    let row = app.store.token_by_id(&token_id).await?.ok_or(Error::NotFound("token"))?;
+    if row.user_id != user.user_id && !user.is_admin {
+        return Err(Error::NotFound("token"));
+    }
+    app.store.revoke_token(&token_id).await?;
+    Ok(Json(app.store.token_by_id(&token_id).await?.ok_or(Error::NotFound("token"))?))
+}
+
+/// Routes of this module.
+pub fn router() -> OpenApiRouter<App> {
+    OpenApiRouter::new().routes(routes!(list_tokens, create_token)).routes(routes!(revoke_token))
+}
