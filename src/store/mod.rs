@@ -297,7 +297,13 @@ impl Store {
             }
             Backend::Postgres => (self.pool.begin().await?, None),
         };
-        Ok(WriteTx { tx, appended: Vec::new(), bus: self.bus.clone(), notifier: self.notifier.clone(), _writer: writer })
+        Ok(WriteTx {
+            tx,
+            appended: Vec::new(),
+            bus: self.bus.clone(),
+            notifier: self.notifier.clone(),
+            _writer: writer,
+        })
     }
 
     pub(crate) fn pool(&self) -> &AnyPool {
