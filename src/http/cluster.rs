@@ -19,6 +19,20 @@ use crate::state::InvocationStatus;
 use crate::store::ReplicaRow;
 use crate::workspace::HardLinks;
 
+/// A request from another replica of the cluster: the extractor of the internal routes,
+/// which answers 401 `unauthorized` unless the request carries the cluster secret
+/// ([`SECRET_HEADER`], compared in constant time; always 401 when no secret is configured).
+pub struct ClusterCaller;
+
+impl axum::extract::FromRequestParts<App> for ClusterCaller {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, app: &App) -> Result<Self> {
+        let given = parts.headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+        if app.node.config.secret_matches(given) { Ok(ClusterCaller) } else { Err(Error::Unauthorized) }
+    }
+}
+
 /// One replica and whether it counts as running now.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ReplicaView {
@@ -68,13 +82,9 @@ pub fn router() -> OpenApiRouter<App> {
 /// secret is configured).
 pub async fn internal_execute(
     State(app): State<App>,
-    headers: axum::http::HeaderMap,
+    _caller: ClusterCaller,
     Json(body): Json<ExecuteRequest>,
 ) -> Result<axum::Json<ExecuteAnswer>> {
-    let given = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
-    if !app.node.config.secret_matches(given) {
-        return Err(Error::Unauthorized);
-    }
     let inv = app.store.invocation_by_id(&body.invocation_id).await?.ok_or(Error::NotFound("invocation"))?;
     if inv.status != InvocationStatus::Running || inv.claimed_by.as_deref() != Some(body.claimed_by.as_str()) {
         return Err(Error::Conflict {
@@ -138,13 +148,9 @@ pub struct ConnectRequest {
 /// without the cluster secret; 404 for an unknown server.
 pub async fn internal_mcp_connect(
     State(app): State<App>,
-    headers: axum::http::HeaderMap,
+    _caller: ClusterCaller,
     Json(body): Json<ConnectRequest>,
 ) -> Result<axum::http::StatusCode> {
-    let given = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
-    if !app.node.config.secret_matches(given) {
-        return Err(Error::Unauthorized);
-    }
     app.mcp.connect_here(&body.server_id)?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
@@ -155,13 +161,9 @@ pub async fn internal_mcp_connect(
 /// `mcp_discovery_failed`) otherwise; 401 without the cluster secret; 404 for an unknown server.
 pub async fn internal_mcp_discover(
     State(app): State<App>,
-    headers: axum::http::HeaderMap,
+    _caller: ClusterCaller,
     Json(body): Json<ConnectRequest>,
 ) -> Result<axum::http::StatusCode> {
-    let given = headers.get(SECRET_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
-    if !app.node.config.secret_matches(given) {
-        return Err(Error::Unauthorized);
-    }
     app.mcp.discover_here(&body.server_id).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
