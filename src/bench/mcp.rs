@@ -99,12 +99,16 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
     let direct = direct_calls(&command, &opts.args, &opts.tool, &input, opts.calls).await?;
     // 2c. The full HTTP chain.
     let mut chain = Vec::with_capacity(opts.chain_calls);
+    let mut phases: [Vec<Duration>; 3] = Default::default();
     let chain_turn = api.turn(&run_id).await?;
     for i in 0..opts.chain_calls {
         let t = Instant::now();
-        let done = api.chain_call_in(&run_id, &chain_turn, &tool_id, &format!("chain-{i}"), &input).await?;
+        let (done, took) = api.chain_call_in(&run_id, &chain_turn, &tool_id, &format!("chain-{i}"), &input).await?;
         anyhow::ensure!(done["status"] == "completed", "chain call: {done}");
         chain.push(t.elapsed());
+        for (all, one) in phases.iter_mut().zip(took) {
+            all.push(one);
+        }
     }
 
     // 3. Memory per connected server.
@@ -140,6 +144,11 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
         chain.len(),
         c.p50,
         c.p99
+    );
+    let [freeze, grant, wait] = phases.each_ref().map(|p| super::percentiles(p));
+    println!(
+        "  phases p50/p99 ms: freeze {:.2}/{:.2}  grant {:.2}/{:.2}  execute until the final status (GET ?wait_ms) {:.2}/{:.2}",
+        freeze.p50, freeze.p99, grant.p50, grant.p99, wait.p50, wait.p99
     );
     println!(
         "chain_vs_direct p50: chain {:.2} ms, target 1.3 x direct + 2 ms = {:.2} ms ({})",
@@ -217,7 +226,7 @@ impl Api {
     /// Turn, then the chain ([`Api::chain_call_in`]).
     async fn chain_call(&self, run: &str, tool: &str, call_id: &str, input: &Value) -> anyhow::Result<Value> {
         let turn_id = self.turn(run).await?;
-        self.chain_call_in(run, &turn_id, tool, call_id, input).await
+        Ok(self.chain_call_in(run, &turn_id, tool, call_id, input).await?.0)
     }
 
     /// A new turn of `run`; its id.
@@ -228,7 +237,7 @@ impl Api {
     }
 
     /// Freeze, grant, then one `GET /v1/invocations/{id}?wait_ms=…` that answers when the
-    /// call is final (no polling).
+    /// call is final (no polling). The final invocation, and how long the three steps took.
     async fn chain_call_in(
         &self,
         run: &str,
@@ -236,7 +245,8 @@ impl Api {
         tool: &str,
         call_id: &str,
         input: &Value,
-    ) -> anyhow::Result<Value> {
+    ) -> anyhow::Result<(Value, [Duration; 3])> {
+        let t = Instant::now();
         let inv = self
             .send(
                 reqwest::Method::POST,
@@ -244,6 +254,7 @@ impl Api {
                 Some(json!({"turn_id": turn_id, "tool_id": tool, "tool_call_id": call_id, "input": input})),
             )
             .await?;
+        let frozen = t.elapsed();
         let approval = inv["approval_id"].as_str().context("approval")?;
         self.send(
             reqwest::Method::POST,
@@ -251,11 +262,12 @@ impl Api {
             Some(json!({"tool_id": tool, "tool_call_id": call_id, "input_hash": inv["input_hash"]})),
         )
         .await?;
+        let granted = t.elapsed();
         let id = inv["invocation_id"].as_str().context("invocation")?;
         loop {
             let v = self.send(reqwest::Method::GET, &format!("/v1/invocations/{id}?wait_ms=30000"), None).await?;
             if !matches!(v["status"].as_str(), Some("queued" | "running" | "awaiting_approval")) {
-                return Ok(v);
+                return Ok((v, [frozen, granted - frozen, t.elapsed() - granted]));
             }
         }
     }
