@@ -71,6 +71,16 @@ pub fn provider(endpoint: Option<&str>) -> Result<SdkTracerProvider, TelemetryEr
 /// log output never shows them, see [`log_filter`]).
 pub const TARGET: &str = "mira::otel";
 
+/// Set once a layer of [`layer`] was made: spans of [`TARGET`] are then exported.
+static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether spans are exported (a layer of [`layer`] exists in this process). Work done only
+/// for the trace — reading an invocation's stored trace context — is skipped otherwise.
+/// (`tracing::enabled!` cannot tell: an absent optional layer enables every target.)
+pub fn exporting() -> bool {
+    EXPORTING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The `tracing` layer that turns the spans of [`TARGET`] into OpenTelemetry spans of
 /// `provider` (other spans and events are not exported).
 pub fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
@@ -78,6 +88,7 @@ where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
     use tracing_subscriber::Layer as _;
+    EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
     tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("mira"))
         .with_filter(tracing_subscriber::filter::Targets::new().with_target(TARGET, tracing::Level::TRACE))

@@ -345,7 +345,7 @@ impl Harness {
             mira.invocation.status = tracing::field::Empty,
             error.type = tracing::field::Empty,
         );
-        if tracing::enabled!(target: "mira::otel", tracing::Level::INFO) {
+        if crate::telemetry::exporting() {
             match self.store.invocation_trace(&inv.id).await {
                 Ok(Some(parent)) => crate::telemetry::set_parent(&span, &parent),
                 Ok(None) => {}
