@@ -317,4 +317,21 @@ impl Store {
         .await?;
         Ok(pids.into_iter().map(|(id, pid, start)| (id, pid.unwrap_or(0), start)).collect())
     }
+
+    /// Sessions on remote devices (`node_id` = the device id) still `running` whose device's
+    /// runner was last seen before `cutoff` (RFC 3339), or whose device was revoked: marks
+    /// them `lost` (the output already stored stays readable); how many.
+    pub async fn lose_device_terminal_sessions(&self, cutoff: &str) -> StoreResult<u64> {
+        let done = sqlx::query(
+            "UPDATE terminal_sessions SET state = 'lost', ended_at = $1,
+                end_reason = 'the device''s runner went away (its lease ran out); the output it had sent is kept'
+             WHERE state = 'running' AND node_id IN
+                (SELECT id FROM devices WHERE revoked_at IS NOT NULL OR last_seen_at IS NULL OR last_seen_at < $2)",
+        )
+        .bind(ids::now())
+        .bind(cutoff)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected())
+    }
 }
