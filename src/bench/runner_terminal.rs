@@ -29,7 +29,11 @@ pub struct RunnerTerminalBench {
 /// One flood through the chain in `run`: `(bytes, seconds)` from the freeze to `exit`.
 async fn flood(api: &Api, run: &str, tag: &str, command: &str) -> anyhow::Result<(u64, f64)> {
     let turn = api
-        .send(reqwest::Method::POST, &format!("/v1/runs/{run}/turns"), Some(json!({"task": "run commands in a terminal"})))
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/runs/{run}/turns"),
+            Some(json!({"task": "run commands in a terminal"})),
+        )
         .await?;
     let turn = turn["turn_id"].as_str().context("turn id")?.to_owned();
     let t0 = Instant::now();
@@ -57,8 +61,16 @@ pub async fn terminal_vs_host(api: &Api, device_run: &str, host_run: &str, comma
     let (dev_bytes, dev_secs) = flood(api, device_run, "device-flood", command).await?;
     let rate = |b: u64, s: f64| b as f64 / 1e6 / s;
     println!("terminal throughput: `{command}` (freeze → grant → PTY → SSE `exit`, one client)");
-    println!("  host PTY:        {:.1} MB in {host_secs:.2} s = {:.1} MB/s", host_bytes as f64 / 1e6, rate(host_bytes, host_secs));
-    println!("  through runner:  {:.1} MB in {dev_secs:.2} s = {:.1} MB/s", dev_bytes as f64 / 1e6, rate(dev_bytes, dev_secs));
+    println!(
+        "  host PTY:        {:.1} MB in {host_secs:.2} s = {:.1} MB/s",
+        host_bytes as f64 / 1e6,
+        rate(host_bytes, host_secs)
+    );
+    println!(
+        "  through runner:  {:.1} MB in {dev_secs:.2} s = {:.1} MB/s",
+        dev_bytes as f64 / 1e6,
+        rate(dev_bytes, dev_secs)
+    );
     println!("  runner / host throughput ratio {:.2}", rate(dev_bytes, dev_secs) / rate(host_bytes, host_secs));
     Ok(())
 }

@@ -51,7 +51,13 @@ pub struct TerminalBench {
 
 impl Api {
     /// Freezes a terminal_session call and returns the grant request (not yet sent).
-    pub(super) async fn freeze(&self, run: &str, turn: &str, call: &str, input: Value) -> anyhow::Result<(String, Value)> {
+    pub(super) async fn freeze(
+        &self,
+        run: &str,
+        turn: &str,
+        call: &str,
+        input: Value,
+    ) -> anyhow::Result<(String, Value)> {
         let inv = self
             .send(
                 reqwest::Method::POST,

@@ -160,9 +160,10 @@ impl RemoteExecutor {
         let input = spec.input.clone();
         let action = input.get("action").and_then(Value::as_str).unwrap_or_default().to_owned();
         if action == "output" {
-            let terminal = self.terminal.as_ref().ok_or_else(|| {
-                ToolError::new(ErrorCode::Internal, "this server reads no device terminal output")
-            })?;
+            let terminal = self
+                .terminal
+                .as_ref()
+                .ok_or_else(|| ToolError::new(ErrorCode::Internal, "this server reads no device terminal output"))?;
             let out = terminal.device_output(&input, &inv.owner_id, &inv.run_id, &inv.id, device).await?;
             return Ok(stamp_device(out, device));
         }
@@ -227,7 +228,8 @@ impl RemoteExecutor {
         if output.output.get("session_id").and_then(Value::as_str) != Some(session_id.as_str()) {
             return Err(ToolError::new(ErrorCode::Internal, "the runner answered for another terminal session"));
         }
-        let range = |i: usize| output.output.pointer(&format!("/output_range/{i}")).and_then(Value::as_u64).unwrap_or(0);
+        let range =
+            |i: usize| output.output.pointer(&format!("/output_range/{i}")).and_then(Value::as_u64).unwrap_or(0);
         let (from, to) = (range(0), range(1));
         if action == "resize" {
             let dim = |k: &str| u16::try_from(input.get(k).and_then(Value::as_u64).unwrap_or(0)).unwrap_or(0);
@@ -240,12 +242,8 @@ impl RemoteExecutor {
             "from": from, "to": to, "bytes": output.output.get("output_bytes"),
             "bytes_missed": output.output.get("output_bytes_missed"),
         });
-        let report = crate::store::TerminalReport {
-            session_id: session_id.clone(),
-            invocation_id: inv.id.clone(),
-            from,
-            to,
-        };
+        let report =
+            crate::store::TerminalReport { session_id: session_id.clone(), invocation_id: inv.id.clone(), from, to };
         if let Err(e) = self.store.record_terminal_output(&inv.run_id, &event, Some(&report)).await {
             tracing::warn!(error = %e, "recording terminal.output failed");
         }

@@ -38,7 +38,10 @@ impl DeviceHub {
         let (device, conn) = self.by_session(session).ok_or_else(Self::session_refused)?;
         *conn.last_beat.lock() = std::time::Instant::now();
         let row = self.store.terminal_session_for_any(id).await?.filter(|r| r.node_id == device).ok_or_else(|| {
-            HubError::Refused(ErrorCode::TerminalSessionNotFound, format!("device {device} has no terminal session {id}"))
+            HubError::Refused(
+                ErrorCode::TerminalSessionNotFound,
+                format!("device {device} has no terminal session {id}"),
+            )
         })?;
         if row.state != TerminalSessionState::Running {
             return Err(HubError::Refused(

@@ -224,7 +224,18 @@ pub async fn stream_session(
         });
     }
     let run_id = row.run_id.clone();
-    let state = Viewer { app, id, run_id, live, offset, pending: Vec::new(), exit: None, done: false, signals: None, device_wake: None };
+    let state = Viewer {
+        app,
+        id,
+        run_id,
+        live,
+        offset,
+        pending: Vec::new(),
+        exit: None,
+        done: false,
+        signals: None,
+        device_wake: None,
+    };
     let stream = futures::stream::unfold(state, |mut v| async move {
         if v.done {
             return None;

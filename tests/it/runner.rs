@@ -486,15 +486,26 @@ async fn terminal_on_a_device(backend: Backend) {
     assert!(alive(pid));
     assert_eq!(out["cwd"], a.workspace.join("sub").to_string_lossy().as_ref());
     let ev = evidence(&t, &token, &done).await;
-    assert_eq!((ev["kind"].as_str(), ev["provenance"]["device_id"].as_str()), (Some("terminal_output"), Some(a.device_id.as_str())));
+    assert_eq!(
+        (ev["kind"].as_str(), ev["provenance"]["device_id"].as_str()),
+        (Some("terminal_output"), Some(a.device_id.as_str()))
+    );
     let start_inv = done["invocation_id"].as_str().unwrap();
     assert!(a.journal().contains(&format!("inv-{start_inv}.delivered")), "{:?}", a.journal());
     let s = t.get(&format!("/v1/terminal-sessions/{id}"), &token).await;
     assert_eq!((s.status, s.body["state"].as_str()), (StatusCode::OK, Some("running")), "{s:?}");
 
     // input: typed on A; the result holds the output since the last action.
-    let done = term(&t, &token, &run, &turn, "i1", json!({"action": "input", "session_id": id,
-        "data": "for i in $(seq 1 300); do echo line-$i-$((i*7)); done; pwd\n", "settle_ms": 500})).await;
+    let done = term(
+        &t,
+        &token,
+        &run,
+        &turn,
+        "i1",
+        json!({"action": "input", "session_id": id,
+        "data": "for i in $(seq 1 300); do echo line-$i-$((i*7)); done; pwd\n", "settle_ms": 500}),
+    )
+    .await;
     assert_eq!(done["status"], "completed", "{done}");
     let text = done["result"]["output"]["output"].as_str().unwrap();
     assert!(text.contains("line-300-2100") && text.contains("/sub"), "{text}");
@@ -525,12 +536,18 @@ async fn terminal_on_a_device(backend: Backend) {
     let run_b = t.post("/v1/runs", &token, json!({"workspace_id": ws_b})).await.body["id"].as_str().unwrap().to_owned();
     let (turn_b, _) = t.turn(&token, &run_b, "run commands in a terminal").await;
     let r = t
-        .call(&token, &run_b, &turn_b, "terminal_session", "x1", json!({"action": "input", "session_id": id, "data": "id\n"}))
+        .call(
+            &token,
+            &run_b,
+            &turn_b,
+            "terminal_session",
+            "x1",
+            json!({"action": "input", "session_id": id, "data": "id\n"}),
+        )
         .await;
     assert_eq!(r.code(), "terminal_session_not_found", "{r:?}");
-    let r = t
-        .call(&token, &run_b, &turn_b, "terminal_session", "x2", json!({"action": "output", "session_id": id}))
-        .await;
+    let r =
+        t.call(&token, &run_b, &turn_b, "terminal_session", "x2", json!({"action": "output", "session_id": id})).await;
     if r.status == StatusCode::CREATED {
         grant(&t, &token, &r.body).await;
         let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
@@ -541,14 +558,20 @@ async fn terminal_on_a_device(backend: Backend) {
     assert!(!b.journal().iter().any(|e| e.starts_with("inv-")), "{:?}", b.journal());
 
     // output on A's run reads the stored output (the control plane's store).
-    let done = term(&t, &token, &run, &turn, "o1", json!({"action": "output", "session_id": id, "pattern": "line-150-"})).await;
+    let done =
+        term(&t, &token, &run, &turn, "o1", json!({"action": "output", "session_id": id, "pattern": "line-150-"}))
+            .await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["result"]["output"]["matches"][0]["line"], "line-150-1050", "{done}");
 
     // kill: the session ends on A; the stream then ends with `exit`, and a resume from the
     // middle is exactly the rest.
     let done = term(&t, &token, &run, &turn, "k1", json!({"action": "kill", "session_id": id})).await;
-    assert_eq!((done["status"].as_str(), done["result"]["output"]["state"].as_str()), (Some("completed"), Some("killed")), "{done}");
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["output"]["state"].as_str()),
+        (Some("completed"), Some("killed")),
+        "{done}"
+    );
     let start = Instant::now();
     while t.get(&format!("/v1/terminal-sessions/{id}"), &token).await.body["state"] != "killed" {
         assert!(start.elapsed() < Duration::from_secs(10), "the end never reached the control plane");
@@ -563,18 +586,28 @@ async fn terminal_on_a_device(backend: Backend) {
         assert_eq!(w[0].2["end"], w[1].2["start"]);
     }
     assert_eq!(outputs.last().unwrap().2["end"], exit.2["bytes_out"]);
-    let at = outputs[outputs.len() / 2].0;
+    assert_eq!(outputs[0].2["start"], 0);
+    let all = sse_text(&full);
+    assert!(all.contains("line-1-7"));
+    assert_eq!(all.len() as i64, exit.2["bytes_out"].as_i64().unwrap(), "ASCII output: a byte is a character");
+    let at = all.len() as i64 / 2;
     let rest = read_sse(stream(&token, Some(at)).await.unwrap(), 10_000, Duration::from_secs(10)).await;
     assert_eq!(rest[0].2["start"].as_i64(), Some(at));
-    let expected: String =
-        outputs.iter().filter(|e| e.2["start"].as_i64().unwrap() >= at).map(|e| e.2["data"].as_str().unwrap()).collect();
-    assert_eq!(sse_text(&rest), expected);
-    assert!(sse_text(&full).contains("line-1-7"));
+    assert_eq!(sse_text(&rest), all[at as usize..]);
+    assert_eq!(rest.last().map(|e| e.1.as_str()), Some("exit"));
 
     // A runner that goes away: once its lease runs out the session is `lost`, the output it
     // sent stays readable; when it comes back its uploads are refused and it ends the session.
-    let done = term(&t, &token, &run, &turn, "s2", json!({"action": "start", "command": "bash",
-        "args": ["--norc", "--noprofile", "-c", "echo before-$((2+3)); sleep 300"]})).await;
+    let done = term(
+        &t,
+        &token,
+        &run,
+        &turn,
+        "s2",
+        json!({"action": "start", "command": "bash",
+        "args": ["--norc", "--noprofile", "-c", "echo before-$((2+3)); sleep 300"]}),
+    )
+    .await;
     let id2 = done["result"]["output"]["session_id"].as_str().unwrap().to_owned();
     let pid2 = done["result"]["output"]["pid"].as_i64().unwrap();
     assert!(done["result"]["output"]["output"].as_str().unwrap().contains("before-5"), "{done}");

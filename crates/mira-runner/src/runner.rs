@@ -52,7 +52,15 @@ impl Runner {
             roots.push(root);
         }
         let tools = mira_tools::read_and_edit().into_iter().map(|t| (t.spec().id.clone(), t)).collect();
-        Ok(Self { device_id: device_id.to_owned(), server_key, workspaces: roots, tools, journal, confirm: None, terminal: None })
+        Ok(Self {
+            device_id: device_id.to_owned(),
+            server_key,
+            workspaces: roots,
+            tools,
+            journal,
+            confirm: None,
+            terminal: None,
+        })
     }
 
     /// Asks `confirm` before running each execution that arrives with an approval

@@ -132,7 +132,8 @@ impl Uplink {
         let body: Value = resp.json().await.unwrap_or_default();
         let code = body["error"]["code"].as_str().unwrap_or_default().to_owned();
         let message = format!("{status} {code}: {}", body["error"]["message"].as_str().unwrap_or_default());
-        if status == reqwest::StatusCode::NOT_FOUND || (status == reqwest::StatusCode::CONFLICT && code != "invalid_offset")
+        if status == reqwest::StatusCode::NOT_FOUND
+            || (status == reqwest::StatusCode::CONFLICT && code != "invalid_offset")
         {
             Err(PostError::Refused(message))
         } else {
@@ -157,8 +158,13 @@ impl Uplink {
 
     async fn post_end(&self, end: &TerminalEnd) -> Result<TerminalAck, PostError> {
         let token = self.token().await;
-        let resp =
-            self.client.post(format!("{}/v1/runner/terminal/end", self.server)).bearer_auth(token).json(end).send().await;
+        let resp = self
+            .client
+            .post(format!("{}/v1/runner/terminal/end", self.server))
+            .bearer_auth(token)
+            .json(end)
+            .send()
+            .await;
         Self::answer(resp).await
     }
 }
@@ -321,10 +327,9 @@ fn action_fields(action: &str) -> Option<(&'static [&'static str], &'static [&'s
         "resize" => (&["session_id", "cols", "rows"], &["session_id", "cols", "rows"]),
         "wait" => (&["session_id", "until", "idle_ms", "timeout_ms"], &["session_id"]),
         "kill" => (&["session_id"], &["session_id"]),
-        "output" => (
-            &["session_id", "from", "to", "max_bytes", "pattern", "case_insensitive", "max_matches"],
-            &["session_id"],
-        ),
+        "output" => {
+            (&["session_id", "from", "to", "max_bytes", "pattern", "case_insensitive", "max_matches"], &["session_id"])
+        }
         _ => return None,
     })
 }
@@ -378,7 +383,8 @@ fn resolve_program(command: &str, cwd: &Path, env: &Map<String, Value>) -> Resul
 
 /// What a device session is given as its isolation, shown to the approver and in the
 /// canonical input.
-pub const ISOLATION: &str = "device: cwd inside a --workspace folder of the runner; runs as the runner's user with no sandbox";
+pub const ISOLATION: &str =
+    "device: cwd inside a --workspace folder of the runner; runs as the runner's user with no sandbox";
 
 /// The canonical `start` input and its preview, resolved on this device.
 fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
@@ -386,7 +392,9 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
     let cwd_in = str_of(input, "cwd");
     let args: Vec<String> = match input.get("args") {
         None | Some(Value::Null) => Vec::new(),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|_| bad(ErrorCode::InvalidField, "args must be strings"))?,
+        Some(v) => {
+            serde_json::from_value(v.clone()).map_err(|_| bad(ErrorCode::InvalidField, "args must be strings"))?
+        }
     };
     let call_env: Map<String, Value> = match input.get("env") {
         None | Some(Value::Null) => Map::new(),
@@ -480,11 +488,16 @@ fn canonical_action(action: &str, input: &Value) -> Result<Value, ToolError> {
         "signal" => {
             let signal = str_of(input, "signal").unwrap_or_default();
             if !matches!(signal, "interrupt" | "eof" | "terminate" | "kill") {
-                return Err(bad(ErrorCode::InvalidField, format!("signal {signal:?} is not interrupt, eof, terminate or kill")));
+                return Err(bad(
+                    ErrorCode::InvalidField,
+                    format!("signal {signal:?} is not interrupt, eof, terminate or kill"),
+                ));
             }
             json!({"action": "signal", "session_id": id, "signal": signal})
         }
-        "resize" => json!({"action": "resize", "session_id": id, "cols": u64_of(input, "cols"), "rows": u64_of(input, "rows")}),
+        "resize" => {
+            json!({"action": "resize", "session_id": id, "cols": u64_of(input, "cols"), "rows": u64_of(input, "rows")})
+        }
         "wait" => {
             let until = str_of(input, "until").unwrap_or("exit");
             let mut c = json!({
@@ -597,7 +610,12 @@ fn result(input: &Value, s: &DevSession, out: &Captured, reason: &str) -> ToolOu
 }
 
 /// Follows output until the exit, `idle` of quiet (when given), or `timeout`; why it stopped.
-async fn watch_output(s: &DevSession, capture: &mut Capture, idle: Option<Duration>, timeout: Duration) -> &'static str {
+async fn watch_output(
+    s: &DevSession,
+    capture: &mut Capture,
+    idle: Option<Duration>,
+    timeout: Duration,
+) -> &'static str {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut bytes = s.bytes.subscribe();
     let mut exit = s.exit.subscribe();
@@ -661,7 +679,10 @@ impl DeviceTerminal {
         let mut sessions = self.sessions.lock();
         sessions.retain(|_, s| s.ended_at.lock().is_none_or(|at| at.elapsed() < KEEP_ENDED));
         sessions.get(id).filter(|s| s.owner_id == owner_id).cloned().ok_or_else(|| {
-            ToolError::new(ErrorCode::TerminalSessionNotFound, format!("no terminal session {id} of yours on this device"))
+            ToolError::new(
+                ErrorCode::TerminalSessionNotFound,
+                format!("no terminal session {id} of yours on this device"),
+            )
         })
     }
 
@@ -736,7 +757,8 @@ impl DeviceTerminal {
         let pair = native_pty_system()
             .openpty(PtySize { rows, cols, pixel_width: 0, pixel_height: 0 })
             .map_err(|e| failed(ErrorCode::PtyOpenFailed, format!("opening a PTY: {e}")))?;
-        let tty = pair.master.tty_name().ok_or_else(|| failed(ErrorCode::PtyOpenFailed, "the PTY has no name".into()))?;
+        let tty =
+            pair.master.tty_name().ok_or_else(|| failed(ErrorCode::PtyOpenFailed, "the PTY has no name".into()))?;
         let slave = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -881,7 +903,8 @@ impl DeviceTerminal {
                     settle(&session, &mut capture, DEFAULT_SETTLE_MS).await
                 }
                 "resize" => {
-                    let cols = u16::try_from(u64_of(input, "cols").unwrap_or(DEFAULT_COLS).min(MAX_COLS)).unwrap_or(120);
+                    let cols =
+                        u16::try_from(u64_of(input, "cols").unwrap_or(DEFAULT_COLS).min(MAX_COLS)).unwrap_or(120);
                     let rows = u16::try_from(u64_of(input, "rows").unwrap_or(DEFAULT_ROWS).min(MAX_ROWS)).unwrap_or(32);
                     session
                         .master
@@ -892,7 +915,8 @@ impl DeviceTerminal {
                     "resized"
                 }
                 "wait" => {
-                    let timeout = Duration::from_millis(u64_of(input, "timeout_ms").unwrap_or(DEFAULT_WAIT_MS).min(MAX_WAIT_MS));
+                    let timeout =
+                        Duration::from_millis(u64_of(input, "timeout_ms").unwrap_or(DEFAULT_WAIT_MS).min(MAX_WAIT_MS));
                     let idle = (str_of(input, "until") == Some("idle"))
                         .then(|| Duration::from_millis(u64_of(input, "idle_ms").unwrap_or(DEFAULT_IDLE_MS)));
                     watch_output(&session, &mut capture, idle, timeout).await

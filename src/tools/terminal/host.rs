@@ -32,14 +32,14 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::output::Ring;
-pub use mira_tools::pty::{INHERITED_ENV, SESSION_ENV, kill_session, session_members, shell_words};
-use mira_tools::pty::stat_fields;
 use crate::error::ErrorCode;
 use crate::registry::ToolError;
 use crate::sandbox::cgroup::SessionCgroup;
 use crate::sandbox::{Sandbox, SandboxSpec};
 use crate::state::TerminalSessionState;
 use crate::store::{SessionEnd, Store, TerminalSessionRow};
+use mira_tools::pty::stat_fields;
+pub use mira_tools::pty::{INHERITED_ENV, SESSION_ENV, kill_session, session_members, shell_words};
 
 /// Limits of the PTY host.
 #[derive(Debug, Clone, clap::Args)]
@@ -735,4 +735,3 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// How long after the exit the flusher keeps storing what the reader still drains before
 /// it gives up (a process that escaped the kill can hold the PTY open).
 pub const FINAL_FLUSH_LIMIT: Duration = Duration::from_secs(10);
-
