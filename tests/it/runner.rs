@@ -512,13 +512,14 @@ async fn terminal_on_a_device(backend: Backend) {
 
     // The SSE stream (the host's route) carries A's output; a reconnect from an event's
     // offset gets exactly the rest.
-    let stream = |token: &str, at: Option<i64>| {
+    let stream_of = |id: &str, token: &str, at: Option<i64>| {
         let mut req = t.client.get(format!("{}/v1/terminal-sessions/{id}/stream", t.base)).bearer_auth(token);
         if let Some(at) = at {
             req = req.header("Last-Event-ID", at.to_string());
         }
         req.send()
     };
+    let stream = |token: &str, at: Option<i64>| stream_of(&id, token, at);
     let resp = stream(&token, None).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let live = read_sse(resp, 1000, Duration::from_secs(3)).await;
@@ -625,7 +626,8 @@ async fn terminal_on_a_device(backend: Backend) {
     assert!(start.elapsed() >= LEASE / 2, "lost before the lease ran out");
     let r = t.get(&format!("/v1/terminal-sessions/{id2}/output"), &token).await;
     assert!(r.body["output"].as_str().unwrap().contains("before-5"), "{r:?}");
-    let full = read_sse(stream(&token, None).await.unwrap(), 100, Duration::from_secs(5)).await;
+    let full = read_sse(stream_of(&id2, &token, None).await.unwrap(), 100, Duration::from_secs(5)).await;
+    assert!(sse_text(&full).contains("before-5"), "{full:?}");
     assert_eq!(full.last().map(|e| (e.1.as_str(), e.2["state"].as_str())), Some(("exit", Some("lost"))), "{full:?}");
     a.signal("-CONT");
     let start = Instant::now();
