@@ -83,7 +83,13 @@ impl DeviceHub {
             return Ok(TerminalAck { bytes_out: held });
         };
         let end = held + new.len() as u64;
-        self.store.append_terminal_chunk(&row.id, held, new, end, end.saturating_sub(retain_bytes)).await?;
+        if !self.store.append_device_terminal_chunk(&row.id, held, new, end.saturating_sub(retain_bytes)).await? {
+            // Another chunk (or the session's end) came first: the runner sends again.
+            return Err(HubError::Refused(
+                ErrorCode::InvalidOffset,
+                format!("the output of {} moved on from {held} meanwhile; send again", row.id),
+            ));
+        }
         self.terminal_wake.send_modify(|n| *n = n.wrapping_add(1));
         Ok(TerminalAck { bytes_out: end })
     }

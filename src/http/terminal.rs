@@ -353,11 +353,14 @@ impl Viewer {
             // Still running, in another replica's process (or its end is not recorded yet):
             // wait for more output to be stored (a `terminal.output` event of its run, from
             // any replica) or for its end, re-reading at least every second.
-            let still_running = matches!(self.app.store.terminal_session_for_any(&self.id).await,
-                Ok(Some(row)) if row.state == TerminalSessionState::Running);
-            if !still_running {
-                self.done = true;
-                return None;
+            match self.app.store.terminal_session_for_any(&self.id).await {
+                Ok(Some(row)) if row.state == TerminalSessionState::Running => {}
+                // It ended since `exit_event` looked: the next pass reads the rest and `exit`.
+                Ok(Some(_)) => continue,
+                _ => {
+                    self.done = true;
+                    return None;
+                }
             }
             let run_id = self.run_id.clone();
             let bus = self.app.store.bus().clone();
