@@ -192,7 +192,12 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         mira_core::remote::signing_key(&signing),
         settings.runtime.devices,
     ));
-    let executor = Arc::new(crate::devices::RemoteExecutor::new(cluster_executor, devices.clone(), store.clone()));
+    let device_terminal = Arc::new(crate::tools::terminal::TerminalSession::new(core.terminal.clone()));
+    let executor = Arc::new(
+        crate::devices::RemoteExecutor::new(cluster_executor, devices.clone(), store.clone())
+            .with_terminal(device_terminal),
+    );
+    crate::devices::terminal::spawn_lost_sweep(store.clone(), settings.runtime.devices.lease, shutdown.clone());
     let harness = Arc::new(Harness::new(store.clone(), registry.clone(), executor, node, limits));
     let interrupted = harness.recover(&format!("{stable}:")).await?;
     crate::metrics::invocations_recovered(interrupted);

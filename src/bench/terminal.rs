@@ -51,7 +51,13 @@ pub struct TerminalBench {
 
 impl Api {
     /// Freezes a terminal_session call and returns the grant request (not yet sent).
-    async fn freeze(&self, run: &str, turn: &str, call: &str, input: Value) -> anyhow::Result<(String, Value)> {
+    pub(super) async fn freeze(
+        &self,
+        run: &str,
+        turn: &str,
+        call: &str,
+        input: Value,
+    ) -> anyhow::Result<(String, Value)> {
         let inv = self
             .send(
                 reqwest::Method::POST,
@@ -70,7 +76,7 @@ impl Api {
         Ok((inv_id, inv))
     }
 
-    async fn result(&self, inv: &str) -> anyhow::Result<Value> {
+    pub(super) async fn result(&self, inv: &str) -> anyhow::Result<Value> {
         for _ in 0..6000 {
             let v = self.send(reqwest::Method::GET, &format!("/v1/invocations/{inv}"), None).await?;
             if !matches!(v["status"].as_str(), Some("queued" | "running" | "awaiting_approval")) {
@@ -81,7 +87,7 @@ impl Api {
         bail!("invocation {inv} did not finish")
     }
 
-    async fn stream(&self, session: &str) -> anyhow::Result<SseReader> {
+    pub(super) async fn stream(&self, session: &str) -> anyhow::Result<SseReader> {
         let resp = self
             .client
             .get(format!("{}/v1/terminal-sessions/{session}/stream?offset=0", self.base))
@@ -93,13 +99,13 @@ impl Api {
 }
 
 /// A minimal SSE reader: `(event, data)` pairs.
-struct SseReader {
+pub(super) struct SseReader {
     stream: futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
     buf: Vec<u8>,
 }
 
 impl SseReader {
-    async fn next(&mut self) -> Option<(String, Value)> {
+    pub(super) async fn next(&mut self) -> Option<(String, Value)> {
         loop {
             if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
                 let block: Vec<u8> = self.buf.drain(..end + 2).collect();

@@ -48,12 +48,22 @@ pub struct RemoteExecutor {
     /// Each recent run's device (None: the server host). A run's device never changes after
     /// it is created, so the binding is read once per run, not once per call.
     run_devices: parking_lot::Mutex<std::collections::HashMap<String, Option<String>>>,
+    /// The host's `terminal_session`, which reads a device session's stored output (its
+    /// `output` action never reaches the device).
+    terminal: Option<Arc<crate::tools::terminal::TerminalSession>>,
 }
 
 impl RemoteExecutor {
     /// Wraps `inner`; device work goes through `hub`.
     pub fn new(inner: Arc<dyn Executor>, hub: Arc<DeviceHub>, store: Store) -> Self {
-        Self { inner, hub, store, run_devices: Default::default() }
+        Self { inner, hub, store, run_devices: Default::default(), terminal: None }
+    }
+
+    /// Reads device sessions' stored output with `terminal` (the `output` action).
+    #[must_use]
+    pub fn with_terminal(mut self, terminal: Arc<crate::tools::terminal::TerminalSession>) -> Self {
+        self.terminal = Some(terminal);
+        self
     }
 
     /// The device run `inv.run_id` is bound to (None: the server host), from the cache or the
@@ -118,11 +128,126 @@ impl Executor for RemoteExecutor {
             approval_id,
             workspace: ws.path,
         };
+        if inv.tool_id == TERMINAL_TOOL {
+            return self.terminal_job(inv, device, spec, &cancel).await;
+        }
         match self.hub.job(device, spec, &cancel).await? {
             JobOutcome::Output { output } => Ok(stamp_device(output, device)),
             JobOutcome::Error { error } => Err(error),
             _ => Err(unexpected("execute")),
         }
+    }
+}
+
+/// The id of the terminal tool.
+const TERMINAL_TOOL: &str = "terminal_session";
+
+impl RemoteExecutor {
+    /// A `terminal_session` action of a device run. `start`: the session's row (named by the
+    /// invocation, [`mira_core::remote::device_terminal_session_id`], `node_id` = the device)
+    /// is recorded before the job is sent, so the runner's output has somewhere to go; a start
+    /// the device refused or failed is recorded `failed`. `output` reads the stored output
+    /// here. Every action's reported range is recorded with a `terminal.output` event, as on
+    /// the host.
+    async fn terminal_job(
+        &self,
+        inv: &InvocationRow,
+        device: &str,
+        spec: JobSpec,
+        cancel: &CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
+        let store_error = |e: crate::store::StoreError| ToolError::new(ErrorCode::StoreError, e.to_string());
+        let input = spec.input.clone();
+        let action = input.get("action").and_then(Value::as_str).unwrap_or_default().to_owned();
+        if action == "output" {
+            let terminal = self
+                .terminal
+                .as_ref()
+                .ok_or_else(|| ToolError::new(ErrorCode::Internal, "this server reads no device terminal output"))?;
+            let out = terminal.device_output(&input, &inv.owner_id, &inv.run_id, &inv.id, device).await?;
+            return Ok(stamp_device(out, device));
+        }
+        let session_id = match action.as_str() {
+            "start" => {
+                let id = mira_core::remote::device_terminal_session_id(&inv.id);
+                let text = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+                let int = |k: &str, d: i64| input.get(k).and_then(Value::as_i64).unwrap_or(d);
+                let row = crate::store::TerminalSessionRow {
+                    id: id.clone(),
+                    owner_id: inv.owner_id.clone(),
+                    run_id: inv.run_id.clone(),
+                    invocation_id: inv.id.clone(),
+                    node_id: device.to_owned(),
+                    command: text("command"),
+                    args: input.get("args").map_or_else(|| "[]".to_owned(), Value::to_string),
+                    cwd: text("cwd"),
+                    env: input.get("env").map_or_else(|| "{}".to_owned(), Value::to_string),
+                    cols: int("cols", 120),
+                    rows: int("rows", 32),
+                    timeout_ms: int("timeout_ms", 3_600_000),
+                    pid: None,
+                    pid_start: None,
+                    state: crate::state::TerminalSessionState::Running,
+                    end_reason: None,
+                    exit_code: None,
+                    signal: None,
+                    bytes_out: 0,
+                    retained_from: 0,
+                    reported_to: 0,
+                    started_at: crate::ids::now(),
+                    ended_at: None,
+                };
+                self.store.insert_terminal_session(&row).await.map_err(store_error)?;
+                id
+            }
+            _ => input.get("session_id").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        };
+        let outcome = match self.hub.job(device, spec, cancel).await {
+            Ok(JobOutcome::Output { output }) => Ok(output),
+            Ok(JobOutcome::Error { error }) | Err(error) => Err(error),
+            Ok(_) => Err(unexpected("execute")),
+        };
+        let output = match outcome {
+            Ok(output) => output,
+            Err(e) => {
+                // Not run, or failed on the device: the row says so. Whether a start whose
+                // outcome is unknown (the runner went away, or the call was cancelled) runs
+                // is for the runner's output and the lost sweep to tell.
+                if action == "start" && !matches!(e.code, ErrorCode::OutcomeUnknown | ErrorCode::Cancelled) {
+                    let end = crate::store::SessionEnd {
+                        state: crate::state::TerminalSessionState::Failed,
+                        reason: Some(format!("the device did not start it: {}", e.message)),
+                        exit_code: None,
+                        signal: None,
+                    };
+                    self.store.end_terminal_session(&session_id, &end, 0).await.map_err(store_error)?;
+                }
+                return Err(e);
+            }
+        };
+        if output.output.get("session_id").and_then(Value::as_str) != Some(session_id.as_str()) {
+            return Err(ToolError::new(ErrorCode::Internal, "the runner answered for another terminal session"));
+        }
+        let range =
+            |i: usize| output.output.pointer(&format!("/output_range/{i}")).and_then(Value::as_u64).unwrap_or(0);
+        let (from, to) = (range(0), range(1));
+        if action == "resize" {
+            let dim = |k: &str| u16::try_from(input.get(k).and_then(Value::as_u64).unwrap_or(0)).unwrap_or(0);
+            if let Err(e) = self.store.resize_terminal_session(&session_id, dim("cols"), dim("rows")).await {
+                tracing::warn!(error = %e, "recording a device PTY resize failed");
+            }
+        }
+        let event = json!({
+            "session_id": session_id, "invocation_id": inv.id, "action": action, "device_id": device,
+            "from": from, "to": to, "bytes": output.output.get("output_bytes"),
+            "bytes_missed": output.output.get("output_bytes_missed"),
+        });
+        let report =
+            crate::store::TerminalReport { session_id: session_id.clone(), invocation_id: inv.id.clone(), from, to };
+        if let Err(e) = self.store.record_terminal_output(&inv.run_id, &event, Some(&report)).await {
+            tracing::warn!(error = %e, "recording terminal.output failed");
+        }
+        Ok(stamp_device(output, device))
     }
 }
 

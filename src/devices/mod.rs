@@ -13,6 +13,7 @@
 
 pub mod enroll_limit;
 pub mod executor;
+pub mod terminal;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -180,6 +181,8 @@ pub struct DeviceHub {
     settings: DeviceSettings,
     inner: Mutex<Inner>,
     enroll_limit: enroll_limit::EnrollLimiter,
+    /// Bumped when a device session's output or end is stored ([`terminal`]).
+    terminal_wake: tokio::sync::watch::Sender<u64>,
 }
 
 /// The stream a connected runner reads, and the guard that forgets the connection when the
@@ -224,7 +227,14 @@ impl DeviceHub {
     pub fn new(store: Store, key: SigningKey, settings: DeviceSettings) -> Self {
         let enroll_limit =
             enroll_limit::EnrollLimiter::new(settings.enroll_failures_per_address, settings.enroll_failures_global);
-        Self { store, key, settings, inner: Mutex::new(Inner::default()), enroll_limit }
+        Self {
+            store,
+            key,
+            settings,
+            inner: Mutex::new(Inner::default()),
+            enroll_limit,
+            terminal_wake: tokio::sync::watch::Sender::new(0),
+        }
     }
 
     /// The control plane's public key (hex), which runners pin at enrollment.

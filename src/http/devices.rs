@@ -13,7 +13,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::AuthUser;
-use super::error::{Json, Path};
+use super::error::{Json, Path, Query};
 use crate::app::App;
 use crate::devices::Presence;
 use crate::error::ErrorCode;
@@ -289,6 +289,27 @@ async fn runner_result(State(app): State<App>, headers: HeaderMap, Json(body): J
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `POST /v1/runner/terminal/output?session_id=&offset=` (session bearer): raw output bytes
+/// of a device's terminal session at a byte offset; answers `{bytes_out}` held.
+async fn runner_terminal_output(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<mira_core::remote::TerminalChunkQuery>,
+    body: axum::body::Bytes,
+) -> Result<Response> {
+    let retain = app.config.terminal.retain_bytes;
+    Ok(Json(app.devices.terminal_output(session(&headers)?, &q, &body, retain).await?).into_response())
+}
+
+/// `POST /v1/runner/terminal/end` (session bearer): how a device's terminal session ended.
+async fn runner_terminal_end(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Json(body): Json<mira_core::remote::TerminalEnd>,
+) -> Result<Response> {
+    Ok(Json(app.devices.terminal_end(session(&headers)?, &body).await?).into_response())
+}
+
 /// The runner protocol's routes (outside the OpenAPI document; docs/runner.md).
 pub fn runner_router() -> axum::Router<App> {
     use axum::routing::post;
@@ -298,4 +319,6 @@ pub fn runner_router() -> axum::Router<App> {
         .route("/v1/runner/connect", post(runner_connect))
         .route("/v1/runner/heartbeat", post(runner_heartbeat))
         .route("/v1/runner/results", post(runner_result))
+        .route("/v1/runner/terminal/output", post(runner_terminal_output))
+        .route("/v1/runner/terminal/end", post(runner_terminal_end))
 }

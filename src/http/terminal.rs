@@ -224,7 +224,18 @@ pub async fn stream_session(
         });
     }
     let run_id = row.run_id.clone();
-    let state = Viewer { app, id, run_id, live, offset, pending: Vec::new(), exit: None, done: false, signals: None };
+    let state = Viewer {
+        app,
+        id,
+        run_id,
+        live,
+        offset,
+        pending: Vec::new(),
+        exit: None,
+        done: false,
+        signals: None,
+        device_wake: None,
+    };
     let stream = futures::stream::unfold(state, |mut v| async move {
         if v.done {
             return None;
@@ -243,6 +254,8 @@ struct Viewer {
     run_id: String,
     /// Bus subscription, taken when the session runs in another replica's process.
     signals: Option<crate::events::Subscription>,
+    /// Woken when a device's runner delivers output to this process (a device session).
+    device_wake: Option<tokio::sync::watch::Receiver<u64>>,
     live: Option<Arc<Session>>,
     offset: u64,
     /// Bytes of an incomplete UTF-8 character, held until the rest arrives.
@@ -340,15 +353,19 @@ impl Viewer {
             // Still running, in another replica's process (or its end is not recorded yet):
             // wait for more output to be stored (a `terminal.output` event of its run, from
             // any replica) or for its end, re-reading at least every second.
-            let still_running = matches!(self.app.store.terminal_session_for_any(&self.id).await,
-                Ok(Some(row)) if row.state == TerminalSessionState::Running);
-            if !still_running {
-                self.done = true;
-                return None;
+            match self.app.store.terminal_session_for_any(&self.id).await {
+                Ok(Some(row)) if row.state == TerminalSessionState::Running => {}
+                // It ended since `exit_event` looked: the next pass reads the rest and `exit`.
+                Ok(Some(_)) => continue,
+                _ => {
+                    self.done = true;
+                    return None;
+                }
             }
             let run_id = self.run_id.clone();
             let bus = self.app.store.bus().clone();
             let signals = self.signals.get_or_insert_with(|| bus.subscribe());
+            let device_wake = self.device_wake.get_or_insert_with(|| self.app.devices.terminal_signal());
             let wait = async {
                 loop {
                     match signals.recv().await {
@@ -360,6 +377,7 @@ impl Viewer {
             };
             tokio::select! {
                 () = wait => {}
+                _ = device_wake.changed() => {}
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 () = self.app.shutdown.cancelled() => { self.done = true; return None; }
             }

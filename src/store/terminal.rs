@@ -201,37 +201,40 @@ impl Store {
         bytes_out: u64,
         retain_from: u64,
     ) -> StoreResult<()> {
-        let to_i64 = |v: u64| i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("offset {v} too large")));
-        let end = start + data.len() as u64;
         let mut tx = self.begin_write().await?;
-        if !data.is_empty() {
-            sqlx::query(
-                "INSERT INTO terminal_chunks (session_id, start_offset, end_offset, data) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(id)
-            .bind(to_i64(start)?)
-            .bind(to_i64(end)?)
-            .bind(STANDARD.encode(data))
-            .execute(tx.conn())
-            .await?;
-        }
-        sqlx::query("DELETE FROM terminal_chunks WHERE session_id = $1 AND end_offset <= $2")
-            .bind(id)
-            .bind(to_i64(retain_from)?)
-            .execute(tx.conn())
-            .await?;
-        let oldest: Option<i64> =
-            sqlx::query_scalar("SELECT MIN(start_offset) FROM terminal_chunks WHERE session_id = $1")
-                .bind(id)
-                .fetch_one(tx.conn())
-                .await?;
-        sqlx::query("UPDATE terminal_sessions SET bytes_out = $1, retained_from = $2 WHERE id = $3")
-            .bind(to_i64(bytes_out)?)
-            .bind(oldest.unwrap_or(to_i64(end)?))
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
+        write_chunk(&mut tx, id, start, data, bytes_out, retain_from).await?;
         tx.commit().await
+    }
+
+    /// A device's chunk `[held, held + data.len())` of the `running` session `id` whose
+    /// `bytes_out` is `held`: moves `bytes_out` to its end and stores it as
+    /// [`Store::append_terminal_chunk`] does, in one transaction. False (nothing stored) when
+    /// the session is no longer `running` or its `bytes_out` moved meanwhile.
+    pub async fn append_device_terminal_chunk(
+        &self,
+        id: &str,
+        held: u64,
+        data: &[u8],
+        retain_from: u64,
+    ) -> StoreResult<bool> {
+        let to_i64 = |v: u64| i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("offset {v} too large")));
+        let end = held + data.len() as u64;
+        let mut tx = self.begin_write().await?;
+        let claimed = sqlx::query(
+            "UPDATE terminal_sessions SET bytes_out = $1 WHERE id = $2 AND bytes_out = $3 AND state = 'running'",
+        )
+        .bind(to_i64(end)?)
+        .bind(id)
+        .bind(to_i64(held)?)
+        .execute(tx.conn())
+        .await?
+        .rows_affected();
+        if claimed != 1 {
+            return Ok(false);
+        }
+        write_chunk(&mut tx, id, held, data, end, retain_from).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Stored output chunks that end after `offset`, in order: `(start, bytes)`.
@@ -317,4 +320,60 @@ impl Store {
         .await?;
         Ok(pids.into_iter().map(|(id, pid, start)| (id, pid.unwrap_or(0), start)).collect())
     }
+
+    /// Sessions on remote devices (`node_id` = the device id) still `running` whose device's
+    /// runner was last seen before `cutoff` (RFC 3339), or whose device was revoked: marks
+    /// them `lost` (the output already stored stays readable); how many.
+    pub async fn lose_device_terminal_sessions(&self, cutoff: &str) -> StoreResult<u64> {
+        let done = sqlx::query(
+            "UPDATE terminal_sessions SET state = 'lost', ended_at = $1,
+                end_reason = 'the device''s runner went away (its lease ran out); the output it had sent is kept'
+             WHERE state = 'running' AND node_id IN
+                (SELECT id FROM devices WHERE revoked_at IS NOT NULL OR last_seen_at IS NULL OR last_seen_at < $2)",
+        )
+        .bind(ids::now())
+        .bind(cutoff)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// Stores one chunk of output `[start, start + data.len())` in `tx`, moves the session's
+/// `bytes_out` forward, and drops chunks that end before `retain_from` (the retention cap).
+async fn write_chunk(
+    tx: &mut super::WriteTx,
+    id: &str,
+    start: u64,
+    data: &[u8],
+    bytes_out: u64,
+    retain_from: u64,
+) -> StoreResult<()> {
+    let to_i64 = |v: u64| i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("offset {v} too large")));
+    let end = start + data.len() as u64;
+    if !data.is_empty() {
+        sqlx::query("INSERT INTO terminal_chunks (session_id, start_offset, end_offset, data) VALUES ($1, $2, $3, $4)")
+            .bind(id)
+            .bind(to_i64(start)?)
+            .bind(to_i64(end)?)
+            .bind(STANDARD.encode(data))
+            .execute(tx.conn())
+            .await?;
+    }
+    sqlx::query("DELETE FROM terminal_chunks WHERE session_id = $1 AND end_offset <= $2")
+        .bind(id)
+        .bind(to_i64(retain_from)?)
+        .execute(tx.conn())
+        .await?;
+    let oldest: Option<i64> = sqlx::query_scalar("SELECT MIN(start_offset) FROM terminal_chunks WHERE session_id = $1")
+        .bind(id)
+        .fetch_one(tx.conn())
+        .await?;
+    sqlx::query("UPDATE terminal_sessions SET bytes_out = $1, retained_from = $2 WHERE id = $3")
+        .bind(to_i64(bytes_out)?)
+        .bind(oldest.unwrap_or(to_i64(end)?))
+        .bind(id)
+        .execute(tx.conn())
+        .await?;
+    Ok(())
 }

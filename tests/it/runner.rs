@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::{Backend, Options, TestApp, spawn_with};
+use crate::common::{Backend, Options, TestApp, read_sse, spawn_with};
 
 const LEASE: Duration = Duration::from_secs(2);
 
@@ -430,4 +430,217 @@ async fn confirmation_at_the_device(backend: Backend) {
     assert_eq!(a.stderr.lock().unwrap().matches("a job needs your confirmation").count(), 2);
 }
 
-both_backends!(two_runners_on_loopback, killed_runner_leaves_outcome_unknown, confirmation_at_the_device);
+/// A terminal call of a device run, frozen (prepared on the device), granted, and final.
+async fn term(t: &TestApp, token: &str, run: &str, turn: &str, call: &str, input: Value) -> Value {
+    let r = t.call(token, run, turn, "terminal_session", call, input).await;
+    assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::CREATED, Some("awaiting_approval")), "{r:?}");
+    grant(t, token, &r.body).await;
+    t.wait_final(token, r.body["invocation_id"].as_str().unwrap()).await
+}
+
+/// The concatenated `data` of the `output` events.
+fn sse_text(events: &[(i64, String, Value)]) -> String {
+    events.iter().filter(|e| e.1 == "output").map(|e| e.2["data"].as_str().unwrap()).collect()
+}
+
+fn alive(pid: i64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !matches!(s.rsplit(')').next().unwrap_or("").trim_start().chars().next(), Some('Z' | 'X')))
+}
+
+/// `terminal_session` on a device: the PTY runs on device A (its runner advertises `pty`),
+/// each action is an approved job, the output reaches the control plane's SSE stream with the
+/// host's offsets and resume; device B never sees A's session; another user cannot read it;
+/// a runner that goes away leaves the session `lost` with its output still readable, and
+/// when it comes back it ends the session.
+async fn terminal_on_a_device(backend: Backend) {
+    let t = spawn_with(backend, options()).await;
+    let token = t.user("dee").await;
+    let root = tempfile::tempdir().unwrap();
+    let mut a = device(&t, &token, "laptop", root.path()).await;
+    let b = device(&t, &token, "desktop", root.path()).await;
+    let view = device_view(&t, &token, &a.device_id).await;
+    assert!(view["advertised"]["capabilities"].as_array().unwrap().contains(&json!("pty")), "{view}");
+    assert!(view["advertised"]["tools"].as_array().unwrap().contains(&json!("terminal_session")), "{view}");
+    let on = |p: &RunnerProc, name: &str| json!({"name": name, "path": p.workspace, "device_id": p.device_id});
+    std::fs::create_dir_all(a.workspace.join("sub")).unwrap();
+    let ws_a = t.post("/v1/workspaces", &token, on(&a, "on-a")).await.body["id"].clone();
+    let run = t.post("/v1/runs", &token, json!({"workspace_id": ws_a})).await.body["id"].as_str().unwrap().to_owned();
+    let (turn, exposure) = t.turn(&token, &run, "run commands in a terminal").await;
+    assert!(exposure["tools"].as_array().unwrap().iter().any(|x| x["id"] == "terminal_session"), "{exposure}");
+
+    // A cwd outside the device's workspace is refused at the freeze (on the device).
+    let r = t
+        .call(&token, &run, &turn, "terminal_session", "out", json!({"action": "start", "command": "bash", "cwd": "/"}))
+        .await;
+    assert_eq!(r.code(), "outside_workspace", "{r:?}");
+
+    // start: on A, in A's workspace, at most once.
+    let bash = json!({"action": "start", "command": "bash", "args": ["--norc", "--noprofile"], "cwd": "sub",
+        "env": {"PS1": "$ "}});
+    let done = term(&t, &token, &run, &turn, "s1", bash).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let out = &done["result"]["output"];
+    let id = out["session_id"].as_str().unwrap().to_owned();
+    let pid = out["pid"].as_i64().unwrap();
+    assert!(alive(pid));
+    assert_eq!(out["cwd"], a.workspace.join("sub").to_string_lossy().as_ref());
+    let ev = evidence(&t, &token, &done).await;
+    assert_eq!(
+        (ev["kind"].as_str(), ev["provenance"]["device_id"].as_str()),
+        (Some("terminal_output"), Some(a.device_id.as_str()))
+    );
+    let start_inv = done["invocation_id"].as_str().unwrap();
+    assert!(a.journal().contains(&format!("inv-{start_inv}.delivered")), "{:?}", a.journal());
+    let s = t.get(&format!("/v1/terminal-sessions/{id}"), &token).await;
+    assert_eq!((s.status, s.body["state"].as_str()), (StatusCode::OK, Some("running")), "{s:?}");
+
+    // input: typed on A; the result holds the output since the last action.
+    let done = term(
+        &t,
+        &token,
+        &run,
+        &turn,
+        "i1",
+        json!({"action": "input", "session_id": id,
+        "data": "for i in $(seq 1 300); do echo line-$i-$((i*7)); done; pwd\n", "settle_ms": 500}),
+    )
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let text = done["result"]["output"]["output"].as_str().unwrap();
+    assert!(text.contains("line-300-2100") && text.contains("/sub"), "{text}");
+
+    // The SSE stream (the host's route) carries A's output; a reconnect from an event's
+    // offset gets exactly the rest.
+    let stream_of = |id: &str, token: &str, at: Option<i64>| {
+        let mut req = t.client.get(format!("{}/v1/terminal-sessions/{id}/stream", t.base)).bearer_auth(token);
+        if let Some(at) = at {
+            req = req.header("Last-Event-ID", at.to_string());
+        }
+        req.send()
+    };
+    let stream = |token: &str, at: Option<i64>| stream_of(&id, token, at);
+    let resp = stream(&token, None).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let live = read_sse(resp, 1000, Duration::from_secs(3)).await;
+    assert!(sse_text(&live).contains("line-300-2100"), "{live:?}");
+    // Another user cannot read it.
+    let other = t.user("eve").await;
+    let r = stream(&other, None).await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let r = t.get(&format!("/v1/terminal-sessions/{id}/output"), &other).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+
+    // Device B never reaches A's session: a run on B naming it is refused by B (which has
+    // no such session), and nothing of it is executed on B.
+    let ws_b = t.post("/v1/workspaces", &token, on(&b, "on-b")).await.body["id"].clone();
+    let run_b = t.post("/v1/runs", &token, json!({"workspace_id": ws_b})).await.body["id"].as_str().unwrap().to_owned();
+    let (turn_b, _) = t.turn(&token, &run_b, "run commands in a terminal").await;
+    let r = t
+        .call(
+            &token,
+            &run_b,
+            &turn_b,
+            "terminal_session",
+            "x1",
+            json!({"action": "input", "session_id": id, "data": "id\n"}),
+        )
+        .await;
+    assert_eq!(r.code(), "terminal_session_not_found", "{r:?}");
+    let r =
+        t.call(&token, &run_b, &turn_b, "terminal_session", "x2", json!({"action": "output", "session_id": id})).await;
+    if r.status == StatusCode::CREATED {
+        grant(&t, &token, &r.body).await;
+        let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+        assert_eq!(done["result"]["error"]["code"], "terminal_session_not_found", "{done}");
+    } else {
+        assert_eq!(r.code(), "terminal_session_not_found", "{r:?}");
+    }
+    assert!(!b.journal().iter().any(|e| e.starts_with("inv-")), "{:?}", b.journal());
+
+    // output on A's run reads the stored output (the control plane's store).
+    let done =
+        term(&t, &token, &run, &turn, "o1", json!({"action": "output", "session_id": id, "pattern": "line-150-"}))
+            .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["output"]["matches"][0]["line"], "line-150-1050", "{done}");
+
+    // kill: the session ends on A; the stream then ends with `exit`, and a resume from the
+    // middle is exactly the rest.
+    let done = term(&t, &token, &run, &turn, "k1", json!({"action": "kill", "session_id": id})).await;
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["output"]["state"].as_str()),
+        (Some("completed"), Some("killed")),
+        "{done}"
+    );
+    let start = Instant::now();
+    while t.get(&format!("/v1/terminal-sessions/{id}"), &token).await.body["state"] != "killed" {
+        assert!(start.elapsed() < Duration::from_secs(10), "the end never reached the control plane");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!alive(pid));
+    let full = read_sse(stream(&token, None).await.unwrap(), 10_000, Duration::from_secs(10)).await;
+    let exit = full.last().unwrap();
+    assert_eq!((exit.1.as_str(), exit.2["state"].as_str()), ("exit", Some("killed")), "{full:?}");
+    let outputs: Vec<_> = full.iter().filter(|e| e.1 == "output").collect();
+    for w in outputs.windows(2) {
+        assert_eq!(w[0].2["end"], w[1].2["start"]);
+    }
+    assert_eq!(outputs.last().unwrap().2["end"], exit.2["bytes_out"]);
+    assert_eq!(outputs[0].2["start"], 0);
+    let all = sse_text(&full);
+    assert!(all.contains("line-1-7"));
+    assert_eq!(all.len() as i64, exit.2["bytes_out"].as_i64().unwrap(), "ASCII output: a byte is a character");
+    let at = all.len() as i64 / 2;
+    let rest = read_sse(stream(&token, Some(at)).await.unwrap(), 10_000, Duration::from_secs(10)).await;
+    assert_eq!(rest[0].2["start"].as_i64(), Some(at));
+    assert_eq!(sse_text(&rest), all[at as usize..]);
+    assert_eq!(rest.last().map(|e| e.1.as_str()), Some("exit"));
+
+    // A runner that goes away: once its lease runs out the session is `lost`, the output it
+    // sent stays readable; when it comes back its uploads are refused and it ends the session.
+    let done = term(
+        &t,
+        &token,
+        &run,
+        &turn,
+        "s2",
+        json!({"action": "start", "command": "bash",
+        "args": ["--norc", "--noprofile", "-c", "echo before-$((2+3)); sleep 300"]}),
+    )
+    .await;
+    let id2 = done["result"]["output"]["session_id"].as_str().unwrap().to_owned();
+    let pid2 = done["result"]["output"]["pid"].as_i64().unwrap();
+    assert!(done["result"]["output"]["output"].as_str().unwrap().contains("before-5"), "{done}");
+    a.signal("-STOP");
+    let start = Instant::now();
+    let lost = loop {
+        let s = t.get(&format!("/v1/terminal-sessions/{id2}"), &token).await.body;
+        if s["state"] != "running" {
+            break s;
+        }
+        assert!(start.elapsed() < LEASE * 5, "never lost: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(lost["state"], "lost", "{lost}");
+    assert!(start.elapsed() >= LEASE / 2, "lost before the lease ran out");
+    let r = t.get(&format!("/v1/terminal-sessions/{id2}/output"), &token).await;
+    assert!(r.body["output"].as_str().unwrap().contains("before-5"), "{r:?}");
+    let full = read_sse(stream_of(&id2, &token, None).await.unwrap(), 100, Duration::from_secs(5)).await;
+    assert!(sse_text(&full).contains("before-5"), "{full:?}");
+    assert_eq!(full.last().map(|e| (e.1.as_str(), e.2["state"].as_str())), Some(("exit", Some("lost"))), "{full:?}");
+    a.signal("-CONT");
+    let start = Instant::now();
+    while alive(pid2) {
+        assert!(start.elapsed() < Duration::from_secs(20), "the runner kept a session the control plane lost");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = &mut a;
+}
+
+both_backends!(
+    two_runners_on_loopback,
+    killed_runner_leaves_outcome_unknown,
+    confirmation_at_the_device,
+    terminal_on_a_device
+);

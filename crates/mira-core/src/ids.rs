@@ -28,6 +28,12 @@ pub fn now_plus_ms(ms: u64) -> String {
     format_time(Utc::now() + delta)
 }
 
+/// The current time minus `ms` milliseconds, formatted as stored.
+pub fn now_minus_ms(ms: u64) -> String {
+    let delta = chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 2));
+    format_time(Utc::now() - delta)
+}
+
 /// True when `id` looks like one of ours with the given prefix (used to answer 404 early
 /// for malformed ids without touching the store).
 pub fn is_well_formed(id: &str, prefix: &str) -> bool {

@@ -36,6 +36,75 @@ pub const JOB_DOMAIN: &[u8] = b"mira-job-v1\n";
 pub const CONNECT_DOMAIN: &[u8] = b"mira-runner-connect-v1\n";
 /// Capabilities a runner of this build advertises (Read and Edit tools).
 pub const RUNNER_CAPABILITIES: [&str; 2] = ["fs.read", "fs.write"];
+/// The capability a runner adds to [`RUNNER_CAPABILITIES`] when it can run terminal
+/// sessions (`terminal_session`): it opened a PTY when it started.
+pub const TERMINAL_CAPABILITY: &str = "pty";
+/// Largest body of one `POST /v1/runner/terminal/output`, in bytes of output.
+pub const TERMINAL_CHUNK_MAX: usize = 256 * 1024;
+
+/// The id of the terminal session a device's `start` execution opens: `term_` and the first
+/// 16 bytes (hex) of SHA-256 over `"mira-device-terminal\n"` and the invocation id. Both
+/// sides derive it from the signed envelope, so the runner cannot choose another and the
+/// control plane knows where the output of that invocation's session belongs.
+pub fn device_terminal_session_id(invocation_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"mira-device-terminal\n");
+    h.update(invocation_id.as_bytes());
+    format!("term_{}", hex::encode(&h.finalize()[..16]))
+}
+
+/// The state of a terminal session on a device, as its runner reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceSessionState {
+    /// The leader process runs.
+    Running,
+    /// The leader exited by itself.
+    Exited,
+    /// A `kill` action (or a cancel) ended it.
+    Killed,
+    /// It outlived its life limit.
+    TimedOut,
+    /// It sat idle past the idle limit, or the runner stopped.
+    Reaped,
+}
+
+/// Query of `POST /v1/runner/terminal/output` (the body is the raw output bytes
+/// `[offset, offset + len)`, at most [`TERMINAL_CHUNK_MAX`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TerminalChunkQuery {
+    /// The session ([`device_terminal_session_id`]).
+    pub session_id: String,
+    /// Byte offset of the first byte of the body in the session's output.
+    pub offset: u64,
+}
+
+/// Answer of `POST /v1/runner/terminal/output` and `…/end`: the bytes the control plane
+/// holds (`bytes_out`), so the runner resends from there when a chunk was lost.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TerminalAck {
+    /// Bytes of the session's output stored so far.
+    pub bytes_out: u64,
+}
+
+/// Body of `POST /v1/runner/terminal/end`: how a device's session ended, after all its
+/// output was acknowledged.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TerminalEnd {
+    /// The session.
+    pub session_id: String,
+    /// Bytes of output in all.
+    pub bytes_out: u64,
+    /// How it ended (never `running`).
+    pub state: DeviceSessionState,
+    /// Why, in words.
+    pub end_reason: Option<String>,
+    /// Exit code, when the leader exited.
+    pub exit_code: Option<i64>,
+    /// Signal name, when a signal ended it.
+    pub signal: Option<String>,
+}
 
 /// A key pair made from 32 secret bytes (an Ed25519 seed).
 pub fn signing_key(seed: &[u8; 32]) -> SigningKey {
@@ -339,6 +408,14 @@ mod tests {
             expires_at: "2999-01-01T00:00:00.000Z".into(),
             nonce: "n1".into(),
         }
+    }
+
+    #[test]
+    fn device_terminal_ids_are_the_invocations_own() {
+        let a = device_terminal_session_id("inv_1");
+        assert_eq!(a, device_terminal_session_id("inv_1"));
+        assert_ne!(a, device_terminal_session_id("inv_2"));
+        assert!(crate::ids::is_well_formed(&a, "term"), "{a}");
     }
 
     #[test]

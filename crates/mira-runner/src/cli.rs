@@ -20,6 +20,7 @@ use crate::connection::Connector;
 use crate::journal::{Journal, PRUNE_EVERY};
 use crate::runner::Runner;
 use crate::state;
+use crate::terminal::Uplink;
 
 /// Exit status of a runner whose device was revoked (or whose key is refused).
 pub const EXIT_REFUSED: u8 = 3;
@@ -176,14 +177,15 @@ async fn connect(args: RunArgs) -> anyhow::Result<ExitCode> {
         let timeout = std::time::Duration::from_secs(args.confirm_timeout_secs);
         runner = runner.with_confirmation(Confirmer::new(args.confirm_input, timeout)?);
     }
-    let runner = Arc::new(runner);
+    let client = client()?;
+    let runner = Arc::new(runner.with_terminal(Arc::new(Uplink::new(&server, client.clone()))));
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(PRUNE_EVERY).await;
             prune(&journal);
         }
     });
-    let connector = Arc::new(Connector::new(&server, key, runner, client()?));
+    let connector = Arc::new(Connector::new(&server, key, runner.clone(), client));
     let stop = CancellationToken::new();
     let signal = stop.clone();
     tokio::spawn(async move {
@@ -195,7 +197,9 @@ async fn connect(args: RunArgs) -> anyhow::Result<ExitCode> {
         signal.cancel();
     });
     tracing::info!(device = %enrolled.device_id, server = %server, "runner starting");
-    match connector.run(stop).await {
+    let refused = connector.run(stop).await;
+    runner.end_terminals("the runner stopped");
+    match refused {
         Some(why) => {
             eprintln!("mira runner: the control plane refused this device: {why}");
             Ok(ExitCode::from(EXIT_REFUSED))

@@ -70,6 +70,10 @@ impl Connector {
                 end = self.clone().session() => end,
                 () = stop.cancelled() => return None,
             };
+            // Terminal output waits for the next connection's bearer.
+            if let Some(uplink) = self.runner.uplink() {
+                uplink.set_session(None);
+            }
             match end {
                 SessionEnd::Refused(why) => return Some(why),
                 SessionEnd::Retry(why) => {
@@ -144,6 +148,9 @@ impl Connector {
                         // means the connection is dead.
                         silence = Duration::from_millis(lease_ms.max(1000));
                         session = Some(token.clone());
+                        if let Some(uplink) = self.runner.uplink() {
+                            uplink.set_session(Some(token.clone()));
+                        }
                         tokio::spawn(self.clone().heartbeats(
                             token.clone(),
                             Duration::from_millis(heartbeat_ms.max(100)),

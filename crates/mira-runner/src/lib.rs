@@ -9,6 +9,8 @@
 //!   workspace policy) and runs it.
 //! - [`confirm`]: the local confirmation prompt (`--confirm`) before an approved job runs.
 //! - [`connection`]: outbound only, signed challenge, heartbeats, reconnect with backoff.
+//! - [`terminal`]: `terminal_session` on this device, its output streamed to the control
+//!   plane.
 //! - [`cli`]: `mira runner enroll …` and `mira runner --server … --workspace …`.
 
 pub mod cli;
@@ -17,3 +19,4 @@ pub mod connection;
 pub mod journal;
 pub mod runner;
 pub mod state;
+pub mod terminal;

@@ -10,6 +10,7 @@ use mira_core::commit::CommitGate;
 use mira_core::error_code::ErrorCode;
 use mira_core::remote::{
     Advertised, AdvertisedWorkspace, JobOutcome, JobPhase, JobResult, RUNNER_CAPABILITIES, SignedJob,
+    TERMINAL_CAPABILITY,
 };
 use mira_core::tool::{ExecContext, PrepareContext, Tool, ToolError};
 use mira_core::workspace::{HardLinks, Workspace};
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::confirm::Confirmer;
 use crate::journal::Journal;
+use crate::terminal::{DeviceTerminal, Uplink};
 
 /// A device's runner: its identity, the control plane key it pinned, its local policy (the
 /// workspace folders it was given, and whether a person confirms each approved job) and its
@@ -28,6 +30,7 @@ pub struct Runner {
     tools: HashMap<String, Arc<dyn Tool>>,
     journal: Journal,
     confirm: Option<Confirmer>,
+    terminal: Option<(Arc<Uplink>, Arc<DeviceTerminal>)>,
 }
 
 impl Runner {
@@ -49,7 +52,15 @@ impl Runner {
             roots.push(root);
         }
         let tools = mira_tools::read_and_edit().into_iter().map(|t| (t.spec().id.clone(), t)).collect();
-        Ok(Self { device_id: device_id.to_owned(), server_key, workspaces: roots, tools, journal, confirm: None })
+        Ok(Self {
+            device_id: device_id.to_owned(),
+            server_key,
+            workspaces: roots,
+            tools,
+            journal,
+            confirm: None,
+            terminal: None,
+        })
     }
 
     /// Asks `confirm` before running each execution that arrives with an approval
@@ -58,6 +69,32 @@ impl Runner {
     pub fn with_confirmation(mut self, confirm: Confirmer) -> Self {
         self.confirm = Some(confirm);
         self
+    }
+
+    /// Runs `terminal_session` here, streaming its output through `uplink`, when this machine
+    /// can open a PTY (only then is `pty` advertised).
+    #[must_use]
+    pub fn with_terminal(mut self, uplink: Arc<Uplink>) -> Self {
+        if crate::terminal::pty_works() {
+            let terminal = Arc::new(DeviceTerminal::new(uplink.clone()));
+            self.tools.insert(terminal.spec().id.clone(), terminal.clone());
+            self.terminal = Some((uplink, terminal));
+        } else {
+            tracing::warn!("no PTY can be opened here: terminal_session is not offered");
+        }
+        self
+    }
+
+    /// The terminal's uplink, when this runner runs terminal sessions.
+    pub fn uplink(&self) -> Option<&Arc<Uplink>> {
+        self.terminal.as_ref().map(|t| &t.0)
+    }
+
+    /// Ends every terminal session of this runner (it is stopping).
+    pub fn end_terminals(&self, reason: &str) {
+        if let Some((_, t)) = &self.terminal {
+            t.end_all(reason);
+        }
     }
 
     /// The device id.
@@ -75,7 +112,12 @@ impl Runner {
         let mut tools: Vec<String> = self.tools.keys().cloned().collect();
         tools.sort();
         Advertised {
-            capabilities: RUNNER_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+            capabilities: RUNNER_CAPABILITIES
+                .iter()
+                .copied()
+                .chain(self.terminal.as_ref().map(|_| TERMINAL_CAPABILITY))
+                .map(str::to_owned)
+                .collect(),
             tools,
             workspaces: self
                 .workspaces

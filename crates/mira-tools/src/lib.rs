@@ -6,10 +6,15 @@
 //! - [`read`]: `read_discover`, `grep`, `read_open` and the legacy read entries.
 //! - [`edit`]: `write_file`, `replace_block`, `delete_path`, `move_path`.
 //! - [`input`]: typed tool inputs and the JSON Schemas generated from them.
+//! - [`pty`]: kill, environment and session setup of PTY sessions.
+//! - [`terminal_output`]: a PTY's output ring, its UTF-8 decoding, VT100 rendering and the
+//!   capture of an action's window (shared by the host's `terminal_session` and a runner's).
 
 pub mod edit;
 pub mod input;
+pub mod pty;
 pub mod read;
+pub mod terminal_output;
 
 use std::sync::Arc;
 

@@ -38,6 +38,8 @@ use crate::sandbox::cgroup::SessionCgroup;
 use crate::sandbox::{Sandbox, SandboxSpec};
 use crate::state::TerminalSessionState;
 use crate::store::{SessionEnd, Store, TerminalSessionRow};
+use mira_tools::pty::stat_fields;
+pub use mira_tools::pty::{INHERITED_ENV, SESSION_ENV, kill_session, session_members, shell_words};
 
 /// Limits of the PTY host.
 #[derive(Debug, Clone, clap::Args)]
@@ -272,79 +274,11 @@ impl Session {
     }
 }
 
-/// Set to the session id in every session's environment: it marks the session's processes,
-/// including any that leave its process session with `setsid`, so that ending the session
-/// finds them too.
-pub const SESSION_ENV: &str = "MIRA_TERMINAL_SESSION";
-
 /// Longest a write to a PTY may block before the action fails.
 pub const INPUT_WRITE_LIMIT: Duration = Duration::from_secs(5);
 
-/// Variables of the server's own environment a session inherits (when set); everything
-/// else — database URLs, API keys — stays out.
-pub const INHERITED_ENV: [&str; 10] =
-    ["HOME", "USER", "LOGNAME", "PATH", "LANG", "LC_ALL", "LC_CTYPE", "SHELL", "TZ", "TMPDIR"];
-
 fn failed(code: ErrorCode, message: String) -> ToolError {
     ToolError::new(code, message)
-}
-
-/// Sends SIGKILL to every process of terminal session `id` whose leader was `sid`: the
-/// leader's process group, every process whose session id is `sid`, and every process whose
-/// environment carries `MIRA_TERMINAL_SESSION=<id>` (those that left with `setsid`) —
-/// twice, so that a process forked meanwhile does not survive. A process that both leaves
-/// the session and clears its environment escapes this scan; the session's cgroup
-/// ([`Session::kill_tree`]) catches it where the host has one.
-pub fn kill_session(sid: i32, id: &str) {
-    for _ in 0..2 {
-        if sid > 1 {
-            // SAFETY: sending a signal has no memory effects; errors (ESRCH) are ignored.
-            unsafe {
-                libc::killpg(sid, libc::SIGKILL);
-            }
-        }
-        for pid in session_members(sid, id) {
-            // SAFETY: as above.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
-        }
-    }
-}
-
-/// Pids of session `id` (leader `sid`): session id `sid` (field 6 of `/proc/<pid>/stat`,
-/// proc(5)) or `MIRA_TERMINAL_SESSION=<id>` in `/proc/<pid>/environ`. Never this process.
-pub fn session_members(sid: i32, id: &str) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let marker = format!("{SESSION_ENV}={id}");
-    let me = i32::try_from(std::process::id()).unwrap_or(0);
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| *pid != me && *pid > 1)
-        .filter(|pid| {
-            (sid > 1 && stat_session(*pid) == Some(sid))
-                || (!id.is_empty()
-                    && stat_fields(*pid).is_some()
-                    && std::fs::read(format!("/proc/{pid}/environ"))
-                        .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == marker.as_bytes())))
-        })
-        .collect()
-}
-
-/// Fields 3… of `/proc/<pid>/stat` (proc(5)) of a live (not zombie) process.
-fn stat_fields(pid: i32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain spaces and parentheses: fields follow the last ')'.
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    let fields: Vec<String> = rest.split(' ').map(str::to_owned).collect();
-    if matches!(fields.first().map(String::as_str), Some("Z" | "X") | None) {
-        return None;
-    }
-    Some(fields)
-}
-
-/// The session id of `pid` (field 6), if it exists and is not a zombie.
-fn stat_session(pid: i32) -> Option<i32> {
-    stat_fields(pid)?.get(3)?.parse().ok()
 }
 
 /// `<boot id>:<start time of pid in clock ticks>` (field 22): names one process across
@@ -801,18 +735,3 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// How long after the exit the flusher keeps storing what the reader still drains before
 /// it gives up (a process that escaped the kill can hold the PTY open).
 pub const FINAL_FLUSH_LIMIT: Duration = Duration::from_secs(10);
-
-/// `command args…` quoted for display as a POSIX shell would need it.
-pub fn shell_words(command: &str, args: &[String]) -> String {
-    std::iter::once(command)
-        .chain(args.iter().map(String::as_str))
-        .map(|w| {
-            if !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
-                w.to_owned()
-            } else {
-                format!("'{}'", w.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}

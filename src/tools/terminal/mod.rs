@@ -49,16 +49,7 @@ use crate::state::TerminalSessionState;
 use crate::store::{TerminalReport, TerminalSessionRow};
 use crate::tools::input;
 
-/// Environment every session gets unless the call sets the variable itself: output is
-/// never held by a pager and nothing waits for an editor.
-pub const DEFAULT_ENV: [(&str, &str); 6] = [
-    ("TERM", "xterm-256color"),
-    ("PAGER", "cat"),
-    ("GIT_PAGER", "cat"),
-    ("GIT_EDITOR", "true"),
-    ("EDITOR", "true"),
-    ("GIT_TERMINAL_PROMPT", "0"),
-];
+pub use mira_tools::pty::DEFAULT_ENV;
 /// Life limit of a session when `start` gives none: 1 hour.
 pub const DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
 /// Longest life limit: 24 hours.
@@ -693,7 +684,7 @@ impl TerminalSession {
     async fn act(&self, input: &Value, action: &TerminalAction, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let id = action.session_id().unwrap_or_default();
         if let TerminalAction::Output(o) = action {
-            return self.read_output(input, o, ctx).await;
+            return self.read_output(input, o, &ctx.owner_id, &ctx.run_id, &ctx.invocation_id).await;
         }
         let wait_only = matches!(action, TerminalAction::Wait(_) | TerminalAction::Kill(_));
         let session = match self.live_session(id, &ctx.owner_id).await {
@@ -776,8 +767,15 @@ impl TerminalSession {
 
     /// The `output` action: a page of the rendered text of a stored range, or the lines of
     /// it matching `pattern`. Moves no reported-up-to offset.
-    async fn read_output(&self, input: &Value, o: &OutputInput, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let (live, row) = self.any_session(&o.session_id, &ctx.owner_id).await?;
+    async fn read_output(
+        &self,
+        input: &Value,
+        o: &OutputInput,
+        owner_id: &str,
+        run_id: &str,
+        invocation_id: &str,
+    ) -> Result<ToolOutput, ToolError> {
+        let (live, row) = self.any_session(&o.session_id, owner_id).await?;
         let facts = match &live {
             Some(s) => Facts::live(s),
             None => Facts::stored(&row),
@@ -844,12 +842,33 @@ impl TerminalSession {
         };
         let mut event = event;
         event["session_id"] = json!(facts.id);
-        event["invocation_id"] = json!(ctx.invocation_id);
+        event["invocation_id"] = json!(invocation_id);
         event["action"] = json!("output");
-        if let Err(e) = self.host.store().record_terminal_output(&ctx.run_id, &event, None).await {
+        if let Err(e) = self.host.store().record_terminal_output(run_id, &event, None).await {
             tracing::warn!(error = %e, "recording terminal.output failed");
         }
         Ok(ToolOutput { output, evidence: vec![evidence] })
+    }
+
+    /// The `output` action (frozen `input`) of invocation `invocation_id` on a session of the
+    /// remote device `device_id`: read from the store like any ended or remote session. A
+    /// session of another device (or another user) is `terminal_session_not_found`.
+    pub async fn device_output(
+        &self,
+        input: &Value,
+        owner_id: &str,
+        run_id: &str,
+        invocation_id: &str,
+        device_id: &str,
+    ) -> Result<ToolOutput, ToolError> {
+        let TerminalAction::Output(o) = input::frozen::<TerminalAction>(input)? else {
+            return Err(bad(ErrorCode::InvalidField, "not an output action"));
+        };
+        match self.host.store().terminal_session_for(owner_id, &o.session_id).await.map_err(store_error)? {
+            Some(row) if row.node_id == device_id => {}
+            _ => return Err(session_not_found(&o.session_id)),
+        }
+        self.read_output(input, &o, owner_id, run_id, invocation_id).await
     }
 
     /// The action's result, after the range it reports is recorded (it becomes the session's
@@ -1127,6 +1146,11 @@ impl Tool for TerminalSession {
     }
 
     fn availability(&self, ctx: &AvailabilityContext) -> Availability {
+        if !ctx.device.local {
+            // On a device the runner runs the PTY, with the device's own isolation
+            // (docs/runner.md), not the server's sandbox.
+            return Availability::Available;
+        }
         match self.host.sandbox().refusal_for(ctx.is_admin) {
             Some(reason) => Availability::unavailable(ErrorCode::SandboxUnavailable, reason),
             None => Availability::Available,
@@ -1147,6 +1171,8 @@ impl Tool for TerminalSession {
                 // comes, see crate::cluster::forward): the stored row describes it.
                 Err(e) if e.code == ErrorCode::TerminalSessionEnded && e.details["state"] == "running" => {
                     match self.host.store().terminal_session_for(ctx.owner_id, id).await.map_err(store_error)? {
+                        // A device's session is reached from runs on that device only.
+                        Some(row) if row.node_id.starts_with("dev_") => return Err(session_not_found(id)),
                         Some(row) if row.node_id != self.host.node_id() => {
                             let f = Facts::stored(&row);
                             json!({"id": f.id, "command_line": f.command_line, "cwd": f.cwd, "pid": f.pid,
