@@ -168,12 +168,20 @@ async fn run_and_turn(api: &super::Api, workspace: Option<&Value>) -> anyhow::Re
 /// `VmRSS` of process `pid`, in KiB.
 pub fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// `calls` sequential `read_open` calls of `bench.txt` in `run`: each call's latency, freeze
 /// to `completed`.
-async fn read_calls(api: &super::Api, run: &(String, String), tag: &str, calls: usize) -> anyhow::Result<Vec<Duration>> {
+async fn read_calls(
+    api: &super::Api,
+    run: &(String, String),
+    tag: &str,
+    calls: usize,
+) -> anyhow::Result<Vec<Duration>> {
     let mut samples = Vec::with_capacity(calls);
     for i in 0..calls {
         let started = Instant::now();
@@ -243,7 +251,12 @@ pub async fn run(opts: RunnerBench) -> anyhow::Result<()> {
     let line = "the quick brown fox jumps over the lazy dog 0123456789\n";
     let file = line.repeat((opts.file_kib * 1024).div_ceil(line.len()).max(1));
     let setup = RunnerSetup::start(&file).await?;
-    println!("mira bench runner: device {} (runner pid {}), file {} KiB", setup.device_id, setup.runner.id(), opts.file_kib);
+    println!(
+        "mira bench runner: device {} (runner pid {}), file {} KiB",
+        setup.device_id,
+        setup.runner.id(),
+        opts.file_kib
+    );
     let result = read_open_vs_host(&setup, opts.calls).await;
     setup.stop().await;
     result

@@ -181,7 +181,10 @@ pub async fn forward_execute(
             "cancelled; the forwarded action was stopped on the owner replica")),
     };
     let unknown = |e: String| {
-        ToolError::new(ErrorCode::OutcomeUnknown, format!("the forwarded action failed after it was sent to {base}: {e}"))
+        ToolError::new(
+            ErrorCode::OutcomeUnknown,
+            format!("the forwarded action failed after it was sent to {base}: {e}"),
+        )
     };
     let response = match response {
         Ok(r) => r,

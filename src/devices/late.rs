@@ -68,7 +68,12 @@ pub fn draft(device_id: &str, result: &JobResult, status_kept: &str) -> Option<E
 /// (waiting up to `wait` for a call that is still giving up). Returns the evidence id, None
 /// when nothing was attached (unknown invocation, another device's, completed or failed,
 /// already attached).
-pub async fn attach(store: &Store, device_id: &str, result: JobResult, wait: Duration) -> Result<Option<String>, StoreError> {
+pub async fn attach(
+    store: &Store,
+    device_id: &str,
+    result: JobResult,
+    wait: Duration,
+) -> Result<Option<String>, StoreError> {
     let until = tokio::time::Instant::now() + wait;
     let inv = loop {
         let Some(inv) = store.invocation_by_id(&result.invocation_id).await? else {
@@ -93,10 +98,50 @@ pub async fn attach(store: &Store, device_id: &str, result: JobResult, wait: Dur
     let Some(draft) = draft(device_id, &result, inv.status.as_str()) else { return Ok(None) };
     let id = store.attach_late_evidence(&inv, &draft).await?;
     match &id {
-        Some(id) => tracing::info!(device = device_id, invocation = %inv.id, evidence = %id, status = %inv.status.as_str(),
-            "a late device result was attached to its invocation (its status stays)"),
+        Some(id) => {
+            tracing::info!(device = device_id, invocation = %inv.id, evidence = %id, status = %inv.status.as_str(),
+            "a late device result was attached to its invocation (its status stays)")
+        }
         None => tracing::info!(device = device_id, invocation = %inv.id, status = %inv.status.as_str(),
             "a late device result was not attached (the invocation did not end with an unknown outcome, or has one already)"),
     }
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use mira_core::tool::ToolOutput;
+
+    fn result(outcome: JobOutcome) -> JobResult {
+        JobResult { nonce: "n".into(), invocation_id: "inv_1".into(), outcome, late: true }
+    }
+
+    #[test]
+    fn a_late_output_names_the_device_and_hashes_what_it_returned() {
+        let output = ToolOutput { output: json!({"written": "a.txt"}), evidence: Vec::new() };
+        let d = draft("dev_1", &result(JobOutcome::Output { output }), "interrupted").unwrap();
+        assert_eq!(d.kind, LATE_RESULT_KIND);
+        assert_eq!(d.provenance["outcome"], "succeeded");
+        assert_eq!(d.provenance["status_kept"], "interrupted");
+        let content =
+            mira_core::canonical::to_canonical_string(&json!({"output": {"written": "a.txt"}, "evidence": []}));
+        assert_eq!(d.content_sha256, crate::evidence::sha256_hex(content.as_bytes()));
+        assert_eq!(d.provenance["output_sha256"], d.content_sha256.as_str());
+        assert!(
+            d.excerpt.starts_with("late result from device dev_1: succeeded, with its output hash "),
+            "{}",
+            d.excerpt
+        );
+    }
+
+    #[test]
+    fn a_late_error_is_failed_and_a_prepare_is_nothing() {
+        let error = crate::registry::ToolError::new(crate::error::ErrorCode::NotFound, "gone");
+        let d = draft("dev_1", &result(JobOutcome::Error { error }), "cancelled").unwrap();
+        assert_eq!(d.provenance["outcome"], "failed");
+        assert_eq!(d.provenance["error_code"], "not_found");
+        assert!(draft("dev_1", &result(JobOutcome::Canonical { input: json!({}) }), "interrupted").is_none());
+    }
 }

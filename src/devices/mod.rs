@@ -305,7 +305,12 @@ fn millis(d: Duration) -> u64 {
 impl DeviceHub {
     /// A hub of replica `node` signing jobs with `key`. Fails only when the HTTP client
     /// (for forwarding to the replica holding a device) cannot be built.
-    pub fn new(store: Store, key: SigningKey, settings: DeviceSettings, node: Arc<Node>) -> Result<Self, reqwest::Error> {
+    pub fn new(
+        store: Store,
+        key: SigningKey,
+        settings: DeviceSettings,
+        node: Arc<Node>,
+    ) -> Result<Self, reqwest::Error> {
         let enroll_limit =
             enroll_limit::EnrollLimiter::new(settings.enroll_failures_per_address, settings.enroll_failures_global);
         let client = crate::net::client_builder().build()?;
@@ -435,7 +440,11 @@ impl DeviceHub {
         // This replica holds the device from now on (a holder elsewhere loses it: its next
         // heartbeat there is refused and that connection is cut).
         let holder = (self.node.id.as_str(), self.node.process_id.as_str());
-        if !self.store.hold_device(&req.device_id, holder, &session_sha, &crate::ids::now(), advertised.as_deref()).await? {
+        if !self
+            .store
+            .hold_device(&req.device_id, holder, &session_sha, &crate::ids::now(), advertised.as_deref())
+            .await?
+        {
             return Err(HubError::Refused(ErrorCode::DeviceRevoked, format!("device {} was revoked", req.device_id)));
         }
         let heartbeat = self.settings.lease / 3;

@@ -782,7 +782,11 @@ impl Store {
     /// and only once per kind (a second delivery adds nothing). The row is locked by a no-op
     /// update, so two deliveries at once store one. Returns the new evidence id, None when
     /// nothing was stored.
-    pub async fn attach_late_evidence(&self, inv: &InvocationRow, draft: &EvidenceDraft) -> StoreResult<Option<String>> {
+    pub async fn attach_late_evidence(
+        &self,
+        inv: &InvocationRow,
+        draft: &EvidenceDraft,
+    ) -> StoreResult<Option<String>> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
         let locked = sqlx::query(

@@ -122,6 +122,9 @@ impl Store {
             revoked_at: None,
             last_seen_at: None,
             advertised: None,
+            holder_node_id: None,
+            holder_process_id: None,
+            session_sha256: None,
         };
         sqlx::query("INSERT INTO devices (id, owner_id, name, capabilities, created_at) VALUES ($1, $2, $3, $4, $5)")
             .bind(&row.id)

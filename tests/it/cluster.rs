@@ -1289,7 +1289,8 @@ async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holde
     let token = c.user("dana").await;
     let root = tempfile::tempdir().unwrap();
     // Register and enroll through the load balancer.
-    let r = c.req(reqwest::Method::POST, &format!("{}/v1/devices", c.lb), &token, Some(json!({"name": "laptop"}))).await;
+    let r =
+        c.req(reqwest::Method::POST, &format!("{}/v1/devices", c.lb), &token, Some(json!({"name": "laptop"}))).await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let device_id = r.body["id"].as_str().unwrap().to_owned();
     let code = r.body["enrollment"]["code"].as_str().unwrap().to_owned();
@@ -1349,7 +1350,12 @@ async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holde
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let r = c
-        .req(reqwest::Method::POST, &format!("{}/v1/runs", c.at(b)), &token, Some(json!({"workspace_id": r.body["id"]})))
+        .req(
+            reqwest::Method::POST,
+            &format!("{}/v1/runs", c.at(b)),
+            &token,
+            Some(json!({"workspace_id": r.body["id"]})),
+        )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let run = r.body["id"].as_str().unwrap().to_owned();
@@ -1364,7 +1370,11 @@ async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holde
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let who = Who { token: token.clone(), run: run.clone(), turn: r.body["turn_id"].as_str().unwrap().to_owned() };
     let claimed_by = async |id: &str| -> String {
-        sqlx::query_scalar("SELECT claimed_by FROM invocations WHERE id = $1").bind(id).fetch_one(&c.pool).await.unwrap()
+        sqlx::query_scalar("SELECT claimed_by FROM invocations WHERE id = $1")
+            .bind(id)
+            .fetch_one(&c.pool)
+            .await
+            .unwrap()
     };
 
     // Reads frozen through B and through C run on the device (whichever replica claims them).
@@ -1376,7 +1386,12 @@ async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holde
         assert_eq!(done["status"], "completed", "{done}");
         assert!(done["result"]["output"].to_string().contains("cluster notes"), "{done}");
         let ev = c
-            .req(reqwest::Method::GET, &format!("{}/v1/evidence/{}", c.at(at), done["evidence_ids"][0].as_str().unwrap()), &token, None)
+            .req(
+                reqwest::Method::GET,
+                &format!("{}/v1/evidence/{}", c.at(at), done["evidence_ids"][0].as_str().unwrap()),
+                &token,
+                None,
+            )
             .await;
         assert_eq!(ev.body["provenance"]["device_id"], device_id.as_str(), "{ev:?}");
         if !claimed_by(id).await.starts_with(&format!("{holder_node}:")) {
@@ -1423,7 +1438,12 @@ async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holde
             assert_eq!(v.body["status"], "interrupted", "{v:?}");
             for id in v.body["evidence_ids"].as_array().unwrap() {
                 let ev = c
-                    .req(reqwest::Method::GET, &format!("{}/v1/evidence/{}", c.at(b), id.as_str().unwrap()), &token, None)
+                    .req(
+                        reqwest::Method::GET,
+                        &format!("{}/v1/evidence/{}", c.at(b), id.as_str().unwrap()),
+                        &token,
+                        None,
+                    )
                     .await;
                 if ev.body["kind"] == "late_device_result" {
                     found = Some(ev.body);

@@ -493,7 +493,9 @@ async fn late_result_after_outcome_unknown_is_attached(backend: Backend) {
     assert_eq!(p["outcome"], "succeeded", "{late}");
     assert_eq!(p["status_kept"], "interrupted", "{late}");
     assert_eq!(p["output_sha256"], late["content_sha256"], "{late}");
-    assert!(late["excerpt"].as_str().unwrap().starts_with(&format!("late result from device {}: succeeded", a.device_id)));
+    assert!(
+        late["excerpt"].as_str().unwrap().starts_with(&format!("late result from device {}: succeeded", a.device_id))
+    );
     // Delivered again (a restart replays nothing delivered; a replayed post adds nothing):
     // still one late evidence, still interrupted.
     if a.child.is_some() {
