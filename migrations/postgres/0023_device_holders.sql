@@ -9,3 +9,11 @@ ALTER TABLE devices ADD COLUMN holder_node_id TEXT;
 ALTER TABLE devices ADD COLUMN holder_process_id TEXT;
 ALTER TABLE devices ADD COLUMN session_sha256 TEXT;
 CREATE UNIQUE INDEX devices_session ON devices(session_sha256);
+-- Connect challenges of runners (valid once for 60 s), in the store so that a runner's
+-- challenge and its connect may land on different replicas. Only the SHA-256 is kept; a
+-- connect spends its challenge with one conditional DELETE.
+CREATE TABLE runner_challenges (
+    challenge_sha256 TEXT PRIMARY KEY,
+    device_id        TEXT NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+    expires_at       TEXT NOT NULL
+);

@@ -97,7 +97,6 @@ struct Connection {
 #[derive(Default)]
 struct Inner {
     connections: HashMap<String, Arc<Connection>>,
-    challenges: HashMap<String, (String, Instant)>,
     pending: HashMap<String, oneshot::Sender<JobOutcome>>,
 }
 
@@ -409,9 +408,10 @@ impl DeviceHub {
     pub async fn challenge(&self, device_id: &str) -> Result<ChallengeAnswer, HubError> {
         self.usable_device(device_id).await?;
         let challenge = random_hex(32);
-        let mut inner = self.inner.lock();
-        inner.challenges.retain(|_, (_, at)| at.elapsed() < CHALLENGE_TTL);
-        inner.challenges.insert(challenge.clone(), (device_id.to_owned(), Instant::now()));
+        // In the store, so that the `connect` may land on any replica.
+        let expires_at = crate::ids::now_plus_ms(millis(CHALLENGE_TTL));
+        let sha = crate::evidence::sha256_hex(challenge.as_bytes());
+        self.store.add_runner_challenge(&sha, device_id, &expires_at, &crate::ids::now()).await?;
         Ok(ChallengeAnswer { challenge })
     }
 
@@ -422,10 +422,9 @@ impl DeviceHub {
         let failed = |why: &str| {
             HubError::Refused(ErrorCode::DeviceAuthFailed, format!("device {} cannot connect: {why}", req.device_id))
         };
-        let issued = self.inner.lock().challenges.remove(&req.challenge);
-        match issued {
-            Some((device, at)) if device == req.device_id && at.elapsed() < CHALLENGE_TTL => {}
-            _ => return Err(failed("the challenge is unknown, used or expired")),
+        let sha = crate::evidence::sha256_hex(req.challenge.as_bytes());
+        if !self.store.take_runner_challenge(&sha, &req.device_id, &crate::ids::now()).await? {
+            return Err(failed("the challenge is unknown, used or expired"));
         }
         let public =
             row.public_key.as_deref().and_then(mira_core::remote::parse_public).ok_or_else(|| failed("no key"))?;

@@ -149,6 +149,40 @@ impl Store {
         Ok(())
     }
 
+    /// Records a connect challenge for device `device_id` (its SHA-256 `challenge_sha256`,
+    /// valid until `expires_at`), and forgets those expired at `now`.
+    pub async fn add_runner_challenge(
+        &self,
+        challenge_sha256: &str,
+        device_id: &str,
+        expires_at: &str,
+        now: &str,
+    ) -> StoreResult<()> {
+        sqlx::query("DELETE FROM runner_challenges WHERE expires_at < $1").bind(now).execute(self.pool()).await?;
+        sqlx::query("INSERT INTO runner_challenges (challenge_sha256, device_id, expires_at) VALUES ($1, $2, $3)")
+            .bind(challenge_sha256)
+            .bind(device_id)
+            .bind(expires_at)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Spends the challenge `challenge_sha256` of device `device_id` at `now`: true once for an
+    /// unexpired challenge issued to that device (one conditional DELETE decides, so of two
+    /// connects with one challenge, on any replicas, one wins).
+    pub async fn take_runner_challenge(&self, challenge_sha256: &str, device_id: &str, now: &str) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "DELETE FROM runner_challenges WHERE challenge_sha256 = $1 AND device_id = $2 AND expires_at > $3",
+        )
+        .bind(challenge_sha256)
+        .bind(device_id)
+        .bind(now)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     /// The device whose live connection has session token SHA-256 `session_sha256`.
     pub async fn device_by_session(&self, session_sha256: &str) -> StoreResult<Option<DeviceRow>> {
         Ok(sqlx::query_as("SELECT * FROM devices WHERE session_sha256 = $1")
