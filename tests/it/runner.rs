@@ -470,6 +470,7 @@ async fn late_result_after_outcome_unknown_is_attached(backend: Backend) {
             assert_eq!(v["status"], "interrupted", "the late result re-opened it: {v}");
             let ids = v["evidence_ids"].as_array().unwrap().clone();
             if ids.len() > evidence_before {
+                eprintln!("late result attached {:?} after SIGCONT (runner restarted: {restarted})", start.elapsed());
                 let id = ids.last().unwrap().as_str().unwrap();
                 break t.get(&format!("/v1/evidence/{id}"), &token).await.body;
             }
