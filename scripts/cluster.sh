@@ -10,8 +10,10 @@
 # balancer), MIRA_ADMIN_TOKEN (the bootstrap admin's token, when this start created it).
 # DIR (default: a new /tmp/mira-cluster.XXXX) holds, per replica i (1..N), r<i>/data (its data
 # directory, so its own node id), r<i>.port, r<i>.pid and r<i>.log; ws/ is the shared default
-# workspace; haproxy.cfg, haproxy.pid, lb.port and secret (the generated cluster secret,
-# mode 0600) complete it. Replicas reach each other at http://127.0.0.1:<port> with that secret.
+# workspace; haproxy.cfg, haproxy.pid, lb.port, secret (the generated cluster secret,
+# mode 0600) and secret.key (the generated MIRA_SECRET_KEY every replica shares, mode 0600,
+# unless MIRA_SECRET_KEY is set: sealed secrets and the runner signing key must be the same on
+# every replica) complete it. Replicas reach each other at http://127.0.0.1:<port> with that secret.
 # Needs haproxy (scripts/setup-cluster.sh installs it) and python3 (to pick free ports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,11 +57,15 @@ case "$cmd" in
     if [ ! -s "$dir/secret" ]; then
       (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/secret")
     fi
+    if [ ! -s "$dir/secret.key" ]; then
+      (umask 077; head -c 32 /dev/urandom | base64 | tr -d '\n' > "$dir/secret.key")
+    fi
+    secret_key=${MIRA_SECRET_KEY:-$(cat "$dir/secret.key")}
     servers=""
     for i in $(seq 1 "$replicas"); do
       port=$(free_port)
       mkdir -p "$dir/r$i/data"
-      MIRA_CLUSTER_SECRET=$(cat "$dir/secret") DATABASE_URL="$url" \
+      MIRA_CLUSTER_SECRET=$(cat "$dir/secret") MIRA_SECRET_KEY="$secret_key" DATABASE_URL="$url" \
         nohup "$bin" serve --listen "127.0.0.1:$port" --data-dir "$dir/r$i/data" --workspace "$dir/ws" \
         ${extra[@]+"${extra[@]}"} >"$dir/r$i.log" 2>&1 &
       pid=$!

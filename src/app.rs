@@ -148,7 +148,7 @@ impl App {
             Some(id) if id == crate::availability::LOCAL_DEVICE_ID => DeviceInfo::local(),
             Some(id) => {
                 let row = self.store.device_for(user_id, id).await?.ok_or(Error::NotFound("device"))?;
-                self.device_info(&row)
+                self.device_info(&row).await
             }
         };
         Ok(AvailabilityContext {
@@ -163,9 +163,18 @@ impl App {
     /// What availability knows of the device `row`: while its runner is connected, the
     /// capabilities and tools that runner advertised; otherwise the declared capabilities
     /// (and the last advertised ones) and why it cannot execute now.
-    pub fn device_info(&self, row: &crate::store::DeviceRow) -> DeviceInfo {
+    pub async fn device_info(&self, row: &crate::store::DeviceRow) -> DeviceInfo {
+        self.device_info_and_presence(row).await.0
+    }
+
+    /// [`App::device_info`] and where the device stands in the cluster
+    /// ([`crate::devices::DeviceHub::presence`]), from one look.
+    pub async fn device_info_and_presence(
+        &self,
+        row: &crate::store::DeviceRow,
+    ) -> (DeviceInfo, crate::devices::Presence) {
         let mut capabilities: Vec<String> = serde_json::from_str(&row.capabilities).unwrap_or_default();
-        let presence = self.devices.presence(row);
+        let presence = self.devices.presence(row).await;
         let advertised = match &presence {
             crate::devices::Presence::Connected(a) => Some(a.clone()),
             _ => row.advertised.as_deref().and_then(|a| serde_json::from_str::<mira_core::remote::Advertised>(a).ok()),
@@ -178,13 +187,14 @@ impl App {
                 }
             }
         }
-        DeviceInfo {
+        let info = DeviceInfo {
             id: row.id.clone(),
             local: false,
             capabilities,
             runner: presence.availability(&row.id),
             runner_tools,
-        }
+        };
+        (info, presence)
     }
 
     /// The runner of `run`'s device as the freeze's canonicaliser, when the run is bound to

@@ -187,11 +187,15 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let signing = crate::secret::SecretBox::load(&settings.data_dir)
         .map_err(|e| anyhow::anyhow!("the secret key (for the runner signing key): {e}"))?
         .derive_seed(crate::devices::SIGNING_KEY_LABEL);
-    let devices = Arc::new(crate::devices::DeviceHub::new(
-        store.clone(),
-        mira_core::remote::signing_key(&signing),
-        settings.runtime.devices,
-    ));
+    let devices = Arc::new(
+        crate::devices::DeviceHub::new(
+            store.clone(),
+            mira_core::remote::signing_key(&signing),
+            settings.runtime.devices,
+            cluster_node.clone(),
+        )
+        .context("building the device hub's HTTP client")?,
+    );
     let device_terminal = Arc::new(crate::tools::terminal::TerminalSession::new(core.terminal.clone()));
     let executor = Arc::new(
         crate::devices::RemoteExecutor::new(cluster_executor, devices.clone(), store.clone())

@@ -6,6 +6,7 @@ pub mod exposure;
 pub mod invocations;
 pub mod mcp;
 pub mod news;
+pub mod runner;
 pub mod runner_terminal;
 pub mod soak;
 pub mod sse;

@@ -147,58 +147,75 @@ impl ClusterExecutor {
         inv: &InvocationRow,
         cancel: &CancellationToken,
     ) -> Result<ToolOutput, ToolError> {
-        let Some(secret) = self.node.config.secret.as_deref().filter(|s| !s.is_empty()) else {
+        forward_execute(&self.client, &self.node, base, &inv.id, &self.process_id, cancel).await
+    }
+}
+
+/// Sends the execution of invocation `invocation_id` (claimed by process `claimed_by`) to the
+/// replica at `base`: `POST <base>/internal/v1/execute` with the cluster secret, and answers
+/// the owner's outcome. Errors: `owner_unreachable` when nothing was run (no secret here, the
+/// connection refused, the owner refused before acting), `outcome_unknown` when the request
+/// failed after it was sent (the owner may have acted; it is never sent again), `cancelled`
+/// when `cancel` fired (the closed connection stops the action on the owner).
+pub async fn forward_execute(
+    client: &reqwest::Client,
+    node: &Node,
+    base: &str,
+    invocation_id: &str,
+    claimed_by: &str,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolError> {
+    let Some(secret) = node.config.secret.as_deref().filter(|s| !s.is_empty()) else {
+        return Err(ToolError::new(
+            ErrorCode::OwnerUnreachable,
+            "the resource (terminal session, stdio MCP server, device connection) lives on another replica and this one has no --cluster-secret to forward with; nothing was run",
+        ));
+    };
+    let url = format!("{}/internal/v1/execute", base.trim_end_matches('/'));
+    let body = ExecuteRequest { invocation_id: invocation_id.to_owned(), claimed_by: claimed_by.to_owned() };
+    let send = client.post(&url).header(SECRET_HEADER, secret).json(&body).send();
+    let response = tokio::select! {
+        r = send => r,
+        // Dropping the request closes the connection: the owner cancels the action.
+        () = cancel.cancelled() => return Err(ToolError::new(ErrorCode::Cancelled,
+            "cancelled; the forwarded action was stopped on the owner replica")),
+    };
+    let unknown = |e: String| {
+        ToolError::new(
+            ErrorCode::OutcomeUnknown,
+            format!("the forwarded action failed after it was sent to {base}: {e}"),
+        )
+    };
+    let response = match response {
+        Ok(r) => r,
+        Err(e) if e.is_connect() => {
             return Err(ToolError::new(
                 ErrorCode::OwnerUnreachable,
-                "the resource (terminal session, stdio MCP server) lives on another replica and this one has no --cluster-secret to forward with; nothing was run",
-            ));
-        };
-        let url = format!("{}/internal/v1/execute", base.trim_end_matches('/'));
-        let body = ExecuteRequest { invocation_id: inv.id.clone(), claimed_by: self.process_id.clone() };
-        let send = self.client.post(&url).header(SECRET_HEADER, secret).json(&body).send();
-        let response = tokio::select! {
-            r = send => r,
-            // Dropping the request closes the connection: the owner cancels the action.
-            () = cancel.cancelled() => return Err(ToolError::new(ErrorCode::Cancelled,
-                "cancelled; the forwarded action was stopped on the owner replica")),
-        };
-        let unknown = |e: String| {
-            ToolError::new(
-                ErrorCode::OutcomeUnknown,
-                format!("the forwarded action failed after it was sent to {base}: {e}"),
-            )
-        };
-        let response = match response {
-            Ok(r) => r,
-            Err(e) if e.is_connect() => {
-                return Err(ToolError::new(
-                    ErrorCode::OwnerUnreachable,
-                    format!("the owner replica at {base} cannot be reached ({e}); nothing was run"),
-                ));
-            }
-            Err(e) => return Err(unknown(e.to_string())),
-        };
-        let status = response.status();
-        let text = tokio::select! {
-            t = response.text() => t.map_err(|e| unknown(e.to_string()))?,
-            () = cancel.cancelled() => return Err(ToolError::new(ErrorCode::Cancelled,
-                "cancelled; the forwarded action was stopped on the owner replica")),
-        };
-        if !status.is_success() {
-            // The owner refused before running anything (bad secret, claim no longer held…).
-            return Err(ToolError::new(
-                ErrorCode::OwnerUnreachable,
-                format!(
-                    "the owner replica at {base} refused the forwarded action ({status}): {}",
-                    text.chars().take(300).collect::<String>()
-                ),
+                format!("the owner replica at {base} cannot be reached ({e}); nothing was run"),
             ));
         }
-        match serde_json::from_str::<ExecuteAnswer>(&text) {
-            Ok(ExecuteAnswer::Ok(out)) => Ok(out),
-            Ok(ExecuteAnswer::Err(e)) => Err(e),
-            Err(e) => Err(unknown(format!("unreadable answer: {e}"))),
-        }
+        Err(e) => return Err(unknown(e.to_string())),
+    };
+    let status = response.status();
+    let text = tokio::select! {
+        t = response.text() => t.map_err(|e| unknown(e.to_string()))?,
+        () = cancel.cancelled() => return Err(ToolError::new(ErrorCode::Cancelled,
+            "cancelled; the forwarded action was stopped on the owner replica")),
+    };
+    if !status.is_success() {
+        // The owner refused before running anything (bad secret, claim no longer held…).
+        return Err(ToolError::new(
+            ErrorCode::OwnerUnreachable,
+            format!(
+                "the owner replica at {base} refused the forwarded action ({status}): {}",
+                text.chars().take(300).collect::<String>()
+            ),
+        ));
+    }
+    match serde_json::from_str::<ExecuteAnswer>(&text) {
+        Ok(ExecuteAnswer::Ok(out)) => Ok(out),
+        Ok(ExecuteAnswer::Err(e)) => Err(e),
+        Err(e) => Err(unknown(format!("unreadable answer: {e}"))),
     }
 }
 

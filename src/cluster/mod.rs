@@ -98,7 +98,7 @@ impl Node {
 }
 
 /// Whether an RFC 3339 heartbeat is older than `limit` (an unreadable one counts as old).
-fn stale(heartbeat: &str, limit: Duration) -> bool {
+pub(crate) fn stale(heartbeat: &str, limit: Duration) -> bool {
     match chrono::DateTime::parse_from_rfc3339(heartbeat) {
         Ok(t) => {
             let age = chrono::Utc::now().signed_duration_since(t.with_timezone(&chrono::Utc));

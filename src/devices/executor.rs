@@ -8,7 +8,8 @@ use mira_core::remote::{JobOutcome, JobPhase};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{DeviceHub, JobSpec};
+use super::{DeviceHub, Holder, JobSpec};
+use crate::cluster::forward::forward_execute;
 use crate::error::ErrorCode;
 use crate::harness::{CommitGate, Executor};
 use crate::registry::{Entry, Prepared, ToolError, ToolOutput};
@@ -88,6 +89,72 @@ impl RemoteExecutor {
     }
 }
 
+/// Runs the execution of `inv` on `device`'s runner through this process's connection
+/// ([`DeviceHub::job`]): the local half of [`RemoteExecutor`], and what a replica holding the
+/// device runs for an execution forwarded to it (`/internal/v1/execute`). `commit` is passed
+/// when the caller has not yet reached its commit point (the device acts from the moment it
+/// has the job).
+pub async fn execute_on_device(
+    hub: &DeviceHub,
+    store: &Store,
+    inv: &InvocationRow,
+    device: &str,
+    input: &Value,
+    cancel: &CancellationToken,
+    commit: Option<CommitGate>,
+) -> Result<ToolOutput, ToolError> {
+    let spec = execute_spec(store, inv, input).await?;
+    if let Some(commit) = commit {
+        commit.commit().map_err(|reason| reason.error("stopped before it was sent to the device; nothing was run"))?;
+    }
+    match hub.job(device, spec, cancel).await? {
+        JobOutcome::Output { output } => Ok(stamp_device(output, device)),
+        JobOutcome::Error { error } => Err(error),
+        _ => Err(unexpected("execute")),
+    }
+}
+
+/// The execute job of `inv` (its run's workspace, its approval): what the device is sent.
+async fn execute_spec(store: &Store, inv: &InvocationRow, input: &Value) -> Result<JobSpec, ToolError> {
+    let unavailable = |msg: String| ToolError::new(ErrorCode::WorkspaceUnavailable, msg);
+    let store_error = |e: crate::store::StoreError| unavailable(e.to_string());
+    // The run and its workspace in one round trip.
+    let scope = store
+        .run_scope_for(&inv.owner_id, &inv.run_id, None)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| unavailable(format!("run {} is gone", inv.run_id)))?;
+    let ws = scope.workspace.ok_or_else(|| unavailable(format!("workspace {} is gone", scope.run.workspace_id)))?;
+    let approval_id = store.approval_id_of(&inv.id).await.map_err(store_error)?;
+    Ok(JobSpec {
+        phase: JobPhase::Execute,
+        invocation_id: inv.id.clone(),
+        run_id: inv.run_id.clone(),
+        owner_id: inv.owner_id.clone(),
+        tool_id: inv.tool_id.clone(),
+        input: input.clone(),
+        approval_id,
+        workspace: ws.path,
+    })
+}
+
+/// The device a run is bound to, when `inv` is a call that runs on it (its tool works in the
+/// run's workspace): what `/internal/v1/execute` asks before it runs a forwarded execution.
+pub async fn device_of_call(
+    store: &Store,
+    inv: &InvocationRow,
+    capability: Option<&str>,
+) -> Result<Option<String>, crate::store::StoreError> {
+    if !runs_on_device(capability) {
+        return Ok(None);
+    }
+    Ok(store
+        .run_for(&inv.owner_id, &inv.run_id)
+        .await?
+        .and_then(|r| r.device_id)
+        .filter(|d| d != crate::availability::LOCAL_DEVICE_ID))
+}
+
 #[async_trait]
 impl Executor for RemoteExecutor {
     async fn execute(
@@ -105,37 +172,59 @@ impl Executor for RemoteExecutor {
             return self.inner.execute(inv, entry, input, cancel, commit).await;
         };
         let device = device.as_str();
-        let unavailable = |msg: String| ToolError::new(ErrorCode::WorkspaceUnavailable, msg);
-        let store_error = |e: crate::store::StoreError| unavailable(e.to_string());
-        // The run and its workspace in one round trip.
-        let scope = self
-            .store
-            .run_scope_for(&inv.owner_id, &inv.run_id, None)
-            .await
-            .map_err(store_error)?
-            .ok_or_else(|| unavailable(format!("run {} is gone", inv.run_id)))?;
-        let ws = scope.workspace.ok_or_else(|| unavailable(format!("workspace {} is gone", scope.run.workspace_id)))?;
-        let approval_id = self.store.approval_id_of(&inv.id).await.map_err(store_error)?;
-        // The device acts from the moment it has the job: this side's commit point is now.
-        commit.commit().map_err(|reason| reason.error("stopped before it was sent to the device; nothing was run"))?;
-        let spec = JobSpec {
-            phase: JobPhase::Execute,
-            invocation_id: inv.id.clone(),
-            run_id: inv.run_id.clone(),
-            owner_id: inv.owner_id.clone(),
-            tool_id: inv.tool_id.clone(),
-            input: input.clone(),
-            approval_id,
-            workspace: ws.path,
+        let store_error = |e: crate::store::StoreError| ToolError::new(ErrorCode::StoreError, e.to_string());
+        let row = self.store.device_by_id(device).await.map_err(store_error)?;
+        let holder = match &row {
+            Some(row) => self.hub.holder(row).await.map_err(store_error)?,
+            None => Holder::Nowhere,
         };
         if inv.tool_id == TERMINAL_TOOL {
+            let reads_output = input.get("action").and_then(Value::as_str) == Some("output");
+            if let Holder::Elsewhere(base) = &holder
+                && !reads_output
+            {
+                // The session's PTY and its job stream live with the runner's connection; a
+                // terminal action is not forwarded (yet): refused before anything was sent.
+                return Err(ToolError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "terminal sessions on device {device} run through the replica holding its runner ({base}); \
+                         this call was claimed by another replica and nothing was run — call it again"
+                    ),
+                )
+                .with_details(json!({"device_id": device, "holder": base})));
+            }
+            let spec = execute_spec(&self.store, inv, input).await?;
+            commit
+                .commit()
+                .map_err(|reason| reason.error("stopped before it was sent to the device; nothing was run"))?;
             return self.terminal_job(inv, device, spec, &cancel).await;
         }
-        match self.hub.job(device, spec, &cancel).await? {
-            JobOutcome::Output { output } => Ok(stamp_device(output, device)),
-            JobOutcome::Error { error } => Err(error),
-            _ => Err(unexpected("execute")),
-        }
+        let Holder::Elsewhere(base) = holder else {
+            // Here, or nowhere (the hub answers `device_offline`, nothing sent).
+            return execute_on_device(&self.hub, &self.store, inv, device, input, &cancel, Some(commit)).await;
+        };
+        // Another replica holds the runner's connection: the execution goes there under this
+        // claim, once. The holder acts from the moment it has it: this side's commit point is now.
+        commit.commit().map_err(|reason| reason.error("stopped before it was forwarded; nothing was sent"))?;
+        let node = self.hub.node();
+        forward_execute(self.hub.client(), node, &base, &inv.id, &node.process_id, &cancel).await.map_err(|e| {
+            if e.code == ErrorCode::OutcomeUnknown && e.details.get("device_id").is_none() {
+                // The holder went away with the job: it may have run on the device; it is
+                // never sent again (the harness ends it `interrupted`).
+                ToolError::new(
+                    ErrorCode::OutcomeUnknown,
+                    format!(
+                        "the execution was forwarded to the replica holding device {device}'s runner, which did not answer \
+                         ({}); whether it ran is unknown and it is not run again",
+                        e.message
+                    ),
+                )
+                .with_details(json!({"device_id": device, "invocation_id": inv.id, "holder": base}))
+            } else {
+                e
+            }
+        })
     }
 }
 
@@ -284,7 +373,7 @@ impl DeviceTools {
     /// The tool's `prepare` on the device.
     pub async fn prepare(&self, tool_id: &str, input: Value) -> Result<Prepared, ToolError> {
         let spec = self.spec(JobPhase::Prepare, tool_id, input);
-        match self.hub.job(&self.device_id, spec, &CancellationToken::new()).await? {
+        match self.hub.job_anywhere(&self.device_id, spec).await? {
             JobOutcome::Prepared { input, preview } => Ok(Prepared { input, preview }),
             JobOutcome::Error { error } => Err(error),
             _ => Err(unexpected("prepare")),
@@ -294,7 +383,7 @@ impl DeviceTools {
     /// The tool's `canonicalize` on the device.
     pub async fn canonicalize(&self, tool_id: &str, input: Value) -> Result<Value, ToolError> {
         let spec = self.spec(JobPhase::Canonicalize, tool_id, input);
-        match self.hub.job(&self.device_id, spec, &CancellationToken::new()).await? {
+        match self.hub.job_anywhere(&self.device_id, spec).await? {
             JobOutcome::Canonical { input } => Ok(input),
             JobOutcome::Error { error } => Err(error),
             _ => Err(unexpected("canonicalize")),

@@ -8,11 +8,22 @@
 //! executor for runs bound to a device: the Read and Edit tools of such a run execute on the
 //! device, at most once, and their evidence names the device that ran them.
 //!
-//! One process holds a runner's connection: in a cluster a runner connects to one replica,
-//! and calls for its device run there (the other replicas answer `device_offline`).
+//! **In a cluster** one process holds a runner's connection: the replica haproxy gave the
+//! runner's `connect`. The device row records that holder (its node id, its process id, the
+//! SHA-256 of the session token; [`Store::hold_device`]). Every replica reads the truth from
+//! there ([`DeviceHub::holder`]): the device is connected while its holder is a live replica
+//! (the replica heartbeat of [`crate::cluster`]) whose process is the one that took the
+//! connection and the runner's last heartbeat is younger than the runner lease. A runner's
+//! heartbeat or result that lands on another replica is forwarded to the holder
+//! (`/internal/v1/runner/*`, cluster secret), so the holder's waiting call gets its result. A
+//! prepare or canonicalize job asked on another replica goes to the holder
+//! (`/internal/v1/devices/job`); an execution claimed on another replica goes through the
+//! same `/internal/v1/execute` as terminal and MCP actions ([`executor::RemoteExecutor`]).
+//! A runner that reconnects through another replica moves the holder there.
 
 pub mod enroll_limit;
 pub mod executor;
+pub mod late;
 pub mod terminal;
 
 use std::collections::HashMap;
@@ -32,6 +43,8 @@ use tokio_util::sync::CancellationToken;
 pub use executor::RemoteExecutor;
 
 use crate::availability::Availability;
+use crate::cluster::Node;
+use crate::cluster::forward::SECRET_HEADER;
 use crate::error::ErrorCode;
 use crate::registry::ToolError;
 use crate::store::{DeviceRow, Store, StoreError};
@@ -74,6 +87,8 @@ impl Default for DeviceSettings {
 /// A connected runner.
 struct Connection {
     session: String,
+    /// SHA-256 of `session`, as the device row records it.
+    session_sha: String,
     tx: mpsc::Sender<ServerMessage>,
     cut: CancellationToken,
     last_beat: Mutex<Instant>,
@@ -83,7 +98,6 @@ struct Connection {
 #[derive(Default)]
 struct Inner {
     connections: HashMap<String, Arc<Connection>>,
-    challenges: HashMap<String, (String, Instant)>,
     pending: HashMap<String, oneshot::Sender<JobOutcome>>,
 }
 
@@ -183,6 +197,58 @@ pub struct DeviceHub {
     enroll_limit: enroll_limit::EnrollLimiter,
     /// Bumped when a device session's output or end is stored ([`terminal`]).
     terminal_wake: tokio::sync::watch::Sender<u64>,
+    node: Arc<Node>,
+    client: reqwest::Client,
+}
+
+/// Where a device's live connection is, seen from this replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// This process holds it and the runner's lease is valid.
+    Here,
+    /// Another live replica's process holds it and the runner's last heartbeat is within
+    /// the lease: the base URL that replica is reached at.
+    Elsewhere(String),
+    /// Nobody holds it with a valid lease.
+    Nowhere,
+}
+
+/// A job forwarded to the replica holding the device (`POST /internal/v1/devices/job`):
+/// prepare and canonicalize only (an execution goes through `/internal/v1/execute`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ForwardedJob {
+    /// The device.
+    pub device_id: String,
+    /// The job.
+    pub spec: JobSpec,
+}
+
+/// Answer of `POST /internal/v1/devices/job`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardedAnswer {
+    /// The runner's outcome.
+    Ok(JobOutcome),
+    /// The job failed (offline, refused…).
+    Err(ToolError),
+}
+
+/// The runner routes a replica forwards to the holder: `heartbeat` or `results`.
+#[derive(Debug, Clone, Copy)]
+pub enum RunnerRoute {
+    /// `POST /v1/runner/heartbeat`.
+    Heartbeat,
+    /// `POST /v1/runner/results`.
+    Results,
+}
+
+impl RunnerRoute {
+    fn path(self) -> &'static str {
+        match self {
+            Self::Heartbeat => "/internal/v1/runner/heartbeat",
+            Self::Results => "/internal/v1/runner/results",
+        }
+    }
 }
 
 /// The stream a connected runner reads, and the guard that forgets the connection when the
@@ -205,9 +271,25 @@ pub struct DetachGuard {
 
 impl Drop for DetachGuard {
     fn drop(&mut self) {
-        let mut inner = self.hub.inner.lock();
-        if inner.connections.get(&self.device_id).is_some_and(|c| c.session == self.session) {
-            inner.connections.remove(&self.device_id);
+        let removed = {
+            let mut inner = self.hub.inner.lock();
+            if inner.connections.get(&self.device_id).is_some_and(|c| c.session == self.session) {
+                inner.connections.remove(&self.device_id)
+            } else {
+                None
+            }
+        };
+        // The row forgets this holder (only while the session is still its own).
+        if let Some(conn) = removed
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let store = self.hub.store.clone();
+            let device = self.device_id.clone();
+            rt.spawn(async move {
+                if let Err(e) = store.release_device(&device, &conn.session_sha).await {
+                    tracing::warn!(device = %device, error = %e, "forgetting the device's holder failed");
+                }
+            });
         }
     }
 }
@@ -223,18 +305,37 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl DeviceHub {
-    /// A hub signing jobs with `key`.
-    pub fn new(store: Store, key: SigningKey, settings: DeviceSettings) -> Self {
+    /// A hub of replica `node` signing jobs with `key`. Fails only when the HTTP client
+    /// (for forwarding to the replica holding a device) cannot be built.
+    pub fn new(
+        store: Store,
+        key: SigningKey,
+        settings: DeviceSettings,
+        node: Arc<Node>,
+    ) -> Result<Self, reqwest::Error> {
         let enroll_limit =
             enroll_limit::EnrollLimiter::new(settings.enroll_failures_per_address, settings.enroll_failures_global);
-        Self {
+        let client = crate::net::client_builder().build()?;
+        Ok(Self {
             store,
             key,
             settings,
             inner: Mutex::new(Inner::default()),
             enroll_limit,
             terminal_wake: tokio::sync::watch::Sender::new(0),
-        }
+            node,
+            client,
+        })
+    }
+
+    /// This replica.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// The client replicas forward with.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
     }
 
     /// The control plane's public key (hex), which runners pin at enrollment.
@@ -319,9 +420,10 @@ impl DeviceHub {
     pub async fn challenge(&self, device_id: &str) -> Result<ChallengeAnswer, HubError> {
         self.usable_device(device_id).await?;
         let challenge = random_hex(32);
-        let mut inner = self.inner.lock();
-        inner.challenges.retain(|_, (_, at)| at.elapsed() < CHALLENGE_TTL);
-        inner.challenges.insert(challenge.clone(), (device_id.to_owned(), Instant::now()));
+        // In the store, so that the `connect` may land on any replica.
+        let expires_at = crate::ids::now_plus_ms(millis(CHALLENGE_TTL));
+        let sha = crate::evidence::sha256_hex(challenge.as_bytes());
+        self.store.add_runner_challenge(&sha, device_id, &expires_at, &crate::ids::now()).await?;
         Ok(ChallengeAnswer { challenge })
     }
 
@@ -332,10 +434,9 @@ impl DeviceHub {
         let failed = |why: &str| {
             HubError::Refused(ErrorCode::DeviceAuthFailed, format!("device {} cannot connect: {why}", req.device_id))
         };
-        let issued = self.inner.lock().challenges.remove(&req.challenge);
-        match issued {
-            Some((device, at)) if device == req.device_id && at.elapsed() < CHALLENGE_TTL => {}
-            _ => return Err(failed("the challenge is unknown, used or expired")),
+        let sha = crate::evidence::sha256_hex(req.challenge.as_bytes());
+        if !self.store.take_runner_challenge(&sha, &req.device_id, &crate::ids::now()).await? {
+            return Err(failed("the challenge is unknown, used or expired"));
         }
         let public =
             row.public_key.as_deref().and_then(mira_core::remote::parse_public).ok_or_else(|| failed("no key"))?;
@@ -344,9 +445,19 @@ impl DeviceHub {
             return Err(failed("the signature does not verify under the enrolled key"));
         }
         let advertised = serde_json::to_string(&req.advertised).ok();
-        self.store.touch_device(&req.device_id, &crate::ids::now(), advertised.as_deref()).await?;
         let (tx, rx) = mpsc::channel(CONNECTION_BUFFER);
         let session = format!("mrs_{}", random_hex(24));
+        let session_sha = crate::evidence::sha256_hex(session.as_bytes());
+        // This replica holds the device from now on (a holder elsewhere loses it: its next
+        // heartbeat there is refused and that connection is cut).
+        let holder = (self.node.id.as_str(), self.node.process_id.as_str());
+        if !self
+            .store
+            .hold_device(&req.device_id, holder, &session_sha, &crate::ids::now(), advertised.as_deref())
+            .await?
+        {
+            return Err(HubError::Refused(ErrorCode::DeviceRevoked, format!("device {} was revoked", req.device_id)));
+        }
         let heartbeat = self.settings.lease / 3;
         let welcome = ServerMessage::Welcome {
             session: session.clone(),
@@ -357,6 +468,7 @@ impl DeviceHub {
         let cut = CancellationToken::new();
         let conn = Arc::new(Connection {
             session: session.clone(),
+            session_sha,
             tx,
             cut: cut.clone(),
             last_beat: Mutex::new(Instant::now()),
@@ -378,17 +490,48 @@ impl DeviceHub {
         HubError::Refused(ErrorCode::DeviceAuthFailed, "the runner session is unknown or was cut; connect again".into())
     }
 
-    /// Renews the lease of the connection holding `session`.
+    /// Renews the lease of the connection holding `session`: here when this process holds
+    /// it, else forwarded to the replica that does (see the module docs).
     pub async fn heartbeat(&self, session: &str) -> Result<(), HubError> {
+        if self.by_session(session).is_some() {
+            return self.heartbeat_here(session).await;
+        }
+        self.forward_runner(RunnerRoute::Heartbeat, session, None).await
+    }
+
+    /// Renews the lease of the connection holding `session` in this process. A session the
+    /// device row no longer names (a newer connection elsewhere, a revocation) is cut.
+    pub async fn heartbeat_here(&self, session: &str) -> Result<(), HubError> {
         let (device, conn) = self.by_session(session).ok_or_else(Self::session_refused)?;
+        if !self.store.beat_device(&device, &conn.session_sha, &crate::ids::now()).await? {
+            conn.cut.cancel();
+            let mut inner = self.inner.lock();
+            if inner.connections.get(&device).is_some_and(|c| c.session == conn.session) {
+                inner.connections.remove(&device);
+            }
+            tracing::info!(device = %device, "a runner connection replaced elsewhere (or revoked) was cut");
+            return Err(Self::session_refused());
+        }
         *conn.last_beat.lock() = Instant::now();
-        self.store.touch_device(&device, &crate::ids::now(), None).await?;
         Ok(())
     }
 
-    /// Takes a job result from the connection holding `session`: the waiting call gets it.
-    /// A result nobody waits for any more (the call ended meanwhile) is logged and dropped.
-    pub fn deliver(&self, session: &str, result: JobResult) -> Result<(), HubError> {
+    /// Takes a job result from the connection holding `session`: here when this process
+    /// holds it, else forwarded to the replica that does, whose waiting call gets it.
+    pub async fn deliver(&self, session: &str, result: JobResult) -> Result<(), HubError> {
+        if self.by_session(session).is_some() {
+            return self.deliver_here(session, result).await;
+        }
+        let body = serde_json::to_value(&result)
+            .map_err(|e| HubError::Refused(ErrorCode::Internal, format!("the result cannot be forwarded: {e}")))?;
+        self.forward_runner(RunnerRoute::Results, session, Some(body)).await
+    }
+
+    /// Takes a job result from the connection holding `session` in this process: the
+    /// waiting call gets it. A result nobody waits for any more (the call ended meanwhile:
+    /// `interrupted` with `outcome_unknown`, or cancelled) is attached to its invocation as
+    /// evidence of kind `late_device_result` ([`late::attach`]); its status stays.
+    pub async fn deliver_here(&self, session: &str, result: JobResult) -> Result<(), HubError> {
         let (device, conn) = self.by_session(session).ok_or_else(Self::session_refused)?;
         *conn.last_beat.lock() = Instant::now();
         let waiter = self.inner.lock().pending.remove(&result.nonce);
@@ -396,16 +539,58 @@ impl DeviceHub {
             Some(tx) => {
                 let _ = tx.send(result.outcome);
             }
+            None if result.invocation_id.is_empty() => {
+                tracing::warn!(device = %device, nonce = %result.nonce,
+                    "a runner delivered a prepare result no call waits for any more; dropped")
+            }
             None => {
-                tracing::warn!(device = %device, invocation = %result.invocation_id, nonce = %result.nonce, late = result.late,
-                "a runner delivered a result no call waits for any more; dropped")
+                tracing::warn!(device = %device, invocation = %result.invocation_id, late = result.late,
+                    "a runner delivered a result no call waits for any more; attaching it to its invocation");
+                let store = self.store.clone();
+                let wait = self.settings.lease * 3;
+                tokio::spawn(async move {
+                    if let Err(e) = late::attach(&store, &device, result, wait).await {
+                        tracing::warn!(device = %device, error = %e, "attaching a late device result failed");
+                    }
+                });
             }
         }
         Ok(())
     }
 
-    /// Revokes the caller's device and cuts its connection at once. False when it is not
-    /// the caller's.
+    /// Sends a runner's request that landed here to the replica holding its session.
+    /// `device_auth_failed` when no live replica holds it or the holder refused it (the
+    /// runner connects again, which moves the holder).
+    async fn forward_runner(&self, route: RunnerRoute, session: &str, body: Option<Value>) -> Result<(), HubError> {
+        let sha = crate::evidence::sha256_hex(session.as_bytes());
+        let row = self.store.device_by_session(&sha).await?.ok_or_else(Self::session_refused)?;
+        let Some(base) = self.holder_address(&row).await? else {
+            return Err(Self::session_refused());
+        };
+        let Some(secret) = self.node.config.secret.as_deref().filter(|s| !s.is_empty()) else {
+            return Err(Self::session_refused());
+        };
+        let url = format!("{}{}", base.trim_end_matches('/'), route.path());
+        let mut request = self.client.post(&url).header(SECRET_HEADER, secret).bearer_auth(session);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        match request.send().await {
+            Ok(r) if r.status().is_success() => Ok(()),
+            Ok(r) => {
+                tracing::info!(device = %row.id, status = %r.status(), ?route, "the holder replica refused a forwarded runner request");
+                Err(Self::session_refused())
+            }
+            Err(e) => {
+                tracing::warn!(device = %row.id, error = %e, ?route, "forwarding a runner request to its holder failed");
+                Err(Self::session_refused())
+            }
+        }
+    }
+
+    /// Revokes the caller's device and cuts its connection at once when this process holds
+    /// it (a holder elsewhere cuts it at the runner's next heartbeat, which it refuses).
+    /// False when it is not the caller's.
     pub async fn revoke(&self, owner_id: &str, device_id: &str) -> Result<bool, StoreError> {
         if !self.store.revoke_device(owner_id, device_id, &crate::ids::now()).await? {
             return Ok(false);
@@ -422,17 +607,114 @@ impl DeviceHub {
         (conn.last_beat.lock().elapsed() < self.settings.lease && !conn.cut.is_cancelled()).then_some(conn)
     }
 
-    /// Where `row` stands now.
-    pub fn presence(&self, row: &DeviceRow) -> Presence {
+    /// The base URL of the live replica process that `row` names as its holder, when that is
+    /// not this process.
+    async fn holder_address(&self, row: &DeviceRow) -> Result<Option<String>, StoreError> {
+        let (Some(node_id), Some(process_id)) = (&row.holder_node_id, &row.holder_process_id) else {
+            return Ok(None);
+        };
+        if *process_id == self.node.process_id {
+            return Ok(None);
+        }
+        Ok(match self.store.replica(node_id).await? {
+            Some(r) if self.node.is_alive(&r) && r.process_id == *process_id => Some(r.address),
+            _ => None,
+        })
+    }
+
+    /// Where `row`'s live connection is: here (this process holds it and the row still
+    /// names it), elsewhere (a live replica's process holds it and the runner beat within
+    /// the lease), or nowhere.
+    pub async fn holder(&self, row: &DeviceRow) -> Result<Holder, StoreError> {
+        if row.revoked_at.is_some() {
+            return Ok(Holder::Nowhere);
+        }
+        if let Some(conn) = self.live(&row.id)
+            && row.session_sha256.as_deref() == Some(conn.session_sha.as_str())
+        {
+            return Ok(Holder::Here);
+        }
+        let beat_recently =
+            row.last_seen_at.as_deref().is_some_and(|at| !crate::cluster::stale(at, self.settings.lease));
+        if !beat_recently {
+            return Ok(Holder::Nowhere);
+        }
+        Ok(match self.holder_address(row).await? {
+            Some(address) => Holder::Elsewhere(address),
+            None => Holder::Nowhere,
+        })
+    }
+
+    /// Where `row` stands now, in the whole cluster (see [`DeviceHub::holder`]). A store that
+    /// fails counts the device offline.
+    pub async fn presence(&self, row: &DeviceRow) -> Presence {
         if let Some(at) = &row.revoked_at {
             return Presence::Revoked(at.clone());
         }
         if row.public_key.is_none() {
             return Presence::NotEnrolled;
         }
-        match self.live(&row.id) {
-            Some(conn) => Presence::Connected(conn.advertised.clone()),
-            None => Presence::Offline { last_seen_at: row.last_seen_at.clone() },
+        let holder = self.holder(row).await.unwrap_or_else(|e| {
+            tracing::warn!(device = %row.id, error = %e, "where the device's runner is connected could not be read");
+            Holder::Nowhere
+        });
+        match holder {
+            Holder::Here => match self.live(&row.id) {
+                Some(conn) => Presence::Connected(conn.advertised.clone()),
+                None => Presence::Offline { last_seen_at: row.last_seen_at.clone() },
+            },
+            Holder::Elsewhere(_) => Presence::Connected(
+                row.advertised.as_deref().and_then(|a| serde_json::from_str(a).ok()).unwrap_or_default(),
+            ),
+            Holder::Nowhere => Presence::Offline { last_seen_at: row.last_seen_at.clone() },
+        }
+    }
+
+    /// Sends one job to `device_id`'s runner wherever it is connected: here, or through the
+    /// replica holding it (`POST /internal/v1/devices/job`). For prepare and canonicalize
+    /// only (they change nothing; an execution goes through the harness's executor, which
+    /// forwards it under its claim). Errors as [`DeviceHub::job`]; a forward that fails is
+    /// `device_offline`.
+    pub async fn job_anywhere(&self, device_id: &str, spec: JobSpec) -> Result<JobOutcome, ToolError> {
+        let offline = |why: String| {
+            ToolError::new(ErrorCode::DeviceOffline, format!("the runner of device {device_id} is offline: {why}"))
+                .with_details(json!({"device_id": device_id}))
+        };
+        let row = self
+            .store
+            .device_by_id(device_id)
+            .await
+            .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?
+            .ok_or_else(|| offline("the device is gone".into()))?;
+        let base = match self.holder(&row).await.map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))? {
+            Holder::Elsewhere(base) if spec.phase != JobPhase::Execute => base,
+            _ => return self.job(device_id, spec, &CancellationToken::new()).await,
+        };
+        let Some(secret) = self.node.config.secret.as_deref().filter(|s| !s.is_empty()) else {
+            return Err(offline("it is connected to another replica and this one has no --cluster-secret".into()));
+        };
+        let url = format!("{}/internal/v1/devices/job", base.trim_end_matches('/'));
+        let body = ForwardedJob { device_id: device_id.to_owned(), spec };
+        let response = self
+            .client
+            .post(&url)
+            .header(SECRET_HEADER, secret)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| offline(format!("the replica holding it at {base} cannot be reached ({e})")))?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| offline(format!("the replica holding it failed: {e}")))?;
+        if !status.is_success() {
+            return Err(offline(format!(
+                "the replica holding it refused the job ({status}): {}",
+                text.chars().take(300).collect::<String>()
+            )));
+        }
+        match serde_json::from_str::<ForwardedAnswer>(&text) {
+            Ok(ForwardedAnswer::Ok(outcome)) => Ok(outcome),
+            Ok(ForwardedAnswer::Err(e)) => Err(e),
+            Err(e) => Err(offline(format!("the replica holding it answered unreadably: {e}"))),
         }
     }
 
@@ -521,7 +803,7 @@ impl Drop for PendingGuard<'_> {
 }
 
 /// What a job is about (the hub adds the device, the hash, the expiry and the nonce).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobSpec {
     /// What to do.
     pub phase: JobPhase,

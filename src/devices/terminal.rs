@@ -35,8 +35,23 @@ impl DeviceHub {
     /// (unknown bearer), 404 `terminal_session_not_found` (no such session on that device),
     /// 409 `terminal_session_ended` (it was recorded ended, e.g. `lost`).
     async fn device_session(&self, session: &str, id: &str) -> Result<TerminalSessionRow, HubError> {
-        let (device, conn) = self.by_session(session).ok_or_else(Self::session_refused)?;
-        *conn.last_beat.lock() = std::time::Instant::now();
+        let device = match self.by_session(session) {
+            Some((device, conn)) => {
+                *conn.last_beat.lock() = std::time::Instant::now();
+                device
+            }
+            // In a cluster the post may land on a replica that does not hold the runner's
+            // connection: the output goes to the shared store all the same, for a session
+            // token that a live holder still has.
+            None => {
+                let sha = crate::evidence::sha256_hex(session.as_bytes());
+                let row = self.store.device_by_session(&sha).await?.ok_or_else(Self::session_refused)?;
+                if self.holder(&row).await? == super::Holder::Nowhere {
+                    return Err(Self::session_refused());
+                }
+                row.id
+            }
+        };
         let row = self.store.terminal_session_for_any(id).await?.filter(|r| r.node_id == device).ok_or_else(|| {
             HubError::Refused(
                 ErrorCode::TerminalSessionNotFound,

@@ -93,10 +93,12 @@ pub async fn internal_execute(
             details: serde_json::json!({"status": inv.status}),
         });
     }
-    if !forwardable(&inv.tool_id) {
+    let capability = app.registry.get_any(&inv.tool_id).and_then(|e| e.spec().capability.clone());
+    let device = crate::devices::executor::device_of_call(&app.store, &inv, capability.as_deref()).await?;
+    if device.is_none() && !forwardable(&inv.tool_id) {
         return Err(Error::bad_request(
             ErrorCode::InvalidField,
-            "only terminal session actions and MCP calls are forwarded",
+            "only terminal session actions, MCP calls and device executions are forwarded",
         ));
     }
     if let Err(e) = app.registry.check_frozen(&inv.tool_id, &inv.input) {
@@ -121,12 +123,32 @@ pub async fn internal_execute(
         Some(entry) => match serde_json::from_str::<serde_json::Value>(&inv.input) {
             Err(e) => ExecuteAnswer::Err(ToolError::new(ErrorCode::CorruptInput, e.to_string())),
             Ok(input) => {
-                let hard_links = if app.config.allow_hard_link_reads { HardLinks::Allow } else { HardLinks::Refuse };
-                let local = LocalExecutor::new(app.store.clone(), hard_links, &app.node.id);
                 // The claimer closing the connection (a cancel, its time limit) stops the action.
                 let cancel = CancellationToken::new();
                 let _stop_on_drop = cancel.clone().drop_guard();
-                match local.execute(&inv, &entry, &input, cancel, CommitGate::new()).await {
+                let outcome = match &device {
+                    // A device execution: sent once to the runner this replica holds (a runner
+                    // that moved meanwhile makes it `device_offline`, nothing sent).
+                    Some(device) => {
+                        crate::devices::executor::execute_on_device(
+                            &app.devices,
+                            &app.store,
+                            &inv,
+                            device,
+                            &input,
+                            &cancel,
+                            None,
+                        )
+                        .await
+                    }
+                    None => {
+                        let hard_links =
+                            if app.config.allow_hard_link_reads { HardLinks::Allow } else { HardLinks::Refuse };
+                        let local = LocalExecutor::new(app.store.clone(), hard_links, &app.node.id);
+                        local.execute(&inv, &entry, &input, cancel.clone(), CommitGate::new()).await
+                    }
+                };
+                match outcome {
                     Ok(out) => ExecuteAnswer::Ok(out),
                     Err(e) => ExecuteAnswer::Err(e),
                 }
@@ -168,6 +190,63 @@ pub async fn internal_mcp_discover(
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
+/// `POST /internal/v1/devices/job`: a prepare or canonicalize job for a device whose runner
+/// this replica holds, asked through another replica ([`crate::devices::DeviceHub::job_anywhere`]).
+/// Answers the runner's outcome or the job's error (`device_offline` when the runner is not
+/// connected here any more); 400 for an execution (those come through `/internal/v1/execute`,
+/// under the claimer's lease); 401 without the cluster secret.
+pub async fn internal_device_job(
+    State(app): State<App>,
+    _caller: ClusterCaller,
+    Json(body): Json<crate::devices::ForwardedJob>,
+) -> Result<axum::Json<crate::devices::ForwardedAnswer>> {
+    use crate::devices::ForwardedAnswer;
+    if body.spec.phase == mira_core::remote::JobPhase::Execute {
+        return Err(Error::bad_request(
+            ErrorCode::InvalidField,
+            "executions are forwarded through /internal/v1/execute, under the claim of the invocation",
+        ));
+    }
+    let answer = match app.devices.job(&body.device_id, body.spec, &CancellationToken::new()).await {
+        Ok(outcome) => ForwardedAnswer::Ok(outcome),
+        Err(e) => ForwardedAnswer::Err(e),
+    };
+    Ok(axum::Json(answer))
+}
+
+fn runner_session(headers: &axum::http::HeaderMap) -> Result<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| Error::Tool(ToolError::new(ErrorCode::DeviceAuthFailed, "the runner session is missing")))
+}
+
+/// `POST /internal/v1/runner/heartbeat`: a runner's heartbeat that landed on another replica,
+/// for the connection this replica holds (session bearer as the runner sent it). 204; 401
+/// `device_auth_failed` when this replica does not hold that session (or it was replaced).
+pub async fn internal_runner_heartbeat(
+    State(app): State<App>,
+    _caller: ClusterCaller,
+    headers: axum::http::HeaderMap,
+) -> Result<axum::http::StatusCode> {
+    app.devices.heartbeat_here(runner_session(&headers)?).await?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
+/// `POST /internal/v1/runner/results`: a runner's job result that landed on another replica,
+/// for the connection this replica holds: the call waiting here gets it. 204; 401
+/// `device_auth_failed` when this replica does not hold that session.
+pub async fn internal_runner_results(
+    State(app): State<App>,
+    _caller: ClusterCaller,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<mira_core::remote::JobResult>,
+) -> Result<axum::http::StatusCode> {
+    app.devices.deliver_here(runner_session(&headers)?, body).await?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
 /// The internal routes replicas call on each other (outside the OpenAPI document and the
 /// request timeout: a forwarded `wait` lasts as long as the action).
 pub fn internal_router() -> axum::Router<App> {
@@ -175,4 +254,7 @@ pub fn internal_router() -> axum::Router<App> {
         .route("/internal/v1/execute", axum::routing::post(internal_execute))
         .route("/internal/v1/mcp/connect", axum::routing::post(internal_mcp_connect))
         .route("/internal/v1/mcp/discover", axum::routing::post(internal_mcp_discover))
+        .route("/internal/v1/devices/job", axum::routing::post(internal_device_job))
+        .route("/internal/v1/runner/heartbeat", axum::routing::post(internal_runner_heartbeat))
+        .route("/internal/v1/runner/results", axum::routing::post(internal_runner_results))
 }

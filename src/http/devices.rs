@@ -61,9 +61,8 @@ pub struct DeviceView {
     pub created_at: String,
 }
 
-fn view(app: &App, d: DeviceRow) -> DeviceView {
-    let info = app.device_info(&d);
-    let presence = app.devices.presence(&d);
+async fn view(app: &App, d: DeviceRow) -> DeviceView {
+    let (info, presence) = app.device_info_and_presence(&d).await;
     let advertised = match &presence {
         Presence::Connected(a) => Some(a.clone()),
         _ => d.advertised.as_deref().and_then(|a| serde_json::from_str(a).ok()),
@@ -149,7 +148,7 @@ pub async fn create_device(
     let row = app.store.create_device(&user.user_id, &body.name, &body.capabilities).await?;
     let enrollment = app.devices.new_enrollment_code(&user.user_id, &row.id).await?;
     let row = owned(&app, &user, &row.id).await?;
-    let mut view = view(&app, row);
+    let mut view = view(&app, row).await;
     view.enrollment = enrollment.map(|(code, expires_at)| Enrollment { code, expires_at });
     Ok((StatusCode::CREATED, Json(view)))
 }
@@ -158,7 +157,11 @@ pub async fn create_device(
 #[utoipa::path(get, path = "/v1/devices", tag = "devices", responses((status = 200, body = DeviceList)), security(("bearer" = [])))]
 pub async fn list_devices(State(app): State<App>, user: AuthUser) -> Result<Json<DeviceList>> {
     let rows = app.store.list_devices(&user.user_id).await?;
-    Ok(Json(DeviceList { devices: rows.into_iter().map(|d| view(&app, d)).collect() }))
+    let mut devices = Vec::with_capacity(rows.len());
+    for d in rows {
+        devices.push(view(&app, d).await);
+    }
+    Ok(Json(DeviceList { devices }))
 }
 
 /// Renames a device.
@@ -173,7 +176,7 @@ pub async fn rename_device(
     check_name(&body.name)?;
     owned(&app, &user, &device_id).await?;
     app.store.rename_device(&user.user_id, &device_id, &body.name).await?;
-    Ok(Json(view(&app, owned(&app, &user, &device_id).await?)))
+    Ok(Json(view(&app, owned(&app, &user, &device_id).await?).await))
 }
 
 /// Revokes a device: its runner's connection is cut at once, it cannot connect again and its
@@ -187,7 +190,7 @@ pub async fn revoke_device(
 ) -> Result<Json<DeviceView>> {
     owned(&app, &user, &device_id).await?;
     app.devices.revoke(&user.user_id, &device_id).await?;
-    Ok(Json(view(&app, owned(&app, &user, &device_id).await?)))
+    Ok(Json(view(&app, owned(&app, &user, &device_id).await?).await))
 }
 
 /// A new one-time enrollment code for a device (replacing a pending one), e.g. to enroll a
@@ -285,7 +288,7 @@ async fn runner_heartbeat(State(app): State<App>, headers: HeaderMap) -> Result<
 
 /// `POST /v1/runner/results` (session bearer): a job's outcome.
 async fn runner_result(State(app): State<App>, headers: HeaderMap, Json(body): Json<JobResult>) -> Result<StatusCode> {
-    app.devices.deliver(session(&headers)?, body)?;
+    app.devices.deliver(session(&headers)?, body).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

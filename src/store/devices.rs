@@ -80,7 +80,8 @@ impl Store {
     /// when it is not the caller's; revoking twice keeps the first time.
     pub async fn revoke_device(&self, owner_id: &str, id: &str, now: &str) -> StoreResult<bool> {
         let done = sqlx::query(
-            "UPDATE devices SET revoked_at = COALESCE(revoked_at, $1), enroll_code_sha256 = NULL, enroll_expires_at = NULL
+            "UPDATE devices SET revoked_at = COALESCE(revoked_at, $1), enroll_code_sha256 = NULL, enroll_expires_at = NULL,
+                holder_node_id = NULL, holder_process_id = NULL, session_sha256 = NULL
              WHERE id = $2 AND owner_id = $3",
         )
         .bind(now)
@@ -91,16 +92,103 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Records a heartbeat of device `id`'s runner at `now`, and what it advertised
-    /// (`advertised`, JSON) when given.
-    pub async fn touch_device(&self, id: &str, now: &str, advertised: Option<&str>) -> StoreResult<()> {
-        sqlx::query("UPDATE devices SET last_seen_at = $1, advertised = COALESCE($2, advertised) WHERE id = $3")
-            .bind(now)
-            .bind(advertised)
-            .bind(id)
+    /// Records that `holder` (the replica's node id, its process id) holds device `id`'s live
+    /// connection, with session token SHA-256 `session_sha256`, at `now` (its heartbeat), and
+    /// what the runner advertised (JSON). Replaces an earlier holder. False when the device
+    /// was revoked meanwhile.
+    pub async fn hold_device(
+        &self,
+        id: &str,
+        holder: (&str, &str),
+        session_sha256: &str,
+        now: &str,
+        advertised: Option<&str>,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE devices SET holder_node_id = $1, holder_process_id = $2, session_sha256 = $3, last_seen_at = $4,
+                advertised = COALESCE($5, advertised)
+             WHERE id = $6 AND revoked_at IS NULL",
+        )
+        .bind(holder.0)
+        .bind(holder.1)
+        .bind(session_sha256)
+        .bind(now)
+        .bind(advertised)
+        .bind(id)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Renews the heartbeat of device `id` held under `session_sha256` at `now`. False when
+    /// that session no longer holds the device (a newer connection took it, the device was
+    /// revoked): the connection is to be cut.
+    pub async fn beat_device(&self, id: &str, session_sha256: &str, now: &str) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE devices SET last_seen_at = $1 WHERE id = $2 AND session_sha256 = $3 AND revoked_at IS NULL",
+        )
+        .bind(now)
+        .bind(id)
+        .bind(session_sha256)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Forgets the holder of device `id` when it is still the connection `session_sha256`
+    /// (a newer connection elsewhere is left alone).
+    pub async fn release_device(&self, id: &str, session_sha256: &str) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE devices SET holder_node_id = NULL, holder_process_id = NULL, session_sha256 = NULL
+             WHERE id = $1 AND session_sha256 = $2",
+        )
+        .bind(id)
+        .bind(session_sha256)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Records a connect challenge for device `device_id` (its SHA-256 `challenge_sha256`,
+    /// valid until `expires_at`), and forgets those expired at `now`.
+    pub async fn add_runner_challenge(
+        &self,
+        challenge_sha256: &str,
+        device_id: &str,
+        expires_at: &str,
+        now: &str,
+    ) -> StoreResult<()> {
+        sqlx::query("DELETE FROM runner_challenges WHERE expires_at < $1").bind(now).execute(self.pool()).await?;
+        sqlx::query("INSERT INTO runner_challenges (challenge_sha256, device_id, expires_at) VALUES ($1, $2, $3)")
+            .bind(challenge_sha256)
+            .bind(device_id)
+            .bind(expires_at)
             .execute(self.pool())
             .await?;
         Ok(())
+    }
+
+    /// Spends the challenge `challenge_sha256` of device `device_id` at `now`: true once for an
+    /// unexpired challenge issued to that device (one conditional DELETE decides, so of two
+    /// connects with one challenge, on any replicas, one wins).
+    pub async fn take_runner_challenge(&self, challenge_sha256: &str, device_id: &str, now: &str) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "DELETE FROM runner_challenges WHERE challenge_sha256 = $1 AND device_id = $2 AND expires_at > $3",
+        )
+        .bind(challenge_sha256)
+        .bind(device_id)
+        .bind(now)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The device whose live connection has session token SHA-256 `session_sha256`.
+    pub async fn device_by_session(&self, session_sha256: &str) -> StoreResult<Option<DeviceRow>> {
+        Ok(sqlx::query_as("SELECT * FROM devices WHERE session_sha256 = $1")
+            .bind(session_sha256)
+            .fetch_optional(self.pool())
+            .await?)
     }
 
     /// Registers the workspace `path` (absolute, on the device `device_id`; not looked at

@@ -776,6 +776,52 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Attaches `draft` (kind `kind`) to invocation `inv` after its end, when its outcome was
+    /// unknown: only while it is `interrupted` or `cancelled` (its status never changes here)
+    /// and only once per kind (a second delivery adds nothing). The row is locked by a no-op
+    /// update, so two deliveries at once store one. Returns the new evidence id, None when
+    /// nothing was stored.
+    pub async fn attach_late_evidence(
+        &self,
+        inv: &InvocationRow,
+        draft: &EvidenceDraft,
+    ) -> StoreResult<Option<String>> {
+        let now = ids::now();
+        let mut tx = self.begin_write().await?;
+        let locked = sqlx::query(
+            "UPDATE invocations SET updated_at = updated_at WHERE id = $1 AND status IN ('interrupted', 'cancelled')",
+        )
+        .bind(&inv.id)
+        .execute(tx.conn())
+        .await?;
+        if locked.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let already: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM evidence WHERE invocation_id = $1 AND kind = $2")
+            .bind(&inv.id)
+            .bind(&draft.kind)
+            .fetch_one(tx.conn())
+            .await?;
+        if already > 0 {
+            return Ok(None);
+        }
+        let id = ids::new_id("evd");
+        insert_evidence_rows(&mut tx, &[(id.clone(), inv, draft)], &now).await?;
+        tx.append_event(
+            &inv.run_id,
+            EventKind::EvidenceRecorded,
+            &json!({
+                "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
+                "kind": draft.kind, "content_sha256": draft.content_sha256, "late": true,
+            }),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(id))
+    }
+}
+
 /// Most evidence rows in one insert statement (10 parameters each).
 const EVIDENCE_ROWS_PER_INSERT: usize = 256;
 

@@ -121,6 +121,15 @@ impl Store {
             .execute(self.pool())
             .await?;
             self.lose_mcp_owners(&r.node_id).await?;
+            // The runners it held connected elsewhere or not at all: it holds none any more.
+            sqlx::query(
+                "UPDATE devices SET holder_node_id = NULL, holder_process_id = NULL, session_sha256 = NULL
+                 WHERE holder_node_id = $1 AND holder_process_id = $2",
+            )
+            .bind(&r.node_id)
+            .bind(&r.process_id)
+            .execute(self.pool())
+            .await?;
             let interrupted = self.interrupt_orphans(Some(&format!("{}:", r.node_id))).await?;
             crate::metrics::invocations_recovered(interrupted);
             declared.push(r.node_id);

@@ -35,6 +35,15 @@ pub struct DeviceRow {
     /// What the runner advertised when it last connected (JSON of
     /// `mira_core::remote::Advertised`).
     pub advertised: Option<String>,
+    /// The replica (stable node id) that holds the runner's live connection, if any.
+    #[serde(skip)]
+    pub holder_node_id: Option<String>,
+    /// The process of that replica which holds it (`<node id>:<uuid>`).
+    #[serde(skip)]
+    pub holder_process_id: Option<String>,
+    /// SHA-256 (hex) of the live connection's session token; never shown.
+    #[serde(skip)]
+    pub session_sha256: Option<String>,
 }
 
 /// A workspace: a root folder on a device (the server host when `device_id` is NULL).
@@ -113,6 +122,9 @@ impl Store {
             revoked_at: None,
             last_seen_at: None,
             advertised: None,
+            holder_node_id: None,
+            holder_process_id: None,
+            session_sha256: None,
         };
         sqlx::query("INSERT INTO devices (id, owner_id, name, capabilities, created_at) VALUES ($1, $2, $3, $4, $5)")
             .bind(&row.id)

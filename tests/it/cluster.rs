@@ -53,6 +53,11 @@ fn script() -> PathBuf {
 
 impl Cluster {
     async fn start(n: usize) -> Cluster {
+        Cluster::start_with(n, &[]).await
+    }
+
+    /// [`Cluster::start`] with more `mira serve` flags for every replica.
+    async fn start_with(n: usize, extra: &[&str]) -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
         let db = TestDb::new(Backend::Postgres, tmp.path()).await;
         let dir = tmp.path().join("cluster");
@@ -62,6 +67,7 @@ impl Cluster {
             .arg(&dir)
             .args(["--bin", env!("CARGO_BIN_EXE_mira")])
             .args(["--", "--heartbeat-secs", "1", "--replica-dead-after-secs", "3", "--execution-concurrency", "8"])
+            .args(extra)
             // One embedding model per test process is enough: replicas rank lexically.
             .env_remove("MIRA_EMBEDDING_MODEL_DIR")
             .env_remove("MIRA_EMBEDDING_MODEL")
@@ -101,6 +107,11 @@ impl Cluster {
 
     fn workspace(&self) -> PathBuf {
         self.dir.join("ws")
+    }
+
+    fn signal(&self, i: usize, sig: i32) {
+        // SAFETY: kill(2) on a pid this test's script started.
+        assert_eq!(unsafe { libc::kill(self.pids[i], sig) }, 0);
     }
 
     fn kill9(&self, i: usize) {
@@ -1262,4 +1273,255 @@ async fn tool_vectors_are_computed_once_and_shared_by_replicas() {
     assert_eq!(second["embedding"]["from_cache_since_start"], stored, "{second:#}");
     drop(b);
     drop(a);
+}
+
+/// The runner's standard error and the end of each replica's log, for a failure message.
+fn diag(c: &Cluster, runner: &crate::runner::RunnerProc) -> String {
+    let mut out = format!("runner:\n{}\n", runner.stderr.lock().unwrap());
+    for i in 0..c.ports.len() {
+        let log = std::fs::read_to_string(c.dir.join(format!("r{}.log", i + 1))).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(25).collect();
+        out.push_str(&format!(
+            "replica {i} ({}):\n{}\n",
+            c.node_id(i),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ));
+    }
+    out
+}
+
+/// Device `id`'s holder as the database records it (node id, or None).
+async fn device_holder(pool: &sqlx::PgPool, id: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT holder_node_id FROM devices WHERE id = $1").bind(id).fetch_one(pool).await.unwrap()
+}
+
+/// A device's runner in a cluster (issue 17 on issue 16): the runner connects through
+/// haproxy to one replica (A, its holder); freezes (the prepare on the device), grants and
+/// executions through the other replicas reach it, a read and an edit; every replica says
+/// it is connected. A is killed with SIGKILL while the runner holds a granted edit (waiting
+/// for its person's yes): the edit is written once, the invocation ends `interrupted` with
+/// `outcome_unknown` naming the device and is never sent again; the runner reconnects
+/// through another replica (the holder moves), its result arrives late and is attached as
+/// evidence, and calls work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holder() {
+    let c = Cluster::start_with(3, &["--runner-lease-secs", "3"]).await;
+    let token = c.user("dana").await;
+    let root = tempfile::tempdir().unwrap();
+    // Register and enroll through the load balancer.
+    let r =
+        c.req(reqwest::Method::POST, &format!("{}/v1/devices", c.lb), &token, Some(json!({"name": "laptop"}))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let device_id = r.body["id"].as_str().unwrap().to_owned();
+    let code = r.body["enrollment"]["code"].as_str().unwrap().to_owned();
+    let state = root.path().join("state");
+    let workspace = root.path().join("ws");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let workspace = std::fs::canonicalize(&workspace).unwrap();
+    std::fs::write(workspace.join("notes.txt"), "cluster notes\n").unwrap();
+    std::fs::write(workspace.join("counter.txt"), "runs:\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mira"))
+        .args(["runner", "enroll", "--server", &c.lb, "--code", &code, "--state-dir"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "enroll: {}", String::from_utf8_lossy(&out.stderr));
+    let mut runner = crate::runner::RunnerProc {
+        device_id: device_id.clone(),
+        state,
+        workspace: workspace.clone(),
+        child: None,
+        base: c.lb.clone(),
+        confirm: true,
+        stderr: Arc::new(std::sync::Mutex::new(String::new())),
+    };
+    runner.start();
+    let holder = async |not: Option<&str>| {
+        for _ in 0..300 {
+            if let Some(h) = device_holder(&c.pool, &device_id).await
+                && Some(h.as_str()) != not
+            {
+                return h;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the device never got a holder other than {not:?}");
+    };
+    let holder_node = holder(None).await;
+    let a = (0..3).find(|i| c.node_id(*i) == holder_node).expect("the holder is one of the replicas");
+    let others: Vec<usize> = (0..3).filter(|i| *i != a).collect();
+    let (b, cc) = (others[0], others[1]);
+    // Every replica says it is connected, the holder and the others.
+    let status_at = async |i: usize| -> Value {
+        let r = c.req(reqwest::Method::GET, &format!("{}/v1/devices", c.at(i)), &token, None).await;
+        r.body["devices"].as_array().unwrap().iter().find(|d| d["id"] == device_id.as_str()).unwrap()["status"].clone()
+    };
+    for i in 0..3 {
+        assert_eq!(status_at(i).await, "connected", "replica {i} (holder {a})");
+    }
+    // A workspace on the device and a run in it, through B.
+    let r = c
+        .req(
+            reqwest::Method::POST,
+            &format!("{}/v1/workspaces", c.at(b)),
+            &token,
+            Some(json!({"name": "dev", "path": workspace, "device_id": device_id})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let r = c
+        .req(
+            reqwest::Method::POST,
+            &format!("{}/v1/runs", c.at(b)),
+            &token,
+            Some(json!({"workspace_id": r.body["id"]})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let run = r.body["id"].as_str().unwrap().to_owned();
+    let r = c
+        .req(
+            reqwest::Method::POST,
+            &format!("{}/v1/runs/{run}/turns", c.at(b)),
+            &token,
+            Some(json!({"task": "read the notes and count a run"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let who = Who { token: token.clone(), run: run.clone(), turn: r.body["turn_id"].as_str().unwrap().to_owned() };
+    let claimed_by = async |id: &str| -> String {
+        let by: Option<String> = sqlx::query_scalar("SELECT claimed_by FROM invocations WHERE id = $1")
+            .bind(id)
+            .fetch_one(&c.pool)
+            .await
+            .unwrap();
+        by.unwrap_or_default()
+    };
+
+    // Reads frozen through B and through C run on the device (whichever replica claims them).
+    let mut forwarded = 0;
+    for (k, at) in [b, cc, b, cc].into_iter().enumerate() {
+        let inv = c.freeze(&c.at(at), &who, "read_open", &format!("r{k}"), json!({"path": "notes.txt"})).await;
+        let id = inv["invocation_id"].as_str().unwrap();
+        let done = c.final_of(&c.at(at), &token, id).await;
+        assert_eq!(done["status"], "completed", "{done}");
+        assert!(done["result"]["output"].to_string().contains("cluster notes"), "{done}");
+        let ev = c
+            .req(
+                reqwest::Method::GET,
+                &format!("{}/v1/evidence/{}", c.at(at), done["evidence_ids"][0].as_str().unwrap()),
+                &token,
+                None,
+            )
+            .await;
+        assert_eq!(ev.body["provenance"]["device_id"], device_id.as_str(), "{ev:?}");
+        if !claimed_by(id).await.starts_with(&format!("{holder_node}:")) {
+            forwarded += 1;
+        }
+    }
+    assert!(forwarded > 0, "no read was claimed by a replica other than the holder");
+
+    // An edit frozen through B (its preview prepared on the device through A), granted
+    // through C while A is paused (so that B or C claims it and forwards it to A); the runner
+    // holds it for its person's yes; A is killed meanwhile.
+    let edit = json!({"path": "counter.txt", "old": "runs:\n", "new": "runs:\nran\n"});
+    let inv = c.freeze(&c.at(b), &who, "replace_block", "e1", edit).await;
+    assert_eq!(inv["status"], "awaiting_approval", "{inv}");
+    let edit_id = inv["invocation_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        device_holder(&c.pool, &device_id).await.as_deref(),
+        Some(holder_node.as_str()),
+        "{}",
+        diag(&c, &runner)
+    );
+    c.signal(a, libc::SIGSTOP);
+    assert!(c.grant(&c.at(cc), &token, &inv).await);
+    let mut claimer = String::new();
+    for _ in 0..100 {
+        claimer = claimed_by(&edit_id).await;
+        if !claimer.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.signal(a, libc::SIGCONT);
+    assert!(!claimer.is_empty() && !claimer.starts_with(&format!("{holder_node}:")), "claimed by {claimer:?}");
+    runner.prompt(1).await;
+    assert_eq!(
+        device_holder(&c.pool, &device_id).await.as_deref(),
+        Some(holder_node.as_str()),
+        "{}",
+        diag(&c, &runner)
+    );
+    c.kill9(a);
+    runner.answer("y");
+    let done = c.final_of(&c.at(b), &token, &edit_id).await;
+    eprintln!(
+        "reads claimed away from the holder: {forwarded} of 4; the edit claimed by {claimer} (holder {holder_node})"
+    );
+    // Forwarded to A, which died with it: the outcome is unknown, and it is not sent again.
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("interrupted"), Some("outcome_unknown")),
+        "{done}\n{}",
+        diag(&c, &runner)
+    );
+    assert_eq!(done["result"]["error"]["details"]["device_id"], device_id.as_str(), "{done}");
+    // The runner reconnects through another replica: the holder moves.
+    let moved = holder(Some(&holder_node)).await;
+    assert_ne!(moved, holder_node);
+    for i in [b, cc] {
+        for _ in 0..100 {
+            if status_at(i).await == "connected" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(status_at(i).await, "connected", "replica {i} after the move");
+    }
+    // The edit ran once (the person said yes), its late result is attached, nothing re-sent.
+    let late = {
+        let mut found = None;
+        for _ in 0..300 {
+            let v = c.req(reqwest::Method::GET, &format!("{}/v1/invocations/{edit_id}", c.at(b)), &token, None).await;
+            assert_eq!(v.body["status"], "interrupted", "{v:?}");
+            for id in v.body["evidence_ids"].as_array().unwrap() {
+                let ev = c
+                    .req(
+                        reqwest::Method::GET,
+                        &format!("{}/v1/evidence/{}", c.at(b), id.as_str().unwrap()),
+                        &token,
+                        None,
+                    )
+                    .await;
+                if ev.body["kind"] == "late_device_result" {
+                    found = Some(ev.body);
+                }
+            }
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        found.unwrap_or_else(|| panic!("the late result was not attached\n{}", diag(&c, &runner)))
+    };
+    assert_eq!(late["provenance"]["outcome"], "succeeded", "{late}");
+    assert_eq!(late["provenance"]["device_id"], device_id.as_str(), "{late}");
+    assert_eq!(std::fs::read_to_string(workspace.join("counter.txt")).unwrap(), "runs:\nran\n");
+
+    // Calls work again through the replicas left: a read and a granted write.
+    let inv = c.freeze(&c.at(cc), &who, "read_open", "r-after", json!({"path": "counter.txt"})).await;
+    let done = c.final_of(&c.at(cc), &token, inv["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(done["result"]["output"].to_string().contains("ran"), "{done}");
+    let inv =
+        c.freeze(&c.at(b), &who, "write_file", "w-after", json!({"path": "after.txt", "content": "again\n"})).await;
+    assert!(c.grant(&c.at(cc), &token, &inv).await);
+    runner.prompt(2).await;
+    runner.answer("y");
+    let done = c.final_of(&c.at(b), &token, inv["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(std::fs::read_to_string(workspace.join("after.txt")).unwrap(), "again\n");
+    // Still written once.
+    assert_eq!(std::fs::read_to_string(workspace.join("counter.txt")).unwrap(), "runs:\nran\n");
 }

@@ -15,20 +15,20 @@ use crate::common::{Backend, Options, TestApp, read_sse, spawn_with};
 const LEASE: Duration = Duration::from_secs(2);
 
 /// A runner process with its state directory and workspace.
-struct RunnerProc {
-    device_id: String,
-    state: PathBuf,
-    workspace: PathBuf,
-    child: Option<Child>,
-    base: String,
+pub(crate) struct RunnerProc {
+    pub(crate) device_id: String,
+    pub(crate) state: PathBuf,
+    pub(crate) workspace: PathBuf,
+    pub(crate) child: Option<Child>,
+    pub(crate) base: String,
     /// Started with `--confirm`, answers on its standard input.
-    confirm: bool,
+    pub(crate) confirm: bool,
     /// Its standard error so far (with `confirm`).
-    stderr: Arc<Mutex<String>>,
+    pub(crate) stderr: Arc<Mutex<String>>,
 }
 
 impl RunnerProc {
-    fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mira"));
         cmd.args(["runner", "--server", &self.base, "--workspace"])
             .arg(&self.workspace)
@@ -58,7 +58,7 @@ impl RunnerProc {
     }
 
     /// Waits for the `n`th confirmation prompt on its standard error; the prompt's text.
-    async fn prompt(&self, n: usize) -> String {
+    pub(crate) async fn prompt(&self, n: usize) -> String {
         let start = Instant::now();
         loop {
             let text = self.stderr.lock().unwrap().clone();
@@ -74,24 +74,24 @@ impl RunnerProc {
     }
 
     /// Types `line` at its prompt.
-    fn answer(&mut self, line: &str) {
+    pub(crate) fn answer(&mut self, line: &str) {
         use std::io::Write;
         let stdin = self.child.as_mut().unwrap().stdin.as_mut().unwrap();
         stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
         stdin.flush().unwrap();
     }
 
-    fn pid(&self) -> String {
+    pub(crate) fn pid(&self) -> String {
         self.child.as_ref().expect("running").id().to_string()
     }
 
-    fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill").args([sig, &self.pid()]).status().expect("kill").success();
         assert!(ok, "kill {sig}");
     }
 
     /// Journal entries (`inv-…`, `nonce-…`).
-    fn journal(&self) -> Vec<String> {
+    pub(crate) fn journal(&self) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(self.state.join("journal"))
             .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
@@ -638,9 +638,93 @@ async fn terminal_on_a_device(backend: Backend) {
     let _ = &mut a;
 }
 
+/// A result the runner delivers after the control plane gave up on it (`interrupted`,
+/// `outcome_unknown`) does not re-open the invocation: its status stays, and the outcome is
+/// attached as `late_device_result` evidence (the device, succeeded, the output's hash).
+/// The runner is stopped (SIGSTOP) while it asks its person, until the control plane gives
+/// up, then continued (SIGCONT) and the person says yes.
+async fn late_result_after_outcome_unknown_is_attached(backend: Backend) {
+    let t = spawn_with(backend, options()).await;
+    let token = t.user("lou").await;
+    let root = tempfile::tempdir().unwrap();
+    let mut a = device_with(&t, &token, "laptop", root.path(), true).await;
+    let r =
+        t.post("/v1/workspaces", &token, json!({"name": "on-a", "path": a.workspace, "device_id": a.device_id})).await;
+    let r = t.post("/v1/runs", &token, json!({"workspace_id": r.body["id"]})).await;
+    let run = r.body["id"].as_str().unwrap().to_owned();
+    let (turn, _) = t.turn(&token, &run, "write a file").await;
+    let r = t.call(&token, &run, &turn, "write_file", "w1", json!({"path": "late.txt", "content": "late\n"})).await;
+    assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+    grant(&t, &token, &r.body).await;
+    a.prompt(1).await;
+    a.signal("-STOP");
+    let inv = r.body["invocation_id"].as_str().unwrap().to_owned();
+    let done = t.wait_final(&token, &inv).await;
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("interrupted"), Some("outcome_unknown")),
+        "{done}"
+    );
+    let evidence_before = done["evidence_ids"].as_array().unwrap().len();
+    a.signal("-CONT");
+    a.answer("y");
+    // The runner runs it now (the person said yes) and delivers the result: on the same
+    // connection, or from its journal on the next one (a restart forces that).
+    let late = {
+        let start = Instant::now();
+        let mut restarted = false;
+        loop {
+            let v = t.get(&format!("/v1/invocations/{inv}"), &token).await.body;
+            assert_eq!(v["status"], "interrupted", "the late result re-opened it: {v}");
+            let ids = v["evidence_ids"].as_array().unwrap().clone();
+            if ids.len() > evidence_before {
+                eprintln!("late result attached {:?} after SIGCONT (runner restarted: {restarted})", start.elapsed());
+                let id = ids.last().unwrap().as_str().unwrap();
+                break t.get(&format!("/v1/evidence/{id}"), &token).await.body;
+            }
+            if !restarted && start.elapsed() > Duration::from_secs(8) {
+                // Delivered from the journal on the next connection (`late: true`).
+                a.signal("-KILL");
+                let _ = a.child.as_mut().unwrap().wait();
+                a.child = None;
+                a.confirm = false;
+                a.start();
+                restarted = true;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "no late evidence: {v}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert_eq!(std::fs::read_to_string(a.workspace.join("late.txt")).unwrap(), "late\n");
+    assert_eq!(late["kind"], "late_device_result", "{late}");
+    let p = &late["provenance"];
+    assert_eq!(p["device_id"], a.device_id.as_str(), "{late}");
+    assert_eq!(p["outcome"], "succeeded", "{late}");
+    assert_eq!(p["status_kept"], "interrupted", "{late}");
+    assert_eq!(p["output_sha256"], late["content_sha256"], "{late}");
+    assert!(
+        late["excerpt"].as_str().unwrap().starts_with(&format!("late result from device {}: succeeded", a.device_id))
+    );
+    // Delivered again (a restart replays nothing delivered; a replayed post adds nothing):
+    // still one late evidence, still interrupted.
+    if a.child.is_some() {
+        a.signal("-KILL");
+        let _ = a.child.as_mut().unwrap().wait();
+        a.child = None;
+    }
+    a.confirm = false;
+    a.start();
+    wait_status(&t, &token, &a.device_id, "connected", Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let v = t.get(&format!("/v1/invocations/{inv}"), &token).await.body;
+    assert_eq!(v["status"], "interrupted");
+    assert_eq!(v["evidence_ids"].as_array().unwrap().len(), evidence_before + 1, "{v}");
+}
+
 both_backends!(
     two_runners_on_loopback,
     killed_runner_leaves_outcome_unknown,
     confirmation_at_the_device,
-    terminal_on_a_device
+    terminal_on_a_device,
+    late_result_after_outcome_unknown_is_attached
 );

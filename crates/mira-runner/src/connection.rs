@@ -37,6 +37,9 @@ pub struct Connector {
     pub client: reqwest::Client,
     /// Set by a session that got its welcome (resets the backoff).
     reset: std::sync::atomic::AtomicBool,
+    /// The session token of the newest connection that got its welcome: a result whose
+    /// own session was refused meanwhile (the connection was replaced) goes again with it.
+    current: std::sync::Mutex<Option<String>>,
 }
 
 async fn refusal(resp: reqwest::Response) -> SessionEnd {
@@ -54,7 +57,14 @@ async fn refusal(resp: reqwest::Response) -> SessionEnd {
 impl Connector {
     /// A connector for `runner` to `server`, authenticating with `key`.
     pub fn new(server: &str, key: SigningKey, runner: Arc<Runner>, client: reqwest::Client) -> Self {
-        Self { server: server.to_owned(), key, runner, client, reset: std::sync::atomic::AtomicBool::new(false) }
+        Self {
+            server: server.to_owned(),
+            key,
+            runner,
+            client,
+            reset: std::sync::atomic::AtomicBool::new(false),
+            current: std::sync::Mutex::new(None),
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -151,6 +161,9 @@ impl Connector {
                         if let Some(uplink) = self.runner.uplink() {
                             uplink.set_session(Some(token.clone()));
                         }
+                        if let Ok(mut current) = self.current.lock() {
+                            *current = Some(token.clone());
+                        }
                         tokio::spawn(self.clone().heartbeats(
                             token.clone(),
                             Duration::from_millis(heartbeat_ms.max(100)),
@@ -217,7 +230,22 @@ impl Connector {
 
     /// Sends a result; an execution's result is marked delivered in the journal once the
     /// control plane took it (otherwise it goes again on the next connection).
+    /// A result produced while its connection was replaced (the session refused) goes once
+    /// more with the newest connection's session, marked late.
     async fn send_result(&self, session: &str, result: &JobResult) {
+        if self.post_result(session, result).await {
+            return;
+        }
+        let newer = self.current.lock().ok().and_then(|c| c.clone()).filter(|c| c != session);
+        if let Some(newer) = newer {
+            let mut late = result.clone();
+            late.late = true;
+            self.post_result(&newer, &late).await;
+        }
+    }
+
+    /// Posts one result; true when the control plane took it.
+    async fn post_result(&self, session: &str, result: &JobResult) -> bool {
         let sent = self.client.post(self.url("/v1/runner/results")).bearer_auth(session).json(result).send().await;
         match sent {
             Ok(r) if r.status().is_success() => {
@@ -226,12 +254,15 @@ impl Connector {
                 {
                     tracing::warn!(error = %e, "marking a result delivered failed");
                 }
+                true
             }
             Ok(r) => {
-                tracing::warn!(status = %r.status(), invocation = %result.invocation_id, "result not taken; kept for the next connection")
+                tracing::warn!(status = %r.status(), invocation = %result.invocation_id, "result not taken; kept for the next connection");
+                false
             }
             Err(e) => {
-                tracing::warn!(error = %e, invocation = %result.invocation_id, "result not sent; kept for the next connection")
+                tracing::warn!(error = %e, invocation = %result.invocation_id, "result not sent; kept for the next connection");
+                false
             }
         }
     }

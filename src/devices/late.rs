@@ -1,0 +1,147 @@
+//! Results a runner delivers after the control plane stopped waiting for them.
+//!
+//! The control plane sends an execution once and waits; when the runner stays away it ends
+//! the invocation `interrupted` with `outcome_unknown` (or a stop ends it `cancelled` while
+//! the device ran it). The runner journals what it did and delivers the result when it is
+//! back (the `late` flag of `POST /v1/runner/results`). That result does not re-open the
+//! invocation — its status stays — but it is what really happened on the device, so it is
+//! attached to the invocation as evidence of kind [`LATE_RESULT_KIND`] (with its
+//! `evidence.recorded` event, `late: true`): the device, whether the call succeeded or
+//! failed, the SHA-256 of what it returned and the content hashes of the tool's own evidence.
+
+use std::time::Duration;
+
+use mira_core::remote::{JobOutcome, JobResult};
+use serde_json::{Value, json};
+
+use crate::evidence::EvidenceDraft;
+use crate::store::{Store, StoreError};
+
+/// The evidence kind of a late device result.
+pub const LATE_RESULT_KIND: &str = "late_device_result";
+/// Most of the tool's own evidence entries listed in the provenance.
+const MAX_LISTED_EVIDENCE: usize = 32;
+
+/// What a late outcome says: `succeeded` or `failed`, and the JSON it returned.
+fn describe(outcome: &JobOutcome) -> Option<(&'static str, Value, Option<Value>)> {
+    match outcome {
+        JobOutcome::Output { output } => {
+            let listed: Vec<Value> = output
+                .evidence
+                .iter()
+                .take(MAX_LISTED_EVIDENCE)
+                .map(|e| json!({"kind": e.kind, "content_sha256": e.content_sha256, "provenance": e.provenance}))
+                .collect();
+            Some(("succeeded", json!({"output": output.output, "evidence": listed}), None))
+        }
+        JobOutcome::Error { error } => Some(("failed", json!({"error": error}), Some(json!(error.code)))),
+        // Prepare and canonicalize results change nothing; nothing to attach.
+        JobOutcome::Prepared { .. } | JobOutcome::Canonical { .. } => None,
+    }
+}
+
+/// The evidence draft of `result`, delivered late by `device_id`'s runner; None for an
+/// outcome that is not an execution's.
+pub fn draft(device_id: &str, result: &JobResult, status_kept: &str) -> Option<EvidenceDraft> {
+    let (outcome, content, error_code) = describe(&result.outcome)?;
+    let content = mira_core::canonical::to_canonical_string(&content);
+    let output_sha256 = crate::evidence::sha256_hex(content.as_bytes());
+    let message = format!(
+        "late result from device {device_id}: {outcome}, with its output hash {output_sha256}; the invocation stays \
+         {status_kept} (it is not re-opened)"
+    );
+    Some(EvidenceDraft {
+        kind: LATE_RESULT_KIND.to_owned(),
+        provenance: json!({
+            "device_id": device_id, "invocation_id": result.invocation_id, "outcome": outcome,
+            "output_sha256": output_sha256, "error_code": error_code, "late": result.late,
+            "status_kept": status_kept, "received_at": crate::ids::now(),
+        }),
+        content_sha256: output_sha256,
+        excerpt: crate::evidence::excerpt(&format!("{message}\n{content}"), crate::evidence::EXCERPT_MAX_BYTES),
+    })
+}
+
+/// Attaches `result`, which `device_id`'s runner delivered while no call waited for it, to
+/// its invocation: only when that invocation runs on a run bound to `device_id` (a runner
+/// speaks for its own device only) and once it has ended `interrupted` or `cancelled`
+/// (waiting up to `wait` for a call that is still giving up). Returns the evidence id, None
+/// when nothing was attached (unknown invocation, another device's, completed or failed,
+/// already attached).
+pub async fn attach(
+    store: &Store,
+    device_id: &str,
+    result: JobResult,
+    wait: Duration,
+) -> Result<Option<String>, StoreError> {
+    let until = tokio::time::Instant::now() + wait;
+    let inv = loop {
+        let Some(inv) = store.invocation_by_id(&result.invocation_id).await? else {
+            tracing::warn!(device = device_id, invocation = %result.invocation_id, "a late result names an unknown invocation; dropped");
+            return Ok(None);
+        };
+        if inv.status.is_final() {
+            break inv;
+        }
+        if tokio::time::Instant::now() >= until {
+            tracing::warn!(device = device_id, invocation = %inv.id, status = %inv.status.as_str(),
+                "a late result's invocation did not end in time; dropped");
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let run = store.run_for(&inv.owner_id, &inv.run_id).await?;
+    if run.and_then(|r| r.device_id).as_deref() != Some(device_id) {
+        tracing::warn!(device = device_id, invocation = %inv.id, "a runner delivered a result for another device's invocation; dropped");
+        return Ok(None);
+    }
+    let Some(draft) = draft(device_id, &result, inv.status.as_str()) else { return Ok(None) };
+    let id = store.attach_late_evidence(&inv, &draft).await?;
+    match &id {
+        Some(id) => {
+            tracing::info!(device = device_id, invocation = %inv.id, evidence = %id, status = %inv.status.as_str(),
+            "a late device result was attached to its invocation (its status stays)")
+        }
+        None => tracing::info!(device = device_id, invocation = %inv.id, status = %inv.status.as_str(),
+            "a late device result was not attached (the invocation did not end with an unknown outcome, or has one already)"),
+    }
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use mira_core::tool::ToolOutput;
+
+    fn result(outcome: JobOutcome) -> JobResult {
+        JobResult { nonce: "n".into(), invocation_id: "inv_1".into(), outcome, late: true }
+    }
+
+    #[test]
+    fn a_late_output_names_the_device_and_hashes_what_it_returned() {
+        let output = ToolOutput { output: json!({"written": "a.txt"}), evidence: Vec::new() };
+        let d = draft("dev_1", &result(JobOutcome::Output { output }), "interrupted").unwrap();
+        assert_eq!(d.kind, LATE_RESULT_KIND);
+        assert_eq!(d.provenance["outcome"], "succeeded");
+        assert_eq!(d.provenance["status_kept"], "interrupted");
+        let content =
+            mira_core::canonical::to_canonical_string(&json!({"output": {"written": "a.txt"}, "evidence": []}));
+        assert_eq!(d.content_sha256, crate::evidence::sha256_hex(content.as_bytes()));
+        assert_eq!(d.provenance["output_sha256"], d.content_sha256.as_str());
+        assert!(
+            d.excerpt.starts_with("late result from device dev_1: succeeded, with its output hash "),
+            "{}",
+            d.excerpt
+        );
+    }
+
+    #[test]
+    fn a_late_error_is_failed_and_a_prepare_is_nothing() {
+        let error = crate::registry::ToolError::new(crate::error::ErrorCode::NotFound, "gone");
+        let d = draft("dev_1", &result(JobOutcome::Error { error }), "cancelled").unwrap();
+        assert_eq!(d.provenance["outcome"], "failed");
+        assert_eq!(d.provenance["error_code"], "not_found");
+        assert!(draft("dev_1", &result(JobOutcome::Canonical { input: json!({}) }), "interrupted").is_none());
+    }
+}
