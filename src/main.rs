@@ -65,10 +65,9 @@ enum BenchCommand {
     Sse(bench::sse::SseBench),
     /// Sustained load: RSS, data size and disk bytes per call over time.
     Soak(bench::soak::SoakBench),
-    /// Remote devices: `read_open` through a real `mira runner` vs on the host, runner RSS.
+    /// Remote devices: `read_open` and terminal throughput through a real `mira runner` vs on
+    /// the host, runner RSS.
     Runner(bench::runner::RunnerBench),
-    /// Remote devices: terminal throughput through a real `mira runner` vs the host's PTY.
-    RunnerTerminal(bench::runner_terminal::RunnerTerminalBench),
 }
 
 /// Arguments of `mira bench exposure`.
@@ -326,7 +325,6 @@ async fn run() -> ExitCode {
         Command::Bench { command: BenchCommand::Sse(opts) } => bench::sse::run(opts).await,
         Command::Bench { command: BenchCommand::Soak(opts) } => bench::soak::run(opts).await,
         Command::Bench { command: BenchCommand::Runner(opts) } => bench::runner::run(opts).await,
-        Command::Bench { command: BenchCommand::RunnerTerminal(opts) } => bench::runner_terminal::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

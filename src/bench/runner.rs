@@ -12,6 +12,8 @@
 //! the device). Printed side by side: p50/p99/max per run and the device/host ratio. Also the
 //! runner's resident memory (`VmRSS` of `/proc/<pid>/status`): idle after it connected, and
 //! the highest of the samples taken every 20 ms during its calls.
+//!
+//! Then [`super::runner_terminal::terminal_vs_host`]: terminal throughput in both runs.
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +31,10 @@ pub struct RunnerBench {
     /// Size of the file read, in KiB.
     #[arg(long, default_value_t = 4)]
     pub file_kib: usize,
+    /// Command whose output floods a terminal session in each run (by `sh -c`;
+    /// [`super::runner_terminal`]); empty skips the terminal figure.
+    #[arg(long, default_value = "head -c 20M /dev/zero | base64")]
+    pub terminal_command: String,
 }
 
 /// A server with an enrolled `mira runner` process on loopback, a run bound to its device
@@ -257,7 +263,11 @@ pub async fn run(opts: RunnerBench) -> anyhow::Result<()> {
         setup.runner.id(),
         opts.file_kib
     );
-    let result = read_open_vs_host(&setup, opts.calls).await;
+    let mut result = read_open_vs_host(&setup, opts.calls).await;
+    if result.is_ok() && !opts.terminal_command.is_empty() {
+        let (api, device, host) = (&setup.server.api, &setup.device_run.0, &setup.host_run.0);
+        result = super::runner_terminal::terminal_vs_host(api, device, host, &opts.terminal_command).await;
+    }
     setup.stop().await;
     result
 }

@@ -1,8 +1,7 @@
-//! `mira bench runner-terminal`: terminal throughput through a device's `mira runner` against
-//! the host's PTY, side by side in one run.
+//! The terminal part of `mira bench runner`: terminal throughput through a device's `mira
+//! runner` against the host's PTY, side by side in one run.
 //!
-//! [`terminal_vs_host`] is the measurement, kept apart from the set-up so that it can join
-//! `mira bench runner` (the device's `read_open` figures): in each of two runs — one bound to
+//! [`terminal_vs_host`]: in each of two runs ([`super::runner::RunnerSetup`]) — one bound to
 //! a device whose real runner process is connected on loopback, one on the server host — a
 //! session of `sh -c CMD` (default `head -c 20M /dev/zero | base64`) is started through the
 //! whole chain (freeze, grant, execute) and one SSE client reads its stream from offset 0
@@ -11,20 +10,12 @@
 //! `POST /v1/runner/terminal/output` (256 KiB chunks) → the store → SSE; on the host PTY →
 //! ring → store → SSE.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use serde_json::json;
 
-use super::{Api, BenchServer};
-
-/// Options of the benchmark.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RunnerTerminalBench {
-    /// Command producing the output (run by `sh -c`).
-    #[arg(long, default_value = "head -c 20M /dev/zero | base64")]
-    pub command: String,
-}
+use super::Api;
 
 /// One flood through the chain in `run`: `(bytes, seconds)` from the freeze to `exit`.
 async fn flood(api: &Api, run: &str, tag: &str, command: &str) -> anyhow::Result<(u64, f64)> {
@@ -73,83 +64,4 @@ pub async fn terminal_vs_host(api: &Api, device_run: &str, host_run: &str, comma
     );
     println!("  runner / host throughput ratio {:.2}", rate(dev_bytes, dev_secs) / rate(host_bytes, host_secs));
     Ok(())
-}
-
-/// Starts a server, enrolls a real runner on loopback, runs [`terminal_vs_host`].
-pub async fn run(opts: RunnerTerminalBench) -> anyhow::Result<()> {
-    let bench = BenchServer::start("runner-terminal").await?;
-    let mut runner = None;
-    let result = measure(&bench, &opts, &mut runner).await;
-    if let Some(mut r) = runner {
-        let _ = r.kill();
-        let _ = r.wait();
-    }
-    bench.stop().await;
-    result
-}
-
-async fn measure(
-    bench: &BenchServer,
-    opts: &RunnerTerminalBench,
-    runner: &mut Option<std::process::Child>,
-) -> anyhow::Result<()> {
-    let api = &bench.api;
-    let exe = std::env::current_exe().context("this binary's path")?;
-    let device_ws = bench.dir.join("device-ws");
-    let state = bench.dir.join("runner-state");
-    std::fs::create_dir_all(&device_ws)?;
-    let device_ws = std::fs::canonicalize(&device_ws)?;
-    let d = api.send(reqwest::Method::POST, "/v1/devices", Some(json!({"name": "bench"}))).await?;
-    let device_id = d["id"].as_str().context("no device id")?.to_owned();
-    let code = d["enrollment"]["code"].as_str().context("no enrollment code")?.to_owned();
-    let out = std::process::Command::new(&exe)
-        .args(["runner", "enroll", "--server", &api.base, "--code", &code, "--state-dir"])
-        .arg(&state)
-        .output()?;
-    if !out.status.success() {
-        bail!("mira runner enroll failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    *runner = Some(
-        std::process::Command::new(&exe)
-            .args(["runner", "--server", &api.base, "--workspace"])
-            .arg(&device_ws)
-            .arg("--state-dir")
-            .arg(&state)
-            .env("RUST_LOG", "error")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .context("starting mira runner")?,
-    );
-    let start = Instant::now();
-    loop {
-        let list = api.send(reqwest::Method::GET, "/v1/devices", None).await?;
-        let connected = list["devices"]
-            .as_array()
-            .is_some_and(|ds| ds.iter().any(|d| d["id"] == device_id.as_str() && d["status"] == "connected"));
-        if connected {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(20) {
-            bail!("the runner did not connect within 20 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let ws = api
-        .send(
-            reqwest::Method::POST,
-            "/v1/workspaces",
-            Some(json!({"name": "device", "path": device_ws, "device_id": device_id})),
-        )
-        .await?;
-    let device_run = api.send(reqwest::Method::POST, "/v1/runs", Some(json!({"workspace_id": ws["id"]}))).await?;
-    let host_run = api.send(reqwest::Method::POST, "/v1/runs", Some(json!({"title": "host"}))).await?;
-    terminal_vs_host(
-        api,
-        device_run["id"].as_str().context("no run id")?,
-        host_run["id"].as_str().context("no run id")?,
-        &opts.command,
-    )
-    .await
 }
