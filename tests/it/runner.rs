@@ -292,7 +292,24 @@ async fn two_runners_on_loopback(backend: Backend) {
     );
     a.signal("-CONT");
     wait_status(&t, &token, &a.device_id, "connected", Duration::from_secs(40)).await;
-    let r = t.call(&token, &run, &turn, "read_open", "r3", json!({"path": "notes.txt"})).await;
+    // Continued, the runner may still drop its stale connection (its silence timer ran out
+    // while it was stopped) and connect again: a call in between is refused `device_offline`
+    // (nothing sent) and a new one works once it is back.
+    let start = Instant::now();
+    let r = loop {
+        let n = start.elapsed().as_millis();
+        let r = t.call(&token, &run, &turn, "read_open", &format!("r3-{n}"), json!({"path": "notes.txt"})).await;
+        if r.body["invocation_id"].is_string() {
+            break r;
+        }
+        assert_eq!(
+            (r.status, r.body["error"]["details"]["ladder"]["reason"]["code"].as_str()),
+            (StatusCode::CONFLICT, Some("device_offline")),
+            "{r:?}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(20), "the continued runner did not come back: {r:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(done["status"], "completed", "{done}");
 
