@@ -20,14 +20,15 @@ use serde_json::json;
 
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
-use crate::events::Wake;
 use crate::registry::Registry;
 use crate::state::ApprovalStatus;
 pub use crate::store::Decider;
-use crate::store::{ApprovalRow, DecideOutcome, GrantRequest, Store};
+use crate::store::{ApprovalRow, ClaimedInvocation, DecideOutcome, GrantClaim, GrantRequest, Store};
 
 /// Grants approval `id` if `who` may grant it under its stored rule and `triple` equals the
-/// frozen invocation; wakes the harness.
+/// frozen invocation. With `claim` (a harness with a free execution slot) the invocation is
+/// claimed for that harness in the grant's transaction and returned, for the caller to hand
+/// over ([`crate::harness::Harness::start_granted`]); otherwise it is queued.
 ///
 /// Errors: 404 (not the caller's, and not a four-eyes approval an admin or approver may
 /// decide); 403 `four_eyes_required` (the requester of a four-eyes approval; nothing
@@ -37,11 +38,11 @@ use crate::store::{ApprovalRow, DecideOutcome, GrantRequest, Store};
 pub async fn grant(
     store: &Store,
     registry: &Registry,
-    wake: &Wake,
     who: &Decider<'_>,
     id: &str,
     triple: &GrantRequest<'_>,
-) -> Result<ApprovalRow> {
+    claim: Option<GrantClaim<'_>>,
+) -> Result<(ApprovalRow, Option<ClaimedInvocation>)> {
     // A call its tool no longer matches (an MCP definition changed since it was frozen:
     // 409 `stale_definition`) is not granted.
     if let Some(row) = store.approval_visible(&who.viewer(), id).await?
@@ -49,10 +50,8 @@ pub async fn grant(
     {
         registry.check_frozen(&row.tool_id, &row.input).map_err(Error::Tool)?;
     }
-    let outcome = store.grant_approval(who, id, triple).await?;
-    let row = settle(outcome, Some(triple))?;
-    wake.wake();
-    Ok(row)
+    let (outcome, claimed) = store.grant_and_claim(who, id, triple, claim).await?;
+    Ok((settle(outcome, Some(triple))?, claimed))
 }
 
 /// Denies approval `id` (its requester may always withdraw it; admins and approvers may deny

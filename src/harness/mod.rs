@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::policy::{self, ApprovalRule, Decision};
@@ -38,7 +38,7 @@ pub use crate::events::Wake;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{Entry, Registry, ToolError, ToolOutput};
 use crate::state::ApprovalStatus;
-use crate::store::{FinalStatus, InvocationRow, Store};
+use crate::store::{FinalStatus, GrantClaim, InvocationRow, Store};
 
 /// Most invocations claimed in one transaction.
 const MAX_CLAIM_BATCH: usize = 64;
@@ -113,6 +113,13 @@ pub struct HarnessLimits {
     pub lease: Duration,
 }
 
+/// One free execution slot of a harness, held for an invocation claimed outside its loop
+/// (see [`Harness::slot`], [`Harness::adopt`]).
+pub struct ExecutionSlot(OwnedSemaphorePermit);
+
+/// An invocation claimed for this node outside the claim loop, with its slot.
+type Adopted = (InvocationRow, ExecutionSlot);
+
 /// The execution loop and its gate.
 pub struct Harness {
     store: Store,
@@ -122,6 +129,10 @@ pub struct Harness {
     limits: HarnessLimits,
     wake: Wake,
     running: Mutex<HashMap<String, Arc<RunningCall>>>,
+    /// Execution slots (`limits.concurrency`): the loop's claims and adopted invocations.
+    permits: Arc<Semaphore>,
+    adopt_tx: mpsc::UnboundedSender<Adopted>,
+    adopt_rx: Mutex<Option<mpsc::UnboundedReceiver<Adopted>>>,
 }
 
 impl Harness {
@@ -138,7 +149,52 @@ impl Harness {
         node_id: String,
         limits: HarnessLimits,
     ) -> Self {
-        Self { store, registry, executor, node_id, limits, wake: Wake::default(), running: Mutex::new(HashMap::new()) }
+        let permits = Arc::new(Semaphore::new(limits.concurrency.max(1)));
+        let (adopt_tx, adopt_rx) = mpsc::unbounded_channel();
+        Self {
+            store,
+            registry,
+            executor,
+            node_id,
+            limits,
+            wake: Wake::default(),
+            running: Mutex::new(HashMap::new()),
+            permits,
+            adopt_tx,
+            adopt_rx: Mutex::new(Some(adopt_rx)),
+        }
+    }
+
+    /// A free execution slot now, or None when every slot is busy (the invocation is then
+    /// left to the claim loop).
+    pub fn slot(&self) -> Option<ExecutionSlot> {
+        Arc::clone(&self.permits).try_acquire_owned().ok().map(ExecutionSlot)
+    }
+
+    /// The claim a caller holding a [`Harness::slot`] makes for this harness
+    /// ([`Store::grant_and_claim`]): this node and its lease.
+    pub fn grant_claim(&self) -> GrantClaim<'_> {
+        GrantClaim { node_id: &self.node_id, lease_ms: millis(self.limits.lease) }
+    }
+
+    /// After a grant made with [`Harness::grant_claim`] while holding `slot`: runs the
+    /// invocation it claimed, or (nothing claimed: no slot was free, or the invocation was
+    /// no longer awaiting approval) wakes the loop for the queued one.
+    pub fn start_granted(&self, claimed: Option<InvocationRow>, slot: Option<ExecutionSlot>) {
+        match (claimed, slot) {
+            (Some(inv), Some(slot)) => self.adopt(inv, slot),
+            _ => self.wake(),
+        }
+    }
+
+    /// Runs `inv`, already claimed for this node (`running`, `claimed_by` = this node), in
+    /// `slot`, as the loop runs what it claims: same gate, lease, limits and recording. When
+    /// the loop has stopped (the server is stopping), the invocation stays claimed and ends
+    /// `interrupted` like every call this node left running — it never ran.
+    pub fn adopt(&self, inv: InvocationRow, slot: ExecutionSlot) {
+        if self.adopt_tx.send((inv, slot)).is_err() {
+            tracing::warn!("an invocation was claimed while the harness stopped; it ends interrupted");
+        }
     }
 
     /// This server's node id.
@@ -172,7 +228,11 @@ impl Harness {
     }
 
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let permits = Arc::new(Semaphore::new(self.limits.concurrency.max(1)));
+        let permits = Arc::clone(&self.permits);
+        let Some(mut adopted) = self.adopt_rx.lock().take() else {
+            tracing::error!("the harness loop was started twice; the second one does nothing");
+            return;
+        };
         let mut sweep = tokio::time::interval(Duration::from_secs(1));
         let mut tasks = tokio::task::JoinSet::new();
         loop {
@@ -196,11 +256,7 @@ impl Harness {
                     let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { break };
                     let this = Arc::clone(&self);
                     let stopping = shutdown.clone();
-                    tasks.spawn(async move {
-                        this.run_one(inv, stopping).await;
-                        drop(permit);
-                        this.wake();
-                    });
+                    tasks.spawn(this.run_in_slot(inv, permit, stopping));
                 }
                 if !full {
                     break;
@@ -210,9 +266,14 @@ impl Harness {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 () = self.wake.notified() => {}
+                Some((inv, ExecutionSlot(permit))) = adopted.recv() => {
+                    tasks.spawn(Arc::clone(&self).run_in_slot(inv, permit, shutdown.clone()));
+                }
                 _ = sweep.tick() => self.sweep().await,
             }
         }
+        // Adoptions that came too late stay claimed; they are interrupted below.
+        drop(adopted);
         let drained =
             tokio::time::timeout(Duration::from_secs(5), async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
@@ -221,6 +282,13 @@ impl Harness {
         if let Err(e) = self.store.interrupt_orphans(Some(&self.node_id)).await {
             tracing::warn!(error = %e, "marking unfinished invocations interrupted failed");
         }
+    }
+
+    /// Runs one claimed invocation, then frees its slot and wakes the loop to claim more.
+    async fn run_in_slot(self: Arc<Self>, inv: InvocationRow, permit: OwnedSemaphorePermit, stopping: CancellationToken) {
+        self.run_one(inv, stopping).await;
+        drop(permit);
+        self.wake();
     }
 
     async fn sweep(&self) {

@@ -211,7 +211,12 @@ pub async fn grant(
 ) -> Result<Json<ApprovalView>> {
     let triple =
         GrantRequest { tool_id: &body.tool_id, tool_call_id: &body.tool_call_id, input_hash: &body.input_hash };
-    let row = approval::grant(&app.store, &app.registry, app.harness.waker(), &user.decider(), &id, &triple).await?;
+    // A free execution slot lets the grant claim its call: it starts without a second
+    // transaction and without waiting for the harness loop.
+    let slot = app.harness.slot();
+    let claim = slot.as_ref().map(|_| app.harness.grant_claim());
+    let (row, claimed) = approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, claim).await?;
+    app.harness.start_granted(claimed, slot);
     Ok(Json(view(row, &user.viewer())?))
 }
 

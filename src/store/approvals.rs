@@ -13,7 +13,7 @@
 use serde::Serialize;
 use serde_json::json;
 
-use super::{Store, StoreResult};
+use super::{ClaimedInvocation, Store, StoreResult};
 use crate::events::EventKind;
 use crate::ids;
 use crate::state::{ApprovalRule, ApprovalStatus, InvocationStatus};
@@ -149,6 +149,15 @@ pub enum DecideOutcome {
     FourEyesRequired(ApprovalRow),
 }
 
+/// The harness that takes a granted invocation at once (see [`Store::grant_and_claim`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GrantClaim<'a> {
+    /// The claiming node (`<stable node>:<boot id>`).
+    pub node_id: &'a str,
+    /// The claim's lease, in milliseconds.
+    pub lease_ms: u64,
+}
+
 const SELECT: &str = "SELECT a.*, i.input, i.turn_id, i.status AS invocation_status, u.name AS requester_name
     FROM approvals a JOIN invocations i ON i.id = a.invocation_id JOIN users u ON u.id = a.owner_id";
 
@@ -223,6 +232,22 @@ impl Store {
         id: &str,
         triple: &GrantRequest<'_>,
     ) -> StoreResult<DecideOutcome> {
+        Ok(self.grant_and_claim(who, id, triple, None).await?.0)
+    }
+
+    /// [`Store::grant_approval`], and with `claim` the granted invocation is claimed in the
+    /// same transaction for the harness of `claim.node_id` (status `running`, its lease, one
+    /// `execution.started` after `approval.granted`) and returned, instead of being queued for
+    /// whichever harness claims next: a grant's call starts without a second transaction.
+    /// The claim needs nothing more than the grant did (the grant's own conditions are those
+    /// [`Store::claim_batch`] checks).
+    pub async fn grant_and_claim(
+        &self,
+        who: &Decider<'_>,
+        id: &str,
+        triple: &GrantRequest<'_>,
+        claim: Option<GrantClaim<'_>>,
+    ) -> StoreResult<(DecideOutcome, Option<ClaimedInvocation>)> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
         let granted: Option<(String, String, String, ApprovalRule)> = sqlx::query_as(
@@ -247,15 +272,35 @@ impl Store {
         .await?;
         let Some((invocation_id, run_id, requester, rule)) = granted else {
             drop(tx);
-            return self.diagnose(&who.viewer(), id, Some(triple)).await;
+            return Ok((self.diagnose(&who.viewer(), id, Some(triple)).await?, None));
         };
-        sqlx::query(
-            "UPDATE invocations SET status = 'queued', updated_at = $1 WHERE id = $2 AND status = 'awaiting_approval'",
-        )
-        .bind(&now)
-        .bind(&invocation_id)
-        .execute(tx.conn())
-        .await?;
+        let claimed: Option<ClaimedInvocation> = match &claim {
+            None => {
+                sqlx::query(
+                    "UPDATE invocations SET status = 'queued', updated_at = $1
+                     WHERE id = $2 AND status = 'awaiting_approval'",
+                )
+                .bind(&now)
+                .bind(&invocation_id)
+                .execute(tx.conn())
+                .await?;
+                None
+            }
+            Some(claim) => {
+                sqlx::query_as(
+                    "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = $2, started_at = $3,
+                            updated_at = $3
+                     WHERE id = $4 AND status = 'awaiting_approval'
+                     RETURNING *",
+                )
+                .bind(claim.node_id)
+                .bind(ids::now_plus_ms(claim.lease_ms))
+                .bind(&now)
+                .bind(&invocation_id)
+                .fetch_optional(tx.conn())
+                .await?
+            }
+        };
         // While traces are exported: the grant request's trace becomes the execution's parent.
         if let Some(traceparent) = crate::telemetry::current_traceparent() {
             sqlx::query(
@@ -276,8 +321,16 @@ impl Store {
                     "requested_by": requester, "rule": rule}),
         )
         .await?;
+        if let Some(row) = &claimed {
+            tx.append_event(
+                &run_id,
+                EventKind::ExecutionStarted,
+                &json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
+            )
+            .await?;
+        }
         tx.commit().await?;
-        self.decided(&who.viewer(), id).await
+        Ok((self.decided(&who.viewer(), id).await?, claimed))
     }
 
     /// Denies pending approval `id`: its owner may (withdrawing the call, whatever the rule),

@@ -217,6 +217,43 @@ async fn racing_grants_have_one_winner(backend: Backend) {
     assert!(f.store.claim_next("n", 60_000).await.unwrap().is_none(), "a grant runs its invocation once");
 }
 
+/// A grant that claims for a harness: of racing grants one wins and claims, in the grant's
+/// transaction (`approval.granted` then `execution.started`), so no claimer gets it again.
+async fn a_grant_claims_for_the_granting_harness(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    let (inv, apr) = freeze(&f, "gc", true).await;
+    let apr = apr.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (f, inv, apr) = (f.clone(), inv.clone(), apr.clone());
+        tasks.push(tokio::spawn(async move {
+            let triple =
+                GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
+            let node = format!("node{i}");
+            let claim = mira::store::GrantClaim { node_id: &node, lease_ms: 60_000 };
+            f.store.grant_and_claim(&dec(&f.user), &apr, &triple, Some(claim)).await.unwrap()
+        }));
+    }
+    let mut claimed = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            (DecideOutcome::Decided(_), Some(row)) => claimed.push(row),
+            (DecideOutcome::AlreadyDecided(_), None) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(claimed.len(), 1, "one grant, one claim");
+    let row = &claimed[0];
+    assert_eq!((row.id.as_str(), row.status.as_str()), (inv.id.as_str(), "running"));
+    assert!(row.claimed_by.as_deref().is_some_and(|n| n.starts_with("node")), "{row:?}");
+    assert!(f.store.claim_next("other", 60_000).await.unwrap().is_none(), "the grant's claim is the only one");
+    let events = f.store.events_after(&inv.run_id, 0, 100).await.unwrap();
+    let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
+    let granted = kinds.iter().position(|k| *k == "approval.granted").expect("granted");
+    assert_eq!(kinds.get(granted + 1), Some(&"execution.started"), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == "execution.started").count(), 1, "{kinds:?}");
+}
+
 async fn grant_and_deny_race_one_wins(backend: Backend) {
     let f = Arc::new(fixture(backend).await);
     for round in 0..5 {
@@ -463,6 +500,7 @@ both_backends!(
     freezing_is_idempotent_per_call_id,
     claims_are_exclusive_and_gated,
     racing_grants_have_one_winner,
+    a_grant_claims_for_the_granting_harness,
     grant_and_deny_race_one_wins,
     mismatch_changes_nothing_and_expiry_ends_the_wait,
     four_eyes_decisions_and_claims,
