@@ -1695,6 +1695,36 @@ async fn device_terminal_actions_are_forwarded_to_the_holder_and_a_revocation_an
     assert_eq!(rest[0].2["start"].as_i64(), Some(at), "{rest:?}");
     assert_eq!(stream_text(&rest), all[at as usize..]);
 
+    // The holder's cut route needs the cluster secret, and cuts only a revoked device: the
+    // runner keeps its connection (it would reconnect within a second, with a new session).
+    let session_sha = async || -> Option<String> {
+        sqlx::query_scalar("SELECT session_sha256 FROM devices WHERE id = $1")
+            .bind(&d.id)
+            .fetch_one(&c.pool)
+            .await
+            .unwrap()
+    };
+    let connection = session_sha().await;
+    assert!(connection.is_some());
+    let cut_url = format!("{}/internal/v1/devices/cut", c.at(a));
+    let r = c.client.post(&cut_url).json(&json!({"device_id": d.id})).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let secret = std::fs::read_to_string(c.dir.join("secret")).unwrap();
+    let r = c
+        .client
+        .post(&cut_url)
+        .header("x-mira-cluster-secret", secret.trim())
+        .json(&json!({"device_id": d.id}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"cut": false}));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(session_sha().await, connection, "the connection of a device not revoked was kept");
+    let mut runner = d.runner;
+    assert!(runner.child.as_mut().unwrap().try_wait().unwrap().is_none(), "the runner is still running");
+
     // Revocation through B, right after a heartbeat (the next one is 10 s away): A is told
     // and cuts the runner's connection at once; the runner connects again, is refused, and
     // exits with status 3.
@@ -1711,7 +1741,6 @@ async fn device_terminal_actions_are_forwarded_to_the_holder_and_a_revocation_an
         assert!(start.elapsed() < Duration::from_secs(15), "no heartbeat in 15 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut runner = d.runner;
     let r = c.req(reqwest::Method::POST, &format!("{}/v1/devices/{}/revoke", c.at(b), d.id), &token, None).await;
     assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::OK, Some("revoked")), "{r:?}");
     let revoked = std::time::Instant::now();
