@@ -1598,15 +1598,14 @@ async fn device_terminal_actions_are_forwarded_to_the_holder_and_a_revocation_an
     let (a, [b, cc]) = (d.holder, d.others);
     let b_node = c.node_id(b);
     // Each action: frozen at B (prepared on the device through A), granted at B while A and C
-    // are stopped, so that B claims it, and forwards it to A once they continue.
-    let mut ids = Vec::new();
-    let mut act = async |call: &str, input: Value| -> (Value, Duration) {
+    // are stopped, so that B claims it, and forwards it to A once they continue. The
+    // invocation id.
+    let claimed_at_b = async |call: &str, input: Value| -> String {
         let inv = c.freeze(&c.at(b), &d.who, "terminal_session", call, input).await;
         assert_eq!(inv["status"], "awaiting_approval", "{inv}");
         let id = inv["invocation_id"].as_str().unwrap().to_owned();
         c.signal(a, libc::SIGSTOP);
         c.signal(cc, libc::SIGSTOP);
-        let begun = std::time::Instant::now();
         assert!(c.grant(&c.at(b), &token, &inv).await);
         let mut claimer = String::new();
         for _ in 0..100 {
@@ -1619,6 +1618,13 @@ async fn device_terminal_actions_are_forwarded_to_the_holder_and_a_revocation_an
         c.signal(a, libc::SIGCONT);
         c.signal(cc, libc::SIGCONT);
         assert!(claimer.starts_with(&format!("{b_node}:")), "{call} claimed by {claimer:?}, not B ({b_node})");
+        id
+    };
+    // An action claimed at B, completed: its final view and how long it took from the grant.
+    let mut ids = Vec::new();
+    let mut act = async |call: &str, input: Value| -> (Value, Duration) {
+        let begun = std::time::Instant::now();
+        let id = claimed_at_b(call, input).await;
         let done = c.final_of(&c.at(b), &token, &id).await;
         assert_eq!(done["status"], "completed", "{call}: {done:#}\n{}", diag(&c, &d.runner));
         ids.push(id);
@@ -1695,7 +1701,58 @@ async fn device_terminal_actions_are_forwarded_to_the_holder_and_a_revocation_an
     assert_eq!(rest[0].2["start"].as_i64(), Some(at), "{rest:?}");
     assert_eq!(stream_text(&rest), all[at as usize..]);
 
-    // The holder's cut route needs the cluster secret, and cuts only a revoked device: the
+    // A forwarded action whose holder dies with it: A is killed once the runner holds a
+    // forwarded `wait` (its journal says it started). The wait ends `interrupted` with
+    // `outcome_unknown` naming the device and is never sent again; the runner moves to B or
+    // C, and the wait's real result arrives there as `late_device_result` evidence.
+    let sleeper = json!({"action": "start", "command": "bash",
+        "args": ["--norc", "--noprofile", "-c", "sleep 3; echo woke-$((3*3))"]});
+    let id = claimed_at_b("s2", sleeper).await;
+    let done = c.final_of(&c.at(b), &token, &id).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    let session2 = done["result"]["output"]["session_id"].as_str().unwrap().to_owned();
+    let wait_id = claimed_at_b("w2", json!({"action": "wait", "session_id": session2, "timeout_ms": 20000})).await;
+    let start = std::time::Instant::now();
+    while !d.runner.journal().contains(&format!("inv-{wait_id}.started")) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the forwarded wait never reached the runner");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.kill9(a);
+    let done = c.final_of(&c.at(b), &token, &wait_id).await;
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("interrupted"), Some("outcome_unknown")),
+        "{done:#}\n{}",
+        diag(&c, &d.runner)
+    );
+    assert_eq!(done["result"]["error"]["details"]["device_id"], d.id.as_str(), "{done:#}");
+    let moved = c.device_holder_other_than(&d.id, Some(&d.holder_node)).await;
+    let a = (0..3).find(|i| c.node_id(*i) == moved).unwrap();
+    let b = [b, cc].into_iter().find(|i| *i != a).unwrap();
+    let late = {
+        let mut found = None;
+        for _ in 0..300 {
+            let v = c.req(reqwest::Method::GET, &format!("{}/v1/invocations/{wait_id}", c.at(b)), &token, None).await;
+            assert_eq!(v.body["status"], "interrupted", "{v:?}");
+            for ev in v.body["evidence_ids"].as_array().unwrap() {
+                let url = format!("{}/v1/evidence/{}", c.at(b), ev.as_str().unwrap());
+                let ev = c.req(reqwest::Method::GET, &url, &token, None).await;
+                if ev.body["kind"] == "late_device_result" {
+                    found = Some(ev.body);
+                }
+            }
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        found.unwrap_or_else(|| panic!("the wait's late result was not attached\n{}", diag(&c, &d.runner)))
+    };
+    assert_eq!(late["provenance"]["outcome"], "succeeded", "{late}");
+    let journal = d.runner.journal();
+    assert_eq!(journal.iter().filter(|e| e.starts_with(&format!("inv-{wait_id}."))).count(), 2, "{journal:?}");
+
+    // The holder's (A now) cut route needs the cluster secret, and cuts only a revoked device: the
     // runner keeps its connection (it would reconnect within a second, with a new session).
     let session_sha = async || -> Option<String> {
         sqlx::query_scalar("SELECT session_sha256 FROM devices WHERE id = $1")
@@ -1725,8 +1782,9 @@ async fn device_terminal_actions_are_forwarded_to_the_holder_and_a_revocation_an
     let mut runner = d.runner;
     assert!(runner.child.as_mut().unwrap().try_wait().unwrap().is_none(), "the runner is still running");
 
-    // Revocation through B, right after a heartbeat (the next one is 10 s away): A is told
-    // and cuts the runner's connection at once; the runner connects again, is refused, and
+    // Revocation through the replica that does not hold the runner now (B), right after a
+    // heartbeat (the next one is 10 s away): the holder (A now) is told and cuts the runner's
+    // connection at once; the runner connects again, is refused, and
     // exits with status 3.
     let seen = async || -> Option<String> {
         sqlx::query_scalar("SELECT last_seen_at FROM devices WHERE id = $1")
