@@ -135,8 +135,11 @@ fn action_of(input: &Value) -> &str {
 /// What the frozen `start` input of a device session launches (the device resolved its
 /// cwd and environment at the freeze); the tool's defaults where a field is missing.
 fn launch_of(input: &Value) -> SessionLaunch {
+    use crate::tools::terminal::{DEFAULT_COLS, DEFAULT_ROWS, DEFAULT_TIMEOUT_MS};
     let text = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-    let size = |k: &str, d: u16| input.get(k).and_then(Value::as_u64).and_then(|v| u16::try_from(v).ok()).unwrap_or(d);
+    let size = |k: &str, d: u64| {
+        u16::try_from(input.get(k).and_then(Value::as_u64).unwrap_or(d)).unwrap_or(u16::try_from(d).unwrap_or(u16::MAX))
+    };
     SessionLaunch {
         command: text("command"),
         args: input
@@ -146,9 +149,9 @@ fn launch_of(input: &Value) -> SessionLaunch {
             .unwrap_or_default(),
         cwd: text("cwd"),
         env: input.get("env").and_then(Value::as_object).cloned().unwrap_or_default(),
-        cols: size("cols", 120),
-        rows: size("rows", 32),
-        timeout_ms: input.get("timeout_ms").and_then(Value::as_u64).unwrap_or(3_600_000),
+        cols: size("cols", DEFAULT_COLS),
+        rows: size("rows", DEFAULT_ROWS),
+        timeout_ms: input.get("timeout_ms").and_then(Value::as_u64).unwrap_or(DEFAULT_TIMEOUT_MS),
     }
 }
 
