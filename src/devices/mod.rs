@@ -621,9 +621,8 @@ impl DeviceHub {
         if !self.store.revoke_device(owner_id, device_id, &crate::ids::now()).await? {
             return Ok(false);
         }
-        if self.cut_here(device_id) {
-            return Ok(true);
-        }
+        // A connection here that the row no longer named (replaced elsewhere) goes too.
+        self.cut_here(device_id);
         if let Some(row) = before
             && let Some(base) = self.holder_address(&row).await?
         {
