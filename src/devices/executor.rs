@@ -13,7 +13,7 @@ use crate::cluster::forward::forward_execute;
 use crate::error::ErrorCode;
 use crate::harness::{CommitGate, Executor};
 use crate::registry::{Entry, Prepared, ToolError, ToolOutput};
-use crate::store::{InvocationRow, Store};
+use crate::store::{InvocationRow, SessionLaunch, SessionOrigin, Store, TerminalSessionRow};
 
 /// Whether a tool with `capability` works in the run's workspace, so that on a run bound to
 /// a device it executes on that device.
@@ -91,9 +91,13 @@ impl RemoteExecutor {
 
 /// Runs the execution of `inv` on `device`'s runner through this process's connection
 /// ([`DeviceHub::job`]): the local half of [`RemoteExecutor`], and what a replica holding the
-/// device runs for an execution forwarded to it (`/internal/v1/execute`). `commit` is passed
-/// when the caller has not yet reached its commit point (the device acts from the moment it
-/// has the job).
+/// device runs for an execution forwarded to it (`/internal/v1/execute`). A
+/// `terminal_session` action keeps its session's books here ([`terminal_on_device`]).
+/// `commit` is passed when the caller has not yet reached its commit point (the device acts
+/// from the moment it has the job). Errors: `device_offline` when this process does not hold
+/// a live connection of the device (nothing sent), the job's own errors ([`DeviceHub::job`]),
+/// `internal` for a terminal `output` (read from the store by the claiming replica, never
+/// sent to a device).
 pub async fn execute_on_device(
     hub: &DeviceHub,
     store: &Store,
@@ -104,13 +108,50 @@ pub async fn execute_on_device(
     commit: Option<CommitGate>,
 ) -> Result<ToolOutput, ToolError> {
     let spec = execute_spec(store, inv, input).await?;
+    if inv.tool_id == TERMINAL_TOOL && action_of(input) == "output" {
+        return Err(ToolError::new(
+            ErrorCode::Internal,
+            "a terminal output action is read from the store by the replica that claimed it; it never reaches a device",
+        ));
+    }
     if let Some(commit) = commit {
         commit.commit().map_err(|reason| reason.error("stopped before it was sent to the device; nothing was run"))?;
+    }
+    if inv.tool_id == TERMINAL_TOOL {
+        return terminal_on_device(hub, store, inv, device, spec, cancel).await;
     }
     match hub.job(device, spec, cancel).await? {
         JobOutcome::Output { output } => Ok(stamp_device(output, device)),
         JobOutcome::Error { error } => Err(error),
         _ => Err(unexpected("execute")),
+    }
+}
+
+/// The `action` of a `terminal_session` input.
+fn action_of(input: &Value) -> &str {
+    input.get("action").and_then(Value::as_str).unwrap_or_default()
+}
+
+/// What the frozen `start` input of a device session launches (the device resolved its
+/// cwd and environment at the freeze); the tool's defaults where a field is missing.
+fn launch_of(input: &Value) -> SessionLaunch {
+    use crate::tools::terminal::{DEFAULT_COLS, DEFAULT_ROWS, DEFAULT_TIMEOUT_MS};
+    let text = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let size = |k: &str, d: u64| {
+        u16::try_from(input.get(k).and_then(Value::as_u64).unwrap_or(d)).unwrap_or(u16::try_from(d).unwrap_or(u16::MAX))
+    };
+    SessionLaunch {
+        command: text("command"),
+        args: input
+            .get("args")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .unwrap_or_default(),
+        cwd: text("cwd"),
+        env: input.get("env").and_then(Value::as_object).cloned().unwrap_or_default(),
+        cols: size("cols", DEFAULT_COLS),
+        rows: size("rows", DEFAULT_ROWS),
+        timeout_ms: input.get("timeout_ms").and_then(Value::as_u64).unwrap_or(DEFAULT_TIMEOUT_MS),
     }
 }
 
@@ -172,40 +213,34 @@ impl Executor for RemoteExecutor {
             return self.inner.execute(inv, entry, input, cancel, commit).await;
         };
         let device = device.as_str();
+        if inv.tool_id == TERMINAL_TOOL && action_of(input) == "output" {
+            // Reads the stored output, whichever replica holds the runner (it never reaches
+            // the device).
+            commit.commit().map_err(|reason| reason.error("stopped before the output was read"))?;
+            let terminal = self
+                .terminal
+                .as_ref()
+                .ok_or_else(|| ToolError::new(ErrorCode::Internal, "this server reads no device terminal output"))?;
+            let out = terminal.device_output(input, &inv.owner_id, &inv.run_id, &inv.id, device).await?;
+            return Ok(stamp_device(out, device));
+        }
         let store_error = |e: crate::store::StoreError| ToolError::new(ErrorCode::StoreError, e.to_string());
         let row = self.store.device_by_id(device).await.map_err(store_error)?;
         let holder = match &row {
             Some(row) => self.hub.holder(row).await.map_err(store_error)?,
             None => Holder::Nowhere,
         };
-        if inv.tool_id == TERMINAL_TOOL {
-            let reads_output = input.get("action").and_then(Value::as_str) == Some("output");
-            if let Holder::Elsewhere(base) = &holder
-                && !reads_output
-            {
-                // The session's PTY and its job stream live with the runner's connection; a
-                // terminal action is not forwarded (yet): refused before anything was sent.
-                return Err(ToolError::new(
-                    ErrorCode::Unavailable,
-                    format!(
-                        "terminal sessions on device {device} run through the replica holding its runner ({base}); \
-                         this call was claimed by another replica and nothing was run — call it again"
-                    ),
-                )
-                .with_details(json!({"device_id": device, "holder": base})));
-            }
-            let spec = execute_spec(&self.store, inv, input).await?;
-            commit
-                .commit()
-                .map_err(|reason| reason.error("stopped before it was sent to the device; nothing was run"))?;
-            return self.terminal_job(inv, device, spec, &cancel).await;
-        }
         let Holder::Elsewhere(base) = holder else {
             // Here, or nowhere (the hub answers `device_offline`, nothing sent).
             return execute_on_device(&self.hub, &self.store, inv, device, input, &cancel, Some(commit)).await;
         };
-        // Another replica holds the runner's connection: the execution goes there under this
-        // claim, once. The holder acts from the moment it has it: this side's commit point is now.
+        // Another replica holds the runner's connection: the execution (a Read or Edit call,
+        // a terminal action) goes there under this claim, once; the holder keeps a terminal
+        // session's books as it would for its own claim. The holder acts from the moment it
+        // has it: this side's commit point is now. The request has no time limit of its own
+        // (a terminal `wait` lasts up to 5 minutes; the internal route is outside the request
+        // timeout): only the harness's execution limit or a cancel end it, by closing the
+        // connection, which ends the holder's wait for the runner.
         commit.commit().map_err(|reason| reason.error("stopped before it was forwarded; nothing was sent"))?;
         let node = self.hub.node();
         forward_execute(self.hub.client(), node, &base, &inv.id, &node.process_id, &cancel).await.map_err(|e| {
@@ -231,113 +266,83 @@ impl Executor for RemoteExecutor {
 /// The id of the terminal tool.
 const TERMINAL_TOOL: &str = "terminal_session";
 
-impl RemoteExecutor {
-    /// A `terminal_session` action of a device run. `start`: the session's row (named by the
-    /// invocation, [`mira_core::remote::device_terminal_session_id`], `node_id` = the device)
-    /// is recorded before the job is sent, so the runner's output has somewhere to go; a start
-    /// the device refused or failed is recorded `failed`. `output` reads the stored output
-    /// here. Every action's reported range is recorded with a `terminal.output` event, as on
-    /// the host.
-    async fn terminal_job(
-        &self,
-        inv: &InvocationRow,
-        device: &str,
-        spec: JobSpec,
-        cancel: &CancellationToken,
-    ) -> Result<ToolOutput, ToolError> {
-        let store_error = |e: crate::store::StoreError| ToolError::new(ErrorCode::StoreError, e.to_string());
-        let input = spec.input.clone();
-        let action = input.get("action").and_then(Value::as_str).unwrap_or_default().to_owned();
-        if action == "output" {
-            let terminal = self
-                .terminal
-                .as_ref()
-                .ok_or_else(|| ToolError::new(ErrorCode::Internal, "this server reads no device terminal output"))?;
-            let out = terminal.device_output(&input, &inv.owner_id, &inv.run_id, &inv.id, device).await?;
-            return Ok(stamp_device(out, device));
+/// A `terminal_session` action of a device run, sent to the runner this process holds and
+/// recorded here. `start`: the session's row (named by the invocation,
+/// [`mira_core::remote::device_terminal_session_id`], `node_id` = the device) is recorded
+/// before the job is sent, so the runner's output has somewhere to go; a start the device
+/// refused or failed is recorded `failed`. Every action's reported range is recorded with a
+/// `terminal.output` event, as on the host. Runs on the replica holding the runner, for its
+/// own claims and for those forwarded to it.
+async fn terminal_on_device(
+    hub: &DeviceHub,
+    store: &Store,
+    inv: &InvocationRow,
+    device: &str,
+    spec: JobSpec,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolError> {
+    let store_error = |e: crate::store::StoreError| ToolError::new(ErrorCode::StoreError, e.to_string());
+    let input = spec.input.clone();
+    let action = action_of(&input).to_owned();
+    let session_id = match action.as_str() {
+        "start" => {
+            let id = mira_core::remote::device_terminal_session_id(&inv.id);
+            let origin = SessionOrigin {
+                owner_id: inv.owner_id.clone(),
+                run_id: inv.run_id.clone(),
+                invocation_id: inv.id.clone(),
+            };
+            let row = TerminalSessionRow::new_running(id.clone(), device.to_owned(), origin, launch_of(&input));
+            store.insert_terminal_session(&row).await.map_err(store_error)?;
+            id
         }
-        let session_id = match action.as_str() {
-            "start" => {
-                let id = mira_core::remote::device_terminal_session_id(&inv.id);
-                let text = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-                let int = |k: &str, d: i64| input.get(k).and_then(Value::as_i64).unwrap_or(d);
-                let row = crate::store::TerminalSessionRow {
-                    id: id.clone(),
-                    owner_id: inv.owner_id.clone(),
-                    run_id: inv.run_id.clone(),
-                    invocation_id: inv.id.clone(),
-                    node_id: device.to_owned(),
-                    command: text("command"),
-                    args: input.get("args").map_or_else(|| "[]".to_owned(), Value::to_string),
-                    cwd: text("cwd"),
-                    env: input.get("env").map_or_else(|| "{}".to_owned(), Value::to_string),
-                    cols: int("cols", 120),
-                    rows: int("rows", 32),
-                    timeout_ms: int("timeout_ms", 3_600_000),
-                    pid: None,
-                    pid_start: None,
-                    state: crate::state::TerminalSessionState::Running,
-                    end_reason: None,
+        _ => input.get("session_id").and_then(Value::as_str).unwrap_or_default().to_owned(),
+    };
+    let outcome = match hub.job(device, spec, cancel).await {
+        Ok(JobOutcome::Output { output }) => Ok(output),
+        Ok(JobOutcome::Error { error }) | Err(error) => Err(error),
+        Ok(_) => Err(unexpected("execute")),
+    };
+    let output = match outcome {
+        Ok(output) => output,
+        Err(e) => {
+            // Not run, or failed on the device: the row says so. Whether a start whose
+            // outcome is unknown (the runner went away, or the call was cancelled) runs
+            // is for the runner's output and the lost sweep to tell.
+            if action == "start" && !matches!(e.code, ErrorCode::OutcomeUnknown | ErrorCode::Cancelled) {
+                let end = crate::store::SessionEnd {
+                    state: crate::state::TerminalSessionState::Failed,
+                    reason: Some(format!("the device did not start it: {}", e.message)),
                     exit_code: None,
                     signal: None,
-                    bytes_out: 0,
-                    retained_from: 0,
-                    reported_to: 0,
-                    started_at: crate::ids::now(),
-                    ended_at: None,
                 };
-                self.store.insert_terminal_session(&row).await.map_err(store_error)?;
-                id
+                store.end_terminal_session(&session_id, &end, 0).await.map_err(store_error)?;
             }
-            _ => input.get("session_id").and_then(Value::as_str).unwrap_or_default().to_owned(),
-        };
-        let outcome = match self.hub.job(device, spec, cancel).await {
-            Ok(JobOutcome::Output { output }) => Ok(output),
-            Ok(JobOutcome::Error { error }) | Err(error) => Err(error),
-            Ok(_) => Err(unexpected("execute")),
-        };
-        let output = match outcome {
-            Ok(output) => output,
-            Err(e) => {
-                // Not run, or failed on the device: the row says so. Whether a start whose
-                // outcome is unknown (the runner went away, or the call was cancelled) runs
-                // is for the runner's output and the lost sweep to tell.
-                if action == "start" && !matches!(e.code, ErrorCode::OutcomeUnknown | ErrorCode::Cancelled) {
-                    let end = crate::store::SessionEnd {
-                        state: crate::state::TerminalSessionState::Failed,
-                        reason: Some(format!("the device did not start it: {}", e.message)),
-                        exit_code: None,
-                        signal: None,
-                    };
-                    self.store.end_terminal_session(&session_id, &end, 0).await.map_err(store_error)?;
-                }
-                return Err(e);
-            }
-        };
-        if output.output.get("session_id").and_then(Value::as_str) != Some(session_id.as_str()) {
-            return Err(ToolError::new(ErrorCode::Internal, "the runner answered for another terminal session"));
+            return Err(e);
         }
-        let range =
-            |i: usize| output.output.pointer(&format!("/output_range/{i}")).and_then(Value::as_u64).unwrap_or(0);
-        let (from, to) = (range(0), range(1));
-        if action == "resize" {
-            let dim = |k: &str| u16::try_from(input.get(k).and_then(Value::as_u64).unwrap_or(0)).unwrap_or(0);
-            if let Err(e) = self.store.resize_terminal_session(&session_id, dim("cols"), dim("rows")).await {
-                tracing::warn!(error = %e, "recording a device PTY resize failed");
-            }
-        }
-        let event = json!({
-            "session_id": session_id, "invocation_id": inv.id, "action": action, "device_id": device,
-            "from": from, "to": to, "bytes": output.output.get("output_bytes"),
-            "bytes_missed": output.output.get("output_bytes_missed"),
-        });
-        let report =
-            crate::store::TerminalReport { session_id: session_id.clone(), invocation_id: inv.id.clone(), from, to };
-        if let Err(e) = self.store.record_terminal_output(&inv.run_id, &event, Some(&report)).await {
-            tracing::warn!(error = %e, "recording terminal.output failed");
-        }
-        Ok(stamp_device(output, device))
+    };
+    if output.output.get("session_id").and_then(Value::as_str) != Some(session_id.as_str()) {
+        return Err(ToolError::new(ErrorCode::Internal, "the runner answered for another terminal session"));
     }
+    let range = |i: usize| output.output.pointer(&format!("/output_range/{i}")).and_then(Value::as_u64).unwrap_or(0);
+    let (from, to) = (range(0), range(1));
+    if action == "resize" {
+        let dim = |k: &str| u16::try_from(input.get(k).and_then(Value::as_u64).unwrap_or(0)).unwrap_or(0);
+        if let Err(e) = store.resize_terminal_session(&session_id, dim("cols"), dim("rows")).await {
+            tracing::warn!(error = %e, "recording a device PTY resize failed");
+        }
+    }
+    let event = json!({
+        "session_id": session_id, "invocation_id": inv.id, "action": action, "device_id": device,
+        "from": from, "to": to, "bytes": output.output.get("output_bytes"),
+        "bytes_missed": output.output.get("output_bytes_missed"),
+    });
+    let report =
+        crate::store::TerminalReport { session_id: session_id.clone(), invocation_id: inv.id.clone(), from, to };
+    if let Err(e) = store.record_terminal_output(&inv.run_id, &event, Some(&report)).await {
+        tracing::warn!(error = %e, "recording terminal.output failed");
+    }
+    Ok(stamp_device(output, device))
 }
 
 /// Canonicalisation and preparation of a call on its run's device (the freeze of a device

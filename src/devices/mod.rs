@@ -17,8 +17,10 @@
 //! heartbeat or result that lands on another replica is forwarded to the holder
 //! (`/internal/v1/runner/*`, cluster secret), so the holder's waiting call gets its result. A
 //! prepare or canonicalize job asked on another replica goes to the holder
-//! (`/internal/v1/devices/job`); an execution claimed on another replica goes through the
-//! same `/internal/v1/execute` as terminal and MCP actions ([`executor::RemoteExecutor`]).
+//! (`/internal/v1/devices/job`); an execution claimed on another replica (a Read or Edit
+//! call, a terminal action on the device) goes through the same `/internal/v1/execute` as
+//! host terminal and MCP actions ([`executor::RemoteExecutor`]). A revocation made on another
+//! replica is told to the holder (`/internal/v1/devices/cut`), which cuts the runner at once.
 //! A runner that reconnects through another replica moves the holder there.
 
 pub mod enroll_limit;
@@ -231,6 +233,24 @@ pub enum ForwardedAnswer {
     Ok(JobOutcome),
     /// The job failed (offline, refused…).
     Err(ToolError),
+}
+
+/// How long a revocation waits for the holder replica to cut the runner
+/// ([`DeviceHub::revoke`]) before it leaves the cut to the runner's next heartbeat.
+pub const HOLDER_CUT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Body of `POST /internal/v1/devices/cut`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct CutRequest {
+    /// The revoked device.
+    pub device_id: String,
+}
+
+/// Answer of `POST /internal/v1/devices/cut`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct CutAnswer {
+    /// Whether this replica held a connection of the device and cut it.
+    pub cut: bool,
 }
 
 /// The runner routes a replica forwards to the holder: `heartbeat` or `results`.
@@ -588,18 +608,77 @@ impl DeviceHub {
         }
     }
 
-    /// Revokes the caller's device and cuts its connection at once when this process holds
-    /// it (a holder elsewhere cuts it at the runner's next heartbeat, which it refuses).
-    /// False when it is not the caller's.
+    /// Revokes the caller's device and cuts its runner's connection at once: here when this
+    /// process holds it, else by telling the live replica the device row named as its holder
+    /// just before the revocation (`POST /internal/v1/devices/cut`, cluster secret,
+    /// [`HOLDER_CUT_TIMEOUT`]). When that replica cannot be told (no secret, unreachable,
+    /// refused; logged) it still cuts the runner at its next heartbeat, which it refuses; so
+    /// does a replica the runner connected through between that read and the revocation.
+    /// False when the device is not the caller's.
     pub async fn revoke(&self, owner_id: &str, device_id: &str) -> Result<bool, StoreError> {
+        // The revocation clears the holder: read it first.
+        let before = self.store.device_by_id(device_id).await?;
         if !self.store.revoke_device(owner_id, device_id, &crate::ids::now()).await? {
             return Ok(false);
         }
-        if let Some(conn) = self.inner.lock().connections.remove(device_id) {
-            conn.cut.cancel();
-            tracing::info!(device = device_id, "revoked device's runner cut");
+        // A connection here that the row no longer named (replaced elsewhere) goes too.
+        self.cut_here(device_id);
+        if let Some(row) = before
+            && let Some(base) = self.holder_address(&row).await?
+        {
+            self.tell_holder_to_cut(&base, device_id).await;
         }
         Ok(true)
+    }
+
+    /// Cuts this process's connection of `device_id`, if it has one: the runner's stream
+    /// ends (it connects again and is refused). True when there was one.
+    fn cut_here(&self, device_id: &str) -> bool {
+        let Some(conn) = self.inner.lock().connections.remove(device_id) else { return false };
+        conn.cut.cancel();
+        tracing::info!(device = device_id, "revoked device's runner cut");
+        true
+    }
+
+    /// The holder's side of a revocation made on another replica
+    /// (`POST /internal/v1/devices/cut`): cuts this process's connection of `device_id` when
+    /// the store says the device is revoked (a device that is not revoked is left alone).
+    /// True when a connection was cut.
+    pub async fn cut_revoked_here(&self, device_id: &str) -> Result<bool, StoreError> {
+        let revoked = self.store.device_by_id(device_id).await?.is_some_and(|row| row.revoked_at.is_some());
+        Ok(revoked && self.cut_here(device_id))
+    }
+
+    /// Asks the replica at `base` to cut its connection of the revoked `device_id`; a failure
+    /// is logged (that replica cuts the runner at its next heartbeat instead).
+    async fn tell_holder_to_cut(&self, base: &str, device_id: &str) {
+        let Some(secret) = self.node.config.secret.as_deref().filter(|s| !s.is_empty()) else {
+            tracing::warn!(
+                device = device_id,
+                holder = base,
+                "the revoked device's runner is held by another replica and this one has no --cluster-secret to tell it; it is cut at its next heartbeat"
+            );
+            return;
+        };
+        let url = format!("{}/internal/v1/devices/cut", base.trim_end_matches('/'));
+        let sent = self
+            .client
+            .post(&url)
+            .header(SECRET_HEADER, secret)
+            .timeout(HOLDER_CUT_TIMEOUT)
+            .json(&CutRequest { device_id: device_id.to_owned() })
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => {
+                let cut = r.json::<CutAnswer>().await.is_ok_and(|a| a.cut);
+                tracing::info!(device = device_id, holder = base, cut, "told the holder replica of the revocation");
+            }
+            Ok(r) => tracing::warn!(device = device_id, holder = base, status = %r.status(),
+                "the holder replica refused to cut the revoked device's runner; it is cut at its next heartbeat"),
+            Err(e) => tracing::warn!(device = device_id, holder = base, error = %e,
+                "the holder replica could not be told of the revocation; it cuts the runner at its next heartbeat"),
+        }
     }
 
     fn live(&self, device_id: &str) -> Option<Arc<Connection>> {

@@ -1,5 +1,6 @@
 //! `GET /v1/admin/replicas`: the replica registry (see [`crate::cluster`]), and the internal
-//! route replicas forward terminal actions over.
+//! routes replicas call on each other (forwarded executions, device jobs, runner requests and
+//! cuts, stdio MCP connects).
 
 use axum::extract::State;
 use serde::Serialize;
@@ -74,7 +75,10 @@ pub fn router() -> OpenApiRouter<App> {
 }
 
 /// `POST /internal/v1/execute`: runs a terminal action or a stdio MCP call forwarded by the
-/// replica that claimed it (see [`crate::cluster::forward`]), after gating it again here
+/// replica that claimed it (see [`crate::cluster::forward`]), or a device execution (a Read or
+/// Edit call, a `terminal_session` action of a run bound to a device whose runner this
+/// replica holds: [`crate::devices::executor::execute_on_device`], which keeps a device
+/// session's books here), after gating it again here
 /// ([`crate::harness::Harness::gate`], the tool family's frozen-input check and the ladder's
 /// availability, [`App::check_still_available`]: what changed between the freeze and the
 /// forward is refused, nothing runs). Not part of the public API: it
@@ -214,6 +218,19 @@ pub async fn internal_device_job(
     Ok(axum::Json(answer))
 }
 
+/// `POST /internal/v1/devices/cut` `{device_id}`: a device revoked on another replica; this
+/// replica cuts its runner's connection at once when it holds one
+/// ([`crate::devices::DeviceHub::cut_revoked_here`]; a device the store does not say is
+/// revoked is left alone). Answers `{cut}`; 401 without the cluster secret.
+pub async fn internal_device_cut(
+    State(app): State<App>,
+    _caller: ClusterCaller,
+    Json(body): Json<crate::devices::CutRequest>,
+) -> Result<axum::Json<crate::devices::CutAnswer>> {
+    let cut = app.devices.cut_revoked_here(&body.device_id).await?;
+    Ok(axum::Json(crate::devices::CutAnswer { cut }))
+}
+
 fn runner_session(headers: &axum::http::HeaderMap) -> Result<&str> {
     headers
         .get(axum::http::header::AUTHORIZATION)
@@ -255,6 +272,7 @@ pub fn internal_router() -> axum::Router<App> {
         .route("/internal/v1/mcp/connect", axum::routing::post(internal_mcp_connect))
         .route("/internal/v1/mcp/discover", axum::routing::post(internal_mcp_discover))
         .route("/internal/v1/devices/job", axum::routing::post(internal_device_job))
+        .route("/internal/v1/devices/cut", axum::routing::post(internal_device_cut))
         .route("/internal/v1/runner/heartbeat", axum::routing::post(internal_runner_heartbeat))
         .route("/internal/v1/runner/results", axum::routing::post(internal_runner_results))
 }

@@ -46,7 +46,7 @@ pub use search::{
     FetchRecord, NEWS_RANK_POOL, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow,
     UpsertCounts,
 };
-pub use terminal::{SessionEnd, TerminalReport, TerminalSessionRow};
+pub use terminal::{SessionEnd, SessionLaunch, SessionOrigin, TerminalReport, TerminalSessionRow};
 pub use users::{LAST_USED_PRECISION, Roles, TokenIdentity, TokenRow, UserRow};
 
 use std::str::FromStr;

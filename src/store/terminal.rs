@@ -70,6 +70,69 @@ pub struct TerminalSessionRow {
     pub ended_at: Option<String>,
 }
 
+/// Who started a session: the `start` invocation's owner, run and id.
+#[derive(Debug, Clone)]
+pub struct SessionOrigin {
+    /// Owner.
+    pub owner_id: String,
+    /// The run whose invocation started it.
+    pub run_id: String,
+    /// The `start` invocation.
+    pub invocation_id: String,
+}
+
+/// What a `start` launched, as a session row records it.
+#[derive(Debug, Clone, Default)]
+pub struct SessionLaunch {
+    /// The command as given (for display).
+    pub command: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Real absolute working directory.
+    pub cwd: String,
+    /// Environment set for the process (`null` = left unset).
+    pub env: serde_json::Map<String, serde_json::Value>,
+    /// PTY columns.
+    pub cols: u16,
+    /// PTY rows.
+    pub rows: u16,
+    /// Life limit in ms.
+    pub timeout_ms: u64,
+}
+
+impl TerminalSessionRow {
+    /// The row of session `id` started now by `origin`, its PTY held by `node_id` (the
+    /// replica's stable node id on the host, the device id on a device): `running`, no output
+    /// yet, no process id (the host sets `pid` and `pid_start` once it spawned the leader).
+    pub fn new_running(id: String, node_id: String, origin: SessionOrigin, launch: SessionLaunch) -> Self {
+        Self {
+            id,
+            owner_id: origin.owner_id,
+            run_id: origin.run_id,
+            invocation_id: origin.invocation_id,
+            node_id,
+            command: launch.command,
+            args: serde_json::Value::from(launch.args).to_string(),
+            cwd: launch.cwd,
+            env: serde_json::Value::Object(launch.env).to_string(),
+            cols: i64::from(launch.cols),
+            rows: i64::from(launch.rows),
+            timeout_ms: i64::try_from(launch.timeout_ms).unwrap_or(i64::MAX),
+            pid: None,
+            pid_start: None,
+            state: TerminalSessionState::Running,
+            end_reason: None,
+            exit_code: None,
+            signal: None,
+            bytes_out: 0,
+            retained_from: 0,
+            reported_to: 0,
+            started_at: ids::now(),
+            ended_at: None,
+        }
+    }
+}
+
 /// How a session ended.
 #[derive(Debug, Clone)]
 pub struct SessionEnd {

@@ -1295,6 +1295,118 @@ async fn device_holder(pool: &sqlx::PgPool, id: &str) -> Option<String> {
     sqlx::query_scalar("SELECT holder_node_id FROM devices WHERE id = $1").bind(id).fetch_one(pool).await.unwrap()
 }
 
+/// A device of the cluster's user with a real runner connected through haproxy, a
+/// workspace on it, and a run and a turn there (made through a replica that does not hold the
+/// runner): what the device tests share.
+struct ClusterDevice {
+    id: String,
+    runner: crate::runner::RunnerProc,
+    workspace: PathBuf,
+    /// The holder's node id and replica index.
+    holder_node: String,
+    holder: usize,
+    /// The two other replicas.
+    others: [usize; 2],
+    who: Who,
+    _root: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Waits (30 s at most) until device `id` has a holder other than `not`; its node id.
+    async fn device_holder_other_than(&self, id: &str, not: Option<&str>) -> String {
+        for _ in 0..300 {
+            if let Some(h) = device_holder(&self.pool, id).await
+                && Some(h.as_str()) != not
+            {
+                return h;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the device never got a holder other than {not:?}");
+    }
+
+    /// Device `id`'s status at replica `i` for `token`'s user.
+    async fn device_status(&self, i: usize, token: &str, id: &str) -> Value {
+        let r = self.req(reqwest::Method::GET, &format!("{}/v1/devices", self.at(i)), token, None).await;
+        r.body["devices"].as_array().unwrap().iter().find(|d| d["id"] == id).unwrap()["status"].clone()
+    }
+
+    /// Registers and enrolls a device for `token`'s user through the load balancer, starts
+    /// its runner (with `--confirm` when `confirm`) on a new folder holding `files`, checks
+    /// that every replica says it is connected, and makes a workspace, a run and a turn
+    /// (`task`) on it through a replica that is not the holder.
+    async fn device(&self, token: &str, confirm: bool, files: &[(&str, &str)], task: &str) -> ClusterDevice {
+        let root = tempfile::tempdir().unwrap();
+        let r = self
+            .req(reqwest::Method::POST, &format!("{}/v1/devices", self.lb), token, Some(json!({"name": "laptop"})))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        let device_id = r.body["id"].as_str().unwrap().to_owned();
+        let code = r.body["enrollment"]["code"].as_str().unwrap().to_owned();
+        let state = root.path().join("state");
+        let workspace = root.path().join("ws");
+        std::fs::create_dir_all(&workspace).unwrap();
+        let workspace = std::fs::canonicalize(&workspace).unwrap();
+        for (name, text) in files {
+            std::fs::write(workspace.join(name), text).unwrap();
+        }
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mira"))
+            .args(["runner", "enroll", "--server", &self.lb, "--code", &code, "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "enroll: {}", String::from_utf8_lossy(&out.stderr));
+        let mut runner = crate::runner::RunnerProc {
+            device_id: device_id.clone(),
+            state,
+            workspace: workspace.clone(),
+            child: None,
+            base: self.lb.clone(),
+            confirm,
+            stderr: Arc::new(std::sync::Mutex::new(String::new())),
+        };
+        runner.start();
+        let holder_node = self.device_holder_other_than(&device_id, None).await;
+        let n = self.ports.len();
+        let holder = (0..n).find(|i| self.node_id(*i) == holder_node).expect("the holder is one of the replicas");
+        let others: Vec<usize> = (0..n).filter(|i| *i != holder).collect();
+        // Every replica says it is connected, the holder and the others.
+        for i in 0..n {
+            assert_eq!(self.device_status(i, token, &device_id).await, "connected", "replica {i} (holder {holder})");
+        }
+        let via = self.at(others[0]);
+        let r = self
+            .req(
+                reqwest::Method::POST,
+                &format!("{via}/v1/workspaces"),
+                token,
+                Some(json!({"name": "dev", "path": workspace, "device_id": device_id})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        let r = self
+            .req(reqwest::Method::POST, &format!("{via}/v1/runs"), token, Some(json!({"workspace_id": r.body["id"]})))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        let run = r.body["id"].as_str().unwrap().to_owned();
+        let r = self
+            .req(reqwest::Method::POST, &format!("{via}/v1/runs/{run}/turns"), token, Some(json!({"task": task})))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        let who = Who { token: token.to_owned(), run, turn: r.body["turn_id"].as_str().unwrap().to_owned() };
+        ClusterDevice {
+            id: device_id,
+            runner,
+            workspace,
+            holder_node,
+            holder,
+            others: [others[0], others[1]],
+            who,
+            _root: root,
+        }
+    }
+}
+
 /// A device's runner in a cluster (issue 17 on issue 16): the runner connects through
 /// haproxy to one replica (A, its holder); freezes (the prepare on the device), grants and
 /// executions through the other replicas reach it, a read and an edit; every replica says
@@ -1307,88 +1419,10 @@ async fn device_holder(pool: &sqlx::PgPool, id: &str) -> Option<String> {
 async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holder() {
     let c = Cluster::start_with(3, &["--runner-lease-secs", "3"]).await;
     let token = c.user("dana").await;
-    let root = tempfile::tempdir().unwrap();
-    // Register and enroll through the load balancer.
-    let r =
-        c.req(reqwest::Method::POST, &format!("{}/v1/devices", c.lb), &token, Some(json!({"name": "laptop"}))).await;
-    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    let device_id = r.body["id"].as_str().unwrap().to_owned();
-    let code = r.body["enrollment"]["code"].as_str().unwrap().to_owned();
-    let state = root.path().join("state");
-    let workspace = root.path().join("ws");
-    std::fs::create_dir_all(&workspace).unwrap();
-    let workspace = std::fs::canonicalize(&workspace).unwrap();
-    std::fs::write(workspace.join("notes.txt"), "cluster notes\n").unwrap();
-    std::fs::write(workspace.join("counter.txt"), "runs:\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mira"))
-        .args(["runner", "enroll", "--server", &c.lb, "--code", &code, "--state-dir"])
-        .arg(&state)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "enroll: {}", String::from_utf8_lossy(&out.stderr));
-    let mut runner = crate::runner::RunnerProc {
-        device_id: device_id.clone(),
-        state,
-        workspace: workspace.clone(),
-        child: None,
-        base: c.lb.clone(),
-        confirm: true,
-        stderr: Arc::new(std::sync::Mutex::new(String::new())),
-    };
-    runner.start();
-    let holder = async |not: Option<&str>| {
-        for _ in 0..300 {
-            if let Some(h) = device_holder(&c.pool, &device_id).await
-                && Some(h.as_str()) != not
-            {
-                return h;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the device never got a holder other than {not:?}");
-    };
-    let holder_node = holder(None).await;
-    let a = (0..3).find(|i| c.node_id(*i) == holder_node).expect("the holder is one of the replicas");
-    let others: Vec<usize> = (0..3).filter(|i| *i != a).collect();
-    let (b, cc) = (others[0], others[1]);
-    // Every replica says it is connected, the holder and the others.
-    let status_at = async |i: usize| -> Value {
-        let r = c.req(reqwest::Method::GET, &format!("{}/v1/devices", c.at(i)), &token, None).await;
-        r.body["devices"].as_array().unwrap().iter().find(|d| d["id"] == device_id.as_str()).unwrap()["status"].clone()
-    };
-    for i in 0..3 {
-        assert_eq!(status_at(i).await, "connected", "replica {i} (holder {a})");
-    }
-    // A workspace on the device and a run in it, through B.
-    let r = c
-        .req(
-            reqwest::Method::POST,
-            &format!("{}/v1/workspaces", c.at(b)),
-            &token,
-            Some(json!({"name": "dev", "path": workspace, "device_id": device_id})),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    let r = c
-        .req(
-            reqwest::Method::POST,
-            &format!("{}/v1/runs", c.at(b)),
-            &token,
-            Some(json!({"workspace_id": r.body["id"]})),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    let run = r.body["id"].as_str().unwrap().to_owned();
-    let r = c
-        .req(
-            reqwest::Method::POST,
-            &format!("{}/v1/runs/{run}/turns", c.at(b)),
-            &token,
-            Some(json!({"task": "read the notes and count a run"})),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    let who = Who { token: token.clone(), run: run.clone(), turn: r.body["turn_id"].as_str().unwrap().to_owned() };
+    let files = [("notes.txt", "cluster notes\n"), ("counter.txt", "runs:\n")];
+    let d = c.device(&token, true, &files, "read the notes and count a run").await;
+    let ClusterDevice { id: device_id, mut runner, workspace, holder_node, holder: a, others: [b, cc], who, _root } = d;
+    let status_at = async |i: usize| -> Value { c.device_status(i, &token, &device_id).await };
     let claimed_by = async |id: &str| -> String {
         let by: Option<String> = sqlx::query_scalar("SELECT claimed_by FROM invocations WHERE id = $1")
             .bind(id)
@@ -1468,7 +1502,7 @@ async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holde
     );
     assert_eq!(done["result"]["error"]["details"]["device_id"], device_id.as_str(), "{done}");
     // The runner reconnects through another replica: the holder moves.
-    let moved = holder(Some(&holder_node)).await;
+    let moved = c.device_holder_other_than(&device_id, Some(&holder_node)).await;
     assert_ne!(moved, holder_node);
     for i in [b, cc] {
         for _ in 0..100 {
@@ -1524,4 +1558,262 @@ async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holde
     assert_eq!(std::fs::read_to_string(workspace.join("after.txt")).unwrap(), "again\n");
     // Still written once.
     assert_eq!(std::fs::read_to_string(workspace.join("counter.txt")).unwrap(), "runs:\nran\n");
+}
+
+/// Receives a terminal stream's events until `exit` (30 s at most).
+async fn until_exit(rx: &mut mpsc::Receiver<(Option<i64>, String, Value)>) -> Vec<(i64, String, Value)> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some((id, event, data))) => {
+                let exit = event == "exit";
+                out.push((id.unwrap_or(-1), event, data));
+                if exit {
+                    return out;
+                }
+            }
+            other => panic!("the stream ended without exit ({other:?}): {out:?}"),
+        }
+    }
+}
+
+/// The concatenated `data` of a terminal stream's `output` events.
+fn stream_text(events: &[(i64, String, Value)]) -> String {
+    events.iter().filter(|e| e.1 == "output").map(|e| e.2["data"].as_str().unwrap()).collect()
+}
+
+/// Terminal sessions on a device in a cluster (issues 16/17): every action of a session on
+/// the device (start, input, resize, a `wait` longer than the request timeout) claimed by a
+/// replica that does not hold the runner's connection is forwarded to the holder and run
+/// there once, the holder keeping the session's books; the output stream is read from the
+/// third replica, with a resume. Then revoking the device through a replica that does not
+/// hold it cuts the runner at once: it exits with status 3 long before its next heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_terminal_actions_are_forwarded_to_the_holder_and_a_revocation_anywhere_cuts_at_once() {
+    // A 30 s lease: the runner beats every 10 s. A 4 s request timeout, shorter than the wait.
+    let c = Cluster::start_with(3, &["--runner-lease-secs", "30", "--request-timeout-secs", "4"]).await;
+    let token = c.user("tess").await;
+    let d = c.device(&token, false, &[], "run commands on the laptop").await;
+    let (a, [b, cc]) = (d.holder, d.others);
+    let b_node = c.node_id(b);
+    // Each action: frozen at B (prepared on the device through A), granted at B while A and C
+    // are stopped, so that B claims it, and forwards it to A once they continue. The
+    // invocation id.
+    let claimed_at_b = async |call: &str, input: Value| -> String {
+        let inv = c.freeze(&c.at(b), &d.who, "terminal_session", call, input).await;
+        assert_eq!(inv["status"], "awaiting_approval", "{inv}");
+        let id = inv["invocation_id"].as_str().unwrap().to_owned();
+        c.signal(a, libc::SIGSTOP);
+        c.signal(cc, libc::SIGSTOP);
+        assert!(c.grant(&c.at(b), &token, &inv).await);
+        let mut claimer = String::new();
+        for _ in 0..100 {
+            claimer = c.claimed_by(&id).await;
+            if !claimer.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        c.signal(a, libc::SIGCONT);
+        c.signal(cc, libc::SIGCONT);
+        assert!(claimer.starts_with(&format!("{b_node}:")), "{call} claimed by {claimer:?}, not B ({b_node})");
+        id
+    };
+    // An action claimed at B, completed: its final view and how long it took from the grant.
+    let mut ids = Vec::new();
+    let mut act = async |call: &str, input: Value| -> (Value, Duration) {
+        let begun = std::time::Instant::now();
+        let id = claimed_at_b(call, input).await;
+        let done = c.final_of(&c.at(b), &token, &id).await;
+        assert_eq!(done["status"], "completed", "{call}: {done:#}\n{}", diag(&c, &d.runner));
+        ids.push(id);
+        (done, begun.elapsed())
+    };
+
+    let bash = json!({"action": "start", "command": "bash", "args": ["--norc", "--noprofile"], "env": {"PS1": "$ "}});
+    let (done, _) = act("s1", bash).await;
+    let out = &done["result"]["output"];
+    let session = out["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(out["cwd"], d.workspace.to_string_lossy().as_ref(), "{done:#}");
+    // The holder recorded the session (the device's) before it sent the start.
+    let (node, state): (String, String) = sqlx::query_as("SELECT node_id, state FROM terminal_sessions WHERE id = $1")
+        .bind(&session)
+        .fetch_one(&c.pool)
+        .await
+        .unwrap();
+    assert_eq!((node.as_str(), state.as_str()), (d.id.as_str(), "running"));
+
+    let lines = json!({"action": "input", "session_id": session,
+        "data": "for i in $(seq 1 200); do echo line-$i-$((i*7)); done\n", "settle_ms": 500});
+    let (done, _) = act("i1", lines).await;
+    assert!(done["result"]["output"]["output"].as_str().unwrap().contains("line-200-1400"), "{done:#}");
+
+    let (done, _) = act("z1", json!({"action": "resize", "session_id": session, "cols": 100, "rows": 30})).await;
+    assert_eq!(done["result"]["output"]["session_id"], session.as_str(), "{done:#}");
+    let size: (i64, i64) = sqlx::query_as("SELECT cols, rows FROM terminal_sessions WHERE id = $1")
+        .bind(&session)
+        .fetch_one(&c.pool)
+        .await
+        .unwrap();
+    assert_eq!(size, (100, 30), "the holder recorded the resize");
+
+    let sleep = json!({"action": "input", "session_id": session,
+        "data": "sleep 8; echo slept-$((6*7)); exit\n", "settle_ms": 100});
+    act("i2", sleep).await;
+    // A forwarded wait lasting longer than the request timeout (4 s) is not cut.
+    let (done, took) = act("w1", json!({"action": "wait", "session_id": session, "timeout_ms": 60000})).await;
+    let out = &done["result"]["output"];
+    assert_eq!((out["state"].as_str(), out["exit_code"].as_i64()), (Some("exited"), Some(0)), "{done:#}");
+    assert!(out["output"].as_str().unwrap().contains("slept-42"), "{done:#}");
+    assert!(took > Duration::from_secs(5), "the wait took {took:?}");
+
+    // Each action ran on the device once, and the holder recorded its reported range.
+    let journal = d.runner.journal();
+    for id in &ids {
+        assert_eq!(journal.iter().filter(|e| e.starts_with(&format!("inv-{id}."))).count(), 2, "{journal:?}");
+        assert!(journal.contains(&format!("inv-{id}.delivered")), "{journal:?}");
+    }
+    let reports: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM terminal_reports WHERE session_id = $1")
+        .bind(&session)
+        .fetch_one(&c.pool)
+        .await
+        .unwrap();
+    assert_eq!(reports, ids.len() as i64);
+
+    // The stream, read from C (neither the holder nor the claimer), then resumed there from
+    // the middle: exactly the rest.
+    let url = format!("{}/v1/terminal-sessions/{session}/stream", c.at(cc));
+    let full = until_exit(&mut c.sse(&url, &token, None).await).await;
+    let exit = full.last().unwrap();
+    assert_eq!(exit.2["state"], "exited", "{full:?}");
+    let outputs: Vec<_> = full.iter().filter(|e| e.1 == "output").collect();
+    assert_eq!(outputs[0].2["start"], 0);
+    for w in outputs.windows(2) {
+        assert_eq!(w[0].2["end"], w[1].2["start"]);
+    }
+    assert_eq!(outputs.last().unwrap().2["end"], exit.2["bytes_out"]);
+    let all = stream_text(&full);
+    assert!(all.contains("line-1-7") && all.contains("line-200-1400") && all.contains("slept-42"), "{all}");
+    assert_eq!(all.len() as i64, exit.2["bytes_out"].as_i64().unwrap(), "ASCII output: a byte is a character");
+    let at = all.len() as i64 / 2;
+    let rest = until_exit(&mut c.sse(&url, &token, Some(at)).await).await;
+    assert_eq!(rest[0].2["start"].as_i64(), Some(at), "{rest:?}");
+    assert_eq!(stream_text(&rest), all[at as usize..]);
+
+    // A forwarded action whose holder dies with it: A is killed once the runner holds a
+    // forwarded `wait` (its journal says it started). The wait ends `interrupted` with
+    // `outcome_unknown` naming the device and is never sent again; the runner moves to B or
+    // C, and the wait's real result arrives there as `late_device_result` evidence.
+    let sleeper = json!({"action": "start", "command": "bash",
+        "args": ["--norc", "--noprofile", "-c", "sleep 3; echo woke-$((3*3))"]});
+    let id = claimed_at_b("s2", sleeper).await;
+    let done = c.final_of(&c.at(b), &token, &id).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    let session2 = done["result"]["output"]["session_id"].as_str().unwrap().to_owned();
+    let wait_id = claimed_at_b("w2", json!({"action": "wait", "session_id": session2, "timeout_ms": 20000})).await;
+    let start = std::time::Instant::now();
+    while !d.runner.journal().contains(&format!("inv-{wait_id}.started")) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the forwarded wait never reached the runner");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.kill9(a);
+    let done = c.final_of(&c.at(b), &token, &wait_id).await;
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("interrupted"), Some("outcome_unknown")),
+        "{done:#}\n{}",
+        diag(&c, &d.runner)
+    );
+    assert_eq!(done["result"]["error"]["details"]["device_id"], d.id.as_str(), "{done:#}");
+    let moved = c.device_holder_other_than(&d.id, Some(&d.holder_node)).await;
+    let a = (0..3).find(|i| c.node_id(*i) == moved).unwrap();
+    let b = [b, cc].into_iter().find(|i| *i != a).unwrap();
+    let late = {
+        let mut found = None;
+        for _ in 0..300 {
+            let v = c.req(reqwest::Method::GET, &format!("{}/v1/invocations/{wait_id}", c.at(b)), &token, None).await;
+            assert_eq!(v.body["status"], "interrupted", "{v:?}");
+            for ev in v.body["evidence_ids"].as_array().unwrap() {
+                let url = format!("{}/v1/evidence/{}", c.at(b), ev.as_str().unwrap());
+                let ev = c.req(reqwest::Method::GET, &url, &token, None).await;
+                if ev.body["kind"] == "late_device_result" {
+                    found = Some(ev.body);
+                }
+            }
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        found.unwrap_or_else(|| panic!("the wait's late result was not attached\n{}", diag(&c, &d.runner)))
+    };
+    assert_eq!(late["provenance"]["outcome"], "succeeded", "{late}");
+    let journal = d.runner.journal();
+    assert_eq!(journal.iter().filter(|e| e.starts_with(&format!("inv-{wait_id}."))).count(), 2, "{journal:?}");
+
+    // The holder's (A now) cut route needs the cluster secret, and cuts only a revoked device: the
+    // runner keeps its connection (it would reconnect within a second, with a new session).
+    let session_sha = async || -> Option<String> {
+        sqlx::query_scalar("SELECT session_sha256 FROM devices WHERE id = $1")
+            .bind(&d.id)
+            .fetch_one(&c.pool)
+            .await
+            .unwrap()
+    };
+    let connection = session_sha().await;
+    assert!(connection.is_some());
+    let cut_url = format!("{}/internal/v1/devices/cut", c.at(a));
+    let r = c.client.post(&cut_url).json(&json!({"device_id": d.id})).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let secret = std::fs::read_to_string(c.dir.join("secret")).unwrap();
+    let r = c
+        .client
+        .post(&cut_url)
+        .header("x-mira-cluster-secret", secret.trim())
+        .json(&json!({"device_id": d.id}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"cut": false}));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(session_sha().await, connection, "the connection of a device not revoked was kept");
+    let mut runner = d.runner;
+    assert!(runner.child.as_mut().unwrap().try_wait().unwrap().is_none(), "the runner is still running");
+
+    // Revocation through the replica that does not hold the runner now (B), right after a
+    // heartbeat (the next one is 10 s away): the holder (A now) is told and cuts the runner's
+    // connection at once; the runner connects again, is refused, and
+    // exits with status 3.
+    let seen = async || -> Option<String> {
+        sqlx::query_scalar("SELECT last_seen_at FROM devices WHERE id = $1")
+            .bind(&d.id)
+            .fetch_one(&c.pool)
+            .await
+            .unwrap()
+    };
+    let before = seen().await;
+    let start = std::time::Instant::now();
+    while seen().await == before {
+        assert!(start.elapsed() < Duration::from_secs(15), "no heartbeat in 15 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = c.req(reqwest::Method::POST, &format!("{}/v1/devices/{}/revoke", c.at(b), d.id), &token, None).await;
+    assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::OK, Some("revoked")), "{r:?}");
+    let revoked = std::time::Instant::now();
+    let mut child = runner.child.take().unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            revoked.elapsed() < Duration::from_secs(5),
+            "the revoked runner kept running (its next heartbeat is 10 s after the last)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!("the runner exited {:?} after the revocation through a non-holder", revoked.elapsed());
+    assert_eq!(status.code(), Some(3));
+    assert_eq!(device_holder(&c.pool, &d.id).await, None);
 }

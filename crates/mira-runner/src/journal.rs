@@ -9,7 +9,9 @@
 //!   file, synced, renamed); `.delivered` once the control plane took it.
 //!
 //! A `.started` without a `.result` after a restart means the runner died during the call:
-//! its result is `outcome_unknown`, never a second run.
+//! its result is `outcome_unknown`, never a second run. An execution still running in this
+//! process (a long terminal `wait` across a reconnect) is not one of those: the journal
+//! knows which it started and has not finished.
 //!
 //! Each `nonce-…` and `.started` entry records the expiry of its job's envelope.
 //! [`Journal::prune`] removes what is no longer needed once that expiry has passed (a job
@@ -18,8 +20,10 @@
 //! `.delivered` of executions whose result the control plane took. A result not yet
 //! delivered (`.result`, or `.started` alone) is kept whatever its age.
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use mira_core::error_code::ErrorCode;
@@ -42,10 +46,12 @@ pub struct Pruned {
     pub executions: usize,
 }
 
-/// The journal directory.
+/// The journal directory. Clones share what this process has running.
 #[derive(Debug, Clone)]
 pub struct Journal {
     dir: PathBuf,
+    /// Invocations whose execution this process started and has not finished.
+    running: Arc<Mutex<HashSet<String>>>,
 }
 
 /// Only hex digits, letters, `_` and `-` go into file names.
@@ -78,7 +84,7 @@ impl Journal {
     /// The journal in `dir` (created if missing).
     pub fn open(dir: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        Ok(Self { dir: dir.to_owned() })
+        Ok(Self { dir: dir.to_owned(), running: Arc::default() })
     }
 
     /// Accepts the job with `nonce`, whose envelope expires at `expires_at` (RFC 3339 as
@@ -101,7 +107,11 @@ impl Journal {
             .map_err(|e| io(&e))?;
         // The entry itself must survive a crash before the tool acts.
         dir.sync_all().map_err(|e| io(&e))?;
-        if started { Ok(()) } else { Err(replayed(&format!("the execution of {inv}"))) }
+        if !started {
+            return Err(replayed(&format!("the execution of {inv}")));
+        }
+        self.running.lock().unwrap_or_else(PoisonError::into_inner).insert(inv.to_owned());
+        Ok(())
     }
 
     /// Refuses an execution of `invocation` that already started (`job_replayed`), before
@@ -115,9 +125,16 @@ impl Journal {
         Ok(())
     }
 
-    /// Records the result of an execution (before it is sent).
+    /// Records the result of an execution (before it is sent); the execution is no longer
+    /// running here, whether or not the result could be written.
     pub fn finish(&self, result: &JobResult) -> std::io::Result<()> {
         let Some(inv) = safe(&result.invocation_id) else { return Ok(()) };
+        let written = self.write_result(inv, result);
+        self.running.lock().unwrap_or_else(PoisonError::into_inner).remove(inv);
+        written
+    }
+
+    fn write_result(&self, inv: &str, result: &JobResult) -> std::io::Result<()> {
         let tmp = self.dir.join(format!("inv-{inv}.result.tmp"));
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&serde_json::to_vec(result).unwrap_or_default())?;
@@ -137,6 +154,7 @@ impl Journal {
 
     /// Results not yet delivered: finished ones, and `outcome_unknown` for executions that
     /// started and never finished (the runner died during them; recorded as such now).
+    /// Executions still running in this process are left out: their own result follows.
     /// Call at start-up, before any job runs.
     pub fn undelivered(&self) -> std::io::Result<Vec<JobResult>> {
         let mut out = Vec::new();
@@ -151,7 +169,8 @@ impl Journal {
                 }
             } else if let Some(inv) = inv.strip_suffix(".started") {
                 let done = ["result", "delivered"].iter().any(|s| self.dir.join(format!("inv-{inv}.{s}")).exists());
-                if !done {
+                let running = self.running.lock().unwrap_or_else(PoisonError::into_inner).contains(inv);
+                if !done && !running {
                     let text = std::fs::read_to_string(self.dir.join(&name)).unwrap_or_default();
                     let nonce = text.lines().next().unwrap_or_default().trim().to_owned();
                     let result = JobResult {
@@ -238,5 +257,47 @@ fn remove(path: &Path) -> std::io::Result<bool> {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result_of(inv: &str) -> JobResult {
+        JobResult {
+            nonce: "n1".into(),
+            invocation_id: inv.into(),
+            outcome: JobOutcome::Output {
+                output: mira_core::tool::ToolOutput { output: serde_json::json!({"ok": true}), evidence: Vec::new() },
+            },
+            late: false,
+        }
+    }
+
+    /// An execution still running here is not reported `outcome_unknown` (a reconnect while a
+    /// long call runs); once finished its own result is the undelivered one; a restart (a
+    /// new journal on the same folder) reports one that never finished as unknown.
+    #[test]
+    fn a_running_execution_is_not_reported_unknown_but_one_left_by_a_dead_process_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path()).unwrap();
+        journal.start("inv_a", "n1", "2999-01-01T00:00:00.000Z").unwrap();
+        journal.start("inv_b", "n2", "2999-01-01T00:00:00.000Z").unwrap();
+        assert!(journal.undelivered().unwrap().is_empty(), "both still run here");
+        journal.finish(&result_of("inv_a")).unwrap();
+        let out = journal.undelivered().unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].invocation_id, "inv_a");
+        assert!(matches!(out[0].outcome, JobOutcome::Output { .. }), "{:?}", out[0].outcome);
+        // A new process: inv_b started and never finished.
+        let restarted = Journal::open(dir.path()).unwrap();
+        let mut out = restarted.undelivered().unwrap();
+        out.sort_by(|x, y| x.invocation_id.cmp(&y.invocation_id));
+        assert_eq!(out.len(), 2);
+        match &out[1].outcome {
+            JobOutcome::Error { error } => assert_eq!(error.code, ErrorCode::OutcomeUnknown),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -37,7 +37,7 @@ use crate::registry::ToolError;
 use crate::sandbox::cgroup::SessionCgroup;
 use crate::sandbox::{Sandbox, SandboxSpec};
 use crate::state::TerminalSessionState;
-use crate::store::{SessionEnd, Store, TerminalSessionRow};
+use crate::store::{SessionEnd, SessionLaunch, SessionOrigin, Store, TerminalSessionRow};
 use mira_tools::pty::stat_fields;
 pub use mira_tools::pty::{INHERITED_ENV, SESSION_ENV, kill_session, session_members, shell_words};
 
@@ -507,30 +507,24 @@ impl TerminalHost {
             reader_done: AtomicBool::new(false),
             cgroup,
         });
-        let row = TerminalSessionRow {
-            id: id.clone(),
+        let origin = SessionOrigin {
             owner_id: spec.owner_id.clone(),
             run_id: spec.run_id.clone(),
             invocation_id: spec.invocation_id.clone(),
-            node_id: self.node_id.clone(),
+        };
+        let launch = SessionLaunch {
             command: spec.command.clone(),
-            args: serde_json::to_string(&spec.args).unwrap_or_else(|_| "[]".into()),
+            args: spec.args.clone(),
             cwd: spec.cwd.clone(),
-            env: Value::Object(spec.env.clone()).to_string(),
-            cols: i64::from(spec.cols),
-            rows: i64::from(spec.rows),
-            timeout_ms: i64::try_from(spec.timeout_ms).unwrap_or(i64::MAX),
+            env: spec.env.clone(),
+            cols: spec.cols,
+            rows: spec.rows,
+            timeout_ms: spec.timeout_ms,
+        };
+        let row = TerminalSessionRow {
             pid: Some(i64::from(pid)),
             pid_start: process_stamp(pid),
-            state: TerminalSessionState::Running,
-            end_reason: None,
-            exit_code: None,
-            signal: None,
-            bytes_out: 0,
-            retained_from: 0,
-            reported_to: 0,
-            started_at: crate::ids::now(),
-            ended_at: None,
+            ..TerminalSessionRow::new_running(id.clone(), self.node_id.clone(), origin, launch)
         };
         if let Err(e) = self.store.insert_terminal_session(&row).await {
             kill_session(pid, &id);
