@@ -1334,6 +1334,7 @@ async fn a_device_runner_is_reached_through_every_replica_and_survives_its_holde
         base: c.lb.clone(),
         confirm: true,
         stderr: Arc::new(std::sync::Mutex::new(String::new())),
+        args: Vec::new(),
     };
     runner.start();
     let holder = async |not: Option<&str>| {
