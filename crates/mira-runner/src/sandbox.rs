@@ -468,3 +468,89 @@ pub fn failure_error(f: &Failure) -> ToolError {
         Failure::Spawn(_) => ToolError::new(ErrorCode::SpawnFailed, f.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::process::Stdio;
+
+    use super::*;
+
+    /// Runs `sh -c script` in `cwd` under `spec` (no PTY); (success, stdout + stderr).
+    fn run(sandbox: &DeviceSandbox, spec: &SessionSandbox, cwd: &Path, script: &str) -> (bool, String) {
+        let kind = if spec.filesystem.as_deref() == Some("landlock") { Kind::HostView } else { Kind::PrivateView };
+        let launch = sandbox.launch_of(kind, spec, cwd, false).unwrap();
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.args(["-c", script]).env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        launch.install(&mut cmd);
+        let spawned = cmd.spawn();
+        drop(cmd);
+        let (child, _) = launch.finish(spawned).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    }
+
+    /// A state dir inside the workspace: the private view covers it (the key cannot be read,
+    /// the workspace around it is written); Landlock alone cannot, so sessions are refused.
+    #[test]
+    fn a_state_dir_inside_the_workspace_is_hidden_or_refused() {
+        if mira_sandbox::landlock_abi() < 1 {
+            eprintln!("no Landlock on this kernel: the device sandbox is unavailable here");
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let ws = std::fs::canonicalize(root.path()).unwrap().join("ws");
+        let state = ws.join(".mira-runner");
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join("device.key"), "k3y-c0ntent-8841\n").unwrap();
+        let device = format!("dev_test{}", std::process::id());
+
+        let auto = DeviceSandbox::new(SandboxMode::Auto, false, &state, &device);
+        assert!(auto.enforced(), "{:?}", auto.advertised());
+        let spec = auto.spec(&ws);
+        if auto.advertised().filesystem.as_deref() == Some("landlock+mount_namespace") {
+            let spec = spec.unwrap();
+            assert!(spec.hidden.contains(&state.to_string_lossy().into_owned()), "{spec:?}");
+            let key = state.join("device.key");
+            let script = format!(
+                "cat '{}'; ls -a '{}'; echo ok > '{}/written' && echo WROTE",
+                key.display(),
+                state.display(),
+                ws.display()
+            );
+            let (_, text) = run(&auto, &spec, &ws, &script);
+            assert!(!text.contains("k3y-c0ntent") && text.contains("WROTE"), "{text}");
+            assert!(!text.contains("device.key\n"), "the state dir is listed: {text}");
+            assert_eq!(std::fs::read_to_string(ws.join("written")).unwrap(), "ok\n");
+        } else {
+            assert_eq!(spec.unwrap_err().code, ErrorCode::SandboxUnavailable);
+        }
+
+        let landlock = DeviceSandbox::new(SandboxMode::Landlock, false, &state, &device);
+        assert_eq!(landlock.advertised().filesystem.as_deref(), Some("landlock"));
+        let e = landlock.spec(&ws).unwrap_err();
+        assert_eq!(e.code, ErrorCode::SandboxUnavailable, "{e:?}");
+        assert!(e.message.contains("--state-dir"), "{}", e.message);
+        // With the state dir elsewhere it is enforced, and the state dir is out of reach.
+        let other = std::fs::canonicalize(root.path()).unwrap().join("state");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join("device.key"), "k3y-c0ntent-8841\n").unwrap();
+        let landlock = DeviceSandbox::new(SandboxMode::Landlock, false, &other, &device);
+        let spec = landlock.spec(&ws).unwrap();
+        let script = format!("cat '{0}/device.key'; echo x > '{0}/evil' || echo DENIED", other.display());
+        let (_, text) = run(&landlock, &spec, &ws, &script);
+        assert!(!text.contains("k3y-c0ntent") && text.contains("DENIED"), "{text}");
+        assert!(!other.join("evil").exists());
+        let _ = std::fs::remove_dir_all(&landlock.shared_tmp);
+
+        // Off: refused, unless unsandboxed sessions are allowed.
+        let off = DeviceSandbox::new(SandboxMode::Off, false, &other, &device);
+        assert_eq!(off.spec(&ws).unwrap_err().code, ErrorCode::SandboxUnavailable);
+        let allowed = DeviceSandbox::new(SandboxMode::Off, true, &other, &device);
+        let spec = allowed.spec(&ws).unwrap();
+        assert!(!spec.enforced && allowed.launch(&spec, &ws).unwrap().is_none());
+        assert_eq!(allowed.advertised().sessions, "unsandboxed_allowed");
+    }
+}
