@@ -5,7 +5,8 @@
 //! - `--server URL --workspace DIR [--workspace DIR…]` (no subcommand): connects outbound
 //!   and runs jobs in those folders until stopped (exit 0), or until the device is revoked
 //!   (exit 3). With `--confirm` a person at the device confirms each job that arrives with
-//!   an approval ([`crate::confirm`]).
+//!   an approval ([`crate::confirm`]). Terminal sessions run in the device's sandbox
+//!   (`--sandbox auto|landlock|off`, `--allow-unsandboxed`; [`crate::sandbox`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

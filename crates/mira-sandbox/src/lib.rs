@@ -447,3 +447,63 @@ impl Launch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// Mount targets of `ops` that cover (read-only tmpfs or a `/dev/null` bind), below `stage`.
+    fn covers(ops: &[Op], stage: &Path) -> Vec<PathBuf> {
+        ops.iter()
+            .filter_map(|op| match op {
+                Op::Tmpfs { target, readonly: true, .. } => Some(target),
+                Op::Bind { source, target, readonly: true } if source.as_bytes() == b"/dev/null" => Some(target),
+                _ => None,
+            })
+            .map(|t| {
+                Path::new("/").join(Path::new(std::ffi::OsStr::from_bytes(t.as_bytes())).strip_prefix(stage).unwrap())
+            })
+            .collect()
+    }
+
+    /// Covers: what is hidden inside the view's folders, not twice inside a covered folder,
+    /// nothing outside the view; files by a `/dev/null` bind.
+    #[test]
+    fn covers_inside_the_view_only() {
+        let root = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(root.path()).unwrap();
+        let ws = base.join("ws");
+        std::fs::create_dir_all(ws.join("state/journal")).unwrap();
+        std::fs::create_dir_all(ws.join("other")).unwrap();
+        std::fs::write(ws.join("secret.key"), "k").unwrap();
+        std::fs::create_dir_all(base.join("elsewhere")).unwrap();
+        let s = |p: &Path| p.to_string_lossy().into_owned();
+        let stage = base.join("stage");
+        let read_write = [s(&ws)];
+        let hidden = [s(&ws.join("state")), s(&ws.join("state/journal")), s(&ws.join("secret.key"))];
+        let extra = [ws.join("other"), base.join("elsewhere"), ws.clone()];
+        let ops = mount_ops(&View {
+            stage: &stage,
+            system: &[],
+            read_only: &[],
+            read_write: &read_write,
+            hidden: &hidden,
+            extra_hidden: &extra,
+            tmp_bytes: 0,
+        })
+        .unwrap();
+        let mut got = covers(&ops, &stage);
+        got.sort();
+        assert_eq!(got, vec![ws.join("other"), ws.join("secret.key"), ws.join("state")]);
+        // The workspace is bound read-write, after the private /tmp it may lie in.
+        let bind = ops.iter().position(|op| matches!(op, Op::Bind { readonly: false, source, .. } if source.as_bytes() == ws.as_os_str().as_bytes()));
+        let tmp = ops.iter().position(|op| matches!(op, Op::Tmpfs { readonly: false, .. }));
+        assert!(tmp.unwrap() < bind.unwrap());
+        assert_eq!(
+            hidden_inside(&[ws.join("state"), ws.join("state/journal"), base.join("elsewhere")], &[&ws]),
+            vec![s(&ws.join("state"))]
+        );
+    }
+}
