@@ -553,11 +553,18 @@ struct CapData {
 /// ambient set cleared, then effective/permitted/inheritable zeroed with `capset`. Root
 /// without capabilities cannot load modules, open raw sockets, mknod, mount, reboot, bypass
 /// file permissions, ptrace other users' processes or gain them back through `exec`.
+///
+/// A process that is not root and has no `CAP_SETPCAP` (an unprivileged runner on a
+/// device without a user namespace: Landlock alone) cannot lock the securebits nor shrink
+/// the bounding set; it clears its ambient, effective, permitted and inheritable sets, and
+/// `no_new_privs` (set right after) keeps `exec` from granting any (setuid and file
+/// capabilities are ignored under it). Root without `CAP_SETPCAP` fails.
 unsafe fn drop_capabilities() -> bool {
     // SAFETY: prctl/capset with integer arguments and stack structs.
     unsafe {
         if libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS_LOCKED, 0, 0, 0) != 0 {
-            return false;
+            let unprivileged = errno() == libc::EPERM && libc::getuid() != 0 && libc::geteuid() != 0;
+            return unprivileged && clear_capability_sets();
         }
         for cap in 0..64 {
             if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
@@ -567,6 +574,14 @@ unsafe fn drop_capabilities() -> bool {
                 return false;
             }
         }
+        clear_capability_sets()
+    }
+}
+
+/// Clears the ambient set, then zeroes effective, permitted and inheritable (`capset`).
+unsafe fn clear_capability_sets() -> bool {
+    // SAFETY: prctl/capset with integer arguments and stack structs.
+    unsafe {
         if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 {
             return false;
         }
