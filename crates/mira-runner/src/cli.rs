@@ -94,6 +94,10 @@ pub struct RunArgs {
     /// off or this machine cannot sandbox.
     #[arg(long = "allow-unsandboxed", env = "MIRA_RUNNER_ALLOW_UNSANDBOXED")]
     pub allow_unsandboxed: bool,
+    /// Extra folders sandboxed sessions may read and execute from (repeatable, or
+    /// colon-separated), e.g. toolchains under your HOME such as `~/.cargo` or `~/.nvm`.
+    #[arg(long = "sandbox-read", env = "MIRA_RUNNER_SANDBOX_READ", value_delimiter = ':')]
+    pub sandbox_read: Vec<PathBuf>,
 }
 
 /// Logs to standard error (`RUST_LOG`, default `info`).
@@ -191,9 +195,11 @@ async fn connect(args: RunArgs) -> anyhow::Result<ExitCode> {
     let client = client()?;
     let (mode, allow, device) = (args.sandbox, args.allow_unsandboxed, enrolled.device_id.clone());
     let state_dir = dir.clone();
-    let sandbox = tokio::task::spawn_blocking(move || DeviceSandbox::new(mode, allow, &state_dir, &device))
-        .await
-        .context("probing the sandbox")?;
+    let read = args.sandbox_read.clone();
+    let sandbox =
+        tokio::task::spawn_blocking(move || DeviceSandbox::new(mode, allow, &state_dir, &device).with_read_only(&read))
+            .await
+            .context("probing the sandbox")?;
     let runner = Arc::new(runner.with_terminal(Arc::new(Uplink::new(&server, client.clone())), Arc::new(sandbox)));
     tokio::spawn(async move {
         loop {

@@ -144,6 +144,8 @@ pub struct DeviceSandbox {
     shared_tmp: PathBuf,
     secrets: Vec<PathBuf>,
     system: Vec<(PathBuf, Option<PathBuf>)>,
+    /// `--sandbox-read`: further folders sessions may read and execute from.
+    extra_read: Vec<PathBuf>,
 }
 
 fn sandbox_error(code: ErrorCode, message: impl Into<String>) -> ToolError {
@@ -172,6 +174,7 @@ impl DeviceSandbox {
             shared_tmp: tmp_base.join(format!("mira-runner-{name}")),
             secrets,
             system: mira_sandbox::system_folders(),
+            extra_read: Vec::new(),
         };
         sandbox.state = sandbox.probe(mode);
         match &sandbox.state {
@@ -258,6 +261,27 @@ impl DeviceSandbox {
         }
     }
 
+    /// Lets sessions read and execute from `dirs` too (`--sandbox-read`: toolchains under
+    /// the user's HOME, say). Each is bound where it was named (its real path when the
+    /// name is not a plain absolute path); those that are not folders are left out. The
+    /// state dir stays hidden inside them (refused with Landlock alone).
+    #[must_use]
+    pub fn with_read_only(mut self, dirs: &[PathBuf]) -> Self {
+        for d in dirs {
+            let Ok(real) = std::fs::canonicalize(d) else {
+                tracing::warn!(folder = %d.display(), "--sandbox-read: no such folder; left out");
+                continue;
+            };
+            let clean = d.is_absolute()
+                && d.components().all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
+            let shown = if clean { d.clone() } else { real.clone() };
+            if real.is_dir() && !self.extra_read.contains(&shown) {
+                self.extra_read.push(shown);
+            }
+        }
+        self
+    }
+
     /// Whether sessions are sandboxed here.
     pub fn enforced(&self) -> bool {
         matches!(self.state, State::Enforced(_))
@@ -341,8 +365,10 @@ impl DeviceSandbox {
         let read_only: Vec<PathBuf> = self
             .system
             .iter()
-            .filter(|(p, link)| link.is_none() && !read_write.iter().any(|w| within(p, w)))
+            .filter(|(_, link)| link.is_none())
             .map(|(p, _)| p.clone())
+            .chain(self.extra_read.iter().filter(|_| ws_root.is_some()).cloned())
+            .filter(|p| !read_write.iter().any(|w| within(p, w)))
             .collect();
         let roots: Vec<&Path> = read_write.iter().chain(&read_only).map(PathBuf::as_path).collect();
         let mut secrets = self.secrets.clone();
@@ -507,7 +533,13 @@ mod tests {
         std::fs::write(state.join("device.key"), "k3y-c0ntent-8841\n").unwrap();
         let device = format!("dev_test{}", std::process::id());
 
-        let auto = DeviceSandbox::new(SandboxMode::Auto, false, &state, &device);
+        let tools = std::fs::canonicalize(root.path()).unwrap().join("tools");
+        std::fs::create_dir_all(&tools).unwrap();
+        std::fs::write(tools.join("tool.sh"), "echo tool-$((20+1))\n").unwrap();
+        let auto = DeviceSandbox::new(SandboxMode::Auto, false, &state, &device)
+            .with_read_only(&[tools.join("."), ws.join("..")]);
+        // `--sandbox-read`: a folder outside the workspace, by its real path.
+        assert!(auto.extra_read.contains(&tools), "{:?}", auto.extra_read);
         assert!(auto.enforced(), "{:?}", auto.advertised());
         let spec = auto.spec(&ws);
         if auto.advertised().filesystem.as_deref() == Some("landlock+mount_namespace") {
@@ -515,13 +547,16 @@ mod tests {
             assert!(spec.hidden.contains(&state.to_string_lossy().into_owned()), "{spec:?}");
             let key = state.join("device.key");
             let script = format!(
-                "cat '{}'; ls -a '{}'; echo ok > '{}/written' && echo WROTE",
+                "cat '{}'; ls -a '{}'; echo ok > '{}/written' && echo WROTE; sh '{}/tool.sh'; echo x > '{3}/evil' || echo RO",
                 key.display(),
                 state.display(),
-                ws.display()
+                ws.display(),
+                tools.display()
             );
             let (_, text) = run(&auto, &spec, &ws, &script);
             assert!(!text.contains("k3y-c0ntent") && text.contains("WROTE"), "{text}");
+            assert!(text.contains("tool-21") && text.contains("RO"), "{text}");
+            assert!(!tools.join("evil").exists());
             assert!(!text.contains("device.key\n"), "the state dir is listed: {text}");
             assert_eq!(std::fs::read_to_string(ws.join("written")).unwrap(), "ok\n");
         } else {
