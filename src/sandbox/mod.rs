@@ -13,12 +13,12 @@
 //!   a bound folder — the default `./data` inside the default workspace — an empty
 //!   read-only tmpfs (a `/dev/null` bind for a file) covers it. Landlock allow-lists cannot
 //!   carve a folder out of an allowed one; a mount can.
-//! - **Landlock** (the `landlock` crate, through `crates/mira-sandbox`) over that view: read+execute on the read-only
-//!   folders, everything on the read-write ones, nothing elsewhere; since ABI 6 signals and
-//!   abstract UNIX sockets are scoped to the session (it cannot signal the server), and
-//!   Landlock's ptrace rule denies `/proc/<pid>/{environ,mem}` of processes outside the
-//!   session. With `--sandbox-network` a second layer denies TCP `connect` to the database's
-//!   and the server's ports (ABI 4).
+//! - **Landlock** (the `landlock` crate, through `crates/mira-sandbox`) over that view:
+//!   read+execute on the read-only folders, everything on the read-write ones, nothing
+//!   elsewhere; since ABI 6 signals and abstract UNIX sockets are scoped to the session (it
+//!   cannot signal the server), and Landlock's ptrace rule denies `/proc/<pid>/{environ,mem}`
+//!   of processes outside the session. With `--sandbox-network` a second layer denies TCP
+//!   `connect` to the database's and the server's ports (ABI 4).
 //! - **No privilege**: every capability dropped (bounding, ambient, effective, permitted,
 //!   inheritable) with the securebits locked, and `no_new_privs`: a root server's sessions
 //!   cannot load modules, mount, open raw sockets, mknod, bypass file modes or regain any of

@@ -17,7 +17,8 @@
 //! 5. Landlock rules for the mounts the child made itself (the parent's rules name host
 //!    inodes, which the binds share);
 //! 6. every capability dropped (bounding, ambient, effective, permitted, inheritable) and the
-//!    securebits locked, then `no_new_privs`;
+//!    securebits locked (a process without `CAP_SETPCAP` that is not root only clears its
+//!    sets: it has nothing to drop), then `no_new_privs`;
 //! 7. `landlock_restrict_self` with the network layer (when any) and the filesystem layer
 //!    (which also scopes signals and abstract UNIX sockets to the session);
 //! 8. every inherited descriptor above 2 marked close-on-exec.
