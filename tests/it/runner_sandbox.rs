@@ -14,29 +14,28 @@ use serde_json::{Value, json};
 use crate::common::{Backend, TestApp, read_sse, spawn_with};
 use crate::runner::{RunnerProc, device, device_view, evidence, grant, options, term, wait_status};
 
-/// Restarts the runner with `args` and waits until it is connected and advertised a
-/// sandbox with `state` and `sessions`.
-async fn restart(t: &TestApp, token: &str, a: &mut RunnerProc, args: &[&str], state: &str, sessions: &str) -> Value {
+/// Restarts the runner with `args` and waits until the new runner is connected (it is
+/// also given a new, empty `--workspace` folder, which tells its advertisement from the old
+/// runner's); what it advertised of its sandbox.
+async fn restart(t: &TestApp, token: &str, a: &mut RunnerProc, args: &[&str]) -> Value {
     if let Some(mut c) = a.child.take() {
         let _ = c.kill();
         let _ = c.wait();
     }
-    a.args = args.iter().map(|s| (*s).to_owned()).collect();
+    let marker = a.workspace.with_file_name(format!("marker-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&marker).unwrap();
+    let marker = std::fs::canonicalize(&marker).unwrap().to_string_lossy().into_owned();
+    a.args = args.iter().map(|s| (*s).to_owned()).chain(["--workspace".to_owned(), marker.clone()]).collect();
     a.start();
     let start = Instant::now();
     loop {
         let view = device_view(t, token, &a.device_id).await;
-        let sandbox = &view["advertised"]["sandbox"];
-        // (The advertised filesystem tells the new runner from the old one.)
-        let landlock = args.contains(&"landlock");
-        if view["status"] == "connected"
-            && sandbox["state"] == state
-            && sandbox["sessions"] == sessions
-            && (state != "enforced" || (sandbox["filesystem"] == "landlock") == landlock)
-        {
-            return sandbox.clone();
+        let advertised = &view["advertised"];
+        let new = advertised["workspaces"].as_array().is_some_and(|w| w.iter().any(|w| w["path"] == marker));
+        if view["status"] == "connected" && new {
+            return advertised["sandbox"].clone();
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "the runner never advertised {state}: {view}");
+        assert!(start.elapsed() < Duration::from_secs(20), "the runner with {args:?} never connected: {view}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -168,8 +167,8 @@ async fn terminal_sandbox_on_a_device(backend: Backend) {
     assert!(!all.contains(&key) && !all.contains(&key[..16]) && !text.contains(&key[..16]), "the key leaked");
 
     // 2. Landlock alone (what a device without user namespaces gets).
-    let adv = restart(&t, &token, &mut a, &["--sandbox", "landlock"], "enforced", "sandboxed").await;
-    assert_eq!(adv["filesystem"], "landlock", "{adv}");
+    let adv = restart(&t, &token, &mut a, &["--sandbox", "landlock"]).await;
+    assert_eq!((adv["state"].as_str(), adv["filesystem"].as_str()), (Some("enforced"), Some("landlock")), "{adv}");
     let (done, text, id) = run_attempts(&t, &token, (&run, &turn), &a, &outside, "landlock").await;
     assert!(text.contains("KEY-DENIED") && !text.contains("KEY-READ"), "{text}");
     assert!(text.contains("IN-WROTE") && text.contains("OUT-DENIED"), "{text}");
@@ -184,22 +183,27 @@ async fn terminal_sandbox_on_a_device(backend: Backend) {
     let all = held(&t, &token, &done, &id).await;
     assert!(!all.contains(&key) && !all.contains(&key[..16]) && !text.contains(&key[..16]), "the key leaked");
 
-    // 3. A call approved under one sandbox does not run under another.
+    // 3. A call approved under one sandbox does not run under another (here: one more
+    // folder to read).
     let r =
         t.call(&token, &run, &turn, "terminal_session", "changed", json!({"action": "start", "command": "true"})).await;
     assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
-    restart(&t, &token, &mut a, &[], "enforced", "sandboxed").await;
+    let tools = outside.join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    restart(&t, &token, &mut a, &["--sandbox", "landlock", "--sandbox-read", tools.to_str().unwrap()]).await;
     grant(&t, &token, &r.body).await;
     let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(done["result"]["error"]["code"], "sandbox_changed", "{done}");
 
     // 4. A runner whose sandbox is off refuses sessions at the freeze, unless it allows
     // unsandboxed ones; then the result says so.
-    let adv = restart(&t, &token, &mut a, &["--sandbox", "off"], "off", "refused").await;
+    let adv = restart(&t, &token, &mut a, &["--sandbox", "off"]).await;
+    assert_eq!((adv["state"].as_str(), adv["sessions"].as_str()), (Some("off"), Some("refused")), "{adv}");
     assert!(adv["reason"].as_str().unwrap().contains("--sandbox off"), "{adv}");
     let r = t.call(&token, &run, &turn, "terminal_session", "off", json!({"action": "start", "command": "true"})).await;
     assert_eq!(r.code(), "sandbox_unavailable", "{r:?}");
-    restart(&t, &token, &mut a, &["--sandbox", "off", "--allow-unsandboxed"], "off", "unsandboxed_allowed").await;
+    let adv = restart(&t, &token, &mut a, &["--sandbox", "off", "--allow-unsandboxed"]).await;
+    assert_eq!(adv["sessions"], "unsandboxed_allowed", "{adv}");
     let done = term(
         &t,
         &token,
