@@ -41,13 +41,13 @@ use mira_core::remote::{
 };
 use mira_core::tool::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use mira_tools::pty::{DEFAULT_ENV, INHERITED_ENV, SESSION_ENV, kill_session, shell_words};
-
-use crate::sandbox::{DeviceSandbox, SessionSandbox, failure_error};
 use mira_tools::terminal_output::{Capture, Captured, Ring, head_tail};
 use parking_lot::{Condvar, Mutex};
 use portable_pty::{MasterPty, PtySize, native_pty_system};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
+
+use crate::sandbox::{DeviceSandbox, SessionSandbox, failure_error};
 
 /// Life limit of a session when `start` gives none: 1 hour.
 pub const DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
@@ -390,7 +390,12 @@ fn resolve_program(command: &str, cwd: &Path, env: &Map<String, Value>) -> Resul
 pub fn isolation(sandbox: &SessionSandbox) -> String {
     match (sandbox.enforced, sandbox.filesystem.as_deref()) {
         (true, Some(kind)) => format!(
-            "device: cwd inside a --workspace folder of the runner; sandboxed ({kind}): the workspace read-write, system folders read-only, a private tmp, the runner's state hidden, no capabilities, no_new_privs"
+            "device: cwd inside a --workspace folder of the runner; sandboxed ({kind}): the workspace read-write, system folders read-only, {}, the runner's state hidden, no capabilities, no_new_privs",
+            if sandbox.private.as_ref().is_some_and(|p| p.shared_by_runner_sessions) {
+                "this runner's tmp folder"
+            } else {
+                "a private tmp"
+            }
         ),
         _ => format!(
             "device: cwd inside a --workspace folder of the runner; runs as the runner's user with no sandbox ({}; the runner allows unsandboxed sessions)",
