@@ -285,7 +285,7 @@ impl App {
                 four_eyes_domains: &self.config.four_eyes_domains,
                 ttl_secs: self.config.approval_ttl_secs,
             },
-            wake: self.harness.waker(),
+            harness: &self.harness,
             turns: &self.turns,
         }
     }

@@ -23,12 +23,12 @@ use crate::error::{Error, Result};
 use crate::registry::Registry;
 use crate::state::ApprovalStatus;
 pub use crate::store::Decider;
-use crate::store::{ApprovalRow, ClaimedInvocation, DecideOutcome, GrantClaim, GrantRequest, Store};
+use crate::store::{ApprovalRow, ClaimedInvocation, DecideOutcome, GrantRequest, HarnessClaim, Store};
 
 /// Grants approval `id` if `who` may grant it under its stored rule and `triple` equals the
 /// frozen invocation. With `claim` (a harness with a free execution slot) the invocation is
 /// claimed for that harness in the grant's transaction and returned, for the caller to hand
-/// over ([`crate::harness::Harness::start_granted`]); otherwise it is queued.
+/// over ([`crate::harness::Harness::start_claimed`]); otherwise it is queued.
 ///
 /// Errors: 404 (not the caller's, and not a four-eyes approval an admin or approver may
 /// decide); 403 `four_eyes_required` (the requester of a four-eyes approval; nothing
@@ -41,7 +41,7 @@ pub async fn grant(
     who: &Decider<'_>,
     id: &str,
     triple: &GrantRequest<'_>,
-    claim: Option<GrantClaim<'_>>,
+    claim: Option<HarnessClaim<'_>>,
 ) -> Result<(ApprovalRow, Option<ClaimedInvocation>)> {
     // A call its tool no longer matches (an MCP definition changed since it was frozen:
     // 409 `stale_definition`) is not granted.

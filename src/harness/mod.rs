@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::policy::{self, ApprovalRule, Decision};
@@ -38,7 +38,7 @@ pub use crate::events::Wake;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{Entry, Registry, ToolError, ToolOutput};
 use crate::state::ApprovalStatus;
-use crate::store::{FinalStatus, GrantClaim, InvocationRow, Store};
+use crate::store::{FinalStatus, HarnessClaim, InvocationRow, Store};
 
 /// Most invocations claimed in one transaction.
 const MAX_CLAIM_BATCH: usize = 64;
@@ -117,8 +117,11 @@ pub struct HarnessLimits {
 /// (see [`Harness::slot`], [`Harness::adopt`]).
 pub struct ExecutionSlot(OwnedSemaphorePermit);
 
-/// An invocation claimed for this node outside the claim loop, with its slot.
-type Adopted = (InvocationRow, ExecutionSlot);
+/// The executions of a started harness, and the signal that stops them.
+struct Executions {
+    set: tokio::task::JoinSet<()>,
+    stopping: CancellationToken,
+}
 
 /// The execution loop and its gate.
 pub struct Harness {
@@ -131,8 +134,9 @@ pub struct Harness {
     running: Mutex<HashMap<String, Arc<RunningCall>>>,
     /// Execution slots (`limits.concurrency`): the loop's claims and adopted invocations.
     permits: Arc<Semaphore>,
-    adopt_tx: mpsc::UnboundedSender<Adopted>,
-    adopt_rx: Mutex<Option<mpsc::UnboundedReceiver<Adopted>>>,
+    /// Running executions, from [`Harness::spawn`] until the loop stops (then None: a late
+    /// adoption is not started).
+    executions: Mutex<Option<Executions>>,
 }
 
 impl Harness {
@@ -150,7 +154,6 @@ impl Harness {
         limits: HarnessLimits,
     ) -> Self {
         let permits = Arc::new(Semaphore::new(limits.concurrency.max(1)));
-        let (adopt_tx, adopt_rx) = mpsc::unbounded_channel();
         Self {
             store,
             registry,
@@ -160,8 +163,7 @@ impl Harness {
             wake: Wake::default(),
             running: Mutex::new(HashMap::new()),
             permits,
-            adopt_tx,
-            adopt_rx: Mutex::new(Some(adopt_rx)),
+            executions: Mutex::new(None),
         }
     }
 
@@ -172,15 +174,15 @@ impl Harness {
     }
 
     /// The claim a caller holding a [`Harness::slot`] makes for this harness
-    /// ([`Store::grant_and_claim`]): this node and its lease.
-    pub fn grant_claim(&self) -> GrantClaim<'_> {
-        GrantClaim { node_id: &self.node_id, lease_ms: millis(self.limits.lease) }
+    /// ([`Store::grant_and_claim`], [`Store::freeze_and_claim`]): this node and its lease.
+    pub fn claim(&self) -> HarnessClaim<'_> {
+        HarnessClaim { node_id: &self.node_id, lease_ms: millis(self.limits.lease) }
     }
 
-    /// After a grant made with [`Harness::grant_claim`] while holding `slot`: runs the
+    /// After a grant or freeze made with [`Harness::claim`] while holding `slot`: runs the
     /// invocation it claimed, or (nothing claimed: no slot was free, or the invocation was
-    /// no longer awaiting approval) wakes the loop for the queued one.
-    pub fn start_granted(&self, claimed: Option<InvocationRow>, slot: Option<ExecutionSlot>) {
+    /// no longer awaiting approval) wakes the loop for a queued one.
+    pub fn start_claimed(self: &Arc<Self>, claimed: Option<InvocationRow>, slot: Option<ExecutionSlot>) {
         match (claimed, slot) {
             (Some(inv), Some(slot)) => self.adopt(inv, slot),
             _ => self.wake(),
@@ -191,10 +193,21 @@ impl Harness {
     /// `slot`, as the loop runs what it claims: same gate, lease, limits and recording. When
     /// the loop has stopped (the server is stopping), the invocation stays claimed and ends
     /// `interrupted` like every call this node left running — it never ran.
-    pub fn adopt(&self, inv: InvocationRow, slot: ExecutionSlot) {
-        if self.adopt_tx.send((inv, slot)).is_err() {
+    pub fn adopt(self: &Arc<Self>, inv: InvocationRow, slot: ExecutionSlot) {
+        if !self.launch(inv, slot.0) {
             tracing::warn!("an invocation was claimed while the harness stopped; it ends interrupted");
         }
+    }
+
+    /// Starts a claimed invocation in its slot beside the others; false when the harness is
+    /// not running (never started, or stopping).
+    fn launch(self: &Arc<Self>, inv: InvocationRow, permit: OwnedSemaphorePermit) -> bool {
+        let mut executions = self.executions.lock();
+        let Some(ex) = executions.as_mut() else { return false };
+        while ex.set.try_join_next().is_some() {}
+        let stopping = ex.stopping.clone();
+        ex.set.spawn(Arc::clone(self).run_in_slot(inv, permit, stopping));
+        true
     }
 
     /// This server's node id.
@@ -223,26 +236,26 @@ impl Harness {
     /// Runs the claim loop until `shutdown`; then cancels running executions and marks
     /// those that did not finish within 5 s as interrupted.
     pub fn spawn(self: &Arc<Self>, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        *self.executions.lock() = Some(Executions { set: tokio::task::JoinSet::new(), stopping: shutdown.clone() });
         let this = Arc::clone(self);
         tokio::spawn(async move { this.run(shutdown).await })
     }
 
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let permits = Arc::clone(&self.permits);
-        let Some(mut adopted) = self.adopt_rx.lock().take() else {
-            tracing::error!("the harness loop was started twice; the second one does nothing");
-            return;
-        };
         let mut sweep = tokio::time::interval(Duration::from_secs(1));
-        let mut tasks = tokio::task::JoinSet::new();
         loop {
             // Claims as many as there are free execution slots, in batches: one transaction
-            // of a few statements per batch instead of one per invocation.
+            // of a few statements per batch instead of one per invocation. The slots are
+            // taken first (a freeze or grant may take one meanwhile), one per claimed row.
             loop {
-                let free = permits.available_permits().min(MAX_CLAIM_BATCH);
-                if free == 0 {
+                let free = self.permits.available_permits().min(MAX_CLAIM_BATCH);
+                let Some(mut held) = u32::try_from(free)
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .and_then(|n| Arc::clone(&self.permits).try_acquire_many_owned(n).ok())
+                else {
                     break;
-                }
+                };
                 let batch = match self.store.claim_batch(&self.node_id, millis(self.limits.lease), free).await {
                     Ok(batch) => batch,
                     Err(e) => {
@@ -252,32 +265,30 @@ impl Harness {
                 };
                 let full = batch.len() == free;
                 for inv in batch {
-                    // Only this loop takes permits, and it asked for no more than were free.
-                    let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { break };
-                    let this = Arc::clone(&self);
-                    let stopping = shutdown.clone();
-                    tasks.spawn(this.run_in_slot(inv, permit, stopping));
+                    // `free` slots are held and at most `free` rows were claimed.
+                    let Some(permit) = held.split(1) else { break };
+                    self.launch(inv, permit);
                 }
+                drop(held);
                 if !full {
                     break;
                 }
             }
-            while tasks.try_join_next().is_some() {}
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 () = self.wake.notified() => {}
-                Some((inv, ExecutionSlot(permit))) = adopted.recv() => {
-                    tasks.spawn(Arc::clone(&self).run_in_slot(inv, permit, shutdown.clone()));
-                }
                 _ = sweep.tick() => self.sweep().await,
             }
         }
-        // Adoptions that came too late stay claimed; they are interrupted below.
-        drop(adopted);
-        let drained =
-            tokio::time::timeout(Duration::from_secs(5), async { while tasks.join_next().await.is_some() {} }).await;
-        if drained.is_err() {
-            tasks.abort_all();
+        // From now on nothing is started; what was claimed too late ends interrupted below.
+        let executions = self.executions.lock().take();
+        if let Some(mut ex) = executions {
+            let drained =
+                tokio::time::timeout(Duration::from_secs(5), async { while ex.set.join_next().await.is_some() {} })
+                    .await;
+            if drained.is_err() {
+                ex.set.abort_all();
+            }
         }
         if let Err(e) = self.store.interrupt_orphans(Some(&self.node_id)).await {
             tracing::warn!(error = %e, "marking unfinished invocations interrupted failed");

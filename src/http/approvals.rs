@@ -214,9 +214,9 @@ pub async fn grant(
     // A free execution slot lets the grant claim its call: it starts without a second
     // transaction and without waiting for the harness loop.
     let slot = app.harness.slot();
-    let claim = slot.as_ref().map(|_| app.harness.grant_claim());
+    let claim = slot.as_ref().map(|_| app.harness.claim());
     let (row, claimed) = approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, claim).await?;
-    app.harness.start_granted(claimed, slot);
+    app.harness.start_claimed(claimed, slot);
     Ok(Json(view(row, &user.viewer())?))
 }
 

@@ -15,9 +15,9 @@ use serde_json::{Value, json};
 use crate::approval::policy::{self, Decision};
 use crate::availability::AvailabilityContext;
 use crate::error::{Error, ErrorCode};
-use crate::events::Wake;
 use crate::exposure::Exposure;
 use crate::exposure::ladder::{self, Blocked};
+use crate::harness::Harness;
 use crate::ids;
 use crate::registry::{PrepareContext, Registry, ToolError};
 use crate::state::InvocationStatus;
@@ -69,8 +69,8 @@ pub struct FreezeStage<'a> {
     pub registry: &'a Registry,
     /// The deployment's approval settings.
     pub approvals: ApprovalSettings<'a>,
-    /// Wakes the harness when a call is queued.
-    pub wake: &'a Wake,
+    /// Takes an approval-free call at once when it has a free slot, or is woken for it.
+    pub harness: &'a std::sync::Arc<Harness>,
     /// Turns whose exposure was read and parsed already.
     pub turns: &'a TurnCache,
 }
@@ -252,10 +252,16 @@ pub async fn freeze(
         input_hash: input_hash.clone(),
         approval,
     };
-    match stage.store.freeze_invocation(&new).await? {
+    // An approval-free call is claimed in the freeze's transaction when the harness has a
+    // free slot: it starts without a claim transaction of its own.
+    let slot = new.approval.is_none().then(|| stage.harness.slot()).flatten();
+    let claim = slot.as_ref().map(|_| stage.harness.claim());
+    match stage.store.freeze_and_claim(&new, claim).await? {
         FreezeOutcome::Created(row, approval_id) => {
-            if row.status == InvocationStatus::Queued {
-                stage.wake.wake();
+            match row.status {
+                InvocationStatus::Running => stage.harness.start_claimed(Some(row.clone()), slot),
+                InvocationStatus::Queued => stage.harness.wake(),
+                _ => {}
             }
             Ok(Frozen { row, approval_id, created: true })
         }

@@ -149,9 +149,10 @@ pub enum DecideOutcome {
     FourEyesRequired(ApprovalRow),
 }
 
-/// The harness that takes a granted invocation at once (see [`Store::grant_and_claim`]).
+/// The harness that takes an invocation at once, in the transaction that makes it runnable
+/// ([`Store::grant_and_claim`], [`Store::freeze_and_claim`]).
 #[derive(Debug, Clone, Copy)]
-pub struct GrantClaim<'a> {
+pub struct HarnessClaim<'a> {
     /// The claiming node (`<stable node>:<boot id>`).
     pub node_id: &'a str,
     /// The claim's lease, in milliseconds.
@@ -246,7 +247,7 @@ impl Store {
         who: &Decider<'_>,
         id: &str,
         triple: &GrantRequest<'_>,
-        claim: Option<GrantClaim<'_>>,
+        claim: Option<HarnessClaim<'_>>,
     ) -> StoreResult<(DecideOutcome, Option<ClaimedInvocation>)> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::ApprovalRule;
 use super::evidence::EvidenceDraft;
-use super::{Backend, Store, StoreError, StoreResult, WriteTx};
+use super::{Backend, HarnessClaim, Store, StoreError, StoreResult, WriteTx};
 use crate::events::EventKind;
 use crate::ids;
 use crate::state::{Flag, InvocationStatus};
@@ -159,6 +159,8 @@ pub(crate) struct PendingFreeze {
     /// The freeze request's W3C trace context, while traces are exported (read in the
     /// request's span, before the write moves to the flush task).
     trace_parent: Option<String>,
+    /// The node that claims it at once, and the lease in milliseconds (approval-free calls).
+    claim: Option<(String, u64)>,
 }
 
 /// An execution result waiting for its group commit.
@@ -178,7 +180,24 @@ impl Store {
     /// multi-row insert of the invocations, one of their approval requests and one of their
     /// events, and one commit, instead of one transaction each.
     pub async fn freeze_invocation(&self, new: &NewInvocation) -> StoreResult<FreezeOutcome> {
-        let item = PendingFreeze { new: new.clone(), trace_parent: crate::telemetry::current_traceparent() };
+        self.freeze_and_claim(new, None).await
+    }
+
+    /// [`Store::freeze_invocation`], and with `claim` a new approval-free invocation is
+    /// claimed in the freeze's transaction for the harness of `claim.node_id` — created
+    /// `running` with its lease, its `invocation.frozen` followed by `execution.started` —
+    /// instead of `queued` for whichever harness claims next. A call that needs approval,
+    /// or whose call id the run already has, is not claimed.
+    pub async fn freeze_and_claim(
+        &self,
+        new: &NewInvocation,
+        claim: Option<HarnessClaim<'_>>,
+    ) -> StoreResult<FreezeOutcome> {
+        let item = PendingFreeze {
+            new: new.clone(),
+            trace_parent: crate::telemetry::current_traceparent(),
+            claim: claim.filter(|_| new.approval.is_none()).map(|c| (c.node_id.to_owned(), c.lease_ms)),
+        };
         let (answer, start) = self.freezes.push(item);
         if start {
             let guard = super::group::FlushGuard::new(std::sync::Arc::clone(&self.freezes));
@@ -230,8 +249,12 @@ impl Store {
             .iter()
             .map(|item| {
                 let new = &item.new;
-                let status =
-                    if new.approval.is_some() { InvocationStatus::AwaitingApproval } else { InvocationStatus::Queued };
+                let status = match (&new.approval, &item.claim) {
+                    (Some(_), _) => InvocationStatus::AwaitingApproval,
+                    (None, Some(_)) => InvocationStatus::Running,
+                    (None, None) => InvocationStatus::Queued,
+                };
+                let claim = item.claim.as_ref().filter(|_| status == InvocationStatus::Running);
                 InvocationRow {
                     id: ids::new_id("inv"),
                     run_id: new.run_id.clone(),
@@ -244,11 +267,11 @@ impl Store {
                     approval_required: new.approval.is_some(),
                     status,
                     result: None,
-                    claimed_by: None,
-                    lease_until: None,
+                    claimed_by: claim.map(|(node, _)| node.clone()),
+                    lease_until: claim.map(|(_, lease_ms)| ids::now_plus_ms(*lease_ms)),
                     created_at: now.clone(),
                     updated_at: now.clone(),
-                    started_at: None,
+                    started_at: claim.map(|_| now.clone()),
                     finished_at: None,
                     cancel_requested_at: None,
                     cancel_requested_by: None,
@@ -259,9 +282,9 @@ impl Store {
         let mut tx = self.begin_write().await?;
         let mut sql = String::from(
             "INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
-                approval_required, status, created_at, updated_at) VALUES ",
+                approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at) VALUES ",
         );
-        sql.push_str(&value_rows(rows.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, $S, $S)"));
+        sql.push_str(&value_rows(rows.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, $S, $S)"));
         sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
         let mut insert = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
         for row in &rows {
@@ -275,7 +298,10 @@ impl Store {
                 .bind(&row.input)
                 .bind(&row.input_hash)
                 .bind(i64::from(row.approval_required))
-                .bind(row.status);
+                .bind(row.status)
+                .bind(&row.claimed_by)
+                .bind(&row.lease_until)
+                .bind(&row.started_at);
         }
         let inserted: Vec<String> = insert.bind(&now).fetch_all(tx.conn()).await?;
         let created: Vec<bool> = rows.iter().map(|r| inserted.contains(&r.id)).collect();
@@ -306,6 +332,13 @@ impl Store {
                     "status": row.status,
                 }),
             ));
+            if row.status == InvocationStatus::Running {
+                events.push((
+                    row.run_id.as_str(),
+                    EventKind::ExecutionStarted,
+                    json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
+                ));
+            }
             if let Some(request) = &item.new.approval {
                 let id = ids::new_id("apr");
                 events.push((

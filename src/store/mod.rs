@@ -32,7 +32,7 @@ mod traces;
 mod users;
 
 pub use crate::state::ApprovalRule;
-pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantClaim, GrantRequest, Viewer};
+pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{

@@ -74,10 +74,19 @@ async fn schemathesis_finds_nothing(backend: Backend) {
         .env("NO_COLOR", "1")
         .env("SCHEMATHESIS_TELEMETRY", "false")
         .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(240), cmd.output())
+    let mut out = tokio::time::timeout(Duration::from_secs(240), cmd.output())
         .await
         .expect("schemathesis ran longer than its 4-minute budget")
         .expect("schemathesis starts");
+    if !out.status.success() && only_generator_crashes(&String::from_utf8_lossy(&out.stdout)) {
+        // The CPython 3.11 `ast` crash (see COVERAGE_CRASH) hit another operation: no server
+        // answer was wrong, the generator failed. Once more, whole, with the same seed.
+        eprintln!("schemathesis: generator crash only, run again:\n{}", String::from_utf8_lossy(&out.stdout));
+        out = tokio::time::timeout(Duration::from_secs(240), cmd.output())
+            .await
+            .expect("schemathesis ran longer than its 4-minute budget")
+            .expect("schemathesis starts");
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "schemathesis found problems ({backend:?}):\n{stdout}\n{stderr}");
@@ -91,6 +100,19 @@ async fn schemathesis_finds_nothing(backend: Backend) {
     let streams = 3;
     assert_eq!(selected, total - streams - 1, "operations left out beyond the streams and one:\n{stdout}");
     assert!(stdout.contains(&format!("Tested: {selected}")), "not every selected operation was tested:\n{stdout}");
+}
+
+/// True when schemathesis reported no failure (no server answer broke a check) and every
+/// error it reported is the CPython 3.11 `ast` crash inside its generator.
+fn only_generator_crashes(stdout: &str) -> bool {
+    let lines: Vec<&str> = stdout.lines().collect();
+    let errors: Vec<usize> =
+        lines.iter().enumerate().filter(|(_, l)| l.trim() == "Runtime Error").map(|(i, _)| i).collect();
+    !stdout.contains("= FAILURES =")
+        && !errors.is_empty()
+        && errors
+            .iter()
+            .all(|i| lines[i + 1..].iter().take(3).any(|l| l.contains("AST constructor recursion depth mismatch")))
 }
 
 both_backends!(schemathesis_finds_nothing);

@@ -36,7 +36,8 @@ async fn read_chain_end_to_end(backend: Backend) {
 
     let r = t.call(&token, &run, &turn, "grep", "call-1", json!({"pattern": "fn frobnicate"})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    assert_eq!(r.body["status"], "queued");
+    // Approval-free, and the harness had a free slot: claimed in the freeze's transaction.
+    assert_eq!(r.body["status"], "running", "{r:?}");
     assert_eq!(r.body["input_hash"].as_str().unwrap().len(), 64);
     let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(done["status"], "completed", "{done}");

@@ -230,7 +230,7 @@ async fn a_grant_claims_for_the_granting_harness(backend: Backend) {
             let triple =
                 GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
             let node = format!("node{i}");
-            let claim = mira::store::GrantClaim { node_id: &node, lease_ms: 60_000 };
+            let claim = mira::store::HarnessClaim { node_id: &node, lease_ms: 60_000 };
             f.store.grant_and_claim(&dec(&f.user), &apr, &triple, Some(claim)).await.unwrap()
         }));
     }
@@ -252,6 +252,38 @@ async fn a_grant_claims_for_the_granting_harness(backend: Backend) {
     let granted = kinds.iter().position(|k| *k == "approval.granted").expect("granted");
     assert_eq!(kinds.get(granted + 1), Some(&"execution.started"), "{kinds:?}");
     assert_eq!(kinds.iter().filter(|k| **k == "execution.started").count(), 1, "{kinds:?}");
+}
+
+/// A freeze that claims for a harness: an approval-free call is created `running` under the
+/// claim (`invocation.frozen` then `execution.started`) and no claimer gets it again; a call
+/// that needs approval, or a call id frozen before, is not claimed.
+async fn a_freeze_claims_approval_free_calls_only(backend: Backend) {
+    let f = fixture(backend).await;
+    let claim = || Some(mira::store::HarnessClaim { node_id: "node-f", lease_ms: 60_000 });
+    let FreezeOutcome::Created(row, None) = f.store.freeze_and_claim(&new_inv(&f, "fc", false), claim()).await.unwrap()
+    else {
+        panic!("expected a new approval-free invocation");
+    };
+    assert_eq!((row.status.as_str(), row.claimed_by.as_deref()), ("running", Some("node-f")));
+    assert!(row.lease_until.is_some() && row.started_at.is_some(), "{row:?}");
+    let stored = f.store.invocation_by_id(&row.id).await.unwrap().unwrap();
+    assert_eq!((stored.status.as_str(), stored.claimed_by.as_deref()), ("running", Some("node-f")));
+    assert!(f.store.claim_next("other", 60_000).await.unwrap().is_none(), "the freeze's claim is the only one");
+    let kinds: Vec<String> =
+        f.store.events_after(&row.run_id, 0, 100).await.unwrap().into_iter().map(|e| e.kind).collect();
+    let frozen = kinds.iter().position(|k| k == "invocation.frozen").expect("frozen");
+    assert_eq!(&kinds[frozen..], ["invocation.frozen", "execution.started"], "{kinds:?}");
+    // The same call id again: the existing invocation, untouched.
+    let again = f.store.freeze_and_claim(&new_inv(&f, "fc", false), claim()).await.unwrap();
+    assert!(matches!(again, FreezeOutcome::Existing(ref r, _) if r.id == row.id), "{again:?}");
+    // A call that needs approval waits for its grant, claim or not.
+    let FreezeOutcome::Created(gated, Some(_)) =
+        f.store.freeze_and_claim(&new_inv(&f, "fc-gated", true), claim()).await.unwrap()
+    else {
+        panic!("expected a new gated invocation");
+    };
+    assert_eq!((gated.status.as_str(), gated.claimed_by.as_deref()), ("awaiting_approval", None));
+    assert!(f.store.claim_next("other", 60_000).await.unwrap().is_none(), "nothing else is claimable");
 }
 
 async fn grant_and_deny_race_one_wins(backend: Backend) {
@@ -501,6 +533,7 @@ both_backends!(
     claims_are_exclusive_and_gated,
     racing_grants_have_one_winner,
     a_grant_claims_for_the_granting_harness,
+    a_freeze_claims_approval_free_calls_only,
     grant_and_deny_race_one_wins,
     mismatch_changes_nothing_and_expiry_ends_the_wait,
     four_eyes_decisions_and_claims,
