@@ -285,7 +285,12 @@ impl Harness {
     }
 
     /// Runs one claimed invocation, then frees its slot and wakes the loop to claim more.
-    async fn run_in_slot(self: Arc<Self>, inv: InvocationRow, permit: OwnedSemaphorePermit, stopping: CancellationToken) {
+    async fn run_in_slot(
+        self: Arc<Self>,
+        inv: InvocationRow,
+        permit: OwnedSemaphorePermit,
+        stopping: CancellationToken,
+    ) {
         self.run_one(inv, stopping).await;
         drop(permit);
         self.wake();
