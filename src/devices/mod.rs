@@ -838,7 +838,9 @@ impl DeviceHub {
 
     /// Sends one signed job to `device_id`'s runner and waits for its outcome.
     ///
-    /// Errors: `device_offline` when no runner holds a lease (nothing was sent); once sent,
+    /// Errors: `device_offline` when no runner holds a lease (nothing was sent);
+    /// `device_revoked` for an execution on a device the store says is revoked (its
+    /// connection here is cut, nothing was sent); once sent,
     /// when the runner stays away for a whole lease without answering: `outcome_unknown`
     /// for an execution (it may have run; it is never sent again), `device_offline` for
     /// prepare and canonicalize (which change nothing). `cancel` ends the wait.
@@ -853,6 +855,23 @@ impl DeviceHub {
                 .with_details(json!({"device_id": device_id}))
         };
         let conn = self.live(device_id).ok_or_else(|| offline("; nothing was sent to it"))?;
+        if spec.phase == JobPhase::Execute {
+            // A revocation made on another replica that could not tell this one leaves the
+            // connection here until the runner's next heartbeat: an execution asks the store.
+            let row = self
+                .store
+                .device_by_id(device_id)
+                .await
+                .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?;
+            if let Some(at) = row.as_ref().and_then(|r| r.revoked_at.as_deref()) {
+                self.cut_here(device_id);
+                return Err(ToolError::new(
+                    ErrorCode::DeviceRevoked,
+                    format!("device {device_id} was revoked at {at}; nothing was sent to it"),
+                )
+                .with_details(json!({"device_id": device_id})));
+            }
+        }
         let nonce = random_hex(16);
         let envelope = JobEnvelope {
             version: PROTOCOL_VERSION,

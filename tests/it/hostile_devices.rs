@@ -14,6 +14,8 @@
 //!   host never looks at it (the code graph's availability once indexed it on the host and
 //!   told whether it existed and how far the walk got: an oracle on the host's folders for any
 //!   user with a device).
+//! - A device revoked through another replica that could not tell the holder (its runner
+//!   still attached here until its next heartbeat) is sent no execution: `device_revoked`.
 //! - Every `/internal/v1/*` route refuses a request without the exact cluster secret (no
 //!   header, a prefix, a longer value, another case), and every one is refused when no secret
 //!   is configured, whatever the header says.
@@ -31,6 +33,7 @@ both_backends!(
     a_revoked_device_and_its_session_are_refused,
     internal_routes_demand_the_cluster_secret,
     a_device_folder_is_never_looked_at_on_the_host,
+    an_execution_is_never_sent_to_a_device_the_store_says_is_revoked,
 );
 
 /// A runner spoken by hand: its device, its session bearer and its open stream.
@@ -462,4 +465,47 @@ async fn a_device_folder_is_never_looked_at_on_the_host(backend: Backend) {
             }
         }
     }
+}
+
+async fn an_execution_is_never_sent_to_a_device_the_store_says_is_revoked(backend: Backend) {
+    let t = spawn(backend).await;
+    let alice = t.user("alice").await;
+    let mut a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    let run = device_run(&t, &alice, &a, "alice-ws").await;
+    let (turn, _) = t.turn(&alice, &run, "read a file").await;
+    let call = {
+        let (base, token, run, turn) = (t.base.clone(), alice.clone(), run.clone(), turn.clone());
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(format!("{base}/v1/runs/{run}/invocations"))
+                .bearer_auth(&token)
+                .json(&json!({"turn_id": turn, "tool_id": "read_open", "tool_call_id": "r1", "input": {"path": "notes.txt"}}))
+                .send()
+                .await
+                .unwrap();
+            r.json::<Value>().await.unwrap()
+        })
+    };
+    let job = a.next(Duration::from_secs(10)).await.expect("the freeze's prepare job");
+    let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
+    assert_eq!(envelope["phase"], "prepare", "{envelope}");
+    // Revoked as another replica records it when it cannot reach this one: the row only.
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&t.db.url).await.unwrap();
+    sqlx::query("UPDATE devices SET revoked_at = '2026-01-01T00:00:00.000Z', holder_node_id = NULL, holder_process_id = NULL, session_sha256 = NULL WHERE id = $1")
+        .bind(&a.device)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let prepared = json!({"nonce": envelope["nonce"], "invocation_id": "", "late": false,
+        "outcome": {"status": "prepared", "input": {"path": "notes.txt"}, "preview": {}}});
+    let (status, body) = result_post(&t, &a.session, prepared).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let frozen = tokio::time::timeout(Duration::from_secs(10), call).await.unwrap().unwrap();
+    let inv = frozen["invocation_id"].as_str().unwrap_or_else(|| panic!("{frozen:#}")).to_owned();
+    let next = a.next(Duration::from_secs(3)).await;
+    assert!(next.is_none(), "an execution was sent to the revoked device: {next:#?}");
+    let done = t.wait_final(&alice, &inv).await;
+    assert_eq!(done["result"]["error"]["code"], "device_revoked", "{done:#}");
 }
