@@ -13,12 +13,12 @@
 //!   a bound folder — the default `./data` inside the default workspace — an empty
 //!   read-only tmpfs (a `/dev/null` bind for a file) covers it. Landlock allow-lists cannot
 //!   carve a folder out of an allowed one; a mount can.
-//! - **Landlock** (the `landlock` crate) over that view: read+execute on the read-only
-//!   folders, everything on the read-write ones, nothing elsewhere; since ABI 6 signals and
-//!   abstract UNIX sockets are scoped to the session (it cannot signal the server), and
-//!   Landlock's ptrace rule denies `/proc/<pid>/{environ,mem}` of processes outside the
-//!   session. With `--sandbox-network` a second layer denies TCP `connect` to the database's
-//!   and the server's ports (ABI 4).
+//! - **Landlock** (the `landlock` crate, through `crates/mira-sandbox`) over that view:
+//!   read+execute on the read-only folders, everything on the read-write ones, nothing
+//!   elsewhere; since ABI 6 signals and abstract UNIX sockets are scoped to the session (it
+//!   cannot signal the server), and Landlock's ptrace rule denies `/proc/<pid>/{environ,mem}`
+//!   of processes outside the session. With `--sandbox-network` a second layer denies TCP
+//!   `connect` to the database's and the server's ports (ABI 4).
 //! - **No privilege**: every capability dropped (bounding, ambient, effective, permitted,
 //!   inheritable) with the securebits locked, and `no_new_privs`: a root server's sessions
 //!   cannot load modules, mount, open raw sockets, mknod, bypass file modes or regain any of
@@ -32,31 +32,33 @@
 //! that cannot sandbox makes terminal sessions of non-admins unavailable
 //! (`sandbox_unavailable`) unless the operator passes `--allow-unsandboxed`.
 //!
+//! What does not depend on the server — the child's pre-exec plan, the Landlock rulesets, the
+//! mount operations of the view — is `crates/mira-sandbox` ([`child`] is its module), which
+//! `mira-runner` applies to terminal sessions on a device too; this module keeps the server's
+//! configuration, `/readyz` report, cgroups and error mapping.
+//!
 //! The sandbox a session will get ([`SandboxSpec`]) is computed when the call is frozen and
 //! is part of its canonical input: a different sandbox is a different invocation, and the
 //! approval card shows it.
 
 pub mod cgroup;
-pub mod child;
 pub mod mcp;
 
-use std::collections::BTreeSet;
-use std::ffi::CString;
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+/// The child's pre-exec plan (shared with `mira-runner`: `crates/mira-sandbox`).
+pub use mira_sandbox::child;
+pub use mira_sandbox::{SANDBOX_HOME, SANDBOX_TMP, SYSTEM_READ_ONLY, SYSTEM_SECRETS, landlock_abi};
+
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 
-use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    Scope, path_beneath_rules,
-};
+use mira_sandbox::child::MountPlan;
+use mira_sandbox::{Failure, Launch, PlanParts, View, cstr, within};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use self::cgroup::{CgroupSupport, SessionCgroup};
-use self::child::{ChildPlan, Op, Step, UserMaps};
 use crate::error::ErrorCode;
 use crate::registry::ToolError;
 
@@ -133,29 +135,6 @@ impl Default for SandboxConfig {
         }
     }
 }
-
-/// System folders bound read-only into every sandbox (those that exist; symbolic links
-/// such as a merged-usr `/bin` are recreated as links).
-pub const SYSTEM_READ_ONLY: [&str; 9] =
-    ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt"];
-
-/// Secrets of the system folders covered in every sandbox (when they exist): a root
-/// server's sessions keep uid 0, which owns them, even without capabilities.
-pub const SYSTEM_SECRETS: [&str; 8] = [
-    "/etc/shadow",
-    "/etc/shadow-",
-    "/etc/gshadow",
-    "/etc/gshadow-",
-    "/etc/ssl/private",
-    "/etc/mysql/debian.cnf",
-    "/etc/sudoers",
-    "/etc/security/opasswd",
-];
-
-/// The private `/tmp` of a session and its HOME.
-pub const SANDBOX_TMP: &str = "/tmp";
-/// HOME of sandboxed processes (inside their private `/tmp`).
-pub const SANDBOX_HOME: &str = "/tmp/home";
 
 /// The sandbox one process gets: part of a terminal `start`'s canonical input.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -372,23 +351,6 @@ impl std::fmt::Debug for Sandbox {
     }
 }
 
-/// The kernel's Landlock ABI version (0 when Landlock is missing or disabled):
-/// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`, landlock(7).
-pub fn landlock_abi() -> i32 {
-    // SAFETY: the version query takes no pointer and creates nothing.
-    let v = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
-    i32::try_from(v).unwrap_or(0).max(0)
-}
-
-fn cstr(p: impl AsRef<std::ffi::OsStr>) -> Result<CString, String> {
-    CString::new(p.as_ref().as_bytes()).map_err(|_| "a path contains a NUL byte".to_owned())
-}
-
-/// `path` is `root` or below it (by components).
-fn within(path: &Path, root: &Path) -> bool {
-    path.starts_with(root)
-}
-
 fn sandbox_error(code: ErrorCode, message: impl Into<String>) -> ToolError {
     ToolError::new(code, message)
 }
@@ -426,34 +388,14 @@ impl Sandbox {
                 }
             }
         }
-        for p in SYSTEM_SECRETS.iter().map(PathBuf::from).chain(config.hide.iter().cloned()) {
+        secrets.extend(mira_sandbox::system_secrets());
+        for p in config.hide.iter().cloned() {
             secrets.push(std::fs::canonicalize(&p).unwrap_or(p));
         }
-        let system = SYSTEM_READ_ONLY
-            .iter()
-            .map(PathBuf::from)
-            .filter_map(|p| {
-                let meta = std::fs::symlink_metadata(&p).ok()?;
-                if meta.file_type().is_symlink() {
-                    let target = std::fs::read_link(&p).ok()?;
-                    // Only links that stay inside another system folder (merged /usr).
-                    let real = std::fs::canonicalize(&p).ok()?;
-                    SYSTEM_READ_ONLY
-                        .iter()
-                        .any(|s| *s != p.as_os_str() && real.starts_with(s))
-                        .then_some((p, Some(target)))
-                } else {
-                    meta.is_dir().then_some((p, None))
-                }
-            })
-            .collect();
+        let system = mira_sandbox::system_folders();
         let abi = landlock_abi();
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        let user_namespaces = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .is_some_and(|n| n > 0);
+        let root = mira_sandbox::is_root();
+        let user_namespaces = mira_sandbox::user_namespaces_allowed();
         let cgroup = if config.mode == SandboxMode::Auto && abi > 0 {
             CgroupSupport::probe(node_id)
         } else {
@@ -653,15 +595,7 @@ impl Sandbox {
     }
 
     fn hidden_inside(&self, roots: &[&Path]) -> Vec<String> {
-        let mut hidden: BTreeSet<String> = BTreeSet::new();
-        for s in &self.secrets {
-            if roots.iter().any(|r| within(s, r)) && std::fs::symlink_metadata(s).is_ok() {
-                hidden.insert(s.to_string_lossy().into_owned());
-            }
-        }
-        // What lies inside a covered folder is covered with it.
-        let all: Vec<String> = hidden.into_iter().collect();
-        all.iter().filter(|h| !all.iter().any(|o| o != *h && within(Path::new(h), Path::new(o)))).cloned().collect()
+        mira_sandbox::hidden_inside(&self.secrets, roots)
     }
 
     /// Whether `path` is visible (and at least readable) inside a sandbox of `spec`.
@@ -748,37 +682,12 @@ impl Sandbox {
         })
     }
 
-    /// Masks of the filesystem rights this kernel handles: (all, read+execute).
-    fn masks(&self) -> (landlock::BitFlags<AccessFs>, landlock::BitFlags<AccessFs>) {
-        let abi = ABI::from(self.host.landlock_abi.min(5));
-        (AccessFs::from_all(abi), AccessFs::from_read(abi))
-    }
-
     fn build_ruleset(&self, spec: &SandboxSpec) -> Result<OwnedFd, String> {
-        let (all, read) = self.masks();
-        let err = |e: landlock::RulesetError| format!("building the Landlock ruleset: {e}");
-        let mut ruleset =
-            Ruleset::default().set_compatibility(CompatLevel::BestEffort).handle_access(all).map_err(err)?;
-        if self.host.landlock_abi >= 6 {
-            ruleset = ruleset.scope(Scope::from_all(ABI::V6)).map_err(err)?;
-        }
-        let devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"];
-        let created = ruleset
-            .create()
-            .map_err(err)?
-            .add_rules(path_beneath_rules(&spec.read_only, read))
-            .map_err(err)?
-            .add_rules(path_beneath_rules(&spec.read_write, all))
-            .map_err(err)?
-            .add_rules(path_beneath_rules(devices, all))
-            .map_err(err)?;
-        let fd: Option<OwnedFd> = created.into();
-        fd.ok_or_else(|| "Landlock is not supported by this kernel".to_owned())
+        mira_sandbox::fs_ruleset(self.host.landlock_abi, &spec.read_only, &spec.read_write)
     }
 
-    /// The network layer for `ports` (built once, then shared): TCP `connect` allowed to
-    /// every port but those. Landlock network rules are an allow-list (landlock(7)), so this
-    /// is 65,536 − n rules: ~0.15 s to build once, and each session's domain copies them.
+    /// The network layer for `ports` (built once, then shared; see
+    /// [`mira_sandbox::deny_tcp_connect_ruleset`]).
     fn net_ruleset(&self, ports: &[u16]) -> Result<Arc<OwnedFd>, String> {
         let mut cached = self.net_ruleset.lock();
         if let Some((p, fd)) = cached.as_ref()
@@ -786,20 +695,7 @@ impl Sandbox {
         {
             return Ok(fd.clone());
         }
-        let err = |e: landlock::RulesetError| format!("building the network ruleset: {e}");
-        let mut ruleset = Ruleset::default()
-            .set_compatibility(CompatLevel::HardRequirement)
-            .handle_access(AccessNet::ConnectTcp)
-            .map_err(err)?
-            .create()
-            .map_err(err)?;
-        for port in 0..=u16::MAX {
-            if !ports.contains(&port) {
-                ruleset = ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(err)?;
-            }
-        }
-        let fd: Option<OwnedFd> = ruleset.into();
-        let fd = Arc::new(fd.ok_or_else(|| "Landlock network rules are not supported by this kernel".to_owned())?);
+        let fd = Arc::new(mira_sandbox::deny_tcp_connect_ruleset(ports)?);
         *cached = Some((ports.to_vec(), fd.clone()));
         Ok(fd)
     }
@@ -836,7 +732,6 @@ impl Sandbox {
         pty_session: bool,
     ) -> Result<Prepared, ToolError> {
         let fail = |e: String| sandbox_error(ErrorCode::SandboxFailed, format!("preparing the sandbox: {e}"));
-        let (all, read) = self.masks();
         let ruleset = self.build_ruleset(spec).map_err(fail)?;
         let net_ruleset = match &spec.network {
             Some(NetworkRule::DenyTcpConnect { ports }) if !ports.is_empty() => {
@@ -855,145 +750,34 @@ impl Sandbox {
             }
             _ => (None, Vec::new()),
         };
-        let ops = self.mount_ops(spec, extra_hidden).map_err(fail)?;
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 fills two descriptors, owned right below.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(fail(format!("a pipe: {}", std::io::Error::last_os_error())));
-        }
-        // SAFETY: both descriptors were just created and are owned by nothing else.
-        let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // SAFETY: getuid/getgid have no preconditions.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let rw = all.bits();
-        let plan = ChildPlan {
+        let ops = mira_sandbox::mount_ops(&View {
+            stage: &self.stage,
+            system: &self.system,
+            read_only: &spec.read_only,
+            read_write: &spec.read_write,
+            hidden: &spec.hidden,
+            extra_hidden,
+            tmp_bytes: self.config.tmp_bytes,
+        })
+        .map_err(fail)?;
+        let launch = Launch::new(PlanParts {
             pty_session,
             cgroup_procs,
-            userns: (!self.host.root).then(|| UserMaps {
-                uid_map: format!("{uid} {uid} 1").into_bytes(),
-                gid_map: format!("{gid} {gid} 1").into_bytes(),
+            mounts: Some(MountPlan {
+                userns: (!self.host.root).then(mira_sandbox::own_user_maps),
+                new_net: matches!(spec.network, Some(NetworkRule::Private)),
+                stage: cstr(&self.stage).map_err(fail)?,
+                root_data: cstr(mira_sandbox::ROOT_DATA).map_err(fail)?,
+                ops,
             }),
-            new_net: matches!(spec.network, Some(NetworkRule::Private)),
-            stage: cstr(&self.stage).map_err(fail)?,
-            root_data: cstr("mode=0755,size=1048576,nr_inodes=4096").map_err(fail)?,
-            ops,
             cwd: cstr(cwd).map_err(fail)?,
             ruleset,
-            child_rules: vec![
-                (cstr("/").map_err(fail)?, AccessFs::ReadDir as u64),
-                (cstr(SANDBOX_TMP).map_err(fail)?, rw),
-                (cstr("/dev/shm").map_err(fail)?, rw),
-                (cstr("/dev/pts").map_err(fail)?, rw),
-                (cstr("/proc").map_err(fail)?, read.bits() & !(AccessFs::Execute as u64)),
-            ],
+            child_rules: mira_sandbox::view_child_rules(self.host.landlock_abi).map_err(fail)?,
             net_ruleset,
-            report: tx,
-        };
+        })
+        .map_err(fail)?;
         std::fs::create_dir_all(&self.stage).map_err(|e| fail(format!("{}: {e}", self.stage.display())))?;
-        Ok(Prepared { plan: Arc::new(plan), report: rx, cgroup })
-    }
-
-    /// The mount operations of a sandbox (see the module docs for the view they build).
-    fn mount_ops(&self, spec: &SandboxSpec, extra_hidden: &[PathBuf]) -> Result<Vec<Op>, String> {
-        let stage = &self.stage;
-        let at = |p: &Path| -> Result<CString, String> {
-            let rel = p.strip_prefix("/").unwrap_or(p);
-            cstr(stage.join(rel))
-        };
-        enum Kind {
-            Tmp,
-            Link(PathBuf),
-            Bind(bool),
-        }
-        let mut entries: Vec<(PathBuf, Kind)> = vec![(PathBuf::from(SANDBOX_TMP), Kind::Tmp)];
-        for (p, link) in &self.system {
-            if let Some(target) = link {
-                entries.push((p.clone(), Kind::Link(target.clone())));
-            }
-        }
-        entries.extend(spec.read_only.iter().map(|p| (PathBuf::from(p), Kind::Bind(true))));
-        entries.extend(spec.read_write.iter().map(|p| (PathBuf::from(p), Kind::Bind(false))));
-        entries.sort_by_key(|(p, _)| p.components().count());
-        let mut ops = Vec::new();
-        let mut made: BTreeSet<PathBuf> = BTreeSet::new();
-        let mut ensure = |ops: &mut Vec<Op>, p: &Path| -> Result<(), String> {
-            let mut chain: Vec<&Path> = p.ancestors().filter(|a| *a != Path::new("/")).collect();
-            chain.reverse();
-            for a in chain {
-                if made.insert(a.to_path_buf()) {
-                    ops.push(Op::Mkdir(at(a)?));
-                }
-            }
-            Ok(())
-        };
-        let tmp_data = format!("mode=1777,size={}", self.config.tmp_bytes.max(1 << 20));
-        for (path, kind) in &entries {
-            match kind {
-                Kind::Tmp => {
-                    ensure(&mut ops, path)?;
-                    ops.push(Op::Tmpfs { target: at(path)?, data: cstr(&tmp_data)?, readonly: false });
-                    ops.push(Op::Mkdir(at(Path::new(SANDBOX_HOME))?));
-                }
-                Kind::Link(target) => {
-                    if let Some(parent) = path.parent() {
-                        ensure(&mut ops, parent)?;
-                    }
-                    ops.push(Op::Symlink { target: cstr(target)?, link: at(path)? });
-                }
-                Kind::Bind(readonly) => {
-                    ensure(&mut ops, path)?;
-                    ops.push(Op::Bind { source: cstr(path)?, target: at(path)?, readonly: *readonly });
-                }
-            }
-        }
-        let dev = Path::new("/dev");
-        ensure(&mut ops, dev)?;
-        ops.push(Op::Tmpfs { target: at(dev)?, data: cstr("mode=0755,size=65536,nr_inodes=128")?, readonly: false });
-        for node in ["null", "zero", "full", "random", "urandom", "tty"] {
-            let p = dev.join(node);
-            ops.push(Op::Touch(at(&p)?));
-            ops.push(Op::Bind { source: cstr(&p)?, target: at(&p)?, readonly: false });
-        }
-        ops.push(Op::Mkdir(at(&dev.join("pts"))?));
-        ops.push(Op::Devpts(at(&dev.join("pts"))?));
-        ops.push(Op::Symlink { target: cstr("pts/ptmx")?, link: at(&dev.join("ptmx"))? });
-        ops.push(Op::Mkdir(at(&dev.join("shm"))?));
-        ops.push(Op::Tmpfs { target: at(&dev.join("shm"))?, data: cstr(&tmp_data)?, readonly: false });
-        for (name, target) in [
-            ("fd", "/proc/self/fd"),
-            ("stdin", "/proc/self/fd/0"),
-            ("stdout", "/proc/self/fd/1"),
-            ("stderr", "/proc/self/fd/2"),
-        ] {
-            ops.push(Op::Symlink { target: cstr(target)?, link: at(&dev.join(name))? });
-        }
-        let proc = Path::new("/proc");
-        ensure(&mut ops, proc)?;
-        ops.push(Op::Proc(at(proc)?));
-        // Covers, deepest last so that a cover inside a covered folder is not lost.
-        let roots: Vec<&Path> = spec.read_write.iter().chain(&spec.read_only).map(Path::new).collect();
-        let mut covers: Vec<PathBuf> = spec.hidden.iter().map(PathBuf::from).collect();
-        covers.extend(extra_hidden.iter().filter(|h| roots.iter().any(|r| within(h, r) && *h != r)).cloned());
-        covers.sort_by_key(|p| p.components().count());
-        covers.dedup();
-        let all = covers.clone();
-        covers.retain(|c| !all.iter().any(|o| o != c && within(c, o)));
-        for h in covers {
-            match std::fs::symlink_metadata(&h) {
-                Ok(m) if m.is_dir() => ops.push(Op::Tmpfs {
-                    target: at(&h)?,
-                    data: cstr("mode=000,size=4096,nr_inodes=1")?,
-                    readonly: true,
-                }),
-                // A symbolic link is never followed by a mount here: covering it would cover
-                // its target's path instead; links inside a folder resolve in the sandbox's
-                // own view anyway.
-                Ok(m) if m.file_type().is_symlink() => {}
-                Ok(_) => ops.push(Op::Bind { source: cstr("/dev/null")?, target: at(&h)?, readonly: true }),
-                Err(_) => {}
-            }
-        }
-        Ok(ops)
+        Ok(Prepared { launch, cgroup })
     }
 
     /// Releases what the sandbox holds on the host (this node's empty cgroup bases), once
@@ -1045,8 +829,7 @@ impl Sandbox {
 
 /// One process's prepared sandbox.
 pub struct Prepared {
-    plan: Arc<ChildPlan>,
-    report: OwnedFd,
+    launch: Launch,
     cgroup: Option<SessionCgroup>,
 }
 
@@ -1054,19 +837,14 @@ impl Prepared {
     /// Sets the `pre_exec` hook that applies the sandbox in the child. The command must not
     /// set a working directory of its own: the plan enters the cwd inside the new root.
     pub fn install(&self, cmd: &mut std::process::Command) {
-        use std::os::unix::process::CommandExt;
-        let plan = self.plan.clone();
-        // SAFETY: `ChildPlan::apply` only makes async-signal-safe system calls on data
-        // prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || plan.apply());
-        }
+        self.launch.install(cmd);
     }
 
     /// As [`Prepared::install`], for tokio's `Command` (stdio MCP servers).
     pub fn install_tokio(&self, cmd: &mut tokio::process::Command) {
-        let plan = self.plan.clone();
-        // SAFETY: as in `install`.
+        let plan = self.launch.plan();
+        // SAFETY: `ChildPlan::apply` only makes async-signal-safe system calls on data
+        // prepared before the fork.
         unsafe {
             cmd.pre_exec(move || plan.apply());
         }
@@ -1075,29 +853,13 @@ impl Prepared {
     /// Reads the child's report once the spawn returned (the command must have been dropped
     /// so that no copy of the pipe's write end remains): the spawned child with its cgroup
     /// and the child's fallback notes, or a `sandbox_failed` error naming the step that
-    /// failed (the cgroup is then removed).
+    /// failed (`spawn_failed` when no step failed; the cgroup is then removed).
     pub fn finish<C>(self, spawned: std::io::Result<C>) -> Result<(C, Option<SessionCgroup>, Vec<u8>), ToolError> {
-        let Prepared { plan, report, cgroup } = self;
-        drop(plan);
-        let mut bytes = Vec::new();
-        {
-            use std::io::Read;
-            let mut f = std::fs::File::from(report);
-            let _ = f.read_to_end(&mut bytes);
-        }
-        let failed = bytes.iter().find_map(|b| Step::from_byte(*b));
-        let notes: Vec<u8> = bytes.into_iter().filter(|b| Step::from_byte(*b).is_none()).collect();
-        let error = match (spawned, failed) {
-            (Ok(c), None) => return Ok((c, cgroup, notes)),
-            (Ok(_), Some(step)) => sandbox_error(
-                ErrorCode::SandboxFailed,
-                format!("the sandbox could not be applied while {}", step.describe()),
-            ),
-            (Err(e), Some(step)) => sandbox_error(
-                ErrorCode::SandboxFailed,
-                format!("the sandbox could not be applied while {}: {e}; nothing was started", step.describe()),
-            ),
-            (Err(e), None) => sandbox_error(ErrorCode::SpawnFailed, format!("starting the program: {e}")),
+        let Prepared { launch, cgroup } = self;
+        let error = match launch.finish(spawned) {
+            Ok((c, notes)) => return Ok((c, cgroup, notes)),
+            Err(f @ Failure::Step(..)) => sandbox_error(ErrorCode::SandboxFailed, f.to_string()),
+            Err(f @ Failure::Spawn(_)) => sandbox_error(ErrorCode::SpawnFailed, f.to_string()),
         };
         if let Some(g) = cgroup {
             g.kill();

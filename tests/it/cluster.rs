@@ -1364,6 +1364,7 @@ impl Cluster {
             base: self.lb.clone(),
             confirm,
             stderr: Arc::new(std::sync::Mutex::new(String::new())),
+            args: Vec::new(),
         };
         runner.start();
         let holder_node = self.device_holder_other_than(&device_id, None).await;

@@ -29,6 +29,7 @@ mod private_pg;
 mod read_tools;
 mod retention;
 mod runner;
+mod runner_sandbox;
 mod schema;
 mod schemathesis;
 mod spine;

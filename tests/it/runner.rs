@@ -25,6 +25,8 @@ pub(crate) struct RunnerProc {
     pub(crate) confirm: bool,
     /// Its standard error so far (with `confirm`).
     pub(crate) stderr: Arc<Mutex<String>>,
+    /// Further arguments of `mira runner` (e.g. `--sandbox landlock`).
+    pub(crate) args: Vec<String>,
 }
 
 impl RunnerProc {
@@ -37,7 +39,8 @@ impl RunnerProc {
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(Stdio::null())
+            .args(&self.args);
         if self.confirm {
             cmd.args(["--confirm", "--confirm-input", "stdin", "--confirm-timeout-secs", "30"])
                 .stdin(Stdio::piped())
@@ -109,7 +112,7 @@ impl Drop for RunnerProc {
     }
 }
 
-fn options() -> Options {
+pub(crate) fn options() -> Options {
     let mut o = Options::default();
     o.runtime.devices = mira::devices::DeviceSettings { lease: LEASE, ..Default::default() };
     o
@@ -117,7 +120,7 @@ fn options() -> Options {
 
 /// Registers a device, enrolls a runner for it with `mira runner enroll` and starts it on a
 /// new workspace folder under `root`.
-async fn device(t: &TestApp, token: &str, name: &str, root: &Path) -> RunnerProc {
+pub(crate) async fn device(t: &TestApp, token: &str, name: &str, root: &Path) -> RunnerProc {
     device_with(t, token, name, root, false).await
 }
 
@@ -159,19 +162,20 @@ async fn device_with(t: &TestApp, token: &str, name: &str, root: &Path, confirm:
         base: t.base.clone(),
         confirm,
         stderr: Arc::new(Mutex::new(String::new())),
+        args: Vec::new(),
     };
     p.start();
     wait_status(t, token, &p.device_id, "connected", Duration::from_secs(10)).await;
     p
 }
 
-async fn device_view(t: &TestApp, token: &str, id: &str) -> Value {
+pub(crate) async fn device_view(t: &TestApp, token: &str, id: &str) -> Value {
     let r = t.get("/v1/devices", token).await;
     r.body["devices"].as_array().unwrap().iter().find(|d| d["id"] == id).cloned().unwrap()
 }
 
 /// Waits until the device has `status`; the time it took.
-async fn wait_status(t: &TestApp, token: &str, id: &str, status: &str, within: Duration) -> Duration {
+pub(crate) async fn wait_status(t: &TestApp, token: &str, id: &str, status: &str, within: Duration) -> Duration {
     let start = Instant::now();
     loop {
         let view = device_view(t, token, id).await;
@@ -183,12 +187,12 @@ async fn wait_status(t: &TestApp, token: &str, id: &str, status: &str, within: D
     }
 }
 
-async fn evidence(t: &TestApp, token: &str, inv: &Value) -> Value {
+pub(crate) async fn evidence(t: &TestApp, token: &str, inv: &Value) -> Value {
     let id = inv["evidence_ids"][0].as_str().unwrap();
     t.get(&format!("/v1/evidence/{id}"), token).await.body
 }
 
-async fn grant(t: &TestApp, token: &str, inv: &Value) {
+pub(crate) async fn grant(t: &TestApp, token: &str, inv: &Value) {
     let r = t
         .post(
             &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
@@ -448,7 +452,7 @@ async fn confirmation_at_the_device(backend: Backend) {
 }
 
 /// A terminal call of a device run, frozen (prepared on the device), granted, and final.
-async fn term(t: &TestApp, token: &str, run: &str, turn: &str, call: &str, input: Value) -> Value {
+pub(crate) async fn term(t: &TestApp, token: &str, run: &str, turn: &str, call: &str, input: Value) -> Value {
     let r = t.call(token, run, turn, "terminal_session", call, input).await;
     assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::CREATED, Some("awaiting_approval")), "{r:?}");
     grant(t, token, &r.body).await;

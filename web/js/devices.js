@@ -1,8 +1,9 @@
 // Devices: the machines where `mira runner` runs the Read and Edit work of the user's runs
 // (docs/runner.md). Lists each device with its status (connected / offline / revoked /
 // not enrolled), when its runner was last seen, and what the runner advertised (workspace
-// folders, capabilities, version); registers a device and shows its one-time enrollment code
-// once, with the `mira-runner enroll` command to copy; issues a new code, renames and revokes.
+// folders, capabilities, the sandbox of its terminal sessions, version); registers a device
+// and shows its one-time enrollment code once, with the `mira-runner enroll` command to copy;
+// issues a new code, renames and revokes.
 // Reads GET /v1/devices (refreshed every few seconds while open). Every server string is set
 // as text (device names are user input).
 
@@ -92,6 +93,14 @@ export async function mount(root) {
     }
   };
 
+  // The sandbox of the runner's terminal sessions (docs/runner.md, Isolation).
+  const sandboxWords = (sb) => {
+    const sessions = { sandboxed: 'sessions sandboxed', refused: 'sessions refused', unsandboxed_allowed: 'sessions run unsandboxed (allowed by the runner)' };
+    const head = sb.state === 'enforced' ? `enforced (${sb.filesystem ?? '?'})` : sb.state;
+    return h('span', { class: 'sandbox', dataset: { sandbox: sb.state } },
+      head, ': ', sessions[sb.sessions] ?? sb.sessions, sb.reason ? ` — ${sb.reason}` : '');
+  };
+
   const card = (d) => {
     const adv = d.advertised ?? null;
     const workspaces = adv?.workspaces ?? [];
@@ -129,6 +138,7 @@ export async function mount(root) {
           ? h('ul', { class: 'plain workspaces' }, workspaces.map((w) => h('li', {}, code(w.path))))
           : (adv ? 'none advertised' : 'not known until its runner connects')],
         ['Capabilities', caps.length ? h('span', { class: 'capabilities' }, caps.map((c, i) => [i ? ', ' : '', code(c)])) : 'none'],
+        ['Terminal sandbox', adv?.sandbox ? sandboxWords(adv.sandbox) : undefined],
         ['Version', adv?.version ? code(adv.version) : undefined],
         ['Registered', fmtTime(d.created_at)],
       ]),

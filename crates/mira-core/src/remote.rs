@@ -198,6 +198,30 @@ pub struct Advertised {
     pub workspaces: Vec<AdvertisedWorkspace>,
     /// The runner's version.
     pub version: String,
+    /// The sandbox its terminal sessions get (None from a runner without one: an older
+    /// runner, or one that runs no terminal sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<AdvertisedSandbox>,
+}
+
+/// The sandbox a runner's terminal sessions get on its device (docs/runner.md "Isolation").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AdvertisedSandbox {
+    /// `enforced`, `unavailable` or `off` (`--sandbox off`).
+    pub state: String,
+    /// When enforced: `landlock+mount_namespace` (a private view of the filesystem, then
+    /// Landlock) or `landlock` (Landlock on the device's own view).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<String>,
+    /// Why it is not enforced, or why the private view could not be used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What terminal sessions get when it is not enforced: `refused`
+    /// (`sandbox_unavailable`) or `unsandboxed_allowed` (`--allow-unsandboxed`); `sandboxed`
+    /// when it is.
+    pub sessions: String,
+    /// The device kernel's Landlock ABI (0: none).
+    pub landlock_abi: i32,
 }
 
 /// Body of `POST /v1/runner/connect`.

@@ -5,7 +5,8 @@
 //! - `--server URL --workspace DIR [--workspace DIR…]` (no subcommand): connects outbound
 //!   and runs jobs in those folders until stopped (exit 0), or until the device is revoked
 //!   (exit 3). With `--confirm` a person at the device confirms each job that arrives with
-//!   an approval ([`crate::confirm`]).
+//!   an approval ([`crate::confirm`]). Terminal sessions run in the device's sandbox
+//!   (`--sandbox auto|landlock|off`, `--allow-unsandboxed`; [`crate::sandbox`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,6 +20,7 @@ use crate::confirm::{ConfirmInput, Confirmer};
 use crate::connection::Connector;
 use crate::journal::{Journal, PRUNE_EVERY};
 use crate::runner::Runner;
+use crate::sandbox::{DeviceSandbox, SandboxMode};
 use crate::state;
 use crate::terminal::Uplink;
 
@@ -83,6 +85,19 @@ pub struct RunArgs {
     /// input), `tty` or `stdin`.
     #[arg(long, value_enum, default_value_t = ConfirmInput::Auto)]
     pub confirm_input: ConfirmInput,
+    /// The sandbox of terminal sessions: `auto` (a private view of the filesystem when this
+    /// machine allows it, else Landlock alone), `landlock` (Landlock alone) or `off`.
+    /// Sessions are refused when it is not enforced, unless `--allow-unsandboxed`.
+    #[arg(long = "sandbox", env = "MIRA_RUNNER_SANDBOX", value_enum, default_value_t = SandboxMode::Auto)]
+    pub sandbox: SandboxMode,
+    /// Run terminal sessions unsandboxed (as this user, with its rights) when the sandbox is
+    /// off or this machine cannot sandbox.
+    #[arg(long = "allow-unsandboxed", env = "MIRA_RUNNER_ALLOW_UNSANDBOXED")]
+    pub allow_unsandboxed: bool,
+    /// Extra folders sandboxed sessions may read and execute from (repeatable, or
+    /// colon-separated), e.g. toolchains under your HOME such as `~/.cargo` or `~/.nvm`.
+    #[arg(long = "sandbox-read", env = "MIRA_RUNNER_SANDBOX_READ", value_delimiter = ':')]
+    pub sandbox_read: Vec<PathBuf>,
 }
 
 /// Logs to standard error (`RUST_LOG`, default `info`).
@@ -178,7 +193,14 @@ async fn connect(args: RunArgs) -> anyhow::Result<ExitCode> {
         runner = runner.with_confirmation(Confirmer::new(args.confirm_input, timeout)?);
     }
     let client = client()?;
-    let runner = Arc::new(runner.with_terminal(Arc::new(Uplink::new(&server, client.clone()))));
+    let (mode, allow, device) = (args.sandbox, args.allow_unsandboxed, enrolled.device_id.clone());
+    let state_dir = dir.clone();
+    let read = args.sandbox_read.clone();
+    let sandbox =
+        tokio::task::spawn_blocking(move || DeviceSandbox::new(mode, allow, &state_dir, &device).with_read_only(&read))
+            .await
+            .context("probing the sandbox")?;
+    let runner = Arc::new(runner.with_terminal(Arc::new(Uplink::new(&server, client.clone())), Arc::new(sandbox)));
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(PRUNE_EVERY).await;

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::confirm::Confirmer;
 use crate::journal::Journal;
+use crate::sandbox::DeviceSandbox;
 use crate::terminal::{DeviceTerminal, Uplink};
 
 /// A device's runner: its identity, the control plane key it pinned, its local policy (the
@@ -31,6 +32,7 @@ pub struct Runner {
     journal: Journal,
     confirm: Option<Confirmer>,
     terminal: Option<(Arc<Uplink>, Arc<DeviceTerminal>)>,
+    sandbox: Option<Arc<DeviceSandbox>>,
 }
 
 impl Runner {
@@ -60,6 +62,7 @@ impl Runner {
             journal,
             confirm: None,
             terminal: None,
+            sandbox: None,
         })
     }
 
@@ -71,12 +74,14 @@ impl Runner {
         self
     }
 
-    /// Runs `terminal_session` here, streaming its output through `uplink`, when this machine
-    /// can open a PTY (only then is `pty` advertised).
+    /// Runs `terminal_session` here in `sandbox`, streaming its output through `uplink`,
+    /// when this machine can open a PTY (only then is `pty` advertised). The sandbox's state
+    /// is advertised either way.
     #[must_use]
-    pub fn with_terminal(mut self, uplink: Arc<Uplink>) -> Self {
+    pub fn with_terminal(mut self, uplink: Arc<Uplink>, sandbox: Arc<DeviceSandbox>) -> Self {
+        self.sandbox = Some(sandbox.clone());
         if crate::terminal::pty_works() {
-            let terminal = Arc::new(DeviceTerminal::new(uplink.clone()));
+            let terminal = Arc::new(DeviceTerminal::new(uplink.clone(), sandbox));
             self.tools.insert(terminal.spec().id.clone(), terminal.clone());
             self.terminal = Some((uplink, terminal));
         } else {
@@ -125,6 +130,7 @@ impl Runner {
                 .map(|w| AdvertisedWorkspace { path: w.to_string_lossy().into_owned() })
                 .collect(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
+            sandbox: self.sandbox.as_ref().map(|s| s.advertised()),
         }
     }
 

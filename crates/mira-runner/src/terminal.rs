@@ -21,9 +21,10 @@
 //!   acknowledged; a control plane that refuses the session (it recorded it `lost`, or does
 //!   not know it) ends it here.
 //!
-//! Isolation: the cwd must be inside one of the runner's `--workspace` folders; the program
-//! runs as the runner's user with the runner's privileges (no namespace, Landlock or cgroup
-//! sandbox as on the host). docs/runner.md says so.
+//! Isolation: the cwd must be inside the run's workspace (one of the runner's `--workspace`
+//! folders), and the program runs in the device's sandbox ([`crate::sandbox`]): the
+//! spec it gets is part of the canonical `start` input and of the start's result, and is
+//! checked again before it runs (`sandbox_changed`). docs/runner.md says what it covers.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -45,6 +46,8 @@ use parking_lot::{Condvar, Mutex};
 use portable_pty::{MasterPty, PtySize, native_pty_system};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
+
+use crate::sandbox::{DeviceSandbox, SessionSandbox, failure_error};
 
 /// Life limit of a session when `start` gives none: 1 hour.
 pub const DEFAULT_TIMEOUT_MS: u64 = 3_600_000;
@@ -306,6 +309,7 @@ pub struct DeviceTerminal {
     sessions: Mutex<HashMap<String, Arc<DevSession>>>,
     starting: Mutex<HashMap<String, usize>>,
     uplink: Arc<Uplink>,
+    sandbox: Arc<DeviceSandbox>,
 }
 
 /// Whether this machine can open a PTY (the runner advertises [`TERMINAL_CAPABILITY`] only
@@ -381,13 +385,28 @@ fn resolve_program(command: &str, cwd: &Path, env: &Map<String, Value>) -> Resul
         .ok_or_else(|| bad(ErrorCode::CommandNotFound, format!("{command} is not found on PATH")))
 }
 
-/// What a device session is given as its isolation, shown to the approver and in the
-/// canonical input.
-pub const ISOLATION: &str =
-    "device: cwd inside a --workspace folder of the runner; runs as the runner's user with no sandbox";
+/// What a device session is given as its isolation in words, shown to the approver and in
+/// the canonical input (next to the `sandbox` spec itself).
+pub fn isolation(sandbox: &SessionSandbox) -> String {
+    match (sandbox.enforced, sandbox.filesystem.as_deref()) {
+        (true, Some(kind)) => format!(
+            "device: cwd inside a --workspace folder of the runner; sandboxed ({kind}): the workspace read-write, system folders read-only, {}, the runner's state hidden, no capabilities, no_new_privs",
+            if sandbox.private.as_ref().is_some_and(|p| p.shared_by_runner_sessions) {
+                "this runner's tmp folder"
+            } else {
+                "a private tmp"
+            }
+        ),
+        _ => format!(
+            "device: cwd inside a --workspace folder of the runner; runs as the runner's user with no sandbox ({}; the runner allows unsandboxed sessions)",
+            sandbox.reason.as_deref().unwrap_or("not enforced")
+        ),
+    }
+}
 
-/// The canonical `start` input and its preview, resolved on this device.
-fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
+/// The canonical `start` input and its preview, resolved on this device. Errors include
+/// 403 `sandbox_unavailable` (see [`DeviceSandbox::spec`]).
+fn prepare_start(input: &Value, ws_root: &Path, device_sandbox: &DeviceSandbox) -> Result<Prepared, ToolError> {
     let command_in = str_of(input, "command");
     let cwd_in = str_of(input, "cwd");
     let args: Vec<String> = match input.get("args") {
@@ -440,8 +459,11 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
     if let Some(k) = call_env.keys().find(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
         return Err(bad(ErrorCode::InvalidEnv, format!("{k:?} is not a valid environment variable name")));
     }
+    // The sandbox the session will get: part of the frozen input (the approver sees it).
+    let sandbox = device_sandbox.spec(ws_root)?;
     let mut env: std::collections::BTreeMap<String, Value> =
         INHERITED_ENV.iter().filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), json!(v)))).collect();
+    DeviceSandbox::environment(&sandbox, &mut env);
     env.extend(DEFAULT_ENV.iter().map(|(k, v)| ((*k).to_owned(), json!(v))));
     env.extend(call_env.clone());
     let env: Map<String, Value> = env.into_iter().collect();
@@ -450,7 +472,14 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
         None => std::env::var("SHELL").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "/bin/bash".into()),
     };
     let program = resolve_program(&command, &cwd, &env)?;
+    if sandbox.enforced && !DeviceSandbox::visible_in(&sandbox, Path::new(&program)) {
+        return Err(bad(
+            ErrorCode::CommandNotFound,
+            format!("{program} is outside the folders the sandbox shows ({})", sandbox.read_only.join(", ")),
+        ));
+    }
     let timeout_ms = u64_of(input, "timeout_ms").unwrap_or(DEFAULT_TIMEOUT_MS).min(MAX_TIMEOUT_MS);
+    let isolation = isolation(&sandbox);
     let canonical = json!({
         "action": "start",
         "command": command,
@@ -462,7 +491,8 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
         "cols": u64_of(input, "cols").unwrap_or(DEFAULT_COLS).min(MAX_COLS),
         "rows": u64_of(input, "rows").unwrap_or(DEFAULT_ROWS).min(MAX_ROWS),
         "settle_ms": u64_of(input, "settle_ms").unwrap_or(DEFAULT_SETTLE_MS).min(MAX_SETTLE_MS),
-        "isolation": ISOLATION,
+        "isolation": isolation,
+        "sandbox": sandbox,
     });
     let preview = json!({
         "command_line": shell_words(&command, &args),
@@ -472,7 +502,8 @@ fn prepare_start(input: &Value, ws_root: &Path) -> Result<Prepared, ToolError> {
         "workspace": ws_root.to_string_lossy(),
         "env_set_by_call": call_env,
         "timeout_ms": timeout_ms,
-        "isolation": ISOLATION,
+        "isolation": isolation,
+        "sandbox": sandbox,
     });
     Ok(Prepared { input: canonical, preview })
 }
@@ -657,8 +688,8 @@ async fn settle(s: &DevSession, capture: &mut Capture, settle_ms: u64) -> &'stat
 }
 
 impl DeviceTerminal {
-    /// The tool, streaming output through `uplink`.
-    pub fn new(uplink: Arc<Uplink>) -> Self {
+    /// The tool, streaming output through `uplink`, its sessions in `sandbox`.
+    pub fn new(uplink: Arc<Uplink>, sandbox: Arc<DeviceSandbox>) -> Self {
         let spec = ToolSpec {
             id: "terminal_session".into(),
             kind: ToolKind::Public,
@@ -671,7 +702,7 @@ impl DeviceTerminal {
             replacement: None,
             owner: None,
         };
-        Self { spec, sessions: Mutex::new(HashMap::new()), starting: Mutex::new(HashMap::new()), uplink }
+        Self { spec, sessions: Mutex::new(HashMap::new()), starting: Mutex::new(HashMap::new()), uplink, sandbox }
     }
 
     /// The caller's session `id` held here.
@@ -732,7 +763,10 @@ impl DeviceTerminal {
         let settle_ms = u64_of(input, "settle_ms").unwrap_or(DEFAULT_SETTLE_MS).min(MAX_SETTLE_MS);
         let reason = settle(&session, &mut capture, settle_ms).await;
         *session.reported_to.lock() = capture.next();
-        Ok(result(input, &session, &capture.finish(), reason))
+        let mut out = result(input, &session, &capture.finish(), reason);
+        // The sandbox in force (the evidence holds it in its `input`).
+        out.output["sandbox"] = input.get("sandbox").cloned().unwrap_or(Value::Null);
+        Ok(out)
     }
 
     fn spawn(&self, input: &Value, ctx: &ExecContext) -> Result<Arc<DevSession>, ToolError> {
@@ -754,6 +788,17 @@ impl DeviceTerminal {
         let cols = u16::try_from(u64_of(input, "cols").unwrap_or(DEFAULT_COLS).min(MAX_COLS)).unwrap_or(120);
         let rows = u16::try_from(u64_of(input, "rows").unwrap_or(DEFAULT_ROWS).min(MAX_ROWS)).unwrap_or(32);
         let timeout_ms = u64_of(input, "timeout_ms").unwrap_or(DEFAULT_TIMEOUT_MS).min(MAX_TIMEOUT_MS);
+        // The sandbox that applies now must be the one approved.
+        let now = self.sandbox.spec(ctx.workspace.root())?;
+        let frozen: Option<SessionSandbox> = input.get("sandbox").and_then(|v| serde_json::from_value(v.clone()).ok());
+        if frozen.as_ref() != Some(&now) {
+            return Err(ToolError::new(
+                ErrorCode::SandboxChanged,
+                "the sandbox this session would get is not the one approved (the runner's sandbox or the workspace changed); freeze the call again",
+            )
+            .with_details(json!({"approved": input.get("sandbox"), "now": now})));
+        }
+        let launch = self.sandbox.launch(&now, Path::new(&cwd))?;
         let pair = native_pty_system()
             .openpty(PtySize { rows, cols, pixel_width: 0, pixel_height: 0 })
             .map_err(|e| failed(ErrorCode::PtyOpenFailed, format!("opening a PTY: {e}")))?;
@@ -776,16 +821,25 @@ impl DeviceTerminal {
             }
         }
         cmd.env(SESSION_ENV, &id).stdin(stdio(&slave)?).stdout(stdio(&slave)?).stderr(stdio(&slave)?);
-        cmd.current_dir(&cwd);
-        // SAFETY: `pty_session` only makes async-signal-safe system calls.
-        unsafe {
-            cmd.pre_exec(|| mira_tools::pty::pty_session());
+        match &launch {
+            // The plan enters the cwd itself (inside its new root) and makes the session.
+            Some(launch) => launch.install(&mut cmd),
+            None => {
+                cmd.current_dir(&cwd);
+                // SAFETY: `pty_session` only makes async-signal-safe system calls.
+                unsafe {
+                    cmd.pre_exec(|| mira_sandbox::child::pty_session());
+                }
+            }
         }
         let spawned = cmd.spawn();
         drop(cmd);
         drop(slave);
         drop(pair.slave);
-        let mut child = spawned.map_err(|e| failed(ErrorCode::SpawnFailed, format!("starting {program}: {e}")))?;
+        let mut child = match launch {
+            Some(launch) => launch.finish(spawned).map(|(c, _)| c).map_err(|f| failure_error(&f))?,
+            None => spawned.map_err(|e| failed(ErrorCode::SpawnFailed, format!("starting {program}: {e}")))?,
+        };
         let pid = i32::try_from(child.id()).unwrap_or(0);
         let reader = pair.master.try_clone_reader().map_err(|e| failed(ErrorCode::PtyOpenFailed, e.to_string()));
         let writer = pair.master.take_writer().map_err(|e| failed(ErrorCode::PtyOpenFailed, e.to_string()));
@@ -1014,7 +1068,7 @@ impl Tool for DeviceTerminal {
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let action = check_fields(&input)?;
         if action == "start" {
-            return prepare_start(&input, ctx.workspace.root());
+            return prepare_start(&input, ctx.workspace.root(), &self.sandbox);
         }
         let canonical = canonical_action(action, &input)?;
         let id = str_of(&input, "session_id").unwrap_or_default();
@@ -1041,7 +1095,7 @@ impl Tool for DeviceTerminal {
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
         let action = check_fields(&input)?;
         if action == "start" {
-            return Ok(prepare_start(&input, ctx.workspace.root())?.input);
+            return Ok(prepare_start(&input, ctx.workspace.root(), &self.sandbox)?.input);
         }
         canonical_action(action, &input)
     }

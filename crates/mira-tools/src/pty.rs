@@ -1,6 +1,7 @@
 //! What a PTY session needs on any machine — the host's `terminal_session` and a device's
-//! runner alike: the environment a session inherits, its process-session setup in the
-//! child, the kill of every process it started, and the display of its command line.
+//! runner alike: the environment a session inherits, the kill of every process it started,
+//! and the display of its command line. (Its process-session setup in the child is
+//! `mira_sandbox::child::pty_session`, part of every sandbox plan.)
 
 /// Environment every session gets unless the call sets the variable itself: output is
 /// never held by a pager and nothing waits for an editor.
@@ -79,27 +80,6 @@ pub fn stat_fields(pid: i32) -> Option<Vec<String>> {
 /// The session id of `pid` (field 6), if it exists and is not a zombie.
 fn stat_session(pid: i32) -> Option<i32> {
     stat_fields(pid)?.get(3)?.parse().ok()
-}
-
-/// In the child between fork and exec: default signal dispositions and an empty signal
-/// mask, a new session (`setsid`) with standard input — the PTY's slave side — as its
-/// controlling terminal.
-///
-/// # Safety
-/// Only async-signal-safe system calls; call it from `pre_exec` only.
-pub unsafe fn pty_session() -> std::io::Result<()> {
-    // SAFETY: signal/sigprocmask/setsid/ioctl with plain integer arguments.
-    unsafe {
-        for signo in [libc::SIGCHLD, libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGALRM] {
-            libc::signal(signo, libc::SIG_DFL);
-        }
-        let empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        if libc::setsid() == -1 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) == -1 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 /// `command args…` quoted for display as a POSIX shell would need it.

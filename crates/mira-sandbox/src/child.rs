@@ -7,14 +7,18 @@
 //!
 //! 1. signal dispositions and mask reset; `setsid` + `TIOCSCTTY` for a PTY session;
 //! 2. join the session's cgroups (write `0` to each `cgroup.procs` opened by the parent);
-//! 3. a user namespace when the server is not root (so the next steps are permitted);
-//! 4. a private mount namespace (and a private network namespace for `--sandbox-network
-//!    none`): a fresh tmpfs root with the system bound read-only, the workspace read-write,
-//!    a private `/tmp`, `/dev` and `/proc`, secrets covered; `pivot_root` into it;
+//! 3. with a [`MountPlan`]: a user namespace when the parent is not root (so the next steps
+//!    are permitted);
+//! 4. with a [`MountPlan`]: a private mount namespace (and a private network namespace for
+//!    `--sandbox-network none`): a fresh tmpfs root with the system bound read-only, the
+//!    workspace read-write, a private `/tmp`, `/dev` and `/proc`, secrets covered;
+//!    `pivot_root` into it; then `chdir` to the cwd (in the new root, or on the host without
+//!    a mount plan);
 //! 5. Landlock rules for the mounts the child made itself (the parent's rules name host
 //!    inodes, which the binds share);
 //! 6. every capability dropped (bounding, ambient, effective, permitted, inheritable) and the
-//!    securebits locked, then `no_new_privs`;
+//!    securebits locked (a process without `CAP_SETPCAP` that is not root only clears its
+//!    sets: it has nothing to drop), then `no_new_privs`;
 //! 7. `landlock_restrict_self` with the network layer (when any) and the filesystem layer
 //!    (which also scopes signals and abstract UNIX sockets to the session);
 //! 8. every inherited descriptor above 2 marked close-on-exec.
@@ -166,14 +170,10 @@ pub struct UserMaps {
     pub gid_map: Vec<u8>,
 }
 
-/// Everything the child needs, prepared by the parent.
+/// The private filesystem view of a plan: namespaces, the new root and its mounts.
 #[derive(Debug)]
-pub struct ChildPlan {
-    /// Become a session leader with stdin (the PTY) as controlling terminal.
-    pub pty_session: bool,
-    /// `cgroup.procs` of each of the session's cgroups, opened for writing.
-    pub cgroup_procs: Vec<OwnedFd>,
-    /// A user namespace first (non-root server).
+pub struct MountPlan {
+    /// A user namespace first (a parent that is not root).
     pub userns: Option<UserMaps>,
     /// A private network namespace (`--sandbox-network none`).
     pub new_net: bool,
@@ -183,7 +183,19 @@ pub struct ChildPlan {
     pub root_data: CString,
     /// Mount operations, in order.
     pub ops: Vec<Op>,
-    /// The working directory inside the new root.
+}
+
+/// Everything the child needs, prepared by the parent.
+#[derive(Debug)]
+pub struct ChildPlan {
+    /// Become a session leader with stdin (the PTY) as controlling terminal.
+    pub pty_session: bool,
+    /// `cgroup.procs` of each of the session's cgroups, opened for writing.
+    pub cgroup_procs: Vec<OwnedFd>,
+    /// The private mount namespace view; None for Landlock alone on the host's view (a
+    /// device whose user may not create user namespaces).
+    pub mounts: Option<MountPlan>,
+    /// The working directory (inside the new root with `mounts`, else on the host).
     pub cwd: CString,
     /// The filesystem Landlock ruleset (with the scopes), rules for host inodes already in.
     pub ruleset: OwnedFd,
@@ -248,70 +260,72 @@ impl ChildPlan {
                     return Err(self.fail(Step::Cgroup));
                 }
             }
-            if let Some(maps) = &self.userns
-                && (libc::unshare(libc::CLONE_NEWUSER) != 0
-                    || !write_file(b"/proc/self/setgroups\0", b"deny")
-                    || !write_file(b"/proc/self/uid_map\0", &maps.uid_map)
-                    || !write_file(b"/proc/self/gid_map\0", &maps.gid_map))
-            {
-                return Err(self.fail(Step::UserNamespace));
-            }
-            let flags = libc::CLONE_NEWNS | if self.new_net { libc::CLONE_NEWNET } else { 0 };
-            if libc::unshare(flags) != 0 {
-                return Err(self.fail(Step::Unshare));
-            }
-            if self.new_net && !loopback_up() {
-                return Err(self.fail(Step::Loopback));
-            }
-            if libc::mount(
-                std::ptr::null(),
-                c(b"/\0"),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(self.fail(Step::MakePrivate));
-            }
-            if libc::mount(
-                c(b"tmpfs\0"),
-                self.stage.as_ptr(),
-                c(b"tmpfs\0"),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                self.root_data.as_ptr().cast(),
-            ) != 0
-                || libc::mount(
-                    std::ptr::null(),
-                    self.stage.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_UNBINDABLE,
-                    std::ptr::null(),
-                ) != 0
-            {
-                return Err(self.fail(Step::Root));
-            }
-            // (Unbindable: a recursive bind of a tree that contains the staging directory —
-            // a workspace holding the data dir — does not copy the new root into itself.)
-            for op in &self.ops {
-                if !self.run_op(op) {
-                    return Err(self.fail(Step::Mount));
+            if let Some(m) = &self.mounts {
+                if let Some(maps) = &m.userns
+                    && (libc::unshare(libc::CLONE_NEWUSER) != 0
+                        || !write_file(b"/proc/self/setgroups\0", b"deny")
+                        || !write_file(b"/proc/self/uid_map\0", &maps.uid_map)
+                        || !write_file(b"/proc/self/gid_map\0", &maps.gid_map))
+                {
+                    return Err(self.fail(Step::UserNamespace));
                 }
-            }
-            if libc::chdir(self.stage.as_ptr()) != 0
-                || (libc::mkdir(c(OLD_ROOT), 0o700) != 0 && errno() != libc::EEXIST)
-                || libc::syscall(libc::SYS_pivot_root, c(b".\0"), c(OLD_ROOT)) != 0
-                || libc::chdir(c(b"/\0")) != 0
-                || libc::umount2(c(OLD_ROOT_ABS), libc::MNT_DETACH) != 0
-                || libc::rmdir(c(OLD_ROOT_ABS)) != 0
-                || libc::mount(
+                let flags = libc::CLONE_NEWNS | if m.new_net { libc::CLONE_NEWNET } else { 0 };
+                if libc::unshare(flags) != 0 {
+                    return Err(self.fail(Step::Unshare));
+                }
+                if m.new_net && !loopback_up() {
+                    return Err(self.fail(Step::Loopback));
+                }
+                if libc::mount(
                     std::ptr::null(),
                     c(b"/\0"),
                     std::ptr::null(),
-                    libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                    libc::MS_REC | libc::MS_PRIVATE,
                     std::ptr::null(),
                 ) != 0
-            {
-                return Err(self.fail(Step::Pivot));
+                {
+                    return Err(self.fail(Step::MakePrivate));
+                }
+                if libc::mount(
+                    c(b"tmpfs\0"),
+                    m.stage.as_ptr(),
+                    c(b"tmpfs\0"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    m.root_data.as_ptr().cast(),
+                ) != 0
+                    || libc::mount(
+                        std::ptr::null(),
+                        m.stage.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_UNBINDABLE,
+                        std::ptr::null(),
+                    ) != 0
+                {
+                    return Err(self.fail(Step::Root));
+                }
+                // (Unbindable: a recursive bind of a tree that contains the staging directory —
+                // a workspace holding the data dir — does not copy the new root into itself.)
+                for op in &m.ops {
+                    if !self.run_op(op) {
+                        return Err(self.fail(Step::Mount));
+                    }
+                }
+                if libc::chdir(m.stage.as_ptr()) != 0
+                    || (libc::mkdir(c(OLD_ROOT), 0o700) != 0 && errno() != libc::EEXIST)
+                    || libc::syscall(libc::SYS_pivot_root, c(b".\0"), c(OLD_ROOT)) != 0
+                    || libc::chdir(c(b"/\0")) != 0
+                    || libc::umount2(c(OLD_ROOT_ABS), libc::MNT_DETACH) != 0
+                    || libc::rmdir(c(OLD_ROOT_ABS)) != 0
+                    || libc::mount(
+                        std::ptr::null(),
+                        c(b"/\0"),
+                        std::ptr::null(),
+                        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                        std::ptr::null(),
+                    ) != 0
+                {
+                    return Err(self.fail(Step::Pivot));
+                }
             }
             if libc::chdir(self.cwd.as_ptr()) != 0 {
                 return Err(self.fail(Step::Chdir));
@@ -540,11 +554,18 @@ struct CapData {
 /// ambient set cleared, then effective/permitted/inheritable zeroed with `capset`. Root
 /// without capabilities cannot load modules, open raw sockets, mknod, mount, reboot, bypass
 /// file permissions, ptrace other users' processes or gain them back through `exec`.
+///
+/// A process that is not root and has no `CAP_SETPCAP` (an unprivileged runner on a
+/// device without a user namespace: Landlock alone) cannot lock the securebits nor shrink
+/// the bounding set; it clears its ambient, effective, permitted and inheritable sets, and
+/// `no_new_privs` (set right after) keeps `exec` from granting any (setuid and file
+/// capabilities are ignored under it). Root without `CAP_SETPCAP` fails.
 unsafe fn drop_capabilities() -> bool {
     // SAFETY: prctl/capset with integer arguments and stack structs.
     unsafe {
         if libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS_LOCKED, 0, 0, 0) != 0 {
-            return false;
+            let unprivileged = errno() == libc::EPERM && libc::getuid() != 0 && libc::geteuid() != 0;
+            return unprivileged && clear_capability_sets();
         }
         for cap in 0..64 {
             if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
@@ -554,6 +575,14 @@ unsafe fn drop_capabilities() -> bool {
                 return false;
             }
         }
+        clear_capability_sets()
+    }
+}
+
+/// Clears the ambient set, then zeroes effective, permitted and inheritable (`capset`).
+unsafe fn clear_capability_sets() -> bool {
+    // SAFETY: prctl/capset with integer arguments and stack structs.
+    unsafe {
         if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 {
             return false;
         }
