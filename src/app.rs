@@ -81,11 +81,13 @@ impl App {
     /// names none) and its workspace (whose root must still be the folder registered).
     pub async fn run_availability_context(&self, user_id: &str, run: &RunRow) -> Result<AvailabilityContext> {
         let mut ctx = self.device_context(user_id, run.device_id.as_deref()).await?;
-        if let Some(ws) = self.store.workspace_for(&run.owner_id, &run.workspace_id).await? {
+        // A device's folder is a path on the device (never looked at on this host: the user
+        // chose it freely): only a host workspace gives the host's checks a root to judge.
+        if let Some(ws) = self.store.workspace_for(&run.owner_id, &run.workspace_id).await?
+            && ws.device_id.is_none()
+        {
             ctx.workspace_root = Some(std::path::PathBuf::from(&ws.path));
-            if ws.device_id.is_none() {
-                ctx.workspace_state = crate::workspace::root_state(&ws);
-            }
+            ctx.workspace_state = crate::workspace::root_state(&ws);
         }
         Ok(ctx)
     }
@@ -260,11 +262,12 @@ impl App {
         let scope =
             self.store.run_scope_for(user_id, run_id, Some(tool_call_id)).await?.ok_or(Error::NotFound("run"))?;
         let mut availability = self.device_context_as(user_id, is_admin, scope.run.device_id.as_deref()).await?;
-        if let Some(ws) = &scope.workspace {
+        // As in `run_availability_context`: a device's folder is never judged on this host.
+        if let Some(ws) = &scope.workspace
+            && ws.device_id.is_none()
+        {
             availability.workspace_root = Some(std::path::PathBuf::from(&ws.path));
-            if ws.device_id.is_none() {
-                availability.workspace_state = crate::workspace::root_state(ws);
-            }
+            availability.workspace_state = crate::workspace::root_state(ws);
         }
         let workspace = scope.workspace.ok_or(Error::NotFound("workspace"))?;
         Ok(FreezeScope {

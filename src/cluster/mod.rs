@@ -69,11 +69,17 @@ impl ClusterConfig {
         Duration::from_secs(if self.dead_after_secs == 0 { 10 } else { self.dead_after_secs })
     }
 
-    /// True when `given` is the cluster secret (constant-time; false without a secret).
+    /// True when `given` is the cluster secret (false without a secret). Constant-time, its
+    /// length included: the SHA-256 digests of both are compared, not the bytes (a slice
+    /// comparison answers at once when the lengths differ).
     pub fn secret_matches(&self, given: &[u8]) -> bool {
+        use sha2::Digest;
         use subtle::ConstantTimeEq;
         match &self.secret {
-            Some(s) if !s.is_empty() => s.as_bytes().ct_eq(given).into(),
+            Some(s) if !s.is_empty() => {
+                let (want, got) = (sha2::Sha256::digest(s.as_bytes()), sha2::Sha256::digest(given));
+                want.as_slice().ct_eq(got.as_slice()).into()
+            }
             _ => false,
         }
     }
@@ -184,4 +190,22 @@ pub fn spawn_heartbeat(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_whole_secret_matches_and_no_secret_matches_nothing() {
+        let config = ClusterConfig { secret: Some("s3cret".into()), ..Default::default() };
+        assert!(config.secret_matches(b"s3cret"));
+        for wrong in [&b""[..], b"s3cre", b"s3cret ", b"S3cret", b"s3cret\0"] {
+            assert!(!config.secret_matches(wrong), "{wrong:?} matched");
+        }
+        for unset in [None, Some(String::new())] {
+            let config = ClusterConfig { secret: unset, ..Default::default() };
+            assert!(!config.secret_matches(b"") && !config.secret_matches(b"anything"));
+        }
+    }
 }

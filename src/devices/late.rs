@@ -15,6 +15,7 @@ use mira_core::remote::{JobOutcome, JobResult};
 use serde_json::{Value, json};
 
 use crate::evidence::EvidenceDraft;
+use crate::state::InvocationStatus;
 use crate::store::{Store, StoreError};
 
 /// The evidence kind of a late device result.
@@ -64,24 +65,33 @@ pub fn draft(device_id: &str, result: &JobResult, status_kept: &str) -> Option<E
 
 /// Attaches `result`, which `device_id`'s runner delivered while no call waited for it, to
 /// its invocation: only when that invocation runs on a run bound to `device_id` (a runner
-/// speaks for its own device only) and once it has ended `interrupted` or `cancelled`
-/// (waiting up to `wait` for a call that is still giving up). Returns the evidence id, None
-/// when nothing was attached (unknown invocation, another device's, completed or failed,
-/// already attached).
+/// speaks for its own device only; checked before anything waits) and once it has ended
+/// `interrupted` or `cancelled` after it started (waiting up to `wait` while it is still
+/// `running`, a call that is still giving up; one that has not started never reached the
+/// device and is dropped at once). Returns the evidence id, None when nothing was attached
+/// (unknown invocation, another device's, not started, completed or failed, already attached).
 pub async fn attach(
     store: &Store,
     device_id: &str,
     result: JobResult,
     wait: Duration,
 ) -> Result<Option<String>, StoreError> {
+    let Some(first) = store.invocation_by_id(&result.invocation_id).await? else {
+        tracing::warn!(device = device_id, invocation = %result.invocation_id, "a late result names an unknown invocation; dropped");
+        return Ok(None);
+    };
+    let run = store.run_for(&first.owner_id, &first.run_id).await?;
+    if run.and_then(|r| r.device_id).as_deref() != Some(device_id) {
+        tracing::warn!(device = device_id, invocation = %first.id, "a runner delivered a result for another device's invocation; dropped");
+        return Ok(None);
+    }
     let until = tokio::time::Instant::now() + wait;
-    let inv = loop {
-        let Some(inv) = store.invocation_by_id(&result.invocation_id).await? else {
-            tracing::warn!(device = device_id, invocation = %result.invocation_id, "a late result names an unknown invocation; dropped");
+    let mut inv = first;
+    while !inv.status.is_final() {
+        if inv.status != InvocationStatus::Running {
+            tracing::warn!(device = device_id, invocation = %inv.id, status = %inv.status.as_str(),
+                "a late result names an invocation that was never sent to a device; dropped");
             return Ok(None);
-        };
-        if inv.status.is_final() {
-            break inv;
         }
         if tokio::time::Instant::now() >= until {
             tracing::warn!(device = device_id, invocation = %inv.id, status = %inv.status.as_str(),
@@ -89,11 +99,8 @@ pub async fn attach(
             return Ok(None);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let run = store.run_for(&inv.owner_id, &inv.run_id).await?;
-    if run.and_then(|r| r.device_id).as_deref() != Some(device_id) {
-        tracing::warn!(device = device_id, invocation = %inv.id, "a runner delivered a result for another device's invocation; dropped");
-        return Ok(None);
+        let Some(now) = store.invocation_by_id(&inv.id).await? else { return Ok(None) };
+        inv = now;
     }
     let Some(draft) = draft(device_id, &result, inv.status.as_str()) else { return Ok(None) };
     let id = store.attach_late_evidence(&inv, &draft).await?;

@@ -58,6 +58,9 @@ pub const SIGNING_KEY_LABEL: &str = "runner-signing";
 const CHALLENGE_TTL: Duration = Duration::from_secs(60);
 /// Lines buffered per connection before a send waits.
 const CONNECTION_BUFFER: usize = 64;
+/// Late results being attached at once ([`late::attach`]), per process: more are dropped
+/// (logged), so that a runner posting results in a loop cannot pile up waiting tasks.
+const LATE_ATTACH_SLOTS: usize = 64;
 
 /// Timing of the remote devices (`--runner-*`).
 #[derive(Debug, Clone, Copy)]
@@ -100,7 +103,9 @@ struct Connection {
 #[derive(Default)]
 struct Inner {
     connections: HashMap<String, Arc<Connection>>,
-    pending: HashMap<String, oneshot::Sender<JobOutcome>>,
+    /// Jobs waiting for their outcome, by nonce: the device the job was sent to (only its
+    /// runner may answer it) and the waiter.
+    pending: HashMap<String, (String, oneshot::Sender<JobOutcome>)>,
 }
 
 /// Where a device stands, seen from this process.
@@ -199,6 +204,8 @@ pub struct DeviceHub {
     enroll_limit: enroll_limit::EnrollLimiter,
     /// Bumped when a device session's output or end is stored ([`terminal`]).
     terminal_wake: tokio::sync::watch::Sender<u64>,
+    /// [`LATE_ATTACH_SLOTS`].
+    late_slots: Arc<tokio::sync::Semaphore>,
     node: Arc<Node>,
     client: reqwest::Client,
 }
@@ -343,6 +350,7 @@ impl DeviceHub {
             inner: Mutex::new(Inner::default()),
             enroll_limit,
             terminal_wake: tokio::sync::watch::Sender::new(0),
+            late_slots: Arc::new(tokio::sync::Semaphore::new(LATE_ATTACH_SLOTS)),
             node,
             client,
         })
@@ -497,13 +505,23 @@ impl DeviceHub {
         if let Some(old) = self.inner.lock().connections.insert(req.device_id.clone(), conn) {
             old.cut.cancel();
         }
+        // A revocation between `hold_device` and the insert above found no connection here to
+        // cut: read the row again, so that a revoked device's runner never stays attached.
+        if self.store.device_by_id(&req.device_id).await?.is_none_or(|row| row.revoked_at.is_some()) {
+            self.cut_here(&req.device_id);
+            return Err(HubError::Refused(ErrorCode::DeviceRevoked, format!("device {} was revoked", req.device_id)));
+        }
         tracing::info!(device = %req.device_id, "runner connected");
         Ok(Attached { rx, cut, guard: DetachGuard { hub: Arc::clone(self), device_id: req.device_id, session } })
     }
 
+    /// The connection whose session token is `session`. Compared by SHA-256 (of what the
+    /// caller sent and of each session), so that how long the comparison takes tells nothing
+    /// about a token.
     fn by_session(&self, session: &str) -> Option<(String, Arc<Connection>)> {
+        let sha = crate::evidence::sha256_hex(session.as_bytes());
         let inner = self.inner.lock();
-        inner.connections.iter().find(|(_, c)| c.session == session).map(|(d, c)| (d.clone(), Arc::clone(c)))
+        inner.connections.iter().find(|(_, c)| c.session_sha == sha).map(|(d, c)| (d.clone(), Arc::clone(c)))
     }
 
     fn session_refused() -> HubError {
@@ -554,7 +572,22 @@ impl DeviceHub {
     pub async fn deliver_here(&self, session: &str, result: JobResult) -> Result<(), HubError> {
         let (device, conn) = self.by_session(session).ok_or_else(Self::session_refused)?;
         *conn.last_beat.lock() = Instant::now();
-        let waiter = self.inner.lock().pending.remove(&result.nonce);
+        let waiter = {
+            let mut inner = self.inner.lock();
+            match inner.pending.get(&result.nonce) {
+                Some((for_device, _)) if *for_device != device => {
+                    drop(inner);
+                    tracing::warn!(device = %device, nonce = %result.nonce,
+                        "a runner answered a job sent to another device; refused");
+                    return Err(HubError::Refused(
+                        ErrorCode::DeviceAuthFailed,
+                        "this runner was not sent that job".into(),
+                    ));
+                }
+                Some(_) => inner.pending.remove(&result.nonce).map(|(_, tx)| tx),
+                None => None,
+            }
+        };
         match waiter {
             Some(tx) => {
                 let _ = tx.send(result.outcome);
@@ -566,12 +599,18 @@ impl DeviceHub {
             None => {
                 tracing::warn!(device = %device, invocation = %result.invocation_id, late = result.late,
                     "a runner delivered a result no call waits for any more; attaching it to its invocation");
+                let Ok(slot) = Arc::clone(&self.late_slots).try_acquire_owned() else {
+                    tracing::warn!(device = %device, invocation = %result.invocation_id,
+                        "too many late results are being attached at once; this one is dropped");
+                    return Ok(());
+                };
                 let store = self.store.clone();
                 let wait = self.settings.lease * 3;
                 tokio::spawn(async move {
                     if let Err(e) = late::attach(&store, &device, result, wait).await {
                         tracing::warn!(device = %device, error = %e, "attaching a late device result failed");
                     }
+                    drop(slot);
                 });
             }
         }
@@ -799,7 +838,9 @@ impl DeviceHub {
 
     /// Sends one signed job to `device_id`'s runner and waits for its outcome.
     ///
-    /// Errors: `device_offline` when no runner holds a lease (nothing was sent); once sent,
+    /// Errors: `device_offline` when no runner holds a lease (nothing was sent);
+    /// `device_revoked` for an execution on a device the store says is revoked (its
+    /// connection here is cut, nothing was sent); once sent,
     /// when the runner stays away for a whole lease without answering: `outcome_unknown`
     /// for an execution (it may have run; it is never sent again), `device_offline` for
     /// prepare and canonicalize (which change nothing). `cancel` ends the wait.
@@ -814,6 +855,23 @@ impl DeviceHub {
                 .with_details(json!({"device_id": device_id}))
         };
         let conn = self.live(device_id).ok_or_else(|| offline("; nothing was sent to it"))?;
+        if spec.phase == JobPhase::Execute {
+            // A revocation made on another replica that could not tell this one leaves the
+            // connection here until the runner's next heartbeat: an execution asks the store.
+            let row = self
+                .store
+                .device_by_id(device_id)
+                .await
+                .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?;
+            if let Some(at) = row.as_ref().and_then(|r| r.revoked_at.as_deref()) {
+                self.cut_here(device_id);
+                return Err(ToolError::new(
+                    ErrorCode::DeviceRevoked,
+                    format!("device {device_id} was revoked at {at}; nothing was sent to it"),
+                )
+                .with_details(json!({"device_id": device_id})));
+            }
+        }
         let nonce = random_hex(16);
         let envelope = JobEnvelope {
             version: PROTOCOL_VERSION,
@@ -831,7 +889,7 @@ impl DeviceHub {
             nonce: nonce.clone(),
         };
         let (tx, mut rx) = oneshot::channel();
-        self.inner.lock().pending.insert(nonce.clone(), tx);
+        self.inner.lock().pending.insert(nonce.clone(), (device_id.to_owned(), tx));
         let _forget = PendingGuard { hub: self, nonce: nonce.clone() };
         if conn.tx.send(ServerMessage::Job(SignedJob::seal(&envelope, &self.key))).await.is_err() {
             return Err(offline("; nothing was sent to it"));

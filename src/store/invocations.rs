@@ -811,8 +811,9 @@ impl Store {
 
 impl Store {
     /// Attaches `draft` (kind `kind`) to invocation `inv` after its end, when its outcome was
-    /// unknown: only while it is `interrupted` or `cancelled` (its status never changes here)
-    /// and only once per kind (a second delivery adds nothing). The row is locked by a no-op
+    /// unknown: only while it is `interrupted` or `cancelled` after it started (a call
+    /// cancelled before it was claimed never reached a device; its status never changes
+    /// here) and only once per kind (a second delivery adds nothing). The row is locked by a no-op
     /// update, so two deliveries at once store one. Returns the new evidence id, None when
     /// nothing was stored.
     pub async fn attach_late_evidence(
@@ -823,7 +824,8 @@ impl Store {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
         let locked = sqlx::query(
-            "UPDATE invocations SET updated_at = updated_at WHERE id = $1 AND status IN ('interrupted', 'cancelled')",
+            "UPDATE invocations SET updated_at = updated_at
+             WHERE id = $1 AND status IN ('interrupted', 'cancelled') AND started_at IS NOT NULL",
         )
         .bind(&inv.id)
         .execute(tx.conn())

@@ -10,8 +10,21 @@ use crate::registry::ToolError;
 
 /// Opens the registered workspace `row` on this host by identity
 /// ([`Workspace::open_pinned`]) with the Read tools' hard-link rule `rule`. Errors:
-/// `workspace_changed` (409), `workspace_unavailable` (503).
+/// `workspace_changed` (409), `workspace_unavailable` (503), also for a workspace on a device:
+/// its path is on the device (its owner chose it freely, nothing checked it on this host), so
+/// this host never opens it (what the answer would tell — whether the path exists here, the
+/// identity of what is there — is not the caller's to know).
 pub fn open_registered(row: &crate::store::WorkspaceRow, rule: HardLinks) -> Result<Workspace, ToolError> {
+    if let Some(device) = &row.device_id {
+        return Err(ToolError::new(
+            crate::error::ErrorCode::WorkspaceUnavailable,
+            format!(
+                "workspace {} is a folder on device {device}: tools that run on the server host have no folder there",
+                row.id
+            ),
+        )
+        .with_details(serde_json::json!({"workspace_id": row.id, "device_id": device})));
+    }
     let expected = row.root_identity.as_deref().and_then(RootIdentity::parse);
     Workspace::open_pinned(Path::new(&row.path), expected)
         .map(|ws| ws.with_hard_links(rule))

@@ -12,6 +12,7 @@ mod docs;
 mod embedding;
 mod hostile_access;
 mod hostile_approvals;
+mod hostile_devices;
 mod hostile_files;
 mod hostile_sandbox;
 mod http_limits;

@@ -74,8 +74,9 @@ pub struct AvailabilityContext {
     /// The device.
     pub device: DeviceInfo,
     /// Root folder (on the server host) of the workspace the question is about: the run's
-    /// workspace, or the default workspace when no run is named; None when neither is known.
-    /// Tools whose state is per workspace (the code graph index) judge by it.
+    /// workspace, or the default workspace when no run is named; None when neither is known
+    /// and for a workspace on a device (its path is on the device). Tools whose state is per
+    /// workspace (the code graph index) judge by it.
     pub workspace_root: Option<std::path::PathBuf>,
     /// Whether that workspace's root is usable: `unavailable` with `workspace_changed` when
     /// the folder at its path is no longer the one registered (replaced, a symlink, moved),

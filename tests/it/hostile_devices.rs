@@ -1,0 +1,511 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Hostile devices and cluster internals, over HTTP on SQLite and on Postgres, with runners
+//! spoken by hand (enroll, challenge, signed connect, the NDJSON stream) so that a runner can
+//! send what a hostile one would.
+//!
+//! - A runner speaks for its own device only: another user's runner cannot write output into
+//!   or end a device session of someone else's device, cannot answer a job sent to another
+//!   device (even knowing its nonce), and its late result for another device's invocation is
+//!   dropped. A late result never lands on a call that was cancelled before it started (it
+//!   never reached the device).
+//! - Another user cannot revoke a device or take an enrollment code for it; a revoked device's
+//!   stream ends at once and its session token is refused on every runner route.
+//! - A device workspace's folder is a path on the device that its owner chose freely: the
+//!   host never looks at it (the code graph's availability once indexed it on the host and
+//!   told whether it existed and how far the walk got: an oracle on the host's folders for any
+//!   user with a device).
+//! - A device revoked through another replica that could not tell the holder (its runner
+//!   still attached here until its next heartbeat) is sent no execution: `device_revoked`.
+//! - Every `/internal/v1/*` route refuses a request without the exact cluster secret (no
+//!   header, a prefix, a longer value, another case), and every one is refused when no secret
+//!   is configured, whatever the header says.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{Backend, Options, TestApp, spawn, spawn_with};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+both_backends!(
+    a_runner_speaks_only_for_its_own_device,
+    a_revoked_device_and_its_session_are_refused,
+    internal_routes_demand_the_cluster_secret,
+    a_device_folder_is_never_looked_at_on_the_host,
+    an_execution_is_never_sent_to_a_device_the_store_says_is_revoked,
+);
+
+/// A runner spoken by hand: its device, its session bearer and its open stream.
+struct HandRunner {
+    device: String,
+    session: String,
+    stream: reqwest::Response,
+    buf: Vec<u8>,
+}
+
+impl HandRunner {
+    /// The next line of the stream that is not a ping (None when the stream ended or
+    /// nothing came within `within`).
+    async fn next(&mut self, within: Duration) -> Option<Value> {
+        let until = Instant::now() + within;
+        loop {
+            if let Some(at) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=at).collect();
+                let v: Value = serde_json::from_slice(&line).unwrap();
+                if v["type"] == "ping" {
+                    continue;
+                }
+                return Some(v);
+            }
+            let left = until.checked_duration_since(Instant::now())?;
+            match tokio::time::timeout(left, self.stream.chunk()).await {
+                Ok(Ok(Some(bytes))) => self.buf.extend_from_slice(&bytes),
+                Ok(Ok(None) | Err(_)) | Err(_) => return None,
+            }
+        }
+    }
+
+    /// Whether the stream ended within `within`.
+    async fn ended(&mut self, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            let Some(left) = until.checked_duration_since(Instant::now()) else { return false };
+            match tokio::time::timeout(left, self.stream.chunk()).await {
+                Ok(Ok(Some(_))) => {}
+                Ok(Ok(None) | Err(_)) => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+fn streaming_client() -> reqwest::Client {
+    reqwest::Client::builder().build().unwrap()
+}
+
+/// Registers a device for `token`, enrolls key `seed` with its code and connects, advertising
+/// the Read tools and the workspace folder `/srv/<name>`.
+async fn hand_runner(t: &TestApp, token: &str, name: &str, seed: u8) -> HandRunner {
+    let r = t.post("/v1/devices", token, json!({"name": name})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let device = r.body["id"].as_str().unwrap().to_owned();
+    let code = r.body["enrollment"]["code"].as_str().unwrap().to_owned();
+    let key = mira_core::remote::signing_key(&[seed; 32]);
+    let client = streaming_client();
+    let r = client
+        .post(format!("{}/v1/runner/enroll", t.base))
+        .json(&json!({"code": code, "public_key": mira_core::remote::public_hex(&key)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r: Value = client
+        .post(format!("{}/v1/runner/challenge", t.base))
+        .json(&json!({"device_id": device}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let challenge = r["challenge"].as_str().unwrap().to_owned();
+    let signature = mira_core::remote::sign(
+        &key,
+        mira_core::remote::CONNECT_DOMAIN,
+        &mira_core::remote::connect_message(&device, &challenge),
+    );
+    let stream = client
+        .post(format!("{}/v1/runner/connect", t.base))
+        .json(&json!({"device_id": device, "challenge": challenge, "signature": signature,
+            "advertised": {"capabilities": ["fs.read", "fs.write"], "tools": ["read_open", "codebase_explore"],
+                "workspaces": [{"path": format!("/srv/{name}")}], "version": "hand"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut runner = HandRunner { device, session: String::new(), stream, buf: Vec::new() };
+    let welcome = runner.next(Duration::from_secs(5)).await.expect("a welcome line");
+    assert_eq!(welcome["type"], "welcome", "{welcome}");
+    runner.session = welcome["session"].as_str().unwrap().to_owned();
+    runner
+}
+
+/// `POST /v1/runner/<route>` with `session` as the bearer: (status, error code).
+async fn runner_post(t: &TestApp, session: &str, route: &str, body: reqwest::Body, json: bool) -> (StatusCode, Value) {
+    let mut r = t.client.post(format!("{}/v1/runner/{route}", t.base)).bearer_auth(session).body(body);
+    if json {
+        r = r.header("content-type", "application/json");
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+async fn result_post(t: &TestApp, session: &str, body: Value) -> (StatusCode, Value) {
+    runner_post(t, session, "results", body.to_string().into(), true).await
+}
+
+fn late_output(nonce: &str, invocation: &str, marker: &str) -> Value {
+    json!({"nonce": nonce, "invocation_id": invocation, "late": true,
+        "outcome": {"status": "output", "output": {"output": {"by": marker}, "evidence": []}}})
+}
+
+/// A device-bound run of `token` on `runner`'s device, its workspace `/srv/<name>`.
+async fn device_run(t: &TestApp, token: &str, runner: &HandRunner, name: &str) -> String {
+    let r = t
+        .post(
+            "/v1/workspaces",
+            token,
+            json!({"name": name, "path": format!("/srv/{name}"), "device_id": runner.device}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let r = t.post("/v1/runs", token, json!({"workspace_id": r.body["id"]})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    r.body["id"].as_str().unwrap().to_owned()
+}
+
+async fn late_kinds(t: &TestApp, token: &str, inv: &str) -> Vec<Value> {
+    let v = t.get(&format!("/v1/invocations/{inv}"), token).await.body;
+    let mut out = Vec::new();
+    for id in v["evidence_ids"].as_array().unwrap() {
+        let e = t.get(&format!("/v1/evidence/{}", id.as_str().unwrap()), token).await.body;
+        if e["kind"] == "late_device_result" {
+            out.push(e);
+        }
+    }
+    out
+}
+
+async fn a_runner_speaks_only_for_its_own_device(backend: Backend) {
+    let t = spawn(backend).await;
+    let alice = t.user("alice").await;
+    let bob = t.user("bob").await;
+    let alice_id = t.get("/v1/me", &alice).await.body["id"].as_str().unwrap().to_owned();
+    let mut a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    let b = hand_runner(&t, &bob, "bob-laptop", 9).await;
+    let run = device_run(&t, &alice, &a, "alice-ws").await;
+
+    // 1. Output and end of a session on alice's device, sent with bob's runner session.
+    let session_id = "tss_0123456789abcdef0123456789abcdef".to_owned();
+    let origin = mira::store::SessionOrigin {
+        owner_id: alice_id.clone(),
+        run_id: run.clone(),
+        invocation_id: "inv_0123456789abcdef0123456789abcdef".into(),
+    };
+    let row = mira::store::TerminalSessionRow::new_running(
+        session_id.clone(),
+        a.device.clone(),
+        origin,
+        mira::store::SessionLaunch {
+            command: "sh".into(),
+            cols: 80,
+            rows: 24,
+            timeout_ms: 60_000,
+            ..Default::default()
+        },
+    );
+    t.app().store.insert_terminal_session(&row).await.unwrap();
+    let out = |session: String| {
+        let t = &t;
+        let q = format!("terminal/output?session_id={session_id}&offset=0");
+        async move { runner_post(t, &session, &q, b"rm -rf ~\n".to_vec().into(), false).await }
+    };
+    let (status, body) = out(b.session.clone()).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("terminal_session_not_found")));
+    let end = json!({"session_id": session_id, "bytes_out": 0, "state": "killed", "end_reason": "bob"});
+    let (status, body) = runner_post(&t, &b.session, "terminal/end", end.to_string().into(), true).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("terminal_session_not_found")));
+    let stored = t.app().store.terminal_session_for_any(&session_id).await.unwrap().unwrap();
+    assert_eq!((stored.bytes_out, stored.state.to_string().as_str()), (0, "running"), "bob's runner wrote into it");
+    // Alice's own runner may (the refusal above is about the device, not the route).
+    let (status, body) = out(a.session.clone()).await;
+    assert_eq!((status, body["bytes_out"].as_u64()), (StatusCode::OK, Some(9)), "{body}");
+
+    // 2. A job sent to alice's runner (the freeze of a Read call) answered by bob's runner
+    // with the job's nonce: refused, and the call gets alice's runner's answer.
+    let (turn, _) = t.turn(&alice, &run, "read a file").await;
+    let call = {
+        let t2 = (t.base.clone(), alice.clone(), run.clone(), turn.clone());
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(format!("{}/v1/runs/{}/invocations", t2.0, t2.2))
+                .bearer_auth(&t2.1)
+                .json(&json!({"turn_id": t2.3, "tool_id": "read_open", "tool_call_id": "r1", "input": {"path": "notes.txt"}}))
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.json::<Value>().await.unwrap())
+        })
+    };
+    let job = a.next(Duration::from_secs(10)).await.expect("the freeze sends a job to alice's runner");
+    assert_eq!(job["type"], "job", "{job}");
+    let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
+    let nonce = envelope["nonce"].as_str().unwrap().to_owned();
+    let error = |by: &str| {
+        json!({"nonce": nonce, "invocation_id": "", "late": false,
+            "outcome": {"status": "error", "error": {"code": "not_found", "message": format!("answered by {by}"), "details": null}}})
+    };
+    let (status, body) = result_post(&t, &b.session, error("bob")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("device_auth_failed")));
+    let (status, _) = result_post(&t, &a.session, error("alice")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, answer) = tokio::time::timeout(Duration::from_secs(10), call).await.unwrap().unwrap();
+    let text = answer.to_string();
+    assert!(text.contains("answered by alice") && !text.contains("answered by bob"), "{status}: {answer:#}");
+
+    // 3. Late results: bob's runner names alice's interrupted call; alice's runner names her
+    // call cancelled while it awaited approval (never sent anywhere), then her interrupted one.
+    let probe = common::TestTool::new("hostile_device_probe", "a probe needing approval", true);
+    t.app().registry.register(std::sync::Arc::new(probe)).unwrap();
+    // A run bound to alice's device in the host's default workspace: the probe (a host tool)
+    // has a host folder to be frozen in.
+    let r = t.post("/v1/runs", &alice, json!({"device_id": a.device})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let run = r.body["id"].as_str().unwrap().to_owned();
+    let (turn, _) = t.turn(&alice, &run, "probe the device").await;
+    let mut frozen = Vec::new();
+    for call in ["p1", "p2"] {
+        let r = t.call(&alice, &run, &turn, "hostile_device_probe", call, json!({"value": call})).await;
+        assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+        frozen.push(r.body["invocation_id"].as_str().unwrap().to_owned());
+    }
+    let (interrupted, cancelled) = (frozen[0].clone(), frozen[1].clone());
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&t.db.url).await.unwrap();
+    sqlx::query(
+        "UPDATE invocations SET status = 'interrupted', started_at = '2026-01-01T00:00:00.000Z',
+                finished_at = '2026-01-01T00:00:01.000Z' WHERE id = $1",
+    )
+    .bind(&interrupted)
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let r = t.post(&format!("/v1/invocations/{cancelled}/cancel"), &alice, json!({})).await;
+    assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::OK, Some("cancelled")), "{r:?}");
+
+    let (status, _) = result_post(&t, &b.session, late_output("n-bob", &interrupted, "bob")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = result_post(&t, &a.session, late_output("n-a1", &cancelled, "alice")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _) = result_post(&t, &a.session, late_output("n-a2", &interrupted, "alice")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let start = Instant::now();
+    let late = loop {
+        let late = late_kinds(&t, &alice, &interrupted).await;
+        if !late.is_empty() {
+            break late;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "alice's own late result was never attached");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let late_again = late_kinds(&t, &alice, &interrupted).await;
+    assert_eq!(late_again.len(), 1, "{late_again:#?}");
+    assert_eq!(late[0]["provenance"]["device_id"], a.device.as_str(), "{late:#?}");
+    let on_cancelled = late_kinds(&t, &alice, &cancelled).await;
+    assert!(on_cancelled.is_empty(), "a late result landed on a call that never started: {on_cancelled:#?}");
+    let v = t.get(&format!("/v1/invocations/{cancelled}"), &alice).await.body;
+    assert_eq!(v["status"], "cancelled", "{v}");
+}
+
+async fn a_revoked_device_and_its_session_are_refused(backend: Backend) {
+    let t = spawn(backend).await;
+    let alice = t.user("alice").await;
+    let bob = t.user("bob").await;
+    let mut a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+
+    // Bob can neither revoke alice's device nor take a code for it (404, nothing changes).
+    for path in ["revoke", "enrollment-code"] {
+        let r = t.post(&format!("/v1/devices/{}/{path}", a.device), &bob, json!({})).await;
+        assert_eq!((r.status, r.code()), (StatusCode::NOT_FOUND, "not_found"), "{path}: {r:?}");
+    }
+    let (status, _) = runner_post(&t, &a.session, "heartbeat", Vec::new().into(), false).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "bob's attempts cut alice's runner");
+    let v = t.get("/v1/devices", &alice).await.body;
+    assert_eq!(v["devices"][0]["status"], "connected", "{v}");
+
+    let r = t.post(&format!("/v1/devices/{}/revoke", a.device), &alice, json!({})).await;
+    assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::OK, Some("revoked")), "{r:?}");
+    assert!(a.ended(Duration::from_secs(3)).await, "the revoked device's stream did not end");
+    let refused =
+        |(status, body): (StatusCode, Value)| (status, body["error"]["code"].as_str().unwrap_or("").to_owned());
+    let expect = (StatusCode::UNAUTHORIZED, "device_auth_failed".to_owned());
+    assert_eq!(refused(runner_post(&t, &a.session, "heartbeat", Vec::new().into(), false).await), expect);
+    assert_eq!(refused(result_post(&t, &a.session, late_output("n", "inv_0", "x")).await), expect);
+    let q = "terminal/output?session_id=tss_0123456789abcdef0123456789abcdef&offset=0";
+    assert_eq!(refused(runner_post(&t, &a.session, q, b"x".to_vec().into(), false).await), expect);
+    let r = t.client.post(format!("{}/v1/runner/challenge", t.base)).json(&json!({"device_id": a.device})).send().await;
+    let r = r.unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::FORBIDDEN, Some("device_revoked")), "{body}");
+    let r = t.post(&format!("/v1/devices/{}/enrollment-code", a.device), &alice, json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "device_revoked"), "{r:?}");
+}
+
+const INTERNAL: [&str; 7] = [
+    "/internal/v1/execute",
+    "/internal/v1/mcp/connect",
+    "/internal/v1/mcp/discover",
+    "/internal/v1/devices/job",
+    "/internal/v1/devices/cut",
+    "/internal/v1/runner/heartbeat",
+    "/internal/v1/runner/results",
+];
+
+/// `POST <route>` with the secret header `secret` (None: no header) and `bearer`.
+async fn internal(t: &TestApp, route: &str, secret: Option<&str>, bearer: &str, body: &Value) -> (StatusCode, Value) {
+    let mut r = t.client.post(format!("{}{route}", t.base)).bearer_auth(bearer).json(body);
+    if let Some(secret) = secret {
+        r = r.header("x-mira-cluster-secret", secret);
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn internal_routes_demand_the_cluster_secret(backend: Backend) {
+    let secret = "cluster-s3cret";
+    let mut options = Options::default();
+    options.runtime.cluster.secret = Some(secret.into());
+    let t = spawn_with(backend, options).await;
+    let alice = t.user("alice").await;
+    let a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    let device = a.device.clone();
+    let bodies = |route: &str| match route {
+        "/internal/v1/execute" => json!({"invocation_id": "inv_0123456789abcdef0123456789abcdef", "claimed_by": "x"}),
+        "/internal/v1/devices/job" => json!({"device_id": device, "spec": {"phase": "canonicalize",
+            "invocation_id": "", "run_id": "", "owner_id": "", "tool_id": "read_open", "input": {}, "approval_id": null,
+            "workspace": "/srv/alice-laptop"}}),
+        "/internal/v1/runner/results" => late_output("n", "inv_0123456789abcdef0123456789abcdef", "x"),
+        "/internal/v1/mcp/connect" | "/internal/v1/mcp/discover" => json!({"server_id": "mcp_0"}),
+        _ => json!({"device_id": device}),
+    };
+    let upper = secret.to_uppercase();
+    let longer = format!("{secret}x");
+    let wrong = [None, Some(""), Some(&secret[..secret.len() - 1]), Some(longer.as_str()), Some(upper.as_str())];
+    for route in INTERNAL {
+        for given in wrong {
+            let (status, body) = internal(&t, route, given, &a.session, &bodies(route)).await;
+            assert_eq!(
+                (status, body["error"]["code"].as_str()),
+                (StatusCode::UNAUTHORIZED, Some("unauthorized")),
+                "{route} with {given:?}: {body}"
+            );
+        }
+    }
+    // The runner was neither cut nor beaten for: its session still works and the device is
+    // connected.
+    let (status, _) = runner_post(&t, &a.session, "heartbeat", Vec::new().into(), false).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    // With the secret: a cut of a device that is not revoked cuts nothing; a heartbeat for a
+    // session this replica does not hold is refused.
+    let (status, body) = internal(&t, "/internal/v1/devices/cut", Some(secret), "x", &bodies("cut")).await;
+    assert_eq!((status, body["cut"].as_bool()), (StatusCode::OK, Some(false)), "{body}");
+    let (status, body) = internal(&t, "/internal/v1/runner/heartbeat", Some(secret), "mrs_forged", &json!({})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("device_auth_failed")));
+    let v = t.get("/v1/devices", &alice).await.body;
+    assert_eq!(v["devices"][0]["status"], "connected", "{v}");
+    drop(a);
+
+    // No secret configured: every internal route is refused, whatever is sent.
+    let t = spawn(backend).await;
+    let alice = t.user("alice").await;
+    let a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    for route in INTERNAL {
+        for given in [None, Some(""), Some(secret)] {
+            let (status, body) = internal(&t, route, given, &a.session, &bodies(route)).await;
+            assert_eq!(
+                (status, body["error"]["code"].as_str()),
+                (StatusCode::UNAUTHORIZED, Some("unauthorized")),
+                "{route} with {given:?}: {body}"
+            );
+        }
+    }
+}
+
+async fn a_device_folder_is_never_looked_at_on_the_host(backend: Backend) {
+    let t = spawn(backend).await;
+    let mallory = t.user("mallory").await;
+    let a = hand_runner(&t, &mallory, "mallory-laptop", 11).await;
+    // A host folder with code in it, and a path that exists nowhere on the host.
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("lib.rs"), "pub fn secret() {}\n").unwrap();
+    let host_path = std::fs::canonicalize(host.path()).unwrap().to_string_lossy().into_owned();
+    let probe = common::TestTool::new("hostile_folder_probe", "a host tool", false);
+    t.app().registry.register(std::sync::Arc::new(probe)).unwrap();
+    for (name, path) in [("host-folder", host_path.as_str()), ("nowhere", "/nonexistent-on-this-host/x")] {
+        let r = t.post("/v1/workspaces", &mallory, json!({"name": name, "path": path, "device_id": a.device})).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        let r = t.post("/v1/runs", &mallory, json!({"workspace_id": r.body["id"]})).await;
+        let run = r.body["id"].as_str().unwrap().to_owned();
+        let (turn, _) = t.turn(&mallory, &run, "explore the code graph").await;
+        // A host tool's call there is refused without the host opening the path: the same
+        // answer whether or not something is at that path here.
+        let r = t.call(&mallory, &run, &turn, "hostile_folder_probe", "h1", json!({"value": "x"})).await;
+        assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "workspace_unavailable"), "{name}: {r:?}");
+        assert!(!r.body.to_string().contains(path), "{name}: the answer names the host path: {r:?}");
+        // On the run's device, and as if on the host (`device=local`).
+        for query in [format!("turn={turn}"), format!("turn={turn}&device=local")] {
+            for _ in 0..3 {
+                let v = t.get(&format!("/v1/tools/codebase_explore?{query}"), &mallory).await;
+                assert_eq!(v.status, StatusCode::OK, "{v:?}");
+                let reason = v.body["reason"]["code"].as_str().unwrap_or("");
+                assert!(
+                    !reason.starts_with("index_"),
+                    "{name} ({query}): the host judged the device folder {path}: {:#}",
+                    v.body
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn an_execution_is_never_sent_to_a_device_the_store_says_is_revoked(backend: Backend) {
+    let t = spawn(backend).await;
+    let alice = t.user("alice").await;
+    let mut a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    let run = device_run(&t, &alice, &a, "alice-ws").await;
+    let (turn, _) = t.turn(&alice, &run, "read a file").await;
+    let call = {
+        let (base, token, run, turn) = (t.base.clone(), alice.clone(), run.clone(), turn.clone());
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(format!("{base}/v1/runs/{run}/invocations"))
+                .bearer_auth(&token)
+                .json(&json!({"turn_id": turn, "tool_id": "read_open", "tool_call_id": "r1", "input": {"path": "notes.txt"}}))
+                .send()
+                .await
+                .unwrap();
+            r.json::<Value>().await.unwrap()
+        })
+    };
+    let job = a.next(Duration::from_secs(10)).await.expect("the freeze's prepare job");
+    let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
+    assert_eq!(envelope["phase"], "prepare", "{envelope}");
+    // Revoked as another replica records it when it cannot reach this one: the row only.
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&t.db.url).await.unwrap();
+    sqlx::query("UPDATE devices SET revoked_at = '2026-01-01T00:00:00.000Z', holder_node_id = NULL, holder_process_id = NULL, session_sha256 = NULL WHERE id = $1")
+        .bind(&a.device)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let prepared = json!({"nonce": envelope["nonce"], "invocation_id": "", "late": false,
+        "outcome": {"status": "prepared", "input": {"path": "notes.txt"}, "preview": {}}});
+    let (status, body) = result_post(&t, &a.session, prepared).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let frozen = tokio::time::timeout(Duration::from_secs(10), call).await.unwrap().unwrap();
+    let inv = frozen["invocation_id"].as_str().unwrap_or_else(|| panic!("{frozen:#}")).to_owned();
+    let next = a.next(Duration::from_secs(3)).await;
+    assert!(next.is_none(), "an execution was sent to the revoked device: {next:#?}");
+    let done = t.wait_final(&alice, &inv).await;
+    assert_eq!(done["result"]["error"]["code"], "device_revoked", "{done:#}");
+}
