@@ -163,8 +163,13 @@ catalogue! {
     FourEyesRequired = (403, "four_eyes_required"),
     /// A URL the server would fetch points inside the host's networks.
     InternalAddress = (403, "internal_address"),
+    /// A connection limited to a list of repositories was asked to act on another one.
+    RepositoryNotAllowed = (403, "repository_not_allowed"),
     /// The host cannot sandbox a non-admin's terminal.
     SandboxUnavailable = (403, "sandbox_unavailable"),
+    /// The connection's credential lacks the scope or permission the tool needs (the scope
+    /// is named in the message).
+    ScopeMissing = (403, "scope_missing"),
     /// A non-admin referred to the server's environment (`from_env`).
     ServerEnvReference = (403, "server_env_reference"),
     /// A non-admin asked for a workspace path outside the allowed roots.
@@ -195,6 +200,9 @@ catalogue! {
     DefinitionChanged = (409, "definition_changed"),
     /// The move's destination is a directory.
     DestinationIsDirectory = (409, "destination_is_directory"),
+    /// The branch or pull request head moved since the call was frozen (a merge or commit bound to
+    /// the head SHA the approver saw): nothing was changed.
+    HeadChanged = (409, "head_changed"),
     /// The invocation is not in a state that allows this.
     InvalidState = (409, "invalid_state"),
     /// The MCP server's tool discovery failed.
@@ -209,6 +217,8 @@ catalogue! {
     NoDisclaimer = (409, "no_disclaimer"),
     /// The tool is available but not exposed in the turn.
     NotExposed = (409, "not_exposed"),
+    /// GitHub will not merge the pull request (closed, already merged, conflicts, failing required checks).
+    NotMergeable = (409, "not_mergeable"),
     /// The tool is registered but not on the public surface.
     NotPublic = (409, "not_public"),
     /// The tool is not registered (a refused freeze; at execution, the tool is gone).
@@ -257,6 +267,8 @@ catalogue! {
     CorruptInput = (422, "corrupt_input"),
     /// The runner refused a job because its local policy does not give it that workspace folder.
     DeviceWorkspaceRefused = (422, "device_workspace_refused"),
+    /// GitHub answered with an error other than those with their own code (a validation error, 5xx).
+    GithubError = (422, "github_error"),
     /// The input fails the tool's JSON Schema.
     InputInvalid = (422, "input_invalid"),
     /// The server stopped.
@@ -334,6 +346,8 @@ catalogue! {
     Internal = (500, "internal"),
     /// The search connection was removed.
     ConnectionGone = (503, "connection_gone"),
+    /// The connection cannot be reached (its server is down or refuses the connection).
+    ConnectionUnreachable = (503, "connection_unreachable"),
     /// The search connection's credential cannot be read.
     CredentialUnavailable = (503, "credential_unavailable"),
     /// The device does not declare the capability the tool needs.
@@ -352,6 +366,8 @@ catalogue! {
     McpStopped = (503, "mcp_stopped"),
     /// The News Hub has no items yet.
     NewsHubEmpty = (503, "news_hub_empty"),
+    /// The caller has no usable connection of the kind a tool needs (GitHub, mail…).
+    NoConnection = (503, "no_connection"),
     /// No search provider is configured for the caller.
     NoSearchProvider = (503, "no_search_provider"),
     /// The replica that owns the resource (a terminal session, a stdio MCP server's process)
@@ -361,8 +377,14 @@ catalogue! {
     /// The replica that owns the resource runs but cannot be reached from this one (no
     /// `--cluster-secret`, or the forwarded request failed before it was sent).
     OwnerUnreachable = (503, "owner_unreachable"),
+    /// Whether the connection's credential grants what a tool needs cannot be verified (not
+    /// checked yet, or the server does not say); never treated as granted.
+    PermissionUnknown = (503, "permission_unknown"),
     /// The search provider cannot be reached.
     ProviderUnreachable = (503, "provider_unreachable"),
+    /// The connection's credential was refused (wrong, expired or revoked): the user must
+    /// replace it.
+    ReauthRequired = (503, "reauth_required"),
     /// A non-streaming request took longer than `--request-timeout-secs`.
     RequestTimeout = (503, "request_timeout"),
     /// The tool's input schema compiles in no JSON Schema dialect.
