@@ -47,3 +47,4 @@ echo "export MIRA_GITHUB_FIXTURES_SERVER=$NPM_DIR/node_modules/.bin/octokit-fixt
 echo "export MIRA_GITHUB_PRISM=$NPM_DIR/node_modules/.bin/prism"
 echo "export MIRA_GITHUB_OPENAPI=$NPM_DIR/node_modules/@octokit/openapi/generated/api.github.com.json"
 echo "export MIRA_GITHUB_OPENAPI_TRIMMED=$ROOT/api.github.com.trimmed.json"
+echo "export MIRA_GITHUB_FIXTURES=$NPM_DIR/node_modules/@octokit/fixtures/scenarios/api.github.com"

@@ -3,6 +3,7 @@
 //! of this build into a registry.
 
 pub mod codebase;
+pub mod github;
 pub mod search;
 pub mod terminal;
 

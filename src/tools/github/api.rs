@@ -162,9 +162,6 @@ impl Reply {
         if !(exhausted || (limited_status && self.header("retry-after").is_some()) || self.status.as_u16() == 429) {
             return None;
         }
-        if exhausted && self.status.is_success() {
-            // The answer came; the next call would be refused until the reset.
-        }
         let from_reset = self
             .header("x-ratelimit-reset")
             .and_then(|r| r.trim().parse::<i64>().ok())

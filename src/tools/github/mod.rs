@@ -28,7 +28,7 @@ pub mod issues;
 pub mod pulls;
 
 use std::marker::PhantomData;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
@@ -108,20 +108,24 @@ pub const MAX_TEXT_BYTES: usize = 128 * 1024;
 /// Most items of a list or search output.
 pub const MAX_ITEMS: u64 = 100;
 
-/// `owner/repo` as GitHub spells names: owner 1–39 of `[A-Za-z0-9-]`, repository 1–100 of
-/// `[A-Za-z0-9._-]`, not `.` or `..`.
-static REPO_RE: LazyLock<regex::Regex> = LazyLock::new(|| {
-    regex::Regex::new(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$").unwrap_or_else(|_| unreachable!())
-});
-
-/// Checks an `owner/repo` name (`invalid_field` otherwise).
+/// Checks an `owner/repo` name as GitHub spells them: owner 1–39 of `[A-Za-z0-9-]` not
+/// starting with `-`, repository 1–100 of `[A-Za-z0-9._-]`, not `.` or `..`
+/// (`invalid_field` otherwise).
 pub fn check_repo(repo: &str) -> Result<(), ToolError> {
-    let name = repo.split_once('/').map(|(_, n)| n).unwrap_or_default();
-    if !REPO_RE.is_match(repo) || name == "." || name == ".." {
-        return Err(ToolError::new(
-            ErrorCode::InvalidField,
-            format!("repo {repo:?} is not an owner/repository name"),
-        ));
+    let valid = match repo.split_once('/') {
+        Some((owner, name)) => {
+            (1..=39).contains(&owner.len())
+                && !owner.starts_with('-')
+                && owner.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && (1..=100).contains(&name.len())
+                && name != "."
+                && name != ".."
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        }
+        None => false,
+    };
+    if !valid {
+        return Err(ToolError::new(ErrorCode::InvalidField, format!("repo {repo:?} is not an owner/repository name")));
     }
     Ok(())
 }
