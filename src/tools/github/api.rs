@@ -381,7 +381,7 @@ impl Api {
         if !resp.status().is_success() {
             return Err(format!("the download answered {}", resp.status().as_u16()));
         }
-        crate::tools::search::net::read_capped(resp, cap as u64).await.map_err(|e| match e {
+        crate::tools::search::net::read_capped(resp, cap as u64).await.map(Bytes::from).map_err(|e| match e {
             crate::tools::search::net::BodyError::TooLarge(max) => format!("larger than {max} bytes"),
             crate::tools::search::net::BodyError::Transfer(e) => crate::tools::search::net::describe(&e),
         })
