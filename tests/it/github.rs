@@ -33,7 +33,8 @@ const FIXTURES_TOKEN: &str = "0000000000000000000000000000000000000001";
 
 fn env_path(var: &str) -> PathBuf {
     PathBuf::from(
-        std::env::var(var).unwrap_or_else(|_| panic!("{var} is not set: run `eval \"$(scripts/setup-github.sh)\"` first")),
+        std::env::var(var)
+            .unwrap_or_else(|_| panic!("{var} is not set: run `eval \"$(scripts/setup-github.sh)\"` first")),
     )
 }
 
@@ -56,7 +57,7 @@ struct Mock {
 
 /// Waits until `url` answers anything (30 s at most).
 async fn wait_up(url: &str, child: &mut tokio::process::Child) {
-    let client = reqwest::Client::new();
+    let client = mira::net::client_builder().build().unwrap();
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(30) {
         if let Ok(Some(status)) = child.try_wait() {
@@ -114,7 +115,8 @@ fn refused(responses: &mut Value) {
 /// base URL.
 async fn fixtures(scenario: &str) -> Mock {
     let recorded: Vec<Value> = serde_json::from_str(
-        &std::fs::read_to_string(env_path("MIRA_GITHUB_FIXTURES").join(scenario).join("normalized-fixture.json")).unwrap(),
+        &std::fs::read_to_string(env_path("MIRA_GITHUB_FIXTURES").join(scenario).join("normalized-fixture.json"))
+            .unwrap(),
     )
     .unwrap();
     let first = &recorded[0];
@@ -152,7 +154,9 @@ async fn fixtures(scenario: &str) -> Mock {
         .expect("fixtures-server starts");
     let server = format!("http://127.0.0.1:{port}");
     wait_up(&format!("{server}/ping"), &mut child).await;
-    let r: Value = reqwest::Client::new()
+    let r: Value = mira::net::client_builder()
+        .build()
+        .unwrap()
         .post(format!("{server}/fixtures"))
         .json(&json!({"scenario": name}))
         .send()
@@ -168,7 +172,11 @@ async fn fixtures(scenario: &str) -> Mock {
 /// Creates a GitHub connection for `token` (the caller's); returns its view.
 async fn connect(t: &TestApp, token: &str, settings: Value, credential: Value) -> Value {
     let r = t
-        .post("/v1/connections", token, json!({"kind": "github", "name": "gh", "settings": settings, "credential": credential}))
+        .post(
+            "/v1/connections",
+            token,
+            json!({"kind": "github", "name": "gh", "settings": settings, "credential": credential}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     assert!(!r.body.to_string().contains("ghp_"), "the credential leaked into the view: {}", r.body);
@@ -221,7 +229,9 @@ async fn github_tools_need_a_connection(backend: Backend) {
         assert_eq!(reason(&state), ("unavailable", "no_connection"), "{tool}: {state}");
     }
     let (run, turn) = turn(&t, &token).await;
-    let r = t.call(&token, &run, &turn, "github_read_issue", "c1", json!({"repo": "octocat/hello-world", "number": 1})).await;
+    let r = t
+        .call(&token, &run, &turn, "github_read_issue", "c1", json!({"repo": "octocat/hello-world", "number": 1}))
+        .await;
     assert_ne!(r.status, StatusCode::CREATED, "a call without a connection was frozen: {r:?}");
     assert!(r.body.to_string().contains("no_connection"), "{r:?}");
 }
@@ -239,13 +249,21 @@ async fn github_classic_token_without_repo_scope(backend: Backend) {
         let state = tool_state(&t, &token, tool).await;
         assert_eq!(state["state"], "available", "{tool}: {state}");
     }
-    for tool in ["github_create_issue", "github_comment", "github_merge_pull", "github_commit", "github_rerun", "github_review_pull"] {
+    for tool in [
+        "github_create_issue",
+        "github_comment",
+        "github_merge_pull",
+        "github_commit",
+        "github_rerun",
+        "github_review_pull",
+    ] {
         let state = tool_state(&t, &token, tool).await;
         assert_eq!(reason(&state), ("unavailable", "scope_missing"), "{tool}: {state}");
         assert!(state["reason"]["message"].as_str().unwrap().contains("repo"), "{state}");
     }
     // A read: the issue body is third-party evidence.
-    let done = call(&t, &token, "github_read_issue", "read-1", json!({"repo": "octocat/hello-world", "number": 1347})).await;
+    let done =
+        call(&t, &token, "github_read_issue", "read-1", json!({"repo": "octocat/hello-world", "number": 1347})).await;
     assert_eq!(done["status"], "completed", "{done}");
     let out = &done["result"]["output"];
     assert_eq!(out["trust"], "third_party", "{out}");
@@ -260,7 +278,8 @@ async fn github_classic_token_without_repo_scope(backend: Backend) {
         assert!(!ev.body.to_string().contains("ghp_readonly"), "the token leaked into evidence");
     }
     // A pull request read: diff and checks come along, and its head SHA.
-    let done = call(&t, &token, "github_read_pull", "read-2", json!({"repo": "octocat/hello-world", "number": 1347})).await;
+    let done =
+        call(&t, &token, "github_read_pull", "read-2", json!({"repo": "octocat/hello-world", "number": 1347})).await;
     assert_eq!(done["status"], "completed", "{done}");
     let out = &done["result"]["output"];
     assert_eq!(out["head"]["sha"], EXAMPLE_HEAD_SHA, "{out}");
@@ -282,7 +301,14 @@ async fn github_merge_is_bound_to_the_head_sha(backend: Backend) {
     let (run, turn) = turn(&t, &token).await;
     let old = "0123456789abcdef0123456789abcdef01234567";
     let r = t
-        .call(&token, &run, &turn, "github_merge_pull", "merge-old", json!({"repo": "octocat/Hello-World", "number": 1347, "sha": old}))
+        .call(
+            &token,
+            &run,
+            &turn,
+            "github_merge_pull",
+            "merge-old",
+            json!({"repo": "octocat/Hello-World", "number": 1347, "sha": old}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
@@ -290,7 +316,14 @@ async fn github_merge_is_bound_to_the_head_sha(backend: Backend) {
     let frozen = inv.to_string();
     assert!(frozen.contains(&conn) && frozen.contains(old), "the frozen input does not bind connection and sha: {inv}");
     // Approved, it still does not merge: the head is another commit now.
-    let done = call(&t, &token, "github_merge_pull", "merge-old", json!({"repo": "octocat/Hello-World", "number": 1347, "sha": old})).await;
+    let done = call(
+        &t,
+        &token,
+        "github_merge_pull",
+        "merge-old",
+        json!({"repo": "octocat/Hello-World", "number": 1347, "sha": old}),
+    )
+    .await;
     assert_eq!(done["status"], "failed", "{done}");
     assert_eq!(done["result"]["error"]["code"], "head_changed", "{done}");
     assert_eq!(done["result"]["error"]["details"]["current_sha"], EXAMPLE_HEAD_SHA, "{done}");
@@ -307,7 +340,16 @@ async fn github_merge_is_bound_to_the_head_sha(backend: Backend) {
     assert_eq!(done["result"]["output"]["merged"], true, "{done}");
     assert_eq!(done["result"]["output"]["head_sha"], EXAMPLE_HEAD_SHA, "{done}");
     // Bad input is refused at freeze time, nothing sent.
-    let r = t.call(&token, &run, &turn, "github_merge_pull", "merge-bad", json!({"repo": "octocat/../x", "number": 1, "sha": old})).await;
+    let r = t
+        .call(
+            &token,
+            &run,
+            &turn,
+            "github_merge_pull",
+            "merge-bad",
+            json!({"repo": "octocat/../x", "number": 1, "sha": old}),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{r:?}");
 }
 
@@ -336,7 +378,14 @@ async fn github_repository_allowlist(backend: Backend) {
     }
     // A qualifier that would leave the repository is refused too.
     let r = t
-        .call(&token, &run, &turn, "github_search_issues", "c-q", json!({"query": "bug repo:someone/else", "repo": "octocat/hello-world"}))
+        .call(
+            &token,
+            &run,
+            &turn,
+            "github_search_issues",
+            "c-q",
+            json!({"query": "bug repo:someone/else", "repo": "octocat/hello-world"}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{r:?}");
     // The allowed repository works, whatever its spelling.
@@ -354,7 +403,14 @@ async fn github_refused_token_and_server_down(backend: Backend) {
     assert_eq!(view["permissions"].to_string().contains("reauth_required"), true, "{view}");
     let state = tool_state(&t, &token, "github_read").await;
     assert_eq!(reason(&state), ("unavailable", "reauth_required"), "{state}");
-    let r = t.request(reqwest::Method::DELETE, &format!("/v1/connections/{}", view["id"].as_str().unwrap()), Some(&token), None).await;
+    let r = t
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/connections/{}", view["id"].as_str().unwrap()),
+            Some(&token),
+            None,
+        )
+        .await;
     assert!(r.status.is_success(), "{r:?}");
 
     connect(&t, &token, json!({"base_url": closed_port()}), json!({"token": "ghp_nowhere"})).await;
@@ -376,7 +432,8 @@ async fn github_recorded_fixtures(backend: Backend) {
     let entries = done["result"]["output"]["entries"].as_array().unwrap();
     assert!(entries.iter().any(|e| e["path"] == "README.md"), "{done}");
     let done =
-        call(&t, &token, "github_read", "cat", json!({"repo": "octokit-fixture-org/hello-world", "path": "README.md"})).await;
+        call(&t, &token, "github_read", "cat", json!({"repo": "octokit-fixture-org/hello-world", "path": "README.md"}))
+            .await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["result"]["output"]["content"], "# hello-world", "{done}");
     let ev = t.get(&format!("/v1/evidence/{}", done["evidence_ids"][0].as_str().unwrap()), &token).await;
@@ -385,8 +442,13 @@ async fn github_recorded_fixtures(backend: Backend) {
 
     // search-issues: the recorded query.
     let mock = fixtures("search-issues").await;
-    connect(&t, &token, json!({"base_url": mock.base, "repositories": ["octokit-fixture-org/search-issues"]}), json!({"token": FIXTURES_TOKEN}))
-        .await;
+    connect(
+        &t,
+        &token,
+        json!({"base_url": mock.base, "repositories": ["octokit-fixture-org/search-issues"]}),
+        json!({"token": FIXTURES_TOKEN}),
+    )
+    .await;
     let conns = t.get("/v1/connections", &token).await.body;
     let conn = conns["connections"].as_array().unwrap().last().unwrap()["id"].as_str().unwrap().to_owned();
     let done = call(

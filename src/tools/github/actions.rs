@@ -96,9 +96,18 @@ impl Action for ListRuns {
             url.push_str(&format!("&head_sha={s}"));
         }
         let r = api.get(&url).await?;
-        let runs: Vec<Value> =
-            r.get("workflow_runs").and_then(Value::as_array).into_iter().flatten().take(MAX_ITEMS as usize).map(run_summary).collect();
-        Ok(ToolOutput { output: json!({"repo": input.repo, "total_count": r.get("total_count"), "runs": runs}), evidence: Vec::new() })
+        let runs: Vec<Value> = r
+            .get("workflow_runs")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .take(MAX_ITEMS as usize)
+            .map(run_summary)
+            .collect();
+        Ok(ToolOutput {
+            output: json!({"repo": input.repo, "total_count": r.get("total_count"), "runs": runs}),
+            evidence: Vec::new(),
+        })
     }
 }
 

@@ -64,10 +64,7 @@ impl Credential {
         };
         if let Some(token) = obj.get("token") {
             if obj.len() != 1 {
-                return Err(ToolError::new(
-                    ErrorCode::InvalidField,
-                    "a token credential has only the field token",
-                ));
+                return Err(ToolError::new(ErrorCode::InvalidField, "a token credential has only the field token"));
             }
             let token = token.as_str().unwrap_or_default();
             let printable = token.bytes().all(|b| b.is_ascii_graphic());
@@ -196,10 +193,7 @@ pub fn base_url(settings: &Value) -> Result<url::Url, ToolError> {
         return Err(ToolError::new(ErrorCode::InvalidUrl, "base_url must be an http or https URL with a host"));
     }
     if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() || url.password().is_some() {
-        return Err(ToolError::new(
-            ErrorCode::InvalidUrl,
-            "base_url may not have a query, a fragment or credentials",
-        ));
+        return Err(ToolError::new(ErrorCode::InvalidUrl, "base_url may not have a query, a fragment or credentials"));
     }
     Ok(url)
 }
@@ -222,7 +216,10 @@ impl Api {
     fn build(conn: Opened, hub: Option<Arc<ConnectionHub>>, permission: &'static str) -> Result<Api, ToolError> {
         let base = base_url(&conn.settings)?;
         let credential = Credential::parse(&conn.credential).map_err(|e| {
-            ToolError::new(ErrorCode::CredentialUnavailable, format!("the connection's credential is unusable: {}", e.message))
+            ToolError::new(
+                ErrorCode::CredentialUnavailable,
+                format!("the connection's credential is unusable: {}", e.message),
+            )
         })?;
         let http = crate::net::client_builder()
             .user_agent(crate::tools::search::net::USER_AGENT)
@@ -336,8 +333,11 @@ impl Api {
         match status {
             401 => {
                 self.note(Access::ReauthRequired { message: message.clone() }, true);
-                ToolError::new(ErrorCode::ReauthRequired, format!("GitHub refused the connection's credential: {message}"))
-                    .with_details(details)
+                ToolError::new(
+                    ErrorCode::ReauthRequired,
+                    format!("GitHub refused the connection's credential: {message}"),
+                )
+                .with_details(details)
             }
             403 if message.contains("not accessible by") || reply.header("x-accepted-github-permissions").is_some() => {
                 self.note(Access::Missing { scope: self.permission.to_owned() }, false);
@@ -347,9 +347,11 @@ impl Api {
                 )
                 .with_details(details)
             }
-            403 => ToolError::new(ErrorCode::Forbidden, format!("GitHub refused the request: {message}")).with_details(details),
+            403 => ToolError::new(ErrorCode::Forbidden, format!("GitHub refused the request: {message}"))
+                .with_details(details),
             404 => ToolError::new(ErrorCode::NotFound, format!("GitHub answered 404: {message}")).with_details(details),
-            _ => ToolError::new(ErrorCode::GithubError, format!("GitHub answered {status}: {message}")).with_details(details),
+            _ => ToolError::new(ErrorCode::GithubError, format!("GitHub answered {status}: {message}"))
+                .with_details(details),
         }
     }
 

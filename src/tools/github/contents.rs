@@ -134,7 +134,8 @@ impl Action for ReadContents {
         let accept = if directory { ACCEPT_JSON } else { ACCEPT_RAW };
         let reply = api.ok(api.send(Method::GET, &url, None, accept, MAX_RAW_BYTES).await?)?;
         let is_json = reply.header("content-type").is_some_and(|c| c.contains("json"));
-        let listing = if is_json { serde_json::from_slice::<Value>(&reply.body).ok().filter(Value::is_array) } else { None };
+        let listing =
+            if is_json { serde_json::from_slice::<Value>(&reply.body).ok().filter(Value::is_array) } else { None };
         if let Some(Value::Array(items)) = listing {
             let entries: Vec<Value> = items
                 .iter()
@@ -142,8 +143,7 @@ impl Action for ReadContents {
                 .map(|e| json!({"name": e["name"], "path": e["path"], "type": e["type"], "size": e["size"], "sha": e["sha"]}))
                 .collect();
             let text = entries.iter().filter_map(|e| e["path"].as_str()).collect::<Vec<_>>().join("\n");
-            let evidence =
-                vec![third_party("github_tree", api, repo, json!({"path": p, "ref": input.git_ref}), &text)];
+            let evidence = vec![third_party("github_tree", api, repo, json!({"path": p, "ref": input.git_ref}), &text)];
             return Ok(ToolOutput {
                 output: json!({"repo": repo, "path": p, "ref": input.git_ref, "type": "dir", "entries": entries}),
                 evidence,
@@ -260,10 +260,7 @@ impl Action for SearchCode {
             ));
             items.push(item);
         }
-        Ok(ToolOutput {
-            output: json!({"query": q, "total_count": r.get("total_count"), "items": items}),
-            evidence,
-        })
+        Ok(ToolOutput { output: json!({"query": q, "total_count": r.get("total_count"), "items": items}), evidence })
     }
 }
 
@@ -332,11 +329,23 @@ impl Action for CreateBranch {
     }
 
     async fn run(api: &Api, input: CreateBranchInput) -> Result<ToolOutput, ToolError> {
-        let sha = input.sha.clone().ok_or_else(|| ToolError::new(ErrorCode::CorruptInput, "the frozen input has no sha"))?;
+        let sha =
+            input.sha.clone().ok_or_else(|| ToolError::new(ErrorCode::CorruptInput, "the frozen input has no sha"))?;
         let body = json!({"ref": format!("refs/heads/{}", input.branch), "sha": sha});
-        let reply = api.send(Method::POST, &format!("{}/git/refs", repo_path(&input.repo)), Some(&body), ACCEPT_JSON, MAX_RAW_BYTES).await?;
+        let reply = api
+            .send(
+                Method::POST,
+                &format!("{}/git/refs", repo_path(&input.repo)),
+                Some(&body),
+                ACCEPT_JSON,
+                MAX_RAW_BYTES,
+            )
+            .await?;
         if reply.status.as_u16() == 422 && reply.message().to_ascii_lowercase().contains("already exists") {
-            return Err(ToolError::new(ErrorCode::AlreadyExists, format!("branch {} already exists in {}", input.branch, input.repo)));
+            return Err(ToolError::new(
+                ErrorCode::AlreadyExists,
+                format!("branch {} already exists in {}", input.branch, input.repo),
+            ));
         }
         let r = api.ok(reply)?.json()?;
         Ok(ToolOutput {
@@ -490,7 +499,9 @@ impl Action for CommitFiles {
                 None => json!({"path": f.path, "mode": "100644", "type": "blob", "sha": null}),
             })
             .collect();
-        let new_tree = api.json(Method::POST, &format!("{rp}/git/trees"), Some(&json!({"base_tree": base_tree, "tree": tree}))).await?;
+        let new_tree = api
+            .json(Method::POST, &format!("{rp}/git/trees"), Some(&json!({"base_tree": base_tree, "tree": tree})))
+            .await?;
         let tree_sha = new_tree.get("sha").and_then(Value::as_str).unwrap_or_default().to_owned();
         let new_commit = api
             .json(
@@ -501,8 +512,15 @@ impl Action for CommitFiles {
             .await?;
         let commit_sha = new_commit.get("sha").and_then(Value::as_str).unwrap_or_default().to_owned();
         let body = json!({"sha": commit_sha, "force": false});
-        let reply =
-            api.send(Method::PATCH, &format!("{rp}/git/refs/heads/{}", path(&input.branch)), Some(&body), ACCEPT_JSON, MAX_RAW_BYTES).await?;
+        let reply = api
+            .send(
+                Method::PATCH,
+                &format!("{rp}/git/refs/heads/{}", path(&input.branch)),
+                Some(&body),
+                ACCEPT_JSON,
+                MAX_RAW_BYTES,
+            )
+            .await?;
         if reply.status.as_u16() == 422 {
             return Err(head_changed(repo, &input.branch, &parent, None));
         }

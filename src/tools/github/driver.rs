@@ -123,7 +123,11 @@ impl GithubDriver {
         let reply = match api::send_with(app, Method::GET, &path, None, ACCEPT_JSON, MAX_JSON_BYTES).await {
             Ok(r) => r,
             Err(message) => {
-                return CheckReport { account: None, access: every(&Access::Unreachable { message }), rate_limited_until: None };
+                return CheckReport {
+                    account: None,
+                    access: every(&Access::Unreachable { message }),
+                    rate_limited_until: None,
+                };
             }
         };
         if !reply.status.is_success() {
@@ -138,11 +142,13 @@ impl GithubDriver {
         let account = installation.pointer("/account/login").and_then(Value::as_str).map(str::to_owned);
         let permissions = installation.get("permissions").and_then(Value::as_object).cloned().unwrap_or_default();
         // The installation token itself (minted here) must work.
-        let token_reply =
-            match api.send(Method::GET, "/installation/repositories?per_page=1", None, ACCEPT_JSON, MAX_JSON_BYTES).await {
-                Ok(r) => r,
-                Err(e) => return CheckReport { account, access: every(&transport(&e)), rate_limited_until: None },
-            };
+        let token_reply = match api
+            .send(Method::GET, "/installation/repositories?per_page=1", None, ACCEPT_JSON, MAX_JSON_BYTES)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return CheckReport { account, access: every(&transport(&e)), rate_limited_until: None },
+        };
         if !token_reply.status.is_success() {
             let mut report = failed(&token_reply, "GET /installation/repositories");
             report.account = account;
@@ -228,7 +234,9 @@ impl Driver for GithubDriver {
             s @ Value::Object(_) => s,
             _ => return Err(ToolError::new(ErrorCode::InvalidRequest, "GitHub settings are a JSON object")),
         };
-        if let Some(k) = settings.as_object().and_then(|o| o.keys().find(|k| !matches!(k.as_str(), "base_url" | "repositories"))) {
+        if let Some(k) =
+            settings.as_object().and_then(|o| o.keys().find(|k| !matches!(k.as_str(), "base_url" | "repositories")))
+        {
             return Err(ToolError::new(
                 ErrorCode::InvalidField,
                 format!("{k} is not a GitHub setting (base_url, repositories)"),
@@ -279,7 +287,11 @@ impl Driver for GithubDriver {
         let api = match Api::for_check(conn) {
             Ok(api) => api,
             Err(e) => {
-                return CheckReport { account: None, access: every(&Access::Unknown { message: e.message }), rate_limited_until: None };
+                return CheckReport {
+                    account: None,
+                    access: every(&Access::Unknown { message: e.message }),
+                    rate_limited_until: None,
+                };
             }
         };
         if api.app().is_some() { self.check_app(&api).await } else { self.check_token(&api, &conn.settings).await }

@@ -121,7 +121,8 @@ impl Action for SearchIssues {
             }
             let mut s = summary(it);
             s["repo"] = json!(repo);
-            let text = format!("{}\n{}", it["title"].as_str().unwrap_or_default(), it["body"].as_str().unwrap_or_default());
+            let text =
+                format!("{}\n{}", it["title"].as_str().unwrap_or_default(), it["body"].as_str().unwrap_or_default());
             evidence.push(third_party(
                 "github_issue",
                 api,
@@ -414,7 +415,14 @@ impl Action for SetIssueState {
         let r = api.json(Method::PATCH, &url, Some(&body)).await?;
         Ok(ToolOutput {
             output: json!({"repo": input.repo, "number": input.number, "state": r["state"], "state_reason": r.get("state_reason"), "url": r["html_url"]}),
-            evidence: vec![written(api, "set_issue_state", &input.repo, Some(input.number), &r["html_url"], &body.to_string())],
+            evidence: vec![written(
+                api,
+                "set_issue_state",
+                &input.repo,
+                Some(input.number),
+                &r["html_url"],
+                &body.to_string(),
+            )],
         })
     }
 }
@@ -463,7 +471,14 @@ impl Action for LabelIssue {
         let now: Vec<Value> = r.as_array().into_iter().flatten().filter_map(|l| l.get("name").cloned()).collect();
         Ok(ToolOutput {
             output: json!({"repo": input.repo, "number": input.number, "labels": now}),
-            evidence: vec![written(api, "label", &input.repo, Some(input.number), &Value::Null, &input.labels.join(", "))],
+            evidence: vec![written(
+                api,
+                "label",
+                &input.repo,
+                Some(input.number),
+                &Value::Null,
+                &input.labels.join(", "),
+            )],
         })
     }
 }

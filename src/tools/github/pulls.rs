@@ -119,9 +119,12 @@ impl Action for ListPulls {
         }
         let r = api.get(&url).await?;
         let pulls: Vec<Value> = r.as_array().into_iter().flatten().take(MAX_ITEMS as usize).map(pull_summary).collect();
-        let titles =
-            pulls.iter().map(|p| format!("#{} {}", p["number"], p["title"].as_str().unwrap_or_default())).collect::<Vec<_>>();
-        let evidence = vec![third_party("github_pull_list", api, &input.repo, json!({"state": state}), &titles.join("\n"))];
+        let titles = pulls
+            .iter()
+            .map(|p| format!("#{} {}", p["number"], p["title"].as_str().unwrap_or_default()))
+            .collect::<Vec<_>>();
+        let evidence =
+            vec![third_party("github_pull_list", api, &input.repo, json!({"state": state}), &titles.join("\n"))];
         Ok(ToolOutput { output: json!({"repo": input.repo, "pulls": pulls}), evidence })
     }
 }
@@ -178,9 +181,12 @@ impl Action for ReadPull {
             &format!("{}\n\n{body_text}", pull["title"].as_str().unwrap_or_default()),
         )];
         // The diff: GitHub's diff media type on the same URL.
-        let diff = api.send(Method::GET, &format!("{rp}/pulls/{}", input.number), None, ACCEPT_DIFF, MAX_RAW_BYTES).await;
+        let diff =
+            api.send(Method::GET, &format!("{rp}/pulls/{}", input.number), None, ACCEPT_DIFF, MAX_RAW_BYTES).await;
         match diff {
-            Ok(reply) if reply.status.is_success() && !reply.header("content-type").is_some_and(|c| c.contains("json")) => {
+            Ok(reply)
+                if reply.status.is_success() && !reply.header("content-type").is_some_and(|c| c.contains("json")) =>
+            {
                 let text = String::from_utf8_lossy(&reply.body).into_owned();
                 let (shown, truncated) = cut(&text, MAX_TEXT_BYTES);
                 evidence.push(third_party(
@@ -298,7 +304,14 @@ impl Action for CreatePull {
         let number = r["number"].as_u64();
         Ok(ToolOutput {
             output: pull_summary(&r),
-            evidence: vec![written(api, "create_pull", &input.repo, number, json!({"url": r["html_url"]}), &input.title)],
+            evidence: vec![written(
+                api,
+                "create_pull",
+                &input.repo,
+                number,
+                json!({"url": r["html_url"]}),
+                &input.title,
+            )],
         })
     }
 }
@@ -503,7 +516,10 @@ impl Action for MergePull {
             return Err(moved(&input.repo, input.number, &input.sha, Some(&head)));
         }
         if pull.get("merged").and_then(Value::as_bool) == Some(true) {
-            return Err(ToolError::new(ErrorCode::NotMergeable, format!("{}#{} is already merged", input.repo, input.number)));
+            return Err(ToolError::new(
+                ErrorCode::NotMergeable,
+                format!("{}#{} is already merged", input.repo, input.number),
+            ));
         }
         let mut body = json!({"sha": input.sha, "merge_method": input.merge_method.unwrap_or(MergeMethod::Merge)});
         if let Some(t) = &input.commit_title {
@@ -528,7 +544,12 @@ impl Action for MergePull {
         if r.get("merged").and_then(Value::as_bool) != Some(true) {
             return Err(ToolError::new(
                 ErrorCode::NotMergeable,
-                format!("GitHub did not merge {}#{}: {}", input.repo, input.number, r["message"].as_str().unwrap_or_default()),
+                format!(
+                    "GitHub did not merge {}#{}: {}",
+                    input.repo,
+                    input.number,
+                    r["message"].as_str().unwrap_or_default()
+                ),
             ));
         }
         Ok(ToolOutput {
