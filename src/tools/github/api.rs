@@ -255,7 +255,8 @@ impl Api {
         let plain = crate::net::client_builder()
             .user_agent(crate::tools::search::net::USER_AGENT)
             .timeout(REQUEST_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::limited(5))
+            // No redirects: each hop would need the address check again.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(client_error)?;
         Ok(Api { octo, app, conn_id: conn.id, settings: conn.settings, base, hub, permission, plain })
