@@ -13,7 +13,7 @@
 //! a read's evidence is marked `third_party`; a merge bound to an old head SHA fails with
 //! `head_changed` and one bound to the current head merges; a repository outside the allowlist
 //! is refused at freeze time; a refused token is `reauth_required`; a server that is down is
-//! `connection_unreachable`.
+//! `connection_unreachable`; a used-up rate limit is `rate_limited` until its reset.
 
 use crate::common;
 
@@ -102,6 +102,15 @@ fn scopes(list: &'static str) -> impl FnOnce(&mut Value) {
             "X-RateLimit-Remaining": {"schema": {"type": "integer"}, "example": 4999}
         });
     }
+}
+
+/// `GET /user` answers 200 with the rate limit used up until 2100-01-01.
+fn exhausted(responses: &mut Value) {
+    responses["200"]["headers"] = json!({
+        "X-OAuth-Scopes": {"schema": {"type": "string"}, "example": "repo"},
+        "X-RateLimit-Remaining": {"schema": {"type": "integer"}, "example": 0},
+        "X-RateLimit-Reset": {"schema": {"type": "integer"}, "example": 4102444800u64}
+    });
 }
 
 /// `GET /user` answers only 401 (a wrong or revoked token).
@@ -413,9 +422,25 @@ async fn github_refused_token_and_server_down(backend: Backend) {
         .await;
     assert!(r.status.is_success(), "{r:?}");
 
-    connect(&t, &token, json!({"base_url": closed_port()}), json!({"token": "ghp_nowhere"})).await;
+    let view = connect(&t, &token, json!({"base_url": closed_port()}), json!({"token": "ghp_nowhere"})).await;
     let state = tool_state(&t, &token, "github_read_issue").await;
     assert_eq!(reason(&state), ("unavailable", "connection_unreachable"), "{state}");
+    let r = t
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/connections/{}", view["id"].as_str().unwrap()),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert!(r.status.is_success(), "{r:?}");
+
+    // X-RateLimit-Remaining: 0 → rate_limited until X-RateLimit-Reset.
+    let mock = prism(exhausted).await;
+    let view = connect(&t, &token, json!({"base_url": mock.base}), json!({"token": "ghp_busy"})).await;
+    assert_eq!(view["rate_limited_until"], "2100-01-01T00:00:00Z", "{view}");
+    let state = tool_state(&t, &token, "github_read").await;
+    assert_eq!(reason(&state), ("unavailable", "rate_limited"), "{state}");
 }
 
 // ---- recorded fixtures ------------------------------------------------------------------------
