@@ -19,6 +19,7 @@ const PATHS = [
   "/repos/{owner}/{repo}",
   "/repos/{owner}/{repo}/contents/{path}",
   "/repos/{owner}/{repo}/git/trees/{tree_sha}",
+  "/repos/{owner}/{repo}/branches/{branch}",
   "/repos/{owner}/{repo}/git/ref/{ref}",
   "/repos/{owner}/{repo}/git/refs",
   "/repos/{owner}/{repo}/git/refs/{ref}",

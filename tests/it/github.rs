@@ -348,6 +348,29 @@ async fn github_merge_is_bound_to_the_head_sha(backend: Backend) {
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["result"]["output"]["merged"], true, "{done}");
     assert_eq!(done["result"]["output"]["head_sha"], EXAMPLE_HEAD_SHA, "{done}");
+    // The other writes, each approved, against the mocked operations (github_commit is not
+    // here: it gets as far as the ref update, which Prism cannot route — `git/refs/{ref}` with
+    // `ref = heads/master` holds a slash).
+    let repo = "octocat/Hello-World";
+    for (tool, input) in [
+        ("github_create_issue", json!({"repo": repo, "title": "Found a bug", "body": "steps", "labels": ["bug"]})),
+        ("github_comment", json!({"repo": repo, "number": 1347, "body": "Me too"})),
+        (
+            "github_set_issue_state",
+            json!({"repo": repo, "number": 1347, "state": "closed", "state_reason": "completed"}),
+        ),
+        ("github_label_issue", json!({"repo": repo, "number": 1347, "labels": ["bug", "enhancement"]})),
+        ("github_create_branch", json!({"repo": repo, "branch": "feature-x"})),
+        (
+            "github_create_pull",
+            json!({"repo": repo, "title": "Amazing new feature", "head": "octocat:new-feature", "base": "master"}),
+        ),
+        ("github_review_pull", json!({"repo": repo, "number": 1347, "event": "APPROVE"})),
+        ("github_rerun", json!({"repo": repo, "run_id": 30433642})),
+    ] {
+        let done = call(&t, &token, tool, &format!("w-{tool}"), input).await;
+        assert_eq!(done["status"], "completed", "{tool}: {done}");
+    }
     // Bad input is refused at freeze time, nothing sent.
     let r = t
         .call(

@@ -32,10 +32,10 @@ pub fn check_path(p: &str) -> Result<(), ToolError> {
     Ok(())
 }
 
-/// A branch's head commit SHA (`GET /repos/{o}/{r}/git/ref/heads/{branch}`).
+/// A branch's head commit SHA (the branch resource's `commit.sha`).
 pub async fn branch_head(api: &Api, repo: &str, branch: &str) -> Result<String, ToolError> {
-    let r = api.get(&format!("{}/git/ref/heads/{}", repo_path(repo), path(branch))).await?;
-    r.pointer("/object/sha")
+    let r = api.get(&format!("{}/branches/{}", repo_path(repo), path(branch))).await?;
+    r.pointer("/commit/sha")
         .and_then(Value::as_str)
         .map(str::to_ascii_lowercase)
         .ok_or_else(|| ToolError::new(ErrorCode::GithubError, format!("GitHub named no head for branch {branch}")))
