@@ -8,6 +8,7 @@ mod approval;
 mod bad_input;
 mod cluster;
 mod codegraph;
+mod connections;
 mod docs;
 mod embedding;
 mod github;
