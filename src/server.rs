@@ -142,6 +142,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         terminal: config.terminal.clone(),
         node_id,
         sandbox: sandbox.clone(),
+        connections: Arc::new(crate::connections::ConnectionHub::default()),
     };
     let core = crate::tools::register_core(&registry, &deps).context("registering core tools")?;
     let mcp_settings = crate::mcp::McpSettings { sandbox: Some(sandbox.clone()), ..settings.runtime.mcp.clone() };

@@ -36,6 +36,8 @@ pub struct ToolDeps {
     pub node_id: String,
     /// The sandbox of the processes tools start for users.
     pub sandbox: Arc<crate::sandbox::Sandbox>,
+    /// User connections (STUB until the lead's framework lands).
+    pub connections: Arc<crate::connections::ConnectionHub>,
 }
 
 /// Handles to the state of core tools that HTTP resources share with them.
