@@ -74,6 +74,7 @@ impl ConnectionHub {
     pub fn open(&self, _user_id: &str, _id: &str, _kind: ConnectionKind, _permission: &str) -> Result<Opened, ToolError> {
         Err(ToolError::new(ErrorCode::Unavailable, "stub"))
     }
+    pub fn declare_need(&self, _tool_id: &str, _kind: ConnectionKind, _permission: &'static str) {}
     pub fn note_access(&self, _id: &str, _permission: &str, _access: Access) {}
     pub fn note_rate_limit(&self, _id: &str, _until: String) {}
 }
