@@ -19,6 +19,7 @@ mod evidence;
 pub mod follow;
 mod group;
 mod invocations;
+mod mail;
 mod mcp;
 mod metrics;
 pub mod news_query;
@@ -34,6 +35,7 @@ mod users;
 pub use crate::state::ApprovalRule;
 pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
 pub use events::EventRow;
+pub use mail::{MailSendRow, MailSendState, SendClaim};
 pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{
     ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation,

@@ -3,6 +3,7 @@
 //! of this build into a registry.
 
 pub mod codebase;
+pub mod mail;
 pub mod search;
 pub mod terminal;
 
@@ -77,6 +78,7 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
         registry.register(Arc::new(codebase::ReportsChanges::new(tool, graphs.clone())))?;
     }
     let search = search::register(registry, deps)?;
+    mail::register(registry, deps)?;
     let terminal = terminal::host::TerminalHost::new(
         deps.store.clone(),
         deps.node_id.clone(),
