@@ -224,7 +224,7 @@ pub fn quoted(field: &str, s: &str) -> Result<String, ToolError> {
     Ok(out)
 }
 
-/// A mailbox name in IMAP's modified UTF-7 (RFC 3501 5.1.3), quoted.
+/// A mailbox name in IMAP's modified UTF-7 (RFC 3501 5.1.3), unquoted (`EXAMINE` quotes it).
 pub fn mailbox_name(name: &str) -> Result<String, ToolError> {
     use base64::Engine as _;
     if name.is_empty() || name.len() > 500 || name.chars().any(char::is_control) {
@@ -257,7 +257,7 @@ pub fn mailbox_name(name: &str) -> Result<String, ToolError> {
         }
     }
     flush(&mut pending, &mut out);
-    quoted("folder", &out)
+    Ok(out)
 }
 
 /// Selects `folder` read-only (`EXAMINE`).
@@ -303,9 +303,9 @@ mod tests {
 
     #[test]
     fn mailbox_names_are_modified_utf7() {
-        assert_eq!(mailbox_name("INBOX").ok().as_deref(), Some("\"INBOX\""));
-        assert_eq!(mailbox_name("Entwürfe").ok().as_deref(), Some("\"Entw&APw-rfe\""));
-        assert_eq!(mailbox_name("A&B").ok().as_deref(), Some("\"A&-B\""));
+        assert_eq!(mailbox_name("INBOX").ok().as_deref(), Some("INBOX"));
+        assert_eq!(mailbox_name("Entwürfe").ok().as_deref(), Some("Entw&APw-rfe"));
+        assert_eq!(mailbox_name("A&B").ok().as_deref(), Some("A&-B"));
         assert!(mailbox_name("a\r\nb").is_err());
         assert_eq!(quoted("t", "say \"hi\"").ok().as_deref(), Some("\"say \\\"hi\\\"\""));
     }
