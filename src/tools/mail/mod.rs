@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::connections::{Access, CheckReport, ConnectionKind, Driver, Opened};
 use crate::error::ErrorCode;
@@ -304,12 +304,4 @@ pub fn register(registry: &Registry, deps: &ToolDeps) -> Result<(), RegistryErro
 /// The common input field naming the connection.
 pub(crate) fn requested_connection(input: &Value) -> Option<String> {
     input.get("connection").and_then(Value::as_str).map(str::to_owned)
-}
-
-/// `{"connection_id": id}` merged into `extra` (outputs and provenance name the connection).
-pub(crate) fn with_connection(id: &str, mut extra: Value) -> Value {
-    if let Some(o) = extra.as_object_mut() {
-        o.insert("connection_id".into(), json!(id));
-    }
-    extra
 }

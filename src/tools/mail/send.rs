@@ -264,8 +264,9 @@ impl Tool for MailSend {
                 .with_details(json!({"message_id": f.message_id, "first_invocation_id": row.invocation_id})));
             }
         }
+        let message_id = f.message_id.as_str();
         let release = |e: ToolError| async move {
-            if let Err(se) = self.store.release_mail_send(&f.message_id).await {
+            if let Err(se) = self.store.release_mail_send(message_id).await {
                 tracing::warn!(error = %se, "releasing a mail send claim failed; a later execution will report outcome_unknown");
             }
             e
