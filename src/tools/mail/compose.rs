@@ -13,8 +13,8 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
-use lettre::message::header::ContentType;
-use lettre::message::{Attachment, Mailbox, MultiPart, SinglePart};
+use lettre::message::header::{ContentTransferEncoding, ContentType};
+use lettre::message::{Attachment, Body, Mailbox, MultiPart, SinglePart};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ErrorCode;
@@ -351,15 +351,23 @@ pub fn build(v: &Validated, from: &str, message_id: &str, date_unix: u64) -> Res
         let mut mixed = MultiPart::mixed().boundary(boundary).singlepart(text);
         for (facts, data) in v.request.attachments.iter().zip(&v.attachment_bytes) {
             let ct = ContentType::parse(&facts.content_type).map_err(|e| internal("content type", &e))?;
-            mixed = mixed.singlepart(Attachment::new(facts.filename.clone()).body(data.clone(), ct));
+            // Always base64: an attachment's bytes (NUL, bare LF…) must survive transport as they are.
+            let body = Body::new_with_encoding(data.clone(), ContentTransferEncoding::Base64)
+                .map_err(|_| err(ErrorCode::Internal, "building the message: base64 refused"))?;
+            mixed = mixed.singlepart(Attachment::new(facts.filename.clone()).body(body, ct));
         }
         builder.multipart(mixed)
     }
     .map_err(|e| internal("message", &e))?;
     let bytes = message.formatted();
     let message = String::from_utf8(bytes).map_err(|e| internal("utf-8", &e))?;
-    if !message.is_ascii() {
-        return Err(err(ErrorCode::Internal, "the built message is not 7-bit ASCII"));
+    // RFC 5322 on the wire: 7-bit, no NUL, every line ended by CRLF.
+    let bytes = message.as_bytes();
+    let bare = bytes.iter().enumerate().any(|(i, &b)| {
+        b == 0 || (b == b'\n' && (i == 0 || bytes[i - 1] != b'\r')) || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n'))
+    });
+    if !message.is_ascii() || bare {
+        return Err(err(ErrorCode::Internal, "the built message is not 7-bit text with CRLF line ends"));
     }
     Ok(Built { message, recipients })
 }
@@ -403,5 +411,6 @@ mod tests {
         assert!(a.message.contains("Message-ID: <x@example.test>\r\n"), "{}", a.message);
         assert_eq!(a.recipients, vec!["bob@example.test".to_owned()]);
         assert_eq!(decoded_len(&att[0].content_base64), 8);
+        assert!(a.message.contains("Content-Transfer-Encoding: base64"), "{}", a.message);
     }
 }

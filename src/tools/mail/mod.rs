@@ -41,8 +41,9 @@ pub const READ: &str = "mail.read";
 /// The permission of sending mail (SMTP).
 pub const SEND: &str = "mail.send";
 
-/// Longest a connect, login or single command may take.
-pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest a connect, login or single command may take (under the hub's 20 s check limit,
+/// so each side of a check reports its own state).
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a mail server is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

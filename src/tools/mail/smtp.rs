@@ -169,7 +169,10 @@ pub async fn send(
         conn.abort().await;
         return Outcome::NotSent(stop);
     }
-    match tokio::time::timeout(DATA_TIMEOUT, conn.message(message)).await {
+    // lettre ends the data with CRLF "." CRLF itself: the message's own final CRLF is that
+    // first CRLF, so the server stores exactly `message`.
+    let data = message.strip_suffix(b"\r\n").unwrap_or(message);
+    match tokio::time::timeout(DATA_TIMEOUT, conn.message(data)).await {
         Ok(Ok(reply)) => {
             let reply = format!("{} {}", reply.code(), reply.message().collect::<Vec<_>>().join(" "));
             let _ = tokio::time::timeout(IO_TIMEOUT, conn.quit()).await;
