@@ -117,7 +117,12 @@ impl Store {
     }
 
     /// Records how the claimed send of `message_id` ended (`sent` or `unknown`).
-    pub async fn finish_mail_send(&self, message_id: &str, state: MailSendState, reply: Option<&str>) -> StoreResult<()> {
+    pub async fn finish_mail_send(
+        &self,
+        message_id: &str,
+        state: MailSendState,
+        reply: Option<&str>,
+    ) -> StoreResult<()> {
         sqlx::query("UPDATE mail_sends SET state = $1, reply = $2, updated_at = $3 WHERE message_id = $4")
             .bind(state.as_str())
             .bind(reply)

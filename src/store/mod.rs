@@ -37,11 +37,11 @@ pub use crate::state::ApprovalRule;
 pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
 pub use connections::ConnectionRow;
 pub use events::EventRow;
-pub use mail::{MailSendRow, MailSendState, SendClaim};
 pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{
     ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation,
 };
+pub use mail::{MailSendRow, MailSendState, SendClaim};
 pub use mcp::{McpAccessRow, McpConnectionRow, McpOwnerRow, McpServerRow, McpToolRow, OwnerClaim};
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use retention::RetentionCounts;

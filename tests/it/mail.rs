@@ -110,7 +110,9 @@ fn dovecot_conf(root: &Path, name: &str, imap_port: Option<u16>, auth_port: Opti
         None => "protocols =\n".to_owned(),
     };
     let auth = match auth_port {
-        Some(p) => format!("service auth {{\n  inet_listener auth-inet {{\n    address = 127.0.0.1\n    port = {p}\n  }}\n}}\n"),
+        Some(p) => format!(
+            "service auth {{\n  inet_listener auth-inet {{\n    address = 127.0.0.1\n    port = {p}\n  }}\n}}\n"
+        ),
         None => String::new(),
     };
     format!(
@@ -254,7 +256,8 @@ impl MailServers {
     fn set_password(&self, name: &str, pw: &str) {
         let path = self.root().join("users");
         let text = std::fs::read_to_string(&path).unwrap();
-        let mut lines: Vec<String> = text.lines().filter(|l| !l.starts_with(&format!("{name}:"))).map(str::to_owned).collect();
+        let mut lines: Vec<String> =
+            text.lines().filter(|l| !l.starts_with(&format!("{name}:"))).map(str::to_owned).collect();
         lines.push(format!("{name}:{{PLAIN}}{pw}"));
         // Replace atomically (a new inode: Dovecot notices the change).
         let tmp = self.root().join("users.new");
@@ -386,8 +389,10 @@ impl Fx {
     /// A run and a turn that must expose `tools`; returns (run, turn).
     async fn turn_exposing(&self, tools: &[&str]) -> (String, String) {
         let run = self.t.run(&self.token).await;
-        let (turn, exposure) = self.t.turn(&self.token, &run, "search my mail inbox, read a mail message and send mail").await;
-        let ids: Vec<&str> = exposure["tools"].as_array().map_or(Vec::new(), |a| a.iter().filter_map(|t| t["id"].as_str()).collect());
+        let (turn, exposure) =
+            self.t.turn(&self.token, &run, "search my mail inbox, read a mail message and send mail").await;
+        let ids: Vec<&str> =
+            exposure["tools"].as_array().map_or(Vec::new(), |a| a.iter().filter_map(|t| t["id"].as_str()).collect());
         for tool in tools {
             assert!(ids.contains(tool), "{tool} not exposed: {exposure}");
         }
@@ -476,7 +481,10 @@ async fn search_and_read_a_seeded_message(backend: Backend) {
     let none = f.run_tool(&run, &turn, "mail_search", "s3", json!({"text": "no such words anywhere"})).await;
     assert_eq!(none["result"]["output"]["total_matches"], 0, "{none}");
     let all = f.run_tool(&run, &turn, "mail_search", "s4", json!({"limit": 1})).await;
-    assert_eq!((all["result"]["output"]["total_matches"].as_u64(), all["result"]["output"]["returned"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(
+        (all["result"]["output"]["total_matches"].as_u64(), all["result"]["output"]["returned"].as_u64()),
+        (Some(2), Some(1))
+    );
     assert_eq!(all["result"]["output"]["messages"][0]["uid"], uid, "newest first");
 
     let read = f.run_tool(&run, &turn, "mail_read", "r1", json!({"uid": uid})).await;
@@ -498,7 +506,11 @@ async fn search_and_read_a_seeded_message(backend: Backend) {
     let bytes = base64::engine::general_purpose::STANDARD.decode(a["content_base64"].as_str().unwrap()).unwrap();
     assert_eq!(bytes, b"q3 revenue: 42\n");
     let missing = f.run_tool(&run, &turn, "mail_read", "r3", json!({"uid": 9999})).await;
-    assert_eq!((missing["status"].as_str(), missing["result"]["error"]["code"].as_str()), (Some("failed"), Some("not_found")), "{missing}");
+    assert_eq!(
+        (missing["status"].as_str(), missing["result"]["error"]["code"].as_str()),
+        (Some("failed"), Some("not_found")),
+        "{missing}"
+    );
     // Reading changed no flag: the message is still unseen.
     let again = f.run_tool(&run, &turn, "mail_search", "s5", json!({"text": "quarterly"})).await;
     assert!(!again["result"]["output"]["messages"][0]["flags"].to_string().contains("Seen"), "{again}");
@@ -515,8 +527,9 @@ fn assert_delivered_as_approved(delivered: &[u8], approved: &[u8]) {
     );
     let prefix = String::from_utf8_lossy(&delivered[..delivered.len() - approved.len()]).to_string();
     for line in prefix.split("\r\n").filter(|l| !l.is_empty()) {
-        let trace = ["Return-Path:", "X-Original-To:", "Delivered-To:", "Received:"].iter().any(|h| line.starts_with(h))
-            || line.starts_with([' ', '\t']);
+        let trace =
+            ["Return-Path:", "X-Original-To:", "Delivered-To:", "Received:"].iter().any(|h| line.starts_with(h))
+                || line.starts_with([' ', '\t']);
         assert!(trace, "only trace headers precede the approved bytes, found {line:?}");
     }
 }
@@ -585,7 +598,11 @@ async fn send_arrives_once_byte_for_byte(backend: Backend) {
     assert_delivered_as_approved(&delivered[0], &approved);
     let parsed = mail_parser::MessageParser::default().parse(&delivered[0]).unwrap();
     assert_eq!(parsed.subject(), Some("Grüße & the plan"));
-    assert_eq!(parsed.attachments().next().unwrap().contents(), attachment.as_slice(), "the attachment's bytes, NUL and bare LF included");
+    assert_eq!(
+        parsed.attachments().next().unwrap().contents(),
+        attachment.as_slice(),
+        "the attachment's bytes, NUL and bare LF included"
+    );
     assert!(parsed.body_text(0).unwrap().replace("\r\n", "\n").contains("\n.\nA line with only a dot"));
 
     // The tool executed again with the same frozen input (a re-execution): the ledger answers,
@@ -658,9 +675,8 @@ async fn ambiguous_smtp_end_is_outcome_unknown_and_never_retried(backend: Backen
     let (port, received) = dropping_smtp_server().await;
     let mut settings = f.mail.settings("alice");
     settings["smtp"]["port"] = json!(port);
-    let r = f
-        .t
-        .post(
+    let r =
+        f.t.post(
             "/v1/connections",
             &f.token,
             json!({"kind": "mail", "name": "dropping", "settings": settings, "credential": {"password": "alice-pw"}}),
@@ -670,9 +686,15 @@ async fn ambiguous_smtp_end_is_outcome_unknown_and_never_retried(backend: Backen
     f.check(r.body["id"].as_str().unwrap()).await;
     f.wait_reason("mail_send", None).await;
     let (run, turn) = f.turn().await;
-    let inv = f
-        .t
-        .call(&f.token, &run, &turn, "mail_send", "drop-1", json!({"to": ["bob@example.test"], "subject": "s", "body": "b"}))
+    let inv =
+        f.t.call(
+            &f.token,
+            &run,
+            &turn,
+            "mail_send",
+            "drop-1",
+            json!({"to": ["bob@example.test"], "subject": "s", "body": "b"}),
+        )
         .await;
     assert_eq!(inv.status, StatusCode::CREATED, "{inv:?}");
     assert_eq!(f.grant(&inv.body).await.status, StatusCode::OK);
@@ -710,9 +732,8 @@ async fn wrong_or_changed_password_is_reauth_required(backend: Backend) {
     assert_eq!(tool["state"], "unavailable", "{tool}");
     f.wait_reason("mail_send", Some("reauth_required")).await;
     // Fixing the credential (PATCH) makes the tools usable.
-    let r = f
-        .t
-        .request(
+    let r =
+        f.t.request(
             reqwest::Method::PATCH,
             &format!("/v1/connections/{}", bad["id"].as_str().unwrap()),
             Some(&f.token),
@@ -747,9 +768,15 @@ async fn imap_down_is_unreachable_while_sending_works(backend: Backend) {
     f.wait_reason("mail_send", None).await;
     // Sending still works while IMAP is down (the turn exposes mail_send, not the read tools).
     let (run, turn) = f.turn_exposing(&["mail_send"]).await;
-    let inv = f
-        .t
-        .call(&f.token, &run, &turn, "mail_send", "while-down", json!({"to": ["bob@example.test"], "subject": "up", "body": "SMTP is up"}))
+    let inv =
+        f.t.call(
+            &f.token,
+            &run,
+            &turn,
+            "mail_send",
+            "while-down",
+            json!({"to": ["bob@example.test"], "subject": "up", "body": "SMTP is up"}),
+        )
         .await;
     assert_eq!(inv.status, StatusCode::CREATED, "{inv:?}");
     assert_eq!(f.grant(&inv.body).await.status, StatusCode::OK);
@@ -821,9 +848,12 @@ async fn bad_input_is_refused_before_anything_is_stored(backend: Backend) {
     // Bad connection settings and credentials are clear 400s too, never echoing the secret.
     let mut settings = f.mail.settings("alice");
     settings["address"] = json!("alice@\r\nexample.test");
-    let r = f
-        .t
-        .post("/v1/connections", &f.token, json!({"kind": "mail", "settings": settings, "credential": {"password": "pw"}}))
+    let r =
+        f.t.post(
+            "/v1/connections",
+            &f.token,
+            json!({"kind": "mail", "settings": settings, "credential": {"password": "pw"}}),
+        )
         .await;
     assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "header_injection"), "{r:?}");
     let r = f

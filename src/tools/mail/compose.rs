@@ -203,7 +203,10 @@ pub fn validate(f: &Fields<'_>) -> Result<Validated, ToolError> {
         if size > MAX_ATTACHMENT_BYTES {
             return Err(err(
                 ErrorCode::AttachmentTooLarge,
-                format!("attachments[{i}] ({}) is {size} bytes; the limit is {MAX_ATTACHMENT_BYTES} bytes", a.filename.chars().take(80).collect::<String>()),
+                format!(
+                    "attachments[{i}] ({}) is {size} bytes; the limit is {MAX_ATTACHMENT_BYTES} bytes",
+                    a.filename.chars().take(80).collect::<String>()
+                ),
             )
             .with_details(serde_json::json!({"index": i, "size": size, "limit": MAX_ATTACHMENT_BYTES})));
         }
@@ -217,7 +220,10 @@ pub fn validate(f: &Fields<'_>) -> Result<Validated, ToolError> {
         .with_details(serde_json::json!({"size": total, "limit": MAX_ATTACHMENT_BYTES})));
     }
     if f.body.len() > MAX_BODY_BYTES {
-        return Err(err(ErrorCode::InvalidField, format!("body is {} bytes; the limit is {MAX_BODY_BYTES}", f.body.len())));
+        return Err(err(
+            ErrorCode::InvalidField,
+            format!("body is {} bytes; the limit is {MAX_BODY_BYTES}", f.body.len()),
+        ));
     }
     if f.body.contains('\0') {
         return Err(err(ErrorCode::NulByte, "body contains NUL"));
@@ -233,7 +239,10 @@ pub fn validate(f: &Fields<'_>) -> Result<Validated, ToolError> {
         return Err(err(ErrorCode::MissingField, "to needs at least one recipient"));
     }
     if to.len() + cc.len() + bcc.len() > MAX_RECIPIENTS {
-        return Err(err(ErrorCode::InvalidField, format!("at most {MAX_RECIPIENTS} recipients (to, cc and bcc together)")));
+        return Err(err(
+            ErrorCode::InvalidField,
+            format!("at most {MAX_RECIPIENTS} recipients (to, cc and bcc together)"),
+        ));
     }
     let in_reply_to = f.in_reply_to.map(|m| parse_message_id("in_reply_to", m)).transpose()?;
     if f.references.len() > MAX_REFERENCES {
@@ -302,7 +311,8 @@ pub struct Built {
 /// Builds the message from `v`, sent by `from` (the connection's address), with the given
 /// Message-ID and Date (seconds since the Unix epoch).
 pub fn build(v: &Validated, from: &str, message_id: &str, date_unix: u64) -> Result<Built, ToolError> {
-    let internal = |what: &str, e: &dyn std::fmt::Display| err(ErrorCode::Internal, format!("building the message ({what}): {e}"));
+    let internal =
+        |what: &str, e: &dyn std::fmt::Display| err(ErrorCode::Internal, format!("building the message ({what}): {e}"));
     let from_mbox = parse_mailbox("from", from)?;
     let mut builder = lettre::Message::builder()
         .from(from_mbox.clone())
@@ -382,7 +392,16 @@ mod tests {
     use super::*;
 
     fn fields<'a>(to: &'a [String], subject: &'a str, attachments: &'a [AttachmentInput]) -> Fields<'a> {
-        Fields { to, cc: &[], bcc: &[], subject, body: "hello\n.\nbye", in_reply_to: None, references: &[], attachments }
+        Fields {
+            to,
+            cc: &[],
+            bcc: &[],
+            subject,
+            body: "hello\n.\nbye",
+            in_reply_to: None,
+            references: &[],
+            attachments,
+        }
     }
 
     #[test]

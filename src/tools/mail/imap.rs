@@ -164,7 +164,9 @@ async fn connect_and_login(settings: &MailSettings, secret: &Secret) -> Result<S
         ),
         async_imap::error::Error::Io(e) => unreachable(settings, e),
         async_imap::error::Error::ConnectionLost => unreachable(settings, "the connection was lost during login"),
-        other => ToolError::new(ErrorCode::MailError, format!("IMAP login failed: {}", server_text(&other.to_string()))),
+        other => {
+            ToolError::new(ErrorCode::MailError, format!("IMAP login failed: {}", server_text(&other.to_string())))
+        }
     })
 }
 
@@ -191,18 +193,25 @@ pub async fn check(settings: &MailSettings, secret: &Secret) -> Access {
 pub fn command_error(settings: &MailSettings, what: &str, e: async_imap::error::Error) -> ToolError {
     match e {
         async_imap::error::Error::Io(e) => unreachable(settings, e),
-        async_imap::error::Error::ConnectionLost => unreachable(settings, format!("the connection was lost during {what}")),
+        async_imap::error::Error::ConnectionLost => {
+            unreachable(settings, format!("the connection was lost during {what}"))
+        }
         async_imap::error::Error::No(t) | async_imap::error::Error::Bad(t) => {
             ToolError::new(ErrorCode::MailError, format!("the IMAP server refused {what}: {}", server_text(&t)))
         }
-        other => ToolError::new(ErrorCode::MailError, format!("IMAP {what} failed: {}", server_text(&other.to_string()))),
+        other => {
+            ToolError::new(ErrorCode::MailError, format!("IMAP {what} failed: {}", server_text(&other.to_string())))
+        }
     }
 }
 
 /// Runs `f` within [`IO_TIMEOUT`] (a server that stops answering is `mail_error`).
 pub async fn timed<T>(what: &str, f: impl std::future::Future<Output = Result<T, ToolError>>) -> Result<T, ToolError> {
     tokio::time::timeout(IO_TIMEOUT, f).await.unwrap_or_else(|_| {
-        Err(ToolError::new(ErrorCode::MailError, format!("the IMAP server did not answer {what} within {} s", IO_TIMEOUT.as_secs())))
+        Err(ToolError::new(
+            ErrorCode::MailError,
+            format!("the IMAP server did not answer {what} within {} s", IO_TIMEOUT.as_secs()),
+        ))
     })
 }
 
@@ -263,8 +272,10 @@ pub fn mailbox_name(name: &str) -> Result<String, ToolError> {
 /// Selects `folder` read-only (`EXAMINE`).
 pub async fn examine(settings: &MailSettings, session: &mut Session, folder: &str) -> Result<(), ToolError> {
     let name = mailbox_name(folder)?;
-    timed("EXAMINE", async { session.examine(&name).await.map(|_| ()).map_err(|e| command_error(settings, "EXAMINE", e)) })
-        .await
+    timed("EXAMINE", async {
+        session.examine(&name).await.map(|_| ()).map_err(|e| command_error(settings, "EXAMINE", e))
+    })
+    .await
 }
 
 /// `UID SEARCH <criteria>`: the matching UIDs, ascending.

@@ -153,10 +153,7 @@ impl MailSettings {
         }
         s.username = s.username.trim().to_owned();
         if s.username.is_empty() || s.username.len() > MAX_NAME || s.username.chars().any(char::is_control) {
-            return Err(bad(
-                ErrorCode::InvalidField,
-                "username must be 1–320 bytes without control characters",
-            ));
+            return Err(bad(ErrorCode::InvalidField, "username must be 1–320 bytes without control characters"));
         }
         s.address = compose::parse_address("address", s.address.trim())?;
         Ok(s)
@@ -166,7 +163,10 @@ impl MailSettings {
     /// parses is `mail_error`).
     pub fn of(conn: &Opened) -> Result<Self, ToolError> {
         Self::parse(conn.settings.clone()).map_err(|e| {
-            ToolError::new(ErrorCode::MailError, format!("the stored settings of connection {} are invalid: {}", conn.id, e.message))
+            ToolError::new(
+                ErrorCode::MailError,
+                format!("the stored settings of connection {} are invalid: {}", conn.id, e.message),
+            )
         })
     }
 }
@@ -180,7 +180,10 @@ impl Secret {
             bad(ErrorCode::CredentialRequired, "the mail credential must be {\"password\": …} or {\"oauth_token\": …}")
         })?;
         if let Some(extra) = obj.keys().find(|k| *k != "password" && *k != "oauth_token") {
-            return Err(bad(ErrorCode::InvalidField, format!("unknown credential field {extra:?} (password or oauth_token)")));
+            return Err(bad(
+                ErrorCode::InvalidField,
+                format!("unknown credential field {extra:?} (password or oauth_token)"),
+            ));
         }
         let secret = match (obj.get("password"), obj.get("oauth_token")) {
             (Some(_), Some(_)) => {
@@ -197,10 +200,7 @@ impl Secret {
             Secret::Password(v) | Secret::OAuthToken(v) => v,
         };
         if value.is_empty() || value.len() > MAX_SECRET || value.chars().any(char::is_control) {
-            return Err(bad(
-                ErrorCode::InvalidField,
-                "the credential must be 1–8192 bytes without control characters",
-            ));
+            return Err(bad(ErrorCode::InvalidField, "the credential must be 1–8192 bytes without control characters"));
         }
         Ok(secret)
     }
@@ -208,7 +208,10 @@ impl Secret {
     /// The secret of an opened connection.
     pub fn of(conn: &Opened) -> Result<Self, ToolError> {
         Self::parse(&conn.credential).map_err(|_| {
-            ToolError::new(ErrorCode::CredentialUnavailable, format!("the credential of connection {} is not a mail credential", conn.id))
+            ToolError::new(
+                ErrorCode::CredentialUnavailable,
+                format!("the credential of connection {} is not a mail credential", conn.id),
+            )
         })
     }
 }

@@ -157,9 +157,9 @@ impl Tool for MailRead {
             note(&self.hub, &f.connection_id, e);
         }
         let (raw, flags) = raw?;
-        let msg = mail_parser::MessageParser::default()
-            .parse(&raw)
-            .ok_or_else(|| ToolError::new(ErrorCode::MailError, format!("message {} does not parse as RFC 5322", f.uid)))?;
+        let msg = mail_parser::MessageParser::default().parse(&raw).ok_or_else(|| {
+            ToolError::new(ErrorCode::MailError, format!("message {} does not parse as RFC 5322", f.uid))
+        })?;
         let mut out = header_summary(&msg);
         let text = msg.body_text(0).map(|t| t.into_owned()).unwrap_or_default();
         let (text_out, truncated) = cut(&text, usize::try_from(f.max_text_chars).unwrap_or(20_000));
@@ -213,7 +213,10 @@ impl Tool for MailRead {
             if bytes.len() > MAX_ATTACHMENT_OUT {
                 return Err(ToolError::new(
                     ErrorCode::AttachmentTooLarge,
-                    format!("attachment {index} is {} bytes; at most {MAX_ATTACHMENT_OUT} bytes are returned", bytes.len()),
+                    format!(
+                        "attachment {index} is {} bytes; at most {MAX_ATTACHMENT_OUT} bytes are returned",
+                        bytes.len()
+                    ),
                 )
                 .with_details(json!({"size": bytes.len(), "limit": MAX_ATTACHMENT_OUT})));
             }
@@ -233,7 +236,11 @@ impl Tool for MailRead {
                 provenance: p,
                 content_sha256: sha,
                 excerpt: crate::evidence::excerpt(
-                    &format!("attachment {index}: {} ({} bytes)", part.attachment_name().unwrap_or("(no name)"), bytes.len()),
+                    &format!(
+                        "attachment {index}: {} ({} bytes)",
+                        part.attachment_name().unwrap_or("(no name)"),
+                        bytes.len()
+                    ),
                     crate::evidence::EXCERPT_MAX_BYTES,
                 ),
             });
@@ -278,7 +285,10 @@ async fn fetch(settings: &MailSettings, secret: &Secret, f: &Frozen) -> Result<(
             .and_then(|fe| fe.body())
             .ok_or_else(|| ToolError::new(ErrorCode::NotFound, format!("message {} has no body", f.uid)))?;
         if body.len() > MAX_MESSAGE_BYTES as usize {
-            return Err(ToolError::new(ErrorCode::MessageTooLarge, format!("message {} is larger than {MAX_MESSAGE_BYTES} bytes", f.uid)));
+            return Err(ToolError::new(
+                ErrorCode::MessageTooLarge,
+                format!("message {} is larger than {MAX_MESSAGE_BYTES} bytes", f.uid),
+            ));
         }
         Ok((body.to_vec(), flags))
     }

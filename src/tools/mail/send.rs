@@ -27,10 +27,10 @@ use serde_json::{Value, json};
 use super::compose::{self, AttachmentInput, Request};
 use super::{MailSettings, SEND, Secret, smtp};
 use crate::availability::{Availability, AvailabilityContext};
-use crate::harness::SideEffects;
 use crate::connections::{ConnectionHub, ConnectionKind};
 use crate::error::ErrorCode;
 use crate::evidence::{EvidenceDraft, sha256_hex};
+use crate::harness::SideEffects;
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 use crate::store::{MailSendState, SendClaim, Store};
 use crate::tools::input;
@@ -99,10 +99,11 @@ impl MailSend {
                 kind: ToolKind::Dynamic,
                 domain: "mail".into(),
                 title: "Send mail".into(),
-                description: "Send a plain-text mail message (or a reply: give in_reply_to and references from mail_read) \
+                description:
+                    "Send a plain-text mail message (or a reply: give in_reply_to and references from mail_read) \
                     from the user's mail account, with optional attachments (base64, at most 5 MiB together). The user \
                     approves the exact message before it is sent; it is sent once."
-                    .into(),
+                        .into(),
                 input_schema: input::schema_of::<SendInput>(),
                 requires_approval: true,
                 capability: None,
@@ -142,11 +143,7 @@ fn validated(input: &Value) -> Result<(compose::Validated, Value), ToolError> {
 }
 
 fn cut_bytes(s: &str, max: usize) -> (String, bool) {
-    if s.len() <= max {
-        (s.to_owned(), false)
-    } else {
-        (crate::evidence::excerpt(s, max), true)
-    }
+    if s.len() <= max { (s.to_owned(), false) } else { (crate::evidence::excerpt(s, max), true) }
 }
 
 #[async_trait]
@@ -241,7 +238,10 @@ impl Tool for MailSend {
             ));
         }
         let store_err = |e: crate::store::StoreError| {
-            ToolError::new(ErrorCode::StoreError, format!("the send ledger cannot be read or written: {e}; nothing was sent"))
+            ToolError::new(
+                ErrorCode::StoreError,
+                format!("the send ledger cannot be read or written: {e}; nothing was sent"),
+            )
         };
         match self
             .store

@@ -64,7 +64,9 @@ async fn connect_and_auth(settings: &MailSettings, secret: &Secret) -> Result<As
             .map_err(|e| unreachable(settings, format!("STARTTLS: {}", text(&e))))?;
     }
     let (credentials, mechanisms) = match secret {
-        Secret::Password(p) => (Credentials::new(settings.username.clone(), p.clone()), vec![Mechanism::Plain, Mechanism::Login]),
+        Secret::Password(p) => {
+            (Credentials::new(settings.username.clone(), p.clone()), vec![Mechanism::Plain, Mechanism::Login])
+        }
         Secret::OAuthToken(t) => (Credentials::new(settings.username.clone(), t.clone()), vec![Mechanism::Xoauth2]),
     };
     if let Err(e) = conn.auth(&mechanisms, &credentials).await {
@@ -127,10 +129,13 @@ async fn step<T>(
 ) -> Result<T, ToolError> {
     match tokio::time::timeout(IO_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) if e.is_permanent() || e.is_transient() => {
-            Err(ToolError::new(ErrorCode::MailRejected, format!("the SMTP server refused {what}: {}; nothing was sent", text(&e))))
+        Ok(Err(e)) if e.is_permanent() || e.is_transient() => Err(ToolError::new(
+            ErrorCode::MailRejected,
+            format!("the SMTP server refused {what}: {}; nothing was sent", text(&e)),
+        )),
+        Ok(Err(e)) => {
+            Err(ToolError::new(ErrorCode::MailError, format!("SMTP {what} failed: {}; nothing was sent", text(&e))))
         }
-        Ok(Err(e)) => Err(ToolError::new(ErrorCode::MailError, format!("SMTP {what} failed: {}; nothing was sent", text(&e)))),
         Err(_) => Err(ToolError::new(
             ErrorCode::MailError,
             format!("the SMTP server did not answer {what} within {} s; nothing was sent", IO_TIMEOUT.as_secs()),
@@ -154,7 +159,8 @@ pub async fn send(
     let before = async {
         step("MAIL FROM", conn.command(Mail::new(Some(sender), vec![]))).await?;
         for r in recipients {
-            let rcpt = parse(r).map_err(|_| ToolError::new(ErrorCode::CorruptInput, "a frozen recipient does not parse"))?;
+            let rcpt =
+                parse(r).map_err(|_| ToolError::new(ErrorCode::CorruptInput, "a frozen recipient does not parse"))?;
             step(&format!("the recipient {r}"), conn.command(Rcpt::new(rcpt, vec![]))).await?;
         }
         step("DATA", conn.command(Data)).await?;
