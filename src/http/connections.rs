@@ -41,9 +41,11 @@ pub struct CreateConnection {
     pub name: Option<String>,
     /// The kind's settings (docs/api.md, Connections), at most 16 KiB of JSON.
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub settings: Value,
     /// The credential object (a token, a password…), at most 16 KiB of JSON; stored sealed,
     /// never returned.
+    #[schema(value_type = Object)]
     pub credential: Value,
     /// Admins only: usable by every user.
     #[serde(default)]
@@ -59,8 +61,10 @@ pub struct UpdateConnection {
     /// New display name.
     pub name: Option<String>,
     /// Replace the settings (validated like at creation).
+    #[schema(value_type = Option<Object>)]
     pub settings: Option<Value>,
     /// Replace the credential (sealed; the connection is checked again).
+    #[schema(value_type = Option<Object>)]
     pub credential: Option<Value>,
     /// Enable or disable.
     pub enabled: Option<bool>,
@@ -154,6 +158,7 @@ pub struct ConnectionView {
     /// Whether tools may use it.
     pub enabled: bool,
     /// The kind's settings.
+    #[schema(value_type = Object)]
     pub settings: Value,
     /// Summary of the last check.
     pub state: ConnectionState,

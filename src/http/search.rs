@@ -28,6 +28,7 @@ pub const MAX_CONNECTIONS_PER_USER: i64 = 16;
 
 /// Body of `POST /v1/search/connections`.
 #[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = SearchCreateConnection)]
 #[serde(deny_unknown_fields)]
 pub struct CreateConnection {
     /// `searxng`, `brave` or `tavily`.
@@ -48,6 +49,7 @@ pub struct CreateConnection {
 
 /// Body of `PATCH /v1/search/connections/{id}`.
 #[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = SearchUpdateConnection)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateConnection {
     /// New display name.
@@ -73,6 +75,7 @@ pub struct CredentialView {
 
 /// A connection as the API shows it.
 #[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = SearchConnectionView)]
 pub struct ConnectionView {
     /// `sconn_…`, or `deployment-<provider>` for shared ones.
     pub id: String,
@@ -101,6 +104,7 @@ pub struct ConnectionView {
 
 /// `{"connections": [...]}`.
 #[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = SearchConnectionList)]
 pub struct ConnectionList {
     /// The caller's connections, then the shared ones.
     pub connections: Vec<ConnectionView>,
