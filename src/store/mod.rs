@@ -20,6 +20,7 @@ mod evidence;
 pub mod follow;
 mod group;
 mod invocations;
+mod mail;
 mod mcp;
 mod metrics;
 pub mod news_query;
@@ -40,6 +41,7 @@ pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{
     ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation,
 };
+pub use mail::{MailSendRow, MailSendState, SendClaim};
 pub use mcp::{McpAccessRow, McpConnectionRow, McpOwnerRow, McpServerRow, McpToolRow, OwnerClaim};
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use retention::RetentionCounts;

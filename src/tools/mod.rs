@@ -4,6 +4,7 @@
 
 pub mod codebase;
 pub mod github;
+pub mod mail;
 pub mod search;
 pub mod terminal;
 
@@ -43,7 +44,7 @@ pub struct ToolDeps {
 
 /// The drivers of every connection kind this build knows ([`crate::connections::Driver`]).
 pub fn connection_drivers() -> Vec<Arc<dyn crate::connections::Driver>> {
-    vec![github::driver()]
+    vec![github::driver(), mail::driver()]
 }
 
 /// Handles to the state of core tools that HTTP resources share with them.
@@ -84,6 +85,7 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
     }
     let search = search::register(registry, deps)?;
     github::register(registry, deps)?;
+    mail::register(registry, deps)?;
     let terminal = terminal::host::TerminalHost::new(
         deps.store.clone(),
         deps.node_id.clone(),

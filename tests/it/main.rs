@@ -20,6 +20,7 @@ mod hostile_sandbox;
 mod http_limits;
 mod inputs;
 mod logs;
+mod mail;
 mod mcp;
 mod mcp_real;
 mod metrics;

@@ -57,6 +57,9 @@ macro_rules! catalogue {
 }
 
 catalogue! {
+    /// A mail attachment (or all of a message's attachments together) larger than the limit,
+    /// refused by its size before it is decoded or stored.
+    AttachmentTooLarge = (400, "attachment_too_large"),
     /// A search provider that needs a base URL got none.
     BaseUrlRequired = (400, "base_url_required"),
     /// The file is binary.
@@ -69,6 +72,11 @@ catalogue! {
     CwdNotADirectory = (400, "cwd_not_a_directory"),
     /// The query is empty.
     EmptyQuery = (400, "empty_query"),
+    /// CR, LF or another control character in a mail header field (subject, recipient,
+    /// attachment name): refused instead of letting it start a new header.
+    HeaderInjection = (400, "header_injection"),
+    /// A mail address that does not parse as an RFC 5322 addr-spec (or is not ASCII).
+    InvalidAddress = (400, "invalid_address"),
     /// An API key that is empty, too long or not printable.
     InvalidApiKey = (400, "invalid_api_key"),
     /// An environment variable name for an API key that is not allowed.
@@ -255,6 +263,8 @@ catalogue! {
     BodyTooLarge = (413, "body_too_large"),
     /// A file larger than the tool handles.
     FileTooLarge = (413, "file_too_large"),
+    /// A mail message larger than the tool reads.
+    MessageTooLarge = (413, "message_too_large"),
     /// A run's task and context over the limit.
     TaskTooLarge = (413, "task_too_large"),
     /// A non-empty body whose `Content-Type` is not JSON.
@@ -289,6 +299,10 @@ catalogue! {
     JobWrongDevice = (422, "job_wrong_device"),
     /// Another node took over the invocation.
     LeaseLost = (422, "lease_lost"),
+    /// The mail server (IMAP or SMTP) answered with an error or an answer that does not parse.
+    MailError = (422, "mail_error"),
+    /// The SMTP server refused the message (at MAIL, RCPT or after its data): it was not sent.
+    MailRejected = (422, "mail_rejected"),
     /// The MCP tool's result does not parse.
     McpBadResult = (422, "mcp_bad_result"),
     /// The connection to the MCP server was lost during the call.
