@@ -224,14 +224,14 @@ export async function mount(root) {
         h('caption', {}, 'Permissions'),
         h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Permission'), h('th', { scope: 'col' }, 'What it allows'), h('th', { scope: 'col' }, 'Found'))),
         h('tbody', {}, permissions.length ? permissions.map(([name, p]) => h('tr', { dataset: { permission: name, access: p.access?.state ?? 'unchecked' } },
-          h('th', { scope: 'row' }, code(name)), h('td', {}, p.description), h('td', {}, accessWords(p.access))))
+          h('th', { scope: 'row' }, code(name)), h('td', { dataset: { label: 'What it allows' } }, p.description), h('td', { dataset: { label: 'Found' } }, accessWords(p.access))))
           : h('tr', {}, h('td', { colspan: '3', class: 'empty' }, 'This server has no driver for this kind.'))))),
       h('div', { class: 'table-wrap' }, h('table', { class: 'tool-needs' },
         h('caption', {}, 'What each tool needs'),
         h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Tool'), h('th', { scope: 'col' }, 'Permission'), h('th', { scope: 'col' }, 'Usable now'))),
         h('tbody', {}, tools.length ? tools.map((t) => h('tr', { dataset: { tool: t.tool_id, usable: String(t.usable), code: t.code ?? '' } },
-          h('th', { scope: 'row' }, code(t.tool_id)), h('td', {}, code(t.permission)),
-          h('td', {}, t.usable ? badge('usable', 'ok')
+          h('th', { scope: 'row' }, code(t.tool_id)), h('td', { dataset: { label: 'Permission' } }, code(t.permission)),
+          h('td', { dataset: { label: 'Usable now' } }, t.usable ? badge('usable', 'ok')
             : [badge(t.code ?? 'unusable', 'blocked'), t.message ? h('span', { class: 'tool-reason' }, ` ${t.message}`) : null])))
           : h('tr', {}, h('td', { colspan: '3', class: 'empty' }, 'No tool of this kind is registered.'))))),
       actions);
