@@ -822,7 +822,7 @@ try {
     // Replace the token: sent once, never shown.
     const ghToken2 = `ghp_new${randomBytes(16).toString('hex')}`;
     await connCard.locator('button[data-action=credential]').click();
-    await page.fill(`#credential-${conn.id}`, ghToken2);
+    await page.fill(`#credential-${conn.id}-token`, ghToken2);
     const patched = page.waitForResponse((r) => r.url().endsWith(`/v1/connections/${conn.id}`) && r.request().method() === 'PATCH');
     await page.click(`form[data-credential="${conn.id}"] button[type=submit]`);
     const patchResp = await patched;

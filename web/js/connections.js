@@ -62,16 +62,66 @@ function tlsSelect(id, secure) {
     h('option', { value: 'none' }, 'None (plain text: test servers only)'));
 }
 
+/**
+ * The credential fields of a kind, with ids under `prefix`: GitHub a token or a GitHub App
+ * (app id, installation id, private key), Mail a password. `read()` answers the credential
+ * object and empties every field at once; `clear()` empties them; `first` is the field to focus.
+ */
+function credentialFields(kind, prefix) {
+  const once = 'Sent once, stored sealed, never shown again.';
+  if (kind !== 'github') {
+    const pw = secretInput(`${prefix}-password`);
+    return {
+      el: field(`${prefix}-password`, 'Password or app password', pw, once),
+      first: pw,
+      clear: () => { pw.value = ''; },
+      read: () => { const password = pw.value; pw.value = ''; return { password }; },
+    };
+  }
+  const type = h('select', { id: `${prefix}-credential-type`, name: `${prefix}-credential-type` },
+    h('option', { value: 'token' }, 'Token'), h('option', { value: 'app' }, 'GitHub App'));
+  const token = secretInput(`${prefix}-token`);
+  const appId = input(`${prefix}-app-id`, { inputmode: 'numeric', pattern: '[0-9]+' });
+  const installationId = input(`${prefix}-installation-id`, { inputmode: 'numeric', pattern: '[0-9]+' });
+  const key = h('textarea', { id: `${prefix}-private-key`, name: `${prefix}-private-key`, rows: '4', spellcheck: 'false', autocapitalize: 'off', autocomplete: 'off', placeholder: '-----BEGIN RSA PRIVATE KEY-----' });
+  const tokenPart = h('div', { class: 'credential-part' }, field(`${prefix}-token`, 'Token', token,
+    `A personal access token (classic or fine-grained) or an App installation token. ${once}`));
+  const appPart = h('div', { class: 'credential-part row', hidden: true },
+    field(`${prefix}-app-id`, 'App id', appId),
+    field(`${prefix}-installation-id`, 'Installation id', installationId),
+    field(`${prefix}-private-key`, 'Private key (PEM)', key, `The server makes installation tokens with it. ${once}`));
+  const show = () => {
+    const app = type.value === 'app';
+    tokenPart.hidden = app;
+    appPart.hidden = !app;
+    token.required = !app;
+    for (const el of [appId, installationId, key]) el.required = app;
+  };
+  type.addEventListener('change', show);
+  show();
+  const clear = () => { for (const el of [token, appId, installationId, key]) el.value = ''; };
+  return {
+    el: h('div', { class: 'credential-fields' }, field(`${prefix}-credential-type`, 'Credential', type), tokenPart, appPart),
+    first: type,
+    clear,
+    read: () => {
+      const credential = type.value === 'app'
+        ? { app_id: Number(appId.value.trim()), installation_id: Number(installationId.value.trim()), private_key: key.value }
+        : { token: token.value };
+      clear();
+      return credential;
+    },
+  };
+}
+
 /** The body of POST /v1/connections for the form's kind (the credential read and cleared). */
-function readForm(kind, els) {
+function readForm(kind, els, credentials) {
   const val = (id) => els[id].value.trim();
-  const takeSecret = (id) => { const s = els[id].value; els[id].value = ''; return s; };
   const body = { kind, name: val('connection-name') || undefined, shared: els['connection-shared'].checked || undefined };
   if (kind === 'github') {
     const repositories = els['github-repositories'].value.split('\n').map((l) => l.trim()).filter(Boolean);
     body.settings = { base_url: val('github-base-url') || 'https://api.github.com' };
     if (repositories.length) body.settings.repositories = repositories;
-    body.credential = { token: takeSecret('github-token') };
   } else {
     body.settings = {
       imap: { host: val('mail-imap-host'), port: Number(val('mail-imap-port')), tls: els['mail-imap-tls'].value },
@@ -79,8 +129,8 @@ function readForm(kind, els) {
       username: val('mail-username'),
       address: val('mail-address'),
     };
-    body.credential = { password: takeSecret('mail-password') };
   }
+  body.credential = credentials[kind].read();
   return body;
 }
 
@@ -93,6 +143,7 @@ export async function mount(root) {
 
   // ---- the add form: one fieldset per kind, only the chosen one enabled ----
   const els = {};
+  const credentials = { github: credentialFields('github', 'github'), mail: credentialFields('mail', 'mail') };
   const mk = (id, el) => { els[id] = el; return el; };
   const kindSel = mk('connection-kind', h('select', { id: 'connection-kind', name: 'kind' },
     Object.entries(KINDS).map(([k, label]) => h('option', { value: k }, label))));
@@ -102,8 +153,7 @@ export async function mount(root) {
       'https://api.github.com, or your GitHub Enterprise API (https://HOST/api/v3).'),
     field('github-repositories', 'Repositories (optional)', mk('github-repositories', h('textarea', { id: 'github-repositories', name: 'github-repositories', rows: '3', spellcheck: 'false', autocapitalize: 'off', placeholder: 'owner/repo' })),
       'One owner/repo per line: the tools may use only these. Empty: every repository the token reaches.'),
-    field('github-token', 'Token', mk('github-token', secretInput('github-token')),
-      'A personal access token (classic or fine-grained) or an App installation token. Sent once, stored sealed, never shown again.'));
+    credentials.github.el);
   const mail = h('fieldset', { class: 'kind-fields', dataset: { kind: 'mail' }, hidden: true, disabled: true },
     h('legend', {}, 'Mail'),
     h('div', { class: 'row' },
@@ -117,8 +167,7 @@ export async function mount(root) {
     h('div', { class: 'row' },
       field('mail-username', 'Username', mk('mail-username', input('mail-username', { required: true }))),
       field('mail-address', 'Address (From)', mk('mail-address', input('mail-address', { type: 'email', required: true, placeholder: 'you@example.com' })))),
-    field('mail-password', 'Password or app password', mk('mail-password', secretInput('mail-password')),
-      'Sent once, stored sealed, never shown again.'));
+    credentials.mail.el);
   const fieldsets = { github, mail };
   const shared = mk('connection-shared', h('input', { id: 'connection-shared', name: 'shared', type: 'checkbox' }));
   const add = h('button', { type: 'submit' }, 'Add and check');
@@ -162,24 +211,21 @@ export async function mount(root) {
   };
 
   const credentialForm = (c, actions) => {
-    const id = `credential-${c.id}`;
-    const github = c.kind === 'github';
-    const secret = secretInput(id);
+    const fields = credentialFields(c.kind, `credential-${c.id}`);
     const save = h('button', { type: 'submit' }, 'Save and check');
     const cancel = h('button', { type: 'button', class: 'secondary' }, 'Cancel');
-    const f = h('form', { class: 'inline credential', dataset: { credential: c.id } },
-      h('label', { for: id }, github ? 'New token' : 'New password'), secret, save, cancel);
-    cancel.addEventListener('click', () => { secret.value = ''; render(true); });
+    const headingId = `credential-title-${c.id}`;
+    const f = h('form', { class: 'credential', dataset: { credential: c.id }, 'aria-labelledby': headingId },
+      h('h4', { id: headingId }, 'Replace the credential of ', h('span', { class: 'connection-name' }, c.name)),
+      fields.el, h('div', { class: 'actions' }, save, cancel));
+    cancel.addEventListener('click', () => { fields.clear(); render(true); });
     f.addEventListener('submit', (ev) => {
       ev.preventDefault();
-      const value = secret.value;
-      secret.value = '';
-      if (!value) { secret.focus(); return; }
-      act(save, `Replace the credential of ${c.name}`, () =>
-        api('PATCH', `/v1/connections/${seg(c.id)}`, { credential: github ? { token: value } : { password: value } }));
+      const credential = fields.read();
+      act(save, `Replace the credential of ${c.name}`, () => api('PATCH', `/v1/connections/${seg(c.id)}`, { credential }));
     });
     fill(actions, f);
-    secret.focus();
+    fields.first.focus();
   };
 
   const card = (c) => {
@@ -265,7 +311,7 @@ export async function mount(root) {
     ev.preventDefault();
     const kind = kindSel.value;
     // The credential leaves the form here: its field is empty from now on, whatever happens.
-    const body = readForm(kind, els);
+    const body = readForm(kind, els, credentials);
     add.disabled = true;
     fill(msg, h('p', { class: 'hint' }, `Adding and checking the ${KINDS[kind]} connection…`));
     try {
