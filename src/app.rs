@@ -51,6 +51,8 @@ pub struct App {
     pub shutdown: CancellationToken,
     /// State the search tools share with their HTTP resources.
     pub search: Arc<crate::tools::search::SearchHub>,
+    /// The users' connections of the dynamic capabilities (`/v1/connections`).
+    pub connections: Arc<crate::connections::ConnectionHub>,
     /// Live terminal sessions of this server.
     pub terminal: Arc<crate::tools::terminal::host::TerminalHost>,
     /// The sandbox of the processes started for users (`/readyz` reports it).

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod availability;
 pub mod cluster;
 pub mod config;
+pub mod connections;
 pub mod devices;
 pub mod embedding;
 pub mod error;

@@ -134,7 +134,15 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
             .await
             .context("probing the sandbox")?
     };
+    let connections = crate::connections::ConnectionHub::new(
+        store.clone(),
+        crate::secret::SecretBox::load(&settings.data_dir),
+        crate::tools::connection_drivers(),
+        crate::connections::CHECK_INTERVAL,
+        Duration::from_secs(config.search.state_refresh_secs.max(1)),
+    );
     let deps = crate::tools::ToolDeps {
+        connections: connections.clone(),
         store: store.clone(),
         data_dir: settings.data_dir.clone(),
         shutdown: shutdown.clone(),
@@ -144,6 +152,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         sandbox: sandbox.clone(),
     };
     let core = crate::tools::register_core(&registry, &deps).context("registering core tools")?;
+    connections.start(shutdown.clone()).await;
     let mcp_settings = crate::mcp::McpSettings { sandbox: Some(sandbox.clone()), ..settings.runtime.mcp.clone() };
     let mcp = crate::mcp::McpManager::new(
         store.clone(),
@@ -240,6 +249,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         shutdown,
         search: core.search,
         terminal: core.terminal,
+        connections,
         sandbox,
         streams: crate::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
         node: cluster_node,

@@ -5,6 +5,7 @@
 pub mod approvals;
 pub mod auth;
 pub mod cluster;
+pub mod connections;
 pub mod devices;
 pub mod error;
 pub mod events;
@@ -97,7 +98,7 @@ impl Page {
     tags(
         (name = "service"), (name = "users"), (name = "workspaces"), (name = "devices"), (name = "tools"),
         (name = "runs"), (name = "invocations"), (name = "approvals"), (name = "evidence"), (name = "events"), (name = "mcp"),
-        (name = "search"), (name = "news"), (name = "terminal"),
+        (name = "search"), (name = "news"), (name = "terminal"), (name = "connections"),
     )
 )]
 struct ApiDoc;
@@ -132,6 +133,7 @@ fn api() -> OpenApiRouter<App> {
         .merge(search::router())
         .merge(news::router())
         .merge(terminal::router())
+        .merge(connections::router())
 }
 
 /// The streaming routes (Server-Sent Events), outside the request timeout.

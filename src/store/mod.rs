@@ -12,6 +12,7 @@
 
 mod approvals;
 pub mod cache;
+mod connections;
 mod devices;
 mod embeddings;
 mod events;
@@ -33,6 +34,7 @@ mod users;
 
 pub use crate::state::ApprovalRule;
 pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
+pub use connections::ConnectionRow;
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use invocations::{

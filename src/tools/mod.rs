@@ -36,6 +36,13 @@ pub struct ToolDeps {
     pub node_id: String,
     /// The sandbox of the processes tools start for users.
     pub sandbox: Arc<crate::sandbox::Sandbox>,
+    /// The users' connections (GitHub, mail…) the dynamic tools' availability reads.
+    pub connections: Arc<crate::connections::ConnectionHub>,
+}
+
+/// The drivers of every connection kind this build knows ([`crate::connections::Driver`]).
+pub fn connection_drivers() -> Vec<Arc<dyn crate::connections::Driver>> {
+    Vec::new()
 }
 
 /// Handles to the state of core tools that HTTP resources share with them.

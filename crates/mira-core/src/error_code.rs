@@ -165,6 +165,9 @@ catalogue! {
     InternalAddress = (403, "internal_address"),
     /// The host cannot sandbox a non-admin's terminal.
     SandboxUnavailable = (403, "sandbox_unavailable"),
+    /// The connection's credential lacks the scope or permission the tool needs (the scope
+    /// is named in the message).
+    ScopeMissing = (403, "scope_missing"),
     /// A non-admin referred to the server's environment (`from_env`).
     ServerEnvReference = (403, "server_env_reference"),
     /// A non-admin asked for a workspace path outside the allowed roots.
@@ -334,6 +337,8 @@ catalogue! {
     Internal = (500, "internal"),
     /// The search connection was removed.
     ConnectionGone = (503, "connection_gone"),
+    /// The connection cannot be reached (its server is down or refuses the connection).
+    ConnectionUnreachable = (503, "connection_unreachable"),
     /// The search connection's credential cannot be read.
     CredentialUnavailable = (503, "credential_unavailable"),
     /// The device does not declare the capability the tool needs.
@@ -352,6 +357,8 @@ catalogue! {
     McpStopped = (503, "mcp_stopped"),
     /// The News Hub has no items yet.
     NewsHubEmpty = (503, "news_hub_empty"),
+    /// The caller has no usable connection of the kind a tool needs (GitHub, mail…).
+    NoConnection = (503, "no_connection"),
     /// No search provider is configured for the caller.
     NoSearchProvider = (503, "no_search_provider"),
     /// The replica that owns the resource (a terminal session, a stdio MCP server's process)
@@ -361,8 +368,14 @@ catalogue! {
     /// The replica that owns the resource runs but cannot be reached from this one (no
     /// `--cluster-secret`, or the forwarded request failed before it was sent).
     OwnerUnreachable = (503, "owner_unreachable"),
+    /// Whether the connection's credential grants what a tool needs cannot be verified (not
+    /// checked yet, or the server does not say); never treated as granted.
+    PermissionUnknown = (503, "permission_unknown"),
     /// The search provider cannot be reached.
     ProviderUnreachable = (503, "provider_unreachable"),
+    /// The connection's credential was refused (wrong, expired or revoked): the user must
+    /// replace it.
+    ReauthRequired = (503, "reauth_required"),
     /// A non-streaming request took longer than `--request-timeout-secs`.
     RequestTimeout = (503, "request_timeout"),
     /// The tool's input schema compiles in no JSON Schema dialect.

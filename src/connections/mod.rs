@@ -1,0 +1,563 @@
+//! Connections: the user's accounts that make the dynamic capabilities usable (a GitHub
+//! token, a mail account…). The contract's dynamic tools exist on the public surface for
+//! everyone, but each is *available* only while one of the caller's connections of its kind
+//! (their own first, then shared ones an admin made) is enabled, was checked, is not rate
+//! limited, and grants the permission the tool needs. Otherwise the ladder names why, with one
+//! of the stable reasons `no_connection`, `reauth_required`, `scope_missing` (naming the
+//! scope), `connection_unreachable`, `rate_limited` (with the reset time) or
+//! `permission_unknown` — a permission that could not be verified is never available.
+//!
+//! A [`Driver`] per [`ConnectionKind`] validates settings and credentials and runs the check (a
+//! live round trip answering who the credential is and each permission's [`Access`]). The
+//! [`ConnectionHub`] keeps every connection and its last check in memory (availability answers
+//! without I/O), reloads what other replicas wrote every few seconds, and runs the periodic
+//! checks: a replica claims a due check with a compare-and-set on `next_check_at`, so one
+//! replica checks each connection. Credentials are JSON objects sealed with the server's
+//! [`SecretBox`] (associated data: the connection id); they are opened only to check or to
+//! execute a call, and are never returned, logged, or put into errors, outputs or evidence.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::availability::Availability;
+use crate::error::ErrorCode;
+use crate::registry::ToolError;
+use crate::secret::{SecretBox, SecretError};
+use crate::store::{ConnectionRow, Store};
+
+/// What a connection connects to. Each kind has one [`Driver`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectionKind {
+    /// A GitHub (or GitHub Enterprise) account: REST API with a token.
+    Github,
+    /// A mail account: IMAP to read, SMTP to send.
+    Mail,
+}
+
+impl ConnectionKind {
+    /// Every kind.
+    pub const ALL: [ConnectionKind; 2] = [ConnectionKind::Github, ConnectionKind::Mail];
+
+    /// The snake_case name (`github`, `mail`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionKind::Github => "github",
+            ConnectionKind::Mail => "mail",
+        }
+    }
+
+    /// The kind named `s`, if any.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// What a check (or a call) found out about one permission of a connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Access {
+    /// The credential grants it (verified).
+    Granted,
+    /// The credential lacks it: ladder reason `scope_missing`.
+    Missing {
+        /// The scope or permission that would grant it (`repo`, `pull_requests:write`…).
+        scope: String,
+    },
+    /// It could not be verified: ladder reason `permission_unknown` (never available).
+    Unknown {
+        /// Why.
+        message: String,
+    },
+    /// The credential was refused: ladder reason `reauth_required`.
+    ReauthRequired {
+        /// What the server said.
+        message: String,
+    },
+    /// The server could not be reached: ladder reason `connection_unreachable`.
+    Unreachable {
+        /// Why.
+        message: String,
+    },
+}
+
+impl Access {
+    /// Ok for [`Access::Granted`], else the ladder reason (code and sentence) for a tool of
+    /// connection `name` needing `permission`.
+    fn reason(&self, name: &str, permission: &str) -> Result<(), (ErrorCode, String)> {
+        match self {
+            Access::Granted => Ok(()),
+            Access::Missing { scope } => Err((
+                ErrorCode::ScopeMissing,
+                format!("connection {name} lacks {permission}: its credential needs the scope {scope}"),
+            )),
+            Access::Unknown { message } => Err((
+                ErrorCode::PermissionUnknown,
+                format!("whether connection {name} grants {permission} cannot be verified: {message}"),
+            )),
+            Access::ReauthRequired { message } => Err((
+                ErrorCode::ReauthRequired,
+                format!("connection {name}'s credential was refused ({message}); replace it"),
+            )),
+            Access::Unreachable { message } => {
+                Err((ErrorCode::ConnectionUnreachable, format!("connection {name} cannot be reached: {message}")))
+            }
+        }
+    }
+}
+
+/// What a check found: who the credential is and each permission's [`Access`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CheckReport {
+    /// Who the credential is for (a GitHub login, a mail address), when the server said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// Every permission of the kind ([`Driver::permissions`]) with what was found.
+    pub access: BTreeMap<String, Access>,
+    /// The end of a rate limit the check ran into (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limited_until: Option<String>,
+}
+
+/// A connection opened for a check or a call: validated settings and the opened credential.
+/// `credential` is secret: never log it or put it into an error, output or evidence.
+#[derive(Clone)]
+pub struct Opened {
+    /// `conn_…`
+    pub id: String,
+    /// Owner; None = shared.
+    pub owner_id: Option<String>,
+    /// The kind's validated settings.
+    pub settings: Value,
+    /// The credential object.
+    pub credential: Value,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened").field("id", &self.id).field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+/// One kind of connection: how its settings and credentials are validated and how it is
+/// checked. Implemented by the tool domains (`tools::github`, `tools::mail`).
+#[async_trait]
+pub trait Driver: Send + Sync + 'static {
+    /// The kind.
+    fn kind(&self) -> ConnectionKind;
+    /// Every permission this kind reports, each with a sentence (shown in the connections
+    /// view).
+    fn permissions(&self) -> &'static [(&'static str, &'static str)];
+    /// Validates the non-secret settings and returns their canonical form. Errors carry 400
+    /// codes.
+    fn validate_settings(&self, settings: Value) -> Result<Value, ToolError>;
+    /// Validates a credential object. Errors carry 400 codes and never echo the credential.
+    fn validate_credential(&self, credential: &Value) -> Result<(), ToolError>;
+    /// The URLs the server will reach for these settings; for non-admins each must be a
+    /// public address (the internal-address rule of every user-given URL).
+    fn endpoints(&self, settings: &Value) -> Vec<String>;
+    /// A live round trip: who the credential is and each permission's [`Access`].
+    async fn check(&self, conn: &Opened) -> CheckReport;
+}
+
+/// How often each enabled connection is checked again (the periodic health check).
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(300);
+
+/// A tool's need: a connection of `kind` granting `permission`.
+#[derive(Debug, Clone)]
+pub struct ToolNeed {
+    /// The tool.
+    pub tool_id: String,
+    /// The kind of connection.
+    pub kind: ConnectionKind,
+    /// The permission ([`Driver::permissions`]).
+    pub permission: &'static str,
+}
+
+/// Longest a check may take before it counts as unreachable.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One connection as the hub holds it.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// `conn_…`
+    pub id: String,
+    /// Owner; None = shared.
+    pub owner_id: Option<String>,
+    /// Kind.
+    pub kind: ConnectionKind,
+    /// Display name.
+    pub name: String,
+    /// Validated, non-secret settings.
+    pub settings: Value,
+    /// Whether calls may use it.
+    pub enabled: bool,
+    /// The last check's report, with what calls learned since (None = never checked).
+    pub report: Option<CheckReport>,
+    /// When the last check ran (RFC 3339).
+    pub checked_at: Option<String>,
+    /// End of a rate limit (RFC 3339).
+    pub rate_limited_until: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+    sealed: String,
+    key_id: String,
+    next_check_at: String,
+}
+
+impl Connection {
+    fn from_row(row: ConnectionRow) -> Option<Connection> {
+        let kind = ConnectionKind::parse(&row.kind)?;
+        Some(Connection {
+            id: row.id,
+            owner_id: row.owner_id,
+            kind,
+            name: row.name,
+            settings: serde_json::from_str(&row.settings_json).unwrap_or(Value::Null),
+            enabled: row.enabled,
+            report: row.check_json.as_deref().and_then(|j| serde_json::from_str(j).ok()),
+            checked_at: row.checked_at,
+            rate_limited_until: row.rate_limited_until,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            sealed: row.credential_ciphertext,
+            key_id: row.credential_key_id,
+            next_check_at: row.next_check_at,
+        })
+    }
+
+    /// Whether `user_id` may use (and see) it: their own, or shared.
+    pub fn visible_to(&self, user_id: &str) -> bool {
+        self.owner_id.as_deref().is_none_or(|o| o == user_id)
+    }
+
+    /// Ok when a call needing `permission` can use it now, else the ladder reason.
+    pub fn usable(&self, permission: &str) -> Result<(), (ErrorCode, String)> {
+        if !self.enabled {
+            return Err((ErrorCode::NoConnection, format!("connection {} is disabled", self.name)));
+        }
+        if let Some(until) = self.rate_limited_until.as_deref().filter(|u| *u > crate::ids::now().as_str()) {
+            return Err((ErrorCode::RateLimited, format!("connection {} is rate limited until {until}", self.name)));
+        }
+        let Some(report) = &self.report else {
+            return Err((ErrorCode::PermissionUnknown, format!("connection {} has not been checked yet", self.name)));
+        };
+        match report.access.get(permission) {
+            Some(access) => access.reason(&self.name, permission),
+            None => Err((
+                ErrorCode::PermissionUnknown,
+                format!("the last check of connection {} did not report {permission}", self.name),
+            )),
+        }
+    }
+}
+
+/// The connections of every user in memory, their checks, and the drivers (see the module
+/// docs).
+pub struct ConnectionHub {
+    store: Store,
+    secrets: Result<SecretBox, SecretError>,
+    drivers: HashMap<ConnectionKind, Arc<dyn Driver>>,
+    connections: RwLock<Vec<Connection>>,
+    needs: RwLock<Vec<ToolNeed>>,
+    check_interval: Duration,
+    refresh: Duration,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl ConnectionHub {
+    /// The hub over `store`, sealing with `secrets` (the key MCP and search secrets use),
+    /// checking each connection every `check_interval` and reloading every `refresh`.
+    /// Nothing runs until [`ConnectionHub::start`].
+    pub fn new(
+        store: Store,
+        secrets: Result<SecretBox, SecretError>,
+        drivers: Vec<Arc<dyn Driver>>,
+        check_interval: Duration,
+        refresh: Duration,
+    ) -> Arc<ConnectionHub> {
+        Arc::new(ConnectionHub {
+            store,
+            secrets,
+            drivers: drivers.into_iter().map(|d| (d.kind(), d)).collect(),
+            connections: RwLock::new(Vec::new()),
+            needs: RwLock::new(Vec::new()),
+            check_interval,
+            refresh,
+            tasks: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Declares that tool `tool_id` needs `permission` of a `kind` connection (each domain's
+    /// `register` does this for its tools; the connections view lists them).
+    pub fn declare_need(&self, tool_id: &str, kind: ConnectionKind, permission: &'static str) {
+        self.needs.write().push(ToolNeed { tool_id: tool_id.to_owned(), kind, permission });
+    }
+
+    /// The declared needs of the tools of `kind`, by tool id.
+    pub fn needs(&self, kind: ConnectionKind) -> Vec<ToolNeed> {
+        let mut out: Vec<ToolNeed> = self.needs.read().iter().filter(|n| n.kind == kind).cloned().collect();
+        out.sort_by(|a, b| a.tool_id.cmp(&b.tool_id));
+        out
+    }
+
+    /// The driver of `kind`.
+    pub fn driver(&self, kind: ConnectionKind) -> Option<&Arc<dyn Driver>> {
+        self.drivers.get(&kind)
+    }
+
+    /// The credential box, or why it is unavailable (`secret_key_unavailable`).
+    pub fn secrets(&self) -> Result<&SecretBox, ToolError> {
+        self.secrets
+            .as_ref()
+            .map_err(|e| ToolError::new(ErrorCode::SecretKeyUnavailable, format!("credentials cannot be sealed: {e}")))
+    }
+
+    /// Loads the stored connections, then starts the periodic reload and checks until
+    /// `shutdown`.
+    pub async fn start(self: &Arc<Self>, shutdown: CancellationToken) {
+        self.reload().await;
+        let this = Arc::clone(self);
+        let task = tokio::spawn(async move { this.maintain(shutdown).await });
+        self.tasks.lock().push(task);
+    }
+
+    /// True once the background work has ended (it ends with the shutdown token).
+    pub fn background_finished(&self) -> bool {
+        self.tasks.lock().iter().all(tokio::task::JoinHandle::is_finished)
+    }
+
+    async fn maintain(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut reload = tokio::time::interval(self.refresh.max(Duration::from_secs(1)));
+        reload.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = reload.tick() => self.reload().await,
+            }
+            let now = crate::ids::now();
+            let due: Vec<Connection> = self
+                .connections
+                .read()
+                .iter()
+                .filter(|c| c.enabled && c.next_check_at.as_str() <= now.as_str())
+                .cloned()
+                .collect();
+            for conn in due {
+                let next = crate::ids::now_plus_ms(u64::try_from(self.check_interval.as_millis()).unwrap_or(u64::MAX));
+                match self.store.claim_connection_check(&conn.id, &conn.next_check_at, &next).await {
+                    Ok(true) => {
+                        tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            () = self.check(&conn) => {}
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, connection = %conn.id, "claiming a connection check failed"),
+                }
+            }
+        }
+    }
+
+    /// Reloads every stored connection (other replicas' writes and checks, local changes).
+    pub async fn reload(&self) {
+        match self.store.all_connections().await {
+            Ok(rows) => {
+                let conns: Vec<Connection> = rows.into_iter().filter_map(Connection::from_row).collect();
+                *self.connections.write() = conns;
+            }
+            Err(e) => tracing::warn!(error = %e, "reloading connections failed"),
+        }
+    }
+
+    /// Every connection `user_id` may see: their own (oldest first), then the shared ones.
+    pub fn visible(&self, user_id: &str) -> Vec<Connection> {
+        let mut out: Vec<Connection> =
+            self.connections.read().iter().filter(|c| c.visible_to(user_id)).cloned().collect();
+        out.sort_by_key(|c| (c.owner_id.is_none(), c.id.clone()));
+        out
+    }
+
+    /// Connection `id` when `user_id` may see it.
+    pub fn connection_for(&self, user_id: &str, id: &str) -> Option<Connection> {
+        self.connections.read().iter().find(|c| c.id == id && c.visible_to(user_id)).cloned()
+    }
+
+    /// The connections a call of `user_id` may use for `kind`, in the order they are tried.
+    fn candidates(&self, user_id: &str, kind: ConnectionKind) -> Vec<Connection> {
+        self.visible(user_id).into_iter().filter(|c| c.kind == kind).collect()
+    }
+
+    /// Whether a tool of `kind` needing `permission` is usable for `user_id`: Available when
+    /// one of their connections is ([`Connection::usable`]); else the reason of the first
+    /// (the one a call would use), or `no_connection` when they have none.
+    pub fn availability(&self, user_id: &str, kind: ConnectionKind, permission: &str) -> Availability {
+        match self.pick(user_id, kind, permission, None) {
+            Ok(_) => Availability::Available,
+            Err(e) => Availability::unavailable(e.code, e.message),
+        }
+    }
+
+    fn pick(
+        &self,
+        user_id: &str,
+        kind: ConnectionKind,
+        permission: &str,
+        requested: Option<&str>,
+    ) -> Result<Connection, ToolError> {
+        let candidates = self.candidates(user_id, kind);
+        if let Some(id) = requested {
+            let conn = candidates.into_iter().find(|c| c.id == id).ok_or_else(|| {
+                ToolError::new(ErrorCode::NoConnection, format!("you have no {} connection {id}", kind.as_str()))
+            })?;
+            return conn.usable(permission).map(|()| conn).map_err(|(code, message)| ToolError::new(code, message));
+        }
+        let mut first_reason = None;
+        for conn in candidates {
+            match conn.usable(permission) {
+                Ok(()) => return Ok(conn),
+                Err(reason) => {
+                    first_reason.get_or_insert(reason);
+                }
+            }
+        }
+        let (code, message) = first_reason.unwrap_or_else(|| {
+            (ErrorCode::NoConnection, format!("no {} connection: add one with POST /v1/connections", kind.as_str()))
+        });
+        Err(ToolError::new(code, message))
+    }
+
+    /// The id of the connection a call of `user_id` uses for `kind` and `permission`:
+    /// `requested` (the input's `connection`) when given, else the first usable one. A
+    /// tool's `prepare` puts it into the canonical input, so an approval binds it.
+    pub fn resolve(
+        &self,
+        user_id: &str,
+        kind: ConnectionKind,
+        permission: &str,
+        requested: Option<&str>,
+    ) -> Result<String, ToolError> {
+        self.pick(user_id, kind, permission, requested).map(|c| c.id)
+    }
+
+    /// Opens connection `id` for a call of `user_id` (theirs or shared, of `kind`, usable for
+    /// `permission` now), with its credential. Errors: the ladder reasons,
+    /// `secret_key_unavailable`, `credential_unavailable`.
+    pub fn open(&self, user_id: &str, id: &str, kind: ConnectionKind, permission: &str) -> Result<Opened, ToolError> {
+        let conn = self.pick(user_id, kind, permission, Some(id))?;
+        self.open_credential(&conn)
+    }
+
+    fn open_credential(&self, conn: &Connection) -> Result<Opened, ToolError> {
+        let plain = self.secrets()?.open(&conn.sealed, &conn.key_id, &conn.id).map_err(|e| {
+            ToolError::new(
+                ErrorCode::CredentialUnavailable,
+                format!("the credential of connection {} cannot be opened: {e}", conn.name),
+            )
+        })?;
+        let credential = serde_json::from_str(&plain).map_err(|_| {
+            ToolError::new(
+                ErrorCode::CredentialUnavailable,
+                format!("the credential of connection {} is not a JSON object", conn.name),
+            )
+        })?;
+        Ok(Opened { id: conn.id.clone(), owner_id: conn.owner_id.clone(), settings: conn.settings.clone(), credential })
+    }
+
+    /// Runs `conn`'s check now (bounded by [`CHECK_TIMEOUT`]) and records its report in the
+    /// store and in memory. A credential that cannot be opened is reported as
+    /// `permission_unknown` for every permission.
+    pub async fn check(&self, conn: &Connection) {
+        let Some(driver) = self.drivers.get(&conn.kind) else { return };
+        let report = match self.open_credential(conn) {
+            Ok(opened) => match tokio::time::timeout(CHECK_TIMEOUT, driver.check(&opened)).await {
+                Ok(report) => report,
+                Err(_) => every(
+                    driver.as_ref(),
+                    &Access::Unreachable { message: format!("no answer within {} s", CHECK_TIMEOUT.as_secs()) },
+                ),
+            },
+            Err(e) => every(driver.as_ref(), &Access::Unknown { message: e.message }),
+        };
+        let checked_at = crate::ids::now();
+        let json = serde_json::to_string(&report).unwrap_or_default();
+        let until = report.rate_limited_until.clone();
+        match self.store.record_connection_check(&conn.id, &conn.sealed, &json, &checked_at, until.as_deref()).await {
+            Ok(true) => {
+                if let Some(c) =
+                    self.connections.write().iter_mut().find(|c| c.id == conn.id && c.sealed == conn.sealed)
+                {
+                    c.report = Some(report);
+                    c.checked_at = Some(checked_at);
+                    c.rate_limited_until = until;
+                }
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, connection = %conn.id, "recording a connection check failed"),
+        }
+    }
+
+    /// A call learned something about `permission` of connection `id` (a 401 →
+    /// [`Access::ReauthRequired`], a 403 for a missing scope → [`Access::Missing`], a refused
+    /// connection → [`Access::Unreachable`]): recorded at once in memory and in the store,
+    /// where it stays until the next check.
+    pub fn note_access(&self, id: &str, permission: &str, access: Access) {
+        self.amend(id, |c| {
+            c.report.get_or_insert_with(CheckReport::default).access.insert(permission.to_owned(), access);
+        });
+    }
+
+    /// A call hit a rate limit of connection `id` that ends at `until` (RFC 3339).
+    pub fn note_rate_limit(&self, id: &str, until: String) {
+        self.amend(id, |c| {
+            c.rate_limited_until = Some(until.clone());
+            if let Some(r) = c.report.as_mut() {
+                r.rate_limited_until = Some(until);
+            }
+        });
+    }
+
+    fn amend(&self, id: &str, change: impl FnOnce(&mut Connection)) {
+        let updated = {
+            let mut conns = self.connections.write();
+            let Some(c) = conns.iter_mut().find(|c| c.id == id) else { return };
+            change(c);
+            c.clone()
+        };
+        let store = self.store.clone();
+        let json = updated.report.as_ref().and_then(|r| serde_json::to_string(r).ok()).unwrap_or_default();
+        let checked_at = updated.checked_at.clone().unwrap_or_else(crate::ids::now);
+        tokio::spawn(async move {
+            let written = store
+                .record_connection_check(
+                    &updated.id,
+                    &updated.sealed,
+                    &json,
+                    &checked_at,
+                    updated.rate_limited_until.as_deref(),
+                )
+                .await;
+            if let Err(e) = written {
+                tracing::warn!(error = %e, connection = %updated.id, "recording what a call learned failed");
+            }
+        });
+    }
+}
+
+/// A report giving `access` for every permission of `driver`.
+fn every(driver: &dyn Driver, access: &Access) -> CheckReport {
+    CheckReport {
+        account: None,
+        access: driver.permissions().iter().map(|(p, _)| ((*p).to_owned(), access.clone())).collect(),
+        rate_limited_until: None,
+    }
+}
