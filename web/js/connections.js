@@ -64,18 +64,27 @@ function tlsSelect(id, secure) {
 
 /**
  * The credential fields of a kind, with ids under `prefix`: GitHub a token or a GitHub App
- * (app id, installation id, private key), Mail a password. `read()` answers the credential
- * object and empties every field at once; `clear()` empties them; `first` is the field to focus.
+ * (app id, installation id, private key), Mail a password or an OAuth token (XOAUTH2).
+ * `read()` answers the credential object and empties every field at once; `clear()` empties
+ * them; `first` is the field to focus.
  */
 function credentialFields(kind, prefix) {
   const once = 'Sent once, stored sealed, never shown again.';
   if (kind !== 'github') {
-    const pw = secretInput(`${prefix}-password`);
+    const type = h('select', { id: `${prefix}-credential-type`, name: `${prefix}-credential-type` },
+      h('option', { value: 'password' }, 'Password'), h('option', { value: 'oauth_token' }, 'OAuth access token (XOAUTH2)'));
+    const secret = secretInput(`${prefix}-password`);
+    const label = h('label', { for: `${prefix}-password` }, 'Password or app password');
+    type.addEventListener('change', () => {
+      label.textContent = type.value === 'password' ? 'Password or app password' : 'OAuth access token';
+    });
+    secret.setAttribute('aria-describedby', `${prefix}-password-hint`);
     return {
-      el: field(`${prefix}-password`, 'Password or app password', pw, once),
-      first: pw,
-      clear: () => { pw.value = ''; },
-      read: () => { const password = pw.value; pw.value = ''; return { password }; },
+      el: h('div', { class: 'credential-fields' }, field(`${prefix}-credential-type`, 'Credential', type),
+        h('div', { class: 'field' }, label, secret, h('p', { class: 'hint', id: `${prefix}-password-hint` }, `IMAP LOGIN and SMTP AUTH with a password, or SASL XOAUTH2 with a token. ${once}`))),
+      first: type,
+      clear: () => { secret.value = ''; },
+      read: () => { const value = secret.value; secret.value = ''; return { [type.value]: value }; },
     };
   }
   const type = h('select', { id: `${prefix}-credential-type`, name: `${prefix}-credential-type` },
