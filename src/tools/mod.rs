@@ -3,6 +3,7 @@
 //! of this build into a registry.
 
 pub mod codebase;
+pub mod github;
 pub mod search;
 pub mod terminal;
 
@@ -42,7 +43,7 @@ pub struct ToolDeps {
 
 /// The drivers of every connection kind this build knows ([`crate::connections::Driver`]).
 pub fn connection_drivers() -> Vec<Arc<dyn crate::connections::Driver>> {
-    Vec::new()
+    vec![github::driver()]
 }
 
 /// Handles to the state of core tools that HTTP resources share with them.
@@ -82,6 +83,7 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
         registry.register(Arc::new(codebase::ReportsChanges::new(tool, graphs.clone())))?;
     }
     let search = search::register(registry, deps)?;
+    github::register(registry, deps)?;
     let terminal = terminal::host::TerminalHost::new(
         deps.store.clone(),
         deps.node_id.clone(),

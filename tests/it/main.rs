@@ -10,6 +10,7 @@ mod cluster;
 mod codegraph;
 mod docs;
 mod embedding;
+mod github;
 mod hostile_access;
 mod hostile_approvals;
 mod hostile_devices;

@@ -163,6 +163,8 @@ catalogue! {
     FourEyesRequired = (403, "four_eyes_required"),
     /// A URL the server would fetch points inside the host's networks.
     InternalAddress = (403, "internal_address"),
+    /// A connection limited to a list of repositories was asked to act on another one.
+    RepositoryNotAllowed = (403, "repository_not_allowed"),
     /// The host cannot sandbox a non-admin's terminal.
     SandboxUnavailable = (403, "sandbox_unavailable"),
     /// The connection's credential lacks the scope or permission the tool needs (the scope
@@ -198,6 +200,9 @@ catalogue! {
     DefinitionChanged = (409, "definition_changed"),
     /// The move's destination is a directory.
     DestinationIsDirectory = (409, "destination_is_directory"),
+    /// The branch or pull request head moved since the call was frozen (a merge or commit bound to
+    /// the head SHA the approver saw): nothing was changed.
+    HeadChanged = (409, "head_changed"),
     /// The invocation is not in a state that allows this.
     InvalidState = (409, "invalid_state"),
     /// The MCP server's tool discovery failed.
@@ -212,6 +217,8 @@ catalogue! {
     NoDisclaimer = (409, "no_disclaimer"),
     /// The tool is available but not exposed in the turn.
     NotExposed = (409, "not_exposed"),
+    /// GitHub will not merge the pull request (closed, already merged, conflicts, failing required checks).
+    NotMergeable = (409, "not_mergeable"),
     /// The tool is registered but not on the public surface.
     NotPublic = (409, "not_public"),
     /// The tool is not registered (a refused freeze; at execution, the tool is gone).
@@ -260,6 +267,8 @@ catalogue! {
     CorruptInput = (422, "corrupt_input"),
     /// The runner refused a job because its local policy does not give it that workspace folder.
     DeviceWorkspaceRefused = (422, "device_workspace_refused"),
+    /// GitHub answered with an error other than those with their own code (a validation error, 5xx).
+    GithubError = (422, "github_error"),
     /// The input fails the tool's JSON Schema.
     InputInvalid = (422, "input_invalid"),
     /// The server stopped.
