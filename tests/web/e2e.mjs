@@ -770,7 +770,7 @@ try {
     check(await connCard.locator('.connection-name').innerText() === connName && await connCard.locator('.connection-name i').count() === 0, 'the connection name is shown as text, markup and all');
     check((await connCard.locator('.state-words').innerText()).includes('cannot be reached'), 'the card says the server cannot be reached');
     const cardText = await connCard.innerText();
-    check(cardText.includes(`http://127.0.0.1:${port}/`) && cardText.includes('octo-org/hello-world'), 'the card shows the base URL and the repository allowlist');
+    check(cardText.includes(`http://127.0.0.1:${port}`) && cardText.includes('octo-org/hello-world'), 'the card shows the base URL and the repository allowlist');
     check(cardText.includes('shared: every user may use it'), 'the card says the connection is shared');
     check((await connCard.locator('.checked-at').innerText()) !== 'never', `the card shows when it was last checked (${await connCard.locator('.checked-at').innerText()})`);
     const lastError = await connCard.locator('.last-error').innerText();
