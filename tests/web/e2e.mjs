@@ -594,7 +594,7 @@ try {
     await shot('devices-revoked');
   }
 
-  // ---- connections, as a non-admin: a connection to an internal address is refused in words ----
+  // ---- connections, as a user: a bad repository allowlist is refused in words, nothing kept ----
   const connList = await call('GET', '/v1/connections');
   const haveConnections = !routeMissing(connList);
   if (!haveConnections) {
@@ -610,11 +610,12 @@ try {
     expectedFailures.push(/\/v1\/connections$/);
     const adaToken = `ghp_ada${randomBytes(16).toString('hex')}`;
     await page.fill('#github-base-url', `http://127.0.0.1:${await closedPort()}/`);
+    await page.fill('#github-repositories', 'octo-org/../etc');
     await page.fill('#github-token', adaToken);
     await page.click('#add-connection button[type=submit]');
     await page.waitForSelector('#connections-msg .error-box');
     const refusal = await page.locator('#connections-msg .error-box').innerText();
-    check(refusal.includes('internal_address') && refusal.includes('403'), `a non-admin's connection to a local address is refused in words (${refusal.slice(0, 120)})`);
+    check(refusal.includes('invalid_field') && refusal.includes('400'), `a repository outside owner/repo form is refused in words (${refusal.slice(0, 140)})`);
     check(await page.inputValue('#github-token') === '', 'the token field is empty after the submit, even a refused one');
     check((await must('GET', '/v1/connections')).connections.length === 0, 'nothing was stored');
     check(!(await page.content()).includes(adaToken), 'the refused token is nowhere in the page');
