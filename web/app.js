@@ -1,6 +1,6 @@
-// The control-plane page: sign-in, then six views routed by the URL fragment
-// (#/approvals, #/runs[/ID], #/tools, #/mcp[/ID], #/devices, #/terminal[/ID]). The fragment carries
-// only view names and object ids, never the token.
+// The control-plane page: sign-in, then seven views routed by the URL fragment
+// (#/approvals, #/runs[/ID], #/tools, #/mcp[/ID], #/devices, #/connections, #/terminal[/ID]).
+// The fragment carries only view names and object ids, never the token.
 
 import { session, get, ApiError } from './js/api.js';
 import { h, fill, alertError, announce } from './js/ui.js';
@@ -12,6 +12,7 @@ const views = {
   tools: () => import('./js/tools.js'),
   mcp: () => import('./js/mcp.js'),
   devices: () => import('./js/devices.js'),
+  connections: () => import('./js/connections.js'),
   terminal: () => import('./js/terminal.js'),
 };
 

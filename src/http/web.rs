@@ -55,6 +55,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("/js/tools.js", JS),
     asset!("/js/mcp.js", JS),
     asset!("/js/devices.js", JS),
+    asset!("/js/connections.js", JS),
     asset!("/js/approvals.js", JS),
     asset!("/js/runs.js", JS),
     asset!("/js/terminal.js", JS),

@@ -3,8 +3,11 @@
 //! in a real browser (Debian's chromium through playwright-core, installed by
 //! `scripts/setup-web.sh`): `tests/web/e2e.mjs` signs in, watches an approval appear without a
 //! reload, approves it, sees the evidence arrive on the run timeline (also across a dropped
-//! connection), registers, renames and revokes a device, and visits every view, saving
-//! screenshots under `tests/artifacts/web/`.
+//! connection), registers, renames and revokes a device, adds a GitHub connection to a closed
+//! local port as the admin (its check finds it unreachable, every GitHub tool
+//! `connection_unreachable`, its token nowhere in the API or the page), checks, disables,
+//! enables, replaces its token and deletes it, and visits every view, saving screenshots under
+//! `tests/artifacts/web/`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
@@ -240,6 +243,7 @@ async fn browser_end_to_end() {
         .env("MIRA_TOKEN_2", &bea)
         .env("MIRA_E2E_TOOL", tool)
         .env("MIRA_TOKEN_APPROVER", &approver_token)
+        .env("MIRA_TOKEN_ADMIN", &t.admin_token)
         .env("MIRA_FOUR_EYES_TOOL", "deploy_release")
         .env("MIRA_WORKSPACE", &t.workspace)
         .env("MIRA_ARTIFACTS", &artifacts)
@@ -286,7 +290,12 @@ async fn browser_end_to_end() {
     let device = devices.body["devices"].as_array().unwrap().iter().find(|d| d["name"] == "e2e laptop").cloned();
     let device = device.unwrap_or_else(|| panic!("no device from the page: {devices:?}"));
     assert_eq!((device["status"].as_str(), device["enrolled_at"].is_string()), (Some("revoked"), true), "{device}");
+    // The connection added in the page was deleted in the page.
+    let connections = t.get("/v1/connections", &t.admin_token).await;
+    assert_eq!(connections.body["connections"], json!([]), "{connections:?}");
     for shot in [
+        "connections",
+        "phone-connections",
         "four-eyes-requester",
         "four-eyes-approver",
         "sign-in",

@@ -5,12 +5,14 @@
 //   MIRA_E2E_TOOL  approval-gated tool id (write_file, or a test tool before Edit tools exist)
 //   MIRA_TOKEN_APPROVER  a user with the approver role   MIRA_FOUR_EYES_TOOL  a tool whose
 //                  domain needs four-eyes approval (the four-eyes part is skipped without them)
+//   MIRA_TOKEN_ADMIN  an admin's token (the connections part: an admin may add a connection to
+//                  a local address; skipped without it)
 //   MIRA_ARTIFACTS folder for screenshots  MIRA_WEB_CHROMIUM  browser binary
 // Views whose API is not in the build (terminal sessions, External MCP) must say so; when the
 // routes exist the test drives them for real. Prints "e2e: all checks passed" at the end.
 
 import { chromium } from 'playwright-core';
-import { generateKeyPairSync } from 'node:crypto';
+import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import net from 'node:net';
@@ -22,6 +24,7 @@ const token2 = process.env.MIRA_TOKEN_2; // another user, whose turns are ranked
 const gated = process.env.MIRA_E2E_TOOL ?? 'web_probe';
 const tokenApprover = process.env.MIRA_TOKEN_APPROVER;
 const fourEyesTool = process.env.MIRA_FOUR_EYES_TOOL;
+const tokenAdmin = process.env.MIRA_TOKEN_ADMIN;
 const artifacts = process.env.MIRA_ARTIFACTS ?? 'artifacts';
 const executablePath = process.env.MIRA_WEB_CHROMIUM ?? '/usr/bin/chromium';
 if (!base || !token) throw new Error('MIRA_BASE_URL and MIRA_TOKEN are required');
@@ -92,6 +95,15 @@ const pageBase = `http://127.0.0.1:${relay.address().port}`;
 let connectionsDropped = false; // while true, the browser's net::ERR_ logs are the test's doing
 const dropConnections = () => { refusing = true; connectionsDropped = true; for (const p of pairs) { p.client.destroy(); p.server.destroy(); } pairs.clear(); };
 const restoreConnections = () => { refusing = false; };
+
+/** A local TCP port nothing listens on (bound, then closed). */
+async function closedPort() {
+  const srv = net.createServer();
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  const { port } = srv.address();
+  await new Promise((r) => srv.close(r));
+  return port;
+}
 
 // ---------- the browser ----------
 const browser = await chromium.launch({
@@ -582,6 +594,33 @@ try {
     await shot('devices-revoked');
   }
 
+  // ---- connections, as a user: a bad repository allowlist is refused in words, nothing kept ----
+  const connList = await call('GET', '/v1/connections');
+  const haveConnections = !routeMissing(connList);
+  if (!haveConnections) {
+    expectedFailures.push(/\/v1\/connections/);
+    await goto('#/connections');
+    await page.waitForSelector('.view-connections [data-unavailable]');
+    check(true, 'Connections view: not available in this build');
+  } else {
+    await goto('#/connections');
+    await page.waitForSelector('#add-connection #github-token');
+    check(await page.locator('#connection-shared').count() === 0, 'a non-admin is not offered a shared connection');
+    check((await page.locator('#connections .empty').innerText()).includes('no_connection'), 'no connection yet: the page says the tools stay unavailable (no_connection)');
+    expectedFailures.push(/\/v1\/connections$/);
+    const adaToken = `ghp_ada${randomBytes(16).toString('hex')}`;
+    await page.fill('#github-base-url', `http://127.0.0.1:${await closedPort()}/`);
+    await page.fill('#github-repositories', 'octo-org/../etc');
+    await page.fill('#github-token', adaToken);
+    await page.click('#add-connection button[type=submit]');
+    await page.waitForSelector('#connections-msg .error-box');
+    const refusal = await page.locator('#connections-msg .error-box').innerText();
+    check(refusal.includes('invalid_field') && refusal.includes('400'), `a repository outside owner/repo form is refused in words (${refusal.slice(0, 140)})`);
+    check(await page.inputValue('#github-token') === '', 'the token field is empty after the submit, even a refused one');
+    check((await must('GET', '/v1/connections')).connections.length === 0, 'nothing was stored');
+    check(!(await page.content()).includes(adaToken), 'the refused token is nowhere in the page');
+  }
+
   // ---- four-eyes: the requester cannot approve their own call; another person must ----
   let fourEyes = null;
   if (tokenApprover && fourEyesTool) {
@@ -690,6 +729,125 @@ try {
     const vme = await must('GET', '/v1/me', undefined, [200], tokenApprover);
     const decided = await must('GET', `/v1/approvals/${fourEyes.approval_id}`);
     check(decided.decided_by === vme.id && decided.rule === 'four_eyes', 'the grant is recorded as the approver’s, under the four-eyes rule');
+    await page.click('#sign-out');
+    await page.waitForSelector('#sign-in:not([hidden])');
+  }
+
+  // ---- connections, as the admin: a GitHub connection to a closed local port ----
+  if (haveConnections && tokenAdmin) {
+    await page.evaluate(() => history.replaceState(null, '', '#/connections'));
+    await page.fill('#token', tokenAdmin);
+    await page.press('#token', 'Enter');
+    await page.waitForSelector('#nav:not([hidden])');
+    await page.waitForSelector('#add-connection #github-token');
+    check(await page.locator('#connection-shared').count() === 1, 'an admin is offered a shared connection');
+    const asAdmin = (method, path, body, ok = [200, 201, 204]) => must(method, path, body, ok, tokenAdmin);
+    const ghToken = `ghp_e2e${randomBytes(16).toString('hex')}`;
+    const connName = 'e2e <i>GitHub</i> & co';
+    const port = await closedPort();
+    await page.selectOption('#connection-kind', 'github');
+    await page.fill('#connection-name', connName);
+    await page.fill('#github-base-url', `http://127.0.0.1:${port}/`);
+    await page.fill('#github-repositories', 'octo-org/octo-repo\n  octo-org/hello-world  \n');
+    await page.fill('#github-token', ghToken);
+    await page.check('#connection-shared');
+    const created = page.waitForResponse((r) => r.url().endsWith('/v1/connections') && r.request().method() === 'POST');
+    await page.click('#add-connection button[type=submit]');
+    const createdResp = await created;
+    const sentBody = createdResp.request().postDataJSON();
+    check(createdResp.status() === 201, `Add sends POST /v1/connections (${createdResp.status()})`);
+    check(sentBody.kind === 'github' && sentBody.credential.token === ghToken && sentBody.shared === true
+      && JSON.stringify(sentBody.settings.repositories) === '["octo-org/octo-repo","octo-org/hello-world"]',
+      'the body carries the kind, the token once, shared, and one repository per line');
+    check(await page.inputValue('#github-token') === '', 'the token field is cleared after the submit');
+    const conn = (await asAdmin('GET', '/v1/connections')).connections.find((c) => c.name === connName);
+    check(Boolean(conn) && conn.kind === 'github' && conn.shared && conn.editable, 'the connection added in the page exists, shared and editable by the admin');
+    check(conn.state === 'unreachable', `its check found the closed port: state ${conn.state}`);
+    check(conn.tools.length > 0 && conn.tools.every((t) => !t.usable && t.code === 'connection_unreachable'),
+      `every GitHub tool is unusable through it: connection_unreachable (${conn.tools.length} tools)`);
+    const cardSel = `.view-connections article[data-connection="${conn.id}"]`;
+    const connCard = page.locator(cardSel);
+    await page.waitForSelector(`${cardSel}[data-state=unreachable]`);
+    check(await connCard.locator('.connection-name').innerText() === connName && await connCard.locator('.connection-name i').count() === 0, 'the connection name is shown as text, markup and all');
+    check((await connCard.locator('.state-words').innerText()).includes('cannot be reached'), 'the card says the server cannot be reached');
+    const cardText = await connCard.innerText();
+    check(cardText.includes(`http://127.0.0.1:${port}`) && cardText.includes('octo-org/hello-world'), 'the card shows the base URL and the repository allowlist');
+    check(cardText.includes('shared: every user may use it'), 'the card says the connection is shared');
+    check((await connCard.locator('.checked-at').innerText()) !== 'never', `the card shows when it was last checked (${await connCard.locator('.checked-at').innerText()})`);
+    const lastError = await connCard.locator('.last-error').innerText();
+    check(Boolean(conn.last_error) && lastError === conn.last_error, `the card shows the last error (${lastError.slice(0, 80)})`);
+    const permRows = connCard.locator('table.permissions tbody tr');
+    const permNames = Object.keys(conn.permissions);
+    check(await permRows.count() === permNames.length && await connCard.locator('table.permissions tr[data-access=unreachable]').count() === permNames.length,
+      `the permissions table lists every permission as unreachable (${permNames.join(', ')})`);
+    const toolRows = await connCard.locator('table.tool-needs tbody tr').evaluateAll((rows) => rows.map((r) => [r.dataset.tool, r.dataset.usable, r.dataset.code, r.innerText]));
+    check(toolRows.length === conn.tools.length && toolRows.every(([id, usable, c, text], i) => id === conn.tools[i].tool_id && usable === 'false' && c === 'connection_unreachable'
+      && text.includes(conn.tools[i].permission) && text.includes('connection unreachable')),
+      `“What each tool needs” lists every tool with its permission and connection_unreachable (${toolRows.slice(0, 3).map((r) => r[0]).join(', ')}…)`);
+    // The token is nowhere: not in the API's answers, not in the page (markup, fields, storage).
+    const leaks = async (secret) => {
+      const found = [];
+      for (const [who, path] of [[tokenAdmin, '/v1/connections'], [tokenAdmin, `/v1/connections/${conn.id}`], [token, '/v1/connections']]) {
+        const r = await call('GET', path, undefined, who);
+        if (JSON.stringify(r.body).includes(secret)) found.push(path);
+      }
+      const inPage = await page.evaluate((sec) => document.documentElement.outerHTML.includes(sec)
+        || [...document.querySelectorAll('input, textarea')].some((e) => e.value.includes(sec))
+        || Object.values(sessionStorage).some((v) => v.includes(sec)) || localStorage.length > 0, secret);
+      if (inPage) found.push('the page');
+      if ((await page.content()).includes(secret)) found.push('the page content');
+      return found;
+    };
+    const leaked = await leaks(ghToken);
+    check(leaked.length === 0, `the token is in neither GET /v1/connections nor the page's DOM (${leaked.join(', ')})`);
+    const adaView = (await must('GET', '/v1/connections')).connections.find((c) => c.id === conn.id);
+    check(Boolean(adaView) && adaView.shared && !adaView.editable, 'another user sees the shared connection, not editable');
+    await audit('connections');
+    await shot('connections');
+    // Check now: a new live round trip.
+    const checked = page.waitForResponse((r) => r.url().endsWith(`/v1/connections/${conn.id}/check`));
+    await connCard.locator('button[data-action=check]').click();
+    check((await checked).status() === 200, 'Check now runs the check');
+    await page.waitForSelector(`${cardSel}[data-state=unreachable] button[data-action=check]:not(:disabled)`);
+    const rechecked = await asAdmin('GET', `/v1/connections/${conn.id}`);
+    check(rechecked.checked_at >= conn.checked_at && rechecked.state === 'unreachable', `the check ran again (${conn.checked_at} → ${rechecked.checked_at})`);
+    // Disable, then enable (which checks again).
+    await connCard.locator('button[data-action=disable]').click();
+    await page.waitForSelector(`${cardSel}[data-state=disabled]`);
+    const disabled = await asAdmin('GET', `/v1/connections/${conn.id}`);
+    check(!disabled.enabled && disabled.state === 'disabled' && disabled.tools.every((t) => !t.usable && t.code === 'no_connection'), 'Disable is stored: state disabled, its tools no_connection');
+    check(await connCard.locator('.enabled').innerText() === 'no' && (await connCard.locator('table.tool-needs').innerText()).includes('no connection'), 'the card says disabled and shows the tools’ new reason');
+    await connCard.locator('button[data-action=enable]').click();
+    await page.waitForSelector(`${cardSel}[data-state=unreachable]`);
+    check((await asAdmin('GET', `/v1/connections/${conn.id}`)).enabled, 'Enable is stored and checks again: unreachable');
+    // Replace the token: sent once, never shown.
+    const ghToken2 = `ghp_new${randomBytes(16).toString('hex')}`;
+    await connCard.locator('button[data-action=credential]').click();
+    await page.fill(`#credential-${conn.id}-token`, ghToken2);
+    const patched = page.waitForResponse((r) => r.url().endsWith(`/v1/connections/${conn.id}`) && r.request().method() === 'PATCH');
+    await page.click(`form[data-credential="${conn.id}"] button[type=submit]`);
+    const patchResp = await patched;
+    check(patchResp.status() === 200 && JSON.stringify(patchResp.request().postDataJSON()) === JSON.stringify({ credential: { token: ghToken2 } }), 'Replace token sends only the new credential');
+    await page.waitForSelector(`${cardSel}[data-state=unreachable] button[data-action=credential]`);
+    const leaked2 = await leaks(ghToken2);
+    check(leaked2.length === 0 && (await leaks(ghToken)).length === 0, `the new token is nowhere either (${leaked2.join(', ')})`);
+    // Phone width: the card and its tables fit.
+    await page.setViewportSize({ width: 390, height: 844 });
+    await audit('connections (phone)');
+    await shot('phone-connections');
+    await page.setViewportSize({ width: 1280, height: 900 });
+    // Delete asks first: dismissing keeps it; accepting deletes it.
+    page.once('dialog', (d) => d.dismiss());
+    await connCard.locator('button[data-action=delete]').click();
+    await page.waitForTimeout(300);
+    check((await call('GET', `/v1/connections/${conn.id}`, undefined, tokenAdmin)).status === 200, 'a dismissed delete confirmation changes nothing');
+    let askedDelete = '';
+    page.once('dialog', (d) => { askedDelete = d.message(); d.accept(); });
+    await connCard.locator('button[data-action=delete]').click();
+    await page.waitForSelector(cardSel, { state: 'detached' });
+    check(askedDelete.includes(connName) && askedDelete.includes('cannot be undone'), 'Delete asks for confirmation, naming the connection');
+    check((await call('GET', `/v1/connections/${conn.id}`, undefined, tokenAdmin)).status === 404, 'Delete in the page is stored: 404');
+    await page.waitForSelector('#connections .empty');
     await page.click('#sign-out');
     await page.waitForSelector('#sign-in:not([hidden])');
   }
