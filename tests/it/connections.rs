@@ -102,26 +102,39 @@ async fn connections_are_owned_checked_and_sealed(backend: Backend) {
         .map(|row| format!("{} {} {:?}", row.settings_json, row.credential_ciphertext, row.check_json))
         .collect();
     assert_eq!(stored.len(), 1);
-    assert!(!stored[0].contains(TOKEN) && !stored[0].contains("connectionsTestSecret"), "stored in the clear: {stored:?}");
+    assert!(
+        !stored[0].contains(TOKEN) && !stored[0].contains("connectionsTestSecret"),
+        "stored in the clear: {stored:?}"
+    );
 
     // Another user can neither see, change, check nor delete it.
     assert_eq!(t.get(&format!("/v1/connections/{id}"), &bob).await.status, StatusCode::NOT_FOUND);
     assert_eq!(t.post(&format!("/v1/connections/{id}/check"), &bob, json!({})).await.status, StatusCode::NOT_FOUND);
-    let r = t.request(Method::PATCH, &format!("/v1/connections/{id}"), Some(&bob), Some(json!({"enabled": false}))).await;
+    let r =
+        t.request(Method::PATCH, &format!("/v1/connections/{id}"), Some(&bob), Some(json!({"enabled": false}))).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "{r:?}");
     let r = t.request(Method::DELETE, &format!("/v1/connections/{id}"), Some(&bob), None).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "{r:?}");
     assert_eq!(t.get("/v1/connections", &bob).await.body["connections"], json!([]));
 
     // Disabled: its tools say so; enabled again, it is checked again.
-    let r =
-        t.request(Method::PATCH, &format!("/v1/connections/{id}"), Some(&t.admin_token), Some(json!({"enabled": false}))).await;
+    let r = t
+        .request(Method::PATCH, &format!("/v1/connections/{id}"), Some(&t.admin_token), Some(json!({"enabled": false})))
+        .await;
     assert_eq!((r.status, r.body["state"].as_str()), (StatusCode::OK, Some("disabled")), "{r:?}");
     assert_eq!(reason(&t, &t.admin_token, "github_search_issues").await.1, "no_connection");
     let r = t
-        .request(Method::PATCH, &format!("/v1/connections/{id}"), Some(&t.admin_token), Some(json!({"enabled": true, "name": "renamed"})))
+        .request(
+            Method::PATCH,
+            &format!("/v1/connections/{id}"),
+            Some(&t.admin_token),
+            Some(json!({"enabled": true, "name": "renamed"})),
+        )
         .await;
-    assert_eq!((r.status, r.body["state"].as_str(), r.body["name"].as_str()), (StatusCode::OK, Some("unreachable"), Some("renamed")));
+    assert_eq!(
+        (r.status, r.body["state"].as_str(), r.body["name"].as_str()),
+        (StatusCode::OK, Some("unreachable"), Some("renamed"))
+    );
 
     // A shared connection (admins only) serves every user, who may not change it.
     let mut shared = github(&closed_port());
@@ -130,12 +143,21 @@ async fn connections_are_owned_checked_and_sealed(backend: Backend) {
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let shared_id = r.body["id"].as_str().unwrap().to_owned();
     let v = t.get(&format!("/v1/connections/{shared_id}"), &bob).await;
-    assert_eq!((v.status, &v.body["shared"], &v.body["editable"]), (StatusCode::OK, &json!(true), &json!(false)), "{v:?}");
+    assert_eq!(
+        (v.status, &v.body["shared"], &v.body["editable"]),
+        (StatusCode::OK, &json!(true), &json!(false)),
+        "{v:?}"
+    );
     assert_eq!(reason(&t, &bob, "github_search_issues").await.1, "connection_unreachable");
     let r = t.request(Method::DELETE, &format!("/v1/connections/{shared_id}"), Some(&bob), None).await;
     assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "forbidden"), "{r:?}");
     let r = t
-        .request(Method::PATCH, &format!("/v1/connections/{shared_id}"), Some(&bob), Some(json!({"credential": {"token": "mine"}})))
+        .request(
+            Method::PATCH,
+            &format!("/v1/connections/{shared_id}"),
+            Some(&bob),
+            Some(json!({"credential": {"token": "mine"}})),
+        )
         .await;
     assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "forbidden"), "{r:?}");
     // The caller's own connections come first in the list.
