@@ -125,7 +125,7 @@ pub struct RunRef {
     #[schemars(length(min = 3, max = 140))]
     pub repo: String,
     /// Workflow run id
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub run_id: u64,
 }
 targeted!(RunRef);

@@ -151,7 +151,7 @@ pub struct IssueRef {
     #[schemars(length(min = 3, max = 140))]
     pub repo: String,
     /// Issue (or pull request) number
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub number: u64,
 }
 targeted!(IssueRef);
@@ -301,7 +301,7 @@ pub struct CommentInput {
     #[schemars(length(min = 3, max = 140))]
     pub repo: String,
     /// Issue or pull request number
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub number: u64,
     /// Comment text (Markdown)
     #[schemars(length(min = 1, max = 65536))]
@@ -371,7 +371,7 @@ pub struct SetStateInput {
     #[schemars(length(min = 3, max = 140))]
     pub repo: String,
     /// Issue number
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub number: u64,
     /// closed or open
     pub state: IssueState,
@@ -441,7 +441,7 @@ pub struct LabelInput {
     #[schemars(length(min = 3, max = 140))]
     pub repo: String,
     /// Issue or pull request number
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub number: u64,
     /// Labels to add
     #[schemars(length(min = 1, max = 20))]

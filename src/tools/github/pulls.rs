@@ -143,7 +143,7 @@ pub struct PullRef {
     #[schemars(length(min = 3, max = 140))]
     pub repo: String,
     /// Pull request number
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub number: u64,
 }
 targeted!(PullRef);
@@ -342,7 +342,7 @@ pub struct ReviewInput {
     #[schemars(length(min = 3, max = 140))]
     pub repo: String,
     /// Pull request number
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub number: u64,
     /// APPROVE, REQUEST_CHANGES or COMMENT
     pub event: ReviewEvent,
@@ -452,7 +452,7 @@ pub struct MergeInput {
     #[schemars(length(min = 3, max = 140))]
     pub repo: String,
     /// Pull request number
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub number: u64,
     /// The head commit SHA you reviewed (from github_read_pull): the merge fails with head_changed if the pull request's head is another
     #[schemars(length(min = 40, max = 40))]
