@@ -31,9 +31,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::connections::{Access, CheckReport, ConnectionKind, Driver, Opened};
+use crate::connections::{Access, CheckReport, ConnectionHub, ConnectionKind, Driver, Opened};
 use crate::error::ErrorCode;
-use crate::registry::{Registry, RegistryError, ToolError};
+use crate::registry::{Prepared, Registry, RegistryError, ToolError};
 use crate::tools::ToolDeps;
 
 /// The permission of reading mail (IMAP).
@@ -296,8 +296,8 @@ pub(crate) fn access_of(e: &ToolError) -> Option<Access> {
 /// declares their needs.
 pub fn register(registry: &Registry, deps: &ToolDeps) -> Result<(), RegistryError> {
     let hub = deps.connections.clone();
-    registry.register(Arc::new(search::MailSearch::new(hub.clone())))?;
-    registry.register(Arc::new(read::MailRead::new(hub.clone())))?;
+    registry.register(Arc::new(search::MailSearch::new(Mailbox::new(hub.clone()))))?;
+    registry.register(Arc::new(read::MailRead::new(Mailbox::new(hub.clone()))))?;
     registry.register(Arc::new(send::MailSend::new(hub.clone(), deps.store.clone())))?;
     hub.declare_need(search::ID, ConnectionKind::Mail, READ);
     hub.declare_need(read::ID, ConnectionKind::Mail, READ);
@@ -308,4 +308,53 @@ pub fn register(registry: &Registry, deps: &ToolDeps) -> Result<(), RegistryErro
 /// The common input field naming the connection.
 pub(crate) fn requested_connection(input: &Value) -> Option<String> {
     input.get("connection").and_then(Value::as_str).map(str::to_owned)
+}
+
+/// The IMAP side `mail_search` and `mail_read` share: the connection a call uses is resolved
+/// at freeze time into `connection_id` of the canonical input, kept from the frozen input on a
+/// replay, opened again at execution (it must still serve `mail.read`), and what a failed call
+/// learns (a refused login, an unreachable server) is recorded on it.
+pub(crate) struct Mailbox {
+    hub: Arc<ConnectionHub>,
+}
+
+impl Mailbox {
+    /// Over the connections of `hub`.
+    pub(crate) fn new(hub: Arc<ConnectionHub>) -> Self {
+        Self { hub }
+    }
+
+    /// Whether `user_id` has a connection serving `mail.read`.
+    pub(crate) fn availability(&self, user_id: &str) -> crate::availability::Availability {
+        self.hub.availability(user_id, ConnectionKind::Mail, READ)
+    }
+
+    /// The prepared call: `canonical` (from the raw `input`) with the resolved `connection_id`.
+    pub(crate) fn prepare(&self, input: &Value, mut canonical: Value, owner_id: &str) -> Result<Prepared, ToolError> {
+        let requested = requested_connection(input);
+        let id = self.hub.resolve(owner_id, ConnectionKind::Mail, READ, requested.as_deref())?;
+        canonical["connection_id"] = Value::String(id);
+        Ok(Prepared { input: canonical, preview: Value::Null })
+    }
+
+    /// A replay's canonical input with the frozen call's `connection_id`.
+    pub(crate) fn replay(mut canonical: Value, frozen: &Value) -> Value {
+        if let (Some(o), Some(id)) = (canonical.as_object_mut(), frozen.get("connection_id")) {
+            o.insert("connection_id".into(), id.clone());
+        }
+        canonical
+    }
+
+    /// Opens connection `id` for a call of `owner_id`: its settings and credential.
+    pub(crate) fn open(&self, owner_id: &str, id: &str) -> Result<(MailSettings, Secret), ToolError> {
+        let conn = self.hub.open(owner_id, id, ConnectionKind::Mail, READ)?;
+        Ok((MailSettings::of(&conn)?, Secret::of(&conn)?))
+    }
+
+    /// Records what a failed call on connection `id` learned about its IMAP side.
+    pub(crate) fn note(&self, id: &str, e: &ToolError) {
+        if let Some(access) = access_of(e) {
+            self.hub.note_access(id, READ, access);
+        }
+    }
 }

@@ -3,8 +3,6 @@
 //! `BODY.PEEK[]`, so the message's flags stay as they were. The text is third-party evidence
 //! (`provenance.trust = "third_party"`): mail is written by anyone.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use base64::Engine as _;
 use mail_parser::MimeHeaders;
@@ -12,10 +10,9 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::search::{header_summary, note};
-use super::{MailSettings, READ, Secret, imap};
+use super::search::header_summary;
+use super::{MailSettings, Mailbox, Secret, imap};
 use crate::availability::{Availability, AvailabilityContext};
-use crate::connections::{ConnectionHub, ConnectionKind};
 use crate::error::ErrorCode;
 use crate::evidence::{EvidenceDraft, sha256_hex};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
@@ -65,12 +62,12 @@ struct Frozen {
 /// The `mail_read` tool.
 pub struct MailRead {
     spec: ToolSpec,
-    hub: Arc<ConnectionHub>,
+    mailbox: Mailbox,
 }
 
 impl MailRead {
     /// The tool over the connections in `hub`.
-    pub fn new(hub: Arc<ConnectionHub>) -> Self {
+    pub(crate) fn new(mailbox: Mailbox) -> Self {
         Self {
             spec: ToolSpec {
                 id: ID.into(),
@@ -87,7 +84,7 @@ impl MailRead {
                 replacement: None,
                 owner: None,
             },
-            hub,
+            mailbox,
         }
     }
 }
@@ -125,36 +122,27 @@ impl Tool for MailRead {
     }
 
     fn availability(&self, ctx: &AvailabilityContext) -> Availability {
-        self.hub.availability(&ctx.user_id, ConnectionKind::Mail, READ)
+        self.mailbox.availability(&ctx.user_id)
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let mut out = canonical(&input)?;
-        let requested = super::requested_connection(&input);
-        let id = self.hub.resolve(ctx.owner_id, ConnectionKind::Mail, READ, requested.as_deref())?;
-        out["connection_id"] = json!(id);
-        Ok(Prepared { input: out, preview: Value::Null })
+        self.mailbox.prepare(&input, canonical(&input)?, ctx.owner_id)
     }
 
     async fn canonicalize(&self, input: Value, _ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
         canonical(&input)
     }
 
-    fn replay_input(&self, mut canonical: Value, frozen: &Value) -> Value {
-        if let (Some(o), Some(id)) = (canonical.as_object_mut(), frozen.get("connection_id")) {
-            o.insert("connection_id".into(), id.clone());
-        }
-        canonical
+    fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
+        Mailbox::replay(canonical, frozen)
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
-        let conn = self.hub.open(&ctx.owner_id, &f.connection_id, ConnectionKind::Mail, READ)?;
-        let settings = MailSettings::of(&conn)?;
-        let secret = Secret::of(&conn)?;
+        let (settings, secret) = self.mailbox.open(&ctx.owner_id, &f.connection_id)?;
         let raw = fetch(&settings, &secret, &f).await;
         if let Err(e) = &raw {
-            note(&self.hub, &f.connection_id, e);
+            self.mailbox.note(&f.connection_id, e);
         }
         let (raw, flags) = raw?;
         let msg = mail_parser::MessageParser::default().parse(&raw).ok_or_else(|| {

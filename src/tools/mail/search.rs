@@ -1,16 +1,13 @@
 //! `mail_search`: IMAP `UID SEARCH` in one folder of the user's mail account, newest first,
 //! with each hit's headers (no bodies). Reads only (`EXAMINE`, `BODY.PEEK`): no flag changes.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{MailSettings, READ, Secret, imap};
+use super::{MailSettings, Mailbox, Secret, imap};
 use crate::availability::{Availability, AvailabilityContext};
-use crate::connections::{ConnectionHub, ConnectionKind};
 use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
@@ -65,12 +62,12 @@ struct Frozen {
 /// The `mail_search` tool.
 pub struct MailSearch {
     spec: ToolSpec,
-    hub: Arc<ConnectionHub>,
+    mailbox: Mailbox,
 }
 
 impl MailSearch {
     /// The tool over the connections in `hub`.
-    pub fn new(hub: Arc<ConnectionHub>) -> Self {
+    pub(crate) fn new(mailbox: Mailbox) -> Self {
         Self {
             spec: ToolSpec {
                 id: ID.into(),
@@ -88,7 +85,7 @@ impl MailSearch {
                 replacement: None,
                 owner: None,
             },
-            hub,
+            mailbox,
         }
     }
 }
@@ -182,13 +179,6 @@ pub(crate) fn header_summary(msg: &mail_parser::Message<'_>) -> Value {
     })
 }
 
-/// Records what a failed call learned about the connection's IMAP side.
-pub(crate) fn note(hub: &ConnectionHub, connection_id: &str, e: &ToolError) {
-    if let Some(access) = super::access_of(e) {
-        hub.note_access(connection_id, READ, access);
-    }
-}
-
 #[async_trait]
 impl Tool for MailSearch {
     fn spec(&self) -> &ToolSpec {
@@ -196,36 +186,27 @@ impl Tool for MailSearch {
     }
 
     fn availability(&self, ctx: &AvailabilityContext) -> Availability {
-        self.hub.availability(&ctx.user_id, ConnectionKind::Mail, READ)
+        self.mailbox.availability(&ctx.user_id)
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let mut out = canonical(&input)?;
-        let requested = super::requested_connection(&input);
-        let id = self.hub.resolve(ctx.owner_id, ConnectionKind::Mail, READ, requested.as_deref())?;
-        out["connection_id"] = json!(id);
-        Ok(Prepared { input: out, preview: Value::Null })
+        self.mailbox.prepare(&input, canonical(&input)?, ctx.owner_id)
     }
 
     async fn canonicalize(&self, input: Value, _ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
         canonical(&input)
     }
 
-    fn replay_input(&self, mut canonical: Value, frozen: &Value) -> Value {
-        if let (Some(o), Some(id)) = (canonical.as_object_mut(), frozen.get("connection_id")) {
-            o.insert("connection_id".into(), id.clone());
-        }
-        canonical
+    fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
+        Mailbox::replay(canonical, frozen)
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
-        let conn = self.hub.open(&ctx.owner_id, &f.connection_id, ConnectionKind::Mail, READ)?;
-        let settings = MailSettings::of(&conn)?;
-        let secret = Secret::of(&conn)?;
+        let (settings, secret) = self.mailbox.open(&ctx.owner_id, &f.connection_id)?;
         let result = run(&settings, &secret, &f).await;
         if let Err(e) = &result {
-            note(&self.hub, &f.connection_id, e);
+            self.mailbox.note(&f.connection_id, e);
         }
         let (total, messages) = result?;
         let retrieved_at = crate::ids::now();
