@@ -24,15 +24,19 @@ pub fn client_builder() -> reqwest::ClientBuilder {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrivateAddress(pub String);
 
-/// Whether `ip` is reachable only inside the host or its networks: loopback, unspecified,
-/// RFC 1918 private, link-local, carrier-grade NAT (100.64/10), broadcast, multicast,
-/// documentation, IPv6 unique-local (fc00::/7) and link-local (fe80::/10), or an
-/// IPv4-mapped address of any of those (RFC 6890 special-purpose registries).
+/// Whether `ip` is reachable only inside the host or its networks, or is no public unicast
+/// address: loopback, unspecified, RFC 1918 private, link-local, carrier-grade NAT
+/// (100.64/10), IETF protocol assignments (192.0.0/24), benchmarking (198.18/15), the 6to4
+/// relay (192.88.99/24), reserved (240/4) and broadcast, multicast, documentation; IPv6
+/// unique-local (fc00::/7), link-local (fe80::/10), site-local (fec0::/10), documentation
+/// (2001:db8::/32), discard (100::/64); and an IPv4 address carried inside IPv6 — mapped
+/// (::ffff:0:0/96), compatible (::/96), NAT64 (64:ff9b::/96), 6to4 (2002::/16) — when that
+/// IPv4 address is any of the above (RFC 6890 special-purpose registries).
 pub fn is_internal(ip: std::net::IpAddr) -> bool {
-    use std::net::IpAddr;
+    use std::net::{IpAddr, Ipv4Addr};
     match ip {
         IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
+            let [a, b, c, _] = v4.octets();
             v4.is_loopback()
                 || v4.is_private()
                 || v4.is_link_local()
@@ -41,18 +45,39 @@ pub fn is_internal(ip: std::net::IpAddr) -> bool {
                 || v4.is_multicast()
                 || v4.is_documentation()
                 || a == 0
+                || a >= 240
                 || (a == 100 && (64..128).contains(&b))
+                || (a == 192 && b == 0 && c == 0)
+                || (a == 192 && b == 88 && c == 99)
+                || (a == 198 && (b == 18 || b == 19))
         }
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_internal(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let seg = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                let [a, b] = hi.to_be_bytes();
+                let [c, d] = lo.to_be_bytes();
+                Ipv4Addr::new(a, b, c, d)
+            };
+            // IPv4-compatible (::a.b.c.d, also :: and ::1) and NAT64 (64:ff9b::a.b.c.d).
+            if seg[..6] == [0; 6] || seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return seg[..6] == [0; 6] || is_internal(IpAddr::V4(embedded(seg[6], seg[7])));
+            }
+            // 6to4 (2002:a.b.c.d::/48).
+            if seg[0] == 0x2002 {
+                return is_internal(IpAddr::V4(embedded(seg[1], seg[2])));
+            }
+            let first = seg[0];
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
+                || (first & 0xffc0) == 0xfec0
+                || (first == 0x2001 && seg[1] == 0x0db8)
+                || (first == 0x0100 && seg[1..4] == [0, 0, 0])
         }
     }
 }
@@ -101,10 +126,23 @@ mod tests {
             "fd00::1",
             "fe80::1",
             "::ffff:127.0.0.1",
+            "198.18.0.1",
+            "198.19.255.1",
+            "192.0.0.8",
+            "240.0.0.1",
+            "::127.0.0.1",
+            "::8.8.8.8",
+            "64:ff9b::10.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::1",
+            "2002:c0a8:101::1",
+            "fec0::1",
+            "2001:db8::1",
+            "100::1",
         ] {
             assert!(is_internal(ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"))), "{ip}");
         }
-        for ip in ["1.1.1.1", "93.184.216.34", "2606:4700::1111"] {
+        for ip in ["1.1.1.1", "93.184.216.34", "2606:4700::1111", "198.20.0.1", "64:ff9b::808:808", "2002:808:808::1"] {
             assert!(!is_internal(ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"))), "{ip}");
         }
     }

@@ -94,12 +94,19 @@ where
         .with_filter(tracing_subscriber::filter::Targets::new().with_target(TARGET, tracing::Level::TRACE))
 }
 
-/// `filter` with the trace-only spans of [`TARGET`] switched off (for the log layer).
-pub fn log_filter(filter: tracing_subscriber::EnvFilter) -> tracing_subscriber::EnvFilter {
-    match "mira::otel=off".parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
+/// Log targets that are always off, whatever `RUST_LOG` asks: the trace-only spans of
+/// [`TARGET`], and the IMAP and SMTP clients, which log protocol lines — credentials included
+/// (`LOGIN user password`, `AUTH PLAIN …`) — at debug and trace level.
+const ALWAYS_OFF: [&str; 4] = ["mira::otel=off", "async_imap=off", "imap_proto=off", "lettre=off"];
+
+/// `filter` with [`ALWAYS_OFF`] switched off (for the log layer).
+pub fn log_filter(mut filter: tracing_subscriber::EnvFilter) -> tracing_subscriber::EnvFilter {
+    for directive in ALWAYS_OFF {
+        if let Ok(directive) = directive.parse() {
+            filter = filter.add_directive(directive);
+        }
     }
+    filter
 }
 
 /// The W3C `traceparent` of the current span, when it is being traced.

@@ -269,6 +269,7 @@ pub struct ConnectionHub {
     drivers: HashMap<ConnectionKind, Arc<dyn Driver>>,
     connections: RwLock<Vec<Connection>>,
     needs: RwLock<Vec<ToolNeed>>,
+    checking: Mutex<std::collections::HashSet<String>>,
     check_interval: Duration,
     refresh: Duration,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -291,6 +292,7 @@ impl ConnectionHub {
             drivers: drivers.into_iter().map(|d| (d.kind(), d)).collect(),
             connections: RwLock::new(Vec::new()),
             needs: RwLock::new(Vec::new()),
+            checking: Mutex::new(std::collections::HashSet::new()),
             check_interval,
             refresh,
             tasks: Mutex::new(Vec::new()),
@@ -356,9 +358,19 @@ impl ConnectionHub {
                 let next = crate::ids::now_plus_ms(u64::try_from(self.check_interval.as_millis()).unwrap_or(u64::MAX));
                 match self.store.claim_connection_check(&conn.id, &conn.next_check_at, &next).await {
                     Ok(true) => {
+                        // In a task of its own: a driver that panics on a hostile answer ends
+                        // its check, never this loop.
+                        let this = Arc::clone(&self);
+                        let task = tokio::spawn(async move { this.check(&conn).await });
+                        let abort = task.abort_handle();
                         tokio::select! {
-                            () = shutdown.cancelled() => break,
-                            () = self.check(&conn) => {}
+                            () = shutdown.cancelled() => {
+                                abort.abort();
+                                break;
+                            }
+                            done = task => if let Err(e) = done {
+                                tracing::warn!(error = %e, "a connection check failed");
+                            }
                         }
                     }
                     Ok(false) => {}
@@ -476,8 +488,14 @@ impl ConnectionHub {
     /// Runs `conn`'s check now (bounded by [`CHECK_TIMEOUT`]) and records its report in the
     /// store and in memory. A credential that cannot be opened is reported as
     /// `permission_unknown` for every permission.
+    /// Of concurrent checks of one connection (a burst of `POST …/check`, the periodic one)
+    /// only the first runs; the others return at once and see its report.
     pub async fn check(&self, conn: &Connection) {
         let Some(driver) = self.drivers.get(&conn.kind) else { return };
+        if !self.checking.lock().insert(conn.id.clone()) {
+            return;
+        }
+        let _running = Checking { hub: self, id: &conn.id };
         let report = match self.open_credential(conn) {
             Ok(opened) => match tokio::time::timeout(CHECK_TIMEOUT, driver.check(&opened)).await {
                 Ok(report) => report,
@@ -550,6 +568,18 @@ impl ConnectionHub {
                 tracing::warn!(error = %e, connection = %updated.id, "recording what a call learned failed");
             }
         });
+    }
+}
+
+/// Marks a connection's check as running until dropped.
+struct Checking<'a> {
+    hub: &'a ConnectionHub,
+    id: &'a str,
+}
+
+impl Drop for Checking<'_> {
+    fn drop(&mut self) {
+        self.hub.checking.lock().remove(self.id);
     }
 }
 

@@ -458,16 +458,19 @@ pub async fn delete_connection(State(app): State<App>, user: AuthUser, Path(id):
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Runs the connection's check now and returns it.
+/// Runs the check of a connection the caller may edit now and returns it (a check already
+/// running for it is not doubled: this answers its report). Users of a shared connection
+/// cannot force its checks (each spends the owner's API quota): the periodic check serves
+/// them.
 #[utoipa::path(post, path = "/v1/connections/{connection_id}/check", tag = "connections",
     params(("connection_id" = String, Path)),
-    responses((status = 200, body = ConnectionView), (status = 404)), security(("bearer" = [])))]
+    responses((status = 200, body = ConnectionView), (status = 403), (status = 404)), security(("bearer" = [])))]
 pub async fn check_connection(
     State(app): State<App>,
     user: AuthUser,
     Path(id): Path<String>,
 ) -> Result<Json<ConnectionView>> {
-    visible(&app, &user, &id)?;
+    editable(&app, &user, &id)?;
     Ok(Json(check_and_view(&app, &user, &id).await?))
 }
 

@@ -149,6 +149,9 @@ async fn connections_are_owned_checked_and_sealed(backend: Backend) {
         "{v:?}"
     );
     assert_eq!(reason(&t, &bob, "github_search_issues").await.1, "connection_unreachable");
+    // Forcing a check spends the owner's quota: only who may edit it may.
+    let r = t.post(&format!("/v1/connections/{shared_id}/check"), &bob, json!({})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "forbidden"), "{r:?}");
     let r = t.request(Method::DELETE, &format!("/v1/connections/{shared_id}"), Some(&bob), None).await;
     assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "forbidden"), "{r:?}");
     let r = t

@@ -22,16 +22,23 @@ pub fn format_time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-/// The current time plus `ms` milliseconds, formatted as stored.
+/// Longest offset [`now_plus_ms`] and [`now_minus_ms`] apply: 100 years, so that an absurd
+/// remote value (a `Retry-After` of 10^14 s) can neither overflow nor leave the stored
+/// fixed-width format.
+pub const MAX_OFFSET_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// The current time plus `ms` milliseconds (at most [`MAX_OFFSET_MS`]), formatted as stored.
 pub fn now_plus_ms(ms: u64) -> String {
-    let delta = chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 2));
-    format_time(Utc::now() + delta)
+    format_time(Utc::now() + offset(ms))
 }
 
-/// The current time minus `ms` milliseconds, formatted as stored.
+/// The current time minus `ms` milliseconds (at most [`MAX_OFFSET_MS`]), formatted as stored.
 pub fn now_minus_ms(ms: u64) -> String {
-    let delta = chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 2));
-    format_time(Utc::now() - delta)
+    format_time(Utc::now() - offset(ms))
+}
+
+fn offset(ms: u64) -> chrono::Duration {
+    chrono::Duration::milliseconds(i64::try_from(ms.min(MAX_OFFSET_MS)).unwrap_or(0))
 }
 
 /// True when `id` looks like one of ours with the given prefix (used to answer 404 early
@@ -61,6 +68,15 @@ pub fn parse_mcp_projection_id(id: &str) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn offsets_are_capped_and_keep_the_stored_width() {
+        // A hostile `Retry-After: 99999999999999` must neither panic nor leave the format.
+        for t in [now_plus_ms(u64::MAX), now_minus_ms(u64::MAX), now_plus_ms(99_999_999_999_999_000)] {
+            assert_eq!(t.len(), now().len(), "{t}");
+        }
+        assert!(now_plus_ms(u64::MAX) > now());
+    }
 
     #[test]
     fn ids_are_ordered_and_well_formed() {

@@ -159,15 +159,18 @@ impl Reply {
         if !(exhausted || (limited_status && self.header("retry-after").is_some()) || self.status.as_u16() == 429) {
             return None;
         }
+        // A server's reset time counts for at most a day: a hostile or broken server cannot
+        // shut a connection for longer than that.
+        let latest = chrono::Utc::now() + chrono::TimeDelta::days(1);
         let from_reset = self
             .header("x-ratelimit-reset")
             .and_then(|r| r.trim().parse::<i64>().ok())
             .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0))
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+            .map(|t| t.min(latest).to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
         let from_retry = self
             .header("retry-after")
             .and_then(|r| r.trim().parse::<u64>().ok())
-            .map(|s| crate::ids::now_plus_ms(s.saturating_mul(1000)));
+            .map(|s| crate::ids::now_plus_ms(s.min(86_400).saturating_mul(1000)));
         Some(from_reset.or(from_retry).unwrap_or_else(|| crate::ids::now_plus_ms(60_000)))
     }
 }
