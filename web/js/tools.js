@@ -55,20 +55,31 @@ export async function mount(root, route) {
     count.textContent = `${shown.length} of ${tools.length} tools shown` + (turnSel.value ? ` · states for turn ${turnSel.value}` : '');
   };
 
+  // Loads overlap (the turn picked from the address arrives on the stream while the first load
+  // without a turn is still out): only the newest load may touch the page.
+  let generation = 0;
   const loadTools = async () => {
+    const mine = ++generation;
     fill(msg);
     const turn = turnSel.value;
     try {
       const list = await get(`/v1/tools${turn ? `?turn=${seg(turn)}` : ''}`);
+      if (mine !== generation) return;
       tools = list.tools;
       const domains = [...new Set(tools.map((t) => t.domain ?? '—'))].sort();
       const keep = domainSel.value;
       fill(domainSel, h('option', { value: '' }, 'All domains'), domains.map((d) => h('option', { value: d }, d)));
       domainSel.value = domains.includes(keep) ? keep : '';
       render();
-    } catch (err) { fill(msg, errorBox(err, 'Could not load the tools')); }
+    } catch (err) { if (mine === generation) fill(msg, errorBox(err, 'Could not load the tools')); }
+    if (mine !== generation) return;
     if (turn) {
-      try { showExposure((await get(`/v1/turns/${seg(turn)}`))); } catch (err) { fill(exposureBox, errorBox(err, 'Could not load the turn')); exposureBox.hidden = false; }
+      try {
+        const t = await get(`/v1/turns/${seg(turn)}`);
+        if (mine === generation) showExposure(t);
+      } catch (err) {
+        if (mine === generation) { fill(exposureBox, errorBox(err, 'Could not load the turn')); exposureBox.hidden = false; }
+      }
     } else exposureBox.hidden = true;
   };
 
