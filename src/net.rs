@@ -2,6 +2,7 @@
 //! provider (avoiding aws-lc's C/cmake build), so the process must install one before any
 //! TLS client is built: [`install_tls_provider`] installs ring's, once.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Once;
 
 /// Installs ring as the process-wide rustls crypto provider. Idempotent; call before
@@ -82,29 +83,78 @@ pub fn is_internal(ip: std::net::IpAddr) -> bool {
     }
 }
 
+/// Which addresses the server may reach for a user's URL or host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressRule {
+    /// Any address (admins, shared connections, deployments with `--allow-internal-urls`).
+    Any,
+    /// Public addresses only ([`is_internal`] is refused): a non-admin user's URLs.
+    PublicOnly,
+}
+
+/// Resolves `host` (a DNS name, or an IP literal with or without brackets) at `port` once,
+/// and under [`AddressRule::PublicOnly`] refuses it when any address is internal. Connect to
+/// the returned addresses, never to the name again: a DNS answer that changes between the
+/// check and the connection (DNS rebinding) then cannot reach an internal address.
+/// Errors: the name does not resolve, resolves to nothing, or to an internal address.
+pub async fn resolve_host(host: &str, port: u16, rule: AddressRule) -> Result<Vec<SocketAddr>, PrivateAddress> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => tokio::net::lookup_host((bare, port))
+            .await
+            .map_err(|e| PrivateAddress(format!("{host} does not resolve: {e}")))?
+            .collect(),
+    };
+    if addrs.is_empty() {
+        return Err(PrivateAddress(format!("{host} does not resolve")));
+    }
+    if rule == AddressRule::PublicOnly {
+        if let Some(a) = addrs.iter().find(|a| is_internal(a.ip())) {
+            return Err(PrivateAddress(format!(
+                "{host} is an internal address ({}); only an admin may point the server at it",
+                a.ip()
+            )));
+        }
+    }
+    Ok(addrs)
+}
+
 /// Checks that `url`'s host is a public address, directly or through every address DNS gives
 /// for it now. Used when a non-admin user names a URL the server will fetch (an MCP endpoint,
 /// a news feed, a search instance), unless the deployment allows internal addresses. A later
-/// DNS change is not re-checked at fetch time.
+/// DNS change is not re-checked here: clients that fetch later use [`PublicResolver`].
 pub async fn check_public_url(url: &str) -> Result<(), PrivateAddress> {
     let parsed = reqwest::Url::parse(url).map_err(|e| PrivateAddress(format!("{url} is not a URL: {e}")))?;
     let host = parsed.host_str().ok_or_else(|| PrivateAddress(format!("{url} has no host")))?;
     let port = parsed.port_or_known_default().unwrap_or(80);
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let addrs: Vec<std::net::IpAddr> = match bare.parse::<std::net::IpAddr>() {
-        Ok(ip) => vec![ip],
-        Err(_) => tokio::net::lookup_host((bare, port))
-            .await
-            .map_err(|e| PrivateAddress(format!("{host} does not resolve: {e}")))?
-            .map(|a| a.ip())
-            .collect(),
-    };
-    match addrs.iter().find(|ip| is_internal(**ip)) {
-        Some(ip) => Err(PrivateAddress(format!(
-            "{host} is an internal address ({ip}); only an admin may point the server at it"
-        ))),
-        None if addrs.is_empty() => Err(PrivateAddress(format!("{host} does not resolve"))),
-        None => Ok(()),
+    resolve_host(host, port, AddressRule::PublicOnly).await.map(|_| ())
+}
+
+/// A reqwest DNS resolver that refuses a name resolving to any internal address, so a client
+/// built with it (`ClientBuilder::dns_resolver(Arc::new(PublicResolver))`) checks the
+/// addresses it connects to on every connection (no DNS rebinding). IP-literal URLs do not go
+/// through a resolver: check those with [`check_public_url`] before the request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PublicResolver;
+
+impl reqwest::dns::Resolve for PublicResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs = resolve_host(&host, 0, AddressRule::PublicOnly)
+                .await
+                .map_err(|e| Box::new(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.0)))?;
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// `builder` with [`PublicResolver`] when `rule` is [`AddressRule::PublicOnly`].
+pub fn with_rule(builder: reqwest::ClientBuilder, rule: AddressRule) -> reqwest::ClientBuilder {
+    match rule {
+        AddressRule::Any => builder,
+        AddressRule::PublicOnly => builder.dns_resolver(std::sync::Arc::new(PublicResolver)),
     }
 }
 

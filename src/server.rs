@@ -140,6 +140,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         crate::tools::connection_drivers(),
         crate::connections::CHECK_INTERVAL,
         Duration::from_secs(config.search.state_refresh_secs.max(1)),
+        config.allow_internal_urls,
     );
     let deps = crate::tools::ToolDeps {
         connections: connections.clone(),

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::availability::Availability;
 use crate::error::ErrorCode;
+pub use crate::net::AddressRule;
 use crate::registry::ToolError;
 use crate::secret::{SecretBox, SecretError};
 use crate::store::{ConnectionRow, Store};
@@ -138,7 +139,28 @@ pub struct Opened {
     pub settings: Value,
     /// The credential object.
     pub credential: Value,
+    /// [`Connection::fingerprint`] of what was opened.
+    pub fingerprint: String,
+    /// The addresses a call may reach through it: [`AddressRule::PublicOnly`] for a
+    /// non-admin's own connection unless the deployment allows internal addresses. Clients
+    /// apply it when they connect (`net::with_rule`, `net::resolve_host`), not only when the
+    /// settings were stored, so a DNS answer changed since (rebinding) is refused too.
+    pub address_rule: AddressRule,
 }
+
+/// The connection a call was frozen with: its id and [`Connection::fingerprint`]. Both go into
+/// the canonical input (`connection`/`connection_id` and `connection_fingerprint`), so an
+/// approval binds the settings and the credential it was shown with, not only the id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// `conn_…`
+    pub id: String,
+    /// [`Connection::fingerprint`] at freeze time.
+    pub fingerprint: String,
+}
+
+/// The canonical input's key holding [`Resolved::fingerprint`].
+pub const FINGERPRINT_KEY: &str = "connection_fingerprint";
 
 impl std::fmt::Debug for Opened {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -212,6 +234,7 @@ pub struct Connection {
     sealed: String,
     key_id: String,
     next_check_at: String,
+    owner_is_admin: bool,
 }
 
 impl Connection {
@@ -232,7 +255,23 @@ impl Connection {
             sealed: row.credential_ciphertext,
             key_id: row.credential_key_id,
             next_check_at: row.next_check_at,
+            owner_is_admin: false,
         })
+    }
+
+    /// SHA-256 (hex, first 32 digits) over the kind, the settings and the sealed credential:
+    /// it changes whenever the settings or the credential are replaced (a re-sealed credential
+    /// counts as replaced), so a frozen call can tell that its connection is still the one
+    /// its approval was shown.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for part in [self.kind.as_str(), &self.settings.to_string(), &self.key_id, &self.sealed] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        let digest = h.finalize();
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// Whether `user_id` may use (and see) it: their own, or shared.
@@ -273,18 +312,21 @@ pub struct ConnectionHub {
     check_interval: Duration,
     refresh: Duration,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    allow_internal: bool,
 }
 
 impl ConnectionHub {
     /// The hub over `store`, sealing with `secrets` (the key MCP and search secrets use),
     /// checking each connection every `check_interval` and reloading every `refresh`.
-    /// Nothing runs until [`ConnectionHub::start`].
+    /// `allow_internal` (`--allow-internal-urls`) lifts the internal-address rule for every
+    /// connection. Nothing runs until [`ConnectionHub::start`].
     pub fn new(
         store: Store,
         secrets: Result<SecretBox, SecretError>,
         drivers: Vec<Arc<dyn Driver>>,
         check_interval: Duration,
         refresh: Duration,
+        allow_internal: bool,
     ) -> Arc<ConnectionHub> {
         Arc::new(ConnectionHub {
             store,
@@ -296,6 +338,7 @@ impl ConnectionHub {
             check_interval,
             refresh,
             tasks: Mutex::new(Vec::new()),
+            allow_internal,
         })
     }
 
@@ -382,9 +425,23 @@ impl ConnectionHub {
 
     /// Reloads every stored connection (other replicas' writes and checks, local changes).
     pub async fn reload(&self) {
+        let admins = match self.store.admin_user_ids().await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(error = %e, "reloading connections failed");
+                return;
+            }
+        };
         match self.store.all_connections().await {
             Ok(rows) => {
-                let conns: Vec<Connection> = rows.into_iter().filter_map(Connection::from_row).collect();
+                let conns: Vec<Connection> = rows
+                    .into_iter()
+                    .filter_map(Connection::from_row)
+                    .map(|mut c| {
+                        c.owner_is_admin = c.owner_id.as_ref().is_none_or(|o| admins.contains(o));
+                        c
+                    })
+                    .collect();
                 *self.connections.write() = conns;
             }
             Err(e) => tracing::warn!(error = %e, "reloading connections failed"),
@@ -448,17 +505,17 @@ impl ConnectionHub {
         Err(ToolError::new(code, message))
     }
 
-    /// The id of the connection a call of `user_id` uses for `kind` and `permission`:
-    /// `requested` (the input's `connection`) when given, else the first usable one. A
-    /// tool's `prepare` puts it into the canonical input, so an approval binds it.
+    /// The connection a call of `user_id` uses for `kind` and `permission`: `requested` (the
+    /// input's `connection`) when given, else the first usable one. A tool's `prepare` puts
+    /// both parts of [`Resolved`] into the canonical input, so an approval binds them.
     pub fn resolve(
         &self,
         user_id: &str,
         kind: ConnectionKind,
         permission: &str,
         requested: Option<&str>,
-    ) -> Result<String, ToolError> {
-        self.pick(user_id, kind, permission, requested).map(|c| c.id)
+    ) -> Result<Resolved, ToolError> {
+        self.pick(user_id, kind, permission, requested).map(|c| Resolved { fingerprint: c.fingerprint(), id: c.id })
     }
 
     /// Opens connection `id` for a call of `user_id` (theirs or shared, of `kind`, usable for
@@ -467,6 +524,31 @@ impl ConnectionHub {
     pub fn open(&self, user_id: &str, id: &str, kind: ConnectionKind, permission: &str) -> Result<Opened, ToolError> {
         let conn = self.pick(user_id, kind, permission, Some(id))?;
         self.open_credential(&conn)
+    }
+
+    /// [`ConnectionHub::open`] for a frozen call: also 409 `connection_changed` unless the
+    /// connection's fingerprint is still `fingerprint` (the one frozen, and approved, with
+    /// the call; None = a call frozen without one).
+    pub fn open_frozen(
+        &self,
+        user_id: &str,
+        id: &str,
+        fingerprint: Option<&str>,
+        kind: ConnectionKind,
+        permission: &str,
+    ) -> Result<Opened, ToolError> {
+        let opened = self.open(user_id, id, kind, permission)?;
+        if fingerprint != Some(opened.fingerprint.as_str()) {
+            return Err(ToolError::new(
+                ErrorCode::ConnectionChanged,
+                format!(
+                    "connection {id}'s settings or credential changed after the call was frozen; freeze the call \
+                     again to use them"
+                ),
+            )
+            .with_details(serde_json::json!({"connection": id})));
+        }
+        Ok(opened)
     }
 
     fn open_credential(&self, conn: &Connection) -> Result<Opened, ToolError> {
@@ -482,7 +564,14 @@ impl ConnectionHub {
                 format!("the credential of connection {} is not a JSON object", conn.name),
             )
         })?;
-        Ok(Opened { id: conn.id.clone(), owner_id: conn.owner_id.clone(), settings: conn.settings.clone(), credential })
+        Ok(Opened {
+            id: conn.id.clone(),
+            owner_id: conn.owner_id.clone(),
+            settings: conn.settings.clone(),
+            credential,
+            fingerprint: conn.fingerprint(),
+            address_rule: if self.allow_internal || conn.owner_is_admin { AddressRule::Any } else { AddressRule::PublicOnly },
+        })
     }
 
     /// Runs `conn`'s check now (bounded by [`CHECK_TIMEOUT`]) and records its report in the

@@ -73,6 +73,13 @@ impl Store {
         Ok(sqlx::query_as("SELECT * FROM connections ORDER BY id").fetch_all(self.pool()).await?)
     }
 
+    /// The ids of every admin (their connections may reach internal addresses).
+    pub async fn admin_user_ids(&self) -> StoreResult<std::collections::HashSet<String>> {
+        let ids: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM users WHERE is_admin <> 0").fetch_all(self.pool()).await?;
+        Ok(ids.into_iter().collect())
+    }
+
     /// One connection by id (any owner: callers check who may see it).
     pub async fn connection(&self, id: &str) -> StoreResult<Option<ConnectionRow>> {
         Ok(sqlx::query_as("SELECT * FROM connections WHERE id = $1").bind(id).fetch_optional(self.pool()).await?)

@@ -784,6 +784,9 @@ try {
     check(toolRows.length === conn.tools.length && toolRows.every(([id, usable, c, text], i) => id === conn.tools[i].tool_id && usable === 'false' && c === 'connection_unreachable'
       && text.includes(conn.tools[i].permission) && text.includes('connection unreachable')),
       `“What each tool needs” lists every tool with its permission and connection_unreachable (${toolRows.slice(0, 3).map((r) => r[0]).join(', ')}…)`);
+    const sameReason = conn.tools[0].message;
+    check(toolRows.filter((r) => r[3].includes(sameReason)).length === 1 && toolRows.slice(1).every((r) => r[3].includes(`the reason given for ${conn.tools[0].tool_id}`)),
+      'a reason shared by every tool is written out once, the other rows point at it');
     // The token is nowhere: not in the API's answers, not in the page (markup, fields, storage).
     const leaks = async (secret) => {
       const found = [];

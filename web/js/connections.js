@@ -258,6 +258,14 @@ export async function mount(root) {
     }
     const permissions = Object.entries(c.permissions ?? {});
     const tools = c.tools ?? [];
+    // Tools blocked for the same reason say it once: later rows point at the first one.
+    const firstWith = new Map();
+    for (const t of tools) if (!t.usable && t.message && !firstWith.has(t.message)) firstWith.set(t.message, t.tool_id);
+    const reasonOf = (t) => {
+      if (!t.message) return null;
+      const first = firstWith.get(t.message);
+      return first === t.tool_id ? h('span', { class: 'tool-reason' }, ` ${t.message}`) : h('span', { class: 'tool-reason hint' }, ' (the reason given for ', code(first), ')');
+    };
     const titleId = `connection-title-${c.id}`;
     return h('article', { class: 'card connection', dataset: { connection: c.id, state: c.state, kind: c.kind }, 'aria-labelledby': titleId },
       h('h3', { class: 'connection-title', id: titleId }, h('span', { class: 'connection-name' }, c.name), ' ', badge(KINDS[c.kind] ?? c.kind, 'kind'), ' ', badge(c.state)),
@@ -287,7 +295,7 @@ export async function mount(root) {
         h('tbody', {}, tools.length ? tools.map((t) => h('tr', { dataset: { tool: t.tool_id, usable: String(t.usable), code: t.code ?? '' } },
           h('th', { scope: 'row' }, code(t.tool_id)), h('td', { dataset: { label: 'Permission' } }, code(t.permission)),
           h('td', { dataset: { label: 'Usable now' } }, t.usable ? badge('usable', 'ok')
-            : [badge(t.code ?? 'unusable', 'blocked'), t.message ? h('span', { class: 'tool-reason' }, ` ${t.message}`) : null])))
+            : [badge(t.code ?? 'unusable', 'blocked'), reasonOf(t)])))
           : h('tr', {}, h('td', { colspan: '3', class: 'empty' }, 'No tool of this kind is registered.'))))),
       actions);
   };

@@ -37,7 +37,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::availability::{Availability, AvailabilityContext};
-use crate::connections::{ConnectionHub, ConnectionKind};
+use crate::connections::{ConnectionHub, ConnectionKind, FINGERPRINT_KEY};
 use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{
@@ -331,12 +331,13 @@ impl<A: Action> GithubTool<A> {
             .map_err(|e| ToolError::new(ErrorCode::Internal, format!("the canonical input does not serialise: {e}")))
     }
 
-    /// Opens the connection of a frozen or prepared call and checks the allowlist.
-    fn api(&self, user_id: &str, input: &mut A::Input) -> Result<Api, ToolError> {
+    /// Opens the connection of a frozen or prepared call (still the one frozen: `fingerprint`)
+    /// and checks the allowlist.
+    fn api(&self, user_id: &str, input: &mut A::Input, fingerprint: Option<&str>) -> Result<Api, ToolError> {
         let Some(id) = input.connection_mut().clone() else {
             return Err(ToolError::new(ErrorCode::CorruptInput, "the frozen input names no connection"));
         };
-        let opened = self.hub.open(user_id, &id, ConnectionKind::Github, A::PERMISSION)?;
+        let opened = self.hub.open_frozen(user_id, &id, fingerprint, ConnectionKind::Github, A::PERMISSION)?;
         match input.repo() {
             Some(repo) => require_allowed(&opened.id, &opened.settings, repo)?,
             None if opened.settings.get("repositories").is_some() => {
@@ -364,11 +365,15 @@ impl<A: Action> Tool for GithubTool<A> {
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let mut input = self.parse(&input)?;
         let requested = input.connection_mut().clone();
-        let id = self.hub.resolve(ctx.owner_id, ConnectionKind::Github, A::PERMISSION, requested.as_deref())?;
-        *input.connection_mut() = Some(id);
-        let api = self.api(ctx.owner_id, &mut input)?;
+        let resolved = self.hub.resolve(ctx.owner_id, ConnectionKind::Github, A::PERMISSION, requested.as_deref())?;
+        *input.connection_mut() = Some(resolved.id);
+        let api = self.api(ctx.owner_id, &mut input, Some(&resolved.fingerprint))?;
         let preview = A::derive(&api, &mut input).await?;
-        Ok(Prepared { input: Self::canonical(&input)?, preview })
+        let mut canonical = Self::canonical(&input)?;
+        if let Some(o) = canonical.as_object_mut() {
+            o.insert(FINGERPRINT_KEY.into(), Value::String(resolved.fingerprint));
+        }
+        Ok(Prepared { input: canonical, preview })
     }
 
     async fn canonicalize(&self, input: Value, _ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
@@ -380,7 +385,7 @@ impl<A: Action> Tool for GithubTool<A> {
 
     fn replay_input(&self, mut canonical: Value, frozen: &Value) -> Value {
         if let (Value::Object(c), Value::Object(f)) = (&mut canonical, frozen) {
-            for key in std::iter::once("connection").chain(A::DERIVED.iter().copied()) {
+            for key in ["connection", FINGERPRINT_KEY].into_iter().chain(A::DERIVED.iter().copied()) {
                 let given = c.get(key).is_some_and(|v| !v.is_null());
                 if let (false, Some(v)) = (given, f.get(key)) {
                     c.insert(key.to_owned(), v.clone());
@@ -391,8 +396,11 @@ impl<A: Action> Tool for GithubTool<A> {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let mut input: A::Input = input::frozen(input)?;
-        let api = self.api(&ctx.owner_id, &mut input)?;
+        // The fingerprint is the hub's, not the action's: parsed apart.
+        let mut frozen = input.clone();
+        let fingerprint = frozen.as_object_mut().and_then(|o| o.remove(FINGERPRINT_KEY));
+        let mut input: A::Input = input::frozen(&frozen)?;
+        let api = self.api(&ctx.owner_id, &mut input, fingerprint.as_ref().and_then(Value::as_str))?;
         if A::WRITE {
             // A write is not abandoned half-way: it ends within the client's timeout.
             return A::run(&api, input).await;

@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::connections::{Access, CheckReport, ConnectionHub, ConnectionKind, Driver, Opened};
+use crate::connections::{FINGERPRINT_KEY, Access, CheckReport, ConnectionHub, ConnectionKind, Driver, Opened};
 use crate::error::ErrorCode;
 use crate::registry::{Prepared, Registry, RegistryError, ToolError};
 use crate::tools::ToolDeps;
@@ -332,22 +332,33 @@ impl Mailbox {
     /// The prepared call: `canonical` (from the raw `input`) with the resolved `connection_id`.
     pub(crate) fn prepare(&self, input: &Value, mut canonical: Value, owner_id: &str) -> Result<Prepared, ToolError> {
         let requested = requested_connection(input);
-        let id = self.hub.resolve(owner_id, ConnectionKind::Mail, READ, requested.as_deref())?;
-        canonical["connection_id"] = Value::String(id);
+        let resolved = self.hub.resolve(owner_id, ConnectionKind::Mail, READ, requested.as_deref())?;
+        canonical["connection_id"] = Value::String(resolved.id);
+        canonical[FINGERPRINT_KEY] = Value::String(resolved.fingerprint);
         Ok(Prepared { input: canonical, preview: Value::Null })
     }
 
-    /// A replay's canonical input with the frozen call's `connection_id`.
+    /// A replay's canonical input with the frozen call's `connection_id` and fingerprint.
     pub(crate) fn replay(mut canonical: Value, frozen: &Value) -> Value {
-        if let (Some(o), Some(id)) = (canonical.as_object_mut(), frozen.get("connection_id")) {
-            o.insert("connection_id".into(), id.clone());
+        if let Some(o) = canonical.as_object_mut() {
+            for key in ["connection_id", FINGERPRINT_KEY] {
+                if let Some(v) = frozen.get(key) {
+                    o.insert(key.into(), v.clone());
+                }
+            }
         }
         canonical
     }
 
-    /// Opens connection `id` for a call of `owner_id`: its settings and credential.
-    pub(crate) fn open(&self, owner_id: &str, id: &str) -> Result<(MailSettings, Secret), ToolError> {
-        let conn = self.hub.open(owner_id, id, ConnectionKind::Mail, READ)?;
+    /// Opens connection `id` for a frozen call of `owner_id` (still the one it was frozen
+    /// with, `fingerprint`): its settings and credential.
+    pub(crate) fn open(
+        &self,
+        owner_id: &str,
+        id: &str,
+        fingerprint: Option<&str>,
+    ) -> Result<(MailSettings, Secret), ToolError> {
+        let conn = self.hub.open_frozen(owner_id, id, fingerprint, ConnectionKind::Mail, READ)?;
         Ok((MailSettings::of(&conn)?, Secret::of(&conn)?))
     }
 

@@ -53,6 +53,8 @@ pub(crate) struct ReadInput {
 #[derive(Debug, Clone, Deserialize)]
 struct Frozen {
     connection_id: String,
+    #[serde(default)]
+    connection_fingerprint: Option<String>,
     folder: String,
     uid: u32,
     attachment: Option<u64>,
@@ -139,7 +141,7 @@ impl Tool for MailRead {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
-        let (settings, secret) = self.mailbox.open(&ctx.owner_id, &f.connection_id)?;
+        let (settings, secret) = self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
         let raw = fetch(&settings, &secret, &f).await;
         if let Err(e) = &raw {
             self.mailbox.note(&f.connection_id, e);

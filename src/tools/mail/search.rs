@@ -51,6 +51,8 @@ pub(crate) struct SearchInput {
 #[derive(Debug, Clone, Deserialize)]
 struct Frozen {
     connection_id: String,
+    #[serde(default)]
+    connection_fingerprint: Option<String>,
     folder: String,
     text: Option<String>,
     from: Option<String>,
@@ -203,7 +205,7 @@ impl Tool for MailSearch {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
-        let (settings, secret) = self.mailbox.open(&ctx.owner_id, &f.connection_id)?;
+        let (settings, secret) = self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
         let result = run(&settings, &secret, &f).await;
         if let Err(e) = &result {
             self.mailbox.note(&f.connection_id, e);
@@ -295,6 +297,7 @@ mod tests {
     fn criteria_quote_and_date() {
         let f = Frozen {
             connection_id: "c".into(),
+            connection_fingerprint: None,
             folder: "INBOX".into(),
             text: Some("say \"hi\"".into()),
             from: None,

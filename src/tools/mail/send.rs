@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use super::compose::{self, AttachmentInput, Request};
 use super::{MailSettings, SEND, Secret, smtp};
 use crate::availability::{Availability, AvailabilityContext};
-use crate::connections::{ConnectionHub, ConnectionKind};
+use crate::connections::{ConnectionHub, ConnectionKind, FINGERPRINT_KEY};
 use crate::error::ErrorCode;
 use crate::evidence::{EvidenceDraft, sha256_hex};
 use crate::harness::SideEffects;
@@ -76,6 +76,8 @@ pub(crate) struct SendInput {
 #[derive(Debug, Clone, Deserialize)]
 struct Frozen {
     connection_id: String,
+    #[serde(default)]
+    connection_fingerprint: Option<String>,
     from: String,
     recipients: Vec<String>,
     message_id: String,
@@ -163,7 +165,8 @@ impl Tool for MailSend {
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let (v, mut canonical) = validated(&input)?;
         let requested = super::requested_connection(&input);
-        let id = self.hub.resolve(ctx.owner_id, ConnectionKind::Mail, SEND, requested.as_deref())?;
+        let resolved = self.hub.resolve(ctx.owner_id, ConnectionKind::Mail, SEND, requested.as_deref())?;
+        let id = resolved.id;
         let settings = MailSettings::of(&self.hub.open(ctx.owner_id, &id, ConnectionKind::Mail, SEND)?)?;
         let from = settings.address.clone();
         let message_id = compose::new_message_id(&from);
@@ -175,6 +178,7 @@ impl Tool for MailSend {
             .unwrap_or_default();
         let o = canonical.as_object_mut().ok_or_else(|| ToolError::new(ErrorCode::Internal, "canonical input"))?;
         o.insert("connection_id".into(), json!(id));
+        o.insert(FINGERPRINT_KEY.into(), json!(resolved.fingerprint));
         o.insert("from".into(), json!(from));
         o.insert("recipients".into(), json!(built.recipients));
         o.insert("message_id".into(), json!(message_id));
@@ -225,7 +229,13 @@ impl Tool for MailSend {
         if sha256_hex(f.message.as_bytes()) != f.message_sha256 || !f.message.is_ascii() {
             return Err(ToolError::new(ErrorCode::CorruptInput, "the frozen message does not match its SHA-256"));
         }
-        let conn = self.hub.open(&ctx.owner_id, &f.connection_id, ConnectionKind::Mail, SEND)?;
+        let conn = self.hub.open_frozen(
+            &ctx.owner_id,
+            &f.connection_id,
+            f.connection_fingerprint.as_deref(),
+            ConnectionKind::Mail,
+            SEND,
+        )?;
         let settings = MailSettings::of(&conn)?;
         let secret = Secret::of(&conn)?;
         if !settings.address.eq_ignore_ascii_case(&f.from) {
