@@ -25,6 +25,27 @@ pub fn client_builder() -> reqwest::ClientBuilder {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrivateAddress(pub String);
 
+impl std::fmt::Display for PrivateAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PrivateAddress {}
+
+/// Whether `err` (a reqwest error) was caused by the address rule: [`PublicResolver`] or a
+/// redirect policy refusing an internal address with [`PrivateAddress`].
+pub fn is_private_address(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(s) = source {
+        if s.is::<PrivateAddress>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 /// Whether `ip` is reachable only inside the host or its networks, or is no public unicast
 /// address: loopback, unspecified, RFC 1918 private, link-local, carrier-grade NAT
 /// (100.64/10), IETF protocol assignments (192.0.0/24), benchmarking (198.18/15), the 6to4
@@ -109,13 +130,13 @@ pub async fn resolve_host(host: &str, port: u16, rule: AddressRule) -> Result<Ve
     if addrs.is_empty() {
         return Err(PrivateAddress(format!("{host} does not resolve")));
     }
-    if rule == AddressRule::PublicOnly {
-        if let Some(a) = addrs.iter().find(|a| is_internal(a.ip())) {
-            return Err(PrivateAddress(format!(
-                "{host} is an internal address ({}); only an admin may point the server at it",
-                a.ip()
-            )));
-        }
+    if rule == AddressRule::PublicOnly
+        && let Some(a) = addrs.iter().find(|a| is_internal(a.ip()))
+    {
+        return Err(PrivateAddress(format!(
+            "{host} is an internal address ({}); only an admin may point the server at it",
+            a.ip()
+        )));
     }
     Ok(addrs)
 }
@@ -142,11 +163,40 @@ impl reqwest::dns::Resolve for PublicResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let host = name.as_str().to_owned();
         Box::pin(async move {
-            let addrs = resolve_host(&host, 0, AddressRule::PublicOnly)
-                .await
-                .map_err(|e| Box::new(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.0)))?;
+            let addrs = resolve_host(&host, 0, AddressRule::PublicOnly).await.map_err(Box::new)?;
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
         })
+    }
+}
+
+/// Who may make the server reach internal addresses: admins (their URLs and the shared
+/// resources they make) and everyone when the deployment allows it (`--allow-internal-urls`).
+/// The admin set is refreshed by its holder's reload.
+#[derive(Debug, Default)]
+pub struct AddressPolicy {
+    allow_internal: bool,
+    admins: parking_lot::RwLock<std::collections::HashSet<String>>,
+}
+
+impl AddressPolicy {
+    /// A policy with no admins known yet (until [`AddressPolicy::set_admins`]).
+    pub fn new(allow_internal: bool) -> AddressPolicy {
+        AddressPolicy { allow_internal, admins: Default::default() }
+    }
+
+    /// Replaces the set of admin user ids.
+    pub fn set_admins(&self, admins: std::collections::HashSet<String>) {
+        *self.admins.write() = admins;
+    }
+
+    /// The rule for a URL owned by `owner` (None = shared, which only admins make).
+    pub fn rule_for(&self, owner: Option<&str>) -> AddressRule {
+        match owner {
+            _ if self.allow_internal => AddressRule::Any,
+            None => AddressRule::Any,
+            Some(o) if self.admins.read().contains(o) => AddressRule::Any,
+            Some(_) => AddressRule::PublicOnly,
+        }
     }
 }
 

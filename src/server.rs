@@ -144,6 +144,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     );
     let deps = crate::tools::ToolDeps {
         connections: connections.clone(),
+        allow_internal_urls: config.allow_internal_urls,
         store: store.clone(),
         data_dir: settings.data_dir.clone(),
         shutdown: shutdown.clone(),
@@ -154,7 +155,11 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     };
     let core = crate::tools::register_core(&registry, &deps).context("registering core tools")?;
     connections.start(shutdown.clone()).await;
-    let mcp_settings = crate::mcp::McpSettings { sandbox: Some(sandbox.clone()), ..settings.runtime.mcp.clone() };
+    let mcp_settings = crate::mcp::McpSettings {
+        sandbox: Some(sandbox.clone()),
+        allow_internal_urls: config.allow_internal_urls,
+        ..settings.runtime.mcp.clone()
+    };
     let mcp = crate::mcp::McpManager::new(
         store.clone(),
         registry.clone(),

@@ -183,7 +183,7 @@ async fn bench(args: &NewsBench, url: &str, tmp: &std::path::Path) -> anyhow::Re
         news_fetch_timeout_secs: 600,
         ..SearchConfig::default()
     };
-    let collector = Arc::new(Collector::new(store.clone(), &config));
+    let collector = Arc::new(Collector::new(store.clone(), &config, Arc::new(mira::net::AddressPolicy::new(true))));
     let started = Instant::now();
     let cpu_before = cpu_time();
     let fetches = collector.collect_due_now().await;

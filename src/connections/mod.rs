@@ -234,7 +234,6 @@ pub struct Connection {
     sealed: String,
     key_id: String,
     next_check_at: String,
-    owner_is_admin: bool,
 }
 
 impl Connection {
@@ -255,7 +254,6 @@ impl Connection {
             sealed: row.credential_ciphertext,
             key_id: row.credential_key_id,
             next_check_at: row.next_check_at,
-            owner_is_admin: false,
         })
     }
 
@@ -312,7 +310,7 @@ pub struct ConnectionHub {
     check_interval: Duration,
     refresh: Duration,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    allow_internal: bool,
+    addresses: crate::net::AddressPolicy,
 }
 
 impl ConnectionHub {
@@ -338,7 +336,7 @@ impl ConnectionHub {
             check_interval,
             refresh,
             tasks: Mutex::new(Vec::new()),
-            allow_internal,
+            addresses: crate::net::AddressPolicy::new(allow_internal),
         })
     }
 
@@ -425,23 +423,13 @@ impl ConnectionHub {
 
     /// Reloads every stored connection (other replicas' writes and checks, local changes).
     pub async fn reload(&self) {
-        let admins = match self.store.admin_user_ids().await {
-            Ok(ids) => ids,
-            Err(e) => {
-                tracing::warn!(error = %e, "reloading connections failed");
-                return;
-            }
-        };
+        match self.store.admin_user_ids().await {
+            Ok(ids) => self.addresses.set_admins(ids),
+            Err(e) => tracing::warn!(error = %e, "reloading the admins failed"),
+        }
         match self.store.all_connections().await {
             Ok(rows) => {
-                let conns: Vec<Connection> = rows
-                    .into_iter()
-                    .filter_map(Connection::from_row)
-                    .map(|mut c| {
-                        c.owner_is_admin = c.owner_id.as_ref().is_none_or(|o| admins.contains(o));
-                        c
-                    })
-                    .collect();
+                let conns: Vec<Connection> = rows.into_iter().filter_map(Connection::from_row).collect();
                 *self.connections.write() = conns;
             }
             Err(e) => tracing::warn!(error = %e, "reloading connections failed"),
@@ -570,7 +558,7 @@ impl ConnectionHub {
             settings: conn.settings.clone(),
             credential,
             fingerprint: conn.fingerprint(),
-            address_rule: if self.allow_internal || conn.owner_is_admin { AddressRule::Any } else { AddressRule::PublicOnly },
+            address_rule: self.addresses.rule_for(conn.owner_id.as_deref()),
         })
     }
 

@@ -46,7 +46,7 @@ pub struct CreateSource {
 /// The most recent failure of a source.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct SourceError {
-    /// `feed_timeout`, `source_unreachable`, `redirect_loop`, `too_many_redirects`,
+    /// `feed_timeout`, `source_unreachable`, `redirect_loop`, `internal_address`, `too_many_redirects`,
     /// `http_error`, `feed_too_large`, `feed_malformed`, `fetch_failed`.
     pub code: String,
     /// Human sentence.

@@ -335,7 +335,12 @@ async fn connect(
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map);
             config.max_json_response_size = max;
             config.max_sse_event_size = max;
-            let client = crate::net::client_builder()
+            let rule = if allow_env || manager.settings().allow_internal_urls {
+                crate::net::AddressRule::Any
+            } else {
+                crate::net::AddressRule::PublicOnly
+            };
+            let client = crate::net::with_rule(crate::net::client_builder(), rule)
                 .connect_timeout(manager.settings().connect_timeout)
                 .build()
                 .map_err(|e| (e.to_string(), None))?;

@@ -90,6 +90,10 @@ pub struct McpSettings {
     pub stdio_allow: Vec<String>,
     /// The sandbox non-admins' stdio servers run in (set by the server at start).
     pub sandbox: Option<std::sync::Arc<crate::sandbox::Sandbox>>,
+    /// Whether a non-admin's HTTP server may be at an internal address (`--allow-internal-urls`,
+    /// set by the server at start). Otherwise every connection to it is checked when its name
+    /// is resolved, so a DNS answer changed since the install (rebinding) is refused too.
+    pub allow_internal_urls: bool,
 }
 
 impl McpSettings {
@@ -111,6 +115,7 @@ impl Default for McpSettings {
             backoff_max: Duration::from_secs(30),
             stdio_allow: Vec::new(),
             sandbox: None,
+            allow_internal_urls: false,
         }
     }
 }

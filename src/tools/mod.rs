@@ -40,6 +40,8 @@ pub struct ToolDeps {
     pub sandbox: Arc<crate::sandbox::Sandbox>,
     /// The users' connections (GitHub, mail…) the dynamic tools' availability reads.
     pub connections: Arc<crate::connections::ConnectionHub>,
+    /// Whether non-admins' URLs may reach internal addresses (`--allow-internal-urls`).
+    pub allow_internal_urls: bool,
 }
 
 /// The drivers of every connection kind this build knows ([`crate::connections::Driver`]).

@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::connections::{FINGERPRINT_KEY, Access, CheckReport, ConnectionHub, ConnectionKind, Driver, Opened};
+use crate::connections::{Access, CheckReport, ConnectionHub, ConnectionKind, Driver, FINGERPRINT_KEY, Opened};
 use crate::error::ErrorCode;
 use crate::registry::{Prepared, Registry, RegistryError, ToolError};
 use crate::tools::ToolDeps;

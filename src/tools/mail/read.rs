@@ -141,7 +141,8 @@ impl Tool for MailRead {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
-        let (settings, secret) = self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
+        let (settings, secret) =
+            self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
         let raw = fetch(&settings, &secret, &f).await;
         if let Err(e) = &raw {
             self.mailbox.note(&f.connection_id, e);

@@ -205,7 +205,8 @@ impl Tool for MailSearch {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
-        let (settings, secret) = self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
+        let (settings, secret) =
+            self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
         let result = run(&settings, &secret, &f).await;
         if let Err(e) = &result {
             self.mailbox.note(&f.connection_id, e);

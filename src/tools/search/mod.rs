@@ -54,7 +54,8 @@ pub struct SearchHub {
     store: Store,
     config: SearchConfig,
     secrets: Result<SecretBox, SecretError>,
-    client: Result<reqwest::Client, net::ClientError>,
+    clients: net::RuleClients,
+    addresses: Arc<crate::net::AddressPolicy>,
     connections: RwLock<Vec<Connection>>,
     health: Mutex<HashMap<String, Health>>,
     sources: RwLock<SourceCounts>,
@@ -80,20 +81,24 @@ struct Bucket {
 impl SearchHub {
     /// The hub over `store`, with the credential key from the configuration or the data
     /// directory. Nothing runs until [`SearchHub::start`].
-    pub fn new(store: Store, data_dir: &Path, config: SearchConfig) -> Arc<SearchHub> {
+    /// `allow_internal` (`--allow-internal-urls`) lifts the internal-address rule for the
+    /// URLs of non-admins' connections and news sources.
+    pub fn new(store: Store, data_dir: &Path, config: SearchConfig, allow_internal: bool) -> Arc<SearchHub> {
         // The same key (`MIRA_SECRET_KEY` or `<data-dir>/secret.key`) seals MCP secrets.
         let secrets = SecretBox::load(data_dir);
         if let Err(e) = &secrets {
             tracing::warn!(error = %e, "stored search credentials cannot be sealed or opened");
         }
-        let client = net::client(Duration::from_secs(config.search_timeout_secs.max(1)), 3);
-        let collector = Arc::new(Collector::new(store.clone(), &config));
+        let clients = net::RuleClients::new(Duration::from_secs(config.search_timeout_secs.max(1)), 3);
+        let addresses = Arc::new(crate::net::AddressPolicy::new(allow_internal));
+        let collector = Arc::new(Collector::new(store.clone(), &config, addresses.clone()));
         let deployment = Connection::deployment(&config);
         Arc::new(SearchHub {
             store,
             config,
             secrets,
-            client,
+            clients,
+            addresses,
             connections: RwLock::new(deployment),
             health: Mutex::new(HashMap::new()),
             sources: RwLock::new(SourceCounts::default()),
@@ -183,6 +188,10 @@ impl SearchHub {
     /// cannot overwrite what a handler's reload read after its write.
     pub async fn reload(&self) {
         let seq = self.reload_seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        match self.store.admin_user_ids().await {
+            Ok(ids) => self.addresses.set_admins(ids),
+            Err(e) => tracing::warn!(error = %e, "reloading the admins failed"),
+        }
         match self.store.all_search_connections().await {
             Ok(rows) => {
                 let mut applied = self.reload_applied.lock();
@@ -274,7 +283,7 @@ impl SearchHub {
     }
 
     async fn probe(&self, conn: &Connection) -> Result<(), ProbeError> {
-        let client = self.client.as_ref().map_err(Clone::clone)?;
+        let client = self.clients.get(self.addresses.rule_for(conn.owner_id.as_deref()))?;
         let key = self.credential(conn).map_err(|e| ProbeError::Credential(e.message))?;
         let ep = Endpoint { kind: conn.provider, base_url: &conn.base_url, key: key.as_ref() };
         Ok(providers::check(client, &ep).await?)
@@ -301,9 +310,12 @@ impl SearchHub {
         }
     }
 
-    /// The HTTP client of provider calls.
-    pub fn client(&self) -> Result<&reqwest::Client, ToolError> {
-        self.client.as_ref().map_err(|e| ToolError::new(ErrorCode::ProviderUnreachable, e.to_string()))
+    /// The HTTP client of provider calls through `conn` (a non-admin's own connection
+    /// reaches public addresses only, checked at every connection and redirect).
+    pub fn client(&self, conn: &Connection) -> Result<&reqwest::Client, ToolError> {
+        self.clients
+            .get(self.addresses.rule_for(conn.owner_id.as_deref()))
+            .map_err(|e| ToolError::new(ErrorCode::ProviderUnreachable, e.to_string()))
     }
 
     /// `web_search` availability for a user (from memory).
@@ -392,7 +404,7 @@ pub fn register(
     registry: &crate::registry::Registry,
     deps: &super::ToolDeps,
 ) -> Result<Arc<SearchHub>, crate::registry::RegistryError> {
-    let hub = SearchHub::new(deps.store.clone(), &deps.data_dir, deps.search.clone());
+    let hub = SearchHub::new(deps.store.clone(), &deps.data_dir, deps.search.clone(), deps.allow_internal_urls);
     registry.register(Arc::new(web::WebSearch::new(hub.clone())))?;
     registry.register(Arc::new(news::tool::NewsSearch::new(hub.clone())))?;
     hub.start(deps.shutdown.clone());

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use reqwest::header::HeaderMap;
 
+use crate::net::AddressRule;
+
 /// `User-Agent` of every request this module's clients send.
 pub const USER_AGENT: &str = concat!("mira/", env!("CARGO_PKG_VERSION"), " (+tool runtime)");
 
@@ -32,9 +34,22 @@ pub struct ClientError(#[source] pub std::sync::Arc<reqwest::Error>);
 
 /// Builds a client: rustls, `timeout` for the whole exchange, at most `max_redirects`
 /// redirects, a redirect back to a URL already visited is an error ([`RedirectLoop`]).
-pub fn client(timeout: Duration, max_redirects: usize) -> Result<reqwest::Client, ClientError> {
+/// Under [`AddressRule::PublicOnly`] (a URL a non-admin named) every connection's addresses
+/// are checked when they are resolved ([`crate::net::PublicResolver`], so DNS rebinding is
+/// refused) and a redirect to an internal IP literal is an error.
+pub fn client(timeout: Duration, max_redirects: usize, rule: AddressRule) -> Result<reqwest::Client, ClientError> {
     let policy = reqwest::redirect::Policy::custom(move |attempt| {
-        if attempt.previous().iter().any(|u| u == attempt.url()) {
+        let internal = match attempt.url().host() {
+            Some(url::Host::Ipv4(ip)) => crate::net::is_internal(ip.into()),
+            Some(url::Host::Ipv6(ip)) => crate::net::is_internal(ip.into()),
+            _ => false,
+        };
+        if rule == AddressRule::PublicOnly && internal {
+            let url = attempt.url().to_string();
+            attempt.error(crate::net::PrivateAddress(format!(
+                "redirect to an internal address ({url}); only an admin's URLs may reach it"
+            )))
+        } else if attempt.previous().iter().any(|u| u == attempt.url()) {
             let url = attempt.url().to_string();
             attempt.error(RedirectLoop(url))
         } else if attempt.previous().len() > max_redirects {
@@ -43,13 +58,39 @@ pub fn client(timeout: Duration, max_redirects: usize) -> Result<reqwest::Client
             attempt.follow()
         }
     });
-    crate::net::client_builder()
+    crate::net::with_rule(crate::net::client_builder(), rule)
         .user_agent(USER_AGENT)
         .timeout(timeout)
         .connect_timeout(timeout.min(Duration::from_secs(10)))
         .redirect(policy)
         .build()
         .map_err(|e| ClientError(std::sync::Arc::new(e)))
+}
+
+/// A client per [`AddressRule`], built once with the same limits.
+#[derive(Debug)]
+pub struct RuleClients {
+    any: Result<reqwest::Client, ClientError>,
+    public: Result<reqwest::Client, ClientError>,
+}
+
+impl RuleClients {
+    /// Both clients with `timeout` and `max_redirects` ([`client`]).
+    pub fn new(timeout: Duration, max_redirects: usize) -> RuleClients {
+        RuleClients {
+            any: client(timeout, max_redirects, AddressRule::Any),
+            public: client(timeout, max_redirects, AddressRule::PublicOnly),
+        }
+    }
+
+    /// The client enforcing `rule`.
+    pub fn get(&self, rule: AddressRule) -> Result<&reqwest::Client, ClientError> {
+        match rule {
+            AddressRule::Any => self.any.as_ref(),
+            AddressRule::PublicOnly => self.public.as_ref(),
+        }
+        .map_err(Clone::clone)
+    }
 }
 
 /// Why a body could not be read.

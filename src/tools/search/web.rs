@@ -181,7 +181,7 @@ impl Tool for WebSearch {
                 format!("connection {} ({}) has no API key", conn.id, conn.provider.as_str()),
             ));
         }
-        let client = self.hub.client()?;
+        let client = self.hub.client(&conn)?;
         let q = query_of(&input);
         let ep = Endpoint { kind: conn.provider, base_url: &conn.base_url, key: key.as_ref() };
         let policy = RetryPolicy {

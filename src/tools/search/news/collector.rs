@@ -40,7 +40,8 @@ pub const ACCEPT: &str = "application/rss+xml, application/atom+xml, application
 /// The collector (see the module docs).
 pub struct Collector {
     store: Store,
-    client: Result<reqwest::Client, net::ClientError>,
+    clients: net::RuleClients,
+    addresses: Arc<crate::net::AddressPolicy>,
     fetch_timeout: Duration,
     max_feed_bytes: u64,
     max_items: usize,
@@ -66,6 +67,8 @@ pub enum FetchCode {
     SourceUnreachable,
     /// The source redirects in a loop.
     RedirectLoop,
+    /// A non-admin's source resolves, or redirects, to an internal address.
+    InternalAddress,
     /// The source redirects more often than allowed.
     TooManyRedirects,
     /// The source answered with an HTTP error status.
@@ -87,6 +90,7 @@ impl FetchCode {
             Self::FeedTimeout => "feed_timeout",
             Self::SourceUnreachable => "source_unreachable",
             Self::RedirectLoop => "redirect_loop",
+            Self::InternalAddress => "internal_address",
             Self::TooManyRedirects => "too_many_redirects",
             Self::HttpError => "http_error",
             Self::FeedTooLarge => "feed_too_large",
@@ -128,11 +132,13 @@ enum Response {
 
 impl Collector {
     /// A collector over `store` with the configured limits.
-    pub fn new(store: Store, config: &SearchConfig) -> Self {
+    /// A source a non-admin added is fetched under `addresses`' rule for its owner.
+    pub fn new(store: Store, config: &SearchConfig, addresses: Arc<crate::net::AddressPolicy>) -> Self {
         let fetch_timeout = Duration::from_secs(config.news_fetch_timeout_secs.max(1));
         Self {
             store,
-            client: net::client(fetch_timeout, net::MAX_REDIRECTS),
+            clients: net::RuleClients::new(fetch_timeout, net::MAX_REDIRECTS),
+            addresses,
             fetch_timeout,
             max_feed_bytes: config.news_max_feed_bytes,
             max_items: config.news_max_items_per_fetch.max(1),
@@ -347,7 +353,7 @@ impl Collector {
     }
 
     async fn fetch(&self, source: &NewsSourceRow) -> Result<Response, FetchError> {
-        let client = self.client.as_ref().map_err(|e| FetchError {
+        let client = self.clients.get(self.addresses.rule_for(source.owner_id.as_deref())).map_err(|e| FetchError {
             code: FetchCode::FetchFailed,
             message: e.to_string(),
             status: None,
@@ -396,6 +402,8 @@ impl Collector {
     fn transport_error(&self, e: &reqwest::Error) -> FetchError {
         let (code, message) = if e.is_timeout() {
             (FetchCode::FeedTimeout, format!("the source did not answer within {} s", self.fetch_timeout.as_secs()))
+        } else if crate::net::is_private_address(e) {
+            (FetchCode::InternalAddress, format!("the source is refused: {}", net::describe(e)))
         } else if net::is_redirect_loop(e) {
             (FetchCode::RedirectLoop, format!("the source redirects in a loop: {}", net::describe(e)))
         } else if e.is_redirect() {
@@ -434,6 +442,7 @@ mod tests {
             FeedTimeout,
             SourceUnreachable,
             RedirectLoop,
+            InternalAddress,
             TooManyRedirects,
             HttpError,
             FeedTooLarge,
