@@ -25,6 +25,16 @@ pub fn client_builder() -> reqwest::ClientBuilder {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrivateAddress(pub String);
 
+impl std::fmt::Display for PrivateAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A [`PublicResolver`] refusal is an `io::Error` (kind `PermissionDenied`) whose inner error
+/// is this type, so a caller can tell it from other connection failures in the source chain.
+impl std::error::Error for PrivateAddress {}
+
 /// Whether `ip` is reachable only inside the host or its networks, or is no public unicast
 /// address: loopback, unspecified, RFC 1918 private, link-local, carrier-grade NAT
 /// (100.64/10), IETF protocol assignments (192.0.0/24), benchmarking (198.18/15), the 6to4
@@ -144,7 +154,7 @@ impl reqwest::dns::Resolve for PublicResolver {
         Box::pin(async move {
             let addrs = resolve_host(&host, 0, AddressRule::PublicOnly)
                 .await
-                .map_err(|e| Box::new(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.0)))?;
+                .map_err(|e| Box::new(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e)))?;
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
         })
     }
