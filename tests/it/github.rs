@@ -720,8 +720,8 @@ async fn github_merge_is_bound_to_the_base(backend: Backend) {
     let (inv, approval) = freeze(&t, &token, "github_merge_pull", "m-retarget", merge.clone()).await;
     let input = &approval["invocation"]["input"];
     assert_eq!((input["base"].as_str(), input["base_sha"].as_str()), (Some("develop"), Some(BASE_1)), "{approval}");
-    assert_eq!(approval["preview"]["base"], "develop", "{approval}");
-    assert_eq!(approval["preview"]["base_sha"], BASE_1, "{approval}");
+    assert_eq!(approval["preview"]["tool"]["base"], "develop", "{approval}");
+    assert_eq!(approval["preview"]["tool"]["base_sha"], BASE_1, "{approval}");
     // Retargeted to main after the approver looked: nothing is merged.
     gh.set(|s| s.base = "main".into());
     let done = grant(&t, &token, &inv).await;
@@ -781,7 +781,8 @@ async fn github_approval_is_bound_to_the_connection(backend: Backend) {
     let patch = |body: Value| {
         let (t, token, conn) = (&t, &token, &conn);
         async move {
-            let r = t.request(reqwest::Method::PATCH, &format!("/v1/connections/{conn}"), Some(token), Some(body)).await;
+            let r =
+                t.request(reqwest::Method::PATCH, &format!("/v1/connections/{conn}"), Some(token), Some(body)).await;
             assert!(r.status.is_success(), "{r:?}");
         }
     };

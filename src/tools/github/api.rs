@@ -153,7 +153,8 @@ fn refused_address<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a P
         if let Some(p) = err.downcast_ref::<PrivateAddress>() {
             return Some(p);
         }
-        let io = err.downcast_ref::<std::io::Error>().or_else(|| err.downcast_ref::<Box<std::io::Error>>().map(|b| &**b));
+        let io =
+            err.downcast_ref::<std::io::Error>().or_else(|| err.downcast_ref::<Box<std::io::Error>>().map(|b| &**b));
         if let Some(p) = io.and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref::<PrivateAddress>()) {
             return Some(p);
         }
@@ -478,7 +479,9 @@ impl Api {
         }
         let fail = |e: reqwest::Error| match refused_address(&e) {
             Some(p) => p.0.clone(),
-            None => format!("the download from {host} failed: {}", crate::tools::search::net::describe(&e.without_url())),
+            None => {
+                format!("the download from {host} failed: {}", crate::tools::search::net::describe(&e.without_url()))
+            }
         };
         let resp = self.plain.get(url.clone()).send().await.map_err(fail)?;
         if !resp.status().is_success() {
@@ -514,8 +517,7 @@ pub async fn send_with(
 ) -> Result<Reply, Transport> {
     let plain = |message: String| Transport { message, internal_address: false };
     let builder = http::Request::builder().method(method).uri(path_and_query).header(http::header::ACCEPT, accept);
-    let request =
-        octo.build_request(builder, body).map_err(|e| plain(format!("the request cannot be built: {e}")))?;
+    let request = octo.build_request(builder, body).map_err(|e| plain(format!("the request cannot be built: {e}")))?;
     let resp = match octo.execute(request).await {
         Ok(resp) => resp,
         // Minting a GitHub App installation token failed with GitHub's answer (a wrong key,

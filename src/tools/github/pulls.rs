@@ -546,7 +546,9 @@ fn pull_base(pull: &Value, number: u64) -> Result<(String, String), ToolError> {
 fn base_changed(repo: &str, number: u64, why: &str, details: Value) -> ToolError {
     ToolError::new(
         ErrorCode::BaseChanged,
-        format!("the base of pull request {repo}#{number} changed since the merge was approved: {why}; nothing was merged"),
+        format!(
+            "the base of pull request {repo}#{number} changed since the merge was approved: {why}; nothing was merged"
+        ),
     )
     .with_details(details)
 }
