@@ -31,19 +31,26 @@ impl std::fmt::Display for PrivateAddress {
     }
 }
 
+/// A [`PublicResolver`] refusal is this type boxed as the resolver's error (other resolvers may
+/// wrap it in an `io::Error`), so a caller can tell it from other connection failures.
 impl std::error::Error for PrivateAddress {}
 
-/// Whether `err` (a reqwest error) was caused by the address rule: [`PublicResolver`] or a
-/// redirect policy refusing an internal address with [`PrivateAddress`].
-pub fn is_private_address(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(s) = source {
-        if s.is::<PrivateAddress>() {
-            return true;
+/// The [`PrivateAddress`] refusal somewhere in `err`'s chain of causes: raised by
+/// [`PublicResolver`] or a redirect policy directly, or inside an `io::Error` (whose
+/// `source()` skips the error it wraps, so it is looked into here).
+pub fn refused_address<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a PrivateAddress> {
+    let mut cur: Option<&'a (dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(p) = e.downcast_ref::<PrivateAddress>() {
+            return Some(p);
         }
-        source = s.source();
+        let io = e.downcast_ref::<std::io::Error>().or_else(|| e.downcast_ref::<Box<std::io::Error>>().map(|b| &**b));
+        if let Some(p) = io.and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref::<PrivateAddress>()) {
+            return Some(p);
+        }
+        cur = e.source();
     }
-    false
+    None
 }
 
 /// Whether `ip` is reachable only inside the host or its networks, or is no public unicast

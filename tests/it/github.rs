@@ -14,11 +14,21 @@
 //! `head_changed` and one bound to the current head merges; a repository outside the allowlist
 //! is refused at freeze time; a refused token is `reauth_required`; a server that is down is
 //! `connection_unreachable`; a used-up rate limit is `rate_limited` until its reset.
+//!
+//! A scripted GitHub (a small HTTP server started by the test, whose answers the test changes
+//! between freezing a call and granting it, which Prism cannot) checks that a merge is bound to
+//! its base branch (`base_changed` when retargeted or rewritten, merged when it only advanced)
+//! and that an approval is bound to the connection's settings and credential
+//! (`connection_changed`, nothing sent). Against it and a blob server, the connection's address
+//! rule applies when a client connects (a name resolving to loopback is refused under
+//! `PublicOnly`), and a job log's signed download URL never reaches an output or an error.
 
 use crate::common;
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Backend, TestApp, spawn};
@@ -74,9 +84,14 @@ async fn wait_up(url: &str, child: &mut tokio::process::Child) {
 /// Prism on a copy of the trimmed description whose `GET /user` answers are changed by
 /// `user`.
 async fn prism(user: impl FnOnce(&mut Value)) -> Mock {
+    prism_spec(|spec| user(&mut spec["paths"]["/user"]["get"]["responses"])).await
+}
+
+/// Prism on a copy of the trimmed description changed by `edit`.
+async fn prism_spec(edit: impl FnOnce(&mut Value)) -> Mock {
     let spec_path = env_path("MIRA_GITHUB_OPENAPI_TRIMMED");
     let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
-    user(&mut spec["paths"]["/user"]["get"]["responses"]);
+    edit(&mut spec);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("github.json");
     std::fs::write(&file, serde_json::to_vec(&spec).unwrap()).unwrap();
@@ -216,16 +231,191 @@ async fn call(t: &TestApp, token: &str, tool: &str, call_id: &str, input: Value)
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let inv = r.body;
     if inv["status"] == "awaiting_approval" {
-        let g = t
-            .post(
-                &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
-                token,
-                json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
-            )
-            .await;
-        assert_eq!(g.status, StatusCode::OK, "{g:?}");
+        return grant(t, token, &inv).await;
     }
     t.wait_final(token, inv["invocation_id"].as_str().unwrap()).await
+}
+
+/// Freezes a write, which must wait for approval; returns the invocation and its approval
+/// (the frozen input and the preview the approver sees).
+async fn freeze(t: &TestApp, token: &str, tool: &str, call_id: &str, input: Value) -> (Value, Value) {
+    let (run, turn) = turn(t, token).await;
+    let r = t.call(token, &run, &turn, tool, call_id, input).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    assert_eq!(r.body["status"], "awaiting_approval", "{r:?}");
+    let approval = t.get(&format!("/v1/approvals/{}", r.body["approval_id"].as_str().unwrap()), token).await;
+    assert_eq!(approval.status, StatusCode::OK, "{approval:?}");
+    (r.body, approval.body)
+}
+
+/// Grants a frozen call; returns the final invocation.
+async fn grant(t: &TestApp, token: &str, inv: &Value) -> Value {
+    let g = t
+        .post(
+            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+            token,
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+        )
+        .await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    t.wait_final(token, inv["invocation_id"].as_str().unwrap()).await
+}
+
+// ---- a scripted GitHub and a blob store --------------------------------------------------------
+
+/// Base branch heads of the scripted pull request.
+const BASE_1: &str = "1111111111111111111111111111111111111111";
+const BASE_2: &str = "2222222222222222222222222222222222222222";
+const BASE_3: &str = "3333333333333333333333333333333333333333";
+
+/// The merge commit the scripted GitHub answers.
+const MERGE_SHA: &str = "e5bd3914e2e596debea16f433f57875b5b90bcd6";
+
+/// The token in the query of a signed log URL.
+const SIGNATURE: &str = "SIGNEDxSECRETx2TUDfIg4fm36OJmfPy6km5QD5DLCO";
+
+/// A job log's text as the blob store serves it.
+const LOG: &str = "##[group]Run cargo test\ntest result: ok. 3 passed\n";
+
+/// What the scripted GitHub answers now, changed by a test between calls.
+struct Script {
+    base: String,
+    base_sha: String,
+    /// The compare API's `status` between two base heads.
+    compare: &'static str,
+    /// Every request, as `METHOD /path`.
+    seen: Vec<String>,
+}
+
+/// A GitHub server started by the test: `GET /user` (a classic token with `repo`), pull
+/// request `octo/app#7` (head [`EXAMPLE_HEAD_SHA`], base from the script), the compare API and
+/// the merge API; anything else 404.
+struct Scripted {
+    base: String,
+    port: u16,
+    script: Arc<Mutex<Script>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Scripted {
+    async fn start(base: &str, base_sha: &str) -> Scripted {
+        let script = Arc::new(Mutex::new(Script {
+            base: base.into(),
+            base_sha: base_sha.into(),
+            compare: "ahead",
+            seen: Vec::new(),
+        }));
+        let s = Arc::clone(&script);
+        let app = axum::Router::new().fallback(move |method: axum::http::Method, uri: axum::http::Uri| {
+            let s = Arc::clone(&s);
+            async move { scripted_answer(&s, &method, uri.path()) }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Scripted { base: format!("http://127.0.0.1:{port}"), port, script, task }
+    }
+
+    fn set(&self, f: impl FnOnce(&mut Script)) {
+        f(&mut self.script.lock().unwrap());
+    }
+
+    /// The requests seen so far, but the checks' `GET /user`.
+    fn seen(&self) -> Vec<String> {
+        self.script.lock().unwrap().seen.iter().filter(|r| *r != "GET /user").cloned().collect()
+    }
+
+    fn merges(&self) -> usize {
+        self.seen().iter().filter(|r| r.starts_with("PUT ")).count()
+    }
+}
+
+fn scripted_answer(s: &Mutex<Script>, method: &axum::http::Method, path: &str) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut s = s.lock().unwrap();
+    s.seen.push(format!("{method} {path}"));
+    let ok = |v: Value| (StatusCode::OK, axum::Json(v)).into_response();
+    match (method.as_str(), path) {
+        ("GET", "/user") => {
+            ([("x-oauth-scopes", "repo")], axum::Json(json!({"login": "scripted", "id": 1}))).into_response()
+        }
+        ("GET", "/repos/octo/app/pulls/7") => ok(json!({
+            "number": 7, "title": "Feature", "state": "open", "merged": false,
+            "head": {"ref": "feature", "sha": EXAMPLE_HEAD_SHA},
+            "base": {"ref": s.base, "sha": s.base_sha},
+        })),
+        ("GET", p) if p.starts_with("/repos/octo/app/compare/") => ok(json!({"status": s.compare})),
+        ("PUT", "/repos/octo/app/pulls/7/merge") => {
+            ok(json!({"merged": true, "sha": MERGE_SHA, "message": "Pull Request successfully merged"}))
+        }
+        _ => (StatusCode::NOT_FOUND, axum::Json(json!({"message": "Not Found"}))).into_response(),
+    }
+}
+
+/// A blob store on loopback: answers [`LOG`] to the next `ok` connections, and closes every
+/// later one at once (a failed download).
+struct Blob {
+    base: String,
+    port: u16,
+    ok: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Blob {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Blob {
+    async fn start(ok: usize) -> Blob {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ok = Arc::new(AtomicUsize::new(ok));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (ok2, conns2) = (Arc::clone(&ok), Arc::clone(&connections));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut sock, _)) = listener.accept().await else { return };
+                conns2.fetch_add(1, Ordering::SeqCst);
+                let serve = ok2.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+                tokio::spawn(async move {
+                    if !serve {
+                        return; // dropped: the connection closes before any answer
+                    }
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{LOG}",
+                        LOG.len()
+                    );
+                    let _ = sock.write_all(answer.as_bytes()).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        Blob { base: format!("http://127.0.0.1:{port}"), port, ok, connections, task }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
 }
 
 // ---- no connection --------------------------------------------------------------------------
@@ -517,6 +707,225 @@ async fn github_recorded_fixtures(backend: Backend) {
     assert!(items.iter().all(|i| i["repo"] == "octokit-fixture-org/search-issues"), "{done}");
 }
 
+// ---- merge bound to the base ------------------------------------------------------------------
+
+async fn github_merge_is_bound_to_the_base(backend: Backend) {
+    let gh = Scripted::start("develop", BASE_1).await;
+    let t = spawn(backend).await;
+    let token = t.user("dev").await;
+    connect(&t, &token, json!({"base_url": gh.base}), json!({"token": "ghp_scripted"})).await;
+    let merge = json!({"repo": "octo/app", "number": 7, "sha": EXAMPLE_HEAD_SHA});
+
+    // Frozen: the base branch and its head are derived, bound in the input and shown.
+    let (inv, approval) = freeze(&t, &token, "github_merge_pull", "m-retarget", merge.clone()).await;
+    let input = &approval["invocation"]["input"];
+    assert_eq!((input["base"].as_str(), input["base_sha"].as_str()), (Some("develop"), Some(BASE_1)), "{approval}");
+    assert_eq!(approval["preview"]["tool"]["base"], "develop", "{approval}");
+    assert_eq!(approval["preview"]["tool"]["base_sha"], BASE_1, "{approval}");
+    // Retargeted to main after the approver looked: nothing is merged.
+    gh.set(|s| s.base = "main".into());
+    let done = grant(&t, &token, &inv).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["result"]["error"]["code"], "base_changed", "{done}");
+    assert_eq!(done["result"]["error"]["details"]["current_base"], "main", "{done}");
+    assert_eq!(gh.merges(), 0, "{:?}", gh.seen());
+
+    // The base branch advanced (others merged into it): merged into its current head, both
+    // heads reported.
+    gh.set(|s| s.base = "develop".into());
+    let (inv, _) = freeze(&t, &token, "github_merge_pull", "m-advanced", merge.clone()).await;
+    gh.set(|s| {
+        s.base_sha = BASE_2.into();
+        s.compare = "ahead";
+    });
+    let done = grant(&t, &token, &inv).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let out = &done["result"]["output"];
+    assert_eq!((out["base"].as_str(), out["base_sha_approved"].as_str()), (Some("develop"), Some(BASE_1)), "{out}");
+    assert_eq!(out["base_sha"], BASE_2, "{out}");
+    assert_eq!(out["merge_commit_sha"], MERGE_SHA, "{out}");
+    assert_eq!(gh.merges(), 1, "{:?}", gh.seen());
+    let compare = format!("GET /repos/octo/app/compare/{BASE_1}...{BASE_2}");
+    assert!(gh.seen().contains(&compare), "{:?}", gh.seen());
+
+    // The base branch was rewritten (force-pushed): its head no longer descends from the
+    // approved one, nothing is merged.
+    let (inv, approval) = freeze(&t, &token, "github_merge_pull", "m-rewritten", merge.clone()).await;
+    assert_eq!(approval["invocation"]["input"]["base_sha"], BASE_2, "{approval}");
+    gh.set(|s| {
+        s.base_sha = BASE_3.into();
+        s.compare = "diverged";
+    });
+    let done = grant(&t, &token, &inv).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["result"]["error"]["code"], "base_changed", "{done}");
+    assert_eq!(gh.merges(), 1, "{:?}", gh.seen());
+
+    // A base named in the input must be the pull request's when the call is frozen.
+    let (run, turn) = turn(&t, &token).await;
+    let mut wrong = merge.clone();
+    wrong["base"] = json!("main");
+    let r = t.call(&token, &run, &turn, "github_merge_pull", "m-wrong", wrong).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "base_changed"), "{r:?}");
+}
+
+// ---- approval bound to the connection ---------------------------------------------------------
+
+async fn github_approval_is_bound_to_the_connection(backend: Backend) {
+    let gh = Scripted::start("main", BASE_1).await;
+    let t = spawn(backend).await;
+    let token = t.user("dev").await;
+    let view = connect(&t, &token, json!({"base_url": gh.base}), json!({"token": "ghp_first"})).await;
+    let conn = view["id"].as_str().unwrap().to_owned();
+    let merge = json!({"repo": "octo/app", "number": 7, "sha": EXAMPLE_HEAD_SHA});
+    let patch = |body: Value| {
+        let (t, token, conn) = (&t, &token, &conn);
+        async move {
+            let r =
+                t.request(reqwest::Method::PATCH, &format!("/v1/connections/{conn}"), Some(token), Some(body)).await;
+            assert!(r.status.is_success(), "{r:?}");
+        }
+    };
+
+    // The credential is replaced after the call was frozen: the grant runs nothing.
+    let (inv, approval) = freeze(&t, &token, "github_merge_pull", "fp-credential", merge.clone()).await;
+    assert!(approval["invocation"]["input"]["connection_fingerprint"].is_string(), "{approval}");
+    patch(json!({"credential": {"token": "ghp_second"}})).await;
+    let before = gh.seen();
+    let done = grant(&t, &token, &inv).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["result"]["error"]["code"], "connection_changed", "{done}");
+    assert_eq!(gh.seen(), before, "a request was sent for a call frozen with another credential");
+    assert_eq!(gh.merges(), 0);
+
+    // So are the settings.
+    let (inv, _) = freeze(&t, &token, "github_merge_pull", "fp-settings", merge.clone()).await;
+    patch(json!({"settings": {"base_url": gh.base, "repositories": ["octo/app"]}})).await;
+    let before = gh.seen();
+    let done = grant(&t, &token, &inv).await;
+    assert_eq!(done["result"]["error"]["code"], "connection_changed", "{done}");
+    assert_eq!(gh.seen(), before);
+
+    // Control: nothing changed between freeze and grant → it merges.
+    let (inv, _) = freeze(&t, &token, "github_merge_pull", "fp-same", merge).await;
+    let done = grant(&t, &token, &inv).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(gh.merges(), 1, "{:?}", gh.seen());
+}
+
+// ---- job logs: the signed URL stays secret -----------------------------------------------------
+
+async fn github_job_logs_keep_the_signed_url_secret(backend: Backend) {
+    let blob = Blob::start(MAX_LOG_DOWNLOADS).await;
+    let location = format!("{}/signedlogcontent/19?urlExpires=2099-01-01&urlSignature={SIGNATURE}", blob.base);
+    let mock = prism_spec(|spec| {
+        scopes("repo")(&mut spec["paths"]["/user"]["get"]["responses"]);
+        spec["paths"]["/repos/{owner}/{repo}/actions/jobs/{job_id}/logs"]["get"]["responses"]["302"]["headers"]
+            ["Location"]["example"] = json!(location);
+    })
+    .await;
+    let t = spawn(backend).await;
+    let token = t.user("dev").await;
+    connect(&t, &token, json!({"base_url": mock.base}), json!({"token": "ghp_actions"})).await;
+    let repo = "octocat/hello-world";
+
+    // github_list_runs and github_search_code against the description's examples.
+    let done = call(&t, &token, "github_list_runs", "runs", json!({"repo": repo, "branch": "main"})).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let runs = done["result"]["output"]["runs"].as_array().unwrap();
+    assert!(!runs.is_empty() && runs[0]["id"].is_u64(), "{done}");
+    let done = call(&t, &token, "github_search_code", "code", json!({"query": "addClass", "repo": repo})).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(!done["result"]["output"]["items"].as_array().unwrap().is_empty(), "{done}");
+
+    // The log is read through the redirect; the signed URL is nowhere in what the call keeps.
+    let done = call(&t, &token, "github_read_run", "run-ok", json!({"repo": repo, "run_id": 30433642})).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let jobs = done["result"]["output"]["jobs"].as_array().unwrap();
+    assert!(!jobs.is_empty(), "{done}");
+    assert_eq!(jobs[0]["log_tail"], LOG, "{done}");
+    assert!(!done.to_string().contains(SIGNATURE), "the signed URL leaked into the invocation: {done}");
+    for id in done["evidence_ids"].as_array().unwrap() {
+        let ev = t.get(&format!("/v1/evidence/{}", id.as_str().unwrap()), &token).await;
+        assert_eq!(ev.status, StatusCode::OK, "{ev:?}");
+        assert!(!ev.body.to_string().contains(SIGNATURE), "the signed URL leaked into evidence: {}", ev.body);
+    }
+
+    // The blob store fails: the error names the host, never the signed URL.
+    blob.ok.store(0, Ordering::SeqCst);
+    let done = call(&t, &token, "github_read_run", "run-fail", json!({"repo": repo, "run_id": 30433642})).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let error = done["result"]["output"]["jobs"][0]["log_error"].as_str().unwrap_or_default().to_owned();
+    assert!(error.contains("127.0.0.1"), "{done}");
+    assert!(!done.to_string().contains(SIGNATURE), "the signed URL leaked into an error: {done}");
+    assert!(!done.to_string().contains("signedlogcontent"), "the download URL leaked into an error: {done}");
+}
+
+/// Downloads the blob store answers in [`github_job_logs_keep_the_signed_url_secret`] (one per
+/// job of the example run, at most 10).
+const MAX_LOG_DOWNLOADS: usize = 10;
+
+// ---- the address rule when a client connects --------------------------------------------------
+
+/// An opened connection to `base_url` under `rule`, as the hub hands it to a call or a check.
+fn opened(base_url: &str, rule: mira::net::AddressRule) -> mira::connections::Opened {
+    mira::connections::Opened {
+        id: "conn_rule".into(),
+        owner_id: Some("usr_rule".into()),
+        settings: json!({"base_url": base_url}),
+        credential: json!({"token": "ghp_rule"}),
+        fingerprint: String::new(),
+        address_rule: rule,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn github_address_rule_applies_when_connecting() {
+    use mira::connections::Access;
+    use mira::error::ErrorCode;
+    use mira::net::AddressRule::{Any, PublicOnly};
+    use mira::tools::github::Api;
+    use mira::tools::github::api::{ACCEPT_JSON, MAX_JSON_BYTES};
+
+    let gh = Scripted::start("main", BASE_1).await;
+    let driver = mira::tools::github::driver();
+    // A name that resolves to loopback (as a rebound name would) and the IP literal.
+    for base in [format!("http://localhost:{}", gh.port), gh.base.clone()] {
+        let conn = opened(&base, PublicOnly);
+        let error = match Api::for_check(&conn) {
+            Err(e) => e,
+            Ok(api) => api.send(reqwest::Method::GET, "/user", None, ACCEPT_JSON, MAX_JSON_BYTES).await.err().unwrap(),
+        };
+        assert_eq!(error.code, ErrorCode::InternalAddress, "{base}: {error:?}");
+        assert!(error.message.contains("internal address"), "{base}: {error:?}");
+        let report = driver.check(&conn).await;
+        assert!(report.access.values().all(|a| matches!(a, Access::Unreachable { .. })), "{base}: {:?}", report.access);
+        assert!(gh.script.lock().unwrap().seen.is_empty(), "{base}: a request reached the server under PublicOnly");
+        // The same connection under Any (an admin's, or a deployment allowing internal URLs).
+        let report = driver.check(&opened(&base, Any)).await;
+        assert_eq!(report.account.as_deref(), Some("scripted"), "{base}: {:?}", report.access);
+        gh.set(|s| s.seen.clear());
+    }
+
+    // A job log's redirect: under PublicOnly no internal address is downloaded from, by name
+    // or literal, and the error keeps the signed URL secret.
+    let blob = Blob::start(1).await;
+    let by_name = format!("http://localhost:{}/signedlogcontent?urlSignature={SIGNATURE}", blob.port);
+    let by_ip = format!("{}/signedlogcontent?urlSignature={SIGNATURE}", blob.base);
+    let public_api = Api::for_check(&opened("https://api.github.com", PublicOnly)).unwrap();
+    for url in [&by_name, &by_ip] {
+        let e = public_api.download(url, 1024).await.unwrap_err();
+        assert!(e.contains("internal address") && !e.contains(SIGNATURE), "{url}: {e}");
+    }
+    assert_eq!(blob.connections(), 0);
+    // Under Any the API's own host is downloaded from; another internal host is not.
+    let any_api = Api::for_check(&opened(&gh.base, Any)).unwrap();
+    let e = any_api.download(&by_name, 1024).await.unwrap_err();
+    assert!(e.contains("internal address") && !e.contains(SIGNATURE), "{e}");
+    assert_eq!(blob.connections(), 0);
+    assert_eq!(any_api.download(&by_ip, 1024).await.unwrap(), LOG.as_bytes());
+}
+
 both_backends!(
     github_tools_need_a_connection,
     github_classic_token_without_repo_scope,
@@ -524,4 +933,7 @@ both_backends!(
     github_repository_allowlist,
     github_refused_token_and_server_down,
     github_recorded_fixtures,
+    github_merge_is_bound_to_the_base,
+    github_approval_is_bound_to_the_connection,
+    github_job_logs_keep_the_signed_url_secret,
 );

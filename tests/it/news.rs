@@ -872,6 +872,7 @@ async fn a_non_admins_feed_reaches_no_internal_address_at_fetch_time(backend: Ba
     for id in &ids[..2] {
         let s = wait_source(&t, &eve, id, fetched).await;
         assert!(s["last_success_at"].is_null(), "{s}");
+        assert_eq!(s["last_error"]["code"], "internal_address", "{s}");
         let message = s["last_error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("internal address"), "{s}");
     }

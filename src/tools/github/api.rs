@@ -3,6 +3,19 @@
 //! what the connection hub should learn (a 401 means the credential must be replaced, a 403
 //! "Resource not accessible" a missing permission, `X-RateLimit-Remaining: 0` a rate limit, a
 //! refused connection an unreachable server).
+//!
+//! Addresses: every client of a connection applies its [`Opened::address_rule`] when it
+//! connects. Under [`AddressRule::PublicOnly`] (a non-admin's own connection, unless the
+//! deployment allows internal addresses) the API client resolves names through
+//! [`crate::net::PublicResolver`] on every connection — a name that resolves (or is rebound)
+//! to an internal address is refused — and an IP-literal `base_url` is checked when the client
+//! is built, since no resolver sees it. Either way the call fails `internal_address` (403) and
+//! the connection is noted `unreachable`; the check reports `unreachable`.
+//!
+//! Downloads (a job log's redirect to a signed blob URL) go through a second client without the
+//! credential, whose resolver admits the API's own host under the connection's rule and any
+//! other host only at public addresses. The signed URL carries a token in its query: it never
+//! appears in an output, evidence or error message (errors name the host at most).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +28,7 @@ use serde_json::{Value, json};
 
 use crate::connections::{Access, ConnectionHub, Opened};
 use crate::error::ErrorCode;
+use crate::net::AddressRule;
 use crate::registry::ToolError;
 
 /// The API root of GitHub.com.
@@ -118,6 +132,42 @@ pub struct Api {
     hub: Option<Arc<ConnectionHub>>,
     permission: &'static str,
     plain: reqwest::Client,
+    rule: AddressRule,
+}
+
+/// A failed request: no answer came (or the address rule refused the server).
+#[derive(Debug, Clone)]
+pub struct Transport {
+    /// What failed, in one line; never the credential or a URL's query.
+    pub message: String,
+    /// Whether the connection's [`AddressRule`] refused the address (an internal address
+    /// under [`AddressRule::PublicOnly`]) rather than the network failing.
+    pub internal_address: bool,
+}
+
+/// The resolver of the download client: the API's own host under the connection's rule, any
+/// other host at public addresses only — checked on every connection (no DNS rebinding).
+#[derive(Debug, Clone)]
+struct DownloadResolver {
+    api_host: Option<String>,
+    rule: AddressRule,
+}
+
+impl reqwest::dns::Resolve for DownloadResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        let rule = if self.api_host.as_deref().is_some_and(|h| h.eq_ignore_ascii_case(&host)) {
+            self.rule
+        } else {
+            AddressRule::PublicOnly
+        };
+        Box::pin(async move {
+            let addrs = crate::net::resolve_host(&host, 0, rule)
+                .await
+                .map_err(|e| Box::new(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e)))?;
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
 }
 
 /// An answer: status, headers, body.
@@ -218,13 +268,23 @@ impl Api {
 
     fn build(conn: Opened, hub: Option<Arc<ConnectionHub>>, permission: &'static str) -> Result<Api, ToolError> {
         let base = base_url(&conn.settings)?;
+        let rule = conn.address_rule;
+        // An IP literal reaches no resolver: its address is checked here.
+        let literal = match base.host() {
+            Some(url::Host::Ipv4(ip)) => Some(std::net::IpAddr::V4(ip)),
+            Some(url::Host::Ipv6(ip)) => Some(std::net::IpAddr::V6(ip)),
+            _ => None,
+        };
+        if let Some(ip) = literal.filter(|ip| rule == AddressRule::PublicOnly && crate::net::is_internal(*ip)) {
+            return Err(internal_address(&conn.id, &format!("{ip} is an internal address")));
+        }
         let credential = Credential::parse(&conn.credential).map_err(|e| {
             ToolError::new(
                 ErrorCode::CredentialUnavailable,
                 format!("the connection's credential is unusable: {}", e.message),
             )
         })?;
-        let http = crate::net::client_builder()
+        let http = crate::net::with_rule(crate::net::client_builder(), rule)
             .user_agent(crate::tools::search::net::USER_AGENT)
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(Duration::from_secs(10))
@@ -258,11 +318,13 @@ impl Api {
         let plain = crate::net::client_builder()
             .user_agent(crate::tools::search::net::USER_AGENT)
             .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(Duration::from_secs(10))
             // No redirects: each hop would need the address check again.
             .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(DownloadResolver { api_host: base.host_str().map(str::to_owned), rule }))
             .build()
             .map_err(client_error)?;
-        Ok(Api { octo, app, conn_id: conn.id, settings: conn.settings, base, hub, permission, plain })
+        Ok(Api { octo, app, conn_id: conn.id, settings: conn.settings, base, hub, permission, plain, rule })
     }
 
     /// The connection's id.
@@ -281,8 +343,9 @@ impl Api {
     }
 
     /// Sends one request to `path` (with its query) on the connection's API root; reads at
-    /// most `cap` bytes of the answer. Transport failures are `connection_unreachable` (and
-    /// noted); statuses are returned as they are.
+    /// most `cap` bytes of the answer. Transport failures are `connection_unreachable`, an
+    /// address the connection's rule refuses `internal_address` (both noted as unreachable);
+    /// statuses are returned as they are.
     pub async fn send(
         &self,
         method: Method,
@@ -291,9 +354,13 @@ impl Api {
         accept: &str,
         cap: usize,
     ) -> Result<Reply, ToolError> {
-        send_with(&self.octo, method, path_and_query, body, accept, cap).await.map_err(|message| {
-            self.note(Access::Unreachable { message: message.clone() }, true);
-            ToolError::new(ErrorCode::ConnectionUnreachable, format!("GitHub cannot be reached: {message}"))
+        send_with(&self.octo, method, path_and_query, body, accept, cap).await.map_err(|t| {
+            self.note(Access::Unreachable { message: t.message.clone() }, true);
+            if t.internal_address {
+                internal_address(&self.conn_id, &t.message)
+            } else {
+                ToolError::new(ErrorCode::ConnectionUnreachable, format!("GitHub cannot be reached: {}", t.message))
+            }
         })
     }
 
@@ -377,24 +444,51 @@ impl Api {
     }
 
     /// Follows a redirect GitHub answers for a download (job logs live in blob storage): a
-    /// plain GET without the credential, to the same host as the API or to a public address.
+    /// plain GET without the credential, to the API's own host (under the connection's address
+    /// rule) or to a public address. The URL is secret (a signed blob URL carries a token in
+    /// its query): the error names its host at most.
     pub async fn download(&self, location: &str, cap: usize) -> Result<Bytes, String> {
-        let url = url::Url::parse(location).map_err(|e| format!("the redirect target does not parse: {e}"))?;
-        if url.host_str() != self.base.host_str() {
+        let url = url::Url::parse(location).map_err(|_| "the download URL does not parse".to_owned())?;
+        let host = url.host_str().unwrap_or_default().to_owned();
+        if !matches!(url.scheme(), "http" | "https") || host.is_empty() {
+            return Err("the download URL is not an http or https URL with a host".into());
+        }
+        // IP literals reach no resolver: checked here (names are checked again by the
+        // client's resolver on every connection).
+        let api_host = self.base.host_str().is_some_and(|h| h.eq_ignore_ascii_case(&host));
+        if self.rule == AddressRule::PublicOnly || !api_host {
             crate::net::check_public_url(url.as_str()).await.map_err(|e| e.0)?;
         }
-        let resp = self.plain.get(url).send().await.map_err(|e| crate::tools::search::net::describe(&e))?;
+        let fail = |e: reqwest::Error| match crate::net::refused_address(&e) {
+            Some(p) => p.0.clone(),
+            None => {
+                format!("the download from {host} failed: {}", crate::tools::search::net::describe(&e.without_url()))
+            }
+        };
+        let resp = self.plain.get(url.clone()).send().await.map_err(fail)?;
         if !resp.status().is_success() {
-            return Err(format!("the download answered {}", resp.status().as_u16()));
+            return Err(format!("the download from {host} answered {}", resp.status().as_u16()));
         }
         crate::tools::search::net::read_capped(resp, cap as u64).await.map(Bytes::from).map_err(|e| match e {
             crate::tools::search::net::BodyError::TooLarge(max) => format!("larger than {max} bytes"),
-            crate::tools::search::net::BodyError::Transfer(e) => crate::tools::search::net::describe(&e),
+            crate::tools::search::net::BodyError::Transfer(e) => fail(e),
         })
     }
 }
 
-/// One request on `octo`; Err is a transport failure's description (never the credential).
+/// `internal_address` (403): connection `conn_id` points at an address its rule refuses.
+fn internal_address(conn_id: &str, why: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::InternalAddress,
+        format!(
+            "connection {conn_id} reaches an internal address ({why}); only an admin's connection, or a deployment \
+             that allows internal URLs, may reach one"
+        ),
+    )
+    .with_details(json!({"connection": conn_id}))
+}
+
+/// One request on `octo`; Err is a transport failure (never the credential).
 pub async fn send_with(
     octo: &Octocrab,
     method: Method,
@@ -402,9 +496,10 @@ pub async fn send_with(
     body: Option<&Value>,
     accept: &str,
     cap: usize,
-) -> Result<Reply, String> {
+) -> Result<Reply, Transport> {
+    let plain = |message: String| Transport { message, internal_address: false };
     let builder = http::Request::builder().method(method).uri(path_and_query).header(http::header::ACCEPT, accept);
-    let request = octo.build_request(builder, body).map_err(|e| format!("the request cannot be built: {e}"))?;
+    let request = octo.build_request(builder, body).map_err(|e| plain(format!("the request cannot be built: {e}")))?;
     let resp = match octo.execute(request).await {
         Ok(resp) => resp,
         // Minting a GitHub App installation token failed with GitHub's answer (a wrong key,
@@ -417,15 +512,20 @@ pub async fn send_with(
                 body: Bytes::from(body),
             });
         }
-        Err(e) => return Err(describe(&e)),
+        Err(e) => {
+            return Err(match crate::net::refused_address(&e) {
+                Some(p) => Transport { message: p.0.clone(), internal_address: true },
+                None => plain(describe(&e)),
+            });
+        }
     };
     let (parts, body) = resp.into_parts();
     let collected = http_body_util::Limited::new(body, cap).collect().await.map_err(|e| {
-        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+        plain(if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
             format!("the answer is larger than {cap} bytes")
         } else {
             format!("reading the answer failed: {e}")
-        }
+        })
     })?;
     Ok(Reply { status: parts.status, headers: parts.headers, body: collected.to_bytes() })
 }

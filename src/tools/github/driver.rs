@@ -12,7 +12,8 @@
 //!   installation's permissions (`read`/`write` per area), and `GET /installation/repositories`
 //!   (as the installation) proves an installation token can be minted.
 //!
-//! 401 → `reauth_required` for every permission; a refused connection or a timeout →
+//! 401 → `reauth_required` for every permission; a refused connection, a timeout or an
+//! address the connection's rule refuses (an internal one for a non-admin: see [`api`]) →
 //! `unreachable`; `X-RateLimit-Remaining: 0` → `rate_limited_until` from `X-RateLimit-Reset`.
 
 use std::collections::BTreeMap;
@@ -76,7 +77,9 @@ pub fn app_access(permissions: &Map<String, Value>) -> BTreeMap<String, Access> 
 
 fn transport(e: &ToolError) -> Access {
     match e.code {
-        ErrorCode::ConnectionUnreachable => Access::Unreachable { message: e.message.clone() },
+        ErrorCode::ConnectionUnreachable | ErrorCode::InternalAddress => {
+            Access::Unreachable { message: e.message.clone() }
+        }
         _ => Access::Unknown { message: e.message.clone() },
     }
 }
@@ -122,10 +125,10 @@ impl GithubDriver {
         let path = format!("/app/installations/{installation_id}");
         let reply = match api::send_with(app, Method::GET, &path, None, ACCEPT_JSON, MAX_JSON_BYTES).await {
             Ok(r) => r,
-            Err(message) => {
+            Err(failure) => {
                 return CheckReport {
                     account: None,
-                    access: every(&Access::Unreachable { message }),
+                    access: every(&Access::Unreachable { message: failure.message }),
                     rate_limited_until: None,
                 };
             }
@@ -286,13 +289,9 @@ impl Driver for GithubDriver {
     async fn check(&self, conn: &Opened) -> CheckReport {
         let api = match Api::for_check(conn) {
             Ok(api) => api,
-            Err(e) => {
-                return CheckReport {
-                    account: None,
-                    access: every(&Access::Unknown { message: e.message }),
-                    rate_limited_until: None,
-                };
-            }
+            // An internal address under the connection's rule is unreachable, like a server
+            // that is down; anything else (a credential that does not parse) is unknown.
+            Err(e) => return CheckReport { account: None, access: every(&transport(&e)), rate_limited_until: None },
         };
         if api.app().is_some() { self.check_app(&api).await } else { self.check_token(&api, &conn.settings).await }
     }

@@ -4,6 +4,23 @@
 //! pull request's head before merging and sends it to GitHub's merge API, which refuses the
 //! merge (409) if the head moved in between — either way the call ends `head_changed` and
 //! nothing unseen is merged.
+//!
+//! A merge is bound to its base too: when the call is frozen the pull request's base branch
+//! (`base`) and that branch's head (`base_sha`) are derived and shown on the approval. Before
+//! merging, the pull request is read again and
+//! * a base branch other than `base` (the pull request was retargeted, say from `develop` to
+//!   `main`) ends the call `base_changed` (409): the approver never saw that branch;
+//! * a base branch that merely advanced (its head now a descendant of `base_sha`: others
+//!   merged in between) is merged into, as GitHub always merges into the base's current head:
+//!   what the approver approved — these head commits, into this branch — is what lands, and the
+//!   commits the base gained were already in it. Refusing those would make merges on any busy
+//!   branch fail; the output reports both base SHAs;
+//! * a base branch that was rewritten (its head no longer descends from `base_sha`: a force
+//!   push, a branch deleted and made again) ends the call `base_changed`, since the branch is
+//!   no longer the one the approver saw. Told by GitHub's compare API (`status` `ahead`).
+//!
+//! GitHub's merge API has no parameter binding the base, so a retarget in the moment between
+//! the re-read and the merge request is not caught (the head is: its `sha` is sent).
 
 use async_trait::async_trait;
 use http::Method;
@@ -428,6 +445,41 @@ impl Action for ReviewPull {
 
 // ---- github_merge_pull ------------------------------------------------------------------------
 
+/// `Ok` when the base branch's head `now` descends from the approved `approved` (the branch
+/// advanced), else `base_changed` (it was rewritten, or GitHub no longer knows `approved`).
+async fn check_base_advanced(
+    api: &Api,
+    input: &MergeInput,
+    base: &str,
+    approved: &str,
+    now: &str,
+) -> Result<(), ToolError> {
+    let details = json!({"base": base, "expected_base_sha": approved, "current_base_sha": now});
+    let url = format!("{}/compare/{approved}...{now}", repo_path(&input.repo));
+    let reply = api.send(Method::GET, &url, None, super::api::ACCEPT_JSON, super::api::MAX_JSON_BYTES).await?;
+    if reply.status.as_u16() == 404 {
+        return Err(base_changed(
+            &input.repo,
+            input.number,
+            &format!("branch {base} no longer holds the approved commit {approved}"),
+            details,
+        ));
+    }
+    let cmp = api.ok(reply)?.json()?;
+    match cmp.get("status").and_then(Value::as_str) {
+        Some("ahead") => Ok(()),
+        status => Err(base_changed(
+            &input.repo,
+            input.number,
+            &format!(
+                "branch {base} was rewritten: its head {now} does not descend from the approved {approved} ({})",
+                status.unwrap_or("no comparison")
+            ),
+            details,
+        )),
+    }
+}
+
 /// How to merge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -467,8 +519,39 @@ pub struct MergeInput {
     /// Message of the merge commit
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_message: Option<String>,
+    /// The base branch the pull request merges into (default: its base when the call is frozen); the merge fails with base_changed if the pull request was retargeted
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub base: Option<String>,
+    /// The base branch's head commit (default: resolved when the call is frozen); the merge fails with base_changed if the branch was rewritten so that this is no longer in it
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 40, max = 40))]
+    pub base_sha: Option<String>,
 }
 targeted!(MergeInput);
+
+/// The base branch and its head SHA of a pull request as GitHub answered it.
+fn pull_base(pull: &Value, number: u64) -> Result<(String, String), ToolError> {
+    let base = pull.pointer("/base/ref").and_then(Value::as_str);
+    let sha = pull.pointer("/base/sha").and_then(Value::as_str).and_then(|s| check_sha("base.sha", s).ok());
+    match (base, sha) {
+        (Some(b), Some(s)) if check_branch(b).is_ok() => Ok((b.to_owned(), s)),
+        _ => Err(ToolError::new(
+            ErrorCode::GithubError,
+            format!("GitHub named no valid base branch and commit for pull request {number}"),
+        )),
+    }
+}
+
+fn base_changed(repo: &str, number: u64, why: &str, details: Value) -> ToolError {
+    ToolError::new(
+        ErrorCode::BaseChanged,
+        format!(
+            "the base of pull request {repo}#{number} changed since the merge was approved: {why}; nothing was merged"
+        ),
+    )
+    .with_details(details)
+}
 
 fn moved(repo: &str, number: u64, expected: &str, now: Option<&str>) -> ToolError {
     ToolError::new(
@@ -490,9 +573,12 @@ impl Action for MergePull {
     const ID: &'static str = "github_merge_pull";
     const TITLE: &'static str = "Merge a GitHub pull request";
     const DESCRIPTION: &'static str = "Merge a pull request whose head is exactly `sha` (the commit you reviewed); \
-        if anything was pushed since, nothing is merged (head_changed). Needs approval.";
+        if anything was pushed since, nothing is merged (head_changed). The merge is bound to the pull request's base \
+        branch when the call is frozen: if it was retargeted or that branch rewritten, nothing is merged \
+        (base_changed). Needs approval.";
     const PERMISSION: &'static str = "contents:write";
     const WRITE: bool = true;
+    const DERIVED: &'static [&'static str] = &["base", "base_sha"];
 
     fn check(input: &mut MergeInput) -> Result<(), ToolError> {
         input.sha = check_sha("sha", &input.sha)?;
@@ -500,20 +586,59 @@ impl Action for MergePull {
         if input.commit_message.as_ref().is_some_and(|m| m.len() > MAX_BODY_BYTES) {
             return Err(ToolError::new(ErrorCode::InvalidField, "commit_message is too long"));
         }
+        if let Some(b) = &input.base {
+            check_branch(b)?;
+        }
+        if let Some(s) = &input.base_sha {
+            input.base_sha = Some(check_sha("base_sha", s)?);
+        }
         Ok(())
     }
 
     async fn derive(api: &Api, input: &mut MergeInput) -> Result<Value, ToolError> {
-        // The approver sees the pull request as it is now next to the SHA being approved.
+        // The approver sees the pull request as it is now next to the SHA being approved, and
+        // the base branch (with its head) the merge is bound to.
         let (head, pull) = pull_head(api, &input.repo, input.number).await?;
+        let (base, base_sha) = pull_base(&pull, input.number)?;
+        match &input.base {
+            Some(b) if *b != base => {
+                return Err(base_changed(
+                    &input.repo,
+                    input.number,
+                    &format!("it merges into {base}, not {b}"),
+                    json!({"expected_base": b, "current_base": base}),
+                ));
+            }
+            Some(_) => {}
+            None => input.base = Some(base),
+        }
+        if input.base_sha.is_none() {
+            input.base_sha = Some(base_sha);
+        }
         Ok(json!({"title": pull["title"], "state": pull["state"], "head_sha_now": head, "sha": input.sha,
-            "head_matches": head == input.sha, "base": pull.pointer("/base/ref"), "head": pull.pointer("/head/ref")}))
+            "head_matches": head == input.sha, "base": input.base, "base_sha": input.base_sha,
+            "head": pull.pointer("/head/ref")}))
     }
 
     async fn run(api: &Api, input: MergeInput) -> Result<ToolOutput, ToolError> {
+        let (Some(base), Some(base_sha)) = (input.base.clone(), input.base_sha.clone()) else {
+            return Err(ToolError::new(ErrorCode::CorruptInput, "the frozen input names no base branch and commit"));
+        };
         let (head, pull) = pull_head(api, &input.repo, input.number).await?;
         if head != input.sha {
             return Err(moved(&input.repo, input.number, &input.sha, Some(&head)));
+        }
+        let (base_now, base_sha_now) = pull_base(&pull, input.number)?;
+        if base_now != base {
+            return Err(base_changed(
+                &input.repo,
+                input.number,
+                &format!("it was retargeted from {base} to {base_now}"),
+                json!({"expected_base": base, "current_base": base_now}),
+            ));
+        }
+        if base_sha_now != base_sha {
+            check_base_advanced(api, &input, &base, &base_sha, &base_sha_now).await?;
         }
         if pull.get("merged").and_then(Value::as_bool) == Some(true) {
             return Err(ToolError::new(
@@ -554,14 +679,15 @@ impl Action for MergePull {
         }
         Ok(ToolOutput {
             output: json!({"repo": input.repo, "number": input.number, "merged": true, "merge_commit_sha": r["sha"],
-                "head_sha": input.sha, "message": r.get("message")}),
+                "head_sha": input.sha, "base": base, "base_sha_approved": base_sha, "base_sha": base_sha_now,
+                "message": r.get("message")}),
             evidence: vec![written(
                 api,
                 "merge",
                 &input.repo,
                 Some(input.number),
-                json!({"head_sha": input.sha, "merge_commit_sha": r["sha"]}),
-                &format!("merged {}#{} at head {}", input.repo, input.number, input.sha),
+                json!({"head_sha": input.sha, "merge_commit_sha": r["sha"], "base": base, "base_sha": base_sha_now}),
+                &format!("merged {}#{} at head {} into {base}", input.repo, input.number, input.sha),
             )],
         })
     }

@@ -402,7 +402,7 @@ impl Collector {
     fn transport_error(&self, e: &reqwest::Error) -> FetchError {
         let (code, message) = if e.is_timeout() {
             (FetchCode::FeedTimeout, format!("the source did not answer within {} s", self.fetch_timeout.as_secs()))
-        } else if crate::net::is_private_address(e) {
+        } else if crate::net::refused_address(e).is_some() {
             (FetchCode::InternalAddress, format!("the source is refused: {}", net::describe(e)))
         } else if net::is_redirect_loop(e) {
             (FetchCode::RedirectLoop, format!("the source redirects in a loop: {}", net::describe(e)))
