@@ -973,8 +973,15 @@ async fn send_through_bomb(f: &Fx, after_data: bool) -> (Value, Duration, usize)
     f.wait_reason("mail_send", None).await;
     let (run, turn) = f.turn().await;
     let inv =
-        f.t.call(&f.token, &run, &turn, "mail_send", "bomb-1", json!({"to": ["bob@example.test"], "subject": "s", "body": "b"}))
-            .await;
+        f.t.call(
+            &f.token,
+            &run,
+            &turn,
+            "mail_send",
+            "bomb-1",
+            json!({"to": ["bob@example.test"], "subject": "s", "body": "b"}),
+        )
+        .await;
     assert_eq!(inv.status, StatusCode::CREATED, "{inv:?}");
     let started = std::time::Instant::now();
     assert_eq!(f.grant(&inv.body).await.status, StatusCode::OK);
@@ -1066,7 +1073,7 @@ async fn imap_literal_fetch_and_search_bombs_are_cut(backend: Backend) {
     let cases = [
         ("mail_read", json!({"uid": 5}), "announced a literal of 100000000 bytes"),
         ("mail_read", json!({"uid": 6}), "more than 16 FETCH responses"),
-        ("mail_search", json!({}), "read limit of 4194304 bytes for UID SEARCH"),
+        ("mail_search", json!({}), "read limit of 1048576 bytes for one IMAP line of UID SEARCH"),
     ];
     for (i, (tool, input, expected)) in cases.into_iter().enumerate() {
         let started = std::time::Instant::now();
@@ -1087,9 +1094,7 @@ async fn changed_connection_after_freeze_is_connection_changed(backend: Backend)
     f.check(&id).await;
     f.wait_reason("mail_send", None).await;
     let (run, turn) = f.turn().await;
-    let send = |call: &'static str| {
-        json!({"to": ["bob@example.test"], "subject": format!("frozen {call}"), "body": "approved as shown"})
-    };
+    let send = |call: &'static str| json!({"to": ["bob@example.test"], "subject": format!("frozen {call}"), "body": "approved as shown"});
     // Control: nothing changes between the freeze and the grant; the message arrives.
     let control = f.t.call(&f.token, &run, &turn, "mail_send", "unchanged", send("unchanged")).await;
     assert_eq!(control.status, StatusCode::CREATED, "{control:?}");
@@ -1111,7 +1116,8 @@ async fn changed_connection_after_freeze_is_connection_changed(backend: Backend)
     for (call, patch) in patches {
         let inv = f.t.call(&f.token, &run, &turn, "mail_send", call, send("changed")).await;
         assert_eq!(inv.status, StatusCode::CREATED, "{inv:?}");
-        let r = f.t.request(reqwest::Method::PATCH, &format!("/v1/connections/{id}"), Some(&f.token), Some(patch)).await;
+        let r =
+            f.t.request(reqwest::Method::PATCH, &format!("/v1/connections/{id}"), Some(&f.token), Some(patch)).await;
         assert_eq!(r.status, StatusCode::OK, "{r:?}");
         f.wait_reason("mail_send", None).await;
         assert_eq!(f.grant(&inv.body).await.status, StatusCode::OK);

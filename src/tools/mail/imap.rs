@@ -18,8 +18,8 @@ use tokio::net::TcpStream;
 use super::wire::{self, Budget, Budgeted};
 use super::{IO_TIMEOUT, MailSettings, Secret, TlsMode};
 use crate::connections::Access;
-use crate::net::AddressRule;
 use crate::error::ErrorCode;
+use crate::net::AddressRule;
 use crate::registry::ToolError;
 
 /// A TCP stream, with or without TLS.
@@ -89,10 +89,11 @@ pub const SESSION_BYTES: u64 = 40 * 1024 * 1024;
 /// Most bytes of the answer to one simple command (greeting, `LOGIN`, `EXAMINE`, a `FETCH` of
 /// sizes and flags, `LOGOUT`).
 pub const COMMAND_BYTES: u64 = 1024 * 1024;
-/// Most bytes of the answer to `UID SEARCH` (about half a million UIDs).
-pub const SEARCH_BYTES: u64 = 4 * 1024 * 1024;
+/// Most bytes of the answer to `UID SEARCH` (each of its lines at most
+/// [`wire::IMAP_LINE_BYTES`]).
+pub const SEARCH_BYTES: u64 = 2 * 1024 * 1024;
 /// Most UIDs a `UID SEARCH` answer may hold (after removing duplicates).
-pub const MAX_SEARCH_RESULTS: usize = 500_000;
+pub const MAX_SEARCH_RESULTS: usize = 300_000;
 
 /// A logged-in session and its read [`Budget`] (each command runs in a phase of its own).
 pub struct Imap {

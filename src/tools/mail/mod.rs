@@ -32,7 +32,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::connections::{AddressRule, FINGERPRINT_KEY, Access, CheckReport, ConnectionHub, ConnectionKind, Driver, Opened};
+use crate::connections::{
+    Access, AddressRule, CheckReport, ConnectionHub, ConnectionKind, Driver, FINGERPRINT_KEY, Opened,
+};
 use crate::error::ErrorCode;
 use crate::registry::{Prepared, Registry, RegistryError, ToolError};
 use crate::tools::ToolDeps;
@@ -227,7 +229,9 @@ pub fn refuse_plaintext_settings(settings: &Value) -> Result<(), ToolError> {
         if srv.tls == TlsMode::None {
             return Err(bad(
                 ErrorCode::InvalidField,
-                format!("{which}.tls: none (no encryption) is allowed only on an admin's connection; use tls or starttls"),
+                format!(
+                    "{which}.tls: none (no encryption) is allowed only on an admin's connection; use tls or starttls"
+                ),
             ));
         }
     }
@@ -293,8 +297,7 @@ impl Driver for MailDriver {
             }
         };
         let rule = conn.address_rule;
-        let (read, send) =
-            tokio::join!(imap::check(&settings, &secret, rule), smtp::check(&settings, &secret, rule));
+        let (read, send) = tokio::join!(imap::check(&settings, &secret, rule), smtp::check(&settings, &secret, rule));
         report.account = Some(settings.address.clone());
         report.access.insert(READ.to_owned(), read);
         report.access.insert(SEND.to_owned(), send);

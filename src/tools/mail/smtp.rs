@@ -21,8 +21,8 @@ use super::imap::MailStream;
 use super::wire::{self, Budget, Budgeted};
 use super::{IO_TIMEOUT, MailSettings, Secret, TlsMode};
 use crate::connections::Access;
-use crate::net::AddressRule;
 use crate::error::ErrorCode;
+use crate::net::AddressRule;
 use crate::registry::{ExecContext, ToolError};
 
 /// How long the server may take to answer the message's final `.` (it may scan the message).
@@ -137,7 +137,11 @@ async fn connect_and_auth(
 
 /// Connects to an address `rule` allows (see [`wire::connect`]), says EHLO and
 /// authenticates, within [`super::IO_TIMEOUT`].
-pub async fn login(settings: &MailSettings, secret: &Secret, rule: AddressRule) -> Result<AsyncSmtpConnection, ToolError> {
+pub async fn login(
+    settings: &MailSettings,
+    secret: &Secret,
+    rule: AddressRule,
+) -> Result<AsyncSmtpConnection, ToolError> {
     match tokio::time::timeout(IO_TIMEOUT, connect_and_auth(settings, secret, rule)).await {
         Ok(r) => r,
         Err(_) => Err(unreachable(settings, format!("no answer within {} s", IO_TIMEOUT.as_secs()))),

@@ -125,10 +125,7 @@ impl Budget {
         if phase_left <= session_left {
             (phase_left, Exceeded { what: phase.what.clone(), limit: phase.limit, announced: None })
         } else {
-            (
-                session_left,
-                Exceeded { what: "the whole session".into(), limit: self.0.session_limit, announced: None },
-            )
+            (session_left, Exceeded { what: "the whole session".into(), limit: self.0.session_limit, announced: None })
         }
     }
 
@@ -147,9 +144,16 @@ impl Budget {
     }
 }
 
+/// Most bytes of one IMAP response line outside its literals. async-imap parses a line again
+/// from its start at every read until it is complete, so a long line costs quadratic time:
+/// this bounds it (and a `UID SEARCH` answer, one line, to about 150 000 UIDs).
+pub const IMAP_LINE_BYTES: u64 = 1024 * 1024;
+
 /// Where the IMAP literal watcher is.
 #[derive(Debug, Default)]
 struct Literals {
+    /// Bytes of the current line outside literals.
+    line: u64,
     /// Bytes of a literal still to pass unexamined.
     skip: u64,
     /// The current line's first bytes (to tell a text line from a data line).
@@ -209,6 +213,9 @@ impl Literals {
                     None
                 };
                 self.tail.clear();
+                if announced.is_none() {
+                    self.line = 0;
+                }
                 match announced {
                     Some(n) => {
                         let (left, mut limit) = left();
@@ -219,6 +226,7 @@ impl Literals {
                         }
                         if self.text_line() {
                             self.head.clear();
+                            self.line = 0;
                         } else {
                             // The line goes on after the literal's bytes.
                             self.skip = n;
@@ -227,6 +235,15 @@ impl Literals {
                     None => self.head.clear(),
                 }
                 continue;
+            }
+            self.line += 1;
+            if self.line > IMAP_LINE_BYTES {
+                let (_, limit) = left();
+                return Err(Exceeded {
+                    what: format!("one IMAP line of {}", limit.what),
+                    limit: IMAP_LINE_BYTES,
+                    announced: None,
+                });
             }
             if self.head.len() < HEAD {
                 self.head.push(b);
@@ -393,7 +410,8 @@ mod tests {
         assert!(accepted.is_err(), "nothing connected");
         // The same address under Any connects.
         let s = connect("127.0.0.1", port, AddressRule::Any, unreachable).await.expect("connects");
-        let (_, peer) = tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept()).await.unwrap().unwrap();
+        let (_, peer) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept()).await.unwrap().unwrap();
         assert_eq!(s.local_addr().unwrap(), peer);
     }
 
@@ -450,5 +468,11 @@ mod tests {
         let data = b"* 1 FETCH (BODY[] {2000}\r\n".to_vec();
         let e = read_all(data, Budget::new(1 << 20, "UID FETCH", 100, false), true).await.unwrap_err();
         assert_eq!(exceeded_in(&e).and_then(|x| x.announced), Some(2000));
+        // A line without end is cut at IMAP_LINE_BYTES, within a larger budget.
+        let mut data = b"* SEARCH".to_vec();
+        data.extend(b" 12345".iter().cycle().take(2 << 20));
+        let e = read_all(data, Budget::new(8 << 20, "UID SEARCH", 4 << 20, false), true).await.unwrap_err();
+        let x = exceeded_in(&e).expect("an Exceeded");
+        assert_eq!((x.limit, x.what.as_str()), (IMAP_LINE_BYTES, "one IMAP line of UID SEARCH"));
     }
 }
