@@ -60,10 +60,10 @@ pub fn exceeded_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a E
         if let Some(x) = err.downcast_ref::<Exceeded>() {
             return Some(x);
         }
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if let Some(x) = io.get_ref().and_then(|i| i.downcast_ref::<Exceeded>()) {
-                return Some(x);
-            }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && let Some(x) = io.get_ref().and_then(|i| i.downcast_ref::<Exceeded>())
+        {
+            return Some(x);
         }
         cur = err.source();
     }
@@ -355,16 +355,16 @@ pub async fn resolve(
     unreachable: impl Fn(String) -> ToolError,
 ) -> Result<Vec<SocketAddr>, ToolError> {
     let addrs = crate::net::resolve_host(host, port, AddressRule::Any).await.map_err(|e| unreachable(e.0))?;
-    if rule == AddressRule::PublicOnly {
-        if let Some(a) = addrs.iter().find(|a| crate::net::is_internal(a.ip())) {
-            return Err(ToolError::new(
-                ErrorCode::InternalAddress,
-                format!(
-                    "{host}:{port} is an internal address ({}); only an admin's or a shared connection may reach it",
-                    a.ip()
-                ),
-            ));
-        }
+    if rule == AddressRule::PublicOnly
+        && let Some(a) = addrs.iter().find(|a| crate::net::is_internal(a.ip()))
+    {
+        return Err(ToolError::new(
+            ErrorCode::InternalAddress,
+            format!(
+                "{host}:{port} is an internal address ({}); only an admin's or a shared connection may reach it",
+                a.ip()
+            ),
+        ));
     }
     Ok(addrs)
 }
