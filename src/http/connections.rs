@@ -278,7 +278,8 @@ fn check_object(field: &str, value: &Value) -> Result<()> {
 }
 
 /// Validates `settings` with the kind's driver and, for non-admins, that every address it
-/// reaches is public. Returns the canonical settings.
+/// reaches is public (and, for mail, that it is encrypted: 400 `invalid_field` for `tls:
+/// none`). Returns the canonical settings.
 async fn validated_settings(app: &App, user: &AuthUser, kind: ConnectionKind, settings: Value) -> Result<Value> {
     let driver = app.connections.driver(kind).ok_or_else(|| {
         Error::bad_request(ErrorCode::InvalidRequest, format!("this server has no {} connections", kind.as_str()))
@@ -288,6 +289,9 @@ async fn validated_settings(app: &App, user: &AuthUser, kind: ConnectionKind, se
     let settings = driver.validate_settings(settings)?;
     for url in driver.endpoints(&settings) {
         app.check_fetch_url(user.is_admin, &url).await?;
+    }
+    if kind == ConnectionKind::Mail && !user.is_admin && !app.config.allow_internal_urls {
+        crate::tools::mail::refuse_plaintext_settings(&settings)?;
     }
     Ok(settings)
 }

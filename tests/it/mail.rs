@@ -12,7 +12,10 @@
 //! never retried; a wrong or changed password is `reauth_required` on the ladder; IMAP down
 //! is `connection_unreachable` for the read tools while sending still works; header
 //! injection, malformed addresses and a 100 MB attachment are clear 400s with nothing frozen
-//! or sent.
+//! or sent; hostile loopback servers (an endless SMTP reply line before and after the data, an
+//! IMAP literal of 100 MB, endless FETCH responses, an endless SEARCH line) end each call
+//! within seconds with the limit named; a frozen send whose connection changed before the
+//! grant is `connection_changed` with nothing sent; a non-admin's `tls: none` is refused.
 
 use crate::common;
 
@@ -38,6 +41,11 @@ both_backends!(
     wrong_or_changed_password_is_reauth_required,
     imap_down_is_unreachable_while_sending_works,
     bad_input_is_refused_before_anything_is_stored,
+    smtp_reply_bomb_before_data_is_cut_and_nothing_sent,
+    smtp_reply_bomb_after_data_is_outcome_unknown,
+    imap_literal_fetch_and_search_bombs_are_cut,
+    changed_connection_after_freeze_is_connection_changed,
+    plaintext_mail_is_refused_for_a_non_admin,
 );
 
 const DOMAIN: &str = "example.test";
@@ -362,6 +370,20 @@ impl Fx {
                 &self.token,
                 json!({"kind": "mail", "name": format!("{user} mail"), "settings": self.mail.settings(user),
                        "credential": {"password": password}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        r.body
+    }
+
+    /// Adds a mail connection named `name` with `settings` and `password`; returns its view.
+    async fn connect_with(&self, name: &str, settings: Value, password: &str) -> Value {
+        let r = self
+            .t
+            .post(
+                "/v1/connections",
+                &self.token,
+                json!({"kind": "mail", "name": name, "settings": settings, "credential": {"password": password}}),
             )
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
@@ -866,4 +888,266 @@ async fn bad_input_is_refused_before_anything_is_stored(backend: Backend) {
         .await;
     assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_field"), "{r:?}");
     assert!(!r.body.to_string().contains("A001 LOGOUT"));
+}
+
+/// Most bytes a hostile server in these tests sends (a bomb without the limits would read
+/// them all, then wait for the rest until its 10 s timeout).
+const BOMB_BYTES: usize = 8 * 1024 * 1024;
+
+/// Writes `head`, then up to [`BOMB_BYTES`] of `unit` repeated (no line end), then holds the
+/// connection open without a word.
+async fn bomb(w: &mut tokio::net::tcp::OwnedWriteHalf, head: &[u8], unit: &[u8]) {
+    if w.write_all(head).await.is_err() {
+        return;
+    }
+    let chunk: Vec<u8> = unit.iter().copied().cycle().take(64 * 1024).collect();
+    let mut sent = 0;
+    while sent < BOMB_BYTES {
+        if w.write_all(&chunk).await.is_err() {
+            return;
+        }
+        sent += chunk.len();
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+}
+
+/// An SMTP server that accepts the session (so its check passes) and answers `MAIL FROM`
+/// (or, with `after_data`, the message's final dot) with an endless reply line. Counts the
+/// messages it received.
+async fn bombing_smtp_server(after_data: bool) -> (u16, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let received = Arc::new(AtomicUsize::new(0));
+    let count = received.clone();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let (r, mut w) = sock.into_split();
+                let mut lines = BufReader::new(r).lines();
+                let _ = w.write_all(b"220 bomb.test ESMTP\r\n").await;
+                let mut in_data = false;
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if in_data {
+                        if line == "." {
+                            count.fetch_add(1, Ordering::SeqCst);
+                            return bomb(&mut w, b"250 ", b"queued ").await;
+                        }
+                        continue;
+                    }
+                    let upper = line.to_ascii_uppercase();
+                    let reply: &[u8] = if upper.starts_with("EHLO") {
+                        b"250-bomb.test\r\n250 AUTH PLAIN LOGIN\r\n"
+                    } else if upper.starts_with("AUTH") {
+                        b"235 2.7.0 ok\r\n"
+                    } else if upper.starts_with("MAIL") && !after_data {
+                        return bomb(&mut w, b"250 ", b"ok ").await;
+                    } else if upper.starts_with("DATA") {
+                        in_data = true;
+                        b"354 go on\r\n"
+                    } else if upper.starts_with("QUIT") {
+                        let _ = w.write_all(b"221 bye\r\n").await;
+                        return;
+                    } else {
+                        b"250 ok\r\n"
+                    };
+                    if w.write_all(reply).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, received)
+}
+
+/// Sends through a bombing SMTP server; returns the final invocation, how long the grant took
+/// to end, and the server's count of received messages.
+async fn send_through_bomb(f: &Fx, after_data: bool) -> (Value, Duration, usize) {
+    let (port, received) = bombing_smtp_server(after_data).await;
+    let mut settings = f.mail.settings("alice");
+    settings["smtp"]["port"] = json!(port);
+    let conn = f.connect_with("bombing", settings, "alice-pw").await;
+    let view = f.check(conn["id"].as_str().unwrap()).await;
+    assert_eq!(view["permissions"]["mail.send"]["access"]["state"], "granted", "{view}");
+    f.wait_reason("mail_send", None).await;
+    let (run, turn) = f.turn().await;
+    let inv =
+        f.t.call(
+            &f.token,
+            &run,
+            &turn,
+            "mail_send",
+            "bomb-1",
+            json!({"to": ["bob@example.test"], "subject": "s", "body": "b"}),
+        )
+        .await;
+    assert_eq!(inv.status, StatusCode::CREATED, "{inv:?}");
+    let started = std::time::Instant::now();
+    assert_eq!(f.grant(&inv.body).await.status, StatusCode::OK);
+    let done = f.t.wait_final(&f.token, inv.body["invocation_id"].as_str().unwrap()).await;
+    (done, started.elapsed(), received.load(Ordering::SeqCst))
+}
+
+async fn smtp_reply_bomb_before_data_is_cut_and_nothing_sent(backend: Backend) {
+    let f = fx(backend).await;
+    let (done, took, received) = send_through_bomb(&f, false).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    let error = &done["result"]["error"];
+    assert_eq!(error["code"], "mail_error", "{done}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("read limit of 65536 bytes") && message.contains("nothing was sent"), "{message}");
+    assert!(took < Duration::from_secs(5), "ended within seconds, not at a timeout: {took:?}");
+    assert_eq!(received, 0);
+}
+
+async fn smtp_reply_bomb_after_data_is_outcome_unknown(backend: Backend) {
+    let f = fx(backend).await;
+    let (done, took, received) = send_through_bomb(&f, true).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    let error = &done["result"]["error"];
+    assert_eq!(error["code"], "outcome_unknown", "the message was handed over: {done}");
+    assert!(error["message"].as_str().unwrap().contains("read limit of 65536 bytes"), "{done}");
+    assert!(took < Duration::from_secs(5), "ended within seconds, not at a timeout: {took:?}");
+    assert_eq!(received, 1);
+}
+
+/// An IMAP server that logs in and selects (so its check passes), then: `UID SEARCH` answers
+/// with an endless SEARCH line; `UID FETCH 5 … BODY.PEEK[]` announces a literal of 100 MB and
+/// stops; `UID FETCH 6` answers with endless FETCH responses.
+async fn bombing_imap_server() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (r, mut w) = sock.into_split();
+                let mut lines = BufReader::new(r).lines();
+                let _ = w.write_all(b"* OK [CAPABILITY IMAP4rev1] bomb.test ready\r\n").await;
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let (tag, command) = line.split_once(' ').unwrap_or((line.as_str(), ""));
+                    let upper = command.to_ascii_uppercase();
+                    let reply = if upper.starts_with("LOGIN") {
+                        format!("{tag} OK LOGIN completed\r\n")
+                    } else if upper.starts_with("EXAMINE") {
+                        format!(
+                            "* FLAGS (\\Seen)\r\n* 2 EXISTS\r\n* 0 RECENT\r\n* OK [UIDVALIDITY 1] ok\r\n\
+                             {tag} OK [READ-ONLY] EXAMINE completed\r\n"
+                        )
+                    } else if upper.starts_with("UID SEARCH") {
+                        return bomb(&mut w, b"* SEARCH", b" 12345").await;
+                    } else if upper.starts_with("UID FETCH 5 ") && upper.contains("BODY.PEEK[]") {
+                        let _ = w.write_all(b"* 1 FETCH (UID 5 BODY[]<0> {100000000}\r\n").await;
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        return;
+                    } else if upper.starts_with("UID FETCH 5 ") {
+                        format!("* 1 FETCH (UID 5 RFC822.SIZE 100 FLAGS ())\r\n{tag} OK done\r\n")
+                    } else if upper.starts_with("UID FETCH 6 ") {
+                        return bomb(&mut w, b"", b"* 2 FETCH (UID 6 FLAGS ())\r\n").await;
+                    } else if upper.starts_with("LOGOUT") {
+                        let _ = w.write_all(format!("* BYE\r\n{tag} OK bye\r\n").as_bytes()).await;
+                        return;
+                    } else {
+                        format!("{tag} BAD unknown\r\n")
+                    };
+                    if w.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+async fn imap_literal_fetch_and_search_bombs_are_cut(backend: Backend) {
+    let f = fx(backend).await;
+    let port = bombing_imap_server().await;
+    let mut settings = f.mail.settings("alice");
+    settings["imap"]["port"] = json!(port);
+    let conn = f.connect_with("bombing", settings, "alice-pw").await;
+    let view = f.check(conn["id"].as_str().unwrap()).await;
+    assert_eq!(view["permissions"]["mail.read"]["access"]["state"], "granted", "{view}");
+    f.wait_reason("mail_search", None).await;
+    let (run, turn) = f.turn().await;
+    let cases = [
+        ("mail_read", json!({"uid": 5}), "announced a literal of 100000000 bytes"),
+        ("mail_read", json!({"uid": 6}), "more than 16 FETCH responses"),
+        ("mail_search", json!({}), "read limit of 1048576 bytes for one IMAP line of UID SEARCH"),
+    ];
+    for (i, (tool, input, expected)) in cases.into_iter().enumerate() {
+        let started = std::time::Instant::now();
+        let done = f.run_tool(&run, &turn, tool, &format!("bomb-{i}"), input).await;
+        let took = started.elapsed();
+        assert_eq!(done["status"], "failed", "{tool}: {done}");
+        assert_eq!(done["result"]["error"]["code"], "mail_error", "{tool}: {done}");
+        let message = done["result"]["error"]["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{tool}: {message}");
+        assert!(took < Duration::from_secs(5), "{tool} ended within seconds, not at a timeout: {took:?}");
+    }
+}
+
+async fn changed_connection_after_freeze_is_connection_changed(backend: Backend) {
+    let f = fx(backend).await;
+    let conn = f.connect("alice", "alice-pw").await;
+    let id = conn["id"].as_str().unwrap().to_owned();
+    f.check(&id).await;
+    f.wait_reason("mail_send", None).await;
+    let (run, turn) = f.turn().await;
+    let send = |call: &'static str| json!({"to": ["bob@example.test"], "subject": format!("frozen {call}"), "body": "approved as shown"});
+    // Control: nothing changes between the freeze and the grant; the message arrives.
+    let control = f.t.call(&f.token, &run, &turn, "mail_send", "unchanged", send("unchanged")).await;
+    assert_eq!(control.status, StatusCode::CREATED, "{control:?}");
+    assert!(control.body["input"]["connection_fingerprint"].is_string(), "{control:?}");
+    assert_eq!(f.grant(&control.body).await.status, StatusCode::OK);
+    let done = f.t.wait_final(&f.token, control.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(f.mail.wait_inbox("bob", "bob-pw", 1).await.len(), 1);
+
+    // Frozen, then the credential is replaced (same password, sealed anew) and, for a second
+    // call, a setting changes: the grant ends connection_changed and nothing is sent.
+    // The IMAP port (mail_send does not use IMAP: only the approval binding refuses).
+    let mut moved = f.mail.settings("alice");
+    moved["imap"]["port"] = json!(free_port());
+    let patches = [
+        ("new-credential", json!({"credential": {"password": "alice-pw"}})),
+        ("new-setting", json!({ "settings": moved })),
+    ];
+    for (call, patch) in patches {
+        let inv = f.t.call(&f.token, &run, &turn, "mail_send", call, send("changed")).await;
+        assert_eq!(inv.status, StatusCode::CREATED, "{inv:?}");
+        let r =
+            f.t.request(reqwest::Method::PATCH, &format!("/v1/connections/{id}"), Some(&f.token), Some(patch)).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        f.wait_reason("mail_send", None).await;
+        assert_eq!(f.grant(&inv.body).await.status, StatusCode::OK);
+        let done = f.t.wait_final(&f.token, inv.body["invocation_id"].as_str().unwrap()).await;
+        assert_eq!(done["status"], "failed", "{call}: {done}");
+        assert_eq!(done["result"]["error"]["code"], "connection_changed", "{call}: {done}");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(f.mail.inbox("bob", "bob-pw").await.len(), 1, "only the unchanged call's message arrived");
+}
+
+async fn plaintext_mail_is_refused_for_a_non_admin(backend: Backend) {
+    let mut options = Options::default();
+    options.runtime.allow_internal_urls = false;
+    let f = fx_with(backend, options).await;
+    // A public address (no DNS needed) without encryption: refused before anything is stored.
+    let settings = json!({
+        "imap": {"host": "93.184.216.34", "port": 143, "tls": "none"},
+        "smtp": {"host": "93.184.216.34", "port": 587, "tls": "starttls"},
+        "username": "alice", "address": format!("alice@{DOMAIN}"),
+    });
+    let r =
+        f.t.post(
+            "/v1/connections",
+            &f.token,
+            json!({"kind": "mail", "name": "clear", "settings": settings, "credential": {"password": "alice-pw"}}),
+        )
+        .await;
+    assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_field"), "{r:?}");
+    assert!(r.body.to_string().contains("imap.tls"), "{r:?}");
+    let list = f.t.get("/v1/connections", &f.token).await;
+    assert!(!list.body.to_string().contains("\"clear\""), "nothing stored: {list:?}");
 }

@@ -15,9 +15,11 @@ use futures::TryStreamExt;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::wire::{self, Budget, Budgeted};
 use super::{IO_TIMEOUT, MailSettings, Secret, TlsMode};
 use crate::connections::Access;
 use crate::error::ErrorCode;
+use crate::net::AddressRule;
 use crate::registry::ToolError;
 
 /// A TCP stream, with or without TLS.
@@ -69,8 +71,35 @@ impl AsyncWrite for MailStream {
     }
 }
 
-/// A logged-in IMAP session.
-pub type Session = async_imap::Session<MailStream>;
+impl MailStream {
+    /// The peer's address.
+    pub fn peer_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        match self {
+            MailStream::Plain(s) => s.peer_addr(),
+            MailStream::Tls(s) => s.get_ref().0.peer_addr(),
+        }
+    }
+}
+
+/// A logged-in IMAP session over a [`Budgeted`] stream.
+pub type Session = async_imap::Session<Budgeted<MailStream>>;
+
+/// Most bytes one IMAP session may read in all.
+pub const SESSION_BYTES: u64 = 40 * 1024 * 1024;
+/// Most bytes of the answer to one simple command (greeting, `LOGIN`, `EXAMINE`, a `FETCH` of
+/// sizes and flags, `LOGOUT`).
+pub const COMMAND_BYTES: u64 = 1024 * 1024;
+/// Most bytes of the answer to `UID SEARCH` (each of its lines at most
+/// [`wire::IMAP_LINE_BYTES`]).
+pub const SEARCH_BYTES: u64 = 2 * 1024 * 1024;
+/// Most UIDs a `UID SEARCH` answer may hold (after removing duplicates).
+pub const MAX_SEARCH_RESULTS: usize = 300_000;
+
+/// A logged-in session and its read [`Budget`] (each command runs in a phase of its own).
+pub struct Imap {
+    session: Session,
+    budget: Budget,
+}
 
 fn unreachable(settings: &MailSettings, why: impl std::fmt::Display) -> ToolError {
     ToolError::new(
@@ -126,29 +155,40 @@ impl async_imap::Authenticator for XOAuth2 {
     }
 }
 
-async fn connect_and_login(settings: &MailSettings, secret: &Secret) -> Result<Session, ToolError> {
+/// An IO error as a tool error: a spent read budget is `mail_error` naming the limit, any other
+/// `connection_unreachable`.
+fn io_error(settings: &MailSettings, what: &str, e: &std::io::Error) -> ToolError {
+    match wire::exceeded_in(e) {
+        Some(x) => ToolError::new(ErrorCode::MailError, format!("IMAP {what} stopped: {x}"))
+            .with_details(serde_json::json!({"limit_bytes": x.limit, "announced_bytes": x.announced})),
+        None => unreachable(settings, e),
+    }
+}
+
+async fn connect_and_login(settings: &MailSettings, secret: &Secret, rule: AddressRule) -> Result<Imap, ToolError> {
     crate::net::install_tls_provider();
-    let addr = (settings.imap.host.as_str(), settings.imap.port);
-    let tcp = TcpStream::connect(addr).await.map_err(|e| unreachable(settings, e))?;
+    wire::refuse_plaintext("imap", settings.imap.tls, rule)?;
+    let tcp = wire::connect(&settings.imap.host, settings.imap.port, rule, |why| unreachable(settings, why)).await?;
     let stream = match settings.imap.tls {
         TlsMode::Tls => tls_wrap(settings, tcp).await?,
         TlsMode::None | TlsMode::Starttls => MailStream::Plain(tcp),
     };
-    let mut client = async_imap::Client::new(stream);
+    let budget = Budget::new(SESSION_BYTES, "the greeting and login", COMMAND_BYTES, false);
+    let mut client = async_imap::Client::new(Budgeted::new(stream, budget.clone(), true));
     match client.read_response().await {
         Ok(Some(_greeting)) => {}
         Ok(None) => return Err(unreachable(settings, "the server closed the connection before its greeting")),
-        Err(e) => return Err(unreachable(settings, e)),
+        Err(e) => return Err(io_error(settings, "greeting", &e)),
     }
     if settings.imap.tls == TlsMode::Starttls {
         client
             .run_command_and_check_ok("STARTTLS", None)
             .await
             .map_err(|e| unreachable(settings, format!("STARTTLS refused: {e}")))?;
-        let MailStream::Plain(tcp) = client.into_inner() else {
+        let (MailStream::Plain(tcp), budget) = client.into_inner().into_parts() else {
             return Err(unreachable(settings, "STARTTLS on a TLS stream"));
         };
-        client = async_imap::Client::new(tls_wrap(settings, tcp).await?);
+        client = async_imap::Client::new(Budgeted::new(tls_wrap(settings, tcp).await?, budget, true));
     }
     let login = match secret {
         Secret::Password(p) => client.login(&settings.username, p).await,
@@ -157,32 +197,34 @@ async fn connect_and_login(settings: &MailSettings, secret: &Secret) -> Result<S
             client.authenticate("XOAUTH2", auth).await
         }
     };
-    login.map_err(|(e, _)| match e {
+    let session = login.map_err(|(e, _)| match e {
         async_imap::error::Error::No(text) | async_imap::error::Error::Bad(text) => ToolError::new(
             ErrorCode::ReauthRequired,
             format!("the IMAP server refused the login of {}: {}", settings.username, server_text(&text)),
         ),
-        async_imap::error::Error::Io(e) => unreachable(settings, e),
+        async_imap::error::Error::Io(e) => io_error(settings, "login", &e),
         async_imap::error::Error::ConnectionLost => unreachable(settings, "the connection was lost during login"),
         other => {
             ToolError::new(ErrorCode::MailError, format!("IMAP login failed: {}", server_text(&other.to_string())))
         }
-    })
+    })?;
+    Ok(Imap { session, budget })
 }
 
-/// Connects and logs in, within [`IO_TIMEOUT`].
-pub async fn login(settings: &MailSettings, secret: &Secret) -> Result<Session, ToolError> {
-    match tokio::time::timeout(IO_TIMEOUT, connect_and_login(settings, secret)).await {
+/// Connects to an address `rule` allows (see [`wire::connect`]) and logs in, within
+/// [`IO_TIMEOUT`].
+pub async fn login(settings: &MailSettings, secret: &Secret, rule: AddressRule) -> Result<Imap, ToolError> {
+    match tokio::time::timeout(IO_TIMEOUT, connect_and_login(settings, secret, rule)).await {
         Ok(r) => r,
         Err(_) => Err(unreachable(settings, format!("no answer within {} s", IO_TIMEOUT.as_secs()))),
     }
 }
 
 /// The `mail.read` state: a login round trip.
-pub async fn check(settings: &MailSettings, secret: &Secret) -> Access {
-    match login(settings, secret).await {
-        Ok(mut session) => {
-            let _ = tokio::time::timeout(IO_TIMEOUT, session.logout()).await;
+pub async fn check(settings: &MailSettings, secret: &Secret, rule: AddressRule) -> Access {
+    match login(settings, secret, rule).await {
+        Ok(imap) => {
+            logout(imap).await;
             Access::Granted
         }
         Err(e) => super::access_of(&e).unwrap_or(Access::Unknown { message: e.message }),
@@ -192,7 +234,7 @@ pub async fn check(settings: &MailSettings, secret: &Secret) -> Access {
 /// A command's error as a tool error.
 pub fn command_error(settings: &MailSettings, what: &str, e: async_imap::error::Error) -> ToolError {
     match e {
-        async_imap::error::Error::Io(e) => unreachable(settings, e),
+        async_imap::error::Error::Io(e) => io_error(settings, what, &e),
         async_imap::error::Error::ConnectionLost => {
             unreachable(settings, format!("the connection was lost during {what}"))
         }
@@ -270,42 +312,81 @@ pub fn mailbox_name(name: &str) -> Result<String, ToolError> {
 }
 
 /// Selects `folder` read-only (`EXAMINE`).
-pub async fn examine(settings: &MailSettings, session: &mut Session, folder: &str) -> Result<(), ToolError> {
+pub async fn examine(settings: &MailSettings, imap: &mut Imap, folder: &str) -> Result<(), ToolError> {
     let name = mailbox_name(folder)?;
+    imap.budget.phase("EXAMINE", COMMAND_BYTES);
     timed("EXAMINE", async {
-        session.examine(&name).await.map(|_| ()).map_err(|e| command_error(settings, "EXAMINE", e))
+        imap.session.examine(&name).await.map(|_| ()).map_err(|e| command_error(settings, "EXAMINE", e))
     })
     .await
 }
 
-/// `UID SEARCH <criteria>`: the matching UIDs, ascending.
-pub async fn uid_search(settings: &MailSettings, session: &mut Session, criteria: &str) -> Result<Vec<u32>, ToolError> {
+/// `UID SEARCH <criteria>`: the matching UIDs, ascending. The answer may be at most
+/// [`SEARCH_BYTES`] long and hold at most [`MAX_SEARCH_RESULTS`] UIDs (`mail_error` beyond).
+pub async fn uid_search(settings: &MailSettings, imap: &mut Imap, criteria: &str) -> Result<Vec<u32>, ToolError> {
+    imap.budget.phase("UID SEARCH", SEARCH_BYTES);
     let uids = timed("UID SEARCH", async {
-        session.uid_search(criteria).await.map_err(|e| command_error(settings, "UID SEARCH", e))
+        imap.session.uid_search(criteria).await.map_err(|e| command_error(settings, "UID SEARCH", e))
     })
     .await?;
+    if uids.len() > MAX_SEARCH_RESULTS {
+        return Err(ToolError::new(
+            ErrorCode::MailError,
+            format!(
+                "the IMAP server answered UID SEARCH with {} UIDs, more than the limit of {MAX_SEARCH_RESULTS}; narrow the search",
+                uids.len()
+            ),
+        ));
+    }
     let mut uids: Vec<u32> = uids.into_iter().collect();
     uids.sort_unstable();
     Ok(uids)
 }
 
-/// `UID FETCH <set> <items>`: every answer.
+/// `UID FETCH <set> <items>`: every answer, within `max_bytes` read and at most
+/// `max_responses` FETCH responses (`mail_error` beyond: a server sending endless responses).
 pub async fn uid_fetch(
     settings: &MailSettings,
-    session: &mut Session,
+    imap: &mut Imap,
     set: &str,
     items: &str,
+    max_bytes: u64,
+    max_responses: usize,
 ) -> Result<Vec<async_imap::types::Fetch>, ToolError> {
+    imap.budget.phase("UID FETCH", max_bytes);
     timed("UID FETCH", async {
-        let stream = session.uid_fetch(set, items).await.map_err(|e| command_error(settings, "UID FETCH", e))?;
-        stream.try_collect::<Vec<_>>().await.map_err(|e| command_error(settings, "UID FETCH", e))
+        let mut stream =
+            imap.session.uid_fetch(set, items).await.map_err(|e| command_error(settings, "UID FETCH", e))?;
+        let mut out = Vec::new();
+        while let Some(fetch) = stream.try_next().await.map_err(|e| command_error(settings, "UID FETCH", e))? {
+            if out.len() == max_responses {
+                return Err(ToolError::new(
+                    ErrorCode::MailError,
+                    format!("the IMAP server sent more than {max_responses} FETCH responses to one UID FETCH"),
+                ));
+            }
+            out.push(fetch);
+        }
+        Ok(out)
     })
     .await
 }
 
+/// Ends a session after `result`: logs out when the session is still sane (a result, or a
+/// refusal such as `not_found`); after a broken connection, a spent read limit or a timeout
+/// (`mail_error`, `connection_unreachable`) it only drops the connection, as the server
+/// may be sending still or not listening at all.
+pub async fn finish<T>(imap: Imap, result: &Result<T, ToolError>) {
+    match result {
+        Err(e) if e.code == ErrorCode::MailError || e.code == ErrorCode::ConnectionUnreachable => drop(imap),
+        _ => logout(imap).await,
+    }
+}
+
 /// Logs out, ignoring errors (the answer is already in hand).
-pub async fn logout(mut session: Session) {
-    let _ = tokio::time::timeout(IO_TIMEOUT, session.logout()).await;
+pub async fn logout(mut imap: Imap) {
+    imap.budget.phase("LOGOUT", COMMAND_BYTES);
+    let _ = tokio::time::timeout(IO_TIMEOUT, imap.session.logout()).await;
 }
 
 #[cfg(test)]

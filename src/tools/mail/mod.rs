@@ -23,6 +23,7 @@ pub mod read;
 pub mod search;
 pub mod send;
 pub mod smtp;
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +32,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::connections::{Access, CheckReport, ConnectionHub, ConnectionKind, Driver, FINGERPRINT_KEY, Opened};
+use crate::connections::{
+    Access, AddressRule, CheckReport, ConnectionHub, ConnectionKind, Driver, FINGERPRINT_KEY, Opened,
+};
 use crate::error::ErrorCode;
 use crate::registry::{Prepared, Registry, RegistryError, ToolError};
 use crate::tools::ToolDeps;
@@ -216,6 +219,25 @@ impl Secret {
     }
 }
 
+/// 400 `invalid_field` when validated mail `settings` use `tls: none` on either server: a
+/// non-admin's connection (outside `--allow-internal-urls` deployments) must be encrypted,
+/// or its password would cross the network in clear. Calls refuse it again at connect time
+/// ([`wire::refuse_plaintext`]).
+pub fn refuse_plaintext_settings(settings: &Value) -> Result<(), ToolError> {
+    let s = MailSettings::parse(settings.clone())?;
+    for (which, srv) in [("imap", &s.imap), ("smtp", &s.smtp)] {
+        if srv.tls == TlsMode::None {
+            return Err(bad(
+                ErrorCode::InvalidField,
+                format!(
+                    "{which}.tls: none (no encryption) is allowed only on an admin's connection; use tls or starttls"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The SASL XOAUTH2 initial response (`user=…^Aauth=Bearer …^A^A`), unencoded.
 pub(crate) fn xoauth2(user: &str, token: &str) -> String {
     format!("user={user}\x01auth=Bearer {token}\x01\x01")
@@ -274,7 +296,8 @@ impl Driver for MailDriver {
                 return report;
             }
         };
-        let (read, send) = tokio::join!(imap::check(&settings, &secret), smtp::check(&settings, &secret));
+        let rule = conn.address_rule;
+        let (read, send) = tokio::join!(imap::check(&settings, &secret, rule), smtp::check(&settings, &secret, rule));
         report.account = Some(settings.address.clone());
         report.access.insert(READ.to_owned(), read);
         report.access.insert(SEND.to_owned(), send);
@@ -283,11 +306,14 @@ impl Driver for MailDriver {
 }
 
 /// The [`Access`] a failed call teaches about its permission, if any: a refused login is
-/// `reauth_required`, a server that cannot be reached `connection_unreachable`.
+/// `reauth_required`; a server that cannot be reached, or may not be (an internal address or
+/// plaintext under the public-only rule, see [`wire`]), `connection_unreachable`.
 pub(crate) fn access_of(e: &ToolError) -> Option<Access> {
     match e.code {
         ErrorCode::ReauthRequired => Some(Access::ReauthRequired { message: e.message.clone() }),
-        ErrorCode::ConnectionUnreachable => Some(Access::Unreachable { message: e.message.clone() }),
+        ErrorCode::ConnectionUnreachable | ErrorCode::InternalAddress | ErrorCode::Forbidden => {
+            Some(Access::Unreachable { message: e.message.clone() })
+        }
         _ => None,
     }
 }
@@ -351,15 +377,15 @@ impl Mailbox {
     }
 
     /// Opens connection `id` for a frozen call of `owner_id` (still the one it was frozen
-    /// with, `fingerprint`): its settings and credential.
+    /// with, `fingerprint`): its settings, credential and the addresses it may reach.
     pub(crate) fn open(
         &self,
         owner_id: &str,
         id: &str,
         fingerprint: Option<&str>,
-    ) -> Result<(MailSettings, Secret), ToolError> {
+    ) -> Result<(MailSettings, Secret, AddressRule), ToolError> {
         let conn = self.hub.open_frozen(owner_id, id, fingerprint, ConnectionKind::Mail, READ)?;
-        Ok((MailSettings::of(&conn)?, Secret::of(&conn)?))
+        Ok((MailSettings::of(&conn)?, Secret::of(&conn)?, conn.address_rule))
     }
 
     /// Records what a failed call on connection `id` learned about its IMAP side.

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::search::header_summary;
 use super::{MailSettings, Mailbox, Secret, imap};
 use crate::availability::{Availability, AvailabilityContext};
+use crate::connections::AddressRule;
 use crate::error::ErrorCode;
 use crate::evidence::{EvidenceDraft, sha256_hex};
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
@@ -22,6 +23,9 @@ use crate::tools::input;
 pub const ID: &str = "mail_read";
 /// Largest message read, in bytes (`RFC822.SIZE`).
 pub const MAX_MESSAGE_BYTES: u32 = 25 * 1024 * 1024;
+/// Most FETCH responses one `UID FETCH` of `mail_read` may bring (one is expected; a server
+/// may add a few unsolicited ones).
+pub const MAX_FETCH_RESPONSES: usize = 16;
 /// Largest attachment returned, in bytes (before base64).
 pub const MAX_ATTACHMENT_OUT: usize = 1024 * 1024;
 /// Default and largest text returned, in characters.
@@ -141,13 +145,13 @@ impl Tool for MailRead {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
-        let (settings, secret) =
+        let (settings, secret, rule) =
             self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
-        let raw = fetch(&settings, &secret, &f).await;
+        let raw = fetch(&settings, &secret, rule, &f).await;
         if let Err(e) = &raw {
             self.mailbox.note(&f.connection_id, e);
         }
-        let (raw, flags) = raw?;
+        let (raw, flags, message_truncated) = raw?;
         let msg = mail_parser::MessageParser::default().parse(&raw).ok_or_else(|| {
             ToolError::new(ErrorCode::MailError, format!("message {} does not parse as RFC 5322", f.uid))
         })?;
@@ -241,6 +245,7 @@ impl Tool for MailRead {
         out["uid"] = json!(f.uid);
         out["flags"] = json!(flags);
         out["size"] = json!(raw.len());
+        out["message_truncated"] = json!(message_truncated);
         out["in_reply_to"] = json!(in_reply_to);
         out["references"] = json!(references);
         out["text"] = json!(text_out);
@@ -252,12 +257,27 @@ impl Tool for MailRead {
     }
 }
 
-async fn fetch(settings: &MailSettings, secret: &Secret, f: &Frozen) -> Result<(Vec<u8>, Vec<String>), ToolError> {
-    let mut session = imap::login(settings, secret).await?;
+/// Reads message `f.uid`: its bytes (at most [`MAX_MESSAGE_BYTES`]: only that prefix is
+/// fetched, `BODY.PEEK[]<0.N>`), its flags, and whether the server had more than the prefix.
+async fn fetch(
+    settings: &MailSettings,
+    secret: &Secret,
+    rule: AddressRule,
+    f: &Frozen,
+) -> Result<(Vec<u8>, Vec<String>, bool), ToolError> {
+    let mut session = imap::login(settings, secret, rule).await?;
     let result = async {
         imap::examine(settings, &mut session, &f.folder).await?;
         let uid = f.uid.to_string();
-        let sized = imap::uid_fetch(settings, &mut session, &uid, "(UID RFC822.SIZE FLAGS)").await?;
+        let sized = imap::uid_fetch(
+            settings,
+            &mut session,
+            &uid,
+            "(UID RFC822.SIZE FLAGS)",
+            imap::COMMAND_BYTES,
+            MAX_FETCH_RESPONSES,
+        )
+        .await?;
         let Some(first) = sized.iter().find(|fe| fe.uid == Some(f.uid)) else {
             return Err(ToolError::new(ErrorCode::NotFound, format!("no message with UID {} in {}", f.uid, f.folder)));
         };
@@ -269,7 +289,17 @@ async fn fetch(settings: &MailSettings, secret: &Secret, f: &Frozen) -> Result<(
             ));
         }
         let flags: Vec<String> = first.flags().map(|fl| format!("{fl:?}")).collect();
-        let full = imap::uid_fetch(settings, &mut session, &uid, "(UID BODY.PEEK[])").await?;
+        // Only the first MAX_MESSAGE_BYTES, whatever size the server claimed.
+        let items = format!("(UID BODY.PEEK[]<0.{MAX_MESSAGE_BYTES}>)");
+        let full = imap::uid_fetch(
+            settings,
+            &mut session,
+            &uid,
+            &items,
+            u64::from(MAX_MESSAGE_BYTES) + imap::COMMAND_BYTES,
+            MAX_FETCH_RESPONSES,
+        )
+        .await?;
         let body = full
             .iter()
             .find(|fe| fe.uid == Some(f.uid))
@@ -281,9 +311,12 @@ async fn fetch(settings: &MailSettings, secret: &Secret, f: &Frozen) -> Result<(
                 format!("message {} is larger than {MAX_MESSAGE_BYTES} bytes", f.uid),
             ));
         }
-        Ok((body.to_vec(), flags))
+        // A full prefix means the server may hold more than was read (it claimed a smaller
+        // size, or the message changed): the output says the message was cut.
+        let truncated = body.len() == MAX_MESSAGE_BYTES as usize;
+        Ok((body.to_vec(), flags, truncated))
     }
     .await;
-    imap::logout(session).await;
+    imap::finish(session, &result).await;
     result
 }

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::{MailSettings, Mailbox, Secret, imap};
 use crate::availability::{Availability, AvailabilityContext};
+use crate::connections::AddressRule;
 use crate::error::ErrorCode;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{ExecContext, PrepareContext, Prepared, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
@@ -19,6 +20,8 @@ pub const ID: &str = "mail_search";
 pub const DEFAULT_LIMIT: u64 = 20;
 /// Largest `limit`.
 pub const MAX_LIMIT: u64 = 100;
+/// Most bytes of the answer to the `UID FETCH` of the hits' headers (at most [`MAX_LIMIT`]).
+pub const HEADERS_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The input of `mail_search`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -205,9 +208,9 @@ impl Tool for MailSearch {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
-        let (settings, secret) =
+        let (settings, secret, rule) =
             self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
-        let result = run(&settings, &secret, &f).await;
+        let result = run(&settings, &secret, rule, &f).await;
         if let Err(e) = &result {
             self.mailbox.note(&f.connection_id, e);
         }
@@ -254,9 +257,14 @@ impl Tool for MailSearch {
     }
 }
 
-async fn run(settings: &MailSettings, secret: &Secret, f: &Frozen) -> Result<(usize, Vec<Value>), ToolError> {
+async fn run(
+    settings: &MailSettings,
+    secret: &Secret,
+    rule: AddressRule,
+    f: &Frozen,
+) -> Result<(usize, Vec<Value>), ToolError> {
     let criteria = criteria(f)?;
-    let mut session = imap::login(settings, secret).await?;
+    let mut session = imap::login(settings, secret, rule).await?;
     let result = async {
         imap::examine(settings, &mut session, &f.folder).await?;
         let uids = imap::uid_search(settings, &mut session, &criteria).await?;
@@ -267,8 +275,15 @@ async fn run(settings: &MailSettings, secret: &Secret, f: &Frozen) -> Result<(us
             return Ok((total, Vec::new()));
         }
         let set = newest.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-        let fetches =
-            imap::uid_fetch(settings, &mut session, &set, "(UID RFC822.SIZE FLAGS BODY.PEEK[HEADER])").await?;
+        let fetches = imap::uid_fetch(
+            settings,
+            &mut session,
+            &set,
+            "(UID RFC822.SIZE FLAGS BODY.PEEK[HEADER])",
+            HEADERS_BYTES,
+            newest.len() + 16,
+        )
+        .await?;
         let parser = mail_parser::MessageParser::default();
         let mut messages: Vec<Value> = fetches
             .iter()
@@ -286,7 +301,7 @@ async fn run(settings: &MailSettings, secret: &Secret, f: &Frozen) -> Result<(us
         Ok((total, messages))
     }
     .await;
-    imap::logout(session).await;
+    imap::finish(session, &result).await;
     result
 }
 

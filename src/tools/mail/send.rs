@@ -281,7 +281,7 @@ impl Tool for MailSend {
             }
             e
         };
-        let session = match smtp::login(&settings, &secret).await {
+        let session = match smtp::login(&settings, &secret, conn.address_rule).await {
             Ok(s) => s,
             Err(e) => {
                 if let Some(access) = super::access_of(&e) {

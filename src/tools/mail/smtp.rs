@@ -13,17 +13,32 @@
 use std::time::Duration;
 
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
-use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, AsyncTokioStream, TlsParameters};
 use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
 use lettre::transport::smtp::extension::ClientId;
 
+use super::imap::MailStream;
+use super::wire::{self, Budget, Budgeted};
 use super::{IO_TIMEOUT, MailSettings, Secret, TlsMode};
 use crate::connections::Access;
 use crate::error::ErrorCode;
+use crate::net::AddressRule;
 use crate::registry::{ExecContext, ToolError};
 
 /// How long the server may take to answer the message's final `.` (it may scan the message).
 pub const DATA_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest the commands before the message (`MAIL`, every `RCPT`, `DATA`) may take together.
+pub const ENVELOPE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most bytes of one SMTP reply (lettre reads a reply line without a bound of its own).
+pub const REPLY_BYTES: u64 = 64 * 1024;
+/// Most bytes one SMTP session may read in all.
+pub const SESSION_BYTES: u64 = 2 * 1024 * 1024;
+
+impl AsyncTokioStream for Budgeted<MailStream> {
+    fn peer_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.get_ref().peer_addr()
+    }
+}
 
 fn unreachable(settings: &MailSettings, why: impl std::fmt::Display) -> ToolError {
     ToolError::new(
@@ -36,6 +51,11 @@ fn text(e: &lettre::transport::smtp::Error) -> String {
     super::imap::server_text(&e.to_string())
 }
 
+/// The read limit `e` met, if any (a hostile or broken server: `mail_error`).
+fn exceeded(e: &lettre::transport::smtp::Error) -> Option<String> {
+    wire::exceeded_in(e).map(|x| format!("the SMTP server's answer was cut: {x}"))
+}
+
 fn hello(settings: &MailSettings) -> ClientId {
     ClientId::Domain(settings.address.rsplit_once('@').map_or("localhost", |(_, d)| d).to_owned())
 }
@@ -46,22 +66,45 @@ fn tls_parameters(settings: &MailSettings) -> Result<TlsParameters, ToolError> {
         .map_err(|e| unreachable(settings, format!("TLS set-up: {}", text(&e))))
 }
 
-async fn connect_and_auth(settings: &MailSettings, secret: &Secret) -> Result<AsyncSmtpConnection, ToolError> {
+async fn connect_and_auth(
+    settings: &MailSettings,
+    secret: &Secret,
+    rule: AddressRule,
+) -> Result<AsyncSmtpConnection, ToolError> {
     crate::net::install_tls_provider();
+    wire::refuse_plaintext("smtp", settings.smtp.tls, rule)?;
     let hello = hello(settings);
-    let addr = (settings.smtp.host.as_str(), settings.smtp.port);
-    let implicit = if settings.smtp.tls == TlsMode::Tls { Some(tls_parameters(settings)?) } else { None };
-    let mut conn = AsyncSmtpConnection::connect_tokio1(addr, Some(IO_TIMEOUT), &hello, implicit, None)
+    let tcp = wire::connect(&settings.smtp.host, settings.smtp.port, rule, |why| unreachable(settings, why)).await?;
+    let stream = match settings.smtp.tls {
+        TlsMode::Tls => {
+            let config = super::imap::tls_config().map_err(|e| unreachable(settings, format!("TLS set-up: {e}")))?;
+            let name = rustls::pki_types::ServerName::try_from(settings.smtp.host.clone())
+                .map_err(|e| unreachable(settings, format!("bad server name: {e}")))?;
+            let tls = tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
+                .await
+                .map_err(|e| unreachable(settings, format!("TLS handshake: {e}")))?;
+            MailStream::Tls(Box::new(tls))
+        }
+        TlsMode::None | TlsMode::Starttls => MailStream::Plain(tcp),
+    };
+    // Every reply within REPLY_BYTES (a write starts the next), the session within SESSION_BYTES.
+    let budget = Budget::new(SESSION_BYTES, "one SMTP reply", REPLY_BYTES, true);
+    let mut conn = AsyncSmtpConnection::connect_with_transport(Box::new(Budgeted::new(stream, budget, false)), &hello)
         .await
-        .map_err(|e| unreachable(settings, text(&e)))?;
+        .map_err(|e| match exceeded(&e) {
+            Some(m) => ToolError::new(ErrorCode::MailError, m),
+            None => unreachable(settings, text(&e)),
+        })?;
     if settings.smtp.tls == TlsMode::Starttls {
         if !conn.can_starttls() {
-            conn.abort().await;
+            abort(&mut conn).await;
             return Err(unreachable(settings, "the server does not offer STARTTLS (tls: starttls)"));
         }
-        conn.starttls(tls_parameters(settings)?, &hello)
-            .await
-            .map_err(|e| unreachable(settings, format!("STARTTLS: {}", text(&e))))?;
+        conn.starttls(tls_parameters(settings)?, &hello).await.map_err(|e| match exceeded(&e) {
+            Some(m) => ToolError::new(ErrorCode::MailError, m),
+            None => unreachable(settings, format!("STARTTLS: {}", text(&e))),
+        })?;
     }
     let (credentials, mechanisms) = match secret {
         Secret::Password(p) => {
@@ -70,8 +113,10 @@ async fn connect_and_auth(settings: &MailSettings, secret: &Secret) -> Result<As
         Secret::OAuthToken(t) => (Credentials::new(settings.username.clone(), t.clone()), vec![Mechanism::Xoauth2]),
     };
     if let Err(e) = conn.auth(&mechanisms, &credentials).await {
-        conn.abort().await;
-        return Err(if e.is_permanent() {
+        abort(&mut conn).await;
+        return Err(if let Some(m) = exceeded(&e) {
+            ToolError::new(ErrorCode::MailError, m)
+        } else if e.is_permanent() {
             ToolError::new(
                 ErrorCode::ReauthRequired,
                 format!("the SMTP server refused the login of {}: {}", settings.username, text(&e)),
@@ -90,23 +135,34 @@ async fn connect_and_auth(settings: &MailSettings, secret: &Secret) -> Result<As
     Ok(conn)
 }
 
-/// Connects, says EHLO and authenticates, within [`super::IO_TIMEOUT`].
-pub async fn login(settings: &MailSettings, secret: &Secret) -> Result<AsyncSmtpConnection, ToolError> {
-    match tokio::time::timeout(IO_TIMEOUT, connect_and_auth(settings, secret)).await {
+/// Connects to an address `rule` allows (see [`wire::connect`]), says EHLO and
+/// authenticates, within [`super::IO_TIMEOUT`].
+pub async fn login(
+    settings: &MailSettings,
+    secret: &Secret,
+    rule: AddressRule,
+) -> Result<AsyncSmtpConnection, ToolError> {
+    match tokio::time::timeout(IO_TIMEOUT, connect_and_auth(settings, secret, rule)).await {
         Ok(r) => r,
         Err(_) => Err(unreachable(settings, format!("no answer within {} s", IO_TIMEOUT.as_secs()))),
     }
 }
 
 /// The `mail.send` state: connect, EHLO, AUTH, QUIT.
-pub async fn check(settings: &MailSettings, secret: &Secret) -> Access {
-    match login(settings, secret).await {
+pub async fn check(settings: &MailSettings, secret: &Secret, rule: AddressRule) -> Access {
+    match login(settings, secret, rule).await {
         Ok(mut conn) => {
             let _ = tokio::time::timeout(IO_TIMEOUT, conn.quit()).await;
             Access::Granted
         }
         Err(e) => super::access_of(&e).unwrap_or(Access::Unknown { message: e.message }),
     }
+}
+
+/// Ends the session (QUIT when it is still sane), within [`IO_TIMEOUT`]: a server that does
+/// not answer QUIT does not hold the call.
+async fn abort(conn: &mut AsyncSmtpConnection) {
+    let _ = tokio::time::timeout(IO_TIMEOUT, conn.abort()).await;
 }
 
 /// How a send ended.
@@ -129,6 +185,10 @@ async fn step<T>(
 ) -> Result<T, ToolError> {
     match tokio::time::timeout(IO_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) if exceeded(&e).is_some() => Err(ToolError::new(
+            ErrorCode::MailError,
+            format!("SMTP {what} failed: {}; nothing was sent", exceeded(&e).unwrap_or_default()),
+        )),
         Ok(Err(e)) if e.is_permanent() || e.is_transient() => Err(ToolError::new(
             ErrorCode::MailRejected,
             format!("the SMTP server refused {what}: {}; nothing was sent", text(&e)),
@@ -166,13 +226,22 @@ pub async fn send(
         step("DATA", conn.command(Data)).await?;
         Ok::<(), ToolError>(())
     };
-    if let Err(e) = before.await {
-        conn.abort().await;
+    let before = tokio::time::timeout(ENVELOPE_TIMEOUT, before).await.unwrap_or_else(|_| {
+        Err(ToolError::new(
+            ErrorCode::MailError,
+            format!(
+                "the SMTP server did not accept the envelope (MAIL, RCPT, DATA) within {} s; nothing was sent",
+                ENVELOPE_TIMEOUT.as_secs()
+            ),
+        ))
+    });
+    if let Err(e) = before {
+        abort(&mut conn).await;
         return Outcome::NotSent(e);
     }
     // The commit point: from the first byte of the message on, the server may deliver it.
     if let Err(stop) = ctx.commit() {
-        conn.abort().await;
+        abort(&mut conn).await;
         return Outcome::NotSent(stop);
     }
     // lettre ends the data with CRLF "." CRLF itself: the message's own final CRLF is that
@@ -184,8 +253,8 @@ pub async fn send(
             let _ = tokio::time::timeout(IO_TIMEOUT, conn.quit()).await;
             Outcome::Sent { reply: super::imap::server_text(&reply) }
         }
-        Ok(Err(e)) if e.is_permanent() || e.is_transient() => {
-            conn.abort().await;
+        Ok(Err(e)) if exceeded(&e).is_none() && (e.is_permanent() || e.is_transient()) => {
+            abort(&mut conn).await;
             Outcome::NotSent(ToolError::new(
                 ErrorCode::MailRejected,
                 format!("the SMTP server refused the message: {}; nothing was sent", text(&e)),
