@@ -31,8 +31,8 @@ impl std::fmt::Display for PrivateAddress {
     }
 }
 
-/// A [`PublicResolver`] refusal is this type boxed as the resolver's error (other resolvers may
-/// wrap it in an `io::Error`), so a caller can tell it from other connection failures.
+/// A [`PublicResolver`] refusal is an `io::Error` (kind `PermissionDenied`) wrapping this type,
+/// so a caller can tell it from other connection failures ([`refused_address`]).
 impl std::error::Error for PrivateAddress {}
 
 /// The [`PrivateAddress`] refusal somewhere in `err`'s chain of causes: raised by
@@ -170,7 +170,9 @@ impl reqwest::dns::Resolve for PublicResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let host = name.as_str().to_owned();
         Box::pin(async move {
-            let addrs = resolve_host(&host, 0, AddressRule::PublicOnly).await.map_err(Box::new)?;
+            let addrs = resolve_host(&host, 0, AddressRule::PublicOnly)
+                .await
+                .map_err(|e| Box::new(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e)))?;
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
         })
     }

@@ -200,11 +200,11 @@ catalogue! {
     ApprovalExpired = (409, "approval_expired"),
     /// The approval names another invocation.
     ApprovalMismatch = (409, "approval_mismatch"),
-    /// The block to replace is not in the file.
-    BlockNotFound = (409, "block_not_found"),
     /// The base branch of a pull request moved, or the pull request now targets another base,
     /// since the merge was frozen: nothing was merged.
     BaseChanged = (409, "base_changed"),
+    /// The block to replace is not in the file.
+    BlockNotFound = (409, "block_not_found"),
     /// A connection's settings or credential changed after the call was frozen (the approval
     /// bound the connection as it was then): nothing was done.
     ConnectionChanged = (409, "connection_changed"),
