@@ -96,6 +96,8 @@ async fn measure(
         planners.push((run_id, turn_id));
     }
 
+    let groups_before = server.app.store.group_commit_stats();
+    let load_before = load_average();
     let deadline = Instant::now() + Duration::from_secs(opts.seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -127,6 +129,8 @@ async fn measure(
         errors += e;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let groups = group_delta(groups_before, server.app.store.group_commit_stats());
+    let load_after = load_average();
     let mut conn = sqlx::AnyConnection::connect(url).await?;
     let at_end = counts(&mut conn).await?;
     let drain_started = Instant::now();
@@ -176,7 +180,42 @@ async fn measure(
         "  freeze -> completed (stored times, ms resolution): p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms",
         e.p50, e.p99, e.max
     );
+    let n = groups.transactions.max(1) as f64;
+    let ms = |us: u64| us as f64 / 1000.0 / n;
+    let statements = groups.total_us.saturating_sub(groups.begin_us + groups.append_us + groups.commit_us);
+    println!(
+        "  group commits {} ({:.0}/s), {:.1} freezes and results each; per transaction {:.2} ms = begin {:.2} + writes {:.2} + events append (run counters) {:.2} + commit {:.2}",
+        groups.transactions,
+        groups.transactions as f64 / elapsed,
+        groups.items as f64 / n,
+        ms(groups.total_us),
+        ms(groups.begin_us),
+        ms(statements),
+        ms(groups.append_us),
+        ms(groups.commit_us)
+    );
+    println!("  load average (1 min) {load_before} at the start of the load, {load_after} at its end");
     Ok(())
+}
+
+/// The group commits made between two readings.
+fn group_delta(before: mira::store::GroupCommitStats, after: mira::store::GroupCommitStats) -> mira::store::GroupCommitStats {
+    mira::store::GroupCommitStats {
+        transactions: after.transactions.saturating_sub(before.transactions),
+        items: after.items.saturating_sub(before.items),
+        total_us: after.total_us.saturating_sub(before.total_us),
+        begin_us: after.begin_us.saturating_sub(before.begin_us),
+        append_us: after.append_us.saturating_sub(before.append_us),
+        commit_us: after.commit_us.saturating_sub(before.commit_us),
+    }
+}
+
+/// The machine's one-minute load average (`/proc/loadavg`), `?` where it cannot be read.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
 }
 
 struct Api {

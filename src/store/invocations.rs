@@ -147,11 +147,8 @@ impl FinalStatus {
 /// An invocation claimed for execution by this node.
 pub type ClaimedInvocation = InvocationRow;
 
-/// Most freezes written in one transaction.
-const MAX_FREEZE_BATCH: usize = 64;
-
-/// Most execution results written in one transaction.
-const MAX_FINISH_BATCH: usize = 64;
+/// Most freezes and execution results written in one transaction.
+const MAX_WRITE_BATCH: usize = 128;
 
 /// A freeze waiting for its group commit.
 pub(crate) struct PendingFreeze {
@@ -172,13 +169,41 @@ pub(crate) struct PendingFinish {
     evidence: Vec<EvidenceDraft>,
 }
 
+/// A write waiting for the store's group commit (see `store::group`).
+pub(crate) enum PendingWrite {
+    /// [`Store::freeze_and_claim`].
+    Freeze(PendingFreeze),
+    /// [`Store::finish_invocation`].
+    Finish(PendingFinish),
+}
+
+/// The answer to a [`PendingWrite`], of the same kind.
+pub(crate) enum WriteOutcome {
+    /// To a freeze.
+    Freeze(StoreResult<FreezeOutcome>),
+    /// To a result (None: the claim was lost, nothing written).
+    Finish(StoreResult<Option<Vec<String>>>),
+}
+
+/// An event to append, its run id owned.
+type NewEvent = (String, EventKind, serde_json::Value);
+
+/// Freezes written in a group transaction, before its commit.
+struct StagedFreezes {
+    rows: Vec<InvocationRow>,
+    /// Per row: inserted (false: its call id was taken).
+    created: Vec<bool>,
+    approval_ids: Vec<Option<String>>,
+}
+
 impl Store {
     /// Inserts a frozen invocation (plus its approval request and events) unless the run
     /// already has `tool_call_id`, in which case the existing one is returned untouched.
     ///
-    /// Concurrent freezes share one transaction (a group commit, see `store::group`): one
-    /// multi-row insert of the invocations, one of their approval requests and one of their
-    /// events, and one commit, instead of one transaction each.
+    /// Concurrent freezes share one transaction (a group commit, see `store::group`), with
+    /// the execution results stored at the same time: one multi-row insert of the
+    /// invocations, one of their approval requests and one append of everyone's events, and
+    /// one commit, instead of one transaction each.
     pub async fn freeze_invocation(&self, new: &NewInvocation) -> StoreResult<FreezeOutcome> {
         self.freeze_and_claim(new, None).await
     }
@@ -198,187 +223,120 @@ impl Store {
             trace_parent: crate::telemetry::current_traceparent(),
             claim: claim.filter(|_| new.approval.is_none()).map(|c| (c.node_id.to_owned(), c.lease_ms)),
         };
-        let (answer, start) = self.freezes.push(item);
+        match self.group_write(PendingWrite::Freeze(item)).await? {
+            WriteOutcome::Freeze(outcome) => outcome,
+            WriteOutcome::Finish(_) => Err(StoreError::Corrupt("a freeze was answered as a result".into())),
+        }
+    }
+
+    /// Queues `item` for the group commit, starting a flush when the queue allows one more,
+    /// and waits for its answer.
+    async fn group_write(&self, item: PendingWrite) -> StoreResult<WriteOutcome> {
+        let (answer, start) = self.writes.push(item);
         if start {
-            let guard = super::group::FlushGuard::new(std::sync::Arc::clone(&self.freezes));
+            let guard = super::group::FlushGuard::new(std::sync::Arc::clone(&self.writes));
             let store = self.clone();
             tokio::spawn(async move {
                 loop {
-                    let batch = guard.queue().take(MAX_FREEZE_BATCH);
+                    let batch = guard.queue().take(MAX_WRITE_BATCH);
                     if batch.is_empty() {
                         break;
                     }
-                    let (items, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-                    for (outcome, answer) in store.freeze_batch(&items).await.into_iter().zip(answers) {
-                        let _ = answer.send(outcome);
-                    }
+                    store.write_batch(batch).await;
                 }
                 guard.done();
             });
         }
-        answer.await.map_err(|_| StoreError::Db(sqlx::Error::PoolClosed))?
+        answer.await.map_err(|_| StoreError::Db(sqlx::Error::PoolClosed))
     }
 
-    /// Writes a batch of freezes in one transaction; when that fails, each on its own (so an
-    /// error is only its item's). One outcome per item, in order.
-    async fn freeze_batch(&self, items: &[PendingFreeze]) -> Vec<StoreResult<FreezeOutcome>> {
-        match self.insert_invocations(items).await {
-            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-            Err(e) if items.len() == 1 => vec![Err(e)],
+    /// Writes a batch of freezes and results in one transaction and answers each; when that
+    /// fails, each on its own (so an error is only its item's).
+    async fn write_batch(&self, batch: Vec<(PendingWrite, tokio::sync::oneshot::Sender<WriteOutcome>)>) {
+        let mut freezes = Vec::new();
+        let mut finishes = Vec::new();
+        for (item, answer) in batch {
+            match item {
+                PendingWrite::Freeze(f) => freezes.push((f, answer)),
+                PendingWrite::Finish(f) => finishes.push((f, answer)),
+            }
+        }
+        let freeze_items: Vec<&PendingFreeze> = freezes.iter().map(|(f, _)| f).collect();
+        let finish_items: Vec<&PendingFinish> = finishes.iter().map(|(f, _)| f).collect();
+        let result = self.write_group(&freeze_items, &finish_items).await;
+        match result {
+            Ok((frozen, finished)) => {
+                for ((_, answer), outcome) in freezes.into_iter().zip(frozen) {
+                    let _ = answer.send(WriteOutcome::Freeze(Ok(outcome)));
+                }
+                for ((_, answer), outcome) in finishes.into_iter().zip(finished) {
+                    let _ = answer.send(WriteOutcome::Finish(Ok(outcome)));
+                }
+            }
+            Err(e) if freezes.len() + finishes.len() == 1 => {
+                if let Some((_, answer)) = freezes.pop() {
+                    let _ = answer.send(WriteOutcome::Freeze(Err(e)));
+                } else if let Some((_, answer)) = finishes.pop() {
+                    let _ = answer.send(WriteOutcome::Finish(Err(e)));
+                }
+            }
             Err(e) => {
-                tracing::debug!(error = %e, n = items.len(), "a batch of freezes failed; writing them one by one");
-                let mut outcomes = Vec::with_capacity(items.len());
-                for item in items {
-                    outcomes.push(
-                        self.insert_invocations(std::slice::from_ref(item))
-                            .await
-                            .and_then(|mut o| o.pop().ok_or_else(|| StoreError::Corrupt("no freeze outcome".into()))),
-                    );
+                tracing::debug!(error = %e, freezes = freezes.len(), results = finishes.len(),
+                    "a group of freezes and results failed; writing them one by one");
+                for (item, answer) in freezes {
+                    let outcome = self.write_group(&[&item], &[]).await.and_then(|(mut o, _)| {
+                        o.pop().ok_or_else(|| StoreError::Corrupt("no freeze outcome".into()))
+                    });
+                    let _ = answer.send(WriteOutcome::Freeze(outcome));
                 }
-                outcomes
+                for (item, answer) in finishes {
+                    let outcome = self.write_group(&[], &[&item]).await.and_then(|(_, mut o)| {
+                        o.pop().ok_or_else(|| StoreError::Corrupt("no result outcome".into()))
+                    });
+                    let _ = answer.send(WriteOutcome::Finish(outcome));
+                }
             }
         }
     }
 
-    /// Inserts `items` in one transaction. A call id its run already has (or that an earlier
-    /// item of the batch took) is left alone (`ON CONFLICT DO NOTHING`) and answered with the
-    /// existing invocation, read after the commit.
-    async fn insert_invocations(&self, items: &[PendingFreeze]) -> StoreResult<Vec<FreezeOutcome>> {
+    /// Writes `freezes` and `finishes` in one transaction whose last statement appends
+    /// everyone's events (so the runs' event counters are locked only from there to the
+    /// commit). One outcome per item, in order.
+    async fn write_group(
+        &self,
+        freezes: &[&PendingFreeze],
+        finishes: &[&PendingFinish],
+    ) -> StoreResult<(Vec<FreezeOutcome>, Vec<Option<Vec<String>>>)> {
         let now = ids::now();
-        let rows: Vec<InvocationRow> = items
-            .iter()
-            .map(|item| {
-                let new = &item.new;
-                let status = match (&new.approval, &item.claim) {
-                    (Some(_), _) => InvocationStatus::AwaitingApproval,
-                    (None, Some(_)) => InvocationStatus::Running,
-                    (None, None) => InvocationStatus::Queued,
-                };
-                let claim = item.claim.as_ref().filter(|_| status == InvocationStatus::Running);
-                InvocationRow {
-                    id: ids::new_id("inv"),
-                    run_id: new.run_id.clone(),
-                    turn_id: new.turn_id.clone(),
-                    owner_id: new.owner_id.clone(),
-                    tool_id: new.tool_id.clone(),
-                    tool_call_id: new.tool_call_id.clone(),
-                    input: new.input.clone(),
-                    input_hash: new.input_hash.clone(),
-                    approval_required: new.approval.is_some(),
-                    status,
-                    result: None,
-                    claimed_by: claim.map(|(node, _)| node.clone()),
-                    lease_until: claim.map(|(_, lease_ms)| ids::now_plus_ms(*lease_ms)),
-                    created_at: now.clone(),
-                    updated_at: now.clone(),
-                    started_at: claim.map(|_| now.clone()),
-                    finished_at: None,
-                    cancel_requested_at: None,
-                    cancel_requested_by: None,
-                    cancel_token_id: None,
-                }
-            })
-            .collect();
+        let started = std::time::Instant::now();
         let mut tx = self.begin_write().await?;
-        let mut sql = String::from(
-            "INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
-                approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at) VALUES ",
-        );
-        sql.push_str(&value_rows(rows.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, $S, $S)"));
-        sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
-        let mut insert = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
-        for row in &rows {
-            insert = insert
-                .bind(&row.id)
-                .bind(&row.run_id)
-                .bind(&row.turn_id)
-                .bind(&row.owner_id)
-                .bind(&row.tool_id)
-                .bind(&row.tool_call_id)
-                .bind(&row.input)
-                .bind(&row.input_hash)
-                .bind(i64::from(row.approval_required))
-                .bind(row.status)
-                .bind(&row.claimed_by)
-                .bind(&row.lease_until)
-                .bind(&row.started_at);
-        }
-        let inserted: Vec<String> = insert.bind(&now).fetch_all(tx.conn()).await?;
-        let created: Vec<bool> = rows.iter().map(|r| inserted.contains(&r.id)).collect();
-        // While traces are exported: each freeze request's trace, for the execution span.
-        for ((row, item), _) in rows.iter().zip(items).zip(&created).filter(|(_, c)| **c) {
-            if let Some(traceparent) = &item.trace_parent {
-                sqlx::query("INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)")
-                    .bind(&row.id)
-                    .bind(traceparent)
-                    .execute(tx.conn())
-                    .await?;
-            }
-        }
-        let mut approval_ids: Vec<Option<String>> = vec![None; rows.len()];
-        let mut events = Vec::with_capacity(rows.len());
-        let mut approvals = Vec::new();
-        for (i, (row, item)) in rows.iter().zip(items).enumerate() {
-            if !created[i] {
-                continue;
-            }
-            let input: serde_json::Value = serde_json::from_str(&row.input)?;
-            events.push((
-                row.run_id.as_str(),
-                EventKind::InvocationFrozen,
-                json!({
-                    "invocation_id": row.id, "turn_id": row.turn_id, "tool_id": row.tool_id,
-                    "tool_call_id": row.tool_call_id, "input_hash": row.input_hash, "input": input,
-                    "status": row.status,
-                }),
-            ));
-            if row.status == InvocationStatus::Running {
-                events.push((
-                    row.run_id.as_str(),
-                    EventKind::ExecutionStarted,
-                    json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
-                ));
-            }
-            if let Some(request) = &item.new.approval {
-                let id = ids::new_id("apr");
-                events.push((
-                    row.run_id.as_str(),
-                    EventKind::ApprovalRequested,
-                    json!({
-                        "approval_id": id, "invocation_id": row.id, "tool_id": row.tool_id,
-                        "tool_call_id": row.tool_call_id, "input_hash": row.input_hash,
-                        "expires_at": request.expires_at, "rule": request.rule.as_str(), "rule_domain": request.rule_domain,
-                    }),
-                ));
-                approvals.push((id.clone(), row, request));
-                approval_ids[i] = Some(id);
-            }
-        }
-        if !approvals.is_empty() {
-            let mut sql = String::from(
-                "INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash,
-                    status, preview, expires_at, created_at, rule, rule_domain) VALUES ",
-            );
-            sql.push_str(&value_rows(approvals.len(), "(?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, $S, ?, ?)"));
-            let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for (id, row, request) in &approvals {
-                insert = insert
-                    .bind(id)
-                    .bind(&row.id)
-                    .bind(&row.run_id)
-                    .bind(&row.owner_id)
-                    .bind(&row.tool_id)
-                    .bind(&row.tool_call_id)
-                    .bind(&row.input_hash)
-                    .bind(request.preview.to_string())
-                    .bind(&request.expires_at)
-                    .bind(request.rule.as_str())
-                    .bind(request.rule_domain.as_deref());
-            }
-            insert.bind(&now).execute(tx.conn()).await?;
-        }
+        let begun = started.elapsed();
+        let mut events: Vec<NewEvent> = Vec::new();
+        let staged = if freezes.is_empty() { None } else { Some(stage_freezes(&mut tx, freezes, &now, &mut events).await?) };
+        let finished =
+            if finishes.is_empty() { Vec::new() } else { stage_finishes(&mut tx, finishes, &now, &mut events).await? };
+        let appending = std::time::Instant::now();
         tx.append_events(&events).await?;
+        let committing = std::time::Instant::now();
         tx.commit().await?;
+        self.group_counters.record(&super::group::GroupTimes {
+            items: freezes.len() + finishes.len(),
+            total: started.elapsed(),
+            begin: begun,
+            append: committing - appending,
+            commit: committing.elapsed(),
+        });
+        let frozen = match staged {
+            Some(staged) => self.freeze_outcomes(staged).await?,
+            None => Vec::new(),
+        };
+        Ok((frozen, finished))
+    }
+
+    /// The outcomes of freezes after their commit: a call id that was taken is answered
+    /// with the invocation that has it (read now).
+    async fn freeze_outcomes(&self, staged: StagedFreezes) -> StoreResult<Vec<FreezeOutcome>> {
+        let StagedFreezes { rows, created, approval_ids } = staged;
         let mut outcomes = Vec::with_capacity(rows.len());
         for ((row, approval_id), created) in rows.into_iter().zip(approval_ids).zip(created) {
             if created {
@@ -395,6 +353,222 @@ impl Store {
         }
         Ok(outcomes)
     }
+}
+
+/// Inserts the invocations of `items` (with their traces and approval requests) in `tx` and
+/// adds their events to `events`. A call id its run already has (or that an earlier item
+/// took) is left alone (`ON CONFLICT DO NOTHING`).
+async fn stage_freezes(
+    tx: &mut WriteTx,
+    items: &[&PendingFreeze],
+    now: &str,
+    events: &mut Vec<NewEvent>,
+) -> StoreResult<StagedFreezes> {
+    let rows: Vec<InvocationRow> = items
+        .iter()
+        .map(|item| {
+            let new = &item.new;
+            let status = match (&new.approval, &item.claim) {
+                (Some(_), _) => InvocationStatus::AwaitingApproval,
+                (None, Some(_)) => InvocationStatus::Running,
+                (None, None) => InvocationStatus::Queued,
+            };
+            let claim = item.claim.as_ref().filter(|_| status == InvocationStatus::Running);
+            InvocationRow {
+                id: ids::new_id("inv"),
+                run_id: new.run_id.clone(),
+                turn_id: new.turn_id.clone(),
+                owner_id: new.owner_id.clone(),
+                tool_id: new.tool_id.clone(),
+                tool_call_id: new.tool_call_id.clone(),
+                input: new.input.clone(),
+                input_hash: new.input_hash.clone(),
+                approval_required: new.approval.is_some(),
+                status,
+                result: None,
+                claimed_by: claim.map(|(node, _)| node.clone()),
+                lease_until: claim.map(|(_, lease_ms)| ids::now_plus_ms(*lease_ms)),
+                created_at: now.to_owned(),
+                updated_at: now.to_owned(),
+                started_at: claim.map(|_| now.to_owned()),
+                finished_at: None,
+                cancel_requested_at: None,
+                cancel_requested_by: None,
+                cancel_token_id: None,
+            }
+        })
+        .collect();
+    let mut sql = String::from(
+        "INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
+            approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at) VALUES ",
+    );
+    sql.push_str(&value_rows(rows.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, $S, $S)"));
+    sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
+    let mut insert = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+    for row in &rows {
+        insert = insert
+            .bind(&row.id)
+            .bind(&row.run_id)
+            .bind(&row.turn_id)
+            .bind(&row.owner_id)
+            .bind(&row.tool_id)
+            .bind(&row.tool_call_id)
+            .bind(&row.input)
+            .bind(&row.input_hash)
+            .bind(i64::from(row.approval_required))
+            .bind(row.status)
+            .bind(&row.claimed_by)
+            .bind(&row.lease_until)
+            .bind(&row.started_at);
+    }
+    let inserted: Vec<String> = insert.bind(now).fetch_all(tx.conn()).await?;
+    let created: Vec<bool> = rows.iter().map(|r| inserted.contains(&r.id)).collect();
+    // While traces are exported: each freeze request's trace, for the execution span.
+    for ((row, item), _) in rows.iter().zip(items).zip(&created).filter(|(_, c)| **c) {
+        if let Some(traceparent) = &item.trace_parent {
+            sqlx::query("INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)")
+                .bind(&row.id)
+                .bind(traceparent)
+                .execute(tx.conn())
+                .await?;
+        }
+    }
+    let mut approval_ids: Vec<Option<String>> = vec![None; rows.len()];
+    let mut approvals = Vec::new();
+    for (i, (row, item)) in rows.iter().zip(items).enumerate() {
+        if !created[i] {
+            continue;
+        }
+        let input: serde_json::Value = serde_json::from_str(&row.input)?;
+        events.push((
+            row.run_id.clone(),
+            EventKind::InvocationFrozen,
+            json!({
+                "invocation_id": row.id, "turn_id": row.turn_id, "tool_id": row.tool_id,
+                "tool_call_id": row.tool_call_id, "input_hash": row.input_hash, "input": input,
+                "status": row.status,
+            }),
+        ));
+        if row.status == InvocationStatus::Running {
+            events.push((
+                row.run_id.clone(),
+                EventKind::ExecutionStarted,
+                json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
+            ));
+        }
+        if let Some(request) = &item.new.approval {
+            let id = ids::new_id("apr");
+            events.push((
+                row.run_id.clone(),
+                EventKind::ApprovalRequested,
+                json!({
+                    "approval_id": id, "invocation_id": row.id, "tool_id": row.tool_id,
+                    "tool_call_id": row.tool_call_id, "input_hash": row.input_hash,
+                    "expires_at": request.expires_at, "rule": request.rule.as_str(), "rule_domain": request.rule_domain,
+                }),
+            ));
+            approvals.push((id.clone(), row, request));
+            approval_ids[i] = Some(id);
+        }
+    }
+    if !approvals.is_empty() {
+        let mut sql = String::from(
+            "INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash,
+                status, preview, expires_at, created_at, rule, rule_domain) VALUES ",
+        );
+        sql.push_str(&value_rows(approvals.len(), "(?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, $S, ?, ?)"));
+        let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for (id, row, request) in &approvals {
+            insert = insert
+                .bind(id)
+                .bind(&row.id)
+                .bind(&row.run_id)
+                .bind(&row.owner_id)
+                .bind(&row.tool_id)
+                .bind(&row.tool_call_id)
+                .bind(&row.input_hash)
+                .bind(request.preview.to_string())
+                .bind(&request.expires_at)
+                .bind(request.rule.as_str())
+                .bind(request.rule_domain.as_deref());
+        }
+        insert.bind(now).execute(tx.conn()).await?;
+    }
+    Ok(StagedFreezes { rows, created, approval_ids })
+}
+
+/// Stores the results of `items` in `tx` — one compare-and-set update of every invocation
+/// (`running` under its claimer), one insert of the evidence of those that were updated —
+/// and adds their events to `events`. One outcome per item, in order (None: the claim was
+/// lost, nothing written for it).
+async fn stage_finishes(
+    tx: &mut WriteTx,
+    items: &[&PendingFinish],
+    now: &str,
+    events: &mut Vec<NewEvent>,
+) -> StoreResult<Vec<Option<Vec<String>>>> {
+    // `v` carries each invocation's new status and result and its claimer.
+    let values = value_rows(items.len(), "(?, ?, ?, ?)");
+    let now_param = items.len() * 4 + 1;
+    let sql = format!(
+        "WITH v (id, status, result, node) AS (VALUES {values})
+         UPDATE invocations SET status = (SELECT v.status FROM v WHERE v.id = invocations.id),
+             result = (SELECT v.result FROM v WHERE v.id = invocations.id),
+             finished_at = ${now_param}, updated_at = ${now_param}, lease_until = NULL
+         WHERE id IN (SELECT v.id FROM v) AND status = 'running'
+           AND claimed_by = (SELECT v.node FROM v WHERE v.id = invocations.id)
+         RETURNING id"
+    );
+    let mut update = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+    for item in items {
+        update = update.bind(&item.inv.id).bind(item.status.status()).bind(item.result.to_string()).bind(&item.node_id);
+    }
+    let updated: Vec<String> = update.bind(now).fetch_all(tx.conn()).await?;
+    if updated.is_empty() {
+        return Ok(vec![None; items.len()]);
+    }
+    let mut outcomes: Vec<Option<Vec<String>>> = Vec::with_capacity(items.len());
+    let mut evidence = Vec::new();
+    for item in items {
+        if !updated.contains(&item.inv.id) {
+            outcomes.push(None);
+            continue;
+        }
+        let ids: Vec<String> = item.evidence.iter().map(|_| ids::new_id("evd")).collect();
+        for (id, draft) in ids.iter().zip(&item.evidence) {
+            evidence.push((id.clone(), &item.inv, draft));
+        }
+        outcomes.push(Some(ids));
+    }
+    insert_evidence_rows(tx, &evidence, now).await?;
+    for (item, evidence_ids) in items.iter().zip(&outcomes) {
+        let Some(evidence_ids) = evidence_ids else { continue };
+        let (inv, status) = (&item.inv, item.status.status());
+        let kind = if item.status == FinalStatus::Completed {
+            EventKind::ExecutionCompleted
+        } else {
+            EventKind::ExecutionFailed
+        };
+        events.push((
+            inv.run_id.clone(),
+            kind,
+            json!({
+                "invocation_id": inv.id, "tool_id": inv.tool_id, "tool_call_id": inv.tool_call_id,
+                "status": status, "error": item.result.get("error"), "evidence_ids": evidence_ids,
+            }),
+        ));
+        for (id, draft) in evidence_ids.iter().zip(&item.evidence) {
+            events.push((
+                inv.run_id.clone(),
+                EventKind::EvidenceRecorded,
+                json!({
+                    "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
+                    "kind": draft.kind, "content_sha256": draft.content_sha256,
+                }),
+            ));
+        }
+    }
+    Ok(outcomes)
 }
 
 impl Store {
@@ -452,11 +626,21 @@ impl Store {
     /// same row (SQLite: one writer; Postgres: `FOR UPDATE SKIP LOCKED`, and the final
     /// `status = 'queued'` compare-and-set). Returned oldest first.
     ///
-    /// On Postgres two claimers' batches may touch the same runs' event counters in different
-    /// orders; a deadlock then aborts one transaction, which changes nothing (its rows stay
-    /// queued) and is an error the caller retries.
+    /// The events are appended last ([`WriteTx::append_events`] locks the runs' counters in
+    /// run id order), so two claimers, or a claimer and a group commit, never wait for each
+    /// other in a cycle.
     pub async fn claim_batch(&self, node_id: &str, lease_ms: u64, limit: usize) -> StoreResult<Vec<ClaimedInvocation>> {
         if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Most calls find nothing queued (every execution's end wakes the claim loop, and
+        // approval-free calls are claimed by their freeze): one read says so without a write
+        // transaction, which on SQLite would take this process's one writer slot. A call
+        // queued just after this read wakes the loop again.
+        let queued: Option<i64> = sqlx::query_scalar("SELECT 1 FROM invocations WHERE status = 'queued' LIMIT 1")
+            .fetch_optional(self.pool())
+            .await?;
+        if queued.is_none() {
             return Ok(Vec::new());
         }
         // Postgres: `= ANY(ARRAY(…))` makes the locking subquery an init plan, run once; under
@@ -529,9 +713,9 @@ impl Store {
     /// and events in one transaction. Returns the evidence ids, or None when the claim was
     /// lost meanwhile (the invocation was marked interrupted) and nothing was written.
     ///
-    /// Results finished at the same time share one transaction (a group commit, see
-    /// `store::group`); each still changes its invocation only if it is `running` under
-    /// `node_id`'s claim.
+    /// Results finished at the same time share one transaction with each other and with the
+    /// freezes made meanwhile (a group commit, see `store::group`); each still changes its
+    /// invocation only if it is `running` under `node_id`'s claim.
     pub async fn finish_invocation(
         &self,
         inv: &InvocationRow,
@@ -547,114 +731,10 @@ impl Store {
             result: result.clone(),
             evidence: evidence.to_vec(),
         };
-        let (answer, start) = self.finishes.push(item);
-        if start {
-            let guard = super::group::FlushGuard::new(std::sync::Arc::clone(&self.finishes));
-            let store = self.clone();
-            tokio::spawn(async move {
-                loop {
-                    let batch = guard.queue().take(MAX_FINISH_BATCH);
-                    if batch.is_empty() {
-                        break;
-                    }
-                    let (items, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-                    let outcomes = match store.finish_invocations(&items).await {
-                        Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-                        Err(e) if items.len() == 1 => vec![Err(e)],
-                        Err(e) => {
-                            tracing::debug!(error = %e, n = items.len(), "a batch of results failed; storing them one by one");
-                            let mut outcomes = Vec::with_capacity(items.len());
-                            for item in &items {
-                                outcomes.push(store.finish_invocations(std::slice::from_ref(item)).await.and_then(
-                                    |mut o| o.pop().ok_or_else(|| StoreError::Corrupt("no result outcome".into())),
-                                ));
-                            }
-                            outcomes
-                        }
-                    };
-                    for (outcome, answer) in outcomes.into_iter().zip(answers) {
-                        let _ = answer.send(outcome);
-                    }
-                }
-                guard.done();
-            });
+        match self.group_write(PendingWrite::Finish(item)).await? {
+            WriteOutcome::Finish(outcome) => outcome,
+            WriteOutcome::Freeze(_) => Err(StoreError::Corrupt("a result was answered as a freeze".into())),
         }
-        answer.await.map_err(|_| StoreError::Db(sqlx::Error::PoolClosed))?
-    }
-
-    /// Stores a batch of execution results in one transaction: one compare-and-set update of
-    /// every invocation (`running` under its claimer), one insert of the evidence of those
-    /// that were updated, one append of their events. One outcome per item, in order (None:
-    /// the claim was lost, nothing written for it).
-    async fn finish_invocations(&self, items: &[PendingFinish]) -> StoreResult<Vec<Option<Vec<String>>>> {
-        let now = ids::now();
-        let mut tx = self.begin_write().await?;
-        // `v` carries each invocation's new status and result and its claimer.
-        let values = value_rows(items.len(), "(?, ?, ?, ?)");
-        let now_param = items.len() * 4 + 1;
-        let sql = format!(
-            "WITH v (id, status, result, node) AS (VALUES {values})
-             UPDATE invocations SET status = (SELECT v.status FROM v WHERE v.id = invocations.id),
-                 result = (SELECT v.result FROM v WHERE v.id = invocations.id),
-                 finished_at = ${now_param}, updated_at = ${now_param}, lease_until = NULL
-             WHERE id IN (SELECT v.id FROM v) AND status = 'running'
-               AND claimed_by = (SELECT v.node FROM v WHERE v.id = invocations.id)
-             RETURNING id"
-        );
-        let mut update = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
-        for item in items {
-            update =
-                update.bind(&item.inv.id).bind(item.status.status()).bind(item.result.to_string()).bind(&item.node_id);
-        }
-        let updated: Vec<String> = update.bind(&now).fetch_all(tx.conn()).await?;
-        if updated.is_empty() {
-            return Ok(vec![None; items.len()]);
-        }
-        let mut outcomes: Vec<Option<Vec<String>>> = Vec::with_capacity(items.len());
-        let mut evidence = Vec::new();
-        for item in items {
-            if !updated.contains(&item.inv.id) {
-                outcomes.push(None);
-                continue;
-            }
-            let ids: Vec<String> = item.evidence.iter().map(|_| ids::new_id("evd")).collect();
-            for (id, draft) in ids.iter().zip(&item.evidence) {
-                evidence.push((id.clone(), &item.inv, draft));
-            }
-            outcomes.push(Some(ids));
-        }
-        insert_evidence_rows(&mut tx, &evidence, &now).await?;
-        let mut events = Vec::new();
-        for (item, evidence_ids) in items.iter().zip(&outcomes) {
-            let Some(evidence_ids) = evidence_ids else { continue };
-            let (inv, status) = (&item.inv, item.status.status());
-            let kind = if item.status == FinalStatus::Completed {
-                EventKind::ExecutionCompleted
-            } else {
-                EventKind::ExecutionFailed
-            };
-            events.push((
-                inv.run_id.as_str(),
-                kind,
-                json!({
-                    "invocation_id": inv.id, "tool_id": inv.tool_id, "tool_call_id": inv.tool_call_id,
-                    "status": status, "error": item.result.get("error"), "evidence_ids": evidence_ids,
-                }),
-            ));
-            for (id, draft) in evidence_ids.iter().zip(&item.evidence) {
-                events.push((
-                    inv.run_id.as_str(),
-                    EventKind::EvidenceRecorded,
-                    json!({
-                        "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
-                        "kind": draft.kind, "content_sha256": draft.content_sha256,
-                    }),
-                ));
-            }
-        }
-        tx.append_events(&events).await?;
-        tx.commit().await?;
-        Ok(outcomes)
     }
 
     /// Marks as `interrupted` every running invocation claimed by a node id starting with

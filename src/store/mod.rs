@@ -38,6 +38,7 @@ pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessCl
 pub use connections::ConnectionRow;
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
+pub use group::GroupCommitStats;
 pub use invocations::{
     ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation,
 };
@@ -155,10 +156,11 @@ pub struct Store {
     sqlite_writer: Arc<tokio::sync::Mutex<()>>,
     /// Recently authenticated tokens ([`cache`]).
     identities: Arc<cache::IdentityCache>,
-    /// Freezes waiting for their group commit (`group`).
-    freezes: Arc<group::GroupQueue<invocations::PendingFreeze, StoreResult<FreezeOutcome>>>,
-    /// Execution results waiting for their group commit.
-    finishes: Arc<group::GroupQueue<invocations::PendingFinish, StoreResult<Option<Vec<String>>>>>,
+    /// Freezes and execution results waiting for their group commit (`group`): both kinds
+    /// share one transaction, so the run event counters are taken once per commit.
+    writes: Arc<group::GroupQueue<invocations::PendingWrite, invocations::WriteOutcome>>,
+    /// What those group commits did ([`Store::group_commit_stats`]).
+    group_counters: Arc<group::GroupCounters>,
     /// Postgres: sends committed events' notifications to the other replicas ([`notify`]).
     notifier: Option<notify::Notifier>,
 }
@@ -232,8 +234,12 @@ impl Store {
             news_cuts: Arc::default(),
             sqlite_writer: Arc::default(),
             identities: Arc::default(),
-            freezes: Arc::default(),
-            finishes: Arc::default(),
+            // SQLite has one writer: a second flush would only queue behind the first.
+            writes: Arc::new(group::GroupQueue::new(match backend {
+                Backend::Sqlite => 1,
+                Backend::Postgres => GROUP_FLUSHES_POSTGRES,
+            })),
+            group_counters: Arc::default(),
             notifier: (backend == Backend::Postgres).then(|| notify::Notifier::spawn(pool.clone())),
             pool,
         })
@@ -247,6 +253,12 @@ impl Store {
         };
         migrator.run(&self.pool).await?;
         Ok(())
+    }
+
+    /// What this store's group commits (freezes and execution results) did since it was
+    /// opened: how many transactions, items, and where their time went.
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.group_counters.snapshot()
     }
 
     /// Which dialect this store speaks.
@@ -303,6 +315,7 @@ impl Store {
         };
         Ok(WriteTx {
             tx,
+            backend: self.backend,
             appended: Vec::new(),
             bus: self.bus.clone(),
             notifier: self.notifier.clone(),
@@ -314,6 +327,10 @@ impl Store {
         &self.pool
     }
 }
+
+/// Group-commit flushes at once on Postgres (see `group`): one transaction's statements run
+/// while the other commits.
+const GROUP_FLUSHES_POSTGRES: usize = 2;
 
 /// A connection idle at least this long is pinged before it is handed out.
 const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
@@ -334,9 +351,28 @@ fn pool_options() -> AnyPoolOptions {
     })
 }
 
+/// [`WriteTx::append_events`] on Postgres. `$1` is a JSON array of the events
+/// (`run_id`, `type`, `data` as text, `ord` = position in the call), `$2` the time. `l` locks
+/// the runs' counters in id order; `c` adds each run's count of new events and returns the
+/// run's last id; `i` inserts the events, numbered in `ord` order below each run's last id.
+/// Returns `(run id, last id)` per run.
+const APPEND_EVENTS_POSTGRES: &str = "\
+WITH v AS (SELECT x.run_id, x.type, x.data, x.ord
+           FROM json_to_recordset($1::json) AS x(run_id text, type text, data text, ord bigint)),
+     k AS (SELECT run_id, COUNT(*) AS n FROM v GROUP BY run_id),
+     l AS (SELECT r.id FROM runs r WHERE r.id IN (SELECT run_id FROM k) ORDER BY r.id FOR NO KEY UPDATE OF r),
+     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n FROM k
+           WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
+           RETURNING runs.id, runs.event_seq, k.n),
+     i AS (INSERT INTO events (run_id, seq, type, data, created_at)
+           SELECT v.run_id, c.event_seq - c.n + ROW_NUMBER() OVER (PARTITION BY v.run_id ORDER BY v.ord), v.type, v.data, $2
+           FROM v JOIN c ON c.id = v.run_id)
+SELECT id, event_seq FROM c";
+
 /// A write transaction that appends events and broadcasts them after commit.
 pub struct WriteTx {
     tx: Transaction<'static, Any>,
+    backend: Backend,
     appended: Vec<RunSignal>,
     bus: EventBus,
     notifier: Option<notify::Notifier>,
@@ -367,65 +403,102 @@ impl WriteTx {
         Ok(seq)
     }
 
-    /// Appends several events in one go — one counter update for all their runs and one
-    /// multi-row insert — and returns their ids in the order given. Ids stay monotonic per
-    /// run and gapless; events of one run get consecutive ids in the order given. For the
-    /// hot paths (a batch of claims, an execution's end with its evidence), where
+    /// Appends several events in one go and returns their ids in the order given. Ids stay
+    /// monotonic per run and gapless; events of one run get consecutive ids in the order
+    /// given. For the hot paths (a group of freezes and results, a batch of claims), where
     /// [`WriteTx::append_event`] would cost two round trips per event.
-    pub async fn append_events(&mut self, events: &[(&str, EventKind, serde_json::Value)]) -> StoreResult<Vec<i64>> {
+    ///
+    /// Make it the transaction's last statement: it locks the counters of the events' runs
+    /// (in run id order, so two transactions never wait for each other in a cycle), and
+    /// they stay locked until the commit, so another transaction appending to one of these
+    /// runs waits from here to the commit. On Postgres it is one statement of fixed text
+    /// (the events travel as one JSON parameter): the counters are updated and the events
+    /// inserted in one round trip, by a statement the connection has prepared already. On
+    /// SQLite (one writer, no round trips) it is a counter update and a multi-row insert.
+    pub async fn append_events<S: AsRef<str>>(
+        &mut self,
+        events: &[(S, EventKind, serde_json::Value)],
+    ) -> StoreResult<Vec<i64>> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        // How many events each run gets, runs in a fixed order.
+        // How many events each run gets, runs in id order.
         let mut per_run: Vec<(&str, i64)> = Vec::new();
         for (run_id, _, _) in events {
-            match per_run.iter_mut().find(|(r, _)| r == run_id) {
+            let run_id = run_id.as_ref();
+            match per_run.iter_mut().find(|(r, _)| *r == run_id) {
                 Some((_, n)) => *n += 1,
                 None => per_run.push((run_id, 1)),
             }
         }
         per_run.sort_unstable();
-        let mut case = String::from("CASE id");
-        let mut ids = Vec::with_capacity(per_run.len());
-        for (i, (_, n)) in per_run.iter().enumerate() {
-            case.push_str(&format!(" WHEN ${} THEN {n}", i + 1));
-            ids.push(format!("${}", i + 1));
-        }
-        let sql = format!(
-            "UPDATE runs SET event_seq = event_seq + {case} ELSE 0 END WHERE id IN ({}) RETURNING id, event_seq",
-            ids.join(", ")
-        );
-        let mut update = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(sql));
-        for (run_id, _) in &per_run {
-            update = update.bind(*run_id);
-        }
-        let last: Vec<(String, i64)> = update.fetch_all(&mut *self.tx).await?;
+        let now = crate::ids::now();
+        let last: Vec<(String, i64)> = match self.backend {
+            Backend::Postgres => {
+                let rows: Vec<serde_json::Value> = events
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (run_id, kind, data))| {
+                        serde_json::json!({"run_id": run_id.as_ref(), "type": kind.as_str(),
+                                           "data": data.to_string(), "ord": i})
+                    })
+                    .collect();
+                sqlx::query_as(APPEND_EVENTS_POSTGRES)
+                    .bind(serde_json::Value::Array(rows).to_string())
+                    .bind(&now)
+                    .fetch_all(&mut *self.tx)
+                    .await?
+            }
+            Backend::Sqlite => {
+                let mut case = String::from("CASE id");
+                let mut ids = Vec::with_capacity(per_run.len());
+                for (i, (_, n)) in per_run.iter().enumerate() {
+                    case.push_str(&format!(" WHEN ${} THEN {n}", i + 1));
+                    ids.push(format!("${}", i + 1));
+                }
+                let sql = format!(
+                    "UPDATE runs SET event_seq = event_seq + {case} ELSE 0 END WHERE id IN ({}) RETURNING id, event_seq",
+                    ids.join(", ")
+                );
+                let mut update = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(sql));
+                for (run_id, _) in &per_run {
+                    update = update.bind(*run_id);
+                }
+                update.fetch_all(&mut *self.tx).await?
+            }
+        };
         // The first id each run's new events take.
         let mut next: Vec<(&str, i64)> = Vec::with_capacity(per_run.len());
         for (run_id, n) in &per_run {
             let (_, seq) = last.iter().find(|(id, _)| id == run_id).ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
             next.push((run_id, seq - n + 1));
         }
-        let now = crate::ids::now();
-        let mut sql = String::from("INSERT INTO events (run_id, seq, type, data, created_at) VALUES ");
         let mut seqs = Vec::with_capacity(events.len());
-        for (i, (run_id, _, _)) in events.iter().enumerate() {
-            let slot = next.iter_mut().find(|(r, _)| r == run_id).ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
+        for (run_id, _, _) in events {
+            let slot = next
+                .iter_mut()
+                .find(|(r, _)| *r == run_id.as_ref())
+                .ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
             seqs.push(slot.1);
             slot.1 += 1;
-            let b = i * 4;
-            if i > 0 {
-                sql.push_str(", ");
+        }
+        if self.backend == Backend::Sqlite {
+            let mut sql = String::from("INSERT INTO events (run_id, seq, type, data, created_at) VALUES ");
+            for i in 0..events.len() {
+                let b = i * 4;
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(&format!("(${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, events.len() * 4 + 1));
             }
-            sql.push_str(&format!("(${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, events.len() * 4 + 1));
+            let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for ((run_id, kind, data), seq) in events.iter().zip(&seqs) {
+                insert = insert.bind(run_id.as_ref()).bind(*seq).bind(kind.as_str()).bind(data.to_string());
+            }
+            insert.bind(now).execute(&mut *self.tx).await?;
         }
-        let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for ((run_id, kind, data), seq) in events.iter().zip(&seqs) {
-            insert = insert.bind(*run_id).bind(*seq).bind(kind.as_str()).bind(data.to_string());
-        }
-        insert.bind(now).execute(&mut *self.tx).await?;
         for ((run_id, kind, _), seq) in events.iter().zip(&seqs) {
-            self.appended.push(RunSignal { run_id: (*run_id).to_owned(), seq: *seq, kind: *kind });
+            self.appended.push(RunSignal { run_id: run_id.as_ref().to_owned(), seq: *seq, kind: *kind });
         }
         Ok(seqs)
     }

@@ -522,7 +522,75 @@ async fn batch_claims_are_exclusive_and_gated(backend: Backend) {
     assert!(f.store.claim_batch("n", 60_000, 0).await.unwrap().is_empty());
 }
 
+/// Freezes and results written at the same time by many tasks over several runs (group
+/// commits, on Postgres two at once): a follower reading each run's log after the last id it
+/// saw never meets a gap — every read continues at the next id — so an id is never visible
+/// before a smaller one of its run. Every result is stored once, with its evidence event.
+async fn group_commits_are_seen_in_id_order(backend: Backend) {
+    let f = Arc::new(fixture(backend).await);
+    let mut runs = vec![f.run.id.clone()];
+    for _ in 0..3 {
+        runs.push(f.store.create_run(&f.user, &f.run.workspace_id, None, None).await.unwrap().id);
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for run in &runs {
+        let (f, run, done) = (f.clone(), run.clone(), done.clone());
+        readers.push(tokio::spawn(async move {
+            let mut last = 0;
+            loop {
+                let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+                let events = f.store.events_after(&run, last, 1000).await.unwrap();
+                for e in &events {
+                    assert_eq!(e.seq, last + 1, "{run}: after id {last} the next one read must follow it");
+                    last = e.seq;
+                }
+                if finished && events.is_empty() {
+                    return last;
+                }
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let (f, runs) = (f.clone(), runs.clone());
+        writers.push(tokio::spawn(async move {
+            for n in 0..15 {
+                let mut new = new_inv(&f, &format!("w{w}-{n}"), false);
+                new.run_id = runs[(w + n) % runs.len()].clone();
+                let claim = mira::store::HarnessClaim { node_id: "node", lease_ms: 60_000 };
+                let inv = match f.store.freeze_and_claim(&new, Some(claim)).await.unwrap() {
+                    FreezeOutcome::Created(row, _) => row,
+                    FreezeOutcome::Existing(..) => panic!("expected a new invocation"),
+                };
+                assert_eq!(inv.status, mira::state::InvocationStatus::Running);
+                let evidence = mira::evidence::EvidenceDraft::of_text("note", json!({}), "done");
+                let stored = f
+                    .store
+                    .finish_invocation(&inv, "node", mira::store::FinalStatus::Completed, &json!({"ok": true}), &[evidence])
+                    .await
+                    .unwrap();
+                assert_eq!(stored.map(|ids| ids.len()), Some(1), "stored once, with its evidence");
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut total = 0;
+    for (run, reader) in runs.iter().zip(readers) {
+        let last = reader.await.unwrap();
+        assert_eq!(last, f.store.last_event_seq(run).await.unwrap(), "{run}: the follower saw every event");
+        total += last;
+    }
+    // Per invocation frozen, started, completed and evidence; plus the fixture's exposure.
+    assert_eq!(total, 8 * 15 * 4 + 1);
+}
+
 both_backends!(
+    group_commits_are_seen_in_id_order,
     batched_event_appends_stay_gapless_per_run,
     batch_claims_are_exclusive_and_gated,
     users_tokens_and_isolation,
