@@ -398,30 +398,51 @@ async fn stage_freezes(
             }
         })
         .collect();
-    let mut sql = String::from(
-        "INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
-            approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at) VALUES ",
-    );
-    sql.push_str(&value_rows(rows.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, $S, $S)"));
-    sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
-    let mut insert = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
-    for row in &rows {
-        insert = insert
-            .bind(&row.id)
-            .bind(&row.run_id)
-            .bind(&row.turn_id)
-            .bind(&row.owner_id)
-            .bind(&row.tool_id)
-            .bind(&row.tool_call_id)
-            .bind(&row.input)
-            .bind(&row.input_hash)
-            .bind(i64::from(row.approval_required))
-            .bind(row.status)
-            .bind(&row.claimed_by)
-            .bind(&row.lease_until)
-            .bind(&row.started_at);
-    }
-    let inserted: Vec<String> = insert.bind(now).fetch_all(tx.conn()).await?;
+    let inserted: Vec<String> = if tx.backend == Backend::Postgres {
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .enumerate()
+            .map(|(ord, row)| {
+                json!({
+                    "id": row.id, "run_id": row.run_id, "turn_id": row.turn_id, "owner_id": row.owner_id,
+                    "tool_id": row.tool_id, "tool_call_id": row.tool_call_id, "input": row.input,
+                    "input_hash": row.input_hash, "approval_required": i64::from(row.approval_required),
+                    "status": row.status.as_str(), "claimed_by": row.claimed_by, "lease_until": row.lease_until,
+                    "started_at": row.started_at, "ord": ord,
+                })
+            })
+            .collect();
+        sqlx::query_scalar(INSERT_INVOCATIONS_POSTGRES)
+            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(now)
+            .fetch_all(tx.conn())
+            .await?
+    } else {
+        let mut sql = String::from(
+            "INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
+                approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at) VALUES ",
+        );
+        sql.push_str(&value_rows(rows.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, $S, $S)"));
+        sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
+        let mut insert = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+        for row in &rows {
+            insert = insert
+                .bind(&row.id)
+                .bind(&row.run_id)
+                .bind(&row.turn_id)
+                .bind(&row.owner_id)
+                .bind(&row.tool_id)
+                .bind(&row.tool_call_id)
+                .bind(&row.input)
+                .bind(&row.input_hash)
+                .bind(i64::from(row.approval_required))
+                .bind(row.status)
+                .bind(&row.claimed_by)
+                .bind(&row.lease_until)
+                .bind(&row.started_at);
+        }
+        insert.bind(now).fetch_all(tx.conn()).await?
+    };
     let created: Vec<bool> = rows.iter().map(|r| inserted.contains(&r.id)).collect();
     // While traces are exported: each freeze request's trace, for the execution span.
     for ((row, item), _) in rows.iter().zip(items).zip(&created).filter(|(_, c)| **c) {
@@ -507,23 +528,39 @@ async fn stage_finishes(
     now: &str,
     events: &mut Vec<NewEvent>,
 ) -> StoreResult<Vec<Option<Vec<String>>>> {
-    // `v` carries each invocation's new status and result and its claimer.
-    let values = value_rows(items.len(), "(?, ?, ?, ?)");
-    let now_param = items.len() * 4 + 1;
-    let sql = format!(
-        "WITH v (id, status, result, node) AS (VALUES {values})
-         UPDATE invocations SET status = (SELECT v.status FROM v WHERE v.id = invocations.id),
-             result = (SELECT v.result FROM v WHERE v.id = invocations.id),
-             finished_at = ${now_param}, updated_at = ${now_param}, lease_until = NULL
-         WHERE id IN (SELECT v.id FROM v) AND status = 'running'
-           AND claimed_by = (SELECT v.node FROM v WHERE v.id = invocations.id)
-         RETURNING id"
-    );
-    let mut update = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
-    for item in items {
-        update = update.bind(&item.inv.id).bind(item.status.status()).bind(item.result.to_string()).bind(&item.node_id);
-    }
-    let updated: Vec<String> = update.bind(now).fetch_all(tx.conn()).await?;
+    // Each invocation's new status and result and its claimer.
+    let updated: Vec<String> = if tx.backend == Backend::Postgres {
+        let rows: Vec<serde_json::Value> = items
+            .iter()
+            .map(|item| {
+                json!({"id": item.inv.id, "status": item.status.status().as_str(),
+                       "result": item.result.to_string(), "node": item.node_id})
+            })
+            .collect();
+        sqlx::query_scalar(FINISH_INVOCATIONS_POSTGRES)
+            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(now)
+            .fetch_all(tx.conn())
+            .await?
+    } else {
+        let values = value_rows(items.len(), "(?, ?, ?, ?)");
+        let now_param = items.len() * 4 + 1;
+        let sql = format!(
+            "WITH v (id, status, result, node) AS (VALUES {values})
+             UPDATE invocations SET status = (SELECT v.status FROM v WHERE v.id = invocations.id),
+                 result = (SELECT v.result FROM v WHERE v.id = invocations.id),
+                 finished_at = ${now_param}, updated_at = ${now_param}, lease_until = NULL
+             WHERE id IN (SELECT v.id FROM v) AND status = 'running'
+               AND claimed_by = (SELECT v.node FROM v WHERE v.id = invocations.id)
+             RETURNING id"
+        );
+        let mut update = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
+        for item in items {
+            update =
+                update.bind(&item.inv.id).bind(item.status.status()).bind(item.result.to_string()).bind(&item.node_id);
+        }
+        update.bind(now).fetch_all(tx.conn()).await?
+    };
     if updated.is_empty() {
         return Ok(vec![None; items.len()]);
     }
@@ -937,6 +974,40 @@ impl Store {
     }
 }
 
+/// The group commit's invocation insert on Postgres: `$1` a JSON array of the rows (`ord` =
+/// position in the batch: an earlier freeze of the batch takes a call id first), `$2` the
+/// time. One statement text whatever the batch size, so each connection prepares it once
+/// (a multi-row `VALUES` is a new statement for every batch size: one more round trip, and
+/// planning, per transaction).
+const INSERT_INVOCATIONS_POSTGRES: &str = "\
+INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
+    approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at)
+SELECT x.id, x.run_id, x.turn_id, x.owner_id, x.tool_id, x.tool_call_id, x.input, x.input_hash,
+    x.approval_required, x.status, x.claimed_by, x.lease_until, x.started_at, $2, $2
+FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text, tool_id text,
+    tool_call_id text, input text, input_hash text, approval_required bigint, status text, claimed_by text,
+    lease_until text, started_at text, ord bigint)
+ORDER BY x.ord
+ON CONFLICT DO NOTHING RETURNING id";
+
+/// The group commit's results on Postgres: a compare-and-set of each invocation (`running`
+/// under its claimer) to its final status and result. `$1` a JSON array of
+/// `{id, status, result, node}`, `$2` the time.
+const FINISH_INVOCATIONS_POSTGRES: &str = "\
+WITH v AS (SELECT x.id, x.status, x.result, x.node
+           FROM json_to_recordset($1::json) AS x(id text, status text, result text, node text))
+UPDATE invocations SET status = v.status, result = v.result, finished_at = $2, updated_at = $2, lease_until = NULL
+FROM v
+WHERE invocations.id = v.id AND invocations.status = 'running' AND invocations.claimed_by = v.node
+RETURNING invocations.id";
+
+/// The evidence insert on Postgres: `$1` a JSON array of the rows, `$2` the time.
+const INSERT_EVIDENCE_POSTGRES: &str = "\
+INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256, excerpt, created_at)
+SELECT x.id, x.run_id, x.invocation_id, x.owner_id, x.tool_id, x.kind, x.provenance, x.content_sha256, x.excerpt, $2
+FROM json_to_recordset($1::json) AS x(id text, run_id text, invocation_id text, owner_id text, tool_id text,
+    kind text, provenance text, content_sha256 text, excerpt text)";
+
 /// Most evidence rows in one insert statement (10 parameters each).
 const EVIDENCE_ROWS_PER_INSERT: usize = 256;
 
@@ -946,6 +1017,25 @@ async fn insert_evidence_rows(
     rows: &[(String, &InvocationRow, &EvidenceDraft)],
     now: &str,
 ) -> StoreResult<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    if tx.backend == Backend::Postgres {
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(id, inv, draft)| {
+                json!({"id": id, "run_id": inv.run_id, "invocation_id": inv.id, "owner_id": inv.owner_id,
+                       "tool_id": inv.tool_id, "kind": draft.kind, "provenance": draft.provenance.to_string(),
+                       "content_sha256": draft.content_sha256, "excerpt": draft.excerpt})
+            })
+            .collect();
+        sqlx::query(INSERT_EVIDENCE_POSTGRES)
+            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(now)
+            .execute(tx.conn())
+            .await?;
+        return Ok(());
+    }
     for chunk in rows.chunks(EVIDENCE_ROWS_PER_INSERT) {
         let mut sql = String::from(
             "INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256, excerpt, created_at) VALUES ",
