@@ -976,7 +976,8 @@ impl Store {
 
 /// The group commit's invocation insert on Postgres: `$1` a JSON array of the rows (`ord` =
 /// position in the batch: an earlier freeze of the batch takes a call id first), `$2` the
-/// time. One statement text whatever the batch size, so each connection prepares it once
+/// time. Rows go in in (run, call id) order, so two group transactions that both carry a
+/// replay of the same two calls wait for each other in one direction only, never in a cycle. One statement text whatever the batch size, so each connection prepares it once
 /// (a multi-row `VALUES` is a new statement for every batch size: one more round trip, and
 /// planning, per transaction).
 const INSERT_INVOCATIONS_POSTGRES: &str = "\
@@ -987,7 +988,7 @@ SELECT x.id, x.run_id, x.turn_id, x.owner_id, x.tool_id, x.tool_call_id, x.input
 FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text, tool_id text,
     tool_call_id text, input text, input_hash text, approval_required bigint, status text, claimed_by text,
     lease_until text, started_at text, ord bigint)
-ORDER BY x.ord
+ORDER BY x.run_id, x.tool_call_id, x.ord
 ON CONFLICT DO NOTHING RETURNING id";
 
 /// The group commit's results on Postgres: a compare-and-set of each invocation (`running`
