@@ -199,7 +199,10 @@ async fn measure(
 }
 
 /// The group commits made between two readings.
-fn group_delta(before: mira::store::GroupCommitStats, after: mira::store::GroupCommitStats) -> mira::store::GroupCommitStats {
+fn group_delta(
+    before: mira::store::GroupCommitStats,
+    after: mira::store::GroupCommitStats,
+) -> mira::store::GroupCommitStats {
     mira::store::GroupCommitStats {
         transactions: after.transactions.saturating_sub(before.transactions),
         items: after.items.saturating_sub(before.items),

@@ -284,15 +284,17 @@ impl Store {
                 tracing::debug!(error = %e, freezes = freezes.len(), results = finishes.len(),
                     "a group of freezes and results failed; writing them one by one");
                 for (item, answer) in freezes {
-                    let outcome = self.write_group(&[&item], &[]).await.and_then(|(mut o, _)| {
-                        o.pop().ok_or_else(|| StoreError::Corrupt("no freeze outcome".into()))
-                    });
+                    let outcome = self
+                        .write_group(&[&item], &[])
+                        .await
+                        .and_then(|(mut o, _)| o.pop().ok_or_else(|| StoreError::Corrupt("no freeze outcome".into())));
                     let _ = answer.send(WriteOutcome::Freeze(outcome));
                 }
                 for (item, answer) in finishes {
-                    let outcome = self.write_group(&[], &[&item]).await.and_then(|(_, mut o)| {
-                        o.pop().ok_or_else(|| StoreError::Corrupt("no result outcome".into()))
-                    });
+                    let outcome = self
+                        .write_group(&[], &[&item])
+                        .await
+                        .and_then(|(_, mut o)| o.pop().ok_or_else(|| StoreError::Corrupt("no result outcome".into())));
                     let _ = answer.send(WriteOutcome::Finish(outcome));
                 }
             }
@@ -312,7 +314,8 @@ impl Store {
         let mut tx = self.begin_write().await?;
         let begun = started.elapsed();
         let mut events: Vec<NewEvent> = Vec::new();
-        let staged = if freezes.is_empty() { None } else { Some(stage_freezes(&mut tx, freezes, &now, &mut events).await?) };
+        let staged =
+            if freezes.is_empty() { None } else { Some(stage_freezes(&mut tx, freezes, &now, &mut events).await?) };
         let finished =
             if finishes.is_empty() { Vec::new() } else { stage_finishes(&mut tx, finishes, &now, &mut events).await? };
         let appending = std::time::Instant::now();

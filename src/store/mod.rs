@@ -475,10 +475,8 @@ impl WriteTx {
         }
         let mut seqs = Vec::with_capacity(events.len());
         for (run_id, _, _) in events {
-            let slot = next
-                .iter_mut()
-                .find(|(r, _)| *r == run_id.as_ref())
-                .ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
+            let slot =
+                next.iter_mut().find(|(r, _)| *r == run_id.as_ref()).ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
             seqs.push(slot.1);
             slot.1 += 1;
         }

@@ -568,7 +568,13 @@ async fn group_commits_are_seen_in_id_order(backend: Backend) {
                 let evidence = mira::evidence::EvidenceDraft::of_text("note", json!({}), "done");
                 let stored = f
                     .store
-                    .finish_invocation(&inv, "node", mira::store::FinalStatus::Completed, &json!({"ok": true}), &[evidence])
+                    .finish_invocation(
+                        &inv,
+                        "node",
+                        mira::store::FinalStatus::Completed,
+                        &json!({"ok": true}),
+                        &[evidence],
+                    )
                     .await
                     .unwrap();
                 assert_eq!(stored.map(|ids| ids.len()), Some(1), "stored once, with its evidence");
