@@ -126,7 +126,8 @@ pub struct GroupCommitStats {
     /// Of that, appending the events — the run counters' update, which waits while another
     /// transaction holding one of those counters commits — in microseconds.
     pub append_us: u64,
-    /// Of that, the commits, in microseconds.
+    /// Of that, the commits, in microseconds. A group written as one statement (Postgres,
+    /// see `Store::write_group`) counts here whole.
     pub commit_us: u64,
 }
 

@@ -7,7 +7,7 @@ use serde_json::json;
 use super::ApprovalRule;
 use super::evidence::EvidenceDraft;
 use super::{Backend, HarnessClaim, Store, StoreError, StoreResult, WriteTx};
-use crate::events::EventKind;
+use crate::events::{EventKind, RunSignal};
 use crate::ids;
 use crate::state::{Flag, InvocationStatus};
 
@@ -309,6 +309,11 @@ impl Store {
         freezes: &[&PendingFreeze],
         finishes: &[&PendingFinish],
     ) -> StoreResult<(Vec<FreezeOutcome>, Vec<Option<Vec<String>>>)> {
+        if self.backend == Backend::Postgres
+            && freezes.iter().all(|f| f.new.approval.is_none() && f.trace_parent.is_none())
+        {
+            return self.write_group_in_one_statement(freezes, finishes).await;
+        }
         let now = ids::now();
         let started = std::time::Instant::now();
         let mut tx = self.begin_write().await?;
@@ -336,6 +341,109 @@ impl Store {
         Ok((frozen, finished))
     }
 
+    /// [`Store::write_group`] on Postgres when no freeze has an approval request or a trace
+    /// context (the hot path): one statement ([`GROUP_WRITE_POSTGRES`]) run outside an
+    /// explicit transaction, so the whole group — rows, evidence, events and commit — is one
+    /// round trip instead of six. Each event is written only when what it tells happened (its
+    /// invocation was inserted, its result's compare-and-set succeeded).
+    async fn write_group_in_one_statement(
+        &self,
+        freezes: &[&PendingFreeze],
+        finishes: &[&PendingFinish],
+    ) -> StoreResult<(Vec<FreezeOutcome>, Vec<Option<Vec<String>>>)> {
+        let now = ids::now();
+        let started = std::time::Instant::now();
+        let rows = invocation_rows(freezes, &now);
+        // Evidence ids of every result (kept only for those whose compare-and-set succeeds).
+        let evidence_ids: Vec<Vec<String>> =
+            finishes.iter().map(|f| f.evidence.iter().map(|_| ids::new_id("evd")).collect()).collect();
+        let mut evidence = Vec::new();
+        for (item, ids) in finishes.iter().zip(&evidence_ids) {
+            for (id, draft) in ids.iter().zip(&item.evidence) {
+                evidence.push((id.clone(), &item.inv, draft));
+            }
+        }
+        // Every event that may be written, in append order, with the invocation it depends
+        // on and whether that is a freeze's (inserted) or a result's (updated).
+        let mut events: Vec<(&str, EventKind, serde_json::Value, &str, bool)> = Vec::new();
+        for row in &rows {
+            for (kind, data) in frozen_events(row)? {
+                events.push((row.run_id.as_str(), kind, data, row.id.as_str(), true));
+            }
+        }
+        for (item, ids) in finishes.iter().zip(&evidence_ids) {
+            for (kind, data) in finished_events(item, ids) {
+                events.push((item.inv.run_id.as_str(), kind, data, item.inv.id.as_str(), false));
+            }
+        }
+        let events_json = serde_json::Value::Array(
+            events
+                .iter()
+                .enumerate()
+                .map(|(ord, (run_id, kind, data, inv, freeze))| {
+                    json!({"run_id": run_id, "type": kind.as_str(), "data": data.to_string(), "ord": ord,
+                           "inv": inv, "src": if *freeze { "f" } else { "r" }})
+                })
+                .collect(),
+        );
+        let answer: Vec<(String, String, i64)> = sqlx::query_as(GROUP_WRITE_POSTGRES)
+            .bind(invocations_json(&rows).to_string())
+            .bind(finishes_json(finishes).to_string())
+            .bind(evidence_json(&evidence).to_string())
+            .bind(events_json.to_string())
+            .bind(&now)
+            .fetch_all(self.pool())
+            .await?;
+        let total = started.elapsed();
+        let mut inserted = std::collections::HashSet::new();
+        let mut updated = std::collections::HashSet::new();
+        let mut last: Vec<(String, i64)> = Vec::new();
+        for (what, id, seq) in answer {
+            match what.as_str() {
+                "i" => {
+                    inserted.insert(id);
+                }
+                "u" => {
+                    updated.insert(id);
+                }
+                _ => last.push((id, seq)),
+            }
+        }
+        // The ids the statement gave: per run, consecutive below its new last id, in order.
+        let written: Vec<_> = events
+            .into_iter()
+            .filter(|(_, _, _, inv, freeze)| if *freeze { inserted.contains(*inv) } else { updated.contains(*inv) })
+            .collect();
+        let mut next: Vec<(&str, i64)> = Vec::with_capacity(last.len());
+        for (run_id, seq) in &last {
+            let n = written.iter().filter(|e| e.0 == run_id.as_str()).count();
+            next.push((run_id, seq - i64::try_from(n).unwrap_or(0) + 1));
+        }
+        let mut signals = Vec::with_capacity(written.len());
+        for (run_id, kind, _, _, _) in &written {
+            let slot = next.iter_mut().find(|(r, _)| r == run_id).ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
+            signals.push(RunSignal { run_id: (*run_id).to_owned(), seq: slot.1, kind: *kind });
+            slot.1 += 1;
+        }
+        self.publish_committed(signals);
+        self.group_counters.record(&super::group::GroupTimes {
+            items: freezes.len() + finishes.len(),
+            total,
+            begin: std::time::Duration::ZERO,
+            append: std::time::Duration::ZERO,
+            commit: total,
+        });
+        let created = rows.iter().map(|r| inserted.contains(&r.id)).collect();
+        let approval_ids = vec![None; rows.len()];
+        let frozen = self.freeze_outcomes(StagedFreezes { rows, created, approval_ids }).await?;
+        let finished = finishes
+            .iter()
+            .zip(evidence_ids)
+            .map(|(item, ids)| updated.contains(&item.inv.id).then_some(ids))
+            .collect();
+        Ok((frozen, finished))
+    }
+
     /// The outcomes of freezes after their commit: a call id that was taken is answered
     /// with the invocation that has it (read now).
     async fn freeze_outcomes(&self, staged: StagedFreezes) -> StoreResult<Vec<FreezeOutcome>> {
@@ -358,16 +466,9 @@ impl Store {
     }
 }
 
-/// Inserts the invocations of `items` (with their traces and approval requests) in `tx` and
-/// adds their events to `events`. A call id its run already has (or that an earlier item
-/// took) is left alone (`ON CONFLICT DO NOTHING`).
-async fn stage_freezes(
-    tx: &mut WriteTx,
-    items: &[&PendingFreeze],
-    now: &str,
-    events: &mut Vec<NewEvent>,
-) -> StoreResult<StagedFreezes> {
-    let rows: Vec<InvocationRow> = items
+/// The invocation rows `items` insert, as of `now`.
+fn invocation_rows(items: &[&PendingFreeze], now: &str) -> Vec<InvocationRow> {
+    items
         .iter()
         .map(|item| {
             let new = &item.new;
@@ -400,10 +501,13 @@ async fn stage_freezes(
                 cancel_token_id: None,
             }
         })
-        .collect();
-    let inserted: Vec<String> = if tx.backend == Backend::Postgres {
-        let rows: Vec<serde_json::Value> = rows
-            .iter()
+        .collect()
+}
+
+/// `rows` as the JSON array the Postgres statements read (`ord` = position).
+fn invocations_json(rows: &[InvocationRow]) -> serde_json::Value {
+    serde_json::Value::Array(
+        rows.iter()
             .enumerate()
             .map(|(ord, row)| {
                 json!({
@@ -414,12 +518,23 @@ async fn stage_freezes(
                     "started_at": row.started_at, "ord": ord,
                 })
             })
-            .collect();
-        sqlx::query_scalar(INSERT_INVOCATIONS_POSTGRES)
-            .bind(serde_json::Value::Array(rows).to_string())
-            .bind(now)
-            .fetch_all(tx.conn())
-            .await?
+            .collect(),
+    )
+}
+
+/// Inserts the invocations of `items` (with their traces and approval requests) in `tx` and
+/// adds their events to `events`. A call id its run already has (or that an earlier item
+/// took) is left alone (`ON CONFLICT DO NOTHING`).
+async fn stage_freezes(
+    tx: &mut WriteTx,
+    items: &[&PendingFreeze],
+    now: &str,
+    events: &mut Vec<NewEvent>,
+) -> StoreResult<StagedFreezes> {
+    let rows = invocation_rows(items, now);
+    let inserted: Vec<String> = if tx.backend == Backend::Postgres {
+        let rows = invocations_json(&rows);
+        sqlx::query_scalar(INSERT_INVOCATIONS_POSTGRES).bind(rows.to_string()).bind(now).fetch_all(tx.conn()).await?
     } else {
         let mut sql = String::from(
             "INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
@@ -463,22 +578,8 @@ async fn stage_freezes(
         if !created[i] {
             continue;
         }
-        let input: serde_json::Value = serde_json::from_str(&row.input)?;
-        events.push((
-            row.run_id.clone(),
-            EventKind::InvocationFrozen,
-            json!({
-                "invocation_id": row.id, "turn_id": row.turn_id, "tool_id": row.tool_id,
-                "tool_call_id": row.tool_call_id, "input_hash": row.input_hash, "input": input,
-                "status": row.status,
-            }),
-        ));
-        if row.status == InvocationStatus::Running {
-            events.push((
-                row.run_id.clone(),
-                EventKind::ExecutionStarted,
-                json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
-            ));
+        for (kind, data) in frozen_events(row)? {
+            events.push((row.run_id.clone(), kind, data));
         }
         if let Some(request) = &item.new.approval {
             let id = ids::new_id("apr");
@@ -533,15 +634,8 @@ async fn stage_finishes(
 ) -> StoreResult<Vec<Option<Vec<String>>>> {
     // Each invocation's new status and result and its claimer.
     let updated: Vec<String> = if tx.backend == Backend::Postgres {
-        let rows: Vec<serde_json::Value> = items
-            .iter()
-            .map(|item| {
-                json!({"id": item.inv.id, "status": item.status.status().as_str(),
-                       "result": item.result.to_string(), "node": item.node_id})
-            })
-            .collect();
         sqlx::query_scalar(FINISH_INVOCATIONS_POSTGRES)
-            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(finishes_json(items).to_string())
             .bind(now)
             .fetch_all(tx.conn())
             .await?
@@ -583,32 +677,82 @@ async fn stage_finishes(
     insert_evidence_rows(tx, &evidence, now).await?;
     for (item, evidence_ids) in items.iter().zip(&outcomes) {
         let Some(evidence_ids) = evidence_ids else { continue };
-        let (inv, status) = (&item.inv, item.status.status());
-        let kind = if item.status == FinalStatus::Completed {
-            EventKind::ExecutionCompleted
-        } else {
-            EventKind::ExecutionFailed
-        };
-        events.push((
-            inv.run_id.clone(),
-            kind,
-            json!({
-                "invocation_id": inv.id, "tool_id": inv.tool_id, "tool_call_id": inv.tool_call_id,
-                "status": status, "error": item.result.get("error"), "evidence_ids": evidence_ids,
-            }),
-        ));
-        for (id, draft) in evidence_ids.iter().zip(&item.evidence) {
-            events.push((
-                inv.run_id.clone(),
-                EventKind::EvidenceRecorded,
-                json!({
-                    "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
-                    "kind": draft.kind, "content_sha256": draft.content_sha256,
-                }),
-            ));
+        for (kind, data) in finished_events(item, evidence_ids) {
+            events.push((item.inv.run_id.clone(), kind, data));
         }
     }
     Ok(outcomes)
+}
+
+/// The events of a new invocation `row`, its approval request's aside: `invocation.frozen`,
+/// and `execution.started` when it was claimed at once.
+fn frozen_events(row: &InvocationRow) -> StoreResult<Vec<(EventKind, serde_json::Value)>> {
+    let input: serde_json::Value = serde_json::from_str(&row.input)?;
+    let mut events = vec![(
+        EventKind::InvocationFrozen,
+        json!({
+            "invocation_id": row.id, "turn_id": row.turn_id, "tool_id": row.tool_id,
+            "tool_call_id": row.tool_call_id, "input_hash": row.input_hash, "input": input,
+            "status": row.status,
+        }),
+    )];
+    if row.status == InvocationStatus::Running {
+        events.push((
+            EventKind::ExecutionStarted,
+            json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
+        ));
+    }
+    Ok(events)
+}
+
+/// The events of a stored result: its end, then one per piece of evidence.
+fn finished_events(item: &PendingFinish, evidence_ids: &[String]) -> Vec<(EventKind, serde_json::Value)> {
+    let (inv, status) = (&item.inv, item.status.status());
+    let kind =
+        if item.status == FinalStatus::Completed { EventKind::ExecutionCompleted } else { EventKind::ExecutionFailed };
+    let mut events = vec![(
+        kind,
+        json!({
+            "invocation_id": inv.id, "tool_id": inv.tool_id, "tool_call_id": inv.tool_call_id,
+            "status": status, "error": item.result.get("error"), "evidence_ids": evidence_ids,
+        }),
+    )];
+    for (id, draft) in evidence_ids.iter().zip(&item.evidence) {
+        events.push((
+            EventKind::EvidenceRecorded,
+            json!({
+                "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
+                "kind": draft.kind, "content_sha256": draft.content_sha256,
+            }),
+        ));
+    }
+    events
+}
+
+/// Results as the JSON array the Postgres statements read: `{id, status, result, node}`.
+fn finishes_json(items: &[&PendingFinish]) -> serde_json::Value {
+    serde_json::Value::Array(
+        items
+            .iter()
+            .map(|item| {
+                json!({"id": item.inv.id, "status": item.status.status().as_str(),
+                       "result": item.result.to_string(), "node": item.node_id})
+            })
+            .collect(),
+    )
+}
+
+/// Evidence rows `(id, invocation, draft)` as the JSON array the Postgres statements read.
+fn evidence_json(rows: &[(String, &InvocationRow, &EvidenceDraft)]) -> serde_json::Value {
+    serde_json::Value::Array(
+        rows.iter()
+            .map(|(id, inv, draft)| {
+                json!({"id": id, "run_id": inv.run_id, "invocation_id": inv.id, "owner_id": inv.owner_id,
+                       "tool_id": inv.tool_id, "kind": draft.kind, "provenance": draft.provenance.to_string(),
+                       "content_sha256": draft.content_sha256, "excerpt": draft.excerpt})
+            })
+            .collect(),
+    )
 }
 
 impl Store {
@@ -977,6 +1121,55 @@ impl Store {
     }
 }
 
+/// A whole group commit on Postgres in one statement (see
+/// `Store::write_group_in_one_statement`). `$1` the new invocations (as
+/// [`INSERT_INVOCATIONS_POSTGRES`]), `$2` the results (as [`FINISH_INVOCATIONS_POSTGRES`]),
+/// `$3` their evidence (as [`INSERT_EVIDENCE_POSTGRES`]), `$4` every event that may be written
+/// (`run_id`, `type`, `data`, `ord`, and `inv`/`src`: the invocation it tells of and whether
+/// it was inserted (`f`) or updated (`r`) here), `$5` the time. Evidence and events are
+/// written only for invocations inserted or updated by this statement; the runs' counters
+/// are locked in run id order and each run's events numbered in `ord` order below its new
+/// last id, as [`crate::store::WriteTx::append_events`] does. Returns `('i', id, 0)` per inserted invocation,
+/// `('u', id, 0)` per updated one and `('c', run id, last id)` per run.
+const GROUP_WRITE_POSTGRES: &str = "\
+WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text,
+                tool_id text, tool_call_id text, input text, input_hash text, approval_required bigint, status text,
+                claimed_by text, lease_until text, started_at text, ord bigint)),
+     ins AS (INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
+                 approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at)
+             SELECT id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash, approval_required,
+                 status, claimed_by, lease_until, started_at, $5, $5
+             FROM fz ORDER BY run_id, tool_call_id, ord
+             ON CONFLICT DO NOTHING RETURNING id),
+     fv AS (SELECT x.* FROM json_to_recordset($2::json) AS x(id text, status text, result text, node text)),
+     upd AS (UPDATE invocations SET status = fv.status, result = fv.result, finished_at = $5, updated_at = $5,
+                 lease_until = NULL
+             FROM fv
+             WHERE invocations.id = fv.id AND invocations.status = 'running' AND invocations.claimed_by = fv.node
+             RETURNING invocations.id),
+     evd AS (INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256,
+                 excerpt, created_at)
+             SELECT x.id, x.run_id, x.invocation_id, x.owner_id, x.tool_id, x.kind, x.provenance, x.content_sha256,
+                 x.excerpt, $5
+             FROM json_to_recordset($3::json) AS x(id text, run_id text, invocation_id text, owner_id text,
+                 tool_id text, kind text, provenance text, content_sha256 text, excerpt text)
+             WHERE x.invocation_id IN (SELECT id FROM upd)),
+     v AS (SELECT e.run_id, e.type, e.data, e.ord
+           FROM json_to_recordset($4::json) AS e(run_id text, type text, data text, ord bigint, inv text, src text)
+           WHERE (e.src = 'f' AND e.inv IN (SELECT id FROM ins)) OR (e.src = 'r' AND e.inv IN (SELECT id FROM upd))),
+     k AS (SELECT run_id, COUNT(*) AS n FROM v GROUP BY run_id),
+     l AS (SELECT r.id FROM runs r WHERE r.id IN (SELECT run_id FROM k) ORDER BY r.id FOR NO KEY UPDATE OF r),
+     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n FROM k
+           WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
+           RETURNING runs.id, runs.event_seq, k.n),
+     i AS (INSERT INTO events (run_id, seq, type, data, created_at)
+           SELECT v.run_id, c.event_seq - c.n + ROW_NUMBER() OVER (PARTITION BY v.run_id ORDER BY v.ord), v.type,
+               v.data, $5
+           FROM v JOIN c ON c.id = v.run_id)
+SELECT 'i' AS what, id, 0::bigint AS seq FROM ins
+UNION ALL SELECT 'u', id, 0 FROM upd
+UNION ALL SELECT 'c', id, event_seq FROM c";
+
 /// The group commit's invocation insert on Postgres: `$1` a JSON array of the rows (`ord` =
 /// position in the batch: an earlier freeze of the batch takes a call id first), `$2` the
 /// time. Rows go in in (run, call id) order, so two group transactions that both carry a
@@ -1025,16 +1218,8 @@ async fn insert_evidence_rows(
         return Ok(());
     }
     if tx.backend == Backend::Postgres {
-        let rows: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|(id, inv, draft)| {
-                json!({"id": id, "run_id": inv.run_id, "invocation_id": inv.id, "owner_id": inv.owner_id,
-                       "tool_id": inv.tool_id, "kind": draft.kind, "provenance": draft.provenance.to_string(),
-                       "content_sha256": draft.content_sha256, "excerpt": draft.excerpt})
-            })
-            .collect();
         sqlx::query(INSERT_EVIDENCE_POSTGRES)
-            .bind(serde_json::Value::Array(rows).to_string())
+            .bind(evidence_json(rows).to_string())
             .bind(now)
             .execute(tx.conn())
             .await?;

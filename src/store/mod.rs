@@ -323,6 +323,17 @@ impl Store {
         })
     }
 
+    /// Wakes the subscribers of events committed outside a [`WriteTx`] (one statement run on
+    /// its own), as [`WriteTx::commit`] does after its commit.
+    pub(crate) fn publish_committed(&self, signals: Vec<RunSignal>) {
+        for signal in signals {
+            if let Some(notifier) = &self.notifier {
+                notifier.send(self.bus.payload(&signal));
+            }
+            self.bus.publish(signal);
+        }
+    }
+
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
     }
