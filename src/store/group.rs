@@ -10,7 +10,7 @@
 //! so that one item's error (a constraint, a vanished row) is that item's answer only.
 //!
 //! Two flushes at once (Postgres) overlap one transaction's statements with the other's
-//! commit: every group transaction takes the run event counters it needs last, in run id
+//! commit: every group transaction takes the run event counters it needs last, in one fixed
 //! order, so the second waits for them only during the first's commit (its flush to disk).
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -811,7 +811,7 @@ impl Store {
     /// `status = 'queued'` compare-and-set). Returned oldest first.
     ///
     /// The events are appended last ([`WriteTx::append_events`] locks the runs' counters in
-    /// run id order), so two claimers, or a claimer and a group commit, never wait for each
+    /// one fixed order), so two claimers, or a claimer and a group commit, never wait for each
     /// other in a cycle.
     pub async fn claim_batch(&self, node_id: &str, lease_ms: u64, limit: usize) -> StoreResult<Vec<ClaimedInvocation>> {
         if limit == 0 {
@@ -1128,7 +1128,8 @@ impl Store {
 /// (`run_id`, `type`, `data`, `ord`, and `inv`/`src`: the invocation it tells of and whether
 /// it was inserted (`f`) or updated (`r`) here), `$5` the time. Evidence and events are
 /// written only for invocations inserted or updated by this statement; the runs' counters
-/// are locked in run id order and each run's events numbered in `ord` order below its new
+/// are locked in one fixed order (advisory locks, as `APPEND_EVENTS_POSTGRES` in the store
+/// module) and each run's events numbered in `ord` order below its new
 /// last id, as [`crate::store::WriteTx::append_events`] does. Returns `('i', id, 0)` per inserted invocation,
 /// `('u', id, 0)` per updated one and `('c', run id, last id)` per run.
 const GROUP_WRITE_POSTGRES: &str = "\
@@ -1158,7 +1159,8 @@ WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id tex
            FROM json_to_recordset($4::json) AS e(run_id text, type text, data text, ord bigint, inv text, src text)
            WHERE (e.src = 'f' AND e.inv IN (SELECT id FROM ins)) OR (e.src = 'r' AND e.inv IN (SELECT id FROM upd))),
      k AS (SELECT run_id, COUNT(*) AS n FROM v GROUP BY run_id),
-     l AS (SELECT r.id FROM runs r WHERE r.id IN (SELECT run_id FROM k) ORDER BY r.id FOR NO KEY UPDATE OF r),
+     l AS (SELECT s.run_id AS id, pg_advisory_xact_lock(1835627105, hashtext(s.run_id))
+           FROM (SELECT run_id FROM k ORDER BY hashtext(run_id), run_id OFFSET 0) s),
      c AS (UPDATE runs SET event_seq = runs.event_seq + k.n FROM k
            WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
            RETURNING runs.id, runs.event_seq, k.n),

@@ -363,15 +363,21 @@ fn pool_options() -> AnyPoolOptions {
 }
 
 /// [`WriteTx::append_events`] on Postgres. `$1` is a JSON array of the events
-/// (`run_id`, `type`, `data` as text, `ord` = position in the call), `$2` the time. `l` locks
-/// the runs' counters in id order; `c` adds each run's count of new events and returns the
-/// run's last id; `i` inserts the events, numbered in `ord` order below each run's last id.
-/// Returns `(run id, last id)` per run.
+/// (`run_id`, `type`, `data` as text, `ord` = position in the call), `$2` the time. `l` takes
+/// one transaction-scoped advisory lock per run, in one fixed order (by the lock's key), so
+/// two multi-run appends never wait for each other in a cycle; `c` then updates the runs'
+/// counters (each row lock taken by the update itself: a `FOR UPDATE` of the rows first made
+/// the update meet its own lock through an older snapshot, queued behind other waiters — a
+/// deadlock) adding each run's count of new events and returning its last id; `i` inserts the
+/// events, numbered in `ord` order below each run's last id. Returns `(run id, last id)` per
+/// run. A single-row append ([`WriteTx::append_event`]) takes no advisory lock: it holds one
+/// counter only, so it closes no cycle.
 const APPEND_EVENTS_POSTGRES: &str = "\
 WITH v AS (SELECT x.run_id, x.type, x.data, x.ord
            FROM json_to_recordset($1::json) AS x(run_id text, type text, data text, ord bigint)),
      k AS (SELECT run_id, COUNT(*) AS n FROM v GROUP BY run_id),
-     l AS (SELECT r.id FROM runs r WHERE r.id IN (SELECT run_id FROM k) ORDER BY r.id FOR NO KEY UPDATE OF r),
+     l AS (SELECT s.run_id AS id, pg_advisory_xact_lock(1835627105, hashtext(s.run_id))
+           FROM (SELECT run_id FROM k ORDER BY hashtext(run_id), run_id OFFSET 0) s),
      c AS (UPDATE runs SET event_seq = runs.event_seq + k.n FROM k
            WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
            RETURNING runs.id, runs.event_seq, k.n),
@@ -420,7 +426,8 @@ impl WriteTx {
     /// [`WriteTx::append_event`] would cost two round trips per event.
     ///
     /// Make it the transaction's last statement: it locks the counters of the events' runs
-    /// (in run id order, so two transactions never wait for each other in a cycle), and
+    /// (on Postgres in one fixed order, so two transactions never wait for each other in a
+    /// cycle), and
     /// they stay locked until the commit, so another transaction appending to one of these
     /// runs waits from here to the commit. On Postgres it is one statement of fixed text
     /// (the events travel as one JSON parameter): the counters are updated and the events
