@@ -171,16 +171,16 @@ pub(crate) struct PendingFinish {
 
 /// A write waiting for the store's group commit (see `store::group`).
 pub(crate) enum PendingWrite {
-    /// [`Store::freeze_and_claim`].
-    Freeze(PendingFreeze),
+    /// [`Store::freeze_and_claim`] (both kinds boxed: they differ in size).
+    Freeze(Box<PendingFreeze>),
     /// [`Store::finish_invocation`].
-    Finish(PendingFinish),
+    Finish(Box<PendingFinish>),
 }
 
 /// The answer to a [`PendingWrite`], of the same kind.
 pub(crate) enum WriteOutcome {
-    /// To a freeze.
-    Freeze(StoreResult<FreezeOutcome>),
+    /// To a freeze (boxed: the row is the larger answer).
+    Freeze(Box<StoreResult<FreezeOutcome>>),
     /// To a result (None: the claim was lost, nothing written).
     Finish(StoreResult<Option<Vec<String>>>),
 }
@@ -223,8 +223,8 @@ impl Store {
             trace_parent: crate::telemetry::current_traceparent(),
             claim: claim.filter(|_| new.approval.is_none()).map(|c| (c.node_id.to_owned(), c.lease_ms)),
         };
-        match self.group_write(PendingWrite::Freeze(item)).await? {
-            WriteOutcome::Freeze(outcome) => outcome,
+        match self.group_write(PendingWrite::Freeze(Box::new(item))).await? {
+            WriteOutcome::Freeze(outcome) => *outcome,
             WriteOutcome::Finish(_) => Err(StoreError::Corrupt("a freeze was answered as a result".into())),
         }
     }
@@ -257,8 +257,8 @@ impl Store {
         let mut finishes = Vec::new();
         for (item, answer) in batch {
             match item {
-                PendingWrite::Freeze(f) => freezes.push((f, answer)),
-                PendingWrite::Finish(f) => finishes.push((f, answer)),
+                PendingWrite::Freeze(f) => freezes.push((*f, answer)),
+                PendingWrite::Finish(f) => finishes.push((*f, answer)),
             }
         }
         let freeze_items: Vec<&PendingFreeze> = freezes.iter().map(|(f, _)| f).collect();
@@ -267,7 +267,7 @@ impl Store {
         match result {
             Ok((frozen, finished)) => {
                 for ((_, answer), outcome) in freezes.into_iter().zip(frozen) {
-                    let _ = answer.send(WriteOutcome::Freeze(Ok(outcome)));
+                    let _ = answer.send(WriteOutcome::Freeze(Box::new(Ok(outcome))));
                 }
                 for ((_, answer), outcome) in finishes.into_iter().zip(finished) {
                     let _ = answer.send(WriteOutcome::Finish(Ok(outcome)));
@@ -275,7 +275,7 @@ impl Store {
             }
             Err(e) if freezes.len() + finishes.len() == 1 => {
                 if let Some((_, answer)) = freezes.pop() {
-                    let _ = answer.send(WriteOutcome::Freeze(Err(e)));
+                    let _ = answer.send(WriteOutcome::Freeze(Box::new(Err(e))));
                 } else if let Some((_, answer)) = finishes.pop() {
                     let _ = answer.send(WriteOutcome::Finish(Err(e)));
                 }
@@ -288,7 +288,7 @@ impl Store {
                         .write_group(&[&item], &[])
                         .await
                         .and_then(|(mut o, _)| o.pop().ok_or_else(|| StoreError::Corrupt("no freeze outcome".into())));
-                    let _ = answer.send(WriteOutcome::Freeze(outcome));
+                    let _ = answer.send(WriteOutcome::Freeze(Box::new(outcome)));
                 }
                 for (item, answer) in finishes {
                     let outcome = self
@@ -915,7 +915,7 @@ impl Store {
             result: result.clone(),
             evidence: evidence.to_vec(),
         };
-        match self.group_write(PendingWrite::Finish(item)).await? {
+        match self.group_write(PendingWrite::Finish(Box::new(item))).await? {
             WriteOutcome::Finish(outcome) => outcome,
             WriteOutcome::Freeze(_) => Err(StoreError::Corrupt("a result was answered as a freeze".into())),
         }
