@@ -89,8 +89,9 @@ pub async fn run(opts: ExpertBench) -> anyhow::Result<()> {
         direct.push(t.elapsed());
     }
     // 2. The runtime's client, as execute uses it.
-    let client = mira::tools::expert::a2a::Client::new(mira::net::AddressRule::Any, mira::tools::expert::a2a::Auth::None)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client =
+        mira::tools::expert::a2a::Client::new(mira::net::AddressRule::Any, mira::tools::expert::a2a::Auth::None)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     let cancel = tokio_util::sync::CancellationToken::new();
     let mut runtime = Vec::with_capacity(opts.calls);
     for i in 0..opts.calls {

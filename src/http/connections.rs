@@ -224,9 +224,7 @@ fn view(app: &App, user: &AuthUser, c: &Connection) -> ConnectionView {
             Access::ReauthRequired { message }
             | Access::Unreachable { message }
             | Access::Unknown { message }
-            | Access::CardChanged { message } => {
-                Some(message.clone())
-            }
+            | Access::CardChanged { message } => Some(message.clone()),
             Access::Granted | Access::Missing { .. } => None,
         })
     });

@@ -166,8 +166,10 @@ impl Fx {
     }
 
     async fn patch(&self, id: &str, patch: Value) -> Value {
-        let r =
-            self.t.request(reqwest::Method::PATCH, &format!("/v1/connections/{id}"), Some(&self.token), Some(patch)).await;
+        let r = self
+            .t
+            .request(reqwest::Method::PATCH, &format!("/v1/connections/{id}"), Some(&self.token), Some(patch))
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{r:?}");
         r.body
     }
@@ -279,7 +281,8 @@ async fn connect_pin_consult_and_record_the_answer(backend: Backend) {
     let done = f.t.wait_final(&f.token, inv["invocation_id"].as_str().unwrap()).await;
     assert_eq!(done["status"], "completed", "{done}");
     let out = &done["result"]["output"];
-    let expected = format!("Expert answer to: {message}\nslow part 1. slow part 2. slow part 3. slow part 4. slow part 5. ");
+    let expected =
+        format!("Expert answer to: {message}\nslow part 1. slow part 2. slow part 3. slow part 4. slow part 5. ");
     assert_eq!(out["answer"], expected.as_str(), "the streamed answer is complete: {out}");
     assert_eq!(out["state"], "completed");
     assert_eq!(out["streamed"], true);

@@ -394,9 +394,9 @@ impl Client {
         let fetch = async {
             let resp = req.send().await.map_err(|e| transport(&e, "fetching the agent card"))?;
             let status = resp.status();
-            let body = read_capped(resp, MAX_CARD_BYTES).await.map_err(|m| {
-                ToolError::new(ErrorCode::ExpertError, format!("reading the agent card at {url}: {m}"))
-            })?;
+            let body = read_capped(resp, MAX_CARD_BYTES)
+                .await
+                .map_err(|m| ToolError::new(ErrorCode::ExpertError, format!("reading the agent card at {url}: {m}")))?;
             Ok::<_, ToolError>((status, body))
         };
         let (status, body) = tokio::time::timeout(CARD_TIMEOUT, fetch).await.map_err(|_| {
@@ -414,9 +414,8 @@ impl Client {
         if !status.is_success() {
             return Err(ToolError::new(ErrorCode::ExpertError, format!("the agent card at {url} answered {status}")));
         }
-        let json: Value = serde_json::from_slice(&body).map_err(|e| {
-            ToolError::new(ErrorCode::ExpertError, format!("the agent card at {url} is not JSON: {e}"))
-        })?;
+        let json: Value = serde_json::from_slice(&body)
+            .map_err(|e| ToolError::new(ErrorCode::ExpertError, format!("the agent card at {url} is not JSON: {e}")))?;
         parse_card(json, url)
     }
 
@@ -474,11 +473,7 @@ impl Client {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        if is_sse {
-            Ok(read_sse(resp, deadline, cancel).await)
-        } else {
-            Ok(read_json(resp, deadline, cancel).await)
-        }
+        if is_sse { Ok(read_sse(resp, deadline, cancel).await) } else { Ok(read_json(resp, deadline, cancel).await) }
     }
 }
 
@@ -489,7 +484,8 @@ pub fn parse_card(json: Value, url: &Url) -> Result<Card, ToolError> {
         return Err(bad("is not a JSON object".into()));
     }
     let sha256 = crate::evidence::sha256_hex(mira_core::canonical::to_canonical_string(&json).as_bytes());
-    let name: String = json.get("name").and_then(Value::as_str).unwrap_or("(unnamed expert)").chars().take(200).collect();
+    let name: String =
+        json.get("name").and_then(Value::as_str).unwrap_or("(unnamed expert)").chars().take(200).collect();
     let interfaces = json.get("supportedInterfaces").and_then(Value::as_array).cloned().unwrap_or_default();
     let iface = interfaces
         .iter()
@@ -556,13 +552,19 @@ fn on_response(progress: &mut Progress, data: &Value) -> Option<End> {
     None
 }
 
-async fn read_json(resp: reqwest::Response, deadline: tokio::time::Instant, cancel: &tokio_util::sync::CancellationToken) -> End {
+async fn read_json(
+    resp: reqwest::Response,
+    deadline: tokio::time::Instant,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> End {
     let body = tokio::select! {
         () = cancel.cancelled() => return incomplete(Progress::default(), "cancelled", "the call was cancelled".into()),
         r = tokio::time::timeout_at(deadline, read_capped(resp, MAX_BODY_BYTES)) => r,
     };
     let body = match body {
-        Err(_) => return incomplete(Progress::default(), "time_limit", format!("no answer within {} s", MAX_TIME.as_secs())),
+        Err(_) => {
+            return incomplete(Progress::default(), "time_limit", format!("no answer within {} s", MAX_TIME.as_secs()));
+        }
         Ok(Err(m)) => return incomplete(Progress::default(), "stream_closed", format!("the answer was cut: {m}")),
         Ok(Ok(b)) => b,
     };
@@ -580,7 +582,11 @@ async fn read_json(resp: reqwest::Response, deadline: tokio::time::Instant, canc
 }
 
 /// Reads an SSE stream of JSON-RPC responses until a final task state.
-async fn read_sse(resp: reqwest::Response, deadline: tokio::time::Instant, cancel: &tokio_util::sync::CancellationToken) -> End {
+async fn read_sse(
+    resp: reqwest::Response,
+    deadline: tokio::time::Instant,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> End {
     let mut stream = resp.bytes_stream();
     let mut progress = Progress::default();
     let mut line: Vec<u8> = Vec::new();
@@ -592,13 +598,25 @@ async fn read_sse(resp: reqwest::Response, deadline: tokio::time::Instant, cance
         };
         let chunk = match chunk {
             Err(_) => {
-                return incomplete(progress, "time_limit", format!("no final task state within {} s", MAX_TIME.as_secs()));
+                return incomplete(
+                    progress,
+                    "time_limit",
+                    format!("no final task state within {} s", MAX_TIME.as_secs()),
+                );
             }
             Ok(None) => {
-                return incomplete(progress, "stream_closed", "the expert closed the stream before a final task state".into());
+                return incomplete(
+                    progress,
+                    "stream_closed",
+                    "the expert closed the stream before a final task state".into(),
+                );
             }
             Ok(Some(Err(e))) => {
-                return incomplete(progress, "stream_closed", format!("the stream was cut before a final task state: {e}"));
+                return incomplete(
+                    progress,
+                    "stream_closed",
+                    format!("the stream was cut before a final task state: {e}"),
+                );
             }
             Ok(Some(Ok(c))) => c,
         };
@@ -606,7 +624,11 @@ async fn read_sse(resp: reqwest::Response, deadline: tokio::time::Instant, cance
             if b != b'\n' {
                 line.push(b);
                 if line.len() > MAX_LINE_BYTES {
-                    return incomplete(progress, "line_too_long", format!("an SSE line exceeded {MAX_LINE_BYTES} bytes"));
+                    return incomplete(
+                        progress,
+                        "line_too_long",
+                        format!("an SSE line exceeded {MAX_LINE_BYTES} bytes"),
+                    );
                 }
                 continue;
             }
@@ -636,7 +658,11 @@ async fn read_sse(resp: reqwest::Response, deadline: tokio::time::Instant, cance
                 }
                 data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
                 if data.len() > MAX_LINE_BYTES {
-                    return incomplete(progress, "line_too_long", format!("an SSE event exceeded {MAX_LINE_BYTES} bytes"));
+                    return incomplete(
+                        progress,
+                        "line_too_long",
+                        format!("an SSE event exceeded {MAX_LINE_BYTES} bytes"),
+                    );
                 }
             }
             // `event:`, `id:`, `retry:` and comments carry nothing this client needs: an
@@ -662,7 +688,9 @@ mod tests {
     fn progress_assembles_streamed_artifacts() {
         let mut p = Progress::default();
         p.apply(&json!({"task": {"id": "t1", "contextId": "c1", "status": {"state": "TASK_STATE_SUBMITTED"}}}));
-        p.apply(&json!({"artifactUpdate": {"taskId": "t1", "artifact": {"artifactId": "a", "parts": [{"text": "Hel"}]}}}));
+        p.apply(
+            &json!({"artifactUpdate": {"taskId": "t1", "artifact": {"artifactId": "a", "parts": [{"text": "Hel"}]}}}),
+        );
         p.apply(&json!({"artifactUpdate": {"taskId": "t1", "append": true, "artifact": {"artifactId": "a", "parts": [{"text": "lo"}]}}}));
         assert_eq!(p.answer(), "Hello");
         assert!(!p.state.unwrap().is_final());
@@ -681,6 +709,9 @@ mod tests {
         // Key order does not change the hash (RFC 8785).
         let reordered: Value = serde_json::from_str(&serde_json::to_string(&json!({"capabilities": {"streaming": true}, "supportedInterfaces": ok["supportedInterfaces"], "name": "E"})).unwrap()).unwrap();
         assert_eq!(parse_card(reordered, &url).unwrap().sha256, card.sha256);
-        assert!(parse_card(json!({"name": "E", "supportedInterfaces": [{"url": "/", "protocolBinding": "GRPC"}]}), &url).is_err());
+        assert!(
+            parse_card(json!({"name": "E", "supportedInterfaces": [{"url": "/", "protocolBinding": "GRPC"}]}), &url)
+                .is_err()
+        );
     }
 }
