@@ -172,7 +172,7 @@ pub async fn run(opts: ExpertBench) -> anyhow::Result<()> {
         c.p99
     );
     println!(
-        "overhead_vs_direct p50: runtime_client +{:.2}ms, chain +{:.2}ms; p99: runtime_client +{:.2}ms, chain +{:.2}ms",
+        "overhead_vs_direct p50: runtime_client {:+.2}ms, chain {:+.2}ms; p99: runtime_client {:+.2}ms, chain {:+.2}ms",
         r.p50 - d.p50,
         c.p50 - d.p50,
         r.p99 - d.p99,

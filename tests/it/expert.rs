@@ -12,7 +12,10 @@
 //! expert failure is `expert_error`; a changed card refuses the frozen call with `card_changed`
 //! (nothing sent) and turns the tool unavailable until the new hash is pinned; a connection
 //! changed between freeze and grant is `connection_changed` with nothing sent; a non-admin
-//! cannot point a connection at 127.0.0.1 when internal URLs are not allowed.
+//! cannot point a connection at 127.0.0.1 when internal URLs are not allowed; a card whose
+//! JSON-RPC interface is on another origin is refused for a user's own connection, accepted for
+//! a shared one; a hostile loopback expert (an endless SSE line, an endless answer) ends each
+//! call within seconds as `expert_incomplete` naming the limit.
 
 use crate::common;
 
@@ -32,6 +35,8 @@ both_backends!(
     changed_card_is_card_changed_until_re_approved,
     changed_connection_after_freeze_is_connection_changed,
     non_admin_cannot_point_at_an_internal_address,
+    cross_origin_interface_is_refused_unless_shared,
+    hostile_streams_end_at_their_limits,
 );
 
 const TOKEN: &str = "expert-s3cret";
@@ -434,4 +439,114 @@ async fn non_admin_cannot_point_at_an_internal_address(backend: Backend) {
     let admin = f.t.post("/v1/connections", &f.t.admin_token, body).await;
     assert_eq!(admin.status, StatusCode::CREATED, "{admin:?}");
     assert!(e.received().is_empty());
+}
+
+async fn cross_origin_interface_is_refused_unless_shared(backend: Backend) {
+    let elsewhere = format!("http://127.0.0.1:{}/", free_port());
+    let e = Expert::start(&["--service-url", &elsewhere]).await;
+    let f = fx(backend).await;
+    let (_, hash) = e.card().await;
+    let view = f.connect(&e, Some(&hash)).await;
+    let access = &view["permissions"]["expert.consult"]["access"];
+    assert_eq!(access["state"], "unknown", "{view}");
+    assert!(access["message"].as_str().unwrap().contains("not on the card's origin"), "{view}");
+    f.wait_reason(Some("permission_unknown")).await;
+    // An admin's shared connection may point elsewhere.
+    let shared =
+        f.t.post(
+            "/v1/connections",
+            &f.t.admin_token,
+            json!({"kind": "expert", "name": "shared expert", "shared": true,
+                   "settings": {"card_url": e.base(), "card_sha256": hash}, "credential": {"bearer_token": TOKEN}}),
+        )
+        .await;
+    assert_eq!(shared.status, StatusCode::CREATED, "{shared:?}");
+    assert_eq!(shared.body["permissions"]["expert.consult"]["access"]["state"], "granted", "{shared:?}");
+}
+
+/// A loopback "expert" serving a valid card and, for every JSON-RPC request, `stream`'s bytes
+/// as an SSE answer (never a final state). Returns its base URL and the card's hash.
+async fn hostile_expert(endless_line: bool) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let base = format!("http://127.0.0.1:{port}");
+    let card = json!({
+        "name": "Hostile Expert", "description": "never finishes", "version": "1",
+        "supportedInterfaces": [{"url": format!("{base}/"), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+        "capabilities": {"streaming": true},
+    });
+    let hash = sha256_hex(serde_jcs::to_string(&card).unwrap().as_bytes());
+    let card_text = card.to_string();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else { return };
+            let card_text = card_text.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if head.starts_with(b"GET") {
+                    let r = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{card_text}",
+                        card_text.len()
+                    );
+                    let _ = s.write_all(r.as_bytes()).await;
+                    return;
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+                    .await;
+                if endless_line {
+                    let _ = s.write_all(b"data: {\"jsonrpc\": \"2.0\", \"id\": \"1\", \"result\": {\"artifactUpdate\": {\"artifact\": {\"artifactId\": \"a\", \"parts\": [{\"text\": \"").await;
+                    let chunk = vec![b'a'; 64 * 1024];
+                    while s.write_all(&chunk).await.is_ok() {}
+                } else {
+                    let event = format!(
+                        "data: {}\n\n",
+                        json!({"jsonrpc": "2.0", "id": "1", "result": {"artifactUpdate": {"taskId": "t", "append": true,
+                               "artifact": {"artifactId": "a", "parts": [{"text": "x".repeat(8 * 1024)}]}}}})
+                    );
+                    while s.write_all(event.as_bytes()).await.is_ok() {}
+                }
+            });
+        }
+    });
+    (base, hash)
+}
+
+async fn hostile_streams_end_at_their_limits(backend: Backend) {
+    let f = fx(backend).await;
+    for (endless_line, reason) in [(true, "line_too_long"), (false, "answer_too_large")] {
+        let (base, hash) = hostile_expert(endless_line).await;
+        let r =
+            f.t.post(
+                "/v1/connections",
+                &f.token,
+                json!({"kind": "expert", "name": format!("hostile {reason}"),
+                       "settings": {"card_url": base, "card_sha256": hash}, "credential": {}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        assert_eq!(r.body["permissions"]["expert.consult"]["access"]["state"], "granted", "{r:?}");
+        let id = r.body["id"].as_str().unwrap().to_owned();
+        f.wait_reason(None).await;
+        let (run, turn) = f.turn().await;
+        let started = std::time::Instant::now();
+        let done = f.consult(&run, &turn, reason, json!({"message": "anything", "connection": id})).await;
+        assert_eq!(done["status"], "failed", "{reason}: {done}");
+        let err = &done["result"]["error"];
+        assert_eq!(err["code"], "expert_incomplete", "{reason}: {done}");
+        assert_eq!(err["details"]["reason"], reason, "{done}");
+        assert_eq!(err["details"]["partial"]["complete"], false, "{done}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{reason}: ended at the limit, not a timeout");
+        // Delete it: the next case's connection is then the caller's only one.
+        let d = f.t.request(reqwest::Method::DELETE, &format!("/v1/connections/{id}"), Some(&f.token), None).await;
+        assert_eq!(d.status, StatusCode::NO_CONTENT, "{d:?}");
+    }
 }
