@@ -675,6 +675,19 @@ async fn read_sse(
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn public_only_refuses_internal_addresses_at_each_request() {
+        let client = Client::new(AddressRule::PublicOnly, Auth::None).unwrap();
+        for url in ["http://127.0.0.1:9/.well-known/agent-card.json", "http://localhost:9/card.json"] {
+            let e = client.card(&Url::parse(url).unwrap()).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::InternalAddress, "{url}: {e}");
+        }
+        // The same URL under the admin rule is tried (and finds nothing listening).
+        let any = Client::new(AddressRule::Any, Auth::None).unwrap();
+        let e = any.card(&Url::parse("http://127.0.0.1:9/card.json").unwrap()).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::ConnectionUnreachable, "{e}");
+    }
+
     #[test]
     fn card_urls_are_canonical() {
         assert_eq!(card_url("http://h:1").unwrap().as_str(), "http://h:1/.well-known/agent-card.json");
