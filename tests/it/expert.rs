@@ -281,6 +281,13 @@ async fn connect_pin_consult_and_record_the_answer(backend: Backend) {
     assert_eq!(preview["message"], message, "the approval shows the exact disclosure: {approval:?}");
     assert!(preview["expert"].as_str().unwrap_or_default().contains("Rust Review Expert"), "{approval:?}");
     assert!(e.received().is_empty(), "nothing is sent before the grant");
+    // A retried freeze of the same call is the same invocation (same hash, same message id).
+    let again = f.t.call(&f.token, &run, &turn, "expert_consult", "c1", json!({"message": message})).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_eq!(again.body["invocation_id"], inv["invocation_id"], "{again:?}");
+    assert_eq!(again.body["input_hash"], inv["input_hash"], "{again:?}");
+    let changed = f.t.call(&f.token, &run, &turn, "expert_consult", "c1", json!({"message": "another text"})).await;
+    assert_eq!(changed.status, StatusCode::CONFLICT, "the same call with another disclosure: {changed:?}");
 
     f.grant(&inv).await;
     let done = f.t.wait_final(&f.token, inv["invocation_id"].as_str().unwrap()).await;

@@ -185,6 +185,13 @@ impl Progress {
         self.status_text.clone()
     }
 
+    /// The artifacts' text alone (None when the expert sent none): what an interrupted task
+    /// streamed before it asked.
+    pub fn artifacts_text(&self) -> Option<String> {
+        (!self.artifacts.is_empty())
+            .then(|| self.artifacts.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join("\n\n"))
+    }
+
     fn recount(&mut self) {
         self.bytes = self.artifacts.iter().map(|(_, t)| t.len()).sum::<usize>()
             + self.status_text.len()

@@ -500,8 +500,8 @@ fn finish(end: a2a::End, base: Value) -> Result<ToolOutput, ToolError> {
                     let evidence = vec![EvidenceDraft::of_text("expert_question", provenance, &question)];
                     let output = with(
                         &with(&base, ids),
-                        json!({"question": question, "answer": null, "trust": "third_party", "advisory": true,
-                               "complete": false,
+                        json!({"question": question, "answer": null, "partial_answer": p.artifacts_text(),
+                               "trust": "third_party", "advisory": true, "complete": false,
                                "next": "the expert waits: call expert_consult again with task_id and context_id to answer"}),
                     );
                     Ok(ToolOutput { output, evidence })
