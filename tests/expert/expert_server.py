@@ -11,6 +11,7 @@ The message text picks the behaviour:
                          the reply;
   * contains "[cut]"   - two chunks stream, then the connection is closed mid-answer (no final
                          task state, no terminating chunk);
+  * contains "[auth]"  - the task asks for authentication (TASK_STATE_AUTH_REQUIRED);
   * contains "[fail]"  - the task ends TASK_STATE_FAILED;
   * anything else      - the answer streams in 3 chunks and the task completes.
 Every answer starts with "Expert answer to: <the message text>".
@@ -60,6 +61,12 @@ class ScriptedExpert(AgentExecutor):
         if "[input]" in text and not continuing:
             await updater.requires_input(
                 new_text_message("Which Rust edition does the crate target?", role=Role.ROLE_AGENT,
+                                 context_id=task.context_id, task_id=task.id)
+            )
+            return
+        if "[auth]" in text:
+            await updater.requires_auth(
+                new_text_message("Sign in to the partner archive first.", role=Role.ROLE_AGENT,
                                  context_id=task.context_id, task_id=task.id)
             )
             return

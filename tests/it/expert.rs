@@ -8,6 +8,7 @@
 //! exactly it once (SSE, `A2A-Version: 1.0`, the bearer credential) and records the streamed
 //! answer complete as advisory third-party evidence; `input_required` comes back as such and a
 //! follow-up with `task_id` continues the task (over `SendMessage`, a non-streaming card); a
+//! `auth_required` likewise; a JSON-RPC error (an unknown task) is `expert_error`; a
 //! stream cut mid-answer is `expert_incomplete` with the partial text kept, never completed; an
 //! expert failure is `expert_error`; a changed card refuses the frozen call with `card_changed`
 //! (nothing sent) and turns the tool unavailable until the new hash is pinned; a connection
@@ -342,8 +343,18 @@ async fn input_required_comes_back_and_a_follow_up_continues(backend: Backend) {
     assert_eq!(out2["state"], "completed", "{out2}");
     assert_eq!(out2["task_id"], task_id, "the same task continued: {out2}");
     assert!(out2["answer"].as_str().unwrap().contains("With that edition (2024)"), "{out2}");
+    // auth_required comes back as such too.
+    let auth = f.consult(&run, &turn, "q3", json!({"message": "[auth] look it up in the archive"})).await;
+    assert_eq!(auth["status"], "completed", "{auth}");
+    assert_eq!(auth["result"]["output"]["state"], "auth_required", "{auth}");
+    assert_eq!(auth["result"]["output"]["question"], "Sign in to the partner archive first.", "{auth}");
+    // A task the expert does not know: its JSON-RPC error is expert_error.
+    let unknown = f.consult(&run, &turn, "q4", json!({"message": "2021", "task_id": "no-such-task"})).await;
+    assert_eq!(unknown["status"], "failed", "{unknown}");
+    assert_eq!(unknown["result"]["error"]["code"], "expert_error", "{unknown}");
+    assert!(unknown["result"]["error"]["details"]["rpc_code"].is_i64(), "{unknown}");
     let got = e.received();
-    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got.len(), 4, "{got:?}");
     assert_eq!(got[0]["method"], "SendMessage");
     assert_eq!(got[1]["taskId"], task_id);
     assert_eq!(got[1]["contextId"], context_id);
