@@ -7,7 +7,7 @@
 //! pins that hash; a consultation waits for an exact approval showing the disclosed text, sends
 //! exactly it once (SSE, `A2A-Version: 1.0`, the bearer credential) and records the streamed
 //! answer complete as advisory third-party evidence; `input_required` comes back as such and a
-//! follow-up with `task_id` continues the task (over `SendMessage`, a non-streaming card); a
+//! follow-up with `task_id` continues the task (over `SendMessage`, a non-streaming card);
 //! `auth_required` likewise; a JSON-RPC error (an unknown task) is `expert_error`; a
 //! stream cut mid-answer is `expert_incomplete` with the partial text kept, never completed; an
 //! expert failure is `expert_error`; a changed card refuses the frozen call with `card_changed`
