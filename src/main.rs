@@ -52,6 +52,8 @@ enum BenchCommand {
     Invocations(bench::invocations::InvocationBench),
     /// External MCP: install → first call, call overhead vs direct rmcp, memory per server.
     Mcp(bench::mcp::McpBench),
+    /// External Expert: consult overhead through the chain vs a direct A2A call (p50/p99).
+    Expert(bench::expert::ExpertBench),
     /// Code graph: index time and memory, incremental update, query latency, quality.
     Codegraph(bench::codegraph::CodegraphBench),
     /// Tool Exposure ranking: Recall@5/@20, MRR and latency per ranker, then the exposure
@@ -320,6 +322,7 @@ async fn run() -> ExitCode {
             .await
         }
         Command::Bench { command: BenchCommand::Codegraph(opts) } => bench::codegraph::run(opts).await,
+        Command::Bench { command: BenchCommand::Expert(opts) } => bench::expert::run(opts).await,
         Command::Bench { command: BenchCommand::News(opts) } => bench::news::run(opts).await,
         Command::Bench { command: BenchCommand::Terminal(opts) } => bench::terminal::run(opts).await,
         Command::Bench { command: BenchCommand::Sse(opts) } => bench::sse::run(opts).await,

@@ -2,6 +2,7 @@
 //! Not tests: their numbers go into issue notes, not assertions.
 
 pub mod codegraph;
+pub mod expert;
 pub mod exposure;
 pub mod invocations;
 pub mod mcp;

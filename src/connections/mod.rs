@@ -4,8 +4,8 @@
 //! (their own first, then shared ones an admin made) is enabled, was checked, is not rate
 //! limited, and grants the permission the tool needs. Otherwise the ladder names why, with one
 //! of the stable reasons `no_connection`, `reauth_required`, `scope_missing` (naming the
-//! scope), `connection_unreachable`, `rate_limited` (with the reset time) or
-//! `permission_unknown` — a permission that could not be verified is never available.
+//! scope), `connection_unreachable`, `rate_limited` (with the reset time),
+//! `card_changed` (an expert's pinned agent card changed) or `permission_unknown` — a permission that could not be verified is never available.
 //!
 //! A [`Driver`] per [`ConnectionKind`] validates settings and credentials and runs the check (a
 //! live round trip answering who the credential is and each permission's [`Access`]). The
@@ -41,17 +41,20 @@ pub enum ConnectionKind {
     Github,
     /// A mail account: IMAP to read, SMTP to send.
     Mail,
+    /// An external expert: an A2A agent whose agent card is pinned by hash.
+    Expert,
 }
 
 impl ConnectionKind {
     /// Every kind.
-    pub const ALL: [ConnectionKind; 2] = [ConnectionKind::Github, ConnectionKind::Mail];
+    pub const ALL: [ConnectionKind; 3] = [ConnectionKind::Github, ConnectionKind::Mail, ConnectionKind::Expert];
 
-    /// The snake_case name (`github`, `mail`).
+    /// The snake_case name (`github`, `mail`, `expert`).
     pub fn as_str(self) -> &'static str {
         match self {
             ConnectionKind::Github => "github",
             ConnectionKind::Mail => "mail",
+            ConnectionKind::Expert => "expert",
         }
     }
 
@@ -87,6 +90,13 @@ pub enum Access {
         /// Why.
         message: String,
     },
+    /// The far side is no longer the one the user approved (an expert's agent card whose hash
+    /// differs from the pinned one): ladder reason `card_changed`, until the user approves it
+    /// again.
+    CardChanged {
+        /// What changed.
+        message: String,
+    },
 }
 
 impl Access {
@@ -109,6 +119,9 @@ impl Access {
             )),
             Access::Unreachable { message } => {
                 Err((ErrorCode::ConnectionUnreachable, format!("connection {name} cannot be reached: {message}")))
+            }
+            Access::CardChanged { message } => {
+                Err((ErrorCode::CardChanged, format!("connection {name} changed since it was approved: {message}")))
             }
         }
     }
@@ -169,7 +182,8 @@ impl std::fmt::Debug for Opened {
 }
 
 /// One kind of connection: how its settings and credentials are validated and how it is
-/// checked. Implemented by the tool domains (`tools::github`, `tools::mail`).
+/// checked. Implemented by the tool domains (`tools::github`, `tools::mail`,
+/// `tools::expert`).
 #[async_trait]
 pub trait Driver: Send + Sync + 'static {
     /// The kind.

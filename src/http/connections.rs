@@ -35,7 +35,7 @@ pub const MAX_OBJECT_BYTES: usize = 16 * 1024;
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateConnection {
-    /// `github` or `mail`.
+    /// `github`, `mail` or `expert`.
     pub kind: ConnectionKind,
     /// Display name, 1–128 characters (default: the kind).
     pub name: Option<String>,
@@ -221,9 +221,10 @@ fn view(app: &App, user: &AuthUser, c: &Connection) -> ConnectionView {
         .collect();
     let last_error = c.report.as_ref().and_then(|r| {
         r.access.values().find_map(|a| match a {
-            Access::ReauthRequired { message } | Access::Unreachable { message } | Access::Unknown { message } => {
-                Some(message.clone())
-            }
+            Access::ReauthRequired { message }
+            | Access::Unreachable { message }
+            | Access::Unknown { message }
+            | Access::CardChanged { message } => Some(message.clone()),
             Access::Granted | Access::Missing { .. } => None,
         })
     });

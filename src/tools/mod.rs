@@ -3,6 +3,7 @@
 //! of this build into a registry.
 
 pub mod codebase;
+pub mod expert;
 pub mod github;
 pub mod mail;
 pub mod search;
@@ -46,7 +47,7 @@ pub struct ToolDeps {
 
 /// The drivers of every connection kind this build knows ([`crate::connections::Driver`]).
 pub fn connection_drivers() -> Vec<Arc<dyn crate::connections::Driver>> {
-    vec![github::driver(), mail::driver()]
+    vec![github::driver(), mail::driver(), expert::driver()]
 }
 
 /// Handles to the state of core tools that HTTP resources share with them.
@@ -88,6 +89,7 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
     let search = search::register(registry, deps)?;
     github::register(registry, deps)?;
     mail::register(registry, deps)?;
+    expert::register(registry, deps)?;
     let terminal = terminal::host::TerminalHost::new(
         deps.store.clone(),
         deps.node_id.clone(),

@@ -11,6 +11,7 @@ mod codegraph;
 mod connections;
 mod docs;
 mod embedding;
+mod expert;
 mod github;
 mod hostile_access;
 mod hostile_approvals;

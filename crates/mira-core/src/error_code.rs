@@ -205,6 +205,10 @@ catalogue! {
     BaseChanged = (409, "base_changed"),
     /// The block to replace is not in the file.
     BlockNotFound = (409, "block_not_found"),
+    /// An expert's A2A agent card no longer has the SHA-256 (RFC 8785 canonical JSON) pinned
+    /// in its connection's `settings.card_sha256`: nothing was sent; the user re-approves the
+    /// card by pinning its new hash (also a ladder reason).
+    CardChanged = (409, "card_changed"),
     /// A connection's settings or credential changed after the call was frozen (the approval
     /// bound the connection as it was then): nothing was done.
     ConnectionChanged = (409, "connection_changed"),
@@ -283,6 +287,13 @@ catalogue! {
     CorruptInput = (422, "corrupt_input"),
     /// The runner refused a job because its local policy does not give it that workspace folder.
     DeviceWorkspaceRefused = (422, "device_workspace_refused"),
+    /// An external expert (A2A) answered with a failure: a JSON-RPC error, a non-success HTTP
+    /// status, or a task that ended `failed`, `rejected` or `canceled`.
+    ExpertError = (422, "expert_error"),
+    /// An external expert's answer ended before a final task state (the stream was cut, or a
+    /// limit on bytes, lines or time was reached): never reported as an answer; the partial
+    /// text is kept, marked incomplete, in the error's details.
+    ExpertIncomplete = (422, "expert_incomplete"),
     /// GitHub answered with an error other than those with their own code (a validation error, 5xx).
     GithubError = (422, "github_error"),
     /// The input fails the tool's JSON Schema.
