@@ -55,6 +55,8 @@ pub struct App {
     pub connections: Arc<crate::connections::ConnectionHub>,
     /// Live terminal sessions of this server.
     pub terminal: Arc<crate::tools::terminal::host::TerminalHost>,
+    /// The managed browser (`/readyz` reports it).
+    pub browser: Arc<crate::tools::browser::manager::BrowserManager>,
     /// The sandbox of the processes started for users (`/readyz` reports it).
     pub sandbox: Arc<crate::sandbox::Sandbox>,
     /// Open event streams per user (the cap of `--max-streams-per-user`).

@@ -89,6 +89,9 @@ pub struct ServeConfig {
     pub terminal: crate::tools::terminal::host::TerminalConfig,
     #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
+    pub browser: crate::tools::browser::BrowserSettings,
+    #[allow(missing_docs)] // A flattened section: its help is its own fields'.
+    #[command(flatten)]
     pub sandbox: crate::sandbox::SandboxConfig,
     #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
@@ -187,6 +190,8 @@ pub struct RuntimeConfig {
     pub search: crate::tools::search::config::SearchConfig,
     /// Limits of terminal sessions.
     pub terminal: crate::tools::terminal::host::TerminalConfig,
+    /// The managed browser.
+    pub browser: crate::tools::browser::BrowserSettings,
     /// Whether non-admin users may name internal addresses as URLs the server fetches.
     pub allow_internal_urls: bool,
     /// Whether the Read tools read files with more than one hard link
@@ -218,6 +223,7 @@ impl Default for RuntimeConfig {
             embedding: crate::embedding::EmbeddingConfig::default(),
             search: crate::tools::search::config::SearchConfig::default(),
             terminal: crate::tools::terminal::host::TerminalConfig::default(),
+            browser: crate::tools::browser::BrowserSettings::default(),
             allow_internal_urls: false,
             allow_hard_link_reads: false,
             four_eyes_domains: Vec::new(),

@@ -67,6 +67,8 @@ enum BenchCommand {
     Sse(bench::sse::SseBench),
     /// Sustained load: RSS, data size and disk bytes per call over time.
     Soak(bench::soak::SoakBench),
+    /// Managed browser: start → first snapshot, snapshot and click p50/p99, memory per context.
+    Browser(bench::browser::BrowserBench),
     /// Remote devices: `read_open` and terminal throughput through a real `mira runner` vs on
     /// the host, runner RSS.
     Runner(bench::runner::RunnerBench),
@@ -185,6 +187,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             embedding: cfg.embedding.config(),
             search: cfg.search.clone(),
             terminal: cfg.terminal.clone(),
+            browser: cfg.browser.clone(),
             allow_internal_urls: cfg.allow_internal_urls,
             allow_hard_link_reads: cfg.allow_hard_link_reads,
             four_eyes_domains: cfg
@@ -328,6 +331,7 @@ async fn run() -> ExitCode {
         Command::Bench { command: BenchCommand::Sse(opts) } => bench::sse::run(opts).await,
         Command::Bench { command: BenchCommand::Soak(opts) } => bench::soak::run(opts).await,
         Command::Bench { command: BenchCommand::Runner(opts) } => bench::runner::run(opts).await,
+        Command::Bench { command: BenchCommand::Browser(opts) } => bench::browser::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

@@ -150,6 +150,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         shutdown: shutdown.clone(),
         search: config.search.clone(),
         terminal: config.terminal.clone(),
+        browser: config.browser.clone(),
         node_id,
         sandbox: sandbox.clone(),
     };
@@ -255,6 +256,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         shutdown,
         search: core.search,
         terminal: core.terminal,
+        browser: core.browser,
         connections,
         sandbox,
         streams: crate::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),

@@ -1,6 +1,7 @@
 //! Benchmarks run by `mira bench …`: they start a real server in-process and print figures.
 //! Not tests: their numbers go into issue notes, not assertions.
 
+pub mod browser;
 pub mod codegraph;
 pub mod expert;
 pub mod exposure;

@@ -59,6 +59,9 @@ pub struct Ready {
     pub sandbox: crate::sandbox::SandboxReport,
     /// This replica: its node id and how it hears other replicas' events.
     pub replica: ReplicaReady,
+    /// The managed browser: `missing` (no Chromium binary; the browser tools are unavailable
+    /// with `browser_missing`), `idle` or `running`, and its open contexts.
+    pub browser: crate::tools::browser::manager::BrowserReport,
 }
 
 /// This replica in `/readyz`.
@@ -110,6 +113,7 @@ pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
         embedding,
         tools_registered: app.registry.all().len(),
         sandbox: app.sandbox.report(),
+        browser: app.browser.report().await,
         replica: {
             let l = app.store.bus().listener();
             ReplicaReady {

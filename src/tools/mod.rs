@@ -2,6 +2,7 @@
 //! External MCP projections are [`crate::mcp::tool`]). [`register_core`] puts every core tool
 //! of this build into a registry.
 
+pub mod browser;
 pub mod codebase;
 pub mod expert;
 pub mod github;
@@ -43,6 +44,8 @@ pub struct ToolDeps {
     pub connections: Arc<crate::connections::ConnectionHub>,
     /// Whether non-admins' URLs may reach internal addresses (`--allow-internal-urls`).
     pub allow_internal_urls: bool,
+    /// The managed browser's settings (`--browser-*`).
+    pub browser: browser::BrowserSettings,
 }
 
 /// The drivers of every connection kind this build knows ([`crate::connections::Driver`]).
@@ -57,6 +60,8 @@ pub struct CoreTools {
     pub search: Arc<search::SearchHub>,
     /// Live terminal sessions (`/v1/terminal-sessions`).
     pub terminal: Arc<terminal::host::TerminalHost>,
+    /// The managed browser (`/readyz` reports it).
+    pub browser: Arc<browser::manager::BrowserManager>,
 }
 
 /// Registers the core tools and their legacy compatibility entries, and starts the
@@ -90,6 +95,14 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
     github::register(registry, deps)?;
     mail::register(registry, deps)?;
     expert::register(registry, deps)?;
+    let browser = browser::manager::BrowserManager::new(
+        deps.browser.clone(),
+        &deps.data_dir,
+        deps.store.clone(),
+        deps.allow_internal_urls,
+    );
+    browser::register(registry, &browser, &deps.data_dir)?;
+    browser.spawn_reaper(deps.shutdown.clone());
     let terminal = terminal::host::TerminalHost::new(
         deps.store.clone(),
         deps.node_id.clone(),
@@ -98,5 +111,5 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
         deps.shutdown.clone(),
     );
     registry.register(Arc::new(terminal::TerminalSession::new(terminal.clone())))?;
-    Ok(CoreTools { search, terminal })
+    Ok(CoreTools { search, terminal, browser })
 }

@@ -127,6 +127,13 @@ impl Default for Options {
                 mcp,
                 allow_internal_urls: true,
                 sandbox,
+                // The managed browser's tools stay out of other tests' exposures (they would
+                // be nine more candidates wherever chromium is installed); tests/it/browser.rs
+                // names the binary.
+                browser: mira::tools::browser::BrowserSettings {
+                    chromium: Some("/nonexistent/mira-tests-without-a-browser".into()),
+                    ..Default::default()
+                },
                 ..RuntimeConfig::default()
             },
             body_limit: 1024 * 1024,

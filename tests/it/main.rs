@@ -6,6 +6,7 @@ mod common;
 
 mod approval;
 mod bad_input;
+mod browser;
 mod cluster;
 mod codegraph;
 mod connections;

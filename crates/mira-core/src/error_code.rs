@@ -205,6 +205,9 @@ catalogue! {
     BaseChanged = (409, "base_changed"),
     /// The block to replace is not in the file.
     BlockNotFound = (409, "block_not_found"),
+    /// The managed browser's bound is reached: as many users' browser contexts
+    /// (`--browser-max-contexts`) or tabs in one context (`--browser-max-tabs`) as allowed.
+    BrowserLimit = (409, "browser_limit"),
     /// An expert's A2A agent card no longer has the SHA-256 (RFC 8785 canonical JSON) pinned
     /// in its connection's `settings.card_sha256`: nothing was sent; the user re-approves the
     /// card by pinning its new hash (also a ladder reason).
@@ -253,6 +256,10 @@ catalogue! {
     SourcePaused = (409, "source_paused"),
     /// The MCP tool's definition changed since the call was frozen.
     StaleDefinition = (409, "stale_definition"),
+    /// A browser element reference from a snapshot that is not the tab's latest, or from a page
+    /// that changed (navigated, or its accessibility tree differs) since that snapshot: take a
+    /// new snapshot; the reference is never re-resolved to another element.
+    StaleSnapshot = (409, "stale_snapshot"),
     /// The target is not in the frozen state.
     StaleTarget = (409, "stale_target"),
     /// The terminal session has ended.
@@ -281,6 +288,9 @@ catalogue! {
     UnsupportedMediaType = (415, "unsupported_media_type"),
     /// No granted approval names this exact call.
     ApprovalRequired = (422, "approval_required"),
+    /// The managed browser failed: it could not start, a DevTools command failed or timed
+    /// out, or the element cannot be acted on (no box, not a select).
+    BrowserError = (422, "browser_error"),
     /// The call was cancelled.
     Cancelled = (422, "cancelled"),
     /// The frozen input no longer parses.
@@ -375,6 +385,9 @@ catalogue! {
     TooManyStreams = (429, "too_many_streams"),
     /// A bug or a store error other than unavailability (logged, never detailed).
     Internal = (500, "internal"),
+    /// No Chromium binary is configured or found (`--browser-chromium`): the browser tools are
+    /// `unavailable`.
+    BrowserMissing = (503, "browser_missing"),
     /// The search connection was removed.
     ConnectionGone = (503, "connection_gone"),
     /// The connection cannot be reached (its server is down or refuses the connection).

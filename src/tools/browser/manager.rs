@@ -1,0 +1,909 @@
+//! The managed browser: one Chromium process (Debian's `chromium`, headless) started on the
+//! first call that needs it, one isolated browser context per user (CDP
+//! `Target.createBrowserContext`: its own cookies, storage and cache), a bounded number of
+//! contexts and of tabs per context, each context closed after `--browser-idle-secs` without a
+//! call and the process closed with the last context.
+//!
+//! Every tab is opened on `about:blank` with CDP `Fetch` request interception on (chromiumoxide
+//! sends `Fetch.enable` with the pattern `*` when it attaches to the target), and a task per
+//! tab continues each paused request that the context's [`OriginPolicy`] allows and fails the
+//! others (`Fetch.failRequest`, `BlockedByClient`), recording each refusal for the evidence of
+//! the call during which it happened. Nothing here evaluates JavaScript given by a caller; the
+//! two fixed functions that clear a text field and choose a `<select>` option are this
+//! module's own.
+//!
+//! All of one user's calls run one at a time (the context's lock), so a snapshot, the check
+//! that it is still current and the action that follows cannot interleave with another call.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chromiumoxide::cdp::browser_protocol::fetch::{ContinueRequestParams, EventRequestPaused, FailRequestParams};
+use chromiumoxide::cdp::browser_protocol::network::ErrorReason;
+use chromiumoxide::cdp::browser_protocol::page::{EventFrameStartedLoading, EventLoadEventFired};
+use chromiumoxide::cdp::browser_protocol::target::CreateTargetParams;
+use chromiumoxide::{Browser, BrowserConfig, Page};
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::BrowserSettings;
+use super::policy::{OriginPolicy, Refusal};
+use super::snapshot::{self, Element, Rendered};
+use crate::error::ErrorCode;
+use crate::net::AddressRule;
+use crate::registry::ToolError;
+use crate::store::Store;
+
+/// Longest one DevTools command may take.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest a navigation waits for the page's `load` event.
+pub const LOAD_TIMEOUT: Duration = Duration::from_secs(15);
+/// Most refusals kept per context between two calls.
+const MAX_REFUSALS_KEPT: usize = 200;
+
+/// A raw DevTools command: method and JSON parameters, answered with raw JSON, so that
+/// fields a newer Chromium adds never fail to parse.
+#[derive(Debug, Clone)]
+struct Raw {
+    method: &'static str,
+    params: Value,
+}
+
+impl Serialize for Raw {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.params.serialize(s)
+    }
+}
+
+impl chromiumoxide::Method for Raw {
+    fn identifier(&self) -> chromiumoxide::types::MethodId {
+        self.method.into()
+    }
+}
+
+impl chromiumoxide::Command for Raw {
+    type Response = Value;
+}
+
+fn browser_error(message: impl Into<String>) -> ToolError {
+    ToolError::new(ErrorCode::BrowserError, message)
+}
+
+/// Sends `method` with `params` to `page`'s target, within [`COMMAND_TIMEOUT`].
+async fn cdp(page: &Page, method: &'static str, params: Value) -> Result<Value, ToolError> {
+    match tokio::time::timeout(COMMAND_TIMEOUT, page.execute(Raw { method, params })).await {
+        Ok(Ok(resp)) => Ok(resp.result),
+        Ok(Err(e)) => Err(browser_error(format!("{method} failed: {e}"))),
+        Err(_) => Err(browser_error(format!("{method} did not answer within {} s", COMMAND_TIMEOUT.as_secs()))),
+    }
+}
+
+/// A request the origin policy refused.
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusedRequest {
+    /// The tab whose page made it.
+    pub tab: String,
+    /// CDP resource type (`Document`, `Script`, `Image`…).
+    pub resource_type: String,
+    /// The URL and the rule.
+    #[serde(flatten)]
+    pub refusal: Refusal,
+}
+
+/// What a snapshot saw, kept to check later references against.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// `snap_…`, unique.
+    pub id: String,
+    /// The main frame's loader (one per document load).
+    pub loader_id: String,
+    /// The page URL.
+    pub url: String,
+    /// The rendering.
+    pub rendered: Rendered,
+    /// The (node, byte) limits it was rendered with; a later check renders with the same.
+    pub limits: (usize, usize),
+}
+
+/// What a screenshot saw, kept to check later coordinates against.
+#[derive(Debug, Clone)]
+pub struct Shot {
+    /// `shot_…`, unique.
+    pub id: String,
+    /// The PNG's SHA-256.
+    pub sha256: String,
+    /// The main frame's loader then.
+    pub loader_id: String,
+    /// The page URL then.
+    pub url: String,
+    /// The accessibility tree's structure digest then (default snapshot limits).
+    pub digest: String,
+    /// Width and height in CSS pixels (device scale factor 1).
+    pub size: (u32, u32),
+}
+
+/// One tab of a context.
+pub struct Tab {
+    /// `t1`, `t2`… within the context.
+    pub id: String,
+    /// The page.
+    pub page: Page,
+    /// The latest snapshot of this tab.
+    pub snapshot: Option<Snapshot>,
+    /// The latest screenshot of this tab (what `browser_click_at` coordinates refer to).
+    pub shot: Option<Shot>,
+    interceptor: JoinHandle<()>,
+}
+
+/// The tabs of one context and which is active.
+pub struct Tabs {
+    /// Open tabs, oldest first.
+    pub list: Vec<Tab>,
+    /// Id of the active tab.
+    pub active: Option<String>,
+    next: u64,
+}
+
+/// One user's isolated browser context.
+pub struct UserContext {
+    context_id: chromiumoxide::cdp::browser_protocol::browser::BrowserContextId,
+    browser: Arc<Browser>,
+    /// The tabs; held for the whole of a call.
+    pub tabs: tokio::sync::Mutex<Tabs>,
+    policy: Arc<parking_lot::RwLock<OriginPolicy>>,
+    refusals: Arc<parking_lot::Mutex<Vec<RefusedRequest>>>,
+    last_used: parking_lot::Mutex<Instant>,
+    max_tabs: usize,
+}
+
+struct Running {
+    browser: Arc<Browser>,
+    handler: JoinHandle<()>,
+    profile: PathBuf,
+}
+
+#[derive(Default)]
+struct State {
+    running: Option<Running>,
+    users: HashMap<String, Arc<UserContext>>,
+}
+
+/// The `/readyz` section of the managed browser.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct BrowserReport {
+    /// `missing` (no Chromium binary: the browser tools are unavailable with
+    /// `browser_missing`), `idle` (no process now; one starts on the first call) or `running`.
+    pub state: &'static str,
+    /// The Chromium binary in use, when found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chromium: Option<String>,
+    /// Users' browser contexts open now.
+    pub contexts: usize,
+    /// Most contexts at once (`--browser-max-contexts`).
+    pub max_contexts: usize,
+}
+
+/// The managed browser of this server.
+pub struct BrowserManager {
+    settings: BrowserSettings,
+    binary: Option<PathBuf>,
+    profile_root: PathBuf,
+    store: Store,
+    allow_internal: bool,
+    allow: Vec<String>,
+    state: tokio::sync::Mutex<State>,
+    contexts: std::sync::atomic::AtomicUsize,
+}
+
+/// Finds the Chromium binary: the configured path when it is an executable file, else none
+/// (a configured path that is not there is not replaced by another); without a configured
+/// path, `chromium`, `chromium-browser`, `google-chrome` on `PATH`.
+pub fn find_chromium(configured: Option<&std::path::Path>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable =
+        |p: &std::path::Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if let Some(p) = configured {
+        return executable(p).then(|| p.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    for dir in std::env::split_paths(&path) {
+        for name in ["chromium", "chromium-browser", "google-chrome"] {
+            let candidate = dir.join(name);
+            if executable(&candidate) {
+                return Some(candidate);
+            }
+        }
+    }
+    None
+}
+
+impl BrowserManager {
+    /// The manager for `settings`; nothing starts until a call needs the browser. `data_dir`
+    /// holds the profiles (`<data>/browser/profile-…`, removed when the process closes).
+    pub fn new(settings: BrowserSettings, data_dir: &std::path::Path, store: Store, allow_internal: bool) -> Arc<Self> {
+        let binary = find_chromium(settings.chromium.as_deref());
+        let allow = settings.allow_origins.iter().filter_map(|o| super::policy::normalise_origin(o)).collect();
+        Arc::new(BrowserManager {
+            binary,
+            profile_root: data_dir.join("browser"),
+            store,
+            allow_internal,
+            allow,
+            settings,
+            state: tokio::sync::Mutex::new(State::default()),
+            contexts: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// The Chromium binary, when one was found.
+    pub fn binary(&self) -> Option<&std::path::Path> {
+        self.binary.as_deref()
+    }
+
+    /// The `/readyz` section.
+    pub async fn report(&self) -> BrowserReport {
+        let state = self.state.lock().await;
+        BrowserReport {
+            state: if self.binary.is_none() {
+                "missing"
+            } else if state.running.is_some() {
+                "running"
+            } else {
+                "idle"
+            },
+            chromium: self.binary.as_ref().map(|p| p.display().to_string()),
+            contexts: state.users.len(),
+            max_contexts: self.settings.max_contexts,
+        }
+    }
+
+    /// Users' contexts open now (no lock).
+    pub fn context_count(&self) -> usize {
+        self.contexts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The address rule for `user`: any address for admins and deployments that allow
+    /// internal URLs, public ones only otherwise.
+    async fn rule_for(&self, user: &str) -> Result<AddressRule, ToolError> {
+        if self.allow_internal {
+            return Ok(AddressRule::Any);
+        }
+        let admins = self
+            .store
+            .admin_user_ids()
+            .await
+            .map_err(|e| ToolError::new(ErrorCode::StoreError, format!("reading the admins: {e}")))?;
+        Ok(if admins.contains(user) { AddressRule::Any } else { AddressRule::PublicOnly })
+    }
+
+    /// The context of `user`, creating it (and starting Chromium) when there is none.
+    /// Errors: `browser_missing`, `browser_limit`, `browser_error`.
+    pub async fn context(&self, user: &str) -> Result<Arc<UserContext>, ToolError> {
+        let rule = self.rule_for(user).await?;
+        let mut state = self.state.lock().await;
+        if let Some(ctx) = state.users.get(user) {
+            ctx.policy.write().rule = rule;
+            *ctx.last_used.lock() = Instant::now();
+            return Ok(ctx.clone());
+        }
+        let Some(binary) = self.binary.clone() else {
+            return Err(ToolError::new(ErrorCode::BrowserMissing, "no Chromium binary is installed or configured"));
+        };
+        if state.users.len() >= self.settings.max_contexts {
+            return Err(ToolError::new(
+                ErrorCode::BrowserLimit,
+                format!("the managed browser already serves {} users (--browser-max-contexts)", state.users.len()),
+            ));
+        }
+        if state.running.as_ref().is_some_and(|r| r.handler.is_finished()) {
+            // The process or its connection ended: start again.
+            if let Some(old) = state.running.take() {
+                let _ = std::fs::remove_dir_all(&old.profile);
+            }
+            state.users.clear();
+        }
+        if state.running.is_none() {
+            state.running = Some(self.launch(&binary).await?);
+        }
+        let Some(running) = state.running.as_ref() else {
+            return Err(browser_error("the browser did not start"));
+        };
+        let browser = running.browser.clone();
+        let context_id = tokio::time::timeout(
+            COMMAND_TIMEOUT,
+            browser.create_browser_context(
+                chromiumoxide::cdp::browser_protocol::target::CreateBrowserContextParams::default(),
+            ),
+        )
+        .await
+        .map_err(|_| browser_error("Target.createBrowserContext timed out"))?
+        .map_err(|e| browser_error(format!("Target.createBrowserContext failed: {e}")))?;
+        let ctx = Arc::new(UserContext {
+            context_id,
+            browser,
+            tabs: tokio::sync::Mutex::new(Tabs { list: Vec::new(), active: None, next: 1 }),
+            policy: Arc::new(parking_lot::RwLock::new(OriginPolicy { allow: self.allow.clone(), rule })),
+            refusals: Arc::default(),
+            last_used: parking_lot::Mutex::new(Instant::now()),
+            max_tabs: self.settings.max_tabs,
+        });
+        state.users.insert(user.to_owned(), ctx.clone());
+        self.contexts.store(state.users.len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(ctx)
+    }
+
+    /// Re-reads whether `user` is an admin and sets the address rule of their open context
+    /// (an action on an existing snapshot does not go through [`BrowserManager::context`]).
+    pub async fn refresh_rule(&self, user: &str, ctx: &UserContext) -> Result<(), ToolError> {
+        let rule = self.rule_for(user).await?;
+        ctx.policy.write().rule = rule;
+        Ok(())
+    }
+
+    /// The context of `user` when one is open (no start).
+    pub async fn existing(&self, user: &str) -> Option<Arc<UserContext>> {
+        self.state.lock().await.users.get(user).cloned()
+    }
+
+    async fn launch(&self, binary: &std::path::Path) -> Result<Running, ToolError> {
+        let profile = self.profile_root.join(format!("profile-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&profile)
+            .map_err(|e| browser_error(format!("creating the browser profile {}: {e}", profile.display())))?;
+        let mut builder = BrowserConfig::builder()
+            .chrome_executable(binary)
+            .user_data_dir(&profile)
+            .enable_request_intercept()
+            .respect_https_errors()
+            .launch_timeout(Duration::from_secs(30))
+            .request_timeout(COMMAND_TIMEOUT)
+            .args(["--disable-background-networking", "--no-first-run", "--disable-sync", "--disable-gpu"]);
+        // Chromium's own sandbox cannot start as root (it refuses to run); under root the
+        // process runs without it and the origin policy and the contexts' isolation remain.
+        if rustix::process::geteuid().is_root() {
+            builder = builder.no_sandbox();
+        }
+        let config = builder.build().map_err(|e| browser_error(format!("browser configuration: {e}")))?;
+        let (browser, mut handler) =
+            Browser::launch(config).await.map_err(|e| browser_error(format!("starting {}: {e}", binary.display())))?;
+        let handler = tokio::spawn(async move {
+            while let Some(event) = handler.next().await {
+                if let Err(e) = event {
+                    tracing::debug!(error = %e, "browser handler");
+                    if matches!(e, chromiumoxide::error::CdpError::Ws(_)) {
+                        break;
+                    }
+                }
+            }
+        });
+        tracing::info!(chromium = %binary.display(), "managed browser started");
+        Ok(Running { browser: Arc::new(browser), handler, profile })
+    }
+
+    /// Closes contexts idle for longer than the idle limit, and the process with the last one.
+    pub async fn close_idle(&self) {
+        let idle = Duration::from_secs(self.settings.idle_secs.max(1));
+        let mut state = self.state.lock().await;
+        let expired: Vec<String> = state
+            .users
+            .iter()
+            .filter(|(_, c)| c.last_used.lock().elapsed() >= idle && c.tabs.try_lock().is_ok())
+            .map(|(u, _)| u.clone())
+            .collect();
+        for user in expired {
+            if let Some(ctx) = state.users.remove(&user) {
+                ctx.close().await;
+            }
+        }
+        self.contexts.store(state.users.len(), std::sync::atomic::Ordering::Relaxed);
+        if state.users.is_empty()
+            && let Some(running) = state.running.take()
+        {
+            Self::stop(running).await;
+        }
+    }
+
+    async fn stop(running: Running) {
+        let Running { browser, handler, profile } = running;
+        if let Ok(mut browser) = Arc::try_unwrap(browser) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), browser.close()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), browser.wait()).await;
+        }
+        handler.abort();
+        let _ = std::fs::remove_dir_all(&profile);
+        tracing::info!("managed browser closed");
+    }
+
+    /// Closes every context and the process.
+    pub async fn shutdown(&self) {
+        let mut state = self.state.lock().await;
+        for (_, ctx) in state.users.drain() {
+            ctx.close().await;
+        }
+        self.contexts.store(0, std::sync::atomic::Ordering::Relaxed);
+        if let Some(running) = state.running.take() {
+            Self::stop(running).await;
+        }
+    }
+
+    /// Closes idle contexts every few seconds until `shutdown`, then everything.
+    pub fn spawn_reaper(self: &Arc<Self>, shutdown: CancellationToken) {
+        let this = Arc::clone(self);
+        let every = Duration::from_secs((self.settings.idle_secs / 4).clamp(1, 30));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tick.tick() => this.close_idle().await,
+                }
+            }
+            this.shutdown().await;
+        });
+    }
+}
+
+impl UserContext {
+    async fn close(&self) {
+        let mut tabs = self.tabs.lock().await;
+        for tab in tabs.list.drain(..) {
+            tab.interceptor.abort();
+            let _ = tokio::time::timeout(Duration::from_secs(5), tab.page.close()).await;
+        }
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), self.browser.dispose_browser_context(self.context_id.clone()))
+                .await;
+    }
+
+    /// Marks the context used now.
+    pub fn touch(&self) {
+        *self.last_used.lock() = Instant::now();
+    }
+
+    /// The refusals recorded since the last call to this, oldest first.
+    pub fn take_refusals(&self) -> Vec<RefusedRequest> {
+        std::mem::take(&mut *self.refusals.lock())
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> OriginPolicy {
+        self.policy.read().clone()
+    }
+
+    /// Opens a tab on `about:blank` with interception on, and makes it active.
+    /// Errors: `browser_limit`, `browser_error`.
+    pub async fn open_tab(&self, tabs: &mut Tabs) -> Result<String, ToolError> {
+        if tabs.list.len() >= self.max_tabs {
+            return Err(ToolError::new(
+                ErrorCode::BrowserLimit,
+                format!("{} tabs are open, the most one user may have (--browser-max-tabs)", tabs.list.len()),
+            ));
+        }
+        let params = CreateTargetParams::builder()
+            .url("about:blank")
+            .browser_context_id(self.context_id.clone())
+            .build()
+            .map_err(|e| browser_error(format!("Target.createTarget: {e}")))?;
+        let page = tokio::time::timeout(COMMAND_TIMEOUT, self.browser.new_page(params))
+            .await
+            .map_err(|_| browser_error("opening a tab timed out"))?
+            .map_err(|e| browser_error(format!("opening a tab: {e}")))?;
+        let id = format!("t{}", tabs.next);
+        tabs.next += 1;
+        let events = page
+            .event_listener::<EventRequestPaused>()
+            .await
+            .map_err(|e| browser_error(format!("listening for paused requests: {e}")))?;
+        let interceptor =
+            tokio::spawn(intercept(page.clone(), events, self.policy.clone(), self.refusals.clone(), id.clone()));
+        tabs.list.push(Tab { id: id.clone(), page, snapshot: None, shot: None, interceptor });
+        tabs.active = Some(id.clone());
+        Ok(id)
+    }
+
+    /// Closes tab `id`; the next remaining tab becomes active. Errors: `not_found`.
+    pub async fn close_tab(&self, tabs: &mut Tabs, id: &str) -> Result<(), ToolError> {
+        let pos = tabs.list.iter().position(|t| t.id == id).ok_or_else(|| no_tab(id))?;
+        let tab = tabs.list.remove(pos);
+        tab.interceptor.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(5), tab.page.close()).await;
+        if tabs.active.as_deref() == Some(id) {
+            tabs.active = tabs.list.last().map(|t| t.id.clone());
+        }
+        Ok(())
+    }
+}
+
+fn no_tab(id: &str) -> ToolError {
+    ToolError::new(ErrorCode::NotFound, format!("no open tab {id}"))
+}
+
+impl Tabs {
+    /// Tab `id`, or the active tab when `id` is None. Errors: `not_found`.
+    pub fn get(&self, id: Option<&str>) -> Result<&Tab, ToolError> {
+        let want = id.or(self.active.as_deref()).ok_or_else(|| {
+            ToolError::new(ErrorCode::NotFound, "no tab is open: navigate somewhere first (browser_navigate)")
+        })?;
+        self.list.iter().find(|t| t.id == want).ok_or_else(|| no_tab(want))
+    }
+
+    /// Mutable tab `id` or the active one.
+    pub fn get_mut(&mut self, id: Option<&str>) -> Result<&mut Tab, ToolError> {
+        let want = id.or(self.active.as_deref()).map(str::to_owned).ok_or_else(|| {
+            ToolError::new(ErrorCode::NotFound, "no tab is open: navigate somewhere first (browser_navigate)")
+        })?;
+        self.list.iter_mut().find(|t| t.id == want).ok_or_else(|| no_tab(&want))
+    }
+
+    /// The tab whose latest snapshot is `snapshot_id`. Errors: `stale_snapshot` (no tab's
+    /// latest snapshot has that id: an older one, or one of a closed tab).
+    pub fn by_snapshot(&self, snapshot_id: &str) -> Result<&Tab, ToolError> {
+        self.list.iter().find(|t| t.snapshot.as_ref().is_some_and(|s| s.id == snapshot_id)).ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::StaleSnapshot,
+                format!(
+                    "{snapshot_id} is not the latest snapshot of an open tab: take a new snapshot (browser_snapshot)"
+                ),
+            )
+        })
+    }
+}
+
+/// Continues or fails every paused request of one tab by the context's policy.
+async fn intercept(
+    page: Page,
+    mut events: chromiumoxide::listeners::EventStream<EventRequestPaused>,
+    policy: Arc<parking_lot::RwLock<OriginPolicy>>,
+    refusals: Arc<parking_lot::Mutex<Vec<RefusedRequest>>>,
+    tab: String,
+) {
+    while let Some(event) = events.next().await {
+        let url = event.request.url.clone();
+        let current = policy.read().clone();
+        match current.check(&url).await {
+            Ok(()) => {
+                if let Err(e) = page.execute(ContinueRequestParams::new(event.request_id.clone())).await {
+                    tracing::debug!(error = %e, "Fetch.continueRequest");
+                }
+            }
+            Err(refusal) => {
+                if let Err(e) =
+                    page.execute(FailRequestParams::new(event.request_id.clone(), ErrorReason::BlockedByClient)).await
+                {
+                    tracing::debug!(error = %e, "Fetch.failRequest");
+                }
+                let mut kept = refusals.lock();
+                if kept.len() < MAX_REFUSALS_KEPT {
+                    kept.push(RefusedRequest {
+                        tab: tab.clone(),
+                        resource_type: format!("{:?}", event.resource_type),
+                        refusal,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The main frame's loader id and URL (`Page.getFrameTree`).
+pub async fn main_frame(page: &Page) -> Result<(String, String), ToolError> {
+    let tree = cdp(page, "Page.getFrameTree", json!({})).await?;
+    let frame = &tree["frameTree"]["frame"];
+    Ok((
+        frame["loaderId"].as_str().unwrap_or_default().to_owned(),
+        frame["url"].as_str().unwrap_or_default().to_owned(),
+    ))
+}
+
+/// Reads and renders the page's accessibility tree.
+pub async fn read_tree(page: &Page, max_nodes: usize, max_bytes: usize) -> Result<Rendered, ToolError> {
+    let tree = cdp(page, "Accessibility.getFullAXTree", json!({})).await?;
+    let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
+    Ok(snapshot::render(&nodes, max_nodes, max_bytes))
+}
+
+/// Takes a snapshot of `tab` and keeps it as the tab's latest.
+pub async fn take_snapshot(tab: &mut Tab, max_nodes: usize, max_bytes: usize) -> Result<Snapshot, ToolError> {
+    let (loader_id, url) = main_frame(&tab.page).await?;
+    let rendered = read_tree(&tab.page, max_nodes, max_bytes).await?;
+    let id = format!("snap_{}", &uuid::Uuid::now_v7().simple().to_string()[16..]);
+    let snap = Snapshot { id, loader_id, url, rendered, limits: (max_nodes, max_bytes) };
+    tab.snapshot = Some(snap.clone());
+    Ok(snap)
+}
+
+/// The element `reference` of `snapshot_id`, checked to still be current: the snapshot is its
+/// tab's latest, the reference is in it, the page was not navigated since (same loader) and
+/// its tree has the same structure. Errors: `stale_snapshot`, `not_found` (no such reference
+/// in that snapshot).
+pub async fn resolve<'t>(
+    tabs: &'t Tabs,
+    snapshot_id: &str,
+    reference: &str,
+    check_page: bool,
+) -> Result<(&'t Tab, Element, String), ToolError> {
+    let tab = tabs.by_snapshot(snapshot_id)?;
+    let Some(snap) = tab.snapshot.as_ref() else {
+        return Err(ToolError::new(ErrorCode::StaleSnapshot, "the tab has no snapshot"));
+    };
+    let element = snap.rendered.refs.get(reference).cloned().ok_or_else(|| {
+        ToolError::new(ErrorCode::NotFound, format!("snapshot {snapshot_id} has no element {reference}"))
+    })?;
+    if check_page {
+        let (loader, url) = main_frame(&tab.page).await?;
+        if loader != snap.loader_id {
+            return Err(ToolError::new(
+                ErrorCode::StaleSnapshot,
+                format!(
+                    "the page of tab {} navigated since snapshot {snapshot_id} (now {url}): take a new snapshot",
+                    tab.id
+                ),
+            )
+            .with_details(json!({"snapshot_id": snapshot_id, "reason": "navigated", "url": url})));
+        }
+        let now = read_tree(&tab.page, snap.limits.0, snap.limits.1).await?;
+        if now.digest != snap.rendered.digest {
+            return Err(ToolError::new(
+                ErrorCode::StaleSnapshot,
+                format!("the page of tab {} changed since snapshot {snapshot_id}: take a new snapshot", tab.id),
+            )
+            .with_details(json!({"snapshot_id": snapshot_id, "reason": "changed"})));
+        }
+    }
+    Ok((tab, element, snap.url.clone()))
+}
+
+/// Scrolls the element into view and returns the centre of its first content quad (CSS px).
+async fn centre(page: &Page, backend_node_id: i64) -> Result<(f64, f64), ToolError> {
+    let _ = cdp(page, "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": backend_node_id})).await;
+    let quads = cdp(page, "DOM.getContentQuads", json!({"backendNodeId": backend_node_id})).await?;
+    let quad: Vec<f64> = quads["quads"][0].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+    if quad.len() != 8 {
+        return Err(browser_error("the element has no box on the page (hidden or detached)"));
+    }
+    let x = (quad[0] + quad[2] + quad[4] + quad[6]) / 4.0;
+    let y = (quad[1] + quad[3] + quad[5] + quad[7]) / 4.0;
+    Ok((x, y))
+}
+
+/// Listeners opened before an action, to tell afterwards whether it started a navigation.
+pub struct Watch {
+    loads: chromiumoxide::listeners::EventStream<EventLoadEventFired>,
+    started: chromiumoxide::listeners::EventStream<EventFrameStartedLoading>,
+    loader: String,
+}
+
+/// Starts watching `page` for a navigation an action may start.
+async fn watch(page: &Page) -> Result<Watch, ToolError> {
+    let (loader, _) = main_frame(page).await?;
+    let listen = |e: chromiumoxide::error::CdpError| browser_error(format!("listening for page events: {e}"));
+    let loads = page.event_listener::<EventLoadEventFired>().await.map_err(listen)?;
+    let started = page.event_listener::<EventFrameStartedLoading>().await.map_err(listen)?;
+    Ok(Watch { loads, started, loader })
+}
+
+/// How long after an action a frame must start loading for the action to count as having
+/// started a navigation (then its `load` is awaited, up to [`LOAD_TIMEOUT`]).
+pub const NAVIGATION_START_WAIT: Duration = Duration::from_millis(150);
+
+/// Waits until the page settles after an action: when a frame starts loading within
+/// [`NAVIGATION_START_WAIT`] (or the main frame's loader changed meanwhile), up to
+/// [`LOAD_TIMEOUT`] for the `load` event. Returns whether a load happened.
+async fn settle(page: &Page, mut w: Watch) -> bool {
+    let started = tokio::time::timeout(NAVIGATION_START_WAIT, w.started.next()).await.is_ok();
+    let changed = matches!(main_frame(page).await, Ok((loader, _)) if loader != w.loader);
+    if started || changed { tokio::time::timeout(LOAD_TIMEOUT, w.loads.next()).await.is_ok() } else { false }
+}
+
+/// Navigates `page` to `url` and waits for its `load` event. Returns (loaded, error text of a
+/// failed navigation such as `net::ERR_BLOCKED_BY_CLIENT`).
+pub async fn navigate(page: &Page, url: &str) -> Result<(bool, Option<String>), ToolError> {
+    let loads = page
+        .event_listener::<EventLoadEventFired>()
+        .await
+        .map_err(|e| browser_error(format!("listening for load: {e}")))?;
+    let answer = cdp(page, "Page.navigate", json!({"url": url})).await?;
+    if let Some(error) = answer["errorText"].as_str().filter(|e| !e.is_empty()) {
+        return Ok((false, Some(error.to_owned())));
+    }
+    let same_document = answer.get("loaderId").is_none_or(Value::is_null);
+    if same_document {
+        return Ok((true, None));
+    }
+    let mut loads = loads;
+    let loaded = tokio::time::timeout(LOAD_TIMEOUT, loads.next()).await.is_ok();
+    Ok((loaded, None))
+}
+
+/// Clicks the element's centre with the left button. Returns whether a new document loaded.
+pub async fn click(page: &Page, backend_node_id: i64) -> Result<bool, ToolError> {
+    let (x, y) = centre(page, backend_node_id).await?;
+    let w = watch(page).await?;
+    for kind in ["mouseMoved", "mousePressed", "mouseReleased"] {
+        let mut params = json!({"type": kind, "x": x, "y": y});
+        if kind != "mouseMoved" {
+            params["button"] = json!("left");
+            params["clickCount"] = json!(1);
+        }
+        cdp(page, "Input.dispatchMouseEvent", params).await?;
+    }
+    Ok(settle(page, w).await)
+}
+
+/// The fixed function that empties a text field before typing (this module's own code).
+const CLEAR_FIELD: &str = "function() { if ('value' in this) { this.value = ''; } else if (this.isContentEditable) { this.textContent = ''; } }";
+
+/// The fixed function that chooses an option of a `<select>` by value or label (this module's
+/// own code); returns the chosen option's value, or null.
+const SELECT_OPTION: &str = "function(want) { if (!(this instanceof HTMLSelectElement)) { return null; } \
+    const o = Array.from(this.options).find(o => o.value === want || o.label === want || o.text === want); \
+    if (!o) { return null; } this.value = o.value; \
+    this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); \
+    return o.value; }";
+
+async fn call_on(page: &Page, backend_node_id: i64, function: &str, args: Value) -> Result<Value, ToolError> {
+    let resolved = cdp(page, "DOM.resolveNode", json!({"backendNodeId": backend_node_id})).await?;
+    let object_id = resolved["object"]["objectId"]
+        .as_str()
+        .ok_or_else(|| browser_error("the element cannot be resolved in the page"))?
+        .to_owned();
+    let out = cdp(
+        page,
+        "Runtime.callFunctionOn",
+        json!({"objectId": object_id, "functionDeclaration": function, "arguments": args, "returnByValue": true}),
+    )
+    .await?;
+    let _ = cdp(page, "Runtime.releaseObject", json!({"objectId": object_id})).await;
+    if out.get("exceptionDetails").is_some_and(|e| !e.is_null()) {
+        return Err(browser_error("the page refused the action"));
+    }
+    Ok(out["result"]["value"].clone())
+}
+
+/// Focuses the element, empties it when `clear`, and inserts `text` as typed input.
+pub async fn type_text(page: &Page, backend_node_id: i64, text: &str, clear: bool) -> Result<(), ToolError> {
+    cdp(page, "DOM.focus", json!({"backendNodeId": backend_node_id})).await?;
+    if clear {
+        call_on(page, backend_node_id, CLEAR_FIELD, json!([])).await?;
+    }
+    cdp(page, "Input.insertText", json!({"text": text})).await?;
+    Ok(())
+}
+
+/// Chooses the option `value` (by value, label or text) of a `<select>`. Returns the chosen
+/// value. Errors: `browser_error` (not a select, or no such option).
+pub async fn select(page: &Page, backend_node_id: i64, value: &str) -> Result<String, ToolError> {
+    let chosen = call_on(page, backend_node_id, SELECT_OPTION, json!([{"value": value}])).await?;
+    chosen
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| browser_error(format!("the element is not a select with an option {value:?}")))
+}
+
+/// The keys `browser_press` accepts: (name, DOM `key`, DOM `code`, key code, text).
+pub const KEYS: [(&str, &str, &str, i64, &str); 14] = [
+    ("Enter", "Enter", "Enter", 13, "\r"),
+    ("Tab", "Tab", "Tab", 9, ""),
+    ("Escape", "Escape", "Escape", 27, ""),
+    ("Backspace", "Backspace", "Backspace", 8, ""),
+    ("Delete", "Delete", "Delete", 46, ""),
+    ("Space", " ", "Space", 32, " "),
+    ("ArrowUp", "ArrowUp", "ArrowUp", 38, ""),
+    ("ArrowDown", "ArrowDown", "ArrowDown", 40, ""),
+    ("ArrowLeft", "ArrowLeft", "ArrowLeft", 37, ""),
+    ("ArrowRight", "ArrowRight", "ArrowRight", 39, ""),
+    ("PageUp", "PageUp", "PageUp", 33, ""),
+    ("PageDown", "PageDown", "PageDown", 34, ""),
+    ("Home", "Home", "Home", 36, ""),
+    ("End", "End", "End", 35, ""),
+];
+
+/// Presses and releases `key` (one of [`KEYS`]) in the focused element. Returns whether a new
+/// document loaded.
+pub async fn press(page: &Page, key: &str) -> Result<bool, ToolError> {
+    let Some((_, dom_key, code, key_code, text)) = KEYS.iter().find(|k| k.0 == key) else {
+        return Err(ToolError::new(ErrorCode::InvalidField, format!("unknown key {key:?}")));
+    };
+    let w = watch(page).await?;
+    let mut down = json!({"type": if text.is_empty() { "rawKeyDown" } else { "keyDown" }, "key": dom_key, "code": code,
+        "windowsVirtualKeyCode": key_code, "nativeVirtualKeyCode": key_code});
+    if !text.is_empty() {
+        down["text"] = json!(text);
+    }
+    cdp(page, "Input.dispatchKeyEvent", down).await?;
+    cdp(
+        page,
+        "Input.dispatchKeyEvent",
+        json!({"type": "keyUp", "key": dom_key, "code": code, "windowsVirtualKeyCode": key_code, "nativeVirtualKeyCode": key_code}),
+    )
+    .await?;
+    Ok(settle(page, w).await)
+}
+
+/// A PNG screenshot of the viewport.
+pub async fn screenshot(page: &Page) -> Result<Vec<u8>, ToolError> {
+    use base64::Engine as _;
+    let shot = cdp(page, "Page.captureScreenshot", json!({"format": "png"})).await?;
+    let data = shot["data"].as_str().ok_or_else(|| browser_error("Page.captureScreenshot returned no data"))?;
+    base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| browser_error(format!("the screenshot is not base64: {e}")))
+}
+
+/// The page's title (the accessibility root's name is not needed: `Target.getTargetInfo`).
+pub async fn title(page: &Page) -> String {
+    match cdp(page, "Target.getTargetInfo", json!({})).await {
+        Ok(info) => info["targetInfo"]["title"].as_str().unwrap_or_default().to_owned(),
+        Err(_) => String::new(),
+    }
+}
+
+/// The tab whose latest screenshot is `shot_id`, checked to still show the same page: the
+/// loader and the accessibility tree's structure are those of the screenshot, and `(x, y)`
+/// lies inside it. Errors: `stale_snapshot`, `invalid_field` (outside the image).
+pub async fn resolve_shot<'t>(tabs: &'t Tabs, shot_id: &str, x: f64, y: f64) -> Result<(&'t Tab, Shot), ToolError> {
+    let tab = tabs.list.iter().find(|t| t.shot.as_ref().is_some_and(|s| s.id == shot_id)).ok_or_else(|| {
+        ToolError::new(
+            ErrorCode::StaleSnapshot,
+            format!(
+                "{shot_id} is not the latest screenshot of an open tab: take a new screenshot (browser_screenshot)"
+            ),
+        )
+    })?;
+    let Some(shot) = tab.shot.clone() else {
+        return Err(ToolError::new(ErrorCode::StaleSnapshot, "the tab has no screenshot"));
+    };
+    if !(x >= 0.0 && y >= 0.0 && x < f64::from(shot.size.0) && y < f64::from(shot.size.1)) {
+        return Err(ToolError::new(
+            ErrorCode::InvalidField,
+            format!("({x}, {y}) is outside the {}x{} screenshot", shot.size.0, shot.size.1),
+        ));
+    }
+    let (loader, url) = main_frame(&tab.page).await?;
+    let now = read_tree(&tab.page, super::DEFAULT_MAX_NODES as usize, super::MAX_SNAPSHOT_BYTES).await?;
+    if loader != shot.loader_id || now.digest != shot.digest {
+        return Err(ToolError::new(
+            ErrorCode::StaleSnapshot,
+            format!("the page of tab {} changed since screenshot {shot_id} (now {url}): take a new screenshot", tab.id),
+        )
+        .with_details(
+            json!({"screenshot_id": shot_id, "reason": if loader != shot.loader_id { "navigated" } else { "changed" }}),
+        ));
+    }
+    Ok((tab, shot))
+}
+
+/// The element at `(x, y)` of the viewport: its role and name, best effort (null when none).
+pub async fn element_at(page: &Page, x: f64, y: f64) -> Value {
+    let Ok(found) = cdp(page, "DOM.getNodeForLocation", json!({"x": x.round() as i64, "y": y.round() as i64})).await
+    else {
+        return Value::Null;
+    };
+    let Some(id) = found["backendNodeId"].as_i64() else { return Value::Null };
+    match cdp(page, "Accessibility.getPartialAXTree", json!({"backendNodeId": id, "fetchRelatives": false})).await {
+        Ok(tree) => {
+            let node = &tree["nodes"][0];
+            json!({"role": node["role"]["value"], "name": node["name"]["value"]})
+        }
+        Err(_) => Value::Null,
+    }
+}
+
+/// Clicks at `(x, y)` of the viewport with the left button. Returns whether a new document
+/// loaded.
+pub async fn click_at(page: &Page, x: f64, y: f64) -> Result<bool, ToolError> {
+    let w = watch(page).await?;
+    for kind in ["mouseMoved", "mousePressed", "mouseReleased"] {
+        let mut params = json!({"type": kind, "x": x, "y": y});
+        if kind != "mouseMoved" {
+            params["button"] = json!("left");
+            params["clickCount"] = json!(1);
+        }
+        cdp(page, "Input.dispatchMouseEvent", params).await?;
+    }
+    Ok(settle(page, w).await)
+}
