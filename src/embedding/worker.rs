@@ -1,7 +1,8 @@
 //! The background indexer: keeps the [`ToolIndex`] in line with the registry and fills in
 //! tool vectors, off the request path.
 //!
-//! On start it loads the model (on a blocking thread) while it indexes the registered
+//! On start it fetches the pinned model when none is configured ([`super::fetch`]), then
+//! loads the model (on a blocking thread), while it indexes the registered
 //! tools lexically. After every registry change it re-syncs the index, then embeds the
 //! tools without a vector in batches of [`Embeddings::batch_size`]: each batch first asks
 //! the store's cache (`tool_embeddings`, keyed by model id and text SHA-256), runs the model
@@ -42,8 +43,11 @@ async fn run(
     let mut changes = registry.subscribe();
     let loaded = Arc::new(tokio::sync::Notify::new());
     let (loader, done) = (embeddings.clone(), loaded.clone());
-    tokio::task::spawn_blocking(move || {
-        loader.load();
+    tokio::spawn(async move {
+        if loader.fetch_default().await {
+            let l = loader.clone();
+            let _ = tokio::task::spawn_blocking(move || l.load()).await;
+        }
         done.notify_one();
     });
     let mut failed: HashSet<String> = HashSet::new();

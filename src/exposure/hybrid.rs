@@ -197,12 +197,15 @@ impl Ranker for IndexRanker {
         let resolved = self.index.resolve(candidates);
         let docs: Vec<&_> = resolved.iter().map(|r| r.lexical.as_ref()).collect();
         let lexical = bm25(&self.index.vocabulary().query(query), &docs);
+        let lexical_match = lexical.iter().any(|&l| l > 0.0);
         let lexical_ranking = |reason: Option<String>| Ranking {
             scores: lexical.clone(),
             strategy: Strategy::RankedLexical,
             ranker: Self::lexical_name(),
             lexical_reason: reason,
             not_embedded: Vec::new(),
+            lexical_match,
+            dense_max: None,
         };
         if self.mode == Mode::Lexical {
             return lexical_ranking(None);
@@ -216,6 +219,7 @@ impl Ranker for IndexRanker {
             .iter()
             .map(|r| r.vector.as_ref().filter(|v| v.len() == q.len()).map(|v| f64::from(dot(&q, v))))
             .collect();
+        let dense_max = dense.iter().flatten().copied().reduce(f64::max);
         let not_embedded: Vec<usize> = dense.iter().enumerate().filter(|(_, d)| d.is_none()).map(|(i, _)| i).collect();
         let scores = match self.mode {
             Mode::Dense => fuse(&dense, &lexical, Fusion::Convex { dense_weight: 1.0 }),
@@ -225,7 +229,7 @@ impl Ranker for IndexRanker {
             Mode::Dense => format!("dense:{model}"),
             _ => format!("hybrid:{}:bm25+{model}", self.fusion.name()),
         };
-        Ranking { scores, strategy: Strategy::Ranked, ranker: name, lexical_reason: None, not_embedded }
+        Ranking { scores, strategy: Strategy::Ranked, ranker: name, lexical_reason: None, not_embedded, lexical_match, dense_max }
     }
 }
 

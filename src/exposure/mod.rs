@@ -14,9 +14,11 @@ pub mod index;
 pub mod ladder;
 pub mod lexical;
 mod names;
+pub mod shares;
 
 pub use ladder::LadderState;
 pub use names::function_name;
+pub use shares::{Inclusion, SourceShare};
 
 use std::cmp::Ordering;
 
@@ -78,6 +80,13 @@ pub struct ExposedTool {
     /// was not computed yet (absent otherwise).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub not_embedded: bool,
+    /// Where the tool comes from: `core`, `mcp:<serverId>` or `dynamic:<domain>`
+    /// ([`shares::source_of`]); absent in exposures stored before sources were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Why the tool is in the exposure ([`Inclusion`]); absent in older stored exposures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inclusion: Option<Inclusion>,
 }
 
 /// The stored answer to "what did the model see this turn".
@@ -99,7 +108,12 @@ pub struct Exposure {
     /// (absent when none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_embedded_count: Option<usize>,
-    /// The exposed tools: sorted by id for `all`, best first when ranked.
+    /// Per source, for a ranked exposure: candidates, exposed, and held back by the fair
+    /// shares ([`shares`]), sorted by source; empty for `all`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<SourceShare>,
+    /// The exposed tools: sorted by id for `all`; when ranked, in the order the shares took
+    /// them ([`Inclusion`]): best first within each inclusion.
     pub tools: Vec<ExposedTool>,
 }
 
@@ -132,6 +146,8 @@ pub trait Ranker: Send + Sync {
             ranker: self.name(),
             lexical_reason: None,
             not_embedded: Vec::new(),
+            lexical_match: true,
+            dense_max: None,
         }
     }
 }
@@ -149,6 +165,25 @@ pub struct Ranking {
     pub lexical_reason: Option<String>,
     /// Indexes of candidates ranked lexically within the hybrid (no vector yet).
     pub not_embedded: Vec<usize>,
+    /// False when the task's words matched no candidate's text (every BM25 score 0).
+    pub lexical_match: bool,
+    /// The best raw cosine of the task and a candidate, when dense scores were computed.
+    pub dense_max: Option<f64>,
+}
+
+/// Below this best cosine (all-MiniLM-L6-v2) a task that matches no tool's words carries no
+/// signal. Measured on the MetaTool tools (199): the task `x` reaches 0.271 at best, `do it`
+/// 0.306, while "Will it rain in Lyon tomorrow? Should I take an umbrella?" (no shared word)
+/// reaches 0.484 on its weather tool.
+pub const NO_SIGNAL_COSINE: f64 = 0.35;
+
+impl Ranking {
+    /// True when the ranking says nothing about the task: no candidate shares a word with
+    /// it, and no candidate's embedding is close ([`NO_SIGNAL_COSINE`]). The core tools are
+    /// then taken first ([`Inclusion::CorePrior`]).
+    pub fn without_signal(&self) -> bool {
+        !self.lexical_match && self.dense_max.is_none_or(|m| m < NO_SIGNAL_COSINE)
+    }
 }
 
 /// The candidates for a user and device: registered, visible to the user, public (which
@@ -175,7 +210,8 @@ pub fn expose(candidates: &[Entry], query: &str, ranker: &dyn Ranker) -> Exposur
             ranker: None,
             lexical_reason: None,
             not_embedded_count: None,
-            tools: named(specs.into_iter().map(|s| (s, None, false)).collect()),
+            shares: Vec::new(),
+            tools: named(specs.into_iter().map(|s| (s, None, false, Inclusion::All)).collect()),
         };
     }
     let ranking = ranker.rank(query, &specs);
@@ -185,7 +221,9 @@ pub fn expose(candidates: &[Entry], query: &str, ranker: &dyn Ranker) -> Exposur
             *flag = true;
         }
     }
-    let top = top_k(&ranking.scores, &specs, MAX_EXPOSED);
+    let order = top_k(&ranking.scores, &specs, candidate_count);
+    let sources: Vec<String> = specs.iter().map(|s| shares::source_of(s)).collect();
+    let selection = shares::select(&order, &sources, ranking.without_signal(), MAX_EXPOSED);
     Exposure {
         strategy: ranking.strategy,
         candidate_count,
@@ -193,7 +231,10 @@ pub fn expose(candidates: &[Entry], query: &str, ranker: &dyn Ranker) -> Exposur
         ranker: Some(ranking.ranker),
         lexical_reason: ranking.lexical_reason,
         not_embedded_count: (!ranking.not_embedded.is_empty()).then_some(ranking.not_embedded.len()),
-        tools: named(top.into_iter().map(|(i, score)| (specs[i], Some(score), lexical_only[i])).collect()),
+        shares: selection.shares,
+        tools: named(
+            selection.taken.into_iter().map(|(i, score, why)| (specs[i], Some(score), lexical_only[i], why)).collect(),
+        ),
     }
 }
 
@@ -217,11 +258,11 @@ pub fn top_k(scores: &[f64], specs: &[&ToolSpec], k: usize) -> Vec<(usize, f64)>
     scored
 }
 
-fn named(tools: Vec<(&ToolSpec, Option<f64>, bool)>) -> Vec<ExposedTool> {
+fn named(tools: Vec<(&ToolSpec, Option<f64>, bool, Inclusion)>) -> Vec<ExposedTool> {
     let mut taken = std::collections::HashSet::new();
     tools
         .into_iter()
-        .map(|(spec, score, not_embedded)| {
+        .map(|(spec, score, not_embedded, inclusion)| {
             let function_name = names::unique_function_name(&spec.id, &mut taken);
             ExposedTool {
                 id: spec.id.clone(),
@@ -233,6 +274,8 @@ fn named(tools: Vec<(&ToolSpec, Option<f64>, bool)>) -> Vec<ExposedTool> {
                 requires_approval: crate::approval::policy::requires_approval(spec),
                 score: score.map(|s| (s * 1e6).round() / 1e6),
                 not_embedded,
+                source: Some(shares::source_of(spec)),
+                inclusion: Some(inclusion),
             }
         })
         .collect()

@@ -21,8 +21,11 @@ pub struct Health {
 /// Embedding model state (ranking of > 20 tools).
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct EmbeddingState {
-    /// `ready|lexical_only|loading|failed`.
+    /// `ready|fetching|loading|lexical_only|failed`.
     pub state: crate::embedding::State,
+    /// How far the fetch of the pinned model is, while `fetching`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::embedding::fetch::Progress>,
     /// Model id when ready, else the configured model directory or name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -99,6 +102,7 @@ pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
     let embedding = EmbeddingState {
         ranking: if model.state == crate::embedding::State::Ready { "hybrid" } else { "lexical" },
         state: model.state,
+        progress: model.progress,
         model: model.model,
         reason: model.reason,
         tools_indexed: counts.indexed,

@@ -71,6 +71,7 @@ impl Cluster {
             // One embedding model per test process is enough: replicas rank lexically.
             .env_remove("MIRA_EMBEDDING_MODEL_DIR")
             .env_remove("MIRA_EMBEDDING_MODEL")
+            .env("MIRA_EMBEDDING_FETCH", "false")
             .env("RUST_LOG", "warn")
             .output()
             .await
@@ -759,7 +760,7 @@ impl Replica {
             .env("DATABASE_URL", url)
             .env("RUST_LOG", "info");
         if !model {
-            command.env_remove("MIRA_EMBEDDING_MODEL_DIR").env_remove("MIRA_EMBEDDING_MODEL");
+            command.env_remove("MIRA_EMBEDDING_MODEL_DIR").env_remove("MIRA_EMBEDDING_MODEL").env("MIRA_EMBEDDING_FETCH", "false");
         }
         let child =
             command.stdout(std::process::Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();

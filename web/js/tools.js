@@ -8,6 +8,22 @@ import { follow, json } from './sse.js';
 import { h, fill, code, badge, errorBox, reasonText, title } from './ui.js';
 
 const STATES = ['not_registered', 'not_public', 'unavailable', 'available', 'exposed'];
+const MAX_SHARE = 12; // src/exposure/shares.rs
+const INCLUSION = {
+  share_fill: 'beyond its source’s share: no other source had candidates left',
+  core_prior: 'core tool first: the task matched no tool’s words',
+};
+
+// How exposures beyond 20 tools are ranked right now (/readyz), with the fetch's progress.
+function rankingLine(e) {
+  const mb = (b) => (b / 1048576).toFixed(1);
+  const p = e.progress;
+  const progress = p ? ` · wheel ${Math.min(p.wheels_done + 1, p.wheels_total)} of ${p.wheels_total}`
+    + (p.bytes ? ` · ${mb(p.bytes)}${p.bytes_total ? ` of ${mb(p.bytes_total)}` : ''} MB` : '') : '';
+  return h('p', { class: 'hint', id: 'ranking-state', dataset: { state: e.state } },
+    'Ranking beyond 20 tools: ', h('strong', {}, e.ranking), ` · embedding model ${e.state.replaceAll('_', ' ')}`, progress,
+    e.reason ? ` · ${e.reason}` : '');
+}
 
 export async function mount(root, route) {
   const params = route.params;
@@ -19,6 +35,7 @@ export async function mount(root, route) {
   const count = h('p', { class: 'count-line', 'aria-live': 'polite' });
   const exposureBox = h('section', { class: 'exposure', 'aria-labelledby': 'exposure-title', hidden: true });
   const msg = h('div');
+  const rankingBox = h('div', { 'aria-live': 'polite' });
   const tbody = h('tbody');
   const table = h('div', { class: 'table-wrap' }, h('table', { class: 'list tools', id: 'tools-table' },
     h('caption', { class: 'visually-hidden' }, 'Tools and their ladder state'),
@@ -33,7 +50,18 @@ export async function mount(root, route) {
       h('div', { class: 'field' }, h('label', { for: 'filter-text' }, 'Search'), textIn),
       h('div', { class: 'field' }, h('label', { for: 'pick-run' }, 'Run'), runSel),
       h('div', { class: 'field' }, h('label', { for: 'pick-turn' }, 'Turn'), turnSel)),
-    msg, exposureBox, count, table);
+    msg, rankingBox, exposureBox, count, table);
+
+  // While the model is fetched or loaded, follow its progress; stop once it settled.
+  let rankingTimer = null;
+  const loadRanking = async () => {
+    try {
+      const r = await get('/readyz');
+      fill(rankingBox, rankingLine(r.embedding));
+      if (['fetching', 'loading'].includes(r.embedding.state)) rankingTimer = setTimeout(loadRanking, 2000);
+    } catch { /* the ladder below says what matters; readiness is informative here */ }
+  };
+  loadRanking();
 
   let tools = [];
   let turnStream = null;
@@ -92,8 +120,16 @@ export async function mount(root, route) {
         ` · ${e.candidate_count} public and available candidates · ${e.tools.length} exposed`,
         ranked ? '' : ' · no ranking ran (20 or fewer candidates)'),
       h('p', { class: 'hint' }, `Task: ${t.task}`),
-      h('ol', { class: 'exposed-list' }, e.tools.map((x) => h('li', {}, code(x.id), x.function_name && x.function_name !== x.id ? [' as ', code(x.function_name)] : '',
-        x.score !== undefined && x.score !== null ? h('span', { class: 'score' }, ` score ${Number(x.score).toFixed(4)}`) : ''))));
+      h('ol', { class: 'exposed-list' }, e.tools.map((x) => h('li', { dataset: { source: x.source ?? '', inclusion: x.inclusion ?? '' } },
+        code(x.id), x.function_name && x.function_name !== x.id ? [' as ', code(x.function_name)] : '',
+        x.score !== undefined && x.score !== null ? h('span', { class: 'score' }, ` score ${Number(x.score).toFixed(4)}`) : '',
+        x.inclusion && x.inclusion !== 'ranked' && x.inclusion !== 'all' ? h('span', { class: 'hint' }, ` · ${INCLUSION[x.inclusion] ?? x.inclusion}`) : ''))),
+      // Fair shares: per source, what it offered, what was exposed and what the share held back.
+      e.shares?.length > 1 ? h('div', { class: 'table-wrap' }, h('table', { class: 'list shares', id: 'exposure-shares' },
+        h('caption', {}, `Sources (at most ${MAX_SHARE} places each while others have candidates)`),
+        h('thead', {}, h('tr', {}, ['Source', 'Candidates', 'Exposed', 'Held back'].map((c) => h('th', { scope: 'col' }, c)))),
+        h('tbody', {}, e.shares.map((s) => h('tr', { dataset: { source: s.source } },
+          h('th', { scope: 'row' }, code(s.source)), h('td', {}, String(s.candidates)), h('td', {}, String(s.exposed)), h('td', {}, String(s.held_back))))))) : null);
     exposureBox.hidden = false;
   };
 
@@ -139,5 +175,5 @@ export async function mount(root, route) {
     loadTurns(run, params.get('turn'));
   }
   await loadTools();
-  return () => { if (turnStream) turnStream.close(); };
+  return () => { if (turnStream) turnStream.close(); clearTimeout(rankingTimer); };
 }
