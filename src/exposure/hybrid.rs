@@ -229,7 +229,15 @@ impl Ranker for IndexRanker {
             Mode::Dense => format!("dense:{model}"),
             _ => format!("hybrid:{}:bm25+{model}", self.fusion.name()),
         };
-        Ranking { scores, strategy: Strategy::Ranked, ranker: name, lexical_reason: None, not_embedded, lexical_match, dense_max }
+        Ranking {
+            scores,
+            strategy: Strategy::Ranked,
+            ranker: name,
+            lexical_reason: None,
+            not_embedded,
+            lexical_match,
+            dense_max,
+        }
     }
 }
 

