@@ -74,6 +74,7 @@ impl App {
     /// for the default workspace (no run named).
     pub async fn availability_context(&self, user_id: &str, device_id: Option<&str>) -> Result<AvailabilityContext> {
         let mut ctx = self.device_context(user_id, device_id).await?;
+        ctx.skills = self.skill_scope(user_id, None).await?;
         if let Some(ws) = self.store.default_workspace().await? {
             ctx.workspace_root = Some(std::path::PathBuf::from(&ws.path));
             ctx.workspace_state = crate::workspace::root_state(&ws);
@@ -85,6 +86,7 @@ impl App {
     /// names none) and its workspace (whose root must still be the folder registered).
     pub async fn run_availability_context(&self, user_id: &str, run: &RunRow) -> Result<AvailabilityContext> {
         let mut ctx = self.device_context(user_id, run.device_id.as_deref()).await?;
+        ctx.skills = self.skill_scope(&run.owner_id, run.skill_id.as_deref()).await?;
         // A device's folder is a path on the device (never looked at on this host: the user
         // chose it freely): only a host workspace gives the host's checks a root to judge.
         if let Some(ws) = self.store.workspace_for(&run.owner_id, &run.workspace_id).await?
@@ -137,6 +139,24 @@ impl App {
         .with_details(serde_json::json!({"tool_id": inv.tool_id, "ladder": {"state": view.state.as_str(), "reason": {"code": reason.code, "message": reason.message}}})))
     }
 
+    /// What the owner's skills change for a run of `skill_id` (None: a main run): see
+    /// [`crate::availability::SkillScope`]. One store read of the owner's skills.
+    pub async fn skill_scope(&self, owner_id: &str, skill_id: Option<&str>) -> Result<crate::availability::SkillScope> {
+        let mut scope = crate::availability::SkillScope { skill_id: skill_id.map(str::to_owned), ..Default::default() };
+        for skill in self.store.list_skills(owner_id).await? {
+            if Some(skill.id.as_str()) == skill_id {
+                scope.private.extend(skill.private_tools());
+                let allowed = skill.allowed_public();
+                if !allowed.iter().any(|a| a == "*") {
+                    scope.allowed_public = Some(allowed.into_iter().collect());
+                }
+            } else {
+                scope.private_elsewhere.extend(skill.private_tools());
+            }
+        }
+        Ok(scope)
+    }
+
     async fn device_context(&self, user_id: &str, device_id: Option<&str>) -> Result<AvailabilityContext> {
         let is_admin = self.store.user_is_admin(user_id).await?;
         self.device_context_as(user_id, is_admin, device_id).await
@@ -163,6 +183,7 @@ impl App {
             device,
             workspace_root: None,
             workspace_state: crate::availability::Availability::Available,
+            skills: Default::default(),
         })
     }
 
@@ -272,6 +293,9 @@ impl App {
         {
             availability.workspace_root = Some(std::path::PathBuf::from(&ws.path));
             availability.workspace_state = crate::workspace::root_state(ws);
+        }
+        if scope.owner_has_skills {
+            availability.skills = self.skill_scope(&scope.run.owner_id, scope.run.skill_id.as_deref()).await?;
         }
         let workspace = scope.workspace.ok_or(Error::NotFound("workspace"))?;
         Ok(FreezeScope {

@@ -517,6 +517,7 @@ async fn series_row(
         device: DeviceInfo::local(),
         workspace_root: None,
         workspace_state: mira::availability::Availability::Available,
+        skills: Default::default(),
     };
     let turn = |i: usize| -> (f64, Strategy) {
         let q = &queries[i % queries.len()].query;

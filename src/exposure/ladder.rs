@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{ExposedTool, Exposure};
 use crate::availability::{self, Availability, AvailabilityContext};
 use crate::error::ErrorCode;
-use crate::registry::{Registry, ToolKind};
+use crate::registry::Registry;
 use crate::surface;
 
 /// Where a tool stands.
@@ -127,8 +127,7 @@ pub fn evaluate(registry: &Registry, tool_id: &str, ctx: &AvailabilityContext, t
         return Ladder::blocked_at(0, reason);
     };
     let spec = entry.spec();
-    if spec.kind == ToolKind::SkillPrivate || !surface::is_public(spec) {
-        let (code, message) = surface::why_not_public(spec);
+    if let Err((code, message)) = surface::on_surface(spec, &ctx.skills) {
         return Ladder::blocked_at(1, Reason { code: code.into(), message });
     }
     if let Availability::Unavailable { code, message } = availability::evaluate(&entry, ctx) {

@@ -186,13 +186,15 @@ impl Ranking {
     }
 }
 
-/// The candidates for a user and device: registered, visible to the user, public (which
-/// excludes skill-private, internal and legacy entries) and available.
+/// The candidates for a user and device: registered, visible to the user, on the surface
+/// of the context ([`surface::on_surface`]: public, which excludes skill-private, internal
+/// and legacy entries — in a skill sub-run, the skill's private tools and the public ones
+/// its manifest allows) and available.
 pub fn candidates(registry: &Registry, ctx: &AvailabilityContext) -> Vec<Entry> {
     registry
         .visible_to(&ctx.user_id)
         .into_iter()
-        .filter(|e| e.spec().kind != ToolKind::SkillPrivate && surface::is_public(e.spec()))
+        .filter(|e| surface::on_surface(e.spec(), &ctx.skills).is_ok())
         .filter(|e| availability::evaluate(e, ctx) == Availability::Available)
         .collect()
 }

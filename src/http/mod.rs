@@ -16,6 +16,7 @@ pub mod limits;
 pub mod mcp;
 pub mod news;
 pub mod runs;
+pub mod skills;
 pub mod search;
 pub mod service;
 pub mod storable;
@@ -97,7 +98,7 @@ impl Page {
     components(schemas(error::ErrorResponse, error::ErrorBody)),
     tags(
         (name = "service"), (name = "users"), (name = "workspaces"), (name = "devices"), (name = "tools"),
-        (name = "runs"), (name = "invocations"), (name = "approvals"), (name = "evidence"), (name = "events"), (name = "mcp"),
+        (name = "runs"), (name = "skills"), (name = "invocations"), (name = "approvals"), (name = "evidence"), (name = "events"), (name = "mcp"),
         (name = "search"), (name = "news"), (name = "terminal"), (name = "connections"),
     )
 )]
@@ -126,6 +127,7 @@ fn api() -> OpenApiRouter<App> {
         .merge(devices::router())
         .merge(tools::router())
         .merge(runs::router())
+        .merge(skills::router())
         .merge(invocations::router())
         .merge(approvals::router())
         .merge(evidence::router())

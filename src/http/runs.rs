@@ -30,6 +30,9 @@ pub struct RunView {
     pub last_event_id: i64,
     /// RFC 3339.
     pub created_at: String,
+    /// The skill whose sub-run this is; absent for a main run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skill_id: Option<String>,
 }
 
 impl From<RunRow> for RunView {
@@ -41,6 +44,7 @@ impl From<RunRow> for RunView {
             title: r.title,
             last_event_id: r.event_seq,
             created_at: r.created_at,
+            skill_id: r.skill_id,
         }
     }
 }
@@ -56,6 +60,9 @@ pub struct CreateRun {
     /// Title, at most 256 characters.
     #[schema(max_length = 256)]
     pub title: Option<String>,
+    /// Make the run a sub-run of this skill of the caller's (`POST /v1/skills`): it sees the
+    /// skill's private tools and the public tools its manifest allows.
+    pub skill_id: Option<String>,
 }
 
 /// `{"runs": [...], "next_cursor"}`.
@@ -99,7 +106,13 @@ pub async fn create_run(
         }
         (_, d) => d,
     };
-    let run = app.store.create_run(&user.user_id, &workspace.id, device_id, body.title.as_deref()).await?;
+    if let Some(skill) = &body.skill_id {
+        app.store.skill_for(&user.user_id, skill).await?.ok_or(Error::NotFound("skill"))?;
+    }
+    let run = app
+        .store
+        .create_run(&user.user_id, &workspace.id, device_id, body.title.as_deref(), body.skill_id.as_deref())
+        .await?;
     Ok((StatusCode::CREATED, Json(run.into())))
 }
 

@@ -29,6 +29,7 @@ mod replicas;
 mod retention;
 mod runs;
 mod search;
+mod skills;
 mod terminal;
 mod traces;
 mod users;
@@ -47,6 +48,7 @@ pub use mcp::{McpAccessRow, McpConnectionRow, McpOwnerRow, McpServerRow, McpTool
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use retention::RetentionCounts;
 pub use runs::{DeviceRow, RunRow, RunScopeRow, TurnRow, WorkspaceRow};
+pub use skills::SkillRow;
 pub use search::{
     FetchRecord, NEWS_RANK_POOL, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow,
     UpsertCounts,

@@ -85,6 +85,8 @@ pub struct RunRow {
     pub event_seq: i64,
     /// RFC 3339.
     pub created_at: String,
+    /// The skill whose sub-run this is (`skl_…`); NULL for a main run.
+    pub skill_id: Option<String>,
 }
 
 /// A turn with its stored exposure (JSON text, exactly as returned to the Planner).
@@ -339,6 +341,7 @@ impl Store {
         workspace_id: &str,
         device_id: Option<&str>,
         title: Option<&str>,
+        skill_id: Option<&str>,
     ) -> StoreResult<RunRow> {
         let row = RunRow {
             id: ids::new_id("run"),
@@ -348,14 +351,16 @@ impl Store {
             title: title.map(str::to_owned),
             event_seq: 0,
             created_at: ids::now(),
+            skill_id: skill_id.map(str::to_owned),
         };
-        sqlx::query("INSERT INTO runs (id, owner_id, workspace_id, device_id, title, event_seq, created_at) VALUES ($1, $2, $3, $4, $5, 0, $6)")
+        sqlx::query("INSERT INTO runs (id, owner_id, workspace_id, device_id, title, event_seq, created_at, skill_id) VALUES ($1, $2, $3, $4, $5, 0, $6, $7)")
             .bind(&row.id)
             .bind(&row.owner_id)
             .bind(&row.workspace_id)
             .bind(row.device_id.as_deref())
             .bind(row.title.as_deref())
             .bind(&row.created_at)
+            .bind(row.skill_id.as_deref())
             .execute(self.pool())
             .await?;
         Ok(row)
@@ -443,6 +448,8 @@ pub struct RunScopeRow {
     pub workspace: Option<WorkspaceRow>,
     /// The id of the run's invocation with the call id asked about, if any.
     pub invocation_id: Option<String>,
+    /// Whether the run's owner has skills (their private tools change the ladder).
+    pub owner_has_skills: bool,
 }
 
 /// The joined row of [`Store::run_scope_for`].
@@ -455,6 +462,8 @@ struct JoinedRunScope {
     r_title: Option<String>,
     r_event_seq: i64,
     r_created_at: String,
+    r_skill_id: Option<String>,
+    skill_count: i64,
     w_id: Option<String>,
     w_owner_id: Option<String>,
     w_name: Option<String>,
@@ -480,7 +489,8 @@ impl Store {
         let row: Option<JoinedRunScope> = sqlx::query_as(
             "SELECT r.id AS r_id, r.owner_id AS r_owner_id, r.workspace_id AS r_workspace_id,
                     r.device_id AS r_device_id, r.title AS r_title, r.event_seq AS r_event_seq,
-                    r.created_at AS r_created_at,
+                    r.created_at AS r_created_at, r.skill_id AS r_skill_id,
+                    (SELECT COUNT(*) FROM skills s WHERE s.owner_id = r.owner_id) AS skill_count,
                     w.id AS w_id, w.owner_id AS w_owner_id, w.name AS w_name, w.path AS w_path,
                     w.device_id AS w_device_id, w.created_at AS w_created_at,
                     w.root_identity AS w_root_identity, w.root_registered_at AS w_root_registered_at,
@@ -518,9 +528,11 @@ impl Store {
                     title: j.r_title,
                     event_seq: j.r_event_seq,
                     created_at: j.r_created_at,
+                    skill_id: j.r_skill_id,
                 },
                 workspace,
                 invocation_id: j.invocation_id,
+                owner_has_skills: j.skill_count > 0,
             }
         }))
     }

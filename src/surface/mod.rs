@@ -5,6 +5,7 @@
 //! the surface when they are registered; internal, legacy and skill-private entries never
 //! do. A core id with no implementation yet is simply `not_registered` on the ladder.
 
+use crate::availability::SkillScope;
 use crate::registry::{ToolKind, ToolSpec};
 
 /// Version of the core public surface (the date of the contract it implements).
@@ -50,5 +51,29 @@ pub fn why_not_public(spec: &ToolSpec) -> (&'static str, String) {
         ToolKind::Public | ToolKind::Dynamic | ToolKind::McpProjection => {
             ("not_on_surface", format!("{} is not on public surface {SURFACE_VERSION}", spec.id))
         }
+    }
+}
+
+/// Whether a registered tool is on the surface of a context with these skills, or why not
+/// (a stable code and a sentence): the skill's own private tools are on its surface whatever
+/// their kind; another skill's private tools are `skill_private`; otherwise the public
+/// surface ([`is_public`]), narrowed in a skill sub-run to what its manifest allows
+/// (`not_in_skill_manifest`).
+pub fn on_surface(spec: &ToolSpec, skills: &SkillScope) -> Result<(), (&'static str, String)> {
+    if skills.private.contains(&spec.id) {
+        return Ok(());
+    }
+    if skills.private_elsewhere.contains(&spec.id) {
+        return Err(("skill_private", format!("{} is private to a skill runtime", spec.id)));
+    }
+    if !is_public(spec) {
+        return Err(why_not_public(spec));
+    }
+    match (&skills.allowed_public, &skills.skill_id) {
+        (Some(allowed), Some(skill)) if !allowed.contains(&spec.id) => Err((
+            "not_in_skill_manifest",
+            format!("{} is public but the manifest of skill {skill} does not allow it", spec.id),
+        )),
+        _ => Ok(()),
     }
 }

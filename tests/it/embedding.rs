@@ -274,6 +274,7 @@ async fn unembedded_tools_rank_lexically_within_the_hybrid() {
         device: mira::availability::DeviceInfo::local(),
         workspace_root: None,
         workspace_state: mira::availability::Availability::Available,
+        skills: Default::default(),
     };
     let candidates = mira::exposure::candidates(&registry, &ctx);
     let exposure = mira::exposure::expose(&candidates, "where does it rain right now", &ranker);

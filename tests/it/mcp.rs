@@ -1182,3 +1182,82 @@ async fn a_killed_http_server_shows_as_lost_within_a_second() {
     assert_eq!(t.get(&format!("/v1/tools/{tool}"), &token).await.body["state"], "available");
     child.kill().await.unwrap();
 }
+
+/// Issue 20's skill-private runtime: an MCP tool a skill makes private leaves the main
+/// exposure (`not_public`, `skill_private`), its sub-runs see it with only what the manifest
+/// allows, a call inside the skill is approved and evidenced as outside, and another user
+/// cannot run the skill.
+async fn skill_private_tools_stay_inside_the_skill(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = t.user("sam").await;
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "alpha", "transport": sdk_server("0", Some("alpha")), "default_agent_access": true}),
+    )
+    .await;
+    wait_for(&t, &token, &id, "alpha", connected).await;
+    let tool = format!("mcp:{id}:tool:search");
+    let ids = |e: &Value| -> Vec<String> {
+        e["tools"].as_array().unwrap().iter().map(|x| x["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let main = t.run(&token).await;
+    let (_, before) = t.turn(&token, &main, "search").await;
+    assert!(ids(&before).contains(&tool), "{before:#}");
+
+    // Bad manifests are refused with the field named; nothing is stored.
+    for (body, field) in [
+        (json!({"name": "r", "private_tools": ["read_open"]}), "private_tools"),
+        (json!({"name": "r", "private_tools": ["mcp:nope:tool:x"]}), "private_tools"),
+        (json!({"name": "r", "private_tools": []}), "private_tools"),
+        (json!({"name": "bad name!", "private_tools": [tool]}), "name"),
+    ] {
+        let r = t.post("/v1/skills", &token, body.clone()).await;
+        assert_eq!((r.status, r.code()), (StatusCode::BAD_REQUEST, "invalid_request"), "{body}: {r:?}");
+        assert_eq!(r.body["error"]["details"]["field"], field, "{r:?}");
+    }
+    let r = t
+        .post(
+            "/v1/skills",
+            &token,
+            json!({"name": "researcher", "description": "searches alpha", "private_tools": [tool], "allow_public": ["read_open"]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let skill = r.body["id"].as_str().unwrap().to_owned();
+    let again = t.post("/v1/skills", &token, json!({"name": "researcher", "private_tools": [tool]})).await;
+    assert_eq!((again.status, again.code()), (StatusCode::CONFLICT, "name_taken"), "{again:?}");
+    assert_eq!(t.get("/v1/skills", &token).await.body["skills"].as_array().unwrap().len(), 1);
+
+    // The main run: the private tool is gone from the exposure and says why.
+    let (main_turn, after) = t.turn(&token, &main, "search").await;
+    assert!(!ids(&after).contains(&tool), "{after:#}");
+    let ladder = t.get(&format!("/v1/tools/{tool}?turn={main_turn}"), &token).await.body;
+    assert_eq!(ladder_code(&ladder), ("not_public", "skill_private"), "{ladder:#}");
+    let r = t.call(&token, &main, &main_turn, &tool, "m1", json!({"query": "rust"})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+    assert_eq!(r.body["error"]["details"]["ladder"]["reason"]["code"], "skill_private", "{r:?}");
+
+    // The skill's sub-run: its private tool and the one public tool its manifest allows.
+    let r = t.post("/v1/runs", &token, json!({"skill_id": skill})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    assert_eq!(r.body["skill_id"], skill.as_str());
+    let sub = r.body["id"].as_str().unwrap().to_owned();
+    let (sub_turn, exposure) = t.turn(&token, &sub, "search").await;
+    let mut seen = ids(&exposure);
+    seen.sort();
+    assert_eq!(seen, vec![tool.clone(), "read_open".to_owned()], "{exposure:#}");
+    let ladder = t.get(&format!("/v1/tools/grep?turn={sub_turn}"), &token).await.body;
+    assert_eq!(ladder_code(&ladder), ("not_public", "not_in_skill_manifest"), "{ladder:#}");
+    let done = call_approved(&t, &token, &sub, &sub_turn, &tool, "s1", json!({"query": "rust"})).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(done["evidence_ids"].as_array().map(Vec::len), Some(1), "{done:#}");
+
+    // Another user can neither see nor run the skill, and keeps their own exposure.
+    let other = t.user("tia").await;
+    assert_eq!(t.get(&format!("/v1/skills/{skill}"), &other).await.status, StatusCode::NOT_FOUND);
+    let r = t.post("/v1/runs", &other, json!({"skill_id": skill})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::NOT_FOUND, "not_found"), "{r:?}");
+}
+
+both_backends!(skill_private_tools_stay_inside_the_skill);

@@ -223,7 +223,7 @@ async fn states_outside_the_enums_are_refused(backend: Backend) {
     let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
     let user = store.create_user("u", false, &mira::auth::hash_token("t")).await.unwrap();
     let ws = store.upsert_default_workspace(tmp.path().to_str().unwrap(), "1:1").await.unwrap();
-    let run = store.create_run(&user.id, &ws.id, None, None).await.unwrap();
+    let run = store.create_run(&user.id, &ws.id, None, None, None).await.unwrap();
     let turn =
         store.create_turn(&run, "task", None, &serde_json::json!({"strategy": "all", "tools": []})).await.unwrap();
     let input = serde_json::json!({"n": 1});

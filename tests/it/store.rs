@@ -32,7 +32,7 @@ async fn fixture(backend: Backend) -> Fixture {
     let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
     let user = store.create_user("u", false, &mira::auth::hash_token("t")).await.unwrap();
     let ws = store.upsert_default_workspace(tmp.path().to_str().unwrap(), "1:1").await.unwrap();
-    let run = store.create_run(&user.id, &ws.id, None, None).await.unwrap();
+    let run = store.create_run(&user.id, &ws.id, None, None, None).await.unwrap();
     let turn = store.create_turn(&run, "task", None, &json!({"strategy": "all", "tools": []})).await.unwrap();
     Fixture { store, user: user.id, run, turn: turn.id, _db: db, _tmp: tmp }
 }
@@ -73,7 +73,7 @@ async fn users_tokens_and_isolation(backend: Backend) {
 async fn runs_paginate_newest_first(backend: Backend) {
     let f = fixture(backend).await;
     for _ in 0..4 {
-        f.store.create_run(&f.user, &f.run.workspace_id, None, None).await.unwrap();
+        f.store.create_run(&f.user, &f.run.workspace_id, None, None, None).await.unwrap();
     }
     let page1 = f.store.list_runs(&f.user, None, 3).await.unwrap();
     let page2 = f.store.list_runs(&f.user, Some(&page1[2].id), 3).await.unwrap();
@@ -86,7 +86,7 @@ async fn runs_paginate_newest_first(backend: Backend) {
 /// and an empty node prefix never sweeps live invocations.
 async fn list_filters_none_empty_and_cursor(backend: Backend) {
     let f = fixture(backend).await;
-    f.store.create_run(&f.user, &f.run.workspace_id, None, None).await.unwrap();
+    f.store.create_run(&f.user, &f.run.workspace_id, None, None, None).await.unwrap();
     let none = f.store.list_runs(&f.user, None, 10).await.unwrap();
     let empty = f.store.list_runs(&f.user, Some(""), 10).await.unwrap();
     assert_eq!(none.len(), 2);
@@ -433,7 +433,7 @@ async fn bus_wakes_after_commit_only(backend: Backend) {
 /// consecutive in the order given.
 async fn batched_event_appends_stay_gapless_per_run(backend: Backend) {
     let f = Arc::new(fixture(backend).await);
-    let other = f.store.create_run(&f.user, &f.run.workspace_id, None, None).await.unwrap();
+    let other = f.store.create_run(&f.user, &f.run.workspace_id, None, None, None).await.unwrap();
     let other = Arc::new(other.id);
     let mut tasks = Vec::new();
     for i in 0..20 {
@@ -530,7 +530,7 @@ async fn group_commits_are_seen_in_id_order(backend: Backend) {
     let f = Arc::new(fixture(backend).await);
     let mut runs = vec![f.run.id.clone()];
     for _ in 0..3 {
-        runs.push(f.store.create_run(&f.user, &f.run.workspace_id, None, None).await.unwrap().id);
+        runs.push(f.store.create_run(&f.user, &f.run.workspace_id, None, None, None).await.unwrap().id);
     }
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut readers = Vec::new();

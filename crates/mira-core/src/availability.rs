@@ -83,6 +83,28 @@ pub struct AvailabilityContext {
     /// `workspace_unavailable` when it cannot be opened. Tools that work in the workspace
     /// (capabilities `fs.read`, `fs.write`, `pty`) take this answer.
     pub workspace_state: Availability,
+    /// What skills change for this context ([`SkillScope`]); empty outside skills.
+    pub skills: SkillScope,
+}
+
+/// What skills change in a context (the contract: a skill's private runtime must not
+/// pollute the main Tool Exposure).
+///
+/// In a main run, the tools private to any of the user's skills are hidden (`not_public`,
+/// reason `skill_private`). In a skill sub-run, the skill's private tools are on its surface
+/// whatever their kind, public tools only as far as its manifest allows, and the private
+/// tools of the user's other skills stay hidden.
+#[derive(Debug, Clone, Default)]
+pub struct SkillScope {
+    /// The run's skill (`skl_…`), for a skill sub-run.
+    pub skill_id: Option<String>,
+    /// Tool ids private to the run's skill.
+    pub private: std::collections::BTreeSet<String>,
+    /// Public tool ids the run's skill allows; `None` = every public tool (the main run,
+    /// or a manifest allowing `*`).
+    pub allowed_public: Option<std::collections::BTreeSet<String>>,
+    /// Tool ids private to the user's other skills.
+    pub private_elsewhere: std::collections::BTreeSet<String>,
 }
 
 /// Capabilities of the tools that work inside the run's workspace.
