@@ -105,7 +105,9 @@ fn check(app: &App, user: &AuthUser, body: &CreateSkill) -> Result<()> {
         if matches!(entry.spec().kind, ToolKind::Public | ToolKind::Dynamic) {
             return Err(Error::invalid_field(
                 "private_tools",
-                format!("{id} is a public tool of the runtime; a skill may allow it (allow_public), not make it private"),
+                format!(
+                    "{id} is a public tool of the runtime; a skill may allow it (allow_public), not make it private"
+                ),
             ));
         }
     }
@@ -152,7 +154,11 @@ pub async fn list_skills(State(app): State<App>, user: AuthUser) -> Result<Json<
 /// One of the caller's skills (404 for another user's).
 #[utoipa::path(get, path = "/v1/skills/{skill_id}", tag = "skills", params(("skill_id" = String, Path)),
     responses((status = 200, body = SkillView), (status = 404)), security(("bearer" = [])))]
-pub async fn get_skill(State(app): State<App>, user: AuthUser, Path(skill_id): Path<String>) -> Result<Json<SkillView>> {
+pub async fn get_skill(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(skill_id): Path<String>,
+) -> Result<Json<SkillView>> {
     let row = app.store.skill_for(&user.user_id, &skill_id).await?.ok_or(Error::NotFound("skill"))?;
     Ok(Json(row.into()))
 }

@@ -48,11 +48,11 @@ pub use mcp::{McpAccessRow, McpConnectionRow, McpOwnerRow, McpServerRow, McpTool
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use retention::RetentionCounts;
 pub use runs::{DeviceRow, RunRow, RunScopeRow, TurnRow, WorkspaceRow};
-pub use skills::SkillRow;
 pub use search::{
     FetchRecord, NEWS_RANK_POOL, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow,
     UpsertCounts,
 };
+pub use skills::SkillRow;
 pub use terminal::{SessionEnd, SessionLaunch, SessionOrigin, TerminalReport, TerminalSessionRow};
 pub use users::{LAST_USED_PRECISION, Roles, TokenIdentity, TokenRow, UserRow};
 
