@@ -105,6 +105,10 @@ struct ExposureArgs {
     /// Also write each query's per-tool lexical and dense scores to this JSONL file.
     #[arg(long)]
     dump: Option<PathBuf>,
+    /// Also measure each ranker with multi-step tasks split into steps, ranked each and
+    /// fused by the best score (a row `… + steps`).
+    #[arg(long)]
+    steps: bool,
     #[command(flatten)]
     embedding: mira::config::EmbeddingArgs,
 }
@@ -293,8 +297,19 @@ async fn run() -> ExitCode {
         Command::Bench { command: BenchCommand::Invocations(opts) } => bench::invocations::run(opts).await,
         Command::Bench { command: BenchCommand::Mcp(opts) } => bench::mcp::run(opts).await,
         Command::Bench { command: BenchCommand::Exposure(args) } => {
-            let ExposureArgs { tools, queries, sample, seed, ranker, fusion, series, series_turns, dump, embedding } =
-                *args;
+            let ExposureArgs {
+                tools,
+                queries,
+                sample,
+                seed,
+                ranker,
+                fusion,
+                series,
+                series_turns,
+                dump,
+                steps,
+                embedding,
+            } = *args;
             async {
                 use mira::exposure::hybrid::{Fusion, Mode};
                 let modes = match ranker {
@@ -317,6 +332,7 @@ async fn run() -> ExitCode {
                     fusions,
                     series: series.into_iter().filter(|n| *n > 0).collect(),
                     series_turns,
+                    steps,
                     dump,
                     embedding: embedding.config(),
                 })

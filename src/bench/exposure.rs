@@ -57,6 +57,8 @@ pub struct ExposureBench {
     pub fusions: Vec<Fusion>,
     /// Sizes of the exposure latency series (empty = skip it).
     pub series: Vec<usize>,
+    /// Also measure each ranker with the task split into steps ([`exposure::steps`]).
+    pub steps: bool,
     /// Turns measured per series size.
     pub series_turns: usize,
     /// The embedding model.
@@ -234,6 +236,7 @@ fn measure(
     specs: &[&ToolSpec],
     queries: &[&BenchQuery],
     sources: Option<&[String]>,
+    steps: bool,
 ) -> Quality {
     let pos: HashMap<&str, usize> = specs.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
     let mut q = Quality { label: label.to_owned(), ..Quality::default() };
@@ -241,7 +244,15 @@ fn measure(
     let expected = ranker.strategy();
     for query in queries {
         let t = Instant::now();
-        let ranking = ranker.rank(&query.query, specs);
+        let mut ranking = ranker.rank(&query.query, specs);
+        if steps {
+            let parts = exposure::steps::split(&query.query);
+            if parts.len() > 1 {
+                let mut all = vec![std::mem::take(&mut ranking.scores)];
+                all.extend(parts.iter().map(|p| ranker.rank(p, specs).scores));
+                ranking.scores = exposure::steps::fuse_max(&all);
+            }
+        }
         let top: Vec<(usize, f64)> = match sources {
             None => exposure::top_k(&ranking.scores, specs, MAX_EXPOSED),
             Some(sources) => {
@@ -399,13 +410,20 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
                 Mode::Hybrid => format!("hybrid ({})", fusion.name()),
                 m => m.name().to_owned(),
             };
-            let q = tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen, None));
+            let q = tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen, None, false));
             print_row(&q);
             rows.push(q);
             if several_sources {
                 let label = format!("{label} + shares");
-                let q =
-                    tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen, Some(&sources)));
+                let q = tokio::task::block_in_place(|| {
+                    measure(&ranker, &label, &candidate_specs, &chosen, Some(&sources), false)
+                });
+                print_row(&q);
+                rows.push(q);
+            }
+            if opts.steps {
+                let label = format!("{label} + steps");
+                let q = tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen, None, true));
                 print_row(&q);
                 rows.push(q);
             }

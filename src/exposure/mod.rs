@@ -15,6 +15,7 @@ pub mod ladder;
 pub mod lexical;
 mod names;
 pub mod shares;
+pub mod steps;
 
 pub use ladder::LadderState;
 pub use names::function_name;
