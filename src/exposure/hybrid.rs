@@ -197,7 +197,8 @@ impl Ranker for IndexRanker {
         let resolved = self.index.resolve(candidates);
         let docs: Vec<&_> = resolved.iter().map(|r| r.lexical.as_ref()).collect();
         let lexical = bm25(&self.index.vocabulary().query(query), &docs);
-        let lexical_match = lexical.iter().any(|&l| l > 0.0);
+        let matched: Vec<bool> = lexical.iter().map(|&l| l > 0.0).collect();
+        let lexical_match = matched.contains(&true);
         let lexical_ranking = |reason: Option<String>| Ranking {
             scores: lexical.clone(),
             strategy: Strategy::RankedLexical,
@@ -205,6 +206,7 @@ impl Ranker for IndexRanker {
             lexical_reason: reason,
             not_embedded: Vec::new(),
             lexical_match,
+            matched: matched.clone(),
             dense_max: None,
         };
         if self.mode == Mode::Lexical {
@@ -236,6 +238,7 @@ impl Ranker for IndexRanker {
             lexical_reason: None,
             not_embedded,
             lexical_match,
+            matched,
             dense_max,
         }
     }

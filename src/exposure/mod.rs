@@ -148,6 +148,7 @@ pub trait Ranker: Send + Sync {
             lexical_reason: None,
             not_embedded: Vec::new(),
             lexical_match: true,
+            matched: Vec::new(),
             dense_max: None,
         }
     }
@@ -168,6 +169,9 @@ pub struct Ranking {
     pub not_embedded: Vec<usize>,
     /// False when the task's words matched no candidate's text (every BM25 score 0).
     pub lexical_match: bool,
+    /// Per candidate, whether the task's words match its text (BM25 above 0); empty when the
+    /// ranker does not say (the fair shares then count every candidate as matching).
+    pub matched: Vec<bool>,
     /// The best raw cosine of the task and a candidate, when dense scores were computed.
     pub dense_max: Option<f64>,
 }
@@ -226,7 +230,7 @@ pub fn expose(candidates: &[Entry], query: &str, ranker: &dyn Ranker) -> Exposur
     }
     let order = top_k(&ranking.scores, &specs, candidate_count);
     let sources: Vec<String> = specs.iter().map(|s| shares::source_of(s)).collect();
-    let selection = shares::select(&order, &sources, ranking.without_signal(), MAX_EXPOSED);
+    let selection = shares::select(&order, &sources, &ranking.matched, ranking.without_signal(), MAX_EXPOSED);
     Exposure {
         strategy: ranking.strategy,
         candidate_count,

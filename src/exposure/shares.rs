@@ -8,7 +8,10 @@
 //!
 //! The rule, applied to the ranked order of a turn's candidates:
 //! 1. Walk the ranking best first; a tool is taken while its source holds fewer than
-//!    [`MAX_SHARE`] of the places, otherwise it is *held back*.
+//!    [`MAX_SHARE`] of the places. Beyond that it is *held back*, but only while a tool of
+//!    another source that matches the task's words (a BM25 score above 0) is still ahead in
+//!    the ranking: the share protects the tools a task plainly names, not tools that merely
+//!    rank somewhere (the task "work on GitHub" keeps every GitHub tool).
 //! 2. When the ranking is exhausted with places left (no other source had anything left to
 //!    offer), the held-back tools fill them in ranked order ([`Inclusion::ShareFill`]).
 //! 3. When the ranking carries no signal — the task matches no candidate's words and no
@@ -88,9 +91,10 @@ pub struct Selection {
 ///
 /// - `order`: every candidate as (index, score), best first (see [`super::top_k`]);
 /// - `sources`: the source of each candidate, by index;
-/// - `core_prior`: true when the task matched no candidate's text;
+/// - `matched`: whether each candidate matches the task's words, by index (empty: all do);
+/// - `core_prior`: true when the ranking carries no signal;
 /// - `k`: the number of places.
-pub fn select(order: &[(usize, f64)], sources: &[String], core_prior: bool, k: usize) -> Selection {
+pub fn select(order: &[(usize, f64)], sources: &[String], matched: &[bool], core_prior: bool, k: usize) -> Selection {
     let mut shares: BTreeMap<&str, SourceShare> = BTreeMap::new();
     for s in sources {
         shares
@@ -112,16 +116,31 @@ pub fn select(order: &[(usize, f64)], sources: &[String], core_prior: bool, k: u
             take(i, score, Inclusion::CorePrior, &mut shares);
         }
     }
+    // For each position of the ranking: whether a matching candidate of another source than
+    // the one there comes later (counts of matching candidates after it, in all and of its
+    // own source).
+    let matches = |i: usize| matched.get(i).copied().unwrap_or(true);
+    let mut contended = vec![false; order.len()];
+    let mut after_total = 0usize;
+    let mut after_by_source: BTreeMap<&str, usize> = BTreeMap::new();
+    for (pos, &(i, _)) in order.iter().enumerate().rev() {
+        let own = after_by_source.get(sources[i].as_str()).copied().unwrap_or(0);
+        contended[pos] = after_total > own;
+        if matches(i) && !is_taken[i] {
+            after_total += 1;
+            *after_by_source.entry(sources[i].as_str()).or_insert(0) += 1;
+        }
+    }
     let mut places = k.saturating_sub(shares.values().map(|s| s.exposed).sum());
     let mut held: Vec<(usize, f64)> = Vec::new();
-    for &(i, score) in order {
+    for (pos, &(i, score)) in order.iter().enumerate() {
         if places == 0 {
             break;
         }
         if is_taken[i] {
             continue;
         }
-        if shares.get(sources[i].as_str()).map_or(0, |s| s.exposed) < MAX_SHARE {
+        if !contended[pos] || shares.get(sources[i].as_str()).map_or(0, |s| s.exposed) < MAX_SHARE {
             take(i, score, Inclusion::Ranked, &mut shares);
             places -= 1;
         } else {
@@ -159,9 +178,9 @@ mod tests {
     #[test]
     fn one_source_ranks_as_without_shares() {
         let sources = vec!["core".to_owned(); 30];
-        let s = select(&order(30), &sources, false, 20);
+        let s = select(&order(30), &sources, &[], false, 20);
         assert_eq!(s.taken.iter().map(|t| t.0).collect::<Vec<_>>(), (0..20).collect::<Vec<_>>());
-        assert_eq!(s.taken.iter().filter(|t| t.2 == Inclusion::ShareFill).count(), 8);
+        assert_eq!(s.taken.iter().filter(|t| t.2 == Inclusion::Ranked).count(), 20);
         assert_eq!(s.shares, vec![SourceShare { source: "core".into(), candidates: 30, exposed: 20, held_back: 0 }]);
     }
 
@@ -170,7 +189,7 @@ mod tests {
         // 25 MCP tools rank above 10 core tools.
         let sources: Vec<String> =
             (0..35).map(|i| if i < 25 { "mcp:srv".to_owned() } else { "core".to_owned() }).collect();
-        let s = select(&order(35), &sources, false, 20);
+        let s = select(&order(35), &sources, &[], false, 20);
         let taken: Vec<usize> = s.taken.iter().map(|t| t.0).collect();
         assert_eq!(taken, (0..12).chain(25..33).collect::<Vec<_>>());
         let mcp = s.shares.iter().find(|x| x.source == "mcp:srv").unwrap();
@@ -181,17 +200,35 @@ mod tests {
     fn held_back_tools_fill_places_no_other_source_wants() {
         let sources: Vec<String> =
             (0..30).map(|i| if i < 27 { "mcp:srv".to_owned() } else { "core".to_owned() }).collect();
-        let s = select(&order(30), &sources, false, 20);
+        let s = select(&order(30), &sources, &[], false, 20);
         assert_eq!(s.taken.len(), 20);
         assert_eq!(s.taken.iter().filter(|t| t.2 == Inclusion::ShareFill).count(), 5);
         assert_eq!(s.shares.iter().find(|x| x.source == "mcp:srv").unwrap().held_back, 10);
     }
 
     #[test]
+    fn a_source_is_not_held_back_for_tools_that_do_not_match_the_task() {
+        // 15 GitHub tools match "work on GitHub"; the 11 core tools do not.
+        let sources: Vec<String> =
+            (0..26).map(|i| if i < 15 { "dynamic:github".to_owned() } else { "core".to_owned() }).collect();
+        let matched: Vec<bool> = (0..26).map(|i| i < 15).collect();
+        let s = select(&order(26), &sources, &matched, false, 20);
+        assert_eq!(s.taken.iter().filter(|t| sources[t.0] == "dynamic:github").count(), 15);
+        assert!(s.shares.iter().all(|x| x.held_back == 0));
+        // One matching core tool is enough to hold GitHub at its share.
+        let mut matched = matched;
+        matched[15] = true;
+        let s = select(&order(26), &sources, &matched, false, 20);
+        assert_eq!(s.taken.iter().filter(|t| sources[t.0] == "dynamic:github").count(), 12);
+        assert!(s.taken.iter().any(|t| t.0 == 15));
+        assert_eq!(s.shares.iter().find(|x| x.source == "dynamic:github").unwrap().held_back, 3);
+    }
+
+    #[test]
     fn without_a_lexical_match_core_tools_come_first() {
         let sources: Vec<String> =
             (0..40).map(|i| if i < 35 { "mcp:srv".to_owned() } else { "core".to_owned() }).collect();
-        let s = select(&order(40), &sources, true, 20);
+        let s = select(&order(40), &sources, &[], true, 20);
         assert_eq!(
             s.taken[..5].iter().map(|t| (t.0, t.2)).collect::<Vec<_>>(),
             (35..40).map(|i| (i, Inclusion::CorePrior)).collect::<Vec<_>>()

@@ -21,6 +21,8 @@ use crate::store::SkillRow;
 pub const MAX_PRIVATE_TOOLS: usize = 64;
 /// Most entries of a skill's `allow_public`.
 pub const MAX_ALLOWED_PUBLIC: usize = 256;
+/// Most skills of one user.
+pub const MAX_SKILLS_PER_USER: usize = 64;
 /// Most bytes of a skill's description.
 pub const MAX_DESCRIPTION_BYTES: usize = 4096;
 
@@ -123,6 +125,13 @@ pub async fn create_skill(
     Json(body): Json<CreateSkill>,
 ) -> Result<(StatusCode, Json<SkillView>)> {
     check(&app, &user, &body)?;
+    if app.store.list_skills(&user.user_id).await?.len() >= MAX_SKILLS_PER_USER {
+        return Err(Error::conflict(
+            ErrorCode::SkillLimit,
+            format!("you have {MAX_SKILLS_PER_USER} skills, the most one user may have"),
+            serde_json::Value::Null,
+        ));
+    }
     let mut private = body.private_tools.clone();
     private.sort();
     private.dedup();

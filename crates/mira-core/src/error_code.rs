@@ -248,6 +248,8 @@ catalogue! {
     OccurrenceMismatch = (409, "occurrence_mismatch"),
     /// The sandbox the server can give is not the frozen one.
     SandboxChanged = (409, "sandbox_changed"),
+    /// The caller has the most skills allowed.
+    SkillLimit = (409, "skill_limit"),
     /// The news source is already registered.
     SourceExists = (409, "source_exists"),
     /// The caller has the most news sources allowed.
