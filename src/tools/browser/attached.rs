@@ -761,6 +761,10 @@ impl Tool for AttachedTool {
         let (rest, requested) = self.split(&input)?;
         let resolved = self.hub.resolve(ctx.owner_id, ConnectionKind::Browser, ATTACH, requested.as_deref())?;
         let session = self.bind(ctx.owner_id, &resolved.id, Some(&resolved.fingerprint)).await?;
+        if let Some(tab) = rest.get("tab").and_then(Value::as_str) {
+            // A tab the connection does not grant is refused at freeze time (403).
+            session.ctx.tabs.lock().await.get(Some(tab)).map(|_| ())?;
+        }
         let mut prepared = BOUND.scope(session.ctx.clone(), self.inner.prepare(rest, ctx)).await?;
         let o = prepared
             .input
