@@ -352,9 +352,14 @@ impl BrowserManager {
     /// The path of the running process's browser WebSocket (`/devtools/browser/<id>`), when
     /// it runs: an attached browser may never be this one.
     pub async fn websocket_path(&self) -> Option<String> {
+        url::Url::parse(&self.websocket_address().await?).ok().map(|u| u.path().to_owned())
+    }
+
+    /// The running process's browser WebSocket URL (`ws://127.0.0.1:<port>/devtools/browser/<id>`),
+    /// when it runs.
+    pub async fn websocket_address(&self) -> Option<String> {
         let state = self.state.lock().await;
-        let running = state.running.as_ref()?;
-        url::Url::parse(running.browser.websocket_address()).ok().map(|u| u.path().to_owned())
+        Some(state.running.as_ref()?.browser.websocket_address().clone())
     }
 
     /// The Chromium binary, when one was found.
