@@ -571,13 +571,20 @@ impl AttachedBrowsers {
     /// before the next try.
     async fn revive(self: &Arc<Self>, hub: &ConnectionHub, conn: &Connection) {
         let Ok(opened) = hub.opened(conn) else { return };
-        let ok = match self.session(&opened).await {
-            Ok(session) => session.live_tabs() > 0 && !AttachedSettings::of(&opened).is_ok_and(|s| s.tabs.is_empty()),
-            Err(_) => false,
+        // A browser that answers is looked at again every round (one DevTools round trip on
+        // the open WebSocket: has a granted tab appeared?); one that does not, ever more rarely.
+        let answered = match self.session(&opened).await {
+            Ok(session) => match session.sync().await {
+                Ok(_) => Some(session.live_tabs() > 0 && !session.settings.tabs.is_empty()),
+                Err(_) => None,
+            },
+            Err(_) => None,
         };
-        if ok {
+        if let Some(usable) = answered {
             self.backoff.lock().remove(&conn.id);
-            hub.check(conn).await;
+            if usable {
+                hub.check(conn).await;
+            }
         } else {
             let mut b = self.backoff.lock();
             let wait = b.get(&conn.id).map_or(MAINTENANCE_EVERY, |(_, w)| (*w * 2).min(MAX_BACKOFF));
