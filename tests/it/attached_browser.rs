@@ -399,7 +399,14 @@ async fn attach_act_on_the_granted_tab_only_and_survive_a_restart(backend: Backe
     let access = &own.body["permissions"]["browser.attached"]["access"];
     assert_eq!(access["state"], "unknown", "{own:?}");
     assert!(access["message"].as_str().unwrap().contains("managed browser"), "{own:?}");
-    let del = f.t.request(reqwest::Method::DELETE, &format!("/v1/connections/{}", own.body["id"].as_str().unwrap()), Some(&f.token), None).await;
+    let del =
+        f.t.request(
+            reqwest::Method::DELETE,
+            &format!("/v1/connections/{}", own.body["id"].as_str().unwrap()),
+            Some(&f.token),
+            None,
+        )
+        .await;
     assert_eq!(del.status, StatusCode::NO_CONTENT);
 
     // Grant by URL prefix instead (what survives a browser restart: target ids do not).

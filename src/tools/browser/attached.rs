@@ -56,6 +56,8 @@ pub const ATTACH: &str = "browser.attached";
 pub const MAX_TABS: usize = 8;
 /// Most origins one connection allows.
 pub const MAX_ORIGINS: usize = 16;
+/// Most page tabs the inventory lists.
+pub const MAX_INVENTORY: usize = 100;
 /// Largest `/json/version` answer read, in bytes.
 const MAX_VERSION_BYTES: usize = 64 * 1024;
 /// How often the maintenance task looks at the attached browsers.
@@ -245,7 +247,9 @@ impl Session {
             let granted = self.settings.grants(&id, &url);
             let mut refused = None;
             if granted {
-                if let Err(r) = policy.check(&url).await {
+                if !tabs.list.iter().any(|t| t.id == id) && tabs.list.len() >= MAX_TABS {
+                    refused = Some(format!("{MAX_TABS} granted tabs are attached already"));
+                } else if let Err(r) = policy.check(&url).await {
                     refused = Some(format!("the tab shows {}: {}", r.url, r.message));
                 } else {
                     seen.insert(id.clone());
@@ -263,6 +267,9 @@ impl Session {
                         self.ctx.adopt_tab(&mut tabs, id.clone(), page).await?;
                     }
                 }
+            }
+            if inventory.len() >= MAX_INVENTORY {
+                continue;
             }
             inventory.push(Target {
                 attached: seen.contains(&id),

@@ -62,10 +62,14 @@ pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 type Pending = oneshot::Sender<Result<Value, String>>;
 
+/// Events queued for one subscriber at most; more are dropped (a browser that floods events
+/// only stalls its own paused requests, never the server's memory).
+pub const MAX_QUEUED_EVENTS: usize = 1024;
+
 struct Subscriber {
     session: Option<String>,
     method: &'static str,
-    tx: mpsc::UnboundedSender<Value>,
+    tx: mpsc::Sender<Value>,
 }
 
 /// One DevTools WebSocket connection to a browser.
@@ -168,7 +172,7 @@ impl CdpClient {
                 return false;
             }
             if s.method == method && s.session.as_deref() == session {
-                return s.tx.send(params.clone()).is_ok();
+                return !matches!(s.tx.try_send(params.clone()), Err(mpsc::error::TrySendError::Closed(_)));
             }
             true
         });
@@ -190,9 +194,10 @@ impl CdpClient {
     }
 
     /// The events `method` of `session` (None: the browser's own) from now on, as their
-    /// parameters. The stream ends when the connection closes.
-    pub fn subscribe(&self, session: Option<&str>, method: &'static str) -> mpsc::UnboundedReceiver<Value> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    /// parameters (at most [`MAX_QUEUED_EVENTS`] waiting). The stream ends when the
+    /// connection closes.
+    pub fn subscribe(&self, session: Option<&str>, method: &'static str) -> mpsc::Receiver<Value> {
+        let (tx, rx) = mpsc::channel(MAX_QUEUED_EVENTS);
         if !self.closed.is_cancelled() {
             self.subscribers.lock().push(Subscriber { session: session.map(str::to_owned), method, tx });
         }

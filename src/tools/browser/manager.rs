@@ -145,8 +145,7 @@ impl TabPage {
                 other => Err(browser_error(format!("no listener for {other}"))),
             },
             TabPage::Attached(a) => {
-                Ok(tokio_stream::wrappers::UnboundedReceiverStream::new(a.client.subscribe(Some(&a.session), method))
-                    .boxed())
+                Ok(tokio_stream::wrappers::ReceiverStream::new(a.client.subscribe(Some(&a.session), method)).boxed())
             }
         }
     }
