@@ -244,27 +244,25 @@ impl Session {
         for info in infos.iter().filter(|i| i["type"] == "page") {
             let id = info["targetId"].as_str().unwrap_or_default().to_owned();
             let url = info["url"].as_str().unwrap_or_default().to_owned();
-            let granted = self.settings.grants(&id, &url);
+            // A tab granted when it was attached stays granted for the session's lifetime (an
+            // approved navigation within the origins does not end the grant of a URL prefix).
+            let granted = self.settings.grants(&id, &url) || tabs.list.iter().any(|t| t.id == id);
             let mut refused = None;
             if granted {
                 if !tabs.list.iter().any(|t| t.id == id) && tabs.list.len() >= MAX_TABS {
                     refused = Some(format!("{MAX_TABS} granted tabs are attached already"));
                 } else if let Err(r) = policy.check(&url).await {
                     refused = Some(format!("the tab shows {}: {}", r.url, r.message));
-                } else {
+                } else if tabs.list.iter().any(|t| t.id == id) {
                     seen.insert(id.clone());
-                    if !tabs.list.iter().any(|t| t.id == id) {
-                        let attached = self
-                            .client
-                            .call(None, "Target.attachToTarget", json!({"targetId": id, "flatten": true}))
-                            .await?;
-                        let session = attached["sessionId"].as_str().unwrap_or_default().to_owned();
-                        let page = TabPage::Attached(AttachedPage {
-                            client: self.client.clone(),
-                            session,
-                            target_id: id.clone(),
-                        });
-                        self.ctx.adopt_tab(&mut tabs, id.clone(), page).await?;
+                } else {
+                    match self.attach(&mut tabs, &id).await {
+                        Ok(()) => {
+                            seen.insert(id.clone());
+                        }
+                        Err(e) if e.code == ErrorCode::BrowserGone => return Err(e),
+                        // A tab that closed meanwhile, or refused the session: not attached.
+                        Err(e) => refused = Some(e.message),
                     }
                 }
             }
@@ -291,6 +289,22 @@ impl Session {
         Ok(inventory)
     }
 
+    /// Attaches to page target `id` (a flat session) and adopts it as a granted tab.
+    async fn attach(&self, tabs: &mut super::manager::Tabs, id: &str) -> Result<(), ToolError> {
+        let attached =
+            self.client.call(None, "Target.attachToTarget", json!({"targetId": id, "flatten": true})).await?;
+        let session = attached["sessionId"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| ToolError::new(ErrorCode::BrowserError, "Target.attachToTarget returned no session"))?
+            .to_owned();
+        let page = TabPage::Attached(AttachedPage { client: self.client.clone(), session, target_id: id.to_owned() });
+        self.ctx.adopt_tab(tabs, id.to_owned(), page.clone()).await.inspect_err(|_| {
+            let detach = page.clone();
+            tokio::spawn(async move { detach.close().await });
+        })
+    }
+
     async fn close(&self) {
         self.ctx.close().await;
         self.client.close();
@@ -301,7 +315,8 @@ impl Session {
 #[derive(Default)]
 pub struct AttachedBrowsers {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    connecting: tokio::sync::Mutex<()>,
+    /// One lock per connection: a browser slow to answer delays only its own connection.
+    connecting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     hub: OnceLock<Weak<ConnectionHub>>,
     managed: OnceLock<Weak<BrowserManager>>,
     backoff: Mutex<HashMap<String, (Instant, Duration)>>,
@@ -332,7 +347,8 @@ impl AttachedBrowsers {
         if let Some(s) = self.live(conn) {
             return Ok(s);
         }
-        let _one = self.connecting.lock().await;
+        let lock = self.connecting.lock().entry(conn.id.clone()).or_default().clone();
+        let _one = lock.lock().await;
         if let Some(s) = self.live(conn) {
             return Ok(s);
         }
@@ -553,6 +569,9 @@ impl AttachedBrowsers {
         for s in stale {
             self.forget(&s).await;
         }
+        let known: HashSet<&str> = conns.iter().map(|c| c.id.as_str()).collect();
+        self.connecting.lock().retain(|id, _| known.contains(id.as_str()));
+        self.backoff.lock().retain(|id, _| known.contains(id.as_str()));
         for conn in conns.into_iter().filter(|c| c.enabled && c.usable(ATTACH).is_err()) {
             if !self.due(&conn.id) {
                 continue;
@@ -563,13 +582,18 @@ impl AttachedBrowsers {
         }
     }
 
-    /// Whether a reconnection attempt of `id` is due (and books the next one).
+    /// Whether a reconnection attempt of `id` is due; when it is, no other starts until this
+    /// one ends ([`AttachedBrowsers::revive`] books the next).
     fn due(&self, id: &str) -> bool {
-        let b = self.backoff.lock();
+        let mut b = self.backoff.lock();
         let now = Instant::now();
-        match b.get(id) {
-            Some((next, _)) if *next > now => false,
-            _ => true,
+        match b.get(id).copied() {
+            Some((next, _)) if next > now => false,
+            other => {
+                let wait = other.map_or(Duration::ZERO, |(_, w)| w);
+                b.insert(id.to_owned(), (now + MAX_BACKOFF * 2, wait));
+                true
+            }
         }
     }
 
@@ -594,7 +618,8 @@ impl AttachedBrowsers {
             }
         } else {
             let mut b = self.backoff.lock();
-            let wait = b.get(&conn.id).map_or(MAINTENANCE_EVERY, |(_, w)| (*w * 2).min(MAX_BACKOFF));
+            let wait =
+                b.get(&conn.id).map_or(MAINTENANCE_EVERY, |(_, w)| (*w * 2).clamp(MAINTENANCE_EVERY, MAX_BACKOFF));
             b.insert(conn.id.clone(), (Instant::now() + wait, wait));
         }
     }
