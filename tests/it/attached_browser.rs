@@ -21,7 +21,10 @@ use serde_json::{Value, json};
 
 use crate::common::{Backend, Options, TestApp, spawn_with};
 
-both_backends!(attach_act_on_the_granted_tab_only_and_survive_a_restart);
+both_backends!(
+    attach_act_on_the_granted_tab_only_and_survive_a_restart,
+    a_user_s_own_browser_binds_its_approvals_and_is_theirs_alone
+);
 
 const APP: &str = r#"<!doctype html><html><head><title>User app</title></head><body>
 <h1>The user's app</h1>
@@ -447,4 +450,64 @@ async fn attach_act_on_the_granted_tab_only_and_survive_a_restart(backend: Backe
     let r = reqwest::get(format!("{}/json/close/{new_app}", user.endpoint())).await.unwrap();
     assert!(r.status().is_success());
     f.wait_reason(Some("browser_gone"), Duration::from_secs(5)).await;
+}
+
+/// With `--allow-internal-urls` a non-admin may attach a loopback browser; the approval binds
+/// the connection as it was (a PATCH between freeze and grant fails the call
+/// `connection_changed`, nothing done); another user can neither see nor use it.
+async fn a_user_s_own_browser_binds_its_approvals_and_is_theirs_alone(backend: Backend) {
+    let site = serve_pages().await;
+    let user = UserBrowser::start(free_port(), tempfile::tempdir().unwrap()).await;
+    user.open(&format!("{site}/app")).await;
+    let mut options = Options::default();
+    options.runtime.allow_internal_urls = true;
+    let t = spawn_with(backend, options).await;
+    let alice = t.user("alice").await;
+    let settings = json!({"endpoint": user.endpoint(), "tabs": [format!("{site}/app")], "origins": [site]});
+    let created =
+        t.post("/v1/connections", &alice, json!({"kind": "browser", "settings": settings, "credential": {}})).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["permissions"]["browser.attached"]["access"]["state"], "granted", "{created:?}");
+    let conn = created.body["id"].as_str().unwrap().to_owned();
+    let run = t.run(&alice).await;
+    let (turn, _) = t.turn(&alice, &run, "use my attached browser: snapshot the page and click a button").await;
+    let mut f = Fx { t, token: alice, run, turn, calls: 0 };
+    let snap = f.run("attached_browser_snapshot", json!({"connection": conn})).await;
+    assert_eq!(snap["status"], "completed", "{snap}");
+    let out = snap["result"]["output"].clone();
+    let press = reference(out["tree"].as_str().unwrap(), "button \"Press me\"");
+
+    // Frozen, then the connection changes before the grant: nothing is clicked.
+    let frozen = f.freeze("attached_browser_click", json!({"snapshot_id": out["snapshot_id"], "ref": press})).await;
+    assert_eq!(frozen.body["status"], "awaiting_approval", "{frozen:?}");
+    let mut changed = settings.clone();
+    changed["origins"] = json!([site, "https://example.com"]);
+    f.patch(&conn, json!({"settings": changed})).await;
+    let inv = frozen.body;
+    let g =
+        f.t.post(
+            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+            &f.token,
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+        )
+        .await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    let done = f.wait(&inv).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["result"]["error"]["code"], "connection_changed", "{done}");
+    f.wait_reason(None, Duration::from_secs(10)).await;
+    let again = f.run("attached_browser_snapshot", json!({})).await;
+    assert!(again["result"]["output"]["tree"].as_str().unwrap().contains("Not pressed"), "never clicked: {again}");
+
+    // Another user: no connection of theirs, and alice's is not theirs to name.
+    let bob = f.t.user("bob").await;
+    let view = f.t.get("/v1/tools/attached_browser_snapshot", &bob).await;
+    assert_eq!(view.body["reason"]["code"], "no_connection", "{view:?}");
+    let seen = f.t.get(&format!("/v1/connections/{conn}"), &bob).await;
+    assert_eq!(seen.status, StatusCode::NOT_FOUND, "{seen:?}");
+    let bob_run = f.t.run(&bob).await;
+    let (bob_turn, _) = f.t.turn(&bob, &bob_run, "use the attached browser: snapshot the page").await;
+    let r = f.t.call(&bob, &bob_run, &bob_turn, "attached_browser_snapshot", "b1", json!({"connection": conn})).await;
+    assert!(!r.status.is_success(), "{r:?}");
+    assert!(!r.body.to_string().contains("Press me"), "{r:?}");
 }
