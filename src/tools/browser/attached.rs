@@ -859,3 +859,60 @@ impl Tool for AttachedTool {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<AttachedSettings, ErrorCode> {
+        AttachedSettings::parse(v).map_err(|e| e.code)
+    }
+
+    #[test]
+    fn settings_are_canonical_and_bad_ones_refused() {
+        let s = parse(json!({"endpoint": "http://127.0.0.1:9222/", "origins": ["HTTPS://App.Example.com:443/x"],
+                             "tabs": ["9a2f0000aaaabbbbccccddddeeeeffff", "https://app.example.com/inbox"]}))
+        .unwrap();
+        assert_eq!(s.endpoint, "http://127.0.0.1:9222");
+        assert_eq!(s.origins, vec!["https://app.example.com"]);
+        assert_eq!(s.tabs, vec!["9A2F0000AAAABBBBCCCCDDDDEEEEFFFF", "https://app.example.com/inbox"]);
+        let base = |endpoint: &str| json!({"endpoint": endpoint, "origins": ["https://a.example"]});
+        for endpoint in [
+            "https://127.0.0.1:9222",
+            "http://127.0.0.1:9222/json",
+            "http://u:p@127.0.0.1:9222",
+            "http://127.0.0.1:9222?x=1",
+            "ws://127.0.0.1:9222",
+            "not a url",
+        ] {
+            assert_eq!(parse(base(endpoint)).err(), Some(ErrorCode::InvalidField), "{endpoint}");
+        }
+        assert_eq!(parse(json!({"endpoint": "http://h:1", "origins": []})).err(), Some(ErrorCode::InvalidField));
+        assert_eq!(
+            parse(json!({"endpoint": "http://h:1", "origins": ["data:text/html,x"]})).err(),
+            Some(ErrorCode::InvalidField)
+        );
+        // A URL prefix off the listed origins, a tab that is neither, too many tabs, unknown keys.
+        for tabs in [json!(["https://b.example/"]), json!(["file:///etc/passwd"]), json!(["x"])] {
+            let v = json!({"endpoint": "http://h:1", "origins": ["https://a.example"], "tabs": tabs});
+            assert_eq!(parse(v).err(), Some(ErrorCode::InvalidField), "{tabs}");
+        }
+        let many: Vec<String> = (0..9).map(|i| format!("https://a.example/{i}")).collect();
+        let v = json!({"endpoint": "http://h:1", "origins": ["https://a.example"], "tabs": many});
+        assert_eq!(parse(v).err(), Some(ErrorCode::InvalidField));
+        let v = json!({"endpoint": "http://h:1", "origins": ["https://a.example"], "cookies": true});
+        assert_eq!(parse(v).err(), Some(ErrorCode::InvalidRequest));
+    }
+
+    #[test]
+    fn grants_by_target_id_or_url_prefix_only() {
+        let s = parse(json!({"endpoint": "http://h:1", "origins": ["https://a.example"],
+                             "tabs": ["AAAABBBBCCCCDDDD", "https://a.example"]}))
+        .unwrap();
+        assert!(s.grants("aaaabbbbccccdddd", "https://elsewhere.example/"));
+        assert!(s.grants("1234567890ABCDEF", "https://a.example/inbox"));
+        // The canonical prefix ends with the path's "/": no other host shares it.
+        assert!(!s.grants("1234567890ABCDEF", "https://a.example.evil.test/"));
+        assert!(!s.grants("1234567890ABCDEF", "http://a.example/"));
+    }
+}
