@@ -727,7 +727,10 @@ impl AttachedTool {
         let description = format!(
             "In the user's own Chromium, attached as a browser connection: only in the tabs they granted (tab = \
              the tab's target id) and on the origins they allowed; no tabs are opened or closed. {}",
-            i.description.replace("browser_", "attached_browser_").replace("managed browser", "attached browser")
+            i.description
+                .replace("browser_", "attached_browser_")
+                .replace("managed browser", "attached browser")
+                .replace(" (or a new tab)", "")
         );
         let spec = ToolSpec {
             id: format!("attached_{}", i.id),
