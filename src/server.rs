@@ -134,10 +134,11 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
             .await
             .context("probing the sandbox")?
     };
+    let attached = crate::tools::browser::attached::AttachedBrowsers::new();
     let connections = crate::connections::ConnectionHub::new(
         store.clone(),
         crate::secret::SecretBox::load(&settings.data_dir),
-        crate::tools::connection_drivers(),
+        crate::tools::connection_drivers(&attached),
         crate::connections::CHECK_INTERVAL,
         Duration::from_secs(config.search.state_refresh_secs.max(1)),
         config.allow_internal_urls,
@@ -151,6 +152,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         search: config.search.clone(),
         terminal: config.terminal.clone(),
         browser: config.browser.clone(),
+        attached,
         node_id,
         sandbox: sandbox.clone(),
     };

@@ -5,7 +5,8 @@
 //! limited, and grants the permission the tool needs. Otherwise the ladder names why, with one
 //! of the stable reasons `no_connection`, `reauth_required`, `scope_missing` (naming the
 //! scope), `connection_unreachable`, `rate_limited` (with the reset time),
-//! `card_changed` (an expert's pinned agent card changed) or `permission_unknown` — a permission that could not be verified is never available.
+//! `card_changed` (an expert's pinned agent card changed), `browser_gone` (an attached
+//! browser or every tab it grants is gone) or `permission_unknown` — a permission that could not be verified is never available.
 //!
 //! A [`Driver`] per [`ConnectionKind`] validates settings and credentials and runs the check (a
 //! live round trip answering who the credential is and each permission's [`Access`]). The
@@ -43,18 +44,23 @@ pub enum ConnectionKind {
     Mail,
     /// An external expert: an A2A agent whose agent card is pinned by hash.
     Expert,
+    /// The user's own running Chromium, attached at its remote-debugging endpoint: the
+    /// attached-browser tools act in the tabs it grants, on the origins it allows.
+    Browser,
 }
 
 impl ConnectionKind {
     /// Every kind.
-    pub const ALL: [ConnectionKind; 3] = [ConnectionKind::Github, ConnectionKind::Mail, ConnectionKind::Expert];
+    pub const ALL: [ConnectionKind; 4] =
+        [ConnectionKind::Github, ConnectionKind::Mail, ConnectionKind::Expert, ConnectionKind::Browser];
 
-    /// The snake_case name (`github`, `mail`, `expert`).
+    /// The snake_case name (`github`, `mail`, `expert`, `browser`).
     pub fn as_str(self) -> &'static str {
         match self {
             ConnectionKind::Github => "github",
             ConnectionKind::Mail => "mail",
             ConnectionKind::Expert => "expert",
+            ConnectionKind::Browser => "browser",
         }
     }
 
@@ -97,6 +103,13 @@ pub enum Access {
         /// What changed.
         message: String,
     },
+    /// An attached browser cannot be reached at its debugging endpoint, its connection
+    /// closed, or no tab it grants is open: ladder reason `browser_gone`, until the browser
+    /// (and a granted tab) is back.
+    BrowserGone {
+        /// Why.
+        message: String,
+    },
 }
 
 impl Access {
@@ -123,6 +136,9 @@ impl Access {
             Access::CardChanged { message } => {
                 Err((ErrorCode::CardChanged, format!("connection {name} changed since it was approved: {message}")))
             }
+            Access::BrowserGone { message } => {
+                Err((ErrorCode::BrowserGone, format!("the browser of connection {name} is gone: {message}")))
+            }
         }
     }
 }
@@ -138,6 +154,11 @@ pub struct CheckReport {
     /// The end of a rate limit the check ran into (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limited_until: Option<String>,
+    /// What the far side offers to grant, for the owner to choose from (an attached browser:
+    /// its open page tabs `[{target_id, url, title, granted}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub inventory: Option<Value>,
 }
 
 /// A connection opened for a check or a call: validated settings and the opened credential.
@@ -450,6 +471,16 @@ impl ConnectionHub {
         }
     }
 
+    /// Every connection of `kind` (every owner's).
+    pub fn of_kind(&self, kind: ConnectionKind) -> Vec<Connection> {
+        self.connections.read().iter().filter(|c| c.kind == kind).cloned().collect()
+    }
+
+    /// Connection `id` (any owner's).
+    pub fn by_id(&self, id: &str) -> Option<Connection> {
+        self.connections.read().iter().find(|c| c.id == id).cloned()
+    }
+
     /// Every connection `user_id` may see: their own (oldest first), then the shared ones.
     pub fn visible(&self, user_id: &str) -> Vec<Connection> {
         let mut out: Vec<Connection> =
@@ -551,6 +582,13 @@ impl ConnectionHub {
             .with_details(serde_json::json!({"connection": id})));
         }
         Ok(opened)
+    }
+
+    /// Opens `conn` whatever its last check said (a connection's maintenance: reconnecting
+    /// to an attached browser that was gone). Errors: `secret_key_unavailable`,
+    /// `credential_unavailable`.
+    pub fn opened(&self, conn: &Connection) -> Result<Opened, ToolError> {
+        self.open_credential(conn)
     }
 
     fn open_credential(&self, conn: &Connection) -> Result<Opened, ToolError> {
@@ -680,5 +718,6 @@ fn every(driver: &dyn Driver, access: &Access) -> CheckReport {
         account: None,
         access: driver.permissions().iter().map(|(p, _)| ((*p).to_owned(), access.clone())).collect(),
         rate_limited_until: None,
+        inventory: None,
     }
 }

@@ -35,7 +35,7 @@ pub const MAX_OBJECT_BYTES: usize = 16 * 1024;
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateConnection {
-    /// `github`, `mail` or `expert`.
+    /// `github`, `mail`, `expert` or `browser`.
     pub kind: ConnectionKind,
     /// Display name, 1–128 characters (default: the kind).
     pub name: Option<String>,
@@ -101,7 +101,7 @@ fn state_of(c: &Connection) -> ConnectionState {
         return ConnectionState::RateLimited;
     }
     let count = |f: fn(&Access) -> bool| report.access.values().filter(|a| f(a)).count();
-    let unreachable = count(|a| matches!(a, Access::Unreachable { .. }));
+    let unreachable = count(|a| matches!(a, Access::Unreachable { .. } | Access::BrowserGone { .. }));
     if count(|a| matches!(a, Access::ReauthRequired { .. })) > 0 {
         ConnectionState::ReauthRequired
     } else if report.access.is_empty() || unreachable == report.access.len() {
@@ -178,6 +178,11 @@ pub struct ConnectionView {
     pub permissions: BTreeMap<String, PermissionView>,
     /// Every tool of the kind: what it needs and whether this connection serves it now.
     pub tools: Vec<ToolNeedView>,
+    /// What the far side offers to grant (an attached browser: its open page tabs
+    /// `[{target_id, url, title, granted}]`), from the last check; owners only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub inventory: Option<Value>,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
@@ -224,7 +229,8 @@ fn view(app: &App, user: &AuthUser, c: &Connection) -> ConnectionView {
             Access::ReauthRequired { message }
             | Access::Unreachable { message }
             | Access::Unknown { message }
-            | Access::CardChanged { message } => Some(message.clone()),
+            | Access::CardChanged { message }
+            | Access::BrowserGone { message } => Some(message.clone()),
             Access::Granted | Access::Missing { .. } => None,
         })
     });
@@ -243,6 +249,11 @@ fn view(app: &App, user: &AuthUser, c: &Connection) -> ConnectionView {
         rate_limited_until: c.rate_limited_until.clone(),
         permissions,
         tools,
+        inventory: c
+            .report
+            .as_ref()
+            .and_then(|r| r.inventory.clone())
+            .filter(|_| c.owner_id.as_deref() == Some(user.user_id.as_str())),
         created_at: c.created_at.clone(),
         updated_at: c.updated_at.clone(),
     }
@@ -334,6 +345,12 @@ pub async fn create_connection(
     check_name(&name)?;
     if body.shared && !user.is_admin {
         return Err(Error::Forbidden("only admins may add shared connections".into()));
+    }
+    if body.shared && body.kind == ConnectionKind::Browser {
+        return Err(Error::bad_request(
+            ErrorCode::InvalidRequest,
+            "an attached browser is its user's own and cannot be shared",
+        ));
     }
     let settings = validated_settings(&app, &user, body.kind, body.settings).await?;
     let id = crate::ids::new_id("conn");

@@ -46,11 +46,15 @@ pub struct ToolDeps {
     pub allow_internal_urls: bool,
     /// The managed browser's settings (`--browser-*`).
     pub browser: browser::BrowserSettings,
+    /// The users' attached browsers (`browser` connections), shared with their driver.
+    pub attached: Arc<browser::attached::AttachedBrowsers>,
 }
 
 /// The drivers of every connection kind this build knows ([`crate::connections::Driver`]).
-pub fn connection_drivers() -> Vec<Arc<dyn crate::connections::Driver>> {
-    vec![github::driver(), mail::driver(), expert::driver()]
+pub fn connection_drivers(
+    attached: &Arc<browser::attached::AttachedBrowsers>,
+) -> Vec<Arc<dyn crate::connections::Driver>> {
+    vec![github::driver(), mail::driver(), expert::driver(), browser::attached::driver(attached)]
 }
 
 /// Handles to the state of core tools that HTTP resources share with them.
@@ -102,6 +106,14 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
         deps.allow_internal_urls,
     );
     browser::register(registry, &browser, &deps.data_dir)?;
+    browser::attached::register(
+        registry,
+        &deps.connections,
+        &deps.attached,
+        &browser,
+        &deps.data_dir,
+        deps.shutdown.clone(),
+    )?;
     browser.spawn_reaper(deps.shutdown.clone());
     let terminal = terminal::host::TerminalHost::new(
         deps.store.clone(),

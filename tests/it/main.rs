@@ -5,6 +5,7 @@
 mod common;
 
 mod approval;
+mod attached_browser;
 mod bad_input;
 mod browser;
 mod cluster;

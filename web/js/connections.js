@@ -26,7 +26,7 @@ const STATE_WORDS = {
   ready: 'Ready: every permission is granted.',
 };
 
-const ACCESS_BADGE = { granted: 'ok', missing: 'unavailable', unknown: 'unavailable', reauth_required: 'blocked', unreachable: 'blocked', card_changed: 'blocked' };
+const ACCESS_BADGE = { granted: 'ok', missing: 'unavailable', unknown: 'unavailable', reauth_required: 'blocked', unreachable: 'blocked', card_changed: 'blocked', browser_gone: 'blocked' };
 
 /** What a check found for one permission, in words. */
 function accessWords(access) {

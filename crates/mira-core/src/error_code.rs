@@ -180,6 +180,9 @@ catalogue! {
     ScopeMissing = (403, "scope_missing"),
     /// A non-admin referred to the server's environment (`from_env`).
     ServerEnvReference = (403, "server_env_reference"),
+    /// The tab named is not one the attached browser's connection grants (`settings.tabs`): the
+    /// attached-browser tools act only in the tabs the user chose.
+    TabNotGranted = (403, "tab_not_granted"),
     /// A non-admin asked for a workspace path outside the allowed roots.
     WorkspacePathNotAllowed = (403, "workspace_path_not_allowed"),
     /// The cwd does not exist.
@@ -387,6 +390,10 @@ catalogue! {
     TooManyStreams = (429, "too_many_streams"),
     /// A bug or a store error other than unavailability (logged, never detailed).
     Internal = (500, "internal"),
+    /// The user's attached browser is gone: it cannot be reached at its debugging endpoint, the
+    /// connection to it closed, or no tab it grants is open (also a ladder reason); the tools
+    /// return when the browser does.
+    BrowserGone = (503, "browser_gone"),
     /// No Chromium binary is configured or found (`--browser-chromium`): the browser tools are
     /// `unavailable`.
     BrowserMissing = (503, "browser_missing"),

@@ -20,12 +20,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chromiumoxide::cdp::browser_protocol::fetch::{ContinueRequestParams, EventRequestPaused, FailRequestParams};
-use chromiumoxide::cdp::browser_protocol::network::ErrorReason;
+use chromiumoxide::cdp::browser_protocol::fetch::EventRequestPaused;
 use chromiumoxide::cdp::browser_protocol::page::{EventFrameStartedLoading, EventLoadEventFired};
 use chromiumoxide::cdp::browser_protocol::target::CreateTargetParams;
 use chromiumoxide::{Browser, BrowserConfig, Page};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -74,13 +74,104 @@ fn browser_error(message: impl Into<String>) -> ToolError {
     ToolError::new(ErrorCode::BrowserError, message)
 }
 
-/// Sends `method` with `params` to `page`'s target, within [`COMMAND_TIMEOUT`].
-async fn cdp(page: &Page, method: &'static str, params: Value) -> Result<Value, ToolError> {
-    match tokio::time::timeout(COMMAND_TIMEOUT, page.execute(Raw { method, params })).await {
-        Ok(Ok(resp)) => Ok(resp.result),
-        Ok(Err(e)) => Err(browser_error(format!("{method} failed: {e}"))),
-        Err(_) => Err(browser_error(format!("{method} did not answer within {} s", COMMAND_TIMEOUT.as_secs()))),
+/// A tab's page target as the tools drive it: a page of the managed browser (through
+/// `chromiumoxide`) or a tab of a user's attached browser (through this module's own
+/// DevTools client, [`super::cdp`], attached to that one target only). Every function of this
+/// module acts through [`TabPage::call`] and [`TabPage::events`], so both kinds of tab run
+/// the same code.
+#[derive(Clone)]
+pub enum TabPage {
+    /// A page of the managed browser.
+    Managed(Page),
+    /// A granted tab of an attached browser.
+    Attached(AttachedPage),
+}
+
+/// A session attached to one granted tab of an attached browser.
+#[derive(Clone)]
+pub struct AttachedPage {
+    /// The browser's DevTools connection.
+    pub client: Arc<super::cdp::CdpClient>,
+    /// The flat session of the tab (`Target.attachToTarget`, `flatten: true`).
+    pub session: String,
+    /// The tab's target id.
+    pub target_id: String,
+}
+
+impl TabPage {
+    /// Sends `method` with `params` to the tab's target, within [`COMMAND_TIMEOUT`].
+    /// Errors: `browser_error`; for an attached tab also `browser_gone` (the connection
+    /// closed) and `forbidden` (a method outside the attached client's list).
+    pub async fn call(&self, method: &'static str, params: Value) -> Result<Value, ToolError> {
+        match self {
+            TabPage::Managed(page) => {
+                match tokio::time::timeout(COMMAND_TIMEOUT, page.execute(Raw { method, params })).await {
+                    Ok(Ok(resp)) => Ok(resp.result),
+                    Ok(Err(e)) => Err(browser_error(format!("{method} failed: {e}"))),
+                    Err(_) => {
+                        Err(browser_error(format!("{method} did not answer within {} s", COMMAND_TIMEOUT.as_secs())))
+                    }
+                }
+            }
+            TabPage::Attached(a) => a.client.call(Some(&a.session), method, params).await,
+        }
     }
+
+    /// The events `method` of the tab, as their JSON parameters, from now on. The managed
+    /// browser's pages give `Page.loadEventFired`, `Page.frameStartedLoading` and
+    /// `Fetch.requestPaused`.
+    pub async fn events(&self, method: &'static str) -> Result<BoxStream<'static, Value>, ToolError> {
+        let listen = |e: chromiumoxide::error::CdpError| browser_error(format!("listening for {method}: {e}"));
+        match self {
+            TabPage::Managed(page) => match method {
+                "Page.loadEventFired" => Ok(page
+                    .event_listener::<EventLoadEventFired>()
+                    .await
+                    .map_err(listen)?
+                    .map(|e| serde_json::to_value(&*e).unwrap_or_default())
+                    .boxed()),
+                "Page.frameStartedLoading" => Ok(page
+                    .event_listener::<EventFrameStartedLoading>()
+                    .await
+                    .map_err(listen)?
+                    .map(|e| serde_json::to_value(&*e).unwrap_or_default())
+                    .boxed()),
+                "Fetch.requestPaused" => Ok(page
+                    .event_listener::<EventRequestPaused>()
+                    .await
+                    .map_err(listen)?
+                    .map(|e| serde_json::to_value(&*e).unwrap_or_default())
+                    .boxed()),
+                other => Err(browser_error(format!("no listener for {other}"))),
+            },
+            TabPage::Attached(a) => {
+                Ok(tokio_stream::wrappers::ReceiverStream::new(a.client.subscribe(Some(&a.session), method)).boxed())
+            }
+        }
+    }
+
+    /// Closes a managed page; detaches from an attached tab (which stays open).
+    pub async fn close(&self) {
+        match self {
+            TabPage::Managed(page) => {
+                let _ = tokio::time::timeout(Duration::from_secs(5), page.clone().close()).await;
+            }
+            // The user's tab is theirs: detaching leaves it open (and ends the interception).
+            TabPage::Attached(a) => {
+                let _ = a.client.call(None, "Target.detachFromTarget", json!({"sessionId": a.session})).await;
+            }
+        }
+    }
+}
+
+/// Sends `method` with `params` to `page`'s target (see [`TabPage::call`]).
+async fn cdp(page: &TabPage, method: &'static str, params: Value) -> Result<Value, ToolError> {
+    page.call(method, params).await
+}
+
+/// Brings the tab to the front (`Page.bringToFront`).
+pub async fn bring_to_front(page: &TabPage) -> Result<(), ToolError> {
+    cdp(page, "Page.bringToFront", json!({})).await.map(|_| ())
 }
 
 /// A request the origin policy refused.
@@ -129,10 +220,10 @@ pub struct Shot {
 
 /// One tab of a context.
 pub struct Tab {
-    /// `t1`, `t2`… within the context.
+    /// `t1`, `t2`… within a managed context; the target id in an attached browser.
     pub id: String,
     /// The page.
-    pub page: Page,
+    pub page: TabPage,
     /// The latest snapshot of this tab.
     pub snapshot: Option<Snapshot>,
     /// The latest screenshot of this tab (what `browser_click_at` coordinates refer to).
@@ -147,12 +238,29 @@ pub struct Tabs {
     /// Id of the active tab.
     pub active: Option<String>,
     next: u64,
+    /// True for an attached browser's granted tabs: a tab id not among them is
+    /// `tab_not_granted`.
+    attached: bool,
 }
 
-/// One user's isolated browser context.
+impl Tabs {
+    /// No tabs yet; `attached` for an attached browser's.
+    pub fn new(attached: bool) -> Tabs {
+        Tabs { list: Vec::new(), active: None, next: 1, attached }
+    }
+}
+
+/// Whose browser a context is.
+enum ContextOwner {
+    /// A user's context in the managed browser.
+    Managed { context_id: chromiumoxide::cdp::browser_protocol::browser::BrowserContextId, browser: Arc<Browser> },
+    /// The granted tabs of a user's attached browser.
+    Attached,
+}
+
+/// One user's isolated browser context (managed), or the granted tabs of an attached browser.
 pub struct UserContext {
-    context_id: chromiumoxide::cdp::browser_protocol::browser::BrowserContextId,
-    browser: Arc<Browser>,
+    owner: ContextOwner,
     /// The tabs; held for the whole of a call.
     pub tabs: tokio::sync::Mutex<Tabs>,
     policy: Arc<parking_lot::RwLock<OriginPolicy>>,
@@ -240,6 +348,19 @@ impl BrowserManager {
         })
     }
 
+    /// The path of the running process's browser WebSocket (`/devtools/browser/<id>`), when
+    /// it runs: an attached browser may never be this one.
+    pub async fn websocket_path(&self) -> Option<String> {
+        url::Url::parse(&self.websocket_address().await?).ok().map(|u| u.path().to_owned())
+    }
+
+    /// The running process's browser WebSocket URL (`ws://127.0.0.1:<port>/devtools/browser/<id>`),
+    /// when it runs.
+    pub async fn websocket_address(&self) -> Option<String> {
+        let state = self.state.lock().await;
+        Some(state.running.as_ref()?.browser.websocket_address().clone())
+    }
+
     /// The Chromium binary, when one was found.
     pub fn binary(&self) -> Option<&std::path::Path> {
         self.binary.as_deref()
@@ -324,9 +445,8 @@ impl BrowserManager {
         .map_err(|_| browser_error("Target.createBrowserContext timed out"))?
         .map_err(|e| browser_error(format!("Target.createBrowserContext failed: {e}")))?;
         let ctx = Arc::new(UserContext {
-            context_id,
-            browser,
-            tabs: tokio::sync::Mutex::new(Tabs { list: Vec::new(), active: None, next: 1 }),
+            owner: ContextOwner::Managed { context_id, browser },
+            tabs: tokio::sync::Mutex::new(Tabs::new(false)),
             policy: Arc::new(parking_lot::RwLock::new(OriginPolicy { allow: self.allow.clone(), rule })),
             refusals: Arc::default(),
             last_used: parking_lot::Mutex::new(Instant::now()),
@@ -448,15 +568,64 @@ impl BrowserManager {
 }
 
 impl UserContext {
-    async fn close(&self) {
+    /// The context of an attached browser's granted tabs (added with
+    /// [`UserContext::adopt_tab`]), loading only what `policy` allows.
+    pub fn attached(policy: OriginPolicy) -> UserContext {
+        UserContext {
+            owner: ContextOwner::Attached,
+            tabs: tokio::sync::Mutex::new(Tabs::new(true)),
+            policy: Arc::new(parking_lot::RwLock::new(policy)),
+            refusals: Arc::default(),
+            last_used: parking_lot::Mutex::new(Instant::now()),
+            max_tabs: 0,
+        }
+    }
+
+    /// Closes the context: a managed one's tabs and browser context; an attached browser's
+    /// sessions are detached (its tabs stay open, their interception ends).
+    pub async fn close(&self) {
         let mut tabs = self.tabs.lock().await;
         for tab in tabs.list.drain(..) {
             tab.interceptor.abort();
-            let _ = tokio::time::timeout(Duration::from_secs(5), tab.page.close()).await;
+            tab.page.close().await;
         }
-        let _ =
-            tokio::time::timeout(Duration::from_secs(5), self.browser.dispose_browser_context(self.context_id.clone()))
-                .await;
+        if let ContextOwner::Managed { context_id, browser } = &self.owner {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), browser.dispose_browser_context(context_id.clone())).await;
+        }
+    }
+
+    /// Adds an attached browser's granted tab `id` (its target id) driven through `page`:
+    /// listens for its paused requests, then turns `Fetch` interception (pattern `*`) and
+    /// page events on, so every request of the tab passes the policy from now on.
+    pub async fn adopt_tab(&self, tabs: &mut Tabs, id: String, page: TabPage) -> Result<(), ToolError> {
+        let events = page.events("Fetch.requestPaused").await?;
+        let interceptor =
+            tokio::spawn(intercept(page.clone(), events, self.policy.clone(), self.refusals.clone(), id.clone()));
+        let enabled = async {
+            cdp(&page, "Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]})).await?;
+            cdp(&page, "Page.enable", json!({})).await
+        };
+        if let Err(e) = enabled.await {
+            interceptor.abort();
+            return Err(e);
+        }
+        if tabs.active.is_none() {
+            tabs.active = Some(id.clone());
+        }
+        tabs.list.push(Tab { id, page, snapshot: None, shot: None, interceptor });
+        Ok(())
+    }
+
+    /// Forgets tab `id` (closed by its user); the next remaining tab becomes active.
+    pub fn drop_tab(&self, tabs: &mut Tabs, id: &str) {
+        if let Some(pos) = tabs.list.iter().position(|t| t.id == id) {
+            let tab = tabs.list.remove(pos);
+            tab.interceptor.abort();
+        }
+        if tabs.active.as_deref() == Some(id) {
+            tabs.active = tabs.list.first().map(|t| t.id.clone());
+        }
     }
 
     /// Marks the context used now.
@@ -477,6 +646,12 @@ impl UserContext {
     /// Opens a tab on `about:blank` with interception on, and makes it active.
     /// Errors: `browser_limit`, `browser_error`.
     pub async fn open_tab(&self, tabs: &mut Tabs) -> Result<String, ToolError> {
+        let ContextOwner::Managed { context_id, browser } = &self.owner else {
+            return Err(ToolError::new(
+                ErrorCode::TabNotGranted,
+                "an attached browser's tools act only in the tabs its connection grants; they open no tab",
+            ));
+        };
         if tabs.list.len() >= self.max_tabs {
             return Err(ToolError::new(
                 ErrorCode::BrowserLimit,
@@ -485,19 +660,17 @@ impl UserContext {
         }
         let params = CreateTargetParams::builder()
             .url("about:blank")
-            .browser_context_id(self.context_id.clone())
+            .browser_context_id(context_id.clone())
             .build()
             .map_err(|e| browser_error(format!("Target.createTarget: {e}")))?;
-        let page = tokio::time::timeout(COMMAND_TIMEOUT, self.browser.new_page(params))
+        let page = tokio::time::timeout(COMMAND_TIMEOUT, browser.new_page(params))
             .await
             .map_err(|_| browser_error("opening a tab timed out"))?
             .map_err(|e| browser_error(format!("opening a tab: {e}")))?;
+        let page = TabPage::Managed(page);
         let id = format!("t{}", tabs.next);
         tabs.next += 1;
-        let events = page
-            .event_listener::<EventRequestPaused>()
-            .await
-            .map_err(|e| browser_error(format!("listening for paused requests: {e}")))?;
+        let events = page.events("Fetch.requestPaused").await?;
         let interceptor =
             tokio::spawn(intercept(page.clone(), events, self.policy.clone(), self.refusals.clone(), id.clone()));
         tabs.list.push(Tab { id: id.clone(), page, snapshot: None, shot: None, interceptor });
@@ -507,10 +680,16 @@ impl UserContext {
 
     /// Closes tab `id`; the next remaining tab becomes active. Errors: `not_found`.
     pub async fn close_tab(&self, tabs: &mut Tabs, id: &str) -> Result<(), ToolError> {
-        let pos = tabs.list.iter().position(|t| t.id == id).ok_or_else(|| no_tab(id))?;
+        if matches!(self.owner, ContextOwner::Attached) {
+            return Err(ToolError::new(
+                ErrorCode::TabNotGranted,
+                "an attached browser's tabs are its user's: close them in the browser",
+            ));
+        }
+        let pos = tabs.list.iter().position(|t| t.id == id).ok_or_else(|| tabs.no_tab(id))?;
         let tab = tabs.list.remove(pos);
         tab.interceptor.abort();
-        let _ = tokio::time::timeout(Duration::from_secs(5), tab.page.close()).await;
+        tab.page.close().await;
         if tabs.active.as_deref() == Some(id) {
             tabs.active = tabs.list.last().map(|t| t.id.clone());
         }
@@ -518,25 +697,42 @@ impl UserContext {
     }
 }
 
-fn no_tab(id: &str) -> ToolError {
-    ToolError::new(ErrorCode::NotFound, format!("no open tab {id}"))
-}
-
 impl Tabs {
+    fn no_tab(&self, id: &str) -> ToolError {
+        if self.attached {
+            ToolError::new(
+                ErrorCode::TabNotGranted,
+                format!(
+                    "tab {id} is not an open tab this browser connection grants (granted and open: {})",
+                    self.list.iter().map(|t| t.id.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            )
+        } else {
+            ToolError::new(ErrorCode::NotFound, format!("no open tab {id}"))
+        }
+    }
+
+    fn none_open(&self) -> ToolError {
+        if self.attached {
+            ToolError::new(ErrorCode::BrowserGone, "no tab the browser connection grants is open")
+        } else {
+            ToolError::new(ErrorCode::NotFound, "no tab is open: navigate somewhere first (browser_navigate)")
+        }
+    }
+
     /// Tab `id`, or the active tab when `id` is None. Errors: `not_found`.
     pub fn get(&self, id: Option<&str>) -> Result<&Tab, ToolError> {
-        let want = id.or(self.active.as_deref()).ok_or_else(|| {
-            ToolError::new(ErrorCode::NotFound, "no tab is open: navigate somewhere first (browser_navigate)")
-        })?;
-        self.list.iter().find(|t| t.id == want).ok_or_else(|| no_tab(want))
+        let want = id.or(self.active.as_deref()).ok_or_else(|| self.none_open())?;
+        self.list.iter().find(|t| t.id == want).ok_or_else(|| self.no_tab(want))
     }
 
     /// Mutable tab `id` or the active one.
     pub fn get_mut(&mut self, id: Option<&str>) -> Result<&mut Tab, ToolError> {
-        let want = id.or(self.active.as_deref()).map(str::to_owned).ok_or_else(|| {
-            ToolError::new(ErrorCode::NotFound, "no tab is open: navigate somewhere first (browser_navigate)")
-        })?;
-        self.list.iter_mut().find(|t| t.id == want).ok_or_else(|| no_tab(&want))
+        let want = id.or(self.active.as_deref()).map(str::to_owned).ok_or_else(|| self.none_open())?;
+        if !self.list.iter().any(|t| t.id == want) {
+            return Err(self.no_tab(&want));
+        }
+        self.list.iter_mut().find(|t| t.id == want).ok_or_else(|| browser_error("the tab vanished"))
     }
 
     /// The tab whose latest snapshot is `snapshot_id`. Errors: `stale_snapshot` (no tab's
@@ -553,34 +749,36 @@ impl Tabs {
     }
 }
 
-/// Continues or fails every paused request of one tab by the context's policy.
+/// Continues or fails every paused request of one tab (`Fetch.requestPaused` parameters) by
+/// the context's policy.
 async fn intercept(
-    page: Page,
-    mut events: chromiumoxide::listeners::EventStream<EventRequestPaused>,
+    page: TabPage,
+    mut events: BoxStream<'static, Value>,
     policy: Arc<parking_lot::RwLock<OriginPolicy>>,
     refusals: Arc<parking_lot::Mutex<Vec<RefusedRequest>>>,
     tab: String,
 ) {
     while let Some(event) = events.next().await {
-        let url = event.request.url.clone();
+        let url = event["request"]["url"].as_str().unwrap_or_default().to_owned();
+        let request_id = event["requestId"].clone();
         let current = policy.read().clone();
         match current.check(&url).await {
             Ok(()) => {
-                if let Err(e) = page.execute(ContinueRequestParams::new(event.request_id.clone())).await {
-                    tracing::debug!(error = %e, "Fetch.continueRequest");
+                if let Err(e) = page.call("Fetch.continueRequest", json!({"requestId": request_id})).await {
+                    tracing::debug!(error = %e.message, "Fetch.continueRequest");
                 }
             }
             Err(refusal) => {
-                if let Err(e) =
-                    page.execute(FailRequestParams::new(event.request_id.clone(), ErrorReason::BlockedByClient)).await
-                {
-                    tracing::debug!(error = %e, "Fetch.failRequest");
+                let failed =
+                    page.call("Fetch.failRequest", json!({"requestId": request_id, "errorReason": "BlockedByClient"}));
+                if let Err(e) = failed.await {
+                    tracing::debug!(error = %e.message, "Fetch.failRequest");
                 }
                 let mut kept = refusals.lock();
                 if kept.len() < MAX_REFUSALS_KEPT {
                     kept.push(RefusedRequest {
                         tab: tab.clone(),
-                        resource_type: format!("{:?}", event.resource_type),
+                        resource_type: event["resourceType"].as_str().unwrap_or("Other").to_owned(),
                         refusal,
                     });
                 }
@@ -590,7 +788,7 @@ async fn intercept(
 }
 
 /// The main frame's loader id and URL (`Page.getFrameTree`).
-pub async fn main_frame(page: &Page) -> Result<(String, String), ToolError> {
+pub async fn main_frame(page: &TabPage) -> Result<(String, String), ToolError> {
     let tree = cdp(page, "Page.getFrameTree", json!({})).await?;
     let frame = &tree["frameTree"]["frame"];
     Ok((
@@ -600,7 +798,7 @@ pub async fn main_frame(page: &Page) -> Result<(String, String), ToolError> {
 }
 
 /// Reads and renders the page's accessibility tree.
-pub async fn read_tree(page: &Page, max_nodes: usize, max_bytes: usize) -> Result<Rendered, ToolError> {
+pub async fn read_tree(page: &TabPage, max_nodes: usize, max_bytes: usize) -> Result<Rendered, ToolError> {
     let tree = cdp(page, "Accessibility.getFullAXTree", json!({})).await?;
     let nodes = tree["nodes"].as_array().cloned().unwrap_or_default();
     Ok(snapshot::render(&nodes, max_nodes, max_bytes))
@@ -658,7 +856,7 @@ pub async fn resolve<'t>(
 }
 
 /// Scrolls the element into view and returns the centre of its first content quad (CSS px).
-async fn centre(page: &Page, backend_node_id: i64) -> Result<(f64, f64), ToolError> {
+async fn centre(page: &TabPage, backend_node_id: i64) -> Result<(f64, f64), ToolError> {
     let _ = cdp(page, "DOM.scrollIntoViewIfNeeded", json!({"backendNodeId": backend_node_id})).await;
     let quads = cdp(page, "DOM.getContentQuads", json!({"backendNodeId": backend_node_id})).await?;
     let quad: Vec<f64> = quads["quads"][0].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
@@ -672,17 +870,16 @@ async fn centre(page: &Page, backend_node_id: i64) -> Result<(f64, f64), ToolErr
 
 /// Listeners opened before an action, to tell afterwards whether it started a navigation.
 pub struct Watch {
-    loads: chromiumoxide::listeners::EventStream<EventLoadEventFired>,
-    started: chromiumoxide::listeners::EventStream<EventFrameStartedLoading>,
+    loads: BoxStream<'static, Value>,
+    started: BoxStream<'static, Value>,
     loader: String,
 }
 
 /// Starts watching `page` for a navigation an action may start.
-async fn watch(page: &Page) -> Result<Watch, ToolError> {
+async fn watch(page: &TabPage) -> Result<Watch, ToolError> {
     let (loader, _) = main_frame(page).await?;
-    let listen = |e: chromiumoxide::error::CdpError| browser_error(format!("listening for page events: {e}"));
-    let loads = page.event_listener::<EventLoadEventFired>().await.map_err(listen)?;
-    let started = page.event_listener::<EventFrameStartedLoading>().await.map_err(listen)?;
+    let loads = page.events("Page.loadEventFired").await?;
+    let started = page.events("Page.frameStartedLoading").await?;
     Ok(Watch { loads, started, loader })
 }
 
@@ -693,7 +890,7 @@ pub const NAVIGATION_START_WAIT: Duration = Duration::from_millis(150);
 /// Waits until the page settles after an action: when a frame starts loading within
 /// [`NAVIGATION_START_WAIT`] (or the main frame's loader changed meanwhile), up to
 /// [`LOAD_TIMEOUT`] for the `load` event. Returns whether a load happened.
-async fn settle(page: &Page, mut w: Watch) -> bool {
+async fn settle(page: &TabPage, mut w: Watch) -> bool {
     let started = tokio::time::timeout(NAVIGATION_START_WAIT, w.started.next()).await.is_ok();
     let changed = matches!(main_frame(page).await, Ok((loader, _)) if loader != w.loader);
     if started || changed { tokio::time::timeout(LOAD_TIMEOUT, w.loads.next()).await.is_ok() } else { false }
@@ -701,11 +898,8 @@ async fn settle(page: &Page, mut w: Watch) -> bool {
 
 /// Navigates `page` to `url` and waits for its `load` event. Returns (loaded, error text of a
 /// failed navigation such as `net::ERR_BLOCKED_BY_CLIENT`).
-pub async fn navigate(page: &Page, url: &str) -> Result<(bool, Option<String>), ToolError> {
-    let loads = page
-        .event_listener::<EventLoadEventFired>()
-        .await
-        .map_err(|e| browser_error(format!("listening for load: {e}")))?;
+pub async fn navigate(page: &TabPage, url: &str) -> Result<(bool, Option<String>), ToolError> {
+    let loads = page.events("Page.loadEventFired").await?;
     let answer = cdp(page, "Page.navigate", json!({"url": url})).await?;
     if let Some(error) = answer["errorText"].as_str().filter(|e| !e.is_empty()) {
         return Ok((false, Some(error.to_owned())));
@@ -720,7 +914,7 @@ pub async fn navigate(page: &Page, url: &str) -> Result<(bool, Option<String>), 
 }
 
 /// Clicks the element's centre with the left button. Returns whether a new document loaded.
-pub async fn click(page: &Page, backend_node_id: i64) -> Result<bool, ToolError> {
+pub async fn click(page: &TabPage, backend_node_id: i64) -> Result<bool, ToolError> {
     let (x, y) = centre(page, backend_node_id).await?;
     let w = watch(page).await?;
     for kind in ["mouseMoved", "mousePressed", "mouseReleased"] {
@@ -735,17 +929,17 @@ pub async fn click(page: &Page, backend_node_id: i64) -> Result<bool, ToolError>
 }
 
 /// The fixed function that empties a text field before typing (this module's own code).
-const CLEAR_FIELD: &str = "function() { if ('value' in this) { this.value = ''; } else if (this.isContentEditable) { this.textContent = ''; } }";
+pub(crate) const CLEAR_FIELD: &str = "function() { if ('value' in this) { this.value = ''; } else if (this.isContentEditable) { this.textContent = ''; } }";
 
 /// The fixed function that chooses an option of a `<select>` by value or label (this module's
 /// own code); returns the chosen option's value, or null.
-const SELECT_OPTION: &str = "function(want) { if (!(this instanceof HTMLSelectElement)) { return null; } \
+pub(crate) const SELECT_OPTION: &str = "function(want) { if (!(this instanceof HTMLSelectElement)) { return null; } \
     const o = Array.from(this.options).find(o => o.value === want || o.label === want || o.text === want); \
     if (!o) { return null; } this.value = o.value; \
     this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); \
     return o.value; }";
 
-async fn call_on(page: &Page, backend_node_id: i64, function: &str, args: Value) -> Result<Value, ToolError> {
+async fn call_on(page: &TabPage, backend_node_id: i64, function: &str, args: Value) -> Result<Value, ToolError> {
     let resolved = cdp(page, "DOM.resolveNode", json!({"backendNodeId": backend_node_id})).await?;
     let object_id = resolved["object"]["objectId"]
         .as_str()
@@ -765,7 +959,7 @@ async fn call_on(page: &Page, backend_node_id: i64, function: &str, args: Value)
 }
 
 /// Focuses the element, empties it when `clear`, and inserts `text` as typed input.
-pub async fn type_text(page: &Page, backend_node_id: i64, text: &str, clear: bool) -> Result<(), ToolError> {
+pub async fn type_text(page: &TabPage, backend_node_id: i64, text: &str, clear: bool) -> Result<(), ToolError> {
     cdp(page, "DOM.focus", json!({"backendNodeId": backend_node_id})).await?;
     if clear {
         call_on(page, backend_node_id, CLEAR_FIELD, json!([])).await?;
@@ -776,7 +970,7 @@ pub async fn type_text(page: &Page, backend_node_id: i64, text: &str, clear: boo
 
 /// Chooses the option `value` (by value, label or text) of a `<select>`. Returns the chosen
 /// value. Errors: `browser_error` (not a select, or no such option).
-pub async fn select(page: &Page, backend_node_id: i64, value: &str) -> Result<String, ToolError> {
+pub async fn select(page: &TabPage, backend_node_id: i64, value: &str) -> Result<String, ToolError> {
     let chosen = call_on(page, backend_node_id, SELECT_OPTION, json!([{"value": value}])).await?;
     chosen
         .as_str()
@@ -804,7 +998,7 @@ pub const KEYS: [(&str, &str, &str, i64, &str); 14] = [
 
 /// Presses and releases `key` (one of [`KEYS`]) in the focused element. Returns whether a new
 /// document loaded.
-pub async fn press(page: &Page, key: &str) -> Result<bool, ToolError> {
+pub async fn press(page: &TabPage, key: &str) -> Result<bool, ToolError> {
     let Some((_, dom_key, code, key_code, text)) = KEYS.iter().find(|k| k.0 == key) else {
         return Err(ToolError::new(ErrorCode::InvalidField, format!("unknown key {key:?}")));
     };
@@ -825,7 +1019,7 @@ pub async fn press(page: &Page, key: &str) -> Result<bool, ToolError> {
 }
 
 /// A PNG screenshot of the viewport.
-pub async fn screenshot(page: &Page) -> Result<Vec<u8>, ToolError> {
+pub async fn screenshot(page: &TabPage) -> Result<Vec<u8>, ToolError> {
     use base64::Engine as _;
     let shot = cdp(page, "Page.captureScreenshot", json!({"format": "png"})).await?;
     let data = shot["data"].as_str().ok_or_else(|| browser_error("Page.captureScreenshot returned no data"))?;
@@ -835,7 +1029,7 @@ pub async fn screenshot(page: &Page) -> Result<Vec<u8>, ToolError> {
 }
 
 /// The page's title (the accessibility root's name is not needed: `Target.getTargetInfo`).
-pub async fn title(page: &Page) -> String {
+pub async fn title(page: &TabPage) -> String {
     match cdp(page, "Target.getTargetInfo", json!({})).await {
         Ok(info) => info["targetInfo"]["title"].as_str().unwrap_or_default().to_owned(),
         Err(_) => String::new(),
@@ -878,7 +1072,7 @@ pub async fn resolve_shot<'t>(tabs: &'t Tabs, shot_id: &str, x: f64, y: f64) -> 
 }
 
 /// The element at `(x, y)` of the viewport: its role and name, best effort (null when none).
-pub async fn element_at(page: &Page, x: f64, y: f64) -> Value {
+pub async fn element_at(page: &TabPage, x: f64, y: f64) -> Value {
     let Ok(found) = cdp(page, "DOM.getNodeForLocation", json!({"x": x.round() as i64, "y": y.round() as i64})).await
     else {
         return Value::Null;
@@ -895,7 +1089,7 @@ pub async fn element_at(page: &Page, x: f64, y: f64) -> Value {
 
 /// Clicks at `(x, y)` of the viewport with the left button. Returns whether a new document
 /// loaded.
-pub async fn click_at(page: &Page, x: f64, y: f64) -> Result<bool, ToolError> {
+pub async fn click_at(page: &TabPage, x: f64, y: f64) -> Result<bool, ToolError> {
     let w = watch(page).await?;
     for kind in ["mouseMoved", "mousePressed", "mouseReleased"] {
         let mut params = json!({"type": kind, "x": x, "y": y});

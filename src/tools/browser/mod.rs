@@ -19,6 +19,8 @@
 //! evaluates JavaScript given by a caller. When no Chromium binary is found the tools are
 //! `unavailable` with `browser_missing`.
 
+pub mod attached;
+pub mod cdp;
 pub mod manager;
 pub mod policy;
 pub mod snapshot;
@@ -38,7 +40,7 @@ use crate::registry::{
     ExecContext, PrepareContext, Prepared, Registry, RegistryError, Tool, ToolError, ToolKind, ToolOutput, ToolSpec,
 };
 use crate::tools::input;
-use manager::{BrowserManager, RefusedRequest};
+use manager::{BrowserManager, RefusedRequest, UserContext};
 
 /// The managed browser's settings (`--browser-*`).
 #[derive(Debug, Clone, clap::Args)]
@@ -110,34 +112,75 @@ pub fn register(
     manager: &Arc<BrowserManager>,
     data_dir: &std::path::Path,
 ) -> Result<(), RegistryError> {
-    let b = Browser { manager: manager.clone(), shots: data_dir.join("browser").join("screenshots") };
-    registry.register(Arc::new(Navigate::new(b.clone())))?;
-    registry.register(Arc::new(SnapshotTool::new(b.clone())))?;
-    for action in [Action::Click, Action::Type, Action::Select] {
-        registry.register(Arc::new(ElementAction::new(b.clone(), action)))?;
+    let b = Browser { source: Source::Managed(manager.clone()), shots: data_dir.join("browser").join("screenshots") };
+    for tool in tools(&b) {
+        registry.register(tool)?;
     }
-    registry.register(Arc::new(Press::new(b.clone())))?;
-    registry.register(Arc::new(Screenshot::new(b.clone())))?;
-    registry.register(Arc::new(ClickAt::new(b.clone())))?;
-    registry.register(Arc::new(Tabs::new(b)))?;
     Ok(())
+}
+
+/// Every browser tool over `b` (the managed browser's, or the attached browser's inner tools).
+fn tools(b: &Browser) -> Vec<Arc<dyn Tool>> {
+    let mut out: Vec<Arc<dyn Tool>> = vec![Arc::new(Navigate::new(b.clone())), Arc::new(SnapshotTool::new(b.clone()))];
+    for action in [Action::Click, Action::Type, Action::Select] {
+        out.push(Arc::new(ElementAction::new(b.clone(), action)));
+    }
+    out.push(Arc::new(Press::new(b.clone())));
+    out.push(Arc::new(Screenshot::new(b.clone())));
+    out.push(Arc::new(ClickAt::new(b.clone())));
+    out.push(Arc::new(Tabs::new(b.clone())));
+    out
+}
+
+/// Where a browser tool's tabs are.
+#[derive(Clone)]
+enum Source {
+    /// The caller's context in the managed browser.
+    Managed(Arc<BrowserManager>),
+    /// The granted tabs of the attached browser the call is bound to ([`attached::BOUND`]).
+    Attached,
 }
 
 #[derive(Clone)]
 struct Browser {
-    manager: Arc<BrowserManager>,
+    source: Source,
     shots: PathBuf,
 }
 
 impl Browser {
     fn availability(&self) -> Availability {
-        if self.manager.binary().is_none() {
-            Availability::unavailable(
+        match &self.source {
+            Source::Managed(m) if m.binary().is_none() => Availability::unavailable(
                 ErrorCode::BrowserMissing,
                 "no Chromium binary is installed or configured (--browser-chromium)",
-            )
-        } else {
-            Availability::Available
+            ),
+            _ => Availability::Available,
+        }
+    }
+
+    /// The context a call of `user` acts in: their managed context (started when needed), or
+    /// the bound attached browser's.
+    async fn context(&self, user: &str) -> Result<Arc<UserContext>, ToolError> {
+        match &self.source {
+            Source::Managed(m) => m.context(user).await,
+            Source::Attached => attached::bound(),
+        }
+    }
+
+    /// The context of `user` when one is open (nothing starts).
+    async fn existing(&self, user: &str) -> Option<Arc<UserContext>> {
+        match &self.source {
+            Source::Managed(m) => m.existing(user).await,
+            Source::Attached => attached::bound().ok(),
+        }
+    }
+
+    /// Re-reads the managed context's address rule (an attached browser's policy is its
+    /// connection's origins).
+    async fn refresh_rule(&self, user: &str, ctx: &UserContext) -> Result<(), ToolError> {
+        match &self.source {
+            Source::Managed(m) => m.refresh_rule(user, ctx).await,
+            Source::Attached => Ok(()),
         }
     }
 }
@@ -189,7 +232,7 @@ struct NavigateInput {
     #[schemars(length(min = 1, max = 4096))]
     url: String,
     /// The tab to load it in (default: the active tab; a new one when none is open)
-    #[schemars(length(min = 1, max = 20))]
+    #[schemars(length(min = 1, max = 64))]
     tab: Option<String>,
     /// Open a new tab for it
     new_tab: Option<bool>,
@@ -234,8 +277,8 @@ fn navigate_canonical(input: &Value) -> Result<Value, ToolError> {
 
 /// The URL of the tab (the active one when `tab` is None) of `user`, when the context is
 /// open and not busy.
-async fn current_url(manager: &BrowserManager, user: &str, tab: Option<&str>) -> Option<String> {
-    let ctx = manager.existing(user).await?;
+async fn current_url(b: &Browser, user: &str, tab: Option<&str>) -> Option<String> {
+    let ctx = b.existing(user).await?;
     let tabs = ctx.tabs.try_lock().ok()?;
     let tab = tabs.get(tab).ok()?;
     manager::main_frame(&tab.page).await.ok().map(|(_, url)| url)
@@ -255,7 +298,7 @@ impl Tool for Navigate {
         let canonical = navigate_canonical(&input)?;
         let url = canonical["url"].as_str().unwrap_or_default();
         let origin = url::Url::parse(url).map(|u| policy::origin_of(&u)).unwrap_or_default();
-        let current = current_url(&self.b.manager, ctx.owner_id, canonical["tab"].as_str()).await;
+        let current = current_url(&self.b, ctx.owner_id, canonical["tab"].as_str()).await;
         let preview = json!({"url": url, "origin": origin, "current_url": current,
                              "tab": canonical.get("tab"), "new_tab": canonical["new_tab"]});
         Ok(Prepared { input: canonical, preview })
@@ -267,7 +310,7 @@ impl Tool for Navigate {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let url = input["url"].as_str().unwrap_or_default().to_owned();
-        let browser = self.b.manager.context(&ctx.owner_id).await?;
+        let browser = self.b.context(&ctx.owner_id).await?;
         let mut tabs = browser.tabs.lock().await;
         browser.touch();
         let before = browser.take_refusals();
@@ -323,7 +366,7 @@ impl Tool for Navigate {
 #[serde(deny_unknown_fields)]
 struct SnapshotInput {
     /// The tab (default: the active tab)
-    #[schemars(length(min = 1, max = 20))]
+    #[schemars(length(min = 1, max = 64))]
     tab: Option<String>,
     /// Most accessibility nodes printed (default 1500)
     #[schemars(range(min = 1, max = 10000))]
@@ -374,7 +417,7 @@ impl Tool for SnapshotTool {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let max_nodes = usize::try_from(input["max_nodes"].as_u64().unwrap_or(DEFAULT_MAX_NODES)).unwrap_or(1500);
-        let browser = self.b.manager.context(&ctx.owner_id).await?;
+        let browser = self.b.context(&ctx.owner_id).await?;
         let mut tabs = browser.tabs.lock().await;
         browser.touch();
         let before = browser.take_refusals();
@@ -538,7 +581,6 @@ impl Tool for ElementAction {
         let reference = canonical["ref"].as_str().unwrap_or_default().to_owned();
         let browser = self
             .b
-            .manager
             .existing(ctx.owner_id)
             .await
             .ok_or_else(|| stale("no browser is open for you: navigate and take a snapshot first"))?;
@@ -570,11 +612,10 @@ impl Tool for ElementAction {
         let reference = input["ref"].as_str().unwrap_or_default();
         let browser = self
             .b
-            .manager
             .existing(&ctx.owner_id)
             .await
             .ok_or_else(|| stale("the browser context of this snapshot was closed: take a new snapshot"))?;
-        self.b.manager.refresh_rule(&ctx.owner_id, &browser).await?;
+        self.b.refresh_rule(&ctx.owner_id, &browser).await?;
         let tabs = browser.tabs.lock().await;
         browser.touch();
         let before = browser.take_refusals();
@@ -628,7 +669,7 @@ struct PressInput {
     #[schemars(length(min = 1, max = 20))]
     key: String,
     /// The tab (default: the active tab)
-    #[schemars(length(min = 1, max = 20))]
+    #[schemars(length(min = 1, max = 64))]
     tab: Option<String>,
 }
 
@@ -678,7 +719,7 @@ impl Tool for Press {
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let canonical = press_canonical(&input)?;
-        let current = current_url(&self.b.manager, ctx.owner_id, canonical["tab"].as_str()).await;
+        let current = current_url(&self.b, ctx.owner_id, canonical["tab"].as_str()).await;
         let preview = json!({"key": canonical["key"], "url": current, "tab": canonical.get("tab")});
         Ok(Prepared { input: canonical, preview })
     }
@@ -689,7 +730,7 @@ impl Tool for Press {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let key = input["key"].as_str().unwrap_or_default();
-        let browser = self.b.manager.context(&ctx.owner_id).await?;
+        let browser = self.b.context(&ctx.owner_id).await?;
         let tabs = browser.tabs.lock().await;
         browser.touch();
         let before = browser.take_refusals();
@@ -718,7 +759,7 @@ impl Tool for Press {
 #[serde(deny_unknown_fields)]
 struct ScreenshotInput {
     /// The tab (default: the active tab)
-    #[schemars(length(min = 1, max = 20))]
+    #[schemars(length(min = 1, max = 64))]
     tab: Option<String>,
 }
 
@@ -770,7 +811,7 @@ impl Tool for Screenshot {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         use base64::Engine as _;
-        let browser = self.b.manager.context(&ctx.owner_id).await?;
+        let browser = self.b.context(&ctx.owner_id).await?;
         let mut tabs = browser.tabs.lock().await;
         browser.touch();
         let before = browser.take_refusals();
@@ -874,7 +915,6 @@ impl Tool for ClickAt {
         let shot_id = canonical["screenshot_id"].as_str().unwrap_or_default().to_owned();
         let browser = self
             .b
-            .manager
             .existing(ctx.owner_id)
             .await
             .ok_or_else(|| stale("no browser is open for you: take a screenshot first"))?;
@@ -908,11 +948,10 @@ impl Tool for ClickAt {
         let shot_id = input["screenshot_id"].as_str().unwrap_or_default();
         let browser = self
             .b
-            .manager
             .existing(&ctx.owner_id)
             .await
             .ok_or_else(|| stale("the browser context of this screenshot was closed: take a new screenshot"))?;
-        self.b.manager.refresh_rule(&ctx.owner_id, &browser).await?;
+        self.b.refresh_rule(&ctx.owner_id, &browser).await?;
         let tabs = browser.tabs.lock().await;
         browser.touch();
         let before = browser.take_refusals();
@@ -960,7 +999,7 @@ struct TabsInput {
     /// list, switch or close
     action: TabsAction,
     /// The tab to switch to or close (switch, close)
-    #[schemars(length(min = 1, max = 20))]
+    #[schemars(length(min = 1, max = 64))]
     tab: Option<String>,
 }
 
@@ -1008,7 +1047,7 @@ impl Tool for Tabs {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let Some(browser) = self.b.manager.existing(&ctx.owner_id).await else {
+        let Some(browser) = self.b.existing(&ctx.owner_id).await else {
             return Ok(ToolOutput { output: json!({"tabs": [], "active": null}), evidence: Vec::new() });
         };
         let mut tabs = browser.tabs.lock().await;
@@ -1017,7 +1056,7 @@ impl Tool for Tabs {
         match input["action"].as_str() {
             Some("switch") => {
                 let id = tabs.get(Some(target))?.id.clone();
-                let _ = tabs.get(Some(&id))?.page.bring_to_front().await;
+                let _ = manager::bring_to_front(&tabs.get(Some(&id))?.page).await;
                 tabs.active = Some(id);
             }
             Some("close") => browser.close_tab(&mut tabs, target).await?,

@@ -94,14 +94,21 @@ fn failed(reply: &Reply, what: &str) -> CheckReport {
         (_, Some(until)) => Access::Unknown { message: format!("rate limited until {until}") },
         _ => Access::Unknown { message },
     };
-    CheckReport { account: None, access: every(&access), rate_limited_until: until }
+    CheckReport { account: None, access: every(&access), rate_limited_until: until, inventory: None }
 }
 
 impl GithubDriver {
     async fn check_token(&self, api: &Api, settings: &Value) -> CheckReport {
         let reply = match api.send(Method::GET, "/user", None, ACCEPT_JSON, MAX_JSON_BYTES).await {
             Ok(r) => r,
-            Err(e) => return CheckReport { account: None, access: every(&transport(&e)), rate_limited_until: None },
+            Err(e) => {
+                return CheckReport {
+                    account: None,
+                    access: every(&transport(&e)),
+                    rate_limited_until: None,
+                    inventory: None,
+                };
+            }
         };
         if !reply.status.is_success() {
             return failed(&reply, "GET /user");
@@ -115,7 +122,7 @@ impl GithubDriver {
             }
             None => probe_fine_grained(api, settings).await,
         };
-        CheckReport { account, access, rate_limited_until: until }
+        CheckReport { account, access, rate_limited_until: until, inventory: None }
     }
 
     async fn check_app(&self, api: &Api) -> CheckReport {
@@ -130,6 +137,7 @@ impl GithubDriver {
                     account: None,
                     access: every(&Access::Unreachable { message: failure.message }),
                     rate_limited_until: None,
+                    inventory: None,
                 };
             }
         };
@@ -150,14 +158,26 @@ impl GithubDriver {
             .await
         {
             Ok(r) => r,
-            Err(e) => return CheckReport { account, access: every(&transport(&e)), rate_limited_until: None },
+            Err(e) => {
+                return CheckReport {
+                    account,
+                    access: every(&transport(&e)),
+                    rate_limited_until: None,
+                    inventory: None,
+                };
+            }
         };
         if !token_reply.status.is_success() {
             let mut report = failed(&token_reply, "GET /installation/repositories");
             report.account = account;
             return report;
         }
-        CheckReport { account, access: app_access(&permissions), rate_limited_until: token_reply.rate_limited_until() }
+        CheckReport {
+            account,
+            access: app_access(&permissions),
+            rate_limited_until: token_reply.rate_limited_until(),
+            inventory: None,
+        }
     }
 }
 
@@ -291,7 +311,14 @@ impl Driver for GithubDriver {
             Ok(api) => api,
             // An internal address under the connection's rule is unreachable, like a server
             // that is down; anything else (a credential that does not parse) is unknown.
-            Err(e) => return CheckReport { account: None, access: every(&transport(&e)), rate_limited_until: None },
+            Err(e) => {
+                return CheckReport {
+                    account: None,
+                    access: every(&transport(&e)),
+                    rate_limited_until: None,
+                    inventory: None,
+                };
+            }
         };
         if api.app().is_some() { self.check_app(&api).await } else { self.check_token(&api, &conn.settings).await }
     }

@@ -1,0 +1,304 @@
+//! A small DevTools protocol client for a user's attached browser: one WebSocket to the
+//! browser endpoint, commands answered by id, events handed to whoever subscribed to their
+//! (session, method), flat sessions (`Target.attachToTarget` with `flatten: true`) for the
+//! granted tabs only.
+//!
+//! `chromiumoxide` is not used here on purpose: its handler attaches to every page target of
+//! the browser it connects to and initialises each (page, runtime, network, auto-attach),
+//! which would put the server into tabs the user never granted. This client attaches to
+//! nothing by itself, and sends only the methods of [`ALLOWED_METHODS`]: nothing that reads
+//! cookies or storage (`Network.getCookies`, `Storage.*`, `DOMStorage.*`, `IndexedDB.*`…) and
+//! no `Runtime.evaluate`; `Runtime.callFunctionOn` only with this module's fixed functions
+//! ([`super::manager`]'s field clearing and option choosing).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_tungstenite::tungstenite::Message;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::manager::COMMAND_TIMEOUT;
+use crate::error::ErrorCode;
+use crate::registry::ToolError;
+
+/// Every DevTools method the attached client sends; anything else is refused before it
+/// leaves the server (403 `forbidden`).
+pub const ALLOWED_METHODS: &[&str] = &[
+    "Accessibility.getFullAXTree",
+    "Accessibility.getPartialAXTree",
+    "DOM.focus",
+    "DOM.getContentQuads",
+    "DOM.getNodeForLocation",
+    "DOM.resolveNode",
+    "DOM.scrollIntoViewIfNeeded",
+    "Fetch.continueRequest",
+    "Fetch.enable",
+    "Fetch.failRequest",
+    "Input.dispatchKeyEvent",
+    "Input.dispatchMouseEvent",
+    "Input.insertText",
+    "Page.bringToFront",
+    "Page.captureScreenshot",
+    "Page.enable",
+    "Page.getFrameTree",
+    "Page.navigate",
+    "Runtime.callFunctionOn",
+    "Runtime.releaseObject",
+    "Target.attachToTarget",
+    "Target.detachFromTarget",
+    "Target.getTargetInfo",
+    "Target.getTargets",
+    "Target.setDiscoverTargets",
+];
+
+/// Longest a WebSocket connection to a browser may take to open.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+type Pending = oneshot::Sender<Result<Value, String>>;
+
+/// Events queued for one subscriber at most; more are dropped (a browser that floods events
+/// only stalls its own paused requests, never the server's memory).
+pub const MAX_QUEUED_EVENTS: usize = 1024;
+
+struct Subscriber {
+    session: Option<String>,
+    method: &'static str,
+    tx: mpsc::Sender<Value>,
+}
+
+/// One DevTools WebSocket connection to a browser.
+pub struct CdpClient {
+    out: mpsc::UnboundedSender<String>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    subscribers: Mutex<Vec<Subscriber>>,
+    next: AtomicU64,
+    closed: CancellationToken,
+    reason: Mutex<Option<String>>,
+}
+
+fn gone(message: impl Into<String>) -> ToolError {
+    ToolError::new(ErrorCode::BrowserGone, message)
+}
+
+impl CdpClient {
+    /// Opens the WebSocket `ws://{host}{path}` over a TCP connection to one of `addrs` (the
+    /// addresses resolved, under the connection's address rule, from the endpoint itself: a
+    /// URL the browser's `/json/version` names elsewhere is never followed).
+    /// Errors: `browser_gone` (cannot connect, or the handshake failed).
+    pub async fn connect(addrs: &[SocketAddr], host: &str, path: &str) -> Result<Arc<CdpClient>, ToolError> {
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addrs))
+            .await
+            .map_err(|_| gone(format!("{host} did not accept a connection within {} s", CONNECT_TIMEOUT.as_secs())))?
+            .map_err(|e| gone(format!("cannot connect to {host}: {e}")))?;
+        let url = format!("ws://{host}{path}");
+        let (ws, _) = tokio::time::timeout(CONNECT_TIMEOUT, async_tungstenite::tokio::client_async(url, stream))
+            .await
+            .map_err(|_| gone(format!("the DevTools handshake with {host} timed out")))?
+            .map_err(|e| gone(format!("the DevTools handshake with {host} failed: {e}")))?;
+        let (mut sink, mut source) = ws.split();
+        let (out, mut rx) = mpsc::unbounded_channel::<String>();
+        let client = Arc::new(CdpClient {
+            out,
+            pending: Mutex::new(HashMap::new()),
+            subscribers: Mutex::new(Vec::new()),
+            next: AtomicU64::new(1),
+            closed: CancellationToken::new(),
+            reason: Mutex::new(None),
+        });
+        let closed = client.closed.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = closed.cancelled() => break,
+                    next = rx.recv() => match next {
+                        Some(text) => if sink.send(Message::Text(text.into())).await.is_err() { break },
+                        None => break,
+                    },
+                }
+            }
+            let _ = sink.close(None).await;
+        });
+        let weak = Arc::downgrade(&client);
+        tokio::spawn(async move {
+            let reason = loop {
+                let Some(message) = source.next().await else { break "the browser closed the connection".to_owned() };
+                let Some(client) = weak.upgrade() else { return };
+                match message {
+                    Ok(Message::Text(text)) => client.dispatch(text.as_str()),
+                    Ok(Message::Close(_)) => break "the browser closed the connection".to_owned(),
+                    Ok(_) => {}
+                    Err(e) => break format!("the connection to the browser failed: {e}"),
+                }
+            };
+            if let Some(client) = weak.upgrade() {
+                client.shut(reason);
+            }
+        });
+        Ok(client)
+    }
+
+    fn shut(&self, reason: String) {
+        self.reason.lock().get_or_insert(reason);
+        self.closed.cancel();
+        for (_, tx) in self.pending.lock().drain() {
+            let _ = tx.send(Err("the connection to the browser closed".into()));
+        }
+        self.subscribers.lock().clear();
+    }
+
+    fn dispatch(&self, text: &str) {
+        let Ok(msg) = serde_json::from_str::<Value>(text) else { return };
+        if let Some(id) = msg.get("id").and_then(Value::as_u64) {
+            if let Some(tx) = self.pending.lock().remove(&id) {
+                let answer = match msg.get("error") {
+                    Some(e) => Err(e["message"].as_str().unwrap_or("error").to_owned()),
+                    None => Ok(msg.get("result").cloned().unwrap_or(Value::Null)),
+                };
+                let _ = tx.send(answer);
+            }
+            return;
+        }
+        let Some(method) = msg.get("method").and_then(Value::as_str) else { return };
+        let session = msg.get("sessionId").and_then(Value::as_str);
+        let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        self.subscribers.lock().retain(|s| {
+            if s.tx.is_closed() {
+                return false;
+            }
+            if s.method == method && s.session.as_deref() == session {
+                return !matches!(s.tx.try_send(params.clone()), Err(mpsc::error::TrySendError::Closed(_)));
+            }
+            true
+        });
+    }
+
+    /// Cancelled when the connection has closed.
+    pub fn closed(&self) -> CancellationToken {
+        self.closed.clone()
+    }
+
+    /// Why the connection closed, once it has.
+    pub fn close_reason(&self) -> Option<String> {
+        self.reason.lock().clone()
+    }
+
+    /// Closes the connection (the browser detaches every session of it).
+    pub fn close(&self) {
+        self.shut("closed by the server".into());
+    }
+
+    /// The events `method` of `session` (None: the browser's own) from now on, as their
+    /// parameters (at most [`MAX_QUEUED_EVENTS`] waiting). The stream ends when the
+    /// connection closes.
+    pub fn subscribe(&self, session: Option<&str>, method: &'static str) -> mpsc::Receiver<Value> {
+        let (tx, rx) = mpsc::channel(MAX_QUEUED_EVENTS);
+        if !self.closed.is_cancelled() {
+            self.subscribers.lock().push(Subscriber { session: session.map(str::to_owned), method, tx });
+        }
+        rx
+    }
+
+    /// Sends `method` with `params` to `session` (None: the browser) within
+    /// [`COMMAND_TIMEOUT`]. Errors: 403 `forbidden` (a method outside [`ALLOWED_METHODS`],
+    /// or a function that is not one of the fixed ones), 503 `browser_gone` (the connection
+    /// closed), 422 `browser_error` (the browser answered an error, or did not answer).
+    pub async fn call(&self, session: Option<&str>, method: &'static str, params: Value) -> Result<Value, ToolError> {
+        check_method(method, &params)?;
+        if self.closed.is_cancelled() {
+            return Err(gone(self.close_reason().unwrap_or_else(|| "the connection to the browser closed".into())));
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut msg = json!({"id": id, "method": method, "params": params});
+        if let Some(s) = session {
+            msg["sessionId"] = json!(s);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().insert(id, tx);
+        if self.out.send(msg.to_string()).is_err() {
+            self.pending.lock().remove(&id);
+            return Err(gone("the connection to the browser closed"));
+        }
+        match tokio::time::timeout(COMMAND_TIMEOUT, rx).await {
+            Ok(Ok(Ok(result))) => Ok(result),
+            Ok(Ok(Err(message))) if self.closed.is_cancelled() => Err(gone(message)),
+            Ok(Ok(Err(message))) => Err(ToolError::new(
+                ErrorCode::BrowserError,
+                format!("{method} failed: {}", crate::evidence::excerpt(&message, 500)),
+            )),
+            Ok(Err(_)) => Err(gone("the connection to the browser closed")),
+            Err(_) => {
+                self.pending.lock().remove(&id);
+                Err(ToolError::new(
+                    ErrorCode::BrowserError,
+                    format!("{method} did not answer within {} s", COMMAND_TIMEOUT.as_secs()),
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for CdpClient {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+/// Refuses a method outside [`ALLOWED_METHODS`], and a `Runtime.callFunctionOn` whose
+/// function is not one of [`super::manager`]'s fixed ones.
+pub fn check_method(method: &str, params: &Value) -> Result<(), ToolError> {
+    if !ALLOWED_METHODS.contains(&method) {
+        return Err(ToolError::new(
+            ErrorCode::Forbidden,
+            format!("{method} is not sent to an attached browser (no cookie, storage or script access)"),
+        ));
+    }
+    if method == "Runtime.callFunctionOn" {
+        let f = params["functionDeclaration"].as_str().unwrap_or_default();
+        if f != super::manager::CLEAR_FIELD && f != super::manager::SELECT_OPTION {
+            return Err(ToolError::new(
+                ErrorCode::Forbidden,
+                "only the tools' own fixed functions run in an attached tab",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_storage_and_scripts_are_never_sent() {
+        for method in [
+            "Network.getCookies",
+            "Network.getAllCookies",
+            "Storage.getCookies",
+            "Storage.getStorageKeyForFrame",
+            "DOMStorage.getDOMStorageItems",
+            "IndexedDB.requestData",
+            "Runtime.evaluate",
+            "Network.enable",
+        ] {
+            let e = check_method(method, &json!({})).expect_err(method);
+            assert_eq!(e.code, ErrorCode::Forbidden, "{method}");
+        }
+        let e = check_method(
+            "Runtime.callFunctionOn",
+            &json!({"functionDeclaration": "function() { return document.cookie }"}),
+        )
+        .expect_err("a caller's function");
+        assert_eq!(e.code, ErrorCode::Forbidden);
+        assert!(
+            check_method("Runtime.callFunctionOn", &json!({"functionDeclaration": super::super::manager::CLEAR_FIELD}))
+                .is_ok()
+        );
+        assert!(check_method("Accessibility.getFullAXTree", &json!({})).is_ok());
+    }
+}
