@@ -58,6 +58,8 @@ pub const MAX_TABS: usize = 8;
 pub const MAX_ORIGINS: usize = 16;
 /// Most page tabs the inventory lists.
 pub const MAX_INVENTORY: usize = 100;
+/// The most bytes of a tab's URL and title kept in the inventory shown to the owner.
+pub const MAX_INVENTORY_TEXT: usize = 2048;
 /// Largest `/json/version` answer read, in bytes.
 const MAX_VERSION_BYTES: usize = 64 * 1024;
 /// How often the maintenance task looks at the attached browsers.
@@ -272,8 +274,8 @@ impl Session {
             inventory.push(Target {
                 attached: seen.contains(&id),
                 target_id: id,
-                url,
-                title: info["title"].as_str().unwrap_or_default().to_owned(),
+                url: crate::evidence::excerpt(&url, MAX_INVENTORY_TEXT),
+                title: crate::evidence::excerpt(info["title"].as_str().unwrap_or_default(), MAX_INVENTORY_TEXT),
                 granted,
                 refused,
             });

@@ -64,7 +64,14 @@ type Pending = oneshot::Sender<Result<Value, String>>;
 
 /// Events queued for one subscriber at most; more are dropped (a browser that floods events
 /// only stalls its own paused requests, never the server's memory).
-pub const MAX_QUEUED_EVENTS: usize = 1024;
+pub const MAX_QUEUED_EVENTS: usize = 64;
+/// The largest WebSocket message (and frame) accepted from a browser: a screenshot's answer
+/// fits; a larger one closes the connection (`browser_gone`).
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// The largest event (a message that is not the answer to a command) passed on; larger ones
+/// are dropped unread, so a hostile endpoint cannot make the server build huge JSON trees or
+/// fill the event queues (64 × 1 MiB per subscriber at most).
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
 
 struct Subscriber {
     session: Option<String>,
@@ -97,7 +104,11 @@ impl CdpClient {
             .map_err(|_| gone(format!("{host} did not accept a connection within {} s", CONNECT_TIMEOUT.as_secs())))?
             .map_err(|e| gone(format!("cannot connect to {host}: {e}")))?;
         let url = format!("ws://{host}{path}");
-        let (ws, _) = tokio::time::timeout(CONNECT_TIMEOUT, async_tungstenite::tokio::client_async(url, stream))
+        let config = async_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .max_message_size(Some(MAX_MESSAGE_BYTES))
+            .max_frame_size(Some(MAX_MESSAGE_BYTES));
+        let handshake = async_tungstenite::tokio::client_async_with_config(url, stream, Some(config));
+        let (ws, _) = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
             .await
             .map_err(|_| gone(format!("the DevTools handshake with {host} timed out")))?
             .map_err(|e| gone(format!("the DevTools handshake with {host} failed: {e}")))?;
@@ -153,6 +164,18 @@ impl CdpClient {
     }
 
     fn dispatch(&self, text: &str) {
+        if text.len() > MAX_EVENT_BYTES {
+            // Only the answer to a command we are waiting for may be this large; the browser
+            // writes answers as `{"id":N,…`: anything else is dropped unparsed.
+            let id = text
+                .strip_prefix("{\"id\":")
+                .map(|rest| rest.bytes().take_while(u8::is_ascii_digit).map(char::from).collect::<String>())
+                .and_then(|digits| digits.parse::<u64>().ok());
+            if !id.is_some_and(|id| self.pending.lock().contains_key(&id)) {
+                tracing::warn!(bytes = text.len(), "dropped an oversized DevTools message that answers no command");
+                return;
+            }
+        }
         let Ok(msg) = serde_json::from_str::<Value>(text) else { return };
         if let Some(id) = msg.get("id").and_then(Value::as_u64) {
             if let Some(tx) = self.pending.lock().remove(&id) {
