@@ -66,10 +66,19 @@ impl Entry {
 impl Entry {
     /// Validates `input` ([`Entry::validate`]) and makes its integers ones the tool can read
     /// ([`integers::normalise`]): integral floats at integer positions become integers, and
-    /// integers no 64-bit type holds are errors naming the field.
+    /// integers no 64-bit type holds are errors naming the field, as is any integer beyond
+    /// ±2^53 ([`mira_core::canonical::inexact_integer`]: the input hash could not tell it
+    /// from its neighbours).
     pub fn check_input(&self, input: &mut serde_json::Value) -> Result<(), Vec<String>> {
         self.validate(input)?;
-        let errors = integers::normalise(&self.spec().input_schema, input);
+        let mut errors = integers::normalise(&self.spec().input_schema, input);
+        // What is approved is the input hash: a number two inputs could share cannot be in it.
+        if let Some((pointer, n)) = mira_core::canonical::inexact_integer(input) {
+            errors.push(format!(
+                "{pointer}: {n} is beyond ±2^53, where canonical JSON (RFC 8785) cannot tell it from its \
+                 neighbours, so a call holding it cannot be approved exactly; send it as a string"
+            ));
+        }
         if errors.is_empty() { Ok(()) } else { Err(errors) }
     }
 }

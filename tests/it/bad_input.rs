@@ -253,6 +253,17 @@ async fn integers_out_of_range_are_422(backend: Backend) {
     assert_eq!(r.body["input"]["start_line"], 2, "{r:?}");
     let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(done["result"]["output"]["start_line"], 2, "{done}");
+
+    // Beyond ±2^53 two integers share one canonical form (RFC 8785 numbers are doubles), so
+    // one input hash: a tool whose schema lets any number through still refuses them.
+    let free = crate::common::TestTool::new("free_numbers", "takes any fields", false);
+    t.app().registry.register(std::sync::Arc::new(free)).unwrap();
+    let (turn, _) = t.turn(&token, &run, "free numbers").await;
+    let r = t.call(&token, &run, &turn, "free_numbers", "n1", json!({"deep": [{"n": 9007199254740993u64}]})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::UNPROCESSABLE_ENTITY, "input_invalid"), "{r:?}");
+    assert!(r.body["error"]["details"]["errors"].to_string().contains("/deep/0/n"), "{r:?}");
+    let r = t.call(&token, &run, &turn, "free_numbers", "n2", json!({"n": -9007199254740992i64})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
 }
 
 /// A 400 about one field names it in `details.field`: a missing field, a wrong type, a value

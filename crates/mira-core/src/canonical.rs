@@ -15,6 +15,41 @@ pub fn to_canonical_string(value: &Value) -> String {
     serde_jcs::to_string(value).unwrap_or_else(|_| value.to_string())
 }
 
+/// The largest integer magnitude RFC 8785 represents exactly (2^53): JCS writes every number
+/// as an IEEE 754 double, so larger integers of one rounding step share one canonical form.
+pub const MAX_EXACT_INTEGER: u64 = 1 << 53;
+
+/// The JSON pointer and value of the first integer in `value` whose magnitude is above
+/// [`MAX_EXACT_INTEGER`] — a number whose canonical form (and so every hash over it) would
+/// equal that of a neighbouring integer — or None when every number is exact.
+pub fn inexact_integer(value: &Value) -> Option<(String, String)> {
+    fn walk(v: &Value, path: &mut String) -> Option<(String, String)> {
+        match v {
+            Value::Number(n) => {
+                let exact = n.as_u64().map(|u| u <= MAX_EXACT_INTEGER).or_else(|| n.as_i64().map(|i| i.unsigned_abs() <= MAX_EXACT_INTEGER));
+                (exact == Some(false)).then(|| (path.clone(), n.to_string()))
+            }
+            Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+                let len = path.len();
+                path.push_str(&format!("/{i}"));
+                let found = walk(item, path);
+                path.truncate(len);
+                found
+            }),
+            Value::Object(map) => map.iter().find_map(|(k, item)| {
+                let len = path.len();
+                path.push('/');
+                path.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                let found = walk(item, path);
+                path.truncate(len);
+                found
+            }),
+            _ => None,
+        }
+    }
+    walk(value, &mut String::new())
+}
+
 /// The input hash of a call to `tool_id` with canonical `input`.
 pub fn input_hash(tool_id: &str, input: &Value) -> String {
     sha256_hex(to_canonical_string(&json!({"tool_id": tool_id, "input": input})).as_bytes())
@@ -30,6 +65,21 @@ mod tests {
         let b: Value = serde_json::from_str(r#"{"a": [1, {"x": 1, "y": 2}], "b": 1}"#).unwrap_or_default();
         assert_eq!(input_hash("t", &a), input_hash("t", &b));
         assert_ne!(input_hash("t", &a), input_hash("u", &a));
+    }
+
+    #[test]
+    fn integers_beyond_two_to_the_53_are_named() {
+        assert_eq!(inexact_integer(&json!({"a": [1, 9007199254740992u64]})), None);
+        assert_eq!(
+            inexact_integer(&json!({"a": [1, {"b/c": 9007199254740993u64}]})),
+            Some(("/a/1/b~1c".to_owned(), "9007199254740993".to_owned()))
+        );
+        assert!(inexact_integer(&json!({"n": -9007199254740993i64})).is_some());
+        // The reason: both spell one canonical number.
+        assert_eq!(
+            to_canonical_string(&json!(9007199254740993u64)),
+            to_canonical_string(&json!(9007199254740992u64))
+        );
     }
 
     #[test]
