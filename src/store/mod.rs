@@ -11,6 +11,7 @@
 //! after the commit succeeded.
 
 mod approvals;
+mod bundle;
 pub mod cache;
 mod connections;
 mod devices;
@@ -34,6 +35,7 @@ mod traces;
 mod users;
 
 pub use crate::state::ApprovalRule;
+pub use bundle::RunDocument;
 pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
 pub use connections::ConnectionRow;
 pub use events::EventRow;
