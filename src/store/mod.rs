@@ -35,8 +35,8 @@ mod traces;
 mod users;
 
 pub use crate::state::ApprovalRule;
-pub use bundle::RunDocument;
 pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
+pub use bundle::RunDocument;
 pub use connections::ConnectionRow;
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
@@ -63,8 +63,8 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{Any, AnyPool, Transaction};
 
-use mira_core::chain;
 use crate::events::{EventBus, EventKind, RunSignal};
+use mira_core::chain;
 
 /// Errors of the storage layer.
 #[derive(Debug, thiserror::Error)]
@@ -430,11 +430,12 @@ impl WriteTx {
                 .await?
             }
             Backend::Sqlite => {
-                let (seq, prev): (i64, Option<String>) =
-                    sqlx::query_as("UPDATE runs SET event_seq = event_seq + 1 WHERE id = $1 RETURNING event_seq, last_hash")
-                        .bind(run_id)
-                        .fetch_one(&mut *self.tx)
-                        .await?;
+                let (seq, prev): (i64, Option<String>) = sqlx::query_as(
+                    "UPDATE runs SET event_seq = event_seq + 1 WHERE id = $1 RETURNING event_seq, last_hash",
+                )
+                .bind(run_id)
+                .fetch_one(&mut *self.tx)
+                .await?;
                 let hash = chain::event_link(prev.as_deref().unwrap_or(chain::GENESIS), seq, &content);
                 sqlx::query("UPDATE runs SET last_hash = $1 WHERE id = $2")
                     .bind(&hash)

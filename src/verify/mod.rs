@@ -12,7 +12,6 @@
 //! checks on the rows a database holds ([`crate::store::Store::run_document`]), without a
 //! signature.
 
-
 use mira_core::chain::{
     BUNDLE_DOMAIN, BUNDLE_FORMAT, GENESIS, event_content_hash, event_link, evidence_sha256, json_sha256,
 };
@@ -235,7 +234,10 @@ fn check_events<'a>(r: &mut Report, list: &'a [Value], chain_from: i64, chain: &
     let head_seq = chain.get("head_seq").and_then(Value::as_i64).unwrap_or(0);
     let last_seq = out.last().map_or(0, |e| e.seq);
     if head_seq != last_seq && !order_broken {
-        r.fail("chain", format!("head_seq is {head_seq} but the last event is seq {last_seq} (events deleted at the end)"));
+        r.fail(
+            "chain",
+            format!("head_seq is {head_seq} but the last event is seq {last_seq} (events deleted at the end)"),
+        );
     }
     let head_hash = chain.get("head_hash").and_then(Value::as_str);
     if let Some((seq, hash)) = &prev
@@ -453,7 +455,8 @@ fn check_grants(r: &mut Report, events: &[Ev<'_>]) {
         if !frozen.chained || frozen.data.get("approval_required").and_then(Value::as_bool) != Some(true) {
             continue;
         }
-        let triple = |d: &Value| (s(d, "tool_id").to_owned(), s(d, "tool_call_id").to_owned(), s(d, "input_hash").to_owned());
+        let triple =
+            |d: &Value| (s(d, "tool_id").to_owned(), s(d, "tool_call_id").to_owned(), s(d, "input_hash").to_owned());
         let want = triple(frozen.data);
         let granted = events.iter().any(|e| {
             e.chained
