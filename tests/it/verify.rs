@@ -153,7 +153,11 @@ async fn bundle_verifies_and_every_alteration_is_found(backend: Backend) {
     assert_eq!(doc["signature"]["public_key"], key_hex.as_str());
     let report = check(&doc, KeyCheck::Pinned(&key));
     assert!(report.valid(), "{:?}", report.problems);
-    assert_eq!(report.records, [1, 3, 2, 2], "one exposure, three calls, two approvals, the read's and the write's evidence");
+    assert_eq!(
+        report.records,
+        [1, 3, 2, 2],
+        "one exposure, three calls, two approvals, the read's and the write's evidence"
+    );
     assert_eq!(report.grants, 1, "the granted write ran with its grant");
     assert_eq!(report.chained, report.events);
     assert!(report.events >= 10, "{}", report.events);
