@@ -412,3 +412,42 @@ async fn stored_rows_edited_are_named(backend: Backend) {
     assert_eq!(verify_db(&f.t, "run_nope").0, 2);
     pool.close().await;
 }
+
+crate::both_backends!(chains_hold_under_concurrent_group_commits);
+
+/// Many planners at once, each on its own run, their freezes and results written in shared
+/// group commits (on Postgres one statement for several runs): every run's stored chain holds.
+async fn chains_hold_under_concurrent_group_commits(backend: Backend) {
+    let t = spawn(backend).await;
+    std::fs::write(t.workspace.join("a.txt"), "alpha\n").unwrap();
+    let mut runs = Vec::new();
+    for i in 0..6 {
+        let token = t.user(&format!("user{i}")).await;
+        let run = t.run(&token).await;
+        let (turn, _) = t.turn(&token, &run, "read a.txt").await;
+        runs.push((token, run, turn));
+    }
+    let calls = runs.iter().flat_map(|(token, run, turn)| {
+        (0..15).map(move |n| {
+            let t = &t;
+            async move {
+                let r = t.call(token, run, turn, "read_open", &format!("c{n}"), json!({"path": "a.txt"})).await;
+                assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+                t.wait_final(token, r.body["invocation_id"].as_str().unwrap()).await
+            }
+        })
+    });
+    for done in futures::future::join_all(calls).await {
+        assert_eq!(done["status"], "completed", "{done}");
+    }
+    for (_, run, _) in &runs {
+        let mira::store::RunDocument::Document(doc) = t.app().store.run_document(run, usize::MAX).await.unwrap() else {
+            panic!("run {run}");
+        };
+        let report = check(&doc, KeyCheck::Skip);
+        assert!(report.valid(), "{run}: {:?}", report.problems);
+        assert_eq!(report.chained, report.events);
+        assert!(report.events >= 1 + 15 * 4, "{run}: {} events", report.events);
+        assert_eq!(report.records[1], 15);
+    }
+}
