@@ -427,9 +427,10 @@ async fn chains_hold_under_concurrent_group_commits(backend: Backend) {
         let (turn, _) = t.turn(&token, &run, "read a.txt").await;
         runs.push((token, run, turn));
     }
+    let app = &t;
     let calls = runs.iter().flat_map(|(token, run, turn)| {
         (0..15).map(move |n| {
-            let t = &t;
+            let t = app;
             async move {
                 let r = t.call(token, run, turn, "read_open", &format!("c{n}"), json!({"path": "a.txt"})).await;
                 assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
