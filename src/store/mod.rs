@@ -475,7 +475,8 @@ impl WriteTx {
     /// runs waits from here to the commit. On Postgres it is one statement of fixed text
     /// (the events travel as one JSON parameter): the counters are updated and the events
     /// inserted in one round trip, by a statement the connection has prepared already. On
-    /// SQLite (one writer, no round trips) it is a counter update and a multi-row insert.
+    /// SQLite (one writer, no round trips) it is a read of the counters and last hashes, a
+    /// multi-row insert of the hash-chained events and one update of the counters and hashes.
     pub async fn append_events<S: AsRef<str>>(
         &mut self,
         events: &[(S, EventKind, serde_json::Value)],
@@ -524,15 +525,17 @@ impl WriteTx {
                     case.push_str(&format!(" WHEN ${} THEN {n}", i + 1));
                     ids.push(format!("${}", i + 1));
                 }
+                // Read (this transaction is the only writer: BEGIN IMMEDIATE); the counters and
+                // last hashes are written by one update after the insert.
                 let sql = format!(
-                    "UPDATE runs SET event_seq = event_seq + {case} ELSE 0 END WHERE id IN ({}) RETURNING id, event_seq, last_hash",
+                    "SELECT id, event_seq + {case} ELSE 0 END, last_hash FROM runs WHERE id IN ({})",
                     ids.join(", ")
                 );
-                let mut update = sqlx::query_as::<_, (String, i64, Option<String>)>(sqlx::AssertSqlSafe(sql));
+                let mut select = sqlx::query_as::<_, (String, i64, Option<String>)>(sqlx::AssertSqlSafe(sql));
                 for (run_id, _) in &per_run {
-                    update = update.bind(*run_id);
+                    select = select.bind(*run_id);
                 }
-                let rows = update.fetch_all(&mut *self.tx).await?;
+                let rows = select.fetch_all(&mut *self.tx).await?;
                 prev_hashes = rows.iter().map(|(id, _, h)| (id.clone(), h.clone())).collect();
                 rows.into_iter().map(|(id, seq, _)| (id, seq)).collect()
             }
@@ -597,13 +600,24 @@ impl WriteTx {
                     .bind(hash);
             }
             insert.bind(now).execute(&mut *self.tx).await?;
-            for (run_id, hash) in &prev_hashes {
-                sqlx::query("UPDATE runs SET last_hash = $1 WHERE id = $2")
-                    .bind(hash.as_deref())
-                    .bind(run_id)
-                    .execute(&mut *self.tx)
-                    .await?;
+            // Each run's counter and last hash, in one statement.
+            let (mut seq_case, mut hash_case, mut ids) = (String::from("CASE id"), String::from("CASE id"), Vec::new());
+            for (i, (_, n)) in per_run.iter().enumerate() {
+                seq_case.push_str(&format!(" WHEN ${} THEN {n}", 2 * i + 1));
+                hash_case.push_str(&format!(" WHEN ${} THEN ${}", 2 * i + 1, 2 * i + 2));
+                ids.push(format!("${}", 2 * i + 1));
             }
+            let sql = format!(
+                "UPDATE runs SET event_seq = event_seq + {seq_case} ELSE 0 END, last_hash = {hash_case} ELSE last_hash END
+                 WHERE id IN ({})",
+                ids.join(", ")
+            );
+            let mut update = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (run_id, _) in &per_run {
+                let hash = prev_hashes.iter().find(|(r, _)| r == run_id).and_then(|(_, h)| h.clone());
+                update = update.bind(*run_id).bind(hash);
+            }
+            update.execute(&mut *self.tx).await?;
         }
         for ((run_id, kind, _), seq) in events.iter().zip(&seqs) {
             self.appended.push(RunSignal { run_id: run_id.as_ref().to_owned(), seq: *seq, kind: *kind });

@@ -39,7 +39,17 @@ pub fn json_sha256(value: &Value) -> String {
 
 /// The content hash of event `kind` of run `run_id` stored at `created_at` with `data`.
 pub fn event_content_hash(run_id: &str, kind: &str, created_at: &str, data: &Value) -> String {
-    json_sha256(&json!({"run_id": run_id, "type": kind, "created_at": created_at, "data": data}))
+    // The JCS form of {"created_at", "data", "run_id", "type"} (members already in order),
+    // written around the data's own JCS form instead of copying the data into a new object.
+    let text = |s: &str| to_canonical_string(&Value::String(s.to_owned()));
+    let canonical = format!(
+        "{{\"created_at\":{},\"data\":{},\"run_id\":{},\"type\":{}}}",
+        text(created_at),
+        to_canonical_string(data),
+        text(run_id),
+        text(kind)
+    );
+    sha256_hex(canonical.as_bytes())
 }
 
 /// The hash of event `seq` whose content hash is `content_hash`, after the event whose hash
@@ -74,5 +84,8 @@ mod tests {
         assert_ne!(event_content_hash("run_1", "x", t, &a), event_content_hash("run_2", "x", t, &a));
         let canonical = r#"{"created_at":"2026-01-01T00:00:00.000Z","data":{"a":2,"b":1},"run_id":"run_1","type":"x"}"#;
         assert_eq!(event_content_hash("run_1", "x", t, &a), sha256_hex(canonical.as_bytes()));
+        let odd = json!({"k": "é\u{1}\"\\"});
+        let via_object = json_sha256(&json!({"run_id": "r\"1", "type": "x", "created_at": t, "data": odd}));
+        assert_eq!(event_content_hash("r\"1", "x", t, &odd), via_object);
     }
 }
