@@ -448,7 +448,7 @@ async fn chains_hold_under_concurrent_group_commits(backend: Backend) {
         let report = check(&doc, KeyCheck::Skip);
         assert!(report.valid(), "{run}: {:?}", report.problems);
         assert_eq!(report.chained, report.events);
-        assert!(report.events >= 1 + 15 * 4, "{run}: {} events", report.events);
+        assert!(report.events > 15 * 4, "{run}: {} events", report.events);
         assert_eq!(report.records[1], 15);
     }
 }
