@@ -1,7 +1,7 @@
 //! `GET /v1/runs/{run_id}/bundle` (a run as one signed document anyone can verify offline)
 //! and `GET /.well-known/mira-signing-key` (the public key that signs it). docs/verify.md.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::IntoResponse;
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
@@ -10,6 +10,7 @@ use utoipa_axum::routes;
 use crate::app::App;
 use crate::error::{Error, ErrorCode, Result};
 use crate::http::auth::AuthUser;
+use crate::http::error::Path;
 use crate::store::RunDocument;
 use crate::verify::BUNDLE_MAX_BYTES;
 
