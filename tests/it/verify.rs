@@ -452,3 +452,59 @@ async fn chains_hold_under_concurrent_group_commits(backend: Backend) {
         assert_eq!(report.records[1], 15);
     }
 }
+
+crate::both_backends!(runs_older_than_the_chain_verify_from_where_it_starts);
+
+/// A run as migration 0026 leaves one made before it (events without hashes, `chain_from` past
+/// them, no last hash): its new events chain from the genesis at `chain_from`, the bundle says
+/// `unchained_before`, records bound only by older events are not covered (a note, no
+/// failure), and an event past the start stripped of its hashes is a problem.
+async fn runs_older_than_the_chain_verify_from_where_it_starts(backend: Backend) {
+    let f = fx(backend).await;
+    let pool = sqlx::AnyPool::connect(&f.t.db.url).await.unwrap();
+    sqlx::query("UPDATE events SET content_hash = NULL, prev_hash = NULL, hash = NULL WHERE run_id = $1")
+        .bind(&f.run)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE runs SET last_hash = NULL, chain_from = event_seq + 1 WHERE id = $1")
+        .bind(&f.run)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (old,): (i64,) =
+        sqlx::query_as("SELECT event_seq FROM runs WHERE id = $1").bind(&f.run).fetch_one(&pool).await.unwrap();
+    // New work on the old run.
+    let (turn, _) = f.t.turn(&f.token, &f.run, "read again").await;
+    let r = f.t.call(&f.token, &f.run, &turn, "read_open", "read-2", json!({"path": "notes.txt"})).await;
+    assert_eq!(f.t.wait_final(&f.token, r.body["invocation_id"].as_str().unwrap()).await["status"], "completed");
+
+    let (key, _) = well_known_key(&f.t).await;
+    let doc = f.t.get(&format!("/v1/runs/{}/bundle", f.run), &f.token).await.body;
+    assert_eq!(doc["chain"]["unchained_before"], old + 1);
+    let first_chained = &doc["events"][usize::try_from(old).unwrap()];
+    assert_eq!(first_chained["prev_hash"], GENESIS);
+    let report = check(&doc, KeyCheck::Pinned(&key));
+    assert!(report.valid(), "{:?}", report.problems);
+    assert_eq!(report.events - report.chained, usize::try_from(old).unwrap());
+    assert!(report.chained >= 5, "{}", report.chained);
+    assert!(report.notes.iter().any(|n| n.contains(&format!("before seq {}", old + 1))), "{:?}", report.notes);
+    assert!(report.notes.iter().any(|n| n.contains("not covered")), "{:?}", report.notes);
+    let (code, out) = verify_db(&f.t, &f.run);
+    assert_eq!(code, 0, "{out}");
+
+    // Hashes stripped from a chained event: named, not taken for an old event.
+    sqlx::query("UPDATE events SET content_hash = NULL, prev_hash = NULL, hash = NULL WHERE run_id = $1 AND seq = $2")
+        .bind(&f.run)
+        .bind(old + 2)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (code, out) = verify_db(&f.t, &f.run);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!("event seq {}: no hashes, but the chain starts at seq {}", old + 2, old + 1)),
+        "{out}"
+    );
+    pool.close().await;
+}
