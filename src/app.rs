@@ -67,6 +67,9 @@ pub struct App {
     pub turns: Arc<crate::invocation::TurnCache>,
     /// Connected device runners (docs/runner.md).
     pub devices: Arc<crate::devices::DeviceHub>,
+    /// The key run bundles are signed with (docs/verify.md): Ed25519, derived from the
+    /// secret key with the label [`crate::verify::BUNDLE_KEY_LABEL`].
+    pub bundle_key: Arc<mira_core::remote::SigningKey>,
 }
 
 impl App {

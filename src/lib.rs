@@ -39,4 +39,5 @@ pub mod store;
 pub mod surface;
 pub mod telemetry;
 pub mod tools;
+pub mod verify;
 pub mod workspace;

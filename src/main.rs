@@ -39,6 +39,10 @@ enum Command {
     /// then `mira runner --server URL --workspace DIR…` on the user's machine. The same as
     /// the standalone `mira-runner` binary.
     Runner(mira_runner::cli::RunnerArgs),
+    /// Check a run bundle offline (hashes, chain, grants, signature), or a run's stored
+    /// chain with `--database URL --run ID` (docs/verify.md). Exit 0 valid, 1 invalid (the
+    /// first problem named), 2 unreadable input.
+    Verify(mira::verify::VerifyArgs),
     /// Benchmarks that print figures.
     Bench {
         #[command(subcommand)]
@@ -280,6 +284,7 @@ async fn run() -> ExitCode {
                 }
             };
         }
+        Command::Verify(args) => return mira::verify::run(args).await,
         Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
             eprintln!("migrations applied");
         }),

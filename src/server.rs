@@ -202,9 +202,10 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         crate::cluster::forward::ClusterExecutor::new(local, store.clone(), cluster_node.clone())
             .context("building the cluster's HTTP client")?,
     );
-    let signing = crate::secret::SecretBox::load(&settings.data_dir)
-        .map_err(|e| anyhow::anyhow!("the secret key (for the runner signing key): {e}"))?
-        .derive_seed(crate::devices::SIGNING_KEY_LABEL);
+    let secrets = crate::secret::SecretBox::load(&settings.data_dir)
+        .map_err(|e| anyhow::anyhow!("the secret key (for the runner and bundle signing keys): {e}"))?;
+    let signing = secrets.derive_seed(crate::devices::SIGNING_KEY_LABEL);
+    let bundle_key = Arc::new(mira_core::remote::signing_key(&secrets.derive_seed(crate::verify::BUNDLE_KEY_LABEL)));
     let devices = Arc::new(
         crate::devices::DeviceHub::new(
             store.clone(),
@@ -265,6 +266,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         node: cluster_node,
         turns: Arc::default(),
         devices,
+        bundle_key,
     })
 }
 

@@ -4,6 +4,7 @@
 
 pub mod approvals;
 pub mod auth;
+pub mod bundle;
 pub mod cluster;
 pub mod connections;
 pub mod devices;
@@ -128,6 +129,7 @@ fn api() -> OpenApiRouter<App> {
         .merge(tools::router())
         .merge(runs::router())
         .merge(skills::router())
+        .merge(bundle::router())
         .merge(invocations::router())
         .merge(approvals::router())
         .merge(evidence::router())

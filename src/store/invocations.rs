@@ -381,7 +381,8 @@ impl Store {
                 .iter()
                 .enumerate()
                 .map(|(ord, (run_id, kind, data, inv, freeze))| {
-                    json!({"run_id": run_id, "type": kind.as_str(), "data": data.to_string(), "ord": ord,
+                    let h = mira_core::chain::event_content_hash(run_id, kind.as_str(), &now, data);
+                    json!({"run_id": run_id, "type": kind.as_str(), "data": data.to_string(), "h": h, "ord": ord,
                            "inv": inv, "src": if *freeze { "f" } else { "r" }})
                 })
                 .collect(),
@@ -693,7 +694,7 @@ fn frozen_events(row: &InvocationRow) -> StoreResult<Vec<(EventKind, serde_json:
         json!({
             "invocation_id": row.id, "turn_id": row.turn_id, "tool_id": row.tool_id,
             "tool_call_id": row.tool_call_id, "input_hash": row.input_hash, "input": input,
-            "status": row.status,
+            "status": row.status, "approval_required": row.approval_required,
         }),
     )];
     if row.status == InvocationStatus::Running {
@@ -715,6 +716,7 @@ fn finished_events(item: &PendingFinish, evidence_ids: &[String]) -> Vec<(EventK
         json!({
             "invocation_id": inv.id, "tool_id": inv.tool_id, "tool_call_id": inv.tool_call_id,
             "status": status, "error": item.result.get("error"), "evidence_ids": evidence_ids,
+            "result_sha256": mira_core::chain::json_sha256(&item.result),
         }),
     )];
     for (id, draft) in evidence_ids.iter().zip(&item.evidence) {
@@ -723,6 +725,8 @@ fn finished_events(item: &PendingFinish, evidence_ids: &[String]) -> Vec<(EventK
             json!({
                 "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
                 "kind": draft.kind, "content_sha256": draft.content_sha256,
+                "evidence_sha256": mira_core::chain::evidence_sha256(
+                    &draft.kind, &draft.provenance, &draft.content_sha256, &draft.excerpt),
             }),
         ));
     }
@@ -958,7 +962,8 @@ impl Store {
                     &inv.run_id,
                     EventKind::ExecutionFailed,
                     &json!({"invocation_id": inv.id, "tool_id": inv.tool_id, "tool_call_id": inv.tool_call_id,
-                            "status": "interrupted", "error": result["error"]}),
+                            "status": "interrupted", "error": result["error"],
+                            "result_sha256": mira_core::chain::json_sha256(&result)}),
                 )
                 .await?;
                 count += 1;
@@ -1113,6 +1118,8 @@ impl Store {
             &json!({
                 "evidence_id": id, "invocation_id": inv.id, "tool_id": inv.tool_id,
                 "kind": draft.kind, "content_sha256": draft.content_sha256, "late": true,
+                "evidence_sha256": mira_core::chain::evidence_sha256(
+                    &draft.kind, &draft.provenance, &draft.content_sha256, &draft.excerpt),
             }),
         )
         .await?;
@@ -1130,7 +1137,8 @@ impl Store {
 /// written only for invocations inserted or updated by this statement; the runs' counters
 /// are locked in one fixed order (advisory locks, as `APPEND_EVENTS_POSTGRES` in the store
 /// module) and each run's events numbered in `ord` order below its new
-/// last id, as [`crate::store::WriteTx::append_events`] does. Returns `('i', id, 0)` per inserted invocation,
+/// last id, as [`crate::store::WriteTx::append_events`] does, hash-chained the same way
+/// (`h` = the event's content hash). Returns `('i', id, 0)` per inserted invocation,
 /// `('u', id, 0)` per updated one and `('c', run id, last id)` per run.
 const GROUP_WRITE_POSTGRES: &str = "\
 WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text,
@@ -1155,18 +1163,23 @@ WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id tex
              FROM json_to_recordset($3::json) AS x(id text, run_id text, invocation_id text, owner_id text,
                  tool_id text, kind text, provenance text, content_sha256 text, excerpt text)
              WHERE x.invocation_id IN (SELECT id FROM upd)),
-     v AS (SELECT e.run_id, e.type, e.data, e.ord
-           FROM json_to_recordset($4::json) AS e(run_id text, type text, data text, ord bigint, inv text, src text)
+     v AS (SELECT e.run_id, e.type, e.data, e.h, e.ord,
+                  ROW_NUMBER() OVER (PARTITION BY e.run_id ORDER BY e.ord) AS rn
+           FROM json_to_recordset($4::json) AS e(run_id text, type text, data text, h text, ord bigint, inv text,
+               src text)
            WHERE (e.src = 'f' AND e.inv IN (SELECT id FROM ins)) OR (e.src = 'r' AND e.inv IN (SELECT id FROM upd))),
-     k AS (SELECT run_id, COUNT(*) AS n FROM v GROUP BY run_id),
+     k AS (SELECT run_id, COUNT(*) AS n, array_agg(h ORDER BY ord) AS hs FROM v GROUP BY run_id),
      l AS (SELECT s.run_id AS id, pg_advisory_xact_lock(1835627105, hashtext(s.run_id))
            FROM (SELECT run_id FROM k ORDER BY hashtext(run_id), run_id OFFSET 0) s),
-     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n FROM k
+     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n, chain_base = runs.last_hash,
+                  last_hash = (mira_event_chain(runs.last_hash, runs.event_seq + 1, k.hs))[k.n] FROM k
            WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
-           RETURNING runs.id, runs.event_seq, k.n),
-     i AS (INSERT INTO events (run_id, seq, type, data, created_at)
-           SELECT v.run_id, c.event_seq - c.n + ROW_NUMBER() OVER (PARTITION BY v.run_id ORDER BY v.ord), v.type,
-               v.data, $5
+           RETURNING runs.id, runs.event_seq, k.n, runs.chain_base,
+                  mira_event_chain(runs.chain_base, runs.event_seq - k.n + 1, k.hs) AS chain),
+     i AS (INSERT INTO events (run_id, seq, type, data, created_at, content_hash, prev_hash, hash)
+           SELECT v.run_id, c.event_seq - c.n + v.rn, v.type, v.data, $5, v.h,
+                  CASE WHEN v.rn = 1 THEN COALESCE(c.chain_base, repeat('0', 64)) ELSE c.chain[v.rn - 1] END,
+                  c.chain[v.rn]
            FROM v JOIN c ON c.id = v.run_id)
 SELECT 'i' AS what, id, 0::bigint AS seq FROM ins
 UNION ALL SELECT 'u', id, 0 FROM upd

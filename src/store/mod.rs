@@ -11,6 +11,7 @@
 //! after the commit succeeded.
 
 mod approvals;
+mod bundle;
 pub mod cache;
 mod connections;
 mod devices;
@@ -36,6 +37,7 @@ mod users;
 
 pub use crate::state::ApprovalRule;
 pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
+pub use bundle::RunDocument;
 pub use connections::ConnectionRow;
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
@@ -64,6 +66,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{Any, AnyPool, Transaction};
 
 use crate::events::{EventBus, EventKind, RunSignal};
+use mira_core::chain;
 
 /// Errors of the storage layer.
 #[derive(Debug, thiserror::Error)]
@@ -372,19 +375,28 @@ fn pool_options() -> AnyPoolOptions {
 /// the update meet its own lock through an older snapshot, queued behind other waiters — a
 /// deadlock) adding each run's count of new events and returning its last id; `i` inserts the
 /// events, numbered in `ord` order below each run's last id. Returns `(run id, last id)` per
-/// run. A single-row append ([`WriteTx::append_event`]) takes no advisory lock: it holds one
+/// run. Each event's `h` is its content hash ([`mira_core::chain::event_content_hash`]); the
+/// counter update also moves the run's `last_hash` along the chain (`mira_event_chain`,
+/// migration 0026) and keeps the hash it started from in `chain_base`, from which the events'
+/// `prev_hash` and `hash` are taken: the previous hash is read under the same row lock that
+/// hands out the ids. A single-row append ([`WriteTx::append_event`]) takes no advisory lock: it holds one
 /// counter only, so it closes no cycle.
 const APPEND_EVENTS_POSTGRES: &str = "\
-WITH v AS (SELECT x.run_id, x.type, x.data, x.ord
-           FROM json_to_recordset($1::json) AS x(run_id text, type text, data text, ord bigint)),
-     k AS (SELECT run_id, COUNT(*) AS n FROM v GROUP BY run_id),
+WITH v AS (SELECT x.run_id, x.type, x.data, x.h, x.ord,
+                  ROW_NUMBER() OVER (PARTITION BY x.run_id ORDER BY x.ord) AS rn
+           FROM json_to_recordset($1::json) AS x(run_id text, type text, data text, h text, ord bigint)),
+     k AS (SELECT run_id, COUNT(*) AS n, array_agg(h ORDER BY ord) AS hs FROM v GROUP BY run_id),
      l AS (SELECT s.run_id AS id, pg_advisory_xact_lock(1835627105, hashtext(s.run_id))
            FROM (SELECT run_id FROM k ORDER BY hashtext(run_id), run_id OFFSET 0) s),
-     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n FROM k
+     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n, chain_base = runs.last_hash,
+                  last_hash = (mira_event_chain(runs.last_hash, runs.event_seq + 1, k.hs))[k.n] FROM k
            WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
-           RETURNING runs.id, runs.event_seq, k.n),
-     i AS (INSERT INTO events (run_id, seq, type, data, created_at)
-           SELECT v.run_id, c.event_seq - c.n + ROW_NUMBER() OVER (PARTITION BY v.run_id ORDER BY v.ord), v.type, v.data, $2
+           RETURNING runs.id, runs.event_seq, k.n, runs.chain_base,
+                  mira_event_chain(runs.chain_base, runs.event_seq - k.n + 1, k.hs) AS chain),
+     i AS (INSERT INTO events (run_id, seq, type, data, created_at, content_hash, prev_hash, hash)
+           SELECT v.run_id, c.event_seq - c.n + v.rn, v.type, v.data, $2, v.h,
+                  CASE WHEN v.rn = 1 THEN COALESCE(c.chain_base, repeat('0', 64)) ELSE c.chain[v.rn - 1] END,
+                  c.chain[v.rn]
            FROM v JOIN c ON c.id = v.run_id)
 SELECT id, event_seq FROM c";
 
@@ -405,19 +417,50 @@ impl WriteTx {
     /// counter row is locked by the update, so concurrent appends to one run serialize and
     /// commit in id order.
     pub async fn append_event(&mut self, run_id: &str, kind: EventKind, data: &serde_json::Value) -> StoreResult<i64> {
-        let seq: i64 =
-            sqlx::query_scalar("UPDATE runs SET event_seq = event_seq + 1 WHERE id = $1 RETURNING event_seq")
+        let now = crate::ids::now();
+        let content = chain::event_content_hash(run_id, kind.as_str(), &now, data);
+        let (seq, prev, hash): (i64, Option<String>, String) = match self.backend {
+            Backend::Postgres => {
+                sqlx::query_as(
+                    "UPDATE runs SET event_seq = event_seq + 1, chain_base = last_hash,
+                         last_hash = (mira_event_chain(last_hash, event_seq + 1, ARRAY[$2::text]))[1]
+                     WHERE id = $1 RETURNING event_seq, chain_base, last_hash",
+                )
+                .bind(run_id)
+                .bind(&content)
+                .fetch_one(&mut *self.tx)
+                .await?
+            }
+            Backend::Sqlite => {
+                let (seq, prev): (i64, Option<String>) = sqlx::query_as(
+                    "UPDATE runs SET event_seq = event_seq + 1 WHERE id = $1 RETURNING event_seq, last_hash",
+                )
                 .bind(run_id)
                 .fetch_one(&mut *self.tx)
                 .await?;
-        sqlx::query("INSERT INTO events (run_id, seq, type, data, created_at) VALUES ($1, $2, $3, $4, $5)")
-            .bind(run_id)
-            .bind(seq)
-            .bind(kind.as_str())
-            .bind(data.to_string())
-            .bind(crate::ids::now())
-            .execute(&mut *self.tx)
-            .await?;
+                let hash = chain::event_link(prev.as_deref().unwrap_or(chain::GENESIS), seq, &content);
+                sqlx::query("UPDATE runs SET last_hash = $1 WHERE id = $2")
+                    .bind(&hash)
+                    .bind(run_id)
+                    .execute(&mut *self.tx)
+                    .await?;
+                (seq, prev, hash)
+            }
+        };
+        sqlx::query(
+            "INSERT INTO events (run_id, seq, type, data, created_at, content_hash, prev_hash, hash)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(run_id)
+        .bind(seq)
+        .bind(kind.as_str())
+        .bind(data.to_string())
+        .bind(&now)
+        .bind(&content)
+        .bind(prev.as_deref().unwrap_or(chain::GENESIS))
+        .bind(&hash)
+        .execute(&mut *self.tx)
+        .await?;
         self.appended.push(RunSignal { run_id: run_id.to_owned(), seq, kind });
         Ok(seq)
     }
@@ -434,7 +477,8 @@ impl WriteTx {
     /// runs waits from here to the commit. On Postgres it is one statement of fixed text
     /// (the events travel as one JSON parameter): the counters are updated and the events
     /// inserted in one round trip, by a statement the connection has prepared already. On
-    /// SQLite (one writer, no round trips) it is a counter update and a multi-row insert.
+    /// SQLite (one writer, no round trips) it is a read of the counters and last hashes, a
+    /// multi-row insert of the hash-chained events and one update of the counters and hashes.
     pub async fn append_events<S: AsRef<str>>(
         &mut self,
         events: &[(S, EventKind, serde_json::Value)],
@@ -453,14 +497,21 @@ impl WriteTx {
         }
         per_run.sort_unstable();
         let now = crate::ids::now();
+        let contents: Vec<String> = events
+            .iter()
+            .map(|(run_id, kind, data)| chain::event_content_hash(run_id.as_ref(), kind.as_str(), &now, data))
+            .collect();
+        // SQLite: each run's last hash before these events.
+        let mut prev_hashes: Vec<(String, Option<String>)> = Vec::new();
         let last: Vec<(String, i64)> = match self.backend {
             Backend::Postgres => {
                 let rows: Vec<serde_json::Value> = events
                     .iter()
+                    .zip(&contents)
                     .enumerate()
-                    .map(|(i, (run_id, kind, data))| {
+                    .map(|(i, ((run_id, kind, data), h))| {
                         serde_json::json!({"run_id": run_id.as_ref(), "type": kind.as_str(),
-                                           "data": data.to_string(), "ord": i})
+                                           "data": data.to_string(), "h": h, "ord": i})
                     })
                     .collect();
                 sqlx::query_as(APPEND_EVENTS_POSTGRES)
@@ -476,15 +527,19 @@ impl WriteTx {
                     case.push_str(&format!(" WHEN ${} THEN {n}", i + 1));
                     ids.push(format!("${}", i + 1));
                 }
+                // Read (this transaction is the only writer: BEGIN IMMEDIATE); the counters and
+                // last hashes are written by one update after the insert.
                 let sql = format!(
-                    "UPDATE runs SET event_seq = event_seq + {case} ELSE 0 END WHERE id IN ({}) RETURNING id, event_seq",
+                    "SELECT id, event_seq + {case} ELSE 0 END, last_hash FROM runs WHERE id IN ({})",
                     ids.join(", ")
                 );
-                let mut update = sqlx::query_as::<_, (String, i64)>(sqlx::AssertSqlSafe(sql));
+                let mut select = sqlx::query_as::<_, (String, i64, Option<String>)>(sqlx::AssertSqlSafe(sql));
                 for (run_id, _) in &per_run {
-                    update = update.bind(*run_id);
+                    select = select.bind(*run_id);
                 }
-                update.fetch_all(&mut *self.tx).await?
+                let rows = select.fetch_all(&mut *self.tx).await?;
+                prev_hashes = rows.iter().map(|(id, _, h)| (id.clone(), h.clone())).collect();
+                rows.into_iter().map(|(id, seq, _)| (id, seq)).collect()
             }
         };
         // The first id each run's new events take.
@@ -501,19 +556,70 @@ impl WriteTx {
             slot.1 += 1;
         }
         if self.backend == Backend::Sqlite {
-            let mut sql = String::from("INSERT INTO events (run_id, seq, type, data, created_at) VALUES ");
+            // The chain, run by run in the order given: each event links to the one before.
+            let mut links = Vec::with_capacity(events.len());
+            for (((run_id, _, _), seq), content) in events.iter().zip(&seqs).zip(&contents) {
+                let slot = prev_hashes
+                    .iter_mut()
+                    .find(|(r, _)| r == run_id.as_ref())
+                    .ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
+                let prev = slot.1.clone().unwrap_or_else(|| chain::GENESIS.to_owned());
+                let hash = chain::event_link(&prev, *seq, content);
+                slot.1 = Some(hash.clone());
+                links.push((prev, hash));
+            }
+            let mut sql = String::from(
+                "INSERT INTO events (run_id, seq, type, data, content_hash, prev_hash, hash, created_at) VALUES ",
+            );
             for i in 0..events.len() {
-                let b = i * 4;
+                let b = i * 7;
                 if i > 0 {
                     sql.push_str(", ");
                 }
-                sql.push_str(&format!("(${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, events.len() * 4 + 1));
+                sql.push_str(&format!(
+                    "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${})",
+                    b + 1,
+                    b + 2,
+                    b + 3,
+                    b + 4,
+                    b + 5,
+                    b + 6,
+                    b + 7,
+                    events.len() * 7 + 1
+                ));
             }
             let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for ((run_id, kind, data), seq) in events.iter().zip(&seqs) {
-                insert = insert.bind(run_id.as_ref()).bind(*seq).bind(kind.as_str()).bind(data.to_string());
+            for ((((run_id, kind, data), seq), content), (prev, hash)) in
+                events.iter().zip(&seqs).zip(&contents).zip(&links)
+            {
+                insert = insert
+                    .bind(run_id.as_ref())
+                    .bind(*seq)
+                    .bind(kind.as_str())
+                    .bind(data.to_string())
+                    .bind(content)
+                    .bind(prev)
+                    .bind(hash);
             }
             insert.bind(now).execute(&mut *self.tx).await?;
+            // Each run's counter and last hash, in one statement.
+            let (mut seq_case, mut hash_case, mut ids) = (String::from("CASE id"), String::from("CASE id"), Vec::new());
+            for (i, (_, n)) in per_run.iter().enumerate() {
+                seq_case.push_str(&format!(" WHEN ${} THEN {n}", 2 * i + 1));
+                hash_case.push_str(&format!(" WHEN ${} THEN ${}", 2 * i + 1, 2 * i + 2));
+                ids.push(format!("${}", 2 * i + 1));
+            }
+            let sql = format!(
+                "UPDATE runs SET event_seq = event_seq + {seq_case} ELSE 0 END, last_hash = {hash_case} ELSE last_hash END
+                 WHERE id IN ({})",
+                ids.join(", ")
+            );
+            let mut update = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (run_id, _) in &per_run {
+                let hash = prev_hashes.iter().find(|(r, _)| r == run_id).and_then(|(_, h)| h.clone());
+                update = update.bind(*run_id).bind(hash);
+            }
+            update.execute(&mut *self.tx).await?;
         }
         for ((run_id, kind, _), seq) in events.iter().zip(&seqs) {
             self.appended.push(RunSignal { run_id: run_id.as_ref().to_owned(), seq: *seq, kind: *kind });

@@ -418,6 +418,7 @@ impl Store {
             .await?;
         let summary = serde_json::json!({
             "turn_id": row.id,
+            "exposure_sha256": mira_core::chain::json_sha256(exposure),
             "strategy": exposure.get("strategy"),
             "candidate_count": exposure.get("candidate_count"),
             "tool_ids": exposure.get("tools").and_then(|t| t.as_array()).map(|tools| {

@@ -43,6 +43,7 @@ mod store;
 mod terminal;
 mod throughput;
 mod traces;
+mod verify;
 mod wait;
 mod web;
 mod web_search;

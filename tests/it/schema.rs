@@ -43,6 +43,8 @@ const DIALECT: &[(&str, Side, &str, Option<usize>)] = &[
     // CHECK constraints: SQLite rebuilds the tables, Postgres alters them.
     ("0013_state_checks.sql", Side::Sqlite, "", None),
     ("0013_state_checks.sql", Side::Postgres, "", None),
+    // The event chain's link function: SQLite's single writer computes the links in the server.
+    ("0026_event_chain.sql", Side::Postgres, "-- The link hashes of events first_seq", Some(18)),
 ];
 
 fn dir(side: Side) -> PathBuf {

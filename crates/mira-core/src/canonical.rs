@@ -26,7 +26,10 @@ pub fn inexact_integer(value: &Value) -> Option<(String, String)> {
     fn walk(v: &Value, path: &mut String) -> Option<(String, String)> {
         match v {
             Value::Number(n) => {
-                let exact = n.as_u64().map(|u| u <= MAX_EXACT_INTEGER).or_else(|| n.as_i64().map(|i| i.unsigned_abs() <= MAX_EXACT_INTEGER));
+                let exact = n
+                    .as_u64()
+                    .map(|u| u <= MAX_EXACT_INTEGER)
+                    .or_else(|| n.as_i64().map(|i| i.unsigned_abs() <= MAX_EXACT_INTEGER));
                 (exact == Some(false)).then(|| (path.clone(), n.to_string()))
             }
             Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
@@ -76,10 +79,7 @@ mod tests {
         );
         assert!(inexact_integer(&json!({"n": -9007199254740993i64})).is_some());
         // The reason: both spell one canonical number.
-        assert_eq!(
-            to_canonical_string(&json!(9007199254740993u64)),
-            to_canonical_string(&json!(9007199254740992u64))
-        );
+        assert_eq!(to_canonical_string(&json!(9007199254740993u64)), to_canonical_string(&json!(9007199254740992u64)));
     }
 
     #[test]

@@ -283,6 +283,9 @@ catalogue! {
     WorkspaceChanged = (409, "workspace_changed"),
     /// A body larger than `--body-limit`.
     BodyTooLarge = (413, "body_too_large"),
+    /// A run bundle (`GET /v1/runs/{id}/bundle`) larger than the server builds (64 MiB of
+    /// records).
+    BundleTooLarge = (413, "bundle_too_large"),
     /// A file larger than the tool handles.
     FileTooLarge = (413, "file_too_large"),
     /// A mail message larger than the tool reads.

@@ -9,6 +9,7 @@
 
 pub mod availability;
 pub mod canonical;
+pub mod chain;
 pub mod commit;
 pub mod error_code;
 pub mod evidence;
