@@ -88,25 +88,53 @@ async fn prism(user: impl FnOnce(&mut Value)) -> Mock {
 }
 
 /// Prism on a copy of the trimmed description changed by `edit`.
+///
+/// The port comes from [`free_port`], which another test process may pick at the same moment:
+/// its Prism would then answer on our port while ours fails to bind. So `/rate_limit` of our
+/// copy answers a header naming this mock (`X-Mira-Mock`), and a port whose server answers
+/// without it is given up for another.
 async fn prism_spec(edit: impl FnOnce(&mut Value)) -> Mock {
     let spec_path = env_path("MIRA_GITHUB_OPENAPI_TRIMMED");
     let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
     edit(&mut spec);
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("github.json");
-    std::fs::write(&file, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let port = free_port();
-    let mut child = tokio::process::Command::new(env_path("MIRA_GITHUB_PRISM"))
-        .args(["mock", "-h", "127.0.0.1", "-p", &port.to_string()])
-        .arg(&file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("prism starts");
-    let base = format!("http://127.0.0.1:{port}");
-    wait_up(&format!("{base}/rate_limit"), &mut child).await;
-    Mock { base, _child: child, _dir: dir }
+    let client = mira::net::client_builder().build().unwrap();
+    for attempt in 0..5 {
+        let port = free_port();
+        let marker = format!("{}-{port}-{attempt}", std::process::id());
+        spec["paths"]["/rate_limit"]["get"]["responses"]["200"]["headers"]["X-Mira-Mock"] =
+            json!({"schema": {"type": "string"}, "example": marker});
+        let file = dir.path().join("github.json");
+        std::fs::write(&file, serde_json::to_vec(&spec).unwrap()).unwrap();
+        let mut child = tokio::process::Command::new(env_path("MIRA_GITHUB_PRISM"))
+            .args(["mock", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("prism starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let start = Instant::now();
+        // Up: ours answers with its marker. Another server answering, or ours exiting (the
+        // port was taken), gives the port up.
+        let ours = loop {
+            assert!(start.elapsed() < Duration::from_secs(30), "Prism at {base} did not start within 30 s");
+            if let Ok(Some(_)) = child.try_wait() {
+                break false;
+            }
+            let answer = client.get(format!("{base}/rate_limit")).header("accept", "application/json").send().await;
+            if let Ok(r) = answer {
+                break r.headers().get("x-mira-mock").is_some_and(|v| v.as_bytes() == marker.as_bytes());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if ours {
+            return Mock { base, _child: child, _dir: dir };
+        }
+        let _ = child.kill().await;
+    }
+    panic!("no free port for Prism after 5 attempts (each was answered by another mock)");
 }
 
 /// `GET /user` answers 200 with `X-OAuth-Scopes: scopes` (a classic token's scopes).
