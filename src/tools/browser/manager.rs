@@ -98,6 +98,15 @@ pub struct AttachedPage {
     pub target_id: String,
 }
 
+/// A managed page's events of type `E`, as their JSON parameters (the shape the attached
+/// tabs' DevTools client gives).
+async fn json_events<E>(page: &Page) -> Result<BoxStream<'static, Value>, chromiumoxide::error::CdpError>
+where
+    E: chromiumoxide::cdp::IntoEventKind + serde::Serialize + Unpin + Send + Sync + 'static,
+{
+    Ok(page.event_listener::<E>().await?.map(|e| serde_json::to_value(&*e).unwrap_or_default()).boxed())
+}
+
 impl TabPage {
     /// Sends `method` with `params` to the tab's target, within [`COMMAND_TIMEOUT`].
     /// Errors: `browser_error`; for an attached tab also `browser_gone` (the connection
@@ -124,24 +133,9 @@ impl TabPage {
         let listen = |e: chromiumoxide::error::CdpError| browser_error(format!("listening for {method}: {e}"));
         match self {
             TabPage::Managed(page) => match method {
-                "Page.loadEventFired" => Ok(page
-                    .event_listener::<EventLoadEventFired>()
-                    .await
-                    .map_err(listen)?
-                    .map(|e| serde_json::to_value(&*e).unwrap_or_default())
-                    .boxed()),
-                "Page.frameStartedLoading" => Ok(page
-                    .event_listener::<EventFrameStartedLoading>()
-                    .await
-                    .map_err(listen)?
-                    .map(|e| serde_json::to_value(&*e).unwrap_or_default())
-                    .boxed()),
-                "Fetch.requestPaused" => Ok(page
-                    .event_listener::<EventRequestPaused>()
-                    .await
-                    .map_err(listen)?
-                    .map(|e| serde_json::to_value(&*e).unwrap_or_default())
-                    .boxed()),
+                "Page.loadEventFired" => json_events::<EventLoadEventFired>(page).await.map_err(listen),
+                "Page.frameStartedLoading" => json_events::<EventFrameStartedLoading>(page).await.map_err(listen),
+                "Fetch.requestPaused" => json_events::<EventRequestPaused>(page).await.map_err(listen),
                 other => Err(browser_error(format!("no listener for {other}"))),
             },
             TabPage::Attached(a) => {
