@@ -43,6 +43,9 @@ enum Command {
     /// chain with `--database URL --run ID` (docs/verify.md). Exit 0 valid, 1 invalid (the
     /// first problem named), 2 unreadable input.
     Verify(mira::verify::VerifyArgs),
+    /// A stdio bridge to a runtime's MCP server for MCP clients that only launch processes:
+    /// `mira mcp-stdio --server URL` with the token in `MIRA_TOKEN` (docs/mcp-server.md).
+    McpStdio(mira::mcp_server::bridge::BridgeArgs),
     /// Benchmarks that print figures.
     Bench {
         #[command(subcommand)]
@@ -285,6 +288,7 @@ async fn run() -> ExitCode {
             };
         }
         Command::Verify(args) => return mira::verify::run(args).await,
+        Command::McpStdio(args) => mira::mcp_server::bridge::run(args).await,
         Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
             eprintln!("migrations applied");
         }),
