@@ -127,7 +127,12 @@ pub async fn create_invocation(
 /// view)` for an idempotent replay of the same triple. Errors as `POST
 /// /v1/runs/{run_id}/invocations` answers them (a failed ladder stage carries the tool's
 /// ladder view in `details`). The HTTP route and the MCP server share it.
-pub async fn freeze_call(app: &App, user: &AuthUser, run_id: &str, body: CreateInvocation) -> Result<(bool, InvocationView)> {
+pub async fn freeze_call(
+    app: &App,
+    user: &AuthUser,
+    run_id: &str,
+    body: CreateInvocation,
+) -> Result<(bool, InvocationView)> {
     let crate::app::FreezeScope { run, availability, workspace, existing_call } =
         app.freeze_scope(&user.user_id, user.is_admin, run_id, &body.tool_call_id).await?;
     let req =

@@ -50,7 +50,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::{SessionCounts, SessionSlot};
 use crate::app::App;
 use crate::error::{Error, ErrorCode};
-use crate::exposure::{Exposure, ExposedTool, Strategy};
+use crate::exposure::{ExposedTool, Exposure, Strategy};
 use crate::http::auth::AuthUser;
 use crate::http::invocations::{self, CreateInvocation, InvocationView};
 use crate::http::storable::JsonDocument;
@@ -325,8 +325,15 @@ impl Session {
             Ok(Some(ApprovalAnswer { approve: true })) => {
                 let slot = self.app.harness.slot();
                 let claim = slot.as_ref().map(|_| self.app.harness.claim());
-                match crate::approval::grant(&self.app.store, &self.app.registry, &user.decider(), approval_id, &triple, claim)
-                    .await
+                match crate::approval::grant(
+                    &self.app.store,
+                    &self.app.registry,
+                    &user.decider(),
+                    approval_id,
+                    &triple,
+                    claim,
+                )
+                .await
                 {
                     Ok((_, claimed)) => self.app.harness.start_claimed(claimed, slot),
                     // Decided meanwhile (in the page) or expired: the wait reads what happened.
@@ -335,7 +342,8 @@ impl Session {
             }
             Ok(Some(ApprovalAnswer { approve: false })) | Err(ElicitationError::UserDeclined) => {
                 let reason = "declined in the MCP client";
-                if let Err(e) = crate::approval::deny(&self.app.store, &user.decider(), approval_id, Some(reason)).await {
+                if let Err(e) = crate::approval::deny(&self.app.store, &user.decider(), approval_id, Some(reason)).await
+                {
                     tracing::info!(approval = approval_id, error = %e, "deny through elicitation refused");
                 }
             }
@@ -521,7 +529,10 @@ impl ServerHandler for Session {
         }
         let slot = self.counts.take(&user.user_id).ok_or_else(|| {
             McpError::invalid_request(
-                format!("you have {} MCP sessions open, the most allowed; close one first", super::MAX_SESSIONS_PER_USER),
+                format!(
+                    "you have {} MCP sessions open, the most allowed; close one first",
+                    super::MAX_SESSIONS_PER_USER
+                ),
                 None,
             )
         })?;

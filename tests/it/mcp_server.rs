@@ -77,6 +77,9 @@ async fn user_with_file(t: &TestApp, name: &str, file: &str, content: &str) -> S
 
 async fn list_read_and_evidence(backend: Backend) {
     let t = spawn(backend).await;
+    // The candidates stay the same while the client lists and calls (the code graph's first
+    // index would add `codebase_explore`, and a new turn, in between).
+    t.code_graph_ready().await;
     let token = user_with_file(&t, "ada", "hello.txt", "hello from the workspace\n").await;
     let mut c = PyClient::start(&token, &mcp_url(&t), "read", &["hello.txt"]);
     let init = c.step("initialized").await;
@@ -209,31 +212,16 @@ async fn a_cancelled_call_cancels_its_invocation(backend: Backend) {
 async fn list_changed_when_an_mcp_server_is_lost(backend: Backend) {
     let t = spawn(backend).await;
     let token = t.user("ada").await;
-    let r = t
-        .post(
-            "/v1/mcp/servers",
-            &token,
-            json!({"name": "faulty", "transport": {"stdio": {"command": python(), "args": [script("fault_server.py")]}},
-                   "default_agent_access": true}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    let server = r.body["id"].as_str().unwrap().to_owned();
-    for _ in 0..400 {
-        let v = t.get(&format!("/v1/mcp/servers/{server}"), &token).await.body;
-        if v["connection"]["state"] == "connected" && v["connection"]["discovered_at"].is_string() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let server = fault_server(&t, &token, "faulty").await;
     // A run whose first turn is ranked for the crash tool, so it is listed whatever the count.
     let run = t.run(&token).await;
     let url = format!("{}?run={run}&task=crash%20the%20server", mcp_url(&t));
-    let mut c = PyClient::start(&token, &url, "list-changed", &["30"]);
-    c.step("initialized").await;
-    let listed = c.step("listed").await;
     let crash_id = format!("mcp:{server}:tool:crash");
     let crash_name = mira::exposure::function_name(&crash_id);
+    t.code_graph_ready().await;
+    let mut c = PyClient::start(&token, &url, "list-changed", &["30", &crash_name]);
+    c.step("initialized").await;
+    let listed = c.step("listed").await;
     assert!(listed["tools"].as_array().unwrap().iter().any(|n| n == crash_name.as_str()), "{listed}");
 
     // The server dies in the middle of a call of its crash tool (approved in the API).
@@ -246,10 +234,65 @@ async fn list_changed_when_an_mcp_server_is_lost(backend: Backend) {
         json!({"tool_id": crash_id, "tool_call_id": "crash-1", "input_hash": r.body["input_hash"]}),
     )
     .await;
+    // Each notifications/tools/list_changed makes the client list again, until the lost
+    // server's tools are gone (the client gives up after 30 s without).
+    loop {
+        let relisted = c.step("relisted").await;
+        if !relisted["tools"].as_array().unwrap().iter().any(|n| n == crash_name.as_str()) {
+            break;
+        }
+    }
+    c.finish().await;
+}
+
+/// Installs `tests/mcp/fault_server.py` (13 tools) for `token`'s user with agent access and
+/// waits until it is connected; returns its id.
+async fn fault_server(t: &TestApp, token: &str, name: &str) -> String {
+    let r = t
+        .post(
+            "/v1/mcp/servers",
+            token,
+            json!({"name": name, "transport": {"stdio": {"command": python(), "args": [script("fault_server.py")]}},
+                   "default_agent_access": true}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let id = r.body["id"].as_str().unwrap().to_owned();
+    for _ in 0..400 {
+        let v = t.get(&format!("/v1/mcp/servers/{id}"), token).await.body;
+        if v["connection"]["state"] == "connected" && v["connection"]["discovered_at"].is_string() {
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{name} did not connect");
+}
+
+async fn find_tools_reranks_a_ranked_exposure(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = t.user("ada").await;
+    let one = fault_server(&t, &token, "faulty-one").await;
+    fault_server(&t, &token, "faulty-two").await;
+    t.code_graph_ready().await;
+    let mut c = PyClient::start(&token, &mcp_url(&t), "find", &["echo the text back"]);
+    c.step("initialized").await;
+    // More than 20 candidates: the ranked 20 and the façade's own search tool.
+    let listed = c.step("listed").await;
+    let tools = listed["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 21, "{listed}");
+    assert!(tools.iter().any(|n| n == "mira_find_tools"), "{listed}");
+    let found = c.step("found").await;
+    assert_eq!(found["result"]["is_error"], false, "{found}");
     let relisted = c.step("relisted").await;
     c.finish().await;
     assert_eq!(relisted["changed"], true, "no notifications/tools/list_changed: {relisted}");
-    assert!(!relisted["tools"].as_array().unwrap().iter().any(|n| n == crash_name.as_str()), "{relisted}");
+    let echo = mira::exposure::function_name(&format!("mcp:{one}:tool:echo"));
+    assert!(relisted["tools"].as_array().unwrap().iter().any(|n| n == echo.as_str()), "{relisted}");
+    // The turn ranked for the task is stored like any other.
+    let turn_id = found["result"]["structured"]["turn_id"].as_str().unwrap();
+    let turn = t.get(&format!("/v1/turns/{turn_id}"), &token).await.body;
+    assert_eq!(turn["task"], "echo the text back");
+    assert_ne!(turn["exposure"]["strategy"], "all", "{turn}");
 }
 
 async fn the_stdio_bridge_carries_a_session(backend: Backend) {
@@ -267,7 +310,12 @@ async fn the_stdio_bridge_carries_a_session(backend: Backend) {
 
 /// One JSON-RPC message posted to `/mcp`: (HTTP status, session id, the answer's JSON-RPC
 /// message, from a JSON or an SSE body).
-async fn rpc(t: &TestApp, token: Option<&str>, session: Option<&str>, body: Value) -> (StatusCode, Option<String>, Value) {
+async fn rpc(
+    t: &TestApp,
+    token: Option<&str>,
+    session: Option<&str>,
+    body: Value,
+) -> (StatusCode, Option<String>, Value) {
     let mut req = t
         .client
         .post(mcp_url(t))
@@ -347,6 +395,7 @@ both_backends!(
     edit_approved_in_the_api_while_the_client_waits,
     a_cancelled_call_cancels_its_invocation,
     list_changed_when_an_mcp_server_is_lost,
+    find_tools_reranks_a_ranked_exposure,
     the_stdio_bridge_carries_a_session,
     sessions_belong_to_their_user,
 );

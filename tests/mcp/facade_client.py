@@ -85,10 +85,15 @@ async def main():
             listed = await client.list_tools()
             out(step="relisted", changed=changes.is_set(), tools=tool_names(listed))
         elif scenario == "list-changed":
+            # Relists on every notification until the tool named args[1] is gone.
             with anyio.move_on_after(float(args[0])):
-                await changes.wait()
-            listed = await client.list_tools()
-            out(step="relisted", changed=changes.is_set(), tools=tool_names(listed))
+                while True:
+                    await changes.wait()
+                    changes = anyio.Event()
+                    names = tool_names(await client.list_tools())
+                    out(step="relisted", tools=names)
+                    if args[1] not in names:
+                        break
 
 
 anyio.run(main)
