@@ -199,6 +199,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             search: cfg.search.clone(),
             terminal: cfg.terminal.clone(),
             browser: cfg.browser.clone(),
+            mcp_server: cfg.mcp_server.clone(),
             allow_internal_urls: cfg.allow_internal_urls,
             allow_hard_link_reads: cfg.allow_hard_link_reads,
             four_eyes_domains: cfg

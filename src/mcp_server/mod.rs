@@ -14,6 +14,8 @@
 //! - Protocol versions: up to `2025-11-25`, the last revision with sessions and
 //!   server-to-client requests (elicitation); a client offering `2026-07-28` is answered with
 //!   `2025-11-25` at `initialize`.
+//! - Host: only the names of `--mcp-allowed-hosts` (default loopback) are answered, against
+//!   DNS rebinding.
 //! - Limits: [`MAX_SESSIONS_PER_USER`] open sessions per user; a session idle for five minutes
 //!   is closed (rmcp's keep-alive); request bodies as the API's `--body-limit`.
 
@@ -40,6 +42,29 @@ pub const MAX_SESSIONS_PER_USER: usize = 16;
 
 /// The path the MCP server is served at.
 pub const PATH: &str = "/mcp";
+
+/// Settings of the MCP server (`mira serve` flags).
+#[derive(clap::Args, Debug, Clone)]
+pub struct McpServerSettings {
+    /// Host names (or `host:port`) `/mcp` answers to, comma-separated; `*` = any. A request
+    /// with another `Host` is refused 403 before anything else (DNS-rebinding protection,
+    /// as the MCP specification asks). A deployment reached by its own name lists it.
+    #[arg(
+        id = "mcp_allowed_hosts",
+        value_name = "HOSTS",
+        long = "mcp-allowed-hosts",
+        env = "MIRA_MCP_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        default_value = "localhost,127.0.0.1,::1"
+    )]
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for McpServerSettings {
+    fn default() -> Self {
+        Self { allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()] }
+    }
+}
 
 /// Open sessions per user, for [`MAX_SESSIONS_PER_USER`].
 #[derive(Default)]
@@ -87,10 +112,15 @@ pub fn router(app: App, body_limit: usize) -> Router<App> {
     let mut config = StreamableHttpServerConfig::default();
     config.max_request_body_bytes = body_limit;
     config.cancellation_token = app.shutdown.child_token();
-    // Every request is authenticated by its bearer token, which a page the browser was
-    // tricked into (DNS rebinding, the reason for rmcp's default loopback-only Host check)
-    // cannot add; a hosted deployment is reached by its own host names.
-    let config = config.disable_allowed_hosts();
+    let hosts: Vec<String> =
+        app.config.mcp_server.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()).collect();
+    // `*` (or nothing listed): any Host. Every request still needs its bearer token, which a
+    // page a browser was tricked into cannot add.
+    let config = if hosts.is_empty() || hosts.iter().any(|h| h == "*") {
+        config.disable_allowed_hosts()
+    } else {
+        config.with_allowed_hosts(hosts)
+    };
     let service = StreamableHttpService::new(
         move || Ok(session::Session::new(factory_app.clone(), Arc::clone(&counts))),
         Arc::new(LocalSessionManager::default()),

@@ -388,6 +388,35 @@ async fn sessions_belong_to_their_user(backend: Backend) {
     assert!(text.contains("run not found"), "{text}");
 }
 
+/// The scenarios of the official conformance suite that apply to a server of its own tools:
+/// the others call the reference server's fixture tools (`test_simple_text`…), resources,
+/// prompts, logging or completions, which this server does not offer.
+const CONFORMANCE_SCENARIOS: &[&str] =
+    &["server-initialize", "ping", "tools-list", "server-sse-multiple-streams", "dns-rebinding-protection"];
+
+async fn the_official_conformance_suite_passes(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = t.user("ada").await;
+    let suite = std::env::var("MIRA_MCP_CONFORMANCE")
+        .expect("MIRA_MCP_CONFORMANCE is not set: run `eval \"$(scripts/setup-mcp.sh)\"` first");
+    let results = tempfile::tempdir().unwrap();
+    for scenario in CONFORMANCE_SCENARIOS {
+        let out = Command::new("node")
+            .arg("--import")
+            .arg(script("conformance/register.mjs"))
+            .arg(&suite)
+            .args(["server", "--url", &mcp_url(&t), "--scenario", scenario])
+            .env("MIRA_TOKEN", &token)
+            .env("MIRA_ORIGIN", &t.base)
+            .current_dir(results.path())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(120), out).await.expect("the suite finishes").unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && text.contains(" 0 failed"), "conformance scenario {scenario} failed:\n{text}");
+    }
+}
+
 both_backends!(
     list_read_and_evidence,
     edit_approved_through_elicitation,
@@ -398,4 +427,5 @@ both_backends!(
     find_tools_reranks_a_ranked_exposure,
     the_stdio_bridge_carries_a_session,
     sessions_belong_to_their_user,
+    the_official_conformance_suite_passes,
 );
