@@ -376,6 +376,26 @@ async fn sessions_belong_to_their_user(backend: Backend) {
     let (_, _, theirs) = rpc(&t, Some(&bob), Some(&session), call).await;
     assert!(theirs["error"]["message"].as_str().unwrap_or("").contains("another user"), "{theirs}");
 
+    // A request whose Host is not one of --mcp-allowed-hosts (DNS rebinding) is refused, token
+    // or not; a loopback name is served.
+    let port = t.base.rsplit(':').next().unwrap();
+    for (host, served) in [(format!("evil.example:{port}"), false), (format!("localhost:{port}"), true)] {
+        let resp = t
+            .client
+            .post(mcp_url(&t))
+            .header("host", &host)
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(&ada)
+            .json(&initialize())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().is_success(), served, "Host {host}: {}", resp.status());
+        if !served {
+            assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+        }
+    }
+
     // Nor can Bob bind a session to Ada's run.
     let ada_run = t.run(&ada).await;
     let mut req = t
@@ -390,9 +410,11 @@ async fn sessions_belong_to_their_user(backend: Backend) {
 
 /// The scenarios of the official conformance suite that apply to a server of its own tools:
 /// the others call the reference server's fixture tools (`test_simple_text`…), resources,
-/// prompts, logging or completions, which this server does not offer.
-const CONFORMANCE_SCENARIOS: &[&str] =
-    &["server-initialize", "ping", "tools-list", "server-sse-multiple-streams", "dns-rebinding-protection"];
+/// prompts, logging or completions, which this server does not offer; and
+/// `dns-rebinding-protection` is for servers without authentication (its raw requests carry
+/// no token, so every one is refused 401 here): [`sessions_belong_to_their_user`] checks the
+/// Host rule with a token.
+const CONFORMANCE_SCENARIOS: &[&str] = &["server-initialize", "ping", "tools-list", "server-sse-multiple-streams"];
 
 async fn the_official_conformance_suite_passes(backend: Backend) {
     let t = spawn(backend).await;
