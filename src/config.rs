@@ -92,6 +92,9 @@ pub struct ServeConfig {
     pub browser: crate::tools::browser::BrowserSettings,
     #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
+    pub mcp_server: crate::mcp_server::McpServerSettings,
+    #[allow(missing_docs)] // A flattened section: its help is its own fields'.
+    #[command(flatten)]
     pub sandbox: crate::sandbox::SandboxConfig,
     #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
@@ -211,6 +214,8 @@ pub struct RuntimeConfig {
     pub terminal: crate::tools::terminal::host::TerminalConfig,
     /// The managed browser.
     pub browser: crate::tools::browser::BrowserSettings,
+    /// The runtime's own MCP server (`/mcp`).
+    pub mcp_server: crate::mcp_server::McpServerSettings,
     /// Whether non-admin users may name internal addresses as URLs the server fetches.
     pub allow_internal_urls: bool,
     /// Whether the Read tools read files with more than one hard link
@@ -243,6 +248,7 @@ impl Default for RuntimeConfig {
             search: crate::tools::search::config::SearchConfig::default(),
             terminal: crate::tools::terminal::host::TerminalConfig::default(),
             browser: crate::tools::browser::BrowserSettings::default(),
+            mcp_server: crate::mcp_server::McpServerSettings::default(),
             allow_internal_urls: false,
             allow_hard_link_reads: false,
             four_eyes_domains: Vec::new(),

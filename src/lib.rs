@@ -27,6 +27,7 @@ pub use mira_core::ids;
 pub mod invocation;
 pub mod limits;
 pub mod mcp;
+pub mod mcp_server;
 pub mod metrics;
 pub mod net;
 pub mod registry;

@@ -43,6 +43,9 @@ enum Command {
     /// chain with `--database URL --run ID` (docs/verify.md). Exit 0 valid, 1 invalid (the
     /// first problem named), 2 unreadable input.
     Verify(mira::verify::VerifyArgs),
+    /// A stdio bridge to a runtime's MCP server for MCP clients that only launch processes:
+    /// `mira mcp-stdio --server URL` with the token in `MIRA_TOKEN` (docs/mcp-server.md).
+    McpStdio(mira::mcp_server::bridge::BridgeArgs),
     /// Benchmarks that print figures.
     Bench {
         #[command(subcommand)]
@@ -196,6 +199,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             search: cfg.search.clone(),
             terminal: cfg.terminal.clone(),
             browser: cfg.browser.clone(),
+            mcp_server: cfg.mcp_server.clone(),
             allow_internal_urls: cfg.allow_internal_urls,
             allow_hard_link_reads: cfg.allow_hard_link_reads,
             four_eyes_domains: cfg
@@ -285,6 +289,7 @@ async fn run() -> ExitCode {
             };
         }
         Command::Verify(args) => return mira::verify::run(args).await,
+        Command::McpStdio(args) => mira::mcp_server::bridge::run(args).await,
         Command::Migrate(storage) => server::open_store(&storage.data_dir, &storage.url()).await.map(|_| {
             eprintln!("migrations applied");
         }),

@@ -44,10 +44,13 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
-        let (status, code) = self.status_and_code();
-        let (message, details) = match &self {
+impl Error {
+    /// The error's body, `{"error": {code, message, details}}`, as every answer carries it
+    /// (also the text of an MCP tool error, [`crate::mcp_server`]). Store and internal
+    /// failures are logged here and described without their cause.
+    pub fn body(&self) -> ErrorResponse {
+        let code = self.code();
+        let (message, details) = match self {
             Error::Store(e) => {
                 tracing::error!(error = %e, "store error");
                 ("the store failed; the request changed nothing it reported".to_owned(), Value::Null)
@@ -64,8 +67,14 @@ impl IntoResponse for Error {
             Error::Tool(e) => (e.message.clone(), e.details.clone()),
             other => (other.to_string(), Value::Null),
         };
-        let body = ErrorResponse { error: ErrorBody { code, message, details } };
-        let mut response = (status, axum::Json(body)).into_response();
+        ErrorResponse { error: ErrorBody { code, message, details } }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = status_of(self.code());
+        let mut response = (status, axum::Json(self.body())).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

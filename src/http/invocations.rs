@@ -100,7 +100,8 @@ pub fn view(row: InvocationRow, approval_id: Option<String>, evidence_ids: Vec<S
     })
 }
 
-async fn full_view(app: &App, row: InvocationRow) -> Result<InvocationView> {
+/// The view of a stored invocation with its approval and evidence ids.
+pub async fn full_view(app: &App, row: InvocationRow) -> Result<InvocationView> {
     let approval_id = app.store.approval_id_of(&row.id).await?;
     let evidence_ids = app.store.evidence_ids_of(&row.id).await?;
     view(row, approval_id, evidence_ids)
@@ -118,8 +119,22 @@ pub async fn create_invocation(
     Path(run_id): Path<String>,
     Json(body): Json<CreateInvocation>,
 ) -> Result<(StatusCode, Json<InvocationView>)> {
+    let (created, view) = freeze_call(&app, &user, &run_id, body).await?;
+    Ok((if created { StatusCode::CREATED } else { StatusCode::OK }, Json(view)))
+}
+
+/// Freezes a call in the caller's run `run_id`: `(true, view)` for a new invocation, `(false,
+/// view)` for an idempotent replay of the same triple. Errors as `POST
+/// /v1/runs/{run_id}/invocations` answers them (a failed ladder stage carries the tool's
+/// ladder view in `details`). The HTTP route and the MCP server share it.
+pub async fn freeze_call(
+    app: &App,
+    user: &AuthUser,
+    run_id: &str,
+    body: CreateInvocation,
+) -> Result<(bool, InvocationView)> {
     let crate::app::FreezeScope { run, availability, workspace, existing_call } =
-        app.freeze_scope(&user.user_id, user.is_admin, &run_id, &body.tool_call_id).await?;
+        app.freeze_scope(&user.user_id, user.is_admin, run_id, &body.tool_call_id).await?;
     let req =
         CallRequest { turn_id: body.turn_id, tool: body.tool_id, tool_call_id: body.tool_call_id, input: body.input.0 };
     let device = app.device_tools(&run, workspace.row());
@@ -136,9 +151,8 @@ pub async fn create_invocation(
             serde_json::to_value(view).unwrap_or(Value::Null)
         })
     })?;
-    let status = if frozen.created { StatusCode::CREATED } else { StatusCode::OK };
     let evidence_ids = if frozen.created { Vec::new() } else { app.store.evidence_ids_of(&frozen.row.id).await? };
-    Ok((status, Json(view(frozen.row, frozen.approval_id, evidence_ids)?)))
+    Ok((frozen.created, view(frozen.row, frozen.approval_id, evidence_ids)?))
 }
 
 /// `{"invocations": [...], "next_cursor"}`.
@@ -207,7 +221,7 @@ pub async fn get_invocation(
             details: serde_json::json!({"parameter": "wait_ms", "max": MAX_WAIT_MS}),
         });
     }
-    let row = wait_for_settled(&app, &user.user_id, &id, std::time::Duration::from_millis(wait_ms)).await?;
+    let row = wait_for(&app, &user.user_id, &id, std::time::Duration::from_millis(wait_ms), settled).await?;
     Ok(Json(full_view(&app, row).await?))
 }
 
@@ -216,10 +230,17 @@ fn settled(status: InvocationStatus) -> bool {
     status.is_final() || status == InvocationStatus::AwaitingApproval
 }
 
-/// Reads the caller's invocation until it is [`settled`] or `wait` elapses. Subscribes to the
-/// event bus before each read, so a change committed in between wakes it; re-reads only for
-/// events of its run that can change an invocation's status.
-async fn wait_for_settled(app: &App, user_id: &str, id: &str, wait: std::time::Duration) -> Result<InvocationRow> {
+/// Reads the caller's invocation until `done(status)` holds or `wait` elapses, and answers the
+/// row last read. Subscribes to the event bus before each read, so a change committed in
+/// between wakes it; re-reads only for events of its run that can change an invocation's
+/// status. 404 `invocation` when it is not the caller's.
+pub async fn wait_for(
+    app: &App,
+    user_id: &str,
+    id: &str,
+    wait: std::time::Duration,
+    done: fn(InvocationStatus) -> bool,
+) -> Result<InvocationRow> {
     use crate::events::EventKind;
     use crate::events::Heard;
     let deadline = tokio::time::Instant::now() + wait;
@@ -228,7 +249,7 @@ async fn wait_for_settled(app: &App, user_id: &str, id: &str, wait: std::time::D
     loop {
         let row = app.store.invocation_for(user_id, id).await?.ok_or(Error::NotFound("invocation"))?;
         let Some(rx) = signals.as_mut() else { return Ok(row) };
-        if settled(row.status) {
+        if done(row.status) {
             return Ok(row);
         }
         loop {
@@ -286,37 +307,44 @@ pub async fn cancel_invocation(
     user: AuthUser,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<InvocationView>)> {
+    cancel(&app, &user, &id).await.map(|(status, view)| (status, Json(view)))
+}
+
+/// Cancels the caller's invocation `id` as `POST /v1/invocations/{id}/cancel` describes, and
+/// answers its status code (200, or 202 when it runs on another server) with the invocation.
+/// The HTTP route and the MCP server (a client's `notifications/cancelled`) share it.
+pub async fn cancel(app: &App, user: &AuthUser, id: &str) -> Result<(StatusCode, InvocationView)> {
     let (row, cancelled) =
-        app.store.cancel_invocation(&user.user_id, &id, &user.token_id).await?.ok_or(Error::NotFound("invocation"))?;
+        app.store.cancel_invocation(&user.user_id, id, &user.token_id).await?.ok_or(Error::NotFound("invocation"))?;
     if cancelled {
-        return Ok((StatusCode::OK, Json(full_view(&app, row).await?)));
+        return Ok((StatusCode::OK, full_view(app, row).await?));
     }
     if row.status != InvocationStatus::Running {
         return Err(invalid_state(&row));
     }
-    let row = match app.store.request_cancel(&user.user_id, &id, &user.token_id).await? {
+    let row = match app.store.request_cancel(&user.user_id, id, &user.token_id).await? {
         None => return Err(Error::NotFound("invocation")),
         Some(CancelRequest::Recorded(row) | CancelRequest::AlreadyRequested(row)) => row,
         Some(CancelRequest::NotRunning(row)) => return Err(invalid_state(&row)),
     };
-    let mut outcome = app.harness.cancel_running(&id);
+    let mut outcome = app.harness.cancel_running(id);
     if outcome == CancelOutcome::NotHere && row.claimed_by.as_deref() == Some(app.harness.node_id()) {
         // Claimed by this server a moment ago and not registered yet, or just finishing.
         for _ in 0..50 {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            outcome = app.harness.cancel_running(&id);
+            outcome = app.harness.cancel_running(id);
             if outcome != CancelOutcome::NotHere {
                 break;
             }
-            let now = app.store.invocation_for(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
+            let now = app.store.invocation_for(&user.user_id, id).await?.ok_or(Error::NotFound("invocation"))?;
             if now.status != InvocationStatus::Running {
                 return Err(invalid_state(&now));
             }
         }
     }
-    let row = app.store.invocation_for(&user.user_id, &id).await?.ok_or(Error::NotFound("invocation"))?;
+    let row = app.store.invocation_for(&user.user_id, id).await?.ok_or(Error::NotFound("invocation"))?;
     match outcome {
-        CancelOutcome::Stopped | CancelOutcome::Interrupting => Ok((StatusCode::OK, Json(full_view(&app, row).await?))),
+        CancelOutcome::Stopped | CancelOutcome::Interrupting => Ok((StatusCode::OK, full_view(app, row).await?)),
         CancelOutcome::TooLate => Err(Error::conflict(
             ErrorCode::AlreadyRunning,
             format!(
@@ -331,7 +359,7 @@ pub async fn cancel_invocation(
             serde_json::json!({"status": row.status, "finished": true}),
         )),
         CancelOutcome::NotHere if row.status != InvocationStatus::Running => Err(invalid_state(&row)),
-        CancelOutcome::NotHere => Ok((StatusCode::ACCEPTED, Json(full_view(&app, row).await?))),
+        CancelOutcome::NotHere => Ok((StatusCode::ACCEPTED, full_view(app, row).await?)),
     }
 }
 

@@ -234,6 +234,7 @@ pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router 
         ));
     let streams = streams.layer(axum::middleware::from_fn_with_state(app.clone(), limits::stream_slot));
     api.merge(streams)
+        .merge(crate::mcp_server::router(app.clone(), body_limit))
         .merge(cluster::internal_router())
         .merge(devices::runner_router())
         .merge(web::router())

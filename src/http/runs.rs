@@ -173,35 +173,35 @@ pub async fn create_turn(
     Json(body): Json<CreateTurn>,
 ) -> Result<(StatusCode, Json<TurnView>)> {
     let run = owned_run(&app, &user, &run_id).await?;
-    let size = body.task.len() + body.context.as_ref().map_or(0, String::len);
+    let turn = start_turn(&app, &run, &body.task, body.context.as_deref()).await?;
+    Ok((StatusCode::CREATED, Json(turn)))
+}
+
+/// Starts a turn of `run` (the caller's, already checked): computes the exposure for `task`
+/// (and `context`, appended to the ranking query) and stores it. 413 `task_too_large` when
+/// task and context together exceed `--max-task-bytes`. The HTTP route and the MCP server
+/// ([`crate::mcp_server`]) share it.
+pub async fn start_turn(app: &App, run: &RunRow, task: &str, context: Option<&str>) -> Result<TurnView> {
+    let size = task.len() + context.map_or(0, str::len);
     if size > app.config.max_task_bytes {
         return Err(Error::TooLarge {
             code: ErrorCode::TaskTooLarge,
             message: format!("task and context are {size} bytes; the limit is {}", app.config.max_task_bytes),
         });
     }
-    let ctx = app.run_availability_context(&user.user_id, &run).await?;
+    let ctx = app.run_availability_context(&run.owner_id, run).await?;
     let candidates = exposure::candidates(&app.registry, &ctx);
-    let query = match &body.context {
-        Some(c) => format!("{}\n{c}", body.task),
-        None => body.task.clone(),
+    let query = match context {
+        Some(c) => format!("{task}\n{c}"),
+        None => task.to_owned(),
     };
     let ranker = app.ranker.clone();
     let exposure = tokio::task::spawn_blocking(move || exposure::expose(&candidates, &query, ranker.as_ref()))
         .await
         .map_err(|e| Error::Internal(e.to_string()))?;
     let doc = serde_json::to_value(&exposure).map_err(|e| Error::Internal(e.to_string()))?;
-    let turn = app.store.create_turn(&run, &body.task, body.context.as_deref(), &doc).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(TurnView {
-            turn_id: turn.id,
-            run_id: turn.run_id,
-            task: turn.task,
-            created_at: turn.created_at,
-            exposure: doc,
-        }),
-    ))
+    let turn = app.store.create_turn(run, task, context, &doc).await?;
+    Ok(TurnView { turn_id: turn.id, run_id: turn.run_id, task: turn.task, created_at: turn.created_at, exposure: doc })
 }
 
 /// A stored turn with its exposure.

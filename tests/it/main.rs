@@ -26,6 +26,7 @@ mod logs;
 mod mail;
 mod mcp;
 mod mcp_real;
+mod mcp_server;
 mod metrics;
 mod modules;
 mod news;

@@ -430,6 +430,36 @@ try {
       check(mcpDone.status === 'completed', `the approved MCP call ran (${mcpDone.status})`);
     }
 
+    // The runtime as an MCP server: an MCP client's call (tests/mcp/facade_client.py, the
+    // Python SDK, no elicitation) waits on /mcp while the person approves it in the page.
+    if (!process.env.MIRA_MCP_PYTHON || !process.env.MIRA_MCP_SERVERS) {
+      log('SKIPPED the MCP-client part: MIRA_MCP_PYTHON / MIRA_MCP_SERVERS are not set (scripts/setup-mcp.sh prints them)');
+    } else {
+      const { spawn } = await import('node:child_process');
+      const client = spawn(process.env.MIRA_MCP_PYTHON,
+        [join(process.env.MIRA_MCP_SERVERS, 'facade_client.py'), `${base}/mcp`, 'edit-wait', 'from-mcp.txt', 'approved in the page\n'],
+        { env: { ...process.env, MIRA_TOKEN: token }, stdio: ['ignore', 'pipe', 'inherit'] });
+      const steps = [];
+      let pendingOut = '';
+      client.stdout.on('data', (d) => {
+        pendingOut += d;
+        for (let i; (i = pendingOut.indexOf('\n')) >= 0; pendingOut = pendingOut.slice(i + 1)) steps.push(JSON.parse(pendingOut.slice(0, i)));
+      });
+      const exited = new Promise((resolve) => client.on('exit', resolve));
+      const asked = await until('the MCP client\'s call awaits approval', async () => {
+        const list = await must('GET', '/v1/approvals?status=pending');
+        return list.approvals.find((a) => a.invocation.tool_id === 'write_file' && a.invocation.tool_call_id.startsWith('mcp-')) ?? null;
+      }, 30000);
+      await goto('#/approvals');
+      const mcpClientCard = page.locator(`[data-approval-id="${asked.id}"]`);
+      await mcpClientCard.waitFor();
+      check((await mcpClientCard.innerText()).includes(asked.invocation.tool_call_id), 'the card shows the MCP client\'s call id');
+      await mcpClientCard.locator('button.approve').click();
+      const called = await until('the MCP client receives its result', async () => steps.find((x) => x.step === 'called') ?? null, 30000);
+      check(!called.result.is_error && called.result.meta.approval_id === asked.id, 'the MCP client got the result of the call approved in the page');
+      check((await exited) === 0, 'the MCP client finished');
+    }
+
     // A server that changes a tool's definition (tests/mcp/changing_server.py, the Python SDK):
     // the page shows the old definition beside the new one, and accepting turns agent access on.
     const python = process.env.MIRA_MCP_PYTHON;
