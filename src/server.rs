@@ -423,7 +423,8 @@ impl Server {
             app.store.clone(),
             app.shutdown.clone(),
         );
-        let router = crate::http::router(app.clone(), settings.body_limit, settings.request_timeout);
+        let mcp = crate::mcp_server::router(app.clone(), settings.body_limit);
+        let router = crate::http::router(app.clone(), mcp, settings.body_limit, settings.request_timeout);
         let limits = &settings.runtime.http;
         let idle = Duration::from_secs(limits.idle_timeout_secs.max(1));
         let listener = crate::limits::LimitedListener::new(listener, limits.max_connections, idle);
