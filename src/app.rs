@@ -70,6 +70,9 @@ pub struct App {
     /// The key run bundles are signed with (docs/verify.md): Ed25519, derived from the
     /// secret key with the label [`crate::verify::BUNDLE_KEY_LABEL`].
     pub bundle_key: Arc<mira_core::remote::SigningKey>,
+    /// Run bundles being built at once ([`crate::http::bundle::MAX_CONCURRENT_BUNDLES`]):
+    /// each holds up to 64 MiB of records in memory.
+    pub bundle_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl App {

@@ -92,7 +92,7 @@ pub struct ServeConfig {
     pub browser: crate::tools::browser::BrowserSettings,
     #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
-    pub mcp_server: crate::mcp_server::McpServerSettings,
+    pub mcp_server: McpServerSettings,
     #[allow(missing_docs)] // A flattened section: its help is its own fields'.
     #[command(flatten)]
     pub sandbox: crate::sandbox::SandboxConfig,
@@ -215,7 +215,7 @@ pub struct RuntimeConfig {
     /// The managed browser.
     pub browser: crate::tools::browser::BrowserSettings,
     /// The runtime's own MCP server (`/mcp`).
-    pub mcp_server: crate::mcp_server::McpServerSettings,
+    pub mcp_server: McpServerSettings,
     /// Whether non-admin users may name internal addresses as URLs the server fetches.
     pub allow_internal_urls: bool,
     /// Whether the Read tools read files with more than one hard link
@@ -248,7 +248,7 @@ impl Default for RuntimeConfig {
             search: crate::tools::search::config::SearchConfig::default(),
             terminal: crate::tools::terminal::host::TerminalConfig::default(),
             browser: crate::tools::browser::BrowserSettings::default(),
-            mcp_server: crate::mcp_server::McpServerSettings::default(),
+            mcp_server: McpServerSettings::default(),
             allow_internal_urls: false,
             allow_hard_link_reads: false,
             four_eyes_domains: Vec::new(),
@@ -263,5 +263,39 @@ impl Default for RuntimeConfig {
             retention: None,
             devices: crate::devices::DeviceSettings::default(),
         }
+    }
+}
+
+/// Settings of the runtime's own MCP server, `/mcp` ([`crate::mcp_server`]; `mira serve` flags).
+#[derive(clap::Args, Debug, Clone)]
+pub struct McpServerSettings {
+    /// Host names (or `host:port`) `/mcp` answers to, comma-separated; `*` = any. An
+    /// authenticated request with another `Host` is refused 403 (DNS-rebinding protection, as
+    /// the MCP specification asks). A deployment reached by its own name lists it.
+    #[arg(
+        id = "mcp_allowed_hosts",
+        value_name = "HOSTS",
+        long = "mcp-allowed-hosts",
+        env = "MIRA_MCP_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        default_value = "localhost,127.0.0.1,::1"
+    )]
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`https://app.example.com:443`, comma-separated) whose requests `/mcp`
+    /// serves; empty (the default) = a request carrying an `Origin` header is refused 403.
+    /// MCP clients that are not web pages send none.
+    #[arg(
+        id = "mcp_allowed_origins",
+        value_name = "ORIGINS",
+        long = "mcp-allowed-origins",
+        env = "MIRA_MCP_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
+}
+
+impl Default for McpServerSettings {
+    fn default() -> Self {
+        Self { allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()], allowed_origins: Vec::new() }
     }
 }

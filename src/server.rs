@@ -267,6 +267,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         turns: Arc::default(),
         devices,
         bundle_key,
+        bundle_slots: Arc::new(tokio::sync::Semaphore::new(crate::http::bundle::MAX_CONCURRENT_BUNDLES)),
     })
 }
 
@@ -422,7 +423,8 @@ impl Server {
             app.store.clone(),
             app.shutdown.clone(),
         );
-        let router = crate::http::router(app.clone(), settings.body_limit, settings.request_timeout);
+        let mcp = crate::mcp_server::router(app.clone(), settings.body_limit);
+        let router = crate::http::router(app.clone(), mcp, settings.body_limit, settings.request_timeout);
         let limits = &settings.runtime.http;
         let idle = Duration::from_secs(limits.idle_timeout_secs.max(1));
         let listener = crate::limits::LimitedListener::new(listener, limits.max_connections, idle);

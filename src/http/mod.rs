@@ -205,8 +205,10 @@ fn document_common_answers(doc: &mut serde_json::Value) {
 }
 
 /// The whole HTTP application. Streaming routes are outside the request timeout; the
-/// control-plane page ([`web`]) is served at `/` beside the API.
-pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router {
+/// control-plane page ([`web`]) is served at `/` beside the API; `extra` (the MCP server's
+/// `/mcp`, [`crate::mcp_server::router`], which builds on this module) is merged beside them,
+/// outside the request timeout and inside the shared layers.
+pub fn router(app: App, extra: Router<App>, body_limit: usize, request_timeout: Duration) -> Router {
     // Serialised once and shared: axum clones the route tree for every connection, so a
     // handler that owned the document deep-copied it per connection (1.4 MB each).
     let doc = axum::body::Bytes::from(serde_json::to_vec(&openapi()).unwrap_or_default());
@@ -234,7 +236,7 @@ pub fn router(app: App, body_limit: usize, request_timeout: Duration) -> Router 
         ));
     let streams = streams.layer(axum::middleware::from_fn_with_state(app.clone(), limits::stream_slot));
     api.merge(streams)
-        .merge(crate::mcp_server::router(app.clone(), body_limit))
+        .merge(extra)
         .merge(cluster::internal_router())
         .merge(devices::runner_router())
         .merge(web::router())

@@ -9,15 +9,17 @@
 //!
 //! - Authentication: every HTTP request to `/mcp` carries `Authorization: Bearer <token>`;
 //!   one without a valid token is answered 401 `unauthorized` in the API's error shape before
-//!   rmcp sees it. A session is its initializing user's: a request of another user on it is
-//!   refused (`-32600`, "this session belongs to another user").
+//!   rmcp sees it. A session is its initializing user's: any request of another user naming
+//!   it is answered 404 before rmcp sees it ([`gate`]).
 //! - Protocol versions: up to `2025-11-25`, the last revision with sessions and
 //!   server-to-client requests (elicitation); a client offering `2026-07-28` is answered with
 //!   `2025-11-25` at `initialize`.
-//! - Host: only the names of `--mcp-allowed-hosts` (default loopback) are answered, against
-//!   DNS rebinding.
-//! - Limits: [`MAX_SESSIONS_PER_USER`] open sessions per user; a session idle for five minutes
-//!   is closed (rmcp's keep-alive); request bodies as the API's `--body-limit`.
+//! - Host and Origin: only the names of `--mcp-allowed-hosts` (default loopback) are
+//!   answered, and a request carrying `Origin` only when it is in `--mcp-allowed-origins`
+//!   (default none), against DNS rebinding and pages in a browser.
+//! - Limits: [`MAX_SESSIONS_PER_USER`] open sessions per user; each request (and the stream
+//!   answering it) takes one of the user's `--max-streams-per-user` places; a session idle for
+//!   five minutes is closed (rmcp's keep-alive); request bodies as the API's `--body-limit`.
 
 pub mod bridge;
 pub mod session;
@@ -42,29 +44,6 @@ pub const MAX_SESSIONS_PER_USER: usize = 16;
 
 /// The path the MCP server is served at.
 pub const PATH: &str = "/mcp";
-
-/// Settings of the MCP server (`mira serve` flags).
-#[derive(clap::Args, Debug, Clone)]
-pub struct McpServerSettings {
-    /// Host names (or `host:port`) `/mcp` answers to, comma-separated; `*` = any. A request
-    /// with another `Host` is refused 403 before anything else (DNS-rebinding protection,
-    /// as the MCP specification asks). A deployment reached by its own name lists it.
-    #[arg(
-        id = "mcp_allowed_hosts",
-        value_name = "HOSTS",
-        long = "mcp-allowed-hosts",
-        env = "MIRA_MCP_ALLOWED_HOSTS",
-        value_delimiter = ',',
-        default_value = "localhost,127.0.0.1,::1"
-    )]
-    pub allowed_hosts: Vec<String>,
-}
-
-impl Default for McpServerSettings {
-    fn default() -> Self {
-        Self { allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()] }
-    }
-}
 
 /// Open sessions per user, for [`MAX_SESSIONS_PER_USER`].
 #[derive(Default)]
@@ -103,17 +82,53 @@ impl Drop for SessionSlot {
     }
 }
 
+/// Which user each MCP session belongs to, by `Mcp-Session-Id`: recorded from the answer to
+/// `initialize`, checked by [`gate`] on every later request of the session.
+#[derive(Default)]
+pub struct SessionOwners {
+    by_session: Mutex<HashMap<String, String>>,
+}
+
+impl SessionOwners {
+    fn owner(&self, session: &str) -> Option<String> {
+        self.by_session.lock().get(session).cloned()
+    }
+
+    /// Records `session` as `user_id`'s and forgets sessions rmcp no longer holds (closed,
+    /// or idle past the keep-alive).
+    async fn record(&self, session: &str, user_id: &str, live: &LocalSessionManager) {
+        let held = live.sessions.read().await;
+        let mut by_session = self.by_session.lock();
+        by_session.retain(|s, _| held.contains_key(s.as_str()));
+        by_session.insert(session.to_owned(), user_id.to_owned());
+    }
+
+    fn forget(&self, session: &str) {
+        self.by_session.lock().remove(session);
+    }
+}
+
+/// What [`gate`] needs.
+#[derive(Clone)]
+struct Gate {
+    app: App,
+    owners: Arc<SessionOwners>,
+    sessions: Arc<LocalSessionManager>,
+}
+
 /// The `/mcp` routes: rmcp's Streamable HTTP service, one [`session::Session`] per MCP
-/// session, behind [`authenticate`]. Served outside the API's request timeout (a call may
-/// wait for its approval), with `body_limit` bytes per request.
+/// session, behind [`gate`]. Served outside the API's request timeout (a call may wait for
+/// its approval), with `body_limit` bytes per request.
 pub fn router(app: App, body_limit: usize) -> Router<App> {
     let counts = Arc::new(SessionCounts::default());
+    let sessions = Arc::new(LocalSessionManager::default());
     let factory_app = app.clone();
     let mut config = StreamableHttpServerConfig::default();
     config.max_request_body_bytes = body_limit;
     config.cancellation_token = app.shutdown.child_token();
+    let settings = &app.config.mcp_server;
     let hosts: Vec<String> =
-        app.config.mcp_server.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()).collect();
+        settings.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()).collect();
     // `*` (or nothing listed): any Host. Every request still needs its bearer token, which a
     // page a browser was tricked into cannot add.
     let config = if hosts.is_empty() || hosts.iter().any(|h| h == "*") {
@@ -121,24 +136,65 @@ pub fn router(app: App, body_limit: usize) -> Router<App> {
     } else {
         config.with_allowed_hosts(hosts)
     };
+    // A request carrying `Origin` (a browser's) is refused unless the origin is listed.
+    let origins: Vec<String> =
+        settings.allowed_origins.iter().map(|o| o.trim().to_owned()).filter(|o| !o.is_empty()).collect();
+    let config =
+        if origins.is_empty() { config.enforce_origin_validation() } else { config.with_allowed_origins(origins) };
     let service = StreamableHttpService::new(
         move || Ok(session::Session::new(factory_app.clone(), Arc::clone(&counts))),
-        Arc::new(LocalSessionManager::default()),
+        Arc::clone(&sessions),
         config,
     );
-    Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn_with_state(app, authenticate))
+    let gate_state = Gate { app, owners: Arc::default(), sessions };
+    Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn_with_state(gate_state, gate))
 }
 
-/// Authenticates a request to `/mcp` by its bearer token and hands the caller to the session
-/// in the request's extensions (rmcp passes the request's `http::request::Parts` on to
-/// the handler). 401 `unauthorized` otherwise, in the API's error shape.
-pub async fn authenticate(State(app): State<App>, request: Request, next: Next) -> Response {
+/// Every request to `/mcp` passes here before rmcp sees it:
+/// - it is authenticated by its bearer token (401 `unauthorized` otherwise, in the API's
+///   error shape) and the caller is handed to the session in the request's extensions (rmcp
+///   passes the request's `http::request::Parts` on to the handler);
+/// - a request naming a session (`Mcp-Session-Id`) of another user — any message: a call,
+///   an answer to an elicitation, a notification, the stream, its closing — or one no longer
+///   held is answered 404 `not_found` (`session`), as for a session that does not exist;
+/// - it takes one of the caller's stream places (`--max-streams-per-user`, 429
+///   `too_many_streams`), held until its answer (a stream, for a call or `GET`) ends.
+async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
-    match AuthUser::from_request_parts(&mut parts, &app).await {
-        Ok(user) => {
-            parts.extensions.insert(user);
-            next.run(Request::from_parts(parts, body)).await
-        }
-        Err(e) => e.into_response(),
+    let user = match AuthUser::from_request_parts(&mut parts, &gate.app).await {
+        Ok(user) => user,
+        Err(e) => return e.into_response(),
+    };
+    let session = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    if let Some(s) = &session
+        && gate.owners.owner(s).as_deref() != Some(user.user_id.as_str())
+    {
+        return crate::error::Error::NotFound("session").into_response();
     }
+    let permit = match gate.app.streams.acquire(&user.user_id) {
+        Ok(permit) => permit,
+        Err(e) => return e.into_response(),
+    };
+    let closing = parts.method == axum::http::Method::DELETE;
+    let user_id = user.user_id.clone();
+    parts.extensions.insert(user);
+    let response = next.run(Request::from_parts(parts, body)).await;
+    match &session {
+        None => {
+            if let Some(new) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
+                gate.owners.record(new, &user_id, &gate.sessions).await;
+            }
+        }
+        Some(s) if closing && response.status().is_success() => gate.owners.forget(s),
+        Some(_) => {}
+    }
+    if !response.status().is_success() {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let body = futures::StreamExt::map(body.into_data_stream(), move |chunk| {
+        let _place = &permit;
+        chunk
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(body))
 }

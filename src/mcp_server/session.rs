@@ -68,8 +68,16 @@ pub const WATCH_PERIOD: Duration = Duration::from_secs(2);
 /// the common MCP client SDKs.
 pub const CALL_WAIT: Duration = Duration::from_secs(50);
 
-/// Longest the input shown in an elicitation, in bytes (longer is cut, and says so).
-const ELICIT_INPUT_BYTES: usize = 4096;
+/// Most bytes of one string of the input an elicitation shows (a longer one is cut, saying
+/// how long it is); the shorter fields are shown first, so a long one never hides them.
+const ELICIT_FIELD_BYTES: usize = 512;
+
+/// Most calls of one session waiting at once; one more is an error result.
+pub const MAX_CALLS_IN_FLIGHT: usize = 8;
+
+/// Most calls of one session remembered for rejoining ([`CALL_WAIT`]); past it the oldest is
+/// forgotten (calling it again then freezes a new invocation).
+pub const MAX_REMEMBERED_CALLS: usize = 64;
 
 /// Query parameters of the `/mcp` URL read at `initialize`.
 #[derive(Deserialize, Default)]
@@ -87,9 +95,11 @@ struct Bound {
     run_id: String,
     task: String,
     turn: Option<Turn>,
-    /// Calls that were not final when last answered, by (function name, canonical
-    /// arguments): a repeated call waits on the same invocation.
-    pending: HashMap<(String, String), String>,
+    /// Calls that were not final when last answered, by the SHA-256 of (function name,
+    /// arguments): a repeated call waits on the same invocation. At most
+    /// [`MAX_REMEMBERED_CALLS`], the oldest forgotten first.
+    pending: HashMap<[u8; 32], String>,
+    pending_order: std::collections::VecDeque<[u8; 32]>,
     _slot: SessionSlot,
 }
 
@@ -109,6 +119,10 @@ pub struct Session {
     /// Distinguishes this session's call ids from other sessions' in the same run.
     tag: String,
     calls: AtomicU64,
+    /// Calls waiting now ([`MAX_CALLS_IN_FLIGHT`]).
+    in_flight: Arc<tokio::sync::Semaphore>,
+    /// Set once the list watcher runs (a repeated `notifications/initialized` starts none).
+    watching: std::sync::atomic::AtomicBool,
     bound: Arc<Mutex<Option<Bound>>>,
     /// Wakes the list watcher's end when the session is dropped.
     stop: CancellationToken,
@@ -127,6 +141,8 @@ impl Session {
             counts,
             tag,
             calls: AtomicU64::new(0),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
+            watching: std::sync::atomic::AtomicBool::new(false),
             bound: Arc::new(Mutex::new(None)),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
@@ -218,7 +234,7 @@ impl Session {
         args: JsonObject,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, Error> {
-        let key = (name.to_owned(), serde_json::to_string(&args).map_err(|e| Error::Internal(e.to_string()))?);
+        let key = call_key(name, &args)?;
         let rejoined = self.bound.lock().await.as_ref().and_then(|b| b.pending.get(&key).cloned());
         let mut view = match rejoined {
             Some(id) => {
@@ -262,7 +278,11 @@ impl Session {
                 () = ctx.ct.cancelled() => {
                     let outcome = invocations::cancel(&self.app, user, &view.invocation_id).await;
                     tracing::info!(invocation = %view.invocation_id, ok = outcome.is_ok(), "MCP client cancelled its call");
-                    return Err(Error::bad_request(ErrorCode::InvalidState, "the client cancelled the call"));
+                    return Err(Error::conflict(
+                        ErrorCode::InvalidState,
+                        "the client cancelled the call",
+                        json!({"invocation_id": view.invocation_id}),
+                    ));
                 }
             };
             view = invocations::full_view(&self.app, row).await?;
@@ -272,8 +292,13 @@ impl Session {
             if let Some(b) = guard.as_mut() {
                 if view.status.is_final() {
                     b.pending.remove(&key);
-                } else {
-                    b.pending.insert(key, view.invocation_id.clone());
+                } else if b.pending.insert(key, view.invocation_id.clone()).is_none() {
+                    b.pending_order.push_back(key);
+                    while b.pending_order.len() > MAX_REMEMBERED_CALLS {
+                        if let Some(old) = b.pending_order.pop_front() {
+                            b.pending.remove(&old);
+                        }
+                    }
                 }
             }
         }
@@ -301,14 +326,9 @@ impl Session {
         if approval.rule() == ApprovalRule::FourEyes {
             return Ok(());
         }
-        let mut input = serde_json::to_string_pretty(&view.input).unwrap_or_default();
-        if input.len() > ELICIT_INPUT_BYTES {
-            let cut = (0..=ELICIT_INPUT_BYTES).rev().find(|&i| input.is_char_boundary(i)).unwrap_or(0);
-            input.truncate(cut);
-            input.push_str("\n… (cut; the whole input is in the approval)");
-        }
+        let input = elicit_input(&view.input);
         let message = format!(
-            "Approve this exact call?\n\ntool: {}\ncall id: {}\ninput hash: {}\napproval: {}\n\ninput:\n{input}",
+            "Approve this exact call?\n\ntool: {}\ncall id: {}\ninput hash: {}\napproval: {}\n\ninput (the whole of it is in the approval):\n{input}",
             view.tool_id, view.tool_call_id, view.input_hash, approval_id
         );
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -350,6 +370,49 @@ impl Session {
             Ok(None) | Err(_) => {}
         }
         Ok(())
+    }
+}
+
+/// The rejoin key of a call: SHA-256 of the function name and the arguments' JSON (object keys
+/// sorted, as serde_json's map keeps them).
+fn call_key(name: &str, args: &JsonObject) -> Result<[u8; 32], Error> {
+    use sha2::{Digest, Sha256};
+    let json = serde_json::to_vec(args).map_err(|e| Error::Internal(e.to_string()))?;
+    let mut hash = Sha256::new();
+    hash.update((name.len() as u64).to_le_bytes());
+    hash.update(name.as_bytes());
+    hash.update(&json);
+    Ok(hash.finalize().into())
+}
+
+/// The input as an elicitation shows it: one `field: value` line per member, shortest value
+/// first (so a long text never pushes the path or the flags out of view), each string cut at
+/// [`ELICIT_FIELD_BYTES`] with its length said.
+fn elicit_input(input: &Value) -> String {
+    let cut = |v: &Value| -> String {
+        match v {
+            Value::String(s) if s.len() > ELICIT_FIELD_BYTES => {
+                let end = (0..=ELICIT_FIELD_BYTES).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+                format!("{:?}… ({} bytes in all)", &s[..end], s.len())
+            }
+            other => {
+                let text = other.to_string();
+                if text.len() > ELICIT_FIELD_BYTES {
+                    let end = (0..=ELICIT_FIELD_BYTES).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+                    format!("{}… ({} bytes in all)", &text[..end], text.len())
+                } else {
+                    text
+                }
+            }
+        }
+    };
+    match input {
+        Value::Object(map) => {
+            let mut fields: Vec<(&String, String)> = map.iter().map(|(k, v)| (k, cut(v))).collect();
+            fields.sort_by_key(|(k, v)| (v.len(), (*k).clone()));
+            fields.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join("\n")
+        }
+        other => cut(other),
     }
 }
 
@@ -455,7 +518,7 @@ fn result_of(view: &InvocationView) -> CallToolResult {
     } else {
         let text = match view.status {
             InvocationStatus::AwaitingApproval => format!(
-                "Approval {} is pending for invocation {} ({} call {}, input hash {}). Approve it in the Mira page or with POST /v1/approvals/{}/grant, then call this tool again with the same arguments to receive its result.",
+                "Approval {} is pending for invocation {} ({} call {}, input hash {}). It is decided in the Mira page (or with POST /v1/approvals/{}/grant by whoever may decide it); then call this tool again with the same arguments to receive its result.",
                 view.approval_id.as_deref().unwrap_or("?"),
                 view.invocation_id,
                 view.tool_id,
@@ -542,8 +605,9 @@ impl ServerHandler for Session {
                 let workspace = self.app.store.default_workspace().await.map_err(internal)?;
                 match workspace {
                     Some(ws) => {
-                        let title = format!("MCP: {}", request.client_info.name.chars().take(200).collect::<String>())
-                            .replace('\0', "");
+                        let name: String =
+                            request.client_info.name.chars().filter(|c| !c.is_control()).take(120).collect();
+                        let title = format!("MCP: {name}");
                         Some(
                             self.app
                                 .store
@@ -563,6 +627,7 @@ impl ServerHandler for Session {
             task,
             turn: None,
             pending: HashMap::new(),
+            pending_order: std::collections::VecDeque::new(),
             _slot: slot,
         });
         drop(guard);
@@ -575,6 +640,9 @@ impl ServerHandler for Session {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if self.watching.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let Some(run) = self.bound.lock().await.as_ref().map(|b| (b.user_id.clone(), b.run_id.clone())) else { return };
         tokio::spawn(watch(self.app.clone(), Arc::clone(&self.bound), run, context.peer, self.stop.clone()));
     }
@@ -606,7 +674,15 @@ impl ServerHandler for Session {
         let result = if request.name == FIND_TOOLS {
             self.find_tools(&args, &context.peer).await
         } else {
-            self.call(&user, &run_id, &request.name, args, &context).await
+            match Arc::clone(&self.in_flight).try_acquire_owned() {
+                Ok(_place) => self.call(&user, &run_id, &request.name, args, &context).await,
+                Err(_) => Err(Error::TooManyRequests {
+                    code: ErrorCode::TooManyStreams,
+                    message: format!(
+                        "this session has {MAX_CALLS_IN_FLIGHT} calls waiting, the most it may; wait for one to finish"
+                    ),
+                }),
+            }
         };
         Ok(result.unwrap_or_else(|e| error_result(&e)).into())
     }
@@ -624,10 +700,13 @@ async fn watch(
 ) {
     let mut bus = app.store.bus().subscribe();
     let mut notified: Option<String> = None;
+    // One ticker for the whole watch: other runs' events never put the periodic check off.
+    let mut tick = tokio::time::interval(WATCH_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(WATCH_PERIOD) => {}
+            _ = tick.tick() => {}
             heard = bus.recv() => match heard {
                 crate::events::Heard::Run(s) if s.run_id != run_id => continue,
                 crate::events::Heard::Closed => return,

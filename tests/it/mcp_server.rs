@@ -116,14 +116,18 @@ async fn list_read_and_evidence(backend: Backend) {
 async fn edit_approved_through_elicitation(backend: Backend) {
     let t = spawn(backend).await;
     let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
-    let mut c = PyClient::start(&token, &mcp_url(&t), "edit-elicit", &["notes.txt", "new text\n"]);
+    // A long content: the elicitation still shows the path (shorter fields come first, long
+    // strings are cut one by one).
+    let content = format!("{}\n", "lorem ipsum ".repeat(500));
+    let mut c = PyClient::start(&token, &mcp_url(&t), "edit-elicit", &["notes.txt", &content]);
     c.step("initialized").await;
     c.step("listed").await;
     let called = c.step("called").await;
     c.finish().await;
     let result = &called["result"];
     assert_eq!(result["is_error"], false, "{called}");
-    assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), "new text\n");
+    assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), content);
+    assert!(called["elicitations"][0].as_str().unwrap().contains("path: \"notes.txt\""), "{called}");
     // The person was shown the exact call: tool, call id and input hash.
     let asked = called["elicitations"][0].as_str().unwrap();
     let meta = &result["meta"];
@@ -367,14 +371,47 @@ async fn sessions_belong_to_their_user(backend: Backend) {
     let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
     let (_, _, mine) = rpc(&t, Some(&ada), Some(&session), list.clone()).await;
     assert!(mine["result"]["tools"].as_array().is_some_and(|a| !a.is_empty()), "{mine}");
-    // Bob holding Ada's session id gets nothing of hers.
-    let (_, _, theirs) = rpc(&t, Some(&bob), Some(&session), list).await;
-    assert!(theirs["error"]["message"].as_str().unwrap_or("").contains("another user"), "{theirs}");
-    assert!(theirs.get("result").is_none(), "{theirs}");
+    // Bob holding Ada's session id reaches nothing of hers: not her list, not a call, not an
+    // answer to an elicitation she was sent, not a notification, not her stream, not its
+    // closing — each is the 404 of a session that does not exist, before rmcp sees it.
     let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
         "params": {"name": "read_open", "arguments": {"path": "x"}}});
-    let (_, _, theirs) = rpc(&t, Some(&bob), Some(&session), call).await;
-    assert!(theirs["error"]["message"].as_str().unwrap_or("").contains("another user"), "{theirs}");
+    let answer = json!({"jsonrpc": "2.0", "id": 0, "result": {"action": "accept", "content": {"approve": true}}});
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}});
+    for message in [list.clone(), call, answer, cancel] {
+        let (status, _, theirs) = rpc(&t, Some(&bob), Some(&session), message.clone()).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{message}: {theirs}");
+        assert_eq!(theirs["error"]["code"], "not_found", "{theirs}");
+        assert!(theirs.get("result").is_none(), "{theirs}");
+    }
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let resp = t
+            .client
+            .request(method.clone(), mcp_url(&t))
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &session)
+            .bearer_auth(&bob)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{method}");
+    }
+    // Her session still serves her.
+    let (_, _, mine) = rpc(&t, Some(&ada), Some(&session), list).await;
+    assert!(mine["result"]["tools"].as_array().is_some_and(|a| !a.is_empty()), "{mine}");
+
+    // A page in a browser (a request carrying Origin) is refused, with a token too.
+    let resp = t
+        .client
+        .post(mcp_url(&t))
+        .header("origin", "http://evil.example")
+        .header("accept", "application/json, text/event-stream")
+        .bearer_auth(&ada)
+        .json(&initialize())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
 
     // A request whose Host is not one of --mcp-allowed-hosts (DNS rebinding) is refused, token
     // or not; a loopback name is served.

@@ -508,3 +508,22 @@ async fn runs_older_than_the_chain_verify_from_where_it_starts(backend: Backend)
     );
     pool.close().await;
 }
+
+crate::both_backends!(bundles_built_at_once_are_bounded);
+
+/// A server builds at most two bundles at once (each holds up to 64 MiB of records): with both
+/// places taken, a request waits 10 s and is refused 429 `too_many_bundles`; once a place is
+/// free, it is served.
+async fn bundles_built_at_once_are_bounded(backend: Backend) {
+    let f = fx(backend).await;
+    let slots = std::sync::Arc::clone(&f.t.app().bundle_slots);
+    let held = slots.acquire_many_owned(mira::http::bundle::MAX_CONCURRENT_BUNDLES as u32).await.unwrap();
+    let started = std::time::Instant::now();
+    let r = f.t.get(&format!("/v1/runs/{}/bundle", f.run), &f.token).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    assert_eq!(r.code(), "too_many_bundles");
+    assert!(started.elapsed() >= mira::http::bundle::BUNDLE_WAIT, "{:?}", started.elapsed());
+    drop(held);
+    let r = f.t.get(&format!("/v1/runs/{}/bundle", f.run), &f.token).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.code());
+}

@@ -389,6 +389,9 @@ catalogue! {
     /// Too many wrong enrollment codes from this address, or from everyone (`Retry-After`
     /// says when to try again; a right code is refused too meanwhile).
     EnrollmentRateLimited = (429, "enrollment_rate_limited"),
+    /// The server is building as many run bundles as it builds at once (2) and none finished
+    /// within 10 s: try again later.
+    TooManyBundles = (429, "too_many_bundles"),
     /// The caller already has `--max-streams-per-user` event streams open.
     TooManyStreams = (429, "too_many_streams"),
     /// A bug or a store error other than unavailability (logged, never detailed).
