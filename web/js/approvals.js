@@ -293,15 +293,14 @@ function fourEyesBlock(a) {
 /** The point(s) of a computer-use call in words (the canvas's text alternative). */
 function gestureWords(tool) {
   const p = tool.points?.[0] ?? tool.point ?? {};
-  const el = tool.element_at_point;
-  const on = el?.role ? ` on ${el.role} “${el.name ?? ''}”` : '';
+  const onEl = (el) => (el?.role ? ` on ${el.role}${el.name ? ` “${el.name}”` : ''}` : '');
+  const on = onEl(tool.element_at_point);
   switch (tool.gesture) {
     case 'scroll': return `Scroll by (${tool.delta?.x ?? 0}, ${tool.delta?.y ?? 0}) px at (${p.x}, ${p.y})${on}`;
     case 'type': return `Click at (${p.x}, ${p.y})${on}, then type ${JSON.stringify(tool.text ?? '')}`;
     case 'drag': {
       const to = tool.points?.[1] ?? tool.to ?? {};
-      const target = tool.element_at_target?.role ? ` on ${tool.element_at_target.role} “${tool.element_at_target.name ?? ''}”` : '';
-      return `Drag from (${p.x}, ${p.y})${on} to (${to.x}, ${to.y})${target}`;
+      return `Drag from (${p.x}, ${p.y})${on} to (${to.x}, ${to.y})${onEl(tool.element_at_target)}`;
     }
     default: return `Click at (${p.x}, ${p.y})${on}`;
   }
