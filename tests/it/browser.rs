@@ -11,7 +11,12 @@
 //! a page carrying injected instructions is recorded as untrusted third-party evidence; a
 //! screenshot is evidence with its PNG's SHA-256; a non-admin's context never reaches an
 //! internal address; `/readyz` and the ladder say `browser_missing` when the binary path
-//! points nowhere.
+//! points nowhere. Computer use on a canvas page that writes what it saw into its text: a
+//! click, typed keys, a drag and a wheel turn land at the screenshot's coordinates; each
+//! approval names the bound screenshot and marks the points, and
+//! `GET /v1/approvals/{id}/screenshot` serves exactly that PNG; a screenshot serves one action
+//! (a second call on it is refused at freeze time, or at execution when it was waiting), and a
+//! page scrolled since is `stale_snapshot` with reason `scrolled`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
