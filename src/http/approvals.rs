@@ -183,6 +183,34 @@ pub async fn get_approval(
     Ok(Json(view(row, &viewer)?))
 }
 
+/// The screenshot a computer-use call is bound to, as its approval card shows it: the PNG
+/// whose SHA-256 the frozen input names (`screenshot_sha256` of `browser_click_at`,
+/// `browser_scroll_at`, `browser_type_at`, `browser_drag` and their `attached_browser_*`
+/// forms). Visible to whoever sees the approval. Errors: 404 (no such approval, a call not
+/// bound to a screenshot, or the PNG not stored on this server).
+#[utoipa::path(get, path = "/v1/approvals/{approval_id}/screenshot", tag = "approvals", params(("approval_id" = String, Path)),
+    responses((status = 200, content_type = "image/png", description = "the screenshot's PNG; `x-content-sha256` is its SHA-256"),
+        (status = 404)),
+    security(("bearer" = [])))]
+pub async fn approval_screenshot(
+    State(app): State<App>,
+    user: AuthUser,
+    Path(id): Path<String>,
+) -> Result<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let viewer = user.viewer();
+    let row = app.store.approval_visible(&viewer, &id).await?.ok_or(Error::NotFound("approval"))?;
+    let input = json_col(&row.input)?;
+    let sha = input.get("screenshot_sha256").and_then(Value::as_str).ok_or(Error::NotFound("screenshot"))?;
+    let png = app.browser.stored_screenshot(sha).ok_or(Error::NotFound("screenshot"))?;
+    let headers = [
+        (axum::http::header::CONTENT_TYPE, "image/png".to_owned()),
+        (axum::http::header::CACHE_CONTROL, "private, max-age=3600".to_owned()),
+        (axum::http::HeaderName::from_static("x-content-sha256"), sha.to_owned()),
+    ];
+    Ok((headers, png).into_response())
+}
+
 /// Body of a grant: the triple the approver saw. Any other field is refused: the approver
 /// cannot edit the call.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -253,6 +281,7 @@ pub fn router() -> OpenApiRouter<App> {
     OpenApiRouter::new()
         .routes(routes!(list_approvals))
         .routes(routes!(get_approval))
+        .routes(routes!(approval_screenshot))
         .routes(routes!(grant))
         .routes(routes!(deny))
 }

@@ -8,7 +8,7 @@
 // (another person must), while an admin or approver sees other users' four-eyes approvals
 // here and may decide them.
 
-import { get, post, seg, ApiError } from './api.js';
+import { get, post, seg, ApiError, authHeaders, errorFrom } from './api.js';
 import { follow, json } from './sse.js';
 import { h, fill, dl, jsonBlock, code, badge, announce, errorBox, streamState, fmtTime, fmtMs, title } from './ui.js';
 
@@ -285,6 +285,115 @@ function fourEyesBlock(a) {
     note);
 }
 
+// --- Computer use (issue 19): browser_click_at, _scroll_at, _type_at, _drag (and their
+// attached_browser_* forms) are bound to a screenshot. The card draws that screenshot (fetched
+// from GET /v1/approvals/{id}/screenshot, its SHA-256 checked against the frozen one when the
+// page can hash) with the point(s) of the call marked, and says the same in words. ---
+
+/** The point(s) of a computer-use call in words (the canvas's text alternative). */
+function gestureWords(tool) {
+  const p = tool.points?.[0] ?? tool.point ?? {};
+  const onEl = (el) => (el?.role ? ` on ${el.role}${el.name ? ` “${el.name}”` : ''}` : '');
+  const on = onEl(tool.element_at_point);
+  switch (tool.gesture) {
+    case 'scroll': return `Scroll by (${tool.delta?.x ?? 0}, ${tool.delta?.y ?? 0}) px at (${p.x}, ${p.y})${on}`;
+    case 'type': return `Click at (${p.x}, ${p.y})${on}, then type ${JSON.stringify(tool.text ?? '')}`;
+    case 'drag': {
+      const to = tool.points?.[1] ?? tool.to ?? {};
+      return `Drag from (${p.x}, ${p.y})${on} to (${to.x}, ${to.y})${onEl(tool.element_at_target)}`;
+    }
+    default: return `Click at (${p.x}, ${p.y})${on}`;
+  }
+}
+
+/** An arrow from (x1, y1) to (x2, y2). */
+function arrow(ctx, x1, y1, x2, y2) {
+  const angle = Math.atan2(y2 - y1, x2 - x1);
+  ctx.beginPath(); ctx.moveTo(x1, y1); ctx.lineTo(x2, y2); ctx.stroke();
+  ctx.beginPath(); ctx.moveTo(x2, y2);
+  ctx.lineTo(x2 - 12 * Math.cos(angle - 0.45), y2 - 12 * Math.sin(angle - 0.45));
+  ctx.lineTo(x2 - 12 * Math.cos(angle + 0.45), y2 - 12 * Math.sin(angle + 0.45));
+  ctx.closePath(); ctx.fill();
+}
+
+/** Marks the call's points on the drawn screenshot: a ring and cross-hair at each point, the drag's path, the scroll's direction. */
+function drawMarks(ctx, tool) {
+  const points = tool.points ?? (tool.point ? [tool.point] : []);
+  ctx.lineWidth = 3;
+  ctx.strokeStyle = '#d00';
+  ctx.fillStyle = '#d00';
+  if (tool.gesture === 'drag' && points.length === 2) arrow(ctx, points[0].x, points[0].y, points[1].x, points[1].y);
+  if (tool.gesture === 'scroll' && tool.delta) {
+    const len = Math.hypot(tool.delta.x, tool.delta.y) || 1;
+    const k = Math.min(60, len) / len;
+    arrow(ctx, points[0].x, points[0].y, points[0].x + tool.delta.x * k, points[0].y + tool.delta.y * k);
+  }
+  points.forEach((p, i) => {
+    // White under red: the mark stays visible on any background.
+    for (const [style, width] of [['#fff', 6], ['#d00', 3]]) {
+      ctx.strokeStyle = style; ctx.lineWidth = width;
+      ctx.beginPath(); ctx.arc(p.x, p.y, 14, 0, 2 * Math.PI); ctx.stroke();
+      ctx.beginPath(); ctx.moveTo(p.x - 22, p.y); ctx.lineTo(p.x - 6, p.y); ctx.moveTo(p.x + 6, p.y); ctx.lineTo(p.x + 22, p.y);
+      ctx.moveTo(p.x, p.y - 22); ctx.lineTo(p.x, p.y - 6); ctx.moveTo(p.x, p.y + 6); ctx.lineTo(p.x, p.y + 22); ctx.stroke();
+    }
+    ctx.font = 'bold 14px sans-serif';
+    const label = `${i + 1} ${p.action ?? ''}`.trim();
+    ctx.lineWidth = 4; ctx.strokeStyle = '#fff'; ctx.strokeText(label, p.x + 18, p.y - 18);
+    ctx.fillStyle = '#d00'; ctx.fillText(label, p.x + 18, p.y - 18);
+  });
+}
+
+/** SHA-256 of bytes as hex, or null where the page cannot hash (not a secure context). */
+async function sha256Hex(buf) {
+  if (!globalThis.crypto?.subtle) return null;
+  const d = new Uint8Array(await crypto.subtle.digest('SHA-256', buf));
+  return Array.from(d, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+function screenshotBlock(a, tool) {
+  const shot = tool.screenshot;
+  const words = gestureWords(tool);
+  const canvas = h('canvas', { class: 'shot', width: shot.width, height: shot.height, role: 'img', 'aria-label': `Screenshot ${shot.screenshot_id} of ${tool.url ?? 'the page'}: ${words}` });
+  const state = h('p', { class: 'hint', 'aria-live': 'polite' }, 'Loading the screenshot…');
+  const load = async () => {
+    const path = `/v1/approvals/${seg(a.id)}/screenshot`;
+    try {
+      let resp;
+      try {
+        resp = await fetch(path, { headers: authHeaders({ Accept: 'image/png' }), cache: 'no-store' });
+      } catch (err) {
+        throw new ApiError({ status: 0, code: 'network_error', message: `the server could not be reached (${err.message})`, method: 'GET', path });
+      }
+      if (!resp.ok) throw await errorFrom(resp, 'GET', path);
+      const bytes = await resp.arrayBuffer();
+      const sha = await sha256Hex(bytes);
+      if (sha !== null && sha !== shot.sha256) {
+        fill(state, h('strong', { class: 'flag-outside', role: 'note' }, `⚠ The image served (sha256 ${sha}) is not the screenshot this call is bound to; it is not shown.`));
+        return;
+      }
+      const bitmap = await createImageBitmap(new Blob([bytes], { type: 'image/png' }));
+      const ctx = canvas.getContext('2d');
+      ctx.drawImage(bitmap, 0, 0);
+      drawMarks(ctx, tool);
+      canvas.dataset.drawn = 'true';
+      fill(state, sha ? `The screenshot the call is bound to (sha256 checked), point${(tool.points?.length ?? 1) > 1 ? 's' : ''} marked in red.` : 'The screenshot the call is bound to, point(s) marked in red.');
+    } catch (err) {
+      fill(state, errorBox(err, 'Could not load the screenshot'));
+    }
+  };
+  load();
+  return h('section', { class: 'what-runs computer-use', dataset: { gesture: tool.gesture ?? 'click' } },
+    h('h3', {}, 'Computer use'),
+    dl([
+      ['Action', h('span', { class: 'gesture' }, words)],
+      tool.url ? ['Page', code(tool.url)] : null,
+      ['Screenshot', h('span', {}, code(shot.screenshot_id), ` · ${shot.width} × ${shot.height} · sha256 `, code(shot.sha256, 'screenshot-sha256'))],
+      shot.invocation_id ? ['Evidence', h('span', {}, `${shot.evidence_kind ?? 'browser_screenshot'} of invocation `, code(shot.invocation_id))] : null,
+      tool.gesture === 'type' ? ['Text typed', h('pre', { class: 'json' }, JSON.stringify(tool.text ?? ''))] : null,
+    ].filter(Boolean)),
+    canvas, state);
+}
+
 function approvalCard(a, onDecided) {
   const inv = a.invocation;
   // The triple is taken from the very object this card renders, so what is sent is what is shown.
@@ -313,6 +422,7 @@ function approvalCard(a, onDecided) {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool))));
   }
   if (tool && Array.isArray(tool.path_flags) && tool.path_flags.length) sections.push(pathFlagsBlock(tool.path_flags));
+  if (tool && tool.screenshot && tool.screenshot.sha256) sections.push(screenshotBlock(a, tool));
   const isMcp = Boolean(tool && tool.mcp_server_id);
   if (isMcp) {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'External MCP call'), dl([

@@ -47,6 +47,7 @@ pub const ALLOWED_METHODS: &[&str] = &[
     "Page.captureScreenshot",
     "Page.enable",
     "Page.getFrameTree",
+    "Page.getLayoutMetrics",
     "Page.navigate",
     "Runtime.callFunctionOn",
     "Runtime.releaseObject",

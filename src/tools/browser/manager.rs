@@ -210,6 +210,10 @@ pub struct Shot {
     pub digest: String,
     /// Width and height in CSS pixels (device scale factor 1).
     pub size: (u32, u32),
+    /// The page's scroll offset then (layout viewport `pageX`, `pageY`, CSS pixels).
+    pub scroll: (f64, f64),
+    /// The `browser_screenshot` invocation that took it (its evidence holds the PNG's SHA-256).
+    pub invocation_id: String,
 }
 
 /// One tab of a context.
@@ -220,7 +224,9 @@ pub struct Tab {
     pub page: TabPage,
     /// The latest snapshot of this tab.
     pub snapshot: Option<Snapshot>,
-    /// The latest screenshot of this tab (what `browser_click_at` coordinates refer to).
+    /// The latest screenshot of this tab (what the coordinates of `browser_click_at`,
+    /// `browser_scroll_at`, `browser_type_at` and `browser_drag` refer to); cleared by each of
+    /// those actions (coordinates are used once).
     pub shot: Option<Shot>,
     interceptor: JoinHandle<()>,
 }
@@ -340,6 +346,18 @@ impl BrowserManager {
             state: tokio::sync::Mutex::new(State::default()),
             contexts: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// The stored PNG of the screenshot whose SHA-256 is `sha256` (managed and attached
+    /// browsers store theirs in `<data-dir>/browser/screenshots/<sha256>.png`); `None` when
+    /// `sha256` is not 64 lowercase hex digits, the file is not on this host, or its content
+    /// no longer has that hash.
+    pub fn stored_screenshot(&self, sha256: &str) -> Option<Vec<u8>> {
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return None;
+        }
+        let png = std::fs::read(self.profile_root.join("screenshots").join(format!("{sha256}.png"))).ok()?;
+        (crate::evidence::sha256_hex(&png) == sha256).then_some(png)
     }
 
     /// The path of the running process's browser WebSocket (`/devtools/browser/<id>`), when
@@ -1030,37 +1048,61 @@ pub async fn title(page: &TabPage) -> String {
     }
 }
 
+/// The page's scroll offset: the layout viewport's `pageX`, `pageY` (CSS pixels).
+pub async fn scroll_offset(page: &TabPage) -> Result<(f64, f64), ToolError> {
+    let m = cdp(page, "Page.getLayoutMetrics", json!({})).await?;
+    let v = &m["cssLayoutViewport"];
+    Ok((v["pageX"].as_f64().unwrap_or(0.0), v["pageY"].as_f64().unwrap_or(0.0)))
+}
+
 /// The tab whose latest screenshot is `shot_id`, checked to still show the same page: the
-/// loader and the accessibility tree's structure are those of the screenshot, and `(x, y)`
-/// lies inside it. Errors: `stale_snapshot`, `invalid_field` (outside the image).
-pub async fn resolve_shot<'t>(tabs: &'t Tabs, shot_id: &str, x: f64, y: f64) -> Result<(&'t Tab, Shot), ToolError> {
+/// loader, the accessibility tree's structure and the scroll offset are those of the
+/// screenshot, and every point of `points` lies inside it. Errors: `stale_snapshot` (details
+/// `reason`: `navigated`, `changed` or `scrolled`), `invalid_field` (a point outside the image).
+pub async fn resolve_shot<'t>(
+    tabs: &'t Tabs,
+    shot_id: &str,
+    points: &[(f64, f64)],
+) -> Result<(&'t Tab, Shot), ToolError> {
     let tab = tabs.list.iter().find(|t| t.shot.as_ref().is_some_and(|s| s.id == shot_id)).ok_or_else(|| {
         ToolError::new(
             ErrorCode::StaleSnapshot,
             format!(
-                "{shot_id} is not the latest screenshot of an open tab: take a new screenshot (browser_screenshot)"
+                "{shot_id} is not the latest screenshot of an open tab (each action at a point uses its screenshot \
+                 once): take a new screenshot (browser_screenshot)"
             ),
         )
     })?;
     let Some(shot) = tab.shot.clone() else {
         return Err(ToolError::new(ErrorCode::StaleSnapshot, "the tab has no screenshot"));
     };
-    if !(x >= 0.0 && y >= 0.0 && x < f64::from(shot.size.0) && y < f64::from(shot.size.1)) {
-        return Err(ToolError::new(
-            ErrorCode::InvalidField,
-            format!("({x}, {y}) is outside the {}x{} screenshot", shot.size.0, shot.size.1),
-        ));
+    for &(x, y) in points {
+        if !(x >= 0.0 && y >= 0.0 && x < f64::from(shot.size.0) && y < f64::from(shot.size.1)) {
+            return Err(ToolError::new(
+                ErrorCode::InvalidField,
+                format!("({x}, {y}) is outside the {}x{} screenshot", shot.size.0, shot.size.1),
+            ));
+        }
     }
     let (loader, url) = main_frame(&tab.page).await?;
     let now = read_tree(&tab.page, super::DEFAULT_MAX_NODES as usize, super::MAX_SNAPSHOT_BYTES).await?;
-    if loader != shot.loader_id || now.digest != shot.digest {
+    let scroll = scroll_offset(&tab.page).await?;
+    let reason = if loader != shot.loader_id {
+        Some("navigated")
+    } else if now.digest != shot.digest {
+        Some("changed")
+    } else if (scroll.0 - shot.scroll.0).abs() >= 1.0 || (scroll.1 - shot.scroll.1).abs() >= 1.0 {
+        Some("scrolled")
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        let what = if reason == "scrolled" { "scrolled" } else { "changed" };
         return Err(ToolError::new(
             ErrorCode::StaleSnapshot,
-            format!("the page of tab {} changed since screenshot {shot_id} (now {url}): take a new screenshot", tab.id),
+            format!("the page of tab {} {what} since screenshot {shot_id} (now {url}): take a new screenshot", tab.id),
         )
-        .with_details(
-            json!({"screenshot_id": shot_id, "reason": if loader != shot.loader_id { "navigated" } else { "changed" }}),
-        ));
+        .with_details(json!({"screenshot_id": shot_id, "reason": reason})));
     }
     Ok((tab, shot))
 }
@@ -1081,17 +1123,109 @@ pub async fn element_at(page: &TabPage, x: f64, y: f64) -> Value {
     }
 }
 
+/// One mouse event at `(x, y)`; `button` `none` for a move without a button held.
+async fn mouse(page: &TabPage, kind: &str, x: f64, y: f64, button: &str, buttons: u8) -> Result<(), ToolError> {
+    let mut params = json!({"type": kind, "x": x, "y": y, "button": button, "buttons": buttons});
+    if kind == "mousePressed" || kind == "mouseReleased" {
+        params["clickCount"] = json!(1);
+    }
+    cdp(page, "Input.dispatchMouseEvent", params).await.map(|_| ())
+}
+
 /// Clicks at `(x, y)` of the viewport with the left button. Returns whether a new document
 /// loaded.
 pub async fn click_at(page: &TabPage, x: f64, y: f64) -> Result<bool, ToolError> {
     let w = watch(page).await?;
-    for kind in ["mouseMoved", "mousePressed", "mouseReleased"] {
-        let mut params = json!({"type": kind, "x": x, "y": y});
-        if kind != "mouseMoved" {
-            params["button"] = json!("left");
-            params["clickCount"] = json!(1);
+    press_at(page, x, y).await?;
+    Ok(settle(page, w).await)
+}
+
+/// Moves the mouse to `(x, y)`, presses and releases the left button.
+async fn press_at(page: &TabPage, x: f64, y: f64) -> Result<(), ToolError> {
+    mouse(page, "mouseMoved", x, y, "none", 0).await?;
+    mouse(page, "mousePressed", x, y, "left", 1).await?;
+    mouse(page, "mouseReleased", x, y, "left", 0).await
+}
+
+/// Turns the mouse wheel at `(x, y)`: `delta_x`, `delta_y` CSS pixels (positive: right, down),
+/// one `mouseWheel` event. Returns whether a new document loaded.
+pub async fn scroll_at(page: &TabPage, x: f64, y: f64, delta_x: f64, delta_y: f64) -> Result<bool, ToolError> {
+    let w = watch(page).await?;
+    mouse(page, "mouseMoved", x, y, "none", 0).await?;
+    cdp(
+        page,
+        "Input.dispatchMouseEvent",
+        json!({"type": "mouseWheel", "x": x, "y": y, "deltaX": delta_x, "deltaY": delta_y}),
+    )
+    .await?;
+    Ok(settle(page, w).await)
+}
+
+/// The key events of one character of typed text: (DOM `key`, DOM `code`, key code, text).
+/// `\n` is Enter and `\t` is Tab; any other character is typed as itself.
+fn key_of(c: char) -> (String, String, i64, String) {
+    match c {
+        '\n' => ("Enter".into(), "Enter".into(), 13, "\r".into()),
+        '\t' => ("Tab".into(), "Tab".into(), 9, String::new()),
+        c => {
+            let code = if c.is_ascii_alphabetic() {
+                format!("Key{}", c.to_ascii_uppercase())
+            } else if c.is_ascii_digit() {
+                format!("Digit{c}")
+            } else if c == ' ' {
+                "Space".into()
+            } else {
+                String::new()
+            };
+            let key_code = if c.is_ascii_alphanumeric() { i64::from(u32::from(c.to_ascii_uppercase())) } else { 0 };
+            (c.to_string(), code, if c == ' ' { 32 } else { key_code }, c.to_string())
         }
-        cdp(page, "Input.dispatchMouseEvent", params).await?;
     }
+}
+
+/// Clicks at `(x, y)` (which focuses what is there), then types `text` one character at a
+/// time as key events (`keyDown` with the character's text, `keyUp`): a text field inserts
+/// it, and a canvas app listening to key events sees each key. Returns whether a new document
+/// loaded.
+pub async fn type_at(page: &TabPage, x: f64, y: f64, text: &str) -> Result<bool, ToolError> {
+    let w = watch(page).await?;
+    press_at(page, x, y).await?;
+    for c in text.chars() {
+        let (key, code, key_code, text) = key_of(c);
+        let mut down = json!({"type": if text.is_empty() { "rawKeyDown" } else { "keyDown" }, "key": key, "code": code,
+            "windowsVirtualKeyCode": key_code, "nativeVirtualKeyCode": key_code});
+        if !text.is_empty() {
+            down["text"] = json!(text);
+            down["unmodifiedText"] = json!(text);
+        }
+        cdp(page, "Input.dispatchKeyEvent", down).await?;
+        cdp(
+            page,
+            "Input.dispatchKeyEvent",
+            json!({"type": "keyUp", "key": key, "code": code, "windowsVirtualKeyCode": key_code,
+                   "nativeVirtualKeyCode": key_code}),
+        )
+        .await?;
+    }
+    Ok(settle(page, w).await)
+}
+
+/// Mouse moves between the press and the release of a drag.
+pub const DRAG_STEPS: u32 = 10;
+
+/// Drags with the left button from `from` to `to`: a press at `from`, [`DRAG_STEPS`] moves
+/// along the straight line with the button held, the release at `to`. A pointer drag (what
+/// canvas apps see); an HTML5 drag-and-drop between elements is not started by it. Returns
+/// whether a new document loaded.
+pub async fn drag(page: &TabPage, from: (f64, f64), to: (f64, f64)) -> Result<bool, ToolError> {
+    let w = watch(page).await?;
+    mouse(page, "mouseMoved", from.0, from.1, "none", 0).await?;
+    mouse(page, "mousePressed", from.0, from.1, "left", 1).await?;
+    for step in 1..=DRAG_STEPS {
+        let f = f64::from(step) / f64::from(DRAG_STEPS);
+        let (x, y) = (from.0 + (to.0 - from.0) * f, from.1 + (to.1 - from.1) * f);
+        mouse(page, "mouseMoved", x, y, "left", 1).await?;
+    }
+    mouse(page, "mouseReleased", to.0, to.1, "left", 0).await?;
     Ok(settle(page, w).await)
 }

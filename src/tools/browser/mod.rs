@@ -12,6 +12,11 @@
 //! - `browser_press` — one key in the focused element; exact approval.
 //! - `browser_screenshot` — a PNG of the viewport stored as evidence with its SHA-256; no
 //!   approval.
+//! - `browser_click_at`, `browser_scroll_at`, `browser_type_at`, `browser_drag` — computer
+//!   use: act at pixel coordinates of a screenshot (its id binds them; `stale_snapshot` when
+//!   it is not the tab's latest or the page navigated, changed or scrolled since; each
+//!   screenshot serves one action); exact approval, whose preview names the screenshot and the
+//!   points to mark on it.
 //! - `browser_tabs` — list, switch or close tabs; no approval (nothing remote changes).
 //!
 //! Every request of every tab passes the origin policy ([`policy`]) in Chromium's network
@@ -127,7 +132,9 @@ fn tools(b: &Browser) -> Vec<Arc<dyn Tool>> {
     }
     out.push(Arc::new(Press::new(b.clone())));
     out.push(Arc::new(Screenshot::new(b.clone())));
-    out.push(Arc::new(ClickAt::new(b.clone())));
+    for kind in [PointKind::Click, PointKind::Scroll, PointKind::Type, PointKind::Drag] {
+        out.push(Arc::new(PointAction::new(b.clone(), kind)));
+    }
     out.push(Arc::new(Tabs::new(b.clone())));
     out
 }
@@ -818,6 +825,7 @@ impl Tool for Screenshot {
         let tab = tabs.get(input["tab"].as_str())?;
         let (loader_id, url) = manager::main_frame(&tab.page).await?;
         let tree = manager::read_tree(&tab.page, DEFAULT_MAX_NODES as usize, MAX_SNAPSHOT_BYTES).await?;
+        let scroll = manager::scroll_offset(&tab.page).await?;
         let png = manager::screenshot(&tab.page).await?;
         let sha = sha256_hex(&png);
         let (width, height) = png_size(&png).unwrap_or((0, 0));
@@ -841,6 +849,8 @@ impl Tool for Screenshot {
             url: url.clone(),
             digest: tree.digest,
             size: (width, height),
+            scroll,
+            invocation_id: ctx.invocation_id.clone(),
         };
         tabs.get_mut(Some(&tab_id))?.shot = Some(shot);
         let mut out = json!({"screenshot_id": shot_id, "tab": tab_id, "url": url, "sha256": sha, "bytes": png.len(), "width": width,
@@ -852,7 +862,37 @@ impl Tool for Screenshot {
     }
 }
 
-// ---------------------------------------------------------------- click at a point
+// ---------------------------------------------------------------- actions at points (computer use)
+
+/// Largest wheel turn of `browser_scroll_at`, in CSS pixels each way.
+pub const MAX_SCROLL_DELTA: i32 = 10_000;
+/// Most characters `browser_type_at` types (one key event pair each).
+pub const MAX_TYPE_AT_CHARS: usize = 1000;
+
+/// What an action at a point of a screenshot does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PointKind {
+    /// `browser_click_at`: a left click.
+    Click,
+    /// `browser_scroll_at`: a mouse wheel turn.
+    Scroll,
+    /// `browser_type_at`: a click, then typed text.
+    Type,
+    /// `browser_drag`: a left-button drag to a second point.
+    Drag,
+}
+
+impl PointKind {
+    /// The word for the marker of the approval card (`preview.points[].action`).
+    fn word(self) -> &'static str {
+        match self {
+            PointKind::Click => "click",
+            PointKind::Scroll => "scroll",
+            PointKind::Type => "type",
+            PointKind::Drag => "drag",
+        }
+    }
+}
 
 /// The input of `browser_click_at`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -869,36 +909,196 @@ struct ClickAtInput {
     y: u32,
 }
 
-struct ClickAt {
-    spec: ToolSpec,
-    b: Browser,
+/// The input of `browser_scroll_at`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ScrollAtInput {
+    /// The screenshot the point was read from (browser_screenshot's screenshot_id)
+    #[schemars(length(min = 1, max = 64))]
+    screenshot_id: String,
+    /// Horizontal position of the mouse in the screenshot, in pixels from its left edge
+    #[schemars(range(min = 0, max = 100000))]
+    x: u32,
+    /// Vertical position of the mouse in the screenshot, in pixels from its top edge
+    #[schemars(range(min = 0, max = 100000))]
+    y: u32,
+    /// Horizontal wheel turn in CSS pixels, positive to the right (default 0)
+    #[schemars(range(min = -10000, max = 10000))]
+    delta_x: Option<i32>,
+    /// Vertical wheel turn in CSS pixels, positive down (default 0)
+    #[schemars(range(min = -10000, max = 10000))]
+    delta_y: Option<i32>,
 }
 
-impl ClickAt {
-    fn new(b: Browser) -> Self {
-        Self {
-            spec: spec(
+/// The input of `browser_type_at`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct TypeAtInput {
+    /// The screenshot the point was read from (browser_screenshot's screenshot_id)
+    #[schemars(length(min = 1, max = 64))]
+    screenshot_id: String,
+    /// Horizontal position to click first, in pixels from the screenshot's left edge
+    #[schemars(range(min = 0, max = 100000))]
+    x: u32,
+    /// Vertical position to click first, in pixels from the screenshot's top edge
+    #[schemars(range(min = 0, max = 100000))]
+    y: u32,
+    /// The text to type, one key per character (newline presses Enter, tab presses Tab; no other control characters)
+    #[schemars(length(min = 1, max = 1000))]
+    text: String,
+}
+
+/// The input of `browser_drag`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct DragInput {
+    /// The screenshot the points were read from (browser_screenshot's screenshot_id)
+    #[schemars(length(min = 1, max = 64))]
+    screenshot_id: String,
+    /// Horizontal position where the drag starts, in pixels from the screenshot's left edge
+    #[schemars(range(min = 0, max = 100000))]
+    x: u32,
+    /// Vertical position where the drag starts, in pixels from the screenshot's top edge
+    #[schemars(range(min = 0, max = 100000))]
+    y: u32,
+    /// Horizontal position where the drag ends, in pixels from the screenshot's left edge
+    #[schemars(range(min = 0, max = 100000))]
+    to_x: u32,
+    /// Vertical position where the drag ends, in pixels from the screenshot's top edge
+    #[schemars(range(min = 0, max = 100000))]
+    to_y: u32,
+}
+
+/// An action at one or two points of a screenshot: `browser_click_at`, `browser_scroll_at`,
+/// `browser_type_at`, `browser_drag`.
+struct PointAction {
+    spec: ToolSpec,
+    b: Browser,
+    kind: PointKind,
+}
+
+/// What every action at a point says about its screenshot and approval.
+const POINT_NOTE: &str = "Every call waits for approval, which shows the screenshot with the point marked. Refused \
+     with stale_snapshot when the screenshot is not the tab's latest, or the page navigated, changed or scrolled since; \
+     each action uses its screenshot once (take a new one for the next action).";
+
+impl PointAction {
+    fn new(b: Browser, kind: PointKind) -> Self {
+        let spec = match kind {
+            PointKind::Click => spec(
                 "browser_click_at",
                 "Click a point of a browser screenshot",
-                "Computer use: click at pixel (x, y) of screenshot screenshot_id (from browser_screenshot), for \
-                 pages whose accessibility tree does not serve (canvas apps, remote desktops). Every call waits for \
-                 approval, which shows the page, the point and the element under it. Refused with stale_snapshot \
-                 when the screenshot is not the tab's latest or the page changed since.",
+                &format!(
+                    "Computer use: click at pixel (x, y) of screenshot screenshot_id (from browser_screenshot), for \
+                     pages whose accessibility tree does not serve (canvas apps, remote desktops). The approval also \
+                     names the element under the point. {POINT_NOTE}"
+                ),
                 input::schema_of::<ClickAtInput>(),
                 true,
             ),
-            b,
+            PointKind::Scroll => spec(
+                "browser_scroll_at",
+                "Scroll at a point of a browser screenshot",
+                &format!(
+                    "Computer use: turn the mouse wheel at pixel (x, y) of screenshot screenshot_id by delta_x, \
+                     delta_y CSS pixels (positive: right, down; at most 10000 each way), for canvas apps and remote \
+                     desktops. {POINT_NOTE}"
+                ),
+                input::schema_of::<ScrollAtInput>(),
+                true,
+            ),
+            PointKind::Type => spec(
+                "browser_type_at",
+                "Click a point of a browser screenshot and type",
+                &format!(
+                    "Computer use: click at pixel (x, y) of screenshot screenshot_id, then type text (at most 1000 \
+                     characters) as key presses, for canvas apps and remote desktops. {POINT_NOTE}"
+                ),
+                input::schema_of::<TypeAtInput>(),
+                true,
+            ),
+            PointKind::Drag => spec(
+                "browser_drag",
+                "Drag between two points of a browser screenshot",
+                &format!(
+                    "Computer use: press the left mouse button at pixel (x, y) of screenshot screenshot_id, move to \
+                     (to_x, to_y) and release it, for canvas apps and remote desktops. {POINT_NOTE}"
+                ),
+                input::schema_of::<DragInput>(),
+                true,
+            ),
+        };
+        Self { spec, b, kind }
+    }
+
+    /// The canonical input (defaults filled). Errors: `invalid_field` (a scroll of zero, a
+    /// control character in typed text).
+    fn canonical(&self, input: &Value) -> Result<Value, ToolError> {
+        Ok(match self.kind {
+            PointKind::Click => {
+                let i: ClickAtInput = input::parse(input)?;
+                json!({"screenshot_id": i.screenshot_id, "x": i.x, "y": i.y})
+            }
+            PointKind::Scroll => {
+                let i: ScrollAtInput = input::parse(input)?;
+                let (dx, dy) = (i.delta_x.unwrap_or(0), i.delta_y.unwrap_or(0));
+                if dx == 0 && dy == 0 {
+                    return Err(ToolError::new(ErrorCode::InvalidField, "delta_x or delta_y must not be 0"));
+                }
+                if dx.abs() > MAX_SCROLL_DELTA || dy.abs() > MAX_SCROLL_DELTA {
+                    return Err(ToolError::new(
+                        ErrorCode::InvalidField,
+                        format!("delta_x and delta_y are at most {MAX_SCROLL_DELTA} CSS pixels each way"),
+                    ));
+                }
+                json!({"screenshot_id": i.screenshot_id, "x": i.x, "y": i.y, "delta_x": dx, "delta_y": dy})
+            }
+            PointKind::Type => {
+                let i: TypeAtInput = input::parse(input)?;
+                if let Some(c) = i.text.chars().find(|c| c.is_control() && *c != '\n' && *c != '\t') {
+                    return Err(ToolError::new(
+                        ErrorCode::InvalidField,
+                        format!(
+                            "text holds the control character U+{:04X}: only newline and tab are keys",
+                            u32::from(c)
+                        ),
+                    ));
+                }
+                if i.text.is_empty() || i.text.chars().count() > MAX_TYPE_AT_CHARS {
+                    return Err(ToolError::new(
+                        ErrorCode::InvalidField,
+                        format!("text must hold 1 to {MAX_TYPE_AT_CHARS} characters"),
+                    ));
+                }
+                json!({"screenshot_id": i.screenshot_id, "x": i.x, "y": i.y, "text": i.text})
+            }
+            PointKind::Drag => {
+                let i: DragInput = input::parse(input)?;
+                json!({"screenshot_id": i.screenshot_id, "x": i.x, "y": i.y, "to_x": i.to_x, "to_y": i.to_y})
+            }
+        })
+    }
+
+    /// The points of a canonical input: the action's point, and a drag's end.
+    fn points(&self, canonical: &Value) -> Vec<(f64, f64)> {
+        let at = |kx: &str, ky: &str| (canonical[kx].as_f64().unwrap_or(0.0), canonical[ky].as_f64().unwrap_or(0.0));
+        let mut out = vec![at("x", "y")];
+        if self.kind == PointKind::Drag {
+            out.push(at("to_x", "to_y"));
         }
+        out
+    }
+
+    /// The points as the approval card marks them: `{x, y, action}` (`action` `click`,
+    /// `scroll`, `type`, `drag`; a drag's second point `drop`).
+    fn marked(&self, points: &[(f64, f64)]) -> Value {
+        let words = [self.kind.word(), "drop"];
+        Value::Array(points.iter().zip(words).map(|(&(x, y), w)| json!({"x": x, "y": y, "action": w})).collect())
     }
 }
 
-fn click_at_canonical(input: &Value) -> Result<Value, ToolError> {
-    let i: ClickAtInput = input::parse(input)?;
-    Ok(json!({"screenshot_id": i.screenshot_id, "x": i.x, "y": i.y}))
-}
-
 #[async_trait]
-impl Tool for ClickAt {
+impl Tool for PointAction {
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -908,10 +1108,11 @@ impl Tool for ClickAt {
     }
 
     /// Checks the screenshot is current and freezes its SHA-256 and the page URL with the call;
-    /// the preview names the element under the point.
+    /// the preview names the screenshot (id, SHA-256, size, the invocation whose evidence it
+    /// is), the points to mark on it and the element under each.
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let mut canonical = click_at_canonical(&input)?;
-        let (x, y) = (canonical["x"].as_f64().unwrap_or(0.0), canonical["y"].as_f64().unwrap_or(0.0));
+        let mut canonical = self.canonical(&input)?;
+        let points = self.points(&canonical);
         let shot_id = canonical["screenshot_id"].as_str().unwrap_or_default().to_owned();
         let browser = self
             .b
@@ -919,19 +1120,36 @@ impl Tool for ClickAt {
             .await
             .ok_or_else(|| stale("no browser is open for you: take a screenshot first"))?;
         let tabs = browser.tabs.lock().await;
-        let (tab, shot) = manager::resolve_shot(&tabs, &shot_id, x, y).await?;
-        let element = manager::element_at(&tab.page, x, y).await;
+        let (tab, shot) = manager::resolve_shot(&tabs, &shot_id, &points).await?;
+        let mut elements = Vec::new();
+        for &(x, y) in &points {
+            elements.push(manager::element_at(&tab.page, x, y).await);
+        }
         canonical["screenshot_sha256"] = json!(shot.sha256);
         canonical["url"] = json!(shot.url);
         canonical["tab"] = json!(tab.id);
-        let preview = json!({"url": shot.url, "tab": tab.id, "screenshot_id": shot_id, "screenshot_sha256": shot.sha256,
-                             "point": {"x": x, "y": y}, "size": {"width": shot.size.0, "height": shot.size.1},
-                             "element_at_point": element});
+        let (x, y) = points[0];
+        let mut preview = json!({"url": shot.url, "tab": tab.id, "screenshot_id": shot_id, "screenshot_sha256": shot.sha256,
+                                 "point": {"x": x, "y": y}, "size": {"width": shot.size.0, "height": shot.size.1},
+                                 "element_at_point": elements[0],
+                                 "screenshot": {"screenshot_id": shot_id, "sha256": shot.sha256, "width": shot.size.0,
+                                                "height": shot.size.1, "evidence_kind": "browser_screenshot",
+                                                "invocation_id": shot.invocation_id},
+                                 "points": self.marked(&points), "gesture": self.kind.word()});
+        match self.kind {
+            PointKind::Click => {}
+            PointKind::Scroll => preview["delta"] = json!({"x": canonical["delta_x"], "y": canonical["delta_y"]}),
+            PointKind::Type => preview["text"] = canonical["text"].clone(),
+            PointKind::Drag => {
+                preview["to"] = json!({"x": canonical["to_x"], "y": canonical["to_y"]});
+                preview["element_at_target"] = elements.get(1).cloned().unwrap_or(Value::Null);
+            }
+        }
         Ok(Prepared { input: canonical, preview })
     }
 
     async fn canonicalize(&self, input: Value, _ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
-        click_at_canonical(&input)
+        self.canonical(&input)
     }
 
     fn replay_input(&self, mut canonical: Value, frozen: &Value) -> Value {
@@ -944,7 +1162,8 @@ impl Tool for ClickAt {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let (x, y) = (input["x"].as_f64().unwrap_or(0.0), input["y"].as_f64().unwrap_or(0.0));
+        let points = self.points(input);
+        let (x, y) = points[0];
         let shot_id = input["screenshot_id"].as_str().unwrap_or_default();
         let browser = self
             .b
@@ -952,28 +1171,56 @@ impl Tool for ClickAt {
             .await
             .ok_or_else(|| stale("the browser context of this screenshot was closed: take a new screenshot"))?;
         self.b.refresh_rule(&ctx.owner_id, &browser).await?;
-        let tabs = browser.tabs.lock().await;
+        let mut tabs = browser.tabs.lock().await;
         browser.touch();
         let before = browser.take_refusals();
-        let (tab, shot) = manager::resolve_shot(&tabs, shot_id, x, y).await?;
+        let (tab, shot) = manager::resolve_shot(&tabs, shot_id, &points).await?;
         if input["screenshot_sha256"].as_str() != Some(shot.sha256.as_str()) {
             return Err(stale("the screenshot is not the approved one: take a new screenshot"));
         }
         let element = manager::element_at(&tab.page, x, y).await;
-        let navigated = manager::click_at(&tab.page, x, y).await?;
+        let mut out = json!({"tab": tab.id, "screenshot_id": shot_id, "point": {"x": x, "y": y}, "element_at_point": element,
+                             "url_before": shot.url});
+        let tab_id = tab.id.clone();
+        let acted = match self.kind {
+            PointKind::Click => manager::click_at(&tab.page, x, y).await,
+            PointKind::Scroll => {
+                let (dx, dy) = (input["delta_x"].as_f64().unwrap_or(0.0), input["delta_y"].as_f64().unwrap_or(0.0));
+                out["delta"] = json!({"x": dx, "y": dy});
+                manager::scroll_at(&tab.page, x, y, dx, dy).await
+            }
+            PointKind::Type => {
+                let text = input["text"].as_str().unwrap_or_default();
+                out["typed_chars"] = json!(text.chars().count());
+                manager::type_at(&tab.page, x, y, text).await
+            }
+            PointKind::Drag => {
+                let to = points.get(1).copied().unwrap_or((x, y));
+                out["to"] = json!({"x": to.0, "y": to.1});
+                manager::drag(&tab.page, (x, y), to).await
+            }
+        };
+        // Coordinates are used once: whatever the action did, the screenshot no longer shows
+        // the page (also when it failed half-way).
+        tabs.get_mut(Some(&tab_id))?.shot = None;
+        let navigated = acted?;
+        let tab = tabs.get(Some(&tab_id))?;
         let refused = browser.take_refusals();
         let (_, now) = manager::main_frame(&tab.page).await.unwrap_or_default();
-        let out = json!({"tab": tab.id, "screenshot_id": shot_id, "point": {"x": x, "y": y}, "element_at_point": element,
-                         "url_before": shot.url, "url": now, "navigated": navigated,
-                         "refused_requests": refused_json(&refused), "refused_between_calls": refused_json(&before)});
+        out["url"] = json!(now);
+        out["navigated"] = json!(navigated);
+        out["refused_requests"] = refused_json(&refused);
+        out["refused_between_calls"] = refused_json(&before);
         let mut evidence = refusal_evidence(&before, &ctx.invocation_id, true);
         evidence.extend(refusal_evidence(&refused, &ctx.invocation_id, false));
-        evidence.push(EvidenceDraft::of_text(
-            "browser_action",
-            json!({"tool": self.spec.id, "tab": tab.id, "screenshot_id": shot_id, "screenshot_sha256": shot.sha256,
-                   "x": x, "y": y, "url_before": shot.url, "url": now}),
-            &out.to_string(),
-        ));
+        let mut facts = json!({"tool": self.spec.id, "tab": tab_id, "screenshot_id": shot_id, "screenshot_sha256": shot.sha256,
+                               "x": x, "y": y, "url_before": shot.url, "url": now});
+        for key in ["delta", "to", "typed_chars"] {
+            if let Some(v) = out.get(key) {
+                facts[key] = v.clone();
+            }
+        }
+        evidence.push(EvidenceDraft::of_text("browser_action", facts, &out.to_string()));
         Ok(ToolOutput { output: out, evidence })
     }
 }
