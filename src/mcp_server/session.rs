@@ -24,7 +24,10 @@
 //!   [`CALL_WAIT`] for a final status and answers the result with its evidence ids
 //!   (`_meta["mira/invocation"]`); when the approval is still pending then, an error result
 //!   names the approval, and calling the tool again with the same arguments in this session
-//!   waits on the same invocation rather than freezing another.
+//!   waits on the same invocation rather than freezing another. A call whose request carries a
+//!   progress token hears `notifications/progress` every [`PROGRESS_EVERY`] while it waits
+//!   (saying for which approval), so a client that resets its timeout on progress keeps
+//!   waiting.
 //! - **Cancellation.** A client's `notifications/cancelled` for a waiting call cancels its
 //!   invocation as `POST /v1/invocations/{id}/cancel` does (what it achieved is recorded).
 
@@ -38,8 +41,8 @@ use rmcp::RoleServer;
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, InitializeRequestParams,
-    InitializeResult, JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ProtocolVersion,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    InitializeResult, JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam,
+    ProtocolVersion, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext};
 use serde::Deserialize;
@@ -67,6 +70,10 @@ pub const WATCH_PERIOD: Duration = Duration::from_secs(2);
 /// answering an error that names the pending approval: under the 60 s request timeout of
 /// the common MCP client SDKs.
 pub const CALL_WAIT: Duration = Duration::from_secs(50);
+
+/// How often a waiting call sends `notifications/progress` when its request carried a
+/// progress token.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// Most bytes of one string of the input an elicitation shows (a longer one is cut, saying
 /// how long it is); the shorter fields are shown first, so a long one never hides them.
@@ -255,6 +262,7 @@ impl Session {
         };
         let deadline = tokio::time::Instant::now() + CALL_WAIT;
         let mut asked = false;
+        let mut waited: u32 = 0;
         loop {
             if view.status.is_final() {
                 break;
@@ -272,7 +280,11 @@ impl Session {
             let awaiting = view.status == InvocationStatus::AwaitingApproval;
             let done: fn(InvocationStatus) -> bool =
                 if awaiting { |s| s != InvocationStatus::AwaitingApproval } else { InvocationStatus::is_final };
-            let wait = invocations::wait_for(&self.app, &user.user_id, &view.invocation_id, left, done);
+            // With a progress token, the client hears every PROGRESS_EVERY that the call is
+            // still waiting (and why), so a client that resets its timeout on progress keeps it.
+            let token = ctx.meta.get_progress_token();
+            let slice = if token.is_some() { left.min(PROGRESS_EVERY) } else { left };
+            let wait = invocations::wait_for(&self.app, &user.user_id, &view.invocation_id, slice, done);
             let row = tokio::select! {
                 row = wait => row?,
                 () = ctx.ct.cancelled() => {
@@ -286,6 +298,19 @@ impl Session {
                 }
             };
             view = invocations::full_view(&self.app, row).await?;
+            if let Some(token) = token
+                && !view.status.is_final()
+            {
+                waited += 1;
+                let why = match view.status {
+                    InvocationStatus::AwaitingApproval => {
+                        format!("waiting for approval {}", view.approval_id.as_deref().unwrap_or("?"))
+                    }
+                    status => format!("invocation {} is {status}", view.invocation_id),
+                };
+                let note = ProgressNotificationParam::new(token, f64::from(waited)).with_message(why);
+                let _ = ctx.peer.notify_progress(note).await;
+            }
         }
         {
             let mut guard = self.bound.lock().await;

@@ -60,6 +60,14 @@ impl PyClient {
         v
     }
 
+    /// Starts a scenario and reads its first two steps: (client, `initialized`, `listed`).
+    async fn listed(token: &str, url: &str, scenario: &str, args: &[&str]) -> (Self, Value, Value) {
+        let mut c = Self::start(token, url, scenario, args);
+        let init = c.step("initialized").await;
+        let listed = c.step("listed").await;
+        (c, init, listed)
+    }
+
     async fn finish(mut self) {
         let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await.expect("exits").unwrap();
         assert!(status.success(), "the client failed: {status}");
@@ -81,10 +89,9 @@ async fn list_read_and_evidence(backend: Backend) {
     // index would add `codebase_explore`, and a new turn, in between).
     t.code_graph_ready().await;
     let token = user_with_file(&t, "ada", "hello.txt", "hello from the workspace\n").await;
-    let mut c = PyClient::start(&token, &mcp_url(&t), "read", &["hello.txt"]);
-    let init = c.step("initialized").await;
+    let (mut c, init, listed) = PyClient::listed(&token, &mcp_url(&t), "read", &["hello.txt"]).await;
     assert_eq!(init["protocol"], "2025-11-25", "{init}");
-    let listed = c.step("listed").await;
+
     let tools: Vec<&str> = listed["tools"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert!(tools.contains(&"read_open") && tools.contains(&"write_file"), "{tools:?}");
     let called = c.step("called").await;
@@ -119,9 +126,7 @@ async fn edit_approved_through_elicitation(backend: Backend) {
     // A long content: the elicitation still shows the path (shorter fields come first, long
     // strings are cut one by one).
     let content = format!("{}\n", "lorem ipsum ".repeat(500));
-    let mut c = PyClient::start(&token, &mcp_url(&t), "edit-elicit", &["notes.txt", &content]);
-    c.step("initialized").await;
-    c.step("listed").await;
+    let (mut c, _, _) = PyClient::listed(&token, &mcp_url(&t), "edit-elicit", &["notes.txt", &content]).await;
     let called = c.step("called").await;
     c.finish().await;
     let result = &called["result"];
@@ -142,9 +147,7 @@ async fn edit_approved_through_elicitation(backend: Backend) {
 async fn edit_declined_through_elicitation(backend: Backend) {
     let t = spawn(backend).await;
     let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
-    let mut c = PyClient::start(&token, &mcp_url(&t), "edit-decline", &["notes.txt", "new text\n"]);
-    c.step("initialized").await;
-    c.step("listed").await;
+    let (mut c, _, _) = PyClient::listed(&token, &mcp_url(&t), "edit-decline", &["notes.txt", "new text\n"]).await;
     let called = c.step("called").await;
     c.finish().await;
     assert_eq!(called["result"]["is_error"], true, "{called}");
@@ -167,12 +170,13 @@ async fn pending_approval(t: &TestApp, token: &str) -> Value {
 async fn edit_approved_in_the_api_while_the_client_waits(backend: Backend) {
     let t = spawn(backend).await;
     let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
-    let mut c = PyClient::start(&token, &mcp_url(&t), "edit-wait", &["notes.txt", "granted elsewhere\n"]);
-    c.step("initialized").await;
-    c.step("listed").await;
+    let (mut c, _, _) =
+        PyClient::listed(&token, &mcp_url(&t), "edit-wait", &["notes.txt", "granted elsewhere\n"]).await;
     let a = pending_approval(&t, &token).await;
     let call = &a["invocation"];
     assert_eq!(call["tool_id"], "write_file");
+    // Long enough for a progress notification (every 5 s while it waits).
+    tokio::time::sleep(mira::mcp_server::session::PROGRESS_EVERY + Duration::from_secs(1)).await;
     let r = t
         .post(
             &format!("/v1/approvals/{}/grant", a["id"].as_str().unwrap()),
@@ -186,15 +190,16 @@ async fn edit_approved_in_the_api_while_the_client_waits(backend: Backend) {
     assert_eq!(called["result"]["is_error"], false, "{called}");
     assert_eq!(called["result"]["meta"]["approval_id"], a["id"]);
     assert!(called["elicitations"].as_array().unwrap().is_empty());
+    let progress = called["progress"].as_array().unwrap();
+    let waiting = format!("waiting for approval {}", a["id"].as_str().unwrap());
+    assert!(progress.iter().any(|m| m.as_str() == Some(waiting.as_str())), "{progress:?}");
     assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), "granted elsewhere\n");
 }
 
 async fn a_cancelled_call_cancels_its_invocation(backend: Backend) {
     let t = spawn(backend).await;
     let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
-    let mut c = PyClient::start(&token, &mcp_url(&t), "cancel", &["notes.txt", "never\n", "2"]);
-    c.step("initialized").await;
-    c.step("listed").await;
+    let (mut c, _, _) = PyClient::listed(&token, &mcp_url(&t), "cancel", &["notes.txt", "never\n", "2"]).await;
     let a = pending_approval(&t, &token).await;
     c.step("cancelled").await;
     c.finish().await;
@@ -223,9 +228,7 @@ async fn list_changed_when_an_mcp_server_is_lost(backend: Backend) {
     let crash_id = format!("mcp:{server}:tool:crash");
     let crash_name = mira::exposure::function_name(&crash_id);
     t.code_graph_ready().await;
-    let mut c = PyClient::start(&token, &url, "list-changed", &["30", &crash_name]);
-    c.step("initialized").await;
-    let listed = c.step("listed").await;
+    let (mut c, _, listed) = PyClient::listed(&token, &url, "list-changed", &["30", &crash_name]).await;
     assert!(listed["tools"].as_array().unwrap().iter().any(|n| n == crash_name.as_str()), "{listed}");
 
     // The server dies in the middle of a call of its crash tool (approved in the API).
@@ -278,10 +281,8 @@ async fn find_tools_reranks_a_ranked_exposure(backend: Backend) {
     let one = fault_server(&t, &token, "faulty-one").await;
     fault_server(&t, &token, "faulty-two").await;
     t.code_graph_ready().await;
-    let mut c = PyClient::start(&token, &mcp_url(&t), "find", &["echo the text back"]);
-    c.step("initialized").await;
+    let (mut c, _, listed) = PyClient::listed(&token, &mcp_url(&t), "find", &["echo the text back"]).await;
     // More than 20 candidates: the ranked 20 and the façade's own search tool.
-    let listed = c.step("listed").await;
     let tools = listed["tools"].as_array().unwrap();
     assert_eq!(tools.len(), 21, "{listed}");
     assert!(tools.iter().any(|n| n == "mira_find_tools"), "{listed}");
@@ -302,9 +303,7 @@ async fn find_tools_reranks_a_ranked_exposure(backend: Backend) {
 async fn the_stdio_bridge_carries_a_session(backend: Backend) {
     let t = spawn(backend).await;
     let token = user_with_file(&t, "ada", "hello.txt", "through the bridge\n").await;
-    let mut c = PyClient::start(&token, &t.base, "stdio", &["hello.txt"]);
-    c.step("initialized").await;
-    let listed = c.step("listed").await;
+    let (mut c, _, listed) = PyClient::listed(&token, &t.base, "stdio", &["hello.txt"]).await;
     assert!(listed["tools"].as_array().unwrap().iter().any(|n| n == "read_open"), "{listed}");
     let called = c.step("called").await;
     c.finish().await;

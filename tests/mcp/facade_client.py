@@ -69,8 +69,13 @@ async def main():
             r = await client.call_tool("read_open", {"path": args[0]})
             out(step="called", result=result_json(r))
         elif scenario in ("edit-elicit", "edit-decline", "edit-wait"):
-            r = await client.call_tool("write_file", {"path": args[0], "content": args[1]})
-            out(step="called", result=result_json(r), elicitations=elicitations)
+            progress = []
+
+            async def on_progress(value, total, message):
+                progress.append(message)
+
+            r = await client.call_tool("write_file", {"path": args[0], "content": args[1]}, progress_callback=on_progress)
+            out(step="called", result=result_json(r), elicitations=elicitations, progress=progress)
         elif scenario == "cancel":
             with anyio.move_on_after(float(args[2])):
                 await client.call_tool("write_file", {"path": args[0], "content": args[1]})
