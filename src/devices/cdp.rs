@@ -133,9 +133,9 @@ impl DeviceHub {
     /// capability, too many channels, the stream full).
     pub fn open_cdp(self: &Arc<Self>, device_id: &str) -> Result<CdpLink, ToolError> {
         let gone = |m: String| ToolError::new(ErrorCode::BrowserGone, m);
-        let conn = self.live(device_id).ok_or_else(|| {
-            gone(format!("the runner of device {device_id} is not connected (to this replica)"))
-        })?;
+        let conn = self
+            .live(device_id)
+            .ok_or_else(|| gone(format!("the runner of device {device_id} is not connected (to this replica)")))?;
         if !conn.advertised.capabilities.iter().any(|c| c == BROWSER_CAPABILITY) {
             return Err(gone(format!(
                 "the runner of device {device_id} attaches no browser (start it with --attach-browser http://127.0.0.1:9222)"

@@ -304,7 +304,8 @@ async fn validated_settings(app: &App, user: &AuthUser, kind: ConnectionKind, se
     }
     // A browser reached through a device's runner: the caller's own device only (admins too).
     if kind == ConnectionKind::Browser
-        && let Some(device) = settings["endpoint"].as_str().and_then(|e| e.strip_prefix(crate::tools::browser::attached::DEVICE_PREFIX))
+        && let Some(device) =
+            settings["endpoint"].as_str().and_then(|e| e.strip_prefix(crate::tools::browser::attached::DEVICE_PREFIX))
         && app.store.device_for(&user.user_id, device).await?.is_none()
     {
         return Err(Error::NotFound("device"));

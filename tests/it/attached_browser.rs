@@ -553,9 +553,13 @@ async fn a_device_runner_carries_the_user_s_browser(backend: Backend) {
     assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "internal_address"), "{r:?}");
     let settings = json!({"endpoint": format!("device:{device}"), "tabs": [format!("{site}/app")], "origins": [site]});
     let started = Instant::now();
-    let created =
-        t.post("/v1/connections", &alice, json!({"kind": "browser", "name": "laptop chromium", "settings": settings, "credential": {}}))
-            .await;
+    let created = t
+        .post(
+            "/v1/connections",
+            &alice,
+            json!({"kind": "browser", "name": "laptop chromium", "settings": settings, "credential": {}}),
+        )
+        .await;
     assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
     assert_eq!(created.body["permissions"]["browser.attached"]["access"]["state"], "granted", "{created:?}");
     assert!(created.body.to_string().contains(&app_tab), "the inventory lists the tab: {created:?}");
@@ -594,10 +598,8 @@ async fn a_device_runner_carries_the_user_s_browser(backend: Backend) {
 
     // Another user can neither name the device nor use alice's connection.
     let bob = f.t.user("bob").await;
-    let theirs = f
-        .t
-        .post("/v1/connections", &bob, json!({"kind": "browser", "settings": settings, "credential": {}}))
-        .await;
+    let theirs =
+        f.t.post("/v1/connections", &bob, json!({"kind": "browser", "settings": settings, "credential": {}})).await;
     assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{theirs:?}");
     let view = f.t.get("/v1/tools/attached_browser_snapshot", &bob).await;
     assert_eq!(view.body["reason"]["code"], "no_connection", "{view:?}");
@@ -620,6 +622,8 @@ async fn a_device_runner_carries_the_user_s_browser(backend: Backend) {
     // The runner stopping takes the browser with it.
     runner.signal("-9");
     let took = f.wait_reason(Some("browser_gone"), Duration::from_secs(10)).await;
-    eprintln!("FIGURES attached browser through the device runner ({backend:?}): runner kill -9 to browser_gone {took:?}");
+    eprintln!(
+        "FIGURES attached browser through the device runner ({backend:?}): runner kill -9 to browser_gone {took:?}"
+    );
     drop(user);
 }

@@ -83,7 +83,9 @@ mod tests {
         assert!(check_method("Network.getCookies", &serde_json::json!({})).is_err());
         let f = serde_json::json!({"functionDeclaration": "function() { return document.cookie }"});
         assert!(check_method("Runtime.callFunctionOn", &f).is_err());
-        assert!(check_method("Runtime.callFunctionOn", &serde_json::json!({"functionDeclaration": CLEAR_FIELD})).is_ok());
+        assert!(
+            check_method("Runtime.callFunctionOn", &serde_json::json!({"functionDeclaration": CLEAR_FIELD})).is_ok()
+        );
         assert_eq!(answer_id("{\"id\":42,\"result\":{}}"), Some(42));
         assert_eq!(answer_id("{\"method\":\"x\"}"), None);
     }

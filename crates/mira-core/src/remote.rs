@@ -544,6 +544,30 @@ mod tests {
     }
 
     #[test]
+    fn devtools_frames_verify_only_as_signed_for_their_device() {
+        let server = signing_key(&[7; 32]);
+        let public = server.verifying_key();
+        let f = CdpDown::seal(&server, "dev_a", "cdp_1", 3, CdpOp::Message, r#"{"id":1}"#.into());
+        assert!(f.verify(&public, "dev_a"));
+        assert!(!f.verify(&public, "dev_b"));
+        for tampered in [
+            CdpDown { seq: 4, ..f.clone() },
+            CdpDown { channel: "cdp_2".into(), ..f.clone() },
+            CdpDown { op: CdpOp::Open, ..f.clone() },
+            CdpDown { data: r#"{"id":2}"#.into(), ..f.clone() },
+            CdpDown { device_id: "dev_b".into(), ..f.clone() },
+        ] {
+            assert!(!tampered.verify(&public, &tampered.device_id.clone()), "{tampered:?}");
+        }
+        let forged = CdpDown::seal(&signing_key(&[8; 32]), "dev_a", "cdp_1", 3, CdpOp::Message, r#"{"id":1}"#.into());
+        assert!(!forged.verify(&public, "dev_a"));
+        // A frame on the stream as the runner reads it.
+        let line = serde_json::to_string(&ServerMessage::Cdp(f.clone())).unwrap();
+        assert!(line.starts_with(r#"{"type":"cdp""#), "{line}");
+        assert!(matches!(serde_json::from_str::<ServerMessage>(&line).unwrap(), ServerMessage::Cdp(g) if g == f));
+    }
+
+    #[test]
     fn device_terminal_ids_are_the_invocations_own() {
         let a = device_terminal_session_id("inv_1");
         assert_eq!(a, device_terminal_session_id("inv_1"));

@@ -211,8 +211,13 @@ impl DeviceBrowser {
     }
 
     async fn post_state(&self, session: &str, state: &CdpState) {
-        let sent =
-            self.client.post(format!("{}/v1/runner/cdp/state", self.server)).bearer_auth(session).json(state).send().await;
+        let sent = self
+            .client
+            .post(format!("{}/v1/runner/cdp/state", self.server))
+            .bearer_auth(session)
+            .json(state)
+            .send()
+            .await;
         if let Err(e) = sent {
             tracing::debug!(error = %e, "a browser channel's state was not sent");
         }
@@ -221,7 +226,12 @@ impl DeviceBrowser {
     /// `/json/version` at the loopback address: the product and the browser WebSocket path.
     async fn version(&self) -> Result<(String, String), String> {
         let url = format!("http://{}/json/version", self.addr);
-        let mut resp = self.local.get(&url).send().await.map_err(|e| format!("no browser answers on this device at {}: {e}", self.addr))?;
+        let mut resp = self
+            .local
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| format!("no browser answers on this device at {}: {e}", self.addr))?;
         if !resp.status().is_success() {
             return Err(format!("the device's browser answered {} to /json/version", resp.status()));
         }
@@ -295,7 +305,8 @@ impl DeviceBrowser {
         };
         let (mut sink, mut source) = ws.split();
         let (up_tx, up_rx) = mpsc::channel::<String>(UP_QUEUE);
-        let uploader = tokio::spawn(Arc::clone(self).upload(channel.to_owned(), session.to_owned(), up_rx, close.clone()));
+        let uploader =
+            tokio::spawn(Arc::clone(self).upload(channel.to_owned(), session.to_owned(), up_rx, close.clone()));
         let _stop_uploader = AbortOnDrop(uploader);
         self.post_state(session, &CdpState::Open { channel: channel.to_owned(), product, ws_path: path }).await;
         let why = loop {
@@ -334,7 +345,13 @@ impl DeviceBrowser {
 
     /// Posts the channel's queued messages in order, gathered up to [`CDP_BATCH_BYTES`] an
     /// upload; a failed upload closes the channel.
-    async fn upload(self: Arc<Self>, channel: String, session: String, mut rx: mpsc::Receiver<String>, close: CancellationToken) {
+    async fn upload(
+        self: Arc<Self>,
+        channel: String,
+        session: String,
+        mut rx: mpsc::Receiver<String>,
+        close: CancellationToken,
+    ) {
         let mut seq = 0u64;
         while let Some(first) = rx.recv().await {
             let mut body = first.into_bytes();
@@ -389,7 +406,13 @@ mod tests {
         assert_eq!(parse_endpoint("http://127.0.0.1:9222").unwrap().port(), 9222);
         assert!(parse_endpoint("http://localhost:9222/").unwrap().ip().is_loopback());
         assert!(parse_endpoint("http://[::1]:9222").is_ok());
-        for bad in ["http://10.0.0.2:9222", "http://example.com:9222", "https://127.0.0.1:9222", "http://127.0.0.1", "http://127.0.0.1:9222/json"] {
+        for bad in [
+            "http://10.0.0.2:9222",
+            "http://example.com:9222",
+            "https://127.0.0.1:9222",
+            "http://127.0.0.1",
+            "http://127.0.0.1:9222/json",
+        ] {
             assert!(parse_endpoint(bad).is_err(), "{bad}");
         }
     }

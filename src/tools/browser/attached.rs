@@ -496,7 +496,12 @@ impl AttachedBrowsers {
     /// device; the address never reaches the server). Errors: 403 `forbidden` (not the
     /// owner's device, or the server's own managed browser), 503 `browser_gone` (the runner
     /// not connected here, without the browser capability, or its browser not answering).
-    async fn connect_device(&self, conn: &Opened, settings: AttachedSettings, device: &str) -> Result<Session, ToolError> {
+    async fn connect_device(
+        &self,
+        conn: &Opened,
+        settings: AttachedSettings,
+        device: &str,
+    ) -> Result<Session, ToolError> {
         let devices = self
             .devices
             .get()

@@ -39,13 +39,13 @@ type Pending = oneshot::Sender<Result<Value, String>>;
 /// Events queued for one subscriber at most; more are dropped (a browser that floods events
 /// only stalls its own paused requests, never the server's memory).
 pub const MAX_QUEUED_EVENTS: usize = 64;
-/// The largest WebSocket message (and frame) accepted from a browser: a screenshot's answer
-/// fits; a larger one closes the connection (`browser_gone`).
-pub use mira_core::devtools::MAX_MESSAGE_BYTES;
 /// The largest event (a message that is not the answer to a command) passed on; larger ones
 /// are dropped unread, so a hostile endpoint cannot make the server build huge JSON trees or
 /// fill the event queues (64 × 1 MiB per subscriber at most).
 pub use mira_core::devtools::MAX_EVENT_BYTES;
+/// The largest WebSocket message (and frame) accepted from a browser: a screenshot's answer
+/// fits; a larger one closes the connection (`browser_gone`).
+pub use mira_core::devtools::MAX_MESSAGE_BYTES;
 
 struct Subscriber {
     session: Option<String>,
