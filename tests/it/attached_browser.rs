@@ -596,6 +596,21 @@ async fn a_device_runner_carries_the_user_s_browser(backend: Backend) {
         p50(times)
     );
 
+    // The upload route reads a message up to 16 MiB (past the API's body limit) and no more;
+    // a session that is not a runner's is refused.
+    let client = reqwest::Client::new();
+    let upload = |bytes: usize| {
+        client
+            .post(format!("{}/v1/runner/cdp?channel=cdp_x&seq=0", f.t.base))
+            .bearer_auth("mrs_not_a_session")
+            .body(vec![b'x'; bytes])
+            .send()
+    };
+    let r = upload(3 << 20).await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert!(r.text().await.unwrap().contains("device_auth_failed"));
+    assert_eq!(upload(17 << 20).await.unwrap().status(), StatusCode::PAYLOAD_TOO_LARGE);
+
     // Another user can neither name the device nor use alice's connection.
     let bob = f.t.user("bob").await;
     let theirs =
