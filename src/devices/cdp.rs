@@ -29,6 +29,8 @@ use crate::registry::ToolError;
 pub const UP_QUEUE: usize = 1024;
 /// Longest a frame waits for room on the runner's stream before the channel closes.
 pub const DOWN_WAIT: Duration = Duration::from_secs(5);
+/// How often a client looks whether its channel's runner is still there.
+pub const WATCH_EVERY: Duration = Duration::from_millis(500);
 /// Channels one device's runner holds at most.
 pub const MAX_CHANNELS: usize = 4;
 
@@ -96,7 +98,35 @@ impl CdpLink {
     }
 }
 
+/// Tells whether a channel's runner is still there (connected here, its lease valid, the
+/// channel open).
+#[derive(Clone)]
+pub struct CdpWatch {
+    hub: Arc<DeviceHub>,
+    device_id: String,
+    channel: String,
+}
+
+impl CdpWatch {
+    /// Why the channel is unusable now, if it is.
+    pub fn gone(&self) -> Option<String> {
+        if self.hub.live(&self.device_id).is_none() {
+            return Some(format!(
+                "the runner of device {} went away (no heartbeat for its lease, or disconnected)",
+                self.device_id
+            ));
+        }
+        (!self.hub.cdp_channels.lock().contains_key(&self.channel))
+            .then(|| "the channel to the device's browser closed".to_owned())
+    }
+}
+
 impl CdpDownSender {
+    /// A watch on this channel's runner.
+    pub fn watch(&self) -> CdpWatch {
+        CdpWatch { hub: Arc::clone(&self.hub), device_id: self.device_id.clone(), channel: self.channel.clone() }
+    }
+
     /// Sends one DevTools command (already checked against the allow-list) to the runner.
     /// Errors: why the channel is unusable (its runner gone, its stream full).
     pub async fn send(&self, data: String) -> Result<(), String> {

@@ -634,6 +634,16 @@ async fn a_device_runner_carries_the_user_s_browser(backend: Backend) {
     let again = f.run("attached_browser_snapshot", json!({})).await;
     assert_eq!(again["status"], "completed", "{again}");
 
+    // A runner that stops beating (SIGSTOP, lease 2 s): browser_gone; back once it runs again.
+    runner.signal("-STOP");
+    let took = f.wait_reason(Some("browser_gone"), Duration::from_secs(10)).await;
+    eprintln!(
+        "FIGURES attached browser through the device runner ({backend:?}): runner SIGSTOP to browser_gone {took:?}"
+    );
+    runner.signal("-CONT");
+    let back = f.wait_reason(None, Duration::from_secs(60)).await;
+    eprintln!("FIGURES attached browser through the device runner ({backend:?}): SIGCONT to available {back:?}");
+
     // The runner stopping takes the browser with it.
     runner.signal("-9");
     let took = f.wait_reason(Some("browser_gone"), Duration::from_secs(10)).await;

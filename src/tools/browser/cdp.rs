@@ -140,6 +140,7 @@ impl CdpClient {
         let (out, mut rx) = mpsc::unbounded_channel::<String>();
         let client = CdpClient::new(out);
         let (down, mut up) = link.split();
+        let watch = down.watch();
         let closed = client.closed.clone();
         let weak = Arc::downgrade(&client);
         tokio::spawn(async move {
@@ -159,8 +160,16 @@ impl CdpClient {
         });
         let weak = Arc::downgrade(&client);
         tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::devices::cdp::WATCH_EVERY);
             let reason = loop {
-                let Some(up) = up.recv().await else {
+                let next = tokio::select! {
+                    next = up.recv() => next,
+                    _ = tick.tick() => match watch.gone() {
+                        Some(why) => break why,
+                        None => continue,
+                    },
+                };
+                let Some(up) = next else {
                     break "the device's runner went away".to_owned();
                 };
                 let Some(client) = weak.upgrade() else { return };
