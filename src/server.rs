@@ -152,7 +152,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         search: config.search.clone(),
         terminal: config.terminal.clone(),
         browser: config.browser.clone(),
-        attached,
+        attached: attached.clone(),
         node_id,
         sandbox: sandbox.clone(),
     };
@@ -215,6 +215,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         )
         .context("building the device hub's HTTP client")?,
     );
+    attached.set_devices(&devices);
     let device_terminal = Arc::new(crate::tools::terminal::TerminalSession::new(core.terminal.clone()));
     let executor = Arc::new(
         crate::devices::RemoteExecutor::new(cluster_executor, devices.clone(), store.clone())

@@ -23,6 +23,7 @@
 //! replica is told to the holder (`/internal/v1/devices/cut`), which cuts the runner at once.
 //! A runner that reconnects through another replica moves the holder there.
 
+pub mod cdp;
 pub mod enroll_limit;
 pub mod executor;
 pub mod late;
@@ -208,6 +209,8 @@ pub struct DeviceHub {
     late_slots: Arc<tokio::sync::Semaphore>,
     node: Arc<Node>,
     client: reqwest::Client,
+    /// DevTools channels to devices' browsers, by channel id ([`cdp`]).
+    cdp_channels: Mutex<HashMap<String, cdp::Channel>>,
 }
 
 /// Where a device's live connection is, seen from this replica.
@@ -306,6 +309,9 @@ impl Drop for DetachGuard {
                 None
             }
         };
+        if removed.is_some() {
+            self.hub.drop_cdp_channels(&self.device_id);
+        }
         // The row forgets this holder (only while the session is still its own).
         if let Some(conn) = removed
             && let Ok(rt) = tokio::runtime::Handle::try_current()
@@ -353,6 +359,7 @@ impl DeviceHub {
             late_slots: Arc::new(tokio::sync::Semaphore::new(LATE_ATTACH_SLOTS)),
             node,
             client,
+            cdp_channels: Mutex::new(HashMap::new()),
         })
     }
 
@@ -504,6 +511,7 @@ impl DeviceHub {
         });
         if let Some(old) = self.inner.lock().connections.insert(req.device_id.clone(), conn) {
             old.cut.cancel();
+            self.drop_cdp_channels(&req.device_id);
         }
         // A revocation between `hold_device` and the insert above found no connection here to
         // cut: read the row again, so that a revoked device's runner never stays attached.
@@ -547,6 +555,8 @@ impl DeviceHub {
             if inner.connections.get(&device).is_some_and(|c| c.session == conn.session) {
                 inner.connections.remove(&device);
             }
+            drop(inner);
+            self.drop_cdp_channels(&device);
             tracing::info!(device = %device, "a runner connection replaced elsewhere (or revoked) was cut");
             return Err(Self::session_refused());
         }
@@ -675,6 +685,7 @@ impl DeviceHub {
     fn cut_here(&self, device_id: &str) -> bool {
         let Some(conn) = self.inner.lock().connections.remove(device_id) else { return false };
         conn.cut.cancel();
+        self.drop_cdp_channels(device_id);
         tracing::info!(device = device_id, "revoked device's runner cut");
         true
     }

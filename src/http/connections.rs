@@ -302,6 +302,14 @@ async fn validated_settings(app: &App, user: &AuthUser, kind: ConnectionKind, se
     for url in driver.endpoints(&settings) {
         app.check_fetch_url(user.is_admin, &url).await?;
     }
+    // A browser reached through a device's runner: the caller's own device only (admins too).
+    if kind == ConnectionKind::Browser
+        && let Some(device) =
+            settings["endpoint"].as_str().and_then(|e| e.strip_prefix(crate::tools::browser::attached::DEVICE_PREFIX))
+        && app.store.device_for(&user.user_id, device).await?.is_none()
+    {
+        return Err(Error::NotFound("device"));
+    }
     if kind == ConnectionKind::Mail && !user.is_admin && !app.config.allow_internal_urls {
         crate::tools::mail::refuse_plaintext_settings(&settings)?;
     }

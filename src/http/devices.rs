@@ -313,6 +313,30 @@ async fn runner_terminal_end(
     Ok(Json(app.devices.terminal_end(session(&headers)?, &body).await?).into_response())
 }
 
+/// `POST /v1/runner/cdp?channel=&seq=` (session bearer): the messages of a device's
+/// browser for a DevTools channel, one per line (at most
+/// [`mira_core::remote::CDP_UPLOAD_MAX`] bytes).
+async fn runner_cdp(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<mira_core::remote::CdpUpQuery>,
+    body: axum::body::Bytes,
+) -> Result<StatusCode> {
+    app.devices.cdp_upload(session(&headers)?, &q, &body)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/runner/cdp/state` (session bearer): a DevTools channel opened or closed on
+/// the device.
+async fn runner_cdp_state(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Json(body): Json<mira_core::remote::CdpState>,
+) -> Result<StatusCode> {
+    app.devices.cdp_state(session(&headers)?, body)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// The runner protocol's routes (outside the OpenAPI document; docs/runner.md).
 pub fn runner_router() -> axum::Router<App> {
     use axum::routing::post;
@@ -324,4 +348,9 @@ pub fn runner_router() -> axum::Router<App> {
         .route("/v1/runner/results", post(runner_result))
         .route("/v1/runner/terminal/output", post(runner_terminal_output))
         .route("/v1/runner/terminal/end", post(runner_terminal_end))
+        .route(
+            "/v1/runner/cdp",
+            post(runner_cdp).layer(axum::extract::DefaultBodyLimit::max(mira_core::remote::CDP_UPLOAD_MAX)),
+        )
+        .route("/v1/runner/cdp/state", post(runner_cdp_state))
 }

@@ -23,7 +23,8 @@ use crate::common::{Backend, Options, TestApp, spawn_with};
 
 both_backends!(
     attach_act_on_the_granted_tab_only_and_survive_a_restart,
-    a_user_s_own_browser_binds_its_approvals_and_is_theirs_alone
+    a_user_s_own_browser_binds_its_approvals_and_is_theirs_alone,
+    a_device_runner_carries_the_user_s_browser
 );
 
 const APP: &str = r#"<!doctype html><html><head><title>User app</title></head><body>
@@ -510,4 +511,144 @@ async fn a_user_s_own_browser_binds_its_approvals_and_is_theirs_alone(backend: B
     let r = f.t.call(&bob, &bob_run, &bob_turn, "attached_browser_snapshot", "b1", json!({"connection": conn})).await;
     assert!(!r.status.is_success(), "{r:?}");
     assert!(!r.body.to_string().contains("Press me"), "{r:?}");
+}
+
+/// A hosted control plane (no internal addresses) reaches a non-admin's browser through
+/// their device's runner: `mira runner --attach-browser http://127.0.0.1:PORT`, the
+/// connection's endpoint `device:<device_id>`. Snapshot and an approved click in the granted
+/// tab; another user cannot name the device; kill -9 of the browser is `browser_gone`, its
+/// restart brings the tools back, and the runner stopping is `browser_gone` too.
+async fn a_device_runner_carries_the_user_s_browser(backend: Backend) {
+    let site = serve_pages().await;
+    let user = UserBrowser::start(free_port(), tempfile::tempdir().unwrap()).await;
+    let app_tab = user.open(&format!("{site}/app")).await;
+    let mut options = crate::runner::options();
+    options.runtime.allow_internal_urls = false;
+    let t = spawn_with(backend, options).await;
+    let alice = t.user("alice").await;
+    let root = tempfile::tempdir().unwrap();
+    let mut runner = crate::runner::device(&t, &alice, "laptop", root.path()).await;
+    let device = runner.device_id.clone();
+    // Again, attaching the browser on the device.
+    if let Some(mut c) = runner.child.take() {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    runner.args = vec!["--attach-browser".into(), user.endpoint()];
+    runner.start();
+    let started = Instant::now();
+    loop {
+        let view = crate::runner::device_view(&t, &alice, &device).await;
+        let caps = view["advertised"]["capabilities"].as_array().cloned().unwrap_or_default();
+        if view["status"] == "connected" && caps.iter().any(|c| c == "browser") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "the runner never advertised browser: {view}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The loopback address itself is refused for the non-admin; the device endpoint is not.
+    let direct = json!({"endpoint": user.endpoint(), "tabs": [], "origins": [site]});
+    let r = t.post("/v1/connections", &alice, json!({"kind": "browser", "settings": direct, "credential": {}})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "internal_address"), "{r:?}");
+    let settings = json!({"endpoint": format!("device:{device}"), "tabs": [format!("{site}/app")], "origins": [site]});
+    let started = Instant::now();
+    let created = t
+        .post(
+            "/v1/connections",
+            &alice,
+            json!({"kind": "browser", "name": "laptop chromium", "settings": settings, "credential": {}}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["permissions"]["browser.attached"]["access"]["state"], "granted", "{created:?}");
+    assert!(created.body.to_string().contains(&app_tab), "the inventory lists the tab: {created:?}");
+    assert!(!created.body.to_string().contains(&user.endpoint()), "the device's address never reaches the server");
+    let conn = created.body["id"].as_str().unwrap().to_owned();
+    let run = t.run(&alice).await;
+    let (turn, _) = t.turn(&alice, &run, "use my attached browser: snapshot the page and click a button").await;
+    let mut f = Fx { t, token: alice, run, turn, calls: 0 };
+    f.wait_reason(None, Duration::from_secs(5)).await;
+    let snap = f.run("attached_browser_snapshot", json!({})).await;
+    let to_first_snapshot = started.elapsed();
+    assert_eq!(snap["status"], "completed", "{snap}");
+    let out = snap["result"]["output"].clone();
+    assert_eq!(out["tab"], app_tab.as_str(), "{out}");
+    assert_eq!(out["connection_id"], conn.as_str(), "{out}");
+    let press = reference(out["tree"].as_str().unwrap(), "button \"Press me\"");
+    let (preview, click) =
+        f.approved("attached_browser_click", json!({"snapshot_id": out["snapshot_id"], "ref": press})).await;
+    assert_eq!(preview["element"]["name"], "Press me", "{preview}");
+    assert!(preview["browser"].as_str().unwrap().contains(&format!("device:{device}")), "{preview}");
+    assert_eq!(click["status"], "completed", "{click}");
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let s = Instant::now();
+        let done = f.run("attached_browser_snapshot", json!({})).await;
+        assert!(done["result"]["output"]["tree"].as_str().unwrap().contains("Pressed!"), "{done}");
+        times.push(s.elapsed());
+    }
+    let shot = f.run("attached_browser_screenshot", json!({})).await;
+    assert_eq!(shot["status"], "completed", "a screenshot's answer comes up through the runner: {shot}");
+    eprintln!(
+        "FIGURES attached browser through the device runner ({backend:?}): create to first snapshot {to_first_snapshot:?}; \
+         snapshot p50 {:?} (freeze to final)",
+        p50(times)
+    );
+
+    // The upload route reads a message up to 16 MiB (past the API's body limit) and no more;
+    // a session that is not a runner's is refused.
+    let client = reqwest::Client::new();
+    let upload = |bytes: usize| {
+        client
+            .post(format!("{}/v1/runner/cdp?channel=cdp_x&seq=0", f.t.base))
+            .bearer_auth("mrs_not_a_session")
+            .body(vec![b'x'; bytes])
+            .send()
+    };
+    let r = upload(3 << 20).await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert!(r.text().await.unwrap().contains("device_auth_failed"));
+    assert_eq!(upload(17 << 20).await.unwrap().status(), StatusCode::PAYLOAD_TOO_LARGE);
+
+    // Another user can neither name the device nor use alice's connection.
+    let bob = f.t.user("bob").await;
+    let theirs =
+        f.t.post("/v1/connections", &bob, json!({"kind": "browser", "settings": settings, "credential": {}})).await;
+    assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{theirs:?}");
+    let view = f.t.get("/v1/tools/attached_browser_snapshot", &bob).await;
+    assert_eq!(view.body["reason"]["code"], "no_connection", "{view:?}");
+
+    // kill -9 of the browser on the device: browser_gone, with no call.
+    let (port, profile) = user.kill();
+    let took = f.wait_reason(Some("browser_gone"), Duration::from_secs(5)).await;
+    eprintln!("FIGURES attached browser through the device runner ({backend:?}): kill -9 to browser_gone {took:?}");
+    let refused = f.freeze("attached_browser_snapshot", json!({})).await;
+    assert!(refused.body.to_string().contains("browser_gone"), "{refused:?}");
+
+    // Restarted, the granted URL open again: available again by itself.
+    let user = UserBrowser::start(port, profile).await;
+    user.open(&format!("{site}/app")).await;
+    let back = f.wait_reason(None, Duration::from_secs(30)).await;
+    eprintln!("FIGURES attached browser through the device runner ({backend:?}): restart to available {back:?}");
+    let again = f.run("attached_browser_snapshot", json!({})).await;
+    assert_eq!(again["status"], "completed", "{again}");
+
+    // A runner that stops beating (SIGSTOP, lease 2 s): browser_gone; back once it runs again.
+    runner.signal("-STOP");
+    let took = f.wait_reason(Some("browser_gone"), Duration::from_secs(10)).await;
+    eprintln!(
+        "FIGURES attached browser through the device runner ({backend:?}): runner SIGSTOP to browser_gone {took:?}"
+    );
+    runner.signal("-CONT");
+    let back = f.wait_reason(None, Duration::from_secs(60)).await;
+    eprintln!("FIGURES attached browser through the device runner ({backend:?}): SIGCONT to available {back:?}");
+
+    // The runner stopping takes the browser with it.
+    runner.signal("-9");
+    let took = f.wait_reason(Some("browser_gone"), Duration::from_secs(10)).await;
+    eprintln!(
+        "FIGURES attached browser through the device runner ({backend:?}): runner kill -9 to browser_gone {took:?}"
+    );
+    drop(user);
 }

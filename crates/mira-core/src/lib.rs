@@ -11,6 +11,7 @@ pub mod availability;
 pub mod canonical;
 pub mod chain;
 pub mod commit;
+pub mod devtools;
 pub mod error_code;
 pub mod evidence;
 pub mod ids;

@@ -41,6 +41,18 @@ pub const RUNNER_CAPABILITIES: [&str; 2] = ["fs.read", "fs.write"];
 pub const TERMINAL_CAPABILITY: &str = "pty";
 /// Largest body of one `POST /v1/runner/terminal/output`, in bytes of output.
 pub const TERMINAL_CHUNK_MAX: usize = 256 * 1024;
+/// The capability of a runner started with `--attach-browser`: it carries DevTools messages
+/// between the control plane and a Chromium on the device's loopback ([`CdpDown`],
+/// `POST /v1/runner/cdp`).
+pub const BROWSER_CAPABILITY: &str = "browser";
+/// Domain separation prefix of a DevTools frame's signature ([`CdpDown`]).
+pub const CDP_DOMAIN: &[u8] = b"mira-cdp-v1\n";
+/// Largest body of one `POST /v1/runner/cdp`: one DevTools message of
+/// [`crate::devtools::MAX_MESSAGE_BYTES`] and the line around it.
+pub const CDP_UPLOAD_MAX: usize = crate::devtools::MAX_MESSAGE_BYTES + 64 * 1024;
+/// The runner gathers queued browser messages into one upload up to this many bytes (a
+/// single larger message goes alone).
+pub const CDP_BATCH_BYTES: usize = 1 << 20;
 
 /// The id of the terminal session a device's `start` execution opens: `term_` and the first
 /// 16 bytes (hex) of SHA-256 over `"mira-device-terminal\n"` and the invocation id. Both
@@ -254,8 +266,105 @@ pub enum ServerMessage {
     },
     /// A job to run.
     Job(SignedJob),
+    /// A DevTools frame for the browser this runner attaches (`--attach-browser`); sent only
+    /// to runners that advertised [`BROWSER_CAPABILITY`].
+    Cdp(CdpDown),
     /// Keeps idle connections alive.
     Ping,
+}
+
+/// What a [`CdpDown`] frame asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CdpOp {
+    /// Open a DevTools connection to the device's browser for this channel.
+    Open,
+    /// Send `data` (one DevTools command as JSON text) to the browser.
+    Message,
+    /// Close the channel's DevTools connection.
+    Close,
+}
+
+/// A DevTools frame from the control plane to a runner, signed like a job (Ed25519 over
+/// [`CDP_DOMAIN`] + [`CdpDown::signed_bytes`]), in order per channel (`seq` from 0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CdpDown {
+    /// The device it is for.
+    pub device_id: String,
+    /// The channel (one DevTools connection; chosen by the control plane, random).
+    pub channel: String,
+    /// 0 for `open`, then one more per frame of the channel.
+    pub seq: u64,
+    /// What to do.
+    pub op: CdpOp,
+    /// The DevTools command (`message`), else empty.
+    #[serde(default)]
+    pub data: String,
+    /// Hex signature.
+    pub signature: String,
+}
+
+impl CdpDown {
+    /// The bytes the signature covers: device, channel, seq, op and data, one per line
+    /// (data last, as it is).
+    pub fn signed_bytes(device_id: &str, channel: &str, seq: u64, op: CdpOp, data: &str) -> Vec<u8> {
+        let op = match op {
+            CdpOp::Open => "open",
+            CdpOp::Message => "message",
+            CdpOp::Close => "close",
+        };
+        format!("{device_id}\n{channel}\n{seq}\n{op}\n{data}").into_bytes()
+    }
+
+    /// A frame signed with the control plane's `key`.
+    pub fn seal(key: &SigningKey, device_id: &str, channel: &str, seq: u64, op: CdpOp, data: String) -> Self {
+        let signature = sign(key, CDP_DOMAIN, &Self::signed_bytes(device_id, channel, seq, op, &data));
+        Self { device_id: device_id.to_owned(), channel: channel.to_owned(), seq, op, data, signature }
+    }
+
+    /// Whether the frame is signed by `public` and for `device_id`.
+    pub fn verify(&self, public: &VerifyingKey, device_id: &str) -> bool {
+        self.device_id == device_id
+            && verify(
+                public,
+                CDP_DOMAIN,
+                &Self::signed_bytes(&self.device_id, &self.channel, self.seq, self.op, &self.data),
+                &self.signature,
+            )
+    }
+}
+
+/// Query of `POST /v1/runner/cdp` (session bearer): the browser's messages of `channel`,
+/// the body holding them one per line (`seq` counts uploads of the channel from 0).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CdpUpQuery {
+    /// The channel.
+    pub channel: String,
+    /// This upload's number in the channel, from 0.
+    pub seq: u64,
+}
+
+/// Body of `POST /v1/runner/cdp/state` (session bearer): a channel's DevTools connection on
+/// the device opened, or closed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum CdpState {
+    /// Connected to the browser's WebSocket.
+    Open {
+        /// The channel.
+        channel: String,
+        /// The browser's product (`Chrome/…`, from `/json/version`).
+        product: String,
+        /// The path of the browser's WebSocket (`/devtools/browser/…`).
+        ws_path: String,
+    },
+    /// The connection could not open, or closed.
+    Closed {
+        /// The channel.
+        channel: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// What a job asks for.
@@ -432,6 +541,30 @@ mod tests {
             expires_at: "2999-01-01T00:00:00.000Z".into(),
             nonce: "n1".into(),
         }
+    }
+
+    #[test]
+    fn devtools_frames_verify_only_as_signed_for_their_device() {
+        let server = signing_key(&[7; 32]);
+        let public = server.verifying_key();
+        let f = CdpDown::seal(&server, "dev_a", "cdp_1", 3, CdpOp::Message, r#"{"id":1}"#.into());
+        assert!(f.verify(&public, "dev_a"));
+        assert!(!f.verify(&public, "dev_b"));
+        for tampered in [
+            CdpDown { seq: 4, ..f.clone() },
+            CdpDown { channel: "cdp_2".into(), ..f.clone() },
+            CdpDown { op: CdpOp::Open, ..f.clone() },
+            CdpDown { data: r#"{"id":2}"#.into(), ..f.clone() },
+            CdpDown { device_id: "dev_b".into(), ..f.clone() },
+        ] {
+            assert!(!tampered.verify(&public, &tampered.device_id.clone()), "{tampered:?}");
+        }
+        let forged = CdpDown::seal(&signing_key(&[8; 32]), "dev_a", "cdp_1", 3, CdpOp::Message, r#"{"id":1}"#.into());
+        assert!(!forged.verify(&public, "dev_a"));
+        // A frame on the stream as the runner reads it.
+        let line = serde_json::to_string(&ServerMessage::Cdp(f.clone())).unwrap();
+        assert!(line.starts_with(r#"{"type":"cdp""#), "{line}");
+        assert!(matches!(serde_json::from_str::<ServerMessage>(&line).unwrap(), ServerMessage::Cdp(g) if g == f));
     }
 
     #[test]

@@ -98,6 +98,12 @@ pub struct RunArgs {
     /// colon-separated), e.g. toolchains under your HOME such as `~/.cargo` or `~/.nvm`.
     #[arg(long = "sandbox-read", env = "MIRA_RUNNER_SANDBOX_READ", value_delimiter = ':')]
     pub sandbox_read: Vec<PathBuf>,
+    /// The debugging address of a Chromium on this device to offer as the owner's attached
+    /// browser (`http://127.0.0.1:9222`; loopback only, it never leaves the device): the
+    /// runner advertises `browser` and carries the control plane's DevTools messages to it,
+    /// each checked against the method allow-list here too.
+    #[arg(long = "attach-browser", env = "MIRA_RUNNER_ATTACH_BROWSER")]
+    pub attach_browser: Option<String>,
 }
 
 /// Logs to standard error (`RUST_LOG`, default `info`).
@@ -193,6 +199,17 @@ async fn connect(args: RunArgs) -> anyhow::Result<ExitCode> {
         runner = runner.with_confirmation(Confirmer::new(args.confirm_input, timeout)?);
     }
     let client = client()?;
+    if let Some(endpoint) = &args.attach_browser {
+        let addr = crate::browser::parse_endpoint(endpoint)?;
+        let browser = crate::browser::DeviceBrowser::new(
+            addr,
+            &enrolled.device_id,
+            runner.server_key(),
+            &server,
+            client.clone(),
+        )?;
+        runner = runner.with_browser(Arc::new(browser));
+    }
     let (mode, allow, device) = (args.sandbox, args.allow_unsandboxed, enrolled.device_id.clone());
     let state_dir = dir.clone();
     let read = args.sandbox_read.clone();

@@ -84,6 +84,10 @@ impl Connector {
             if let Some(uplink) = self.runner.uplink() {
                 uplink.set_session(None);
             }
+            // The control plane forgot this connection's browser channels with it.
+            if let Some(browser) = self.runner.browser() {
+                browser.close_all("the connection to the control plane ended");
+            }
             match end {
                 SessionEnd::Refused(why) => return Some(why),
                 SessionEnd::Retry(why) => {
@@ -172,6 +176,10 @@ impl Connector {
                         tokio::spawn(self.clone().deliver_undelivered(token));
                     }
                     ServerMessage::Ping => {}
+                    ServerMessage::Cdp(frame) => match (self.runner.browser(), session.as_deref()) {
+                        (Some(browser), Some(token)) => browser.handle(frame, token),
+                        _ => tracing::warn!("a DevTools frame for a browser this runner does not attach; ignored"),
+                    },
                     ServerMessage::Job(job) => {
                         let Some(token) = session.clone() else {
                             return SessionEnd::Retry("a job before the welcome".into());

@@ -15,6 +15,7 @@
 //!   the control plane's host).
 //! - [`cli`]: `mira runner enroll …` and `mira runner --server … --workspace …`.
 
+pub mod browser;
 pub mod cli;
 pub mod confirm;
 pub mod connection;

@@ -33,6 +33,7 @@ pub struct Runner {
     confirm: Option<Confirmer>,
     terminal: Option<(Arc<Uplink>, Arc<DeviceTerminal>)>,
     sandbox: Option<Arc<DeviceSandbox>>,
+    browser: Option<Arc<crate::browser::DeviceBrowser>>,
 }
 
 impl Runner {
@@ -63,6 +64,7 @@ impl Runner {
             confirm: None,
             terminal: None,
             sandbox: None,
+            browser: None,
         })
     }
 
@@ -88,6 +90,23 @@ impl Runner {
             tracing::warn!("no PTY can be opened here: terminal_session is not offered");
         }
         self
+    }
+
+    /// Carries DevTools messages to `browser` (`--attach-browser`); `browser` is advertised.
+    #[must_use]
+    pub fn with_browser(mut self, browser: Arc<crate::browser::DeviceBrowser>) -> Self {
+        self.browser = Some(browser);
+        self
+    }
+
+    /// The attached browser, when this runner carries one.
+    pub fn browser(&self) -> Option<&Arc<crate::browser::DeviceBrowser>> {
+        self.browser.as_ref()
+    }
+
+    /// The server key jobs and DevTools frames are signed with.
+    pub fn server_key(&self) -> VerifyingKey {
+        self.server_key
     }
 
     /// The terminal's uplink, when this runner runs terminal sessions.
@@ -121,6 +140,7 @@ impl Runner {
                 .iter()
                 .copied()
                 .chain(self.terminal.as_ref().map(|_| TERMINAL_CAPABILITY))
+                .chain(self.browser.as_ref().map(|_| mira_core::remote::BROWSER_CAPABILITY))
                 .map(str::to_owned)
                 .collect(),
             tools,

@@ -52,6 +52,10 @@ use crate::registry::{
 
 /// The permission of acting in the granted tabs.
 pub const ATTACH: &str = "browser.attached";
+/// The endpoint prefix of a browser reached through a device's runner: `device:<device_id>`.
+pub const DEVICE_PREFIX: &str = "device:";
+/// Longest the runner may take to reach its browser when a channel opens.
+pub const DEVICE_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most tabs one connection grants.
 pub const MAX_TABS: usize = 8;
 /// Most origins one connection allows.
@@ -92,7 +96,9 @@ pub fn bound() -> Result<Arc<UserContext>, ToolError> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttachedSettings {
-    /// The remote-debugging endpoint, canonical `http://host:port`.
+    /// The remote-debugging endpoint, canonical `http://host:port`; or `device:<device_id>`,
+    /// the browser the device's runner was started with (`--attach-browser`), reached
+    /// through the runner.
     pub endpoint: String,
     /// The granted tabs: a target id (as the connection's `inventory` lists it), or an
     /// http(s) URL prefix (canonical) a tab's address starts with when it is attached.
@@ -120,7 +126,24 @@ impl AttachedSettings {
                 format!("browser settings must be {{endpoint, tabs, origins}}: {e}"),
             )
         })?;
-        let url = url::Url::parse(s.endpoint.trim()).map_err(|e| invalid(format!("endpoint is not a URL: {e}")))?;
+        if let Some(device) = s.endpoint.trim().strip_prefix(DEVICE_PREFIX) {
+            if !crate::ids::is_well_formed(device, "dev") {
+                return Err(invalid("endpoint device:<device_id> names no device id (dev_…)"));
+            }
+            s.endpoint = format!("{DEVICE_PREFIX}{device}");
+        } else {
+            s.endpoint = Self::canonical_url(&s.endpoint)?;
+        }
+        Self::canonical_rest(s)
+    }
+
+    /// The device whose runner carries this browser (`device:<device_id>` endpoints).
+    pub fn device(&self) -> Option<&str> {
+        self.endpoint.strip_prefix(DEVICE_PREFIX)
+    }
+
+    fn canonical_url(endpoint: &str) -> Result<String, ToolError> {
+        let url = url::Url::parse(endpoint.trim()).map_err(|e| invalid(format!("endpoint is not a URL: {e}")))?;
         if url.scheme() != "http"
             || !url.username().is_empty()
             || url.password().is_some()
@@ -134,7 +157,10 @@ impl AttachedSettings {
         }
         let host = url.host_str().filter(|h| !h.is_empty()).ok_or_else(|| invalid("endpoint has no host"))?;
         let port = url.port_or_known_default().unwrap_or(80);
-        s.endpoint = format!("http://{host}:{port}");
+        Ok(format!("http://{host}:{port}"))
+    }
+
+    fn canonical_rest(mut s: AttachedSettings) -> Result<Self, ToolError> {
         if s.origins.is_empty() || s.origins.len() > MAX_ORIGINS {
             return Err(invalid(format!(
                 "origins must list 1–{MAX_ORIGINS} http(s) origins the granted tabs may load"
@@ -321,6 +347,7 @@ pub struct AttachedBrowsers {
     connecting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     hub: OnceLock<Weak<ConnectionHub>>,
     managed: OnceLock<Weak<BrowserManager>>,
+    devices: OnceLock<Weak<crate::devices::DeviceHub>>,
     backoff: Mutex<HashMap<String, (Instant, Duration)>>,
 }
 
@@ -328,6 +355,11 @@ impl AttachedBrowsers {
     /// No sessions yet; [`register`] wires the hub and the managed browser in.
     pub fn new() -> Arc<AttachedBrowsers> {
         Arc::new(AttachedBrowsers::default())
+    }
+
+    /// Wires in the device hub, for browsers reached through a device's runner.
+    pub fn set_devices(&self, devices: &Arc<crate::devices::DeviceHub>) {
+        let _ = self.devices.set(Arc::downgrade(devices));
     }
 
     fn hub(&self) -> Option<Arc<ConnectionHub>> {
@@ -387,6 +419,9 @@ impl AttachedBrowsers {
     }
 
     async fn connect(&self, conn: &Opened, settings: AttachedSettings) -> Result<Session, ToolError> {
+        if let Some(device) = settings.device().map(str::to_owned) {
+            return self.connect_device(conn, settings, &device).await;
+        }
         let url = url::Url::parse(&settings.endpoint).map_err(|e| invalid(format!("endpoint: {e}")))?;
         let host = url.host_str().unwrap_or_default().to_owned();
         let port = url.port_or_known_default().unwrap_or(80);
@@ -439,18 +474,65 @@ impl AttachedBrowsers {
             ));
         }
         let cdp = CdpClient::connect(&addrs, &authority, &path).await?;
+        Ok(Self::new_session(conn, settings, cdp, version["Browser"].as_str().unwrap_or_default().to_owned()))
+    }
+
+    fn new_session(conn: &Opened, settings: AttachedSettings, client: Arc<CdpClient>, product: String) -> Session {
         let policy = OriginPolicy { allow: settings.origins.clone(), rule: AddressRule::Any };
-        let session = Session {
+        Session {
             conn_id: conn.id.clone(),
             fingerprint: conn.fingerprint.clone(),
-            product: version["Browser"].as_str().unwrap_or_default().to_owned(),
+            product,
             settings,
-            client: cdp,
+            client,
             ctx: Arc::new(UserContext::attached(policy)),
             live: Mutex::new(HashSet::new()),
             syncing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// A session over the runner of the connection owner's device `device`: the runner
+    /// reaches the browser at its own loopback address (`--attach-browser`, checked on the
+    /// device; the address never reaches the server). Errors: 403 `forbidden` (not the
+    /// owner's device, or the server's own managed browser), 503 `browser_gone` (the runner
+    /// not connected here, without the browser capability, or its browser not answering).
+    async fn connect_device(
+        &self,
+        conn: &Opened,
+        settings: AttachedSettings,
+        device: &str,
+    ) -> Result<Session, ToolError> {
+        let devices = self
+            .devices
+            .get()
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| ToolError::new(ErrorCode::BrowserGone, "this server has no device runners"))?;
+        let owned = match conn.owner_id.as_deref() {
+            Some(owner) => devices
+                .is_owned_by(owner, device)
+                .await
+                .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?,
+            None => false,
         };
-        Ok(session)
+        if !owned {
+            return Err(ToolError::new(
+                ErrorCode::Forbidden,
+                format!("device {device} is not the connection owner's device: only its owner attaches its browser"),
+            ));
+        }
+        let mut link = devices.open_cdp(device)?;
+        let (product, ws_path) = link.opened(DEVICE_OPEN_TIMEOUT).await?;
+        if let Some(managed) = self.managed.get().and_then(Weak::upgrade)
+            && managed.websocket_path().await.as_deref() == Some(ws_path.as_str())
+        {
+            link.split().0.close();
+            return Err(ToolError::new(
+                ErrorCode::Forbidden,
+                "this device's browser is the server's own managed browser: it cannot be attached",
+            ));
+        }
+        let cdp = CdpClient::over_device(link);
+        Ok(Self::new_session(conn, settings, cdp, product))
     }
 
     /// Watches the browser's events for `session`: the WebSocket closing, and granted tabs
@@ -670,7 +752,12 @@ impl Driver for AttachedDriver {
     }
 
     fn endpoints(&self, settings: &Value) -> Vec<String> {
-        AttachedSettings::parse(settings.clone()).map(|s| vec![s.endpoint]).unwrap_or_default()
+        // A device's browser is reached through its runner: no address of the server's.
+        AttachedSettings::parse(settings.clone())
+            .ok()
+            .filter(|s| s.device().is_none())
+            .map(|s| vec![s.endpoint])
+            .unwrap_or_default()
     }
 
     async fn check(&self, conn: &Opened) -> CheckReport {

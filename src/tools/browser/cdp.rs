@@ -28,35 +28,8 @@ use crate::error::ErrorCode;
 use crate::registry::ToolError;
 
 /// Every DevTools method the attached client sends; anything else is refused before it
-/// leaves the server (403 `forbidden`).
-pub const ALLOWED_METHODS: &[&str] = &[
-    "Accessibility.getFullAXTree",
-    "Accessibility.getPartialAXTree",
-    "DOM.focus",
-    "DOM.getContentQuads",
-    "DOM.getNodeForLocation",
-    "DOM.resolveNode",
-    "DOM.scrollIntoViewIfNeeded",
-    "Fetch.continueRequest",
-    "Fetch.enable",
-    "Fetch.failRequest",
-    "Input.dispatchKeyEvent",
-    "Input.dispatchMouseEvent",
-    "Input.insertText",
-    "Page.bringToFront",
-    "Page.captureScreenshot",
-    "Page.enable",
-    "Page.getFrameTree",
-    "Page.getLayoutMetrics",
-    "Page.navigate",
-    "Runtime.callFunctionOn",
-    "Runtime.releaseObject",
-    "Target.attachToTarget",
-    "Target.detachFromTarget",
-    "Target.getTargetInfo",
-    "Target.getTargets",
-    "Target.setDiscoverTargets",
-];
+/// leaves the server (403 `forbidden`), and again by a device runner carrying it.
+pub use mira_core::devtools::ALLOWED_METHODS;
 
 /// Longest a WebSocket connection to a browser may take to open.
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -66,13 +39,13 @@ type Pending = oneshot::Sender<Result<Value, String>>;
 /// Events queued for one subscriber at most; more are dropped (a browser that floods events
 /// only stalls its own paused requests, never the server's memory).
 pub const MAX_QUEUED_EVENTS: usize = 64;
-/// The largest WebSocket message (and frame) accepted from a browser: a screenshot's answer
-/// fits; a larger one closes the connection (`browser_gone`).
-pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// The largest event (a message that is not the answer to a command) passed on; larger ones
 /// are dropped unread, so a hostile endpoint cannot make the server build huge JSON trees or
 /// fill the event queues (64 × 1 MiB per subscriber at most).
-pub const MAX_EVENT_BYTES: usize = 1 << 20;
+pub use mira_core::devtools::MAX_EVENT_BYTES;
+/// The largest WebSocket message (and frame) accepted from a browser: a screenshot's answer
+/// fits; a larger one closes the connection (`browser_gone`).
+pub use mira_core::devtools::MAX_MESSAGE_BYTES;
 
 struct Subscriber {
     session: Option<String>,
@@ -115,14 +88,7 @@ impl CdpClient {
             .map_err(|e| gone(format!("the DevTools handshake with {host} failed: {e}")))?;
         let (mut sink, mut source) = ws.split();
         let (out, mut rx) = mpsc::unbounded_channel::<String>();
-        let client = Arc::new(CdpClient {
-            out,
-            pending: Mutex::new(HashMap::new()),
-            subscribers: Mutex::new(Vec::new()),
-            next: AtomicU64::new(1),
-            closed: CancellationToken::new(),
-            reason: Mutex::new(None),
-        });
+        let client = CdpClient::new(out);
         let closed = client.closed.clone();
         tokio::spawn(async move {
             loop {
@@ -155,6 +121,71 @@ impl CdpClient {
         Ok(client)
     }
 
+    fn new(out: mpsc::UnboundedSender<String>) -> Arc<CdpClient> {
+        Arc::new(CdpClient {
+            out,
+            pending: Mutex::new(HashMap::new()),
+            subscribers: Mutex::new(Vec::new()),
+            next: AtomicU64::new(1),
+            closed: CancellationToken::new(),
+            reason: Mutex::new(None),
+        })
+    }
+
+    /// The same client over a device runner's session instead of a WebSocket: the DevTools
+    /// messages go down the runner's stream as signed frames of `link`'s channel and come
+    /// back through `POST /v1/runner/cdp`, in order ([`crate::devices::cdp`]). The channel
+    /// closing (the browser or the runner gone, a queue overflowing) closes the client.
+    pub fn over_device(link: crate::devices::cdp::CdpLink) -> Arc<CdpClient> {
+        let (out, mut rx) = mpsc::unbounded_channel::<String>();
+        let client = CdpClient::new(out);
+        let (down, mut up) = link.split();
+        let watch = down.watch();
+        let closed = client.closed.clone();
+        let weak = Arc::downgrade(&client);
+        tokio::spawn(async move {
+            let failed = loop {
+                tokio::select! {
+                    () = closed.cancelled() => break None,
+                    next = rx.recv() => match next {
+                        Some(text) => if let Err(e) = down.send(text).await { break Some(e) },
+                        None => break None,
+                    },
+                }
+            };
+            down.close();
+            if let (Some(reason), Some(client)) = (failed, weak.upgrade()) {
+                client.shut(reason);
+            }
+        });
+        let weak = Arc::downgrade(&client);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::devices::cdp::WATCH_EVERY);
+            let reason = loop {
+                let next = tokio::select! {
+                    next = up.recv() => next,
+                    _ = tick.tick() => match watch.gone() {
+                        Some(why) => break why,
+                        None => continue,
+                    },
+                };
+                let Some(up) = next else {
+                    break "the device's runner went away".to_owned();
+                };
+                let Some(client) = weak.upgrade() else { return };
+                match up {
+                    crate::devices::cdp::CdpUp::Message(text) => client.dispatch(&text),
+                    crate::devices::cdp::CdpUp::Closed(reason) => break reason,
+                    crate::devices::cdp::CdpUp::Opened { .. } => {}
+                }
+            };
+            if let Some(client) = weak.upgrade() {
+                client.shut(reason);
+            }
+        });
+        client
+    }
+
     fn shut(&self, reason: String) {
         self.reason.lock().get_or_insert(reason);
         self.closed.cancel();
@@ -168,10 +199,7 @@ impl CdpClient {
         if text.len() > MAX_EVENT_BYTES {
             // Only the answer to a command we are waiting for may be this large; the browser
             // writes answers as `{"id":N,…`: anything else is dropped unparsed.
-            let id = text
-                .strip_prefix("{\"id\":")
-                .map(|rest| rest.bytes().take_while(u8::is_ascii_digit).map(char::from).collect::<String>())
-                .and_then(|digits| digits.parse::<u64>().ok());
+            let id = mira_core::devtools::answer_id(text);
             if !id.is_some_and(|id| self.pending.lock().contains_key(&id)) {
                 tracing::warn!(bytes = text.len(), "dropped an oversized DevTools message that answers no command");
                 return;
@@ -276,22 +304,7 @@ impl Drop for CdpClient {
 /// Refuses a method outside [`ALLOWED_METHODS`], and a `Runtime.callFunctionOn` whose
 /// function is not one of [`super::manager`]'s fixed ones.
 pub fn check_method(method: &str, params: &Value) -> Result<(), ToolError> {
-    if !ALLOWED_METHODS.contains(&method) {
-        return Err(ToolError::new(
-            ErrorCode::Forbidden,
-            format!("{method} is not sent to an attached browser (no cookie, storage or script access)"),
-        ));
-    }
-    if method == "Runtime.callFunctionOn" {
-        let f = params["functionDeclaration"].as_str().unwrap_or_default();
-        if f != super::manager::CLEAR_FIELD && f != super::manager::SELECT_OPTION {
-            return Err(ToolError::new(
-                ErrorCode::Forbidden,
-                "only the tools' own fixed functions run in an attached tab",
-            ));
-        }
-    }
-    Ok(())
+    mira_core::devtools::check_method(method, params).map_err(|m| ToolError::new(ErrorCode::Forbidden, m))
 }
 
 #[cfg(test)]

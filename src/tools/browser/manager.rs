@@ -940,16 +940,7 @@ pub async fn click(page: &TabPage, backend_node_id: i64) -> Result<bool, ToolErr
     Ok(settle(page, w).await)
 }
 
-/// The fixed function that empties a text field before typing (this module's own code).
-pub(crate) const CLEAR_FIELD: &str = "function() { if ('value' in this) { this.value = ''; } else if (this.isContentEditable) { this.textContent = ''; } }";
-
-/// The fixed function that chooses an option of a `<select>` by value or label (this module's
-/// own code); returns the chosen option's value, or null.
-pub(crate) const SELECT_OPTION: &str = "function(want) { if (!(this instanceof HTMLSelectElement)) { return null; } \
-    const o = Array.from(this.options).find(o => o.value === want || o.label === want || o.text === want); \
-    if (!o) { return null; } this.value = o.value; \
-    this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); \
-    return o.value; }";
+pub(crate) use mira_core::devtools::{CLEAR_FIELD, SELECT_OPTION};
 
 async fn call_on(page: &TabPage, backend_node_id: i64, function: &str, args: Value) -> Result<Value, ToolError> {
     let resolved = cdp(page, "DOM.resolveNode", json!({"backendNodeId": backend_node_id})).await?;

@@ -1,0 +1,93 @@
+//! The DevTools methods the control plane may send to a user's attached browser, shared by
+//! the control plane (checked before a message leaves the server) and the device runner
+//! (checked again before a message reaches the browser on the device): no cookie, storage
+//! or script access (docs/browser.md, "Attached browser").
+
+/// Every DevTools method the attached client sends; anything else is refused.
+pub const ALLOWED_METHODS: &[&str] = &[
+    "Accessibility.getFullAXTree",
+    "Accessibility.getPartialAXTree",
+    "DOM.focus",
+    "DOM.getContentQuads",
+    "DOM.getNodeForLocation",
+    "DOM.resolveNode",
+    "DOM.scrollIntoViewIfNeeded",
+    "Fetch.continueRequest",
+    "Fetch.enable",
+    "Fetch.failRequest",
+    "Input.dispatchKeyEvent",
+    "Input.dispatchMouseEvent",
+    "Input.insertText",
+    "Page.bringToFront",
+    "Page.captureScreenshot",
+    "Page.enable",
+    "Page.getFrameTree",
+    "Page.getLayoutMetrics",
+    "Page.navigate",
+    "Runtime.callFunctionOn",
+    "Runtime.releaseObject",
+    "Target.attachToTarget",
+    "Target.detachFromTarget",
+    "Target.getTargetInfo",
+    "Target.getTargets",
+    "Target.setDiscoverTargets",
+];
+
+/// The fixed function that empties a text field before typing (the browser tools' own code).
+pub const CLEAR_FIELD: &str = "function() { if ('value' in this) { this.value = ''; } else if (this.isContentEditable) { this.textContent = ''; } }";
+
+/// The fixed function that chooses an option of a `<select>` by value or label (the browser
+/// tools' own code); returns the chosen option's value, or null.
+pub const SELECT_OPTION: &str = "function(want) { if (!(this instanceof HTMLSelectElement)) { return null; } \
+    const o = Array.from(this.options).find(o => o.value === want || o.label === want || o.text === want); \
+    if (!o) { return null; } this.value = o.value; \
+    this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); \
+    return o.value; }";
+
+/// The largest DevTools message (and WebSocket frame) accepted from a browser, in bytes: a
+/// screenshot's answer fits; a larger one closes the connection.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// The largest event (a message that is not the answer to a command) passed on, in bytes;
+/// larger ones are dropped unread.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// Refuses a method outside [`ALLOWED_METHODS`], and a `Runtime.callFunctionOn` whose
+/// function is not [`CLEAR_FIELD`] or [`SELECT_OPTION`]; the sentence says why.
+pub fn check_method(method: &str, params: &serde_json::Value) -> Result<(), String> {
+    if !ALLOWED_METHODS.contains(&method) {
+        return Err(format!("{method} is not sent to an attached browser (no cookie, storage or script access)"));
+    }
+    if method == "Runtime.callFunctionOn" {
+        let f = params["functionDeclaration"].as_str().unwrap_or_default();
+        if f != CLEAR_FIELD && f != SELECT_OPTION {
+            return Err("only the tools' own fixed functions run in an attached tab".into());
+        }
+    }
+    Ok(())
+}
+
+/// The command id of a DevTools message as the browser writes an answer (`{"id":N,…`),
+/// read without parsing the message.
+pub fn answer_id(text: &str) -> Option<u64> {
+    let rest = text.strip_prefix("{\"id\":")?;
+    let digits: String = rest.bytes().take_while(u8::is_ascii_digit).map(char::from).collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_list_and_the_fixed_functions_pass() {
+        assert!(check_method("Runtime.evaluate", &serde_json::json!({})).is_err());
+        assert!(check_method("Network.getCookies", &serde_json::json!({})).is_err());
+        let f = serde_json::json!({"functionDeclaration": "function() { return document.cookie }"});
+        assert!(check_method("Runtime.callFunctionOn", &f).is_err());
+        assert!(
+            check_method("Runtime.callFunctionOn", &serde_json::json!({"functionDeclaration": CLEAR_FIELD})).is_ok()
+        );
+        assert_eq!(answer_id("{\"id\":42,\"result\":{}}"), Some(42));
+        assert_eq!(answer_id("{\"method\":\"x\"}"), None);
+    }
+}
