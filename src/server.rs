@@ -215,7 +215,8 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         )
         .context("building the device hub's HTTP client")?,
     );
-    attached.set_devices(&devices);
+    let device_browsers: Arc<dyn crate::tools::browser::device::DeviceBrowsers> = devices.clone();
+    attached.set_devices(&device_browsers);
     let device_terminal = Arc::new(crate::tools::terminal::TerminalSession::new(core.terminal.clone()));
     let executor = Arc::new(
         crate::devices::RemoteExecutor::new(cluster_executor, devices.clone(), store.clone())

@@ -17,38 +17,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use mira_core::remote::{BROWSER_CAPABILITY, CdpDown, CdpOp, CdpState, CdpUpQuery, ServerMessage};
 use tokio::sync::mpsc;
 
 use super::{DeviceHub, HubError, random_hex};
 use crate::error::ErrorCode;
 use crate::registry::ToolError;
+use crate::tools::browser::device::{CdpLink, CdpUp, DeviceBrowsers, DeviceDown};
 
 /// Messages from the browser waiting for the client, per channel; one more closes the
 /// channel (the client's own event queues drop, this one never grows).
 pub const UP_QUEUE: usize = 1024;
 /// Longest a frame waits for room on the runner's stream before the channel closes.
 pub const DOWN_WAIT: Duration = Duration::from_secs(5);
-/// How often a client looks whether its channel's runner is still there.
-pub const WATCH_EVERY: Duration = Duration::from_millis(500);
 /// Channels one device's runner holds at most.
 pub const MAX_CHANNELS: usize = 4;
-
-/// What comes up a channel.
-#[derive(Debug)]
-pub enum CdpUp {
-    /// The runner connected to its browser.
-    Opened {
-        /// The browser's product (`Chrome/…`).
-        product: String,
-        /// The path of its WebSocket.
-        ws_path: String,
-    },
-    /// One DevTools message from the browser (JSON text).
-    Message(String),
-    /// The channel closed on the device: why.
-    Closed(String),
-}
 
 /// A channel of this process, as the hub keeps it.
 pub(super) struct Channel {
@@ -60,81 +44,22 @@ pub(super) struct Channel {
     tx: mpsc::Sender<CdpUp>,
 }
 
-/// One open channel: the client's side.
-pub struct CdpLink {
-    down: CdpDownSender,
-    up: mpsc::Receiver<CdpUp>,
-}
-
 /// Sends a channel's frames down to its runner.
-pub struct CdpDownSender {
+struct CdpDownSender {
     hub: Arc<DeviceHub>,
     device_id: String,
     channel: String,
     seq: std::sync::atomic::AtomicU64,
 }
 
-impl CdpLink {
-    /// The sending half and the receiving half.
-    pub fn split(self) -> (CdpDownSender, mpsc::Receiver<CdpUp>) {
-        (self.down, self.up)
+impl DeviceDown for CdpDownSender {
+    fn send(&self, data: String) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(
+            async move { self.hub.cdp_down(&self.device_id, &self.channel, &self.seq, CdpOp::Message, data).await },
+        )
     }
 
-    /// Waits up to `within` for the runner to open its browser: the product and the
-    /// WebSocket path. Errors: `browser_gone` (it could not, or did not answer).
-    pub async fn opened(&mut self, within: Duration) -> Result<(String, String), ToolError> {
-        let gone = |m: String| ToolError::new(ErrorCode::BrowserGone, m);
-        match tokio::time::timeout(within, self.up.recv()).await {
-            Ok(Some(CdpUp::Opened { product, ws_path })) => Ok((product, ws_path)),
-            Ok(Some(CdpUp::Closed(reason))) => Err(gone(reason)),
-            Ok(Some(CdpUp::Message(_))) => Err(gone("the device's runner sent a message before opening".into())),
-            Ok(None) => Err(gone(format!("the runner of device {} went away", self.down.device_id))),
-            Err(_) => Err(gone(format!(
-                "the runner of device {} did not reach its browser within {} s",
-                self.down.device_id,
-                within.as_secs()
-            ))),
-        }
-    }
-}
-
-/// Tells whether a channel's runner is still there (connected here, its lease valid, the
-/// channel open).
-#[derive(Clone)]
-pub struct CdpWatch {
-    hub: Arc<DeviceHub>,
-    device_id: String,
-    channel: String,
-}
-
-impl CdpWatch {
-    /// Why the channel is unusable now, if it is.
-    pub fn gone(&self) -> Option<String> {
-        if self.hub.live(&self.device_id).is_none() {
-            return Some(format!(
-                "the runner of device {} went away (no heartbeat for its lease, or disconnected)",
-                self.device_id
-            ));
-        }
-        (!self.hub.cdp_channels.lock().contains_key(&self.channel))
-            .then(|| "the channel to the device's browser closed".to_owned())
-    }
-}
-
-impl CdpDownSender {
-    /// A watch on this channel's runner.
-    pub fn watch(&self) -> CdpWatch {
-        CdpWatch { hub: Arc::clone(&self.hub), device_id: self.device_id.clone(), channel: self.channel.clone() }
-    }
-
-    /// Sends one DevTools command (already checked against the allow-list) to the runner.
-    /// Errors: why the channel is unusable (its runner gone, its stream full).
-    pub async fn send(&self, data: String) -> Result<(), String> {
-        self.hub.cdp_down(&self.device_id, &self.channel, &self.seq, CdpOp::Message, data).await
-    }
-
-    /// Closes the channel here and tells the runner (best effort).
-    pub fn close(&self) {
+    fn close(&self) {
         let hub = Arc::clone(&self.hub);
         let (device, channel) = (self.device_id.clone(), self.channel.clone());
         let seq = self.seq.load(std::sync::atomic::Ordering::Relaxed);
@@ -146,6 +71,33 @@ impl CdpDownSender {
             let _ = hub.send_frame(&device, &channel, &at, CdpOp::Close, String::new()).await;
         });
     }
+
+    fn gone(&self) -> Option<String> {
+        if self.hub.live(&self.device_id).is_none() {
+            return Some(format!(
+                "the runner of device {} went away (no heartbeat for its lease, or disconnected)",
+                self.device_id
+            ));
+        }
+        (!self.hub.cdp_channels.lock().contains_key(&self.channel))
+            .then(|| "the channel to the device's browser closed".to_owned())
+    }
+}
+
+impl DeviceBrowsers for DeviceHub {
+    fn is_owned_by<'a>(&'a self, owner_id: &'a str, device_id: &'a str) -> BoxFuture<'a, Result<bool, ToolError>> {
+        Box::pin(async move {
+            self.store
+                .device_for(owner_id, device_id)
+                .await
+                .map(|d| d.is_some())
+                .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))
+        })
+    }
+
+    fn open(self: Arc<Self>, device_id: &str) -> Result<CdpLink, ToolError> {
+        self.open_cdp(device_id)
+    }
 }
 
 fn refused(message: impl Into<String>) -> HubError {
@@ -153,11 +105,6 @@ fn refused(message: impl Into<String>) -> HubError {
 }
 
 impl DeviceHub {
-    /// Whether `device_id` is `owner_id`'s own device (any state). Errors: the store's.
-    pub async fn is_owned_by(&self, owner_id: &str, device_id: &str) -> Result<bool, crate::store::StoreError> {
-        Ok(self.store.device_for(owner_id, device_id).await?.is_some())
-    }
-
     /// Opens a channel to the browser of `device_id`'s runner (connected to this process,
     /// with the `browser` capability). Errors: `browser_gone` (no runner here, no browser
     /// capability, too many channels, the stream full).
@@ -194,7 +141,7 @@ impl DeviceHub {
             channel,
             seq: std::sync::atomic::AtomicU64::new(1),
         };
-        Ok(CdpLink { down, up })
+        Ok(CdpLink { device_id: device_id.to_owned(), down: Arc::new(down), up })
     }
 
     async fn cdp_down(

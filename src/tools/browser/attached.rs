@@ -347,7 +347,7 @@ pub struct AttachedBrowsers {
     connecting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     hub: OnceLock<Weak<ConnectionHub>>,
     managed: OnceLock<Weak<BrowserManager>>,
-    devices: OnceLock<Weak<crate::devices::DeviceHub>>,
+    devices: OnceLock<Weak<dyn super::device::DeviceBrowsers>>,
     backoff: Mutex<HashMap<String, (Instant, Duration)>>,
 }
 
@@ -358,7 +358,7 @@ impl AttachedBrowsers {
     }
 
     /// Wires in the device hub, for browsers reached through a device's runner.
-    pub fn set_devices(&self, devices: &Arc<crate::devices::DeviceHub>) {
+    pub fn set_devices(&self, devices: &Arc<dyn super::device::DeviceBrowsers>) {
         let _ = self.devices.set(Arc::downgrade(devices));
     }
 
@@ -508,10 +508,7 @@ impl AttachedBrowsers {
             .and_then(Weak::upgrade)
             .ok_or_else(|| ToolError::new(ErrorCode::BrowserGone, "this server has no device runners"))?;
         let owned = match conn.owner_id.as_deref() {
-            Some(owner) => devices
-                .is_owned_by(owner, device)
-                .await
-                .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?,
+            Some(owner) => devices.is_owned_by(owner, device).await?,
             None => false,
         };
         if !owned {
@@ -520,12 +517,12 @@ impl AttachedBrowsers {
                 format!("device {device} is not the connection owner's device: only its owner attaches its browser"),
             ));
         }
-        let mut link = devices.open_cdp(device)?;
+        let mut link = devices.open(device)?;
         let (product, ws_path) = link.opened(DEVICE_OPEN_TIMEOUT).await?;
         if let Some(managed) = self.managed.get().and_then(Weak::upgrade)
             && managed.websocket_path().await.as_deref() == Some(ws_path.as_str())
         {
-            link.split().0.close();
+            link.down.close();
             return Err(ToolError::new(
                 ErrorCode::Forbidden,
                 "this device's browser is the server's own managed browser: it cannot be attached",

@@ -134,13 +134,15 @@ impl CdpClient {
 
     /// The same client over a device runner's session instead of a WebSocket: the DevTools
     /// messages go down the runner's stream as signed frames of `link`'s channel and come
-    /// back through `POST /v1/runner/cdp`, in order ([`crate::devices::cdp`]). The channel
-    /// closing (the browser or the runner gone, a queue overflowing) closes the client.
-    pub fn over_device(link: crate::devices::cdp::CdpLink) -> Arc<CdpClient> {
+    /// back through `POST /v1/runner/cdp`, in order (implemented by the devices stage,
+    /// [`super::device`]). The channel closing (the browser or the runner gone, a queue
+    /// overflowing) closes the client.
+    pub fn over_device(link: super::device::CdpLink) -> Arc<CdpClient> {
+        use super::device::CdpUp;
         let (out, mut rx) = mpsc::unbounded_channel::<String>();
         let client = CdpClient::new(out);
-        let (down, mut up) = link.split();
-        let watch = down.watch();
+        let super::device::CdpLink { down, mut up, .. } = link;
+        let watch = Arc::clone(&down);
         let closed = client.closed.clone();
         let weak = Arc::downgrade(&client);
         tokio::spawn(async move {
@@ -160,7 +162,7 @@ impl CdpClient {
         });
         let weak = Arc::downgrade(&client);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(crate::devices::cdp::WATCH_EVERY);
+            let mut tick = tokio::time::interval(super::device::WATCH_EVERY);
             let reason = loop {
                 let next = tokio::select! {
                     next = up.recv() => next,
@@ -174,9 +176,9 @@ impl CdpClient {
                 };
                 let Some(client) = weak.upgrade() else { return };
                 match up {
-                    crate::devices::cdp::CdpUp::Message(text) => client.dispatch(&text),
-                    crate::devices::cdp::CdpUp::Closed(reason) => break reason,
-                    crate::devices::cdp::CdpUp::Opened { .. } => {}
+                    CdpUp::Message(text) => client.dispatch(&text),
+                    CdpUp::Closed(reason) => break reason,
+                    CdpUp::Opened { .. } => {}
                 }
             };
             if let Some(client) = weak.upgrade() {

@@ -26,6 +26,7 @@
 
 pub mod attached;
 pub mod cdp;
+pub mod device;
 pub mod manager;
 pub mod policy;
 pub mod snapshot;
