@@ -59,6 +59,9 @@ enum BenchCommand {
     Invocations(bench::invocations::InvocationBench),
     /// External MCP: install → first call, call overhead vs direct rmcp, memory per server.
     Mcp(bench::mcp::McpBench),
+    /// The runtime's own MCP server: a `read_open` call over `/mcp` beside the same call through
+    /// the HTTP API (p50/p99).
+    McpServer(bench::mcp_server::McpServerBench),
     /// External Expert: consult overhead through the chain vs a direct A2A call (p50/p99).
     Expert(bench::expert::ExpertBench),
     /// Code graph: index time and memory, incremental update, query latency, quality.
@@ -352,6 +355,7 @@ async fn run() -> ExitCode {
         }
         Command::Bench { command: BenchCommand::Codegraph(opts) } => bench::codegraph::run(opts).await,
         Command::Bench { command: BenchCommand::Expert(opts) } => bench::expert::run(opts).await,
+        Command::Bench { command: BenchCommand::McpServer(opts) } => bench::mcp_server::run(opts).await,
         Command::Bench { command: BenchCommand::News(opts) } => bench::news::run(opts).await,
         Command::Bench { command: BenchCommand::Terminal(opts) } => bench::terminal::run(opts).await,
         Command::Bench { command: BenchCommand::Sse(opts) } => bench::sse::run(opts).await,

@@ -7,6 +7,7 @@ pub mod expert;
 pub mod exposure;
 pub mod invocations;
 pub mod mcp;
+pub mod mcp_server;
 pub mod news;
 pub mod runner;
 pub mod runner_terminal;
