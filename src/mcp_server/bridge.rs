@@ -14,6 +14,9 @@ use rmcp::RoleServer;
 use rmcp::transport::streamable_http_client::{StreamableHttpClientTransport, StreamableHttpClientTransportConfig};
 use rmcp::transport::{IntoTransport, Transport};
 
+/// Longest the bridge waits for the server to close the session once stdin closed.
+pub const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Arguments of `mira mcp-stdio`.
 #[derive(clap::Args, Debug)]
 pub struct BridgeArgs {
@@ -73,6 +76,8 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
             },
         }
     }
-    let _ = Transport::<RoleClient>::close(&mut upstream).await;
+    // Closing ends the server's session (a `DELETE`); a server that does not answer must not
+    // keep the bridge alive after its client closed stdin.
+    let _ = tokio::time::timeout(CLOSE_WAIT, Transport::<RoleClient>::close(&mut upstream)).await;
     Ok(())
 }

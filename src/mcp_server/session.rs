@@ -555,10 +555,10 @@ fn result_of(view: &InvocationView) -> CallToolResult {
                 "Invocation {} is still {}; call this tool again with the same arguments to receive its result.",
                 view.invocation_id, view.status
             ),
-            status => {
-                let error = view.result.as_ref().and_then(|r| r.get("error")).cloned().unwrap_or(Value::Null);
-                format!("Invocation {} ended {status}: {error}", view.invocation_id)
-            }
+            status => match view.result.as_ref().and_then(|r| r.get("error")).filter(|e| !e.is_null()) {
+                Some(error) => format!("Invocation {} ended {status}: {error}", view.invocation_id),
+                None => format!("Invocation {} ended {status}.", view.invocation_id),
+            },
         };
         CallToolResult::error(vec![ContentBlock::text(text)])
     };

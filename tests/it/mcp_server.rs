@@ -311,6 +311,34 @@ async fn the_stdio_bridge_carries_a_session(backend: Backend) {
     assert!(called["result"]["text"].as_str().unwrap().contains("through the bridge"), "{called}");
 }
 
+/// The bridge exits once its client closes stdin (the MCP stdio shutdown), even after a
+/// session was opened.
+async fn the_stdio_bridge_exits_when_stdin_closes(backend: Backend) {
+    use tokio::io::AsyncWriteExt;
+    let t = spawn(backend).await;
+    let token = t.user("ada").await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mira"))
+        .args(["mcp-stdio", "--server", &t.base])
+        .env("MIRA_TOKEN", &token)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    stdin.write_all(format!("{}\n", initialize()).as_bytes()).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await.unwrap().unwrap().unwrap();
+    assert!(answer.contains("2025-11-25"), "{answer}");
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("the bridge exits within 10 s of stdin closing")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
 /// One JSON-RPC message posted to `/mcp`: (HTTP status, session id, the answer's JSON-RPC
 /// message, from a JSON or an SSE body).
 async fn rpc(
@@ -484,6 +512,7 @@ both_backends!(
     list_changed_when_an_mcp_server_is_lost,
     find_tools_reranks_a_ranked_exposure,
     the_stdio_bridge_carries_a_session,
+    the_stdio_bridge_exits_when_stdin_closes,
     sessions_belong_to_their_user,
     the_official_conformance_suite_passes,
 );
