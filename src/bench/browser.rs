@@ -103,7 +103,7 @@ pub async fn run(opts: BrowserBench) -> anyhow::Result<()> {
     .await?;
     let settings =
         BrowserSettings { chromium: Some(chromium.clone()), max_contexts: opts.contexts + 1, ..Default::default() };
-    let browsers = BrowserManager::new(settings, dir.path(), store, true);
+    let browsers = BrowserManager::new(settings, dir.path(), store, true, std::sync::Arc::new(Vec::<u16>::new));
     let err = |e: mira::registry::ToolError| anyhow::anyhow!("{e}");
 
     // Start → first snapshot.

@@ -521,18 +521,22 @@ impl Sandbox {
         ToolError::new(ErrorCode::SandboxUnavailable, reason)
     }
 
+    /// The TCP ports of this server's own services: the database's (when reached over TCP)
+    /// and the API's (once listening), sorted.
+    pub fn service_ports(&self) -> Vec<u16> {
+        let mut p: Vec<u16> = [self.db_port, Some(self.listen_port.load(Ordering::Relaxed))]
+            .into_iter()
+            .flatten()
+            .filter(|p| *p != 0)
+            .collect();
+        p.sort_unstable();
+        p.dedup();
+        p
+    }
+
     /// The network rule sandboxed processes get on this server.
     pub fn network_rule(&self) -> NetworkRule {
-        let ports = || -> Vec<u16> {
-            let mut p: Vec<u16> = [self.db_port, Some(self.listen_port.load(Ordering::Relaxed))]
-                .into_iter()
-                .flatten()
-                .filter(|p| *p != 0)
-                .collect();
-            p.sort_unstable();
-            p.dedup();
-            p
-        };
+        let ports = || self.service_ports();
         match self.config.network {
             NetworkMode::Open => NetworkRule::Open,
             NetworkMode::None => NetworkRule::Private,

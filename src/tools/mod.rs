@@ -104,6 +104,10 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
         &deps.data_dir,
         deps.store.clone(),
         deps.allow_internal_urls,
+        {
+            let sandbox = deps.sandbox.clone();
+            Arc::new(move || sandbox.service_ports())
+        },
     );
     browser::register(registry, &browser, &deps.data_dir)?;
     browser::attached::register(

@@ -76,10 +76,45 @@ c.addEventListener('pointerup', (e) => {
 });
 </script></body></html>"#;
 
-/// Serves the pages of origin A on a free port; `/redirect` answers 302 to `target`.
+/// A page whose requests the tabs' interception never sees: a WebSocket, a dedicated worker's
+/// fetch and a pop-up, each to `{b}`, and a WebSocket to its own origin (allowed).
+fn floor_page(b: &str) -> String {
+    let ws_b = b.replacen("http://", "ws://", 1);
+    format!(
+        r#"<!doctype html><html><head><title>Floor</title></head><body><h1>Floor</h1>
+<script>
+try {{ new WebSocket('{ws_b}/from-socket'); }} catch (e) {{}}
+try {{ new WebSocket(location.origin.replace('http://', 'ws://') + '/ws'); }} catch (e) {{}}
+new Worker('/worker.js');
+window.open('{b}/from-popup');
+</script></body></html>"#
+    )
+}
+
+/// Serves the pages of origin A on a free port; `/redirect` answers 302 to `target`; `/floor`
+/// is [`floor_page`] aimed at `target`'s origin; `/ws` counts its hits in `ws_hits`.
 async fn serve_a(target: String) -> String {
+    serve_a_counting(target, Arc::default()).await
+}
+
+async fn serve_a_counting(target: String, ws_hits: Arc<AtomicUsize>) -> String {
     use axum::response::{Html, Redirect};
+    let origin_b = url::Url::parse(&target).unwrap().origin().ascii_serialization();
+    let floor = floor_page(&origin_b);
+    let worker = format!("fetch('{origin_b}/from-worker', {{mode: 'no-cors'}}).catch(() => {{}});");
     let app = axum::Router::new()
+        .route("/floor", axum::routing::get(move || async move { Html(floor) }))
+        .route("/worker.js", axum::routing::get(move || async move { ([("content-type", "text/javascript")], worker) }))
+        .route(
+            "/ws",
+            axum::routing::get(move || {
+                let hits = ws_hits.clone();
+                async move {
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    StatusCode::NOT_FOUND
+                }
+            }),
+        )
         .route("/", axum::routing::get(|| async { Html(PAGE) }))
         .route("/second", axum::routing::get(|| async { Html("<title>Second</title><h1>Second page</h1>") }))
         .route("/inject", axum::routing::get(|| async { Html(INJECTED) }))
@@ -91,12 +126,18 @@ async fn serve_a(target: String) -> String {
     format!("http://{addr}")
 }
 
-/// Origin B: counts every request it gets.
+/// Origin B: counts every request it gets (and keeps their paths).
 async fn serve_b(hits: Arc<AtomicUsize>) -> String {
-    let app = axum::Router::new().fallback(move || {
+    serve_b_logging(hits, Arc::default()).await
+}
+
+async fn serve_b_logging(hits: Arc<AtomicUsize>, paths: Arc<parking_lot::Mutex<Vec<String>>>) -> String {
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
         let hits = hits.clone();
+        let paths = paths.clone();
         async move {
             hits.fetch_add(1, Ordering::SeqCst);
+            paths.lock().push(uri.path().to_owned());
             axum::response::Html("<h1>secret</h1>")
         }
     });
@@ -630,4 +671,58 @@ async fn computer_use_at_points(backend: Backend) {
     assert_eq!(none.status, StatusCode::NOT_FOUND, "{none:?}");
 }
 
-both_backends!(browse_act_and_refuse, missing_binary_is_browser_missing, computer_use_at_points);
+/// Requests a tab's interception never sees — a WebSocket, a dedicated worker's fetch — still
+/// pass the origin policy: the context's traffic goes through its proxy (the network floor),
+/// which refuses them and records each as evidence; a WebSocket to the allowed origin goes
+/// through; origin B never sees a request, a pop-up's included.
+async fn the_network_floor_polices_sockets_workers_and_popups(backend: Backend) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let paths = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let b = serve_b_logging(hits.clone(), paths.clone()).await;
+    let ws_hits = Arc::new(AtomicUsize::new(0));
+    let a = serve_a_counting(format!("{b}/"), ws_hits.clone()).await;
+    let mut options = Options::default();
+    options.runtime.allow_internal_urls = false;
+    options.runtime.browser = mira::tools::browser::BrowserSettings {
+        chromium: Some(chromium()),
+        allow_origins: vec![a.clone()],
+        ..Default::default()
+    };
+    let t = spawn_with(backend, options).await;
+    let token = t.admin_token.clone();
+    let mut f = Fx::new(t, token).await;
+    let (_, nav) = f.approved("browser_navigate", json!({"url": format!("{a}/floor")})).await;
+    assert_eq!(nav["result"]["output"]["outcome"], "loaded", "{nav}");
+    // The socket, the worker and the pop-up start after the load: give them time to try.
+    let mut refused: Vec<Value> = nav["result"]["output"]["refused_requests"].as_array().cloned().unwrap_or_default();
+    let b_authority = b.trim_start_matches("http://").to_owned();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let shot = f.run("browser_snapshot", json!({})).await;
+        for ev in f.evidence_of(&shot).await {
+            if ev["kind"] == "browser_request_refused" {
+                refused.push(ev["provenance"].clone());
+            }
+        }
+        let names = |needle: &str| refused.iter().any(|r| r["url"].as_str().is_some_and(|u| u.contains(needle)));
+        if names("from-worker") && names(&b_authority) && ws_hits.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "origin B was reached: {:?}", paths.lock());
+    let names = |needle: &str| refused.iter().any(|r| r["url"].as_str().is_some_and(|u| u.contains(needle)));
+    assert!(names("from-worker"), "the worker's fetch is refused and recorded: {refused:?}");
+    assert!(
+        refused.iter().any(|r| r["url"] == b_authority.as_str() && r["resource_type"] == "tunnel"),
+        "the WebSocket's tunnel to B is refused and recorded: {refused:?}"
+    );
+    assert!(refused.iter().all(|r| r["rule"] == "origin"), "{refused:?}");
+    assert!(ws_hits.load(Ordering::SeqCst) > 0, "a WebSocket to the allowed origin goes through");
+}
+
+both_backends!(
+    browse_act_and_refuse,
+    missing_binary_is_browser_missing,
+    computer_use_at_points,
+    the_network_floor_polices_sockets_workers_and_popups
+);

@@ -8,7 +8,10 @@
 //! sends `Fetch.enable` with the pattern `*` when it attaches to the target), and a task per
 //! tab continues each paused request that the context's [`OriginPolicy`] allows and fails the
 //! others (`Fetch.failRequest`, `BlockedByClient`), recording each refusal for the evidence of
-//! the call during which it happened. Nothing here evaluates JavaScript given by a caller; the
+//! the call during which it happened. Beneath that, every connection of a user's context goes
+//! through the context's own proxy (the network floor, [`super::proxy`]), which applies the same
+//! policy to what interception never sees: workers, WebSockets, pop-ups. WebRTC may not send
+//! UDP outside the proxy (`--force-webrtc-ip-handling-policy=disable_non_proxied_udp`). Nothing here evaluates JavaScript given by a caller; the
 //! two fixed functions that clear a text field and choose a `<select>` option are this
 //! module's own.
 //!
@@ -33,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::BrowserSettings;
 use super::policy::{OriginPolicy, Refusal};
+use super::proxy::{ContextProxy, Floor, ServicePorts};
 use super::snapshot::{self, Element, Rendered};
 use crate::error::ErrorCode;
 use crate::net::AddressRule;
@@ -171,9 +175,10 @@ pub async fn bring_to_front(page: &TabPage) -> Result<(), ToolError> {
 /// A request the origin policy refused.
 #[derive(Debug, Clone, Serialize)]
 pub struct RefusedRequest {
-    /// The tab whose page made it.
+    /// The tab whose page made it (`*` when the network floor refused it: any tab or worker).
     pub tab: String,
-    /// CDP resource type (`Document`, `Script`, `Image`…).
+    /// CDP resource type (`Document`, `Script`, `Image`…), or the network floor's `proxied`
+    /// (plain HTTP) and `tunnel` (a `CONNECT`: TLS or a WebSocket, named `host:port`).
     pub resource_type: String,
     /// The URL and the rule.
     #[serde(flatten)]
@@ -253,7 +258,13 @@ impl Tabs {
 /// Whose browser a context is.
 enum ContextOwner {
     /// A user's context in the managed browser.
-    Managed { context_id: chromiumoxide::cdp::browser_protocol::browser::BrowserContextId, browser: Arc<Browser> },
+    Managed {
+        context_id: chromiumoxide::cdp::browser_protocol::browser::BrowserContextId,
+        browser: Arc<Browser>,
+        /// The context's network floor, held for its lifetime: dropping it closes its listener
+        /// and connections.
+        _proxy: ContextProxy,
+    },
     /// The granted tabs of a user's attached browser.
     Attached,
 }
@@ -304,6 +315,7 @@ pub struct BrowserManager {
     store: Store,
     allow_internal: bool,
     allow: Vec<String>,
+    services: ServicePorts,
     state: tokio::sync::Mutex<State>,
     contexts: std::sync::atomic::AtomicUsize,
 }
@@ -332,8 +344,15 @@ pub fn find_chromium(configured: Option<&std::path::Path>) -> Option<PathBuf> {
 
 impl BrowserManager {
     /// The manager for `settings`; nothing starts until a call needs the browser. `data_dir`
-    /// holds the profiles (`<data>/browser/profile-…`, removed when the process closes).
-    pub fn new(settings: BrowserSettings, data_dir: &std::path::Path, store: Store, allow_internal: bool) -> Arc<Self> {
+    /// holds the profiles (`<data>/browser/profile-…`, removed when the process closes);
+    /// `services` names the ports every context's network floor refuses.
+    pub fn new(
+        settings: BrowserSettings,
+        data_dir: &std::path::Path,
+        store: Store,
+        allow_internal: bool,
+        services: ServicePorts,
+    ) -> Arc<Self> {
         let binary = find_chromium(settings.chromium.as_deref());
         let allow = settings.allow_origins.iter().filter_map(|o| super::policy::normalise_origin(o)).collect();
         Arc::new(BrowserManager {
@@ -342,6 +361,7 @@ impl BrowserManager {
             store,
             allow_internal,
             allow,
+            services,
             settings,
             state: tokio::sync::Mutex::new(State::default()),
             contexts: std::sync::atomic::AtomicUsize::new(0),
@@ -447,20 +467,25 @@ impl BrowserManager {
             return Err(browser_error("the browser did not start"));
         };
         let browser = running.browser.clone();
-        let context_id = tokio::time::timeout(
-            COMMAND_TIMEOUT,
-            browser.create_browser_context(
-                chromiumoxide::cdp::browser_protocol::target::CreateBrowserContextParams::default(),
-            ),
-        )
-        .await
-        .map_err(|_| browser_error("Target.createBrowserContext timed out"))?
-        .map_err(|e| browser_error(format!("Target.createBrowserContext failed: {e}")))?;
+        let policy = Arc::new(parking_lot::RwLock::new(OriginPolicy { allow: self.allow.clone(), rule }));
+        let refusals = Arc::default();
+        let floor = Floor { policy: policy.clone(), refusals: Arc::clone(&refusals), services: self.services.clone() };
+        let proxy = ContextProxy::start(floor)
+            .await
+            .map_err(|e| browser_error(format!("starting the context's proxy: {e}")))?;
+        let params = chromiumoxide::cdp::browser_protocol::target::CreateBrowserContextParams::builder()
+            .proxy_server(proxy.proxy_server())
+            .proxy_bypass_list("<-loopback>")
+            .build();
+        let context_id = tokio::time::timeout(COMMAND_TIMEOUT, browser.create_browser_context(params))
+            .await
+            .map_err(|_| browser_error("Target.createBrowserContext timed out"))?
+            .map_err(|e| browser_error(format!("Target.createBrowserContext failed: {e}")))?;
         let ctx = Arc::new(UserContext {
-            owner: ContextOwner::Managed { context_id, browser },
+            owner: ContextOwner::Managed { context_id, browser, _proxy: proxy },
             tabs: tokio::sync::Mutex::new(Tabs::new(false)),
-            policy: Arc::new(parking_lot::RwLock::new(OriginPolicy { allow: self.allow.clone(), rule })),
-            refusals: Arc::default(),
+            policy,
+            refusals,
             last_used: parking_lot::Mutex::new(Instant::now()),
             max_tabs: self.settings.max_tabs,
         });
@@ -493,7 +518,13 @@ impl BrowserManager {
             .respect_https_errors()
             .launch_timeout(Duration::from_secs(30))
             .request_timeout(COMMAND_TIMEOUT)
-            .args(["--disable-background-networking", "--no-first-run", "--disable-sync", "--disable-gpu"]);
+            .args([
+                "--disable-background-networking",
+                "--no-first-run",
+                "--disable-sync",
+                "--disable-gpu",
+                "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+            ]);
         // Chromium's own sandbox cannot start as root (it refuses to run); under root the
         // process runs without it and the origin policy and the contexts' isolation remain.
         if rustix::process::geteuid().is_root() {
@@ -601,7 +632,7 @@ impl UserContext {
             tab.interceptor.abort();
             tab.page.close().await;
         }
-        if let ContextOwner::Managed { context_id, browser } = &self.owner {
+        if let ContextOwner::Managed { context_id, browser, .. } = &self.owner {
             let _ =
                 tokio::time::timeout(Duration::from_secs(5), browser.dispose_browser_context(context_id.clone())).await;
         }
@@ -658,7 +689,7 @@ impl UserContext {
     /// Opens a tab on `about:blank` with interception on, and makes it active.
     /// Errors: `browser_limit`, `browser_error`.
     pub async fn open_tab(&self, tabs: &mut Tabs) -> Result<String, ToolError> {
-        let ContextOwner::Managed { context_id, browser } = &self.owner else {
+        let ContextOwner::Managed { context_id, browser, .. } = &self.owner else {
             return Err(ToolError::new(
                 ErrorCode::TabNotGranted,
                 "an attached browser's tools act only in the tabs its connection grants; they open no tab",
@@ -786,16 +817,19 @@ async fn intercept(
                 if let Err(e) = failed.await {
                     tracing::debug!(error = %e.message, "Fetch.failRequest");
                 }
-                let mut kept = refusals.lock();
-                if kept.len() < MAX_REFUSALS_KEPT {
-                    kept.push(RefusedRequest {
-                        tab: tab.clone(),
-                        resource_type: event["resourceType"].as_str().unwrap_or("Other").to_owned(),
-                        refusal,
-                    });
-                }
+                let resource_type = event["resourceType"].as_str().unwrap_or("Other").to_owned();
+                record_refusal(&refusals, RefusedRequest { tab: tab.clone(), resource_type, refusal });
             }
         }
+    }
+}
+
+/// Keeps `refused` among the context's refusals (at most [`MAX_REFUSALS_KEPT`] between two
+/// calls; later ones are dropped).
+pub fn record_refusal(refusals: &parking_lot::Mutex<Vec<RefusedRequest>>, refused: RefusedRequest) {
+    let mut kept = refusals.lock();
+    if kept.len() < MAX_REFUSALS_KEPT {
+        kept.push(refused);
     }
 }
 

@@ -29,6 +29,7 @@ pub mod cdp;
 pub mod device;
 pub mod manager;
 pub mod policy;
+pub mod proxy;
 pub mod snapshot;
 
 use std::path::PathBuf;

@@ -12,7 +12,9 @@
 //! - when the deployment lists origins (`--browser-allow-origins`), only those load (`origin`);
 //! - a non-admin user's context never reaches an internal address: an IP literal or a host
 //!   name any of whose DNS addresses is internal ([`crate::net::is_internal`]) is refused
-//!   (`internal_address`).
+//!   (`internal_address`);
+//! - the network floor ([`super::proxy`]) also refuses the ports of this server's own services
+//!   (`service_port`).
 
 use serde::Serialize;
 
@@ -30,6 +32,9 @@ pub enum RefusalRule {
     InternalAddress,
     /// Not a URL at all.
     Malformed,
+    /// A port of this server's own services (its database, its API), refused by the network
+    /// floor whoever the user is.
+    ServicePort,
 }
 
 /// A refused URL and why.
@@ -70,20 +75,29 @@ pub fn normalise_origin(text: &str) -> Option<String> {
 impl OriginPolicy {
     /// Checks `url` (see the module docs). Resolves a host name once under a public-only rule.
     pub async fn check(&self, url: &str) -> Result<(), Refusal> {
-        let refuse = |rule: RefusalRule, message: String| Refusal {
-            url: crate::evidence::excerpt(url, MAX_URL_KEPT),
-            rule,
-            message,
+        let Some(parsed) = self.check_url(url)? else {
+            return Ok(());
         };
+        if self.rule == AddressRule::PublicOnly {
+            let host = parsed.host_str().unwrap_or_default();
+            self.addresses(url, host, parsed.port_or_known_default().unwrap_or(80)).await?;
+        }
+        Ok(())
+    }
+
+    /// The scheme and origin rules for `url`, without DNS: the parsed URL when it is http(s)
+    /// and allowed, None for the empty page (`about:blank`, `about:srcdoc`).
+    pub fn check_url(&self, url: &str) -> Result<Option<url::Url>, Refusal> {
         let parsed = match url::Url::parse(url) {
             Ok(u) => u,
-            Err(e) => return Err(refuse(RefusalRule::Malformed, format!("not a URL: {e}"))),
+            Err(e) => return Err(refusal(url, RefusalRule::Malformed, format!("not a URL: {e}"))),
         };
         match parsed.scheme() {
             "http" | "https" => {}
-            "about" if matches!(parsed.path(), "blank" | "srcdoc") => return Ok(()),
+            "about" if matches!(parsed.path(), "blank" | "srcdoc") => return Ok(None),
             other => {
-                return Err(refuse(
+                return Err(refusal(
+                    url,
                     RefusalRule::Scheme,
                     format!("{other}: URLs are never loaded by the managed browser (only http and https)"),
                 ));
@@ -91,17 +105,44 @@ impl OriginPolicy {
         }
         let origin = origin_of(&parsed);
         if !self.allow.is_empty() && !self.allow.contains(&origin) {
-            return Err(refuse(RefusalRule::Origin, format!("{origin} is not an origin this deployment allows")));
+            return Err(refusal(url, RefusalRule::Origin, format!("{origin} is not an origin this deployment allows")));
         }
-        if self.rule == AddressRule::PublicOnly {
-            let host = parsed.host_str().unwrap_or_default();
-            let port = parsed.port_or_known_default().unwrap_or(80);
-            if let Err(e) = crate::net::resolve_host(host, port, AddressRule::PublicOnly).await {
-                return Err(refuse(RefusalRule::InternalAddress, e.0));
-            }
-        }
-        Ok(())
+        Ok(Some(parsed))
     }
+
+    /// The origin rule for a tunnel to `host:port` (an HTTP `CONNECT`: TLS or a WebSocket,
+    /// whose scheme the proxy cannot see): allowed when the list is empty or one of its
+    /// origins has this host and port. `shown` names the request in a refusal.
+    pub fn check_authority(&self, shown: &str, host: &str, port: u16) -> Result<(), Refusal> {
+        let host = host.to_ascii_lowercase();
+        let listed = |origin: &String| {
+            url::Url::parse(origin).is_ok_and(|u| {
+                u.host_str().is_some_and(|h| h.eq_ignore_ascii_case(&host)) && u.port_or_known_default() == Some(port)
+            })
+        };
+        if self.allow.is_empty() || self.allow.iter().any(listed) {
+            return Ok(());
+        }
+        Err(refusal(
+            shown,
+            RefusalRule::Origin,
+            format!("{host}:{port} is not the host and port of an origin this deployment allows"),
+        ))
+    }
+
+    /// The addresses of `host:port` under the context's address rule, resolved once: connect
+    /// to these, never to the name again (DNS rebinding). `shown` names the request in a
+    /// refusal. Errors: `internal_address` (which also covers a name that does not resolve).
+    pub async fn addresses(&self, shown: &str, host: &str, port: u16) -> Result<Vec<std::net::SocketAddr>, Refusal> {
+        crate::net::resolve_host(host, port, self.rule)
+            .await
+            .map_err(|e| refusal(shown, RefusalRule::InternalAddress, e.0))
+    }
+}
+
+/// A refusal of `url` (cut to [`MAX_URL_KEPT`] characters).
+pub fn refusal(url: &str, rule: RefusalRule, message: String) -> Refusal {
+    Refusal { url: crate::evidence::excerpt(url, MAX_URL_KEPT), rule, message }
 }
 
 #[cfg(test)]
@@ -128,5 +169,19 @@ mod tests {
         for url in ["http://127.0.0.1/", "http://localhost:8080/", "http://[::1]/", "http://169.254.169.254/"] {
             assert_eq!(public.check(url).await.map_err(|r| r.rule).err(), Some(RefusalRule::InternalAddress), "{url}");
         }
+    }
+
+    #[test]
+    fn tunnels_match_listed_hosts_and_ports() {
+        let listed = policy(&["http://127.0.0.1:8080", "https://Example.com"], AddressRule::Any);
+        assert!(listed.check_authority("x", "127.0.0.1", 8080).is_ok());
+        assert!(listed.check_authority("x", "EXAMPLE.com", 443).is_ok());
+        for (host, port) in [("127.0.0.1", 8081), ("example.com", 80), ("example.org", 443)] {
+            assert_eq!(listed.check_authority("x", host, port).map_err(|r| r.rule).err(), Some(RefusalRule::Origin));
+        }
+        assert!(
+            policy(&[], AddressRule::PublicOnly).check_authority("x", "10.0.0.1", 22).is_ok(),
+            "no list: the address rule decides"
+        );
     }
 }
