@@ -2,7 +2,8 @@
 //! Chromium start to the first snapshot, snapshot and click latency (p50/p99, the click
 //! including the freshness check of its snapshot), and memory per user context (PSS of the
 //! whole Chromium process tree, from `/proc/<pid>/smaps_rollup`, before and after opening
-//! contexts that each load the page).
+//! contexts that each load the page); and the network floor's cost: a page load through it, and
+//! one GET through a context's proxy beside the same GET sent directly, in the same run.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -84,6 +85,42 @@ fn browser_pid(data_dir: &std::path::Path) -> Option<u32> {
     None
 }
 
+/// One GET of `url` through a context's proxy (the network floor) and directly, alternated,
+/// `iterations` times each.
+async fn floor_figures(url: &str, iterations: usize) -> anyhow::Result<()> {
+    use mira::tools::browser::policy::OriginPolicy;
+    use mira::tools::browser::proxy::{ContextProxy, Floor};
+    let floor = Floor {
+        policy: std::sync::Arc::new(parking_lot::RwLock::new(OriginPolicy {
+            allow: Vec::new(),
+            rule: mira::net::AddressRule::Any,
+        })),
+        refusals: std::sync::Arc::default(),
+        services: std::sync::Arc::new(Vec::<u16>::new),
+    };
+    let proxy = ContextProxy::start(floor).await?;
+    let direct = reqwest::Client::builder().no_proxy().build()?;
+    let through = reqwest::Client::builder().proxy(reqwest::Proxy::http(proxy.proxy_server())?).build()?;
+    let (mut plain, mut floored) = (Vec::with_capacity(iterations), Vec::with_capacity(iterations));
+    for _ in 0..iterations {
+        for (client, times) in [(&direct, &mut plain), (&through, &mut floored)] {
+            let t = Instant::now();
+            client.get(url).send().await?.error_for_status()?.bytes().await?;
+            times.push(t.elapsed());
+        }
+    }
+    plain.sort();
+    floored.sort();
+    println!(
+        "GET of the page ({iterations} runs each): direct p50 {:.2} ms, p99 {:.2} ms; through the network floor p50 {:.2} ms, p99 {:.2} ms",
+        ms(percentile(&plain, 0.5)),
+        ms(percentile(&plain, 0.99)),
+        ms(percentile(&floored, 0.5)),
+        ms(percentile(&floored, 0.99))
+    );
+    Ok(())
+}
+
 /// Runs the benchmark and prints its figures.
 pub async fn run(opts: BrowserBench) -> anyhow::Result<()> {
     let chromium = opts
@@ -154,7 +191,22 @@ pub async fn run(opts: BrowserBench) -> anyhow::Result<()> {
         ms(percentile(&clicks, 0.5)),
         ms(percentile(&clicks, 0.99))
     );
+    let mut loads = Vec::with_capacity(opts.iterations);
+    for _ in 0..opts.iterations {
+        let t = Instant::now();
+        let tab = tabs.get(None).map_err(err)?;
+        manager::navigate(&tab.page, &url).await.map_err(err)?;
+        loads.push(t.elapsed());
+    }
+    loads.sort();
+    println!(
+        "page load through the network floor ({} runs): p50 {:.1} ms, p99 {:.1} ms",
+        loads.len(),
+        ms(percentile(&loads, 0.5)),
+        ms(percentile(&loads, 0.99))
+    );
     drop(tabs);
+    floor_figures(&url, opts.iterations).await?;
 
     // Memory per context.
     tokio::time::sleep(Duration::from_millis(500)).await;
