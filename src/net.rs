@@ -107,6 +107,8 @@ pub fn is_internal(ip: std::net::IpAddr) -> bool {
                 || (first & 0xffc0) == 0xfec0
                 || (first == 0x2001 && seg[1] == 0x0db8)
                 || (first == 0x0100 && seg[1..4] == [0, 0, 0])
+                // Local-use NAT64 (64:ff9b:1::/48, RFC 8215): translates to the site's own addresses.
+                || (first == 0x0064 && seg[1] == 0xff9b && seg[2] == 0x0001)
         }
     }
 }

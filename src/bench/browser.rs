@@ -94,9 +94,10 @@ async fn floor_figures(url: &str, iterations: usize) -> anyhow::Result<()> {
         policy: std::sync::Arc::new(parking_lot::RwLock::new(OriginPolicy {
             allow: Vec::new(),
             rule: mira::net::AddressRule::Any,
+            service_ports: Vec::new(),
         })),
         refusals: std::sync::Arc::default(),
-        services: std::sync::Arc::new(Vec::<u16>::new),
+        slots: std::sync::Arc::new(tokio::sync::Semaphore::new(mira::tools::browser::proxy::MAX_FLOOR_CONNECTIONS)),
     };
     let proxy = ContextProxy::start(floor).await?;
     let direct = reqwest::Client::builder().no_proxy().build()?;

@@ -478,7 +478,9 @@ impl AttachedBrowsers {
     }
 
     fn new_session(conn: &Opened, settings: AttachedSettings, client: Arc<CdpClient>, product: String) -> Session {
-        let policy = OriginPolicy { allow: settings.origins.clone(), rule: AddressRule::Any };
+        // The user's own browser on their own network: this server's service ports are not its.
+        let policy =
+            OriginPolicy { allow: settings.origins.clone(), rule: AddressRule::Any, service_ports: Vec::new() };
         Session {
             conn_id: conn.id.clone(),
             fingerprint: conn.fingerprint.clone(),

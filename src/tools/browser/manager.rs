@@ -316,6 +316,8 @@ pub struct BrowserManager {
     allow_internal: bool,
     allow: Vec<String>,
     services: ServicePorts,
+    /// Connections all contexts' proxies may hold at once.
+    floor_slots: Arc<tokio::sync::Semaphore>,
     state: tokio::sync::Mutex<State>,
     contexts: std::sync::atomic::AtomicUsize,
 }
@@ -362,6 +364,7 @@ impl BrowserManager {
             allow_internal,
             allow,
             services,
+            floor_slots: Arc::new(tokio::sync::Semaphore::new(super::proxy::MAX_FLOOR_CONNECTIONS)),
             settings,
             state: tokio::sync::Mutex::new(State::default()),
             contexts: std::sync::atomic::AtomicUsize::new(0),
@@ -439,10 +442,17 @@ impl BrowserManager {
     pub async fn context(&self, user: &str) -> Result<Arc<UserContext>, ToolError> {
         let rule = self.rule_for(user).await?;
         let mut state = self.state.lock().await;
-        if let Some(ctx) = state.users.get(user) {
-            ctx.policy.write().rule = rule;
-            *ctx.last_used.lock() = Instant::now();
-            return Ok(ctx.clone());
+        if let Some(ctx) = state.users.get(user).cloned() {
+            if !Self::demoted(&ctx, rule) {
+                ctx.policy.write().rule = rule;
+                *ctx.last_used.lock() = Instant::now();
+                return Ok(ctx);
+            }
+            // No longer an admin: what the context opened under the old rule (a tunnel to an
+            // internal address) closes with it; a new context starts under the new rule.
+            state.users.remove(user);
+            self.contexts.store(state.users.len(), std::sync::atomic::Ordering::Relaxed);
+            ctx.close().await;
         }
         let Some(binary) = self.binary.clone() else {
             return Err(ToolError::new(ErrorCode::BrowserMissing, "no Chromium binary is installed or configured"));
@@ -467,9 +477,13 @@ impl BrowserManager {
             return Err(browser_error("the browser did not start"));
         };
         let browser = running.browser.clone();
-        let policy = Arc::new(parking_lot::RwLock::new(OriginPolicy { allow: self.allow.clone(), rule }));
+        let policy = Arc::new(parking_lot::RwLock::new(OriginPolicy {
+            allow: self.allow.clone(),
+            rule,
+            service_ports: (self.services)(),
+        }));
         let refusals = Arc::default();
-        let floor = Floor { policy: policy.clone(), refusals: Arc::clone(&refusals), services: self.services.clone() };
+        let floor = Floor { policy: policy.clone(), refusals: Arc::clone(&refusals), slots: self.floor_slots.clone() };
         let proxy = ContextProxy::start(floor)
             .await
             .map_err(|e| browser_error(format!("starting the context's proxy: {e}")))?;
@@ -496,10 +510,32 @@ impl BrowserManager {
 
     /// Re-reads whether `user` is an admin and sets the address rule of their open context
     /// (an action on an existing snapshot does not go through [`BrowserManager::context`]).
+    /// Errors: `stale_snapshot` when the user is no longer an admin (the context was closed,
+    /// see [`BrowserManager::context`]).
     pub async fn refresh_rule(&self, user: &str, ctx: &UserContext) -> Result<(), ToolError> {
         let rule = self.rule_for(user).await?;
-        ctx.policy.write().rule = rule;
+        if Self::demoted(ctx, rule) {
+            let mut state = self.state.lock().await;
+            if let Some(open) = state.users.get(user).cloned() {
+                state.users.remove(user);
+                self.contexts.store(state.users.len(), std::sync::atomic::Ordering::Relaxed);
+                drop(state);
+                open.close().await;
+            }
+            return Err(ToolError::new(
+                ErrorCode::StaleSnapshot,
+                "the browser context was closed because its user is no longer an admin: navigate again",
+            ));
+        }
+        let mut policy = ctx.policy.write();
+        policy.rule = rule;
+        policy.service_ports = (self.services)();
         Ok(())
+    }
+
+    /// Whether `ctx` was opened for an admin whose rule is now public-only.
+    fn demoted(ctx: &UserContext, rule: AddressRule) -> bool {
+        ctx.policy.read().rule == AddressRule::Any && rule == AddressRule::PublicOnly
     }
 
     /// The context of `user` when one is open (no start).

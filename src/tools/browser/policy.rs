@@ -13,8 +13,8 @@
 //! - a non-admin user's context never reaches an internal address: an IP literal or a host
 //!   name any of whose DNS addresses is internal ([`crate::net::is_internal`]) is refused
 //!   (`internal_address`);
-//! - the network floor ([`super::proxy`]) also refuses the ports of this server's own services
-//!   (`service_port`).
+//! - nobody's context, an admin's included, reaches a port of this server's own services: its
+//!   database's and its API's (`service_port`).
 
 use serde::Serialize;
 
@@ -32,8 +32,7 @@ pub enum RefusalRule {
     InternalAddress,
     /// Not a URL at all.
     Malformed,
-    /// A port of this server's own services (its database, its API), refused by the network
-    /// floor whoever the user is.
+    /// A port of this server's own services (its database, its API), whoever the user is.
     ServicePort,
 }
 
@@ -58,6 +57,9 @@ pub struct OriginPolicy {
     pub allow: Vec<String>,
     /// Which addresses the context may reach.
     pub rule: AddressRule,
+    /// The ports of this server's own services (its database's, its API's): refused for
+    /// every user (`service_port`).
+    pub service_ports: Vec<u16>,
 }
 
 /// The ASCII serialisation of `url`'s origin (`https://example.com`, `http://127.0.0.1:8080`).
@@ -107,13 +109,29 @@ impl OriginPolicy {
         if !self.allow.is_empty() && !self.allow.contains(&origin) {
             return Err(refusal(url, RefusalRule::Origin, format!("{origin} is not an origin this deployment allows")));
         }
+        self.check_port(url, parsed.port_or_known_default().unwrap_or(80))?;
         Ok(Some(parsed))
     }
 
-    /// The origin rule for a tunnel to `host:port` (an HTTP `CONNECT`: TLS or a WebSocket,
-    /// whose scheme the proxy cannot see): allowed when the list is empty or one of its
-    /// origins has this host and port. `shown` names the request in a refusal.
+    /// The service-port rule. `shown` names the request in a refusal.
+    pub fn check_port(&self, shown: &str, port: u16) -> Result<(), Refusal> {
+        if self.service_ports.contains(&port) {
+            return Err(refusal(
+                shown,
+                RefusalRule::ServicePort,
+                format!("port {port} is one of this server's own services"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The origin and service-port rules for a tunnel to `host:port` (an HTTP `CONNECT`: TLS
+    /// or a WebSocket, whose scheme the proxy cannot see): allowed when the list is empty or
+    /// one of its origins has this host and port, whatever that origin's scheme (a listed
+    /// `http://h:8443` also lets a worker open a TLS or WebSocket tunnel to `h:8443`).
+    /// `shown` names the request in a refusal.
     pub fn check_authority(&self, shown: &str, host: &str, port: u16) -> Result<(), Refusal> {
+        self.check_port(shown, port)?;
         let host = host.to_ascii_lowercase();
         let listed = |origin: &String| {
             url::Url::parse(origin).is_ok_and(|u| {
@@ -140,9 +158,13 @@ impl OriginPolicy {
     }
 }
 
-/// A refusal of `url` (cut to [`MAX_URL_KEPT`] characters).
+/// A refusal of `url` (URL and message each cut to [`MAX_URL_KEPT`] characters).
 pub fn refusal(url: &str, rule: RefusalRule, message: String) -> Refusal {
-    Refusal { url: crate::evidence::excerpt(url, MAX_URL_KEPT), rule, message }
+    Refusal {
+        url: crate::evidence::excerpt(url, MAX_URL_KEPT),
+        rule,
+        message: crate::evidence::excerpt(&message, MAX_URL_KEPT),
+    }
 }
 
 #[cfg(test)]
@@ -150,7 +172,11 @@ mod tests {
     use super::*;
 
     fn policy(allow: &[&str], rule: AddressRule) -> OriginPolicy {
-        OriginPolicy { allow: allow.iter().filter_map(|o| normalise_origin(o)).collect(), rule }
+        OriginPolicy {
+            allow: allow.iter().filter_map(|o| normalise_origin(o)).collect(),
+            rule,
+            service_ports: vec![5432],
+        }
     }
 
     #[tokio::test]
@@ -165,6 +191,9 @@ mod tests {
         let listed = policy(&["HTTP://127.0.0.1:8080/"], AddressRule::Any);
         assert!(listed.check("http://127.0.0.1:8080/a?b").await.is_ok());
         assert_eq!(listed.check("http://127.0.0.1:8081/").await.map_err(|r| r.rule).err(), Some(RefusalRule::Origin));
+        for url in ["http://127.0.0.1:5432/", "https://example.com:5432/"] {
+            assert_eq!(any.check(url).await.map_err(|r| r.rule).err(), Some(RefusalRule::ServicePort), "{url}");
+        }
         let public = policy(&[], AddressRule::PublicOnly);
         for url in ["http://127.0.0.1/", "http://localhost:8080/", "http://[::1]/", "http://169.254.169.254/"] {
             assert_eq!(public.check(url).await.map_err(|r| r.rule).err(), Some(RefusalRule::InternalAddress), "{url}");
@@ -182,6 +211,10 @@ mod tests {
         assert!(
             policy(&[], AddressRule::PublicOnly).check_authority("x", "10.0.0.1", 22).is_ok(),
             "no list: the address rule decides"
+        );
+        assert_eq!(
+            policy(&[], AddressRule::Any).check_authority("x", "db.example", 5432).map_err(|r| r.rule).err(),
+            Some(RefusalRule::ServicePort)
         );
     }
 }

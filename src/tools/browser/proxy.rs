@@ -13,10 +13,14 @@
 //!   API: [`ServicePorts`]), whoever the user is.
 //!
 //! The name is resolved once, by the proxy, and the connection goes to the checked addresses
-//! (a DNS answer that changes between check and connection cannot reach an internal address).
-//! A refused request gets `403` (Chromium then fails it) and is recorded with the context's
-//! other refusals: tab `*` (the proxy cannot tell which tab asked), resource type `proxied`
-//! (plain HTTP, its URL) or `tunnel` (a `CONNECT`, named `host:port`).
+//! (a DNS answer that changes between check and connection cannot reach an internal address);
+//! under the public-only rule a connection that turns out to be to this host itself (one of its
+//! own public addresses) is refused too. A plain request is sent with the `Host` the checked URL
+//! names. A refused request gets `403` (a tunnel then fails in Chromium; a plain request shows
+//! the proxy's refusal text as its response) and is recorded with the context's other
+//! refusals: tab `*` (the proxy cannot tell which tab asked), resource type `proxied` (plain
+//! HTTP, its URL) or `tunnel` (a `CONNECT`, named `host:port`). An upstream's hop-by-hop
+//! headers are dropped, and its `407` (which Chromium would take as the proxy's) becomes `502`.
 //!
 //! Who else can use the proxy: it listens on loopback, so any process of this host can connect
 //! to it. It gives such a process nothing it could not do itself: this host's processes reach
@@ -25,9 +29,10 @@
 //! refuses those ports too — or keeps in a private network namespace where this loopback is not
 //! reachable (`none`).
 //!
-//! Bounds: 256 connections at once per context (more are closed at accept), 30 s to send a
-//! request's head, 10 s to connect upstream. The listener and every connection it serves end
-//! when the context's proxy is dropped.
+//! Bounds: 256 connections at once per context and [`MAX_FLOOR_CONNECTIONS`] over all contexts
+//! (more are closed at accept), 30 s to send a request's head, 10 s to connect upstream (the
+//! first 4 addresses of a name), 30 s for the upstream's response head. The listener and every
+//! connection it serves end when the context's proxy is dropped.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -53,10 +58,16 @@ pub type ServicePorts = Arc<dyn Fn() -> Vec<u16> + Send + Sync>;
 
 /// Most connections one context's proxy serves at once.
 const MAX_CONNECTIONS: usize = 256;
+/// Most connections all contexts' proxies serve at once (a tunnel holds two descriptors).
+pub const MAX_FLOOR_CONNECTIONS: usize = 512;
+/// Most addresses of one name tried.
+const MAX_ADDRESSES: usize = 4;
 /// Longest a client may take to send a request's head.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest a connection to an upstream address may take.
+/// Longest connecting upstream may take, over all the addresses tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest an upstream may take to answer a plain request's head.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and the proxy's own, never forwarded.
 const HOP_BY_HOP: [&str; 9] = [
     "connection",
@@ -80,8 +91,8 @@ pub struct Floor {
     pub policy: Arc<parking_lot::RwLock<OriginPolicy>>,
     /// The context's refusals, taken by the next call.
     pub refusals: Arc<parking_lot::Mutex<Vec<RefusedRequest>>>,
-    /// This server's service ports.
-    pub services: ServicePorts,
+    /// Connections all contexts' proxies may still open ([`MAX_FLOOR_CONNECTIONS`] in all).
+    pub slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// One context's proxy, listening until dropped.
@@ -128,7 +139,14 @@ async fn serve(listener: TcpListener, floor: Floor) {
                 if connections.len() >= MAX_CONNECTIONS {
                     continue;
                 }
-                connections.spawn(serve_connection(stream, floor.clone()));
+                let Ok(slot) = floor.slots.clone().try_acquire_owned() else {
+                    continue;
+                };
+                let served = serve_connection(stream, floor.clone());
+                connections.spawn(async move {
+                    served.await;
+                    drop(slot);
+                });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
@@ -176,52 +194,83 @@ impl Floor {
             };
             let shown = authority.as_str().to_owned();
             let port = authority.port_u16().unwrap_or(443);
-            let addrs = match self.admit(&shown, authority.host(), port, None).await {
-                Ok(addrs) => addrs,
-                Err(refused) => return self.refuse(refused, "tunnel"),
-            };
-            return match connect(&addrs).await {
+            let policy = self.policy.read().clone();
+            if let Err(refused) = policy.check_authority(&shown, authority.host(), port) {
+                return self.refuse(refused, "tunnel");
+            }
+            return match self.connect(&policy, &shown, authority.host(), port).await {
                 Ok(upstream) => {
                     *tunnel.lock() = Some((hyper::upgrade::on(&mut req), upstream));
                     Response::new(Empty::new().map_err(|never| match never {}).boxed())
                 }
-                Err(e) => text(StatusCode::BAD_GATEWAY, format!("connecting to {shown}: {e}")),
+                Err(Failure::Refused(refused)) => self.refuse(refused, "tunnel"),
+                Err(Failure::Failed(message)) => text(StatusCode::BAD_GATEWAY, message),
             };
         }
         let url = req.uri().to_string();
-        let (host, port) = match req.uri().authority() {
-            Some(a) if req.uri().scheme_str() == Some("http") => (a.host().to_owned(), a.port_u16().unwrap_or(80)),
-            _ => return text(StatusCode::BAD_REQUEST, "a proxy request names an absolute http URL".into()),
-        };
-        let addrs = match self.admit(&url, &host, port, Some(&url)).await {
-            Ok(addrs) => addrs,
+        let policy = self.policy.read().clone();
+        // The URL is parsed once, by the policy; host, port and `Host` all come from it.
+        let parsed = match policy.check_url(&url) {
+            Ok(Some(parsed)) => parsed,
+            Ok(None) => return text(StatusCode::BAD_REQUEST, "a proxy request names an absolute http URL".into()),
             Err(refused) => return self.refuse(refused, "proxied"),
         };
-        match forward(req, &addrs).await {
+        let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+            return text(StatusCode::BAD_REQUEST, "a proxy request names an absolute http URL".into());
+        };
+        if parsed.scheme() != "http" {
+            return text(StatusCode::BAD_REQUEST, "a proxy request names an absolute http URL".into());
+        }
+        let upstream = match self.connect(&policy, &url, host, port).await {
+            Ok(upstream) => upstream,
+            Err(Failure::Refused(refused)) => return self.refuse(refused, "proxied"),
+            Err(Failure::Failed(message)) => return text(StatusCode::BAD_GATEWAY, message),
+        };
+        let authority = match parsed.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.to_owned(),
+        };
+        match forward(req, upstream, &parsed, &authority).await {
             Ok(response) => response,
             Err(message) => text(StatusCode::BAD_GATEWAY, message),
         }
     }
 
-    /// The policy for one request (`url` for plain HTTP; none for a tunnel): the service
-    /// ports, the scheme and origin rules, then the address rule. Returns the addresses to
-    /// connect to.
-    async fn admit(&self, shown: &str, host: &str, port: u16, url: Option<&str>) -> Result<Vec<SocketAddr>, Refusal> {
-        if (self.services)().contains(&port) {
-            return Err(refusal(
-                shown,
-                RefusalRule::ServicePort,
-                format!("port {port} is one of this server's own services"),
-            ));
-        }
-        let policy = self.policy.read().clone();
-        match url {
-            Some(url) => {
-                policy.check_url(url)?;
+    /// Resolves `host` under the address rule and connects to the first of its checked
+    /// addresses (at most [`MAX_ADDRESSES`]) that answers within [`CONNECT_TIMEOUT`] in all;
+    /// under the public-only rule, a connection to this host itself is refused.
+    async fn connect(&self, policy: &OriginPolicy, shown: &str, host: &str, port: u16) -> Result<TcpStream, Failure> {
+        let addrs = policy.addresses(shown, host, port).await.map_err(Failure::Refused)?;
+        let attempt = async {
+            let mut last = format!("{shown}: no address");
+            for addr in addrs.iter().take(MAX_ADDRESSES) {
+                match TcpStream::connect(addr).await {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) => last = format!("connecting to {addr}: {e}"),
+                }
             }
-            None => policy.check_authority(shown, host, port)?,
+            Err(last)
+        };
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, attempt)
+            .await
+            .map_err(|_| Failure::Failed(format!("connecting to {shown} timed out")))?
+            .map_err(Failure::Failed)?;
+        if policy.rule == crate::net::AddressRule::PublicOnly {
+            let (local, peer) = (stream.local_addr(), stream.peer_addr());
+            if let (Ok(local), Ok(peer)) = (local, peer)
+                && local.ip() == peer.ip()
+            {
+                return Err(Failure::Refused(refusal(
+                    shown,
+                    RefusalRule::InternalAddress,
+                    format!(
+                        "{} is an address of this host itself; only an admin may point the browser at it",
+                        peer.ip()
+                    ),
+                )));
+            }
         }
-        policy.addresses(shown, host, port).await
+        Ok(stream)
     }
 
     fn refuse(&self, refused: Refusal, resource_type: &str) -> Response<ProxyBody> {
@@ -234,26 +283,17 @@ impl Floor {
     }
 }
 
-/// Connects to the first of `addrs` that answers within [`CONNECT_TIMEOUT`].
-async fn connect(addrs: &[SocketAddr]) -> std::io::Result<TcpStream> {
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-    for addr in addrs {
-        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => return Ok(stream),
-            Ok(Err(e)) => last = e,
-            Err(_) => last = std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{addr} timed out")),
-        }
-    }
-    Err(last)
+/// Why a connection upstream was not made.
+enum Failure {
+    /// The policy refused it.
+    Refused(Refusal),
+    /// It failed (502).
+    Failed(String),
 }
 
-/// Sends `req` (absolute form) to `addrs` in origin form without hop-by-hop headers, and
-/// streams the answer back.
-async fn forward(mut req: Request<Incoming>, addrs: &[SocketAddr]) -> Result<Response<ProxyBody>, String> {
-    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    *req.uri_mut() = path.parse().map_err(|e| format!("{path}: {e}"))?;
-    let listed: Vec<HeaderName> = req
-        .headers()
+/// Drops the hop-by-hop headers of `headers`, and those its `Connection` names.
+fn strip_hop_by_hop(headers: &mut header::HeaderMap) {
+    let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -261,18 +301,44 @@ async fn forward(mut req: Request<Incoming>, addrs: &[SocketAddr]) -> Result<Res
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
     for name in listed.iter().chain(&HOP_BY_HOP.map(HeaderName::from_static)) {
-        req.headers_mut().remove(name);
+        headers.remove(name);
     }
-    let upstream = connect(addrs).await.map_err(|e| format!("connecting upstream: {e}"))?;
+}
+
+/// Sends `req` (absolute form, for `url`) over `upstream` in origin form, with `Host` set to
+/// `authority` and without hop-by-hop headers, and streams the answer back (its hop-by-hop
+/// headers dropped, a `407` turned into `502`).
+async fn forward(
+    mut req: Request<Incoming>,
+    upstream: TcpStream,
+    url: &url::Url,
+    authority: &str,
+) -> Result<Response<ProxyBody>, String> {
+    let path = match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_owned(),
+    };
+    *req.uri_mut() = path.parse().map_err(|e| format!("{path}: {e}"))?;
+    strip_hop_by_hop(req.headers_mut());
+    let host = header::HeaderValue::from_str(authority).map_err(|e| format!("{authority}: {e}"))?;
+    req.headers_mut().insert(header::HOST, host);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(upstream))
         .await
         .map_err(|e| format!("upstream handshake: {e}"))?;
+    // Ends when the response (and its body) is done or dropped: hyper closes it then.
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "browser proxy upstream");
         }
     });
-    let response = sender.send_request(req).await.map_err(|e| format!("upstream request: {e}"))?;
+    let mut response = tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(req))
+        .await
+        .map_err(|_| format!("{authority} did not answer within {} s", RESPONSE_TIMEOUT.as_secs()))?
+        .map_err(|e| format!("upstream request: {e}"))?;
+    if response.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        return Ok(text(StatusCode::BAD_GATEWAY, format!("{authority} answered 407, which only a proxy may send")));
+    }
+    strip_hop_by_hop(response.headers_mut());
     Ok(response.map(BodyExt::boxed))
 }
 
@@ -319,12 +385,13 @@ mod tests {
         let policy = OriginPolicy {
             allow: allow.iter().filter_map(|o| super::super::policy::normalise_origin(o)).collect(),
             rule: AddressRule::Any,
+            service_ports: services,
         };
         let refusals: Arc<parking_lot::Mutex<Vec<RefusedRequest>>> = Arc::default();
         let floor = Floor {
             policy: Arc::new(parking_lot::RwLock::new(policy)),
             refusals: refusals.clone(),
-            services: Arc::new(move || services.clone()),
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_FLOOR_CONNECTIONS)),
         };
         (ContextProxy::start(floor).await.unwrap(), refusals)
     }
@@ -361,7 +428,7 @@ mod tests {
         let got = exchange(
             &p,
             &format!(
-                "GET http://127.0.0.1:{port}/page?q=1 HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n\
+                "GET http://127.0.0.1:{port}/page?q=1 HTTP/1.1\r\nhost: other.example\r\n\
                  proxy-connection: keep-alive\r\nx-kept: yes\r\nconnection: close\r\n\r\n"
             ),
         )
@@ -369,6 +436,8 @@ mod tests {
         assert!(got.starts_with("HTTP/1.1 200"), "{got}");
         assert!(got.contains("GET /page?q=1 HTTP/1.1"), "origin form upstream: {got}");
         assert!(got.contains("x-kept: yes"), "{got}");
+        assert!(got.contains(&format!("host: 127.0.0.1:{port}")), "Host is the checked URL's: {got}");
+        assert!(!got.contains("other.example"), "{got}");
         assert!(!got.to_ascii_lowercase().contains("proxy-connection"), "{got}");
         assert!(refusals.lock().is_empty());
     }
