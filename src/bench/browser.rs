@@ -78,7 +78,7 @@ fn browser_pid(data_dir: &std::path::Path) -> Option<u32> {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
         let cmd = String::from_utf8_lossy(&cmd);
-        if cmd.contains(&format!("--user-data-dir={needle}")) && cmd.contains("--remote-debugging-port") {
+        if cmd.contains(&format!("--user-data-dir={needle}")) && cmd.contains("--remote-debugging-pipe") {
             return Some(pid);
         }
     }

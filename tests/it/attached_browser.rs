@@ -386,32 +386,15 @@ async fn attach_act_on_the_granted_tab_only_and_survive_a_restart(backend: Backe
         p50(managed)
     );
 
-    // The server's own managed browser can never be attached, not even by an admin: its
-    // debugging port would hand over every user's context.
-    let ws = f.t.app().browser.websocket_address().await.expect("the managed browser runs");
-    let port = url::Url::parse(&ws).unwrap().port().unwrap();
-    let own = f
-        .t
-        .post(
-            "/v1/connections",
-            &f.token,
-            json!({"kind": "browser", "name": "server's own", "credential": {},
-                   "settings": {"endpoint": format!("http://127.0.0.1:{port}"), "tabs": [format!("{site}/app")], "origins": [site]}}),
-        )
-        .await;
-    assert_eq!(own.status, StatusCode::CREATED, "{own:?}");
-    let access = &own.body["permissions"]["browser.attached"]["access"];
-    assert_eq!(access["state"], "unknown", "{own:?}");
-    assert!(access["message"].as_str().unwrap().contains("managed browser"), "{own:?}");
-    let del =
-        f.t.request(
-            reqwest::Method::DELETE,
-            &format!("/v1/connections/{}", own.body["id"].as_str().unwrap()),
-            Some(&f.token),
-            None,
-        )
-        .await;
-    assert_eq!(del.status, StatusCode::NO_CONTENT);
+    // The server's own managed browser listens on no DevTools port at all (DevTools over a
+    // pipe): nothing on the host can attach it, and its bridge's port is closed once the
+    // server's own client is in.
+    let pid = f.t.app().browser.process_id().await.expect("the managed browser runs");
+    let listening = crate::common::listening_ports_of_tree(pid);
+    assert!(listening.is_empty(), "the managed Chromium listens on {listening:?}");
+    let bridge = f.t.app().browser.websocket_address().await.expect("the managed browser runs");
+    let port = url::Url::parse(&bridge).unwrap().port().unwrap();
+    assert!(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err(), "the bridge stopped listening");
 
     // Grant by URL prefix instead (what survives a browser restart: target ids do not).
     let prefixed = f

@@ -398,3 +398,47 @@ impl mira::registry::Tool for TestTool {
         })
     }
 }
+
+/// The TCP ports on which process `root` or any process below it listens (`/proc/<pid>/fd`
+/// socket inodes matched against the `LISTEN` rows of `/proc/net/tcp` and `tcp6`).
+pub fn listening_ports_of_tree(root: u32) -> Vec<u16> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        parents.push((pid, ppid));
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    let mut inodes = std::collections::HashSet::new();
+    for pid in &tree {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && let Some(inode) =
+                    target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_owned))
+            {
+                inodes.insert(inode);
+            }
+        }
+    }
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else { continue };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "0A" && inodes.contains(cols[9]) {
+                let port = cols[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+                ports.extend(port);
+            }
+        }
+    }
+    ports
+}

@@ -1,5 +1,5 @@
-//! The managed browser: one Chromium process (Debian's `chromium`, headless) started on the
-//! first call that needs it, one isolated browser context per user (CDP
+//! The managed browser: one Chromium process (Debian's `chromium`, headless, DevTools over a
+//! pipe and no port: [`super::pipe`]) started on the first call that needs it, one isolated browser context per user (CDP
 //! `Target.createBrowserContext`: its own cookies, storage and cache), a bounded number of
 //! contexts and of tabs per context, each context closed after `--browser-idle-secs` without a
 //! call and the process closed with the last context.
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use chromiumoxide::cdp::browser_protocol::fetch::EventRequestPaused;
 use chromiumoxide::cdp::browser_protocol::page::{EventFrameStartedLoading, EventLoadEventFired};
 use chromiumoxide::cdp::browser_protocol::target::CreateTargetParams;
-use chromiumoxide::{Browser, BrowserConfig, Page};
+use chromiumoxide::{Browser, Page};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde::Serialize;
@@ -45,6 +45,44 @@ use crate::store::Store;
 
 /// Longest one DevTools command may take.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest a started Chromium may take to answer on its DevTools pipe.
+const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Chromium's flags: puppeteer's defaults as chromiumoxide 0.9 passes them (pop-ups allowed:
+/// they pass the network floor), headless, no extensions, no background traffic, and WebRTC
+/// kept inside the context's proxy.
+const LAUNCH_ARGS: [&str; 31] = [
+    "--disable-background-networking",
+    "--enable-features=NetworkService,NetworkServiceInProcess",
+    "--disable-background-timer-throttling",
+    "--disable-backgrounding-occluded-windows",
+    "--disable-breakpad",
+    "--disable-client-side-phishing-detection",
+    "--disable-component-extensions-with-background-pages",
+    "--disable-default-apps",
+    "--disable-dev-shm-usage",
+    "--disable-features=TranslateUI",
+    "--disable-hang-monitor",
+    "--disable-ipc-flooding-protection",
+    "--disable-popup-blocking",
+    "--disable-prompt-on-repost",
+    "--disable-renderer-backgrounding",
+    "--disable-sync",
+    "--force-color-profile=srgb",
+    "--metrics-recording-only",
+    "--no-first-run",
+    "--enable-automation",
+    "--password-store=basic",
+    "--use-mock-keychain",
+    "--enable-blink-features=IdleDetection",
+    "--lang=en_US",
+    "--disable-extensions",
+    "--headless",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--disable-gpu",
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--no-default-browser-check",
+];
 /// Longest a navigation waits for the page's `load` event.
 pub const LOAD_TIMEOUT: Duration = Duration::from_secs(15);
 /// Most refusals kept per context between two calls.
@@ -284,6 +322,8 @@ struct Running {
     browser: Arc<Browser>,
     handler: JoinHandle<()>,
     profile: PathBuf,
+    /// The process and its DevTools pipe; dropping it kills the process.
+    process: super::pipe::PipeBrowser,
 }
 
 #[derive(Default)]
@@ -394,6 +434,11 @@ impl BrowserManager {
     pub async fn websocket_address(&self) -> Option<String> {
         let state = self.state.lock().await;
         Some(state.running.as_ref()?.browser.websocket_address().clone())
+    }
+
+    /// The Chromium process's id, while it runs.
+    pub async fn process_id(&self) -> Option<u32> {
+        self.state.lock().await.running.as_ref()?.process.pid()
     }
 
     /// The Chromium binary, when one was found.
@@ -547,28 +592,38 @@ impl BrowserManager {
         let profile = self.profile_root.join(format!("profile-{}", uuid::Uuid::now_v7().simple()));
         std::fs::create_dir_all(&profile)
             .map_err(|e| browser_error(format!("creating the browser profile {}: {e}", profile.display())))?;
-        let mut builder = BrowserConfig::builder()
-            .chrome_executable(binary)
-            .user_data_dir(&profile)
-            .enable_request_intercept()
-            .respect_https_errors()
-            .launch_timeout(Duration::from_secs(30))
-            .request_timeout(COMMAND_TIMEOUT)
-            .args([
-                "--disable-background-networking",
-                "--no-first-run",
-                "--disable-sync",
-                "--disable-gpu",
-                "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
-            ]);
+        let mut args: Vec<String> = LAUNCH_ARGS.iter().map(|a| (*a).to_owned()).collect();
+        args.push(format!("--user-data-dir={}", profile.display()));
         // Chromium's own sandbox cannot start as root (it refuses to run); under root the
         // process runs without it and the origin policy and the contexts' isolation remain.
         if rustix::process::geteuid().is_root() {
-            builder = builder.no_sandbox();
+            args.extend(["--no-sandbox".to_owned(), "--disable-setuid-sandbox".to_owned()]);
         }
-        let config = builder.build().map_err(|e| browser_error(format!("browser configuration: {e}")))?;
-        let (browser, mut handler) =
-            Browser::launch(config).await.map_err(|e| browser_error(format!("starting {}: {e}", binary.display())))?;
+        let process = super::pipe::PipeBrowser::launch(binary, &args)
+            .await
+            .map_err(|e| browser_error(format!("starting {}: {e}", binary.display())))?;
+        let config = chromiumoxide::handler::HandlerConfig {
+            ignore_https_errors: false,
+            request_timeout: COMMAND_TIMEOUT,
+            request_intercept: true,
+            // Every page emulates chromiumoxide's default 800×600 viewport (computer use's
+            // coordinates are in it).
+            viewport: Some(chromiumoxide::handler::viewport::Viewport::default()),
+            ..Default::default()
+        };
+        let connected =
+            tokio::time::timeout(LAUNCH_TIMEOUT, Browser::connect_with_config(process.websocket_url(), config)).await;
+        let (browser, mut handler) = match connected {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) => {
+                process.kill().await;
+                return Err(browser_error(format!("connecting to {}: {e}", binary.display())));
+            }
+            Err(_) => {
+                process.kill().await;
+                return Err(browser_error(format!("{} did not answer within {LAUNCH_TIMEOUT:?}", binary.display())));
+            }
+        };
         let handler = tokio::spawn(async move {
             while let Some(event) = handler.next().await {
                 if let Err(e) = event {
@@ -579,8 +634,8 @@ impl BrowserManager {
                 }
             }
         });
-        tracing::info!(chromium = %binary.display(), "managed browser started");
-        Ok(Running { browser: Arc::new(browser), handler, profile })
+        tracing::info!(chromium = %binary.display(), pid = ?process.pid(), "managed browser started (DevTools over a pipe)");
+        Ok(Running { browser: Arc::new(browser), handler, profile, process })
     }
 
     /// Closes contexts idle for longer than the idle limit, and the process with the last one.
@@ -607,12 +662,12 @@ impl BrowserManager {
     }
 
     async fn stop(running: Running) {
-        let Running { browser, handler, profile } = running;
+        let Running { browser, handler, profile, process } = running;
         if let Ok(mut browser) = Arc::try_unwrap(browser) {
             let _ = tokio::time::timeout(Duration::from_secs(5), browser.close()).await;
-            let _ = tokio::time::timeout(Duration::from_secs(5), browser.wait()).await;
         }
         handler.abort();
+        process.kill().await;
         let _ = std::fs::remove_dir_all(&profile);
         tracing::info!("managed browser closed");
     }

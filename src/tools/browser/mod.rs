@@ -28,6 +28,7 @@ pub mod attached;
 pub mod cdp;
 pub mod device;
 pub mod manager;
+pub mod pipe;
 pub mod policy;
 pub mod proxy;
 pub mod snapshot;

@@ -1,0 +1,176 @@
+//! The managed Chromium's DevTools connection over a pipe, not a port.
+//!
+//! Chromium started with `--remote-debugging-port` listens on loopback without authentication:
+//! any process of the host (a sandboxed terminal session under `--sandbox-network open` or
+//! `deny-services` included) could connect and drive every user's browser context. So the
+//! managed browser is started with `--remote-debugging-pipe` instead: it reads DevTools
+//! messages from file descriptor 3 and writes its own to descriptor 4, each message ended by a
+//! NUL byte, and opens no port at all.
+//!
+//! chromiumoxide speaks DevTools over a WebSocket only, so this module bridges: a WebSocket
+//! server on a free loopback port accepts exactly one client — the one that opens the path
+//! `/devtools/browser/<128 random bits, hex>` — and stops listening; every text message it
+//! gets is written to the pipe, every message from the pipe is sent back as text. A process
+//! that finds the port and does not know the path gets `404` (and the port is closed as soon as
+//! the server's own client is in). When either side closes, the bridge ends, and with it the
+//! browser process ([`PipeBrowser`] kills it when dropped).
+
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::time::Duration;
+
+use async_tungstenite::tungstenite::Message;
+use async_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use futures::StreamExt;
+use rand::RngExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::net::unix::pipe;
+use tokio::task::JoinHandle;
+
+/// Longest a client may take to complete its WebSocket handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A Chromium process driven over its DevTools pipe, reachable by one client at
+/// [`PipeBrowser::websocket_url`]. Dropping it ends the bridge and kills the process.
+pub struct PipeBrowser {
+    websocket_url: String,
+    child: tokio::process::Child,
+    bridge: JoinHandle<()>,
+}
+
+impl PipeBrowser {
+    /// Starts `binary` with `args` and `--remote-debugging-pipe`, its descriptors 3 and 4 the
+    /// pipe's ends, and the bridge. Errors: the pipes, the listener or the process cannot be
+    /// made.
+    pub async fn launch(binary: &Path, args: &[String]) -> std::io::Result<PipeBrowser> {
+        use command_fds::{CommandFdExt, FdMapping};
+        let (browser_reads, server_writes) = std::io::pipe()?;
+        let (server_reads, browser_writes) = std::io::pipe()?;
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .args(args)
+            .arg("--remote-debugging-pipe")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        command
+            .fd_mappings(vec![
+                FdMapping { parent_fd: OwnedFd::from(browser_reads), child_fd: 3 },
+                FdMapping { parent_fd: OwnedFd::from(browser_writes), child_fd: 4 },
+            ])
+            .map_err(|e| std::io::Error::other(format!("mapping the DevTools pipe: {e}")))?;
+        let to_browser = pipe::Sender::from_owned_fd(OwnedFd::from(server_writes))?;
+        let from_browser = pipe::Receiver::from_owned_fd(OwnedFd::from(server_reads))?;
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let mut secret = [0u8; 16];
+        rand::rng().fill(&mut secret);
+        let path = format!("/devtools/browser/{}", hex(&secret));
+        let websocket_url = format!("ws://{}{path}", listener.local_addr()?);
+        let child = command.spawn()?;
+        // The command held the browser's ends; the process has its own copies now.
+        drop(command);
+        let bridge = tokio::spawn(bridge(listener, path, to_browser, from_browser));
+        Ok(PipeBrowser { websocket_url, child, bridge })
+    }
+
+    /// The bridge's WebSocket URL (`ws://127.0.0.1:<port>/devtools/browser/<secret>`): give
+    /// it to chromiumoxide's `Browser::connect_with_config`, once.
+    pub fn websocket_url(&self) -> &str {
+        &self.websocket_url
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Kills the process and waits for it (5 s at most).
+    pub async fn kill(mut self) {
+        self.bridge.abort();
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
+}
+
+impl Drop for PipeBrowser {
+    fn drop(&mut self) {
+        self.bridge.abort();
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Waits for the one client that names `path`, stops listening, then relays until either
+/// side closes.
+async fn bridge(listener: TcpListener, path: String, mut to_browser: pipe::Sender, from_browser: pipe::Receiver) {
+    let ws = loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "DevTools bridge accept");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Small DevTools messages back to back: no Nagle delay on loopback.
+        let _ = stream.set_nodelay(true);
+        let expected = path.clone();
+        // The shape tungstenite's handshake callback must have.
+        #[allow(clippy::result_large_err)]
+        let check = move |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
+            if request.uri().path() == expected {
+                return Ok(response);
+            }
+            let mut refused = ErrorResponse::new(Some("not found".into()));
+            *refused.status_mut() = async_tungstenite::tungstenite::http::StatusCode::NOT_FOUND;
+            Err(refused)
+        };
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, async_tungstenite::tokio::accept_hdr_async(stream, check)).await {
+            Ok(Ok(ws)) => break ws,
+            Ok(Err(e)) => tracing::debug!(error = %e, "DevTools bridge: a client was refused"),
+            Err(_) => tracing::debug!("DevTools bridge: a client's handshake timed out"),
+        }
+    };
+    drop(listener);
+    let (mut ws_out, mut ws_in) = ws.split();
+    let down = async {
+        while let Some(Ok(message)) = ws_in.next().await {
+            let bytes = match message {
+                Message::Text(text) => text.as_bytes().to_vec(),
+                Message::Binary(data) => data.to_vec(),
+                Message::Close(_) => break,
+                _ => continue,
+            };
+            if to_browser.write_all(&bytes).await.is_err() || to_browser.write_all(b"\0").await.is_err() {
+                break;
+            }
+        }
+    };
+    let up = async {
+        let mut reader = tokio::io::BufReader::new(from_browser);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(0, &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if buf.last() == Some(&0) {
+                buf.pop();
+            }
+            let Ok(text) = String::from_utf8(std::mem::take(&mut buf)) else { continue };
+            if ws_out.send(Message::text(text)).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        () = down => {}
+        () = up => {}
+    }
+}
