@@ -31,6 +31,8 @@ use tokio::task::JoinHandle;
 
 /// Longest a client may take to complete its WebSocket handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most handshakes in progress at once; further connections are closed at accept.
+const MAX_HANDSHAKES: usize = 16;
 
 /// A Chromium process driven over its DevTools pipe, reachable by one client at
 /// [`PipeBrowser::websocket_url`]. Dropping it ends the bridge and kills the process.
@@ -105,37 +107,66 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A client's WebSocket handshake, accepted only for `path` and within
+/// [`HANDSHAKE_TIMEOUT`].
+async fn handshake(
+    stream: tokio::net::TcpStream,
+    path: String,
+) -> Option<async_tungstenite::WebSocketStream<async_tungstenite::tokio::TokioAdapter<tokio::net::TcpStream>>> {
+    // Small DevTools messages back to back: no Nagle delay on loopback.
+    let _ = stream.set_nodelay(true);
+    // The shape tungstenite's handshake callback must have.
+    #[allow(clippy::result_large_err)]
+    let check = move |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
+        if request.uri().path() == path {
+            return Ok(response);
+        }
+        let mut refused = ErrorResponse::new(Some("not found".into()));
+        *refused.status_mut() = async_tungstenite::tungstenite::http::StatusCode::NOT_FOUND;
+        Err(refused)
+    };
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, async_tungstenite::tokio::accept_hdr_async(stream, check)).await {
+        Ok(Ok(ws)) => Some(ws),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "DevTools bridge: a client was refused");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("DevTools bridge: a client's handshake timed out");
+            None
+        }
+    }
+}
+
 /// Waits for the one client that names `path`, stops listening, then relays until either
 /// side closes.
 async fn bridge(listener: TcpListener, path: String, mut to_browser: pipe::Sender, from_browser: pipe::Receiver) {
+    // Handshakes run side by side (at most MAX_HANDSHAKES), so a process that connects and
+    // stalls cannot hold the server's own client back.
+    let mut handshakes = tokio::task::JoinSet::new();
     let ws = loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::debug!(error = %e, "DevTools bridge accept");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "DevTools bridge accept");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                if handshakes.len() < MAX_HANDSHAKES {
+                    handshakes.spawn(handshake(stream, path.clone()));
+                }
             }
-        };
-        // Small DevTools messages back to back: no Nagle delay on loopback.
-        let _ = stream.set_nodelay(true);
-        let expected = path.clone();
-        // The shape tungstenite's handshake callback must have.
-        #[allow(clippy::result_large_err)]
-        let check = move |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
-            if request.uri().path() == expected {
-                return Ok(response);
+            Some(done) = handshakes.join_next(), if !handshakes.is_empty() => {
+                if let Ok(Some(ws)) = done {
+                    break ws;
+                }
             }
-            let mut refused = ErrorResponse::new(Some("not found".into()));
-            *refused.status_mut() = async_tungstenite::tungstenite::http::StatusCode::NOT_FOUND;
-            Err(refused)
-        };
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, async_tungstenite::tokio::accept_hdr_async(stream, check)).await {
-            Ok(Ok(ws)) => break ws,
-            Ok(Err(e)) => tracing::debug!(error = %e, "DevTools bridge: a client was refused"),
-            Err(_) => tracing::debug!("DevTools bridge: a client's handshake timed out"),
         }
     };
+    handshakes.abort_all();
     drop(listener);
     let (mut ws_out, mut ws_in) = ws.split();
     let down = async {
@@ -172,5 +203,43 @@ async fn bridge(listener: TcpListener, path: String, mut to_browser: pipe::Sende
     tokio::select! {
         () = down => {}
         () = up => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// `sh` copying its descriptor 3 to 4 plays the browser: every message comes back.
+    #[tokio::test]
+    async fn one_client_with_the_path_gets_through_a_stalled_and_a_wrong_one() {
+        let echo = ["-c".to_owned(), "cat <&3 >&4".to_owned()];
+        let browser = PipeBrowser::launch(Path::new("/bin/sh"), &echo).await.unwrap();
+        let url = url::Url::parse(browser.websocket_url()).unwrap();
+        let address = format!("127.0.0.1:{}", url.port().unwrap());
+        // A client that connects and says nothing does not hold the others back.
+        let _stalled = tokio::net::TcpStream::connect(&address).await.unwrap();
+        // A client without the path is refused.
+        let wrong = format!("ws://{address}/devtools/browser/guess");
+        let refused = async_tungstenite::tokio::connect_async(wrong).await;
+        assert!(refused.is_err(), "a wrong path is refused");
+        let started = std::time::Instant::now();
+        let (mut ws, _) = async_tungstenite::tokio::connect_async(browser.websocket_url()).await.unwrap();
+        assert!(started.elapsed() < HANDSHAKE_TIMEOUT, "not held back by the stalled client");
+        ws.send(Message::text(r#"{"id":1,"method":"Browser.getVersion"}"#)).await.unwrap();
+        let back = tokio::time::timeout(Duration::from_secs(5), ws.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(back.into_text().unwrap().as_str(), r#"{"id":1,"method":"Browser.getVersion"}"#);
+        // The bridge listens no more.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(tokio::net::TcpStream::connect(&address).await.is_err(), "the port is closed once the client is in");
+        let pid = browser.pid();
+        browser.kill().await;
+        let mut status = String::new();
+        if let Ok(mut f) = tokio::fs::File::open(format!("/proc/{}/status", pid.unwrap_or(0))).await {
+            let _ = f.read_to_string(&mut status).await;
+        }
+        assert!(!status.contains("State:\tS") && !status.contains("State:\tR"), "the process is gone: {status}");
     }
 }
