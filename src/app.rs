@@ -28,6 +28,9 @@ pub struct FreezeScope {
     pub existing_call: Option<String>,
 }
 
+/// Most past tasks [`App::usage_history`] embeds in one load (a few milliseconds each).
+pub const EMBED_PER_LOAD: usize = 64;
+
 /// Everything the chain needs, cheap to clone (typed axum state).
 #[derive(Clone)]
 pub struct App {
@@ -73,6 +76,8 @@ pub struct App {
     /// Run bundles being built at once ([`crate::http::bundle::MAX_CONCURRENT_BUNDLES`]):
     /// each holds up to 64 MiB of records in memory.
     pub bundle_slots: Arc<tokio::sync::Semaphore>,
+    /// The users' loaded past uses (learning from use, [`crate::exposure::usage`]).
+    pub usage: Arc<crate::exposure::usage::UsageMemory>,
 }
 
 impl App {
@@ -143,6 +148,61 @@ impl App {
             format!("{} was not executed: {} is {} now ({})", inv.id, inv.tool_id, view.state.as_str(), reason.message),
         )
         .with_details(serde_json::json!({"tool_id": inv.tool_id, "ladder": {"state": view.state.as_str(), "reason": {"code": reason.code, "message": reason.message}}})))
+    }
+
+    /// The user's past uses, embedded by the ready model ([`crate::exposure::usage`]): from
+    /// memory when loaded less than [`crate::exposure::usage::HISTORY_TTL`] ago, else read
+    /// from the store, the tasks' vectors taken from the embedding cache; tasks without one
+    /// are embedded now (at most [`EMBED_PER_LOAD`] per load, the rest at later loads) and
+    /// cached. None when learning from use is off or no model is ready (the ranking is then
+    /// lexical and has no task vector to compare).
+    pub async fn usage_history(&self, user_id: &str) -> Result<Option<Arc<crate::exposure::UsageHistory>>> {
+        use crate::exposure::hybrid::QueryEmbedder;
+        use crate::exposure::usage::{self, PastUse, UsageHistory};
+        if !self.config.learn_from_use {
+            return Ok(None);
+        }
+        let Some(model_id) = self.embeddings.model_id() else { return Ok(None) };
+        if let Some(h) = self.usage.get(user_id, &model_id) {
+            return Ok(Some(h));
+        }
+        let facts = self.store.accepted_uses(user_id, usage::MAX_USES).await?;
+        let mut keys: Vec<String> = facts.iter().map(|(task, _)| usage::task_key(task)).collect();
+        keys.sort();
+        keys.dedup();
+        let mut vectors: std::collections::HashMap<String, Arc<[f32]>> =
+            self.store.tool_vectors(&model_id, &keys).await?.into_iter().map(|(k, v)| (k, v.into())).collect();
+        let mut missing: Vec<String> = Vec::new();
+        for (task, _) in &facts {
+            if !vectors.contains_key(&usage::task_key(task))
+                && !missing.contains(task)
+                && missing.len() < EMBED_PER_LOAD
+            {
+                missing.push(task.clone());
+            }
+        }
+        if !missing.is_empty() {
+            let embeddings = Arc::clone(&self.embeddings);
+            let embedded = tokio::task::spawn_blocking(move || {
+                missing
+                    .into_iter()
+                    .filter_map(|task| embeddings.embed_query(&task).ok().map(|v| (usage::task_key(&task), v)))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+            self.store.put_tool_vectors(&model_id, &embedded).await?;
+            vectors.extend(embedded.into_iter().map(|(k, v)| (k, v.into())));
+        }
+        let uses = facts
+            .into_iter()
+            .filter_map(|(task, tool_id)| {
+                vectors.get(&usage::task_key(&task)).map(|v| PastUse { tool_id, task_vector: Arc::clone(v) })
+            })
+            .collect();
+        let history = Arc::new(UsageHistory { model_id, uses });
+        self.usage.put(user_id, Arc::clone(&history));
+        Ok(Some(history))
     }
 
     /// What the owner's skills change for a run of `skill_id` (None: a main run): see

@@ -56,6 +56,10 @@ pub struct ServeConfig {
     /// single-user deployment may allow them.
     #[arg(long, env = "MIRA_ALLOW_HARD_LINK_READS")]
     pub allow_hard_link_reads: bool,
+    /// Learning from use: tools whose results a user accepted in similar past turns rank
+    /// higher in that user's exposures (docs/architecture.md). `false` ranks by the task alone.
+    #[arg(long, env = "MIRA_LEARN_FROM_USE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub learn_from_use: bool,
     /// Tool domains (`terminal`, `edit`, `mcp`… comma-separated; `*` = every domain) whose
     /// calls must be granted by a different user than the one who froze them: an admin or a
     /// user with the approver role (four-eyes). Default: none, every user approves their own
@@ -221,6 +225,9 @@ pub struct RuntimeConfig {
     /// Whether the Read tools read files with more than one hard link
     /// ([`crate::workspace::HardLinks`]).
     pub allow_hard_link_reads: bool,
+    /// Whether a user's accepted past uses raise tools in their exposures
+    /// ([`crate::exposure::usage`]).
+    pub learn_from_use: bool,
     /// Tool domains whose calls need four-eyes approval (`*` = every domain); empty = none.
     pub four_eyes_domains: Vec<String>,
     /// The sandbox of terminal sessions and non-admins' stdio MCP servers.
@@ -251,6 +258,7 @@ impl Default for RuntimeConfig {
             mcp_server: McpServerSettings::default(),
             allow_internal_urls: false,
             allow_hard_link_reads: false,
+            learn_from_use: true,
             four_eyes_domains: Vec::new(),
             sandbox: crate::sandbox::SandboxConfig::default(),
             http: crate::limits::HttpLimits::default(),

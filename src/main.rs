@@ -119,6 +119,15 @@ struct ExposureArgs {
     /// fused by the best score (a row `… + steps`).
     #[arg(long)]
     steps: bool,
+    /// Learning from use: replay this many queries of the set (the ones after the sample in
+    /// the seeded order, so never a measured one) as accepted past uses of their gold tools,
+    /// and measure each embedding ranker with them too (a row `… + history N`). Needs
+    /// --sample.
+    #[arg(long, default_value_t = 0)]
+    history: usize,
+    /// The rules measured with --history, as FLOOR:BOOST pairs (default: the shipped one).
+    #[arg(long, value_delimiter = ',')]
+    history_rule: Vec<String>,
     #[command(flatten)]
     embedding: mira::config::EmbeddingArgs,
 }
@@ -205,6 +214,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             mcp_server: cfg.mcp_server.clone(),
             allow_internal_urls: cfg.allow_internal_urls,
             allow_hard_link_reads: cfg.allow_hard_link_reads,
+            learn_from_use: cfg.learn_from_use,
             four_eyes_domains: cfg
                 .four_eyes_domains
                 .iter()
@@ -321,6 +331,8 @@ async fn run() -> ExitCode {
                 series_turns,
                 dump,
                 steps,
+                history,
+                history_rule,
                 embedding,
             } = *args;
             async {
@@ -346,6 +358,11 @@ async fn run() -> ExitCode {
                     series: series.into_iter().filter(|n| *n > 0).collect(),
                     series_turns,
                     steps,
+                    history,
+                    history_rules: history_rule
+                        .iter()
+                        .map(|r| bench::exposure::parse_rule(r))
+                        .collect::<anyhow::Result<Vec<_>>>()?,
                     dump,
                     embedding: embedding.config(),
                 })

@@ -270,6 +270,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         devices,
         bundle_key,
         bundle_slots: Arc::new(tokio::sync::Semaphore::new(crate::http::bundle::MAX_CONCURRENT_BUNDLES)),
+        usage: Arc::default(),
     })
 }
 

@@ -37,6 +37,7 @@ use mira::embedding::{EmbeddingConfig, Embeddings, State};
 use mira::error::ErrorCode;
 use mira::exposure::hybrid::{Fusion, IndexRanker, Mode};
 use mira::exposure::index::ToolIndex;
+use mira::exposure::usage::{LearnRule, PastUse, UsageHistory};
 use mira::exposure::{self, MAX_EXPOSED, Ranker, Strategy};
 use mira::registry::{ExecContext, Registry, Tool, ToolError, ToolKind, ToolOutput, ToolSpec};
 
@@ -59,6 +60,10 @@ pub struct ExposureBench {
     pub series: Vec<usize>,
     /// Also measure each ranker with the task split into steps ([`exposure::steps`]).
     pub steps: bool,
+    /// Queries replayed as accepted past uses (learning from use; 0 = none).
+    pub history: usize,
+    /// Rules measured with the history (empty = the shipped one).
+    pub history_rules: Vec<LearnRule>,
     /// Turns measured per series size.
     pub series_turns: usize,
     /// The embedding model.
@@ -157,6 +162,27 @@ pub fn read_queries(path: &Path) -> anyhow::Result<Vec<BenchQuery>> {
         .collect()
 }
 
+/// Parses `FLOOR:BOOST` (`--history-rule`).
+pub fn parse_rule(s: &str) -> anyhow::Result<LearnRule> {
+    let (f, b) = s.split_once(':').ok_or_else(|| anyhow::anyhow!("{s:?}: expected FLOOR:BOOST"))?;
+    let floor: f64 = f.parse().with_context(|| format!("floor in {s:?}"))?;
+    let max_boost: f64 = b.parse().with_context(|| format!("boost in {s:?}"))?;
+    anyhow::ensure!((-1.0..1.0).contains(&floor) && max_boost >= 0.0, "{s:?}: floor in [-1, 1), boost ≥ 0");
+    Ok(LearnRule { floor, max_boost })
+}
+
+/// The past uses of the replayed queries: one per gold tool, each with its query's embedding.
+fn replay_history(embeddings: &Embeddings, queries: &[&BenchQuery]) -> anyhow::Result<UsageHistory> {
+    use mira::exposure::hybrid::QueryEmbedder;
+    let model_id = embeddings.model_id().ok_or_else(|| anyhow::anyhow!("--history needs an embedding model"))?;
+    let mut uses = Vec::new();
+    for q in queries {
+        let v: Arc<[f32]> = embeddings.embed_query(&q.query).map_err(|e| anyhow::anyhow!("{e}"))?.into();
+        uses.extend(q.gold.iter().map(|g| PastUse { tool_id: g.clone(), task_vector: Arc::clone(&v) }));
+    }
+    Ok(UsageHistory { model_id, uses })
+}
+
 /// SplitMix64 step.
 fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -237,6 +263,7 @@ fn measure(
     queries: &[&BenchQuery],
     sources: Option<&[String]>,
     steps: bool,
+    history: Option<(&UsageHistory, LearnRule)>,
 ) -> Quality {
     let pos: HashMap<&str, usize> = specs.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
     let mut q = Quality { label: label.to_owned(), ..Quality::default() };
@@ -252,6 +279,9 @@ fn measure(
                 all.extend(parts.iter().map(|p| ranker.rank(p, specs).scores));
                 ranking.scores = exposure::steps::fuse_max(&all);
             }
+        }
+        if let Some((history, rule)) = history {
+            exposure::learn(&mut ranking, Some(history), specs, rule);
         }
         let top: Vec<(usize, f64)> = match sources {
             None => exposure::top_k(&ranking.scores, specs, MAX_EXPOSED),
@@ -330,9 +360,14 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
     let queries = read_queries(&opts.queries)?;
     let ids: std::collections::HashSet<&str> = specs.iter().map(|s| s.id.as_str()).collect();
     let unknown = queries.iter().flat_map(|q| &q.gold).filter(|g| !ids.contains(g.as_str())).count();
-    let chosen: Vec<&BenchQuery> = match opts.sample {
-        Some(n) => sample_indexes(queries.len(), n, opts.seed).into_iter().map(|i| &queries[i]).collect(),
-        None => queries.iter().collect(),
+    let (chosen, replayed): (Vec<&BenchQuery>, Vec<&BenchQuery>) = match opts.sample {
+        Some(n) => {
+            let order = sample_indexes(queries.len(), n + opts.history, opts.seed);
+            let (a, b) = order.split_at(n.min(order.len()));
+            (a.iter().map(|&i| &queries[i]).collect(), b.iter().map(|&i| &queries[i]).collect())
+        }
+        None if opts.history > 0 => anyhow::bail!("--history needs --sample (the replayed queries follow the sample)"),
+        None => (queries.iter().collect(), Vec::new()),
     };
     let gold_per_query = chosen.iter().map(|q| q.gold.len()).sum::<usize>() as f64 / chosen.len().max(1) as f64;
     println!("# mira bench exposure");
@@ -380,6 +415,20 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
         }
     }
     let candidate_specs: Vec<&ToolSpec> = entries.iter().map(|e| e.spec()).collect();
+    let history = if replayed.is_empty() {
+        None
+    } else {
+        let t = Instant::now();
+        let h = tokio::task::block_in_place(|| replay_history(&embeddings, &replayed))?;
+        println!(
+            "history: {} replayed queries (after the sample, seed {}) as {} past uses, embedded in {:.1} s",
+            replayed.len(),
+            opts.seed,
+            h.uses.len(),
+            t.elapsed().as_secs_f64()
+        );
+        Some(h)
+    };
     if let Some(path) = &opts.dump {
         tokio::task::block_in_place(|| dump_scores(path, &index, &embeddings, &candidate_specs, &chosen))?;
     }
@@ -411,22 +460,37 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
                 Mode::Hybrid => format!("hybrid ({})", fusion.name()),
                 m => m.name().to_owned(),
             };
-            let q = tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen, None, false));
+            let q =
+                tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen, None, false, None));
             print_row(&q);
             rows.push(q);
             if several_sources {
                 let label = format!("{label} + shares");
                 let q = tokio::task::block_in_place(|| {
-                    measure(&ranker, &label, &candidate_specs, &chosen, Some(&sources), false)
+                    measure(&ranker, &label, &candidate_specs, &chosen, Some(&sources), false, None)
                 });
                 print_row(&q);
                 rows.push(q);
             }
             if opts.steps {
                 let label = format!("{label} + steps");
-                let q = tokio::task::block_in_place(|| measure(&ranker, &label, &candidate_specs, &chosen, None, true));
+                let q = tokio::task::block_in_place(|| {
+                    measure(&ranker, &label, &candidate_specs, &chosen, None, true, None)
+                });
                 print_row(&q);
                 rows.push(q);
+            }
+            if let Some(history) = history.as_ref().filter(|_| *mode != Mode::Lexical) {
+                let rules =
+                    if opts.history_rules.is_empty() { vec![LearnRule::default()] } else { opts.history_rules.clone() };
+                for rule in rules {
+                    let label = format!("{label} + history {} ({}:{})", replayed.len(), rule.floor, rule.max_boost);
+                    let q = tokio::task::block_in_place(|| {
+                        measure(&ranker, &label, &candidate_specs, &chosen, None, false, Some((history, rule)))
+                    });
+                    print_row(&q);
+                    rows.push(q);
+                }
             }
         }
     }
@@ -542,7 +606,7 @@ async fn series_row(
         let q = &queries[i % queries.len()].query;
         let t = Instant::now();
         let candidates = exposure::candidates(&registry, &ctx);
-        let e = exposure::expose(&candidates, q, &ranker);
+        let e = exposure::expose(&candidates, q, &ranker, None);
         (t.elapsed().as_secs_f64() * 1000.0, e.strategy)
     };
     // Register everything at once, then serve turns while the indexer embeds.

@@ -208,6 +208,7 @@ impl Ranker for IndexRanker {
             lexical_match,
             matched: matched.clone(),
             dense_max: None,
+            query_vector: None,
         };
         if self.mode == Mode::Lexical {
             return lexical_ranking(None);
@@ -240,6 +241,7 @@ impl Ranker for IndexRanker {
             lexical_match,
             matched,
             dense_max,
+            query_vector: Some((model, q)),
         }
     }
 }

@@ -16,10 +16,12 @@ pub mod lexical;
 mod names;
 pub mod shares;
 pub mod steps;
+pub mod usage;
 
 pub use ladder::LadderState;
 pub use names::function_name;
 pub use shares::{Inclusion, SourceShare};
+pub use usage::{Learned, UsageHistory};
 
 use std::cmp::Ordering;
 
@@ -88,6 +90,9 @@ pub struct ExposedTool {
     /// Why the tool is in the exposure ([`Inclusion`]); absent in older stored exposures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inclusion: Option<Inclusion>,
+    /// How the user's past uses raised the tool's score ([`usage`]); absent when none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned: Option<Learned>,
 }
 
 /// The stored answer to "what did the model see this turn".
@@ -113,6 +118,10 @@ pub struct Exposure {
     /// shares ([`shares`]), sorted by source; empty for `all`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shares: Vec<SourceShare>,
+    /// How many of the user's past uses were weighed ([`usage`]), when the ranking had a
+    /// task embedding of the model they were embedded by; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub past_uses: Option<usize>,
     /// The exposed tools: sorted by id for `all`; when ranked, in the order the shares took
     /// them ([`Inclusion`]): best first within each inclusion.
     pub tools: Vec<ExposedTool>,
@@ -150,6 +159,7 @@ pub trait Ranker: Send + Sync {
             lexical_match: true,
             matched: Vec::new(),
             dense_max: None,
+            query_vector: None,
         }
     }
 }
@@ -174,6 +184,9 @@ pub struct Ranking {
     pub matched: Vec<bool>,
     /// The best raw cosine of the task and a candidate, when dense scores were computed.
     pub dense_max: Option<f64>,
+    /// The task's embedding and the model that made it, when dense scores were computed
+    /// (past uses embedded by the same model can then raise candidates: [`usage`]).
+    pub query_vector: Option<(String, Vec<f32>)>,
 }
 
 /// Below this best cosine (all-MiniLM-L6-v2) a task that matches no tool's words carries no
@@ -204,8 +217,9 @@ pub fn candidates(registry: &Registry, ctx: &AvailabilityContext) -> Vec<Entry> 
         .collect()
 }
 
-/// Computes a turn's exposure from its candidates (see the module docs).
-pub fn expose(candidates: &[Entry], query: &str, ranker: &dyn Ranker) -> Exposure {
+/// Computes a turn's exposure from its candidates (see the module docs), raising the
+/// candidates of similar past uses when `history` is given ([`usage`]).
+pub fn expose(candidates: &[Entry], query: &str, ranker: &dyn Ranker, history: Option<&UsageHistory>) -> Exposure {
     let candidate_count = candidates.len();
     let mut specs: Vec<&ToolSpec> = candidates.iter().map(Entry::spec).collect();
     if candidate_count <= MAX_EXPOSED {
@@ -218,10 +232,12 @@ pub fn expose(candidates: &[Entry], query: &str, ranker: &dyn Ranker) -> Exposur
             lexical_reason: None,
             not_embedded_count: None,
             shares: Vec::new(),
-            tools: named(specs.into_iter().map(|s| (s, None, false, Inclusion::All)).collect()),
+            past_uses: None,
+            tools: named(specs.into_iter().map(|s| (s, None, false, Inclusion::All, None)).collect()),
         };
     }
-    let ranking = ranker.rank(query, &specs);
+    let mut ranking = ranker.rank(query, &specs);
+    let (past_uses, learned) = learn(&mut ranking, history, &specs, usage::LearnRule::default());
     let mut lexical_only = vec![false; candidate_count];
     for &i in &ranking.not_embedded {
         if let Some(flag) = lexical_only.get_mut(i) {
@@ -239,10 +255,40 @@ pub fn expose(candidates: &[Entry], query: &str, ranker: &dyn Ranker) -> Exposur
         lexical_reason: ranking.lexical_reason,
         not_embedded_count: (!ranking.not_embedded.is_empty()).then_some(ranking.not_embedded.len()),
         shares: selection.shares,
+        past_uses,
         tools: named(
-            selection.taken.into_iter().map(|(i, score, why)| (specs[i], Some(score), lexical_only[i], why)).collect(),
+            selection
+                .taken
+                .into_iter()
+                .map(|(i, score, why)| (specs[i], Some(score), lexical_only[i], why, learned.get(i).cloned().flatten()))
+                .collect(),
         ),
     }
+}
+
+/// Adds the boosts of `history`'s similar past uses to the ranking's scores ([`usage`]), when
+/// the ranking embedded the task with the model the history was embedded by, under `rule`.
+/// Returns how many past uses were weighed (None when none could be) and each candidate's
+/// boost.
+pub fn learn(
+    ranking: &mut Ranking,
+    history: Option<&UsageHistory>,
+    specs: &[&ToolSpec],
+    rule: usage::LearnRule,
+) -> (Option<usize>, Vec<Option<Learned>>) {
+    let (Some(history), Some((model, q))) = (history, ranking.query_vector.as_ref()) else {
+        return (None, Vec::new());
+    };
+    if *model != history.model_id {
+        return (None, Vec::new());
+    }
+    let learned = usage::boosts(q, history, specs, rule);
+    for (score, l) in ranking.scores.iter_mut().zip(&learned) {
+        if let Some(l) = l {
+            *score += l.boost;
+        }
+    }
+    (Some(history.uses.len()), learned)
 }
 
 /// The `k` best candidates as (index, score), best first; NaN and missing scores rank last,
@@ -265,11 +311,11 @@ pub fn top_k(scores: &[f64], specs: &[&ToolSpec], k: usize) -> Vec<(usize, f64)>
     scored
 }
 
-fn named(tools: Vec<(&ToolSpec, Option<f64>, bool, Inclusion)>) -> Vec<ExposedTool> {
+fn named(tools: Vec<(&ToolSpec, Option<f64>, bool, Inclusion, Option<Learned>)>) -> Vec<ExposedTool> {
     let mut taken = std::collections::HashSet::new();
     tools
         .into_iter()
-        .map(|(spec, score, not_embedded, inclusion)| {
+        .map(|(spec, score, not_embedded, inclusion, learned)| {
             let function_name = names::unique_function_name(&spec.id, &mut taken);
             ExposedTool {
                 id: spec.id.clone(),
@@ -283,6 +329,7 @@ fn named(tools: Vec<(&ToolSpec, Option<f64>, bool, Inclusion)>) -> Vec<ExposedTo
                 not_embedded,
                 source: Some(shares::source_of(spec)),
                 inclusion: Some(inclusion),
+                learned,
             }
         })
         .collect()

@@ -139,6 +139,8 @@ pub async fn accept(
         .judge_evidence(&user.user_id, &id, body.accepted, body.note.as_deref())
         .await?
         .ok_or(Error::NotFound("evidence"))?;
+    // The user's past uses changed (learning from use): their next turn reads them again.
+    app.usage.forget(&user.user_id);
     Ok(Json(view(row)?))
 }
 

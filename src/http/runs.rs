@@ -196,9 +196,12 @@ pub async fn start_turn(app: &App, run: &RunRow, task: &str, context: Option<&st
         None => task.to_owned(),
     };
     let ranker = app.ranker.clone();
-    let exposure = tokio::task::spawn_blocking(move || exposure::expose(&candidates, &query, ranker.as_ref()))
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))?;
+    // Past uses weigh only when ranking runs (more than 20 candidates).
+    let history = if candidates.len() > exposure::MAX_EXPOSED { app.usage_history(&run.owner_id).await? } else { None };
+    let exposure =
+        tokio::task::spawn_blocking(move || exposure::expose(&candidates, &query, ranker.as_ref(), history.as_deref()))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
     let doc = serde_json::to_value(&exposure).map_err(|e| Error::Internal(e.to_string()))?;
     let turn = app.store.create_turn(run, task, context, &doc).await?;
     Ok(TurnView { turn_id: turn.id, run_id: turn.run_id, task: turn.task, created_at: turn.created_at, exposure: doc })

@@ -105,4 +105,21 @@ impl Store {
         tx.commit().await?;
         Ok(row)
     }
+
+    /// The owner's most recent past uses ([`crate::exposure::usage`]): distinct
+    /// (turn task, tool id) pairs of the invocations whose evidence the owner accepted,
+    /// most recently accepted first, at most `limit`.
+    pub async fn accepted_uses(&self, owner_id: &str, limit: usize) -> StoreResult<Vec<(String, String)>> {
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT t.task, i.tool_id, MAX(e.accepted_at) AS at FROM evidence e
+             JOIN invocations i ON i.id = e.invocation_id JOIN turns t ON t.id = i.turn_id
+             WHERE e.owner_id = $1 AND e.accepted = 1
+             GROUP BY t.task, i.tool_id ORDER BY at DESC, i.tool_id LIMIT $2",
+        )
+        .bind(owner_id)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(|(task, tool, _)| (task, tool)).collect())
+    }
 }

@@ -136,7 +136,7 @@ async fn hybrid_ranks_and_vectors_survive_restart(backend: Backend) {
     let lexical = mira::exposure::lexical::Bm25Ranker::new();
     let candidates =
         mira::exposure::candidates(&t.app().registry, &t.app().availability_context("x", None).await.unwrap());
-    let lex = mira::exposure::expose(&candidates, TASK, &lexical);
+    let lex = mira::exposure::expose(&candidates, TASK, &lexical, None);
     assert_ne!(lex.tools[0].id, "zz_atmosphere");
     // Deterministic, and stored with its scores.
     let (_, again) = t.turn(&token, &run, TASK).await;
@@ -210,10 +210,88 @@ async fn twenty_or_fewer_candidates_embed_nothing(backend: Backend) {
     assert_eq!(e["queries_embedded"], 0, "{e}");
 }
 
+/// The 0-based place of `id` in an exposure's tools (20 when it is not exposed).
+fn place(exposure: &Value, id: &str) -> usize {
+    exposure["tools"].as_array().unwrap().iter().position(|t| t["id"] == id).unwrap_or(20)
+}
+
+/// Calls `tool` in a new turn on `task` and judges its evidence; returns the evidence id.
+async fn use_and_judge(t: &TestApp, token: &str, task: &str, tool: &str, accepted: bool) -> String {
+    let run = t.run(token).await;
+    let (turn, _) = t.turn(token, &run, task).await;
+    let r = t.call(token, &run, &turn, tool, "call-1", json!({"value": "Paul 40 EUR pizza"})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let done = t.wait_final(token, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let evidence = done["evidence_ids"][0].as_str().unwrap().to_owned();
+    let r = t.post(&format!("/v1/evidence/{evidence}/acceptance"), token, json!({"accepted": accepted})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    evidence
+}
+
+/// Learning from use (docs/architecture.md): a tool whose result a user accepted rises in that
+/// user's similar later turns, and the exposure says by how much and why; not in another
+/// user's turns, not after a refusal or a withdrawn acceptance, not for an unrelated task.
+async fn accepted_uses_raise_tools_in_similar_turns(backend: Backend) {
+    let Some(cfg) = model_config() else { return };
+    let t = spawn_model(backend, cfg).await;
+    t.code_graph_ready().await;
+    register_catalogue(&t);
+    assert_eq!(settled(&t).await["state"], "ready");
+    const FIRST: &str = "Log that Paul paid forty euros for the pizza, by email";
+    const LATER: &str = "Log that Paul paid thirty euros for the pizza";
+    const TOOL: &str = "email_send"; // this user logs expenses by mail to their ledger
+    let ana = t.user("ana").await;
+    let bo = t.user("bo").await;
+    let run = t.run(&ana).await;
+    let (_, cold) = t.turn(&ana, &run, LATER).await;
+    assert_eq!(cold["past_uses"], 0, "{cold}");
+    assert!(cold["tools"].as_array().unwrap().iter().all(|t| t.get("learned").is_none()), "{cold}");
+    let cold_place = place(&cold, TOOL);
+    assert!(cold_place > 0, "the test needs a tool the task alone does not put first: {cold}");
+
+    let evidence = use_and_judge(&t, &ana, FIRST, TOOL, true).await;
+    let (_, warm) = t.turn(&ana, &run, LATER).await;
+    assert_eq!(warm["past_uses"], 1, "{warm}");
+    let tool = &warm["tools"][place(&warm, TOOL)];
+    let learned = &tool["learned"];
+    assert_eq!(learned["uses"], 1, "{warm}");
+    let similarity = learned["similarity"].as_f64().unwrap();
+    let boost = learned["boost"].as_f64().unwrap();
+    assert!(similarity >= mira::exposure::usage::SIMILARITY_FLOOR && similarity <= 1.0, "{warm}");
+    assert!(boost > 0.0 && boost <= mira::exposure::usage::MAX_BOOST, "{warm}");
+    assert!(place(&warm, TOOL) < cold_place, "cold place {cold_place}: {warm}");
+    eprintln!("{TOOL}: place {cold_place} → {} (similarity {similarity}, boost {boost})", place(&warm, TOOL));
+    if let Some(before) = cold["tools"].as_array().unwrap().iter().find(|t| t["id"] == TOOL) {
+        let (b, a) = (before["score"].as_f64().unwrap(), tool["score"].as_f64().unwrap());
+        assert!((a - (b + boost)).abs() < 1e-5, "score {b} + boost {boost} != {a}");
+    }
+    assert_eq!(warm["tools"].as_array().unwrap().iter().filter(|t| t.get("learned").is_some()).count(), 1);
+    // An unrelated task weighs the same past use and finds it says nothing.
+    let (_, other) = t.turn(&ana, &run, TASK).await;
+    assert_eq!(other["past_uses"], 1, "{other}");
+    assert!(other["tools"].as_array().unwrap().iter().all(|t| t.get("learned").is_none()), "{other}");
+
+    // Another user is not steered by ana's uses, and their refusal teaches nothing.
+    let bo_run = t.run(&bo).await;
+    let (_, theirs) = t.turn(&bo, &bo_run, LATER).await;
+    assert_eq!((theirs["past_uses"].as_u64(), theirs["tools"].clone()), (Some(0), cold["tools"].clone()));
+    use_and_judge(&t, &bo, FIRST, TOOL, false).await;
+    let (_, theirs) = t.turn(&bo, &bo_run, LATER).await;
+    assert_eq!((theirs["past_uses"].as_u64(), theirs["tools"].clone()), (Some(0), cold["tools"].clone()));
+
+    // Withdrawing the acceptance forgets the use at once.
+    let r = t.post(&format!("/v1/evidence/{evidence}/acceptance"), &ana, json!({"accepted": false})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let (_, again) = t.turn(&ana, &run, LATER).await;
+    assert_eq!((again["past_uses"].as_u64(), again["tools"].clone()), (Some(0), cold["tools"].clone()));
+}
+
 both_backends!(
     hybrid_ranks_and_vectors_survive_restart,
     bad_and_oversized_input,
-    twenty_or_fewer_candidates_embed_nothing
+    twenty_or_fewer_candidates_embed_nothing,
+    accepted_uses_raise_tools_in_similar_turns
 );
 
 /// Without a model the service ranks lexically and says why, in `/readyz` and in each exposure.
@@ -277,7 +355,7 @@ async fn unembedded_tools_rank_lexically_within_the_hybrid() {
         skills: Default::default(),
     };
     let candidates = mira::exposure::candidates(&registry, &ctx);
-    let exposure = mira::exposure::expose(&candidates, "where does it rain right now", &ranker);
+    let exposure = mira::exposure::expose(&candidates, "where does it rain right now", &ranker, None);
     assert_eq!(exposure.strategy, mira::exposure::Strategy::Ranked);
     assert_eq!(exposure.not_embedded_count, Some(1));
     assert_eq!(exposure.tools[0].id, "rain_radar", "lexical match ranks it first: {:?}", exposure.tools);

@@ -294,7 +294,7 @@ async fn exposure_all_runs_no_ranker_and_ranked_keeps_twenty(backend: Backend) {
         ))
         .unwrap();
     let candidates = mira::exposure::candidates(&app.registry, &app.availability_context("x", None).await.unwrap());
-    let exposure = mira::exposure::expose(&candidates, "anything", &Panicking);
+    let exposure = mira::exposure::expose(&candidates, "anything", &Panicking, None);
     assert_eq!((exposure.strategy, exposure.tools.len()), (mira::exposure::Strategy::All, 20));
     assert!(exposure.tools.iter().all(|t| t.id != "skill_tool"));
 

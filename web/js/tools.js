@@ -118,12 +118,15 @@ export async function mount(root, route) {
       h('h2', { id: 'exposure-title' }, `Exposure of turn ${t.turn_id}`),
       h('p', { id: 'exposure-strategy' }, 'Strategy ', h('strong', {}, e.strategy), e.ranker ? ` (ranker ${e.ranker})` : '',
         ` · ${e.candidate_count} public and available candidates · ${e.tools.length} exposed`,
-        ranked ? '' : ' · no ranking ran (20 or fewer candidates)'),
+        ranked ? '' : ' · no ranking ran (20 or fewer candidates)',
+        e.past_uses !== undefined && e.past_uses !== null ? ` · ${e.past_uses} past uses weighed` : ''),
       h('p', { class: 'hint' }, `Task: ${t.task}`),
       h('ol', { class: 'exposed-list' }, e.tools.map((x) => h('li', { dataset: { source: x.source ?? '', inclusion: x.inclusion ?? '' } },
         code(x.id), x.function_name && x.function_name !== x.id ? [' as ', code(x.function_name)] : '',
         x.score !== undefined && x.score !== null ? h('span', { class: 'score' }, ` score ${Number(x.score).toFixed(4)}`) : '',
-        x.inclusion && x.inclusion !== 'ranked' && x.inclusion !== 'all' ? h('span', { class: 'hint' }, ` · ${INCLUSION[x.inclusion] ?? x.inclusion}`) : ''))),
+        x.inclusion && x.inclusion !== 'ranked' && x.inclusion !== 'all' ? h('span', { class: 'hint' }, ` · ${INCLUSION[x.inclusion] ?? x.inclusion}`) : '',
+        // Learning from use: how similar past turns whose result was accepted raised it.
+        x.learned ? h('span', { class: 'hint learned' }, ` · +${Number(x.learned.boost).toFixed(4)} from ${x.learned.uses} accepted past use${x.learned.uses === 1 ? '' : 's'} (similarity ${Number(x.learned.similarity).toFixed(2)})`) : ''))),
       // Fair shares: per source, what it offered, what was exposed and what the share held back.
       e.shares?.length > 1 ? h('div', { class: 'table-wrap' }, h('table', { class: 'list shares', id: 'exposure-shares' },
         h('caption', {}, `Sources (at most ${MAX_SHARE} places each while others have candidates)`),
