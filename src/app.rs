@@ -167,14 +167,14 @@ impl App {
             return Ok(Some(h));
         }
         let facts = self.store.accepted_uses(user_id, usage::MAX_USES).await?;
-        let mut keys: Vec<String> = facts.iter().map(|(task, _)| usage::task_key(task)).collect();
+        let mut keys: Vec<String> = facts.iter().map(|(task, _)| crate::store::task_key(task)).collect();
         keys.sort();
         keys.dedup();
         let mut vectors: std::collections::HashMap<String, Arc<[f32]>> =
             self.store.tool_vectors(&model_id, &keys).await?.into_iter().map(|(k, v)| (k, v.into())).collect();
         let mut missing: Vec<String> = Vec::new();
         for (task, _) in &facts {
-            if !vectors.contains_key(&usage::task_key(task))
+            if !vectors.contains_key(&crate::store::task_key(task))
                 && !missing.contains(task)
                 && missing.len() < EMBED_PER_LOAD
             {
@@ -186,7 +186,7 @@ impl App {
             let embedded = tokio::task::spawn_blocking(move || {
                 missing
                     .into_iter()
-                    .filter_map(|task| embeddings.embed_query(&task).ok().map(|v| (usage::task_key(&task), v)))
+                    .filter_map(|task| embeddings.embed_query(&task).ok().map(|v| (crate::store::task_key(&task), v)))
                     .collect::<Vec<_>>()
             })
             .await
@@ -197,7 +197,7 @@ impl App {
         let uses = facts
             .into_iter()
             .filter_map(|(task, tool_id)| {
-                vectors.get(&usage::task_key(&task)).map(|v| PastUse { tool_id, task_vector: Arc::clone(v) })
+                vectors.get(&crate::store::task_key(&task)).map(|v| PastUse { tool_id, task_vector: Arc::clone(v) })
             })
             .collect();
         let history = Arc::new(UsageHistory { model_id, uses });

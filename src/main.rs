@@ -128,6 +128,10 @@ struct ExposureArgs {
     /// The rules measured with --history, as FLOOR:BOOST pairs (default: the shipped one).
     #[arg(long, value_delimiter = ',')]
     history_rule: Vec<String>,
+    /// Replay each history query with the gold tools of the next one instead of its own: past
+    /// uses that mislead, to measure what they cost.
+    #[arg(long)]
+    history_mismatched: bool,
     #[command(flatten)]
     embedding: mira::config::EmbeddingArgs,
 }
@@ -333,6 +337,7 @@ async fn run() -> ExitCode {
                 steps,
                 history,
                 history_rule,
+                history_mismatched,
                 embedding,
             } = *args;
             async {
@@ -363,6 +368,7 @@ async fn run() -> ExitCode {
                         .iter()
                         .map(|r| bench::exposure::parse_rule(r))
                         .collect::<anyhow::Result<Vec<_>>>()?,
+                    history_mismatched,
                     dump,
                     embedding: embedding.config(),
                 })

@@ -64,6 +64,8 @@ pub struct ExposureBench {
     pub history: usize,
     /// Rules measured with the history (empty = the shipped one).
     pub history_rules: Vec<LearnRule>,
+    /// Replay each history query with the next one's gold tools (misleading past uses).
+    pub history_mismatched: bool,
     /// Turns measured per series size.
     pub series_turns: usize,
     /// The embedding model.
@@ -171,14 +173,17 @@ pub fn parse_rule(s: &str) -> anyhow::Result<LearnRule> {
     Ok(LearnRule { floor, max_boost })
 }
 
-/// The past uses of the replayed queries: one per gold tool, each with its query's embedding.
-fn replay_history(embeddings: &Embeddings, queries: &[&BenchQuery]) -> anyhow::Result<UsageHistory> {
+/// The past uses of the replayed queries: one per gold tool, each with its query's embedding;
+/// `mismatched` pairs each query with the next one's gold tools instead (misleading uses).
+fn replay_history(embeddings: &Embeddings, queries: &[&BenchQuery], mismatched: bool) -> anyhow::Result<UsageHistory> {
     use mira::exposure::hybrid::QueryEmbedder;
     let model_id = embeddings.model_id().ok_or_else(|| anyhow::anyhow!("--history needs an embedding model"))?;
     let mut uses = Vec::new();
-    for q in queries {
+    for (n, q) in queries.iter().enumerate() {
+        // Mismatched: the task of one query with the gold tools of the next (seeded order).
+        let gold = if mismatched { &queries[(n + 1) % queries.len()].gold } else { &q.gold };
         let v: Arc<[f32]> = embeddings.embed_query(&q.query).map_err(|e| anyhow::anyhow!("{e}"))?.into();
-        uses.extend(q.gold.iter().map(|g| PastUse { tool_id: g.clone(), task_vector: Arc::clone(&v) }));
+        uses.extend(gold.iter().map(|g| PastUse { tool_id: g.clone(), task_vector: Arc::clone(&v) }));
     }
     Ok(UsageHistory { model_id, uses })
 }
@@ -419,11 +424,12 @@ pub async fn run_exposure(opts: ExposureBench) -> anyhow::Result<()> {
         None
     } else {
         let t = Instant::now();
-        let h = tokio::task::block_in_place(|| replay_history(&embeddings, &replayed))?;
+        let h = tokio::task::block_in_place(|| replay_history(&embeddings, &replayed, opts.history_mismatched))?;
         println!(
-            "history: {} replayed queries (after the sample, seed {}) as {} past uses, embedded in {:.1} s",
+            "history: {} replayed queries (after the sample, seed {}){} as {} past uses, embedded in {:.1} s",
             replayed.len(),
             opts.seed,
+            if opts.history_mismatched { ", each with the next one's gold tools (mismatched)" } else { "" },
             h.uses.len(),
             t.elapsed().as_secs_f64()
         );

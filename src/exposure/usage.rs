@@ -30,8 +30,11 @@ use super::hybrid::dot;
 use crate::registry::ToolSpec;
 
 /// Below this cosine of two tasks (all-MiniLM-L6-v2) a past use says nothing about this
-/// turn. Measured on MetaTool (`mira bench exposure --history`): docs/architecture.md.
-pub const SIMILARITY_FLOOR: f64 = 0.6;
+/// turn. Chosen with [`MAX_BOOST`] on MetaTool (`mira bench exposure --history`, figures in
+/// docs/architecture.md): the best Recall@20 with real past uses among the pairs whose
+/// misleading past uses (`--history-mismatched`) cost nothing; higher floors gain less,
+/// larger boosts let misleading uses push the right tool down.
+pub const SIMILARITY_FLOOR: f64 = 0.3;
 
 /// The boost of a past use whose task is the same as this turn's (cosine 1), in units of
 /// the hybrid's [0, 1] scores.
@@ -161,13 +164,6 @@ impl UsageMemory {
     pub fn forget(&self, user_id: &str) {
         self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(user_id);
     }
-}
-
-/// The key of a task's vector in the embedding cache (`tool_embeddings`, keyed by text
-/// hash): the SHA-256 of `task\n` and the task, so a task never shares a key with a tool
-/// text (tools are embedded as two fields, tasks as one).
-pub fn task_key(task: &str) -> String {
-    super::index::sha256_hex(&format!("task\n{task}"))
 }
 
 #[cfg(test)]

@@ -6,6 +6,13 @@ use base64::Engine;
 use super::{Store, StoreError, StoreResult};
 use crate::ids;
 
+/// The key of a past task's vector in this cache (learning from use,
+/// [`crate::exposure::usage`]): the SHA-256 (hex) of `task\n` and the task, so a task never
+/// shares a key with a tool text (tools are embedded as two fields, tasks as one).
+pub fn task_key(task: &str) -> String {
+    mira_core::evidence::sha256_hex(format!("task\n{task}").as_bytes())
+}
+
 /// Most keys looked up in one statement.
 const LOOKUP_CHUNK: usize = 200;
 

@@ -90,6 +90,27 @@ impl Store {
             return Ok(RetentionCounts::default());
         }
         let list = serde_json::Value::from(still).to_string();
+        // The removed turns' task vectors (learning from use keeps them in the embedding
+        // cache, [`super::task_key`]) go with them: a vector says something
+        // of its text. Another turn with the same task re-embeds it when needed.
+        let tasks: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT DISTINCT task FROM turns WHERE run_id IN ({ids_sql})"
+        )))
+        .bind(&list)
+        .fetch_all(tx.conn())
+        .await?;
+        let keys: Vec<String> = tasks.iter().map(|t| super::task_key(t)).collect();
+        for chunk in keys.chunks(200) {
+            let placeholders: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM tool_embeddings WHERE text_sha256 IN ({})",
+                placeholders.join(", ")
+            )));
+            for k in chunk {
+                q = q.bind(k);
+            }
+            q.execute(tx.conn()).await?;
+        }
         // Children first: every foreign key points at a row deleted after it.
         let sessions = format!("SELECT id FROM terminal_sessions WHERE run_id IN ({ids_sql})");
         let statements = [

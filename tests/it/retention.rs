@@ -81,8 +81,18 @@ async fn sweep_removes_old_runs_and_keeps_recent_and_active(backend: Backend) {
     let (recent, _) = completed_run(&t, &token, 1).await;
     let full = store.database_bytes().await.unwrap();
 
+    // Task vectors of learning from use (docs/architecture.md): the removed turns' go with them.
+    let (read_key, kept_key) = (mira::store::task_key("read the notes"), mira::store::task_key("write a file"));
+    store
+        .put_tool_vectors("m", &[(read_key.clone(), vec![1.0, 0.0]), (kept_key.clone(), vec![0.0, 1.0])])
+        .await
+        .unwrap();
+
     let report = mira::retention::sweep(&store, &cutoff, 2).await.unwrap();
     assert_eq!(report.removed.runs, 3, "{report:?}");
+    let left: Vec<String> =
+        store.tool_vectors("m", &[read_key, kept_key.clone()]).await.unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(left, vec![kept_key], "the removed turns' task vector is gone, the active run's stays");
     assert_eq!(report.batches, 2, "two runs per batch: {report:?}");
     assert_eq!(report.removed.invocations, CALLS as u64 + 3, "{report:?}");
     assert_eq!(report.removed.turns, 3, "{report:?}");
