@@ -28,8 +28,9 @@ pub struct FreezeScope {
     pub existing_call: Option<String>,
 }
 
-/// Most past tasks [`App::usage_history`] embeds in one load (a few milliseconds each).
-pub const EMBED_PER_LOAD: usize = 64;
+/// Most past tasks [`App::usage_history`] embeds in one load (a few milliseconds each, on
+/// the query session every turn's ranking also uses).
+pub const EMBED_PER_LOAD: usize = 16;
 
 /// Everything the chain needs, cheap to clone (typed axum state).
 #[derive(Clone)]
@@ -150,35 +151,61 @@ impl App {
         .with_details(serde_json::json!({"tool_id": inv.tool_id, "ladder": {"state": view.state.as_str(), "reason": {"code": reason.code, "message": reason.message}}})))
     }
 
-    /// The user's past uses, embedded by the ready model ([`crate::exposure::usage`]): from
-    /// memory when loaded less than [`crate::exposure::usage::HISTORY_TTL`] ago, else read
-    /// from the store, the tasks' vectors taken from the embedding cache; tasks without one
-    /// are embedded now (at most [`EMBED_PER_LOAD`] per load, the rest at later loads) and
-    /// cached. None when learning from use is off or no model is ready (the ranking is then
-    /// lexical and has no task vector to compare).
-    pub async fn usage_history(&self, user_id: &str) -> Result<Option<Arc<crate::exposure::UsageHistory>>> {
+    /// The user's past uses, embedded by the ready model ([`crate::exposure::usage`]), or
+    /// None when learning from use is off, no model is ready (the ranking is then lexical and
+    /// has no task vector to compare) or loading failed (logged: the turn ranks by its task
+    /// alone rather than fail). See [`App::load_usage_history`].
+    pub async fn usage_history(&self, user_id: &str) -> Option<Arc<crate::exposure::UsageHistory>> {
+        if !self.config.learn_from_use {
+            return None;
+        }
+        self.load_usage_history(user_id).await.unwrap_or_else(|e| {
+            tracing::warn!(user_id, error = %e, "past uses not loaded; ranking by the task alone");
+            None
+        })
+    }
+
+    /// From memory when loaded less than [`crate::exposure::usage::HISTORY_TTL`] ago; else
+    /// (one load at a time) the most recent acceptances are read from the store, their
+    /// distinct (task, tool) pairs kept up to [`crate::exposure::usage::MAX_USES`], the tasks'
+    /// vectors taken from the embedding cache; tasks without one are embedded now (at most
+    /// [`EMBED_PER_LOAD`] per load, the rest at later loads) and cached.
+    async fn load_usage_history(&self, user_id: &str) -> Result<Option<Arc<crate::exposure::UsageHistory>>> {
         use crate::exposure::hybrid::QueryEmbedder;
         use crate::exposure::usage::{self, PastUse, UsageHistory};
-        if !self.config.learn_from_use {
-            return Ok(None);
-        }
+        use crate::store::task_key;
         let Some(model_id) = self.embeddings.model_id() else { return Ok(None) };
         if let Some(h) = self.usage.get(user_id, &model_id) {
             return Ok(Some(h));
         }
-        let facts = self.store.accepted_uses(user_id, usage::MAX_USES).await?;
-        let mut keys: Vec<String> = facts.iter().map(|(task, _)| crate::store::task_key(task)).collect();
+        let (_one_load, generation) = self.usage.begin_load().await;
+        if let Some(h) = self.usage.get(user_id, &model_id) {
+            return Ok(Some(h));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut facts: Vec<(String, String, String)> = Vec::new(); // (key, task, tool)
+        for (task, tool) in self.store.accepted_uses(user_id, usage::SCAN_ACCEPTANCES).await? {
+            let key = task_key(user_id, &task);
+            if seen.insert((key.clone(), tool.clone())) {
+                facts.push((key, task, tool));
+                if facts.len() == usage::MAX_USES {
+                    break;
+                }
+            }
+        }
+        let mut keys: Vec<String> = facts.iter().map(|(k, _, _)| k.clone()).collect();
         keys.sort();
         keys.dedup();
         let mut vectors: std::collections::HashMap<String, Arc<[f32]>> =
             self.store.tool_vectors(&model_id, &keys).await?.into_iter().map(|(k, v)| (k, v.into())).collect();
-        let mut missing: Vec<String> = Vec::new();
-        for (task, _) in &facts {
-            if !vectors.contains_key(&crate::store::task_key(task))
-                && !missing.contains(task)
-                && missing.len() < EMBED_PER_LOAD
-            {
-                missing.push(task.clone());
+        let mut missing: Vec<(String, String)> = Vec::new();
+        let mut queued = std::collections::HashSet::new();
+        for (key, task, _) in &facts {
+            if missing.len() == EMBED_PER_LOAD {
+                break;
+            }
+            if !vectors.contains_key(key) && queued.insert(key.as_str()) {
+                missing.push((key.clone(), task.clone()));
             }
         }
         if !missing.is_empty() {
@@ -186,7 +213,7 @@ impl App {
             let embedded = tokio::task::spawn_blocking(move || {
                 missing
                     .into_iter()
-                    .filter_map(|task| embeddings.embed_query(&task).ok().map(|v| (crate::store::task_key(&task), v)))
+                    .filter_map(|(key, task)| embeddings.embed_query(&task).ok().map(|v| (key, v)))
                     .collect::<Vec<_>>()
             })
             .await
@@ -196,12 +223,10 @@ impl App {
         }
         let uses = facts
             .into_iter()
-            .filter_map(|(task, tool_id)| {
-                vectors.get(&crate::store::task_key(&task)).map(|v| PastUse { tool_id, task_vector: Arc::clone(v) })
-            })
+            .filter_map(|(key, _, tool_id)| vectors.get(&key).map(|v| PastUse { tool_id, task_vector: Arc::clone(v) }))
             .collect();
         let history = Arc::new(UsageHistory { model_id, uses });
-        self.usage.put(user_id, Arc::clone(&history));
+        self.usage.put(user_id, generation, Arc::clone(&history));
         Ok(Some(history))
     }
 

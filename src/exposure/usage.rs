@@ -21,6 +21,7 @@
 //! replays N queries of the set (disjoint from the measured sample) as accepted uses.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,11 +31,12 @@ use super::hybrid::dot;
 use crate::registry::ToolSpec;
 
 /// Below this cosine of two tasks (all-MiniLM-L6-v2) a past use says nothing about this
-/// turn. Chosen with [`MAX_BOOST`] on MetaTool (`mira bench exposure --history`, figures in
-/// docs/architecture.md): the best Recall@20 with real past uses among the pairs whose
-/// misleading past uses (`--history-mismatched`) cost nothing; higher floors gain less,
-/// larger boosts let misleading uses push the right tool down.
-pub const SIMILARITY_FLOOR: f64 = 0.3;
+/// turn. Chosen with [`MAX_BOOST`] on MetaTool and bench/mcp-servers (`mira bench exposure
+/// --history`, figures in docs/architecture.md): the pair that gains on MetaTool and costs
+/// nothing on bench/mcp-servers, with real past uses and with misleading ones
+/// (`--history-mismatched`). Lower floors gain more on MetaTool, whose tasks cluster by tool,
+/// but let a use for a merely related task push the right tool down on bench/mcp-servers.
+pub const SIMILARITY_FLOOR: f64 = 0.5;
 
 /// The boost of a past use whose task is the same as this turn's (cosine 1), in units of
 /// the hybrid's [0, 1] scores.
@@ -58,6 +60,10 @@ impl Default for LearnRule {
 
 /// Most past uses a user's history holds (the most recent distinct (task, tool) pairs).
 pub const MAX_USES: usize = 256;
+
+/// Most acceptances read to find them (the store's read is bounded by this, however much
+/// evidence the user has).
+pub const SCAN_ACCEPTANCES: usize = 1024;
 
 /// One past use: a tool whose result the Planner accepted, with the embedding of the task
 /// of the turn it was called in.
@@ -104,7 +110,8 @@ pub fn boosts(
             continue;
         }
         let s = f64::from(dot(query, &u.task_vector));
-        if s < rule.floor {
+        // NaN (a broken vector) counts as dissimilar.
+        if !(s >= rule.floor) || !s.is_finite() {
             continue;
         }
         let e = best.entry(u.tool_id.as_str()).or_insert((0, f64::NEG_INFINITY));
@@ -136,6 +143,10 @@ pub const MAX_CACHED_USERS: usize = 64;
 #[derive(Default)]
 pub struct UsageMemory {
     entries: Mutex<HashMap<String, (Instant, Arc<UsageHistory>)>>,
+    /// Bumped by every [`UsageMemory::forget`]: a load that began before it keeps nothing.
+    generation: AtomicU64,
+    /// One load at a time (loads embed on the model's query session every turn needs).
+    loading: tokio::sync::Mutex<()>,
 }
 
 impl UsageMemory {
@@ -148,9 +159,20 @@ impl UsageMemory {
             .map(|(_, h)| Arc::clone(h))
     }
 
-    /// Keeps a freshly loaded history (dropping the oldest beyond [`MAX_CACHED_USERS`]).
-    pub fn put(&self, user_id: &str, history: Arc<UsageHistory>) {
+    /// Waits for the right to load (one load at a time) and returns it with the generation
+    /// to hand to [`UsageMemory::put`].
+    pub async fn begin_load(&self) -> (tokio::sync::MutexGuard<'_, ()>, u64) {
+        let guard = self.loading.lock().await;
+        (guard, self.generation.load(Ordering::SeqCst))
+    }
+
+    /// Keeps a history loaded since `generation` (dropping the oldest beyond
+    /// [`MAX_CACHED_USERS`]); nothing when a judgement came in meanwhile.
+    pub fn put(&self, user_id: &str, generation: u64, history: Arc<UsageHistory>) {
         let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.generation.load(Ordering::SeqCst) != generation {
+            return;
+        }
         if entries.len() >= MAX_CACHED_USERS && !entries.contains_key(user_id) {
             let oldest = entries.iter().min_by_key(|(_, (at, _))| *at).map(|(k, _)| k.clone());
             if let Some(k) = oldest {
@@ -160,9 +182,12 @@ impl UsageMemory {
         entries.insert(user_id.to_owned(), (Instant::now(), history));
     }
 
-    /// Forgets the user's history (their judgement of a result changed it).
+    /// Forgets the user's history (their judgement of a result changed it), and keeps any
+    /// load already under way from storing what it read.
     pub fn forget(&self, user_id: &str) {
-        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(user_id);
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        entries.remove(user_id);
     }
 }
 
@@ -210,5 +235,29 @@ mod tests {
         assert!((la.similarity - 1.0).abs() < 1e-6 && (la.boost - MAX_BOOST).abs() < 1e-6, "{la:?}");
         assert!(out[1].is_none(), "an orthogonal task teaches nothing");
         assert_eq!(out.len(), 2, "a past use of a tool that is not a candidate adds nothing");
+    }
+
+    #[test]
+    fn a_broken_vector_counts_as_dissimilar() {
+        let history = UsageHistory {
+            model_id: "m".into(),
+            uses: vec![PastUse { tool_id: "a".into(), task_vector: vec![f32::NAN, 0.0].into() }],
+        };
+        let a = spec("a");
+        assert!(boosts(&unit(&[1.0, 0.0]), &history, &[&a], LearnRule::default())[0].is_none());
+    }
+
+    #[tokio::test]
+    async fn a_judgement_during_a_load_keeps_the_load_from_storing() {
+        let memory = UsageMemory::default();
+        let history = Arc::new(UsageHistory { model_id: "m".into(), uses: Vec::new() });
+        let (guard, generation) = memory.begin_load().await;
+        memory.forget("u");
+        memory.put("u", generation, Arc::clone(&history));
+        drop(guard);
+        assert!(memory.get("u", "m").is_none(), "read before the judgement: not kept");
+        let (_guard, generation) = memory.begin_load().await;
+        memory.put("u", generation, history);
+        assert!(memory.get("u", "m").is_some() && memory.get("u", "other-model").is_none());
     }
 }

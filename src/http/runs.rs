@@ -197,7 +197,7 @@ pub async fn start_turn(app: &App, run: &RunRow, task: &str, context: Option<&st
     };
     let ranker = app.ranker.clone();
     // Past uses weigh only when ranking runs (more than 20 candidates).
-    let history = if candidates.len() > exposure::MAX_EXPOSED { app.usage_history(&run.owner_id).await? } else { None };
+    let history = if candidates.len() > exposure::MAX_EXPOSED { app.usage_history(&run.owner_id).await } else { None };
     let exposure =
         tokio::task::spawn_blocking(move || exposure::expose(&candidates, &query, ranker.as_ref(), history.as_deref()))
             .await

@@ -6,11 +6,18 @@ use base64::Engine;
 use super::{Store, StoreError, StoreResult};
 use crate::ids;
 
-/// The key of a past task's vector in this cache (learning from use,
-/// [`crate::exposure::usage`]): the SHA-256 (hex) of `task\n` and the task, so a task never
-/// shares a key with a tool text (tools are embedded as two fields, tasks as one).
-pub fn task_key(task: &str) -> String {
-    mira_core::evidence::sha256_hex(format!("task\n{task}").as_bytes())
+/// How much of a task learning from use reads ([`Store::accepted_uses`], [`task_key`]), in
+/// characters: all-MiniLM-L6-v2 reads at most 256 tokens, about a thousand characters.
+pub const TASK_PREFIX_CHARS: usize = 2048;
+
+/// The key of a user's past task's vector in this cache (learning from use,
+/// [`crate::exposure::usage`]): the SHA-256 (hex) of `task`, the owner, and the task's first
+/// [`TASK_PREFIX_CHARS`] characters, each followed by a newline. The owner keeps one user's
+/// vectors apart from another's (no user can tell by timing whether another already
+/// embedded a task); the prefix keeps a task from sharing a key with a tool text.
+pub fn task_key(owner_id: &str, task: &str) -> String {
+    let prefix: String = task.chars().take(TASK_PREFIX_CHARS).collect();
+    mira_core::evidence::sha256_hex(format!("task\n{owner_id}\n{prefix}").as_bytes())
 }
 
 /// Most keys looked up in one statement.

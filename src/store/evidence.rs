@@ -3,6 +3,7 @@
 use serde::Serialize;
 use serde_json::json;
 
+use super::TASK_PREFIX_CHARS;
 use super::{Store, StoreResult};
 use crate::events::EventKind;
 pub use crate::evidence::EvidenceDraft;
@@ -106,20 +107,23 @@ impl Store {
         Ok(row)
     }
 
-    /// The owner's most recent past uses ([`crate::exposure::usage`]): distinct
-    /// (turn task, tool id) pairs of the invocations whose evidence the owner accepted,
-    /// most recently accepted first, at most `limit`.
-    pub async fn accepted_uses(&self, owner_id: &str, limit: usize) -> StoreResult<Vec<(String, String)>> {
-        let rows: Vec<(String, String, String)> = sqlx::query_as(
-            "SELECT t.task, i.tool_id, MAX(e.accepted_at) AS at FROM evidence e
+    /// The owner's most recent past uses ([`crate::exposure::usage`]): (task prefix, tool id)
+    /// of the invocations whose evidence the owner accepted, most recently accepted first,
+    /// from the `scan` most recent acceptances (the index `evidence_accepted` bounds the read,
+    /// however much evidence the owner has). The task is cut to its first
+    /// [`TASK_PREFIX_CHARS`] characters (the embedding model reads less). Pairs repeat when
+    /// the same task and tool were accepted more than once.
+    pub async fn accepted_uses(&self, owner_id: &str, scan: usize) -> StoreResult<Vec<(String, String)>> {
+        Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT substr(t.task, 1, {TASK_PREFIX_CHARS}), i.tool_id FROM
+               (SELECT invocation_id, accepted_at, id FROM evidence WHERE owner_id = $1 AND accepted = 1
+                ORDER BY accepted_at DESC, id DESC LIMIT $2) e
              JOIN invocations i ON i.id = e.invocation_id JOIN turns t ON t.id = i.turn_id
-             WHERE e.owner_id = $1 AND e.accepted = 1
-             GROUP BY t.task, i.tool_id ORDER BY at DESC, i.tool_id LIMIT $2",
-        )
+             ORDER BY e.accepted_at DESC, e.id DESC"
+        )))
         .bind(owner_id)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(i64::try_from(scan).unwrap_or(i64::MAX))
         .fetch_all(self.pool())
-        .await?;
-        Ok(rows.into_iter().map(|(task, tool, _)| (task, tool)).collect())
+        .await?)
     }
 }

@@ -16,7 +16,7 @@ pub mod cache;
 mod connections;
 mod devices;
 mod embeddings;
-pub use embeddings::task_key;
+pub use embeddings::{TASK_PREFIX_CHARS, task_key};
 mod events;
 mod evidence;
 pub mod follow;

@@ -91,15 +91,16 @@ impl Store {
         }
         let list = serde_json::Value::from(still).to_string();
         // The removed turns' task vectors (learning from use keeps them in the embedding
-        // cache, [`super::task_key`]) go with them: a vector says something
-        // of its text. Another turn with the same task re-embeds it when needed.
-        let tasks: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT DISTINCT task FROM turns WHERE run_id IN ({ids_sql})"
+        // cache, [`super::task_key`]) go with them: a vector says something of its text.
+        let tasks: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT DISTINCT r.owner_id, substr(t.task, 1, {}) FROM turns t JOIN runs r ON r.id = t.run_id
+             WHERE t.run_id IN ({ids_sql})",
+            super::TASK_PREFIX_CHARS
         )))
         .bind(&list)
         .fetch_all(tx.conn())
         .await?;
-        let keys: Vec<String> = tasks.iter().map(|t| super::task_key(t)).collect();
+        let keys: Vec<String> = tasks.iter().map(|(owner, task)| super::task_key(owner, task)).collect();
         for chunk in keys.chunks(200) {
             let placeholders: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
             let mut q = sqlx::query(sqlx::AssertSqlSafe(format!(

@@ -82,7 +82,9 @@ async fn sweep_removes_old_runs_and_keeps_recent_and_active(backend: Backend) {
     let full = store.database_bytes().await.unwrap();
 
     // Task vectors of learning from use (docs/architecture.md): the removed turns' go with them.
-    let (read_key, kept_key) = (mira::store::task_key("read the notes"), mira::store::task_key("write a file"));
+    let owner = t.get("/v1/me", &token).await.body["id"].as_str().unwrap().to_owned();
+    let (read_key, kept_key) =
+        (mira::store::task_key(&owner, "read the notes"), mira::store::task_key(&owner, "write a file"));
     store
         .put_tool_vectors("m", &[(read_key.clone(), vec![1.0, 0.0]), (kept_key.clone(), vec![0.0, 1.0])])
         .await
