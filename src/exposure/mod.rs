@@ -311,7 +311,10 @@ pub fn top_k(scores: &[f64], specs: &[&ToolSpec], k: usize) -> Vec<(usize, f64)>
     scored
 }
 
-fn named(tools: Vec<(&ToolSpec, Option<f64>, bool, Inclusion, Option<Learned>)>) -> Vec<ExposedTool> {
+/// One exposed tool before naming: spec, score, ranked lexically, inclusion, learned boost.
+type Placed<'a> = (&'a ToolSpec, Option<f64>, bool, Inclusion, Option<Learned>);
+
+fn named(tools: Vec<Placed<'_>>) -> Vec<ExposedTool> {
     let mut taken = std::collections::HashSet::new();
     tools
         .into_iter()

@@ -111,7 +111,7 @@ pub fn boosts(
         }
         let s = f64::from(dot(query, &u.task_vector));
         // NaN (a broken vector) counts as dissimilar.
-        if !(s >= rule.floor) || !s.is_finite() {
+        if !s.is_finite() || s < rule.floor {
             continue;
         }
         let e = best.entry(u.tool_id.as_str()).or_insert((0, f64::NEG_INFINITY));

@@ -258,7 +258,7 @@ async fn accepted_uses_raise_tools_in_similar_turns(backend: Backend) {
     assert_eq!(learned["uses"], 1, "{warm}");
     let similarity = learned["similarity"].as_f64().unwrap();
     let boost = learned["boost"].as_f64().unwrap();
-    assert!(similarity >= mira::exposure::usage::SIMILARITY_FLOOR && similarity <= 1.0, "{warm}");
+    assert!((mira::exposure::usage::SIMILARITY_FLOOR..=1.0).contains(&similarity), "{warm}");
     assert!(boost > 0.0 && boost <= mira::exposure::usage::MAX_BOOST, "{warm}");
     assert!(place(&warm, TOOL) < cold_place, "cold place {cold_place}: {warm}");
     eprintln!("{TOOL}: place {cold_place} → {} (similarity {similarity}, boost {boost})", place(&warm, TOOL));
