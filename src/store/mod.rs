@@ -13,6 +13,7 @@
 mod approvals;
 mod bundle;
 pub mod cache;
+mod checkpoint;
 mod connections;
 mod devices;
 mod embeddings;
@@ -160,6 +161,13 @@ pub struct Store {
     /// until commit or drop: writers queue here in arrival order instead of meeting in
     /// SQLite's busy handler, whose back-off sleeps (up to 100 ms each) made the p99.
     sqlite_writer: Arc<tokio::sync::Mutex<()>>,
+    /// SQLite: the one connection every [`WriteTx`] runs on, apart from the readers' pool, so
+    /// a write never waits for a connection behind reads, and its statement cache holds the
+    /// write statements. It checkpoints nothing itself ([`checkpoint::Checkpointer`]).
+    sqlite_write_pool: Option<AnyPool>,
+    /// SQLite: copies committed WAL frames into the database file after write transactions,
+    /// on a reader connection, so the writer never waits for a checkpoint's syncs.
+    checkpointer: Option<Arc<checkpoint::Checkpointer>>,
     /// Recently authenticated tokens ([`cache`]).
     identities: Arc<cache::IdentityCache>,
     /// Freezes and execution results waiting for their group commit (`group`): both kinds
@@ -187,6 +195,7 @@ impl Store {
             return Err(StoreError::UnsupportedUrl(redact_url(url)));
         };
         let options = AnyConnectOptions::from_str(url)?;
+        let mut sqlite_write = None;
         let pool = match backend {
             Backend::Sqlite => {
                 // WAL is a property of the file: set it once, before the pool opens more
@@ -203,7 +212,7 @@ impl Store {
                             Ok(())
                         })
                     })
-                    .connect_with(options)
+                    .connect_with(options.clone())
                     .await?;
                 // A new (empty) file gets `auto_vacuum = INCREMENTAL`, so retention can give
                 // deleted rows' pages back (`Store::reclaim_space`). The mode is fixed when the
@@ -221,6 +230,19 @@ impl Store {
                     }
                 }
                 sqlx::query("PRAGMA journal_mode = WAL").execute(&pool).await?;
+                let writer = pool_options()
+                    .max_connections(1)
+                    .acquire_timeout(Duration::from_secs(30))
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+                            sqlx::query("PRAGMA wal_autocheckpoint = 0").execute(&mut *conn).await?;
+                            Ok(())
+                        })
+                    })
+                    .connect_with(options)
+                    .await?;
+                sqlite_write = Some((writer, Arc::new(checkpoint::Checkpointer::new(pool.clone()))));
                 pool
             }
             Backend::Postgres => {
@@ -239,6 +261,8 @@ impl Store {
             news_writes: Arc::default(),
             news_cuts: Arc::default(),
             sqlite_writer: Arc::default(),
+            checkpointer: sqlite_write.as_ref().map(|(_, c)| Arc::clone(c)),
+            sqlite_write_pool: sqlite_write.map(|(w, _)| w),
             identities: Arc::default(),
             // SQLite has one writer: a second flush would only queue behind the first.
             writes: Arc::new(group::GroupQueue::new(match backend {
@@ -305,8 +329,11 @@ impl Store {
         Ok(())
     }
 
-    /// Closes the pool (waits for checked-out connections to return).
+    /// Closes the pools (waits for checked-out connections to return).
     pub async fn close(&self) {
+        if let Some(writer) = &self.sqlite_write_pool {
+            writer.close().await;
+        }
         self.pool.close().await;
     }
 
@@ -315,7 +342,8 @@ impl Store {
         let (tx, writer) = match self.backend {
             Backend::Sqlite => {
                 let writer = Arc::clone(&self.sqlite_writer).lock_owned().await;
-                (self.pool.begin_with("BEGIN IMMEDIATE").await?, Some(writer))
+                let pool = self.sqlite_write_pool.as_ref().unwrap_or(&self.pool);
+                (pool.begin_with("BEGIN IMMEDIATE").await?, Some(writer))
             }
             Backend::Postgres => (self.pool.begin().await?, None),
         };
@@ -325,6 +353,7 @@ impl Store {
             appended: Vec::new(),
             bus: self.bus.clone(),
             notifier: self.notifier.clone(),
+            checkpointer: self.checkpointer.clone(),
             _writer: writer,
         })
     }
@@ -408,6 +437,8 @@ pub struct WriteTx {
     appended: Vec<RunSignal>,
     bus: EventBus,
     notifier: Option<notify::Notifier>,
+    /// SQLite: told of every commit ([`checkpoint::Checkpointer::committed`]).
+    checkpointer: Option<Arc<checkpoint::Checkpointer>>,
     /// SQLite: this process's writer slot (see `Store::sqlite_writer`), released after the
     /// transaction (declared last: dropped after `tx`).
     _writer: Option<tokio::sync::OwnedMutexGuard<()>>,
@@ -522,11 +553,13 @@ impl WriteTx {
                     .await?
             }
             Backend::Sqlite => {
+                // The counts are parameters too: the text depends only on how many runs, so
+                // the connection's statement cache keeps it.
                 let mut case = String::from("CASE id");
                 let mut ids = Vec::with_capacity(per_run.len());
-                for (i, (_, n)) in per_run.iter().enumerate() {
-                    case.push_str(&format!(" WHEN ${} THEN {n}", i + 1));
-                    ids.push(format!("${}", i + 1));
+                for i in 0..per_run.len() {
+                    case.push_str(&format!(" WHEN ${} THEN ${}", 2 * i + 1, 2 * i + 2));
+                    ids.push(format!("${}", 2 * i + 1));
                 }
                 // Read (this transaction is the only writer: BEGIN IMMEDIATE); the counters and
                 // last hashes are written by one update after the insert.
@@ -535,8 +568,8 @@ impl WriteTx {
                     ids.join(", ")
                 );
                 let mut select = sqlx::query_as::<_, (String, i64, Option<String>)>(sqlx::AssertSqlSafe(sql));
-                for (run_id, _) in &per_run {
-                    select = select.bind(*run_id);
+                for (run_id, n) in &per_run {
+                    select = select.bind(*run_id).bind(*n);
                 }
                 let rows = select.fetch_all(&mut *self.tx).await?;
                 prev_hashes = rows.iter().map(|(id, _, h)| (id.clone(), h.clone())).collect();
@@ -633,6 +666,9 @@ impl WriteTx {
     /// ([`notify`]; a `pg_notify` inside the transaction would serialise every commit).
     pub async fn commit(self) -> StoreResult<()> {
         self.tx.commit().await?;
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.committed();
+        }
         for signal in self.appended {
             if let Some(notifier) = &self.notifier {
                 notifier.send(self.bus.payload(&signal));

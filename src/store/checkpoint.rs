@@ -1,0 +1,65 @@
+//! SQLite WAL checkpoints off the writer's path.
+//!
+//! In WAL mode a commit appends frames to the `-wal` file; a checkpoint copies them into the
+//! database file and, with `synchronous = NORMAL`, is where the syncs happen. SQLite's own
+//! automatic checkpoint runs inside the commit that crosses 1,000 WAL pages, on the writing
+//! connection — so every few group commits the one writer (`Store::sqlite_write_pool`) also
+//! waited for a checkpoint's copying and syncs, while every other write waited for it.
+//!
+//! The writer therefore has `wal_autocheckpoint = 0`, and after each of its commits
+//! [`Checkpointer::committed`] asks for a `PRAGMA wal_checkpoint(PASSIVE)` on a reader
+//! connection: at most one runs at a time, and commits made meanwhile are covered by one more
+//! run after it (coalesced). A passive checkpoint takes no lock a writer or reader waits for;
+//! it copies what no reader still needs, and once the whole log has been copied the next
+//! commit starts the log from its beginning again (SQLite, "Write-Ahead Logging", §
+//! Checkpointing), so the `-wal` file stays as small as before.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sqlx::AnyPool;
+
+/// Runs passive checkpoints after commits, one at a time (see the module docs).
+pub(crate) struct Checkpointer {
+    pool: AnyPool,
+    /// A checkpoint task is running.
+    running: AtomicBool,
+    /// A commit happened since the running checkpoint started.
+    pending: AtomicBool,
+}
+
+impl Checkpointer {
+    /// A checkpointer that runs its checkpoints on a connection of `pool` (the readers').
+    pub(crate) fn new(pool: AnyPool) -> Self {
+        Self { pool, running: AtomicBool::new(false), pending: AtomicBool::new(false) }
+    }
+
+    /// Says a write transaction committed: starts a checkpoint task unless one is running
+    /// (that one then runs once more). Must be called inside a Tokio runtime.
+    pub(crate) fn committed(self: &Arc<Self>) {
+        self.pending.store(true, Ordering::Release);
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                while this.pending.swap(false, Ordering::AcqRel) {
+                    if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&this.pool).await {
+                        // A closed pool (the store is shutting down) or a transient error: the
+                        // next commit asks again; the log is copied by a later checkpoint.
+                        tracing::debug!(error = %e, "WAL checkpoint failed");
+                        this.pending.store(false, Ordering::Release);
+                        break;
+                    }
+                }
+                this.running.store(false, Ordering::Release);
+                // A commit between the last swap and the store above found `running` set and
+                // left it to this task: take it over unless a new task already did.
+                if !this.pending.load(Ordering::Acquire) || this.running.swap(true, Ordering::AcqRel) {
+                    break;
+                }
+            }
+        });
+    }
+}
