@@ -616,8 +616,8 @@ both_backends!(
 
 /// SQLite: the writer leaves checkpoints to `Checkpointer` (its own `wal_autocheckpoint` is
 /// off). Were nobody to copy the log back, it would hold all of the 8 MB written below; the
-/// passive checkpoints after each commit let the next writer start the log over, so the
-/// `-wal` file stays a small fraction of it.
+/// passive checkpoints 100 ms after commits let the next writer start the log over, so the
+/// `-wal` file holds only about a tenth of a second of writes at most.
 #[tokio::test]
 async fn sqlite_log_is_checkpointed_after_commits() {
     let f = fixture(Backend::Sqlite).await;
@@ -628,9 +628,9 @@ async fn sqlite_log_is_checkpointed_after_commits() {
         tx.append_event(&f.run.id, EventKind::TerminalOutput, &json!({"i": i, "text": chunk})).await.unwrap();
         tx.commit().await.unwrap();
         // Room for the checkpoint to run between commits, as between a server's requests.
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     let size = std::fs::metadata(&wal).unwrap().len();
-    assert!(size < 2 * 1024 * 1024, "the log grew to {size} bytes: nothing checkpointed it");
+    assert!(size < 3 * 1024 * 1024, "the log grew to {size} bytes: nothing checkpointed it");
     assert_eq!(f.store.last_event_seq(&f.run.id).await.unwrap(), 201);
 }
