@@ -12,7 +12,10 @@
 //! meanwhile share it (coalesced). A passive checkpoint takes no lock a writer or reader waits for;
 //! it copies what no reader still needs, and once the whole log has been copied the next
 //! commit starts the log from its beginning again (SQLite, "Write-Ahead Logging", §
-//! Checkpointing), so the `-wal` file stays as small as before.
+//! Checkpointing). Under writes without a pause a commit nearly always lands during the
+//! checkpoint, so the log would never be wholly copied and never start over: once it holds
+//! more than [`LOG_FRAMES_LIMIT`] frames, the checkpoint runs again holding the store's writer
+//! slot, which no commit can overlap. The `-wal` file so stays about as small as before.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,9 +27,15 @@ use sqlx::AnyPool;
 /// hundred pages between checkpoints, as with SQLite's own threshold of 1,000 pages.
 const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// Log frames past which a checkpoint holds the writer slot: SQLite's own checkpoint
+/// threshold (`wal_autocheckpoint`, 1,000 pages).
+const LOG_FRAMES_LIMIT: i64 = 1000;
+
 /// Runs passive checkpoints after commits, one at a time (see the module docs).
 pub(crate) struct Checkpointer {
     pool: AnyPool,
+    /// The store's writer slot (`Store::sqlite_writer`).
+    writer: Arc<tokio::sync::Mutex<()>>,
     /// A checkpoint task is running.
     running: AtomicBool,
     /// A commit happened since the running checkpoint started.
@@ -34,9 +43,25 @@ pub(crate) struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// A checkpointer that runs its checkpoints on a connection of `pool` (the readers').
-    pub(crate) fn new(pool: AnyPool) -> Self {
-        Self { pool, running: AtomicBool::new(false), pending: AtomicBool::new(false) }
+    /// A checkpointer that runs its checkpoints on a connection of `pool` (the readers'),
+    /// holding `writer` (the store's writer slot) when the log has grown past
+    /// [`LOG_FRAMES_LIMIT`].
+    pub(crate) fn new(pool: AnyPool, writer: Arc<tokio::sync::Mutex<()>>) -> Self {
+        Self { pool, writer, running: AtomicBool::new(false), pending: AtomicBool::new(false) }
+    }
+
+    /// One passive checkpoint; when the log then holds more than [`LOG_FRAMES_LIMIT`] frames,
+    /// a second one with the writer slot held, which no commit can overlap.
+    async fn checkpoint(&self) -> Result<(), sqlx::Error> {
+        // The connection first: the writer slot is never held while waiting for a reader.
+        let mut conn = self.pool.acquire().await?;
+        let (_busy, log, _copied): (i64, i64, i64) =
+            sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&mut *conn).await?;
+        if log > LOG_FRAMES_LIMIT {
+            let _writer = self.writer.lock().await;
+            sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut *conn).await?;
+        }
+        Ok(())
     }
 
     /// Says a write transaction committed: starts a checkpoint task unless one is running
@@ -56,7 +81,7 @@ impl Checkpointer {
                     if !this.pending.swap(false, Ordering::AcqRel) {
                         break;
                     }
-                    if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&this.pool).await {
+                    if let Err(e) = this.checkpoint().await {
                         // A closed pool (the store is shutting down) or a transient error: the
                         // next commit asks again; the log is copied by a later checkpoint.
                         tracing::debug!(error = %e, "WAL checkpoint failed");

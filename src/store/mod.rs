@@ -196,24 +196,12 @@ impl Store {
         };
         let options = AnyConnectOptions::from_str(url)?;
         let mut sqlite_write = None;
+        let sqlite_writer: Arc<tokio::sync::Mutex<()>> = Arc::default();
         let pool = match backend {
             Backend::Sqlite => {
                 // WAL is a property of the file: set it once, before the pool opens more
                 // connections (changing it needs an exclusive lock).
-                let pool = pool_options()
-                    .max_connections(8)
-                    .acquire_timeout(Duration::from_secs(30))
-                    // `synchronous` is a property of each connection, not of the file: in WAL
-                    // mode NORMAL syncs at checkpoints instead of at every commit (a commit
-                    // survives a crash of the process; a power loss may lose the last ones).
-                    .after_connect(|conn, _| {
-                        Box::pin(async move {
-                            sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
-                            Ok(())
-                        })
-                    })
-                    .connect_with(options.clone())
-                    .await?;
+                let pool = sqlite_pool_options(8, SqliteCheckpoints::Automatic).connect_with(options.clone()).await?;
                 // A new (empty) file gets `auto_vacuum = INCREMENTAL`, so retention can give
                 // deleted rows' pages back (`Store::reclaim_space`). The mode is fixed when the
                 // first table is created, and remembered only by the connection that set it, so
@@ -230,19 +218,9 @@ impl Store {
                     }
                 }
                 sqlx::query("PRAGMA journal_mode = WAL").execute(&pool).await?;
-                let writer = pool_options()
-                    .max_connections(1)
-                    .acquire_timeout(Duration::from_secs(30))
-                    .after_connect(|conn, _| {
-                        Box::pin(async move {
-                            sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
-                            sqlx::query("PRAGMA wal_autocheckpoint = 0").execute(&mut *conn).await?;
-                            Ok(())
-                        })
-                    })
-                    .connect_with(options)
-                    .await?;
-                sqlite_write = Some((writer, Arc::new(checkpoint::Checkpointer::new(pool.clone()))));
+                let writer = sqlite_pool_options(1, SqliteCheckpoints::Off).connect_with(options).await?;
+                sqlite_write =
+                    Some((writer, Arc::new(checkpoint::Checkpointer::new(pool.clone(), Arc::clone(&sqlite_writer)))));
                 pool
             }
             Backend::Postgres => {
@@ -260,7 +238,7 @@ impl Store {
             bus,
             news_writes: Arc::default(),
             news_cuts: Arc::default(),
-            sqlite_writer: Arc::default(),
+            sqlite_writer,
             checkpointer: sqlite_write.as_ref().map(|(_, c)| Arc::clone(c)),
             sqlite_write_pool: sqlite_write.map(|(w, _)| w),
             identities: Arc::default(),
@@ -386,6 +364,30 @@ const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 /// a third of the freeze path's round trips. Only a connection idle for
 /// [`PING_IDLE_AFTER`] is pinged now (a connection that broke while in use is closed when it
 /// is returned, which sqlx checks with a ping of its own).
+/// Whether a SQLite connection checkpoints the log itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SqliteCheckpoints {
+    /// SQLite's default: the commit that crosses 1,000 log pages checkpoints.
+    Automatic,
+    /// `wal_autocheckpoint = 0`: the writer's, whose checkpoints `checkpoint` runs beside it.
+    Off,
+}
+
+/// A SQLite pool of at most `max` connections. `synchronous` is a property of each
+/// connection, not of the file: in WAL mode NORMAL syncs at checkpoints instead of at every
+/// commit (a commit survives a crash of the process; a power loss may lose the last ones).
+fn sqlite_pool_options(max: u32, checkpoints: SqliteCheckpoints) -> AnyPoolOptions {
+    pool_options().max_connections(max).acquire_timeout(Duration::from_secs(30)).after_connect(move |conn, _| {
+        Box::pin(async move {
+            sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await?;
+            if checkpoints == SqliteCheckpoints::Off {
+                sqlx::query("PRAGMA wal_autocheckpoint = 0").execute(&mut *conn).await?;
+            }
+            Ok(())
+        })
+    })
+}
+
 fn pool_options() -> AnyPoolOptions {
     AnyPoolOptions::new().test_before_acquire(false).before_acquire(|conn, meta| {
         Box::pin(async move {
