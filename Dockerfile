@@ -11,7 +11,7 @@
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY crates ./crates
 COPY src ./src
 COPY benches ./benches
