@@ -11,7 +11,11 @@
 //!   end of the load, per second of load;
 //! - the backlog left at the end (queued or running), also in seconds of work at the measured
 //!   completion rate, and how long the harness then took to drain it;
-//! - freeze → completed latency (from the stored times, millisecond resolution) p50/p99.
+//! - freeze → completed latency (from the stored times, millisecond resolution) p50/p99;
+//! - where the CPU went during the load ([`super::cpu`]): milliseconds per frozen call spent by
+//!   the server, its SQLite threads, the planners (which run on a tokio runtime of their own,
+//!   with two worker threads named `bench-client`, so that their share can be told apart),
+//!   the Postgres processes and the rest of the machine.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,14 +100,30 @@ async fn measure(
         planners.push((run_id, turn_id));
     }
 
+    // The planners run on a runtime of their own, so that their CPU time can be told apart from
+    // the server's, with their own HTTP client (a client's connections belong to the runtime
+    // that opened them).
+    let load_api = Arc::new(Api {
+        client: mira::net::client_builder().pool_max_idle_per_host(opts.clients).build()?,
+        base: api.base.clone(),
+        token: api.token.clone(),
+    });
+    // Nothing may return early (`?`) between here and its shutdown: dropping a runtime inside
+    // another one panics.
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(super::cpu::CLIENT_THREAD)
+        .enable_all()
+        .build()?;
     let groups_before = server.app.store.group_commit_stats();
     let load_before = load_average();
+    let cpu_before = super::cpu::CpuSample::now();
     let deadline = Instant::now() + Duration::from_secs(opts.seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (client_no, (run_id, turn_id)) in planners.into_iter().enumerate() {
-        let api = api.clone();
-        tasks.push(tokio::spawn(async move {
+        let api = load_api.clone();
+        tasks.push(clients.spawn(async move {
             let path = format!("/v1/runs/{run_id}/invocations");
             let mut latencies = Vec::new();
             let mut errors = 0u64;
@@ -121,10 +141,18 @@ async fn measure(
             (latencies, errors)
         }));
     }
+    let mut results = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        results.push(t.await);
+    }
+    let cpu = super::cpu::CpuSample::now().since(&cpu_before);
+    // A runtime cannot be dropped inside another one's context.
+    drop(load_api);
+    clients.shutdown_background();
     let mut latencies = Vec::new();
     let mut errors = 0;
-    for t in tasks {
-        let (l, e) = t.await?;
+    for r in results {
+        let (l, e) = r?;
         latencies.extend(l);
         errors += e;
     }
@@ -141,6 +169,7 @@ async fn measure(
     }
     let drain = drain_started.elapsed().as_secs_f64();
     let e2e = end_to_end(&mut conn).await?;
+    let settings = if url.starts_with("postgres") { postgres_settings(&mut conn).await? } else { String::new() };
     conn.close().await?;
     server.shutdown().await;
 
@@ -152,6 +181,9 @@ async fn measure(
         "backend={backend} clients={} runs={} seconds={elapsed:.1} execution_concurrency={} (read_open, one run per planner)",
         opts.clients, opts.clients, concurrency
     );
+    if !settings.is_empty() {
+        println!("  postgres  {settings}");
+    }
     match ceiling {
         Some(c) => println!(
             "  ceiling   one-row insert, same database, {} clients: {:>8.0}/s  mean {:.2} ms",
@@ -195,6 +227,7 @@ async fn measure(
         ms(groups.commit_us)
     );
     println!("  load average (1 min) {load_before} at the start of the load, {load_after} at its end");
+    println!("  {}", cpu.describe(latencies.len() as u64, "frozen call"));
     Ok(())
 }
 
@@ -263,6 +296,19 @@ async fn counts(conn: &mut sqlx::AnyConnection) -> anyhow::Result<Counts> {
         .fetch_one(&mut *conn)
         .await?;
     Ok(Counts { completed, failed, backlog })
+}
+
+/// The Postgres server settings that change the figures most, as `name=value` pairs: without
+/// autovacuum, dead index entries accumulate and cached plans keep the statistics of an empty
+/// database.
+async fn postgres_settings(conn: &mut sqlx::AnyConnection) -> anyhow::Result<String> {
+    let mut out = Vec::new();
+    for name in ["autovacuum", "synchronous_commit", "fsync", "shared_buffers"] {
+        let value: String =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}"))).fetch_one(&mut *conn).await?;
+        out.push(format!("{name}={value}"));
+    }
+    Ok(out.join(" "))
 }
 
 /// Freeze → completed durations from the stored times.

@@ -3,6 +3,7 @@
 
 pub mod browser;
 pub mod codegraph;
+pub mod cpu;
 pub mod expert;
 pub mod exposure;
 pub mod invocations;

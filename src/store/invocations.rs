@@ -1140,6 +1140,12 @@ impl Store {
 /// last id, as [`crate::store::WriteTx::append_events`] does, hash-chained the same way
 /// (`h` = the event's content hash). Returns `('i', id, 0)` per inserted invocation,
 /// `('u', id, 0)` per updated one and `('c', run id, last id)` per run.
+///
+/// The results' compare-and-set finds its rows by id (`id = ANY(ARRAY(…))`, an index
+/// condition): joined on `id` alone, the planner read every `status = 'running'` entry of the
+/// status index and hashed them, and that index keeps an entry for every version a row ever
+/// had until a vacuum — measured: 12,060 entries read to update 3 rows (2.6 ms instead of
+/// 0.8), the larger the longer since the last vacuum.
 const GROUP_WRITE_POSTGRES: &str = "\
 WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text,
                 tool_id text, tool_call_id text, input text, input_hash text, approval_required bigint, status text,
@@ -1154,7 +1160,8 @@ WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id tex
      upd AS (UPDATE invocations SET status = fv.status, result = fv.result, finished_at = $5, updated_at = $5,
                  lease_until = NULL
              FROM fv
-             WHERE invocations.id = fv.id AND invocations.status = 'running' AND invocations.claimed_by = fv.node
+             WHERE invocations.id = ANY(ARRAY(SELECT id FROM fv)) AND invocations.id = fv.id
+               AND invocations.status = 'running' AND invocations.claimed_by = fv.node
              RETURNING invocations.id),
      evd AS (INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256,
                  excerpt, created_at)
@@ -1204,13 +1211,15 @@ ON CONFLICT DO NOTHING RETURNING id";
 
 /// The group commit's results on Postgres: a compare-and-set of each invocation (`running`
 /// under its claimer) to its final status and result. `$1` a JSON array of
-/// `{id, status, result, node}`, `$2` the time.
+/// `{id, status, result, node}`, `$2` the time. Rows are found by id, as in
+/// [`GROUP_WRITE_POSTGRES`].
 const FINISH_INVOCATIONS_POSTGRES: &str = "\
 WITH v AS (SELECT x.id, x.status, x.result, x.node
            FROM json_to_recordset($1::json) AS x(id text, status text, result text, node text))
 UPDATE invocations SET status = v.status, result = v.result, finished_at = $2, updated_at = $2, lease_until = NULL
 FROM v
-WHERE invocations.id = v.id AND invocations.status = 'running' AND invocations.claimed_by = v.node
+WHERE invocations.id = ANY(ARRAY(SELECT id FROM v)) AND invocations.id = v.id
+  AND invocations.status = 'running' AND invocations.claimed_by = v.node
 RETURNING invocations.id";
 
 /// The evidence insert on Postgres: `$1` a JSON array of the rows, `$2` the time.

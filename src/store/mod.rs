@@ -359,11 +359,6 @@ const GROUP_FLUSHES_POSTGRES: usize = 2;
 /// A connection idle at least this long is pinged before it is handed out.
 const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 
-/// Pool options both back-ends share. sqlx's default pings every connection before handing
-/// it out — one extra round trip per statement outside a transaction, which under load was
-/// a third of the freeze path's round trips. Only a connection idle for
-/// [`PING_IDLE_AFTER`] is pinged now (a connection that broke while in use is closed when it
-/// is returned, which sqlx checks with a ping of its own).
 /// Whether a SQLite connection checkpoints the log itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SqliteCheckpoints {
@@ -388,6 +383,11 @@ fn sqlite_pool_options(max: u32, checkpoints: SqliteCheckpoints) -> AnyPoolOptio
     })
 }
 
+/// Pool options both back-ends share. sqlx's default pings every connection before handing
+/// it out — one extra round trip per statement outside a transaction, which under load was
+/// a third of the freeze path's round trips. Only a connection idle for
+/// [`PING_IDLE_AFTER`] is pinged now (a connection that broke while in use is closed when it
+/// is returned, which sqlx checks with a ping of its own).
 fn pool_options() -> AnyPoolOptions {
     AnyPoolOptions::new().test_before_acquire(false).before_acquire(|conn, meta| {
         Box::pin(async move {
