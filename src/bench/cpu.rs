@@ -69,7 +69,7 @@ impl CpuSample {
             sqlite: self.sqlite.saturating_sub(earlier.sqlite),
             postgres: self.postgres.saturating_sub(earlier.postgres),
         };
-        let ticks_per_second = u64::from(rustix::param::clock_ticks_per_second()).max(1);
+        let ticks_per_second = rustix::param::clock_ticks_per_second().max(1);
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         CpuUse { delta, ticks_per_second, cores }
     }
