@@ -48,9 +48,9 @@ fn tree_pss_kib(root: u32) -> u64 {
         for entry in dir.flatten() {
             let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
             let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-            // The field after the parenthesised command: state, then ppid.
-            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
-            let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+            // After the parenthesised command: state, then ppid.
+            let Some(mut fields) = super::cpu::stat_fields_after_name(&stat) else { continue };
+            let ppid = fields.nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
             parents.push((pid, ppid));
         }
     }

@@ -103,18 +103,24 @@ impl CpuUse {
 fn machine_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
-    let fields: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal; guest and guest_nice (9th, 10th) are
+    // already counted in user and nice.
+    let fields: Vec<u64> = line.split_whitespace().skip(1).take(8).filter_map(|f| f.parse().ok()).collect();
     let total: u64 = fields.iter().sum();
     // idle (4th) and iowait (5th) are not busy time.
     let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
     Some((total, total.saturating_sub(idle)))
 }
 
+/// The fields of one `stat` file's text after the command name, from field 3 (state) on.
+pub(super) fn stat_fields_after_name(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    stat.rsplit_once(')').map(|(_, after_name)| after_name.split_whitespace())
+}
+
 /// utime + stime (fields 14 and 15 of proc(5)'s `stat`) of one `stat` file's text.
 fn stat_cpu(stat: &str) -> Option<u64> {
-    let (_, after_name) = stat.rsplit_once(')')?;
-    // After the name: field 3 (state) is the first; utime is field 14, i.e. the 12th after it.
-    let mut fields = after_name.split_whitespace().skip(11);
+    // utime is field 14, i.e. the 12th after field 3.
+    let mut fields = stat_fields_after_name(stat)?.skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some(utime + stime)
