@@ -116,6 +116,7 @@ async fn measure(
         .enable_all()
         .build()?;
     let groups_before = server.app.store.group_commit_stats();
+    let writer_before = server.app.store.writer_slot_stats();
     let load_before = load_average();
     let cpu_before = super::cpu::CpuSample::now();
     let deadline = Instant::now() + Duration::from_secs(opts.seconds);
@@ -158,6 +159,7 @@ async fn measure(
     }
     let elapsed = started.elapsed().as_secs_f64();
     let groups = group_delta(groups_before, server.app.store.group_commit_stats());
+    let writer = writer_before.zip(server.app.store.writer_slot_stats()).map(|(b, a)| writer_delta(b, a));
     let load_after = load_average();
     let mut conn = sqlx::AnyConnection::connect(url).await?;
     let at_end = counts(&mut conn).await?;
@@ -226,6 +228,20 @@ async fn measure(
         ms(groups.append_us),
         ms(groups.commit_us)
     );
+    if let Some(w) = writer {
+        // Everything but the group commits: claim transactions, turns, checkpoints…
+        let others = w.holds.saturating_sub(groups.transactions);
+        let group_held_us = groups.total_us.saturating_sub(groups.slot_wait_us);
+        println!(
+            "  writer slot held {:.0}% of the load ({} holds: {} group commits, {others} others holding it {:.1}% of the load); group commits waited {:.2} ms each for it, then {:.2} ms for the connection and BEGIN IMMEDIATE",
+            w.held_us as f64 / 1e4 / elapsed,
+            w.holds,
+            groups.transactions,
+            w.held_us.saturating_sub(group_held_us) as f64 / 1e4 / elapsed,
+            ms(groups.slot_wait_us),
+            ms(groups.begin_us.saturating_sub(groups.slot_wait_us)),
+        );
+    }
     println!("  load average (1 min) {load_before} at the start of the load, {load_after} at its end");
     println!("  {}", cpu.describe(latencies.len() as u64, "frozen call"));
     Ok(())
@@ -241,8 +257,21 @@ fn group_delta(
         items: after.items.saturating_sub(before.items),
         total_us: after.total_us.saturating_sub(before.total_us),
         begin_us: after.begin_us.saturating_sub(before.begin_us),
+        slot_wait_us: after.slot_wait_us.saturating_sub(before.slot_wait_us),
         append_us: after.append_us.saturating_sub(before.append_us),
         commit_us: after.commit_us.saturating_sub(before.commit_us),
+    }
+}
+
+/// The writer slot's use between two readings.
+fn writer_delta(
+    before: mira::store::WriterSlotStats,
+    after: mira::store::WriterSlotStats,
+) -> mira::store::WriterSlotStats {
+    mira::store::WriterSlotStats {
+        holds: after.holds.saturating_sub(before.holds),
+        wait_us: after.wait_us.saturating_sub(before.wait_us),
+        held_us: after.held_us.saturating_sub(before.held_us),
     }
 }
 

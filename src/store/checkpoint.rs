@@ -35,7 +35,7 @@ const LOG_FRAMES_LIMIT: i64 = 1000;
 pub(crate) struct Checkpointer {
     pool: AnyPool,
     /// The store's writer slot (`Store::sqlite_writer`).
-    writer: Arc<tokio::sync::Mutex<()>>,
+    writer: Arc<super::writer::WriterSlot>,
     /// A checkpoint task is running.
     running: AtomicBool,
     /// A commit happened since the running checkpoint started.
@@ -46,7 +46,7 @@ impl Checkpointer {
     /// A checkpointer that runs its checkpoints on a connection of `pool` (the readers'),
     /// holding `writer` (the store's writer slot) when the log has grown past
     /// [`LOG_FRAMES_LIMIT`].
-    pub(crate) fn new(pool: AnyPool, writer: Arc<tokio::sync::Mutex<()>>) -> Self {
+    pub(crate) fn new(pool: AnyPool, writer: Arc<super::writer::WriterSlot>) -> Self {
         Self { pool, writer, running: AtomicBool::new(false), pending: AtomicBool::new(false) }
     }
 
@@ -58,7 +58,7 @@ impl Checkpointer {
         let (_busy, log, _copied): (i64, i64, i64) =
             sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&mut *conn).await?;
         if log > LOG_FRAMES_LIMIT {
-            let _writer = self.writer.lock().await;
+            let _writer = self.writer.acquire().await;
             sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut *conn).await?;
         }
         Ok(())

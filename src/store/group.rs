@@ -123,6 +123,9 @@ pub struct GroupCommitStats {
     /// Of that, getting the connection and beginning (on SQLite: waiting for this process's
     /// writer slot), in microseconds.
     pub begin_us: u64,
+    /// Of `begin_us`, on SQLite, waiting for the writer slot (the rest is the pool's
+    /// connection and `BEGIN IMMEDIATE`), in microseconds.
+    pub slot_wait_us: u64,
     /// Of that, appending the events — the run counters' update, which waits while another
     /// transaction holding one of those counters commits — in microseconds.
     pub append_us: u64,
@@ -138,6 +141,7 @@ pub(crate) struct GroupCounters {
     items: AtomicU64,
     total_us: AtomicU64,
     begin_us: AtomicU64,
+    slot_wait_us: AtomicU64,
     append_us: AtomicU64,
     commit_us: AtomicU64,
 }
@@ -147,6 +151,7 @@ pub(crate) struct GroupTimes {
     pub(crate) items: usize,
     pub(crate) total: Duration,
     pub(crate) begin: Duration,
+    pub(crate) slot_wait: Duration,
     pub(crate) append: Duration,
     pub(crate) commit: Duration,
 }
@@ -159,6 +164,7 @@ impl GroupCounters {
         self.items.fetch_add(u64::try_from(t.items).unwrap_or(u64::MAX), Ordering::Relaxed);
         self.total_us.fetch_add(us(t.total), Ordering::Relaxed);
         self.begin_us.fetch_add(us(t.begin), Ordering::Relaxed);
+        self.slot_wait_us.fetch_add(us(t.slot_wait), Ordering::Relaxed);
         self.append_us.fetch_add(us(t.append), Ordering::Relaxed);
         self.commit_us.fetch_add(us(t.commit), Ordering::Relaxed);
     }
@@ -170,6 +176,7 @@ impl GroupCounters {
             items: self.items.load(Ordering::Relaxed),
             total_us: self.total_us.load(Ordering::Relaxed),
             begin_us: self.begin_us.load(Ordering::Relaxed),
+            slot_wait_us: self.slot_wait_us.load(Ordering::Relaxed),
             append_us: self.append_us.load(Ordering::Relaxed),
             commit_us: self.commit_us.load(Ordering::Relaxed),
         }

@@ -318,6 +318,7 @@ impl Store {
         let started = std::time::Instant::now();
         let mut tx = self.begin_write().await?;
         let begun = started.elapsed();
+        let slot_wait = tx.slot_wait();
         let mut events: Vec<NewEvent> = Vec::new();
         let staged =
             if freezes.is_empty() { None } else { Some(stage_freezes(&mut tx, freezes, &now, &mut events).await?) };
@@ -331,6 +332,7 @@ impl Store {
             items: freezes.len() + finishes.len(),
             total: started.elapsed(),
             begin: begun,
+            slot_wait,
             append: committing - appending,
             commit: committing.elapsed(),
         });
@@ -431,6 +433,7 @@ impl Store {
             items: freezes.len() + finishes.len(),
             total,
             begin: std::time::Duration::ZERO,
+            slot_wait: std::time::Duration::ZERO,
             append: std::time::Duration::ZERO,
             commit: total,
         });

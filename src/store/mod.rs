@@ -36,6 +36,7 @@ mod skills;
 mod terminal;
 mod traces;
 mod users;
+mod writer;
 
 pub use crate::state::ApprovalRule;
 pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
@@ -59,6 +60,7 @@ pub use search::{
 pub use skills::SkillRow;
 pub use terminal::{SessionEnd, SessionLaunch, SessionOrigin, TerminalReport, TerminalSessionRow};
 pub use users::{LAST_USED_PRECISION, Roles, TokenIdentity, TokenRow, UserRow};
+pub use writer::WriterSlotStats;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -157,10 +159,8 @@ pub struct Store {
     news_writes: Arc<tokio::sync::Mutex<()>>,
     /// The news search's window boundaries and when they were read ([`search::NewsCuts`]).
     news_cuts: Arc<std::sync::Mutex<Option<search::NewsCuts>>>,
-    /// On SQLite, held by every [`WriteTx`] of this process from before `BEGIN IMMEDIATE`
-    /// until commit or drop: writers queue here in arrival order instead of meeting in
-    /// SQLite's busy handler, whose back-off sleeps (up to 100 ms each) made the p99.
-    sqlite_writer: Arc<tokio::sync::Mutex<()>>,
+    /// On SQLite, held by every [`WriteTx`] of this process ([`writer`]).
+    sqlite_writer: Arc<writer::WriterSlot>,
     /// SQLite: the one connection every [`WriteTx`] runs on, apart from the readers' pool, so
     /// a write never waits for a connection behind reads, and its statement cache holds the
     /// write statements. It checkpoints nothing itself ([`checkpoint::Checkpointer`]).
@@ -196,7 +196,7 @@ impl Store {
         };
         let options = AnyConnectOptions::from_str(url)?;
         let mut sqlite_write = None;
-        let sqlite_writer: Arc<tokio::sync::Mutex<()>> = Arc::default();
+        let sqlite_writer: Arc<writer::WriterSlot> = Arc::default();
         let pool = match backend {
             Backend::Sqlite => {
                 // WAL is a property of the file: set it once, before the pool opens more
@@ -269,6 +269,12 @@ impl Store {
         self.group_counters.snapshot()
     }
 
+    /// SQLite: how this process's writer slot was used since the store opened ([`writer`]);
+    /// None on Postgres.
+    pub fn writer_slot_stats(&self) -> Option<WriterSlotStats> {
+        (self.backend == Backend::Sqlite).then(|| self.sqlite_writer.stats())
+    }
+
     /// Which dialect this store speaks.
     pub fn backend(&self) -> Backend {
         self.backend
@@ -319,12 +325,13 @@ impl Store {
     pub async fn begin_write(&self) -> StoreResult<WriteTx> {
         let (tx, writer) = match self.backend {
             Backend::Sqlite => {
-                let writer = Arc::clone(&self.sqlite_writer).lock_owned().await;
+                let (writer, waited) = self.sqlite_writer.acquire().await;
                 let pool = self.sqlite_write_pool.as_ref().unwrap_or(&self.pool);
-                (pool.begin_with("BEGIN IMMEDIATE").await?, Some(writer))
+                (pool.begin_with("BEGIN IMMEDIATE").await?, Some((writer, waited)))
             }
             Backend::Postgres => (self.pool.begin().await?, None),
         };
+        let slot_wait = writer.as_ref().map_or(Duration::ZERO, |(_, waited)| *waited);
         Ok(WriteTx {
             tx,
             backend: self.backend,
@@ -332,7 +339,8 @@ impl Store {
             bus: self.bus.clone(),
             notifier: self.notifier.clone(),
             checkpointer: self.checkpointer.clone(),
-            _writer: writer,
+            slot_wait,
+            _writer: writer.map(|(hold, _)| hold),
         })
     }
 
@@ -441,12 +449,19 @@ pub struct WriteTx {
     notifier: Option<notify::Notifier>,
     /// SQLite: told of every commit ([`checkpoint::Checkpointer::committed`]).
     checkpointer: Option<Arc<checkpoint::Checkpointer>>,
-    /// SQLite: this process's writer slot (see `Store::sqlite_writer`), released after the
-    /// transaction (declared last: dropped after `tx`).
-    _writer: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// SQLite: how long this transaction waited for the writer slot.
+    slot_wait: Duration,
+    /// SQLite: this process's writer slot ([`writer`]), released after the transaction
+    /// (declared last: dropped after `tx`).
+    _writer: Option<writer::WriterHold>,
 }
 
 impl WriteTx {
+    /// SQLite: how long this transaction waited for the writer slot (zero on Postgres).
+    pub(crate) fn slot_wait(&self) -> Duration {
+        self.slot_wait
+    }
+
     /// Appends an event to `run_id`'s log and returns its id (monotonic per run). The per-run
     /// counter row is locked by the update, so concurrent appends to one run serialize and
     /// commit in id order.
