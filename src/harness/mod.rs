@@ -248,7 +248,18 @@ impl Harness {
             // of a few statements per batch instead of one per invocation. The slots are
             // taken first (a freeze or grant may take one meanwhile), one per claimed row.
             loop {
-                let free = self.permits.available_permits().min(MAX_CLAIM_BATCH);
+                // Slots are taken only for work that is queued: slots held by the loop while it
+                // looks would make concurrent freezes find none, and their calls would be queued
+                // for a claim transaction of their own — which, on SQLite, waits for the one
+                // writer like every group commit.
+                let queued = match self.store.queued_count(MAX_CLAIM_BATCH).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the queue failed");
+                        break;
+                    }
+                };
+                let free = self.permits.available_permits().min(queued);
                 let Some(mut held) = u32::try_from(free)
                     .ok()
                     .filter(|n| *n > 0)

@@ -804,6 +804,18 @@ impl Store {
         .await?)
     }
 
+    /// How many invocations are `queued`, counting at most `limit` (a read, no write
+    /// transaction): the claim loop takes execution slots for no more than that.
+    pub async fn queued_count(&self, limit: usize) -> StoreResult<usize> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM invocations WHERE status = 'queued' LIMIT $1) AS q",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_one(self.pool())
+        .await?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
     /// Claims the oldest queued invocation that may run (see [`Store::claim_batch`]).
     pub async fn claim_next(&self, node_id: &str, lease_ms: u64) -> StoreResult<Option<ClaimedInvocation>> {
         Ok(self.claim_batch(node_id, lease_ms, 1).await?.into_iter().next())
