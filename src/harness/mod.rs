@@ -251,7 +251,10 @@ impl Harness {
                 // Slots are taken only for work that is queued: slots held by the loop while it
                 // looks would make concurrent freezes find none, and their calls would be queued
                 // for a claim transaction of their own — which, on SQLite, waits for the one
-                // writer like every group commit.
+                // writer like every group commit. With no slot free, not even the queue is read.
+                if self.permits.available_permits() == 0 {
+                    break;
+                }
                 let queued = match self.store.queued_count(MAX_CLAIM_BATCH).await {
                     Ok(n) => n,
                     Err(e) => {

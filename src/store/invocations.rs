@@ -816,8 +816,12 @@ impl Store {
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
-    /// Claims the oldest queued invocation that may run (see [`Store::claim_batch`]).
+    /// Claims the oldest queued invocation that may run (see [`Store::claim_batch`]); when
+    /// nothing is queued, one read says so without a write transaction.
     pub async fn claim_next(&self, node_id: &str, lease_ms: u64) -> StoreResult<Option<ClaimedInvocation>> {
+        if self.queued_count(1).await? == 0 {
+            return Ok(None);
+        }
         Ok(self.claim_batch(node_id, lease_ms, 1).await?.into_iter().next())
     }
 
@@ -832,18 +836,12 @@ impl Store {
     /// The events are appended last ([`WriteTx::append_events`] locks the runs' counters in
     /// one fixed order), so two claimers, or a claimer and a group commit, never wait for each
     /// other in a cycle.
+    ///
+    /// It always opens a write transaction (on SQLite: this process's one writer slot), so a
+    /// caller that often finds nothing queued reads [`Store::queued_count`] first, as the
+    /// claim loop and [`Store::claim_next`] do.
     pub async fn claim_batch(&self, node_id: &str, lease_ms: u64, limit: usize) -> StoreResult<Vec<ClaimedInvocation>> {
         if limit == 0 {
-            return Ok(Vec::new());
-        }
-        // Most calls find nothing queued (every execution's end wakes the claim loop, and
-        // approval-free calls are claimed by their freeze): one read says so without a write
-        // transaction, which on SQLite would take this process's one writer slot. A call
-        // queued just after this read wakes the loop again.
-        let queued: Option<i64> = sqlx::query_scalar("SELECT 1 FROM invocations WHERE status = 'queued' LIMIT 1")
-            .fetch_optional(self.pool())
-            .await?;
-        if queued.is_none() {
             return Ok(Vec::new());
         }
         // Postgres: `= ANY(ARRAY(…))` makes the locking subquery an init plan, run once; under

@@ -10,8 +10,8 @@
 //! The event streams (`…/events`, `…/stream`) never end and are left to their own tests.
 //! The path parameters of runs, turns, invocations, approvals and evidence are set (in a
 //! `schemathesis.toml`) to real objects made first, so those operations run past 404.
-//! Fixed seed, 25 examples per operation, phases examples + coverage + fuzzing, 2 workers;
-//! the whole run must finish within 4 minutes.
+//! Fixed seed, 25 examples per operation, phases examples + coverage + fuzzing, one worker
+//! (see [`WORKERS`]); the whole run must finish within 4 minutes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -20,12 +20,15 @@ use serde_json::json;
 
 use crate::common::{Backend, spawn};
 
-/// schemathesis crashes inside Hypothesis on CPython 3.11 (the machine's Python) while drawing
-/// bodies for the MCP install schema ("SystemError: AST constructor recursion depth mismatch",
-/// a CPython 3.11 bug in `ast` under deep recursion, seen in the coverage and the fuzzing phase
-/// alike, now and then): a generator failure, not a server answer. That one operation is left
-/// out; its bad bodies are covered by `bad_input` (the NUL sweep) and the MCP tests.
-const COVERAGE_CRASH: &str = "[[operations]]\ninclude-name = \"POST /v1/mcp/servers\"\nenabled = false\n";
+/// Why one worker: CPython 3.11 (the machine's Python) keeps the `ast` module's recursion
+/// counter in interpreter-wide state, so two threads parsing at once (Hypothesis parses the
+/// source of the lambdas in its strategies to describe them) clobber it and one of them gets
+/// "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905, fixed in later
+/// releases): a generator failure, not a server answer. schemathesis' workers are threads; with
+/// two, it failed a CI run on `POST /v1/connections`, and one test run in eight here. With one
+/// worker it has not been seen, and `POST /v1/mcp/servers` (left out while this was thought a
+/// deep-recursion bug of its schema) is tested again.
+const WORKERS: &str = "1";
 
 async fn schemathesis_finds_nothing(backend: Backend) {
     let st = std::env::var("MIRA_SCHEMATHESIS")
@@ -49,7 +52,7 @@ async fn schemathesis_finds_nothing(backend: Backend) {
     std::fs::write(
         &config,
         format!(
-            "[parameters]\n\"path.run_id\" = \"{run}\"\n\"path.turn_id\" = \"{turn}\"\n\"path.invocation_id\" = \"{invocation}\"\n\"path.approval_id\" = \"{approval}\"\n\"path.evidence_id\" = \"{evidence}\"\n\n{COVERAGE_CRASH}"
+            "[parameters]\n\"path.run_id\" = \"{run}\"\n\"path.turn_id\" = \"{turn}\"\n\"path.invocation_id\" = \"{invocation}\"\n\"path.approval_id\" = \"{approval}\"\n\"path.evidence_id\" = \"{evidence}\"\n"
         ),
     )
     .unwrap();
@@ -66,7 +69,7 @@ async fn schemathesis_finds_nothing(backend: Backend) {
             ])
             .args(["--exclude-path-regex", "/(events|stream)$"])
             .args(["--phases", "examples,coverage,fuzzing"])
-            .args(["--seed", &seed.to_string(), "--max-examples", "25", "--workers", "2", "--no-shrink"])
+            .args(["--seed", &seed.to_string(), "--max-examples", "25", "--workers", WORKERS, "--no-shrink"])
             .args(["--request-timeout", "20", "--output-truncate", "true"])
             .arg("--report-dir")
             .arg(report.path())
@@ -77,8 +80,8 @@ async fn schemathesis_finds_nothing(backend: Backend) {
             .kill_on_drop(true);
         cmd
     };
-    // The CPython 3.11 `ast` crash (see COVERAGE_CRASH) can hit another operation: then no
-    // server answer was wrong, the generator failed. The whole run is repeated, with the next
+    // Should the CPython 3.11 `ast` crash (see WORKERS) still happen, no server answer was
+    // wrong, the generator failed. The whole run is repeated, with the next
     // seed (the same seed met the same crash twice in a row once), at most three runs in all;
     // any other failure ends the test at once.
     let mut seed = 20261201;
@@ -99,7 +102,7 @@ async fn schemathesis_finds_nothing(backend: Backend) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "schemathesis found problems ({backend:?}):\n{stdout}\n{stderr}");
-    // Every operation but the streams and the one left out above was tested.
+    // Every operation but the streams was tested.
     let selected = stdout
         .lines()
         .find_map(|l| l.trim().strip_prefix("Selected: "))
@@ -107,7 +110,7 @@ async fn schemathesis_finds_nothing(backend: Backend) {
         .and_then(|(a, b)| Some((a.trim().parse::<usize>().ok()?, b.trim().parse::<usize>().ok()?)));
     let (selected, total) = selected.unwrap_or_else(|| panic!("no operation count in:\n{stdout}"));
     let streams = 3;
-    assert_eq!(selected, total - streams - 1, "operations left out beyond the streams and one:\n{stdout}");
+    assert_eq!(selected, total - streams, "operations left out beyond the streams:\n{stdout}");
     assert!(stdout.contains(&format!("Tested: {selected}")), "not every selected operation was tested:\n{stdout}");
 }
 
