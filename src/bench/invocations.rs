@@ -117,6 +117,7 @@ async fn measure(
         .build()?;
     let groups_before = server.app.store.group_commit_stats();
     let writer_before = server.app.store.writer_slot_stats();
+    let claims_before = server.app.harness.claim_stats();
     let load_before = load_average();
     let cpu_before = super::cpu::CpuSample::now();
     let deadline = Instant::now() + Duration::from_secs(opts.seconds);
@@ -160,6 +161,7 @@ async fn measure(
     let elapsed = started.elapsed().as_secs_f64();
     let groups = group_delta(groups_before, server.app.store.group_commit_stats());
     let writer = writer_before.zip(server.app.store.writer_slot_stats()).map(|(b, a)| writer_delta(b, a));
+    let claims = server.app.harness.claim_stats();
     let load_after = load_average();
     let mut conn = sqlx::AnyConnection::connect(url).await?;
     let at_end = counts(&mut conn).await?;
@@ -228,16 +230,24 @@ async fn measure(
         ms(groups.append_us),
         ms(groups.commit_us)
     );
+    println!(
+        "  claim loop: {} freezes found no free execution slot; the loop claimed {} invocations in {} transactions",
+        claims.no_slot.saturating_sub(claims_before.no_slot),
+        claims.invocations.saturating_sub(claims_before.invocations),
+        claims.transactions.saturating_sub(claims_before.transactions),
+    );
     if let Some(w) = writer {
-        // Everything but the group commits: claim transactions, turns, checkpoints…
+        // Everything but the group commits: claim transactions, checkpoints, turns…
         let others = w.holds.saturating_sub(groups.transactions);
         let group_held_us = groups.total_us.saturating_sub(groups.slot_wait_us);
         println!(
-            "  writer slot held {:.0}% of the load ({} holds: {} group commits, {others} others holding it {:.1}% of the load); group commits waited {:.2} ms each for it, then {:.2} ms for the connection and BEGIN IMMEDIATE",
+            "  writer slot held {:.0}% of the load ({} holds: {} group commits, {others} others holding it {:.1}% of the load, of which {} log-limiting checkpoints {:.1}%); group commits waited {:.2} ms each for it, then {:.2} ms for the connection and BEGIN IMMEDIATE",
             w.held_us as f64 / 1e4 / elapsed,
             w.holds,
             groups.transactions,
             w.held_us.saturating_sub(group_held_us) as f64 / 1e4 / elapsed,
+            w.checkpoints,
+            w.checkpoint_held_us as f64 / 1e4 / elapsed,
             ms(groups.slot_wait_us),
             ms(groups.begin_us.saturating_sub(groups.slot_wait_us)),
         );
@@ -272,6 +282,8 @@ fn writer_delta(
         holds: after.holds.saturating_sub(before.holds),
         wait_us: after.wait_us.saturating_sub(before.wait_us),
         held_us: after.held_us.saturating_sub(before.held_us),
+        checkpoints: after.checkpoints.saturating_sub(before.checkpoints),
+        checkpoint_held_us: after.checkpoint_held_us.saturating_sub(before.checkpoint_held_us),
     }
 }
 

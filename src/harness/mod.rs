@@ -25,6 +25,7 @@ pub use executor::{Executor, LocalExecutor};
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -113,6 +114,20 @@ pub struct HarnessLimits {
     pub lease: Duration,
 }
 
+/// What the claim loop of a harness did since it started (`mira bench invocations` prints it:
+/// calls that found no free execution slot in their freeze or grant are claimed here, each
+/// claim a write transaction of its own).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClaimStats {
+    /// Claim transactions ([`Store::claim_batch`]) the loop made.
+    pub transactions: u64,
+    /// Invocations they claimed.
+    pub invocations: u64,
+    /// Times a freeze or grant asked for a free execution slot ([`Harness::slot`]) and found
+    /// none: its call was left queued for the loop.
+    pub no_slot: u64,
+}
+
 /// One free execution slot of a harness, held for an invocation claimed outside its loop
 /// (see [`Harness::slot`], [`Harness::adopt`]).
 pub struct ExecutionSlot(OwnedSemaphorePermit);
@@ -134,6 +149,10 @@ pub struct Harness {
     running: Mutex<HashMap<String, Arc<RunningCall>>>,
     /// Execution slots (`limits.concurrency`): the loop's claims and adopted invocations.
     permits: Arc<Semaphore>,
+    /// The claim loop's transactions and the invocations they claimed ([`ClaimStats`]).
+    claim_transactions: AtomicU64,
+    claimed: AtomicU64,
+    no_slot: AtomicU64,
     /// Running executions, from [`Harness::spawn`] until the loop stops (then None: a late
     /// adoption is not started).
     executions: Mutex<Option<Executions>>,
@@ -163,14 +182,30 @@ impl Harness {
             wake: Wake::default(),
             running: Mutex::new(HashMap::new()),
             permits,
+            claim_transactions: AtomicU64::new(0),
+            claimed: AtomicU64::new(0),
+            no_slot: AtomicU64::new(0),
             executions: Mutex::new(None),
+        }
+    }
+
+    /// What the claim loop did since this harness started.
+    pub fn claim_stats(&self) -> ClaimStats {
+        ClaimStats {
+            transactions: self.claim_transactions.load(Ordering::Relaxed),
+            invocations: self.claimed.load(Ordering::Relaxed),
+            no_slot: self.no_slot.load(Ordering::Relaxed),
         }
     }
 
     /// A free execution slot now, or None when every slot is busy (the invocation is then
     /// left to the claim loop).
     pub fn slot(&self) -> Option<ExecutionSlot> {
-        Arc::clone(&self.permits).try_acquire_owned().ok().map(ExecutionSlot)
+        let slot = Arc::clone(&self.permits).try_acquire_owned().ok().map(ExecutionSlot);
+        if slot.is_none() {
+            self.no_slot.fetch_add(1, Ordering::Relaxed);
+        }
+        slot
     }
 
     /// The claim a caller holding a [`Harness::slot`] makes for this harness
@@ -277,6 +312,8 @@ impl Harness {
                         break;
                     }
                 };
+                self.claim_transactions.fetch_add(1, Ordering::Relaxed);
+                self.claimed.fetch_add(u64::try_from(batch.len()).unwrap_or(u64::MAX), Ordering::Relaxed);
                 let full = batch.len() == free;
                 for inv in batch {
                     // `free` slots are held and at most `free` rows were claimed.

@@ -58,7 +58,7 @@ impl Checkpointer {
         let (_busy, log, _copied): (i64, i64, i64) =
             sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&mut *conn).await?;
         if log > LOG_FRAMES_LIMIT {
-            let _writer = self.writer.acquire().await;
+            let _writer = self.writer.acquire_for_checkpoint().await;
             sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut *conn).await?;
         }
         Ok(())

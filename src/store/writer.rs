@@ -19,6 +19,10 @@ pub struct WriterSlotStats {
     pub wait_us: u64,
     /// Summed time it was held, in microseconds.
     pub held_us: u64,
+    /// Of `holds`, log-limiting checkpoints (see `store::checkpoint`).
+    pub checkpoints: u64,
+    /// Of `held_us`, held by those checkpoints, in microseconds.
+    pub checkpoint_held_us: u64,
 }
 
 /// The slot and its counters.
@@ -28,6 +32,8 @@ pub(crate) struct WriterSlot {
     holds: AtomicU64,
     wait_us: AtomicU64,
     held_us: AtomicU64,
+    checkpoints: AtomicU64,
+    checkpoint_held_us: AtomicU64,
 }
 
 /// The slot, held until dropped.
@@ -35,6 +41,7 @@ pub(crate) struct WriterHold {
     _guard: tokio::sync::OwnedMutexGuard<()>,
     since: Instant,
     slot: Arc<WriterSlot>,
+    checkpoint: bool,
 }
 
 fn micros(d: Duration) -> u64 {
@@ -49,7 +56,15 @@ impl WriterSlot {
         let waited = asked.elapsed();
         self.holds.fetch_add(1, Ordering::Relaxed);
         self.wait_us.fetch_add(micros(waited), Ordering::Relaxed);
-        (WriterHold { _guard: guard, since: Instant::now(), slot: Arc::clone(self) }, waited)
+        (WriterHold { _guard: guard, since: Instant::now(), slot: Arc::clone(self), checkpoint: false }, waited)
+    }
+
+    /// Waits for the slot to run a log-limiting checkpoint (counted apart).
+    pub(crate) async fn acquire_for_checkpoint(self: &Arc<Self>) -> WriterHold {
+        let (mut hold, _) = self.acquire().await;
+        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+        hold.checkpoint = true;
+        hold
     }
 
     /// The sums so far.
@@ -58,12 +73,18 @@ impl WriterSlot {
             holds: self.holds.load(Ordering::Relaxed),
             wait_us: self.wait_us.load(Ordering::Relaxed),
             held_us: self.held_us.load(Ordering::Relaxed),
+            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            checkpoint_held_us: self.checkpoint_held_us.load(Ordering::Relaxed),
         }
     }
 }
 
 impl Drop for WriterHold {
     fn drop(&mut self) {
-        self.slot.held_us.fetch_add(micros(self.since.elapsed()), Ordering::Relaxed);
+        let held = micros(self.since.elapsed());
+        self.slot.held_us.fetch_add(held, Ordering::Relaxed);
+        if self.checkpoint {
+            self.slot.checkpoint_held_us.fetch_add(held, Ordering::Relaxed);
+        }
     }
 }
