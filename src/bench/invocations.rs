@@ -280,7 +280,6 @@ fn writer_delta(
 ) -> mira::store::WriterSlotStats {
     mira::store::WriterSlotStats {
         holds: after.holds.saturating_sub(before.holds),
-        wait_us: after.wait_us.saturating_sub(before.wait_us),
         held_us: after.held_us.saturating_sub(before.held_us),
         checkpoints: after.checkpoints.saturating_sub(before.checkpoints),
         checkpoint_held_us: after.checkpoint_held_us.saturating_sub(before.checkpoint_held_us),

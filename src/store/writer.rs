@@ -4,7 +4,8 @@
 //! handler, whose back-off sleeps (up to 100 ms each) made the p99.
 //!
 //! The slot counts what its holders did with it ([`WriterSlotStats`]): `mira bench
-//! invocations` prints how busy the writer was and who waited for it.
+//! invocations` prints how busy the writer was and who held it; each [`super::WriteTx`] knows how
+//! long it waited for it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,8 +16,6 @@ use std::time::{Duration, Instant};
 pub struct WriterSlotStats {
     /// Times it was taken (write transactions and log-limiting checkpoints).
     pub holds: u64,
-    /// Summed time from asking for it to getting it, in microseconds.
-    pub wait_us: u64,
     /// Summed time it was held, in microseconds.
     pub held_us: u64,
     /// Of `holds`, log-limiting checkpoints (see `store::checkpoint`).
@@ -30,7 +29,6 @@ pub struct WriterSlotStats {
 pub(crate) struct WriterSlot {
     lock: Arc<tokio::sync::Mutex<()>>,
     holds: AtomicU64,
-    wait_us: AtomicU64,
     held_us: AtomicU64,
     checkpoints: AtomicU64,
     checkpoint_held_us: AtomicU64,
@@ -55,7 +53,6 @@ impl WriterSlot {
         let guard = Arc::clone(&self.lock).lock_owned().await;
         let waited = asked.elapsed();
         self.holds.fetch_add(1, Ordering::Relaxed);
-        self.wait_us.fetch_add(micros(waited), Ordering::Relaxed);
         (WriterHold { _guard: guard, since: Instant::now(), slot: Arc::clone(self), checkpoint: false }, waited)
     }
 
@@ -71,7 +68,6 @@ impl WriterSlot {
     pub(crate) fn stats(&self) -> WriterSlotStats {
         WriterSlotStats {
             holds: self.holds.load(Ordering::Relaxed),
-            wait_us: self.wait_us.load(Ordering::Relaxed),
             held_us: self.held_us.load(Ordering::Relaxed),
             checkpoints: self.checkpoints.load(Ordering::Relaxed),
             checkpoint_held_us: self.checkpoint_held_us.load(Ordering::Relaxed),
