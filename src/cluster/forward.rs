@@ -38,6 +38,7 @@ use crate::harness::executor::{Executor, LocalExecutor};
 use crate::registry::{Entry, ToolError, ToolOutput};
 use crate::state::{McpOwnerState, TerminalSessionState};
 use crate::store::{InvocationRow, Store};
+use crate::workspace::Workspace;
 
 /// The header carrying the cluster secret.
 pub const SECRET_HEADER: &str = "x-mira-cluster-secret";
@@ -224,6 +225,7 @@ impl Executor for ClusterExecutor {
     async fn execute(
         &self,
         inv: &InvocationRow,
+        prepared_in: Option<Workspace>,
         entry: &Entry,
         input: &Value,
         cancel: CancellationToken,
@@ -234,7 +236,7 @@ impl Executor for ClusterExecutor {
             // Only stdio servers have an owner row; Streamable HTTP servers are reached from here.
             let owner = self.store.mcp_owner(server_id).await.map_err(store_error)?;
             let Some(owner) = owner.filter(|o| !(o.node_id == self.node.id && o.state == McpOwnerState::Held)) else {
-                return self.local.execute(inv, entry, input, cancel, commit).await;
+                return self.local.execute(inv, prepared_in, entry, input, cancel, commit).await;
             };
             if owner.state == McpOwnerState::Lost {
                 return Err(mcp_owner_gone(server_id, &owner.node_id, true));
@@ -253,14 +255,14 @@ impl Executor for ClusterExecutor {
             .then(|| input["session_id"].as_str())
             .flatten();
         let Some(session_id) = session else {
-            return self.local.execute(inv, entry, input, cancel, commit).await;
+            return self.local.execute(inv, prepared_in, entry, input, cancel, commit).await;
         };
         let row = self.store.terminal_session_for(&inv.owner_id, session_id).await.map_err(store_error)?;
         let Some(row) = row else {
-            return self.local.execute(inv, entry, input, cancel, commit).await;
+            return self.local.execute(inv, prepared_in, entry, input, cancel, commit).await;
         };
         match owner(&self.store, &self.node, &row.node_id, row.state).await.map_err(store_error)? {
-            Owner::Here => self.local.execute(inv, entry, input, cancel, commit).await,
+            Owner::Here => self.local.execute(inv, prepared_in, entry, input, cancel, commit).await,
             Owner::Gone(node) => Err(owner_gone(session_id, &node)),
             Owner::Elsewhere(base) => {
                 // The owner acts from its first instruction: this side's commit point is now.

@@ -14,6 +14,7 @@ use crate::error::ErrorCode;
 use crate::harness::{CommitGate, Executor};
 use crate::registry::{Entry, Prepared, ToolError, ToolOutput};
 use crate::store::{InvocationRow, SessionLaunch, SessionOrigin, Store, TerminalSessionRow};
+use crate::workspace::Workspace;
 
 /// Whether a tool with `capability` works in the run's workspace, so that on a run bound to
 /// a device it executes on that device.
@@ -201,16 +202,17 @@ impl Executor for RemoteExecutor {
     async fn execute(
         &self,
         inv: &InvocationRow,
+        prepared_in: Option<Workspace>,
         entry: &Entry,
         input: &Value,
         cancel: CancellationToken,
         commit: CommitGate,
     ) -> Result<ToolOutput, ToolError> {
         if !runs_on_device(entry.spec().capability.as_deref()) {
-            return self.inner.execute(inv, entry, input, cancel, commit).await;
+            return self.inner.execute(inv, prepared_in, entry, input, cancel, commit).await;
         }
         let Some(device) = self.device_of(inv).await? else {
-            return self.inner.execute(inv, entry, input, cancel, commit).await;
+            return self.inner.execute(inv, prepared_in, entry, input, cancel, commit).await;
         };
         let device = device.as_str();
         if inv.tool_id == TERMINAL_TOOL && action_of(input) == "output" {

@@ -10,16 +10,20 @@ use super::CommitGate;
 use crate::error::ErrorCode;
 use crate::registry::{Entry, ExecContext, ToolError, ToolOutput};
 use crate::store::{InvocationRow, Store};
-use crate::workspace::HardLinks;
+use crate::workspace::{HardLinks, Workspace};
 
 /// Runs one tool call for one stored invocation.
 #[async_trait]
 pub trait Executor: Send + Sync {
     /// Executes `entry` with the frozen `input` of `inv`, observing `cancel` and passing its
-    /// commit point through `commit` (see [`super::commit`]).
+    /// commit point through `commit` (see [`super::commit`]). `prepared_in` is the run's
+    /// workspace as the freeze that claimed `inv` opened it (by identity) to prepare the
+    /// input — the folder the call was frozen against; None for a call claimed later (by the
+    /// claim loop, or a grant), whose workspace the executor reads and opens itself.
     async fn execute(
         &self,
         inv: &InvocationRow,
+        prepared_in: Option<Workspace>,
         entry: &Entry,
         input: &Value,
         cancel: CancellationToken,
@@ -27,8 +31,9 @@ pub trait Executor: Send + Sync {
     ) -> Result<ToolOutput, ToolError>;
 }
 
-/// Executes on the server host, in-process, against the run's workspace folder — opened by
-/// identity for each execution, so a root replaced since the call was frozen runs nothing.
+/// Executes on the server host, in-process, against the run's workspace folder — the one the
+/// freeze prepared the call in when the freeze claimed it, else opened by identity for the
+/// execution, so a root replaced since the call was frozen runs nothing.
 pub struct LocalExecutor {
     store: Store,
     hard_links: HardLinks,
@@ -42,20 +47,13 @@ impl LocalExecutor {
     pub fn new(store: Store, hard_links: HardLinks, node: &str) -> Self {
         Self { store, hard_links, node: node.to_owned() }
     }
-}
 
-#[async_trait]
-impl Executor for LocalExecutor {
-    async fn execute(
-        &self,
-        inv: &InvocationRow,
-        entry: &Entry,
-        input: &Value,
-        cancel: CancellationToken,
-        commit: CommitGate,
-    ) -> Result<ToolOutput, ToolError> {
+    /// Reads the run of `inv` with its workspace (one round trip) and opens the workspace by
+    /// identity. Errors: `workspace_unavailable` (the run or workspace is gone, the store
+    /// failed, the folder cannot be opened), `workspace_changed` (another folder is at the
+    /// path, or the root was re-registered after `inv` was frozen).
+    async fn open_for(&self, inv: &InvocationRow) -> Result<Workspace, ToolError> {
         let unavailable = |msg: String| ToolError::new(ErrorCode::WorkspaceUnavailable, msg);
-        // The run and its workspace in one round trip.
         let scope = self
             .store
             .run_scope_for(&inv.owner_id, &inv.run_id, None)
@@ -64,7 +62,7 @@ impl Executor for LocalExecutor {
             .ok_or_else(|| unavailable(format!("run {} is gone", inv.run_id)))?;
         let ws = scope.workspace.ok_or_else(|| unavailable(format!("workspace {} is gone", scope.run.workspace_id)))?;
         let ws = crate::workspace::RunWorkspace::new(ws, self.hard_links);
-        let workspace = ws.open()?.with_node(&self.node);
+        let workspace = ws.open()?;
         let ws = ws.row();
         // A call frozen against an earlier registration of the root was approved for another
         // folder: it does not run in the re-registered one.
@@ -79,6 +77,27 @@ impl Executor for LocalExecutor {
             .with_details(serde_json::json!({"workspace_id": ws.id, "path": ws.path,
                                              "registered_at": ws.root_registered_at, "frozen_at": inv.created_at})));
         }
+        Ok(workspace)
+    }
+}
+
+#[async_trait]
+impl Executor for LocalExecutor {
+    async fn execute(
+        &self,
+        inv: &InvocationRow,
+        prepared_in: Option<Workspace>,
+        entry: &Entry,
+        input: &Value,
+        cancel: CancellationToken,
+        commit: CommitGate,
+    ) -> Result<ToolOutput, ToolError> {
+        let workspace = match prepared_in {
+            // Claimed by its freeze: the folder its input was prepared in, opened moments ago.
+            Some(workspace) => workspace,
+            None => self.open_for(inv).await?,
+        }
+        .with_node(&self.node);
         let ctx = ExecContext {
             workspace,
             owner_id: inv.owner_id.clone(),

@@ -40,6 +40,7 @@ use crate::evidence::EvidenceDraft;
 use crate::registry::{Entry, Registry, ToolError, ToolOutput};
 use crate::state::ApprovalStatus;
 use crate::store::{FinalStatus, HarnessClaim, InvocationRow, Store};
+use crate::workspace::Workspace;
 
 /// Most invocations claimed in one transaction.
 const MAX_CLAIM_BATCH: usize = 64;
@@ -216,10 +217,16 @@ impl Harness {
 
     /// After a grant or freeze made with [`Harness::claim`] while holding `slot`: runs the
     /// invocation it claimed, or (nothing claimed: no slot was free, or the invocation was
-    /// no longer awaiting approval) wakes the loop for a queued one.
-    pub fn start_claimed(self: &Arc<Self>, claimed: Option<InvocationRow>, slot: Option<ExecutionSlot>) {
+    /// no longer awaiting approval) wakes the loop for a queued one. `prepared_in`: the
+    /// workspace a freeze prepared the call in (see [`Executor::execute`]); None after a grant.
+    pub fn start_claimed(
+        self: &Arc<Self>,
+        claimed: Option<InvocationRow>,
+        prepared_in: Option<Workspace>,
+        slot: Option<ExecutionSlot>,
+    ) {
         match (claimed, slot) {
-            (Some(inv), Some(slot)) => self.adopt(inv, slot),
+            (Some(inv), Some(slot)) => self.adopt(inv, prepared_in, slot),
             _ => self.wake(),
         }
     }
@@ -228,20 +235,25 @@ impl Harness {
     /// `slot`, as the loop runs what it claims: same gate, lease, limits and recording. When
     /// the loop has stopped (the server is stopping), the invocation stays claimed and ends
     /// `interrupted` like every call this node left running — it never ran.
-    pub fn adopt(self: &Arc<Self>, inv: InvocationRow, slot: ExecutionSlot) {
-        if !self.launch(inv, slot.0) {
+    pub fn adopt(self: &Arc<Self>, inv: InvocationRow, prepared_in: Option<Workspace>, slot: ExecutionSlot) {
+        if !self.launch(inv, prepared_in, slot.0) {
             tracing::warn!("an invocation was claimed while the harness stopped; it ends interrupted");
         }
     }
 
     /// Starts a claimed invocation in its slot beside the others; false when the harness is
     /// not running (never started, or stopping).
-    fn launch(self: &Arc<Self>, inv: InvocationRow, permit: OwnedSemaphorePermit) -> bool {
+    fn launch(
+        self: &Arc<Self>,
+        inv: InvocationRow,
+        prepared_in: Option<Workspace>,
+        permit: OwnedSemaphorePermit,
+    ) -> bool {
         let mut executions = self.executions.lock();
         let Some(ex) = executions.as_mut() else { return false };
         while ex.set.try_join_next().is_some() {}
         let stopping = ex.stopping.clone();
-        ex.set.spawn(Arc::clone(self).run_in_slot(inv, permit, stopping));
+        ex.set.spawn(Arc::clone(self).run_in_slot(inv, prepared_in, permit, stopping));
         true
     }
 
@@ -318,7 +330,7 @@ impl Harness {
                 for inv in batch {
                     // `free` slots are held and at most `free` rows were claimed.
                     let Some(permit) = held.split(1) else { break };
-                    self.launch(inv, permit);
+                    self.launch(inv, None, permit);
                 }
                 drop(held);
                 if !full {
@@ -350,10 +362,11 @@ impl Harness {
     async fn run_in_slot(
         self: Arc<Self>,
         inv: InvocationRow,
+        prepared_in: Option<Workspace>,
         permit: OwnedSemaphorePermit,
         stopping: CancellationToken,
     ) {
-        self.run_one(inv, stopping).await;
+        self.run_one(inv, prepared_in, stopping).await;
         drop(permit);
         self.wake();
     }
@@ -434,7 +447,7 @@ impl Harness {
         owner_id: &str,
         run_id: &str,
         tool_id: &str,
-        workspace: crate::workspace::Workspace,
+        workspace: Workspace,
         input: Value,
     ) -> Result<ToolOutput, ToolError> {
         let entry = self
@@ -463,7 +476,7 @@ impl Harness {
 
     /// Executes one claimed invocation inside its `execute_tool {tool}` span (GenAI semantic
     /// conventions), a child of the request that made it runnable ([`crate::telemetry`]).
-    async fn run_one(&self, inv: InvocationRow, stopping: CancellationToken) {
+    async fn run_one(&self, inv: InvocationRow, prepared_in: Option<Workspace>, stopping: CancellationToken) {
         use tracing::Instrument;
         let span = tracing::info_span!(
             target: "mira::otel",
@@ -487,10 +500,16 @@ impl Harness {
                 Err(e) => tracing::warn!(invocation = %inv.id, error = %e, "reading the trace context failed"),
             }
         }
-        self.run_one_in_span(inv, stopping, &span).instrument(span.clone()).await;
+        self.run_one_in_span(inv, prepared_in, stopping, &span).instrument(span.clone()).await;
     }
 
-    async fn run_one_in_span(&self, inv: InvocationRow, stopping: CancellationToken, span: &tracing::Span) {
+    async fn run_one_in_span(
+        &self,
+        inv: InvocationRow,
+        prepared_in: Option<Workspace>,
+        stopping: CancellationToken,
+        span: &tracing::Span,
+    ) {
         let entry = self.registry.get_any(&inv.tool_id);
         let effects = entry.as_ref().map_or(SideEffects::FromStart, |e| e.tool.side_effects());
         let call = Arc::new(RunningCall {
@@ -500,7 +519,7 @@ impl Harness {
             effects,
         });
         self.running.lock().insert(inv.id.clone(), Arc::clone(&call));
-        let outcome = self.execute_gated(&inv, entry, &call, &stopping).await;
+        let outcome = self.execute_gated(&inv, prepared_in, entry, &call, &stopping).await;
         // The call is over: from now on a stop request changes nothing (it stays registered
         // until its result is stored, so that a cancel in between is answered truthfully).
         call.gate.finish();
@@ -574,6 +593,7 @@ impl Harness {
     async fn execute_gated(
         &self,
         inv: &InvocationRow,
+        prepared_in: Option<Workspace>,
         entry: Option<Entry>,
         call: &RunningCall,
         stopping: &CancellationToken,
@@ -603,7 +623,7 @@ impl Harness {
             }
         };
         let lease_lost = || ToolError::new(ErrorCode::LeaseLost, "the execution lease was lost");
-        let work = self.executor.execute(inv, &entry, &input, call.tool_cancel.clone(), call.gate.clone());
+        let work = self.executor.execute(inv, prepared_in, &entry, &input, call.tool_cancel.clone(), call.gate.clone());
         tokio::pin!(renew, work);
         tokio::select! {
             res = &mut work => return res,

@@ -244,7 +244,7 @@ pub async fn grant(
     let slot = app.harness.slot();
     let claim = slot.as_ref().map(|_| app.harness.claim());
     let (row, claimed) = approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, claim).await?;
-    app.harness.start_claimed(claimed, slot);
+    app.harness.start_claimed(claimed, None, slot);
     Ok(Json(view(row, &user.viewer())?))
 }
 

@@ -149,7 +149,7 @@ pub async fn internal_execute(
                         let hard_links =
                             if app.config.allow_hard_link_reads { HardLinks::Allow } else { HardLinks::Refuse };
                         let local = LocalExecutor::new(app.store.clone(), hard_links, &app.node.id);
-                        local.execute(&inv, &entry, &input, cancel.clone(), CommitGate::new()).await
+                        local.execute(&inv, None, &entry, &input, cancel.clone(), CommitGate::new()).await
                     }
                 };
                 match outcome {

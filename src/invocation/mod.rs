@@ -259,7 +259,7 @@ pub async fn freeze(
     match stage.store.freeze_and_claim(&new, claim).await? {
         FreezeOutcome::Created(row, approval_id) => {
             match row.status {
-                InvocationStatus::Running => stage.harness.start_claimed(Some(row.clone()), slot),
+                InvocationStatus::Running => stage.harness.start_claimed(Some(row.clone()), workspace, slot),
                 InvocationStatus::Queued => stage.harness.wake(),
                 _ => {}
             }

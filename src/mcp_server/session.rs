@@ -380,7 +380,7 @@ impl Session {
                 )
                 .await
                 {
-                    Ok((_, claimed)) => self.app.harness.start_claimed(claimed, slot),
+                    Ok((_, claimed)) => self.app.harness.start_claimed(claimed, None, slot),
                     // Decided meanwhile (in the page) or expired: the wait reads what happened.
                     Err(e) => tracing::info!(approval = approval_id, error = %e, "grant through elicitation refused"),
                 }
