@@ -595,7 +595,46 @@ async fn group_commits_are_seen_in_id_order(backend: Backend) {
     assert_eq!(total, 8 * 15 * 4 + 1);
 }
 
+/// A result whose claim was lost (the invocation is `running` under another node) stores
+/// nothing — no status, no evidence, no event — while a result stored in the same group
+/// commit is stored whole, with its evidence and events gapless after the freezes'.
+async fn a_lost_claim_stores_nothing_beside_a_stored_result(backend: Backend) {
+    let f = fixture(backend).await;
+    let mut frozen = Vec::new();
+    for call in ["kept", "lost"] {
+        let claim = mira::store::HarnessClaim { node_id: "node-a", lease_ms: 60_000 };
+        match f.store.freeze_and_claim(&new_inv(&f, call, false), Some(claim)).await.unwrap() {
+            FreezeOutcome::Created(row, _) => frozen.push(row),
+            FreezeOutcome::Existing(..) => panic!("expected a new invocation"),
+        }
+    }
+    let before = f.store.last_event_seq(&f.run.id).await.unwrap();
+    let evidence = || vec![mira::evidence::EvidenceDraft::of_text("note", json!({}), "done")];
+    let (kept, lost) = (evidence(), evidence());
+    let ok = json!({"ok": true});
+    let (kept, lost) = tokio::join!(
+        f.store.finish_invocation(&frozen[0], "node-a", mira::store::FinalStatus::Completed, &ok, &kept),
+        f.store.finish_invocation(&frozen[1], "node-b", mira::store::FinalStatus::Completed, &ok, &lost),
+    );
+    assert_eq!(kept.unwrap().map(|ids| ids.len()), Some(1), "the claimer's result is stored with its evidence");
+    assert_eq!(lost.unwrap(), None, "another node's result is refused");
+    let lost = f.store.invocation_by_id(&frozen[1].id).await.unwrap().unwrap();
+    assert_eq!(lost.status, mira::state::InvocationStatus::Running, "still running under its claimer");
+    assert!(lost.result.is_none());
+    assert!(f.store.evidence_ids_of(&frozen[1].id).await.unwrap().is_empty(), "no evidence of the refused result");
+    assert_eq!(f.store.evidence_ids_of(&frozen[0].id).await.unwrap().len(), 1);
+    let events = f.store.events_after(&f.run.id, before, 100).await.unwrap();
+    let kinds: Vec<(i64, &str)> = events.iter().map(|e| (e.seq, e.kind.as_str())).collect();
+    assert_eq!(
+        kinds,
+        vec![(before + 1, "execution.completed"), (before + 2, "evidence.recorded")],
+        "only the stored result's events, numbered on"
+    );
+    assert!(events.iter().all(|e| e.data.contains(&frozen[0].id)));
+}
+
 both_backends!(
+    a_lost_claim_stores_nothing_beside_a_stored_result,
     group_commits_are_seen_in_id_order,
     batched_event_appends_stay_gapless_per_run,
     batch_claims_are_exclusive_and_gated,
