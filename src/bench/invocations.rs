@@ -241,7 +241,7 @@ async fn measure(
         let others = w.holds.saturating_sub(groups.transactions);
         let group_held_us = groups.total_us.saturating_sub(groups.slot_wait_us);
         println!(
-            "  writer slot held {:.0}% of the load ({} holds: {} group commits, {others} others holding it {:.1}% of the load, of which {} log-limiting checkpoints {:.1}%); group commits waited {:.2} ms each for it, then {:.2} ms for the connection and BEGIN IMMEDIATE",
+            "  writer slot held {:.0}% of the load ({} holds: {} group commits, {others} others holding it {:.1}% of the load, of which {} log-limiting checkpoints {:.1}%); group commits waited {:.2} ms each for it, then {:.2} ms for the connection (and BEGIN IMMEDIATE when sent apart)",
             w.held_us as f64 / 1e4 / elapsed,
             w.holds,
             groups.transactions,

@@ -453,16 +453,16 @@ impl Store {
         runs.sort_unstable();
         runs.dedup();
         let started = std::time::Instant::now();
-        let mut tx = self.begin_write().await?;
+        let mut batch = self.begin_sqlite_batch().await?;
         let begun = started.elapsed();
-        let slot_wait = tx.slot_wait();
+        let slot_wait = batch.slot_wait();
         let staged: Vec<(String, String, i64, Option<String>)> = sqlx::query_as(GROUP_STAGE_SQLITE)
             .bind(invocations_json(&rows).to_string())
             .bind(finishes_json(finishes).to_string())
             .bind(evidence_json(&evidence).to_string())
             .bind(&now)
             .bind(serde_json::to_string(&runs)?)
-            .fetch_all(tx.conn())
+            .fetch_all(batch.conn()?)
             .await?;
         let mut inserted = std::collections::HashSet::new();
         let mut updated = std::collections::HashSet::new();
@@ -496,26 +496,28 @@ impl Store {
                                   "content_hash": content, "prev_hash": prev, "hash": hash}));
             signals.push(RunSignal { run_id: run_id.to_owned(), seq, kind });
         }
-        if !rows_json.is_empty() {
+        if rows_json.is_empty() {
+            sqlx::query("COMMIT").execute(batch.conn()?).await?;
+        } else {
             let counters: Vec<serde_json::Value> =
                 heads.iter().map(|(id, seq, hash)| json!({"id": id, "seq": seq, "hash": hash})).collect();
             sqlx::query(GROUP_EVENTS_SQLITE)
                 .bind(serde_json::Value::Array(rows_json).to_string())
                 .bind(serde_json::Value::Array(counters).to_string())
                 .bind(&now)
-                .execute(tx.conn())
+                .execute(batch.conn()?)
                 .await?;
         }
-        tx.appended = signals;
-        let committing = std::time::Instant::now();
-        tx.commit().await?;
+        batch.committed();
+        self.publish_committed(signals);
+        // The commit travels with the events: their phase holds both.
         self.group_counters.record(&super::group::GroupTimes {
             items: freezes.len() + finishes.len(),
             total: started.elapsed(),
             begin: begun,
             slot_wait,
-            append: committing - appending,
-            commit: committing.elapsed(),
+            append: appending.elapsed(),
+            commit: std::time::Duration::ZERO,
         });
         let created = rows.iter().map(|r| inserted.contains(&r.id)).collect();
         let approval_ids = vec![None; rows.len()];
@@ -1343,6 +1345,7 @@ UNION ALL SELECT 'c', id, event_seq FROM c";
 /// `(what, id, seq, hash)`: `i` an inserted invocation, `u` an updated one, `c` a run with its
 /// last event id and hash.
 const GROUP_STAGE_SQLITE: &str = "\
+BEGIN IMMEDIATE;
 INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
     approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at)
 SELECT x.value ->> 'id', x.value ->> 'run_id', x.value ->> 'turn_id', x.value ->> 'owner_id', x.value ->> 'tool_id',
@@ -1375,7 +1378,8 @@ SELECT e.value ->> 'run_id', e.value ->> 'seq', e.value ->> 'type', e.value ->> 
     e.value ->> 'prev_hash', e.value ->> 'hash', $3
 FROM json_each($1) AS e;
 UPDATE runs SET event_seq = c.value ->> 'seq', last_hash = c.value ->> 'hash'
-FROM json_each($2) AS c WHERE runs.id = c.value ->> 'id'";
+FROM json_each($2) AS c WHERE runs.id = c.value ->> 'id';
+COMMIT";
 
 /// The group commit's invocation insert on Postgres: `$1` a JSON array of the rows (`ord` =
 /// position in the batch: an earlier freeze of the batch takes a call id first), `$2` the

@@ -165,6 +165,9 @@ pub struct Store {
     /// a write never waits for a connection behind reads, and its statement cache holds the
     /// write statements. It checkpoints nothing itself ([`checkpoint::Checkpointer`]).
     sqlite_write_pool: Option<AnyPool>,
+    /// SQLite: the writer connection of the group commit's hot path ([`SqliteWriteBatch`]),
+    /// kept out of the pool; used only under the writer slot.
+    sqlite_batch_conn: Arc<tokio::sync::Mutex<Option<sqlx::AnyConnection>>>,
     /// SQLite: copies committed WAL frames into the database file after write transactions,
     /// on a reader connection, so the writer never waits for a checkpoint's syncs.
     checkpointer: Option<Arc<checkpoint::Checkpointer>>,
@@ -241,6 +244,7 @@ impl Store {
             sqlite_writer,
             checkpointer: sqlite_write.as_ref().map(|(_, c)| Arc::clone(c)),
             sqlite_write_pool: sqlite_write.map(|(w, _)| w),
+            sqlite_batch_conn: Arc::default(),
             identities: Arc::default(),
             // SQLite has one writer: a second flush would only queue behind the first.
             writes: Arc::new(group::GroupQueue::new(match backend {
@@ -315,6 +319,13 @@ impl Store {
 
     /// Closes the pools (waits for checked-out connections to return).
     pub async fn close(&self) {
+        // The group commit's own writer connection, under the writer slot (no batch is open).
+        let (_writer, _) = self.sqlite_writer.acquire().await;
+        if let Some(conn) = self.sqlite_batch_conn.lock().await.take()
+            && let Err(e) = sqlx::Connection::close(conn).await
+        {
+            tracing::warn!(error = %e, "closing the group commit's writer connection failed");
+        }
         if let Some(writer) = &self.sqlite_write_pool {
             writer.close().await;
         }
@@ -341,6 +352,27 @@ impl Store {
             checkpointer: self.checkpointer.clone(),
             slot_wait,
             _writer: writer.map(|(hold, _)| hold),
+        })
+    }
+
+    /// SQLite: the writer slot and connection for a [`SqliteWriteBatch`], whose caller sends
+    /// `BEGIN IMMEDIATE` with its first statements and `COMMIT` with its last.
+    pub(crate) async fn begin_sqlite_batch(&self) -> StoreResult<SqliteWriteBatch> {
+        let (writer, slot_wait) = self.sqlite_writer.acquire().await;
+        // Never contended: every holder holds the writer slot first.
+        let mut conn = Arc::clone(&self.sqlite_batch_conn).lock_owned().await;
+        if conn.is_none() {
+            // Taken out of the writer pool once (so it has the pool's settings) and kept: going
+            // back to a pool and out again costs a task hand-off each time.
+            let pool = self.sqlite_write_pool.as_ref().unwrap_or(&self.pool);
+            *conn = Some(pool.acquire().await?.detach());
+        }
+        Ok(SqliteWriteBatch {
+            conn,
+            committed: false,
+            checkpointer: self.checkpointer.clone(),
+            slot_wait,
+            _writer: writer,
         })
     }
 
@@ -439,6 +471,56 @@ WITH v AS (SELECT x.run_id, x.type, x.data, x.h, x.ord,
                   c.chain[v.rn]
            FROM v JOIN c ON c.id = v.run_id)
 SELECT id, event_seq FROM c";
+
+/// SQLite: a write transaction on the writer connection, under the writer slot, whose
+/// `BEGIN IMMEDIATE` and `COMMIT` travel in the same commands as its first and last
+/// statements — two hand-offs to the connection's thread fewer than a [`WriteTx`] (for the
+/// group commit's hot path, `Store::write_group_in_two_commands`). The caller broadcasts
+/// what it appended ([`Store::publish_committed`]) after [`SqliteWriteBatch::committed`].
+/// Its connection is the store's own for these batches, kept out of the writer pool. Dropped
+/// before [`SqliteWriteBatch::committed`] (a statement failed, or the commit did), the
+/// connection is closed, and SQLite rolls its open transaction back.
+pub(crate) struct SqliteWriteBatch {
+    /// The store's batch connection (None until first used, and after a failed batch).
+    conn: tokio::sync::OwnedMutexGuard<Option<sqlx::AnyConnection>>,
+    committed: bool,
+    checkpointer: Option<Arc<checkpoint::Checkpointer>>,
+    slot_wait: Duration,
+    /// Released after the connection (declared last).
+    _writer: writer::WriterHold,
+}
+
+impl SqliteWriteBatch {
+    /// The writer connection. Errors: the batch is committed already.
+    pub(crate) fn conn(&mut self) -> StoreResult<&mut sqlx::AnyConnection> {
+        match self.conn.as_mut() {
+            Some(conn) if !self.committed => Ok(conn),
+            _ => Err(StoreError::Corrupt("a committed write batch was used again".into())),
+        }
+    }
+
+    /// How long the batch waited for the writer slot.
+    pub(crate) fn slot_wait(&self) -> Duration {
+        self.slot_wait
+    }
+
+    /// After the command carrying `COMMIT` succeeded: the checkpointer is told of the commit.
+    pub(crate) fn committed(mut self) {
+        self.committed = true;
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.committed();
+        }
+    }
+}
+
+impl Drop for SqliteWriteBatch {
+    fn drop(&mut self) {
+        if !self.committed {
+            // Closing the connection rolls its transaction back; the next batch takes a new one.
+            drop(self.conn.take());
+        }
+    }
+}
 
 /// A write transaction that appends events and broadcasts them after commit.
 pub struct WriteTx {

@@ -633,7 +633,31 @@ async fn a_lost_claim_stores_nothing_beside_a_stored_result(backend: Backend) {
     assert!(events.iter().all(|e| e.data.contains(&frozen[0].id)));
 }
 
+/// A freeze that cannot be written (its run does not exist) fails alone, whether or not it
+/// shared a group commit: the freezes beside it are stored with their events, nothing of it
+/// is, and the store goes on writing (on SQLite the failed transaction's connection was
+/// closed, rolling it back).
+async fn a_failing_freeze_fails_alone_and_writes_go_on(backend: Backend) {
+    let f = fixture(backend).await;
+    let before = f.store.last_event_seq(&f.run.id).await.unwrap();
+    let mut orphan = new_inv(&f, "orphan", false);
+    orphan.run_id = "run_does_not_exist".into();
+    let (a, b) = (new_inv(&f, "a", false), new_inv(&f, "b", false));
+    let (a, bad, b) =
+        tokio::join!(f.store.freeze_invocation(&a), f.store.freeze_invocation(&orphan), f.store.freeze_invocation(&b),);
+    assert!(matches!(a.unwrap(), FreezeOutcome::Created(..)));
+    assert!(matches!(b.unwrap(), FreezeOutcome::Created(..)));
+    assert!(bad.is_err(), "a freeze in a run that does not exist fails");
+    assert!(f.store.invocation_by_call("run_does_not_exist", "orphan").await.unwrap().is_none());
+    let (c, _) = freeze(&f, "c", false).await;
+    let events = f.store.events_after(&f.run.id, before, 100).await.unwrap();
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, ((before + 1)..=(before + 3)).collect::<Vec<_>>(), "one gapless event per stored freeze");
+    assert!(events[2].data.contains(&c.id));
+}
+
 both_backends!(
+    a_failing_freeze_fails_alone_and_writes_go_on,
     a_lost_claim_stores_nothing_beside_a_stored_result,
     group_commits_are_seen_in_id_order,
     batched_event_appends_stay_gapless_per_run,
