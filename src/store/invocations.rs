@@ -432,13 +432,14 @@ impl Store {
     }
 
     /// [`Store::write_group`] on SQLite when no freeze has an approval request or a trace
-    /// context (the hot path): between `BEGIN IMMEDIATE` and `COMMIT`, two commands of several
-    /// statements each, each one hand-off to the writer connection's thread instead of six
-    /// ([`GROUP_STAGE_SQLITE`]: the invocations, the evidence, the results' compare-and-set
-    /// and the runs' counters; [`GROUP_EVENTS_SQLITE`]: the hash-chained events and the new
-    /// counters, computed here in between). On two busy cores each hand-off waits to be
-    /// scheduled, and the writer is held meanwhile. Each event is written only when what it
-    /// tells happened, as on Postgres.
+    /// context (the hot path): one transaction in two commands of several statements on the
+    /// store's own writer connection ([`super::SqliteWriteBatch`]), each one hand-off to the
+    /// connection's thread, instead of eight ([`GROUP_STAGE_SQLITE`]: `BEGIN IMMEDIATE`, the
+    /// invocations, the evidence, the results' compare-and-set and the runs' counters;
+    /// [`GROUP_EVENTS_SQLITE`]: the hash-chained events and the new counters, computed here in
+    /// between, and `COMMIT`). On two busy cores each hand-off waits to be scheduled, and the
+    /// writer is held meanwhile. Each event is written only when what it tells happened, as
+    /// on Postgres.
     async fn write_group_in_two_commands(
         &self,
         freezes: &[&PendingFreeze],
@@ -1333,8 +1334,8 @@ SELECT 'i' AS what, id, 0::bigint AS seq FROM ins
 UNION ALL SELECT 'u', id, 0 FROM upd
 UNION ALL SELECT 'c', id, event_seq FROM c";
 
-/// The first command of a group on SQLite ([`Store::write_group_in_two_commands`]), in its
-/// `BEGIN IMMEDIATE` transaction: `$1` the new invocations (as [`invocations_json`]; a call id
+/// The first command of a group on SQLite ([`Store::write_group_in_two_commands`]), which
+/// begins its transaction (`BEGIN IMMEDIATE`): `$1` the new invocations (as [`invocations_json`]; a call id
 /// the run has already, or an earlier row of the batch took, is left alone), `$2` the
 /// results (as [`finishes_json`]), `$3` their evidence (as [`evidence_json`]), `$4` the time,
 /// `$5` a JSON array of the ids of the runs the group may append to. A result's evidence is
@@ -1371,7 +1372,8 @@ SELECT 'c', id, event_seq, last_hash FROM runs WHERE id IN (SELECT value FROM js
 
 /// The second command of a group on SQLite ([`Store::write_group_in_two_commands`]): `$1` the
 /// events, numbered and hash-chained (`run_id, seq, type, data, content_hash, prev_hash,
-/// hash`), `$2` each run's new last event id and hash (`id, seq, hash`), `$3` the time.
+/// hash`), `$2` each run's new last event id and hash (`id, seq, hash`), `$3` the time; then
+/// the commit.
 const GROUP_EVENTS_SQLITE: &str = "\
 INSERT INTO events (run_id, seq, type, data, content_hash, prev_hash, hash, created_at)
 SELECT e.value ->> 'run_id', e.value ->> 'seq', e.value ->> 'type', e.value ->> 'data', e.value ->> 'content_hash',
