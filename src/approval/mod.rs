@@ -45,12 +45,11 @@ pub async fn grant(
 ) -> Result<(ApprovalRow, Option<ClaimedInvocation>)> {
     // A call its tool no longer matches (an MCP definition changed since it was frozen:
     // 409 `stale_definition`) is not granted.
-    if let Some(row) = store.approval_visible(&who.viewer(), id).await?
-        && row.status == ApprovalStatus::Pending
-    {
+    let pending = store.approval_visible(&who.viewer(), id).await?.filter(|row| row.status == ApprovalStatus::Pending);
+    if let Some(row) = &pending {
         registry.check_frozen(&row.tool_id, &row.input).map_err(Error::Tool)?;
     }
-    let (outcome, claimed) = store.grant_and_claim(who, id, triple, claim).await?;
+    let (outcome, claimed) = store.grant_and_claim(who, id, triple, claim, pending.as_ref()).await?;
     Ok((settle(outcome, Some(triple))?, claimed))
 }
 

@@ -39,7 +39,7 @@ pub use crate::events::Wake;
 use crate::evidence::EvidenceDraft;
 use crate::registry::{Entry, Registry, ToolError, ToolOutput};
 use crate::state::ApprovalStatus;
-use crate::store::{FinalStatus, HarnessClaim, InvocationRow, Store};
+use crate::store::{ApprovalRow, FinalStatus, HarnessClaim, InvocationRow, Store};
 use crate::workspace::Workspace;
 
 /// Most invocations claimed in one transaction.
@@ -127,6 +127,17 @@ pub struct ClaimStats {
     /// Times a freeze or grant asked for a free execution slot ([`Harness::slot`]) and found
     /// none: its call was left queued for the loop.
     pub no_slot: u64,
+}
+
+/// What the request that claimed an invocation knows already, handed to its execution so it
+/// is not read again ([`Harness::start_claimed`]).
+#[derive(Default)]
+pub struct Handoff {
+    /// The workspace the freeze that claimed the call prepared it in, by identity (see
+    /// [`Executor::execute`]).
+    pub prepared_in: Option<Workspace>,
+    /// The approval as the grant that claimed the call committed it (see [`Harness::gate`]).
+    pub granted: Option<ApprovalRow>,
 }
 
 /// One free execution slot of a harness, held for an invocation claimed outside its loop
@@ -217,16 +228,16 @@ impl Harness {
 
     /// After a grant or freeze made with [`Harness::claim`] while holding `slot`: runs the
     /// invocation it claimed, or (nothing claimed: no slot was free, or the invocation was
-    /// no longer awaiting approval) wakes the loop for a queued one. `prepared_in`: the
-    /// workspace a freeze prepared the call in (see [`Executor::execute`]); None after a grant.
+    /// no longer awaiting approval) wakes the loop for a queued one, with what the claiming
+    /// request knows already (`handoff`).
     pub fn start_claimed(
         self: &Arc<Self>,
         claimed: Option<InvocationRow>,
-        prepared_in: Option<Workspace>,
+        handoff: Handoff,
         slot: Option<ExecutionSlot>,
     ) {
         match (claimed, slot) {
-            (Some(inv), Some(slot)) => self.adopt(inv, prepared_in, slot),
+            (Some(inv), Some(slot)) => self.adopt(inv, handoff, slot),
             _ => self.wake(),
         }
     }
@@ -235,25 +246,20 @@ impl Harness {
     /// `slot`, as the loop runs what it claims: same gate, lease, limits and recording. When
     /// the loop has stopped (the server is stopping), the invocation stays claimed and ends
     /// `interrupted` like every call this node left running — it never ran.
-    pub fn adopt(self: &Arc<Self>, inv: InvocationRow, prepared_in: Option<Workspace>, slot: ExecutionSlot) {
-        if !self.launch(inv, prepared_in, slot.0) {
+    pub fn adopt(self: &Arc<Self>, inv: InvocationRow, handoff: Handoff, slot: ExecutionSlot) {
+        if !self.launch(inv, handoff, slot.0) {
             tracing::warn!("an invocation was claimed while the harness stopped; it ends interrupted");
         }
     }
 
     /// Starts a claimed invocation in its slot beside the others; false when the harness is
     /// not running (never started, or stopping).
-    fn launch(
-        self: &Arc<Self>,
-        inv: InvocationRow,
-        prepared_in: Option<Workspace>,
-        permit: OwnedSemaphorePermit,
-    ) -> bool {
+    fn launch(self: &Arc<Self>, inv: InvocationRow, handoff: Handoff, permit: OwnedSemaphorePermit) -> bool {
         let mut executions = self.executions.lock();
         let Some(ex) = executions.as_mut() else { return false };
         while ex.set.try_join_next().is_some() {}
         let stopping = ex.stopping.clone();
-        ex.set.spawn(Arc::clone(self).run_in_slot(inv, prepared_in, permit, stopping));
+        ex.set.spawn(Arc::clone(self).run_in_slot(inv, handoff, permit, stopping));
         true
     }
 
@@ -330,7 +336,7 @@ impl Harness {
                 for inv in batch {
                     // `free` slots are held and at most `free` rows were claimed.
                     let Some(permit) = held.split(1) else { break };
-                    self.launch(inv, None, permit);
+                    self.launch(inv, Handoff::default(), permit);
                 }
                 drop(held);
                 if !full {
@@ -362,11 +368,11 @@ impl Harness {
     async fn run_in_slot(
         self: Arc<Self>,
         inv: InvocationRow,
-        prepared_in: Option<Workspace>,
+        handoff: Handoff,
         permit: OwnedSemaphorePermit,
         stopping: CancellationToken,
     ) {
-        self.run_one(inv, prepared_in, stopping).await;
+        self.run_one(inv, handoff, stopping).await;
         drop(permit);
         self.wake();
     }
@@ -395,19 +401,29 @@ impl Harness {
     /// The single gate in front of execution: a tool the policy gates (or an invocation
     /// frozen as gated) runs only with a granted approval whose triple equals the
     /// invocation's. No action type reaches [`Executor::execute`] by another path.
-    pub async fn gate(&self, inv: &InvocationRow, entry: &Entry) -> Result<(), ToolError> {
+    /// `granted`: the approval as the grant that claimed `inv` committed it (checked here
+    /// instead of read again); None reads it from the store.
+    pub async fn gate(
+        &self,
+        inv: &InvocationRow,
+        entry: &Entry,
+        granted: Option<&ApprovalRow>,
+    ) -> Result<(), ToolError> {
         let gated = inv.approval_required || policy::decide(entry.spec()) != Decision::Skip;
         if !gated {
             return Ok(());
         }
         let refused =
             |why: &str| ToolError::new(ErrorCode::ApprovalRequired, format!("{} was not executed: {why}", inv.id));
-        let approval = self
-            .store
-            .approval_of_invocation(&inv.id)
-            .await
-            .map_err(|e| refused(&format!("approval could not be read: {e}")))?
-            .ok_or_else(|| refused("the tool requires approval and none exists"))?;
+        let approval = match granted.filter(|a| a.invocation_id == inv.id) {
+            Some(approval) => approval.clone(),
+            None => self
+                .store
+                .approval_of_invocation(&inv.id)
+                .await
+                .map_err(|e| refused(&format!("approval could not be read: {e}")))?
+                .ok_or_else(|| refused("the tool requires approval and none exists"))?,
+        };
         let exact = approval.status == ApprovalStatus::Granted
             && approval.tool_id == inv.tool_id
             && approval.tool_call_id == inv.tool_call_id
@@ -476,7 +492,7 @@ impl Harness {
 
     /// Executes one claimed invocation inside its `execute_tool {tool}` span (GenAI semantic
     /// conventions), a child of the request that made it runnable ([`crate::telemetry`]).
-    async fn run_one(&self, inv: InvocationRow, prepared_in: Option<Workspace>, stopping: CancellationToken) {
+    async fn run_one(&self, inv: InvocationRow, handoff: Handoff, stopping: CancellationToken) {
         use tracing::Instrument;
         let span = tracing::info_span!(
             target: "mira::otel",
@@ -500,13 +516,13 @@ impl Harness {
                 Err(e) => tracing::warn!(invocation = %inv.id, error = %e, "reading the trace context failed"),
             }
         }
-        self.run_one_in_span(inv, prepared_in, stopping, &span).instrument(span.clone()).await;
+        self.run_one_in_span(inv, handoff, stopping, &span).instrument(span.clone()).await;
     }
 
     async fn run_one_in_span(
         &self,
         inv: InvocationRow,
-        prepared_in: Option<Workspace>,
+        handoff: Handoff,
         stopping: CancellationToken,
         span: &tracing::Span,
     ) {
@@ -519,7 +535,7 @@ impl Harness {
             effects,
         });
         self.running.lock().insert(inv.id.clone(), Arc::clone(&call));
-        let outcome = self.execute_gated(&inv, prepared_in, entry, &call, &stopping).await;
+        let outcome = self.execute_gated(&inv, handoff, entry, &call, &stopping).await;
         // The call is over: from now on a stop request changes nothing (it stays registered
         // until its result is stored, so that a cancel in between is answered truthfully).
         call.gate.finish();
@@ -593,7 +609,7 @@ impl Harness {
     async fn execute_gated(
         &self,
         inv: &InvocationRow,
-        prepared_in: Option<Workspace>,
+        handoff: Handoff,
         entry: Option<Entry>,
         call: &RunningCall,
         stopping: &CancellationToken,
@@ -603,7 +619,7 @@ impl Harness {
         self.registry.check_frozen(&inv.tool_id, &inv.input)?;
         let entry = entry
             .ok_or_else(|| ToolError::new(ErrorCode::ToolGone, format!("{} is no longer registered", inv.tool_id)))?;
-        self.gate(inv, &entry).await?;
+        self.gate(inv, &entry, handoff.granted.as_ref()).await?;
         let input: Value =
             serde_json::from_str(&inv.input).map_err(|e| ToolError::new(ErrorCode::CorruptInput, e.to_string()))?;
         if call.effects == SideEffects::FromStart {
@@ -623,7 +639,14 @@ impl Harness {
             }
         };
         let lease_lost = || ToolError::new(ErrorCode::LeaseLost, "the execution lease was lost");
-        let work = self.executor.execute(inv, prepared_in, &entry, &input, call.tool_cancel.clone(), call.gate.clone());
+        let work = self.executor.execute(
+            inv,
+            handoff.prepared_in,
+            &entry,
+            &input,
+            call.tool_cancel.clone(),
+            call.gate.clone(),
+        );
         tokio::pin!(renew, work);
         tokio::select! {
             res = &mut work => return res,

@@ -17,6 +17,7 @@ use crate::app::App;
 use crate::approval;
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
+use crate::harness::Handoff;
 use crate::state::{ApprovalRule, ApprovalStatus, InvocationStatus};
 use crate::store::{ApprovalRow, GrantRequest, Viewer, json_col};
 
@@ -244,7 +245,8 @@ pub async fn grant(
     let slot = app.harness.slot();
     let claim = slot.as_ref().map(|_| app.harness.claim());
     let (row, claimed) = approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, claim).await?;
-    app.harness.start_claimed(claimed, None, slot);
+    let handoff = Handoff { prepared_in: None, granted: claimed.as_ref().map(|_| row.clone()) };
+    app.harness.start_claimed(claimed, handoff, slot);
     Ok(Json(view(row, &user.viewer())?))
 }
 

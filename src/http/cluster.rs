@@ -116,7 +116,7 @@ pub async fn internal_execute(
     let entry = app.registry.get_any(&inv.tool_id);
     // Defence in depth: the claimer gated it, and the owner gates it again before acting.
     if let Some(entry) = &entry
-        && let Err(e) = app.harness.gate(&inv, entry).await
+        && let Err(e) = app.harness.gate(&inv, entry, None).await
     {
         return Ok(axum::Json(ExecuteAnswer::Err(e)));
     }

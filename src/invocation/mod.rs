@@ -17,7 +17,7 @@ use crate::availability::AvailabilityContext;
 use crate::error::{Error, ErrorCode};
 use crate::exposure::Exposure;
 use crate::exposure::ladder::{self, Blocked};
-use crate::harness::Harness;
+use crate::harness::{Handoff, Harness};
 use crate::ids;
 use crate::registry::{PrepareContext, Registry, ToolError};
 use crate::state::InvocationStatus;
@@ -259,7 +259,11 @@ pub async fn freeze(
     match stage.store.freeze_and_claim(&new, claim).await? {
         FreezeOutcome::Created(row, approval_id) => {
             match row.status {
-                InvocationStatus::Running => stage.harness.start_claimed(Some(row.clone()), workspace, slot),
+                InvocationStatus::Running => stage.harness.start_claimed(
+                    Some(row.clone()),
+                    Handoff { prepared_in: workspace, granted: None },
+                    slot,
+                ),
                 InvocationStatus::Queued => stage.harness.wake(),
                 _ => {}
             }

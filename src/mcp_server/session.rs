@@ -380,7 +380,10 @@ impl Session {
                 )
                 .await
                 {
-                    Ok((_, claimed)) => self.app.harness.start_claimed(claimed, None, slot),
+                    Ok((granted, claimed)) => {
+                        let handoff = crate::harness::Handoff { prepared_in: None, granted: Some(granted) };
+                        self.app.harness.start_claimed(claimed, handoff, slot);
+                    }
                     // Decided meanwhile (in the page) or expired: the wait reads what happened.
                     Err(e) => tracing::info!(approval = approval_id, error = %e, "grant through elicitation refused"),
                 }

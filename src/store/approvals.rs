@@ -233,7 +233,7 @@ impl Store {
         id: &str,
         triple: &GrantRequest<'_>,
     ) -> StoreResult<DecideOutcome> {
-        Ok(self.grant_and_claim(who, id, triple, None).await?.0)
+        Ok(self.grant_and_claim(who, id, triple, None, None).await?.0)
     }
 
     /// [`Store::grant_approval`], and with `claim` the granted invocation is claimed in the
@@ -241,13 +241,17 @@ impl Store {
     /// `execution.started` after `approval.granted`) and returned, instead of being queued for
     /// whichever harness claims next: a grant's call starts without a second transaction.
     /// The claim needs nothing more than the grant did (the grant's own conditions are those
-    /// [`Store::claim_batch`] checks).
+    /// [`Store::claim_batch`] checks). `pending`: the approval as the caller read it just
+    /// before, still pending; when the grant succeeds the answer is that row with this
+    /// decision applied (a pending approval changes only by a decision, which this one
+    /// excludes), not a read after the commit.
     pub async fn grant_and_claim(
         &self,
         who: &Decider<'_>,
         id: &str,
         triple: &GrantRequest<'_>,
         claim: Option<HarnessClaim<'_>>,
+        pending: Option<&ApprovalRow>,
     ) -> StoreResult<(DecideOutcome, Option<ClaimedInvocation>)> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
@@ -275,9 +279,11 @@ impl Store {
             drop(tx);
             return Ok((self.diagnose(&who.viewer(), id, Some(triple)).await?, None));
         };
+        // The invocation's status now, when this transaction set it.
+        let mut invocation_status = None;
         let claimed: Option<ClaimedInvocation> = match &claim {
             None => {
-                sqlx::query(
+                let queued = sqlx::query(
                     "UPDATE invocations SET status = 'queued', updated_at = $1
                      WHERE id = $2 AND status = 'awaiting_approval'",
                 )
@@ -285,6 +291,7 @@ impl Store {
                 .bind(&invocation_id)
                 .execute(tx.conn())
                 .await?;
+                invocation_status = (queued.rows_affected() == 1).then_some(InvocationStatus::Queued);
                 None
             }
             Some(claim) => {
@@ -313,25 +320,39 @@ impl Store {
             .execute(tx.conn())
             .await?;
         }
-        tx.append_event(
-            &run_id,
+        let mut events = vec![(
+            run_id.as_str(),
             EventKind::ApprovalGranted,
-            &json!({"approval_id": id, "invocation_id": invocation_id, "tool_id": triple.tool_id,
-                    "tool_call_id": triple.tool_call_id, "input_hash": triple.input_hash,
-                    "decided_by": who.user_id, "token_id": who.token_id, "decided_at": now,
-                    "requested_by": requester, "rule": rule}),
-        )
-        .await?;
+            json!({"approval_id": id, "invocation_id": invocation_id, "tool_id": triple.tool_id,
+                   "tool_call_id": triple.tool_call_id, "input_hash": triple.input_hash,
+                   "decided_by": who.user_id, "token_id": who.token_id, "decided_at": now,
+                   "requested_by": requester, "rule": rule}),
+        )];
         if let Some(row) = &claimed {
-            tx.append_event(
-                &run_id,
+            events.push((
+                run_id.as_str(),
                 EventKind::ExecutionStarted,
-                &json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
-            )
-            .await?;
+                json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
+            ));
         }
+        // Both in one go, last: the run's counter is locked only from here to the commit.
+        tx.append_events(&events).await?;
         tx.commit().await?;
-        Ok((self.decided(&who.viewer(), id).await?, claimed))
+        if claimed.is_some() {
+            invocation_status = Some(InvocationStatus::Running);
+        }
+        let decided = match (pending, invocation_status) {
+            (Some(row), Some(invocation_status)) if row.id == id => DecideOutcome::Decided(ApprovalRow {
+                status: ApprovalStatus::Granted,
+                decided_by: Some(who.user_id.to_owned()),
+                decided_token_id: Some(who.token_id.to_owned()),
+                decided_at: Some(now),
+                invocation_status,
+                ..row.clone()
+            }),
+            _ => self.decided(&who.viewer(), id).await?,
+        };
+        Ok((decided, claimed))
     }
 
     /// Denies pending approval `id`: its owner may (withdrawing the call, whatever the rule),

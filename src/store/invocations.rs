@@ -186,9 +186,6 @@ pub(crate) enum WriteOutcome {
     Finish(StoreResult<Option<Vec<String>>>),
 }
 
-/// An event to append, its run id owned.
-type NewEvent = (String, EventKind, serde_json::Value);
-
 /// Freezes written in a group transaction, before its commit.
 struct StagedFreezes {
     rows: Vec<InvocationRow>,
@@ -202,9 +199,8 @@ impl Store {
     /// already has `tool_call_id`, in which case the existing one is returned untouched.
     ///
     /// Concurrent freezes share one transaction (a group commit, see `store::group`), with
-    /// the execution results stored at the same time: one multi-row insert of the
-    /// invocations, one of their approval requests and one append of everyone's events, and
-    /// one commit, instead of one transaction each.
+    /// the execution results stored at the same time: one statement on Postgres, two
+    /// commands on SQLite ([`Store::write_group`]), instead of one transaction each.
     pub async fn freeze_invocation(&self, new: &NewInvocation) -> StoreResult<FreezeOutcome> {
         self.freeze_and_claim(new, None).await
     }
@@ -302,53 +298,25 @@ impl Store {
         }
     }
 
-    /// Writes `freezes` and `finishes` in one transaction whose last statement appends
-    /// everyone's events (so the runs' event counters are locked only from there to the
-    /// commit). One outcome per item, in order.
+    /// Writes `freezes` and `finishes` in one transaction — on Postgres one statement
+    /// ([`Store::write_group_in_one_statement`]), on SQLite two commands
+    /// ([`Store::write_group_in_two_commands`]) — whose events are appended last (so the runs'
+    /// event counters are locked only from there to the commit). One outcome per item, in
+    /// order.
     async fn write_group(
         &self,
         freezes: &[&PendingFreeze],
         finishes: &[&PendingFinish],
     ) -> StoreResult<(Vec<FreezeOutcome>, Vec<Option<Vec<String>>>)> {
-        if freezes.iter().all(|f| f.new.approval.is_none() && f.trace_parent.is_none()) {
-            return match self.backend {
-                Backend::Postgres => self.write_group_in_one_statement(freezes, finishes).await,
-                Backend::Sqlite => self.write_group_in_two_commands(freezes, finishes).await,
-            };
+        match self.backend {
+            Backend::Postgres => self.write_group_in_one_statement(freezes, finishes).await,
+            Backend::Sqlite => self.write_group_in_two_commands(freezes, finishes).await,
         }
-        let now = ids::now();
-        let started = std::time::Instant::now();
-        let mut tx = self.begin_write().await?;
-        let begun = started.elapsed();
-        let slot_wait = tx.slot_wait();
-        let mut events: Vec<NewEvent> = Vec::new();
-        let staged =
-            if freezes.is_empty() { None } else { Some(stage_freezes(&mut tx, freezes, &now, &mut events).await?) };
-        let finished =
-            if finishes.is_empty() { Vec::new() } else { stage_finishes(&mut tx, finishes, &now, &mut events).await? };
-        let appending = std::time::Instant::now();
-        tx.append_events(&events).await?;
-        let committing = std::time::Instant::now();
-        tx.commit().await?;
-        self.group_counters.record(&super::group::GroupTimes {
-            items: freezes.len() + finishes.len(),
-            total: started.elapsed(),
-            begin: begun,
-            slot_wait,
-            append: committing - appending,
-            commit: committing.elapsed(),
-        });
-        let frozen = match staged {
-            Some(staged) => self.freeze_outcomes(staged).await?,
-            None => Vec::new(),
-        };
-        Ok((frozen, finished))
     }
 
-    /// [`Store::write_group`] on Postgres when no freeze has an approval request or a trace
-    /// context (the hot path): one statement ([`GROUP_WRITE_POSTGRES`]) run outside an
-    /// explicit transaction, so the whole group — rows, evidence, events and commit — is one
-    /// round trip instead of six. Each event is written only when what it tells happened (its
+    /// [`Store::write_group`] on Postgres: one statement ([`GROUP_WRITE_POSTGRES`]) run
+    /// outside an explicit transaction, so the whole group — invocations with their approval
+    /// requests and trace contexts, results, evidence, events and commit — is one round trip. Each event is written only when what it tells happened (its
     /// invocation was inserted, its result's compare-and-set succeeded).
     async fn write_group_in_one_statement(
         &self,
@@ -358,9 +326,10 @@ impl Store {
         let now = ids::now();
         let started = std::time::Instant::now();
         let rows = invocation_rows(freezes, &now);
+        let approvals = new_approvals(freezes);
         let evidence_ids = new_evidence_ids(finishes);
         let evidence = evidence_rows(finishes, &evidence_ids);
-        let events = candidate_events(&rows, finishes, &evidence_ids)?;
+        let events = candidate_events(&rows, &approvals, finishes, &evidence_ids)?;
         let events_json = serde_json::Value::Array(
             events
                 .iter()
@@ -373,11 +342,12 @@ impl Store {
                 .collect(),
         );
         let answer: Vec<(String, String, i64)> = sqlx::query_as(GROUP_WRITE_POSTGRES)
-            .bind(invocations_json(&rows).to_string())
+            .bind(invocations_json(&rows, freezes).to_string())
             .bind(finishes_json(finishes).to_string())
             .bind(evidence_json(&evidence).to_string())
             .bind(events_json.to_string())
             .bind(&now)
+            .bind(approvals_json(&rows, &approvals).to_string())
             .fetch_all(self.pool())
             .await?;
         let total = started.elapsed();
@@ -420,22 +390,14 @@ impl Store {
             append: std::time::Duration::ZERO,
             commit: total,
         });
-        let created = rows.iter().map(|r| inserted.contains(&r.id)).collect();
-        let approval_ids = vec![None; rows.len()];
-        let frozen = self.freeze_outcomes(StagedFreezes { rows, created, approval_ids }).await?;
-        let finished = finishes
-            .iter()
-            .zip(evidence_ids)
-            .map(|(item, ids)| updated.contains(&item.inv.id).then_some(ids))
-            .collect();
-        Ok((frozen, finished))
+        self.group_outcomes(rows, &approvals, &inserted, &updated, finishes, evidence_ids).await
     }
 
-    /// [`Store::write_group`] on SQLite when no freeze has an approval request or a trace
-    /// context (the hot path): one transaction in two commands of several statements on the
-    /// store's own writer connection ([`super::SqliteWriteBatch`]), each one hand-off to the
-    /// connection's thread, instead of eight ([`GROUP_STAGE_SQLITE`]: `BEGIN IMMEDIATE`, the
-    /// invocations, the evidence, the results' compare-and-set and the runs' counters;
+    /// [`Store::write_group`] on SQLite: one transaction in two commands of several statements
+    /// on the store's own writer connection ([`super::SqliteWriteBatch`]), each one hand-off
+    /// to the connection's thread, instead of one per statement ([`GROUP_STAGE_SQLITE`]:
+    /// `BEGIN IMMEDIATE`, the invocations with their trace contexts and approval requests,
+    /// the evidence, the results' compare-and-set and the runs' counters;
     /// [`GROUP_EVENTS_SQLITE`]: the hash-chained events and the new counters, computed here in
     /// between, and `COMMIT`). On two busy cores each hand-off waits to be scheduled, and the
     /// writer is held meanwhile. Each event is written only when what it tells happened, as
@@ -447,9 +409,10 @@ impl Store {
     ) -> StoreResult<(Vec<FreezeOutcome>, Vec<Option<Vec<String>>>)> {
         let now = ids::now();
         let rows = invocation_rows(freezes, &now);
+        let approvals = new_approvals(freezes);
         let evidence_ids = new_evidence_ids(finishes);
         let evidence = evidence_rows(finishes, &evidence_ids);
-        let events = candidate_events(&rows, finishes, &evidence_ids)?;
+        let events = candidate_events(&rows, &approvals, finishes, &evidence_ids)?;
         let mut runs: Vec<&str> = events.iter().map(|e| e.0).collect();
         runs.sort_unstable();
         runs.dedup();
@@ -458,11 +421,12 @@ impl Store {
         let begun = started.elapsed();
         let slot_wait = batch.slot_wait();
         let staged: Vec<(String, String, i64, Option<String>)> = sqlx::query_as(GROUP_STAGE_SQLITE)
-            .bind(invocations_json(&rows).to_string())
+            .bind(invocations_json(&rows, freezes).to_string())
             .bind(finishes_json(finishes).to_string())
             .bind(evidence_json(&evidence).to_string())
             .bind(&now)
             .bind(serde_json::to_string(&runs)?)
+            .bind(approvals_json(&rows, &approvals).to_string())
             .fetch_all(batch.conn()?)
             .await?;
         let mut inserted = std::collections::HashSet::new();
@@ -520,8 +484,24 @@ impl Store {
             append: appending.elapsed(),
             commit: std::time::Duration::ZERO,
         });
+        self.group_outcomes(rows, &approvals, &inserted, &updated, finishes, evidence_ids).await
+    }
+
+    /// The outcomes of a group ([`Store::write_group_in_one_statement`],
+    /// [`Store::write_group_in_two_commands`]): a freeze whose row id is in `inserted` was
+    /// created (with its approval request's id from `approvals`), a result whose invocation id
+    /// is in `updated` won its compare-and-set and keeps its `evidence_ids`.
+    async fn group_outcomes(
+        &self,
+        rows: Vec<InvocationRow>,
+        approvals: &[Option<(String, &ApprovalRequest)>],
+        inserted: &std::collections::HashSet<String>,
+        updated: &std::collections::HashSet<String>,
+        finishes: &[&PendingFinish],
+        evidence_ids: Vec<Vec<String>>,
+    ) -> StoreResult<(Vec<FreezeOutcome>, Vec<Option<Vec<String>>>)> {
         let created = rows.iter().map(|r| inserted.contains(&r.id)).collect();
-        let approval_ids = vec![None; rows.len()];
+        let approval_ids = approvals.iter().map(|a| a.as_ref().map(|(id, _)| id.clone())).collect();
         let frozen = self.freeze_outcomes(StagedFreezes { rows, created, approval_ids }).await?;
         let finished = finishes
             .iter()
@@ -578,17 +558,26 @@ fn evidence_rows<'a>(
 /// succeeded (a result's).
 type CandidateEvent<'a> = (&'a str, EventKind, serde_json::Value, &'a str, bool);
 
-/// Every event a group of `rows` (its freezes) and `finishes` may write, in append order:
-/// the freezes' first.
+/// Every event a group of `rows` (its freezes, with their `approvals`) and `finishes` may
+/// write, in append order: the freezes' first, each with its approval request's.
 fn candidate_events<'a>(
     rows: &'a [InvocationRow],
+    approvals: &[Option<(String, &ApprovalRequest)>],
     finishes: &[&'a PendingFinish],
     evidence_ids: &[Vec<String>],
 ) -> StoreResult<Vec<CandidateEvent<'a>>> {
     let mut events = Vec::new();
-    for row in rows {
+    for (row, approval) in rows.iter().zip(approvals) {
         for (kind, data) in frozen_events(row)? {
             events.push((row.run_id.as_str(), kind, data, row.id.as_str(), true));
+        }
+        if let Some((id, request)) = approval {
+            let data = json!({
+                "approval_id": id, "invocation_id": row.id, "tool_id": row.tool_id,
+                "tool_call_id": row.tool_call_id, "input_hash": row.input_hash,
+                "expires_at": request.expires_at, "rule": request.rule.as_str(), "rule_domain": request.rule_domain,
+            });
+            events.push((row.run_id.as_str(), EventKind::ApprovalRequested, data, row.id.as_str(), true));
         }
     }
     for (item, ids) in finishes.iter().zip(evidence_ids) {
@@ -637,184 +626,49 @@ fn invocation_rows(items: &[&PendingFreeze], now: &str) -> Vec<InvocationRow> {
         .collect()
 }
 
-/// `rows` as the JSON array the Postgres statements read (`ord` = position).
-fn invocations_json(rows: &[InvocationRow]) -> serde_json::Value {
+/// `rows` as the JSON array the group statements read (`ord` = position), each with the
+/// trace context of its freeze in `freezes` (`trace_parent`, null while traces are not
+/// exported).
+fn invocations_json(rows: &[InvocationRow], freezes: &[&PendingFreeze]) -> serde_json::Value {
     serde_json::Value::Array(
         rows.iter()
+            .zip(freezes)
             .enumerate()
-            .map(|(ord, row)| {
+            .map(|(ord, (row, item))| {
                 json!({
                     "id": row.id, "run_id": row.run_id, "turn_id": row.turn_id, "owner_id": row.owner_id,
                     "tool_id": row.tool_id, "tool_call_id": row.tool_call_id, "input": row.input,
                     "input_hash": row.input_hash, "approval_required": i64::from(row.approval_required),
                     "status": row.status.as_str(), "claimed_by": row.claimed_by, "lease_until": row.lease_until,
-                    "started_at": row.started_at, "ord": ord,
+                    "started_at": row.started_at, "ord": ord, "trace_parent": item.trace_parent,
                 })
             })
             .collect(),
     )
 }
 
-/// Inserts the invocations of `items` (with their traces and approval requests) in `tx` and
-/// adds their events to `events`. A call id its run already has (or that an earlier item
-/// took) is left alone (`ON CONFLICT DO NOTHING`).
-async fn stage_freezes(
-    tx: &mut WriteTx,
-    items: &[&PendingFreeze],
-    now: &str,
-    events: &mut Vec<NewEvent>,
-) -> StoreResult<StagedFreezes> {
-    let rows = invocation_rows(items, now);
-    let inserted: Vec<String> = if tx.backend == Backend::Postgres {
-        let rows = invocations_json(&rows);
-        sqlx::query_scalar(INSERT_INVOCATIONS_POSTGRES).bind(rows.to_string()).bind(now).fetch_all(tx.conn()).await?
-    } else {
-        let mut sql = String::from(
-            "INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
-                approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at) VALUES ",
-        );
-        sql.push_str(&value_rows(rows.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, $S, $S)"));
-        sql.push_str(" ON CONFLICT DO NOTHING RETURNING id");
-        let mut insert = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
-        for row in &rows {
-            insert = insert
-                .bind(&row.id)
-                .bind(&row.run_id)
-                .bind(&row.turn_id)
-                .bind(&row.owner_id)
-                .bind(&row.tool_id)
-                .bind(&row.tool_call_id)
-                .bind(&row.input)
-                .bind(&row.input_hash)
-                .bind(i64::from(row.approval_required))
-                .bind(row.status)
-                .bind(&row.claimed_by)
-                .bind(&row.lease_until)
-                .bind(&row.started_at);
-        }
-        insert.bind(now).fetch_all(tx.conn()).await?
-    };
-    let created: Vec<bool> = rows.iter().map(|r| inserted.contains(&r.id)).collect();
-    // While traces are exported: each freeze request's trace, for the execution span.
-    for ((row, item), _) in rows.iter().zip(items).zip(&created).filter(|(_, c)| **c) {
-        if let Some(traceparent) = &item.trace_parent {
-            sqlx::query("INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)")
-                .bind(&row.id)
-                .bind(traceparent)
-                .execute(tx.conn())
-                .await?;
-        }
-    }
-    let mut approval_ids: Vec<Option<String>> = vec![None; rows.len()];
-    let mut approvals = Vec::new();
-    for (i, (row, item)) in rows.iter().zip(items).enumerate() {
-        if !created[i] {
-            continue;
-        }
-        for (kind, data) in frozen_events(row)? {
-            events.push((row.run_id.clone(), kind, data));
-        }
-        if let Some(request) = &item.new.approval {
-            let id = ids::new_id("apr");
-            events.push((
-                row.run_id.clone(),
-                EventKind::ApprovalRequested,
-                json!({
-                    "approval_id": id, "invocation_id": row.id, "tool_id": row.tool_id,
-                    "tool_call_id": row.tool_call_id, "input_hash": row.input_hash,
-                    "expires_at": request.expires_at, "rule": request.rule.as_str(), "rule_domain": request.rule_domain,
-                }),
-            ));
-            approvals.push((id.clone(), row, request));
-            approval_ids[i] = Some(id);
-        }
-    }
-    if !approvals.is_empty() {
-        let mut sql = String::from(
-            "INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash,
-                status, preview, expires_at, created_at, rule, rule_domain) VALUES ",
-        );
-        sql.push_str(&value_rows(approvals.len(), "(?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, $S, ?, ?)"));
-        let mut insert = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (id, row, request) in &approvals {
-            insert = insert
-                .bind(id)
-                .bind(&row.id)
-                .bind(&row.run_id)
-                .bind(&row.owner_id)
-                .bind(&row.tool_id)
-                .bind(&row.tool_call_id)
-                .bind(&row.input_hash)
-                .bind(request.preview.to_string())
-                .bind(&request.expires_at)
-                .bind(request.rule.as_str())
-                .bind(request.rule_domain.as_deref());
-        }
-        insert.bind(now).execute(tx.conn()).await?;
-    }
-    Ok(StagedFreezes { rows, created, approval_ids })
+/// Per freeze: a new approval request id and the request, when the freeze asks for one.
+fn new_approvals<'a>(freezes: &[&'a PendingFreeze]) -> Vec<Option<(String, &'a ApprovalRequest)>> {
+    freezes.iter().map(|f| f.new.approval.as_ref().map(|request| (ids::new_id("apr"), request))).collect()
 }
 
-/// Stores the results of `items` in `tx` — one compare-and-set update of every invocation
-/// (`running` under its claimer), one insert of the evidence of those that were updated —
-/// and adds their events to `events`. One outcome per item, in order (None: the claim was
-/// lost, nothing written for it).
-async fn stage_finishes(
-    tx: &mut WriteTx,
-    items: &[&PendingFinish],
-    now: &str,
-    events: &mut Vec<NewEvent>,
-) -> StoreResult<Vec<Option<Vec<String>>>> {
-    // Each invocation's new status and result and its claimer.
-    let updated: Vec<String> = if tx.backend == Backend::Postgres {
-        sqlx::query_scalar(FINISH_INVOCATIONS_POSTGRES)
-            .bind(finishes_json(items).to_string())
-            .bind(now)
-            .fetch_all(tx.conn())
-            .await?
-    } else {
-        let values = value_rows(items.len(), "(?, ?, ?, ?)");
-        let now_param = items.len() * 4 + 1;
-        let sql = format!(
-            "WITH v (id, status, result, node) AS (VALUES {values})
-             UPDATE invocations SET status = (SELECT v.status FROM v WHERE v.id = invocations.id),
-                 result = (SELECT v.result FROM v WHERE v.id = invocations.id),
-                 finished_at = ${now_param}, updated_at = ${now_param}, lease_until = NULL
-             WHERE id IN (SELECT v.id FROM v) AND status = 'running'
-               AND claimed_by = (SELECT v.node FROM v WHERE v.id = invocations.id)
-             RETURNING id"
-        );
-        let mut update = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql));
-        for item in items {
-            update =
-                update.bind(&item.inv.id).bind(item.status.status()).bind(item.result.to_string()).bind(&item.node_id);
-        }
-        update.bind(now).fetch_all(tx.conn()).await?
-    };
-    if updated.is_empty() {
-        return Ok(vec![None; items.len()]);
-    }
-    let mut outcomes: Vec<Option<Vec<String>>> = Vec::with_capacity(items.len());
-    let mut evidence = Vec::new();
-    for item in items {
-        if !updated.contains(&item.inv.id) {
-            outcomes.push(None);
-            continue;
-        }
-        let ids: Vec<String> = item.evidence.iter().map(|_| ids::new_id("evd")).collect();
-        for (id, draft) in ids.iter().zip(&item.evidence) {
-            evidence.push((id.clone(), &item.inv, draft));
-        }
-        outcomes.push(Some(ids));
-    }
-    insert_evidence_rows(tx, &evidence, now).await?;
-    for (item, evidence_ids) in items.iter().zip(&outcomes) {
-        let Some(evidence_ids) = evidence_ids else { continue };
-        for (kind, data) in finished_events(item, evidence_ids) {
-            events.push((item.inv.run_id.clone(), kind, data));
-        }
-    }
-    Ok(outcomes)
+/// The approval requests of `rows` as the JSON array the group statements read (a request is
+/// inserted only when its invocation is).
+fn approvals_json(rows: &[InvocationRow], approvals: &[Option<(String, &ApprovalRequest)>]) -> serde_json::Value {
+    serde_json::Value::Array(
+        rows.iter()
+            .zip(approvals)
+            .filter_map(|(row, approval)| {
+                let (id, request) = approval.as_ref()?;
+                Some(json!({
+                    "id": id, "invocation_id": row.id, "run_id": row.run_id, "owner_id": row.owner_id,
+                    "tool_id": row.tool_id, "tool_call_id": row.tool_call_id, "input_hash": row.input_hash,
+                    "preview": request.preview.to_string(), "expires_at": request.expires_at,
+                    "rule": request.rule.as_str(), "rule_domain": request.rule_domain,
+                }))
+            })
+            .collect(),
+    )
 }
 
 /// The events of a new invocation `row`, its approval request's aside: `invocation.frozen`,
@@ -1271,12 +1125,17 @@ impl Store {
 }
 
 /// A whole group commit on Postgres in one statement (see
-/// `Store::write_group_in_one_statement`). `$1` the new invocations (as
-/// [`INSERT_INVOCATIONS_POSTGRES`]), `$2` the results (as [`FINISH_INVOCATIONS_POSTGRES`]),
-/// `$3` their evidence (as [`INSERT_EVIDENCE_POSTGRES`]), `$4` every event that may be written
+/// `Store::write_group_in_one_statement`). `$1` the new invocations (as `invocations_json`:
+/// `ord` = position in the batch, an earlier freeze of the batch takes a call id first; rows
+/// go in in (run, call id) order, so two groups that both carry a replay of the same two
+/// calls wait for each other in one direction only), `$2` the results (`{id, status, result,
+/// node}`: a compare-and-set of each invocation `running` under its claimer), `$3` their
+/// evidence (as [`INSERT_EVIDENCE_POSTGRES`]), `$4` every event that may be written
 /// (`run_id`, `type`, `data`, `ord`, and `inv`/`src`: the invocation it tells of and whether
-/// it was inserted (`f`) or updated (`r`) here), `$5` the time. Evidence and events are
-/// written only for invocations inserted or updated by this statement; the runs' counters
+/// it was inserted (`f`) or updated (`r`) here), `$5` the time, `$6` the approval requests
+/// (as `approvals_json`). Trace contexts, approval requests and the freezes' events are
+/// written only for invocations this statement inserted, evidence and the results' events
+/// only for those it updated; the runs' counters
 /// are locked in one fixed order (advisory locks, as `APPEND_EVENTS_POSTGRES` in the store
 /// module) and each run's events numbered in `ord` order below its new
 /// last id, as [`crate::store::WriteTx::append_events`] does, hash-chained the same way
@@ -1291,13 +1150,23 @@ impl Store {
 const GROUP_WRITE_POSTGRES: &str = "\
 WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text,
                 tool_id text, tool_call_id text, input text, input_hash text, approval_required bigint, status text,
-                claimed_by text, lease_until text, started_at text, ord bigint)),
+                claimed_by text, lease_until text, started_at text, ord bigint, trace_parent text)),
      ins AS (INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
                  approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at)
              SELECT id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash, approval_required,
                  status, claimed_by, lease_until, started_at, $5, $5
              FROM fz ORDER BY run_id, tool_call_id, ord
              ON CONFLICT DO NOTHING RETURNING id),
+     trc AS (INSERT INTO invocation_traces (invocation_id, trace_parent)
+             SELECT id, trace_parent FROM fz WHERE trace_parent IS NOT NULL AND id IN (SELECT id FROM ins)),
+     apr AS (INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash, status,
+                 preview, expires_at, created_at, rule, rule_domain)
+             SELECT x.id, x.invocation_id, x.run_id, x.owner_id, x.tool_id, x.tool_call_id, x.input_hash, 'pending',
+                 x.preview, x.expires_at, $5, x.rule, x.rule_domain
+             FROM json_to_recordset($6::json) AS x(id text, invocation_id text, run_id text, owner_id text,
+                 tool_id text, tool_call_id text, input_hash text, preview text, expires_at text, rule text,
+                 rule_domain text)
+             WHERE x.invocation_id IN (SELECT id FROM ins)),
      fv AS (SELECT x.* FROM json_to_recordset($2::json) AS x(id text, status text, result text, node text)),
      upd AS (UPDATE invocations SET status = fv.status, result = fv.result, finished_at = $5, updated_at = $5,
                  lease_until = NULL
@@ -1335,10 +1204,13 @@ UNION ALL SELECT 'u', id, 0 FROM upd
 UNION ALL SELECT 'c', id, event_seq FROM c";
 
 /// The first command of a group on SQLite ([`Store::write_group_in_two_commands`]), which
-/// begins its transaction (`BEGIN IMMEDIATE`): `$1` the new invocations (as [`invocations_json`]; a call id
-/// the run has already, or an earlier row of the batch took, is left alone), `$2` the
-/// results (as [`finishes_json`]), `$3` their evidence (as [`evidence_json`]), `$4` the time,
-/// `$5` a JSON array of the ids of the runs the group may append to. A result's evidence is
+/// begins its transaction (`BEGIN IMMEDIATE`): `$1` the new invocations (as
+/// [`invocations_json`]; a call id the run has already, or an earlier row of the batch took,
+/// is left alone), `$2` the results (as [`finishes_json`]), `$3` their evidence (as
+/// [`evidence_json`]), `$4` the time, `$5` a JSON array of the ids of the runs the group may
+/// append to, `$6` the approval requests (as [`approvals_json`]). A trace context or an
+/// approval request is inserted only with its invocation (its new id exists only if this
+/// command inserted it). A result's evidence is
 /// inserted, and its invocation updated, only when the invocation is still `running` under
 /// the result's node (the compare-and-set; the evidence is checked first, the update then
 /// makes it false; the unary `+` on `status` keeps the planner from scanning every running
@@ -1354,6 +1226,15 @@ SELECT x.value ->> 'id', x.value ->> 'run_id', x.value ->> 'turn_id', x.value ->
     x.value ->> 'status', x.value ->> 'claimed_by', x.value ->> 'lease_until', x.value ->> 'started_at', $4, $4
 FROM json_each($1) AS x WHERE true ORDER BY x.key
 ON CONFLICT DO NOTHING RETURNING 'i', id, 0, NULL;
+INSERT INTO invocation_traces (invocation_id, trace_parent)
+SELECT x.value ->> 'id', x.value ->> 'trace_parent' FROM json_each($1) AS x
+WHERE x.value ->> 'trace_parent' IS NOT NULL AND EXISTS (SELECT 1 FROM invocations AS i WHERE i.id = x.value ->> 'id');
+INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash, status, preview,
+    expires_at, created_at, rule, rule_domain)
+SELECT a.value ->> 'id', a.value ->> 'invocation_id', a.value ->> 'run_id', a.value ->> 'owner_id',
+    a.value ->> 'tool_id', a.value ->> 'tool_call_id', a.value ->> 'input_hash', 'pending', a.value ->> 'preview',
+    a.value ->> 'expires_at', $4, a.value ->> 'rule', a.value ->> 'rule_domain'
+FROM json_each($6) AS a WHERE EXISTS (SELECT 1 FROM invocations AS i WHERE i.id = a.value ->> 'invocation_id');
 INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256, excerpt,
     created_at)
 SELECT e.value ->> 'id', e.value ->> 'run_id', e.value ->> 'invocation_id', e.value ->> 'owner_id',
@@ -1382,36 +1263,6 @@ FROM json_each($1) AS e;
 UPDATE runs SET event_seq = c.value ->> 'seq', last_hash = c.value ->> 'hash'
 FROM json_each($2) AS c WHERE runs.id = c.value ->> 'id';
 COMMIT";
-
-/// The group commit's invocation insert on Postgres: `$1` a JSON array of the rows (`ord` =
-/// position in the batch: an earlier freeze of the batch takes a call id first), `$2` the
-/// time. Rows go in in (run, call id) order, so two group transactions that both carry a
-/// replay of the same two calls wait for each other in one direction only, never in a cycle. One statement text whatever the batch size, so each connection prepares it once
-/// (a multi-row `VALUES` is a new statement for every batch size: one more round trip, and
-/// planning, per transaction).
-const INSERT_INVOCATIONS_POSTGRES: &str = "\
-INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
-    approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at)
-SELECT x.id, x.run_id, x.turn_id, x.owner_id, x.tool_id, x.tool_call_id, x.input, x.input_hash,
-    x.approval_required, x.status, x.claimed_by, x.lease_until, x.started_at, $2, $2
-FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text, tool_id text,
-    tool_call_id text, input text, input_hash text, approval_required bigint, status text, claimed_by text,
-    lease_until text, started_at text, ord bigint)
-ORDER BY x.run_id, x.tool_call_id, x.ord
-ON CONFLICT DO NOTHING RETURNING id";
-
-/// The group commit's results on Postgres: a compare-and-set of each invocation (`running`
-/// under its claimer) to its final status and result. `$1` a JSON array of
-/// `{id, status, result, node}`, `$2` the time. Rows are found by id, as in
-/// [`GROUP_WRITE_POSTGRES`].
-const FINISH_INVOCATIONS_POSTGRES: &str = "\
-WITH v AS (SELECT x.id, x.status, x.result, x.node
-           FROM json_to_recordset($1::json) AS x(id text, status text, result text, node text))
-UPDATE invocations SET status = v.status, result = v.result, finished_at = $2, updated_at = $2, lease_until = NULL
-FROM v
-WHERE invocations.id = ANY(ARRAY(SELECT id FROM v)) AND invocations.id = v.id
-  AND invocations.status = 'running' AND invocations.claimed_by = v.node
-RETURNING invocations.id";
 
 /// The evidence insert on Postgres: `$1` a JSON array of the rows, `$2` the time.
 const INSERT_EVIDENCE_POSTGRES: &str = "\

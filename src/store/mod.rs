@@ -165,7 +165,7 @@ pub struct Store {
     /// a write never waits for a connection behind reads, and its statement cache holds the
     /// write statements. It checkpoints nothing itself ([`checkpoint::Checkpointer`]).
     sqlite_write_pool: Option<AnyPool>,
-    /// SQLite: the writer connection of the group commit's hot path ([`SqliteWriteBatch`]),
+    /// SQLite: the writer connection of the group commit ([`SqliteWriteBatch`]),
     /// kept out of the pool; used only under the writer slot.
     sqlite_batch_conn: Arc<tokio::sync::Mutex<Option<sqlx::AnyConnection>>>,
     /// SQLite: copies committed WAL frames into the database file after write transactions,
@@ -336,13 +336,12 @@ impl Store {
     pub async fn begin_write(&self) -> StoreResult<WriteTx> {
         let (tx, writer) = match self.backend {
             Backend::Sqlite => {
-                let (writer, waited) = self.sqlite_writer.acquire().await;
+                let (writer, _) = self.sqlite_writer.acquire().await;
                 let pool = self.sqlite_write_pool.as_ref().unwrap_or(&self.pool);
-                (pool.begin_with("BEGIN IMMEDIATE").await?, Some((writer, waited)))
+                (pool.begin_with("BEGIN IMMEDIATE").await?, Some(writer))
             }
             Backend::Postgres => (self.pool.begin().await?, None),
         };
-        let slot_wait = writer.as_ref().map_or(Duration::ZERO, |(_, waited)| *waited);
         Ok(WriteTx {
             tx,
             backend: self.backend,
@@ -350,8 +349,7 @@ impl Store {
             bus: self.bus.clone(),
             notifier: self.notifier.clone(),
             checkpointer: self.checkpointer.clone(),
-            slot_wait,
-            _writer: writer.map(|(hold, _)| hold),
+            _writer: writer,
         })
     }
 
@@ -475,7 +473,7 @@ SELECT id, event_seq FROM c";
 /// SQLite: a write transaction on the writer connection, under the writer slot, whose
 /// `BEGIN IMMEDIATE` and `COMMIT` travel in the same commands as its first and last
 /// statements — two hand-offs to the connection's thread fewer than a [`WriteTx`] (for the
-/// group commit's hot path, `Store::write_group_in_two_commands`). The caller broadcasts
+/// group commit, `Store::write_group_in_two_commands`). The caller broadcasts
 /// what it appended ([`Store::publish_committed`]) after [`SqliteWriteBatch::committed`].
 /// Its connection is the store's own for these batches, kept out of the writer pool. Dropped
 /// before [`SqliteWriteBatch::committed`] (a statement failed, or the commit did), the
@@ -531,19 +529,12 @@ pub struct WriteTx {
     notifier: Option<notify::Notifier>,
     /// SQLite: told of every commit ([`checkpoint::Checkpointer::committed`]).
     checkpointer: Option<Arc<checkpoint::Checkpointer>>,
-    /// SQLite: how long this transaction waited for the writer slot.
-    slot_wait: Duration,
     /// SQLite: this process's writer slot ([`writer`]), released after the transaction
     /// (declared last: dropped after `tx`).
     _writer: Option<writer::WriterHold>,
 }
 
 impl WriteTx {
-    /// SQLite: how long this transaction waited for the writer slot (zero on Postgres).
-    pub(crate) fn slot_wait(&self) -> Duration {
-        self.slot_wait
-    }
-
     /// Appends an event to `run_id`'s log and returns its id (monotonic per run). The per-run
     /// counter row is locked by the update, so concurrent appends to one run serialize and
     /// commit in id order.
@@ -598,7 +589,7 @@ impl WriteTx {
 
     /// Appends several events in one go and returns their ids in the order given. Ids stay
     /// monotonic per run and gapless; events of one run get consecutive ids in the order
-    /// given. For the hot paths (a group of freezes and results, a batch of claims), where
+    /// given. For a batch of claims, where
     /// [`WriteTx::append_event`] would cost two round trips per event.
     ///
     /// Make it the transaction's last statement: it locks the counters of the events' runs

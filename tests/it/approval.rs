@@ -931,7 +931,7 @@ async fn every_gated_tool_is_refused_without_a_matching_grant(backend: Backend) 
             }
             let row = store.invocation_by_id(id).await.unwrap().unwrap();
             let entry = app.registry.get_any(tool).unwrap();
-            let err = app.harness.gate(&row, &entry).await.err();
+            let err = app.harness.gate(&row, &entry, None).await.err();
             assert_eq!(err.map(|e| e.code.as_str()), Some("approval_required"), "{tool} with a {state} approval");
         }
         app.harness.wake();
@@ -953,7 +953,7 @@ async fn every_gated_tool_is_refused_without_a_matching_grant(backend: Backend) 
             .await
             .unwrap();
         let row = store.invocation_by_id(id).await.unwrap().unwrap();
-        assert!(app.harness.gate(&row, &app.registry.get_any(tool).unwrap()).await.is_ok(), "{tool}");
+        assert!(app.harness.gate(&row, &app.registry.get_any(tool).unwrap(), None).await.is_ok(), "{tool}");
     }
     app.harness.wake();
     for (tool, id, _) in &held {

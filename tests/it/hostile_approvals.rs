@@ -304,7 +304,7 @@ async fn gate_refuses_a_self_granted_four_eyes_call(backend: Backend) {
         let now = f.t.get(&format!("/v1/invocations/{id}"), &f.alice.token).await;
         assert_eq!(now.body["status"], "queued", "claimed with a grant by {who}");
         let row = app.store.invocation_by_id(&id).await.unwrap().unwrap();
-        let err = app.harness.gate(&row, &entry).await.err();
+        let err = app.harness.gate(&row, &entry, None).await.err();
         assert_eq!(err.map(|e| e.code.as_str()), Some("four_eyes_required"), "granted by {who}");
     }
     // Forced past the claim too (approval_required cleared): the gate refuses at execution.
@@ -334,12 +334,52 @@ async fn gate_refuses_a_self_granted_four_eyes_call(backend: Backend) {
         .await
         .unwrap();
     let row = app.store.invocation_by_id(&ok_id).await.unwrap().unwrap();
-    assert!(app.harness.gate(&row, &entry).await.is_ok());
+    assert!(app.harness.gate(&row, &entry, None).await.is_ok());
     sqlx::query("UPDATE invocations SET status = 'queued' WHERE id = $1").bind(&ok_id).execute(&pool).await.unwrap();
     app.harness.wake();
     assert_eq!(f.t.wait_final(&f.alice.token, &ok_id).await["status"], "completed");
     assert!(f.ws().join("forced-ok.txt").exists());
     pool.close().await;
+}
+
+/// The approval a grant hands to its call's execution (instead of a second read) opens the
+/// gate only for that exact call: another call's granted approval makes the gate read the
+/// stored one (pending: refused), and a handed-over approval whose triple is not the call's
+/// is refused as a stored one would be. The grant's answer is the approval as stored.
+async fn gate_checks_a_handed_over_approval_like_a_stored_one(backend: Backend) {
+    let f = fx_with(backend, &[]).await;
+    let app = f.t.app();
+    let entry = app.registry.get_any("write_file").unwrap();
+    let a = f.frozen(&f.alice, "write_file", "handed-a", write("handed-a.txt")).await;
+    let b = f.frozen(&f.alice, "write_file", "handed-b", write("handed-b.txt")).await;
+    let granted = f.grant(&f.alice, &a).await;
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    let done = f.t.wait_final(&f.alice.token, &s(&a, "invocation_id")).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    // The answer built from the grant equals the stored approval, but for the invocation's
+    // status, which has moved on since.
+    let mut stored = f.approval(&f.alice, &a).await.body;
+    let mut answered = granted.body.clone();
+    for v in [&mut stored, &mut answered] {
+        v["invocation"].as_object_mut().unwrap().remove("status");
+    }
+    assert_eq!(answered, stored);
+    assert!(matches!(granted.body["invocation"]["status"].as_str(), Some("running" | "queued")), "{granted:?}");
+
+    let a_approval = app.store.approval_of_invocation(&s(&a, "invocation_id")).await.unwrap().unwrap();
+    let b_row = app.store.invocation_by_id(&s(&b, "invocation_id")).await.unwrap().unwrap();
+    let err = app.harness.gate(&b_row, &entry, Some(&a_approval)).await.err();
+    assert_eq!(err.map(|e| e.code.as_str()), Some("approval_required"), "another call's approval opened the gate");
+    // B's own approval, handed over as granted but with another input hash: refused.
+    let mut forged = app.store.approval_of_invocation(&b_row.id).await.unwrap().unwrap();
+    forged.status = mira::state::ApprovalStatus::Granted;
+    forged.input_hash = a_approval.input_hash.clone();
+    let err = app.harness.gate(&b_row, &entry, Some(&forged)).await.err();
+    assert_eq!(err.map(|e| e.code.as_str()), Some("approval_required"), "a handed-over triple went unchecked");
+    // Positive control: B's approval as granted, exact.
+    forged.input_hash = b_row.input_hash.clone();
+    assert!(app.harness.gate(&b_row, &entry, Some(&forged)).await.is_ok());
+    assert!(!f.ws().join("handed-b.txt").exists());
 }
 
 /// Reads `approvals` snapshots from an inbox stream until `n` arrived or `timeout` passed.
@@ -470,6 +510,7 @@ both_backends!(
     four_eyes_grant_needs_a_second_person,
     four_eyes_rule_is_fixed_when_the_call_is_frozen,
     gate_refuses_a_self_granted_four_eyes_call,
+    gate_checks_a_handed_over_approval_like_a_stored_one,
     approver_inbox_lists_others_four_eyes_approvals,
     approvers_are_created_by_cli_and_api,
 );

@@ -231,7 +231,7 @@ async fn a_grant_claims_for_the_granting_harness(backend: Backend) {
                 GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
             let node = format!("node{i}");
             let claim = mira::store::HarnessClaim { node_id: &node, lease_ms: 60_000 };
-            f.store.grant_and_claim(&dec(&f.user), &apr, &triple, Some(claim)).await.unwrap()
+            f.store.grant_and_claim(&dec(&f.user), &apr, &triple, Some(claim), None).await.unwrap()
         }));
     }
     let mut claimed = Vec::new();
