@@ -13,7 +13,7 @@
 use serde::Serialize;
 use serde_json::json;
 
-use super::{ClaimedInvocation, Store, StoreResult};
+use super::{Backend, ClaimedInvocation, InvocationRow, Store, StoreResult};
 use crate::events::EventKind;
 use crate::ids;
 use crate::state::{ApprovalRule, ApprovalStatus, InvocationStatus};
@@ -254,93 +254,17 @@ impl Store {
         pending: Option<&ApprovalRow>,
     ) -> StoreResult<(DecideOutcome, Option<ClaimedInvocation>)> {
         let now = ids::now();
-        let mut tx = self.begin_write().await?;
-        let granted: Option<(String, String, String, ApprovalRule)> = sqlx::query_as(
-            "UPDATE approvals SET status = 'granted', decided_by = $1, decided_token_id = $2, decided_at = $3
-             WHERE id = $4 AND status = 'pending' AND expires_at > $3
-               AND ((rule = 'self_approval' AND owner_id = $1) OR (rule = 'four_eyes' AND owner_id <> $1 AND $5 <> 0))
-               AND tool_id = $6 AND tool_call_id = $7 AND input_hash = $8
-               AND EXISTS (SELECT 1 FROM invocations i
-                           WHERE i.id = approvals.invocation_id AND i.status = 'awaiting_approval'
-                             AND i.tool_id = $6 AND i.tool_call_id = $7 AND i.input_hash = $8)
-             RETURNING invocation_id, run_id, owner_id, rule",
-        )
-        .bind(who.user_id)
-        .bind(who.token_id)
-        .bind(&now)
-        .bind(id)
-        .bind(i64::from(who.may_second))
-        .bind(triple.tool_id)
-        .bind(triple.tool_call_id)
-        .bind(triple.input_hash)
-        .fetch_optional(tx.conn())
-        .await?;
-        let Some((invocation_id, run_id, requester, rule)) = granted else {
-            drop(tx);
+        // While traces are exported: the grant request's trace becomes the execution's parent.
+        let traceparent = crate::telemetry::current_traceparent();
+        let claim = claim.map(|c| (c.node_id, ids::now_plus_ms(c.lease_ms)));
+        let grant = Grant { who, id, triple, claim, traceparent: traceparent.as_deref(), now: &now };
+        let outcome = match self.backend {
+            Backend::Sqlite => self.grant_in_two_commands(&grant).await?,
+            Backend::Postgres => self.grant_in_transaction(&grant).await?,
+        };
+        let Some((claimed, invocation_status)) = outcome else {
             return Ok((self.diagnose(&who.viewer(), id, Some(triple)).await?, None));
         };
-        // The invocation's status now, when this transaction set it.
-        let mut invocation_status = None;
-        let claimed: Option<ClaimedInvocation> = match &claim {
-            None => {
-                let queued = sqlx::query(
-                    "UPDATE invocations SET status = 'queued', updated_at = $1
-                     WHERE id = $2 AND status = 'awaiting_approval'",
-                )
-                .bind(&now)
-                .bind(&invocation_id)
-                .execute(tx.conn())
-                .await?;
-                invocation_status = (queued.rows_affected() == 1).then_some(InvocationStatus::Queued);
-                None
-            }
-            Some(claim) => {
-                sqlx::query_as(
-                    "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = $2, started_at = $3,
-                            updated_at = $3
-                     WHERE id = $4 AND status = 'awaiting_approval'
-                     RETURNING *",
-                )
-                .bind(claim.node_id)
-                .bind(ids::now_plus_ms(claim.lease_ms))
-                .bind(&now)
-                .bind(&invocation_id)
-                .fetch_optional(tx.conn())
-                .await?
-            }
-        };
-        // While traces are exported: the grant request's trace becomes the execution's parent.
-        if let Some(traceparent) = crate::telemetry::current_traceparent() {
-            sqlx::query(
-                "INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)
-                 ON CONFLICT (invocation_id) DO UPDATE SET trace_parent = excluded.trace_parent",
-            )
-            .bind(&invocation_id)
-            .bind(traceparent)
-            .execute(tx.conn())
-            .await?;
-        }
-        let mut events = vec![(
-            run_id.as_str(),
-            EventKind::ApprovalGranted,
-            json!({"approval_id": id, "invocation_id": invocation_id, "tool_id": triple.tool_id,
-                   "tool_call_id": triple.tool_call_id, "input_hash": triple.input_hash,
-                   "decided_by": who.user_id, "token_id": who.token_id, "decided_at": now,
-                   "requested_by": requester, "rule": rule}),
-        )];
-        if let Some(row) = &claimed {
-            events.push((
-                run_id.as_str(),
-                EventKind::ExecutionStarted,
-                json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
-            ));
-        }
-        // Both in one go, last: the run's counter is locked only from here to the commit.
-        tx.append_events(&events).await?;
-        tx.commit().await?;
-        if claimed.is_some() {
-            invocation_status = Some(InvocationStatus::Running);
-        }
         let decided = match (pending, invocation_status) {
             (Some(row), Some(invocation_status)) if row.id == id => DecideOutcome::Decided(ApprovalRow {
                 status: ApprovalStatus::Granted,
@@ -353,6 +277,126 @@ impl Store {
             _ => self.decided(&who.viewer(), id).await?,
         };
         Ok((decided, claimed))
+    }
+
+    /// [`Store::grant_and_claim`]'s writes on Postgres, in one transaction. None: nothing was
+    /// granted (rolled back). Else the claimed invocation and the invocation's status as this
+    /// transaction left it (None when it could not tell).
+    async fn grant_in_transaction(&self, grant: &Grant<'_>) -> StoreResult<GrantWritten> {
+        let Grant { who, id, triple, now, .. } = *grant;
+        let mut tx = self.begin_write().await?;
+        let granted: Option<(String, String, String, ApprovalRule)> = sqlx::query_as(GRANT_UPDATE)
+            .bind(who.user_id)
+            .bind(who.token_id)
+            .bind(now)
+            .bind(id)
+            .bind(i64::from(who.may_second))
+            .bind(triple.tool_id)
+            .bind(triple.tool_call_id)
+            .bind(triple.input_hash)
+            .fetch_optional(tx.conn())
+            .await?;
+        let Some((invocation_id, run_id, requester, rule)) = granted else {
+            return Ok(None);
+        };
+        // The invocation's status now, when this transaction set it.
+        let mut invocation_status = None;
+        let claimed: Option<ClaimedInvocation> = match &grant.claim {
+            None => {
+                let queued = sqlx::query(
+                    "UPDATE invocations SET status = 'queued', updated_at = $1
+                     WHERE id = $2 AND status = 'awaiting_approval'",
+                )
+                .bind(now)
+                .bind(&invocation_id)
+                .execute(tx.conn())
+                .await?;
+                invocation_status = (queued.rows_affected() == 1).then_some(InvocationStatus::Queued);
+                None
+            }
+            Some((node_id, lease_until)) => {
+                sqlx::query_as(
+                    "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = $2, started_at = $3,
+                            updated_at = $3
+                     WHERE id = $4 AND status = 'awaiting_approval'
+                     RETURNING *",
+                )
+                .bind(*node_id)
+                .bind(lease_until)
+                .bind(now)
+                .bind(&invocation_id)
+                .fetch_optional(tx.conn())
+                .await?
+            }
+        };
+        if let Some(traceparent) = grant.traceparent {
+            sqlx::query(TRACE_UPSERT).bind(&invocation_id).bind(traceparent).execute(tx.conn()).await?;
+        }
+        let events = grant.events(&run_id, &invocation_id, &requester, rule, claimed.as_ref());
+        // In one go, last: the run's counter is locked only from here to the commit.
+        tx.append_events(&events).await?;
+        tx.commit().await?;
+        if claimed.is_some() {
+            invocation_status = Some(InvocationStatus::Running);
+        }
+        Ok(Some((claimed, invocation_status)))
+    }
+
+    /// [`Store::grant_and_claim`]'s writes on SQLite: one transaction in two commands on the
+    /// group commit's writer connection ([`super::SqliteWriteBatch`]) — [`GRANT_SQLITE`]
+    /// (`BEGIN IMMEDIATE`, the grant, the claim or queueing, the run's event head), then the
+    /// events and `COMMIT` — instead of eight hand-offs to the connection's thread. Answers as
+    /// [`Store::grant_in_transaction`].
+    async fn grant_in_two_commands(&self, grant: &Grant<'_>) -> StoreResult<GrantWritten> {
+        use sqlx::Row;
+        let Grant { who, id, triple, now, .. } = *grant;
+        let mut batch = self.begin_sqlite_batch().await?;
+        let (node_id, lease_until) =
+            grant.claim.as_ref().map(|(n, l)| (Some(*n), Some(l.as_str()))).unwrap_or_default();
+        let rows = sqlx::query(GRANT_SQLITE)
+            .bind(who.user_id)
+            .bind(who.token_id)
+            .bind(now)
+            .bind(id)
+            .bind(i64::from(who.may_second))
+            .bind(triple.tool_id)
+            .bind(triple.tool_call_id)
+            .bind(triple.input_hash)
+            .bind(node_id)
+            .bind(lease_until)
+            .fetch_all(batch.conn()?)
+            .await?;
+        let mut granted = None;
+        let mut updated = None;
+        for row in &rows {
+            if row.columns().iter().any(|c| sqlx::Column::name(c) == "event_seq") {
+                let (invocation_id, run_id, requester, rule): (String, String, String, ApprovalRule) =
+                    (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
+                let head: (i64, Option<String>) = (row.try_get(4)?, row.try_get(5)?);
+                granted = Some((invocation_id, run_id, requester, rule, head));
+            } else {
+                updated = Some(<InvocationRow as sqlx::FromRow<'_, sqlx::any::AnyRow>>::from_row(row)?);
+            }
+        }
+        // Not granted: dropping the batch rolls back (the claim's update changed nothing:
+        // it needs the invocation still awaiting approval, which a grant never leaves).
+        let Some((invocation_id, run_id, requester, rule, (seq, hash))) = granted else {
+            return Ok(None);
+        };
+        let updated = updated.filter(|row| row.id == invocation_id);
+        let invocation_status = updated.as_ref().map(|row| row.status);
+        let claimed = updated.filter(|row| row.status == InvocationStatus::Running);
+        if let Some(traceparent) = grant.traceparent {
+            sqlx::query(TRACE_UPSERT).bind(&invocation_id).bind(traceparent).execute(batch.conn()?).await?;
+        }
+        let events = grant.events(&run_id, &invocation_id, &requester, rule, claimed.as_ref());
+        let mut heads = [(run_id.clone(), seq, hash.unwrap_or_else(|| mira_core::chain::GENESIS.to_owned()))];
+        let signals = batch
+            .append_and_commit(&mut heads, events.iter().map(|(run, kind, data)| (*run, *kind, data)), now)
+            .await?;
+        batch.committed();
+        self.publish_committed(signals);
+        Ok(Some((claimed, invocation_status)))
     }
 
     /// Denies pending approval `id`: its owner may (withdrawing the call, whatever the rule),
@@ -475,3 +519,90 @@ impl Store {
         Ok(count)
     }
 }
+
+/// One grant's inputs ([`Store::grant_and_claim`]): the claim as `(node id, lease until)`.
+struct Grant<'a> {
+    who: &'a Decider<'a>,
+    id: &'a str,
+    triple: &'a GrantRequest<'a>,
+    claim: Option<(&'a str, String)>,
+    traceparent: Option<&'a str>,
+    now: &'a str,
+}
+
+/// What a grant's writes did: None when nothing was granted; else the invocation claimed
+/// for this harness, and the invocation's status as the grant left it (None: unknown).
+type GrantWritten = Option<(Option<ClaimedInvocation>, Option<InvocationStatus>)>;
+
+impl Grant<'_> {
+    /// The events of a grant of the invocation `invocation_id` of `run_id`: `approval.granted`,
+    /// and `execution.started` when it was `claimed`.
+    fn events<'r>(
+        &self,
+        run_id: &'r str,
+        invocation_id: &str,
+        requester: &str,
+        rule: ApprovalRule,
+        claimed: Option<&ClaimedInvocation>,
+    ) -> Vec<(&'r str, EventKind, serde_json::Value)> {
+        let (who, triple) = (self.who, self.triple);
+        let mut events = vec![(
+            run_id,
+            EventKind::ApprovalGranted,
+            json!({"approval_id": self.id, "invocation_id": invocation_id, "tool_id": triple.tool_id,
+                   "tool_call_id": triple.tool_call_id, "input_hash": triple.input_hash,
+                   "decided_by": who.user_id, "token_id": who.token_id, "decided_at": self.now,
+                   "requested_by": requester, "rule": rule}),
+        )];
+        if let Some(row) = claimed {
+            events.push((
+                run_id,
+                EventKind::ExecutionStarted,
+                json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
+            ));
+        }
+        events
+    }
+}
+
+/// A grant's compare-and-set: `$1` the decider, `$2` their token, `$3` the time, `$4` the
+/// approval, `$5` 1 when the decider may second, `$6`–`$8` the echoed triple. It holds every
+/// rule: pending, not expired, the rule satisfied (self-approval by its owner, four-eyes by
+/// another who may second), the triple equal to the approval's copy and to the invocation,
+/// which still awaits approval.
+const GRANT_UPDATE: &str = "\
+UPDATE approvals SET status = 'granted', decided_by = $1, decided_token_id = $2, decided_at = $3
+WHERE id = $4 AND status = 'pending' AND expires_at > $3
+  AND ((rule = 'self_approval' AND owner_id = $1) OR (rule = 'four_eyes' AND owner_id <> $1 AND $5 <> 0))
+  AND tool_id = $6 AND tool_call_id = $7 AND input_hash = $8
+  AND EXISTS (SELECT 1 FROM invocations i
+              WHERE i.id = approvals.invocation_id AND i.status = 'awaiting_approval'
+                AND i.tool_id = $6 AND i.tool_call_id = $7 AND i.input_hash = $8)
+RETURNING invocation_id, run_id, owner_id, rule";
+
+/// The first command of a grant on SQLite ([`Store::grant_in_two_commands`]), which begins
+/// its transaction: [`GRANT_UPDATE`] answering also the run's last event id and hash, then
+/// the invocation — still awaiting approval, which it is only when this grant just granted
+/// it — claimed for `$9` with the lease `$10` (`running`), or `queued` when `$9` is null,
+/// answered whole.
+const GRANT_SQLITE: &str = "\
+BEGIN IMMEDIATE;
+UPDATE approvals SET status = 'granted', decided_by = $1, decided_token_id = $2, decided_at = $3
+WHERE id = $4 AND status = 'pending' AND expires_at > $3
+  AND ((rule = 'self_approval' AND owner_id = $1) OR (rule = 'four_eyes' AND owner_id <> $1 AND $5 <> 0))
+  AND tool_id = $6 AND tool_call_id = $7 AND input_hash = $8
+  AND EXISTS (SELECT 1 FROM invocations i
+              WHERE i.id = approvals.invocation_id AND i.status = 'awaiting_approval'
+                AND i.tool_id = $6 AND i.tool_call_id = $7 AND i.input_hash = $8)
+RETURNING invocation_id, run_id, owner_id, rule,
+    (SELECT event_seq FROM runs WHERE runs.id = approvals.run_id) AS event_seq,
+    (SELECT last_hash FROM runs WHERE runs.id = approvals.run_id) AS last_hash;
+UPDATE invocations SET status = CASE WHEN $9 IS NULL THEN 'queued' ELSE 'running' END, claimed_by = $9,
+    lease_until = $10, started_at = CASE WHEN $9 IS NULL THEN started_at ELSE $3 END, updated_at = $3
+WHERE id = (SELECT invocation_id FROM approvals WHERE id = $4 AND status = 'granted')
+  AND status = 'awaiting_approval'
+RETURNING *";
+
+/// Records the trace context `$2` of the request that made invocation `$1` runnable.
+const TRACE_UPSERT: &str = "INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)
+    ON CONFLICT (invocation_id) DO UPDATE SET trace_parent = excluded.trace_parent";

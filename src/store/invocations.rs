@@ -342,12 +342,13 @@ impl Store {
                 .collect(),
         );
         let answer: Vec<(String, String, i64)> = sqlx::query_as(GROUP_WRITE_POSTGRES)
-            .bind(invocations_json(&rows, freezes).to_string())
+            .bind(invocations_json(&rows).to_string())
             .bind(finishes_json(finishes).to_string())
             .bind(evidence_json(&evidence).to_string())
             .bind(events_json.to_string())
             .bind(&now)
             .bind(approvals_json(&rows, &approvals).to_string())
+            .bind(traces_json(&rows, freezes).to_string())
             .fetch_all(self.pool())
             .await?;
         let total = started.elapsed();
@@ -398,7 +399,7 @@ impl Store {
     /// to the connection's thread, instead of one per statement ([`GROUP_STAGE_SQLITE`]:
     /// `BEGIN IMMEDIATE`, the invocations with their trace contexts and approval requests,
     /// the evidence, the results' compare-and-set and the runs' counters;
-    /// [`GROUP_EVENTS_SQLITE`]: the hash-chained events and the new counters, computed here in
+    /// [`APPEND_AND_COMMIT_SQLITE`]: the hash-chained events and the new counters, computed here in
     /// between, and `COMMIT`). On two busy cores each hand-off waits to be scheduled, and the
     /// writer is held meanwhile. Each event is written only when what it tells happened, as
     /// on Postgres.
@@ -421,12 +422,13 @@ impl Store {
         let begun = started.elapsed();
         let slot_wait = batch.slot_wait();
         let staged: Vec<(String, String, i64, Option<String>)> = sqlx::query_as(GROUP_STAGE_SQLITE)
-            .bind(invocations_json(&rows, freezes).to_string())
+            .bind(invocations_json(&rows).to_string())
             .bind(finishes_json(finishes).to_string())
             .bind(evidence_json(&evidence).to_string())
             .bind(&now)
             .bind(serde_json::to_string(&runs)?)
             .bind(approvals_json(&rows, &approvals).to_string())
+            .bind(traces_json(&rows, freezes).to_string())
             .fetch_all(batch.conn()?)
             .await?;
         let mut inserted = std::collections::HashSet::new();
@@ -445,34 +447,14 @@ impl Store {
             }
         }
         let appending = std::time::Instant::now();
-        let mut rows_json = Vec::new();
-        let mut signals = Vec::new();
-        for (run_id, kind, data, inv, freeze) in events {
-            if !(if freeze { inserted.contains(inv) } else { updated.contains(inv) }) {
-                continue;
-            }
-            let head = heads.iter_mut().find(|h| h.0 == run_id).ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
-            let seq = head.1 + 1;
-            let content = chain::event_content_hash(run_id, kind.as_str(), &now, &data);
-            let hash = chain::event_link(&head.2, seq, &content);
-            let prev = std::mem::replace(&mut head.2, hash.clone());
-            head.1 = seq;
-            rows_json.push(json!({"run_id": run_id, "seq": seq, "type": kind.as_str(), "data": data.to_string(),
-                                  "content_hash": content, "prev_hash": prev, "hash": hash}));
-            signals.push(RunSignal { run_id: run_id.to_owned(), seq, kind });
-        }
-        if rows_json.is_empty() {
-            sqlx::query("COMMIT").execute(batch.conn()?).await?;
-        } else {
-            let counters: Vec<serde_json::Value> =
-                heads.iter().map(|(id, seq, hash)| json!({"id": id, "seq": seq, "hash": hash})).collect();
-            sqlx::query(GROUP_EVENTS_SQLITE)
-                .bind(serde_json::Value::Array(rows_json).to_string())
-                .bind(serde_json::Value::Array(counters).to_string())
-                .bind(&now)
-                .execute(batch.conn()?)
-                .await?;
-        }
+        let written = events.iter().filter(
+            |(_, _, _, inv, freeze)| {
+                if *freeze { inserted.contains(*inv) } else { updated.contains(*inv) }
+            },
+        );
+        let signals = batch
+            .append_and_commit(&mut heads, written.map(|(run, kind, data, _, _)| (*run, *kind, data)), &now)
+            .await?;
         batch.committed();
         self.publish_committed(signals);
         // The commit travels with the events: their phase holds both.
@@ -530,6 +512,48 @@ impl Store {
             outcomes.push(FreezeOutcome::Existing(existing, approval));
         }
         Ok(outcomes)
+    }
+}
+
+impl super::SqliteWriteBatch {
+    /// Appends `events` (`(run id, kind, data)`, in order), each chained after its run's head
+    /// in `heads` (`(run id, last event id, last hash)`, moved on as they are numbered), and
+    /// commits — one command ([`APPEND_AND_COMMIT_SQLITE`]; just `COMMIT` without events).
+    /// Returns their signals, for [`Store::publish_committed`] once
+    /// [`super::SqliteWriteBatch::committed`] is called. Errors: an event of a run not in
+    /// `heads`; the store's.
+    pub(crate) async fn append_and_commit<'e>(
+        &mut self,
+        heads: &mut [(String, i64, String)],
+        events: impl Iterator<Item = (&'e str, EventKind, &'e serde_json::Value)>,
+        now: &str,
+    ) -> StoreResult<Vec<RunSignal>> {
+        let mut rows = Vec::new();
+        let mut signals = Vec::new();
+        for (run_id, kind, data) in events {
+            let head = heads.iter_mut().find(|h| h.0 == run_id).ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
+            let seq = head.1 + 1;
+            let content = chain::event_content_hash(run_id, kind.as_str(), now, data);
+            let hash = chain::event_link(&head.2, seq, &content);
+            let prev = std::mem::replace(&mut head.2, hash.clone());
+            head.1 = seq;
+            rows.push(json!({"run_id": run_id, "seq": seq, "type": kind.as_str(), "data": data.to_string(),
+                             "content_hash": content, "prev_hash": prev, "hash": hash}));
+            signals.push(RunSignal { run_id: run_id.to_owned(), seq, kind });
+        }
+        if rows.is_empty() {
+            sqlx::query("COMMIT").execute(self.conn()?).await?;
+        } else {
+            let counters: Vec<serde_json::Value> =
+                heads.iter().map(|(id, seq, hash)| json!({"id": id, "seq": seq, "hash": hash})).collect();
+            sqlx::query(APPEND_AND_COMMIT_SQLITE)
+                .bind(serde_json::Value::Array(rows).to_string())
+                .bind(serde_json::Value::Array(counters).to_string())
+                .bind(now)
+                .execute(self.conn()?)
+                .await?;
+        }
+        Ok(signals)
     }
 }
 
@@ -626,23 +650,31 @@ fn invocation_rows(items: &[&PendingFreeze], now: &str) -> Vec<InvocationRow> {
         .collect()
 }
 
-/// `rows` as the JSON array the group statements read (`ord` = position), each with the
-/// trace context of its freeze in `freezes` (`trace_parent`, null while traces are not
-/// exported).
-fn invocations_json(rows: &[InvocationRow], freezes: &[&PendingFreeze]) -> serde_json::Value {
+/// `rows` as the JSON array the group statements read (`ord` = position).
+fn invocations_json(rows: &[InvocationRow]) -> serde_json::Value {
     serde_json::Value::Array(
         rows.iter()
-            .zip(freezes)
             .enumerate()
-            .map(|(ord, (row, item))| {
+            .map(|(ord, row)| {
                 json!({
                     "id": row.id, "run_id": row.run_id, "turn_id": row.turn_id, "owner_id": row.owner_id,
                     "tool_id": row.tool_id, "tool_call_id": row.tool_call_id, "input": row.input,
                     "input_hash": row.input_hash, "approval_required": i64::from(row.approval_required),
                     "status": row.status.as_str(), "claimed_by": row.claimed_by, "lease_until": row.lease_until,
-                    "started_at": row.started_at, "ord": ord, "trace_parent": item.trace_parent,
+                    "started_at": row.started_at, "ord": ord,
                 })
             })
+            .collect(),
+    )
+}
+
+/// The trace contexts of the freezes of `rows` (while traces are exported) as the JSON array
+/// the group statements read: `{id, trace_parent}` (empty when none has one).
+fn traces_json(rows: &[InvocationRow], freezes: &[&PendingFreeze]) -> serde_json::Value {
+    serde_json::Value::Array(
+        rows.iter()
+            .zip(freezes)
+            .filter_map(|(row, item)| Some(json!({"id": row.id, "trace_parent": item.trace_parent.as_deref()?})))
             .collect(),
     )
 }
@@ -1133,7 +1165,8 @@ impl Store {
 /// evidence (as [`INSERT_EVIDENCE_POSTGRES`]), `$4` every event that may be written
 /// (`run_id`, `type`, `data`, `ord`, and `inv`/`src`: the invocation it tells of and whether
 /// it was inserted (`f`) or updated (`r`) here), `$5` the time, `$6` the approval requests
-/// (as `approvals_json`). Trace contexts, approval requests and the freezes' events are
+/// (as `approvals_json`), `$7` the trace contexts (as `traces_json`; `$6` and `$7` are
+/// usually empty, and apart from `$1` so that its rows are read once). Trace contexts, approval requests and the freezes' events are
 /// written only for invocations this statement inserted, evidence and the results' events
 /// only for those it updated; the runs' counters
 /// are locked in one fixed order (advisory locks, as `APPEND_EVENTS_POSTGRES` in the store
@@ -1150,7 +1183,7 @@ impl Store {
 const GROUP_WRITE_POSTGRES: &str = "\
 WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text,
                 tool_id text, tool_call_id text, input text, input_hash text, approval_required bigint, status text,
-                claimed_by text, lease_until text, started_at text, ord bigint, trace_parent text)),
+                claimed_by text, lease_until text, started_at text, ord bigint)),
      ins AS (INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
                  approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at)
              SELECT id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash, approval_required,
@@ -1158,7 +1191,8 @@ WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id tex
              FROM fz ORDER BY run_id, tool_call_id, ord
              ON CONFLICT DO NOTHING RETURNING id),
      trc AS (INSERT INTO invocation_traces (invocation_id, trace_parent)
-             SELECT id, trace_parent FROM fz WHERE trace_parent IS NOT NULL AND id IN (SELECT id FROM ins)),
+             SELECT x.id, x.trace_parent FROM json_to_recordset($7::json) AS x(id text, trace_parent text)
+             WHERE x.id IN (SELECT id FROM ins)),
      apr AS (INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash, status,
                  preview, expires_at, created_at, rule, rule_domain)
              SELECT x.id, x.invocation_id, x.run_id, x.owner_id, x.tool_id, x.tool_call_id, x.input_hash, 'pending',
@@ -1208,7 +1242,8 @@ UNION ALL SELECT 'c', id, event_seq FROM c";
 /// [`invocations_json`]; a call id the run has already, or an earlier row of the batch took,
 /// is left alone), `$2` the results (as [`finishes_json`]), `$3` their evidence (as
 /// [`evidence_json`]), `$4` the time, `$5` a JSON array of the ids of the runs the group may
-/// append to, `$6` the approval requests (as [`approvals_json`]). A trace context or an
+/// append to, `$6` the approval requests (as [`approvals_json`]), `$7` the trace contexts (as
+/// [`traces_json`]). A trace context or an
 /// approval request is inserted only with its invocation (its new id exists only if this
 /// command inserted it). A result's evidence is
 /// inserted, and its invocation updated, only when the invocation is still `running` under
@@ -1227,8 +1262,8 @@ SELECT x.value ->> 'id', x.value ->> 'run_id', x.value ->> 'turn_id', x.value ->
 FROM json_each($1) AS x WHERE true ORDER BY x.key
 ON CONFLICT DO NOTHING RETURNING 'i', id, 0, NULL;
 INSERT INTO invocation_traces (invocation_id, trace_parent)
-SELECT x.value ->> 'id', x.value ->> 'trace_parent' FROM json_each($1) AS x
-WHERE x.value ->> 'trace_parent' IS NOT NULL AND EXISTS (SELECT 1 FROM invocations AS i WHERE i.id = x.value ->> 'id');
+SELECT t.value ->> 'id', t.value ->> 'trace_parent' FROM json_each($7) AS t
+WHERE EXISTS (SELECT 1 FROM invocations AS i WHERE i.id = t.value ->> 'id');
 INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash, status, preview,
     expires_at, created_at, rule, rule_domain)
 SELECT a.value ->> 'id', a.value ->> 'invocation_id', a.value ->> 'run_id', a.value ->> 'owner_id',
@@ -1251,11 +1286,11 @@ WHERE invocations.id = f.value ->> 'id' AND +invocations.status = 'running' AND 
 RETURNING 'u', invocations.id, 0, NULL;
 SELECT 'c', id, event_seq, last_hash FROM runs WHERE id IN (SELECT value FROM json_each($5))";
 
-/// The second command of a group on SQLite ([`Store::write_group_in_two_commands`]): `$1` the
-/// events, numbered and hash-chained (`run_id, seq, type, data, content_hash, prev_hash,
-/// hash`), `$2` each run's new last event id and hash (`id, seq, hash`), `$3` the time; then
-/// the commit.
-const GROUP_EVENTS_SQLITE: &str = "\
+/// The last command of a write batch on SQLite ([`super::SqliteWriteBatch::append_and_commit`]):
+/// `$1` the events, numbered and hash-chained (`run_id, seq, type, data, content_hash,
+/// prev_hash, hash`), `$2` each run's new last event id and hash (`id, seq, hash`), `$3` the
+/// time; then the commit.
+const APPEND_AND_COMMIT_SQLITE: &str = "\
 INSERT INTO events (run_id, seq, type, data, content_hash, prev_hash, hash, created_at)
 SELECT e.value ->> 'run_id', e.value ->> 'seq', e.value ->> 'type', e.value ->> 'data', e.value ->> 'content_hash',
     e.value ->> 'prev_hash', e.value ->> 'hash', $3
