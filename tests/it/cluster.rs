@@ -1039,8 +1039,11 @@ async fn a_stdio_mcp_server_lives_on_one_replica_and_calls_are_forwarded() {
     // The other replicas learn of the server from the store and follow its owner.
     for i in [1, 2] {
         let v = c
-            .mcp_until(i, &c.admin, &id, "the owner's connection seen elsewhere", |v| {
-                v["connection"]["state"] == "connected" && v["connection"]["owner"]["live"] == true
+            .mcp_until(i, &c.admin, &id, "the owner's connection and listing seen elsewhere", |v| {
+                // The owner stores its connection before its discovery: wait for both.
+                v["connection"]["state"] == "connected"
+                    && v["connection"]["owner"]["live"] == true
+                    && v["connection"]["discovered_at"].is_string()
             })
             .await;
         assert_eq!(v["connection"]["owner"]["node_id"], owner.as_str(), "{v:#}");
