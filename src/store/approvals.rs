@@ -18,6 +18,35 @@ use crate::events::EventKind;
 use crate::ids;
 use crate::state::{ApprovalRule, ApprovalStatus, InvocationStatus};
 
+/// The text of [`GRANT_UPDATE`] without its `RETURNING`, shared with [`GRANT_SQLITE`].
+macro_rules! grant_update {
+    () => {
+        "UPDATE approvals SET status = 'granted', decided_by = $1, decided_token_id = $2, decided_at = $3
+WHERE id = $4 AND status = 'pending' AND expires_at > $3
+  AND ((rule = 'self_approval' AND owner_id = $1) OR (rule = 'four_eyes' AND owner_id <> $1 AND $5 <> 0))
+  AND tool_id = $6 AND tool_call_id = $7 AND input_hash = $8
+  AND EXISTS (SELECT 1 FROM invocations i
+              WHERE i.id = approvals.invocation_id AND i.status = 'awaiting_approval'
+                AND i.tool_id = $6 AND i.tool_call_id = $7 AND i.input_hash = $8)"
+    };
+}
+
+/// Binds `$1`–`$8` of [`GRANT_UPDATE`] (and of [`GRANT_SQLITE`]) for a [`Grant`].
+macro_rules! bind_grant {
+    ($query:expr, $grant:expr) => {{
+        let grant: &Grant<'_> = $grant;
+        $query
+            .bind(grant.who.user_id)
+            .bind(grant.who.token_id)
+            .bind(grant.now)
+            .bind(grant.id)
+            .bind(i64::from(grant.who.may_second))
+            .bind(grant.triple.tool_id)
+            .bind(grant.triple.tool_call_id)
+            .bind(grant.triple.input_hash)
+    }};
+}
+
 /// An approval joined with the frozen invocation it is about.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct ApprovalRow {
@@ -283,19 +312,10 @@ impl Store {
     /// granted (rolled back). Else the claimed invocation and the invocation's status as this
     /// transaction left it (None when it could not tell).
     async fn grant_in_transaction(&self, grant: &Grant<'_>) -> StoreResult<GrantWritten> {
-        let Grant { who, id, triple, now, .. } = *grant;
+        let now = grant.now;
         let mut tx = self.begin_write().await?;
-        let granted: Option<(String, String, String, ApprovalRule)> = sqlx::query_as(GRANT_UPDATE)
-            .bind(who.user_id)
-            .bind(who.token_id)
-            .bind(now)
-            .bind(id)
-            .bind(i64::from(who.may_second))
-            .bind(triple.tool_id)
-            .bind(triple.tool_call_id)
-            .bind(triple.input_hash)
-            .fetch_optional(tx.conn())
-            .await?;
+        let granted: Option<(String, String, String, ApprovalRule)> =
+            bind_grant!(sqlx::query_as(GRANT_UPDATE), grant).fetch_optional(tx.conn()).await?;
         let Some((invocation_id, run_id, requester, rule)) = granted else {
             return Ok(None);
         };
@@ -349,19 +369,11 @@ impl Store {
     /// [`Store::grant_in_transaction`].
     async fn grant_in_two_commands(&self, grant: &Grant<'_>) -> StoreResult<GrantWritten> {
         use sqlx::Row;
-        let Grant { who, id, triple, now, .. } = *grant;
+        let now = grant.now;
         let mut batch = self.begin_sqlite_batch().await?;
         let (node_id, lease_until) =
             grant.claim.as_ref().map(|(n, l)| (Some(*n), Some(l.as_str()))).unwrap_or_default();
-        let rows = sqlx::query(GRANT_SQLITE)
-            .bind(who.user_id)
-            .bind(who.token_id)
-            .bind(now)
-            .bind(id)
-            .bind(i64::from(who.may_second))
-            .bind(triple.tool_id)
-            .bind(triple.tool_call_id)
-            .bind(triple.input_hash)
+        let rows = bind_grant!(sqlx::query(GRANT_SQLITE), grant)
             .bind(node_id)
             .bind(lease_until)
             .fetch_all(batch.conn()?)
@@ -570,30 +582,17 @@ impl Grant<'_> {
 /// rule: pending, not expired, the rule satisfied (self-approval by its owner, four-eyes by
 /// another who may second), the triple equal to the approval's copy and to the invocation,
 /// which still awaits approval.
-const GRANT_UPDATE: &str = "\
-UPDATE approvals SET status = 'granted', decided_by = $1, decided_token_id = $2, decided_at = $3
-WHERE id = $4 AND status = 'pending' AND expires_at > $3
-  AND ((rule = 'self_approval' AND owner_id = $1) OR (rule = 'four_eyes' AND owner_id <> $1 AND $5 <> 0))
-  AND tool_id = $6 AND tool_call_id = $7 AND input_hash = $8
-  AND EXISTS (SELECT 1 FROM invocations i
-              WHERE i.id = approvals.invocation_id AND i.status = 'awaiting_approval'
-                AND i.tool_id = $6 AND i.tool_call_id = $7 AND i.input_hash = $8)
-RETURNING invocation_id, run_id, owner_id, rule";
+const GRANT_UPDATE: &str = concat!(grant_update!(), "\nRETURNING invocation_id, run_id, owner_id, rule");
 
 /// The first command of a grant on SQLite ([`Store::grant_in_two_commands`]), which begins
 /// its transaction: [`GRANT_UPDATE`] answering also the run's last event id and hash, then
 /// the invocation — still awaiting approval, which it is only when this grant just granted
 /// it — claimed for `$9` with the lease `$10` (`running`), or `queued` when `$9` is null,
 /// answered whole.
-const GRANT_SQLITE: &str = "\
-BEGIN IMMEDIATE;
-UPDATE approvals SET status = 'granted', decided_by = $1, decided_token_id = $2, decided_at = $3
-WHERE id = $4 AND status = 'pending' AND expires_at > $3
-  AND ((rule = 'self_approval' AND owner_id = $1) OR (rule = 'four_eyes' AND owner_id <> $1 AND $5 <> 0))
-  AND tool_id = $6 AND tool_call_id = $7 AND input_hash = $8
-  AND EXISTS (SELECT 1 FROM invocations i
-              WHERE i.id = approvals.invocation_id AND i.status = 'awaiting_approval'
-                AND i.tool_id = $6 AND i.tool_call_id = $7 AND i.input_hash = $8)
+const GRANT_SQLITE: &str = concat!(
+    "BEGIN IMMEDIATE;\n",
+    grant_update!(),
+    "
 RETURNING invocation_id, run_id, owner_id, rule,
     (SELECT event_seq FROM runs WHERE runs.id = approvals.run_id) AS event_seq,
     (SELECT last_hash FROM runs WHERE runs.id = approvals.run_id) AS last_hash;
@@ -601,7 +600,8 @@ UPDATE invocations SET status = CASE WHEN $9 IS NULL THEN 'queued' ELSE 'running
     lease_until = $10, started_at = CASE WHEN $9 IS NULL THEN started_at ELSE $3 END, updated_at = $3
 WHERE id = (SELECT invocation_id FROM approvals WHERE id = $4 AND status = 'granted')
   AND status = 'awaiting_approval'
-RETURNING *";
+RETURNING *"
+);
 
 /// Records the trace context `$2` of the request that made invocation `$1` runnable.
 const TRACE_UPSERT: &str = "INSERT INTO invocation_traces (invocation_id, trace_parent) VALUES ($1, $2)
