@@ -43,6 +43,10 @@ pub struct McpBench {
     /// Extra servers connected for the memory figure.
     #[arg(long, default_value_t = 10)]
     pub servers: usize,
+    /// Run the server on a new database of this Postgres server (a URL naming a database the
+    /// user may create databases from; the database is dropped at the end) instead of SQLite.
+    #[arg(long)]
+    pub postgres: Option<String>,
 }
 
 /// Runs the benchmark and prints its figures.
@@ -52,7 +56,7 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
         None => std::env::var("MIRA_MCP_EVERYTHING").context("give --command or eval scripts/setup-mcp.sh")?,
     };
     let input: Value = serde_json::from_str(&opts.input).context("--input is not JSON")?;
-    let bench = BenchServer::start("mcp").await?;
+    let bench = BenchServer::start_on("mcp", Default::default(), opts.postgres.as_deref()).await?;
     let (server, api) = (&bench.server, &bench.api);
     let transport = json!({"stdio": {"command": command, "args": opts.args}});
 
@@ -80,11 +84,10 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
     anyhow::ensure!(first["status"] == "completed", "first call: {first}");
 
     // 2a. Through the runtime's MCP client.
-    let ws = mira::workspace::Workspace::open(&bench.dir.join("ws")).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let mut runtime = Vec::with_capacity(opts.calls);
     for i in 0..opts.calls {
         let ctx = mira::registry::ExecContext {
-            workspace: ws.clone(),
+            workspace: None,
             owner_id: String::new(),
             run_id: run_id.clone(),
             invocation_id: format!("bench-{i}"),
@@ -135,6 +138,7 @@ pub async fn run(opts: McpBench) -> anyhow::Result<()> {
 
     let (r, d, c) = (super::percentiles(&runtime), super::percentiles(&direct), super::percentiles(&chain));
     println!("server: {} {}", command, opts.args.join(" "));
+    println!("store: {}", if opts.postgres.is_some() { "postgres" } else { "sqlite" });
     println!("install_to_first_call_ms={:.1}", install_to_first.as_secs_f64() * 1000.0);
     println!("runtime_client calls={} p50={:.3}ms p99={:.3}ms", runtime.len(), r.p50, r.p99);
     println!("direct_rmcp    calls={} p50={:.3}ms p99={:.3}ms", direct.len(), d.p50, d.p99);

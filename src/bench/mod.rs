@@ -63,8 +63,9 @@ async fn admin_sql(admin_url: &str, sql: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A server started for a benchmark: SQLite and a workspace in a temporary directory, the
-/// admin's client, and the directory (removed by [`BenchServer::stop`]).
+/// A server started for a benchmark: SQLite (or a scratch Postgres database) and a workspace
+/// in a temporary directory, the admin's client, and the directory (removed by
+/// [`BenchServer::stop`]).
 pub struct BenchServer {
     /// The running server.
     pub server: mira::server::Server,
@@ -72,6 +73,8 @@ pub struct BenchServer {
     pub api: Api,
     /// The temporary directory (the data dir is `data/` inside it, the workspace `ws/`).
     pub dir: std::path::PathBuf,
+    /// The database the server runs on (dropped by [`BenchServer::stop`]).
+    db: ScratchDb,
 }
 
 impl BenchServer {
@@ -84,15 +87,27 @@ impl BenchServer {
     /// (data in `data/`, the workspace in `ws/`: a workspace is never inside the data dir,
     /// which sandboxed sessions cannot see).
     pub async fn start_with(name: &str, runtime: mira::config::RuntimeConfig) -> anyhow::Result<Self> {
+        Self::start_on(name, runtime, None).await
+    }
+
+    /// As [`BenchServer::start_with`], on a new database of the Postgres server `postgres`
+    /// when given (a URL naming a database the user may create databases from; see
+    /// [`ScratchDb`]), dropped again by [`BenchServer::stop`].
+    pub async fn start_on(
+        name: &str,
+        runtime: mira::config::RuntimeConfig,
+        postgres: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let root = std::env::temp_dir().join(format!("mira-bench-{name}-{}", uuid::Uuid::now_v7().simple()));
         let dir = root.join("data");
         let workspace = root.join("ws");
         std::fs::create_dir_all(&workspace)?;
         std::fs::create_dir_all(&dir)?;
+        let db = ScratchDb::create(postgres, &dir, "mira_bench").await?;
         let settings = mira::server::Settings {
             listen: "127.0.0.1:0".parse()?,
             data_dir: dir.clone(),
-            database_url: format!("sqlite://{}?mode=rwc", dir.join("mira.db").display()),
+            database_url: db.url.clone(),
             workspace,
             runtime,
             body_limit: 1024 * 1024,
@@ -101,12 +116,15 @@ impl BenchServer {
         let server = mira::server::Server::start(settings).await?;
         let token = std::fs::read_to_string(dir.join("admin.token"))?.trim().to_owned();
         let api = Api::new(server.addr, token)?;
-        Ok(Self { server, api, dir: root })
+        Ok(Self { server, api, dir: root, db })
     }
 
-    /// Shuts the server down and removes its directory.
+    /// Shuts the server down and removes its directory and its Postgres database.
     pub async fn stop(self) {
         self.server.shutdown().await;
+        if let Err(e) = self.db.drop(false).await {
+            eprintln!("dropping the benchmark's database failed: {e:#}");
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

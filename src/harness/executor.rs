@@ -19,7 +19,9 @@ pub trait Executor: Send + Sync {
     /// commit point through `commit` (see [`super::commit`]). `prepared_in` is the run's
     /// workspace as the freeze that claimed `inv` opened it (by identity) to prepare the
     /// input — the folder the call was frozen against; None for a call claimed later (by the
-    /// claim loop, or a grant), whose workspace the executor reads and opens itself.
+    /// claim loop, or a grant), whose workspace the executor reads and opens itself when the
+    /// tool works in it ([`crate::registry::ToolSpec::works_in_workspace`]; other tools are
+    /// given none).
     async fn execute(
         &self,
         inv: &InvocationRow,
@@ -33,7 +35,9 @@ pub trait Executor: Send + Sync {
 
 /// Executes on the server host, in-process, against the run's workspace folder — the one the
 /// freeze prepared the call in when the freeze claimed it, else opened by identity for the
-/// execution, so a root replaced since the call was frozen runs nothing.
+/// execution, so a root replaced since the call was frozen runs nothing. A tool that does not
+/// work in the folder ([`crate::registry::ToolSpec::works_in_workspace`]) is given none: its
+/// run is not read again and no folder is opened for it.
 pub struct LocalExecutor {
     store: Store,
     hard_links: HardLinks,
@@ -94,10 +98,13 @@ impl Executor for LocalExecutor {
     ) -> Result<ToolOutput, ToolError> {
         let workspace = match prepared_in {
             // Claimed by its freeze: the folder its input was prepared in, opened moments ago.
-            Some(workspace) => workspace,
-            None => self.open_for(inv).await?,
+            Some(workspace) => Some(workspace),
+            None if entry.spec().works_in_workspace() => Some(self.open_for(inv).await?),
+            // A tool that does not work in the folder (MCP, network, mail…) runs without the
+            // run being read again or its folder opened.
+            None => None,
         }
-        .with_node(&self.node);
+        .map(|w| w.with_node(&self.node));
         let ctx = ExecContext {
             workspace,
             owner_id: inv.owner_id.clone(),

@@ -477,10 +477,10 @@ impl Harness {
             ));
         }
         entry.validate(&input).map_err(|errors| ToolError::new(ErrorCode::InputInvalid, errors.join("; ")))?;
-        let prepare_ctx = crate::registry::PrepareContext { workspace: &workspace, owner_id, run_id };
+        let prepare_ctx = crate::registry::PrepareContext { workspace: Some(&workspace), owner_id, run_id };
         let prepared = entry.tool.prepare(input, &prepare_ctx).await?;
         let ctx = crate::registry::ExecContext {
-            workspace,
+            workspace: Some(workspace),
             owner_id: owner_id.to_owned(),
             run_id: run_id.to_owned(),
             invocation_id: String::new(),

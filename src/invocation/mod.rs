@@ -192,22 +192,22 @@ pub async fn freeze(
     entry.check_input(&mut req.input).map_err(|errors| Error::InputInvalid { errors })?;
 
     let device = scope.device.filter(|_| crate::devices::executor::runs_on_device(entry.spec().capability.as_deref()));
+    // Only a tool that works in the folder is prepared (and later run) with it open.
     let workspace = match device {
-        Some(_) => None,
-        None => Some(scope.workspace.open()?),
+        None if entry.spec().works_in_workspace() => Some(scope.workspace.open()?),
+        _ => None,
     };
     if let Some(existing) = existing {
         // A retried call: compare only, so preconditions the frozen call itself may have
         // changed since (an edit that already ran) cannot turn a replay into an error.
         let frozen: Value =
             serde_json::from_str(&existing.input).map_err(|e| Error::Internal(format!("stored input: {e}")))?;
-        let recomputed = match (device, &workspace) {
-            (Some(device), _) => device.canonicalize(&tool_id, req.input).await?,
-            (None, Some(workspace)) => {
-                let prepare_ctx = PrepareContext { workspace, owner_id: user_id, run_id: &run.id };
+        let recomputed = match device {
+            Some(device) => device.canonicalize(&tool_id, req.input).await?,
+            None => {
+                let prepare_ctx = PrepareContext { workspace: workspace.as_ref(), owner_id: user_id, run_id: &run.id };
                 entry.tool.canonicalize(req.input, &prepare_ctx).await?
             }
-            (None, None) => return Err(Error::Internal("no workspace".into()).into()),
         };
         let input = entry.tool.replay_input(recomputed, &frozen);
         return if existing.input_hash == canonical::input_hash(&tool_id, &input) {
@@ -217,13 +217,12 @@ pub async fn freeze(
             Err(call_id_conflict(&existing).into())
         };
     }
-    let prepared = match (device, &workspace) {
-        (Some(device), _) => device.prepare(&tool_id, req.input).await?,
-        (None, Some(workspace)) => {
-            let prepare_ctx = PrepareContext { workspace, owner_id: user_id, run_id: &run.id };
+    let prepared = match device {
+        Some(device) => device.prepare(&tool_id, req.input).await?,
+        None => {
+            let prepare_ctx = PrepareContext { workspace: workspace.as_ref(), owner_id: user_id, run_id: &run.id };
             entry.tool.prepare(req.input, &prepare_ctx).await?
         }
-        (None, None) => return Err(Error::Internal("no workspace".into()).into()),
     };
     let input_hash = canonical::input_hash(&tool_id, &prepared.input);
 

@@ -186,14 +186,6 @@ pub(crate) enum WriteOutcome {
     Finish(StoreResult<Option<Vec<String>>>),
 }
 
-/// Freezes written in a group transaction, before its commit.
-struct StagedFreezes {
-    rows: Vec<InvocationRow>,
-    /// Per row: inserted (false: its call id was taken).
-    created: Vec<bool>,
-    approval_ids: Vec<Option<String>>,
-}
-
 impl Store {
     /// Inserts a frozen invocation (plus its approval request and events) unless the run
     /// already has `tool_call_id`, in which case the existing one is returned untouched.
@@ -470,9 +462,11 @@ impl Store {
     }
 
     /// The outcomes of a group ([`Store::write_group_in_one_statement`],
-    /// [`Store::write_group_in_two_commands`]): a freeze whose row id is in `inserted` was
-    /// created (with its approval request's id from `approvals`), a result whose invocation id
-    /// is in `updated` won its compare-and-set and keeps its `evidence_ids`.
+    /// [`Store::write_group_in_two_commands`]), after its commit: a freeze whose row id is in
+    /// `inserted` was created (with its approval request's id from `approvals`); one whose
+    /// call id the run had already (or an earlier freeze of the group took) is answered with
+    /// the invocation that has it, read now. A result whose invocation id is in `updated` won
+    /// its compare-and-set and keeps its `evidence_ids`.
     async fn group_outcomes(
         &self,
         rows: Vec<InvocationRow>,
@@ -482,36 +476,24 @@ impl Store {
         finishes: &[&PendingFinish],
         evidence_ids: Vec<Vec<String>>,
     ) -> StoreResult<(Vec<FreezeOutcome>, Vec<Option<Vec<String>>>)> {
-        let created = rows.iter().map(|r| inserted.contains(&r.id)).collect();
-        let approval_ids = approvals.iter().map(|a| a.as_ref().map(|(id, _)| id.clone())).collect();
-        let frozen = self.freeze_outcomes(StagedFreezes { rows, created, approval_ids }).await?;
+        let mut frozen = Vec::with_capacity(rows.len());
+        for (row, approval) in rows.into_iter().zip(approvals) {
+            if inserted.contains(&row.id) {
+                frozen.push(FreezeOutcome::Created(row, approval.as_ref().map(|(id, _)| id.clone())));
+                continue;
+            }
+            let existing = self.invocation_by_call(&row.run_id, &row.tool_call_id).await?.ok_or_else(|| {
+                StoreError::Corrupt(format!("invocation {} of run {} vanished", row.tool_call_id, row.run_id))
+            })?;
+            let approval = self.approval_id_of(&existing.id).await?;
+            frozen.push(FreezeOutcome::Existing(existing, approval));
+        }
         let finished = finishes
             .iter()
             .zip(evidence_ids)
             .map(|(item, ids)| updated.contains(&item.inv.id).then_some(ids))
             .collect();
         Ok((frozen, finished))
-    }
-
-    /// The outcomes of freezes after their commit: a call id that was taken is answered
-    /// with the invocation that has it (read now).
-    async fn freeze_outcomes(&self, staged: StagedFreezes) -> StoreResult<Vec<FreezeOutcome>> {
-        let StagedFreezes { rows, created, approval_ids } = staged;
-        let mut outcomes = Vec::with_capacity(rows.len());
-        for ((row, approval_id), created) in rows.into_iter().zip(approval_ids).zip(created) {
-            if created {
-                outcomes.push(FreezeOutcome::Created(row, approval_id));
-                continue;
-            }
-            // The run had this call id already (or an earlier freeze of this batch took it):
-            // report the winner.
-            let existing = self.invocation_by_call(&row.run_id, &row.tool_call_id).await?.ok_or_else(|| {
-                StoreError::Corrupt(format!("invocation {} of run {} vanished", row.tool_call_id, row.run_id))
-            })?;
-            let approval = self.approval_id_of(&existing.id).await?;
-            outcomes.push(FreezeOutcome::Existing(existing, approval));
-        }
-        Ok(outcomes)
     }
 }
 

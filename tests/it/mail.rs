@@ -631,7 +631,7 @@ async fn send_arrives_once_byte_for_byte(backend: Backend) {
     // nothing is sent again.
     let entry = f.t.app().registry.get_any("mail_send").unwrap();
     let ctx = || mira::registry::ExecContext {
-        workspace: mira_core::workspace::Workspace::open(&f.t.workspace).unwrap(),
+        workspace: None,
         owner_id: f.user_id.clone(),
         run_id: run.clone(),
         invocation_id: "inv_reexecution".into(),
@@ -730,7 +730,7 @@ async fn ambiguous_smtp_end_is_outcome_unknown_and_never_retried(backend: Backen
     assert_eq!((g.status, g.code()), (StatusCode::CONFLICT, "approval_decided"), "{g:?}");
     let entry = f.t.app().registry.get_any("mail_send").unwrap();
     let ctx = mira::registry::ExecContext {
-        workspace: mira_core::workspace::Workspace::open(&f.t.workspace).unwrap(),
+        workspace: None,
         owner_id: f.user_id.clone(),
         run_id: run.clone(),
         invocation_id: "inv_again".into(),

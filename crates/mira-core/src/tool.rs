@@ -60,6 +60,27 @@ impl ToolSpec {
     pub fn visible_to(&self, user_id: &str) -> bool {
         self.owner.as_deref().is_none_or(|o| o == user_id)
     }
+
+    /// Whether the tool works inside the run's workspace folder: its capability is one of
+    /// [`WORKSPACE_CAPABILITIES`] (`fs.read`, `fs.write`, `pty`). Only such a tool is handed
+    /// the folder to prepare and execute a call in ([`PrepareContext::workspace`],
+    /// [`ExecContext::workspace`]); every other tool (network, MCP, mail, browser…) is
+    /// prepared and run without the run's folder being read from the store or opened.
+    ///
+    /// [`WORKSPACE_CAPABILITIES`]: crate::availability::WORKSPACE_CAPABILITIES
+    pub fn works_in_workspace(&self) -> bool {
+        self.capability.as_deref().is_some_and(|c| crate::availability::WORKSPACE_CAPABILITIES.contains(&c))
+    }
+}
+
+/// The error of a tool asking for a workspace it was not handed: it does not declare a
+/// workspace capability ([`ToolSpec::works_in_workspace`]). A defect of the tool, never of
+/// the call: `workspace_unavailable`.
+fn no_workspace() -> ToolError {
+    ToolError::new(
+        ErrorCode::WorkspaceUnavailable,
+        "this tool was given no workspace folder: it declares no workspace capability (fs.read, fs.write, pty)",
+    )
 }
 
 /// A tool's error: a stable code, a sentence, details. At freeze time it becomes an HTTP
@@ -115,18 +136,29 @@ pub struct ToolOutput {
 
 /// What canonicalisation may look at: the run's workspace and who is calling.
 pub struct PrepareContext<'a> {
-    /// The run's workspace on this host.
-    pub workspace: &'a Workspace,
+    /// The run's workspace on this host; None for a tool that does not work in it
+    /// ([`ToolSpec::works_in_workspace`]). Read it through [`PrepareContext::workspace`].
+    pub workspace: Option<&'a Workspace>,
     /// The calling user.
     pub owner_id: &'a str,
     /// The run.
     pub run_id: &'a str,
 }
 
+impl<'a> PrepareContext<'a> {
+    /// The run's workspace. Errors: `workspace_unavailable` for a tool that declares no
+    /// workspace capability ([`ToolSpec::works_in_workspace`]), which is given none.
+    pub fn workspace(&self) -> Result<&'a Workspace, ToolError> {
+        self.workspace.ok_or_else(no_workspace)
+    }
+}
+
 /// Everything an execution may use.
 pub struct ExecContext {
-    /// The run's workspace on this host.
-    pub workspace: Workspace,
+    /// The run's workspace on this host, opened by identity; None for a tool that does not
+    /// work in it ([`ToolSpec::works_in_workspace`]). Read it through
+    /// [`ExecContext::workspace`].
+    pub workspace: Option<Workspace>,
     /// Owner of the invocation.
     pub owner_id: String,
     /// The run.
@@ -141,6 +173,12 @@ pub struct ExecContext {
 }
 
 impl ExecContext {
+    /// The run's workspace. Errors: `workspace_unavailable` for a tool that declares no
+    /// workspace capability ([`ToolSpec::works_in_workspace`]), which is given none.
+    pub fn workspace(&self) -> Result<&Workspace, ToolError> {
+        self.workspace.as_ref().ok_or_else(no_workspace)
+    }
+
     /// Marks the commit point of a [`crate::commit::SideEffects::AtCommitPoint`] tool: call it
     /// right before the irreversible step (the Edit tools' rename). An error means a stop won
     /// first: the tool must not make its change, undo what it prepared and return the error.

@@ -204,7 +204,7 @@ impl Runner {
             ToolError::new(ErrorCode::NotRegistered, format!("this runner does not implement {}", env.tool_id))
         })?;
         tracing::info!(phase = ?env.phase, tool = %env.tool_id, invocation = %env.invocation_id, "job");
-        let ctx = PrepareContext { workspace: &workspace, owner_id: &env.owner_id, run_id: &env.run_id };
+        let ctx = PrepareContext { workspace: Some(&workspace), owner_id: &env.owner_id, run_id: &env.run_id };
         match env.phase {
             JobPhase::Prepare => {
                 let p = tool.prepare(env.input, &ctx).await?;
@@ -226,7 +226,7 @@ impl Runner {
                 self.journal.start(&env.invocation_id, &env.nonce, &env.expires_at)?;
                 *started = true;
                 let ctx = ExecContext {
-                    workspace,
+                    workspace: Some(workspace),
                     owner_id: env.owner_id,
                     run_id: env.run_id,
                     invocation_id: env.invocation_id,

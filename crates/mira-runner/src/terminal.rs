@@ -726,8 +726,9 @@ impl DeviceTerminal {
 
     async fn start(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let cwd = str_of(input, "cwd").unwrap_or_default().to_owned();
+        let root = ctx.workspace()?.root();
         match std::fs::canonicalize(&cwd) {
-            Ok(real) if real == Path::new(&cwd) && real.is_dir() && real.starts_with(ctx.workspace.root()) => {}
+            Ok(real) if real == Path::new(&cwd) && real.is_dir() && real.starts_with(root) => {}
             _ => {
                 return Err(ToolError::new(
                     ErrorCode::StaleTarget,
@@ -789,7 +790,7 @@ impl DeviceTerminal {
         let rows = u16::try_from(u64_of(input, "rows").unwrap_or(DEFAULT_ROWS).min(MAX_ROWS)).unwrap_or(32);
         let timeout_ms = u64_of(input, "timeout_ms").unwrap_or(DEFAULT_TIMEOUT_MS).min(MAX_TIMEOUT_MS);
         // The sandbox that applies now must be the one approved.
-        let now = self.sandbox.spec(ctx.workspace.root())?;
+        let now = self.sandbox.spec(ctx.workspace()?.root())?;
         let frozen: Option<SessionSandbox> = input.get("sandbox").and_then(|v| serde_json::from_value(v.clone()).ok());
         if frozen.as_ref() != Some(&now) {
             return Err(ToolError::new(
@@ -1068,7 +1069,7 @@ impl Tool for DeviceTerminal {
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let action = check_fields(&input)?;
         if action == "start" {
-            return prepare_start(&input, ctx.workspace.root(), &self.sandbox);
+            return prepare_start(&input, ctx.workspace()?.root(), &self.sandbox);
         }
         let canonical = canonical_action(action, &input)?;
         let id = str_of(&input, "session_id").unwrap_or_default();
@@ -1095,7 +1096,7 @@ impl Tool for DeviceTerminal {
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
         let action = check_fields(&input)?;
         if action == "start" {
-            return Ok(prepare_start(&input, ctx.workspace.root(), &self.sandbox)?.input);
+            return Ok(prepare_start(&input, ctx.workspace()?.root(), &self.sandbox)?.input);
         }
         canonical_action(action, &input)
     }

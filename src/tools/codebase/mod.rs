@@ -218,7 +218,7 @@ impl Tool for CodebaseExplore {
         let path = match input.path.as_deref() {
             Some(p) => {
                 let p = workspace::normalize(p)?;
-                ctx.workspace.check_beneath(&p)?;
+                ctx.workspace()?.check_beneath(&p)?;
                 Some(p)
             }
             None => None,
@@ -262,7 +262,7 @@ impl Tool for CodebaseExplore {
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let ix = self
             .graphs
-            .ensure(ctx.workspace.root())
+            .ensure(ctx.workspace()?.root())
             .map_err(|e| ToolError::new(ErrorCode::IndexFailed, format!("the workspace cannot be indexed: {e}")))?;
         // Every replica indexes the shared workspace itself (docs/architecture.md, Replicas):
         // a call claimed here before this replica's own index is ready waits for it, within
@@ -279,7 +279,7 @@ impl Tool for CodebaseExplore {
             return Err(ToolError::new(code, message));
         }
         let input = input.clone();
-        let ws = ctx.workspace.clone();
+        let ws = ctx.workspace()?.clone();
         let syncing = ix.clone();
         blocking(move || {
             syncing.sync();
@@ -417,7 +417,7 @@ impl Tool for ReportsChanges {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let out = self.inner.execute(input, ctx).await?;
-        if let Some(index) = self.graphs.get(ctx.workspace.root()) {
+        if let Some(index) = self.graphs.get(ctx.workspace()?.root()) {
             index.notify_changed(
                 ["path", "from", "to"]
                     .into_iter()

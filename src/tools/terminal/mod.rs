@@ -574,7 +574,7 @@ fn canonical_session_action(action: &TerminalAction) -> Result<Value, ToolError>
 fn canonical(input: &Value, ctx: &PrepareContext<'_>, starter: &Starter<'_>) -> Result<Prepared, ToolError> {
     check_action_fields(input)?;
     match input::parse::<TerminalAction>(input)? {
-        TerminalAction::Start(start) => prepare_start(&start, ctx.workspace.root(), starter),
+        TerminalAction::Start(start) => prepare_start(&start, ctx.workspace()?.root(), starter),
         action => Ok(Prepared { input: canonical_session_action(&action)?, preview: Value::Null }),
     }
 }
@@ -1221,8 +1221,9 @@ impl Tool for TerminalSession {
         }
         // The sandbox that applies now must be the one approved.
         let is_admin = self.is_admin(&ctx.owner_id).await?;
+        let root = ctx.workspace()?.root();
         let sandbox = self.host.sandbox().spec(&SpecRequest {
-            workspace: Some(ctx.workspace.root()),
+            workspace: Some(root),
             cwd: Path::new(&cwd),
             is_admin,
             read_only: &[],
@@ -1248,7 +1249,7 @@ impl Tool for TerminalSession {
                 .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?
                 .into_iter()
                 .map(PathBuf::from)
-                .filter(|p| p.as_path() != ctx.workspace.root())
+                .filter(|p| p.as_path() != root)
                 .collect()
         };
         let spec = StartSpec {

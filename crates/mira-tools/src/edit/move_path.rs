@@ -279,8 +279,8 @@ impl Tool for MovePath {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let mut canonical = canonical(&input, ctx.workspace)?;
-        let ws = ctx.workspace.clone();
+        let mut canonical = canonical(&input, ctx.workspace()?)?;
+        let ws = ctx.workspace()?.clone();
         let frozen: Frozen = input::frozen(&canonical)?;
         let (preview, precondition) =
             blocking(move || plan(&ws, &frozen, None).map(|p| (preview(&frozen, &p), p.precondition()))).await?;
@@ -289,7 +289,7 @@ impl Tool for MovePath {
     }
 
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
-        canonical(&input, ctx.workspace)
+        canonical(&input, ctx.workspace()?)
     }
 
     fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
@@ -302,7 +302,7 @@ impl Tool for MovePath {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input: Frozen = input::frozen(input)?;
-        let ws = ctx.workspace.clone();
+        let ws = ctx.workspace()?.clone();
         let gate = ctx.commit.clone();
         blocking(move || apply(&ws, &input, &gate)).await
     }

@@ -503,8 +503,8 @@ impl Tool for ReplaceBlock {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let mut canonical = canonical(&input, ctx.workspace)?;
-        let ws = ctx.workspace.clone();
+        let mut canonical = canonical(&input, ctx.workspace()?)?;
+        let ws = ctx.workspace()?.clone();
         let frozen: Frozen = input::frozen(&canonical)?;
         let rel = frozen.path.clone();
         let (preview, state) = blocking(move || plan(&ws, &frozen)).await?;
@@ -515,7 +515,7 @@ impl Tool for ReplaceBlock {
     }
 
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
-        canonical(&input, ctx.workspace)
+        canonical(&input, ctx.workspace()?)
     }
 
     fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
@@ -528,7 +528,7 @@ impl Tool for ReplaceBlock {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input: Frozen = input::frozen(input)?;
-        let ws = ctx.workspace.clone();
+        let ws = ctx.workspace()?.clone();
         let gate = ctx.commit.clone();
         blocking(move || apply(&ws, &input, &gate)).await
     }

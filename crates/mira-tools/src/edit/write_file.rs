@@ -245,8 +245,8 @@ impl Tool for WriteFile {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let mut canonical = canonical(&input, ctx.workspace)?;
-        let ws = ctx.workspace.clone();
+        let mut canonical = canonical(&input, ctx.workspace()?)?;
+        let ws = ctx.workspace()?.clone();
         let frozen: Frozen = input::frozen(&canonical)?;
         let rel = frozen.path.clone();
         let (preview, state) = blocking(move || plan(&ws, &frozen)).await?;
@@ -257,7 +257,7 @@ impl Tool for WriteFile {
     }
 
     async fn canonicalize(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
-        canonical(&input, ctx.workspace)
+        canonical(&input, ctx.workspace()?)
     }
 
     fn replay_input(&self, canonical: Value, frozen: &Value) -> Value {
@@ -270,7 +270,7 @@ impl Tool for WriteFile {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input: Frozen = input::frozen(input)?;
-        let ws = ctx.workspace.clone();
+        let ws = ctx.workspace()?.clone();
         let gate = ctx.commit.clone();
         blocking(move || write(&ws, &input, &gate)).await
     }

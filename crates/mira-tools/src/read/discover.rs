@@ -120,7 +120,7 @@ impl Tool for ReadDiscover {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let ws = ctx.workspace;
+        let ws = ctx.workspace()?;
         let input: DiscoverInput = input::parse(&input)?;
         let path = workspace::normalize(input.path.as_deref().unwrap_or("."))?;
         ws.check_beneath(&path)?;
@@ -144,7 +144,7 @@ impl Tool for ReadDiscover {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input: DiscoverInput = input::frozen(input)?;
-        let ws = ctx.workspace.clone();
+        let ws = ctx.workspace()?.clone();
         let cancel = ctx.cancel.clone();
         blocking(move || discover(&ws, &input, &cancel)).await
     }

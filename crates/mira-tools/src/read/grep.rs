@@ -168,7 +168,7 @@ impl Tool for Grep {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let ws = ctx.workspace;
+        let ws = ctx.workspace()?;
         let input: GrepInput = input::parse(&input)?;
         matcher_for(&input)?;
         let path = workspace::normalize(input.path.as_deref().unwrap_or("."))?;
@@ -195,7 +195,7 @@ impl Tool for Grep {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input: GrepInput = input::frozen(input)?;
-        let ws = ctx.workspace.clone();
+        let ws = ctx.workspace()?.clone();
         let cancel = ctx.cancel.clone();
         blocking(move || grep(&ws, &input, &cancel)).await
     }

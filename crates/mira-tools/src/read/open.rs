@@ -97,7 +97,7 @@ impl Tool for ReadOpen {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let ws = ctx.workspace;
+        let ws = ctx.workspace()?;
         let input: OpenInput = input::parse(&input)?;
         let path = workspace::normalize(&input.path)?;
         ws.check_beneath(&path)?;
@@ -119,7 +119,7 @@ impl Tool for ReadOpen {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input: OpenInput = input::frozen(input)?;
-        let ws = ctx.workspace.clone();
+        let ws = ctx.workspace()?.clone();
         blocking(move || open(&ws, &input)).await
     }
 }
