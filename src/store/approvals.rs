@@ -18,7 +18,12 @@ use crate::events::EventKind;
 use crate::ids;
 use crate::state::{ApprovalRule, ApprovalStatus, InvocationStatus};
 
-/// The text of [`GRANT_UPDATE`] without its `RETURNING`, shared with [`GRANT_SQLITE`].
+/// A grant's compare-and-set without its `RETURNING`, shared by [`GRANT_SQLITE`] and
+/// [`GRANT_POSTGRES`]: `$1` the decider, `$2` their token, `$3` the time, `$4` the approval,
+/// `$5` 1 when the decider may second, `$6`–`$8` the echoed triple. It holds every rule:
+/// pending, not expired, the rule satisfied (self-approval by its owner, four-eyes by another
+/// who may second), the triple equal to the approval's copy and to the invocation, which
+/// still awaits approval.
 macro_rules! grant_update {
     () => {
         "UPDATE approvals SET status = 'granted', decided_by = $1, decided_token_id = $2, decided_at = $3
@@ -31,7 +36,7 @@ WHERE id = $4 AND status = 'pending' AND expires_at > $3
     };
 }
 
-/// Binds `$1`–`$8` of [`GRANT_UPDATE`] (and of [`GRANT_SQLITE`]) for a [`Grant`].
+/// Binds `$1`–`$8` of [`grant_update!`] ([`GRANT_SQLITE`], [`GRANT_POSTGRES`]) for a [`Grant`].
 macro_rules! bind_grant {
     ($query:expr, $grant:expr) => {{
         let grant: &Grant<'_> = $grant;
@@ -273,7 +278,9 @@ impl Store {
     /// [`Store::claim_batch`] checks). `pending`: the approval as the caller read it just
     /// before, still pending; when the grant succeeds the answer is that row with this
     /// decision applied (a pending approval changes only by a decision, which this one
-    /// excludes), not a read after the commit.
+    /// excludes), not a read after the commit. On Postgres the grant is one statement that
+    /// writes its events from that row (read here when not given: see
+    /// [`Store::grant_in_one_statement`]).
     pub async fn grant_and_claim(
         &self,
         who: &Decider<'_>,
@@ -287,15 +294,27 @@ impl Store {
         let traceparent = crate::telemetry::current_traceparent();
         let claim = claim.map(|c| (c.node_id, ids::now_plus_ms(c.lease_ms)));
         let grant = Grant { who, id, triple, claim, traceparent: traceparent.as_deref(), now: &now };
-        let outcome = match self.backend {
-            Backend::Sqlite => self.grant_in_two_commands(&grant).await?,
-            Backend::Postgres => self.grant_in_transaction(&grant).await?,
+        let read;
+        let pending = match pending.filter(|row| row.id == id) {
+            Some(row) => Some(row),
+            // What the one-statement grant builds its events from.
+            None if self.backend == Backend::Postgres => {
+                read = self.approval_visible(&who.viewer(), id).await?;
+                read.as_ref()
+            }
+            None => None,
+        };
+        let outcome = match (self.backend, pending) {
+            (Backend::Sqlite, _) => self.grant_in_two_commands(&grant).await?,
+            (Backend::Postgres, Some(row)) => self.grant_in_one_statement(&grant, row).await?,
+            // Not visible to the decider: nothing they may grant.
+            (Backend::Postgres, None) => None,
         };
         let Some((claimed, invocation_status)) = outcome else {
             return Ok((self.diagnose(&who.viewer(), id, Some(triple)).await?, None));
         };
         let decided = match (pending, invocation_status) {
-            (Some(row), Some(invocation_status)) if row.id == id => DecideOutcome::Decided(ApprovalRow {
+            (Some(row), Some(invocation_status)) => DecideOutcome::Decided(ApprovalRow {
                 status: ApprovalStatus::Granted,
                 decided_by: Some(who.user_id.to_owned()),
                 decided_token_id: Some(who.token_id.to_owned()),
@@ -308,57 +327,60 @@ impl Store {
         Ok((decided, claimed))
     }
 
-    /// [`Store::grant_and_claim`]'s writes on Postgres, in one transaction. None: nothing was
-    /// granted (rolled back). Else the claimed invocation and the invocation's status as this
-    /// transaction left it (None when it could not tell).
-    async fn grant_in_transaction(&self, grant: &Grant<'_>) -> StoreResult<GrantWritten> {
-        let now = grant.now;
-        let mut tx = self.begin_write().await?;
-        let granted: Option<(String, String, String, ApprovalRule)> =
-            bind_grant!(sqlx::query_as(GRANT_UPDATE), grant).fetch_optional(tx.conn()).await?;
-        let Some((invocation_id, run_id, requester, rule)) = granted else {
-            return Ok(None);
+    /// [`Store::grant_and_claim`]'s writes on Postgres: one statement ([`GRANT_POSTGRES`]),
+    /// one round trip — the grant's compare-and-set, the claim (or queueing), the trace
+    /// context and the events with the run's counter. The events are built beforehand from
+    /// `pending`, the approval as read before (its invocation, run, requester and rule, which
+    /// never change and which the statement requires); `execution.started` is written only
+    /// when the claim took. Answers as [`Store::grant_in_two_commands`].
+    async fn grant_in_one_statement(&self, grant: &Grant<'_>, pending: &ApprovalRow) -> StoreResult<GrantWritten> {
+        use sqlx::Row;
+        let (node_id, lease_until) =
+            grant.claim.as_ref().map(|(n, l)| (Some(*n), Some(l.as_str()))).unwrap_or_default();
+        let run_id = pending.run_id.as_str();
+        let events =
+            grant.events(run_id, &pending.invocation_id, &pending.owner_id, pending.rule, grant.claim.is_some());
+        let events_json: Vec<serde_json::Value> = events
+            .iter()
+            .enumerate()
+            .map(|(ord, (run_id, kind, data))| {
+                let h = mira_core::chain::event_content_hash(run_id, kind.as_str(), grant.now, data);
+                json!({"type": kind.as_str(), "data": data.to_string(), "h": h, "ord": ord,
+                       "src": if *kind == EventKind::ExecutionStarted { "s" } else { "g" }})
+            })
+            .collect();
+        let row = bind_grant!(sqlx::query(GRANT_POSTGRES), grant)
+            .bind(node_id)
+            .bind(lease_until)
+            .bind(grant.traceparent)
+            .bind(&pending.invocation_id)
+            .bind(run_id)
+            .bind(&pending.owner_id)
+            .bind(pending.rule)
+            .bind(serde_json::Value::Array(events_json).to_string())
+            .fetch_optional(self.pool())
+            .await?;
+        // No row: nothing was granted (and nothing written).
+        let Some(row) = row else { return Ok(None) };
+        let updated = match row.try_get::<Option<String>, _>("id")? {
+            Some(_) => Some(<InvocationRow as sqlx::FromRow<'_, sqlx::any::AnyRow>>::from_row(&row)?),
+            None => None,
         };
-        // The invocation's status now, when this transaction set it.
-        let mut invocation_status = None;
-        let claimed: Option<ClaimedInvocation> = match &grant.claim {
-            None => {
-                let queued = sqlx::query(
-                    "UPDATE invocations SET status = 'queued', updated_at = $1
-                     WHERE id = $2 AND status = 'awaiting_approval'",
-                )
-                .bind(now)
-                .bind(&invocation_id)
-                .execute(tx.conn())
-                .await?;
-                invocation_status = (queued.rows_affected() == 1).then_some(InvocationStatus::Queued);
-                None
-            }
-            Some((node_id, lease_until)) => {
-                sqlx::query_as(
-                    "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = $2, started_at = $3,
-                            updated_at = $3
-                     WHERE id = $4 AND status = 'awaiting_approval'
-                     RETURNING *",
-                )
-                .bind(*node_id)
-                .bind(lease_until)
-                .bind(now)
-                .bind(&invocation_id)
-                .fetch_optional(tx.conn())
-                .await?
-            }
-        };
-        if let Some(traceparent) = grant.traceparent {
-            sqlx::query(TRACE_UPSERT).bind(&invocation_id).bind(traceparent).execute(tx.conn()).await?;
-        }
-        let events = grant.events(&run_id, &invocation_id, &requester, rule, claimed.as_ref());
-        // In one go, last: the run's counter is locked only from here to the commit.
-        tx.append_events(&events).await?;
-        tx.commit().await?;
-        if claimed.is_some() {
-            invocation_status = Some(InvocationStatus::Running);
-        }
+        let invocation_status = updated.as_ref().map(|row| row.status);
+        let claimed = updated.filter(|row| row.status == InvocationStatus::Running);
+        let last_seq: i64 = row.try_get("last_event_seq")?;
+        let written: Vec<EventKind> = events
+            .iter()
+            .map(|(_, kind, _)| *kind)
+            .filter(|kind| *kind != EventKind::ExecutionStarted || claimed.is_some())
+            .collect();
+        let first = last_seq - i64::try_from(written.len()).unwrap_or(0) + 1;
+        self.publish_committed(
+            (first..)
+                .zip(written)
+                .map(|(seq, kind)| super::RunSignal { run_id: run_id.to_owned(), seq, kind })
+                .collect(),
+        );
         Ok(Some((claimed, invocation_status)))
     }
 
@@ -366,7 +388,7 @@ impl Store {
     /// group commit's writer connection ([`super::SqliteWriteBatch`]) — [`GRANT_SQLITE`]
     /// (`BEGIN IMMEDIATE`, the grant, the claim or queueing, the run's event head), then the
     /// events and `COMMIT` — instead of eight hand-offs to the connection's thread. Answers as
-    /// [`Store::grant_in_transaction`].
+    /// [`Store::grant_in_one_statement`].
     async fn grant_in_two_commands(&self, grant: &Grant<'_>) -> StoreResult<GrantWritten> {
         use sqlx::Row;
         let now = grant.now;
@@ -401,7 +423,7 @@ impl Store {
         if let Some(traceparent) = grant.traceparent {
             sqlx::query(TRACE_UPSERT).bind(&invocation_id).bind(traceparent).execute(batch.conn()?).await?;
         }
-        let events = grant.events(&run_id, &invocation_id, &requester, rule, claimed.as_ref());
+        let events = grant.events(&run_id, &invocation_id, &requester, rule, claimed.is_some());
         let mut heads = [(run_id.clone(), seq, hash.unwrap_or_else(|| mira_core::chain::GENESIS.to_owned()))];
         let signals = batch
             .append_and_commit(&mut heads, events.iter().map(|(run, kind, data)| (*run, *kind, data)), now)
@@ -548,14 +570,15 @@ type GrantWritten = Option<(Option<ClaimedInvocation>, Option<InvocationStatus>)
 
 impl Grant<'_> {
     /// The events of a grant of the invocation `invocation_id` of `run_id`: `approval.granted`,
-    /// and `execution.started` when it was `claimed`.
+    /// and `execution.started` when it was claimed (`started`; the invocation's tool and call
+    /// id are the triple's, which the grant requires).
     fn events<'r>(
         &self,
         run_id: &'r str,
         invocation_id: &str,
         requester: &str,
         rule: ApprovalRule,
-        claimed: Option<&ClaimedInvocation>,
+        started: bool,
     ) -> Vec<(&'r str, EventKind, serde_json::Value)> {
         let (who, triple) = (self.who, self.triple);
         let mut events = vec![(
@@ -566,26 +589,19 @@ impl Grant<'_> {
                    "decided_by": who.user_id, "token_id": who.token_id, "decided_at": self.now,
                    "requested_by": requester, "rule": rule}),
         )];
-        if let Some(row) = claimed {
+        if started {
             events.push((
                 run_id,
                 EventKind::ExecutionStarted,
-                json!({"invocation_id": row.id, "tool_id": row.tool_id, "tool_call_id": row.tool_call_id}),
+                json!({"invocation_id": invocation_id, "tool_id": triple.tool_id, "tool_call_id": triple.tool_call_id}),
             ));
         }
         events
     }
 }
 
-/// A grant's compare-and-set: `$1` the decider, `$2` their token, `$3` the time, `$4` the
-/// approval, `$5` 1 when the decider may second, `$6`–`$8` the echoed triple. It holds every
-/// rule: pending, not expired, the rule satisfied (self-approval by its owner, four-eyes by
-/// another who may second), the triple equal to the approval's copy and to the invocation,
-/// which still awaits approval.
-const GRANT_UPDATE: &str = concat!(grant_update!(), "\nRETURNING invocation_id, run_id, owner_id, rule");
-
 /// The first command of a grant on SQLite ([`Store::grant_in_two_commands`]), which begins
-/// its transaction: [`GRANT_UPDATE`] answering also the run's last event id and hash, then
+/// its transaction: [`grant_update!`] answering also the run's last event id and hash, then
 /// the invocation — still awaiting approval, which it is only when this grant just granted
 /// it — claimed for `$9` with the lease `$10` (`running`), or `queued` when `$9` is null,
 /// answered whole.
@@ -601,6 +617,48 @@ UPDATE invocations SET status = CASE WHEN $9 IS NULL THEN 'queued' ELSE 'running
 WHERE id = (SELECT invocation_id FROM approvals WHERE id = $4 AND status = 'granted')
   AND status = 'awaiting_approval'
 RETURNING *"
+);
+
+/// A grant on Postgres in one statement ([`Store::grant_in_one_statement`]): `$1`–`$8` as
+/// [`grant_update!`], which must also find the approval's invocation `$12`, run `$13`,
+/// requester `$14` and rule `$15` as read before (they never change); then the invocation —
+/// still awaiting approval — claimed for `$9` with the lease `$10` (`running`), or `queued`
+/// when `$9` is null; the trace context `$11` when given; and the events `$16` (`type, data,
+/// h` = content hash`, ord, src`: `g` always, `s` only when the claim took) numbered and
+/// hash-chained after the run's last event under its counter's lock, as
+/// `GROUP_WRITE_POSTGRES` does. No row when nothing was granted; else one row: the
+/// invocation as updated (its columns null when the update missed) and the run's new last
+/// event id (`last_event_seq`).
+const GRANT_POSTGRES: &str = concat!(
+    "WITH g AS (",
+    grant_update!(),
+    "
+  AND invocation_id = $12 AND run_id = $13 AND owner_id = $14 AND rule = $15
+  RETURNING invocation_id, run_id),
+     cl AS (UPDATE invocations SET status = CASE WHEN $9::text IS NULL THEN 'queued' ELSE 'running' END,
+                claimed_by = $9::text, lease_until = $10::text,
+                started_at = CASE WHEN $9::text IS NULL THEN started_at ELSE $3 END, updated_at = $3
+            WHERE id = (SELECT invocation_id FROM g) AND status = 'awaiting_approval'
+            RETURNING *),
+     trc AS (INSERT INTO invocation_traces (invocation_id, trace_parent)
+             SELECT id, $11::text FROM cl WHERE $11::text IS NOT NULL
+             ON CONFLICT (invocation_id) DO UPDATE SET trace_parent = excluded.trace_parent),
+     v AS (SELECT g.run_id, e.type, e.data, e.h, e.ord, ROW_NUMBER() OVER (ORDER BY e.ord) AS rn
+           FROM g, json_to_recordset($16::json) AS e(type text, data text, h text, ord bigint, src text)
+           WHERE e.src = 'g' OR EXISTS (SELECT 1 FROM cl WHERE cl.status = 'running')),
+     k AS (SELECT run_id, COUNT(*) AS n, array_agg(h ORDER BY ord) AS hs FROM v GROUP BY run_id),
+     l AS (SELECT run_id AS id, pg_advisory_xact_lock(1835627105, hashtext(run_id)) FROM k),
+     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n, chain_base = runs.last_hash,
+                  last_hash = (mira_event_chain(runs.last_hash, runs.event_seq + 1, k.hs))[k.n] FROM k
+           WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
+           RETURNING runs.id, runs.event_seq, k.n, runs.chain_base,
+                  mira_event_chain(runs.chain_base, runs.event_seq - k.n + 1, k.hs) AS chain),
+     i AS (INSERT INTO events (run_id, seq, type, data, created_at, content_hash, prev_hash, hash)
+           SELECT v.run_id, c.event_seq - c.n + v.rn, v.type, v.data, $3, v.h,
+                  CASE WHEN v.rn = 1 THEN COALESCE(c.chain_base, repeat('0', 64)) ELSE c.chain[v.rn - 1] END,
+                  c.chain[v.rn]
+           FROM v JOIN c ON c.id = v.run_id)
+SELECT cl.*, c.event_seq AS last_event_seq FROM g LEFT JOIN cl ON true LEFT JOIN c ON true"
 );
 
 /// Records the trace context `$2` of the request that made invocation `$1` runnable.

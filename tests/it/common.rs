@@ -389,7 +389,7 @@ impl mira::registry::Tool for TestTool {
             }
         }
         Ok(mira::registry::ToolOutput {
-            output: json!({"echo": input, "execution": n}),
+            output: json!({"echo": input, "execution": n, "given_workspace": ctx.workspace.is_some()}),
             evidence: vec![mira::evidence::EvidenceDraft::of_text(
                 "test_echo",
                 json!({"tool": self.spec.id}),

@@ -445,11 +445,18 @@ async fn a_device_folder_is_never_looked_at_on_the_host(backend: Backend) {
         let r = t.post("/v1/runs", &mallory, json!({"workspace_id": r.body["id"]})).await;
         let run = r.body["id"].as_str().unwrap().to_owned();
         let (turn, _) = t.turn(&mallory, &run, "explore the code graph").await;
-        // A host tool's call there is refused without the host opening the path: the same
-        // answer whether or not something is at that path here.
+        // A host tool that works in no folder (no fs/pty capability: those run on the device)
+        // runs on the host without the host opening the path — it is given no folder — and
+        // alike whether or not something is at that path here.
         let r = t.call(&mallory, &run, &turn, "hostile_folder_probe", "h1", json!({"value": "x"})).await;
-        assert_eq!((r.status, r.code()), (StatusCode::SERVICE_UNAVAILABLE, "workspace_unavailable"), "{name}: {r:?}");
-        assert!(!r.body.to_string().contains(path), "{name}: the answer names the host path: {r:?}");
+        assert_eq!(r.status, StatusCode::CREATED, "{name}: {r:?}");
+        let done = t.wait_final(&mallory, r.body["invocation_id"].as_str().unwrap()).await;
+        assert_eq!(
+            (done["status"].as_str(), done["result"]["output"]["given_workspace"].as_bool()),
+            (Some("completed"), Some(false)),
+            "{name}: {done}"
+        );
+        assert!(!done.to_string().contains(path), "{name}: the answer names the host path: {done}");
         // On the run's device, and as if on the host (`device=local`).
         for query in [format!("turn={turn}"), format!("turn={turn}&device=local")] {
             for _ in 0..3 {

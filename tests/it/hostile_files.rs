@@ -118,6 +118,18 @@ async fn workspace_root_swapped_for_a_symlink_runs_nothing(backend: Backend) {
     assert_eq!((read.status, read.code()), (StatusCode::CONFLICT, "unavailable"), "{read:?}");
     assert_eq!(read.body["error"]["details"]["ladder"]["reason"]["code"], "workspace_changed");
     assert!(!read.body.to_string().contains("not for this workspace"));
+    // A tool that does not work in the folder (no fs/pty capability, like an External MCP
+    // projection) is neither handed it nor stopped by its state: frozen and run once.
+    let lookup = common::TestTool::new("net_lookup", "looks something up on the network", false);
+    let runs = lookup.runs.clone();
+    t.app().registry.register(std::sync::Arc::new(lookup)).unwrap();
+    let (turn2, _) = t.turn(&admin, &run, "look something up").await;
+    let n = freeze(&t, &admin, &run, &turn2, "net_lookup", "n1", json!({"value": "x"})).await;
+    assert_eq!(n.status, StatusCode::CREATED, "{n:?}");
+    let done = t.wait_final(&admin, n.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["output"]["given_workspace"], false, "{done}");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
     let list = t.get("/v1/workspaces", &admin).await;
     let view = list.body["workspaces"].as_array().unwrap().iter().find(|w| w["id"] == ws_id.as_str()).unwrap().clone();
     assert_eq!((view["root"]["status"].as_str(), view["root"]["change"].as_str()), (Some("changed"), Some("symlink")));
