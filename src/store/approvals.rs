@@ -625,8 +625,8 @@ RETURNING *"
 /// still awaiting approval — claimed for `$9` with the lease `$10` (`running`), or `queued`
 /// when `$9` is null; the trace context `$11` when given; and the events `$16` (`type, data,
 /// h` = content hash`, ord, src`: `g` always, `s` only when the claim took) numbered and
-/// hash-chained after the run's last event under its counter's lock, as
-/// `GROUP_WRITE_POSTGRES` does. No row when nothing was granted; else one row: the
+/// hash-chained after the run's last event under its counter's lock
+/// (`chain_events_postgres!`). No row when nothing was granted; else one row: the
 /// invocation as updated (its columns null when the update missed) and the run's new last
 /// event id (`last_event_seq`).
 const GRANT_POSTGRES: &str = concat!(
@@ -645,20 +645,9 @@ const GRANT_POSTGRES: &str = concat!(
              ON CONFLICT (invocation_id) DO UPDATE SET trace_parent = excluded.trace_parent),
      v AS (SELECT g.run_id, e.type, e.data, e.h, e.ord, ROW_NUMBER() OVER (ORDER BY e.ord) AS rn
            FROM g, json_to_recordset($16::json) AS e(type text, data text, h text, ord bigint, src text)
-           WHERE e.src = 'g' OR EXISTS (SELECT 1 FROM cl WHERE cl.status = 'running')),
-     k AS (SELECT run_id, COUNT(*) AS n, array_agg(h ORDER BY ord) AS hs FROM v GROUP BY run_id),
-     l AS (SELECT run_id AS id, pg_advisory_xact_lock(1835627105, hashtext(run_id)) FROM k),
-     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n, chain_base = runs.last_hash,
-                  last_hash = (mira_event_chain(runs.last_hash, runs.event_seq + 1, k.hs))[k.n] FROM k
-           WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
-           RETURNING runs.id, runs.event_seq, k.n, runs.chain_base,
-                  mira_event_chain(runs.chain_base, runs.event_seq - k.n + 1, k.hs) AS chain),
-     i AS (INSERT INTO events (run_id, seq, type, data, created_at, content_hash, prev_hash, hash)
-           SELECT v.run_id, c.event_seq - c.n + v.rn, v.type, v.data, $3, v.h,
-                  CASE WHEN v.rn = 1 THEN COALESCE(c.chain_base, repeat('0', 64)) ELSE c.chain[v.rn - 1] END,
-                  c.chain[v.rn]
-           FROM v JOIN c ON c.id = v.run_id)
-SELECT cl.*, c.event_seq AS last_event_seq FROM g LEFT JOIN cl ON true LEFT JOIN c ON true"
+           WHERE e.src = 'g' OR EXISTS (SELECT 1 FROM cl WHERE cl.status = 'running')),",
+    chain_events_postgres!("$3"),
+    "SELECT cl.*, c.event_seq AS last_event_seq FROM g LEFT JOIN cl ON true LEFT JOIN c ON true"
 );
 
 /// Records the trace context `$2` of the request that made invocation `$1` runnable.

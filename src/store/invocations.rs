@@ -1150,11 +1150,9 @@ impl Store {
 /// (as `approvals_json`), `$7` the trace contexts (as `traces_json`; `$6` and `$7` are
 /// usually empty, and apart from `$1` so that its rows are read once). Trace contexts, approval requests and the freezes' events are
 /// written only for invocations this statement inserted, evidence and the results' events
-/// only for those it updated; the runs' counters
-/// are locked in one fixed order (advisory locks, as `APPEND_EVENTS_POSTGRES` in the store
-/// module) and each run's events numbered in `ord` order below its new
-/// last id, as [`crate::store::WriteTx::append_events`] does, hash-chained the same way
-/// (`h` = the event's content hash). Returns `('i', id, 0)` per inserted invocation,
+/// only for those it updated; each run's events are numbered in `ord` order below its new
+/// last id and hash-chained as [`crate::store::WriteTx::append_events`] does
+/// (`chain_events_postgres!`; `h` = the event's content hash). Returns `('i', id, 0)` per inserted invocation,
 /// `('u', id, 0)` per updated one and `('c', run id, last id)` per run.
 ///
 /// The results' compare-and-set finds its rows by id (`id = ANY(ARRAY(…))`, an index
@@ -1162,8 +1160,8 @@ impl Store {
 /// status index and hashed them, and that index keeps an entry for every version a row ever
 /// had until a vacuum — measured: 12,060 entries read to update 3 rows (2.6 ms instead of
 /// 0.8), the larger the longer since the last vacuum.
-const GROUP_WRITE_POSTGRES: &str = "\
-WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text,
+const GROUP_WRITE_POSTGRES: &str = concat!(
+    "WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text,
                 tool_id text, tool_call_id text, input text, input_hash text, approval_required bigint, status text,
                 claimed_by text, lease_until text, started_at text, ord bigint)),
      ins AS (INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
@@ -1201,23 +1199,12 @@ WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id tex
                   ROW_NUMBER() OVER (PARTITION BY e.run_id ORDER BY e.ord) AS rn
            FROM json_to_recordset($4::json) AS e(run_id text, type text, data text, h text, ord bigint, inv text,
                src text)
-           WHERE (e.src = 'f' AND e.inv IN (SELECT id FROM ins)) OR (e.src = 'r' AND e.inv IN (SELECT id FROM upd))),
-     k AS (SELECT run_id, COUNT(*) AS n, array_agg(h ORDER BY ord) AS hs FROM v GROUP BY run_id),
-     l AS (SELECT s.run_id AS id, pg_advisory_xact_lock(1835627105, hashtext(s.run_id))
-           FROM (SELECT run_id FROM k ORDER BY hashtext(run_id), run_id OFFSET 0) s),
-     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n, chain_base = runs.last_hash,
-                  last_hash = (mira_event_chain(runs.last_hash, runs.event_seq + 1, k.hs))[k.n] FROM k
-           WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
-           RETURNING runs.id, runs.event_seq, k.n, runs.chain_base,
-                  mira_event_chain(runs.chain_base, runs.event_seq - k.n + 1, k.hs) AS chain),
-     i AS (INSERT INTO events (run_id, seq, type, data, created_at, content_hash, prev_hash, hash)
-           SELECT v.run_id, c.event_seq - c.n + v.rn, v.type, v.data, $5, v.h,
-                  CASE WHEN v.rn = 1 THEN COALESCE(c.chain_base, repeat('0', 64)) ELSE c.chain[v.rn - 1] END,
-                  c.chain[v.rn]
-           FROM v JOIN c ON c.id = v.run_id)
-SELECT 'i' AS what, id, 0::bigint AS seq FROM ins
+           WHERE (e.src = 'f' AND e.inv IN (SELECT id FROM ins)) OR (e.src = 'r' AND e.inv IN (SELECT id FROM upd))),",
+    chain_events_postgres!("$5"),
+    "SELECT 'i' AS what, id, 0::bigint AS seq FROM ins
 UNION ALL SELECT 'u', id, 0 FROM upd
-UNION ALL SELECT 'c', id, event_seq FROM c";
+UNION ALL SELECT 'c', id, event_seq FROM c"
+);
 
 /// The first command of a group on SQLite ([`Store::write_group_in_two_commands`]), which
 /// begins its transaction (`BEGIN IMMEDIATE`): `$1` the new invocations (as

@@ -10,6 +10,41 @@
 //! instead of failing on a lock upgrade, and which broadcasts the events it appended only
 //! after the commit succeeded.
 
+/// The end of a Postgres statement that appends events: given a CTE `v` of new events (`run_id,
+/// type, data, h` = content hash`, ord, rn` = place among its run's new events), `k` counts
+/// each run's events and gathers their hashes, `l` takes one transaction-scoped advisory lock
+/// per run in one fixed order (by the lock's key, so two multi-run statements never wait for
+/// each other in a cycle), `c` updates the runs' counters — each row lock taken by the update
+/// itself — adding each run's count, moving its `last_hash` along the chain
+/// (`mira_event_chain`, migration 0026) and keeping the hash it started from in `chain_base`,
+/// and `i` inserts the events numbered below each run's new last id with their `prev_hash` and
+/// `hash`, `created_at` the parameter `$time`. `c` answers `id, event_seq` (the new last id),
+/// `n`, `chain_base`, `chain`. Used by `APPEND_EVENTS_POSTGRES`, `GROUP_WRITE_POSTGRES` and
+/// `GRANT_POSTGRES`.
+macro_rules! chain_events_postgres {
+    ($time:literal) => {
+        concat!(
+            "
+     k AS (SELECT run_id, COUNT(*) AS n, array_agg(h ORDER BY ord) AS hs FROM v GROUP BY run_id),
+     l AS (SELECT s.run_id AS id, pg_advisory_xact_lock(1835627105, hashtext(s.run_id))
+           FROM (SELECT run_id FROM k ORDER BY hashtext(run_id), run_id OFFSET 0) s),
+     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n, chain_base = runs.last_hash,
+                  last_hash = (mira_event_chain(runs.last_hash, runs.event_seq + 1, k.hs))[k.n] FROM k
+           WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
+           RETURNING runs.id, runs.event_seq, k.n, runs.chain_base,
+                  mira_event_chain(runs.chain_base, runs.event_seq - k.n + 1, k.hs) AS chain),
+     i AS (INSERT INTO events (run_id, seq, type, data, created_at, content_hash, prev_hash, hash)
+           SELECT v.run_id, c.event_seq - c.n + v.rn, v.type, v.data, ",
+            $time,
+            ", v.h,
+                  CASE WHEN v.rn = 1 THEN COALESCE(c.chain_base, repeat('0', 64)) ELSE c.chain[v.rn - 1] END,
+                  c.chain[v.rn]
+           FROM v JOIN c ON c.id = v.run_id)
+"
+        )
+    };
+}
+
 mod approvals;
 mod bundle;
 pub mod cache;
@@ -438,37 +473,22 @@ fn pool_options() -> AnyPoolOptions {
 }
 
 /// [`WriteTx::append_events`] on Postgres. `$1` is a JSON array of the events
-/// (`run_id`, `type`, `data` as text, `ord` = position in the call), `$2` the time. `l` takes
-/// one transaction-scoped advisory lock per run, in one fixed order (by the lock's key), so
-/// two multi-run appends never wait for each other in a cycle; `c` then updates the runs'
-/// counters (each row lock taken by the update itself: a `FOR UPDATE` of the rows first made
-/// the update meet its own lock through an older snapshot, queued behind other waiters — a
-/// deadlock) adding each run's count of new events and returning its last id; `i` inserts the
-/// events, numbered in `ord` order below each run's last id. Returns `(run id, last id)` per
-/// run. Each event's `h` is its content hash ([`mira_core::chain::event_content_hash`]); the
-/// counter update also moves the run's `last_hash` along the chain (`mira_event_chain`,
-/// migration 0026) and keeps the hash it started from in `chain_base`, from which the events'
-/// `prev_hash` and `hash` are taken: the previous hash is read under the same row lock that
-/// hands out the ids. A single-row append ([`WriteTx::append_event`]) takes no advisory lock: it holds one
-/// counter only, so it closes no cycle.
-const APPEND_EVENTS_POSTGRES: &str = "\
-WITH v AS (SELECT x.run_id, x.type, x.data, x.h, x.ord,
+/// (`run_id`, `type`, `data` as text, `h` its content hash
+/// ([`mira_core::chain::event_content_hash`]), `ord` = position in the call), `$2` the time;
+/// numbered in `ord` order below each run's new last id and hash-chained by
+/// [`chain_events_postgres!`] (a `FOR UPDATE` of the runs' rows before their update made the
+/// update meet its own lock through an older snapshot, queued behind other waiters — a
+/// deadlock — so the update takes the row locks itself). Returns `(run id, last id)` per run:
+/// the previous hash is read under the same row lock that hands out the ids. A single-row
+/// append ([`WriteTx::append_event`]) takes no advisory lock: it holds one counter only, so it
+/// closes no cycle.
+const APPEND_EVENTS_POSTGRES: &str = concat!(
+    "WITH v AS (SELECT x.run_id, x.type, x.data, x.h, x.ord,
                   ROW_NUMBER() OVER (PARTITION BY x.run_id ORDER BY x.ord) AS rn
-           FROM json_to_recordset($1::json) AS x(run_id text, type text, data text, h text, ord bigint)),
-     k AS (SELECT run_id, COUNT(*) AS n, array_agg(h ORDER BY ord) AS hs FROM v GROUP BY run_id),
-     l AS (SELECT s.run_id AS id, pg_advisory_xact_lock(1835627105, hashtext(s.run_id))
-           FROM (SELECT run_id FROM k ORDER BY hashtext(run_id), run_id OFFSET 0) s),
-     c AS (UPDATE runs SET event_seq = runs.event_seq + k.n, chain_base = runs.last_hash,
-                  last_hash = (mira_event_chain(runs.last_hash, runs.event_seq + 1, k.hs))[k.n] FROM k
-           WHERE runs.id = k.run_id AND runs.id IN (SELECT id FROM l)
-           RETURNING runs.id, runs.event_seq, k.n, runs.chain_base,
-                  mira_event_chain(runs.chain_base, runs.event_seq - k.n + 1, k.hs) AS chain),
-     i AS (INSERT INTO events (run_id, seq, type, data, created_at, content_hash, prev_hash, hash)
-           SELECT v.run_id, c.event_seq - c.n + v.rn, v.type, v.data, $2, v.h,
-                  CASE WHEN v.rn = 1 THEN COALESCE(c.chain_base, repeat('0', 64)) ELSE c.chain[v.rn - 1] END,
-                  c.chain[v.rn]
-           FROM v JOIN c ON c.id = v.run_id)
-SELECT id, event_seq FROM c";
+           FROM json_to_recordset($1::json) AS x(run_id text, type text, data text, h text, ord bigint)),",
+    chain_events_postgres!("$2"),
+    "SELECT id, event_seq FROM c"
+);
 
 /// SQLite: a write transaction on the writer connection, under the writer slot, whose
 /// `BEGIN IMMEDIATE` and `COMMIT` travel in the same commands as its first and last
