@@ -306,9 +306,11 @@ impl Store {
         };
         let outcome = match (self.backend, pending) {
             (Backend::Sqlite, _) => self.grant_in_two_commands(&grant).await?,
-            (Backend::Postgres, Some(row)) => self.grant_in_one_statement(&grant, row).await?,
-            // Not visible to the decider: nothing they may grant.
-            (Backend::Postgres, None) => None,
+            (Backend::Postgres, Some(row)) if row.status == ApprovalStatus::Pending => {
+                self.grant_in_one_statement(&grant, row).await?
+            }
+            // Not visible to the decider (nothing they may grant), or decided already.
+            (Backend::Postgres, _) => None,
         };
         let Some((claimed, invocation_status)) = outcome else {
             return Ok((self.diagnose(&who.viewer(), id, Some(triple)).await?, None));
@@ -332,7 +334,7 @@ impl Store {
     /// context and the events with the run's counter. The events are built beforehand from
     /// `pending`, the approval as read before (its invocation, run, requester and rule, which
     /// never change and which the statement requires); `execution.started` is written only
-    /// when the claim took. Answers as [`Store::grant_in_two_commands`].
+    /// when the claim took. Answers a [`GrantWritten`].
     async fn grant_in_one_statement(&self, grant: &Grant<'_>, pending: &ApprovalRow) -> StoreResult<GrantWritten> {
         use sqlx::Row;
         let (node_id, lease_until) =
@@ -362,33 +364,50 @@ impl Store {
             .await?;
         // No row: nothing was granted (and nothing written).
         let Some(row) = row else { return Ok(None) };
-        let updated = match row.try_get::<Option<String>, _>("id")? {
-            Some(_) => Some(<InvocationRow as sqlx::FromRow<'_, sqlx::any::AnyRow>>::from_row(&row)?),
-            None => None,
+        // Committed: from here nothing may turn the grant into an error. The events are
+        // published whatever fails to decode; an invocation that cannot be decoded is not
+        // handed over (its claim is recovered when the lease runs out).
+        let failed = |what: &str, e: sqlx::Error| {
+            tracing::error!(approval = %pending.id, error = %e, "reading the grant's {what} failed");
         };
-        let invocation_status = updated.as_ref().map(|row| row.status);
-        let claimed = updated.filter(|row| row.status == InvocationStatus::Running);
-        let last_seq: i64 = row.try_get("last_event_seq")?;
-        let written: Vec<EventKind> = events
-            .iter()
-            .map(|(_, kind, _)| *kind)
-            .filter(|kind| *kind != EventKind::ExecutionStarted || claimed.is_some())
-            .collect();
-        let first = last_seq - i64::try_from(written.len()).unwrap_or(0) + 1;
-        self.publish_committed(
-            (first..)
-                .zip(written)
-                .map(|(seq, kind)| super::RunSignal { run_id: run_id.to_owned(), seq, kind })
-                .collect(),
-        );
+        // Null when the invocation's update missed.
+        let invocation_status = row.try_get::<Option<InvocationStatus>, _>("status").unwrap_or_else(|e| {
+            failed("invocation status", e);
+            None
+        });
+        let started = invocation_status == Some(InvocationStatus::Running);
+        let claimed = if started {
+            <InvocationRow as sqlx::FromRow<'_, sqlx::any::AnyRow>>::from_row(&row)
+                .map_err(|e| failed("claimed invocation", e))
+                .ok()
+        } else {
+            None
+        };
+        match row.try_get::<i64, _>("last_event_seq") {
+            Ok(last_seq) => {
+                let written: Vec<EventKind> = events
+                    .iter()
+                    .map(|(_, kind, _)| *kind)
+                    .filter(|kind| *kind != EventKind::ExecutionStarted || started)
+                    .collect();
+                let first = last_seq - i64::try_from(written.len()).unwrap_or(0) + 1;
+                self.publish_committed(
+                    (first..)
+                        .zip(written)
+                        .map(|(seq, kind)| super::RunSignal { run_id: run_id.to_owned(), seq, kind })
+                        .collect(),
+                );
+            }
+            Err(e) => failed("last event id", e),
+        }
         Ok(Some((claimed, invocation_status)))
     }
 
     /// [`Store::grant_and_claim`]'s writes on SQLite: one transaction in two commands on the
     /// group commit's writer connection ([`super::SqliteWriteBatch`]) — [`GRANT_SQLITE`]
     /// (`BEGIN IMMEDIATE`, the grant, the claim or queueing, the run's event head), then the
-    /// events and `COMMIT` — instead of eight hand-offs to the connection's thread. Answers as
-    /// [`Store::grant_in_one_statement`].
+    /// events and `COMMIT` — instead of eight hand-offs to the connection's thread. Answers a
+    /// [`GrantWritten`].
     async fn grant_in_two_commands(&self, grant: &Grant<'_>) -> StoreResult<GrantWritten> {
         use sqlx::Row;
         let now = grant.now;
@@ -641,7 +660,7 @@ const GRANT_POSTGRES: &str = concat!(
             WHERE id = (SELECT invocation_id FROM g) AND status = 'awaiting_approval'
             RETURNING *),
      trc AS (INSERT INTO invocation_traces (invocation_id, trace_parent)
-             SELECT id, $11::text FROM cl WHERE $11::text IS NOT NULL
+             SELECT invocation_id, $11::text FROM g WHERE $11::text IS NOT NULL
              ON CONFLICT (invocation_id) DO UPDATE SET trace_parent = excluded.trace_parent),
      v AS (SELECT g.run_id, e.type, e.data, e.h, e.ord, ROW_NUMBER() OVER (ORDER BY e.ord) AS rn
            FROM g, json_to_recordset($16::json) AS e(type text, data text, h text, ord bigint, src text)

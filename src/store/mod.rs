@@ -478,8 +478,8 @@ fn pool_options() -> AnyPoolOptions {
 /// numbered in `ord` order below each run's new last id and hash-chained by
 /// [`chain_events_postgres!`] (a `FOR UPDATE` of the runs' rows before their update made the
 /// update meet its own lock through an older snapshot, queued behind other waiters — a
-/// deadlock — so the update takes the row locks itself). Returns `(run id, last id)` per run:
-/// the previous hash is read under the same row lock that hands out the ids. A single-row
+/// deadlock — so the update takes the row locks itself); the previous hash is read under the
+/// same row lock that hands out the ids. Returns `(run id, last id)` per run. A single-row
 /// append ([`WriteTx::append_event`]) takes no advisory lock: it holds one counter only, so it
 /// closes no cycle.
 const APPEND_EVENTS_POSTGRES: &str = concat!(

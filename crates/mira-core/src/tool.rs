@@ -65,7 +65,8 @@ impl ToolSpec {
     /// [`WORKSPACE_CAPABILITIES`] (`fs.read`, `fs.write`, `pty`). Only such a tool is handed
     /// the folder to prepare and execute a call in ([`PrepareContext::workspace`],
     /// [`ExecContext::workspace`]); every other tool (network, MCP, mail, browser…) is
-    /// prepared and run without the run's folder being read from the store or opened.
+    /// prepared and run without it: the executor does not read the run again nor open the
+    /// folder for it, and the folder's state (a replaced root) does not stop it.
     ///
     /// [`WORKSPACE_CAPABILITIES`]: crate::availability::WORKSPACE_CAPABILITIES
     pub fn works_in_workspace(&self) -> bool {

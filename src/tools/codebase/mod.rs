@@ -417,7 +417,8 @@ impl Tool for ReportsChanges {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let out = self.inner.execute(input, ctx).await?;
-        if let Some(index) = self.graphs.get(ctx.workspace()?.root()) {
+        // After the edit ran nothing may fail: without a folder there is no index to tell.
+        if let Some(index) = ctx.workspace.as_ref().and_then(|ws| self.graphs.get(ws.root())) {
             index.notify_changed(
                 ["path", "from", "to"]
                     .into_iter()
