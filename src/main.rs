@@ -27,10 +27,14 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// (`MIMALLOC_ARENA_EAGER_COMMIT`, `MIMALLOC_ALLOW_THP`) are left as they are.
 fn tune_mimalloc() {
     // `mi_option_arena_eager_commit` in mimalloc v3's `mi_option_e` (mimalloc.h), which
-    // libmimalloc-sys's bindings (written for v2) do not name.
+    // libmimalloc-sys's bindings (written for v2) do not name. v3 keeps its options'
+    // numbers (retired ones stay as `deprecated` entries); another major version is not
+    // assumed to: the option is then left at its default.
     const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+    // SAFETY: mi_version only returns a constant (major · 10,000 + minor · 100 + patch).
+    let v3 = unsafe { libmimalloc_sys::mi_version() } / 10_000 == 3;
     let given = |v: &str| std::env::var_os(v).is_some();
-    if !given("MIMALLOC_ARENA_EAGER_COMMIT") {
+    if v3 && !given("MIMALLOC_ARENA_EAGER_COMMIT") {
         // SAFETY: sets one of mimalloc's options; no preconditions.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
     }
