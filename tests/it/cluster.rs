@@ -853,12 +853,22 @@ async fn database_down_at_start_and_restarted_under_load() {
     assert_eq!(s, StatusCode::CREATED, "{run}");
     let run = run["id"].as_str().unwrap().to_owned();
     let resp = client.get(format!("{}/v1/runs/{run}/events", b.base)).bearer_auth(&alice).send().await.unwrap();
+    // Forwarded as they arrive: B learns of A's events once its listener is back (it
+    // reconnects with a backoff of up to 5 s) or at its next poll, so the check below waits
+    // for them instead of stopping B at once.
     let mut at_b = {
         let (tx, rx) = mpsc::channel(1000);
         tokio::spawn(async move {
-            let got = crate::common::read_sse(resp, 1000, Duration::from_secs(120)).await;
-            for e in got {
-                let _ = tx.send((Some(e.0), e.1, e.2)).await;
+            use futures::StreamExt;
+            let mut body = resp.bytes_stream();
+            let mut buf = String::new();
+            while let Some(Ok(chunk)) = body.next().await {
+                buf.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some((id, event, _)) = crate::common::next_sse_block(&mut buf) {
+                    if let Some(id) = id {
+                        let _ = tx.send((id, event)).await;
+                    }
+                }
             }
         });
         rx
@@ -917,11 +927,18 @@ async fn database_down_at_start_and_restarted_under_load() {
         .await
         .unwrap();
     pool.close().await;
+    let mut seen = Vec::new();
+    while seen.len() < stored.len() {
+        match tokio::time::timeout(Duration::from_secs(30), at_b.recv()).await {
+            Ok(Some(e)) => seen.push(e),
+            _ => break,
+        }
+    }
     drop(a);
     drop(b);
-    let mut seen = Vec::new();
-    while let Some((id, event, _)) = at_b.recv().await {
-        seen.push((id.unwrap_or(-1), event));
+    // Nothing after the stored events either (the stream ends when B stops).
+    while let Some(e) = at_b.recv().await {
+        seen.push(e);
     }
     assert_eq!(seen, stored, "B's stream, open across the restart, has every event in order");
 }
