@@ -225,24 +225,7 @@ impl Cluster {
         }
         let resp = req.send().await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
-        let (tx, rx) = mpsc::channel(10_000);
-        tokio::spawn(async move {
-            use futures::StreamExt;
-            let mut stream = resp.bytes_stream();
-            let mut buf = String::new();
-            while let Some(Ok(chunk)) = stream.next().await {
-                buf.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some((id, event, data)) = crate::common::next_sse_block(&mut buf) {
-                    if event.is_empty() {
-                        continue; // a keep-alive comment
-                    }
-                    if tx.send((id, event, data)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        rx
+        sse_channel(resp)
     }
 
     /// Stored events of a run (id, type), in id order.
@@ -253,6 +236,29 @@ impl Cluster {
             .await
             .unwrap()
     }
+}
+
+/// The events (id, type, data) of an open SSE response, forwarded as they arrive; the channel
+/// closes when the stream ends.
+fn sse_channel(resp: reqwest::Response) -> mpsc::Receiver<(Option<i64>, String, Value)> {
+    let (tx, rx) = mpsc::channel(10_000);
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut stream = resp.bytes_stream();
+        let mut buf = String::new();
+        while let Some(Ok(chunk)) = stream.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some((id, event, data)) = crate::common::next_sse_block(&mut buf) {
+                if event.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                if tx.send((id, event, data)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
 }
 
 /// Receives from `rx` until `n` events arrived (30 s at most).
@@ -853,26 +859,9 @@ async fn database_down_at_start_and_restarted_under_load() {
     assert_eq!(s, StatusCode::CREATED, "{run}");
     let run = run["id"].as_str().unwrap().to_owned();
     let resp = client.get(format!("{}/v1/runs/{run}/events", b.base)).bearer_auth(&alice).send().await.unwrap();
-    // Forwarded as they arrive: B learns of A's events once its listener is back (it
-    // reconnects with a backoff of up to 5 s) or at its next poll, so the check below waits
-    // for them instead of stopping B at once.
-    let mut at_b = {
-        let (tx, rx) = mpsc::channel(1000);
-        tokio::spawn(async move {
-            use futures::StreamExt;
-            let mut body = resp.bytes_stream();
-            let mut buf = String::new();
-            while let Some(Ok(chunk)) = body.next().await {
-                buf.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some((id, event, _)) = crate::common::next_sse_block(&mut buf) {
-                    if let Some(id) = id {
-                        let _ = tx.send((id, event)).await;
-                    }
-                }
-            }
-        });
-        rx
-    };
+    // B learns of A's events once its listener is back (it reconnects with a backoff of up to
+    // 5 s) or at its next poll: the check below waits for them instead of stopping B at once.
+    let mut at_b = sse_channel(resp);
 
     // Postgres restarts: meanwhile clear 503s, not hangs or 500s.
     pg.stop();
@@ -927,18 +916,13 @@ async fn database_down_at_start_and_restarted_under_load() {
         .await
         .unwrap();
     pool.close().await;
-    let mut seen = Vec::new();
-    while seen.len() < stored.len() {
-        match tokio::time::timeout(Duration::from_secs(30), at_b.recv()).await {
-            Ok(Some(e)) => seen.push(e),
-            _ => break,
-        }
-    }
+    let mut seen: Vec<(i64, String)> =
+        take(&mut at_b, stored.len()).await.into_iter().map(|(id, e, _)| (id, e)).collect();
     drop(a);
     drop(b);
     // Nothing after the stored events either (the stream ends when B stops).
-    while let Some(e) = at_b.recv().await {
-        seen.push(e);
+    while let Some((id, event, _)) = at_b.recv().await {
+        seen.push((id.unwrap_or(-1), event));
     }
     assert_eq!(seen, stored, "B's stream, open across the restart, has every event in order");
 }
