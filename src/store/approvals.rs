@@ -342,12 +342,14 @@ impl Store {
         let run_id = pending.run_id.as_str();
         let events =
             grant.events(run_id, &pending.invocation_id, &pending.owner_id, pending.rule, grant.claim.is_some());
+        let texts =
+            super::invocations::event_texts(events.iter().map(|(run, kind, data)| (*run, *kind, data)), grant.now);
         let events_json: Vec<serde_json::Value> = events
             .iter()
+            .zip(texts)
             .enumerate()
-            .map(|(ord, (run_id, kind, data))| {
-                let h = mira_core::chain::event_content_hash(run_id, kind.as_str(), grant.now, data);
-                json!({"type": kind.as_str(), "data": data.to_string(), "h": h, "ord": ord,
+            .map(|(ord, ((_, kind, _), (data, h)))| {
+                json!({"type": kind.as_str(), "data": data, "h": h, "ord": ord,
                        "src": if *kind == EventKind::ExecutionStarted { "s" } else { "g" }})
             })
             .collect();
@@ -444,9 +446,12 @@ impl Store {
         }
         let events = grant.events(&run_id, &invocation_id, &requester, rule, claimed.is_some());
         let mut heads = [(run_id.clone(), seq, hash.unwrap_or_else(|| mira_core::chain::GENESIS.to_owned()))];
-        let signals = batch
-            .append_and_commit(&mut heads, events.iter().map(|(run, kind, data)| (*run, *kind, data)), now)
-            .await?;
+        let texts = super::invocations::event_texts(events.iter().map(|(run, kind, data)| (*run, *kind, data)), now);
+        let written = events
+            .iter()
+            .zip(&texts)
+            .map(|((run, kind, _), (data, content))| (*run, *kind, data.as_str(), content.as_str()));
+        let signals = batch.append_and_commit(&mut heads, written, now).await?;
         batch.committed();
         self.publish_committed(signals);
         Ok(Some((claimed, invocation_status)))

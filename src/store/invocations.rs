@@ -325,10 +325,10 @@ impl Store {
         let events_json = serde_json::Value::Array(
             events
                 .iter()
+                .zip(event_texts(events.iter().map(|e| (e.0, e.1, &e.2)), &now))
                 .enumerate()
-                .map(|(ord, (run_id, kind, data, inv, freeze))| {
-                    let h = mira_core::chain::event_content_hash(run_id, kind.as_str(), &now, data);
-                    json!({"run_id": run_id, "type": kind.as_str(), "data": data.to_string(), "h": h, "ord": ord,
+                .map(|(ord, ((run_id, kind, _, inv, freeze), (data, h)))| {
+                    json!({"run_id": run_id, "type": kind.as_str(), "data": data, "h": h, "ord": ord,
                            "inv": inv, "src": if *freeze { "f" } else { "r" }})
                 })
                 .collect(),
@@ -406,6 +406,8 @@ impl Store {
         let evidence_ids = new_evidence_ids(finishes);
         let evidence = evidence_rows(finishes, &evidence_ids);
         let events = candidate_events(&rows, &approvals, finishes, &evidence_ids)?;
+        // Serialised and hashed before the writer is taken: only the links need the heads.
+        let texts = event_texts(events.iter().map(|e| (e.0, e.1, &e.2)), &now);
         let mut runs: Vec<&str> = events.iter().map(|e| e.0).collect();
         runs.sort_unstable();
         runs.dedup();
@@ -439,13 +441,18 @@ impl Store {
             }
         }
         let appending = std::time::Instant::now();
-        let written = events.iter().filter(
-            |(_, _, _, inv, freeze)| {
-                if *freeze { inserted.contains(*inv) } else { updated.contains(*inv) }
-            },
-        );
+        let written =
+            events.iter().zip(&texts).filter(
+                |((_, _, _, inv, freeze), _)| {
+                    if *freeze { inserted.contains(*inv) } else { updated.contains(*inv) }
+                },
+            );
         let signals = batch
-            .append_and_commit(&mut heads, written.map(|(run, kind, data, _, _)| (*run, *kind, data)), &now)
+            .append_and_commit(
+                &mut heads,
+                written.map(|((run, kind, _, _, _), (data, content))| (*run, *kind, data.as_str(), content.as_str())),
+                &now,
+            )
             .await?;
         batch.committed();
         self.publish_committed(signals);
@@ -497,29 +504,40 @@ impl Store {
     }
 }
 
+/// Each event's data as JSON text and its content hash
+/// ([`mira_core::chain::event_content_hash`]) at time `now`, in order: what
+/// [`super::SqliteWriteBatch::append_and_commit`] and the Postgres statements take.
+pub(crate) fn event_texts<'e>(
+    events: impl Iterator<Item = (&'e str, EventKind, &'e serde_json::Value)>,
+    now: &str,
+) -> Vec<(String, String)> {
+    events
+        .map(|(run_id, kind, data)| (data.to_string(), chain::event_content_hash(run_id, kind.as_str(), now, data)))
+        .collect()
+}
+
 impl super::SqliteWriteBatch {
-    /// Appends `events` (`(run id, kind, data)`, in order), each chained after its run's head
-    /// in `heads` (`(run id, last event id, last hash)`, moved on as they are numbered), and
-    /// commits — one command ([`APPEND_AND_COMMIT_SQLITE`]; just `COMMIT` without events).
-    /// Returns their signals, for [`Store::publish_committed`] once
-    /// [`super::SqliteWriteBatch::committed`] is called. Errors: an event of a run not in
-    /// `heads`; the store's.
+    /// Appends `events` (`(run id, kind, data as JSON text, content hash)` — see
+    /// [`event_texts`] — in order), each chained after its run's head in `heads` (`(run id,
+    /// last event id, last hash)`, moved on as they are numbered), and commits — one command
+    /// ([`APPEND_AND_COMMIT_SQLITE`]; just `COMMIT` without events). Returns their signals,
+    /// for [`Store::publish_committed`] once [`super::SqliteWriteBatch::committed`] is called.
+    /// Errors: an event of a run not in `heads`; the store's.
     pub(crate) async fn append_and_commit<'e>(
         &mut self,
         heads: &mut [(String, i64, String)],
-        events: impl Iterator<Item = (&'e str, EventKind, &'e serde_json::Value)>,
+        events: impl Iterator<Item = (&'e str, EventKind, &'e str, &'e str)>,
         now: &str,
     ) -> StoreResult<Vec<RunSignal>> {
         let mut rows = Vec::new();
         let mut signals = Vec::new();
-        for (run_id, kind, data) in events {
+        for (run_id, kind, data, content) in events {
             let head = heads.iter_mut().find(|h| h.0 == run_id).ok_or(StoreError::Db(sqlx::Error::RowNotFound))?;
             let seq = head.1 + 1;
-            let content = chain::event_content_hash(run_id, kind.as_str(), now, data);
-            let hash = chain::event_link(&head.2, seq, &content);
+            let hash = chain::event_link(&head.2, seq, content);
             let prev = std::mem::replace(&mut head.2, hash.clone());
             head.1 = seq;
-            rows.push(json!({"run_id": run_id, "seq": seq, "type": kind.as_str(), "data": data.to_string(),
+            rows.push(json!({"run_id": run_id, "seq": seq, "type": kind.as_str(), "data": data,
                              "content_hash": content, "prev_hash": prev, "hash": hash}));
             signals.push(RunSignal { run_id: run_id.to_owned(), seq, kind });
         }
