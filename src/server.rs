@@ -57,6 +57,7 @@ pub async fn open_store(data_dir: &Path, url: &str) -> anyhow::Result<Store> {
         .await
         .with_context(|| format!("connecting to {}", crate::store::redact_url(url)))?;
     store.migrate().await.context("applying migrations")?;
+    store.warn_without_autovacuum().await;
     Ok(store)
 }
 

@@ -102,9 +102,15 @@ pub fn view(row: InvocationRow, approval_id: Option<String>, evidence_ids: Vec<S
 
 /// The view of a stored invocation with its approval and evidence ids.
 pub async fn full_view(app: &App, row: InvocationRow) -> Result<InvocationView> {
-    let approval_id = app.store.approval_id_of(&row.id).await?;
-    let evidence_ids = app.store.evidence_ids_of(&row.id).await?;
-    view(row, approval_id, evidence_ids)
+    full_views(app, vec![row]).await?.pop().ok_or_else(|| Error::Internal("no invocation view".into()))
+}
+
+/// [`full_view`] of each of `rows`, in order, with one read of their approval and evidence
+/// ids.
+pub async fn full_views(app: &App, rows: Vec<InvocationRow>) -> Result<Vec<InvocationView>> {
+    let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    let links = app.store.invocation_links(&ids).await?;
+    rows.into_iter().zip(links).map(|(row, (approval_id, evidence_ids))| view(row, approval_id, evidence_ids)).collect()
 }
 
 /// Freezes a call. 201 new; 200 idempotent replay of the same triple.
@@ -177,11 +183,7 @@ pub async fn list_invocations(
     let limit = page.limit()?;
     let rows = app.store.list_invocations(&run.id, page.cursor.as_deref(), limit + 1).await?;
     let (rows, next_cursor) = Page::split(rows, limit, |r| r.id.clone());
-    let mut invocations = Vec::with_capacity(rows.len());
-    for row in rows {
-        invocations.push(full_view(&app, row).await?);
-    }
-    Ok(Json(InvocationList { invocations, next_cursor }))
+    Ok(Json(InvocationList { invocations: full_views(&app, rows).await?, next_cursor }))
 }
 
 /// Longest accepted `wait_ms` of `GET /v1/invocations/{id}`, in milliseconds (30 s).

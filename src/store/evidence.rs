@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::TASK_PREFIX_CHARS;
-use super::{Store, StoreResult};
+use super::{Backend, Store, StoreResult};
 use crate::events::EventKind;
 pub use crate::evidence::EvidenceDraft;
 use crate::ids;
@@ -63,6 +63,38 @@ impl Store {
             .bind(limit)
             .fetch_all(self.pool())
             .await?)
+    }
+
+    /// For each of `invocation_ids` (in order): its approval request's id, if it has one, and
+    /// its evidence ids, oldest first — what [`Store::approval_id_of`] and
+    /// [`Store::evidence_ids_of`] answer, for any number of invocations in one statement.
+    pub async fn invocation_links(&self, invocation_ids: &[&str]) -> StoreResult<Vec<(Option<String>, Vec<String>)>> {
+        if invocation_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = match self.backend {
+            Backend::Sqlite => "SELECT value FROM json_each($1)",
+            Backend::Postgres => "SELECT json_array_elements_text($1::json)",
+        };
+        let rows: Vec<(String, String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT invocation_id, 'a', id FROM approvals WHERE invocation_id IN ({ids})
+             UNION ALL SELECT invocation_id, 'e', id FROM evidence WHERE invocation_id IN ({ids})
+             ORDER BY 1, 2, 3"
+        )))
+        .bind(serde_json::to_string(invocation_ids)?)
+        .fetch_all(self.pool())
+        .await?;
+        let mut links: std::collections::HashMap<String, (Option<String>, Vec<String>)> =
+            std::collections::HashMap::new();
+        for (invocation_id, kind, id) in rows {
+            let link = links.entry(invocation_id).or_default();
+            if kind == "a" {
+                link.0 = Some(id);
+            } else {
+                link.1.push(id);
+            }
+        }
+        Ok(invocation_ids.iter().map(|id| links.get(*id).cloned().unwrap_or_default()).collect())
     }
 
     /// Evidence ids of one invocation, oldest first.

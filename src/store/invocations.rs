@@ -1174,10 +1174,13 @@ impl Store {
 /// `('u', id, 0)` per updated one and `('c', run id, last id)` per run.
 ///
 /// The results' compare-and-set finds its rows by id (`id = ANY(ARRAY(…))`, an index
-/// condition): joined on `id` alone, the planner read every `status = 'running'` entry of the
-/// status index and hashed them, and that index keeps an entry for every version a row ever
-/// had until a vacuum — measured: 12,060 entries read to update 3 rows (2.6 ms instead of
-/// 0.8), the larger the longer since the last vacuum.
+/// condition) and its status test (`status || '' = 'running'`) cannot use an index: joined
+/// on `id` alone, the planner read every `status = 'running'` entry of the status index and
+/// hashed them, and that index keeps an entry for every version a row ever had until a
+/// vacuum — measured: 12,060 entries read to update 3 rows (2.6 ms instead of 0.8), the
+/// larger the longer since the last vacuum. With the `ANY` alone, a plan made while the
+/// table was small and never analysed (autovacuum off) still used the status index: both
+/// looked equally cheap then, and a prepared statement keeps its plan.
 const GROUP_WRITE_POSTGRES: &str = concat!(
     "WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text,
                 tool_id text, tool_call_id text, input text, input_hash text, approval_required bigint, status text,
@@ -1204,7 +1207,7 @@ const GROUP_WRITE_POSTGRES: &str = concat!(
                  lease_until = NULL
              FROM fv
              WHERE invocations.id = ANY(ARRAY(SELECT id FROM fv)) AND invocations.id = fv.id
-               AND invocations.status = 'running' AND invocations.claimed_by = fv.node
+               AND invocations.status || '' = 'running' AND invocations.claimed_by = fv.node
              RETURNING invocations.id),
      evd AS (INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256,
                  excerpt, created_at)

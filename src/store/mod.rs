@@ -292,6 +292,27 @@ impl Store {
         })
     }
 
+    /// On Postgres, warns (in the log) when the server's `autovacuum` is off: nothing then
+    /// removes the dead row versions every status change leaves in the invocations and runs
+    /// tables and their indexes, nor refreshes the planner's statistics — a statement the
+    /// server prepared while its tables were small keeps the plan it got then. Measured on
+    /// `mira bench invocations`: the lookup of a run's call id kept reading every invocation of
+    /// the run, and an `ANALYZE` every 1.5 s cut Postgres' CPU per call from 0.79 to 0.58 ms.
+    /// Errors reading the setting are logged at debug level and otherwise ignored.
+    pub async fn warn_without_autovacuum(&self) {
+        if self.backend != Backend::Postgres {
+            return;
+        }
+        match sqlx::query_scalar::<_, String>("SHOW autovacuum").fetch_one(self.pool()).await {
+            Ok(setting) if setting == "off" => tracing::warn!(
+                "Postgres runs with autovacuum off: run VACUUM ANALYZE regularly (or turn autovacuum on), \
+                 or dead row versions and stale planner statistics will slow every invocation"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "reading the autovacuum setting failed"),
+        }
+    }
+
     /// Applies this back-end's pending migrations.
     pub async fn migrate(&self) -> StoreResult<()> {
         let migrator = match self.backend {

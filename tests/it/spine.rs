@@ -419,7 +419,53 @@ async fn running_invocations_become_interrupted_after_a_crash(backend: Backend) 
     }
 }
 
+/// A run's list shows each invocation with the approval and evidence ids its own view has (the
+/// list reads them for the whole page at once), and nothing of another run.
+async fn the_list_links_each_invocation_to_its_own_approval_and_evidence(backend: Backend) {
+    let t = spawn(backend).await;
+    std::fs::write(t.workspace.join("a.txt"), "alpha\n").unwrap();
+    std::fs::write(t.workspace.join("b.txt"), "beta\n").unwrap();
+    let token = t.user("lena").await;
+    let (run, other) = (t.run(&token).await, t.run(&token).await);
+    let (turn, _) = t.turn(&token, &run, "read the files and write one").await;
+    let (other_turn, _) = t.turn(&token, &other, "read a file").await;
+    let mut ids = Vec::new();
+    for (i, path) in ["a.txt", "b.txt"].iter().enumerate() {
+        let r = t.call(&token, &run, &turn, "read_open", &format!("r{i}"), json!({"path": path})).await;
+        let id = r.body["invocation_id"].as_str().unwrap().to_owned();
+        assert_eq!(t.wait_final(&token, &id).await["status"], "completed");
+        ids.push(id);
+    }
+    let w = t.call(&token, &run, &turn, "write_file", "w", json!({"path": "c.txt", "content": "x"})).await;
+    assert_eq!(w.body["status"], "awaiting_approval", "{w:?}");
+    ids.push(w.body["invocation_id"].as_str().unwrap().to_owned());
+    let r = t.call(&token, &other, &other_turn, "read_open", "o", json!({"path": "a.txt"})).await;
+    t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+
+    let list = t.get(&format!("/v1/runs/{run}/invocations"), &token).await;
+    let listed = list.body["invocations"].as_array().unwrap();
+    assert_eq!(listed.iter().map(|v| v["invocation_id"].as_str().unwrap()).collect::<Vec<_>>(), ids, "{list:?}");
+    for entry in listed {
+        let one = t.get(&format!("/v1/invocations/{}", entry["invocation_id"].as_str().unwrap()), &token).await;
+        assert_eq!(entry["approval_id"], one.body["approval_id"]);
+        assert_eq!(entry["evidence_ids"], one.body["evidence_ids"]);
+    }
+    let (reads, write) = (&listed[..2], &listed[2]);
+    for read in reads {
+        assert!(read["approval_id"].is_null(), "{read}");
+        assert_eq!(read["evidence_ids"].as_array().unwrap().len(), 1, "{read}");
+    }
+    assert_ne!(reads[0]["evidence_ids"], reads[1]["evidence_ids"]);
+    assert_eq!(write["approval_id"], w.body["approval_id"]);
+    assert!(write["approval_id"].as_str().is_some_and(|a| a.starts_with("apr_")), "{write}");
+    assert_eq!(write["evidence_ids"], json!([]));
+    // A page of one still carries its links.
+    let page = t.get(&format!("/v1/runs/{run}/invocations?limit=1&cursor={}", ids[1]), &token).await;
+    assert_eq!(page.body["invocations"][0]["approval_id"], w.body["approval_id"], "{page:?}");
+}
+
 both_backends!(
+    the_list_links_each_invocation_to_its_own_approval_and_evidence,
     read_chain_end_to_end,
     idempotent_replay_and_call_id_conflict,
     bad_inputs_are_refused_clearly,
