@@ -72,13 +72,14 @@ impl Store {
         if invocation_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let ids = match self.backend {
-            Backend::Sqlite => "SELECT value FROM json_each($1)",
-            Backend::Postgres => "SELECT json_array_elements_text($1::json)",
+        // On Postgres `= ANY(ARRAY(…))` is an index condition whatever the statistics say.
+        let among = match self.backend {
+            Backend::Sqlite => "IN (SELECT value FROM json_each($1))",
+            Backend::Postgres => "= ANY(ARRAY(SELECT json_array_elements_text($1::json)))",
         };
         let rows: Vec<(String, String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT invocation_id, 'a', id FROM approvals WHERE invocation_id IN ({ids})
-             UNION ALL SELECT invocation_id, 'e', id FROM evidence WHERE invocation_id IN ({ids})
+            "SELECT invocation_id, 'a', id FROM approvals WHERE invocation_id {among}
+             UNION ALL SELECT invocation_id, 'e', id FROM evidence WHERE invocation_id {among}
              ORDER BY 1, 2, 3"
         )))
         .bind(serde_json::to_string(invocation_ids)?)

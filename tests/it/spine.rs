@@ -453,9 +453,11 @@ async fn the_list_links_each_invocation_to_its_own_approval_and_evidence(backend
     let (reads, write) = (&listed[..2], &listed[2]);
     for read in reads {
         assert!(read["approval_id"].is_null(), "{read}");
-        assert_eq!(read["evidence_ids"].as_array().unwrap().len(), 1, "{read}");
+        let evidence = read["evidence_ids"].as_array().unwrap();
+        assert_eq!(evidence.len(), 1, "{read}");
+        let e = t.get(&format!("/v1/evidence/{}", evidence[0].as_str().unwrap()), &token).await;
+        assert_eq!(e.body["invocation_id"], read["invocation_id"], "{e:?}");
     }
-    assert_ne!(reads[0]["evidence_ids"], reads[1]["evidence_ids"]);
     assert_eq!(write["approval_id"], w.body["approval_id"]);
     assert!(write["approval_id"].as_str().is_some_and(|a| a.starts_with("apr_")), "{write}");
     assert_eq!(write["evidence_ids"], json!([]));
