@@ -779,12 +779,22 @@ fn evidence_json(rows: &[(String, &InvocationRow, &EvidenceDraft)]) -> serde_jso
 
 impl Store {
     /// The invocation with this call id in the run.
+    ///
+    /// The lookup repeats its two equalities as a row comparison, `(run_id, tool_call_id) >=
+    /// (…, …)`: redundant, but only the unique `(run_id, tool_call_id)` index can take it as an
+    /// index condition. Without it, Postgres planned the lookup on `invocations_run (run_id,
+    /// id)` with the call id as a filter — reading every invocation of the run, and every old
+    /// version of them — whenever the plan was made while the table was small and never
+    /// analysed (autovacuum off): the two indexes then cost the same, and a prepared statement
+    /// keeps its plan (checked with generic plans on an empty database).
     pub async fn invocation_by_call(&self, run_id: &str, tool_call_id: &str) -> StoreResult<Option<InvocationRow>> {
-        Ok(sqlx::query_as("SELECT * FROM invocations WHERE run_id = $1 AND tool_call_id = $2")
-            .bind(run_id)
-            .bind(tool_call_id)
-            .fetch_optional(self.pool())
-            .await?)
+        Ok(sqlx::query_as(
+            "SELECT * FROM invocations WHERE run_id = $1 AND tool_call_id = $2 AND (run_id, tool_call_id) >= ($1, $2)",
+        )
+        .bind(run_id)
+        .bind(tool_call_id)
+        .fetch_optional(self.pool())
+        .await?)
     }
 
     /// An invocation by id, whoever owns it (for the harness).

@@ -481,6 +481,9 @@ impl Store {
     /// run's owner) and, when `tool_call_id` is given, the id of the run's invocation with
     /// that call id — one round trip instead of three, for the freeze path and the harness.
     /// None when the run is not the caller's.
+    ///
+    /// The call id is looked up as [`Store::invocation_by_call`] does, by the unique index
+    /// whatever the planner's statistics.
     pub async fn run_scope_for(
         &self,
         owner_id: &str,
@@ -495,8 +498,8 @@ impl Store {
                     w.id AS w_id, w.owner_id AS w_owner_id, w.name AS w_name, w.path AS w_path,
                     w.device_id AS w_device_id, w.created_at AS w_created_at,
                     w.root_identity AS w_root_identity, w.root_registered_at AS w_root_registered_at,
-                    (SELECT i.id FROM invocations i WHERE $3 IS NOT NULL AND i.run_id = r.id AND i.tool_call_id = $3)
-                        AS invocation_id
+                    (SELECT i.id FROM invocations i WHERE $3 IS NOT NULL AND i.run_id = r.id AND i.tool_call_id = $3
+                         AND (i.run_id, i.tool_call_id) >= (r.id, $3)) AS invocation_id
              FROM runs r
              LEFT JOIN workspaces w ON w.id = r.workspace_id AND (w.owner_id = r.owner_id OR w.owner_id IS NULL)
              WHERE r.id = $1 AND r.owner_id = $2",
