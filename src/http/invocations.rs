@@ -340,7 +340,7 @@ pub async fn cancel(app: &App, user: &AuthUser, id: &str) -> Result<(StatusCode,
             }
             let now = app.store.invocation_for(&user.user_id, id).await?.ok_or(Error::NotFound("invocation"))?;
             if now.status != InvocationStatus::Running {
-                return Err(invalid_state(&now));
+                return ended(app, now).await;
             }
         }
     }
@@ -360,9 +360,19 @@ pub async fn cancel(app: &App, user: &AuthUser, id: &str) -> Result<(StatusCode,
             format!("invocation {} has finished running; its result is being stored and stands as it is", row.id),
             serde_json::json!({"status": row.status, "finished": true}),
         )),
-        CancelOutcome::NotHere if row.status != InvocationStatus::Running => Err(invalid_state(&row)),
+        CancelOutcome::NotHere if row.status != InvocationStatus::Running => ended(app, row).await,
         CancelOutcome::NotHere => Ok((StatusCode::ACCEPTED, full_view(app, row).await?)),
     }
+}
+
+/// The answer to a cancel whose invocation ended while the request was being applied: 200
+/// when it ended `cancelled` (the execution saw the recorded request before its commit
+/// point, whoever's stop reached it first), else 409 `invalid_state`.
+async fn ended(app: &App, row: InvocationRow) -> Result<(StatusCode, InvocationView)> {
+    if row.status == InvocationStatus::Cancelled {
+        return Ok((StatusCode::OK, full_view(app, row).await?));
+    }
+    Err(invalid_state(&row))
 }
 
 fn invalid_state(row: &InvocationRow) -> Error {
