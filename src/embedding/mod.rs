@@ -315,4 +315,8 @@ impl QueryEmbedder for Embeddings {
         self.counters.queries_embedded.fetch_add(1, Ordering::Relaxed);
         Ok(model.embed_query(query)?)
     }
+
+    fn primary_dim(&self) -> Option<usize> {
+        self.model.get().and_then(|m| m.primary_dim())
+    }
 }

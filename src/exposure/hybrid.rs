@@ -21,8 +21,22 @@ use crate::registry::ToolSpec;
 pub trait QueryEmbedder: Send + Sync {
     /// The model's id when a model is ready.
     fn model_id(&self) -> Option<String>;
-    /// The query's L2-normalised vector, or why there is none (no model, loading, failed).
+    /// The query's vector, or why there is none (no model, loading, failed). Its first
+    /// [`QueryEmbedder::primary_dim`] dimensions are L2-normalised.
     fn embed_query(&self, query: &str) -> Result<Vec<f32>, EmbedQueryError>;
+    /// The leading dimensions of a vector that are the primary model's own L2-normalised
+    /// vector, when the vector goes on with a companion's
+    /// ([`mira_embed::Model::primary_dim`]); `None`: the whole vector. Absolute cosine
+    /// thresholds ([`super::NO_SIGNAL_COSINE`], the usage floor) are measured in that part.
+    fn primary_dim(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The part of `v` in which absolute cosine thresholds apply (see
+/// [`QueryEmbedder::primary_dim`]).
+pub fn primary(v: &[f32], primary_dim: Option<usize>) -> &[f32] {
+    &v[..primary_dim.unwrap_or(v.len()).min(v.len())]
 }
 
 /// Why a query has no vector; its message becomes the ranking's `lexical_reason`.
@@ -218,11 +232,15 @@ impl Ranker for IndexRanker {
             (_, Err(reason)) => return lexical_ranking(Some(reason.to_string())),
             (None, Ok(_)) => return lexical_ranking(Some("no embedding model is ready".to_owned())),
         };
-        let dense: Vec<Option<f64>> = resolved
+        let primary_dim = self.embedder.primary_dim();
+        let lead = primary(&q, primary_dim).len();
+        // (whole dot product, its primary part) per candidate with a vector of this space.
+        let both: Vec<Option<(f64, f64)>> = resolved
             .iter()
-            .map(|r| r.vector.as_ref().filter(|v| v.len() == q.len()).map(|v| f64::from(dot(&q, v))))
+            .map(|r| r.vector.as_ref().filter(|v| v.len() == q.len()).map(|v| split_dot(&q, v, lead)))
             .collect();
-        let dense_max = dense.iter().flatten().copied().reduce(f64::max);
+        let dense: Vec<Option<f64>> = both.iter().map(|b| b.map(|(whole, _)| whole)).collect();
+        let dense_max = both.iter().flatten().map(|&(_, lead)| lead).reduce(f64::max);
         let not_embedded: Vec<usize> = dense.iter().enumerate().filter(|(_, d)| d.is_none()).map(|(i, _)| i).collect();
         let scores = match self.mode {
             Mode::Dense => fuse(&dense, &lexical, Fusion::Convex { dense_weight: 1.0 }),
@@ -241,7 +259,7 @@ impl Ranker for IndexRanker {
             lexical_match,
             matched,
             dense_max,
-            query_vector: Some((model, q)),
+            query_vector: Some((model, primary(&q, primary_dim).to_vec())),
         }
     }
 }
@@ -261,6 +279,14 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         sum += a[i] * b[i];
     }
     sum
+}
+
+/// `(a·b, a[..lead]·b[..lead])`: a composite vector's whole dot product and its primary part
+/// ([`QueryEmbedder::primary_dim`]).
+pub fn split_dot(a: &[f32], b: &[f32], lead: usize) -> (f64, f64) {
+    let lead = lead.min(a.len()).min(b.len());
+    let head = f64::from(dot(&a[..lead], &b[..lead]));
+    (head + f64::from(dot(&a[lead..], &b[lead..])), head)
 }
 
 /// Fuses dense scores (None = no vector) with BM25 scores, one per candidate.
@@ -316,6 +342,19 @@ fn ranks(scores: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_composite_dot_product_splits_at_the_primary_part() {
+        let q = [1.0, 0.0, 0.5, 0.5];
+        let t = [0.5, 2.0, 1.0, -1.0];
+        assert_eq!(split_dot(&q, &t, 2), (0.5, 0.5));
+        assert_eq!(split_dot(&q, &[0.5, 2.0, 1.0, 1.0], 2), (1.5, 0.5));
+        // No companion: the whole vector is primary.
+        assert_eq!(primary(&q, None), &q[..]);
+        assert_eq!(primary(&q, Some(2)), &q[..2]);
+        assert_eq!(primary(&q, Some(9)), &q[..]);
+        assert_eq!(split_dot(&q, &t, 9), (0.5, 0.5));
+    }
 
     #[test]
     fn convex_fusion_imputes_missing_vectors_from_lexical() {

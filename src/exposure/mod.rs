@@ -182,10 +182,12 @@ pub struct Ranking {
     /// Per candidate, whether the task's words match its text (BM25 above 0); empty when the
     /// ranker does not say (the fair shares then count every candidate as matching).
     pub matched: Vec<bool>,
-    /// The best raw cosine of the task and a candidate, when dense scores were computed.
+    /// The best raw cosine of the task and a candidate, when dense scores were computed (in
+    /// the primary model's part of composite vectors, [`hybrid::QueryEmbedder::primary_dim`]).
     pub dense_max: Option<f64>,
-    /// The task's embedding and the model that made it, when dense scores were computed
-    /// (past uses embedded by the same model can then raise candidates: [`usage`]).
+    /// The task's embedding (its primary part) and the model that made it, when dense scores
+    /// were computed (past uses embedded by the same model can then raise candidates:
+    /// [`usage`]).
     pub query_vector: Option<(String, Vec<f32>)>,
 }
 

@@ -540,9 +540,13 @@ async fn with_no_model_the_pinned_model_is_fetched_and_ranking_turns_hybrid() {
         "all-MiniLM-L6-v2-int8/model.onnx",
         "all-MiniLM-L6-v2-int8/tokenizer.json",
         "onnxruntime-1.32.0/libonnxruntime.so.1.32.0",
+        "all-MiniLM-L6-v2-int8/wordllama-l2_supercat_256.safetensors",
+        "all-MiniLM-L6-v2-int8/wordllama-l2_supercat.tokenizer.json",
     ] {
         assert!(cache.path().join(f).is_file(), "{f} not in the cache");
     }
+    // The companion is loaded with the model: its table's hash names the vector space.
+    assert!(e["model"].as_str().is_some_and(|m| m.contains("+wordllama-l2_supercat_256@")), "{e}");
     let token = t.user("fin").await;
     let run = t.run(&token).await;
     let (_, exposure) = t.turn(&token, &run, "latest news headlines about football scores").await;
@@ -582,4 +586,43 @@ async fn a_tampered_or_unreachable_index_leaves_ranking_lexical_and_says_why() {
     let e = settled(&t).await;
     assert_eq!(e["state"], "lexical_only", "{e}");
     assert!(e["reason"].as_str().unwrap().contains("127.0.0.1:9"), "{e}");
+}
+
+/// The companion encoder's vector follows the model's own and leaves it unchanged: the same
+/// model without the companion's files gives exactly the leading part, for a task and for a
+/// tool; the companion's part of a task's vector has the weight's length; a directory with
+/// only one of its two files does not load, and says which files it needs.
+#[test]
+fn the_companion_extends_the_models_vectors_and_leaves_them_unchanged() {
+    use mira_embed::{COMPANION_FILES, COMPANION_WEIGHT, MODEL_DIR_FILES, Model, ModelSource};
+    let Some(cfg) = model_config() else { return };
+    let (dir, lib) = (cfg.model_dir.unwrap(), cfg.ort_dylib_path.unwrap());
+    let with = Model::load(&ModelSource::Dir(dir.clone()), &lib).unwrap();
+    let primary = with.primary_dim().expect("the fetch script's directory holds the companion");
+    assert!(with.id().contains("+wordllama-l2_supercat_256@"), "{}", with.id());
+
+    let plain_dir = tempfile::tempdir().unwrap();
+    for f in MODEL_DIR_FILES {
+        std::os::unix::fs::symlink(dir.join(f), plain_dir.path().join(f)).unwrap();
+    }
+    let plain = Model::load(&ModelSource::Dir(plain_dir.path().to_path_buf()), &lib).unwrap();
+    assert_eq!((plain.primary_dim(), plain.dim()), (None, primary));
+    assert_eq!(with.dim(), primary + 256);
+
+    let close = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
+    let q = with.embed_query(TASK).unwrap();
+    assert!(close(&q[..primary], &plain.embed_query(TASK).unwrap()));
+    let tail: f32 = q[primary..].iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((tail - COMPANION_WEIGHT.sqrt()).abs() < 1e-4, "companion part of length {tail}");
+    let fields = [("weather forecast", "The forecast of a city for the next days."), ("x", "")];
+    for (w, p) in with.embed_tools(&fields).unwrap().iter().zip(plain.embed_tools(&fields).unwrap()) {
+        assert!(close(&w[..primary], &p));
+        assert_eq!(w.len(), with.dim());
+    }
+
+    std::os::unix::fs::symlink(dir.join(COMPANION_FILES[0]), plain_dir.path().join(COMPANION_FILES[0])).unwrap();
+    let Err(e) = Model::load(&ModelSource::Dir(plain_dir.path().to_path_buf()), &lib) else {
+        panic!("a directory with half the companion loaded")
+    };
+    assert!(e.to_string().contains(COMPANION_FILES[1]), "{e}");
 }

@@ -24,6 +24,11 @@ use ort::environment::Environment;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
+mod companion;
+
+use companion::Companion;
+pub use companion::{COMPANION_FILES, COMPANION_WEIGHT};
+
 /// Files a local model directory must hold.
 pub const MODEL_DIR_FILES: [&str; 5] =
     ["model.onnx", "tokenizer.json", "config.json", "special_tokens_map.json", "tokenizer_config.json"];
@@ -94,12 +99,16 @@ pub enum ModelSource {
     },
 }
 
-/// A loaded model: an id naming its vector space, the vector dimension, and two sessions.
+/// A loaded model: an id naming its vector space, the vector dimension, two sessions, and
+/// the companion encoder when the model directory holds one ([`companion`]).
 pub struct Model {
     id: String,
     dim: usize,
     query: Mutex<TextEmbedding>,
     batch: Mutex<TextEmbedding>,
+    companion: Option<Companion>,
+    /// The ONNX model's own dimension (the leading part of a composite vector).
+    primary_dim: usize,
 }
 
 impl std::fmt::Debug for Model {
@@ -124,24 +133,38 @@ impl Model {
         }
     }
 
-    /// The id of this model's vector space (`local:<dir name>@<sha256 of model.onnx, 12 hex>`
-    /// or `fastembed:<model code>`): vectors of different ids are never compared.
+    /// The id of this model's vector space (`local:<dir name>@<sha256 of model.onnx, 12 hex>`,
+    /// followed by `+wordllama-l2_supercat_256@<sha256 of its table, 12 hex>*0.4` with a
+    /// companion, or `fastembed:<model code>`): vectors of different ids are never compared.
     pub fn id(&self) -> &str {
         &self.id
     }
 
-    /// Vector dimension.
+    /// Vector dimension (with a companion: the ONNX model's plus the companion's).
     pub fn dim(&self) -> usize {
         self.dim
     }
 
-    /// Embeds one query (a turn's task) on the query session: an L2-normalised vector.
+    /// With a companion, the ONNX model's own dimension: the leading part of every vector,
+    /// which is exactly the vector the model gives without one (a query's is L2-normalised),
+    /// the space that absolute cosine thresholds are measured in. `None` without a companion
+    /// (the whole vector is the model's).
+    pub fn primary_dim(&self) -> Option<usize> {
+        self.companion.as_ref().map(|_| self.primary_dim)
+    }
+
+    /// Embeds one query (a turn's task) on the query session: the model's L2-normalised
+    /// vector, followed with a companion by the companion's, weighted (see [`companion`]).
     ///
     /// Errors: [`EmbedError`] when the run fails or returns no vector.
     pub fn embed_query(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
         let text = truncate(text, MAX_EMBED_TEXT_BYTES);
         let mut out = run(&self.query, &[text])?;
-        out.pop().ok_or(EmbedError::NoVector)
+        let mut v = out.pop().ok_or(EmbedError::NoVector)?;
+        if let Some(c) = &self.companion {
+            v.extend(c.embed(&[text], COMPANION_WEIGHT.sqrt())?.into_iter().flatten());
+        }
+        Ok(v)
     }
 
     /// Tool vectors for (name, body) fields (the server's `exposure::tool_fields`) on the
@@ -155,25 +178,23 @@ impl Model {
     /// (2,000 queries, seed 7) dense Recall@20 is 0.882 with the whole text, 0.887 with the
     /// body alone and 0.899 with this combination; weights 0.2–0.5 are within 0.002.
     ///
+    /// With a companion, each vector is followed by the companion's made the same way,
+    /// weighted (see [`companion`]).
+    ///
     /// Errors: those of [`Model::embed_batch`], or [`EmbedError::TooFewVectors`].
     pub fn embed_tools(&self, fields: &[(&str, &str)]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let mut texts = Vec::with_capacity(fields.len() * 2);
         for (name, body) in fields {
-            texts.push(*name);
+            texts.push(truncate(name, MAX_EMBED_TEXT_BYTES));
             if !body.is_empty() {
-                texts.push(*body);
+                texts.push(truncate(body, MAX_EMBED_TEXT_BYTES));
             }
         }
-        let vectors = self.embed_batch(&texts)?;
-        let mut it = vectors.into_iter();
-        let mut out = Vec::with_capacity(fields.len());
-        for (_, body) in fields {
-            let name = it.next().ok_or(EmbedError::TooFewVectors)?;
-            if body.is_empty() {
-                out.push(name);
-            } else {
-                let body = it.next().ok_or(EmbedError::TooFewVectors)?;
-                out.push(body.iter().zip(&name).map(|(b, n)| b + NAME_WEIGHT * n).collect());
+        let mut out = two_fields(fields, run_checked(&self.batch, &texts, self.primary_dim)?)?;
+        if let Some(c) = &self.companion {
+            let extra = two_fields(fields, c.embed(&texts, COMPANION_WEIGHT.sqrt())?)?;
+            for (v, e) in out.iter_mut().zip(extra) {
+                v.extend(e);
             }
         }
         Ok(out)
@@ -192,12 +213,40 @@ impl Model {
     /// [`EmbedError::WrongCount`] when its output does not match the texts.
     pub fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let texts: Vec<&str> = texts.iter().map(|t| truncate(t, MAX_EMBED_TEXT_BYTES)).collect();
-        let out = run(&self.batch, &texts)?;
-        if out.len() != texts.len() || out.iter().any(|v| v.len() != self.dim) {
-            return Err(EmbedError::WrongCount { vectors: out.len(), texts: texts.len() });
+        let mut out = run_checked(&self.batch, &texts, self.primary_dim)?;
+        if let Some(c) = &self.companion {
+            for (v, e) in out.iter_mut().zip(c.embed(&texts, COMPANION_WEIGHT.sqrt())?) {
+                v.extend(e);
+            }
         }
         Ok(out)
     }
+}
+
+/// [`run`], refused unless it returns one vector of `dim` per text.
+fn run_checked(session: &Mutex<TextEmbedding>, texts: &[&str], dim: usize) -> Result<Vec<Vec<f32>>, EmbedError> {
+    let out = run(session, texts)?;
+    if out.len() != texts.len() || out.iter().any(|v| v.len() != dim) {
+        return Err(EmbedError::WrongCount { vectors: out.len(), texts: texts.len() });
+    }
+    Ok(out)
+}
+
+/// Tool vectors from the vectors of their texts as [`Model::embed_tools`] lists them (name,
+/// then body when there is one): `body + NAME_WEIGHT · name`, or `name` alone.
+fn two_fields(fields: &[(&str, &str)], vectors: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>, EmbedError> {
+    let mut it = vectors.into_iter();
+    let mut out = Vec::with_capacity(fields.len());
+    for (_, body) in fields {
+        let name = it.next().ok_or(EmbedError::TooFewVectors)?;
+        if body.is_empty() {
+            out.push(name);
+        } else {
+            let body = it.next().ok_or(EmbedError::TooFewVectors)?;
+            out.push(body.iter().zip(&name).map(|(b, n)| b + NAME_WEIGHT * n).collect());
+        }
+    }
+    Ok(out)
 }
 
 fn run(session: &Mutex<TextEmbedding>, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
@@ -281,7 +330,7 @@ fn load_runtime(path: &Path) -> Result<Environment, LoadError> {
 }
 
 fn load_sessions(source: &ModelSource, env: &Environment) -> Result<Model, LoadError> {
-    let (id, query, batch) = match source {
+    let (id, query, batch, companion) = match source {
         ModelSource::Dir(dir) => {
             let files = read_model_dir(dir)?;
             let digest = hex::encode(Sha256::digest(&files.onnx));
@@ -298,7 +347,7 @@ fn load_sessions(source: &ModelSource, env: &Environment) -> Result<Model, LoadE
                     LoadError::Failed(format!("ONNX Runtime cannot load {}: {e}", dir.join("model.onnx").display()))
                 })
             };
-            (id, session()?, session()?)
+            (id, session()?, session()?, Companion::load(dir)?)
         }
         ModelSource::Stock { name, cache_dir } => {
             let model = stock_model(name)?;
@@ -313,17 +362,23 @@ fn load_sessions(source: &ModelSource, env: &Environment) -> Result<Model, LoadE
                 TextEmbedding::try_new(options)
                     .map_err(|e| LoadError::Failed(format!("cannot load stock model {name}: {e}")))
             };
-            (format!("fastembed:{code}"), session()?, session()?)
+            (format!("fastembed:{code}"), session()?, session()?, None)
         }
     };
-    let mut model = Model { id, dim: 0, query: Mutex::new(query), batch: Mutex::new(batch) };
+    let id = match &companion {
+        // The weight is part of the vector space: vectors of another weight are not mixed in.
+        Some(c) => format!("{id}+{}*{COMPANION_WEIGHT}", c.id),
+        None => id,
+    };
+    let mut model = Model { id, dim: 0, query: Mutex::new(query), batch: Mutex::new(batch), companion, primary_dim: 0 };
     let probe = run(&model.query, &["probe: list the files of a folder"])
         .map_err(|e| LoadError::Failed(format!("the model does not run: {e}")))?;
     let dim = probe.first().map_or(0, Vec::len);
     if dim == 0 || probe.iter().flatten().any(|x| !x.is_finite()) {
         return Err(LoadError::Failed(format!("the model returned no usable vector (dimension {dim})")));
     }
-    model.dim = dim;
+    model.primary_dim = dim;
+    model.dim = dim + model.companion.as_ref().map_or(0, |c| c.dim);
     Ok(model)
 }
 
