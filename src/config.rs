@@ -112,8 +112,10 @@ pub struct ServeConfig {
 #[derive(Debug, Clone, clap::Args)]
 pub struct EmbeddingArgs {
     /// Local model directory: model.onnx, tokenizer.json, config.json,
-    /// special_tokens_map.json, tokenizer_config.json (scripts/fetch-embedding-model.sh
-    /// builds one). Loaded with mean pooling. Wins over --embedding-model.
+    /// special_tokens_map.json, tokenizer_config.json, and optionally the companion encoder's
+    /// wordllama-l2_supercat_256.safetensors and wordllama-l2_supercat.tokenizer.json
+    /// (scripts/fetch-embedding-model.sh builds one). Loaded with mean pooling. Wins over
+    /// --embedding-model.
     #[arg(long, env = "MIRA_EMBEDDING_MODEL_DIR")]
     pub embedding_model_dir: Option<PathBuf>,
     /// Stock fastembed model name (e.g. bge-small-en-v1.5), downloaded from the Hugging Face

@@ -113,7 +113,17 @@ impl BenchServer {
             body_limit: 1024 * 1024,
             request_timeout: Duration::from_secs(60),
         };
-        let server = mira::server::Server::start(settings).await?;
+        let server = match mira::server::Server::start(settings).await {
+            Ok(server) => server,
+            Err(e) => {
+                // Nothing of a failed start is left behind: its database and its folder.
+                if let Err(d) = db.drop(false).await {
+                    eprintln!("dropping the benchmark's database failed: {d:#}");
+                }
+                let _ = std::fs::remove_dir_all(&root);
+                return Err(e);
+            }
+        };
         let token = std::fs::read_to_string(dir.join("admin.token"))?.trim().to_owned();
         let api = Api::new(server.addr, token)?;
         Ok(Self { server, api, dir: root, db })

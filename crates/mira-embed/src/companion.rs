@@ -14,10 +14,10 @@
 //! companion's vector times `sqrt(COMPANION_WEIGHT)`. For a query `[q₁; √w·q₂]` and a tool
 //! `[t₁; √w·t₂]` the dot product is `q₁·t₁ + w·q₂·t₂`.
 //!
-//! Measured on the MetaTool development set (2,000 queries, seed 7, shipped hybrid with
-//! convex 0.8): Recall@20 0.9085 → 0.919, MRR 0.692 → 0.699; on `bench/mcp-servers`
-//! (70 tasks) Recall@20 0.914 → 0.914, MRR 0.717 → 0.757. Weights 0.3–0.5 are within
-//! 0.002 on MetaTool.
+//! Measured with `mira bench exposure` (shipped hybrid, convex 0.8): on the MetaTool
+//! development set (2,000 queries, seed 7) Recall@20 0.9085 → 0.9190, MRR 0.692 → 0.699; on
+//! `bench/mcp-servers` (70 tasks) Recall@20 0.914 → 0.921, MRR 0.726 → 0.760. Weights
+//! 0.3–0.5 are within 0.002 on MetaTool (`docs/architecture.md`, "Ranking").
 
 use std::path::Path;
 
@@ -91,6 +91,12 @@ impl Companion {
     ///
     /// Errors: [`EmbedError::Run`] when the tokenizer fails.
     pub(crate) fn embed(&self, texts: &[&str], scale: f32) -> Result<Vec<Vec<f32>>, EmbedError> {
+        // The tokenizer must not take the server down on an odd text (as for the ONNX runs).
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.embed_unguarded(texts, scale)))
+            .unwrap_or_else(|panic| Err(EmbedError::Panicked(crate::panic_message(&panic))))
+    }
+
+    fn embed_unguarded(&self, texts: &[&str], scale: f32) -> Result<Vec<Vec<f32>>, EmbedError> {
         texts
             .iter()
             .map(|text| {
