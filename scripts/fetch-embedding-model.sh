@@ -129,10 +129,13 @@ if [[ $all_ok == 0 ]]; then
     WORDLLAMA_WHEEL=wordllama-$WORDLLAMA_VERSION-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
     wheel "$WORDLLAMA_WHEEL" "$SHA_WORDLLAMA_WHEEL" "wordllama==$WORDLLAMA_VERSION" \
         --platform manylinux2014_x86_64 --python-version 3.11 --implementation cp --abi cp311
+    # Both files verified before either is in place: the model loads with both or neither.
     for f in "${!WORDLLAMA_PATHS[@]}"; do
         unzip -p "$WHEELS/$WORDLLAMA_WHEEL" "${WORDLLAMA_PATHS[$f]}" >"$MODEL_DIR/$f.tmp" ||
             die "unzip of $WORDLLAMA_WHEEL failed"
         verify "$MODEL_DIR/$f.tmp" "${SHA_WORDLLAMA_FILES[$f]}"
+    done
+    for f in "${!WORDLLAMA_PATHS[@]}"; do
         mv "$MODEL_DIR/$f.tmp" "$MODEL_DIR/$f"
     done
     log "model directory and ONNX Runtime library ready in $CACHE"

