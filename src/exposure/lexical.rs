@@ -19,6 +19,12 @@ use crate::registry::ToolSpec;
 const K1: f64 = 1.2;
 const B: f64 = 0.75;
 
+/// Longest tool text tokenised, in bytes (cut at a character boundary): a tool's name,
+/// description and parameters fit many times over, and a listed tool of megabytes (an MCP
+/// server's description is not bounded) costs no more than this to index, nor adds more terms
+/// to the shared vocabulary.
+pub const MAX_LEXICAL_TEXT_BYTES: usize = 16 * 1024;
+
 /// Common English words that carry no signal for tool choice.
 const STOP_WORDS: [&str; 48] = [
     "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "for", "from", "get", "has", "have", "how", "i",
@@ -88,9 +94,10 @@ impl Vocabulary {
         self.ids.read().is_empty()
     }
 
-    /// Tokenises a tool text into a document, adding new terms.
+    /// Tokenises a tool text (its first [`MAX_LEXICAL_TEXT_BYTES`]) into a document, adding
+    /// new terms.
     pub fn doc(&self, text: &str) -> LexicalDoc {
-        let tokens = tokenize(text);
+        let tokens = tokenize(mira_embed::truncate(text, MAX_LEXICAL_TEXT_BYTES));
         let mut tf: HashMap<u32, u32> = HashMap::new();
         {
             let mut ids = self.ids.write();
@@ -125,21 +132,23 @@ pub struct LexicalDoc {
 /// BM25 scores of `docs` for the query terms `query` (from [`Vocabulary::query`] of the same
 /// vocabulary), with document frequencies and the average length taken over `docs` — the
 /// candidates of one turn. One pass counts document frequencies, one scores; both walk each
-/// document's own terms, so the cost is the candidates' total distinct terms whatever the
-/// query's length.
+/// document's own terms, so the cost is the candidates' total distinct terms (each looked up
+/// in the query's few terms) whatever the query's length.
 pub fn bm25(query: &[u32], docs: &[&LexicalDoc]) -> Vec<f64> {
     if docs.is_empty() {
         return Vec::new();
     }
-    let Some(&max_term) = query.iter().max() else {
+    if query.is_empty() {
         return vec![0.0; docs.len()];
-    };
-    // Position of each term id in the query (dense table over the ids the query can hold).
-    let mut slot = vec![u32::MAX; max_term as usize + 1];
-    for (i, &t) in query.iter().enumerate() {
-        slot[t as usize] = u32::try_from(i).unwrap_or(u32::MAX);
     }
-    let lookup = |t: u32| slot.get(t as usize).copied().filter(|&s| s != u32::MAX);
+    // Position of each term id in the query, by binary search over the sorted distinct ids (a
+    // table over every id up to the query's largest would cost memory in the vocabulary's size
+    // on every turn).
+    let mut sorted = query.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let query = sorted.as_slice();
+    let lookup = |t: u32| query.binary_search(&t).ok();
     let n = docs.len() as f64;
     let mut df = vec![0u32; query.len()];
     let mut total_len = 0.0;
@@ -147,7 +156,7 @@ pub fn bm25(query: &[u32], docs: &[&LexicalDoc]) -> Vec<f64> {
         total_len += f64::from(d.len);
         for &(t, _) in d.terms.iter() {
             if let Some(s) = lookup(t) {
-                df[s as usize] += 1;
+                df[s] += 1;
             }
         }
     }
@@ -161,7 +170,7 @@ pub fn bm25(query: &[u32], docs: &[&LexicalDoc]) -> Vec<f64> {
                 .filter_map(|&(t, f)| {
                     lookup(t).map(|s| {
                         let f = f64::from(f);
-                        idf[s as usize] * f * (K1 + 1.0) / (f + norm)
+                        idf[s] * f * (K1 + 1.0) / (f + norm)
                     })
                 })
                 .sum()
@@ -269,5 +278,42 @@ mod tests {
         let scores = Bm25Ranker::new().score("what is the weather forecast in Paris", &refs);
         assert!(scores[0] > scores[1] && scores[0] > scores[2], "{scores:?}");
         assert_eq!(scores[1], 0.0);
+    }
+
+    #[test]
+    fn a_huge_tool_text_is_indexed_up_to_the_cap() {
+        let vocab = Vocabulary::new();
+        // Distinct letter-only words (consonants: the stemmer leaves them alone).
+        let word = |mut i: usize| {
+            const LETTERS: &[u8] = b"bcdfghjklmnpqrtvwxz";
+            let mut w = String::from("z");
+            for _ in 0..5 {
+                w.push(char::from(LETTERS[i % LETTERS.len()]));
+                i /= LETTERS.len();
+            }
+            w
+        };
+        // About a megabyte of them: only the first 16 KiB are tokenised and learned.
+        let text: String = (0..150_000).map(|i| word(i) + " ").collect();
+        let doc = vocab.doc(&text);
+        assert!(doc.len as usize <= MAX_LEXICAL_TEXT_BYTES / 6, "{}", doc.len);
+        assert_eq!(vocab.len(), doc.terms.len());
+        assert_eq!(vocab.query(&word(0)).len(), 1);
+        assert!(vocab.query(&word(149_999)).is_empty(), "a word past the cap was learned");
+    }
+
+    #[test]
+    fn query_terms_may_be_any_ids_in_any_order() {
+        let vocab = Vocabulary::new();
+        let docs = [vocab.doc("weather forecast city"), vocab.doc("stock market quotes")];
+        let refs: Vec<&LexicalDoc> = docs.iter().collect();
+        let q = vocab.query("weather quotes");
+        let expected = bm25(&q, &refs);
+        assert!(expected.iter().all(|&s| s > 0.0), "{expected:?}");
+        // Unsorted, repeated, and an id far beyond the vocabulary (no table of its size is made).
+        let mut odd = vec![u32::MAX - 1, q[1], q[0], q[1]];
+        assert_eq!(bm25(&odd, &refs), expected);
+        odd.clear();
+        assert_eq!(bm25(&odd, &refs), vec![0.0, 0.0]);
     }
 }
