@@ -531,7 +531,8 @@ fn dump_scores(
     use std::io::Write;
     let mut out =
         std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?);
-    let resolved = index.resolve(specs);
+    let resolution = index.resolve(specs);
+    let resolved = &resolution.tools;
     let docs: Vec<&_> = resolved.iter().map(|r| r.lexical.as_ref()).collect();
     let pos: HashMap<&str, usize> = specs.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
     writeln!(out, "{}", json!({"tools": specs.iter().map(|s| &s.id).collect::<Vec<_>>()}))?;
@@ -548,7 +549,7 @@ fn dump_scores(
     let names = field(specs.iter().map(|s| mira::exposure::tool_fields(s).0).collect())?;
     let descs = field(specs.iter().map(|s| mira::exposure::tool_text(s)).collect())?;
     for q in queries {
-        let lexical = mira::exposure::lexical::bm25(&index.vocabulary().query(&q.query), &docs);
+        let lexical = mira::exposure::lexical::bm25(&resolution.vocabulary.query(&q.query), &docs);
         let qv = embeddings.embed_query(&q.query).map_err(anyhow::Error::msg)?;
         let dense: Vec<f32> = resolved.iter().map(|r| r.vector.as_ref().map_or(f32::NAN, |v| dot(&qv, v))).collect();
         let gold: Vec<usize> = q.gold.iter().filter_map(|g| pos.get(g.as_str()).copied()).collect();

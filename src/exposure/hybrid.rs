@@ -210,9 +210,10 @@ impl Ranker for IndexRanker {
     }
 
     fn rank(&self, query: &str, candidates: &[&ToolSpec]) -> Ranking {
-        let resolved = self.index.resolve(candidates);
+        let resolution = self.index.resolve(candidates);
+        let resolved = &resolution.tools;
         let docs: Vec<&_> = resolved.iter().map(|r| r.lexical.as_ref()).collect();
-        let lexical = bm25(&self.index.vocabulary().query(query), &docs);
+        let lexical = bm25(&resolution.vocabulary.query(query), &docs);
         let matched: Vec<bool> = lexical.iter().map(|&l| l > 0.0).collect();
         let lexical_match = matched.contains(&true);
         let lexical_ranking = |reason: Option<String>| Ranking {

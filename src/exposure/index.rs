@@ -7,8 +7,17 @@
 //! tool that was indexed" is a pointer comparison: a re-registered tool is a new object,
 //! and an indexed object stays alive (its address cannot be reused) while indexed.
 //!
-//! Readers take a snapshot (`Arc` of the map) and never wait for the worker; the worker is
-//! the only writer (writes are serialised by a mutex, copy-on-write on the map).
+//! Readers take a snapshot (`Arc` of the map and its vocabulary) and never wait for the
+//! worker; the worker is the only writer (writes are serialised by a mutex, copy-on-write on
+//! the map).
+//!
+//! The BM25 vocabulary only grows while tools come and go (a new text adds its new terms), so
+//! a server whose tools keep changing their descriptions would grow it without end. When a
+//! sync finds the vocabulary more than twice the terms its indexed documents use (plus
+//! [`VOCABULARY_SLACK`]), it compacts it: a new vocabulary of the used terms only, every
+//! document's term ids mapped onto it, published with the map in one snapshot — so a turn
+//! always scores documents and its query against the same vocabulary. Each compaction costs
+//! the index's terms once, after at least as many terms were added.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -61,12 +70,38 @@ pub struct IndexCounts {
 
 type ToolMap = HashMap<String, Arc<IndexedTool>>;
 
+/// Terms a vocabulary may hold beyond twice those its documents use before a sync compacts it
+/// (see the module docs).
+pub const VOCABULARY_SLACK: usize = 20_000;
+
+/// The map and the vocabulary its BM25 documents were made with, published together.
+#[derive(Clone, Default)]
+struct Snapshot {
+    vocab: Arc<Vocabulary>,
+    tools: ToolMap,
+}
+
+/// What ranking uses of a turn's candidates ([`ToolIndex::resolve`]).
+pub struct Resolution {
+    /// The vocabulary of the candidates' BM25 documents: the query must be tokenised against
+    /// this one ([`Vocabulary::query`]).
+    pub vocabulary: Arc<Vocabulary>,
+    /// One per candidate, in order.
+    pub tools: Vec<Resolved>,
+}
+
 /// See the module docs.
 #[derive(Default)]
 pub struct ToolIndex {
-    vocab: Vocabulary,
-    tools: RwLock<Arc<ToolMap>>,
-    writer: Mutex<()>,
+    snapshot: RwLock<Arc<Snapshot>>,
+    writer: Mutex<Compaction>,
+}
+
+/// The writer's memory of the last vocabulary check: the terms the documents used then, so
+/// that a sync counts them again only once the vocabulary outgrew that.
+#[derive(Default)]
+struct Compaction {
+    used_at_last_check: usize,
 }
 
 /// Lowercase hex SHA-256 of a text.
@@ -84,18 +119,22 @@ impl ToolIndex {
         Self::default()
     }
 
-    /// The vocabulary of the BM25 documents (queries must be tokenised against it).
-    pub fn vocabulary(&self) -> &Vocabulary {
-        &self.vocab
+    /// The current vocabulary of the BM25 documents (a query must be tokenised against the
+    /// vocabulary of the documents it is scored with: see [`ToolIndex::resolve`]).
+    pub fn vocabulary(&self) -> Arc<Vocabulary> {
+        self.snapshot().vocab.clone()
     }
 
     /// Brings the index in line with the registry: tools that are new or re-registered are
     /// (re)indexed without a vector — unless their text did not change, then they keep it —
-    /// and unregistered tools are dropped. Returns how many tools were (re)indexed.
+    /// and unregistered tools are dropped; the vocabulary is compacted when it outgrew its
+    /// documents (see the module docs). Returns how many tools were (re)indexed.
     pub fn sync(&self, registry: &Registry) -> usize {
-        let _w = self.writer.lock();
+        let mut writer = self.writer.lock();
         let entries = registry.all();
         let current = self.snapshot();
+        let vocab = current.vocab.clone();
+        let current = &current.tools;
         let mut next: ToolMap = HashMap::with_capacity(entries.len());
         let mut changed = 0;
         for entry in entries {
@@ -122,7 +161,7 @@ impl ToolIndex {
                 _ => IndexedTool {
                     tool: entry.tool.clone(),
                     fields: Arc::new(super::tool_fields(entry.spec())),
-                    lexical: Arc::new(self.vocab.doc(&text)),
+                    lexical: Arc::new(vocab.doc(&text)),
                     text: text.into(),
                     text_sha256,
                     vector: None,
@@ -130,14 +169,18 @@ impl ToolIndex {
             };
             next.insert(id.clone(), Arc::new(indexed));
         }
-        *self.tools.write() = Arc::new(next);
+        let snapshot = match writer.compacted(&vocab, &next) {
+            Some(compacted) => compacted,
+            None => Snapshot { vocab, tools: next },
+        };
+        *self.snapshot.write() = Arc::new(snapshot);
         changed
     }
 
     /// Indexed tools without a vector, in id order.
     pub fn missing_vectors(&self) -> Vec<Arc<IndexedTool>> {
         let snapshot = self.snapshot();
-        let mut out: Vec<Arc<IndexedTool>> = snapshot.values().filter(|t| t.vector.is_none()).cloned().collect();
+        let mut out: Vec<Arc<IndexedTool>> = snapshot.tools.values().filter(|t| t.vector.is_none()).cloned().collect();
         out.sort_by(|a, b| a.id().cmp(b.id()));
         out
     }
@@ -149,8 +192,9 @@ impl ToolIndex {
             return 0;
         }
         let _w = self.writer.lock();
-        let mut map = self.snapshot();
-        let updates: Vec<(String, Arc<IndexedTool>)> = map
+        let mut snapshot = self.snapshot();
+        let updates: Vec<(String, Arc<IndexedTool>)> = snapshot
+            .tools
             .iter()
             .filter(|(_, t)| t.vector.is_none())
             .filter_map(|(id, t)| {
@@ -168,33 +212,172 @@ impl ToolIndex {
             })
             .collect();
         let n = updates.len();
-        Arc::make_mut(&mut map).extend(updates);
-        *self.tools.write() = map;
+        Arc::make_mut(&mut snapshot).tools.extend(updates);
+        *self.snapshot.write() = snapshot;
         n
     }
 
-    /// What ranking needs of each candidate, in order. A candidate that is not the indexed
-    /// object (registered since the last sync) gets a BM25 document made now and no vector.
-    pub fn resolve(&self, specs: &[&ToolSpec]) -> Vec<Resolved> {
+    /// What ranking needs of each candidate, in order, with the vocabulary of their BM25
+    /// documents. A candidate that is not the indexed object (registered since the last sync)
+    /// gets a BM25 document made now and no vector.
+    pub fn resolve(&self, specs: &[&ToolSpec]) -> Resolution {
         let snapshot = self.snapshot();
-        specs
+        let tools = specs
             .iter()
-            .map(|spec| match snapshot.get(&spec.id) {
+            .map(|spec| match snapshot.tools.get(&spec.id) {
                 Some(t) if std::ptr::eq(t.tool.spec(), *spec) => {
                     Resolved { lexical: t.lexical.clone(), vector: t.vector.clone() }
                 }
-                _ => Resolved { lexical: Arc::new(self.vocab.doc(&tool_text(spec))), vector: None },
+                _ => Resolved { lexical: Arc::new(snapshot.vocab.doc(&tool_text(spec))), vector: None },
             })
-            .collect()
+            .collect();
+        Resolution { vocabulary: snapshot.vocab.clone(), tools }
     }
 
     /// How many tools are indexed and embedded.
     pub fn counts(&self) -> IndexCounts {
         let snapshot = self.snapshot();
-        IndexCounts { indexed: snapshot.len(), embedded: snapshot.values().filter(|t| t.vector.is_some()).count() }
+        IndexCounts {
+            indexed: snapshot.tools.len(),
+            embedded: snapshot.tools.values().filter(|t| t.vector.is_some()).count(),
+        }
     }
 
-    fn snapshot(&self) -> Arc<ToolMap> {
-        self.tools.read().clone()
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.read().clone()
+    }
+}
+
+impl Compaction {
+    /// `tools` with their documents mapped onto a new vocabulary of the terms they use, when
+    /// `vocab` holds more than twice those terms plus [`VOCABULARY_SLACK`]; otherwise none
+    /// (counting the used terms only when `vocab` outgrew the last count that way).
+    fn compacted(&mut self, vocab: &Vocabulary, tools: &ToolMap) -> Option<Snapshot> {
+        let limit = |used: usize| used.saturating_mul(2).saturating_add(VOCABULARY_SLACK);
+        if vocab.len() <= limit(self.used_at_last_check) {
+            return None;
+        }
+        let mut used: Vec<u32> = tools.values().flat_map(|t| t.lexical.term_ids()).collect();
+        used.sort_unstable();
+        used.dedup();
+        self.used_at_last_check = used.len();
+        if vocab.len() <= limit(used.len()) {
+            return None;
+        }
+        let compact = vocab.compacted(&used);
+        let tools = tools
+            .iter()
+            .map(|(id, t)| {
+                let tool = IndexedTool {
+                    tool: t.tool.clone(),
+                    text: t.text.clone(),
+                    fields: t.fields.clone(),
+                    text_sha256: t.text_sha256.clone(),
+                    lexical: Arc::new(t.lexical.renumbered(&used)),
+                    vector: t.vector.clone(),
+                };
+                (id.clone(), Arc::new(tool))
+            })
+            .collect();
+        tracing::info!(before = vocab.len(), after = compact.len(), "BM25 vocabulary compacted");
+        Some(Snapshot { vocab: Arc::new(compact), tools })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+    use crate::exposure::lexical::bm25;
+    use crate::registry::{ExecContext, ToolError, ToolKind, ToolOutput};
+
+    struct Listed(ToolSpec);
+
+    #[async_trait::async_trait]
+    impl Tool for Listed {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+
+        async fn execute(&self, _input: &serde_json::Value, _ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
+            Err(ToolError::new(ErrorCode::Internal, "listed only"))
+        }
+    }
+
+    fn listed(id: &str, description: &str) -> Arc<dyn Tool> {
+        Arc::new(Listed(ToolSpec {
+            id: id.to_owned(),
+            kind: ToolKind::Dynamic,
+            domain: "test".to_owned(),
+            title: id.to_owned(),
+            description: description.to_owned(),
+            input_schema: serde_json::json!({"type": "object"}),
+            requires_approval: false,
+            capability: None,
+            replacement: None,
+            owner: None,
+        }))
+    }
+
+    /// The best-scoring candidate's id for `query`, scored as a turn does.
+    fn best(index: &ToolIndex, registry: &Registry, query: &str) -> String {
+        let entries = registry.all();
+        let specs: Vec<&ToolSpec> = entries.iter().map(|e| e.spec()).collect();
+        let resolution = index.resolve(&specs);
+        let docs: Vec<&LexicalDoc> = resolution.tools.iter().map(|r| r.lexical.as_ref()).collect();
+        let scores = bm25(&resolution.vocabulary.query(query), &docs);
+        let top = scores.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i).unwrap();
+        specs[top].id.clone()
+    }
+
+    #[test]
+    fn a_tool_whose_description_keeps_changing_does_not_grow_the_vocabulary_without_end() {
+        let registry = Registry::new();
+        registry.register(listed("weather", "Current weather forecast for a city")).unwrap();
+        registry.register(listed("flights", "Search flights and airline tickets")).unwrap();
+        let index = ToolIndex::new();
+        index.sync(&registry);
+        let mut largest = 0;
+        // A listed tool that re-describes itself with 500 new words at every re-discovery.
+        for change in 0..200 {
+            let words: Vec<String> = (0..500).map(|w| format!("zq{change}x{w}")).collect();
+            registry.unregister("churn");
+            registry.register(listed("churn", &words.join(" "))).unwrap();
+            index.sync(&registry);
+            largest = largest.max(index.vocabulary().len());
+            // Ranking stays right whenever it runs, compaction or not.
+            assert_eq!(best(&index, &registry, "weather forecast in Paris"), "weather");
+            assert_eq!(best(&index, &registry, "book airline tickets"), "flights");
+            assert_eq!(best(&index, &registry, &format!("zq{change}x7")), "churn");
+        }
+        // 100,000 words went through; the vocabulary never held much more than the slack.
+        assert!(largest <= VOCABULARY_SLACK + 2 * 600, "largest vocabulary {largest}");
+        let used: std::collections::HashSet<u32> =
+            index.snapshot().tools.values().flat_map(|t| t.lexical.term_ids().collect::<Vec<_>>()).collect();
+        assert!(index.vocabulary().len() >= used.len());
+        assert!(used.iter().all(|&id| (id as usize) < index.vocabulary().len()), "ids stay dense");
+    }
+
+    #[test]
+    fn compaction_keeps_vectors_and_every_documents_terms() {
+        let registry = Registry::new();
+        registry.register(listed("read_file", "Read a file from the workspace")).unwrap();
+        let index = ToolIndex::new();
+        index.sync(&registry);
+        let sha = index.snapshot().tools["read_file"].text_sha256.clone();
+        let vector: Arc<[f32]> = vec![1.0, 0.0].into();
+        index.set_vectors(&HashMap::from([(sha, vector.clone())]));
+        let before = index.snapshot().tools["read_file"].lexical.term_ids().count();
+        for change in 0..(VOCABULARY_SLACK / 400 + 2) {
+            let words: Vec<String> = (0..500).map(|w| format!("w{change}y{w}")).collect();
+            registry.unregister("churn");
+            registry.register(listed("churn", &words.join(" "))).unwrap();
+            index.sync(&registry);
+        }
+        assert!(index.vocabulary().len() < VOCABULARY_SLACK, "compacted: {}", index.vocabulary().len());
+        let kept = index.snapshot().tools["read_file"].clone();
+        assert_eq!(kept.vector.as_deref(), Some(&vector[..]), "the vector survives compaction");
+        assert_eq!(kept.lexical.term_ids().count(), before);
+        assert_eq!(best(&index, &registry, "read a file"), "read_file");
     }
 }

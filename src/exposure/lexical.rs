@@ -112,6 +112,20 @@ impl Vocabulary {
         LexicalDoc { terms: terms.into_boxed_slice(), len: u32::try_from(tokens.len()).unwrap_or(u32::MAX) }
     }
 
+    /// A vocabulary of the terms whose ids are in `used` (sorted, distinct), each numbered by
+    /// its place in `used` — the numbering [`LexicalDoc::renumbered`] gives documents.
+    pub fn compacted(&self, used: &[u32]) -> Vocabulary {
+        let ids = self.ids.read();
+        let kept = ids
+            .iter()
+            .filter_map(|(term, id)| {
+                let place = used.binary_search(id).ok()?;
+                Some((term.clone(), u32::try_from(place).unwrap_or(u32::MAX)))
+            })
+            .collect();
+        Vocabulary { ids: RwLock::new(kept) }
+    }
+
     /// The distinct known term ids of a query, sorted.
     pub fn query(&self, text: &str) -> Vec<u32> {
         let ids = self.ids.read();
@@ -127,6 +141,28 @@ impl Vocabulary {
 pub struct LexicalDoc {
     terms: Box<[(u32, u32)]>,
     len: u32,
+}
+
+impl LexicalDoc {
+    /// Its distinct term ids, ascending.
+    pub fn term_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.terms.iter().map(|&(id, _)| id)
+    }
+
+    /// The same document in the numbering of [`Vocabulary::compacted`] with `used` (which
+    /// holds every term id of this document). The numbering keeps the order of ids, so the
+    /// terms stay sorted.
+    pub fn renumbered(&self, used: &[u32]) -> LexicalDoc {
+        let terms = self
+            .terms
+            .iter()
+            .filter_map(|&(id, tf)| {
+                let place = used.binary_search(&id).ok()?;
+                Some((u32::try_from(place).unwrap_or(u32::MAX), tf))
+            })
+            .collect();
+        LexicalDoc { terms, len: self.len }
+    }
 }
 
 /// BM25 scores of `docs` for the query terms `query` (from [`Vocabulary::query`] of the same
