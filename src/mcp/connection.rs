@@ -11,7 +11,7 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, ServiceExt};
 use rmcp::{ClientHandler, ServiceError};
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::config::{self, Resolved};
@@ -43,20 +43,17 @@ pub struct Live {
     pub trouble: mpsc::UnboundedSender<String>,
 }
 
-/// Events from the client handler to the supervisor.
-enum Notice {
-    ToolsChanged,
-}
-
 /// The rmcp client handler: list_changed wakes re-discovery; progress becomes run events.
 struct Handler {
-    notices: mpsc::UnboundedSender<Notice>,
+    /// Signalled on `notifications/tools/list_changed`. A [`Notify`] holds at most one
+    /// pending signal, so any number of notifications before the supervisor looks are one.
+    tools_changed: Arc<Notify>,
     manager: std::sync::Weak<McpManager>,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self.notices.send(Notice::ToolsChanged);
+        self.tools_changed.notify_one();
     }
 
     async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
@@ -155,9 +152,9 @@ pub(super) async fn supervise(
         conn.state = McpConnectionState::Connecting;
         conn.attempts += 1;
         manager.save_conn(&slot, conn).await;
-        let (notice_tx, mut notice_rx) = mpsc::unbounded_channel();
+        let tools_changed = Arc::new(Notify::new());
         let (trouble_tx, mut trouble_rx) = mpsc::unbounded_channel();
-        let handler = Handler { notices: notice_tx, manager: Arc::downgrade(&manager) };
+        let handler = Handler { tools_changed: tools_changed.clone(), manager: Arc::downgrade(&manager) };
         let attempt = tokio::time::timeout(settings.connect_timeout, connect(&manager, &slot, handler, trouble_tx));
         let outcome = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -183,7 +180,7 @@ pub(super) async fn supervise(
                 }
                 // Trouble seen during the handshake and first discovery is old news.
                 while trouble_rx.try_recv().is_ok() {}
-                let channels = Channels { control: &mut rx, notices: &mut notice_rx, trouble: &mut trouble_rx };
+                let channels = Channels { control: &mut rx, tools_changed: &tools_changed, trouble: &mut trouble_rx };
                 let end = watch(&manager, &slot, running, &live, channels, child.as_mut(), &shutdown).await;
                 // From here on the tools are unavailable, and the connection says why at once;
                 // the stored row (with the exit status and stderr) follows below.
@@ -372,7 +369,7 @@ fn live_of(
 /// What a connected supervisor listens to besides the transport.
 struct Channels<'a> {
     control: &'a mut mpsc::UnboundedReceiver<Control>,
-    notices: &'a mut mpsc::UnboundedReceiver<Notice>,
+    tools_changed: &'a Notify,
     trouble: &'a mut mpsc::UnboundedReceiver<String>,
 }
 
@@ -392,7 +389,13 @@ async fn watch(
     child: Option<&mut stdio::ChildGuard>,
     shutdown: &CancellationToken,
 ) -> End {
-    let Channels { control: rx, notices, trouble } = ch;
+    let Channels { control: rx, tools_changed, trouble } = ch;
+    // Re-discovery after list_changed: at most one per `rediscovery_interval` since the last
+    // discovery (the one after connecting counts), however many notifications a server sends;
+    // notifications meanwhile make one more when the interval is over.
+    let interval = manager.settings().rediscovery_interval;
+    let mut last_discovery = tokio::time::Instant::now();
+    let mut rediscovery_due: Option<tokio::time::Instant> = None;
     let ct = live.ct.clone();
     let waiting = running.waiting();
     tokio::pin!(waiting);
@@ -435,11 +438,15 @@ async fn watch(
                     Err(_) => return stop(End::Lost(format!("{why}; no answer to ping within {} s", TROUBLE_PING.as_secs()))),
                 }
             }
-            n = notices.recv() => {
-                if let Some(Notice::ToolsChanged) = n
-                    && let Err(e) = super::discovery::run(manager, slot, live).await {
+            () = tools_changed.notified(), if rediscovery_due.is_none() => {
+                rediscovery_due = Some((last_discovery + interval).max(tokio::time::Instant::now()));
+            }
+            () = sleep_until_due(rediscovery_due) => {
+                rediscovery_due = None;
+                if let Err(e) = super::discovery::run(manager, slot, live).await {
                     tracing::warn!(server = %slot.id, error = %e, "re-discovery after list_changed failed");
                 }
+                last_discovery = tokio::time::Instant::now();
             }
             c = rx.recv() => match c {
                 None | Some(Control::Remove) => return stop(End::Removed),
@@ -451,6 +458,7 @@ async fn watch(
                 Some(Control::Release) => return stop(End::Released),
                 Some(Control::Discover(reply)) => {
                     let _ = reply.send(super::discovery::run(manager, slot, live).await);
+                    last_discovery = tokio::time::Instant::now();
                 }
             },
             _ = health.tick() => {
@@ -459,6 +467,14 @@ async fn watch(
                 }
             }
         }
+    }
+}
+
+/// Sleeps until `due`; never wakes without one.
+async fn sleep_until_due(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

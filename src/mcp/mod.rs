@@ -11,8 +11,9 @@
 //! [`crate::approval::policy`]). "Enabled" and "disclaimer accepted" sit along the way.
 //!
 //! [`McpManager`] owns one supervisor task per server ([`connection`]): it connects with a
-//! handshake timeout, re-discovers on `notifications/tools/list_changed` and on every
-//! reconnect, checks health with `ping`, and reconnects with exponential backoff after a
+//! handshake timeout, re-discovers on `notifications/tools/list_changed` (at most once per
+//! [`McpSettings::rediscovery_interval`], however many arrive) and on every reconnect,
+//! checks health with `ping`, and reconnects with exponential backoff after a
 //! crash or a dropped HTTP session (rmcp re-initializes an expired Streamable HTTP session
 //! itself). A server that fails never blocks another. The in-memory [`ServerState`] mirrors
 //! the stored rows so the ladder ([`crate::exposure::ladder`]) can say synchronously which
@@ -80,6 +81,11 @@ pub struct McpSettings {
     pub connect_timeout: Duration,
     /// Interval of `ping` health checks on a connected server.
     pub health_interval: Duration,
+    /// Shortest time between two discoveries of a connected server prompted by its
+    /// `notifications/tools/list_changed`: notifications within it are answered by one
+    /// re-discovery at its end, so a server that floods them costs one `tools/list` (and one
+    /// re-index of its tools) per interval.
+    pub rediscovery_interval: Duration,
     /// First reconnect delay; doubles up to `backoff_max`.
     pub backoff_min: Duration,
     /// Longest reconnect delay.
@@ -111,6 +117,7 @@ impl Default for McpSettings {
             max_output_bytes: 1024 * 1024,
             connect_timeout: Duration::from_secs(30),
             health_interval: Duration::from_secs(30),
+            rediscovery_interval: Duration::from_secs(2),
             backoff_min: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             stdio_allow: Vec::new(),

@@ -399,6 +399,32 @@ async fn a_line_of_hundreds_of_megabytes_is_dropped_without_exhausting_memory() 
     assert_eq!(done["status"], "completed");
 }
 
+/// A server that sends `notifications/tools/list_changed` 2,000 times at once is listed again
+/// once or twice, not 2,000 times: notifications coalesce into at most one re-discovery per
+/// interval (2 s), and the last change is still picked up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_list_changed_costs_one_rediscovery_per_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let (flood, log) = (dir.path().join("flood"), dir.path().join("calls.log"));
+    let (t, token, id, _, _) =
+        fault_app(&["--flood-file", flood.to_str().unwrap(), "--log", log.to_str().unwrap()], 5000).await;
+    std::fs::write(&flood, "").unwrap();
+    wait_for(&t, &token, &id, "re-discovery after the flood", |v| {
+        v["tools"].as_array().unwrap().iter().any(|x| x["name"] == "remove_me" && x["status"] == "removed")
+    })
+    .await;
+    // Time for 2,000 re-discoveries' worth of listing, had each notification made one.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let after = logged.split_once("flooded\n").expect("the server flooded").1;
+    // One discovery lists 12 tools in pages of 4: 3 `tools/list` requests.
+    let lists = after.lines().filter(|l| *l == "tools/list").count();
+    assert!((3..=9).contains(&lists), "{lists} tools/list requests after 2,000 list_changed");
+    // The server stays connected and usable.
+    let v = server(&t, &token, &id).await;
+    assert_eq!(v["connection"]["state"], "connected", "{v:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_changed_rediscovers_and_a_tool_removed_after_exposure_fails_cleanly() {
     let dir = tempfile::tempdir().unwrap();

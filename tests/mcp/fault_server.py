@@ -8,6 +8,8 @@ UTF-8 in a result, a single line of hundreds of MB. Options:
   --log FILE            append every received method (and cancelled request ids) to FILE
   --drop-file FILE      when FILE appears, drop tool `remove_me` and send list_changed
   --page-size N         tools per tools/list page (default 4, so pagination is exercised)
+  --flood-file FILE     when FILE appears, drop tool `remove_me` and send list_changed 2,000
+                        times at once (logged as `flooded` before the first)
 """
 import json
 import os
@@ -29,6 +31,7 @@ if "--crash-at-start" in args:
 
 LOG = opt("--log")
 DROP_FILE = opt("--drop-file")
+FLOOD_FILE = opt("--flood-file")
 PAGE = int(opt("--page-size", "4"))
 out_lock = threading.Lock()
 dropped = False
@@ -92,6 +95,16 @@ def watch_drop():
         time.sleep(0.05)
 
 
+def watch_flood():
+    global dropped
+    while not os.path.exists(FLOOD_FILE):
+        time.sleep(0.05)
+    dropped = True
+    log("flooded")
+    for _ in range(2000):
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+
 def text_result(text):
     return {"content": [{"type": "text", "text": text}], "isError": False}
 
@@ -145,6 +158,8 @@ def call(req_id, name, arguments, meta):
 def main():
     if DROP_FILE:
         threading.Thread(target=watch_drop, daemon=True).start()
+    if FLOOD_FILE:
+        threading.Thread(target=watch_flood, daemon=True).start()
     for raw in sys.stdin.buffer:
         try:
             msg = json.loads(raw)
