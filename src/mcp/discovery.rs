@@ -8,6 +8,9 @@
 //! [`crate::registry::schema`]); one that compiles in no dialect leaves its tool listed (`ok`)
 //! but `unavailable` with `schema_unusable` and the problem, never failing the others.
 //!
+//! A listing of more than [`MAX_PAGES`] pages or [`MAX_LISTED_TOOLS`] tools fails as a whole
+//! (`discovery_error`), and the previous listing stays.
+//!
 //! Each listing is compared with the previous one: a tool whose definition changed while it
 //! had agent access goes under review ([`super::definition`]).
 
@@ -23,6 +26,11 @@ use crate::store::McpToolRow;
 
 /// Most pages followed in one discovery.
 pub const MAX_PAGES: usize = 100;
+
+/// Most tools one listing may hold. A longer listing fails the discovery (the previous
+/// listing stays): storing, indexing and embedding an unbounded listing at every re-discovery
+/// would let one server hold the store's writer and the embedding worker for everyone.
+pub const MAX_LISTED_TOOLS: usize = 1_000;
 
 /// Why a discovery did not complete; its message is stored as the connection's
 /// `discovery_error` and returned in `mcp_discovery_failed`.
@@ -43,6 +51,9 @@ pub enum DiscoveryError {
     /// More than [`MAX_PAGES`] pages.
     #[error("tools/list returned more than {MAX_PAGES} pages")]
     TooManyPages,
+    /// More than [`MAX_LISTED_TOOLS`] tools.
+    #[error("tools/list returned more than {MAX_LISTED_TOOLS} tools")]
+    TooManyTools,
     /// Storing the listing failed.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
@@ -90,6 +101,9 @@ async fn list(live: &Live, slot: &ServerSlot) -> Result<Vec<McpToolRow>, Discove
         let params = cursor.as_ref().map(|c| serde_json::json!({"cursor": c}));
         let page = request(live, slot, "tools/list", params).await?;
         let tools = page.get("tools").and_then(Value::as_array).ok_or(DiscoveryError::NoToolsArray)?;
+        if out.len() + tools.len() > MAX_LISTED_TOOLS {
+            return Err(DiscoveryError::TooManyTools);
+        }
         for (i, tool) in tools.iter().enumerate() {
             out.push(check(tool, i, &mut seen, &now));
         }

@@ -5,6 +5,10 @@ use super::{Store, StoreResult};
 use crate::ids;
 use crate::state::{Flag, McpConnectionState, McpOwnerState, McpToolStatus, OptionalFlag};
 
+/// Most `removed` tools kept per server ([`Store::replace_mcp_tools`]): the most recently
+/// removed, which explain a projected id that is gone (`mcp_tool_removed`).
+pub const MAX_REMOVED_TOOLS_KEPT: usize = 1_000;
+
 /// An installed server (`mcp_servers`).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct McpServerRow {
@@ -283,7 +287,9 @@ impl Store {
     }
 
     /// Replaces a server's tool list with a new listing in one transaction: listed tools
-    /// are upserted, earlier tools missing from it become `removed`.
+    /// are upserted, earlier tools missing from it become `removed`, and of the removed ones
+    /// only the [`MAX_REMOVED_TOOLS_KEPT`] most recently removed stay (a server that renames
+    /// its tools at every listing would otherwise grow its rows without end).
     pub async fn replace_mcp_tools(&self, server_id: &str, listed: &[McpToolRow]) -> StoreResult<()> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
@@ -326,6 +332,15 @@ impl Store {
             .execute(tx.conn())
             .await?;
         }
+        sqlx::query(
+            "DELETE FROM mcp_tools WHERE server_id = $1 AND status = 'removed' AND name NOT IN (
+                 SELECT name FROM mcp_tools WHERE server_id = $1 AND status = 'removed'
+                 ORDER BY removed_at DESC, name LIMIT $2)",
+        )
+        .bind(server_id)
+        .bind(i64::try_from(MAX_REMOVED_TOOLS_KEPT).unwrap_or(i64::MAX))
+        .execute(tx.conn())
+        .await?;
         tx.commit().await
     }
 

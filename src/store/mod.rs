@@ -84,7 +84,9 @@ pub use invocations::{
     ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation,
 };
 pub use mail::{MailSendRow, MailSendState, SendClaim};
-pub use mcp::{McpAccessRow, McpConnectionRow, McpOwnerRow, McpServerRow, McpToolRow, OwnerClaim};
+pub use mcp::{
+    MAX_REMOVED_TOOLS_KEPT, McpAccessRow, McpConnectionRow, McpOwnerRow, McpServerRow, McpToolRow, OwnerClaim,
+};
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use retention::RetentionCounts;
 pub use runs::{DeviceRow, RunRow, RunScopeRow, TurnRow, WorkspaceRow};

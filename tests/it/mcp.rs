@@ -502,6 +502,32 @@ async fn two_servers_offering_search_never_collide() {
     }
 }
 
+/// A real server (the Python SDK) listing 1,001 tools: the discovery fails as a whole with
+/// a clear reason (`mcp_discovery_failed`) instead of storing, indexing and embedding an unbounded listing;
+/// the connection itself stands and nothing of the server is projected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_more_than_a_thousand_tools_is_refused() {
+    let t = spawn(Backend::Sqlite).await;
+    let token = t.user("gus").await;
+    let id = install(
+        &t,
+        &token,
+        json!({"name": "huge", "transport": sdk_server("1001", None), "default_agent_access": true}),
+    )
+    .await;
+    let discover =
+        |v: &Value| v["stages"].as_array().unwrap().iter().find(|s| s["stage"] == "discover").unwrap().clone();
+    let v = wait_for(&t, &token, &id, "a refused discovery", |v| {
+        v["connection"]["state"] == "connected" && discover(v)["code"] == "mcp_discovery_failed"
+    })
+    .await;
+    assert_eq!(discover(&v)["reason"], "tools/list failed: tools/list returned more than 1000 tools", "{v:#}");
+    assert_eq!(v["tools"].as_array().unwrap().len(), 0, "{v:#}");
+    let run = t.run(&token).await;
+    let (_, exposure) = t.turn(&token, &run, "create an invoice").await;
+    assert!(exposure["tools"].as_array().unwrap().iter().all(|x| x["kind"] != "mcp_projection"), "{exposure:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hundred_real_tools_are_ranked() {
     let t = spawn(Backend::Sqlite).await;

@@ -656,7 +656,71 @@ async fn a_failing_freeze_fails_alone_and_writes_go_on(backend: Backend) {
     assert!(events[2].data.contains(&c.id));
 }
 
+/// A server that renames its tools at every listing: of the tools it no longer lists, only
+/// the 1,000 most recently removed stay (the whole latest removal, then the newest of the one
+/// before), so its rows do not grow without end; the listed tools are untouched.
+async fn removed_mcp_tools_are_kept_up_to_a_limit(backend: Backend) {
+    use mira::state::McpToolStatus;
+    let f = fixture(backend).await;
+    let now = mira::ids::now();
+    let server = mira::store::McpServerRow {
+        id: "mcp_churn".into(),
+        owner_id: Some(f.user.clone()),
+        installed_by: f.user.clone(),
+        name: "churn".into(),
+        transport: "stdio".into(),
+        config: "{}".into(),
+        secrets: None,
+        secrets_key_id: None,
+        disclaimer: None,
+        disclaimer_accepted_at: None,
+        disclaimer_accepted_by: None,
+        enabled: true,
+        default_agent_access: true,
+        request_timeout_ms: 1000,
+        created_at: now.clone(),
+        updated_at: now.clone(),
+    };
+    f.store.insert_mcp_server(&server).await.unwrap();
+    let listing = |generation: &str| -> Vec<mira::store::McpToolRow> {
+        (0..600)
+            .map(|i| mira::store::McpToolRow {
+                server_id: server.id.clone(),
+                name: format!("{generation}_{i:03}"),
+                status: McpToolStatus::Ok,
+                rejection: None,
+                title: None,
+                description: Some(format!("tool {i} of generation {generation}")),
+                input_schema: Some(r#"{"type":"object"}"#.into()),
+                output_schema: None,
+                annotations: None,
+                discovered_at: mira::ids::now(),
+                removed_at: None,
+                schema_dialect: None,
+                schema_declared: None,
+                schema_problem: None,
+                review_previous: None,
+                review_since: None,
+            })
+            .collect()
+    };
+    for generation in ["a", "b", "c"] {
+        f.store.replace_mcp_tools(&server.id, &listing(generation)).await.unwrap();
+        // Distinct removal times for each generation.
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let rows = f.store.mcp_tools(&server.id).await.unwrap();
+    let of = |prefix: &str, status: McpToolStatus| {
+        rows.iter().filter(|r| r.name.starts_with(prefix) && r.status == status).count()
+    };
+    assert_eq!(of("c_", McpToolStatus::Ok), 600, "the current listing");
+    assert_eq!(of("b_", McpToolStatus::Removed), 600, "the latest removal, whole");
+    assert_eq!(of("a_", McpToolStatus::Removed), 400, "the rest of the 1,000 from the removal before");
+    assert_eq!(rows.len(), 600 + mira::store::MAX_REMOVED_TOOLS_KEPT);
+}
+
 both_backends!(
+    removed_mcp_tools_are_kept_up_to_a_limit,
     a_failing_freeze_fails_alone_and_writes_go_on,
     a_lost_claim_stores_nothing_beside_a_stored_result,
     group_commits_are_seen_in_id_order,
