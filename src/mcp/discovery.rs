@@ -3,7 +3,8 @@
 //! A tool is rejected (and recorded with its reason) when its name is not 1–128 characters
 //! of `A-Z a-z 0-9 _ - .` (the MCP 2025-11-25 tool-name guidance, minus `/`, which cannot
 //! sit in a tool id path segment), when its name repeats an earlier tool of the listing,
-//! or when `inputSchema` is missing or not an object of `"type": "object"`. The rest of the
+//! when `inputSchema` is missing or not an object of `"type": "object"`, or when its
+//! definition is over [`MAX_DEFINITION_BYTES`]. The rest of the
 //! listing still works. An `inputSchema` is compiled in the dialect it declares (or reads as,
 //! [`crate::registry::schema`]); one that compiles in no dialect leaves its tool listed (`ok`)
 //! but `unavailable` with `schema_unusable` and the problem, never failing the others.
@@ -26,6 +27,12 @@ use crate::store::McpToolRow;
 
 /// Most pages followed in one discovery.
 pub const MAX_PAGES: usize = 100;
+
+/// Largest definition of one tool: its title, description, inputSchema, outputSchema and
+/// annotations together, in bytes (as JSON text). Every turn that exposes a tool shows the
+/// Planner its definition and stores it with the exposure, so a larger one is rejected
+/// (`definition_too_large`) and not kept.
+pub const MAX_DEFINITION_BYTES: usize = 64 * 1024;
 
 /// Most tools one listing may hold. A longer listing fails the discovery (the previous
 /// listing stays): storing, indexing and embedding an unbounded listing at every re-discovery
@@ -158,6 +165,16 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
         reject(&mut row, format!("invalid_name: {name:?} is not 1-128 characters of A-Z a-z 0-9 _ - ."));
     } else if !seen.insert(name.clone()) {
         reject(&mut row, format!("duplicate_name: {name} was already listed by this server"));
+    } else if let size = definition_bytes(&row)
+        && size > MAX_DEFINITION_BYTES
+    {
+        reject(
+            &mut row,
+            format!("definition_too_large: the definition is {size} bytes, over the {MAX_DEFINITION_BYTES} allowed"),
+        );
+        // Nothing of it is kept: the row says why, not what.
+        (row.title, row.description, row.input_schema, row.output_schema, row.annotations) =
+            (None, None, None, None, None);
     } else {
         match tool.get("inputSchema") {
             None | Some(Value::Null) => reject(&mut row, "missing_input_schema: the tool has no inputSchema".into()),
@@ -179,6 +196,14 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
         }
     }
     row
+}
+
+/// Bytes of a listed tool's title, description and JSON schemas and annotations.
+fn definition_bytes(row: &McpToolRow) -> usize {
+    [&row.title, &row.description, &row.input_schema, &row.output_schema, &row.annotations]
+        .into_iter()
+        .map(|f| f.as_ref().map_or(0, String::len))
+        .sum()
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -209,5 +234,24 @@ mod tests {
         assert!(s.rejection.unwrap_or_default().contains("a string"));
         let n = check(&serde_json::json!({"name": "bad name!", "inputSchema": {"type": "object"}}), 4, &mut seen, "t");
         assert!(n.rejection.unwrap_or_default().starts_with("invalid_name"));
+        let at_limit = "d".repeat(MAX_DEFINITION_BYTES - r#"{"type":"object"}"#.len());
+        let fits = check(
+            &serde_json::json!({"name": "fits", "description": at_limit, "inputSchema": {"type": "object"}}),
+            5,
+            &mut seen,
+            "t",
+        );
+        assert_eq!(fits.status, McpToolStatus::Ok, "{:?}", fits.rejection);
+        let big = check(
+            &serde_json::json!({"name": "big", "description": format!("{at_limit}d"), "inputSchema": {"type": "object"}}),
+            6,
+            &mut seen,
+            "t",
+        );
+        assert_eq!(
+            big.rejection.as_deref(),
+            Some("definition_too_large: the definition is 65537 bytes, over the 65536 allowed")
+        );
+        assert!(big.description.is_none() && big.input_schema.is_none(), "nothing of it is kept");
     }
 }
