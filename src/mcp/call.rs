@@ -64,10 +64,9 @@ impl McpManager {
         let token = serde_json::to_string(&handle.progress_token).unwrap_or_default();
         let request_id = handle.id.clone();
         let tool_id = super::projection_id(server_id, tool);
-        self.progress.lock().insert(
-            token.clone(),
-            ProgressRoute { run_id: ctx.run_id.clone(), invocation_id: ctx.invocation_id.clone(), tool_id },
-        );
+        self.progress
+            .lock()
+            .insert(token.clone(), ProgressRoute::new(ctx.run_id.clone(), ctx.invocation_id.clone(), tool_id));
         // The harness drops this future when the invocation is cancelled or times out; the
         // guard then tells the server (notifications/cancelled) and forgets the progress route.
         let mut guard = CancelGuard { peer: live.peer.clone(), id: Some(request_id), token, manager: self.me.clone() };

@@ -43,7 +43,9 @@ pub struct Live {
     pub trouble: mpsc::UnboundedSender<String>,
 }
 
-/// The rmcp client handler: list_changed wakes re-discovery; progress becomes run events.
+/// The rmcp client handler: list_changed wakes re-discovery; progress becomes run events (as
+/// many as the call's [`super::ProgressRoute`] admits; an event says how many notifications
+/// were `skipped` before it).
 struct Handler {
     /// Signalled on `notifications/tools/list_changed`. A [`Notify`] holds at most one
     /// pending signal, so any number of notifications before the supervisor looks are one.
@@ -59,11 +61,20 @@ impl ClientHandler for Handler {
     async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
         let Some(manager) = self.manager.upgrade() else { return };
         let key = serde_json::to_string(&params.progress_token).unwrap_or_default();
-        let Some(route) = manager.progress.lock().get(&key).cloned() else { return };
-        let data = json!({
+        let (route, skipped) = {
+            let mut routes = manager.progress.lock();
+            let Some(route) = routes.get_mut(&key) else { return };
+            let Some(skipped) = route.admit(std::time::Instant::now()) else { return };
+            (route.clone(), skipped)
+        };
+        let message = params.message.as_deref().map(|m| &m[..m.floor_char_boundary(super::MAX_PROGRESS_MESSAGE_BYTES)]);
+        let mut data = json!({
             "invocation_id": route.invocation_id, "tool_id": route.tool_id,
-            "progress": params.progress, "total": params.total, "message": params.message,
+            "progress": params.progress, "total": params.total, "message": message,
         });
+        if skipped > 0 {
+            data["skipped"] = json!(skipped);
+        }
         let write = async {
             let mut tx = manager.store().begin_write().await?;
             // Only while the invocation runs: a late notice of an execution whose lease was

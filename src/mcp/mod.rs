@@ -286,12 +286,58 @@ struct ClusterLink {
     client: reqwest::Client,
 }
 
-/// Where progress notifications of a running call go.
+/// Where progress notifications of a running call go, and how many more may be stored: a
+/// token bucket of [`PROGRESS_BURST`] refilled at [`PROGRESS_PER_SECOND`], at most
+/// [`MAX_PROGRESS_EVENTS`] in all. Each stored notification is one write transaction and one
+/// run event, so a server that floods them must not hold the store's writer or fill the run.
 #[derive(Debug, Clone)]
 pub(crate) struct ProgressRoute {
     pub run_id: String,
     pub invocation_id: String,
     pub tool_id: String,
+    tokens: f64,
+    refilled: std::time::Instant,
+    stored: u32,
+    skipped: u64,
+}
+
+/// Progress events stored at once before the rate applies.
+pub const PROGRESS_BURST: f64 = 10.0;
+/// Progress events stored per second of one call after the burst.
+pub const PROGRESS_PER_SECOND: f64 = 4.0;
+/// Most progress events stored for one call.
+pub const MAX_PROGRESS_EVENTS: u32 = 1_000;
+/// Longest progress message stored, bytes (cut at a character boundary).
+pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 1024;
+
+impl ProgressRoute {
+    /// A route with a full bucket.
+    pub(crate) fn new(run_id: String, invocation_id: String, tool_id: String) -> Self {
+        Self {
+            run_id,
+            invocation_id,
+            tool_id,
+            tokens: PROGRESS_BURST,
+            refilled: std::time::Instant::now(),
+            stored: 0,
+            skipped: 0,
+        }
+    }
+
+    /// Whether a notification arriving at `now` is stored; when it is, how many were skipped
+    /// since the last one stored.
+    pub(crate) fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * PROGRESS_PER_SECOND).min(PROGRESS_BURST);
+        self.refilled = now;
+        if self.tokens < 1.0 || self.stored >= MAX_PROGRESS_EVENTS {
+            self.skipped += 1;
+            return None;
+        }
+        self.tokens -= 1.0;
+        self.stored += 1;
+        Some(std::mem::take(&mut self.skipped))
+    }
 }
 
 /// The MCP client side: servers, connections, projections.
@@ -1036,5 +1082,29 @@ fn validate_timeout(ms: i64) -> Result<()> {
         Ok(())
     } else {
         Err(Error::bad_request(ErrorCode::InvalidRequest, "request_timeout_ms must be 100 to 3600000"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_PROGRESS_EVENTS, ProgressRoute};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn progress_is_stored_in_a_burst_then_at_the_rate_up_to_the_cap() {
+        let mut route = ProgressRoute::new("r".into(), "i".into(), "t".into());
+        let t0 = Instant::now();
+        let stored = (0..100).filter(|_| route.admit(t0).is_some()).count();
+        assert_eq!(stored, 10, "the burst");
+        // A second later: four more, the first of them counting the 90 skipped.
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(route.admit(t1), Some(90));
+        assert_eq!((0..10).filter(|_| route.admit(t1).is_some()).count(), 3);
+        // However long the call runs, at most the cap in all.
+        let mut total = 14;
+        for s in 2..2_000 {
+            total += (0..10).filter(|_| route.admit(t0 + Duration::from_secs(s)).is_some()).count();
+        }
+        assert_eq!(total, MAX_PROGRESS_EVENTS as usize);
     }
 }

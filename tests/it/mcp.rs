@@ -372,6 +372,24 @@ async fn results_errors_progress_and_bad_bytes() {
     assert_eq!(progress.len(), 3, "{events:?}");
     assert_eq!(progress[2]["message"], "step 3");
     assert_eq!(progress[0]["invocation_id"], done["invocation_id"]);
+    // 5,000 notifications at once with 10 KB messages, then a last one half a second later: a
+    // burst of 10 is stored (messages cut to 1 KiB), then 4 a second; each stored one says
+    // how many were skipped before it.
+    let done = call_approved(&t, &token, &run, &turn, &tool("progress_flood"), "c5", json!({})).await;
+    assert_eq!(done["status"], "completed");
+    let resp = t.client.get(format!("{}/v1/runs/{run}/events", t.base)).bearer_auth(&token).send().await.unwrap();
+    let events = common::read_sse(resp, 400, Duration::from_secs(3)).await;
+    let flood: Vec<&Value> = events
+        .iter()
+        .filter(|(_, k, d)| k == "execution.progress" && d["invocation_id"] == done["invocation_id"])
+        .map(|(_, _, d)| d)
+        .collect();
+    // The burst, then 4 a second while the flood is read, then the last.
+    assert!((11..=40).contains(&flood.len()), "{} progress events stored", flood.len());
+    assert!(flood[..10].iter().all(|d| d["message"].as_str().unwrap().len() == 1024 && d.get("skipped").is_none()));
+    assert_eq!(flood.last().unwrap()["message"], "done");
+    let skipped: u64 = flood.iter().filter_map(|d| d["skipped"].as_u64()).sum();
+    assert_eq!(flood.len() as u64 + skipped, 5001, "every notification is stored or counted as skipped");
 }
 
 fn short(v: &Value) -> String {

@@ -73,6 +73,8 @@ def tools():
          "inputSchema": schema({"megabytes": {"type": "integer"}}, ["megabytes"])},
         {"name": "badutf8", "description": "Return text containing invalid UTF-8", "inputSchema": schema()},
         {"name": "progress", "description": "Report progress three times, then answer", "inputSchema": schema()},
+        {"name": "progress_flood", "description": "Report progress 5,000 times at once with long messages, then answer",
+         "inputSchema": schema()},
         {"name": "fail", "description": "Answer with isError", "inputSchema": schema()},
         {"name": "image", "description": "Return text, an image and structured content", "inputSchema": schema()},
         {"name": "broken_no_schema", "description": "A tool without inputSchema"},
@@ -140,6 +142,16 @@ def call(req_id, name, arguments, meta):
                 send({"jsonrpc": "2.0", "method": "notifications/progress",
                       "params": {"progressToken": token, "progress": i, "total": 3, "message": f"step {i}"}})
             time.sleep(0.05)
+        send({"jsonrpc": "2.0", "id": req_id, "result": text_result("done")})
+    elif name == "progress_flood":
+        token = (meta or {}).get("progressToken")
+        for i in range(1, 5001):
+            if token is not None:
+                send({"jsonrpc": "2.0", "method": "notifications/progress",
+                      "params": {"progressToken": token, "progress": i, "total": 5000, "message": "é" * 5000}})
+        time.sleep(0.5)
+        send({"jsonrpc": "2.0", "method": "notifications/progress",
+              "params": {"progressToken": token, "progress": 5000, "total": 5000, "message": "done"}})
         send({"jsonrpc": "2.0", "id": req_id, "result": text_result("done")})
     elif name == "fail":
         send({"jsonrpc": "2.0", "id": req_id, "result": {"content": [{"type": "text", "text": "quota exceeded for key k-42"}], "isError": True}})
