@@ -61,7 +61,10 @@ impl McpManager {
             .await
             .map_err(|e| lost(&live, &e))?;
         let id_json = serde_json::to_string(&handle.id).unwrap_or_default();
-        let token = serde_json::to_string(&handle.progress_token).unwrap_or_default();
+        let token = super::connection::progress_key(
+            &live.routes,
+            &serde_json::to_string(&handle.progress_token).unwrap_or_default(),
+        );
         let request_id = handle.id.clone();
         let tool_id = super::projection_id(server_id, tool);
         self.progress

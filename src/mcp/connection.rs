@@ -41,7 +41,19 @@ pub struct Live {
     /// Reports transport trouble (a failed request, a broken stream) to the supervisor, which
     /// checks the server at once and marks the connection lost when it does not answer.
     pub trouble: mpsc::UnboundedSender<String>,
+    /// This connection's part of its calls' progress route keys ([`progress_key`]).
+    pub routes: Arc<str>,
 }
+
+/// The key of a call's progress route: the connection (server id and a number unique in the
+/// process) and the progress token's JSON. rmcp numbers progress tokens per connection from
+/// 0, so the token alone would let one server's notifications reach another's calls.
+pub(crate) fn progress_key(routes: &str, token_json: &str) -> String {
+    format!("{routes}\n{token_json}")
+}
+
+/// Numbers the connections of this process ([`Live::routes`]).
+static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The rmcp client handler: list_changed wakes re-discovery; progress becomes run events (as
 /// many as the call's [`super::ProgressRoute`] admits; an event says how many notifications
@@ -51,6 +63,8 @@ struct Handler {
     /// pending signal, so any number of notifications before the supervisor looks are one.
     tools_changed: Arc<Notify>,
     manager: std::sync::Weak<McpManager>,
+    /// The connection's part of progress route keys ([`Live::routes`]).
+    routes: Arc<str>,
 }
 
 impl ClientHandler for Handler {
@@ -60,7 +74,7 @@ impl ClientHandler for Handler {
 
     async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
         let Some(manager) = self.manager.upgrade() else { return };
-        let key = serde_json::to_string(&params.progress_token).unwrap_or_default();
+        let key = progress_key(&self.routes, &serde_json::to_string(&params.progress_token).unwrap_or_default());
         let (route, skipped) = {
             let mut routes = manager.progress.lock();
             let Some(route) = routes.get_mut(&key) else { return };
@@ -165,7 +179,9 @@ pub(super) async fn supervise(
         manager.save_conn(&slot, conn).await;
         let tools_changed = Arc::new(Notify::new());
         let (trouble_tx, mut trouble_rx) = mpsc::unbounded_channel();
-        let handler = Handler { tools_changed: tools_changed.clone(), manager: Arc::downgrade(&manager) };
+        let routes: Arc<str> =
+            format!("{}#{}", slot.id, CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)).into();
+        let handler = Handler { tools_changed: tools_changed.clone(), manager: Arc::downgrade(&manager), routes };
         let attempt = tokio::time::timeout(settings.connect_timeout, connect(&manager, &slot, handler, trouble_tx));
         let outcome = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -292,6 +308,7 @@ async fn connect(
     )
     .map_err(|e| (e.to_string(), None))?;
     let max = manager.settings().max_message_bytes;
+    let routes = handler.routes.clone();
     match resolved {
         Resolved::Stdio { command, args, env, cwd } => {
             let sandbox = match &manager.settings().sandbox {
@@ -327,7 +344,7 @@ async fn connect(
                     return Err((format!("the initialize handshake failed: {e}{exit}"), Some(stderr)));
                 }
             };
-            let live = live_of(&running, Some(facts), Some(stderr), ct, trouble);
+            let live = live_of(&running, Some(facts), Some(stderr), ct, trouble, routes);
             Ok((running, live, Some(child)))
         }
         Resolved::Http { url, headers } => {
@@ -359,7 +376,7 @@ async fn connect(
                 .serve_with_ct(transport, ct.clone())
                 .await
                 .map_err(|e| (format!("the initialize handshake with {url} failed: {e}"), None))?;
-            let live = live_of(&running, None, None, ct, trouble);
+            let live = live_of(&running, None, None, ct, trouble, routes);
             Ok((running, live, None))
         }
     }
@@ -371,10 +388,11 @@ fn live_of(
     stderr: Option<Arc<StderrTail>>,
     ct: CancellationToken,
     trouble: mpsc::UnboundedSender<String>,
+    routes: Arc<str>,
 ) -> Live {
     let peer = running.peer().clone();
     let protocol_version = peer.peer_info().map(|i| i.protocol_version.to_string()).unwrap_or_default();
-    Live { peer, facts, stderr, protocol_version, ct, trouble }
+    Live { peer, facts, stderr, protocol_version, ct, trouble, routes }
 }
 
 /// What a connected supervisor listens to besides the transport.

@@ -349,6 +349,7 @@ pub struct McpManager {
     shutdown: CancellationToken,
     tasks: TaskTracker,
     servers: RwLock<BTreeMap<String, Arc<ServerSlot>>>,
+    /// Progress routes of running calls, by [`connection::progress_key`].
     pub(crate) progress: Mutex<HashMap<String, ProgressRoute>>,
     pub(crate) me: Weak<McpManager>,
     cluster: OnceLock<ClusterLink>,

@@ -135,7 +135,7 @@ async fn six_stages_end_to_end(backend: Backend) {
     assert_eq!(stage(&v, "approval")["status"], "pending");
     // Pagination (page size 4) reached every tool; the three malformed ones are rejected with reasons.
     let tools = v["tools"].as_array().unwrap();
-    assert_eq!(tools.len(), 13, "{tools:#?}");
+    assert_eq!(tools.len(), 14, "{tools:#?}");
     let rejected: Vec<(&str, &str)> = tools
         .iter()
         .filter(|t| t["status"] == "rejected")
@@ -372,7 +372,7 @@ async fn results_errors_progress_and_bad_bytes() {
     assert_eq!(progress.len(), 3, "{events:?}");
     assert_eq!(progress[2]["message"], "step 3");
     assert_eq!(progress[0]["invocation_id"], done["invocation_id"]);
-    // 5,000 notifications at once with 10 KB messages, then a last one half a second later: a
+    // 5,000 notifications at once with 2 KB messages, then a last one half a second later: a
     // burst of 10 is stored (messages cut to 1 KiB), then 4 a second; each stored one says
     // how many were skipped before it.
     let done = call_approved(&t, &token, &run, &turn, &tool("progress_flood"), "c5", json!({})).await;
@@ -387,14 +387,49 @@ async fn results_errors_progress_and_bad_bytes() {
     // The burst, then 4 a second while the flood is read, then the last.
     assert!((11..=40).contains(&flood.len()), "{} progress events stored", flood.len());
     assert!(flood[..10].iter().all(|d| d["message"].as_str().unwrap().len() == 1024 && d.get("skipped").is_none()));
-    assert_eq!(flood.last().unwrap()["message"], "done");
+    // Skipped ones are counted by the next stored one (none follows the last skipped ones).
     let skipped: u64 = flood.iter().filter_map(|d| d["skipped"].as_u64()).sum();
-    assert_eq!(flood.len() as u64 + skipped, 5001, "every notification is stored or counted as skipped");
+    assert!(skipped >= 4_000 && flood.len() as u64 + skipped <= 5_001, "{} stored, {skipped} skipped", flood.len());
 }
 
 fn short(v: &Value) -> String {
     let s = v.to_string();
     s.chars().take(2000).collect()
+}
+
+/// One server's progress notifications never reach another server's calls: a hostile server
+/// (the admin's here, so that it sees the test's file) sprays `notifications/progress` for
+/// every small token while another user's call on another server reports its own progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_from_one_server_never_reaches_another_servers_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let spray = dir.path().join("spray");
+    let (t, token, id, run, turn) = fault_app(&[], 5000).await;
+    let hostile = install(
+        &t,
+        &t.admin_token,
+        json!({"name": "sprayer", "transport": fault(&["--spray-file", spray.to_str().unwrap()]),
+               "default_agent_access": true}),
+    )
+    .await;
+    wait_for(&t, &t.admin_token, &hostile, "connect", connected).await;
+    std::fs::write(&spray, "").unwrap();
+    let mut calls = Vec::new();
+    for c in ["p1", "p2", "p3"] {
+        let done = call_approved(&t, &token, &run, &turn, &format!("mcp:{id}:tool:progress"), c, json!({})).await;
+        assert_eq!(done["status"], "completed", "{done:#}");
+        calls.push(done["invocation_id"].clone());
+    }
+    std::fs::remove_file(&spray).unwrap();
+    let resp = t.client.get(format!("{}/v1/runs/{run}/events", t.base)).bearer_auth(&token).send().await.unwrap();
+    let events = common::read_sse(resp, 400, Duration::from_secs(3)).await;
+    let progress: Vec<&Value> =
+        events.iter().filter(|(_, k, _)| k == "execution.progress").map(|(_, _, d)| d).collect();
+    assert!(progress.iter().all(|d| d["message"] != "injected"), "{progress:#?}");
+    for inv in &calls {
+        let own: Vec<&&Value> = progress.iter().filter(|d| d["invocation_id"] == *inv).collect();
+        assert_eq!(own.len(), 3, "each call keeps its own three steps: {progress:#?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,8 @@ UTF-8 in a result, a single line of hundreds of MB. Options:
   --page-size N         tools per tools/list page (default 4, so pagination is exercised)
   --flood-file FILE     when FILE appears, drop tool `remove_me` and send list_changed 2,000
                         times at once (logged as `flooded` before the first)
+  --spray-file FILE     while FILE exists, send notifications/progress for progress tokens 0-299
+                        (numbers and strings) with the message `injected`, for calls it never had
 """
 import json
 import os
@@ -32,6 +34,7 @@ if "--crash-at-start" in args:
 LOG = opt("--log")
 DROP_FILE = opt("--drop-file")
 FLOOD_FILE = opt("--flood-file")
+SPRAY_FILE = opt("--spray-file")
 PAGE = int(opt("--page-size", "4"))
 out_lock = threading.Lock()
 dropped = False
@@ -73,7 +76,7 @@ def tools():
          "inputSchema": schema({"megabytes": {"type": "integer"}}, ["megabytes"])},
         {"name": "badutf8", "description": "Return text containing invalid UTF-8", "inputSchema": schema()},
         {"name": "progress", "description": "Report progress three times, then answer", "inputSchema": schema()},
-        {"name": "progress_flood", "description": "Report progress 5,000 times at once with long messages, then answer",
+        {"name": "progress_flood", "description": "Report progress 5,000 times at once with 2 KB messages, then answer",
          "inputSchema": schema()},
         {"name": "fail", "description": "Answer with isError", "inputSchema": schema()},
         {"name": "image", "description": "Return text, an image and structured content", "inputSchema": schema()},
@@ -105,6 +108,17 @@ def watch_flood():
     log("flooded")
     for _ in range(2000):
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+
+def spray():
+    while not os.path.exists(SPRAY_FILE):
+        time.sleep(0.02)
+    while os.path.exists(SPRAY_FILE):
+        for token in range(300):
+            for t in (token, str(token)):
+                send({"jsonrpc": "2.0", "method": "notifications/progress",
+                      "params": {"progressToken": t, "progress": 1, "message": "injected"}})
+        time.sleep(0.01)
 
 
 def text_result(text):
@@ -148,7 +162,7 @@ def call(req_id, name, arguments, meta):
         for i in range(1, 5001):
             if token is not None:
                 send({"jsonrpc": "2.0", "method": "notifications/progress",
-                      "params": {"progressToken": token, "progress": i, "total": 5000, "message": "é" * 5000}})
+                      "params": {"progressToken": token, "progress": i, "total": 5000, "message": "é" * 1000}})
         time.sleep(0.5)
         send({"jsonrpc": "2.0", "method": "notifications/progress",
               "params": {"progressToken": token, "progress": 5000, "total": 5000, "message": "done"}})
@@ -172,6 +186,8 @@ def main():
         threading.Thread(target=watch_drop, daemon=True).start()
     if FLOOD_FILE:
         threading.Thread(target=watch_flood, daemon=True).start()
+    if SPRAY_FILE:
+        threading.Thread(target=spray, daemon=True).start()
     for raw in sys.stdin.buffer:
         try:
             msg = json.loads(raw)
