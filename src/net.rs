@@ -219,9 +219,76 @@ pub fn with_rule(builder: reqwest::ClientBuilder, rule: AddressRule) -> reqwest:
     }
 }
 
+/// The redirect loop error (a URL seen twice in one chain).
+#[derive(Debug)]
+pub struct RedirectLoop(pub String);
+
+impl std::fmt::Display for RedirectLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "redirect loop at {}", self.0)
+    }
+}
+
+impl std::error::Error for RedirectLoop {}
+
+/// The redirect policy of clients that may fetch a user's URLs: at most `max_redirects`, a
+/// URL already visited in the chain is a [`RedirectLoop`], and under
+/// [`AddressRule::PublicOnly`] a redirect to an internal IP literal is a [`PrivateAddress`]
+/// (a name is checked when it is resolved, by [`with_rule`]'s resolver; a literal is never
+/// resolved, so without this a public server could send the client to `127.0.0.1` or the
+/// cloud metadata address).
+pub fn redirect_policy(max_redirects: usize, rule: AddressRule) -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(move |attempt| {
+        let internal = match attempt.url().host() {
+            Some(url::Host::Ipv4(ip)) => is_internal(ip.into()),
+            Some(url::Host::Ipv6(ip)) => is_internal(ip.into()),
+            _ => false,
+        };
+        if rule == AddressRule::PublicOnly && internal {
+            let url = attempt.url().to_string();
+            attempt.error(PrivateAddress(format!(
+                "redirect to an internal address ({url}); only an admin's URLs may reach it"
+            )))
+        } else if attempt.previous().iter().any(|u| u == attempt.url()) {
+            let url = attempt.url().to_string();
+            attempt.error(RedirectLoop(url))
+        } else if attempt.previous().len() > max_redirects {
+            attempt.error(format!("more than {max_redirects} redirects"))
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client under `PublicOnly` refuses a redirect to an internal IP literal; under `Any`
+    /// it follows it. (The first URL is a loopback literal too, which no client checks:
+    /// users' URLs are checked before any request.)
+    #[tokio::test]
+    async fn a_redirect_to_an_internal_literal_is_refused_for_users() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let end = format!("http://127.0.0.1:{port}/end");
+        let app = axum::Router::new()
+            .route("/away", axum::routing::post(move || async move { axum::response::Redirect::temporary(&end) }))
+            .route("/end", axum::routing::post(|| async { "reached" }));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = |rule| with_rule(client_builder(), rule).redirect(redirect_policy(5, rule)).build().unwrap();
+        let err =
+            client(AddressRule::PublicOnly).post(format!("http://127.0.0.1:{port}/away")).send().await.unwrap_err();
+        let mut source: Option<&dyn std::error::Error> = Some(&err);
+        let mut refused = false;
+        while let Some(e) = source {
+            refused |= e.downcast_ref::<PrivateAddress>().is_some();
+            source = e.source();
+        }
+        assert!(refused, "{err:?}");
+        let followed = client(AddressRule::Any).post(format!("http://127.0.0.1:{port}/away")).send().await.unwrap();
+        assert_eq!(followed.text().await.unwrap(), "reached");
+    }
 
     #[test]
     fn internal_ranges() {

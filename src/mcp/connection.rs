@@ -52,6 +52,10 @@ pub(crate) fn progress_key(routes: &str, token_json: &str) -> String {
     format!("{routes}\n{token_json}")
 }
 
+/// Most redirects an HTTP MCP server's responses may lead through (each checked by
+/// [`crate::net::redirect_policy`]: never to an internal address for a user's server).
+const MAX_REDIRECTS: usize = 5;
+
 /// Numbers the connections of this process ([`Live::routes`]).
 static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -366,6 +370,7 @@ async fn connect(
                 crate::net::AddressRule::PublicOnly
             };
             let client = crate::net::with_rule(crate::net::client_builder(), rule)
+                .redirect(crate::net::redirect_policy(MAX_REDIRECTS, rule))
                 .connect_timeout(manager.settings().connect_timeout)
                 .build()
                 .map_err(|e| (e.to_string(), None))?;

@@ -14,17 +14,7 @@ pub const USER_AGENT: &str = concat!("mira/", env!("CARGO_PKG_VERSION"), " (+too
 /// Most redirects a feed fetch follows (the same bound as browsers' and reqwest's default).
 pub const MAX_REDIRECTS: usize = 10;
 
-/// The redirect loop error (a URL seen twice in one chain).
-#[derive(Debug)]
-pub struct RedirectLoop(pub String);
-
-impl std::fmt::Display for RedirectLoop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "redirect loop at {}", self.0)
-    }
-}
-
-impl std::error::Error for RedirectLoop {}
+pub use crate::net::RedirectLoop;
 
 /// The HTTP client could not be built (reqwest's error, shared so the failure can be
 /// reported on every use).
@@ -38,31 +28,11 @@ pub struct ClientError(#[source] pub std::sync::Arc<reqwest::Error>);
 /// are checked when they are resolved ([`crate::net::PublicResolver`], so DNS rebinding is
 /// refused) and a redirect to an internal IP literal is an error.
 pub fn client(timeout: Duration, max_redirects: usize, rule: AddressRule) -> Result<reqwest::Client, ClientError> {
-    let policy = reqwest::redirect::Policy::custom(move |attempt| {
-        let internal = match attempt.url().host() {
-            Some(url::Host::Ipv4(ip)) => crate::net::is_internal(ip.into()),
-            Some(url::Host::Ipv6(ip)) => crate::net::is_internal(ip.into()),
-            _ => false,
-        };
-        if rule == AddressRule::PublicOnly && internal {
-            let url = attempt.url().to_string();
-            attempt.error(crate::net::PrivateAddress(format!(
-                "redirect to an internal address ({url}); only an admin's URLs may reach it"
-            )))
-        } else if attempt.previous().iter().any(|u| u == attempt.url()) {
-            let url = attempt.url().to_string();
-            attempt.error(RedirectLoop(url))
-        } else if attempt.previous().len() > max_redirects {
-            attempt.error(format!("more than {max_redirects} redirects"))
-        } else {
-            attempt.follow()
-        }
-    });
     crate::net::with_rule(crate::net::client_builder(), rule)
         .user_agent(USER_AGENT)
         .timeout(timeout)
         .connect_timeout(timeout.min(Duration::from_secs(10)))
-        .redirect(policy)
+        .redirect(crate::net::redirect_policy(max_redirects, rule))
         .build()
         .map_err(|e| ClientError(std::sync::Arc::new(e)))
 }
