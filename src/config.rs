@@ -70,6 +70,13 @@ pub struct ServeConfig {
     /// Default: none — only admins install stdio servers, which run on this host.
     #[arg(long, env = "MIRA_MCP_STDIO_ALLOW", value_delimiter = ',')]
     pub mcp_stdio_allow: Vec<String>,
+    /// Largest JSON-RPC message accepted from an External MCP server, in bytes (a stdio line,
+    /// an HTTP body or an SSE event); a larger one is dropped unread (a call's answer fails with
+    /// `mcp_message_too_large`). Parsing a message costs several times its size in memory, and
+    /// a tool result is kept only up to 1 MiB anyway. At least 65536.
+    #[arg(long, env = "MIRA_MCP_MAX_MESSAGE_BYTES", default_value_t = crate::mcp::DEFAULT_MAX_MESSAGE_BYTES,
+          value_parser = clap::value_parser!(u64).range(65_536..))]
+    pub mcp_max_message_bytes: u64,
     /// Remove runs nobody has touched for this many days (no turn, invocation change or event
     /// since; none of their calls waiting or running), with their turns, invocations,
     /// approvals, evidence, events and terminal output, in a background job

@@ -244,7 +244,11 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             execution_timeout_secs: cfg.execution_timeout_secs,
             execution_concurrency: cfg.execution_concurrency,
             workspace_roots: cfg.workspace_roots.clone(),
-            mcp: mira::mcp::McpSettings { stdio_allow: cfg.mcp_stdio_allow.clone(), ..Default::default() },
+            mcp: mira::mcp::McpSettings {
+                stdio_allow: cfg.mcp_stdio_allow.clone(),
+                max_message_bytes: usize::try_from(cfg.mcp_max_message_bytes).unwrap_or(usize::MAX),
+                ..Default::default()
+            },
             embedding: cfg.embedding.config(),
             search: cfg.search.clone(),
             terminal: cfg.terminal.clone(),

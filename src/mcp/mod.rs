@@ -69,6 +69,9 @@ pub use mira_core::ids::{
     MCP_ID_PREFIX as ID_PREFIX, mcp_projection_id as projection_id, parse_mcp_projection_id as parse_projection_id,
 };
 
+/// Default of [`McpSettings::max_message_bytes`] (`--mcp-max-message-bytes`): 16 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 16 * 1024 * 1024;
+
 /// Limits of the MCP client.
 #[derive(Debug, Clone)]
 pub struct McpSettings {
@@ -113,7 +116,7 @@ impl McpSettings {
 impl Default for McpSettings {
     fn default() -> Self {
         Self {
-            max_message_bytes: 128 * 1024 * 1024,
+            max_message_bytes: usize::try_from(DEFAULT_MAX_MESSAGE_BYTES).unwrap_or(usize::MAX),
             max_output_bytes: 1024 * 1024,
             connect_timeout: Duration::from_secs(30),
             health_interval: Duration::from_secs(30),

@@ -24,6 +24,21 @@ const ID_SCAN_BYTES: usize = 4096;
 /// server-error range of JSON-RPC 2.0, -32000 to -32099).
 pub const OVERSIZED_ERROR_CODE: i64 = -32098;
 
+/// Longest JSON id the stdout guard notes (the client's own ids are numbers).
+const MAX_NOTED_ID_BYTES: usize = 32;
+/// Most ids a [`LineFacts`] set holds: a call removes its own id when it ends, so only ids
+/// the client never asked for (sent by a hostile server) could fill it.
+const MAX_NOTED_IDS: usize = 1024;
+
+/// Notes a response id in one of [`LineFacts`]' sets, unless it is longer than any id the
+/// client sends or the set is full.
+fn note_id(set: &Mutex<HashSet<String>>, id: String) {
+    let mut set = set.lock();
+    if id.len() <= MAX_NOTED_ID_BYTES && set.len() < MAX_NOTED_IDS {
+        set.insert(id);
+    }
+}
+
 /// What the stdout guard observed, shared with the calls.
 #[derive(Default)]
 pub struct LineFacts {
@@ -203,7 +218,7 @@ async fn pump(stdout: tokio::process::ChildStdout, mut out: DuplexStream, facts:
             let head = std::mem::take(&mut head);
             match oversized_reply(&head, max_line) {
                 Some((id, reply)) => {
-                    facts.oversized.lock().insert(id);
+                    note_id(&facts.oversized, id);
                     out.write_all(reply.as_bytes()).await.is_ok()
                 }
                 None => {
@@ -218,8 +233,10 @@ async fn pump(stdout: tokio::process::ChildStdout, mut out: DuplexStream, facts:
                 Ok(text) => out.write_all(text.as_bytes()).await.is_ok(),
                 Err(e) => {
                     let repaired = String::from_utf8_lossy(e.as_bytes()).into_owned();
-                    if let Some(id) = top_level_id(repaired.as_bytes()) {
-                        facts.repaired.lock().insert(id);
+                    if let Some(id) = top_level_id(repaired.as_bytes())
+                        && !top_level_key(repaired.as_bytes(), "method")
+                    {
+                        note_id(&facts.repaired, id);
                     }
                     out.write_all(repaired.as_bytes()).await.is_ok()
                 }
@@ -332,5 +349,16 @@ mod tests {
         let (id, reply) = oversized_reply(br#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"#, 10).unwrap_or_default();
         assert_eq!(id, "3");
         assert!(reply.contains("-32098") && reply.ends_with('\n'), "{reply}");
+    }
+
+    #[test]
+    fn noted_ids_are_short_and_few() {
+        let set = Mutex::new(HashSet::new());
+        note_id(&set, format!("\"{}\"", "x".repeat(1 << 20)));
+        assert!(set.lock().is_empty(), "an id longer than the client's own is not noted");
+        for n in 0..5_000 {
+            note_id(&set, n.to_string());
+        }
+        assert_eq!(set.lock().len(), MAX_NOTED_IDS);
     }
 }
