@@ -34,6 +34,9 @@ pub const MAX_PAGES: usize = 100;
 /// (`definition_too_large`) and not kept.
 pub const MAX_DEFINITION_BYTES: usize = 64 * 1024;
 
+/// Longest name kept of a rejected tool (an invalid name may be of any length), bytes.
+pub const MAX_REJECTED_NAME_BYTES: usize = 128;
+
 /// Most tools one listing may hold. A longer listing fails the discovery (the previous
 /// listing stays): storing, indexing and embedding an unbounded listing at every re-discovery
 /// would let one server hold the store's writer and the embedding worker for everyone.
@@ -155,14 +158,21 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
         review_previous: None,
         review_since: None,
     };
+    // A rejected tool keeps its (cut) name and the reason, nothing else of its definition:
+    // no turn shows it, and the server's words would otherwise be stored unbounded.
     let reject = |row: &mut McpToolRow, why: String| {
         row.status = McpToolStatus::Rejected;
         row.rejection = Some(why);
+        (row.title, row.description, row.input_schema, row.output_schema, row.annotations) =
+            (None, None, None, None, None);
+        let cut = row.name.floor_char_boundary(MAX_REJECTED_NAME_BYTES);
+        row.name.truncate(cut);
     };
     if raw_name.is_none() {
         reject(&mut row, "the tool has no name".into());
     } else if !valid_name(&name) {
-        reject(&mut row, format!("invalid_name: {name:?} is not 1-128 characters of A-Z a-z 0-9 _ - ."));
+        let shown = &name[..name.floor_char_boundary(MAX_REJECTED_NAME_BYTES)];
+        reject(&mut row, format!("invalid_name: {shown:?} is not 1-128 characters of A-Z a-z 0-9 _ - ."));
     } else if !seen.insert(name.clone()) {
         reject(&mut row, format!("duplicate_name: {name} was already listed by this server"));
     } else if let size = definition_bytes(&row)
@@ -172,9 +182,6 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
             &mut row,
             format!("definition_too_large: the definition is {size} bytes, over the {MAX_DEFINITION_BYTES} allowed"),
         );
-        // Nothing of it is kept: the row says why, not what.
-        (row.title, row.description, row.input_schema, row.output_schema, row.annotations) =
-            (None, None, None, None, None);
     } else {
         match tool.get("inputSchema") {
             None | Some(Value::Null) => reject(&mut row, "missing_input_schema: the tool has no inputSchema".into()),
@@ -234,6 +241,15 @@ mod tests {
         assert!(s.rejection.unwrap_or_default().contains("a string"));
         let n = check(&serde_json::json!({"name": "bad name!", "inputSchema": {"type": "object"}}), 4, &mut seen, "t");
         assert!(n.rejection.unwrap_or_default().starts_with("invalid_name"));
+        let long = check(
+            &serde_json::json!({"name": "!".repeat(100_000), "description": "d".repeat(50_000), "inputSchema": {}}),
+            4,
+            &mut seen,
+            "t",
+        );
+        assert_eq!(long.name.len(), MAX_REJECTED_NAME_BYTES);
+        assert!(long.rejection.as_deref().is_some_and(|r| r.len() < 300), "{:?}", long.rejection);
+        assert!(long.description.is_none() && long.input_schema.is_none(), "nothing of a rejected tool is kept");
         let at_limit = "d".repeat(MAX_DEFINITION_BYTES - r#"{"type":"object"}"#.len());
         let fits = check(
             &serde_json::json!({"name": "fits", "description": at_limit, "inputSchema": {"type": "object"}}),

@@ -69,6 +69,28 @@ pub use mira_core::ids::{
     MCP_ID_PREFIX as ID_PREFIX, mcp_projection_id as projection_id, parse_mcp_projection_id as parse_projection_id,
 };
 
+/// Longest error sentence kept on a connection (`last_error`, `discovery_error`; they may
+/// quote the server), bytes.
+pub const MAX_CONNECTION_ERROR_BYTES: usize = 4096;
+/// Largest `server_info` or `capabilities` document kept, bytes of JSON; a larger one is kept
+/// as `{"omitted": true, "bytes": n}` (both are the server's own words, shown in the view).
+pub const MAX_SERVER_DOCUMENT_BYTES: usize = 16 * 1024;
+
+/// Bounds what a server's own words may make a stored connection row: error sentences cut to
+/// [`MAX_CONNECTION_ERROR_BYTES`], `server_info` and `capabilities` replaced when over
+/// [`MAX_SERVER_DOCUMENT_BYTES`]. The connection row is rewritten at every state change.
+fn bound_connection_texts(conn: &mut McpConnectionRow) {
+    for text in [&mut conn.last_error, &mut conn.discovery_error].into_iter().flatten() {
+        let cut = text.floor_char_boundary(MAX_CONNECTION_ERROR_BYTES);
+        text.truncate(cut);
+    }
+    for doc in [&mut conn.server_info, &mut conn.capabilities].into_iter().flatten() {
+        if doc.len() > MAX_SERVER_DOCUMENT_BYTES {
+            *doc = serde_json::json!({"omitted": true, "bytes": doc.len()}).to_string();
+        }
+    }
+}
+
 /// Default of [`McpSettings::max_message_bytes`] (`--mcp-max-message-bytes`): 16 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 16 * 1024 * 1024;
 
@@ -1048,7 +1070,8 @@ impl McpManager {
     }
 
     /// Writes the connection row and mirrors it.
-    pub(crate) async fn save_conn(&self, slot: &ServerSlot, conn: McpConnectionRow) {
+    pub(crate) async fn save_conn(&self, slot: &ServerSlot, mut conn: McpConnectionRow) {
+        bound_connection_texts(&mut conn);
         if let Err(e) = self.store.save_mcp_connection(&conn).await {
             tracing::warn!(server = %slot.id, error = %e, "storing the MCP connection state failed");
         }
@@ -1093,6 +1116,22 @@ fn validate_timeout(ms: i64) -> Result<()> {
 mod tests {
     use super::{MAX_PROGRESS_EVENTS, ProgressRoute};
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_servers_words_on_its_connection_row_are_bounded() {
+        let mut conn = crate::store::McpConnectionRow {
+            last_error: Some("é".repeat(10_000)),
+            discovery_error: Some("short".into()),
+            server_info: Some(serde_json::json!({"name": "x".repeat(20_000)}).to_string()),
+            capabilities: Some(r#"{"tools":{}}"#.into()),
+            ..Default::default()
+        };
+        super::bound_connection_texts(&mut conn);
+        assert_eq!(conn.last_error.as_deref().map(str::len), Some(4096));
+        assert_eq!(conn.discovery_error.as_deref(), Some("short"));
+        assert_eq!(conn.server_info.as_deref(), Some(r#"{"bytes":20011,"omitted":true}"#));
+        assert_eq!(conn.capabilities.as_deref(), Some(r#"{"tools":{}}"#));
+    }
 
     #[test]
     fn progress_is_stored_in_a_burst_then_at_the_rate_up_to_the_cap() {
