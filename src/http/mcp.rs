@@ -95,13 +95,19 @@ pub async fn install(
         request_timeout_ms: body.request_timeout_ms.unwrap_or(config::DEFAULT_REQUEST_TIMEOUT_MS),
     };
     let slot = app.mcp.install(&user.user_id, user.is_admin, req).await?;
-    Ok((StatusCode::CREATED, Json(server_view(&app.mcp, &slot))))
+    Ok((StatusCode::CREATED, Json(view(&app, &slot, &user))))
+}
+
+/// A server's view for `user`: whole for its managers, without an admin's arguments, URL
+/// tokens and the server's output for the other users of a deployment-wide server.
+fn view(app: &App, slot: &crate::mcp::ServerSlot, user: &AuthUser) -> ServerView {
+    server_view(&app.mcp, slot, crate::mcp::McpManager::manages(slot, &user.user_id, user.is_admin))
 }
 
 /// The caller's servers and the deployment-wide ones.
 #[utoipa::path(get, path = "/v1/mcp/servers", tag = "mcp", responses((status = 200, body = ServerList)), security(("bearer" = [])))]
 pub async fn list(State(app): State<App>, user: AuthUser) -> Result<Json<ServerList>> {
-    let servers = app.mcp.visible(&user.user_id).iter().map(|s| server_view(&app.mcp, s)).collect();
+    let servers = app.mcp.visible(&user.user_id).iter().map(|s| view(&app, s, &user)).collect();
     Ok(Json(ServerList { servers }))
 }
 
@@ -111,7 +117,7 @@ pub async fn list(State(app): State<App>, user: AuthUser) -> Result<Json<ServerL
     responses((status = 200, body = ServerView), (status = 404)), security(("bearer" = [])))]
 pub async fn get(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<ServerView>> {
     let slot = app.mcp.slot_for(&user.user_id, &id)?;
-    Ok(Json(server_view(&app.mcp, &slot)))
+    Ok(Json(view(&app, &slot, &user)))
 }
 
 /// Enables/disables a server or changes its defaults.
@@ -130,7 +136,7 @@ pub async fn patch(
         request_timeout_ms: body.request_timeout_ms,
     };
     let slot = app.mcp.patch(&user.user_id, user.is_admin, &id, p).await?;
-    Ok(Json(server_view(&app.mcp, &slot)))
+    Ok(Json(view(&app, &slot, &user)))
 }
 
 /// Removes a server; its projections disappear.
@@ -154,7 +160,7 @@ pub async fn connect(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<ServerView>)> {
     let slot = app.mcp.connect(&user.user_id, user.is_admin, &id).await?;
-    Ok((StatusCode::ACCEPTED, Json(server_view(&app.mcp, &slot))))
+    Ok((StatusCode::ACCEPTED, Json(view(&app, &slot, &user))))
 }
 
 /// Accepts the server's disclaimer.
@@ -167,7 +173,7 @@ pub async fn accept_disclaimer(
     Path(id): Path<String>,
 ) -> Result<Json<ServerView>> {
     let slot = app.mcp.accept_disclaimer(&user.user_id, user.is_admin, &id).await?;
-    Ok(Json(server_view(&app.mcp, &slot)))
+    Ok(Json(view(&app, &slot, &user)))
 }
 
 /// Runs `tools/list` now and returns the result.
@@ -178,7 +184,7 @@ pub async fn accept_disclaimer(
     security(("bearer" = [])))]
 pub async fn discover(State(app): State<App>, user: AuthUser, Path(id): Path<String>) -> Result<Json<ServerView>> {
     let slot = app.mcp.discover(&user.user_id, user.is_admin, &id).await?;
-    Ok(Json(server_view(&app.mcp, &slot)))
+    Ok(Json(view(&app, &slot, &user)))
 }
 
 /// Turns one tool's agent access on or off.
@@ -197,7 +203,7 @@ pub async fn agent_access(
         .mcp
         .set_agent_access(&user.user_id, user.is_admin, &id, &tool, body.enabled, body.definition_sha256.as_deref())
         .await?;
-    Ok(Json(server_view(&app.mcp, &slot)))
+    Ok(Json(view(&app, &slot, &user)))
 }
 
 /// Routes of this module.

@@ -199,7 +199,48 @@ impl OwnerView {
     }
 }
 
+/// What a user who does not manage a deployment-wide server reads in place of its connection's
+/// last error ([`ServerState::seen_by_user`]).
+pub const ERROR_SHOWN_TO_MANAGERS: &str = "the connection failed (its details are shown to the server's managers)";
+
 impl ServerState {
+    /// The server as a user who may see but not manage it (a deployment-wide server, for a
+    /// non-admin) sees it: its command's file name without arguments or working directory,
+    /// its URL without user, password, query or fragment, no stderr tail, and no error
+    /// details — an admin's arguments, URL tokens and the server's own output are not
+    /// everyone's. Secret values are never shown to anyone.
+    pub fn seen_by_user(mut self) -> ServerState {
+        if let Ok(mut config) = serde_json::from_str::<Value>(&self.row.config) {
+            if let Some(stdio) = config.get_mut("stdio").and_then(Value::as_object_mut) {
+                if let Some(command) = stdio.get("command").and_then(Value::as_str) {
+                    let name = std::path::Path::new(command).file_name().and_then(|n| n.to_str()).unwrap_or(command);
+                    stdio.insert("command".into(), Value::String(name.to_owned()));
+                }
+                stdio.remove("args");
+                stdio.remove("cwd");
+            }
+            if let Some(http) = config.get_mut("http").and_then(Value::as_object_mut)
+                && let Some(url) = http.get("url").and_then(Value::as_str).and_then(|u| url::Url::parse(u).ok())
+            {
+                let mut bare = url;
+                let _ = bare.set_username("");
+                let _ = bare.set_password(None);
+                bare.set_query(None);
+                bare.set_fragment(None);
+                http.insert("url".into(), Value::String(bare.to_string()));
+            }
+            self.row.config = config.to_string();
+        }
+        self.conn.stderr_tail = None;
+        if self.conn.last_error.is_some() {
+            self.conn.last_error = Some(ERROR_SHOWN_TO_MANAGERS.to_owned());
+        }
+        if self.conn.discovery_error.is_some() {
+            self.conn.discovery_error = Some(ERROR_SHOWN_TO_MANAGERS.to_owned());
+        }
+        self
+    }
+
     /// Whether the tool has agent access: off while a changed definition waits for review
     /// (`definition_changed`), else its own switch (`tool`), else the server default
     /// (`server_default`).
@@ -663,6 +704,12 @@ impl McpManager {
         self.servers.read().values().filter(|s| s.visible_to(user_id)).cloned().collect()
     }
 
+    /// Whether `user` may change the server (see [`McpManager::may_manage`]), and so sees all of
+    /// it ([`ServerState::seen_by_user`]).
+    pub fn manages(slot: &ServerSlot, user_id: &str, is_admin: bool) -> bool {
+        Self::may_manage(slot, user_id, is_admin).is_ok()
+    }
+
     /// 403 unless `user` may change the server: its owner, or an admin for a
     /// deployment-wide server.
     fn may_manage(slot: &ServerSlot, user_id: &str, is_admin: bool) -> Result<()> {
@@ -1089,6 +1136,7 @@ impl Explainer for McpManager {
             ));
         };
         let state = slot.state.read().clone();
+        let state = if state.row.owner_id.as_deref() == Some(user_id) { state } else { state.seen_by_user() };
         Some(stages::why_not_projected(&state, tool))
     }
 

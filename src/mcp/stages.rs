@@ -344,9 +344,11 @@ fn discover_stage(s: &ServerState) -> McpStage {
     }
 }
 
-/// The stages and tools of a server.
-pub fn server_view(manager: &McpManager, slot: &ServerSlot) -> ServerView {
+/// The stages and tools of a server, whole when the viewer `manages` it, else as
+/// [`super::ServerState::seen_by_user`].
+pub fn server_view(manager: &McpManager, slot: &ServerSlot, manages: bool) -> ServerView {
     let s = slot.state.read().clone();
+    let s = if manages { s } else { s.seen_by_user() };
     let mut stages = base(&s);
     stages.push(discover_stage(&s));
     let path = format!("/v1/mcp/servers/{}", s.row.id);

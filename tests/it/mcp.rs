@@ -696,12 +696,23 @@ async fn secrets_are_sealed_and_never_echoed_and_deployment_wide_servers_are_adm
         &t,
         &t.admin_token,
         json!({"name": "shared", "deployment_wide": true, "transport": {"stdio": {"command": python(),
-            "args": [server_script("fault_server.py")],
+            "args": [server_script("fault_server.py"), "--api-key-in-args", "sk-in-the-arguments-7"],
             "env": {"API_KEY": "sk-very-secret-42", "OTHER": {"from_env": "MIRA_TEST_FROM_ENV"}}}}}),
     )
     .await;
     let v = server(&t, &user, &id).await;
     assert!(!v.to_string().contains("sk-very-secret-42"), "{v}");
+    // The admin's arguments are the admin's: a user of the shared server sees the command's
+    // name only (the admin, who manages it, sees them).
+    assert!(!v.to_string().contains("sk-in-the-arguments-7"), "{v}");
+    assert!(v["config"]["stdio"].get("args").is_none(), "{v}");
+    let command = std::path::Path::new(&python()).file_name().unwrap().to_str().unwrap().to_owned();
+    assert_eq!(v["config"]["stdio"]["command"], command);
+    let managed = server(&t, &t.admin_token, &id).await;
+    assert_eq!(managed["config"]["stdio"]["args"][2], "sk-in-the-arguments-7");
+    // A user's tool ladder of it shows no more than the view.
+    let ladder = t.get(&format!("/v1/tools/mcp:{id}:tool:echo"), &user).await.body;
+    assert!(!ladder.to_string().contains("sk-in-the-arguments-7"), "{ladder}");
     assert_eq!(v["config"]["stdio"]["env"]["API_KEY"]["source"], "encrypted");
     assert_eq!(v["config"]["stdio"]["env"]["OTHER"]["from_env"], "MIRA_TEST_FROM_ENV");
     assert_eq!(v["deployment_wide"], true);
