@@ -193,7 +193,7 @@ pub(super) async fn supervise(
         };
         match outcome {
             Ok((running, live, mut child)) => {
-                backoff = settings.backoff_min;
+                let up_since = tokio::time::Instant::now();
                 let info = live.peer.peer_info();
                 let mut conn = slot.state.read().conn.clone();
                 conn.state = McpConnectionState::Connected;
@@ -213,6 +213,12 @@ pub(super) async fn supervise(
                 while trouble_rx.try_recv().is_ok() {}
                 let channels = Channels { control: &mut rx, tools_changed: &tools_changed, trouble: &mut trouble_rx };
                 let end = watch(&manager, &slot, running, &live, channels, child.as_mut(), &shutdown).await;
+                // Only a connection that stayed up resets the backoff: a server that completes
+                // the handshake and dies at once is retried ever more slowly, not every 0.5 s
+                // with a discovery each time.
+                if up_since.elapsed() >= settings.backoff_max {
+                    backoff = settings.backoff_min;
+                }
                 // From here on the tools are unavailable, and the connection says why at once;
                 // the stored row (with the exit status and stderr) follows below.
                 *slot.live.lock() = None;
@@ -426,7 +432,8 @@ async fn watch(
     let Channels { control: rx, tools_changed, trouble } = ch;
     // Re-discovery after list_changed: at most one per `rediscovery_interval` since the last
     // discovery (the one after connecting counts), however many notifications a server sends;
-    // notifications meanwhile make one more when the interval is over.
+    // notifications meanwhile make one more when the interval is over. A discovery asked for
+    // through the API waits for the interval too.
     let interval = manager.settings().rediscovery_interval;
     let mut last_discovery = tokio::time::Instant::now();
     let mut rediscovery_due: Option<tokio::time::Instant> = None;
@@ -491,6 +498,8 @@ async fn watch(
                 }
                 Some(Control::Release) => return stop(End::Released),
                 Some(Control::Discover(reply)) => {
+                    // Asked for (`POST …/discover`): no sooner than the interval after the last.
+                    tokio::time::sleep_until(last_discovery + interval).await;
                     let _ = reply.send(super::discovery::run(manager, slot, live).await);
                     last_discovery = tokio::time::Instant::now();
                 }

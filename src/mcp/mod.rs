@@ -106,12 +106,13 @@ pub struct McpSettings {
     pub connect_timeout: Duration,
     /// Interval of `ping` health checks on a connected server.
     pub health_interval: Duration,
-    /// Shortest time between two discoveries of a connected server prompted by its
-    /// `notifications/tools/list_changed`: notifications within it are answered by one
-    /// re-discovery at its end, so a server that floods them costs one `tools/list` (and one
-    /// re-index of its tools) per interval.
+    /// Shortest time between two discoveries of a connected server, prompted by its
+    /// `notifications/tools/list_changed` (notifications within it are answered by one
+    /// re-discovery at its end) or asked for through the API (which waits for it), so a server
+    /// that floods them costs one `tools/list` (and one re-index of its tools) per interval.
     pub rediscovery_interval: Duration,
-    /// First reconnect delay; doubles up to `backoff_max`.
+    /// First reconnect delay; doubles up to `backoff_max`, and starts over only after a
+    /// connection that stayed up at least `backoff_max`.
     pub backoff_min: Duration,
     /// Longest reconnect delay.
     pub backoff_max: Duration,

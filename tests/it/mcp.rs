@@ -280,6 +280,28 @@ async fn fault_app(extra: &[&str], timeout_ms: i64) -> (TestApp, String, String,
     (t, token, id, run, turn)
 }
 
+/// A server that completes the handshake and its listing, then dies at once, is reconnected
+/// ever more slowly (0.5, 1, 2, 4 s…), not every 0.5 s with a discovery each time: only a
+/// connection that stayed up resets the backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_dies_after_each_handshake_is_retried_ever_more_slowly() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("calls.log");
+    let t = spawn(Backend::Sqlite).await;
+    let id = install(
+        &t,
+        &t.admin_token,
+        json!({"name": "flapping", "transport": fault(&["--die-after-list", "--log", log.to_str().unwrap()])}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let connects = std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|l| *l == "initialize").count();
+    // Attempts near 0, 0.5, 1.5 and 3.5 s (and 7.5 s); at a constant 0.5 s it was about ten.
+    assert!((2..=5).contains(&connects), "{connects} connections in 6 s");
+    let v = server(&t, &t.admin_token, &id).await;
+    assert_ne!(v["connection"]["state"], "connected", "{v:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_mid_call_fails_the_call_and_reconnects() {
     let (t, token, id, run, turn) = fault_app(&[], 5000).await;

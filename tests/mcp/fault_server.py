@@ -10,6 +10,7 @@ UTF-8 in a result, a single line of hundreds of MB. Options:
   --page-size N         tools per tools/list page (default 4, so pagination is exercised)
   --flood-file FILE     when FILE appears, drop tool `remove_me` and send list_changed 2,000
                         times at once (logged as `flooded` before the first)
+  --die-after-list      exit right after answering the first tools/list (connects, is listed, dies)
   --spray-file FILE     while FILE exists, send notifications/progress for progress tokens 0-299
                         (numbers and strings) with the message `injected`, for calls it never had
 """
@@ -210,6 +211,8 @@ def main():
             if start + PAGE < len(all_tools):
                 result["nextCursor"] = str(start + PAGE)
             send({"jsonrpc": "2.0", "id": req_id, "result": result})
+            if "--die-after-list" in args and "nextCursor" not in result:
+                sys.exit(0)
         elif method == "tools/call":
             threading.Thread(target=call, args=(req_id, params.get("name"), params.get("arguments") or {},
                                                 params.get("_meta")), daemon=True).start()
