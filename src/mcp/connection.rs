@@ -413,6 +413,10 @@ struct Channels<'a> {
     trouble: &'a mut mpsc::UnboundedReceiver<String>,
 }
 
+/// How long a server may take to answer a periodic health `ping` (whatever its request
+/// timeout: the supervisor waits for it, and with it for removal or disabling).
+const HEALTH_PING: Duration = Duration::from_secs(10);
+
 /// How long a server may take to answer the `ping` that checks it after transport trouble.
 const TROUBLE_PING: Duration = Duration::from_secs(3);
 
@@ -505,8 +509,10 @@ async fn watch(
                 }
             },
             _ = health.tick() => {
-                if let Err(e) = request(live, slot, "ping", None).await {
-                    return stop(End::Lost(format!("health check failed: {e}")));
+                match tokio::time::timeout(HEALTH_PING, request(live, slot, "ping", None)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return stop(End::Lost(format!("health check failed: {e}"))),
+                    Err(_) => return stop(End::Lost(format!("health check failed: no answer to ping within {} s", HEALTH_PING.as_secs()))),
                 }
             }
         }
