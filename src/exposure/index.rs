@@ -289,7 +289,7 @@ mod tests {
     use super::*;
     use crate::error::ErrorCode;
     use crate::exposure::lexical::bm25;
-    use crate::registry::{ExecContext, ToolError, ToolKind, ToolOutput};
+    use crate::registry::{ExecContext, ToolError, ToolOutput};
 
     struct Listed(ToolSpec);
 
@@ -305,18 +305,20 @@ mod tests {
     }
 
     fn listed(id: &str, description: &str) -> Arc<dyn Tool> {
-        Arc::new(Listed(ToolSpec {
-            id: id.to_owned(),
-            kind: ToolKind::Dynamic,
-            domain: "test".to_owned(),
-            title: id.to_owned(),
-            description: description.to_owned(),
-            input_schema: serde_json::json!({"type": "object"}),
-            requires_approval: false,
-            capability: None,
-            replacement: None,
-            owner: None,
-        }))
+        Arc::new(Listed(crate::exposure::lexical::tests::spec(id, description)))
+    }
+
+    /// A distinct word for `n` that tokenising keeps whole and stemming leaves alone: letters
+    /// only (a digit would split it), consonants only and no `s` (no suffix rule applies).
+    fn word(n: usize) -> String {
+        const LETTERS: &[u8] = b"bcdfghjklmnpqrtvwxz";
+        let mut out = String::from("zq");
+        let mut rest = n;
+        for _ in 0..5 {
+            out.push(char::from(LETTERS[rest % LETTERS.len()]));
+            rest /= LETTERS.len();
+        }
+        out
     }
 
     /// The best-scoring candidate's id for `query`, scored as a turn does.
@@ -340,7 +342,7 @@ mod tests {
         let mut largest = 0;
         // A listed tool that re-describes itself with 500 new words at every re-discovery.
         for change in 0..200 {
-            let words: Vec<String> = (0..500).map(|w| format!("zq{change}x{w}")).collect();
+            let words: Vec<String> = (0..500).map(|w| word(change * 500 + w)).collect();
             registry.unregister("churn");
             registry.register(listed("churn", &words.join(" "))).unwrap();
             index.sync(&registry);
@@ -348,10 +350,12 @@ mod tests {
             // Ranking stays right whenever it runs, compaction or not.
             assert_eq!(best(&index, &registry, "weather forecast in Paris"), "weather");
             assert_eq!(best(&index, &registry, "book airline tickets"), "flights");
-            assert_eq!(best(&index, &registry, &format!("zq{change}x7")), "churn");
+            assert_eq!(best(&index, &registry, &word(change * 500 + 7)), "churn");
         }
         // 100,000 words went through; the vocabulary never held much more than the slack.
+        assert_eq!(crate::exposure::lexical::tokenize(&word(123_456)), [word(123_456)], "one term per word");
         assert!(largest <= VOCABULARY_SLACK + 2 * 600, "largest vocabulary {largest}");
+        assert!(largest > VOCABULARY_SLACK, "compaction ran: largest {largest}");
         let used: std::collections::HashSet<u32> =
             index.snapshot().tools.values().flat_map(|t| t.lexical.term_ids().collect::<Vec<_>>()).collect();
         assert!(index.vocabulary().len() >= used.len());
@@ -368,13 +372,14 @@ mod tests {
         let vector: Arc<[f32]> = vec![1.0, 0.0].into();
         index.set_vectors(&HashMap::from([(sha, vector.clone())]));
         let before = index.snapshot().tools["read_file"].lexical.term_ids().count();
-        for change in 0..(VOCABULARY_SLACK / 400 + 2) {
-            let words: Vec<String> = (0..500).map(|w| format!("w{change}y{w}")).collect();
+        let changes = VOCABULARY_SLACK / 400 + 2;
+        for change in 0..changes {
+            let words: Vec<String> = (0..500).map(|w| word(change * 500 + w)).collect();
             registry.unregister("churn");
             registry.register(listed("churn", &words.join(" "))).unwrap();
             index.sync(&registry);
         }
-        assert!(index.vocabulary().len() < VOCABULARY_SLACK, "compacted: {}", index.vocabulary().len());
+        assert!(index.vocabulary().len() < changes * 500, "compacted: {}", index.vocabulary().len());
         let kept = index.snapshot().tools["read_file"].clone();
         assert_eq!(kept.vector.as_deref(), Some(&vector[..]), "the vector survives compaction");
         assert_eq!(kept.lexical.term_ids().count(), before);

@@ -278,11 +278,12 @@ fn fxhash(text: &str) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::registry::ToolKind;
 
-    fn spec(id: &str, description: &str) -> ToolSpec {
+    /// A public (dynamic) tool spec with `description` and an empty object schema.
+    pub(crate) fn spec(id: &str, description: &str) -> ToolSpec {
         ToolSpec {
             id: id.to_owned(),
             kind: ToolKind::Dynamic,

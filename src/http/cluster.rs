@@ -181,7 +181,7 @@ pub async fn internal_mcp_connect(
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
-/// `POST /internal/v1/mcp/discover`: `tools/list` now on a stdio MCP server this replica
+/// `POST /internal/v1/mcp/discover`: `tools/list` (after the re-discovery interval) on a stdio MCP server this replica
 /// holds, asked through another replica ([`crate::mcp::McpManager::discover`]). 204 when the
 /// listing is stored; the discovery's own error (409 `mcp_not_connected`,
 /// `mcp_discovery_failed`) otherwise; 401 without the cluster secret; 404 for an unknown server.

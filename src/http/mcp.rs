@@ -176,7 +176,7 @@ pub async fn accept_disclaimer(
     Ok(Json(view(&app, &slot, &user)))
 }
 
-/// Runs `tools/list` now and returns the result.
+/// Runs `tools/list` (no sooner than 2 s after the last discovery) and returns the result.
 #[utoipa::path(post, path = "/v1/mcp/servers/{server_id}/discover", tag = "mcp", params(("server_id" = String, Path)),
     responses((status = 200, body = ServerView), (status = 404),
         (status = 409, description = "mcp_not_connected or mcp_discovery_failed"),

@@ -35,16 +35,17 @@ impl McpManager {
         let slot = self.slot(server_id).ok_or_else(|| {
             ToolError::new(ErrorCode::McpServerNotInstalled, format!("MCP server {server_id} is gone"))
         })?;
+        // A deployment-wide server's error details and stderr are its managers' (see
+        // `ServerState::seen_by`): the caller's run, events and Planner get a sentence instead.
+        let owned = slot.state.read().row.owner_id.as_deref() == Some(ctx.owner_id.as_str());
         let live = slot.live.lock().clone().ok_or_else(|| {
             let s = slot.state.read();
-            ToolError::new(
-                ErrorCode::McpNotConnected,
-                format!(
-                    "MCP server {server_id} is {}: {}",
-                    s.conn.state,
-                    s.conn.last_error.as_deref().unwrap_or("not connected")
-                ),
-            )
+            let why = match (&s.conn.last_error, owned) {
+                (Some(e), true) => e.as_str(),
+                (Some(_), false) => super::ERROR_SHOWN_TO_MANAGERS,
+                (None, _) => "not connected",
+            };
+            ToolError::new(ErrorCode::McpNotConnected, format!("MCP server {server_id} is {}: {why}", s.conn.state))
         })?;
         let (timeout_ms, server_name, transport) = {
             let s = slot.state.read();
@@ -59,7 +60,7 @@ impl McpManager {
             .peer
             .send_request_with_option(req, PeerRequestOptions::with_timeout(timeout))
             .await
-            .map_err(|e| lost(&live, &e))?;
+            .map_err(|e| lost(&live, &e, owned))?;
         let id_json = serde_json::to_string(&handle.id).unwrap_or_default();
         let token = super::connection::progress_key(
             &live.routes,
@@ -117,7 +118,7 @@ impl McpManager {
                     ),
                 ));
             }
-            Err(e) => return Err(lost(&live, &e)),
+            Err(e) => return Err(lost(&live, &e, owned)),
         };
         self.shape(result, server_id, &server_name, &transport, tool, &live.protocol_version, repaired)
     }
@@ -235,9 +236,17 @@ fn cap_block(block: &Value, budget: &mut usize, truncated: &mut bool) -> Value {
     block
 }
 
-fn lost(live: &super::connection::Live, e: &ServiceError) -> ToolError {
+/// The call's connection was lost. `owned`: the caller owns the server, and so reads the
+/// transport's error and the server's stderr (a deployment-wide server's are its managers').
+fn lost(live: &super::connection::Live, e: &ServiceError, owned: bool) -> ToolError {
     // The supervisor checks the server now instead of at the next health check.
     let _ = live.trouble.send(format!("a call lost the connection: {e}"));
+    if !owned {
+        return failed(
+            ErrorCode::McpConnectionLost,
+            format!("the connection to the MCP server was lost during the call; {}", super::ERROR_SHOWN_TO_MANAGERS),
+        );
+    }
     let tail = live.stderr.as_ref().map(|s| s.text()).unwrap_or_default();
     failed(ErrorCode::McpConnectionLost, format!("the connection to the MCP server was lost during the call: {e}"))
         .with_details(json!({"stderr_tail": tail}))

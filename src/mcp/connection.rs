@@ -506,6 +506,8 @@ async fn watch(
                     tokio::time::sleep_until(last_discovery + interval).await;
                     let _ = reply.send(super::discovery::run(manager, slot, live).await);
                     last_discovery = tokio::time::Instant::now();
+                    // A re-discovery already due waits for the interval after this one.
+                    rediscovery_due = rediscovery_due.map(|due| due.max(last_discovery + interval));
                 }
             },
             _ = health.tick() => {
@@ -538,6 +540,12 @@ pub(crate) async fn request(
     let timeout = Duration::from_millis(u64::try_from(slot.state.read().row.request_timeout_ms).unwrap_or(60_000));
     let req = ClientRequest::CustomRequest(CustomRequest::new(method, params));
     let handle = live.peer.send_request_with_option(req, PeerRequestOptions::with_timeout(timeout)).await?;
-    let result = handle.await_response().await?;
-    serde_json::to_value(result).map_err(|_| ServiceError::UnexpectedResponse)
+    let id_json = serde_json::to_string(&handle.id).unwrap_or_default();
+    let result = handle.await_response().await;
+    // The stdout guard may have noted this response's id; only calls read those notes.
+    if let Some(facts) = &live.facts {
+        facts.repaired.lock().remove(&id_json);
+        facts.oversized.lock().remove(&id_json);
+    }
+    serde_json::to_value(result?).map_err(|_| ServiceError::UnexpectedResponse)
 }

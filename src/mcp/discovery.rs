@@ -9,7 +9,8 @@
 //! [`crate::registry::schema`]); one that compiles in no dialect leaves its tool listed (`ok`)
 //! but `unavailable` with `schema_unusable` and the problem, never failing the others.
 //!
-//! A listing of more than [`MAX_PAGES`] pages or [`MAX_LISTED_TOOLS`] tools fails as a whole
+//! A listing of more than [`MAX_PAGES`] pages or [`MAX_LISTED_TOOLS`] tools, or one taking
+//! longer than [`MAX_DISCOVERY_TIME`], fails as a whole
 //! (`discovery_error`), and the previous listing stays.
 //!
 //! Each listing is compared with the previous one: a tool whose definition changed while it
@@ -34,8 +35,13 @@ pub const MAX_PAGES: usize = 100;
 /// (`definition_too_large`) and not kept.
 pub const MAX_DEFINITION_BYTES: usize = 64 * 1024;
 
-/// Longest name kept of a rejected tool (an invalid name may be of any length), bytes.
+/// Longest name kept of a rejected tool (an invalid name may be of any length), bytes: a
+/// longer one is cut and marked with its place in the listing (`…#7`).
 pub const MAX_REJECTED_NAME_BYTES: usize = 128;
+
+/// Longest a whole discovery (every page) may take: the server's supervisor waits for it, and
+/// with it removal, disabling and health checks, whatever the server's request timeout.
+pub const MAX_DISCOVERY_TIME: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Most tools one listing may hold. A longer listing fails the discovery (the previous
 /// listing stays): storing, indexing and embedding an unbounded listing at every re-discovery
@@ -61,6 +67,9 @@ pub enum DiscoveryError {
     /// More than [`MAX_PAGES`] pages.
     #[error("tools/list returned more than {MAX_PAGES} pages")]
     TooManyPages,
+    /// The whole listing took longer than [`MAX_DISCOVERY_TIME`].
+    #[error("tools/list took longer than {} s in all", MAX_DISCOVERY_TIME.as_secs())]
+    TimedOut,
     /// More than [`MAX_LISTED_TOOLS`] tools.
     #[error("tools/list returned more than {MAX_LISTED_TOOLS} tools")]
     TooManyTools,
@@ -71,7 +80,8 @@ pub enum DiscoveryError {
 
 /// Runs one discovery and stores it; errors are recorded on the connection row too.
 pub async fn run(manager: &Arc<McpManager>, slot: &Arc<ServerSlot>, live: &Live) -> Result<(), DiscoveryError> {
-    let result = list(live, slot).await;
+    let result =
+        tokio::time::timeout(MAX_DISCOVERY_TIME, list(live, slot)).await.unwrap_or(Err(DiscoveryError::TimedOut));
     let mut conn = slot.state.read().conn.clone();
     match result {
         Ok(mut listed) => {
@@ -114,8 +124,9 @@ async fn list(live: &Live, slot: &ServerSlot) -> Result<Vec<McpToolRow>, Discove
         if out.len() + tools.len() > MAX_LISTED_TOOLS {
             return Err(DiscoveryError::TooManyTools);
         }
-        for (i, tool) in tools.iter().enumerate() {
-            out.push(check(tool, i, &mut seen, &now));
+        for tool in tools {
+            let index = out.len();
+            out.push(check(tool, index, &mut seen, &now));
         }
         cursor = page.get("nextCursor").and_then(Value::as_str).map(str::to_owned);
         if cursor.is_none() {
@@ -165,16 +176,20 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
         row.rejection = Some(why);
         (row.title, row.description, row.input_schema, row.output_schema, row.annotations) =
             (None, None, None, None, None);
-        let cut = row.name.floor_char_boundary(MAX_REJECTED_NAME_BYTES);
-        row.name.truncate(cut);
     };
     if raw_name.is_none() {
         reject(&mut row, "the tool has no name".into());
     } else if !valid_name(&name) {
         let shown = &name[..name.floor_char_boundary(MAX_REJECTED_NAME_BYTES)];
         reject(&mut row, format!("invalid_name: {shown:?} is not 1-128 characters of A-Z a-z 0-9 _ - ."));
+        if name.len() > MAX_REJECTED_NAME_BYTES {
+            // Cut, it could equal a valid name of the listing: `#` keeps it apart.
+            row.name = format!("{}#{index}", &name[..name.floor_char_boundary(MAX_REJECTED_NAME_BYTES - 12)]);
+        }
     } else if !seen.insert(name.clone()) {
         reject(&mut row, format!("duplicate_name: {name} was already listed by this server"));
+        // Its own row, beside the first tool of that name (which stays as listed).
+        row.name = format!("{name}#{index}");
     } else if let size = definition_bytes(&row)
         && size > MAX_DEFINITION_BYTES
     {
@@ -235,6 +250,7 @@ mod tests {
         assert_eq!(ok.status, McpToolStatus::Ok);
         let dup = check(&serde_json::json!({"name": "echo", "inputSchema": {"type": "object"}}), 1, &mut seen, "t");
         assert!(dup.rejection.unwrap_or_default().starts_with("duplicate_name"));
+        assert_eq!(dup.name, "echo#1", "a row of its own, never overwriting the listed `echo`");
         let none = check(&serde_json::json!({"name": "a"}), 2, &mut seen, "t");
         assert!(none.rejection.unwrap_or_default().starts_with("missing_input_schema"));
         let s = check(&serde_json::json!({"name": "b", "inputSchema": "x"}), 3, &mut seen, "t");
@@ -247,7 +263,7 @@ mod tests {
             &mut seen,
             "t",
         );
-        assert_eq!(long.name.len(), MAX_REJECTED_NAME_BYTES);
+        assert!(long.name.len() <= MAX_REJECTED_NAME_BYTES && long.name.ends_with("#4"), "{}", long.name);
         assert!(long.rejection.as_deref().is_some_and(|r| r.len() < 300), "{:?}", long.rejection);
         assert!(long.description.is_none() && long.input_schema.is_none(), "nothing of a rejected tool is kept");
         let at_limit = "d".repeat(MAX_DEFINITION_BYTES - r#"{"type":"object"}"#.len());

@@ -207,7 +207,7 @@ pub const ERROR_SHOWN_TO_MANAGERS: &str = "the connection failed (its details ar
 impl ServerState {
     /// The server as a user who may see but not manage it (a deployment-wide server, for a
     /// non-admin) sees it: its command's file name without arguments or working directory,
-    /// its URL without user, password, query or fragment, no stderr tail, and no error
+    /// its URL's scheme, host and port only, no stderr tail, and no error
     /// details — an admin's arguments, URL tokens and the server's own output are not
     /// everyone's. Secret values are never shown to anyone.
     pub fn seen_by_user(mut self) -> ServerState {
@@ -223,12 +223,9 @@ impl ServerState {
             if let Some(http) = config.get_mut("http").and_then(Value::as_object_mut)
                 && let Some(url) = http.get("url").and_then(Value::as_str).and_then(|u| url::Url::parse(u).ok())
             {
-                let mut bare = url;
-                let _ = bare.set_username("");
-                let _ = bare.set_password(None);
-                bare.set_query(None);
-                bare.set_fragment(None);
-                http.insert("url".into(), Value::String(bare.to_string()));
+                // Scheme, host and port only: a key may sit in the path as well as in the
+                // user info or the query.
+                http.insert("url".into(), Value::String(url.origin().ascii_serialization()));
             }
             self.row.config = config.to_string();
         }
@@ -240,6 +237,13 @@ impl ServerState {
             self.conn.discovery_error = Some(ERROR_SHOWN_TO_MANAGERS.to_owned());
         }
         self
+    }
+
+    /// The server as `user_id` sees it outside the server view: whole for its owner, else as
+    /// [`ServerState::seen_by_user`] (a deployment-wide server, even for an admin: tool
+    /// ladders, tool details and call errors reach every user of it).
+    pub fn seen_by(self, user_id: &str) -> ServerState {
+        if self.row.owner_id.as_deref() == Some(user_id) { self } else { self.seen_by_user() }
     }
 
     /// Whether the tool has agent access: off while a changed definition waits for review
@@ -304,7 +308,7 @@ impl ServerState {
 pub enum Control {
     /// Connect now if enabled and not connected (resets the backoff); disconnect if disabled.
     Reconsider,
-    /// Run `tools/list` now and report.
+    /// Run `tools/list` (no sooner than the re-discovery interval after the last) and report.
     Discover(oneshot::Sender<std::result::Result<(), discovery::DiscoveryError>>),
     /// The server was removed: disconnect and end.
     Remove,
@@ -874,7 +878,7 @@ impl McpManager {
         let Some(secret) = secret else { return Err(unreachable("this replica has no --cluster-secret".into())) };
         let timeout = match action {
             OwnerAction::Connect => Duration::from_secs(10),
-            OwnerAction::Discover => self.discovery_wait(id) + Duration::from_secs(5),
+            OwnerAction::Discover => self.discovery_wait() + Duration::from_secs(5),
         };
         let url = format!("{}/internal/v1/mcp/{verb}", owner.address.trim_end_matches('/'));
         let response = link
@@ -933,7 +937,7 @@ impl McpManager {
         Ok(slot)
     }
 
-    /// Runs `tools/list` now and waits for it (at most the server's request timeout plus
+    /// Runs `tools/list` (no sooner than [`McpSettings::rediscovery_interval`] after the last discovery) and waits for it (at most the server's request timeout plus
     /// 5 s). 409 `mcp_not_connected` when the server is not connected.
     pub async fn discover(&self, user_id: &str, is_admin: bool, id: &str) -> Result<Arc<ServerSlot>> {
         let slot = self.slot_for(user_id, id)?;
@@ -951,17 +955,17 @@ impl McpManager {
     }
 
     /// The owner's side of a forwarded discovery (`POST /internal/v1/mcp/discover`): runs
-    /// `tools/list` now. Unknown servers are 404.
+    /// `tools/list` (no sooner than the re-discovery interval after the last). Unknown servers
+    /// are 404.
     pub async fn discover_here(&self, id: &str) -> Result<()> {
         let slot = self.slot(id).ok_or(Error::NotFound("mcp server"))?;
         self.discover_slot(slot, id).await.map(|_| ())
     }
 
-    /// How long a discovery of `id` may take: its request timeout (60 s when unknown).
-    fn discovery_wait(&self, id: &str) -> Duration {
-        let ms =
-            self.slot(id).map_or(60_000, |s| u64::try_from(s.state.read().row.request_timeout_ms).unwrap_or(60_000));
-        Duration::from_millis(ms)
+    /// How long a discovery asked for through the API may take: the wait for the re-discovery
+    /// interval and the whole listing ([`discovery::MAX_DISCOVERY_TIME`]).
+    fn discovery_wait(&self) -> Duration {
+        self.settings.rediscovery_interval + discovery::MAX_DISCOVERY_TIME
     }
 
     async fn discover_slot(&self, slot: Arc<ServerSlot>, id: &str) -> Result<Arc<ServerSlot>> {
@@ -976,7 +980,7 @@ impl McpManager {
         }
         let (tx, rx) = oneshot::channel();
         slot.tell(Control::Discover(tx));
-        let wait = self.discovery_wait(id) + Duration::from_secs(5);
+        let wait = self.discovery_wait() + Duration::from_secs(5);
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(Ok(()))) => Ok(slot),
             Ok(Ok(Err(e))) => Err(Error::conflict(
@@ -1136,15 +1140,14 @@ impl Explainer for McpManager {
                 format!("stage install: no MCP server {server_id} is installed for you (removed, or never installed)"),
             ));
         };
-        let state = slot.state.read().clone();
-        let state = if state.row.owner_id.as_deref() == Some(user_id) { state } else { state.seen_by_user() };
+        let state = slot.state.read().clone().seen_by(user_id);
         Some(stages::why_not_projected(&state, tool))
     }
 
     fn detail(&self, id: &str, user_id: &str) -> Option<Value> {
         let (server_id, tool) = parse_projection_id(id)?;
         let slot = self.slot(server_id).filter(|s| s.visible_to(user_id))?;
-        let view = stages::tool_view(self, &slot, tool);
+        let view = stages::tool_view(self, &slot, tool, user_id);
         serde_json::to_value(view).ok()
     }
 

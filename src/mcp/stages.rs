@@ -573,8 +573,8 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
 }
 
 /// A tool's status for the ladder's `mcp` field.
-pub fn tool_view(manager: &McpManager, slot: &ServerSlot, name: &str) -> ToolStatus {
-    let s = slot.state.read().clone();
+pub fn tool_view(manager: &McpManager, slot: &ServerSlot, name: &str, user_id: &str) -> ToolStatus {
+    let s = slot.state.read().clone().seen_by(user_id);
     tool_status(manager, &s, name)
 }
 

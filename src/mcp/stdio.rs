@@ -26,8 +26,9 @@ pub const OVERSIZED_ERROR_CODE: i64 = -32098;
 
 /// Longest JSON id the stdout guard notes (the client's own ids are numbers).
 const MAX_NOTED_ID_BYTES: usize = 32;
-/// Most ids a [`LineFacts`] set holds: a call removes its own id when it ends, so only ids
-/// the client never asked for (sent by a hostile server) could fill it.
+/// Most ids a [`LineFacts`] set holds: every request removes its id when its answer came (or
+/// it failed), so only ids the client never asked for (sent by a hostile server) could fill
+/// it.
 const MAX_NOTED_IDS: usize = 1024;
 
 /// Notes a response id in one of [`LineFacts`]' sets, unless it is longer than any id the

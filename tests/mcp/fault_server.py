@@ -10,7 +10,8 @@ UTF-8 in a result, a single line of hundreds of MB. Options:
   --page-size N         tools per tools/list page (default 4, so pagination is exercised)
   --flood-file FILE     when FILE appears, drop tool `remove_me` and send list_changed 2,000
                         times at once (logged as `flooded` before the first)
-  --die-after-list      exit right after answering the first tools/list (connects, is listed, dies)
+  --die-after-list      exit right after answering the first tools/list (connects, is listed, dies);
+                        logs `connect-at <unix time>` at each initialize
   --spray-file FILE     while FILE exists, send notifications/progress for progress tokens 0-299
                         (numbers and strings) with the message `injected`, for calls it never had
 """
@@ -198,6 +199,8 @@ def main():
         req_id = msg.get("id")
         params = msg.get("params") or {}
         log(f"{method} {json.dumps(params.get('requestId')) if method == 'notifications/cancelled' else ''}".strip())
+        if method == "initialize" and "--die-after-list" in args:
+            log(f"connect-at {time.time()}")
         if method == "initialize":
             send({"jsonrpc": "2.0", "id": req_id, "result": {
                 "protocolVersion": params.get("protocolVersion", "2025-06-18"),
