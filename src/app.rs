@@ -222,7 +222,7 @@ impl App {
             })
             .await
             .map_err(|e| Error::Internal(e.to_string()))?;
-            self.store.put_tool_vectors(&model_id, &embedded).await?;
+            self.store.put_tool_vectors(&model_id, crate::state::VectorKind::Task, &embedded).await?;
             vectors.extend(embedded.into_iter().map(|(k, v)| (k, v.into())));
         }
         let uses = facts

@@ -229,6 +229,18 @@ state_enum! {
 }
 
 state_enum! {
+    /// What a vector of the embedding cache (`tool_embeddings`) was computed from.
+    VectorKind, "vector kind" {
+        /// A tool's text ([`crate::exposure::index`]); swept once no indexed tool has that
+        /// text (see [`crate::embedding::worker`]).
+        Tool = "tool",
+        /// A user's past task (learning from use, [`crate::exposure::usage`]); removed with
+        /// its turns by retention.
+        Task = "task",
+    }
+}
+
+state_enum! {
     /// Whether the replica named as a stdio MCP server's owner holds its process (see
     /// [`crate::mcp`], `mcp_owners`).
     McpOwnerState, "MCP owner state" {

@@ -8,19 +8,42 @@
 //! the store's cache (`tool_embeddings`, keyed by model id and text SHA-256), runs the model
 //! only on the misses, stores the new vectors and publishes them to the index. Turns never
 //! wait for any of this; a tool whose vector is not there yet is ranked lexically within
-//! the hybrid. A registry change between batches restarts the round with the new set.
+//! the hybrid. A registry change between batches restarts the round with the new set, after
+//! at least one batch (so a registry that keeps changing cannot stop all embedding).
+//!
+//! Fair turns: pending tools are taken one owner at a time in rotation ([`interleave`]; the
+//! deployment's own tools are one owner), so a user whose MCP servers keep re-describing
+//! hundreds of tools delays another user's new tools by at most one tool per turn of the
+//! rotation, not by their whole backlog.
+//!
+//! Sweeping: every [`SWEEP_EVERY`] (first after that long from the start, when MCP servers
+//! have listed their tools) the worker deletes cached tool vectors of its model that no
+//! indexed tool's text uses and that are older than [`SWEEP_GRACE`]
+//! ([`Store::sweep_tool_vectors`]): a tool that changes its description leaves one row per
+//! text, and without the sweep those rows would only grow.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Embeddings, State};
-use crate::exposure::index::ToolIndex;
+use crate::exposure::index::{IndexedTool, ToolIndex};
 use crate::registry::Registry;
+use crate::state::VectorKind;
 use crate::store::Store;
+
+/// How often the worker sweeps tool vectors no indexed tool uses, and how long after its
+/// start it sweeps first (see the module docs).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(10 * 60);
+
+/// How old an unused tool vector must be before a sweep deletes it: a tool that comes back
+/// with an earlier text within this time, or a vector another replica embedded for a tool
+/// this replica has not indexed yet, keeps its row.
+pub const SWEEP_GRACE: Duration = Duration::from_secs(60 * 60);
 
 /// Starts the indexer; it ends with `shutdown`.
 pub fn spawn(
@@ -51,6 +74,7 @@ async fn run(
         done.notify_one();
     });
     let mut failed: HashSet<String> = HashSet::new();
+    let mut next_sweep = tokio::time::Instant::now() + SWEEP_EVERY;
     loop {
         changes.mark_unchanged();
         let (i, r) = (index.clone(), registry.clone());
@@ -59,6 +83,10 @@ async fn run(
         }
         if embeddings.status().state == State::Ready {
             embed_pending(&embeddings, &index, &store, &mut changes, &shutdown, &mut failed).await;
+            if tokio::time::Instant::now() >= next_sweep {
+                next_sweep = tokio::time::Instant::now() + SWEEP_EVERY;
+                sweep(&embeddings, &index, &store).await;
+            }
         }
         if changes.has_changed().unwrap_or(false) {
             continue;
@@ -67,8 +95,41 @@ async fn run(
             () = shutdown.cancelled() => break,
             r = changes.changed() => if r.is_err() { break },
             () = loaded.notified() => {}
+            () = tokio::time::sleep_until(next_sweep) => {}
         }
     }
+}
+
+/// Deletes the cached tool vectors of the loaded model that no indexed tool uses and that
+/// are older than [`SWEEP_GRACE`]; a failure is logged and tried again at the next sweep.
+async fn sweep(embeddings: &Embeddings, index: &ToolIndex, store: &Store) {
+    let Some(model) = embeddings.model() else { return };
+    let grace = u64::try_from(SWEEP_GRACE.as_millis()).unwrap_or(u64::MAX);
+    match store.sweep_tool_vectors(&model.cache_id(), &index.text_hashes(), &crate::ids::now_minus_ms(grace)).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(removed = n, "swept cached tool vectors no indexed tool uses"),
+        Err(e) => tracing::warn!(error = %e, "sweeping unused tool vectors failed; trying again later"),
+    }
+}
+
+/// `items` taken one group at a time in rotation: the first of each group (groups in key
+/// order), then the second of each, and so on; within a group the order is kept. Used to
+/// take pending tools one owner at a time (see the module docs).
+pub fn interleave<T, K: Ord>(items: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
+    let total = items.len();
+    let mut groups: BTreeMap<K, std::collections::VecDeque<T>> = BTreeMap::new();
+    for item in items {
+        groups.entry(key(&item)).or_default().push_back(item);
+    }
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        for group in groups.values_mut() {
+            if let Some(item) = group.pop_front() {
+                out.push(item);
+            }
+        }
+    }
+    out
 }
 
 /// Embeds indexed tools that lack a vector, batch by batch, until none is left, the
@@ -85,14 +146,18 @@ async fn embed_pending(
     let model_id = model.cache_id();
     // One text per hash: tools with the same text share a vector.
     let mut seen = HashSet::new();
-    let pending: Vec<(String, Arc<(String, String)>)> = index
+    let missing: Vec<Arc<IndexedTool>> = index
         .missing_vectors()
         .into_iter()
         .filter(|t| !failed.contains(&t.text_sha256) && seen.insert(t.text_sha256.clone()))
+        .collect();
+    let pending: Vec<(String, Arc<(String, String)>)> = interleave(missing, |t| t.owner().map(str::to_owned))
+        .into_iter()
         .map(|t| (t.text_sha256.clone(), t.fields.clone()))
         .collect();
-    for batch in pending.chunks(embeddings.batch_size()) {
-        if shutdown.is_cancelled() || changes.has_changed().unwrap_or(false) {
+    for (n, batch) in pending.chunks(embeddings.batch_size()).enumerate() {
+        // A change restarts the round, but never before its first batch.
+        if shutdown.is_cancelled() || (n > 0 && changes.has_changed().unwrap_or(false)) {
             return;
         }
         let shas: Vec<String> = batch.iter().map(|(s, _)| s.clone()).collect();
@@ -120,7 +185,7 @@ async fn embed_pending(
                 Ok(vectors) => {
                     let rows: Vec<(String, Vec<f32>)> = misses.iter().map(|(s, _)| s.clone()).zip(vectors).collect();
                     embeddings.counters.tools_embedded.fetch_add(rows.len() as u64, Ordering::Relaxed);
-                    if let Err(e) = store.put_tool_vectors(&model_id, &rows).await {
+                    if let Err(e) = store.put_tool_vectors(&model_id, VectorKind::Tool, &rows).await {
                         tracing::warn!(error = %e, "caching tool vectors failed; they will be recomputed after a restart");
                     }
                     found.extend(rows.into_iter().map(|(s, v)| (s, v.into())));
@@ -133,5 +198,18 @@ async fn embed_pending(
             }
         }
         index.set_vectors(&found);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interleave;
+
+    #[test]
+    fn pending_tools_are_taken_one_owner_at_a_time() {
+        let items = vec![("b", 1), ("b", 2), ("b", 3), ("b", 4), ("a", 1), ("c", 1), ("c", 2)];
+        let order = interleave(items, |(owner, _)| *owner);
+        assert_eq!(order, [("a", 1), ("b", 1), ("c", 1), ("b", 2), ("c", 2), ("b", 3), ("b", 4)]);
+        assert!(interleave(Vec::<u8>::new(), |x| *x).is_empty());
     }
 }

@@ -49,6 +49,11 @@ impl IndexedTool {
     pub fn id(&self) -> &str {
         &self.tool.spec().id
     }
+
+    /// The tool's owner (None: a tool of every user).
+    pub fn owner(&self) -> Option<&str> {
+        self.tool.spec().owner.as_deref()
+    }
 }
 
 /// What ranking uses of one candidate.
@@ -183,6 +188,14 @@ impl ToolIndex {
         let mut out: Vec<Arc<IndexedTool>> = snapshot.tools.values().filter(|t| t.vector.is_none()).cloned().collect();
         out.sort_by(|a, b| a.id().cmp(b.id()));
         out
+    }
+
+    /// The text hashes of every indexed tool (with or without a vector), each once: the
+    /// embedding cache rows the index may still need.
+    pub fn text_hashes(&self) -> Vec<String> {
+        let snapshot = self.snapshot();
+        let hashes: std::collections::BTreeSet<&String> = snapshot.tools.values().map(|t| &t.text_sha256).collect();
+        hashes.into_iter().cloned().collect()
     }
 
     /// Attaches vectors by text hash to every indexed tool with that text. Returns how

@@ -475,9 +475,13 @@ pub fn tool_status(manager: &McpManager, s: &ServerState, name: &str) -> ToolSta
     let mut stages = base(s);
     let path = format!("/v1/mcp/servers/{}", s.row.id);
     stages.push(match row {
-        Some(t) if t.status == McpToolStatus::Ok => {
-            stage("discover", McpStageStatus::Ok, "discovered", format!("listed at {}", t.discovered_at), None)
-        }
+        Some(t) if t.status == McpToolStatus::Ok => stage(
+            "discover",
+            McpStageStatus::Ok,
+            "discovered",
+            format!("listed as it is since {}", t.discovered_at),
+            None,
+        ),
         Some(t) if t.status == McpToolStatus::Rejected => stage(
             "discover",
             McpStageStatus::Blocked,

@@ -3,8 +3,9 @@
 
 use base64::Engine;
 
-use super::{Store, StoreError, StoreResult};
+use super::{Backend, Store, StoreError, StoreResult};
 use crate::ids;
+use crate::state::VectorKind;
 
 /// How much of a task learning from use reads ([`Store::accepted_uses`], [`task_key`]), in
 /// characters: all-MiniLM-L6-v2 reads at most 256 tokens, about a thousand characters.
@@ -45,25 +46,58 @@ impl Store {
         Ok(out)
     }
 
-    /// Stores vectors of `model_id` keyed by text hash; a key that is already stored (by
-    /// this or another replica) keeps its row.
-    pub async fn put_tool_vectors(&self, model_id: &str, rows: &[(String, Vec<f32>)]) -> StoreResult<()> {
+    /// Stores vectors of `model_id` keyed by text hash, as vectors of `kind`; a key that is
+    /// already stored (by this or another replica) keeps its row.
+    pub async fn put_tool_vectors(
+        &self,
+        model_id: &str,
+        kind: VectorKind,
+        rows: &[(String, Vec<f32>)],
+    ) -> StoreResult<()> {
         let mut tx = self.begin_write().await?;
         let now = ids::now();
         for (sha, vector) in rows {
             sqlx::query(
-                "INSERT INTO tool_embeddings (model_id, text_sha256, dim, vector, created_at) VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (model_id, text_sha256) DO NOTHING",
+                "INSERT INTO tool_embeddings (model_id, text_sha256, dim, vector, created_at, kind) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (model_id, text_sha256) DO NOTHING",
             )
             .bind(model_id)
             .bind(sha)
             .bind(i64::try_from(vector.len()).unwrap_or(i64::MAX))
             .bind(encode_vector(vector))
             .bind(&now)
+            .bind(kind.as_str())
             .execute(tx.conn())
             .await?;
         }
         tx.commit().await
+    }
+
+    /// Deletes the tool vectors of `model_id` — rows of kind `tool`, and rows stored before
+    /// kinds were kept (migration 0029) — whose text hash is not in `live` and that were
+    /// stored before `cutoff` (RFC 3339). Task vectors and other models' rows stay. Returns
+    /// how many rows went. A row another replica still holds in its index costs that replica
+    /// one embedding after its next restart, nothing before: the rows are a cache.
+    pub async fn sweep_tool_vectors(&self, model_id: &str, live: &[String], cutoff: &str) -> StoreResult<u64> {
+        let live_rows = match self.backend() {
+            Backend::Sqlite => "SELECT value FROM json_each($2)",
+            Backend::Postgres => "SELECT json_array_elements_text($2::json)",
+        };
+        let sql = format!(
+            "DELETE FROM tool_embeddings WHERE model_id = $1 AND created_at < $3 AND (kind IS NULL OR kind = $4) \
+             AND text_sha256 NOT IN ({live_rows})"
+        );
+        let mut tx = self.begin_write().await?;
+        let removed = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(model_id)
+            .bind(serde_json::Value::from(live.to_vec()).to_string())
+            .bind(cutoff)
+            .bind(VectorKind::Tool.as_str())
+            .execute(tx.conn())
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(removed)
     }
 
     /// Number of vectors cached for `model_id`.

@@ -1,7 +1,9 @@
 //! External MCP servers, their connection state, discovered tools and agent-access
 //! switches (migration 0007).
 
-use super::{Store, StoreResult};
+use std::collections::{HashMap, HashSet};
+
+use super::{Backend, Store, StoreResult};
 use crate::ids;
 use crate::state::{Flag, McpConnectionState, McpOwnerState, McpToolStatus, OptionalFlag};
 
@@ -98,7 +100,8 @@ pub struct McpToolRow {
     pub output_schema: Option<String>,
     /// annotations JSON.
     pub annotations: Option<String>,
-    /// RFC 3339 of the listing that last reported it.
+    /// RFC 3339 of the first listing that reported it as it is now (a re-listing with the
+    /// same definition keeps it).
     pub discovered_at: String,
     /// RFC 3339 of the listing that no longer had it.
     pub removed_at: Option<String>,
@@ -114,6 +117,44 @@ pub struct McpToolRow {
     pub review_previous: Option<String>,
     /// RFC 3339, when the change under review was seen.
     pub review_since: Option<String>,
+}
+
+impl McpToolRow {
+    /// Whether `other` says the same of the tool as this row: every field but the server,
+    /// the name and the two times (what a re-listing of an unchanged tool would write).
+    pub fn same_definition(&self, other: &McpToolRow) -> bool {
+        // Destructured whole, so that a new field must be placed on one side or the other.
+        let McpToolRow {
+            server_id: _,
+            name: _,
+            status,
+            rejection,
+            title,
+            description,
+            input_schema,
+            output_schema,
+            annotations,
+            discovered_at: _,
+            removed_at: _,
+            schema_dialect,
+            schema_declared,
+            schema_problem,
+            review_previous,
+            review_since,
+        } = self;
+        *status == other.status
+            && *rejection == other.rejection
+            && *title == other.title
+            && *description == other.description
+            && *input_schema == other.input_schema
+            && *output_schema == other.output_schema
+            && *annotations == other.annotations
+            && *schema_dialect == other.schema_dialect
+            && *schema_declared == other.schema_declared
+            && *schema_problem == other.schema_problem
+            && *review_previous == other.review_previous
+            && *review_since == other.review_since
+    }
 }
 
 /// An agent-access switch (`mcp_agent_access`).
@@ -287,20 +328,42 @@ impl Store {
     }
 
     /// Replaces a server's tool list with a new listing in one transaction: listed tools
-    /// are upserted, earlier tools missing from it become `removed`, and of the removed ones
-    /// only the [`MAX_REMOVED_TOOLS_KEPT`] most recently removed stay (a server that renames
-    /// its tools at every listing would otherwise grow its rows without end).
+    /// that are new or whose definition changed are upserted (a row listed as it is stored
+    /// is not written, and keeps its `discovered_at`), earlier tools missing from it become
+    /// `removed`, and of the removed ones only the [`MAX_REMOVED_TOOLS_KEPT`] most recently
+    /// removed stay (a server that renames its tools at every listing would otherwise grow
+    /// its rows without end). A re-discovery that finds nothing changed thus writes no row:
+    /// on SQLite the one writer is everyone's, and a server may be re-listed every 2 s.
     pub async fn replace_mcp_tools(&self, server_id: &str, listed: &[McpToolRow]) -> StoreResult<()> {
         let now = ids::now();
         let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "UPDATE mcp_tools SET status = 'removed', removed_at = $2 WHERE server_id = $1 AND status <> 'removed'",
-        )
-        .bind(server_id)
-        .bind(&now)
-        .execute(tx.conn())
-        .await?;
+        let stored: Vec<McpToolRow> =
+            sqlx::query_as("SELECT * FROM mcp_tools WHERE server_id = $1 AND status <> 'removed'")
+                .bind(server_id)
+                .fetch_all(tx.conn())
+                .await?;
+        let listed_names: HashSet<&str> = listed.iter().map(|t| t.name.as_str()).collect();
+        let gone: Vec<&str> =
+            stored.iter().map(|t| t.name.as_str()).filter(|name| !listed_names.contains(name)).collect();
+        if !gone.is_empty() {
+            let names = match self.backend() {
+                Backend::Sqlite => "SELECT value FROM json_each($3)",
+                Backend::Postgres => "SELECT json_array_elements_text($3::json)",
+            };
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE mcp_tools SET status = 'removed', removed_at = $2 WHERE server_id = $1 AND name IN ({names})"
+            )))
+            .bind(server_id)
+            .bind(&now)
+            .bind(serde_json::Value::from(gone.clone()).to_string())
+            .execute(tx.conn())
+            .await?;
+        }
+        let unchanged: HashMap<&str, &McpToolRow> = stored.iter().map(|t| (t.name.as_str(), t)).collect();
         for t in listed {
+            if unchanged.get(t.name.as_str()).is_some_and(|old| old.same_definition(t)) {
+                continue;
+            }
             sqlx::query(
                 "INSERT INTO mcp_tools (server_id, name, status, rejection, title, description, input_schema,
                     output_schema, annotations, discovered_at, removed_at, schema_dialect, schema_declared,
@@ -332,15 +395,17 @@ impl Store {
             .execute(tx.conn())
             .await?;
         }
-        sqlx::query(
-            "DELETE FROM mcp_tools WHERE server_id = $1 AND status = 'removed' AND name NOT IN (
-                 SELECT name FROM mcp_tools WHERE server_id = $1 AND status = 'removed'
-                 ORDER BY removed_at DESC, name LIMIT $2)",
-        )
-        .bind(server_id)
-        .bind(i64::try_from(MAX_REMOVED_TOOLS_KEPT).unwrap_or(i64::MAX))
-        .execute(tx.conn())
-        .await?;
+        if !gone.is_empty() {
+            sqlx::query(
+                "DELETE FROM mcp_tools WHERE server_id = $1 AND status = 'removed' AND name NOT IN (
+                     SELECT name FROM mcp_tools WHERE server_id = $1 AND status = 'removed'
+                     ORDER BY removed_at DESC, name LIMIT $2)",
+            )
+            .bind(server_id)
+            .bind(i64::try_from(MAX_REMOVED_TOOLS_KEPT).unwrap_or(i64::MAX))
+            .execute(tx.conn())
+            .await?;
+        }
         tx.commit().await
     }
 

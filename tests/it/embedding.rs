@@ -652,3 +652,66 @@ fn the_companion_extends_the_models_vectors_and_leaves_them_unchanged() {
     };
     assert!(e.to_string().contains(COMPANION_FILES[1]), "{e}");
 }
+
+/// A registry that never stops changing (one tool re-registered with a new text all the time,
+/// as a server re-describing its tools might) does not stop the background worker from
+/// embedding the other tools: a change restarts a round only after its first batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_never_stops_changing_still_gets_its_tools_embedded() {
+    let Some(cfg) = model_config() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let db = common::TestDb::new(Backend::Sqlite, tmp.path()).await;
+    let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
+    let embeddings = Arc::new(Embeddings::new(cfg, tmp.path()));
+    let registry = Arc::new(mira::registry::Registry::new());
+    // 40 tools that must get their vectors (their ids sort first: the first batches are
+    // theirs), and 3,000 more that make each sync of the index take a while, so that the
+    // churn below always changes the registry while one runs.
+    for i in 0..40 {
+        let tool = TestTool::new(&format!("aaa_{i:02}"), &format!("performs chore number {i}"), false);
+        registry.register(Arc::new(tool)).unwrap();
+    }
+    for i in 0..3_000 {
+        let tool = TestTool::new(&format!("zz_{i:04}"), &format!("pads the registry, number {i}"), false);
+        registry.register(Arc::new(tool)).unwrap();
+    }
+    let index = Arc::new(ToolIndex::new());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = mira::embedding::worker::spawn(
+        embeddings.clone(),
+        index.clone(),
+        registry.clone(),
+        store.clone(),
+        shutdown.clone(),
+    );
+    // The churn: on a thread of its own, a change every few microseconds — far more often
+    // than a round of the worker takes.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = std::thread::spawn({
+        let (registry, stop) = (registry.clone(), stop.clone());
+        move || {
+            let mut changes = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                registry.unregister("churn");
+                let tool = TestTool::new("churn", &format!("describes itself anew, time {changes}"), false);
+                registry.register(Arc::new(tool)).unwrap();
+                changes += 1;
+                std::thread::yield_now();
+            }
+            changes
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let embedded = |index: &ToolIndex| {
+        index.counts().indexed >= 3_040 && !index.missing_vectors().iter().any(|t| t.id().starts_with("aaa_"))
+    };
+    while !embedded(&index) {
+        assert!(Instant::now() < deadline, "the 40 first tools were not embedded under churn: {:?}", index.counts());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let changes = churn.join().unwrap();
+    shutdown.cancel();
+    worker.await.unwrap();
+    assert!(changes > 1_000, "the registry changed only {changes} times");
+}

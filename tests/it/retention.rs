@@ -86,7 +86,11 @@ async fn sweep_removes_old_runs_and_keeps_recent_and_active(backend: Backend) {
     let (read_key, kept_key) =
         (mira::store::task_key(&owner, "read the notes"), mira::store::task_key(&owner, "write a file"));
     store
-        .put_tool_vectors("m", &[(read_key.clone(), vec![1.0, 0.0]), (kept_key.clone(), vec![0.0, 1.0])])
+        .put_tool_vectors(
+            "m",
+            mira::state::VectorKind::Task,
+            &[(read_key.clone(), vec![1.0, 0.0]), (kept_key.clone(), vec![0.0, 1.0])],
+        )
         .await
         .unwrap();
 

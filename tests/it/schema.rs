@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use crate::common::{self, Backend, TestDb};
 use mira::state::{
     ApprovalRule, ApprovalStatus, InvocationStatus, McpConnectionState, McpOwnerState, McpToolStatus, ReplicaState,
-    TerminalSessionState,
+    TerminalSessionState, VectorKind,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +148,7 @@ fn check_constraints_list_the_enum_values() {
         ("terminal_sessions", check_text("state", TerminalSessionState::ALL, TerminalSessionState::as_str)),
         ("replicas", check_text("state", ReplicaState::ALL, ReplicaState::as_str)),
         ("mcp_owners", check_text("state", McpOwnerState::ALL, McpOwnerState::as_str)),
+        ("tool_embeddings", check_text("kind", VectorKind::ALL, VectorKind::as_str)),
     ];
     for side in [Side::Sqlite, Side::Postgres] {
         let all: String = files(side).into_values().collect::<Vec<_>>().join("\n");

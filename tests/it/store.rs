@@ -656,18 +656,14 @@ async fn a_failing_freeze_fails_alone_and_writes_go_on(backend: Backend) {
     assert!(events[2].data.contains(&c.id));
 }
 
-/// A server that renames its tools at every listing: of the tools it no longer lists, only
-/// the 1,000 most recently removed stay (the whole latest removal, then the newest of the one
-/// before), so its rows do not grow without end; the listed tools are untouched.
-async fn removed_mcp_tools_are_kept_up_to_a_limit(backend: Backend) {
-    use mira::state::McpToolStatus;
-    let f = fixture(backend).await;
+/// A stdio server row of `f`'s user, stored.
+async fn mcp_server(f: &Fixture, id: &str) -> mira::store::McpServerRow {
     let now = mira::ids::now();
     let server = mira::store::McpServerRow {
-        id: "mcp_churn".into(),
+        id: id.into(),
         owner_id: Some(f.user.clone()),
         installed_by: f.user.clone(),
-        name: "churn".into(),
+        name: id.into(),
         transport: "stdio".into(),
         config: "{}".into(),
         secrets: None,
@@ -679,28 +675,49 @@ async fn removed_mcp_tools_are_kept_up_to_a_limit(backend: Backend) {
         default_agent_access: true,
         request_timeout_ms: 1000,
         created_at: now.clone(),
-        updated_at: now.clone(),
+        updated_at: now,
     };
     f.store.insert_mcp_server(&server).await.unwrap();
+    server
+}
+
+/// A listed tool of `server_id`, discovered now.
+fn listed_tool(server_id: &str, name: &str, description: &str) -> mira::store::McpToolRow {
+    mira::store::McpToolRow {
+        server_id: server_id.into(),
+        name: name.into(),
+        status: mira::state::McpToolStatus::Ok,
+        rejection: None,
+        title: None,
+        description: Some(description.into()),
+        input_schema: Some(r#"{"type":"object"}"#.into()),
+        output_schema: None,
+        annotations: None,
+        discovered_at: mira::ids::now(),
+        removed_at: None,
+        schema_dialect: None,
+        schema_declared: None,
+        schema_problem: None,
+        review_previous: None,
+        review_since: None,
+    }
+}
+
+/// A server that renames its tools at every listing: of the tools it no longer lists, only
+/// the 1,000 most recently removed stay (the whole latest removal, then the newest of the one
+/// before), so its rows do not grow without end; the listed tools are untouched.
+async fn removed_mcp_tools_are_kept_up_to_a_limit(backend: Backend) {
+    use mira::state::McpToolStatus;
+    let f = fixture(backend).await;
+    let server = mcp_server(&f, "mcp_churn").await;
     let listing = |generation: &str| -> Vec<mira::store::McpToolRow> {
         (0..600)
-            .map(|i| mira::store::McpToolRow {
-                server_id: server.id.clone(),
-                name: format!("{generation}_{i:03}"),
-                status: McpToolStatus::Ok,
-                rejection: None,
-                title: None,
-                description: Some(format!("tool {i} of generation {generation}")),
-                input_schema: Some(r#"{"type":"object"}"#.into()),
-                output_schema: None,
-                annotations: None,
-                discovered_at: mira::ids::now(),
-                removed_at: None,
-                schema_dialect: None,
-                schema_declared: None,
-                schema_problem: None,
-                review_previous: None,
-                review_since: None,
+            .map(|i| {
+                listed_tool(
+                    &server.id,
+                    &format!("{generation}_{i:03}"),
+                    &format!("tool {i} of generation {generation}"),
+                )
             })
             .collect()
     };
@@ -719,7 +736,86 @@ async fn removed_mcp_tools_are_kept_up_to_a_limit(backend: Backend) {
     assert_eq!(rows.len(), 600 + mira::store::MAX_REMOVED_TOOLS_KEPT);
 }
 
+/// A re-listing writes only what changed: a tool listed as it is stored keeps its row (and
+/// its `discovered_at`); a changed, a new and a re-listed removed tool are written; a tool
+/// no longer listed becomes `removed`.
+async fn a_relisting_writes_only_what_changed(backend: Backend) {
+    use mira::state::McpToolStatus;
+    let f = fixture(backend).await;
+    let server = mcp_server(&f, "mcp_steady").await;
+    let first = ["same", "changes", "goes", "comes_back"].map(|n| listed_tool(&server.id, n, &format!("the {n} tool")));
+    f.store.replace_mcp_tools(&server.id, &first).await.unwrap();
+    f.store.replace_mcp_tools(&server.id, &first[..3]).await.unwrap();
+    let before = f.store.mcp_tools(&server.id).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let second = [
+        listed_tool(&server.id, "same", "the same tool"),
+        listed_tool(&server.id, "changes", "a new description"),
+        listed_tool(&server.id, "new", "a new tool"),
+        listed_tool(&server.id, "comes_back", "the comes_back tool"),
+    ];
+    f.store.replace_mcp_tools(&server.id, &second).await.unwrap();
+    let after = f.store.mcp_tools(&server.id).await.unwrap();
+    let row = |rows: &[mira::store::McpToolRow], name: &str| rows.iter().find(|r| r.name == name).cloned().unwrap();
+    assert_eq!(row(&after, "same").discovered_at, row(&before, "same").discovered_at, "not rewritten");
+    assert!(row(&after, "changes").discovered_at > row(&before, "changes").discovered_at);
+    assert_eq!(row(&after, "changes").description.as_deref(), Some("a new description"));
+    assert_eq!(row(&after, "new").status, McpToolStatus::Ok);
+    assert_eq!(row(&before, "comes_back").status, McpToolStatus::Removed);
+    assert_eq!((row(&after, "comes_back").status, row(&after, "comes_back").removed_at), (McpToolStatus::Ok, None));
+    assert_eq!(row(&after, "goes").status, McpToolStatus::Removed);
+    assert!(row(&after, "goes").removed_at.is_some());
+    assert_eq!(after.len(), 5);
+    // The same listing again changes nothing at all.
+    f.store.replace_mcp_tools(&server.id, &second).await.unwrap();
+    let again = f.store.mcp_tools(&server.id).await.unwrap();
+    for (a, b) in after.iter().zip(&again) {
+        assert_eq!(
+            (&a.name, &a.discovered_at, a.status, &a.removed_at),
+            (&b.name, &b.discovered_at, b.status, &b.removed_at)
+        );
+    }
+}
+
+/// The embedding cache's sweep: of one model's rows stored before the cutoff, the tool
+/// vectors whose text no indexed tool uses go; live tool vectors, task vectors (learning from
+/// use), rows stored after the cutoff and another model's rows stay.
+async fn unused_tool_vectors_are_swept(backend: Backend) {
+    use mira::state::VectorKind;
+    let f = fixture(backend).await;
+    let rows = |names: &[&str]| names.iter().map(|n| (n.to_string(), vec![1.0, 0.5, -0.25])).collect::<Vec<_>>();
+    f.store.put_tool_vectors("m1", VectorKind::Tool, &rows(&["live", "gone_1", "gone_2"])).await.unwrap();
+    f.store.put_tool_vectors("m1", VectorKind::Task, &rows(&["a_task"])).await.unwrap();
+    f.store.put_tool_vectors("m2", VectorKind::Tool, &rows(&["gone_1"])).await.unwrap();
+    let live = vec!["live".to_string(), "not_stored".to_string()];
+    // A cutoff before the rows were stored: everything is too young.
+    let before = mira::ids::now_minus_ms(60_000);
+    assert_eq!(f.store.sweep_tool_vectors("m1", &live, &before).await.unwrap(), 0);
+    assert_eq!(f.store.count_tool_vectors("m1").await.unwrap(), 4);
+    // Everything stored before the cutoff: only the unused tool vectors of m1 go.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(f.store.sweep_tool_vectors("m1", &live, &mira::ids::now()).await.unwrap(), 2);
+    let keys = |model: &'static str| {
+        let store = f.store.clone();
+        async move {
+            let all = ["live", "gone_1", "gone_2", "a_task"].map(String::from);
+            let mut found: Vec<String> =
+                store.tool_vectors(model, &all).await.unwrap().into_iter().map(|(k, _)| k).collect();
+            found.sort();
+            found
+        }
+    };
+    assert_eq!(keys("m1").await, ["a_task", "live"]);
+    assert_eq!(keys("m2").await, ["gone_1"], "another model's rows are not this sweep's");
+    // An empty live set sweeps every tool vector of the model, never a task's.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(f.store.sweep_tool_vectors("m1", &[], &mira::ids::now()).await.unwrap(), 1);
+    assert_eq!(keys("m1").await, ["a_task"]);
+}
+
 both_backends!(
+    unused_tool_vectors_are_swept,
+    a_relisting_writes_only_what_changed,
     removed_mcp_tools_are_kept_up_to_a_limit,
     a_failing_freeze_fails_alone_and_writes_go_on,
     a_lost_claim_stores_nothing_beside_a_stored_result,
