@@ -65,6 +65,8 @@ pub struct App {
     pub sandbox: Arc<crate::sandbox::Sandbox>,
     /// Open event streams per user (the cap of `--max-streams-per-user`).
     pub streams: Arc<crate::limits::StreamLimiter>,
+    /// Turns in progress per user (the cap of `--max-turns-per-user`).
+    pub turn_limit: Arc<crate::limits::TurnLimiter>,
     /// This replica's identity and cluster settings.
     pub node: Arc<crate::cluster::Node>,
     /// Turns with their exposure parsed, for freezes ([`crate::invocation::TurnCache`]).

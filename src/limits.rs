@@ -11,6 +11,11 @@
 //!   events, the approvals inbox, terminal output): one more is refused with 429
 //!   `too_many_streams`. The [`StreamPermit`] travels inside the response stream, so it is
 //!   released when the stream is dropped — the client left, or the server stops.
+//! - [`TurnLimiter`] caps the turns one user has in progress at once (a turn ranks every
+//!   available tool on the server's CPU): one more is refused with 429 `too_many_turns`. The
+//!   slot travels into the ranking's blocking task, so a client that sends turns and hangs up
+//!   at once cannot leave more rankings running than its limit: one user's flood shares the
+//!   CPU with other users' turns as that many turns, not as all of them.
 //! - When a connection or a stream closes, freed heap memory is handed back to the operating
 //!   system ([`release_memory`]). glibc's malloc keeps freed small blocks in its arenas: a
 //!   round of 300 clients left the server ~45 MB above its resting size until
@@ -38,6 +43,10 @@ pub struct HttpLimits {
     /// have open at once; one more is refused with 429 `too_many_streams`.
     #[arg(long = "max-streams-per-user", env = "MIRA_MAX_STREAMS_PER_USER", default_value_t = 32)]
     pub streams_per_user: usize,
+    /// Turns one user may have in progress at once (each ranks the available tools); one more
+    /// is refused with 429 `too_many_turns`.
+    #[arg(long = "max-turns-per-user", env = "MIRA_MAX_TURNS_PER_USER", default_value_t = 8)]
+    pub turns_per_user: usize,
     /// Connections served at once; further clients wait in the accept backlog.
     #[arg(long = "max-connections", env = "MIRA_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
@@ -50,67 +59,132 @@ pub struct HttpLimits {
 
 impl Default for HttpLimits {
     fn default() -> Self {
-        Self { streams_per_user: 32, max_connections: 4096, idle_timeout_secs: 60 }
+        Self { streams_per_user: 32, turns_per_user: 8, max_connections: 4096, idle_timeout_secs: 60 }
+    }
+}
+
+/// Counts what each user holds at once of one thing (streams, turns), up to a number per
+/// user.
+#[derive(Debug)]
+pub struct PerUserLimit {
+    per_user: usize,
+    held: Mutex<HashMap<String, usize>>,
+}
+
+impl PerUserLimit {
+    /// A limit of `per_user` places per user (at least 1).
+    pub fn new(per_user: usize) -> Arc<Self> {
+        Arc::new(Self { per_user: per_user.max(1), held: Mutex::new(HashMap::new()) })
+    }
+
+    /// One more place for `user_id`, or None when the user holds them all.
+    pub fn try_take(self: &Arc<Self>, user_id: &str) -> Option<UserSlot> {
+        let mut held = self.held.lock();
+        let n = held.entry(user_id.to_owned()).or_insert(0);
+        if *n >= self.per_user {
+            return None;
+        }
+        *n += 1;
+        Some(UserSlot { limit: self.clone(), user_id: user_id.to_owned() })
+    }
+
+    /// Places `user_id` holds now.
+    pub fn held(&self, user_id: &str) -> usize {
+        self.held.lock().get(user_id).copied().unwrap_or(0)
+    }
+}
+
+/// One place a user holds; dropping it frees it.
+#[derive(Debug)]
+pub struct UserSlot {
+    limit: Arc<PerUserLimit>,
+    user_id: String,
+}
+
+impl Drop for UserSlot {
+    fn drop(&mut self) {
+        let mut held = self.limit.held.lock();
+        if let Some(n) = held.get_mut(&self.user_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.user_id);
+            }
+        }
     }
 }
 
 /// Counts each user's open streams (see the module docs).
 #[derive(Debug)]
 pub struct StreamLimiter {
-    per_user: usize,
-    open: Mutex<HashMap<String, usize>>,
+    slots: Arc<PerUserLimit>,
 }
 
 impl StreamLimiter {
     /// A limiter allowing `per_user` open streams per user (at least 1).
     pub fn new(per_user: usize) -> Arc<Self> {
-        Arc::new(Self { per_user: per_user.max(1), open: Mutex::new(HashMap::new()) })
+        Arc::new(Self { slots: PerUserLimit::new(per_user) })
     }
 
     /// A permit for one more stream of `user_id`, or 429 `too_many_streams` when the user
     /// already has the maximum open.
     pub fn acquire(self: &Arc<Self>, user_id: &str) -> Result<StreamPermit> {
-        let mut open = self.open.lock();
-        let n = open.entry(user_id.to_owned()).or_insert(0);
-        if *n >= self.per_user {
-            return Err(Error::TooManyRequests {
-                code: ErrorCode::TooManyStreams,
-                message: format!(
-                    "you already have {} event streams open (the limit per user); close one and retry",
-                    self.per_user
-                ),
-            });
-        }
-        *n += 1;
+        let slot = self.slots.try_take(user_id).ok_or_else(|| Error::TooManyRequests {
+            code: ErrorCode::TooManyStreams,
+            message: format!(
+                "you already have {} event streams open (the limit per user); close one and retry",
+                self.slots.per_user
+            ),
+        })?;
         crate::metrics::stream_opened();
-        Ok(StreamPermit { limiter: self.clone(), user_id: user_id.to_owned() })
+        Ok(StreamPermit { _slot: slot })
     }
 
     /// Streams `user_id` has open now.
     pub fn open(&self, user_id: &str) -> usize {
-        self.open.lock().get(user_id).copied().unwrap_or(0)
+        self.slots.held(user_id)
     }
 }
 
 /// One open stream of a user; dropping it frees the slot.
 #[derive(Debug)]
 pub struct StreamPermit {
-    limiter: Arc<StreamLimiter>,
-    user_id: String,
+    _slot: UserSlot,
 }
 
 impl Drop for StreamPermit {
     fn drop(&mut self) {
-        let mut open = self.limiter.open.lock();
-        if let Some(n) = open.get_mut(&self.user_id) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                open.remove(&self.user_id);
-            }
-        }
-        drop(open);
         crate::metrics::stream_closed();
         release_memory();
+    }
+}
+
+/// Counts each user's turns in progress (see the module docs).
+#[derive(Debug)]
+pub struct TurnLimiter {
+    slots: Arc<PerUserLimit>,
+}
+
+impl TurnLimiter {
+    /// A limiter allowing `per_user` turns in progress per user (at least 1).
+    pub fn new(per_user: usize) -> Arc<Self> {
+        Arc::new(Self { slots: PerUserLimit::new(per_user) })
+    }
+
+    /// A place for one more turn of `user_id` — to be held until the turn's ranking ended —
+    /// or 429 `too_many_turns` when the user has the maximum in progress.
+    pub fn acquire(&self, user_id: &str) -> Result<UserSlot> {
+        self.slots.try_take(user_id).ok_or_else(|| Error::TooManyRequests {
+            code: ErrorCode::TooManyTurns,
+            message: format!(
+                "you already have {} turns in progress (the limit per user); retry when one has its exposure",
+                self.slots.per_user
+            ),
+        })
+    }
+
+    /// Turns `user_id` has in progress now.
+    pub fn in_progress(&self, user_id: &str) -> usize {
+        self.slots.held(user_id)
     }
 }
 
@@ -342,5 +416,25 @@ impl AsyncWrite for LimitedIo {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turns_are_limited_per_user_and_freed_when_dropped() {
+        let turns = TurnLimiter::new(2);
+        let a1 = turns.acquire("a").unwrap();
+        let _a2 = turns.acquire("a").unwrap();
+        let refused = turns.acquire("a").unwrap_err();
+        assert!(matches!(refused, Error::TooManyRequests { code: ErrorCode::TooManyTurns, .. }), "{refused:?}");
+        let _b = turns.acquire("b").expect("another user's turns are their own");
+        assert_eq!((turns.in_progress("a"), turns.in_progress("b")), (2, 1));
+        drop(a1);
+        assert_eq!(turns.in_progress("a"), 1);
+        let _a3 = turns.acquire("a").expect("a freed place is taken again");
+        assert!(TurnLimiter::new(0).acquire("c").is_ok(), "a limit of 0 allows one");
     }
 }

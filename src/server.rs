@@ -266,6 +266,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         connections,
         sandbox,
         streams: crate::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
+        turn_limit: crate::limits::TurnLimiter::new(settings.runtime.http.turns_per_user),
         node: cluster_node,
         turns: Arc::default(),
         devices,

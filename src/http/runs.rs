@@ -165,7 +165,8 @@ pub struct TurnView {
 
 /// Starts a turn: computes the exposure for the task and stores it.
 #[utoipa::path(post, path = "/v1/runs/{run_id}/turns", tag = "runs", params(("run_id" = String, Path)), request_body = CreateTurn,
-    responses((status = 201, body = TurnView), (status = 404), (status = 413)), security(("bearer" = [])))]
+    responses((status = 201, body = TurnView), (status = 404), (status = 413), (status = 429, description = "too_many_turns: the caller has the most turns in progress that a user may")),
+    security(("bearer" = [])))]
 pub async fn create_turn(
     State(app): State<App>,
     user: AuthUser,
@@ -179,7 +180,9 @@ pub async fn create_turn(
 
 /// Starts a turn of `run` (the caller's, already checked): computes the exposure for `task`
 /// (and `context`, appended to the ranking query) and stores it. 413 `task_too_large` when
-/// task and context together exceed `--max-task-bytes`. The HTTP route and the MCP server
+/// task and context together exceed `--max-task-bytes`; 429 `too_many_turns` when the run's
+/// owner has `--max-turns-per-user` turns in progress (the place is held until the ranking
+/// ended, also when the caller went away meanwhile). The HTTP route and the MCP server
 /// ([`crate::mcp_server`]) share it.
 pub async fn start_turn(app: &App, run: &RunRow, task: &str, context: Option<&str>) -> Result<TurnView> {
     let size = task.len() + context.map_or(0, str::len);
@@ -189,6 +192,7 @@ pub async fn start_turn(app: &App, run: &RunRow, task: &str, context: Option<&st
             message: format!("task and context are {size} bytes; the limit is {}", app.config.max_task_bytes),
         });
     }
+    let place = app.turn_limit.acquire(&run.owner_id)?;
     let ctx = app.run_availability_context(&run.owner_id, run).await?;
     let candidates = exposure::candidates(&app.registry, &ctx);
     let query = match context {
@@ -198,10 +202,13 @@ pub async fn start_turn(app: &App, run: &RunRow, task: &str, context: Option<&st
     let ranker = app.ranker.clone();
     // Past uses weigh only when ranking runs (more than 20 candidates).
     let history = if candidates.len() > exposure::MAX_EXPOSED { app.usage_history(&run.owner_id).await } else { None };
-    let exposure =
-        tokio::task::spawn_blocking(move || exposure::expose(&candidates, &query, ranker.as_ref(), history.as_deref()))
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?;
+    let exposure = tokio::task::spawn_blocking(move || {
+        // Held by the ranking itself: a caller that hangs up does not free it early.
+        let _place = place;
+        exposure::expose(&candidates, &query, ranker.as_ref(), history.as_deref())
+    })
+    .await
+    .map_err(|e| Error::Internal(e.to_string()))?;
     let doc = serde_json::to_value(&exposure).map_err(|e| Error::Internal(e.to_string()))?;
     let turn = app.store.create_turn(run, task, context, &doc).await?;
     Ok(TurnView { turn_id: turn.id, run_id: turn.run_id, task: turn.task, created_at: turn.created_at, exposure: doc })

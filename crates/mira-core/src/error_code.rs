@@ -394,6 +394,9 @@ catalogue! {
     TooManyBundles = (429, "too_many_bundles"),
     /// The caller already has `--max-streams-per-user` event streams open.
     TooManyStreams = (429, "too_many_streams"),
+    /// The caller already has `--max-turns-per-user` turns in progress (each ranks the
+    /// available tools); retry when one has its exposure.
+    TooManyTurns = (429, "too_many_turns"),
     /// A bug or a store error other than unavailability (logged, never detailed).
     Internal = (500, "internal"),
     /// The user's attached browser is gone: it cannot be reached at its debugging endpoint, the
