@@ -69,12 +69,35 @@ impl Default for HttpLimits {
 pub struct PerUserLimit {
     per_user: usize,
     held: Mutex<HashMap<String, usize>>,
+    /// Woken whenever a place is freed (for those waiting for one).
+    freed: tokio::sync::Notify,
 }
 
 impl PerUserLimit {
     /// A limit of `per_user` places per user (at least 1).
     pub fn new(per_user: usize) -> Arc<Self> {
-        Arc::new(Self { per_user: per_user.max(1), held: Mutex::new(HashMap::new()) })
+        Arc::new(Self {
+            per_user: per_user.max(1),
+            held: Mutex::new(HashMap::new()),
+            freed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Like [`PerUserLimit::try_take`], waiting up to `wait` for a place of `user_id` to free.
+    pub async fn take_within(self: &Arc<Self>, user_id: &str, wait: Duration) -> Option<UserSlot> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            // Registered before the attempt: a place freed in between still wakes this wait.
+            freed.as_mut().enable();
+            if let Some(slot) = self.try_take(user_id) {
+                return Some(slot);
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return self.try_take(user_id);
+            }
+        }
     }
 
     /// One more place for `user_id`, or None when the user holds them all.
@@ -110,6 +133,8 @@ impl Drop for UserSlot {
                 held.remove(&self.user_id);
             }
         }
+        drop(held);
+        self.limit.freed.notify_waiters();
     }
 }
 
@@ -171,9 +196,10 @@ impl TurnLimiter {
     }
 
     /// A place for one more turn of `user_id` — to be held until the turn's ranking ended —
-    /// or 429 `too_many_turns` when the user has the maximum in progress.
-    pub fn acquire(&self, user_id: &str) -> Result<UserSlot> {
-        self.slots.try_take(user_id).ok_or_else(|| Error::TooManyRequests {
+    /// waiting up to `wait` for one to free (zero: not at all), or 429 `too_many_turns` when
+    /// the user still has the maximum in progress.
+    pub async fn acquire(&self, user_id: &str, wait: Duration) -> Result<UserSlot> {
+        self.slots.take_within(user_id, wait).await.ok_or_else(|| Error::TooManyRequests {
             code: ErrorCode::TooManyTurns,
             message: format!(
                 "you already have {} turns in progress (the limit per user); retry when one has its exposure",
@@ -423,18 +449,27 @@ impl AsyncWrite for LimitedIo {
 mod tests {
     use super::*;
 
-    #[test]
-    fn turns_are_limited_per_user_and_freed_when_dropped() {
+    #[tokio::test]
+    async fn turns_are_limited_per_user_and_freed_when_dropped() {
+        let now = Duration::ZERO;
         let turns = TurnLimiter::new(2);
-        let a1 = turns.acquire("a").unwrap();
-        let _a2 = turns.acquire("a").unwrap();
-        let refused = turns.acquire("a").unwrap_err();
+        let a1 = turns.acquire("a", now).await.unwrap();
+        let _a2 = turns.acquire("a", now).await.unwrap();
+        let refused = turns.acquire("a", now).await.unwrap_err();
         assert!(matches!(refused, Error::TooManyRequests { code: ErrorCode::TooManyTurns, .. }), "{refused:?}");
-        let _b = turns.acquire("b").expect("another user's turns are their own");
+        let _b = turns.acquire("b", now).await.expect("another user's turns are their own");
         assert_eq!((turns.in_progress("a"), turns.in_progress("b")), (2, 1));
         drop(a1);
         assert_eq!(turns.in_progress("a"), 1);
-        let _a3 = turns.acquire("a").expect("a freed place is taken again");
-        assert!(TurnLimiter::new(0).acquire("c").is_ok(), "a limit of 0 allows one");
+        let a3 = turns.acquire("a", now).await.expect("a freed place is taken again");
+        assert!(TurnLimiter::new(0).acquire("c", now).await.is_ok(), "a limit of 0 allows one");
+        // A waiting acquire gets the place freed meanwhile; one that waits in vain is refused.
+        let freer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(a3);
+        });
+        let _a4 = turns.acquire("a", Duration::from_secs(10)).await.expect("the place freed meanwhile");
+        freer.await.unwrap();
+        assert!(turns.acquire("a", Duration::from_millis(50)).await.is_err());
     }
 }

@@ -426,6 +426,7 @@ impl Server {
             app.tool_index.clone(),
             app.registry.clone(),
             app.store.clone(),
+            crate::embedding::worker::Sweep::default(),
             app.shutdown.clone(),
         );
         let mcp = crate::mcp_server::router(app.clone(), settings.body_limit);

@@ -600,6 +600,7 @@ async fn series_row(
         index.clone(),
         registry.clone(),
         store.clone(),
+        mira::embedding::worker::Sweep::default(),
         shutdown.clone(),
     );
     let ranker = IndexRanker::new(index.clone(), embeddings.clone(), Mode::Hybrid).with_fusion(fusion);

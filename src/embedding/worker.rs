@@ -16,11 +16,13 @@
 //! hundreds of tools delays another user's new tools by at most one tool per turn of the
 //! rotation, not by their whole backlog.
 //!
-//! Sweeping: every [`SWEEP_EVERY`] (first after that long from the start, when MCP servers
-//! have listed their tools) the worker deletes cached tool vectors of its model that no
-//! indexed tool's text uses and that are older than [`SWEEP_GRACE`]
+//! Sweeping: every [`Sweep::every`] (10 minutes; first after that long from the start, when
+//! MCP servers have listed their tools) the worker deletes cached tool vectors of its model
+//! that no indexed tool's text uses and that are older than [`Sweep::grace`] (1 hour)
 //! ([`Store::sweep_tool_vectors`]): a tool that changes its description leaves one row per
-//! text, and without the sweep those rows would only grow.
+//! text, and without the sweep those rows would only grow. The index is this replica's: a
+//! vector only another replica indexes may go, costing that replica one embedding after its
+//! next restart.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -36,14 +38,22 @@ use crate::registry::Registry;
 use crate::state::VectorKind;
 use crate::store::Store;
 
-/// How often the worker sweeps tool vectors no indexed tool uses, and how long after its
-/// start it sweeps first (see the module docs).
-pub const SWEEP_EVERY: Duration = Duration::from_secs(10 * 60);
+/// When the worker sweeps cached tool vectors no indexed tool uses (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub struct Sweep {
+    /// How often it sweeps, and how long after its start it sweeps first (10 minutes).
+    pub every: Duration,
+    /// How old an unused tool vector must be before a sweep deletes it (1 hour): a tool that
+    /// comes back with an earlier text within this time, or a vector another replica embedded
+    /// for a tool this replica has not indexed yet, keeps its row.
+    pub grace: Duration,
+}
 
-/// How old an unused tool vector must be before a sweep deletes it: a tool that comes back
-/// with an earlier text within this time, or a vector another replica embedded for a tool
-/// this replica has not indexed yet, keeps its row.
-pub const SWEEP_GRACE: Duration = Duration::from_secs(60 * 60);
+impl Default for Sweep {
+    fn default() -> Self {
+        Self { every: Duration::from_secs(10 * 60), grace: Duration::from_secs(60 * 60) }
+    }
+}
 
 /// Starts the indexer; it ends with `shutdown`.
 pub fn spawn(
@@ -51,9 +61,10 @@ pub fn spawn(
     index: Arc<ToolIndex>,
     registry: Arc<Registry>,
     store: Store,
+    sweep: Sweep,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(run(embeddings, index, registry, store, shutdown))
+    tokio::spawn(run(embeddings, index, registry, store, sweep, shutdown))
 }
 
 async fn run(
@@ -61,6 +72,7 @@ async fn run(
     index: Arc<ToolIndex>,
     registry: Arc<Registry>,
     store: Store,
+    sweep: Sweep,
     shutdown: CancellationToken,
 ) {
     let mut changes = registry.subscribe();
@@ -74,18 +86,24 @@ async fn run(
         done.notify_one();
     });
     let mut failed: HashSet<String> = HashSet::new();
-    let mut next_sweep = tokio::time::Instant::now() + SWEEP_EVERY;
+    let mut next_sweep = tokio::time::Instant::now() + sweep.every;
     loop {
         changes.mark_unchanged();
         let (i, r) = (index.clone(), registry.clone());
         if tokio::task::spawn_blocking(move || i.sync(&r)).await.is_err() {
             tracing::error!("tool index sync panicked");
         }
-        if embeddings.status().state == State::Ready {
+        let ready = embeddings.status().state == State::Ready;
+        if ready {
             embed_pending(&embeddings, &index, &store, &mut changes, &shutdown, &mut failed).await;
-            if tokio::time::Instant::now() >= next_sweep {
-                next_sweep = tokio::time::Instant::now() + SWEEP_EVERY;
-                sweep(&embeddings, &index, &store).await;
+        }
+        // The next sweep is due from now whether or not this one could run (without a model
+        // there is nothing to sweep, and a deadline left in the past would wake the loop at
+        // once, over and over).
+        if tokio::time::Instant::now() >= next_sweep {
+            next_sweep = tokio::time::Instant::now() + sweep.every;
+            if ready {
+                sweep_unused(&embeddings, &index, &store, sweep.grace).await;
             }
         }
         if changes.has_changed().unwrap_or(false) {
@@ -101,10 +119,10 @@ async fn run(
 }
 
 /// Deletes the cached tool vectors of the loaded model that no indexed tool uses and that
-/// are older than [`SWEEP_GRACE`]; a failure is logged and tried again at the next sweep.
-async fn sweep(embeddings: &Embeddings, index: &ToolIndex, store: &Store) {
+/// are older than `grace`; a failure is logged and tried again at the next sweep.
+async fn sweep_unused(embeddings: &Embeddings, index: &ToolIndex, store: &Store, grace: Duration) {
     let Some(model) = embeddings.model() else { return };
-    let grace = u64::try_from(SWEEP_GRACE.as_millis()).unwrap_or(u64::MAX);
+    let grace = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
     match store.sweep_tool_vectors(&model.cache_id(), &index.text_hashes(), &crate::ids::now_minus_ms(grace)).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(removed = n, "swept cached tool vectors no indexed tool uses"),
@@ -121,12 +139,15 @@ pub fn interleave<T, K: Ord>(items: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
     for item in items {
         groups.entry(key(&item)).or_default().push_back(item);
     }
+    // Only groups with items left take part in a rotation: the cost is one step per item.
+    let mut rotation: std::collections::VecDeque<std::collections::VecDeque<T>> = groups.into_values().collect();
     let mut out = Vec::with_capacity(total);
-    while out.len() < total {
-        for group in groups.values_mut() {
-            if let Some(item) = group.pop_front() {
-                out.push(item);
-            }
+    while let Some(mut group) = rotation.pop_front() {
+        if let Some(item) = group.pop_front() {
+            out.push(item);
+        }
+        if !group.is_empty() {
+            rotation.push_back(group);
         }
     }
     out

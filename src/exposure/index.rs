@@ -100,6 +100,7 @@ pub struct Resolution {
 pub struct ToolIndex {
     snapshot: RwLock<Arc<Snapshot>>,
     writer: Mutex<Compaction>,
+    syncs: std::sync::atomic::AtomicU64,
 }
 
 /// The writer's memory of the last vocabulary check: the terms the documents used then, so
@@ -136,6 +137,7 @@ impl ToolIndex {
     /// documents (see the module docs). Returns how many tools were (re)indexed.
     pub fn sync(&self, registry: &Registry) -> usize {
         let mut writer = self.writer.lock();
+        self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let entries = registry.all();
         let current = self.snapshot();
         let vocab = current.vocab.clone();
@@ -188,6 +190,12 @@ impl ToolIndex {
         let mut out: Vec<Arc<IndexedTool>> = snapshot.tools.values().filter(|t| t.vector.is_none()).cloned().collect();
         out.sort_by(|a, b| a.id().cmp(b.id()));
         out
+    }
+
+    /// How many times [`ToolIndex::sync`] ran (the background worker syncs after every
+    /// registry change, and at each sweep).
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The text hashes of every indexed tool (with or without a vector), each once: the

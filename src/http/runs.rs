@@ -174,17 +174,23 @@ pub async fn create_turn(
     Json(body): Json<CreateTurn>,
 ) -> Result<(StatusCode, Json<TurnView>)> {
     let run = owned_run(&app, &user, &run_id).await?;
-    let turn = start_turn(&app, &run, &body.task, body.context.as_deref()).await?;
+    let turn = start_turn(&app, &run, &body.task, body.context.as_deref(), std::time::Duration::ZERO).await?;
     Ok((StatusCode::CREATED, Json(turn)))
 }
 
 /// Starts a turn of `run` (the caller's, already checked): computes the exposure for `task`
 /// (and `context`, appended to the ranking query) and stores it. 413 `task_too_large` when
 /// task and context together exceed `--max-task-bytes`; 429 `too_many_turns` when the run's
-/// owner has `--max-turns-per-user` turns in progress (the place is held until the ranking
-/// ended, also when the caller went away meanwhile). The HTTP route and the MCP server
-/// ([`crate::mcp_server`]) share it.
-pub async fn start_turn(app: &App, run: &RunRow, task: &str, context: Option<&str>) -> Result<TurnView> {
+/// owner still has `--max-turns-per-user` turns in progress after waiting up to `wait` for
+/// one to end (the place is held until the ranking ended, also when the caller went away
+/// meanwhile). The HTTP route (no wait) and the MCP server ([`crate::mcp_server`]) share it.
+pub async fn start_turn(
+    app: &App,
+    run: &RunRow,
+    task: &str,
+    context: Option<&str>,
+    wait: std::time::Duration,
+) -> Result<TurnView> {
     let size = task.len() + context.map_or(0, str::len);
     if size > app.config.max_task_bytes {
         return Err(Error::TooLarge {
@@ -192,7 +198,7 @@ pub async fn start_turn(app: &App, run: &RunRow, task: &str, context: Option<&st
             message: format!("task and context are {size} bytes; the limit is {}", app.config.max_task_bytes),
         });
     }
-    let place = app.turn_limit.acquire(&run.owner_id)?;
+    let place = app.turn_limit.acquire(&run.owner_id, wait).await?;
     let ctx = app.run_availability_context(&run.owner_id, run).await?;
     let candidates = exposure::candidates(&app.registry, &ctx);
     let query = match context {

@@ -63,6 +63,12 @@ use crate::state::{ApprovalRule, InvocationStatus};
 /// string}` → a turn ranked for that task becomes the session's.
 pub const FIND_TOOLS: &str = "mira_find_tools";
 
+/// Longest a turn of the session (`tools/list` after the candidates changed, `tools/call`,
+/// `mira_find_tools`) waits for one of its user's `--max-turns-per-user` places to free
+/// before answering `too_many_turns`: MCP clients do not retry a refused listing, and a user
+/// may run more agents than places, all re-listing at once after a registry change.
+pub const TURN_PLACE_WAIT: Duration = Duration::from_secs(10);
+
 /// How often a session compares the candidates with its turn's (besides run events).
 pub const WATCH_PERIOD: Duration = Duration::from_secs(2);
 
@@ -193,7 +199,7 @@ impl Session {
             return Ok(turn);
         }
         let (task, context) = task.unwrap_or((&session_task, None));
-        let view = crate::http::runs::start_turn(&self.app, &run, task, context).await?;
+        let view = crate::http::runs::start_turn(&self.app, &run, task, context, TURN_PLACE_WAIT).await?;
         let exposure: Exposure = serde_json::from_value(view.exposure).map_err(|e| Error::Internal(e.to_string()))?;
         let turn = Turn { id: view.turn_id, exposure: Arc::new(exposure), candidates };
         let mut guard = self.bound.lock().await;

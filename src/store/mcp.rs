@@ -119,6 +119,28 @@ pub struct McpToolRow {
     pub review_since: Option<String>,
 }
 
+/// What a listing changes of a server's stored tools ([`Store::replace_mcp_tools`]).
+struct ListingChange<'a> {
+    /// Names stored (not removed) that the listing no longer has.
+    gone: Vec<&'a str>,
+    /// Listed rows that are new, were removed, or whose definition changed.
+    written: Vec<&'a McpToolRow>,
+}
+
+impl<'a> ListingChange<'a> {
+    /// The change from `stored` (the server's rows that are not `removed`) to `listed`; None
+    /// when there is none.
+    fn of(stored: &'a [McpToolRow], listed: &'a [McpToolRow]) -> Option<Self> {
+        let listed_names: HashSet<&str> = listed.iter().map(|t| t.name.as_str()).collect();
+        let gone: Vec<&str> =
+            stored.iter().map(|t| t.name.as_str()).filter(|name| !listed_names.contains(name)).collect();
+        let current: HashMap<&str, &McpToolRow> = stored.iter().map(|t| (t.name.as_str(), t)).collect();
+        let written: Vec<&McpToolRow> =
+            listed.iter().filter(|t| !current.get(t.name.as_str()).is_some_and(|old| old.same_definition(t))).collect();
+        (!gone.is_empty() || !written.is_empty()).then_some(ListingChange { gone, written })
+    }
+}
+
 impl McpToolRow {
     /// Whether `other` says the same of the tool as this row: every field but the server,
     /// the name and the two times (what a re-listing of an unchanged tool would write).
@@ -332,19 +354,31 @@ impl Store {
     /// is not written, and keeps its `discovered_at`), earlier tools missing from it become
     /// `removed`, and of the removed ones only the [`MAX_REMOVED_TOOLS_KEPT`] most recently
     /// removed stay (a server that renames its tools at every listing would otherwise grow
-    /// its rows without end). A re-discovery that finds nothing changed thus writes no row:
-    /// on SQLite the one writer is everyone's, and a server may be re-listed every 2 s.
+    /// its rows without end). A listing that changes nothing writes nothing and does not
+    /// take the writer (on SQLite the one writer is everyone's, and a server may be
+    /// re-listed every 2 s). On Postgres replacements of one server's tools (each replica
+    /// discovers a Streamable HTTP server itself) take a transaction-scoped advisory lock
+    /// on the server first, so one compares against what the other wrote, never a mix.
     pub async fn replace_mcp_tools(&self, server_id: &str, listed: &[McpToolRow]) -> StoreResult<()> {
+        const CURRENT: &str = "SELECT * FROM mcp_tools WHERE server_id = $1 AND status <> 'removed'";
+        let stored: Vec<McpToolRow> = sqlx::query_as(CURRENT).bind(server_id).fetch_all(self.pool()).await?;
+        if ListingChange::of(&stored, listed).is_none() {
+            return Ok(());
+        }
         let now = ids::now();
         let mut tx = self.begin_write().await?;
-        let stored: Vec<McpToolRow> =
-            sqlx::query_as("SELECT * FROM mcp_tools WHERE server_id = $1 AND status <> 'removed'")
+        if self.backend() == Backend::Postgres {
+            // Namespace 1835627106 ("mcp tools"; 1835627105 is the runs' event chains).
+            sqlx::query("SELECT pg_advisory_xact_lock(1835627106, hashtext($1))")
                 .bind(server_id)
-                .fetch_all(tx.conn())
+                .execute(tx.conn())
                 .await?;
-        let listed_names: HashSet<&str> = listed.iter().map(|t| t.name.as_str()).collect();
-        let gone: Vec<&str> =
-            stored.iter().map(|t| t.name.as_str()).filter(|name| !listed_names.contains(name)).collect();
+        }
+        let stored: Vec<McpToolRow> = sqlx::query_as(CURRENT).bind(server_id).fetch_all(tx.conn()).await?;
+        let Some(change) = ListingChange::of(&stored, listed) else {
+            return tx.commit().await;
+        };
+        let gone = change.gone;
         if !gone.is_empty() {
             let names = match self.backend() {
                 Backend::Sqlite => "SELECT value FROM json_each($3)",
@@ -359,11 +393,7 @@ impl Store {
             .execute(tx.conn())
             .await?;
         }
-        let unchanged: HashMap<&str, &McpToolRow> = stored.iter().map(|t| (t.name.as_str(), t)).collect();
-        for t in listed {
-            if unchanged.get(t.name.as_str()).is_some_and(|old| old.same_definition(t)) {
-                continue;
-            }
+        for t in change.written {
             sqlx::query(
                 "INSERT INTO mcp_tools (server_id, name, status, rejection, title, description, input_schema,
                     output_schema, annotations, discovered_at, removed_at, schema_dialect, schema_declared,

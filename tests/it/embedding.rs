@@ -682,6 +682,7 @@ async fn a_registry_that_never_stops_changing_still_gets_its_tools_embedded() {
         index.clone(),
         registry.clone(),
         store.clone(),
+        mira::embedding::worker::Sweep::default(),
         shutdown.clone(),
     );
     // The churn: on a thread of its own, a change every few microseconds — far more often
@@ -714,4 +715,71 @@ async fn a_registry_that_never_stops_changing_still_gets_its_tools_embedded() {
     shutdown.cancel();
     worker.await.unwrap();
     assert!(changes > 1_000, "the registry changed only {changes} times");
+}
+
+/// The worker's sweep, end to end: a cached vector of the model that no indexed tool uses
+/// (stored before the grace) goes; the indexed tools' vectors and a past task's vector stay.
+/// And without a model the worker idles between sweeps instead of waking over and over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_sweeps_unused_vectors_and_idles_without_a_model() {
+    use mira::embedding::worker::Sweep;
+    use mira::state::VectorKind;
+    let Some(cfg) = model_config() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let db = common::TestDb::new(Backend::Sqlite, tmp.path()).await;
+    let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
+    let embeddings = Arc::new(Embeddings::new(cfg, tmp.path()));
+    let loaded = tokio::task::spawn_blocking({
+        let e = embeddings.clone();
+        move || e.load()
+    });
+    assert_eq!(loaded.await.unwrap().state, State::Ready);
+    let model_id = embeddings.model().unwrap().cache_id();
+    let stale = vec![0.1f32; embeddings.model().unwrap().dim()];
+    store.put_tool_vectors(&model_id, VectorKind::Tool, &[("0".repeat(64), stale.clone())]).await.unwrap();
+    store.put_tool_vectors(&model_id, VectorKind::Task, &[("1".repeat(64), stale)]).await.unwrap();
+    let registry = Arc::new(mira::registry::Registry::new());
+    for i in 0..3 {
+        registry.register(Arc::new(TestTool::new(&format!("tool_{i}"), &format!("chore {i}"), false))).unwrap();
+    }
+    let index = Arc::new(ToolIndex::new());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let sweep = Sweep { every: Duration::from_millis(200), grace: Duration::ZERO };
+    let worker = mira::embedding::worker::spawn(
+        embeddings.clone(),
+        index.clone(),
+        registry.clone(),
+        store.clone(),
+        sweep,
+        shutdown.clone(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let keys = ["0".repeat(64), "1".repeat(64)];
+    loop {
+        let embedded = index.counts().embedded;
+        let left: Vec<String> =
+            store.tool_vectors(&model_id, &keys).await.unwrap().into_iter().map(|(k, _)| k).collect();
+        if embedded == 3 && left == ["1".repeat(64)] && store.count_tool_vectors(&model_id).await.unwrap() == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not swept: {embedded} embedded, {left:?} left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    worker.await.unwrap();
+
+    // No model: nothing to sweep, and the loop sleeps until the next sweep is due.
+    let lexical = Arc::new(Embeddings::new(EmbeddingConfig::default(), tmp.path()));
+    let index = Arc::new(ToolIndex::new());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let sweep = Sweep { every: Duration::from_millis(100), grace: Duration::ZERO };
+    let worker =
+        mira::embedding::worker::spawn(lexical, index.clone(), registry, store.clone(), sweep, shutdown.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let syncs = index.syncs();
+    shutdown.cancel();
+    worker.await.unwrap();
+    // About one sync per sweep interval (20 in 2 s); a loop that wakes at once does thousands.
+    assert!((2..=60).contains(&syncs), "{syncs} index syncs in 2 s without a model");
+    assert_eq!(store.count_tool_vectors(&model_id).await.unwrap(), 4, "nothing swept without a model");
 }

@@ -778,8 +778,9 @@ async fn a_relisting_writes_only_what_changed(backend: Backend) {
 }
 
 /// The embedding cache's sweep: of one model's rows stored before the cutoff, the tool
-/// vectors whose text no indexed tool uses go; live tool vectors, task vectors (learning from
-/// use), rows stored after the cutoff and another model's rows stay.
+/// vectors (and rows of no kind, from before migration 0029) whose text no indexed tool uses
+/// go; live tool vectors, task vectors (learning from use), rows stored after the cutoff and
+/// another model's rows stay.
 async fn unused_tool_vectors_are_swept(backend: Backend) {
     use mira::state::VectorKind;
     let f = fixture(backend).await;
@@ -787,14 +788,23 @@ async fn unused_tool_vectors_are_swept(backend: Backend) {
     f.store.put_tool_vectors("m1", VectorKind::Tool, &rows(&["live", "gone_1", "gone_2"])).await.unwrap();
     f.store.put_tool_vectors("m1", VectorKind::Task, &rows(&["a_task"])).await.unwrap();
     f.store.put_tool_vectors("m2", VectorKind::Tool, &rows(&["gone_1"])).await.unwrap();
+    // A row cached before kinds were kept (migration 0029): swept like a tool vector.
+    let pool = sqlx::AnyPool::connect(&f._db.url).await.unwrap();
+    sqlx::query("INSERT INTO tool_embeddings (model_id, text_sha256, dim, vector, created_at) VALUES ('m1', 'legacy', 3, 'x', $1)")
+        .bind(mira::ids::now())
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
     let live = vec!["live".to_string(), "not_stored".to_string()];
     // A cutoff before the rows were stored: everything is too young.
     let before = mira::ids::now_minus_ms(60_000);
     assert_eq!(f.store.sweep_tool_vectors("m1", &live, &before).await.unwrap(), 0);
-    assert_eq!(f.store.count_tool_vectors("m1").await.unwrap(), 4);
+    assert_eq!(f.store.count_tool_vectors("m1").await.unwrap(), 5);
     // Everything stored before the cutoff: only the unused tool vectors of m1 go.
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    assert_eq!(f.store.sweep_tool_vectors("m1", &live, &mira::ids::now()).await.unwrap(), 2);
+    assert_eq!(f.store.sweep_tool_vectors("m1", &live, &mira::ids::now()).await.unwrap(), 3);
+    assert_eq!(f.store.count_tool_vectors("m1").await.unwrap(), 2, "the legacy row went too");
     let keys = |model: &'static str| {
         let store = f.store.clone();
         async move {
