@@ -12,10 +12,12 @@
 //!   `too_many_streams`. The [`StreamPermit`] travels inside the response stream, so it is
 //!   released when the stream is dropped — the client left, or the server stops.
 //! - [`TurnLimiter`] caps the turns one user has in progress at once (a turn ranks every
-//!   available tool on the server's CPU): one more is refused with 429 `too_many_turns`. The
-//!   slot travels into the ranking's blocking task, so a client that sends turns and hangs up
-//!   at once cannot leave more rankings running than its limit: one user's flood shares the
-//!   CPU with other users' turns as that many turns, not as all of them.
+//!   available tool on the server's CPU, then stores the exposure through the store's
+//!   writer): one more is refused with 429 `too_many_turns`. The slot is held until the turn
+//!   is stored and travels into the ranking's blocking task, so a client that sends turns
+//!   and hangs up at once cannot leave more rankings running than its limit: one user's flood
+//!   shares the CPU and the writer with other users' turns as that many turns, not as all of
+//!   them.
 //! - When a connection or a stream closes, freed heap memory is handed back to the operating
 //!   system ([`release_memory`]). glibc's malloc keeps freed small blocks in its arenas: a
 //!   round of 300 clients left the server ~45 MB above its resting size until
@@ -195,7 +197,7 @@ impl TurnLimiter {
         Arc::new(Self { slots: PerUserLimit::new(per_user) })
     }
 
-    /// A place for one more turn of `user_id` — to be held until the turn's ranking ended —
+    /// A place for one more turn of `user_id` — to be held until the turn is stored —
     /// waiting up to `wait` for one to free (zero: not at all), or 429 `too_many_turns` when
     /// the user still has the maximum in progress.
     pub async fn acquire(&self, user_id: &str, wait: Duration) -> Result<UserSlot> {
@@ -468,7 +470,9 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             drop(a3);
         });
+        let started = Instant::now();
         let _a4 = turns.acquire("a", Duration::from_secs(10)).await.expect("the place freed meanwhile");
+        assert!(started.elapsed() < Duration::from_secs(5), "woken when the place was freed, not at the deadline");
         freer.await.unwrap();
         assert!(turns.acquire("a", Duration::from_millis(50)).await.is_err());
     }

@@ -86,7 +86,9 @@ async fn run(
         done.notify_one();
     });
     let mut failed: HashSet<String> = HashSet::new();
-    let mut next_sweep = tokio::time::Instant::now() + sweep.every;
+    // A period of zero would wake the loop at once, over and over.
+    let every = sweep.every.max(Duration::from_millis(10));
+    let mut next_sweep = tokio::time::Instant::now() + every;
     loop {
         changes.mark_unchanged();
         let (i, r) = (index.clone(), registry.clone());
@@ -101,7 +103,7 @@ async fn run(
         // there is nothing to sweep, and a deadline left in the past would wake the loop at
         // once, over and over).
         if tokio::time::Instant::now() >= next_sweep {
-            next_sweep = tokio::time::Instant::now() + sweep.every;
+            next_sweep = tokio::time::Instant::now() + every;
             if ready {
                 sweep_unused(&embeddings, &index, &store, sweep.grace).await;
             }

@@ -173,23 +173,26 @@ pub async fn create_turn(
     Path(run_id): Path<String>,
     Json(body): Json<CreateTurn>,
 ) -> Result<(StatusCode, Json<TurnView>)> {
+    // The place first, before any store read: a user's turns past the cap cost only their
+    // authentication.
+    let place = app.turn_limit.acquire(&user.user_id, std::time::Duration::ZERO).await?;
     let run = owned_run(&app, &user, &run_id).await?;
-    let turn = start_turn(&app, &run, &body.task, body.context.as_deref(), std::time::Duration::ZERO).await?;
+    let turn = start_turn(&app, &run, &body.task, body.context.as_deref(), place).await?;
     Ok((StatusCode::CREATED, Json(turn)))
 }
 
 /// Starts a turn of `run` (the caller's, already checked): computes the exposure for `task`
 /// (and `context`, appended to the ranking query) and stores it. 413 `task_too_large` when
-/// task and context together exceed `--max-task-bytes`; 429 `too_many_turns` when the run's
-/// owner still has `--max-turns-per-user` turns in progress after waiting up to `wait` for
-/// one to end (the place is held until the ranking ended, also when the caller went away
-/// meanwhile). The HTTP route (no wait) and the MCP server ([`crate::mcp_server`]) share it.
+/// task and context together exceed `--max-task-bytes`. `place` is one of the run owner's
+/// `--max-turns-per-user` places ([`crate::limits::TurnLimiter::acquire`]); it is held until
+/// the turn is stored, and until the ranking ended even when the caller went away
+/// meanwhile. The HTTP route and the MCP server ([`crate::mcp_server`]) share it.
 pub async fn start_turn(
     app: &App,
     run: &RunRow,
     task: &str,
     context: Option<&str>,
-    wait: std::time::Duration,
+    place: crate::limits::UserSlot,
 ) -> Result<TurnView> {
     let size = task.len() + context.map_or(0, str::len);
     if size > app.config.max_task_bytes {
@@ -198,7 +201,6 @@ pub async fn start_turn(
             message: format!("task and context are {size} bytes; the limit is {}", app.config.max_task_bytes),
         });
     }
-    let place = app.turn_limit.acquire(&run.owner_id, wait).await?;
     let ctx = app.run_availability_context(&run.owner_id, run).await?;
     let candidates = exposure::candidates(&app.registry, &ctx);
     let query = match context {
@@ -208,10 +210,10 @@ pub async fn start_turn(
     let ranker = app.ranker.clone();
     // Past uses weigh only when ranking runs (more than 20 candidates).
     let history = if candidates.len() > exposure::MAX_EXPOSED { app.usage_history(&run.owner_id).await } else { None };
-    let exposure = tokio::task::spawn_blocking(move || {
-        // Held by the ranking itself: a caller that hangs up does not free it early.
-        let _place = place;
-        exposure::expose(&candidates, &query, ranker.as_ref(), history.as_deref())
+    // The place travels with the ranking (a caller that hangs up does not free it while the
+    // ranking runs) and back, and is given up once the turn is stored.
+    let (exposure, _place) = tokio::task::spawn_blocking(move || {
+        (exposure::expose(&candidates, &query, ranker.as_ref(), history.as_deref()), place)
     })
     .await
     .map_err(|e| Error::Internal(e.to_string()))?;

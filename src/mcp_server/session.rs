@@ -199,7 +199,8 @@ impl Session {
             return Ok(turn);
         }
         let (task, context) = task.unwrap_or((&session_task, None));
-        let view = crate::http::runs::start_turn(&self.app, &run, task, context, TURN_PLACE_WAIT).await?;
+        let place = self.app.turn_limit.acquire(&user_id, TURN_PLACE_WAIT).await?;
+        let view = crate::http::runs::start_turn(&self.app, &run, task, context, place).await?;
         let exposure: Exposure = serde_json::from_value(view.exposure).map_err(|e| Error::Internal(e.to_string()))?;
         let turn = Turn { id: view.turn_id, exposure: Arc::new(exposure), candidates };
         let mut guard = self.bound.lock().await;

@@ -291,6 +291,7 @@ impl Store {
     /// Removes a server with its connection, tools and access switches.
     pub async fn delete_mcp_server(&self, id: &str) -> StoreResult<()> {
         let mut tx = self.begin_write().await?;
+        self.lock_mcp_tools(&mut tx, id).await?;
         for sql in [
             "DELETE FROM mcp_owners WHERE server_id = $1",
             "DELETE FROM mcp_agent_access WHERE server_id = $1",
@@ -367,13 +368,7 @@ impl Store {
         }
         let now = ids::now();
         let mut tx = self.begin_write().await?;
-        if self.backend() == Backend::Postgres {
-            // Namespace 1835627106 ("mcp tools"; 1835627105 is the runs' event chains).
-            sqlx::query("SELECT pg_advisory_xact_lock(1835627106, hashtext($1))")
-                .bind(server_id)
-                .execute(tx.conn())
-                .await?;
-        }
+        self.lock_mcp_tools(&mut tx, server_id).await?;
         let stored: Vec<McpToolRow> = sqlx::query_as(CURRENT).bind(server_id).fetch_all(tx.conn()).await?;
         let Some(change) = ListingChange::of(&stored, listed) else {
             return tx.commit().await;
@@ -437,6 +432,20 @@ impl Store {
             .await?;
         }
         tx.commit().await
+    }
+
+    /// On Postgres, takes the transaction-scoped advisory lock on a server's tool rows that
+    /// every writer of a whole listing takes first (a re-listing, the server's removal), so
+    /// two never interleave; SQLite's one writer needs none. Namespace 1835627106 ("mcp
+    /// tools"; 1835627105 is the runs' event chains).
+    async fn lock_mcp_tools(&self, tx: &mut super::WriteTx, server_id: &str) -> StoreResult<()> {
+        if self.backend() == Backend::Postgres {
+            sqlx::query("SELECT pg_advisory_xact_lock(1835627106, hashtext($1))")
+                .bind(server_id)
+                .execute(tx.conn())
+                .await?;
+        }
+        Ok(())
     }
 
     /// The agent-access switches of a server.
