@@ -67,6 +67,8 @@ pub struct App {
     pub streams: Arc<crate::limits::StreamLimiter>,
     /// Turns in progress per user (the cap of `--max-turns-per-user`).
     pub turn_limit: Arc<crate::limits::TurnLimiter>,
+    /// The cores that rank turns, given to users in turn ([`crate::limits::FairPool`]).
+    pub rankings: Arc<crate::limits::FairPool>,
     /// This replica's identity and cluster settings.
     pub node: Arc<crate::cluster::Node>,
     /// Turns with their exposure parsed, for freezes ([`crate::invocation::TurnCache`]).

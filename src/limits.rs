@@ -18,12 +18,16 @@
 //!   and hangs up at once cannot leave more rankings running than its limit: one user's flood
 //!   shares the CPU and the writer with other users' turns as that many turns, not as all of
 //!   them.
+//! - [`FairPool`] admits rankings to the server's cores one user at a time: at most one
+//!   ranking per core runs at once, and when one ends its core goes to the next user in
+//!   rotation who has a ranking waiting. A user's many turns wait behind each other, not in
+//!   front of another user's one.
 //! - When a connection or a stream closes, freed heap memory is handed back to the operating
 //!   system ([`release_memory`]). glibc's malloc keeps freed small blocks in its arenas: a
 //!   round of 300 clients left the server ~45 MB above its resting size until
 //!   `malloc_trim(0)` was called (measured with `mira bench sse`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -213,6 +217,124 @@ impl TurnLimiter {
     /// Turns `user_id` has in progress now.
     pub fn in_progress(&self, user_id: &str) -> usize {
         self.slots.held(user_id)
+    }
+}
+
+/// Admits work of many users to a fixed number of places (the cores that rank turns), one
+/// user at a time.
+///
+/// While a place is free, [`FairPool::admit`] answers at once. Otherwise the request waits in
+/// its user's queue, and each freed place goes to the user at the head of the rotation (the
+/// users with work waiting, in the order they started waiting), who then goes to its back:
+/// round-robin between users, first come first served within a user — the scheduling of
+/// Nagle's fair queuing ("On packet switches with infinite storage", IEEE Trans. Commun.
+/// 35(4), 1987) with equal-cost jobs. One user's 8 waiting rankings therefore hold back another
+/// user's one by at most the rankings already running, not by all 8.
+#[derive(Debug)]
+pub struct FairPool {
+    state: Mutex<FairState>,
+}
+
+#[derive(Debug)]
+struct FairState {
+    /// Places not held.
+    free: usize,
+    /// Each user's waiting requests, oldest first (only users with at least one).
+    waiting: HashMap<String, VecDeque<tokio::sync::oneshot::Sender<Admission>>>,
+    /// The users of `waiting`, next to be served first.
+    rotation: VecDeque<String>,
+}
+
+impl FairPool {
+    /// A pool of `places` places (at least 1).
+    pub fn new(places: usize) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(FairState { free: places.max(1), waiting: HashMap::new(), rotation: VecDeque::new() }),
+        })
+    }
+
+    /// A pool of one place per core this process may use
+    /// ([`std::thread::available_parallelism`], which follows cgroup CPU quotas).
+    pub fn per_core() -> Arc<Self> {
+        Self::new(std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
+    }
+
+    /// A place for `user_id`, once it is this user's turn (see the type's docs). The place is
+    /// held until the [`Admission`] is dropped. A request dropped while waiting gives up its
+    /// turn.
+    pub async fn admit(self: &Arc<Self>, user_id: &str) -> Admission {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut s = self.state.lock();
+            if s.free > 0 {
+                s.free -= 1;
+                return Admission { pool: Some(self.clone()) };
+            }
+            match s.waiting.get_mut(user_id) {
+                Some(queue) => {
+                    // Requests of this user that went away leave, so that a user who sends
+                    // requests and hangs up cannot grow the queue while every place is busy.
+                    queue.retain(|w| !w.is_closed());
+                    queue.push_back(tx);
+                }
+                None => {
+                    s.waiting.insert(user_id.to_owned(), VecDeque::from([tx]));
+                    s.rotation.push_back(user_id.to_owned());
+                }
+            }
+        }
+        // The sender is only dropped after its admission was sent (or by a pool that no
+        // longer exists, which cannot hold anyone back).
+        rx.await.unwrap_or_else(|_| Admission { pool: None })
+    }
+
+    /// Places not held now.
+    pub fn free(&self) -> usize {
+        self.state.lock().free
+    }
+
+    /// Gives a freed place to the next waiting user, or back to the pool.
+    fn release(self: &Arc<Self>) {
+        loop {
+            let next = {
+                let mut s = self.state.lock();
+                let Some(user) = s.rotation.pop_front() else {
+                    s.free += 1;
+                    return;
+                };
+                let Some(queue) = s.waiting.get_mut(&user) else { continue };
+                let next = queue.pop_front();
+                if queue.is_empty() {
+                    s.waiting.remove(&user);
+                } else {
+                    s.rotation.push_back(user);
+                }
+                next
+            };
+            // Sent outside the lock: an admission that cannot be delivered is dropped here,
+            // and dropping one takes the lock.
+            if let Some(tx) = next {
+                match tx.send(Admission { pool: Some(self.clone()) }) {
+                    Ok(()) => return,
+                    // The request went away while waiting: the place goes to the next one.
+                    Err(mut undelivered) => undelivered.pool = None,
+                }
+            }
+        }
+    }
+}
+
+/// One place of a [`FairPool`]; dropping it hands the place on.
+#[derive(Debug)]
+pub struct Admission {
+    pool: Option<Arc<FairPool>>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.release();
+        }
     }
 }
 
@@ -475,5 +597,66 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5), "woken when the place was freed, not at the deadline");
         freer.await.unwrap();
         assert!(turns.acquire("a", Duration::from_millis(50)).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn the_fair_pool_takes_users_in_turn() {
+        let pool = FairPool::new(1);
+        let held = pool.admit("a").await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        // Current-thread runtime: each spawned waiter queues at the yield after it.
+        for label in ["a1", "a2", "a3", "b1"] {
+            let (pool, order) = (pool.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let _place = pool.admit(&label[..1]).await;
+                order.lock().push(label);
+                tokio::task::yield_now().await;
+            }));
+            tokio::task::yield_now().await;
+        }
+        // A waiter that goes away gives up its turn, not the place.
+        let gone = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.admit("c").await }
+        });
+        tokio::task::yield_now().await;
+        gone.abort();
+        assert!(gone.await.unwrap_err().is_cancelled());
+        assert_eq!(pool.free(), 0);
+        drop(held);
+        for w in waiters {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock(), ["a1", "b1", "a2", "a3"], "b's one request is not behind all of a's");
+        assert_eq!(pool.free(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_fair_pool_never_holds_more_than_its_places_and_loses_none() {
+        let pool = FairPool::new(2);
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..400 {
+            let (pool, running, most) = (pool.clone(), running.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                let user = format!("u{}", i % 5);
+                // Some give up while waiting.
+                let admitted = tokio::time::timeout(Duration::from_micros(200 * (i % 7)), pool.admit(&user)).await;
+                if let Ok(_place) = admitted {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_micros(100)).await;
+                    running.fetch_sub(1, Ordering::SeqCst);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(most.load(Ordering::SeqCst) <= 2, "{} at once", most.load(Ordering::SeqCst));
+        assert_eq!(pool.free(), 2, "every place came back");
+        assert!(pool.state.lock().rotation.is_empty());
     }
 }

@@ -116,6 +116,9 @@ enum BenchCommand {
     /// Remote devices: `read_open` and terminal throughput through a real `mira runner` vs on
     /// the host, runner RSS.
     Runner(bench::runner::RunnerBench),
+    /// Fairness between users: one user's calls (freeze → completed) and turns alone and
+    /// while another user floods the server with calls, then with turns (p50/p99).
+    Fairness(bench::fairness::FairnessBench),
 }
 
 /// Arguments of `mira bench exposure`.
@@ -425,6 +428,7 @@ async fn run() -> ExitCode {
         Command::Bench { command: BenchCommand::Soak(opts) } => bench::soak::run(opts).await,
         Command::Bench { command: BenchCommand::Runner(opts) } => bench::runner::run(opts).await,
         Command::Bench { command: BenchCommand::Browser(opts) } => bench::browser::run(opts).await,
+        Command::Bench { command: BenchCommand::Fairness(opts) } => bench::fairness::run(opts).await,
         Command::Openapi => {
             serde_json::to_string_pretty(&mira::http::openapi()).map(|s| println!("{s}")).map_err(Into::into)
         }

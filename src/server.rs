@@ -267,6 +267,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         sandbox,
         streams: crate::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
         turn_limit: crate::limits::TurnLimiter::new(settings.runtime.http.turns_per_user),
+        rankings: crate::limits::FairPool::per_core(),
         node: cluster_node,
         turns: Arc::default(),
         devices,

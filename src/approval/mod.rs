@@ -28,7 +28,8 @@ use crate::store::{ApprovalRow, ClaimedInvocation, DecideOutcome, GrantRequest, 
 /// Grants approval `id` if `who` may grant it under its stored rule and `triple` equals the
 /// frozen invocation. With `claim` (a harness with a free execution slot) the invocation is
 /// claimed for that harness in the grant's transaction and returned, for the caller to hand
-/// over ([`crate::harness::Harness::start_claimed`]); otherwise it is queued.
+/// over ([`crate::harness::Harness::start_claimed`]); otherwise it is queued with its
+/// owner's next tag of `queue` ([`crate::harness::fair`]).
 ///
 /// Errors: 404 (not the caller's, and not a four-eyes approval an admin or approver may
 /// decide); 403 `four_eyes_required` (the requester of a four-eyes approval; nothing
@@ -42,6 +43,7 @@ pub async fn grant(
     id: &str,
     triple: &GrantRequest<'_>,
     claim: Option<HarnessClaim<'_>>,
+    queue: &dyn QueueTags,
 ) -> Result<(ApprovalRow, Option<ClaimedInvocation>)> {
     // A call its tool no longer matches (an MCP definition changed since it was frozen:
     // 409 `stale_definition`) is not granted.
@@ -49,8 +51,26 @@ pub async fn grant(
     if let Some(row) = &pending {
         registry.check_frozen(&row.tool_id, &row.input).map_err(Error::Tool)?;
     }
-    let (outcome, claimed) = store.grant_and_claim(who, id, triple, claim, pending.as_ref()).await?;
-    Ok((settle(outcome, Some(triple))?, claimed))
+    // A granted call enters the execution queue now, in its owner's turn (not at its freeze:
+    // calls held for approval would otherwise all go ahead of everyone's once granted). The
+    // turn is taken only by a grant that queued its call: a refused grant, or one that claimed
+    // its call at once, does not push the owner's later calls back.
+    let queue_tag = pending.as_ref().map_or(0, |row| queue.next_tag(&row.owner_id));
+    let (outcome, claimed) = store.grant_and_claim(who, id, triple, claim, pending.as_ref(), queue_tag).await?;
+    let granted = settle(outcome, Some(triple))?;
+    if claimed.is_none() {
+        queue.took(&granted.owner_id, queue_tag);
+    }
+    Ok((granted, claimed))
+}
+
+/// The execution queue's tags as a grant needs them (implemented by
+/// [`crate::harness::fair::FairQueue`]).
+pub trait QueueTags: Sync {
+    /// The tag a call of `owner_id` entering the queue now would get, without taking it.
+    fn next_tag(&self, owner_id: &str) -> i64;
+    /// A call of `owner_id` entered the queue with `tag` (from [`QueueTags::next_tag`]).
+    fn took(&self, owner_id: &str, tag: i64);
 }
 
 /// Denies approval `id` (its requester may always withdraw it; admins and approvers may deny

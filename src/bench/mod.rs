@@ -6,6 +6,7 @@ pub mod codegraph;
 pub mod cpu;
 pub mod expert;
 pub mod exposure;
+pub mod fairness;
 pub mod invocations;
 pub mod mcp;
 pub mod mcp_server;

@@ -3,9 +3,10 @@
 //!
 //! A loop claims queued invocations from the store in batches as large as its free
 //! execution slots ([`Store::claim_batch`], a compare-and-set that also demands a granted
-//! approval with the exact triple for approval-gated calls), runs each through the
-//! [`Executor`] with a time limit, a lease it keeps renewing and a cancellation token, and
-//! stores the result with its evidence in one transaction. Before execution every invocation
+//! approval with the exact triple for approval-gated calls) — users in turn ([`fair`]: by
+//! queue tag, so one user's backlog does not hold back another user's call) — runs each
+//! through the [`Executor`] with a time limit, a lease it keeps renewing and a cancellation
+//! token, and stores the result with its evidence in one transaction. Before execution every invocation
 //! passes [`Harness::gate`] again, whatever path it came by. On start, invocations a previous
 //! incarnation of this server left `running` become `interrupted` and are never re-run;
 //! queued ones (granted but not started) simply run.
@@ -19,11 +20,12 @@
 
 pub use mira_core::commit;
 pub mod executor;
+pub mod fair;
 
 pub use commit::{CommitGate, GateState, SideEffects, StopNoteOutcome, StopOutcome, StopReason};
 pub use executor::{Executor, LocalExecutor};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -168,12 +170,37 @@ pub struct Harness {
     /// Running executions, from [`Harness::spawn`] until the loop stops (then None: a late
     /// adoption is not started).
     executions: Mutex<Option<Executions>>,
+    /// Queue tags between users ([`fair`]).
+    queue: fair::FairQueue,
+    /// The owners of queued calls as this replica knows them (the queue's head at the loop's
+    /// last look, and calls queued here since; None until the loop first looked): a freeze
+    /// does not take a free slot for its call ahead of another user's queued ones
+    /// ([`Harness::slot`]).
+    waiting: Mutex<Option<HashSet<String>>>,
 }
 
 impl Harness {
     /// The handle that wakes this harness's loop.
     pub fn waker(&self) -> &Wake {
         &self.wake
+    }
+
+    /// The queue tag of a call of `owner_id` entering the execution queue now ([`fair`]).
+    pub fn queue_tag(&self, owner_id: &str) -> i64 {
+        self.queue.tag(owner_id)
+    }
+
+    /// The queue's tags, for grants ([`crate::approval::grant`]).
+    pub fn queue(&self) -> &fair::FairQueue {
+        &self.queue
+    }
+
+    /// The tag of a call that skips the queue (claimed at once in a free slot): the queue's
+    /// virtual time, taking no turn of its owner's — a call that waits in no queue does not
+    /// push its owner's later queued calls back, nor moves the virtual time past calls still
+    /// queued.
+    pub fn unqueued_tag(&self) -> i64 {
+        self.queue.virtual_time()
     }
 
     /// A harness for node `node_id` (`<stable node>:<boot id>`).
@@ -198,6 +225,8 @@ impl Harness {
             claimed: AtomicU64::new(0),
             no_slot: AtomicU64::new(0),
             executions: Mutex::new(None),
+            queue: fair::FairQueue::default(),
+            waiting: Mutex::new(None),
         }
     }
 
@@ -210,10 +239,20 @@ impl Harness {
         }
     }
 
-    /// A free execution slot now, or None when every slot is busy (the invocation is then
-    /// left to the claim loop).
-    pub fn slot(&self) -> Option<ExecutionSlot> {
-        let slot = Arc::clone(&self.permits).try_acquire_owned().ok().map(ExecutionSlot);
+    /// A free execution slot now for a call of `owner_id` (None: a grant's, whose owner is
+    /// not known yet), or None when every slot is busy or another user has calls queued (the
+    /// invocation is then left to the claim loop, which claims in queue order: a call that
+    /// took a slot at its freeze would go ahead of every queued one, and a user freezing all
+    /// the time would take every slot that frees). A user's own queued calls do not stop
+    /// it: within one user the queue is first come, first served anyway, and a freeze that
+    /// claims its call in its own transaction spares the claim loop a write.
+    pub fn slot(&self, owner_id: Option<&str>) -> Option<ExecutionSlot> {
+        let others_waiting = match &*self.waiting.lock() {
+            None => true,
+            Some(waiting) => waiting.iter().any(|w| Some(w.as_str()) != owner_id),
+        };
+        let slot =
+            if others_waiting { None } else { Arc::clone(&self.permits).try_acquire_owned().ok().map(ExecutionSlot) };
         if slot.is_none() {
             self.no_slot.fetch_add(1, Ordering::Relaxed);
         }
@@ -226,19 +265,20 @@ impl Harness {
         HarnessClaim { node_id: &self.node_id, lease_ms: millis(self.limits.lease) }
     }
 
-    /// After a grant or freeze made with [`Harness::claim`] while holding `slot`: runs the
-    /// invocation it claimed, or (nothing claimed: no slot was free, or the invocation was
-    /// no longer awaiting approval) wakes the loop for a queued one, with what the claiming
-    /// request knows already (`handoff`).
+    /// After a grant or freeze of a call of `owner_id` made with [`Harness::claim`] while
+    /// holding `slot`: runs the invocation it claimed, or (nothing claimed: no slot was free,
+    /// or the invocation was no longer awaiting approval) notes the call as queued and wakes
+    /// the loop, with what the claiming request knows already (`handoff`).
     pub fn start_claimed(
         self: &Arc<Self>,
         claimed: Option<InvocationRow>,
         handoff: Handoff,
         slot: Option<ExecutionSlot>,
+        owner_id: &str,
     ) {
         match (claimed, slot) {
             (Some(inv), Some(slot)) => self.adopt(inv, handoff, slot),
-            _ => self.wake(),
+            _ => self.queued(owner_id),
         }
     }
 
@@ -271,6 +311,15 @@ impl Harness {
     /// Tells the loop there may be work (a new queued invocation, a grant).
     pub fn wake(&self) {
         self.wake.wake();
+    }
+
+    /// A call of `owner_id` was queued: until the loop has looked, other users' freezes
+    /// leave free slots to it ([`Harness::slot`]), and the loop is woken.
+    pub fn queued(&self, owner_id: &str) {
+        if let Some(waiting) = self.waiting.lock().as_mut() {
+            waiting.insert(owner_id.to_owned());
+        }
+        self.wake();
     }
 
     /// Cancels a running invocation on this node, as far as its commit point allows (see
@@ -308,13 +357,18 @@ impl Harness {
                 if self.permits.available_permits() == 0 {
                     break;
                 }
-                let queued = match self.store.queued_count(MAX_CLAIM_BATCH).await {
-                    Ok(n) => n,
+                let head = match self.store.queue_head_owners(MAX_CLAIM_BATCH).await {
+                    Ok(owners) => owners,
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the queue failed");
                         break;
                     }
                 };
+                let queued = head.len();
+                // Replaced only after the read (replaced before, the freezes meanwhile took
+                // the slots that had freed, ahead of the queue); a call queued since adds its
+                // owner again and wakes the loop.
+                *self.waiting.lock() = Some(head.into_iter().collect());
                 let free = self.permits.available_permits().min(queued);
                 let Some(mut held) = u32::try_from(free)
                     .ok()
@@ -330,6 +384,9 @@ impl Harness {
                         break;
                     }
                 };
+                if let Some(tag) = batch.iter().map(|inv| inv.queue_tag).max() {
+                    self.queue.started(tag);
+                }
                 self.claim_transactions.fetch_add(1, Ordering::Relaxed);
                 self.claimed.fetch_add(u64::try_from(batch.len()).unwrap_or(u64::MAX), Ordering::Relaxed);
                 let full = batch.len() == free;
@@ -391,6 +448,13 @@ impl Harness {
         }
         if let Err(e) = self.store.expire_approvals().await {
             tracing::warn!(error = %e, "expiring approvals failed");
+        }
+        // Other replicas' claims advance the queue too: this replica's new tags start no
+        // earlier than its head.
+        match self.store.queue_head_tag().await {
+            Ok(Some(head)) => self.queue.caught_up(head),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "reading the queue's head failed"),
         }
         match self.store.interrupt_orphans(None).await {
             Ok(n) => crate::metrics::invocations_recovered(n),

@@ -242,11 +242,12 @@ pub async fn grant(
         GrantRequest { tool_id: &body.tool_id, tool_call_id: &body.tool_call_id, input_hash: &body.input_hash };
     // A free execution slot lets the grant claim its call: it starts without a second
     // transaction and without waiting for the harness loop.
-    let slot = app.harness.slot();
+    let slot = app.harness.slot(None);
     let claim = slot.as_ref().map(|_| app.harness.claim());
-    let (row, claimed) = approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, claim).await?;
+    let (row, claimed) =
+        approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, claim, app.harness.queue()).await?;
     let handoff = Handoff { prepared_in: None, granted: claimed.as_ref().map(|_| row.clone()) };
-    app.harness.start_claimed(claimed, handoff, slot);
+    app.harness.start_claimed(claimed, handoff, slot, &row.owner_id);
     Ok(Json(view(row, &user.viewer())?))
 }
 

@@ -186,7 +186,9 @@ pub async fn create_turn(
 /// task and context together exceed `--max-task-bytes`. `place` is one of the run owner's
 /// `--max-turns-per-user` places ([`crate::limits::TurnLimiter::acquire`]); it is held until
 /// the turn is stored, and until the ranking ended even when the caller went away
-/// meanwhile. The HTTP route and the MCP server ([`crate::mcp_server`]) share it.
+/// meanwhile. A ranking (more than 20 candidates) runs once the owner's turn for a core has
+/// come ([`crate::limits::FairPool`]). The HTTP route and the MCP server
+/// ([`crate::mcp_server`]) share it.
 pub async fn start_turn(
     app: &App,
     run: &RunRow,
@@ -210,10 +212,18 @@ pub async fn start_turn(
     let ranker = app.ranker.clone();
     // Past uses weigh only when ranking runs (more than 20 candidates).
     let history = if candidates.len() > exposure::MAX_EXPOSED { app.usage_history(&run.owner_id).await } else { None };
-    // The place travels with the ranking (a caller that hangs up does not free it while the
-    // ranking runs) and back, and is given up once the turn is stored.
+    // A ranking waits for a core, given to the users with rankings waiting in turn (one
+    // user's many turns do not queue ahead of another's one); without ranking (≤ 20
+    // candidates) there is nothing to wait for.
+    let core =
+        if candidates.len() > exposure::MAX_EXPOSED { Some(app.rankings.admit(&run.owner_id).await) } else { None };
+    // The place and the core travel with the ranking (a caller that hangs up frees neither
+    // while the ranking runs); the core comes back when it ends, the place once the turn is
+    // stored.
     let (exposure, _place) = tokio::task::spawn_blocking(move || {
-        (exposure::expose(&candidates, &query, ranker.as_ref(), history.as_deref()), place)
+        let exposure = exposure::expose(&candidates, &query, ranker.as_ref(), history.as_deref());
+        drop(core);
+        (exposure, place)
     })
     .await
     .map_err(|e| Error::Internal(e.to_string()))?;

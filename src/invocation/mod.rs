@@ -249,11 +249,22 @@ pub async fn freeze(
         tool_call_id: req.tool_call_id,
         input: canonical::to_canonical_string(&prepared.input),
         input_hash: input_hash.clone(),
+        queue_tag: 0,
         approval,
     };
     // An approval-free call is claimed in the freeze's transaction when the harness has a
-    // free slot: it starts without a claim transaction of its own.
-    let slot = new.approval.is_none().then(|| stage.harness.slot()).flatten();
+    // free slot (and no other user's calls are queued): it starts without a claim
+    // transaction of its own. Otherwise it enters the execution queue now, with its owner's
+    // next tag (a gated call when granted).
+    let slot = new.approval.is_none().then(|| stage.harness.slot(Some(user_id))).flatten();
+    let new = NewInvocation {
+        queue_tag: match (&new.approval, &slot) {
+            (Some(_), _) => 0,
+            (None, Some(_)) => stage.harness.unqueued_tag(),
+            (None, None) => stage.harness.queue_tag(user_id),
+        },
+        ..new
+    };
     let claim = slot.as_ref().map(|_| stage.harness.claim());
     match stage.store.freeze_and_claim(&new, claim).await? {
         FreezeOutcome::Created(row, approval_id) => {
@@ -262,8 +273,9 @@ pub async fn freeze(
                     Some(row.clone()),
                     Handoff { prepared_in: workspace, granted: None },
                     slot,
+                    &row.owner_id,
                 ),
-                InvocationStatus::Queued => stage.harness.wake(),
+                InvocationStatus::Queued => stage.harness.queued(&row.owner_id),
                 _ => {}
             }
             Ok(Frozen { row, approval_id, created: true })

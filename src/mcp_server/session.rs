@@ -375,7 +375,7 @@ impl Session {
         };
         match answer {
             Ok(Some(ApprovalAnswer { approve: true })) => {
-                let slot = self.app.harness.slot();
+                let slot = self.app.harness.slot(None);
                 let claim = slot.as_ref().map(|_| self.app.harness.claim());
                 match crate::approval::grant(
                     &self.app.store,
@@ -384,12 +384,14 @@ impl Session {
                     approval_id,
                     &triple,
                     claim,
+                    self.app.harness.queue(),
                 )
                 .await
                 {
                     Ok((granted, claimed)) => {
+                        let owner = granted.owner_id.clone();
                         let handoff = crate::harness::Handoff { prepared_in: None, granted: Some(granted) };
-                        self.app.harness.start_claimed(claimed, handoff, slot);
+                        self.app.harness.start_claimed(claimed, handoff, slot, &owner);
                     }
                     // Decided meanwhile (in the page) or expired: the wait reads what happened.
                     Err(e) => tracing::info!(approval = approval_id, error = %e, "grant through elicitation refused"),

@@ -267,7 +267,7 @@ impl Store {
         id: &str,
         triple: &GrantRequest<'_>,
     ) -> StoreResult<DecideOutcome> {
-        Ok(self.grant_and_claim(who, id, triple, None, None).await?.0)
+        Ok(self.grant_and_claim(who, id, triple, None, None, 0).await?.0)
     }
 
     /// [`Store::grant_approval`], and with `claim` the granted invocation is claimed in the
@@ -280,7 +280,9 @@ impl Store {
     /// decision applied (a pending approval changes only by a decision, which this one
     /// excludes), not a read after the commit. On Postgres the grant is one statement that
     /// writes its events from that row (read here when not given: see
-    /// [`Store::grant_in_one_statement`]).
+    /// [`Store::grant_in_one_statement`]). `queue_tag` is the invocation's place in the
+    /// execution queue from now ([`crate::harness::Harness::queue_tag`] of its owner;
+    /// [`Store::grant_approval`] gives 0, the head).
     pub async fn grant_and_claim(
         &self,
         who: &Decider<'_>,
@@ -288,12 +290,13 @@ impl Store {
         triple: &GrantRequest<'_>,
         claim: Option<HarnessClaim<'_>>,
         pending: Option<&ApprovalRow>,
+        queue_tag: i64,
     ) -> StoreResult<(DecideOutcome, Option<ClaimedInvocation>)> {
         let now = ids::now();
         // While traces are exported: the grant request's trace becomes the execution's parent.
         let traceparent = crate::telemetry::current_traceparent();
         let claim = claim.map(|c| (c.node_id, ids::now_plus_ms(c.lease_ms)));
-        let grant = Grant { who, id, triple, claim, traceparent: traceparent.as_deref(), now: &now };
+        let grant = Grant { who, id, triple, claim, traceparent: traceparent.as_deref(), now: &now, queue_tag };
         let read;
         let pending = match pending.filter(|row| row.id == id) {
             Some(row) => Some(row),
@@ -362,6 +365,7 @@ impl Store {
             .bind(&pending.owner_id)
             .bind(pending.rule)
             .bind(serde_json::Value::Array(events_json).to_string())
+            .bind(grant.queue_tag)
             .fetch_optional(self.pool())
             .await?;
         // No row: nothing was granted (and nothing written).
@@ -419,6 +423,7 @@ impl Store {
         let rows = bind_grant!(sqlx::query(GRANT_SQLITE), grant)
             .bind(node_id)
             .bind(lease_until)
+            .bind(grant.queue_tag)
             .fetch_all(batch.conn()?)
             .await?;
         let mut granted = None;
@@ -586,6 +591,8 @@ struct Grant<'a> {
     claim: Option<(&'a str, String)>,
     traceparent: Option<&'a str>,
     now: &'a str,
+    /// The invocation's queue tag (see [`crate::harness::fair`]).
+    queue_tag: i64,
 }
 
 /// What a grant's writes did: None when nothing was granted; else the invocation claimed
@@ -637,7 +644,8 @@ RETURNING invocation_id, run_id, owner_id, rule,
     (SELECT event_seq FROM runs WHERE runs.id = approvals.run_id) AS event_seq,
     (SELECT last_hash FROM runs WHERE runs.id = approvals.run_id) AS last_hash;
 UPDATE invocations SET status = CASE WHEN $9 IS NULL THEN 'queued' ELSE 'running' END, claimed_by = $9,
-    lease_until = $10, started_at = CASE WHEN $9 IS NULL THEN started_at ELSE $3 END, updated_at = $3
+    lease_until = $10, started_at = CASE WHEN $9 IS NULL THEN started_at ELSE $3 END, updated_at = $3,
+    queue_tag = $11
 WHERE id = (SELECT invocation_id FROM approvals WHERE id = $4 AND status = 'granted')
   AND status = 'awaiting_approval'
 RETURNING *"
@@ -661,7 +669,8 @@ const GRANT_POSTGRES: &str = concat!(
   RETURNING invocation_id, run_id),
      cl AS (UPDATE invocations SET status = CASE WHEN $9::text IS NULL THEN 'queued' ELSE 'running' END,
                 claimed_by = $9::text, lease_until = $10::text,
-                started_at = CASE WHEN $9::text IS NULL THEN started_at ELSE $3 END, updated_at = $3
+                started_at = CASE WHEN $9::text IS NULL THEN started_at ELSE $3 END, updated_at = $3,
+                queue_tag = $17
             WHERE id = (SELECT invocation_id FROM g) AND status = 'awaiting_approval'
             RETURNING *),
      trc AS (INSERT INTO invocation_traces (invocation_id, trace_parent)

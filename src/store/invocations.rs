@@ -56,6 +56,10 @@ pub struct InvocationRow {
     pub cancel_requested_by: Option<String>,
     /// With which token.
     pub cancel_token_id: Option<String>,
+    /// Its place in the execution queue ([`crate::harness::fair`]): queued invocations are
+    /// claimed by tag, then id. Given when it entered the queue; 0 before that (and for
+    /// invocations queued before migration 0030).
+    pub queue_tag: i64,
 }
 
 /// The approval request created with a frozen invocation.
@@ -108,6 +112,9 @@ pub struct NewInvocation {
     pub input_hash: String,
     /// When set, an approval request is created with it.
     pub approval: Option<ApprovalRequest>,
+    /// Its queue tag when it enters the queue now (no approval: queued or claimed at once;
+    /// [`crate::harness::Harness::queue_tag`]); ignored with an approval (the grant gives it).
+    pub queue_tag: i64,
 }
 
 /// Result of [`Store::freeze_invocation`].
@@ -645,6 +652,7 @@ fn invocation_rows(items: &[&PendingFreeze], now: &str) -> Vec<InvocationRow> {
                 cancel_requested_at: None,
                 cancel_requested_by: None,
                 cancel_token_id: None,
+                queue_tag: if new.approval.is_some() { 0 } else { new.queue_tag },
             }
         })
         .collect()
@@ -661,7 +669,7 @@ fn invocations_json(rows: &[InvocationRow]) -> serde_json::Value {
                     "tool_id": row.tool_id, "tool_call_id": row.tool_call_id, "input": row.input,
                     "input_hash": row.input_hash, "approval_required": i64::from(row.approval_required),
                     "status": row.status.as_str(), "claimed_by": row.claimed_by, "lease_until": row.lease_until,
-                    "started_at": row.started_at, "ord": ord,
+                    "started_at": row.started_at, "queue_tag": row.queue_tag, "ord": ord,
                 })
             })
             .collect(),
@@ -841,7 +849,27 @@ impl Store {
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
-    /// Claims the oldest queued invocation that may run (see [`Store::claim_batch`]); when
+    /// The owners of the first `limit` queued invocations in queue order (one entry per
+    /// invocation): how many are queued, up to `limit`, and whose (a read, no write
+    /// transaction).
+    pub async fn queue_head_owners(&self, limit: usize) -> StoreResult<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT owner_id FROM invocations WHERE status = 'queued' ORDER BY queue_tag, id LIMIT $1",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// The smallest queue tag of a queued invocation (the queue's head; None when nothing is
+    /// queued): one step of the `status` index.
+    pub async fn queue_head_tag(&self) -> StoreResult<Option<i64>> {
+        Ok(sqlx::query_scalar("SELECT queue_tag FROM invocations WHERE status = 'queued' ORDER BY queue_tag LIMIT 1")
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    /// Claims the first queued invocation that may run (see [`Store::claim_batch`]); when
     /// nothing is queued, one read says so without a write transaction.
     pub async fn claim_next(&self, node_id: &str, lease_ms: u64) -> StoreResult<Option<ClaimedInvocation>> {
         if self.queued_count(1).await? == 0 {
@@ -850,7 +878,8 @@ impl Store {
         Ok(self.claim_batch(node_id, lease_ms, 1).await?.into_iter().next())
     }
 
-    /// Claims up to `limit` of the oldest queued invocations that may run: approval-free, or
+    /// Claims up to `limit` of the queued invocations that may run, in queue order (by
+    /// `queue_tag`, then id; see [`crate::harness::fair`]): approval-free, or
     /// carrying a granted approval whose triple equals the invocation's (and, when its rule
     /// is four-eyes, decided by another user who is an admin or approver). Sets `running`,
     /// the claimer and a lease, and appends one `execution.started` each, all in one
@@ -890,7 +919,7 @@ impl Store {
                                 SELECT 1 FROM users u
                                 WHERE u.id = a.decided_by AND u.id <> i.owner_id
                                   AND (u.is_admin <> 0 OR u.is_approver <> 0)))))
-                ORDER BY i.id LIMIT $4 {lock}
+                ORDER BY i.queue_tag, i.id LIMIT $4 {lock}
              {close} AND status = 'queued'
              RETURNING *"
         );
@@ -1194,11 +1223,11 @@ impl Store {
 const GROUP_WRITE_POSTGRES: &str = concat!(
     "WITH fz AS (SELECT x.* FROM json_to_recordset($1::json) AS x(id text, run_id text, turn_id text, owner_id text,
                 tool_id text, tool_call_id text, input text, input_hash text, approval_required bigint, status text,
-                claimed_by text, lease_until text, started_at text, ord bigint)),
+                claimed_by text, lease_until text, started_at text, queue_tag bigint, ord bigint)),
      ins AS (INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
-                 approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at)
+                 approval_required, status, claimed_by, lease_until, started_at, queue_tag, created_at, updated_at)
              SELECT id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash, approval_required,
-                 status, claimed_by, lease_until, started_at, $5, $5
+                 status, claimed_by, lease_until, started_at, queue_tag, $5, $5
              FROM fz ORDER BY run_id, tool_call_id, ord
              ON CONFLICT DO NOTHING RETURNING id),
      trc AS (INSERT INTO invocation_traces (invocation_id, trace_parent)
@@ -1255,10 +1284,11 @@ UNION ALL SELECT 'c', id, event_seq FROM c"
 const GROUP_STAGE_SQLITE: &str = "\
 BEGIN IMMEDIATE;
 INSERT INTO invocations (id, run_id, turn_id, owner_id, tool_id, tool_call_id, input, input_hash,
-    approval_required, status, claimed_by, lease_until, started_at, created_at, updated_at)
+    approval_required, status, claimed_by, lease_until, started_at, queue_tag, created_at, updated_at)
 SELECT x.value ->> 'id', x.value ->> 'run_id', x.value ->> 'turn_id', x.value ->> 'owner_id', x.value ->> 'tool_id',
     x.value ->> 'tool_call_id', x.value ->> 'input', x.value ->> 'input_hash', x.value ->> 'approval_required',
-    x.value ->> 'status', x.value ->> 'claimed_by', x.value ->> 'lease_until', x.value ->> 'started_at', $4, $4
+    x.value ->> 'status', x.value ->> 'claimed_by', x.value ->> 'lease_until', x.value ->> 'started_at',
+    x.value ->> 'queue_tag', $4, $4
 FROM json_each($1) AS x WHERE true ORDER BY x.key
 ON CONFLICT DO NOTHING RETURNING 'i', id, 0, NULL;
 INSERT INTO invocation_traces (invocation_id, trace_parent)

@@ -316,12 +316,28 @@ impl Store {
     }
 
     /// Applies this back-end's pending migrations.
+    ///
+    /// On SQLite every connection the pools opened before is closed afterwards: a connection
+    /// that read the schema before a migration changed a table prepares against its old
+    /// schema, and SQLite re-prepares the statement when it runs — with the new columns, which
+    /// sqlx's cached column list for the statement lacks (a `SELECT *` of a table that gained
+    /// a column panicked in sqlx's worker thread: "index out of bounds: the len is 20 but the
+    /// index is 20"). New connections read the migrated schema.
     pub async fn migrate(&self) -> StoreResult<()> {
         let migrator = match self.backend {
             Backend::Sqlite => &SQLITE_MIGRATIONS,
             Backend::Postgres => &POSTGRES_MIGRATIONS,
         };
         migrator.run(&self.pool).await?;
+        if self.backend == Backend::Sqlite {
+            for pool in std::iter::once(&self.pool).chain(self.sqlite_write_pool.as_ref()) {
+                // Nothing else uses the store while it migrates: every connection is idle.
+                for _ in 0..pool.size() {
+                    let conn = pool.acquire().await?;
+                    sqlx::Connection::close(conn.detach()).await?;
+                }
+            }
+        }
         Ok(())
     }
 

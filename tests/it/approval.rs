@@ -878,6 +878,7 @@ async fn every_gated_tool_is_refused_without_a_matching_grant(backend: Backend) 
             input: input.to_string(),
             input_hash: mira::invocation::canonical::input_hash(tool, &input),
             approval: None,
+            queue_tag: 0,
         };
         let mira::store::FreezeOutcome::Created(row, None) = store.freeze_invocation(&new).await.unwrap() else {
             panic!("expected a new invocation without approval");

@@ -239,6 +239,7 @@ async fn states_outside_the_enums_are_refused(backend: Backend) {
         input: input.to_string(),
         input_hash: mira::invocation::canonical::input_hash("t", &input),
         approval: Some(mira::store::ApprovalRequest::new(serde_json::json!({}), mira::ids::now_plus_ms(60_000))),
+        queue_tag: 0,
     };
     let mira::store::FreezeOutcome::Created(inv, Some(apr)) = store.freeze_invocation(&new).await.unwrap() else {
         panic!("a new invocation with an approval")

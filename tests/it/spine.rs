@@ -405,6 +405,7 @@ async fn running_invocations_become_interrupted_after_a_crash(backend: Backend) 
         input: "{}".into(),
         input_hash: mira::invocation::canonical::input_hash("slow_tool", &json!({})),
         approval: None,
+        queue_tag: 0,
     };
     store.freeze_invocation(&new).await.unwrap();
     let stable = std::fs::read_to_string(t.data_dir.join("node.id")).unwrap();
@@ -466,7 +467,40 @@ async fn the_list_links_each_invocation_to_its_own_approval_and_evidence(backend
     assert_eq!(page.body["invocations"][0]["approval_id"], w.body["approval_id"], "{page:?}");
 }
 
+/// One execution slot, held; user A queues ten calls, then user B one: B's call runs with the
+/// first of A's, not after all ten (the queue is claimed users in turn, `harness::fair`).
+async fn the_execution_queue_takes_users_in_turn(backend: Backend) {
+    let mut options = Options::default();
+    options.runtime.execution_concurrency = 1;
+    let t = spawn_with(backend, options).await;
+    let hold = TestTool { delay: Duration::from_secs(2), ..TestTool::new("hold", "holds the one slot", false) };
+    t.app().registry.register(Arc::new(hold)).unwrap();
+    t.app().registry.register(Arc::new(TestTool::new("quick", "answers at once", false))).unwrap();
+    let (a, b) = (t.user("ann").await, t.user("bert").await);
+    let (run_a, run_b) = (t.run(&a).await, t.run(&b).await);
+    let ((turn_a, _), (turn_b, _)) = (t.turn(&a, &run_a, "work").await, t.turn(&b, &run_b, "work").await);
+    let held = t.call(&a, &run_a, &turn_a, "hold", "h", json!({})).await;
+    assert_eq!(held.body["status"], "running", "{held:?}");
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let r = t.call(&a, &run_a, &turn_a, "quick", &format!("a{i}"), json!({})).await;
+        assert_eq!(r.body["status"], "queued", "{r:?}");
+        ids.push(r.body["invocation_id"].as_str().unwrap().to_owned());
+    }
+    let r = t.call(&b, &run_b, &turn_b, "quick", "b", json!({})).await;
+    assert_eq!(r.body["status"], "queued", "{r:?}");
+    let b_done = t.wait_final(&b, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(b_done["status"], "completed", "{b_done}");
+    // `execution` counts the quick tool's runs: A's first call may go before B's, no more.
+    let b_order = b_done["result"]["output"]["execution"].as_u64().unwrap();
+    assert!(b_order <= 2, "b's call ran as number {b_order} of 11");
+    for id in ids {
+        assert_eq!(t.wait_final(&a, &id).await["status"], "completed");
+    }
+}
+
 both_backends!(
+    the_execution_queue_takes_users_in_turn,
     the_list_links_each_invocation_to_its_own_approval_and_evidence,
     read_chain_end_to_end,
     idempotent_replay_and_call_id_conflict,

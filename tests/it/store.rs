@@ -48,6 +48,7 @@ fn new_inv(f: &Fixture, call: &str, approval: bool) -> NewInvocation {
         input: input.to_string(),
         input_hash: mira::invocation::canonical::input_hash("t", &input),
         approval: approval.then(|| ApprovalRequest::new(json!({}), mira::ids::now_plus_ms(60_000))),
+        queue_tag: 0,
     }
 }
 
@@ -231,7 +232,7 @@ async fn a_grant_claims_for_the_granting_harness(backend: Backend) {
                 GrantRequest { tool_id: &inv.tool_id, tool_call_id: &inv.tool_call_id, input_hash: &inv.input_hash };
             let node = format!("node{i}");
             let claim = mira::store::HarnessClaim { node_id: &node, lease_ms: 60_000 };
-            f.store.grant_and_claim(&dec(&f.user), &apr, &triple, Some(claim), None).await.unwrap()
+            f.store.grant_and_claim(&dec(&f.user), &apr, &triple, Some(claim), None, 0).await.unwrap()
         }));
     }
     let mut claimed = Vec::new();
@@ -823,7 +824,62 @@ async fn unused_tool_vectors_are_swept(backend: Backend) {
     assert_eq!(keys("m1").await, ["a_task"]);
 }
 
+/// The execution queue is claimed by queue tag, then id (start-time fair queuing between
+/// users, `harness::fair`): a second user's call queued after a first user's burst is
+/// claimed with the burst's first call, and a grant queues its call with the tag it is given.
+async fn the_queue_is_claimed_in_tag_order(backend: Backend) {
+    let f = fixture(backend).await;
+    let other = f.store.create_user("v", false, &mira::auth::hash_token("v")).await.unwrap();
+    let ws = f.store.upsert_default_workspace(f._tmp.path().to_str().unwrap(), "1:1").await.unwrap();
+    let run_b = f.store.create_run(&other.id, &ws.id, None, None, None).await.unwrap();
+    let turn_b = f.store.create_turn(&run_b, "task", None, &json!({"strategy": "all", "tools": []})).await.unwrap();
+    let queue = mira::harness::fair::FairQueue::default();
+    let frozen = |new: NewInvocation| {
+        let store = f.store.clone();
+        async move {
+            let FreezeOutcome::Created(row, _) = store.freeze_invocation(&new).await.unwrap() else { panic!("new") };
+            row
+        }
+    };
+    // Frozen (held for approval) before every other call, granted after them.
+    let gated = frozen(new_inv(&f, "a-gated", true)).await;
+    let mut a = Vec::new();
+    for i in 0..10 {
+        a.push(frozen(NewInvocation { queue_tag: queue.tag(&f.user), ..new_inv(&f, &format!("a{i}"), false) }).await);
+    }
+    let b_call = NewInvocation {
+        run_id: run_b.id.clone(),
+        turn_id: turn_b.id.clone(),
+        owner_id: other.id.clone(),
+        queue_tag: queue.tag(&other.id),
+        ..new_inv(&f, "b0", false)
+    };
+    let b = frozen(b_call).await;
+    assert_eq!((a[0].queue_tag, a[9].queue_tag, b.queue_tag, gated.queue_tag), (0, 9, 0, 0));
+    let apr = f.store.approval_of_invocation(&gated.id).await.unwrap().unwrap();
+    let triple =
+        GrantRequest { tool_id: &gated.tool_id, tool_call_id: &gated.tool_call_id, input_hash: &gated.input_hash };
+    let tag = queue.tag(&f.user);
+    let (outcome, claimed) = f.store.grant_and_claim(&dec(&f.user), &apr.id, &triple, None, None, tag).await.unwrap();
+    assert!(matches!(outcome, DecideOutcome::Decided(_)) && claimed.is_none());
+    assert_eq!(f.store.invocation_by_id(&gated.id).await.unwrap().unwrap().queue_tag, 10, "tagged at its grant");
+    assert_eq!(f.store.queue_head_tag().await.unwrap(), Some(0));
+
+    let ids = |rows: Vec<mira::store::InvocationRow>| rows.into_iter().map(|r| r.tool_call_id).collect::<Vec<_>>();
+    let first = ids(f.store.claim_batch("n", 60_000, 2).await.unwrap());
+    assert_eq!(first, ["a0", "b0"], "b's call is claimed with a's first, not after all ten");
+    // One at a time (a batch is returned in id order): the call granted last comes last,
+    // though it was frozen first.
+    let mut rest = Vec::new();
+    while let Some(inv) = f.store.claim_next("n", 60_000).await.unwrap() {
+        rest.push(inv.tool_call_id);
+    }
+    assert_eq!(rest, ["a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a-gated"]);
+    assert_eq!(f.store.queue_head_tag().await.unwrap(), None);
+}
+
 both_backends!(
+    the_queue_is_claimed_in_tag_order,
     unused_tool_vectors_are_swept,
     a_relisting_writes_only_what_changed,
     removed_mcp_tools_are_kept_up_to_a_limit,
