@@ -242,7 +242,9 @@ pub async fn grant(
         GrantRequest { tool_id: &body.tool_id, tool_call_id: &body.tool_call_id, input_hash: &body.input_hash };
     // A free execution slot lets the grant claim its call: it starts without a second
     // transaction and without waiting for the harness loop.
-    let slot = app.harness.slot(None);
+    // The decider is the owner of a self-approved call (a four-eyes grant's owner is not known
+    // yet: a slot is then taken as for the decider's own call).
+    let slot = app.harness.slot(Some(&user.user_id));
     let claim = slot.as_ref().map(|_| app.harness.claim());
     let (row, claimed) =
         approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, claim, app.harness.queue()).await?;

@@ -367,10 +367,28 @@ pub async fn cancel(app: &App, user: &AuthUser, id: &str) -> Result<(StatusCode,
 
 /// The answer to a cancel whose invocation ended while the request was being applied: 200
 /// when it ended `cancelled` (the execution saw the recorded request before its commit
-/// point, whoever's stop reached it first), else 409 `invalid_state`.
+/// point, whoever's stop reached it first); 409 `already_running` when it completed with the
+/// request noted as too late; else 409 `invalid_state`.
 async fn ended(app: &App, row: InvocationRow) -> Result<(StatusCode, InvocationView)> {
     if row.status == InvocationStatus::Cancelled {
         return Ok((StatusCode::OK, full_view(app, row).await?));
+    }
+    // The execution saw the recorded request after its commit point and noted it in its
+    // result: the answer says the same (409 `already_running`), not that it had finished.
+    let too_late = row
+        .result
+        .as_deref()
+        .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
+        .is_some_and(|r| r["stop"]["outcome"] == "too_late");
+    if too_late {
+        return Err(Error::conflict(
+            ErrorCode::AlreadyRunning,
+            format!(
+                "invocation {} had passed its commit point ({} was already making its change); it was not cancelled, and its result notes the request",
+                row.id, row.tool_id
+            ),
+            serde_json::json!({"status": row.status, "cancel_requested_at": row.cancel_requested_at}),
+        ));
     }
     Err(invalid_state(&row))
 }
