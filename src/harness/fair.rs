@@ -11,7 +11,7 @@
 //! Within one user the order stays first come, first served.
 //!
 //! Tags are this replica's: every replica claims from the one queue and advances its `V` with
-//! what it claims, and refreshes it from the queue's head ([`FairQueue::caught_up`]), so tags
+//! what it claims, and raises it to the queue's head at every sweep ([`FairQueue::started`]), so tags
 //! of replicas stay close; the order is a fairness, never a correctness matter — every queued
 //! call is claimed once, whatever its tag.
 
@@ -65,17 +65,12 @@ impl FairQueue {
         *next = (*next).max(tag.saturating_add(1));
     }
 
-    /// A call of tag `tag` was claimed: `V` advances to it.
+    /// A call of tag `tag` was claimed, or the queue's head (the smallest tag queued, read
+    /// from the store) has tag `tag`: `V` advances to it when it was behind (after a start,
+    /// or while other replicas did the claiming).
     pub fn started(&self, tag: i64) {
         let mut s = self.state.lock();
         s.virtual_time = s.virtual_time.max(tag);
-    }
-
-    /// The queue's head has tag `head` (the smallest tag queued, read from the store): `V`
-    /// advances to it when this replica's was behind (after a start, or while other replicas
-    /// did the claiming).
-    pub fn caught_up(&self, head: i64) {
-        self.started(head);
     }
 
     /// `V`, the largest tag claimed so far.
@@ -110,7 +105,7 @@ mod tests {
         assert_eq!(q.tag("a"), 1000, "a stays behind its own queue");
         q.started(5);
         assert_eq!(q.virtual_time(), 10, "V never goes back");
-        q.caught_up(2000);
+        q.started(2000);
         assert_eq!(q.tag("a"), 2000, "a user idle while V passed starts at V");
         // A grant looks first and takes the turn only when its call was queued.
         assert_eq!(q.next_tag("a"), 2001);

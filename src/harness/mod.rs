@@ -452,7 +452,7 @@ impl Harness {
         // Other replicas' claims advance the queue too: this replica's new tags start no
         // earlier than its head.
         match self.store.queue_head_tag().await {
-            Ok(Some(head)) => self.queue.caught_up(head),
+            Ok(Some(head)) => self.queue.started(head),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "reading the queue's head failed"),
         }

@@ -347,14 +347,7 @@ pub async fn cancel(app: &App, user: &AuthUser, id: &str) -> Result<(StatusCode,
     let row = app.store.invocation_for(&user.user_id, id).await?.ok_or(Error::NotFound("invocation"))?;
     match outcome {
         CancelOutcome::Stopped | CancelOutcome::Interrupting => Ok((StatusCode::OK, full_view(app, row).await?)),
-        CancelOutcome::TooLate => Err(Error::conflict(
-            ErrorCode::AlreadyRunning,
-            format!(
-                "invocation {} has passed its commit point ({} was already making its change); it was not cancelled, and its result will note the request",
-                row.id, row.tool_id
-            ),
-            serde_json::json!({"status": row.status, "cancel_requested_at": row.cancel_requested_at}),
-        )),
+        CancelOutcome::TooLate => Err(already_running(&row)),
         CancelOutcome::Finished => Err(Error::conflict(
             ErrorCode::InvalidState,
             format!("invocation {} has finished running; its result is being stored and stands as it is", row.id),
@@ -381,16 +374,21 @@ async fn ended(app: &App, row: InvocationRow) -> Result<(StatusCode, InvocationV
         .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
         .is_some_and(|r| r["stop"]["outcome"] == "too_late");
     if too_late {
-        return Err(Error::conflict(
-            ErrorCode::AlreadyRunning,
-            format!(
-                "invocation {} had passed its commit point ({} was already making its change); it was not cancelled, and its result notes the request",
-                row.id, row.tool_id
-            ),
-            serde_json::json!({"status": row.status, "cancel_requested_at": row.cancel_requested_at}),
-        ));
+        return Err(already_running(&row));
     }
     Err(invalid_state(&row))
+}
+
+/// 409 `already_running`: `row` passed its commit point before the cancel reached it.
+fn already_running(row: &InvocationRow) -> Error {
+    Error::conflict(
+        ErrorCode::AlreadyRunning,
+        format!(
+            "invocation {} has passed its commit point ({} was already making its change); it was not cancelled, and its result notes the request",
+            row.id, row.tool_id
+        ),
+        serde_json::json!({"status": row.status, "cancel_requested_at": row.cancel_requested_at}),
+    )
 }
 
 fn invalid_state(row: &InvocationRow) -> Error {
