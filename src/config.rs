@@ -46,6 +46,10 @@ pub struct ServeConfig {
     /// Tool executions running at once on this server.
     #[arg(long, env = "MIRA_EXECUTION_CONCURRENCY", default_value_t = DEFAULT_EXECUTION_CONCURRENCY)]
     pub execution_concurrency: usize,
+    /// Tool executions of one user running at once on this server; their further calls wait
+    /// in the queue. Default: half of `--execution-concurrency`.
+    #[arg(long, env = "MIRA_MAX_RUNNING_PER_USER", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_running_per_user: Option<u32>,
     /// Let non-admin users point the server at internal addresses (loopback, private,
     /// link-local…) for MCP endpoints, news feeds and search instances. Default: admins only.
     #[arg(long, env = "MIRA_ALLOW_INTERNAL_URLS")]
@@ -213,6 +217,9 @@ pub struct RuntimeConfig {
     pub execution_timeout_secs: u64,
     /// Concurrent executions.
     pub execution_concurrency: usize,
+    /// Concurrent executions of one user (None: half of `execution_concurrency`, see
+    /// [`RuntimeConfig::running_per_user`]).
+    pub max_running_per_user: Option<usize>,
     /// Folders under which non-admins may register workspaces.
     pub workspace_roots: Vec<PathBuf>,
     /// Largest task text accepted for a turn, in bytes.
@@ -251,12 +258,21 @@ pub struct RuntimeConfig {
     pub devices: crate::devices::DeviceSettings,
 }
 
+impl RuntimeConfig {
+    /// Executions of one user at once: `max_running_per_user`, else half of
+    /// `execution_concurrency` (rounded up; at least 1).
+    pub fn running_per_user(&self) -> usize {
+        self.max_running_per_user.unwrap_or(self.execution_concurrency.div_ceil(2)).max(1)
+    }
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
             approval_ttl_secs: 3600,
             execution_timeout_secs: 600,
             execution_concurrency: DEFAULT_EXECUTION_CONCURRENCY,
+            max_running_per_user: None,
             workspace_roots: Vec::new(),
             max_task_bytes: 64 * 1024,
             mcp: crate::mcp::McpSettings::default(),

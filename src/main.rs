@@ -247,6 +247,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
             approval_ttl_secs: cfg.approval_ttl_secs,
             execution_timeout_secs: cfg.execution_timeout_secs,
             execution_concurrency: cfg.execution_concurrency,
+            max_running_per_user: cfg.max_running_per_user.and_then(|n| usize::try_from(n).ok()),
             workspace_roots: cfg.workspace_roots.clone(),
             mcp: mira::mcp::McpSettings {
                 stdio_allow: cfg.mcp_stdio_allow.clone(),

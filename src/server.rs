@@ -193,6 +193,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         concurrency: settings.runtime.execution_concurrency,
         timeout: Duration::from_secs(settings.runtime.execution_timeout_secs),
         lease: Duration::from_secs(30),
+        per_user: settings.runtime.running_per_user(),
     };
     let cluster_node = Arc::new(crate::cluster::Node {
         id: stable.clone(),

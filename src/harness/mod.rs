@@ -21,6 +21,7 @@
 pub use mira_core::commit;
 pub mod executor;
 pub mod fair;
+pub mod share;
 
 pub use commit::{CommitGate, GateState, SideEffects, StopNoteOutcome, StopOutcome, StopReason};
 pub use executor::{Executor, LocalExecutor};
@@ -46,6 +47,10 @@ use crate::workspace::Workspace;
 
 /// Most invocations claimed in one transaction.
 const MAX_CLAIM_BATCH: usize = 64;
+
+/// How far into the queue the claim loop looks for calls of users not holding their share
+/// of the slots ([`Store::queue_head_owners`]).
+const CLAIM_WINDOW: usize = 16 * MAX_CLAIM_BATCH;
 
 /// Largest serialized tool output kept in a result, in bytes; larger outputs are replaced
 /// by a truncation marker with their head.
@@ -115,6 +120,8 @@ pub struct HarnessLimits {
     pub timeout: Duration,
     /// Claim lease; renewed every third of it while the execution runs.
     pub lease: Duration,
+    /// Executions of one user at once ([`share`]).
+    pub per_user: usize,
 }
 
 /// What the claim loop of a harness did since it started (`mira bench invocations` prints it:
@@ -143,8 +150,11 @@ pub struct Handoff {
 }
 
 /// One free execution slot of a harness, held for an invocation claimed outside its loop
-/// (see [`Harness::slot`], [`Harness::adopt`]).
-pub struct ExecutionSlot(OwnedSemaphorePermit);
+/// (see [`Harness::slot`], [`Harness::adopt`]), counted in its user's share.
+pub struct ExecutionSlot {
+    permit: OwnedSemaphorePermit,
+    share: share::Share,
+}
 
 /// The executions of a started harness, and the signal that stops them.
 struct Executions {
@@ -163,6 +173,8 @@ pub struct Harness {
     running: Mutex<HashMap<String, Arc<RunningCall>>>,
     /// Execution slots (`limits.concurrency`): the loop's claims and adopted invocations.
     permits: Arc<Semaphore>,
+    /// The slots each user holds ([`share`]).
+    shares: Arc<share::Shares>,
     /// The claim loop's transactions and the invocations they claimed ([`ClaimStats`]).
     claim_transactions: AtomicU64,
     claimed: AtomicU64,
@@ -212,6 +224,7 @@ impl Harness {
         limits: HarnessLimits,
     ) -> Self {
         let permits = Arc::new(Semaphore::new(limits.concurrency.max(1)));
+        let shares = share::Shares::new(limits.per_user);
         Self {
             store,
             registry,
@@ -221,6 +234,7 @@ impl Harness {
             wake: Wake::default(),
             running: Mutex::new(HashMap::new()),
             permits,
+            shares,
             claim_transactions: AtomicU64::new(0),
             claimed: AtomicU64::new(0),
             no_slot: AtomicU64::new(0),
@@ -239,20 +253,27 @@ impl Harness {
         }
     }
 
-    /// A free execution slot now for a call of `owner_id` (None: a grant's, whose owner is
-    /// not known yet), or None when every slot is busy or another user has calls queued (the
+    /// A free execution slot now for a call of `owner_id` (for a grant: the decider, as the
+    /// owner of a four-eyes call is not known yet), or None when every slot is busy, the user
+    /// holds their share of the slots ([`share`]), or another user has calls queued (the
     /// invocation is then left to the claim loop, which claims in queue order: a call that
     /// took a slot at its freeze would go ahead of every queued one, and a user freezing all
     /// the time would take every slot that frees). A user's own queued calls do not stop
     /// it: within one user the queue is first come, first served anyway, and a freeze that
     /// claims its call in its own transaction spares the claim loop a write.
-    pub fn slot(&self, owner_id: Option<&str>) -> Option<ExecutionSlot> {
+    pub fn slot(&self, owner_id: &str) -> Option<ExecutionSlot> {
         let others_waiting = match &*self.waiting.lock() {
             None => true,
-            Some(waiting) => waiting.iter().any(|w| Some(w.as_str()) != owner_id),
+            Some(waiting) => waiting.iter().any(|w| w != owner_id),
         };
-        let slot =
-            if others_waiting { None } else { Arc::clone(&self.permits).try_acquire_owned().ok().map(ExecutionSlot) };
+        let slot = if others_waiting {
+            None
+        } else {
+            self.shares.try_take(owner_id).and_then(|share| {
+                let permit = Arc::clone(&self.permits).try_acquire_owned().ok()?;
+                Some(ExecutionSlot { permit, share })
+            })
+        };
         if slot.is_none() {
             self.no_slot.fetch_add(1, Ordering::Relaxed);
         }
@@ -287,19 +308,29 @@ impl Harness {
     /// the loop has stopped (the server is stopping), the invocation stays claimed and ends
     /// `interrupted` like every call this node left running — it never ran.
     pub fn adopt(self: &Arc<Self>, inv: InvocationRow, handoff: Handoff, slot: ExecutionSlot) {
-        if !self.launch(inv, handoff, slot.0) {
+        let ExecutionSlot { permit, mut share } = slot;
+        if share.owner() != inv.owner_id {
+            share = self.shares.take(&inv.owner_id);
+        }
+        if !self.launch(inv, handoff, permit, share) {
             tracing::warn!("an invocation was claimed while the harness stopped; it ends interrupted");
         }
     }
 
     /// Starts a claimed invocation in its slot beside the others; false when the harness is
     /// not running (never started, or stopping).
-    fn launch(self: &Arc<Self>, inv: InvocationRow, handoff: Handoff, permit: OwnedSemaphorePermit) -> bool {
+    fn launch(
+        self: &Arc<Self>,
+        inv: InvocationRow,
+        handoff: Handoff,
+        permit: OwnedSemaphorePermit,
+        share: share::Share,
+    ) -> bool {
         let mut executions = self.executions.lock();
         let Some(ex) = executions.as_mut() else { return false };
         while ex.set.try_join_next().is_some() {}
         let stopping = ex.stopping.clone();
-        ex.set.spawn(Arc::clone(self).run_in_slot(inv, handoff, permit, stopping));
+        ex.set.spawn(Arc::clone(self).run_in_slot(inv, handoff, (permit, share), stopping));
         true
     }
 
@@ -314,8 +345,12 @@ impl Harness {
     }
 
     /// A call of `owner_id` was queued: until the loop has looked, other users' freezes
-    /// leave free slots to it ([`Harness::slot`]), and the loop is woken.
+    /// leave free slots to it ([`Harness::slot`]), and the loop is woken — unless the user
+    /// holds their share of the slots: the end of one of their calls wakes the loop then.
     pub fn queued(&self, owner_id: &str) {
+        if self.shares.is_full(owner_id) {
+            return;
+        }
         if let Some(waiting) = self.waiting.lock().as_mut() {
             waiting.insert(owner_id.to_owned());
         }
@@ -357,7 +392,10 @@ impl Harness {
                 if self.permits.available_permits() == 0 {
                     break;
                 }
-                let head = match self.store.queue_head_owners(MAX_CLAIM_BATCH).await {
+                // Users holding their share of the slots are passed over until a call of theirs
+                // ends ([`share`]); the calls claimed are a prefix of the rest of the queue.
+                let full = self.shares.full();
+                let head = match self.store.queue_head_owners(MAX_CLAIM_BATCH, CLAIM_WINDOW, &full).await {
                     Ok(owners) => owners,
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the queue failed");
@@ -368,8 +406,9 @@ impl Harness {
                 // Replaced only after the read (replaced before, the freezes meanwhile took
                 // the slots that had freed, ahead of the queue); a call queued since adds its
                 // owner again and wakes the loop.
-                *self.waiting.lock() = Some(head.into_iter().collect());
-                let free = self.permits.available_permits().min(queued);
+                *self.waiting.lock() = Some(head.iter().cloned().collect());
+                let shares = self.shares.take_prefix(&head, self.permits.available_permits().min(queued));
+                let free = shares.len();
                 let Some(mut held) = u32::try_from(free)
                     .ok()
                     .filter(|n| *n > 0)
@@ -377,7 +416,11 @@ impl Harness {
                 else {
                     break;
                 };
-                let batch = match self.store.claim_batch(&self.node_id, millis(self.limits.lease), free).await {
+                let mut shares = shares.into_iter().fold(HashMap::<String, Vec<share::Share>>::new(), |mut m, s| {
+                    m.entry(s.owner().to_owned()).or_default().push(s);
+                    m
+                });
+                let batch = match self.store.claim_batch(&self.node_id, millis(self.limits.lease), free, &full).await {
                     Ok(batch) => batch,
                     Err(e) => {
                         tracing::warn!(error = %e, "claiming invocations failed");
@@ -389,14 +432,21 @@ impl Harness {
                 }
                 self.claim_transactions.fetch_add(1, Ordering::Relaxed);
                 self.claimed.fetch_add(u64::try_from(batch.len()).unwrap_or(u64::MAX), Ordering::Relaxed);
-                let full = batch.len() == free;
+                let all = batch.len() == free;
                 for inv in batch {
                     // `free` slots are held and at most `free` rows were claimed.
                     let Some(permit) = held.split(1) else { break };
-                    self.launch(inv, Handoff::default(), permit);
+                    // The rows claimed are those read, unless another replica claimed some of
+                    // them meanwhile: a row of another user then runs on a share of its own.
+                    let share = shares
+                        .get_mut(&inv.owner_id)
+                        .and_then(Vec::pop)
+                        .unwrap_or_else(|| self.shares.take(&inv.owner_id));
+                    self.launch(inv, Handoff::default(), permit, share);
                 }
                 drop(held);
-                if !full {
+                drop(shares);
+                if !all {
                     break;
                 }
             }
@@ -426,10 +476,12 @@ impl Harness {
         self: Arc<Self>,
         inv: InvocationRow,
         handoff: Handoff,
-        permit: OwnedSemaphorePermit,
+        (permit, share): (OwnedSemaphorePermit, share::Share),
         stopping: CancellationToken,
     ) {
         self.run_one(inv, handoff, stopping).await;
+        // The share first: a freeze that finds the slot free finds its user's share free too.
+        drop(share);
         drop(permit);
         self.wake();
     }

@@ -244,7 +244,7 @@ pub async fn grant(
     // transaction and without waiting for the harness loop.
     // The decider is the owner of a self-approved call (a four-eyes grant's owner is not known
     // yet: a slot is then taken as for the decider's own call).
-    let slot = app.harness.slot(Some(&user.user_id));
+    let slot = app.harness.slot(&user.user_id);
     let claim = slot.as_ref().map(|_| app.harness.claim());
     let (row, claimed) =
         approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, claim, app.harness.queue()).await?;

@@ -256,7 +256,7 @@ pub async fn freeze(
     // free slot (and no other user's calls are queued): it starts without a claim
     // transaction of its own. Otherwise it enters the execution queue now, with its owner's
     // next tag (a gated call when granted).
-    let slot = new.approval.is_none().then(|| stage.harness.slot(Some(user_id))).flatten();
+    let slot = new.approval.is_none().then(|| stage.harness.slot(user_id)).flatten();
     let new = NewInvocation {
         queue_tag: match (&new.approval, &slot) {
             (Some(_), _) => 0,

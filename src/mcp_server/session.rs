@@ -375,7 +375,7 @@ impl Session {
         };
         match answer {
             Ok(Some(ApprovalAnswer { approve: true })) => {
-                let slot = self.app.harness.slot(None);
+                let slot = self.app.harness.slot(&user.user_id);
                 let claim = slot.as_ref().map(|_| self.app.harness.claim());
                 match crate::approval::grant(
                     &self.app.store,

@@ -849,16 +849,27 @@ impl Store {
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
-    /// The owners of the first `limit` queued invocations in queue order (one entry per
-    /// invocation): how many are queued, up to `limit`, and whose (a read, no write
-    /// transaction).
-    pub async fn queue_head_owners(&self, limit: usize) -> StoreResult<Vec<String>> {
-        Ok(sqlx::query_scalar(
-            "SELECT owner_id FROM invocations WHERE status = 'queued' ORDER BY queue_tag, id LIMIT $1",
-        )
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(self.pool())
-        .await?)
+    /// The owners of the first `limit` claimable invocations in queue order (one entry per
+    /// invocation; see [`Store::claim_batch`] for what is claimable) among the first `window`,
+    /// passing over the calls of the users in `skip` (a read, no write transaction): how many
+    /// the claim loop may claim, up to `limit`, and whose. The window bounds the read when
+    /// the users passed over have long backlogs; the queue's tags keep other users' calls
+    /// near its head ([`crate::harness::fair`]).
+    pub async fn queue_head_owners(&self, limit: usize, window: usize, skip: &[String]) -> StoreResult<Vec<String>> {
+        let sql = format!(
+            "SELECT owner_id FROM (
+                SELECT i.owner_id, i.queue_tag, i.id FROM invocations i WHERE {}
+                ORDER BY i.queue_tag, i.id LIMIT $3) AS head
+             WHERE owner_id NOT IN ({}) ORDER BY queue_tag, id LIMIT $2",
+            claimable(self.backend(), None),
+            skipped(self.backend(), "$1")
+        );
+        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(skip_json(skip))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(i64::try_from(window).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await?)
     }
 
     /// The smallest queue tag of a queued invocation (the queue's head; None when nothing is
@@ -875,11 +886,13 @@ impl Store {
         if self.queued_count(1).await? == 0 {
             return Ok(None);
         }
-        Ok(self.claim_batch(node_id, lease_ms, 1).await?.into_iter().next())
+        Ok(self.claim_batch(node_id, lease_ms, 1, &[]).await?.into_iter().next())
     }
 
     /// Claims up to `limit` of the queued invocations that may run, in queue order (by
-    /// `queue_tag`, then id; see [`crate::harness::fair`]): approval-free, or
+    /// `queue_tag`, then id; see [`crate::harness::fair`]), passing over those of the users
+    /// in `skip` (who hold their share of the execution slots, [`crate::harness::share`]):
+    /// approval-free, or
     /// carrying a granted approval whose triple equals the invocation's (and, when its rule
     /// is four-eyes, decided by another user who is an admin or approver). Sets `running`,
     /// the claimer and a lease, and appends one `execution.started` each, all in one
@@ -894,7 +907,13 @@ impl Store {
     /// It always opens a write transaction (on SQLite: this process's one writer slot), so a
     /// caller that often finds nothing queued reads [`Store::queued_count`] first, as the
     /// claim loop and [`Store::claim_next`] do.
-    pub async fn claim_batch(&self, node_id: &str, lease_ms: u64, limit: usize) -> StoreResult<Vec<ClaimedInvocation>> {
+    pub async fn claim_batch(
+        &self,
+        node_id: &str,
+        lease_ms: u64,
+        limit: usize,
+        skip: &[String],
+    ) -> StoreResult<Vec<ClaimedInvocation>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -908,20 +927,11 @@ impl Store {
         let sql = format!(
             "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = $2, started_at = $3, updated_at = $3
              WHERE id {open}
-                SELECT i.id FROM invocations i
-                WHERE i.status = 'queued'
-                  AND (i.approval_required = 0 OR EXISTS (
-                        SELECT 1 FROM approvals a
-                        WHERE a.invocation_id = i.id AND a.status = 'granted'
-                          AND a.tool_id = i.tool_id AND a.tool_call_id = i.tool_call_id
-                          AND a.input_hash = i.input_hash
-                          AND (a.rule = 'self_approval' OR EXISTS (
-                                SELECT 1 FROM users u
-                                WHERE u.id = a.decided_by AND u.id <> i.owner_id
-                                  AND (u.is_admin <> 0 OR u.is_approver <> 0)))))
+                SELECT i.id FROM invocations i WHERE {claimable}
                 ORDER BY i.queue_tag, i.id LIMIT $4 {lock}
              {close} AND status = 'queued'
-             RETURNING *"
+             RETURNING *",
+            claimable = claimable(self.backend(), Some("$5"))
         );
         let now = ids::now();
         let mut tx = self.begin_write().await?;
@@ -930,6 +940,7 @@ impl Store {
             .bind(ids::now_plus_ms(lease_ms))
             .bind(&now)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(skip_json(skip))
             .fetch_all(tx.conn())
             .await?;
         if rows.is_empty() {
@@ -1382,6 +1393,38 @@ async fn insert_evidence_rows(
 /// The `VALUES` rows of a multi-row statement: `row` is one row with `?` for each parameter of
 /// its own and `$S` for the one parameter every row shares, bound after all the rows'
 /// parameters. For two rows of `(?, ?, $S)`: `($1, $2, $5), ($3, $4, $5)`.
+/// The condition of a claimable invocation `i` (see [`Store::claim_batch`]), of a user not
+/// in the JSON array of user ids bound as `skip` (a placeholder such as `$5`) when given.
+fn claimable(backend: Backend, skip: Option<&str>) -> String {
+    let not_skipped =
+        skip.map(|skip| format!("AND i.owner_id NOT IN ({})", skipped(backend, skip))).unwrap_or_default();
+    format!(
+        "i.status = 'queued' {not_skipped}
+           AND (i.approval_required = 0 OR EXISTS (
+                 SELECT 1 FROM approvals a
+                 WHERE a.invocation_id = i.id AND a.status = 'granted'
+                   AND a.tool_id = i.tool_id AND a.tool_call_id = i.tool_call_id
+                   AND a.input_hash = i.input_hash
+                   AND (a.rule = 'self_approval' OR EXISTS (
+                         SELECT 1 FROM users u
+                         WHERE u.id = a.decided_by AND u.id <> i.owner_id
+                           AND (u.is_admin <> 0 OR u.is_approver <> 0)))))"
+    )
+}
+
+/// The user ids of the JSON array bound as `skip`, as a subquery.
+fn skipped(backend: Backend, skip: &str) -> String {
+    match backend {
+        Backend::Sqlite => format!("SELECT value FROM json_each({skip})"),
+        Backend::Postgres => format!("SELECT json_array_elements_text({skip}::json)"),
+    }
+}
+
+/// `users` as the JSON array [`claimable`] binds.
+fn skip_json(users: &[String]) -> String {
+    serde_json::Value::from(users).to_string()
+}
+
 fn value_rows(rows: usize, row: &str) -> String {
     let per_row = row.matches('?').count();
     let row = row.replace("$S", &format!("${}", rows * per_row + 1));

@@ -499,7 +499,41 @@ async fn the_execution_queue_takes_users_in_turn(backend: Backend) {
     }
 }
 
+/// A user holds at most their share of the execution slots (`--max-running-per-user`): their
+/// further calls wait in the queue while another user's call runs at once.
+async fn a_user_holds_at_most_their_share_of_the_slots(backend: Backend) {
+    let mut options = Options::default();
+    options.runtime.execution_concurrency = 4;
+    options.runtime.max_running_per_user = Some(2);
+    let t = spawn_with(backend, options).await;
+    let hold = TestTool { delay: Duration::from_secs(3), ..TestTool::new("hold", "holds a slot", false) };
+    t.app().registry.register(Arc::new(hold)).unwrap();
+    t.app().registry.register(Arc::new(TestTool::new("quick", "answers at once", false))).unwrap();
+    let (a, b) = (t.user("ann").await, t.user("bert").await);
+    let (run_a, run_b) = (t.run(&a).await, t.run(&b).await);
+    let ((turn_a, _), (turn_b, _)) = (t.turn(&a, &run_a, "work").await, t.turn(&b, &run_b, "work").await);
+    let start = std::time::Instant::now();
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let r = t.call(&a, &run_a, &turn_a, "hold", &format!("h{i}"), json!({})).await;
+        let expected = if i < 2 { "running" } else { "queued" };
+        assert_eq!(r.body["status"], expected, "call {i}: {r:?}");
+        held.push(r.body["invocation_id"].as_str().unwrap().to_owned());
+    }
+    let r = t.call(&b, &run_b, &turn_b, "quick", "b", json!({})).await;
+    let b_done = t.wait_final(&b, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(b_done["status"], "completed", "{b_done}");
+    assert!(start.elapsed() < Duration::from_millis(2500), "b waited {:?} beside a's calls", start.elapsed());
+    let third = t.get(&format!("/v1/invocations/{}", held[2]), &a).await;
+    assert_eq!(third.body["status"], "queued", "a's third call waits for one of a's slots: {third:?}");
+    for id in &held {
+        assert_eq!(t.wait_final(&a, id).await["status"], "completed");
+    }
+    assert!(start.elapsed() >= Duration::from_millis(5500), "a's third call ran after one of the first two");
+}
+
 both_backends!(
+    a_user_holds_at_most_their_share_of_the_slots,
     the_execution_queue_takes_users_in_turn,
     the_list_links_each_invocation_to_its_own_approval_and_evidence,
     read_chain_end_to_end,

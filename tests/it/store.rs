@@ -494,7 +494,7 @@ async fn batch_claims_are_exclusive_and_gated(backend: Backend) {
         tasks.push(tokio::spawn(async move {
             let mut got = Vec::new();
             loop {
-                let batch = f.store.claim_batch(&format!("node-{worker}"), 60_000, 7).await.unwrap();
+                let batch = f.store.claim_batch(&format!("node-{worker}"), 60_000, 7, &[]).await.unwrap();
                 if batch.is_empty() {
                     break;
                 }
@@ -520,7 +520,7 @@ async fn batch_claims_are_exclusive_and_gated(backend: Backend) {
     let started: Vec<_> = events.iter().filter(|e| e.kind == "execution.started").collect();
     assert_eq!(started.len(), 40);
     assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1), "gapless");
-    assert!(f.store.claim_batch("n", 60_000, 0).await.unwrap().is_empty());
+    assert!(f.store.claim_batch("n", 60_000, 0, &[]).await.unwrap().is_empty());
 }
 
 /// Freezes and results written at the same time by many tasks over several runs (group
@@ -865,8 +865,19 @@ async fn the_queue_is_claimed_in_tag_order(backend: Backend) {
     assert_eq!(f.store.invocation_by_id(&gated.id).await.unwrap().unwrap().queue_tag, 10, "tagged at its grant");
     assert_eq!(f.store.queue_head_tag().await.unwrap(), Some(0));
 
+    // The claim loop's read: owners in queue order, passing over users who hold their share.
+    let head = f.store.queue_head_owners(64, 1024, &[]).await.unwrap();
+    assert_eq!(head.len(), 12);
+    assert_eq!(
+        (head[0].as_str(), head[1].as_str(), head[11].as_str()),
+        (f.user.as_str(), other.id.as_str(), f.user.as_str())
+    );
+    let skipping_a = [f.user.clone()];
+    assert_eq!(f.store.queue_head_owners(64, 1024, &skipping_a).await.unwrap(), [other.id.clone()]);
+    assert!(f.store.queue_head_owners(64, 1, &skipping_a).await.unwrap().is_empty(), "b0 is past a window of one");
+
     let ids = |rows: Vec<mira::store::InvocationRow>| rows.into_iter().map(|r| r.tool_call_id).collect::<Vec<_>>();
-    let first = ids(f.store.claim_batch("n", 60_000, 2).await.unwrap());
+    let first = ids(f.store.claim_batch("n", 60_000, 2, &[]).await.unwrap());
     assert_eq!(first, ["a0", "b0"], "b's call is claimed with a's first, not after all ten");
     // One at a time (a batch is returned in id order): the call granted last comes last,
     // though it was frozen first.
@@ -876,6 +887,18 @@ async fn the_queue_is_claimed_in_tag_order(backend: Backend) {
     }
     assert_eq!(rest, ["a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a-gated"]);
     assert_eq!(f.store.queue_head_tag().await.unwrap(), None);
+
+    // A claim passes over the calls of users who hold their share of the slots.
+    frozen(new_inv(&f, "a10", false)).await;
+    frozen(NewInvocation {
+        run_id: run_b.id.clone(),
+        turn_id: turn_b.id.clone(),
+        owner_id: other.id.clone(),
+        ..new_inv(&f, "b1", false)
+    })
+    .await;
+    assert_eq!(ids(f.store.claim_batch("n", 60_000, 5, &skipping_a).await.unwrap()), ["b1"]);
+    assert_eq!(ids(f.store.claim_batch("n", 60_000, 5, &[]).await.unwrap()), ["a10"]);
 }
 
 both_backends!(
