@@ -873,7 +873,7 @@ async fn the_queue_is_claimed_in_tag_order(backend: Backend) {
         (f.user.as_str(), other.id.as_str(), f.user.as_str())
     );
     let skipping_a = [f.user.clone()];
-    assert_eq!(f.store.queue_head_owners(64, 1024, &skipping_a).await.unwrap(), [other.id.clone()]);
+    assert_eq!(f.store.queue_head_owners(64, 1024, &skipping_a).await.unwrap(), vec![other.id.clone()]);
     assert!(f.store.queue_head_owners(64, 1, &skipping_a).await.unwrap().is_empty(), "b0 is past a window of one");
 
     let ids = |rows: Vec<mira::store::InvocationRow>| rows.into_iter().map(|r| r.tool_call_id).collect::<Vec<_>>();
