@@ -26,25 +26,25 @@ pub use crate::store::Decider;
 use crate::store::{ApprovalRow, ClaimedInvocation, DecideOutcome, GrantRequest, HarnessClaim, Store};
 
 /// Grants approval `id` if `who` may grant it under its stored rule and `triple` equals the
-/// frozen invocation. With `claim` (a harness with a free execution slot) the invocation is
-/// claimed for that harness in the grant's transaction and returned, for the caller to hand
-/// over ([`crate::harness::Harness::start_claimed`]); otherwise it is queued with its
-/// owner's next tag of `queue` ([`crate::harness::fair`]).
+/// frozen invocation. When `queue` has a free execution slot for a call of the invocation's
+/// owner, the invocation is claimed for that harness in the grant's transaction and
+/// returned with the slot, for the caller to hand over
+/// ([`crate::harness::Harness::start_claimed`]); otherwise it is queued with its owner's next
+/// tag ([`crate::harness::fair`]) and the slot, if any, comes back unused.
 ///
 /// Errors: 404 (not the caller's, and not a four-eyes approval an admin or approver may
 /// decide); 403 `four_eyes_required` (the requester of a four-eyes approval; nothing
 /// changed); 409 `approval_mismatch` (nothing changed), `approval_decided`,
 /// `approval_expired`, `stale_definition` (the tool's definition changed since the call was
 /// frozen).
-pub async fn grant(
+pub async fn grant<Q: ExecutionQueue>(
     store: &Store,
     registry: &Registry,
     who: &Decider<'_>,
     id: &str,
     triple: &GrantRequest<'_>,
-    claim: Option<HarnessClaim<'_>>,
-    queue: &dyn QueueTags,
-) -> Result<(ApprovalRow, Option<ClaimedInvocation>)> {
+    queue: &Q,
+) -> Result<(ApprovalRow, Option<ClaimedInvocation>, Option<Q::Slot>)> {
     // A call its tool no longer matches (an MCP definition changed since it was frozen:
     // 409 `stale_definition`) is not granted.
     let pending = store.approval_visible(&who.viewer(), id).await?.filter(|row| row.status == ApprovalStatus::Pending);
@@ -56,20 +56,28 @@ pub async fn grant(
     // turn is taken only by a grant that queued its call: a refused grant, or one that claimed
     // its call at once, does not push the owner's later calls back.
     let queue_tag = pending.as_ref().map_or(0, |row| queue.next_tag(&row.owner_id));
+    // The slot is the owner's (the decider of a four-eyes approval is another user).
+    let slot = pending.as_ref().and_then(|row| queue.slot(&row.owner_id));
+    let claim = slot.as_ref().map(|_| queue.claim());
     let (outcome, claimed) = store.grant_and_claim(who, id, triple, claim, pending.as_ref(), queue_tag).await?;
     let granted = settle(outcome, Some(triple))?;
     if claimed.is_none() {
         queue.took(&granted.owner_id, queue_tag);
     }
-    Ok((granted, claimed))
+    Ok((granted, claimed, slot))
 }
 
-/// The execution queue's tags as a grant needs them (implemented by
-/// [`crate::harness::fair::FairQueue`]).
-pub trait QueueTags: Sync {
+/// The execution queue as a grant needs it (implemented by [`crate::harness::Harness`]).
+pub trait ExecutionQueue: Sync {
+    /// A free execution slot, held until the claimed call is handed over.
+    type Slot: Send;
+    /// A free execution slot for a call of `owner_id` now, if any.
+    fn slot(&self, owner_id: &str) -> Option<Self::Slot>;
+    /// The claim a grant holding a slot makes: this harness's node and lease.
+    fn claim(&self) -> HarnessClaim<'_>;
     /// The tag a call of `owner_id` entering the queue now would get, without taking it.
     fn next_tag(&self, owner_id: &str) -> i64;
-    /// A call of `owner_id` entered the queue with `tag` (from [`QueueTags::next_tag`]).
+    /// A call of `owner_id` entered the queue with `tag` (from [`ExecutionQueue::next_tag`]).
     fn took(&self, owner_id: &str, tag: i64);
 }
 

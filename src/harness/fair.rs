@@ -79,16 +79,6 @@ impl FairQueue {
     }
 }
 
-impl crate::approval::QueueTags for FairQueue {
-    fn next_tag(&self, owner_id: &str) -> i64 {
-        FairQueue::next_tag(self, owner_id)
-    }
-
-    fn took(&self, owner_id: &str, tag: i64) {
-        FairQueue::took(self, owner_id, tag);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

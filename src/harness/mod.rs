@@ -2,7 +2,7 @@
 //! really happened.
 //!
 //! A loop claims queued invocations from the store in batches as large as its free
-//! execution slots ([`Store::claim_batch`], a compare-and-set that also demands a granted
+//! execution slots ([`Store::claim_ids`], a compare-and-set that also demands a granted
 //! approval with the exact triple for approval-gated calls) — users in turn ([`fair`]: by
 //! queue tag, so one user's backlog does not hold back another user's call) — runs each
 //! through the [`Executor`] with a time limit, a lease it keeps renewing and a cancellation
@@ -47,10 +47,6 @@ use crate::workspace::Workspace;
 
 /// Most invocations claimed in one transaction.
 const MAX_CLAIM_BATCH: usize = 64;
-
-/// How far into the queue the claim loop looks for calls of users not holding their share
-/// of the slots ([`Store::queue_head_owners`]).
-const CLAIM_WINDOW: usize = 16 * MAX_CLAIM_BATCH;
 
 /// Largest serialized tool output kept in a result, in bytes; larger outputs are replaced
 /// by a truncation marker with their head.
@@ -129,7 +125,7 @@ pub struct HarnessLimits {
 /// claim a write transaction of its own).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ClaimStats {
-    /// Claim transactions ([`Store::claim_batch`]) the loop made.
+    /// Claim transactions ([`Store::claim_ids`]) the loop made.
     pub transactions: u64,
     /// Invocations they claimed.
     pub invocations: u64,
@@ -189,6 +185,10 @@ pub struct Harness {
     /// does not take a free slot for its call ahead of another user's queued ones
     /// ([`Harness::slot`]).
     waiting: Mutex<Option<HashSet<String>>>,
+    /// Users with queued calls who held their share of the slots at the loop's last look or
+    /// when a call of theirs was queued: when one of their calls ends, they count as waiting
+    /// until the loop looks again, so the slot that frees goes to the queue in its order.
+    parked: Mutex<HashSet<String>>,
 }
 
 impl Harness {
@@ -200,11 +200,6 @@ impl Harness {
     /// The queue tag of a call of `owner_id` entering the execution queue now ([`fair`]).
     pub fn queue_tag(&self, owner_id: &str) -> i64 {
         self.queue.tag(owner_id)
-    }
-
-    /// The queue's tags, for grants ([`crate::approval::grant`]).
-    pub fn queue(&self) -> &fair::FairQueue {
-        &self.queue
     }
 
     /// The tag of a call that skips the queue (claimed at once in a free slot): the queue's
@@ -241,6 +236,7 @@ impl Harness {
             executions: Mutex::new(None),
             queue: fair::FairQueue::default(),
             waiting: Mutex::new(None),
+            parked: Mutex::new(HashSet::new()),
         }
     }
 
@@ -299,7 +295,10 @@ impl Harness {
     ) {
         match (claimed, slot) {
             (Some(inv), Some(slot)) => self.adopt(inv, handoff, slot),
-            _ => self.queued(owner_id),
+            (_, slot) => {
+                drop(slot);
+                self.queued(owner_id);
+            }
         }
     }
 
@@ -345,13 +344,12 @@ impl Harness {
     }
 
     /// A call of `owner_id` was queued: until the loop has looked, other users' freezes
-    /// leave free slots to it ([`Harness::slot`]), and the loop is woken — unless the user
-    /// holds their share of the slots: the end of one of their calls wakes the loop then.
+    /// leave free slots to it ([`Harness::slot`]) — from the end of one of the user's calls
+    /// when they hold their share of the slots — and the loop is woken.
     pub fn queued(&self, owner_id: &str) {
         if self.shares.is_full(owner_id) {
-            return;
-        }
-        if let Some(waiting) = self.waiting.lock().as_mut() {
+            self.parked.lock().insert(owner_id.to_owned());
+        } else if let Some(waiting) = self.waiting.lock().as_mut() {
             waiting.insert(owner_id.to_owned());
         }
         self.wake();
@@ -395,19 +393,20 @@ impl Harness {
                 // Users holding their share of the slots are passed over until a call of theirs
                 // ends ([`share`]); the calls claimed are a prefix of the rest of the queue.
                 let full = self.shares.full();
-                let head = match self.store.queue_head_owners(MAX_CLAIM_BATCH, CLAIM_WINDOW, &full).await {
-                    Ok(owners) => owners,
+                let head = match self.store.queue_head(MAX_CLAIM_BATCH, &full).await {
+                    Ok(head) => head,
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the queue failed");
                         break;
                     }
                 };
-                let queued = head.len();
+                *self.parked.lock() = head.owners.into_iter().filter(|o| full.contains(o)).collect();
+                let owners: Vec<String> = head.calls.iter().map(|(_, owner)| owner.clone()).collect();
                 // Replaced only after the read (replaced before, the freezes meanwhile took
                 // the slots that had freed, ahead of the queue); a call queued since adds its
                 // owner again and wakes the loop.
-                *self.waiting.lock() = Some(head.iter().cloned().collect());
-                let shares = self.shares.take_prefix(&head, self.permits.available_permits().min(queued));
+                *self.waiting.lock() = Some(owners.iter().cloned().collect());
+                let shares = self.shares.take_prefix(&owners, self.permits.available_permits());
                 let free = shares.len();
                 let Some(mut held) = u32::try_from(free)
                     .ok()
@@ -416,11 +415,9 @@ impl Harness {
                 else {
                     break;
                 };
-                let mut shares = shares.into_iter().fold(HashMap::<String, Vec<share::Share>>::new(), |mut m, s| {
-                    m.entry(s.owner().to_owned()).or_default().push(s);
-                    m
-                });
-                let batch = match self.store.claim_batch(&self.node_id, millis(self.limits.lease), free, &full).await {
+                let ids: Vec<String> = head.calls.into_iter().take(free).map(|(id, _)| id).collect();
+                let mut shares: HashMap<String, share::Share> = ids.iter().cloned().zip(shares).collect();
+                let batch = match self.store.claim_ids(&self.node_id, millis(self.limits.lease), &ids).await {
                     Ok(batch) => batch,
                     Err(e) => {
                         tracing::warn!(error = %e, "claiming invocations failed");
@@ -434,14 +431,9 @@ impl Harness {
                 self.claimed.fetch_add(u64::try_from(batch.len()).unwrap_or(u64::MAX), Ordering::Relaxed);
                 let all = batch.len() == free;
                 for inv in batch {
-                    // `free` slots are held and at most `free` rows were claimed.
-                    let Some(permit) = held.split(1) else { break };
-                    // The rows claimed are those read, unless another replica claimed some of
-                    // them meanwhile: a row of another user then runs on a share of its own.
-                    let share = shares
-                        .get_mut(&inv.owner_id)
-                        .and_then(Vec::pop)
-                        .unwrap_or_else(|| self.shares.take(&inv.owner_id));
+                    // `free` slots are held and at most `free` rows (of `ids`) were claimed, each
+                    // on the share taken for it.
+                    let (Some(permit), Some(share)) = (held.split(1), shares.remove(&inv.id)) else { break };
                     self.launch(inv, Handoff::default(), permit, share);
                 }
                 drop(held);
@@ -480,8 +472,15 @@ impl Harness {
         stopping: CancellationToken,
     ) {
         self.run_one(inv, handoff, stopping).await;
-        // The share first: a freeze that finds the slot free finds its user's share free too.
+        // The share first: a freeze that finds the slot free finds its user's share free too,
+        // and a user whose calls were passed over waits for the slot in the queue's order.
+        let owner = share.owner().to_owned();
         drop(share);
+        if self.parked.lock().remove(&owner)
+            && let Some(waiting) = self.waiting.lock().as_mut()
+        {
+            waiting.insert(owner);
+        }
         drop(permit);
         self.wake();
     }
@@ -824,6 +823,27 @@ impl Harness {
                 ),
             )),
         }
+    }
+}
+
+/// What a grant needs of the execution queue ([`crate::approval::grant`]).
+impl crate::approval::ExecutionQueue for Harness {
+    type Slot = ExecutionSlot;
+
+    fn slot(&self, owner_id: &str) -> Option<ExecutionSlot> {
+        Harness::slot(self, owner_id)
+    }
+
+    fn claim(&self) -> HarnessClaim<'_> {
+        Harness::claim(self)
+    }
+
+    fn next_tag(&self, owner_id: &str) -> i64 {
+        self.queue.next_tag(owner_id)
+    }
+
+    fn took(&self, owner_id: &str, tag: i64) {
+        self.queue.took(owner_id, tag);
     }
 }
 

@@ -9,9 +9,9 @@
 //! and the claim loop passes over that user's queued calls until one of theirs finishes.
 //! The calls are not refused — they wait in the queue, in order.
 //!
-//! Shares are counted per replica, like the slots. A slot taken for a grant is counted for
-//! the decider until the claimed call is known; a four-eyes grant may therefore put the
-//! call's owner one over their share for the time of that call.
+//! Shares are counted per replica, like the slots; a grant takes the slot for the call's
+//! owner, whoever decides. Passing over a user costs the claim loop one index step, however
+//! long their backlog ([`crate::store::Store::queue_head`] reads the queue per user).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -240,14 +240,10 @@ pub async fn grant(
 ) -> Result<Json<ApprovalView>> {
     let triple =
         GrantRequest { tool_id: &body.tool_id, tool_call_id: &body.tool_call_id, input_hash: &body.input_hash };
-    // A free execution slot lets the grant claim its call: it starts without a second
-    // transaction and without waiting for the harness loop.
-    // The decider is the owner of a self-approved call (a four-eyes grant's owner is not known
-    // yet: a slot is then taken as for the decider's own call).
-    let slot = app.harness.slot(&user.user_id);
-    let claim = slot.as_ref().map(|_| app.harness.claim());
-    let (row, claimed) =
-        approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, claim, app.harness.queue()).await?;
+    // A free execution slot for the call's owner lets the grant claim its call: it starts
+    // without a second transaction and without waiting for the harness loop.
+    let (row, claimed, slot) =
+        approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, &*app.harness).await?;
     let handoff = Handoff { prepared_in: None, granted: claimed.as_ref().map(|_| row.clone()) };
     app.harness.start_claimed(claimed, handoff, slot, &row.owner_id);
     Ok(Json(view(row, &user.viewer())?))

@@ -375,20 +375,17 @@ impl Session {
         };
         match answer {
             Ok(Some(ApprovalAnswer { approve: true })) => {
-                let slot = self.app.harness.slot(&user.user_id);
-                let claim = slot.as_ref().map(|_| self.app.harness.claim());
                 match crate::approval::grant(
                     &self.app.store,
                     &self.app.registry,
                     &user.decider(),
                     approval_id,
                     &triple,
-                    claim,
-                    self.app.harness.queue(),
+                    &*self.app.harness,
                 )
                 .await
                 {
-                    Ok((granted, claimed)) => {
+                    Ok((granted, claimed, slot)) => {
                         let owner = granted.owner_id.clone();
                         let handoff = crate::harness::Handoff { prepared_in: None, granted: Some(granted) };
                         self.app.harness.start_claimed(claimed, handoff, slot, &owner);

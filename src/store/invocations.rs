@@ -155,6 +155,15 @@ impl FinalStatus {
 /// An invocation claimed for execution by this node.
 pub type ClaimedInvocation = InvocationRow;
 
+/// The head of the execution queue ([`Store::queue_head`]).
+#[derive(Debug, Clone, Default)]
+pub struct QueueHead {
+    /// Every user with queued invocations (at most [`MAX_QUEUE_OWNERS`]), in id order.
+    pub owners: Vec<String>,
+    /// The first claimable invocations in queue order, as `(id, owner_id)`.
+    pub calls: Vec<(String, String)>,
+}
+
 /// Most freezes and execution results written in one transaction.
 const MAX_WRITE_BATCH: usize = 128;
 
@@ -849,64 +858,73 @@ impl Store {
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
-    /// The owners of the first `limit` claimable invocations in queue order (one entry per
-    /// invocation; see [`Store::claim_batch`] for what is claimable) among the first `window`,
-    /// passing over the calls of the users in `skip` (a read, no write transaction): how many
-    /// the claim loop may claim, up to `limit`, and whose. The window bounds the read when
-    /// the users passed over have long backlogs; the queue's tags keep other users' calls
-    /// near its head ([`crate::harness::fair`]).
-    pub async fn queue_head_owners(&self, limit: usize, window: usize, skip: &[String]) -> StoreResult<Vec<String>> {
+    /// The head of the execution queue as the claim loop reads it (a read, no write
+    /// transaction): `owners`, every user with queued invocations (at most
+    /// [`MAX_QUEUE_OWNERS`], in id order), and `calls`, the first `limit` claimable
+    /// invocations (see [`Store::claim_ids`]) in queue order (by `queue_tag`, then id; see
+    /// [`crate::harness::fair`]), passing over those of the users in `skip` (who hold their
+    /// share of the execution slots, [`crate::harness::share`]).
+    ///
+    /// Read per user, so passing over a user costs nothing however long their backlog is:
+    /// the users are found by a skip scan of the `status` index `(status, owner_id,
+    /// queue_tag, id)` (one index step per user), then each other user's first `limit`
+    /// claimable calls are read and merged by tag — two statements, the second one index
+    /// range per user.
+    pub async fn queue_head(&self, limit: usize, skip: &[String]) -> StoreResult<QueueHead> {
+        let owners: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "{QUEUE_OWNERS} SELECT owner_id FROM o WHERE owner_id IS NOT NULL LIMIT {MAX_QUEUE_OWNERS}"
+        )))
+        .fetch_all(self.pool())
+        .await?;
+        let read: Vec<&String> = owners.iter().filter(|o| !skip.contains(o)).collect();
+        if read.is_empty() || limit == 0 {
+            return Ok(QueueHead { owners, calls: Vec::new() });
+        }
+        let per_owner: Vec<String> = (0..read.len())
+            .map(|k| {
+                format!(
+                    "SELECT * FROM (SELECT i.id, i.owner_id, i.queue_tag FROM invocations i
+                     WHERE i.owner_id = ${} AND {} ORDER BY i.queue_tag, i.id LIMIT $1) AS h{k}",
+                    k + 2,
+                    CLAIMABLE
+                )
+            })
+            .collect();
         let sql = format!(
-            "SELECT owner_id FROM (
-                SELECT i.owner_id, i.queue_tag, i.id FROM invocations i WHERE {}
-                ORDER BY i.queue_tag, i.id LIMIT $3) AS head
-             WHERE owner_id NOT IN ({}) ORDER BY queue_tag, id LIMIT $2",
-            claimable(self.backend(), None),
-            skipped(self.backend(), "$1")
+            "SELECT id, owner_id FROM ({}) AS heads ORDER BY queue_tag, id LIMIT $1",
+            per_owner.join(" UNION ALL ")
         );
-        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(skip_json(skip))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind(i64::try_from(window).unwrap_or(i64::MAX))
-            .fetch_all(self.pool())
-            .await?)
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        for owner in read {
+            query = query.bind(owner);
+        }
+        let calls: Vec<(String, String)> = query.fetch_all(self.pool()).await?;
+        Ok(QueueHead { owners, calls })
     }
 
     /// The smallest queue tag of a queued invocation (the queue's head; None when nothing is
-    /// queued): one step of the `status` index.
+    /// queued): one index step per user with queued invocations.
     pub async fn queue_head_tag(&self) -> StoreResult<Option<i64>> {
-        Ok(sqlx::query_scalar("SELECT queue_tag FROM invocations WHERE status = 'queued' ORDER BY queue_tag LIMIT 1")
-            .fetch_optional(self.pool())
-            .await?)
+        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "{QUEUE_OWNERS} SELECT MIN((SELECT i.queue_tag FROM invocations i
+                 WHERE i.status = 'queued' AND i.owner_id = o.owner_id ORDER BY i.queue_tag LIMIT 1))
+             FROM o WHERE o.owner_id IS NOT NULL"
+        )))
+        .fetch_one(self.pool())
+        .await?)
     }
 
     /// Claims the first queued invocation that may run (see [`Store::claim_batch`]); when
     /// nothing is queued, one read says so without a write transaction.
     pub async fn claim_next(&self, node_id: &str, lease_ms: u64) -> StoreResult<Option<ClaimedInvocation>> {
-        if self.queued_count(1).await? == 0 {
-            return Ok(None);
-        }
         Ok(self.claim_batch(node_id, lease_ms, 1, &[]).await?.into_iter().next())
     }
 
-    /// Claims up to `limit` of the queued invocations that may run, in queue order (by
-    /// `queue_tag`, then id; see [`crate::harness::fair`]), passing over those of the users
-    /// in `skip` (who hold their share of the execution slots, [`crate::harness::share`]):
-    /// approval-free, or
-    /// carrying a granted approval whose triple equals the invocation's (and, when its rule
-    /// is four-eyes, decided by another user who is an admin or approver). Sets `running`,
-    /// the claimer and a lease, and appends one `execution.started` each, all in one
-    /// transaction of five statements whatever `limit` is. Two claimers can never get the
-    /// same row (SQLite: one writer; Postgres: `FOR UPDATE SKIP LOCKED`, and the final
-    /// `status = 'queued'` compare-and-set). Returned oldest first.
-    ///
-    /// The events are appended last ([`WriteTx::append_events`] locks the runs' counters in
-    /// one fixed order), so two claimers, or a claimer and a group commit, never wait for each
-    /// other in a cycle.
-    ///
-    /// It always opens a write transaction (on SQLite: this process's one writer slot), so a
-    /// caller that often finds nothing queued reads [`Store::queued_count`] first, as the
-    /// claim loop and [`Store::claim_next`] do.
+    /// Claims up to `limit` of the queued invocations that may run, in queue order, passing
+    /// over those of the users in `skip` ([`Store::queue_head`], then [`Store::claim_ids`]);
+    /// empty only when none was left to claim (a read whose calls another claimer took
+    /// meanwhile is read again). When nothing is queued, one read says so without a write
+    /// transaction.
     pub async fn claim_batch(
         &self,
         node_id: &str,
@@ -914,24 +932,47 @@ impl Store {
         limit: usize,
         skip: &[String],
     ) -> StoreResult<Vec<ClaimedInvocation>> {
-        if limit == 0 {
+        loop {
+            let head = self.queue_head(limit, skip).await?;
+            if head.calls.is_empty() {
+                return Ok(Vec::new());
+            }
+            let ids: Vec<String> = head.calls.into_iter().map(|(id, _)| id).collect();
+            let claimed = self.claim_ids(node_id, lease_ms, &ids).await?;
+            if !claimed.is_empty() {
+                return Ok(claimed);
+            }
+        }
+    }
+
+    /// Claims the invocations `ids` that are queued and may run: approval-free, or carrying
+    /// a granted approval whose triple equals the invocation's (and, when its rule is
+    /// four-eyes, decided by another user who is an admin or approver). Sets `running`, the
+    /// claimer and a lease, and appends one `execution.started` each, all in one transaction
+    /// of five statements whatever their number. Two claimers can never get the same row
+    /// (SQLite: one writer; Postgres: `FOR UPDATE SKIP LOCKED`, and the final
+    /// `status = 'queued'` compare-and-set). Returned in id order.
+    ///
+    /// The events are appended last ([`WriteTx::append_events`] locks the runs' counters in
+    /// one fixed order), so two claimers, or a claimer and a group commit, never wait for each
+    /// other in a cycle.
+    pub async fn claim_ids(&self, node_id: &str, lease_ms: u64, ids: &[String]) -> StoreResult<Vec<ClaimedInvocation>> {
+        if ids.is_empty() {
             return Ok(Vec::new());
         }
-        // Postgres: `= ANY(ARRAY(…))` makes the locking subquery an init plan, run once; under
-        // `IN (…)` the planner may re-run it per row, and with SKIP LOCKED each run picks other
-        // rows (more than `limit` were claimed).
-        let (open, lock, close) = match self.backend() {
-            Backend::Sqlite => ("IN (", "", ")"),
-            Backend::Postgres => ("= ANY(ARRAY(", "FOR UPDATE OF i SKIP LOCKED", "))"),
+        // Postgres: `= ANY(ARRAY(…))` makes the locking subquery an init plan, run once.
+        let (open, listed, lock, close) = match self.backend() {
+            Backend::Sqlite => ("IN (", "SELECT value FROM json_each($4)", "", ")"),
+            Backend::Postgres => {
+                ("= ANY(ARRAY(", "SELECT json_array_elements_text($4::json)", "FOR UPDATE OF i SKIP LOCKED", "))")
+            }
         };
         let sql = format!(
             "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = $2, started_at = $3, updated_at = $3
              WHERE id {open}
-                SELECT i.id FROM invocations i WHERE {claimable}
-                ORDER BY i.queue_tag, i.id LIMIT $4 {lock}
+                SELECT i.id FROM invocations i WHERE i.id IN ({listed}) AND {CLAIMABLE} {lock}
              {close} AND status = 'queued'
-             RETURNING *",
-            claimable = claimable(self.backend(), Some("$5"))
+             RETURNING *"
         );
         let now = ids::now();
         let mut tx = self.begin_write().await?;
@@ -939,8 +980,7 @@ impl Store {
             .bind(node_id)
             .bind(ids::now_plus_ms(lease_ms))
             .bind(&now)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind(skip_json(skip))
+            .bind(serde_json::Value::from(ids).to_string())
             .fetch_all(tx.conn())
             .await?;
         if rows.is_empty() {
@@ -1390,41 +1430,34 @@ async fn insert_evidence_rows(
     Ok(())
 }
 
+/// Users with queued invocations, one index step each (a skip scan of the `status` index):
+/// the start of a statement whose table `o(owner_id)` ends with a NULL row.
+const QUEUE_OWNERS: &str = "WITH RECURSIVE o(owner_id) AS (
+    SELECT (SELECT owner_id FROM invocations WHERE status = 'queued' ORDER BY owner_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.owner_id FROM invocations i WHERE i.status = 'queued' AND i.owner_id > o.owner_id
+            ORDER BY i.owner_id LIMIT 1)
+    FROM o WHERE o.owner_id IS NOT NULL)";
+
+/// Most users [`Store::queue_head`] reads the queue of (the claim loop then sees only their
+/// calls until some of theirs are claimed).
+pub const MAX_QUEUE_OWNERS: usize = 4096;
+
+/// The condition of a claimable invocation `i` (see [`Store::claim_ids`]).
+const CLAIMABLE: &str = "i.status = 'queued'
+    AND (i.approval_required = 0 OR EXISTS (
+          SELECT 1 FROM approvals a
+          WHERE a.invocation_id = i.id AND a.status = 'granted'
+            AND a.tool_id = i.tool_id AND a.tool_call_id = i.tool_call_id
+            AND a.input_hash = i.input_hash
+            AND (a.rule = 'self_approval' OR EXISTS (
+                  SELECT 1 FROM users u
+                  WHERE u.id = a.decided_by AND u.id <> i.owner_id
+                    AND (u.is_admin <> 0 OR u.is_approver <> 0)))))";
+
 /// The `VALUES` rows of a multi-row statement: `row` is one row with `?` for each parameter of
 /// its own and `$S` for the one parameter every row shares, bound after all the rows'
 /// parameters. For two rows of `(?, ?, $S)`: `($1, $2, $5), ($3, $4, $5)`.
-/// The condition of a claimable invocation `i` (see [`Store::claim_batch`]), of a user not
-/// in the JSON array of user ids bound as `skip` (a placeholder such as `$5`) when given.
-fn claimable(backend: Backend, skip: Option<&str>) -> String {
-    let not_skipped =
-        skip.map(|skip| format!("AND i.owner_id NOT IN ({})", skipped(backend, skip))).unwrap_or_default();
-    format!(
-        "i.status = 'queued' {not_skipped}
-           AND (i.approval_required = 0 OR EXISTS (
-                 SELECT 1 FROM approvals a
-                 WHERE a.invocation_id = i.id AND a.status = 'granted'
-                   AND a.tool_id = i.tool_id AND a.tool_call_id = i.tool_call_id
-                   AND a.input_hash = i.input_hash
-                   AND (a.rule = 'self_approval' OR EXISTS (
-                         SELECT 1 FROM users u
-                         WHERE u.id = a.decided_by AND u.id <> i.owner_id
-                           AND (u.is_admin <> 0 OR u.is_approver <> 0)))))"
-    )
-}
-
-/// The user ids of the JSON array bound as `skip`, as a subquery.
-fn skipped(backend: Backend, skip: &str) -> String {
-    match backend {
-        Backend::Sqlite => format!("SELECT value FROM json_each({skip})"),
-        Backend::Postgres => format!("SELECT json_array_elements_text({skip}::json)"),
-    }
-}
-
-/// `users` as the JSON array [`claimable`] binds.
-fn skip_json(users: &[String]) -> String {
-    serde_json::Value::from(users).to_string()
-}
-
 fn value_rows(rows: usize, row: &str) -> String {
     let per_row = row.matches('?').count();
     let row = row.replace("$S", &format!("${}", rows * per_row + 1));

@@ -532,7 +532,43 @@ async fn a_user_holds_at_most_their_share_of_the_slots(backend: Backend) {
     assert!(start.elapsed() >= Duration::from_millis(5500), "a's third call ran after one of the first two");
 }
 
+/// The claim loop passes over the queued calls of a user who holds their share of the slots:
+/// when a slot frees, another user's call queued after theirs takes it.
+async fn the_claim_loop_passes_over_a_user_at_their_share(backend: Backend) {
+    let mut options = Options::default();
+    options.runtime.execution_concurrency = 2;
+    options.runtime.max_running_per_user = Some(1);
+    let t = spawn_with(backend, options).await;
+    let hold = TestTool { delay: Duration::from_secs(4), ..TestTool::new("hold", "holds a slot", false) };
+    let brief = TestTool { delay: Duration::from_secs(1), ..TestTool::new("brief", "holds a slot briefly", false) };
+    t.app().registry.register(Arc::new(hold)).unwrap();
+    t.app().registry.register(Arc::new(brief)).unwrap();
+    t.app().registry.register(Arc::new(TestTool::new("quick", "answers at once", false))).unwrap();
+    let (a, b, c) = (t.user("ann").await, t.user("bert").await, t.user("cleo").await);
+    let (run_a, run_b, run_c) = (t.run(&a).await, t.run(&b).await, t.run(&c).await);
+    let (turn_a, _) = t.turn(&a, &run_a, "work").await;
+    let (turn_b, _) = t.turn(&b, &run_b, "work").await;
+    let (turn_c, _) = t.turn(&c, &run_c, "work").await;
+    let start = std::time::Instant::now();
+    let a1 = t.call(&a, &run_a, &turn_a, "hold", "a1", json!({})).await;
+    assert_eq!(a1.body["status"], "running", "{a1:?}");
+    let a2 = t.call(&a, &run_a, &turn_a, "quick", "a2", json!({})).await;
+    assert_eq!(a2.body["status"], "queued", "a holds their share: {a2:?}");
+    let c1 = t.call(&c, &run_c, &turn_c, "brief", "c1", json!({})).await;
+    assert_eq!(c1.body["status"], "running", "{c1:?}");
+    let b1 = t.call(&b, &run_b, &turn_b, "quick", "b1", json!({})).await;
+    assert_eq!(b1.body["status"], "queued", "every slot is busy: {b1:?}");
+    let b_done = t.wait_final(&b, b1.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(b_done["status"], "completed", "{b_done}");
+    let a2_id = a2.body["invocation_id"].as_str().unwrap();
+    let a2_now = t.get(&format!("/v1/invocations/{a2_id}"), &a).await;
+    assert_eq!(a2_now.body["status"], "queued", "b's call took c's slot past a's queued call: {a2_now:?}");
+    assert!(start.elapsed() < Duration::from_millis(3500), "b's call waited {:?}, as long as a's", start.elapsed());
+    assert_eq!(t.wait_final(&a, a2_id).await["status"], "completed");
+}
+
 both_backends!(
+    the_claim_loop_passes_over_a_user_at_their_share,
     a_user_holds_at_most_their_share_of_the_slots,
     the_execution_queue_takes_users_in_turn,
     the_list_links_each_invocation_to_its_own_approval_and_evidence,

@@ -865,16 +865,18 @@ async fn the_queue_is_claimed_in_tag_order(backend: Backend) {
     assert_eq!(f.store.invocation_by_id(&gated.id).await.unwrap().unwrap().queue_tag, 10, "tagged at its grant");
     assert_eq!(f.store.queue_head_tag().await.unwrap(), Some(0));
 
-    // The claim loop's read: owners in queue order, passing over users who hold their share.
-    let head = f.store.queue_head_owners(64, 1024, &[]).await.unwrap();
-    assert_eq!(head.len(), 12);
-    assert_eq!(
-        (head[0].as_str(), head[1].as_str(), head[11].as_str()),
-        (f.user.as_str(), other.id.as_str(), f.user.as_str())
-    );
+    // The claim loop's read: calls in queue order, passing over users who hold their share.
+    let head = f.store.queue_head(64, &[]).await.unwrap();
+    let mut users = vec![f.user.clone(), other.id.clone()];
+    users.sort();
+    assert_eq!(head.owners, users);
+    let owners: Vec<&str> = head.calls.iter().map(|(_, o)| o.as_str()).collect();
+    assert_eq!(owners.len(), 12);
+    assert_eq!((owners[0], owners[1], owners[11]), (f.user.as_str(), other.id.as_str(), f.user.as_str()));
+    assert_eq!(head.calls[11].0, gated.id, "granted last, tagged last");
     let skipping_a = [f.user.clone()];
-    assert_eq!(f.store.queue_head_owners(64, 1024, &skipping_a).await.unwrap(), vec![other.id.clone()]);
-    assert!(f.store.queue_head_owners(64, 1, &skipping_a).await.unwrap().is_empty(), "b0 is past a window of one");
+    let head = f.store.queue_head(2, &skipping_a).await.unwrap();
+    assert_eq!((head.owners.len(), head.calls), (2, vec![(b.id.clone(), other.id.clone())]));
 
     let ids = |rows: Vec<mira::store::InvocationRow>| rows.into_iter().map(|r| r.tool_call_id).collect::<Vec<_>>();
     let first = ids(f.store.claim_batch("n", 60_000, 2, &[]).await.unwrap());
@@ -888,17 +890,21 @@ async fn the_queue_is_claimed_in_tag_order(backend: Backend) {
     assert_eq!(rest, ["a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a-gated"]);
     assert_eq!(f.store.queue_head_tag().await.unwrap(), None);
 
-    // A claim passes over the calls of users who hold their share of the slots.
-    frozen(new_inv(&f, "a10", false)).await;
-    frozen(NewInvocation {
+    // A claim passes over the calls of users who hold their share of the slots, however many
+    // of theirs come first.
+    for i in 10..310 {
+        frozen(NewInvocation { queue_tag: queue.tag(&f.user), ..new_inv(&f, &format!("a{i}"), false) }).await;
+    }
+    let b1 = NewInvocation {
         run_id: run_b.id.clone(),
         turn_id: turn_b.id.clone(),
         owner_id: other.id.clone(),
+        queue_tag: queue.tag(&f.user) - 1,
         ..new_inv(&f, "b1", false)
-    })
-    .await;
+    };
+    frozen(b1).await;
     assert_eq!(ids(f.store.claim_batch("n", 60_000, 5, &skipping_a).await.unwrap()), ["b1"]);
-    assert_eq!(ids(f.store.claim_batch("n", 60_000, 5, &[]).await.unwrap()), ["a10"]);
+    assert_eq!(ids(f.store.claim_batch("n", 60_000, 2, &[]).await.unwrap()), ["a10", "a11"]);
 }
 
 both_backends!(
