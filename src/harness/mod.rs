@@ -463,6 +463,21 @@ impl Harness {
         }
     }
 
+    /// Gives back the share of a call whose tool returned (storing its result does not count:
+    /// results are stored in group commits, and a user's calls waiting for one would hold
+    /// their share for its whole latency). A user whose calls were passed over then counts as
+    /// waiting, so the next free slot goes to the queue in its order; the loop is woken.
+    fn release(&self, share: share::Share) {
+        let owner = share.owner().to_owned();
+        drop(share);
+        if self.parked.lock().remove(&owner)
+            && let Some(waiting) = self.waiting.lock().as_mut()
+        {
+            waiting.insert(owner);
+        }
+        self.wake();
+    }
+
     /// Runs one claimed invocation, then frees its slot and wakes the loop to claim more.
     async fn run_in_slot(
         self: Arc<Self>,
@@ -471,16 +486,7 @@ impl Harness {
         (permit, share): (OwnedSemaphorePermit, share::Share),
         stopping: CancellationToken,
     ) {
-        self.run_one(inv, handoff, stopping).await;
-        // The share first: a freeze that finds the slot free finds its user's share free too,
-        // and a user whose calls were passed over waits for the slot in the queue's order.
-        let owner = share.owner().to_owned();
-        drop(share);
-        if self.parked.lock().remove(&owner)
-            && let Some(waiting) = self.waiting.lock().as_mut()
-        {
-            waiting.insert(owner);
-        }
+        self.run_one(inv, handoff, share, stopping).await;
         drop(permit);
         self.wake();
     }
@@ -607,7 +613,7 @@ impl Harness {
 
     /// Executes one claimed invocation inside its `execute_tool {tool}` span (GenAI semantic
     /// conventions), a child of the request that made it runnable ([`crate::telemetry`]).
-    async fn run_one(&self, inv: InvocationRow, handoff: Handoff, stopping: CancellationToken) {
+    async fn run_one(&self, inv: InvocationRow, handoff: Handoff, share: share::Share, stopping: CancellationToken) {
         use tracing::Instrument;
         let span = tracing::info_span!(
             target: "mira::otel",
@@ -631,13 +637,14 @@ impl Harness {
                 Err(e) => tracing::warn!(invocation = %inv.id, error = %e, "reading the trace context failed"),
             }
         }
-        self.run_one_in_span(inv, handoff, stopping, &span).instrument(span.clone()).await;
+        self.run_one_in_span(inv, handoff, share, stopping, &span).instrument(span.clone()).await;
     }
 
     async fn run_one_in_span(
         &self,
         inv: InvocationRow,
         handoff: Handoff,
+        share: share::Share,
         stopping: CancellationToken,
         span: &tracing::Span,
     ) {
@@ -654,6 +661,7 @@ impl Harness {
         // The call is over: from now on a stop request changes nothing (it stays registered
         // until its result is stored, so that a cancel in between is answered truthfully).
         call.gate.finish();
+        self.release(share);
         if stopping.is_cancelled() && outcome.is_err() {
             // The server is stopping and the call did not finish: it is marked interrupted,
             // not failed. A call that finished (its change made) is stored as it is.

@@ -3,11 +3,14 @@
 //! The queue's order ([`super::fair`]) decides who starts next, not how long a start holds
 //! its slot: a user whose calls each run for minutes (a terminal command, an MCP tool that
 //! waits) could hold every slot of the server until the execution time limit, and every
-//! other user's call would wait that long, however fair the queue. So a user holds at most
-//! `per_user` slots of a replica at once (`--max-running-per-user`, by default half of
+//! other user's call would wait that long, however fair the queue. So at most `per_user`
+//! tools of one user run at once on a replica (`--max-running-per-user`, by default half of
 //! `--execution-concurrency`): the slot of one more call is refused at its freeze or grant,
-//! and the claim loop passes over that user's queued calls until one of theirs finishes.
-//! The calls are not refused — they wait in the queue, in order.
+//! and the claim loop passes over that user's queued calls until a tool of theirs returns.
+//! The calls are not refused — they wait in the queue, in order. A share is given back when
+//! the tool returns, before its result is stored (the slot stays busy until then): results
+//! are stored in group commits, and counting their latency would halve a lone user's
+//! throughput of short calls.
 //!
 //! Shares are counted per replica, like the slots; a grant takes the slot for the call's
 //! owner, whoever decides. Passing over a user costs the claim loop one index step, however
