@@ -46,6 +46,10 @@ pub struct FairnessBench {
     /// The server's `--max-turns-per-user`.
     #[arg(long, default_value_t = mira::limits::HttpLimits::default().turns_per_user)]
     pub max_turns_per_user: usize,
+    /// The server's `--max-running-per-user` (default the server's default, half of the
+    /// executions).
+    #[arg(long)]
+    pub max_running_per_user: Option<usize>,
     /// Python with the `mcp` SDK (default `$MIRA_MCP_PYTHON`).
     #[arg(long)]
     pub python: Option<String>,
@@ -90,8 +94,10 @@ pub async fn run(opts: FairnessBench) -> anyhow::Result<()> {
     let mut runtime =
         mira::config::RuntimeConfig { embedding: mira::embedding::EmbeddingConfig::from_env(), ..Default::default() };
     runtime.http.turns_per_user = opts.max_turns_per_user;
+    runtime.max_running_per_user = opts.max_running_per_user;
     let hybrid = runtime.embedding.model_dir.is_some() || runtime.embedding.model.is_some();
     let execution_concurrency = runtime.execution_concurrency;
+    let per_user = runtime.running_per_user();
     let bench = BenchServer::start_on("fairness", runtime, opts.postgres.as_deref()).await?;
     let result = async {
         std::fs::write(bench.dir.join("ws").join("file.txt"), "line one\nline two\n")?;
@@ -100,7 +106,7 @@ pub async fn run(opts: FairnessBench) -> anyhow::Result<()> {
         let back_end = if opts.postgres.is_some() { "Postgres" } else { "SQLite" };
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         println!(
-            "fairness: {back_end}, {cores} cores, {execution_concurrency} executions at once, A floods with {} loops for {} s",
+            "fairness: {back_end}, {cores} cores, {execution_concurrency} executions at once ({per_user} tools of one user), A floods with {} loops for {} s",
             opts.flood, opts.seconds
         );
         calls(&opts, &bench.server.app.store, &a, &b).await?;

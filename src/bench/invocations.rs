@@ -47,6 +47,10 @@ pub struct InvocationBench {
     /// default the server's default).
     #[arg(long)]
     pub execution_concurrency: Option<usize>,
+    /// The server's tools of one user running at once (`--max-running-per-user` of `mira
+    /// serve`; default the server's default, half of the executions; the planners are one user).
+    #[arg(long)]
+    pub max_running_per_user: Option<usize>,
 }
 
 /// Runs the benchmark and prints its figures.
@@ -71,12 +75,22 @@ async fn measure(
     url: &str,
 ) -> anyhow::Result<()> {
     let concurrency = opts.execution_concurrency.unwrap_or(RuntimeConfig::default().execution_concurrency);
+    let per_user = RuntimeConfig {
+        execution_concurrency: concurrency,
+        max_running_per_user: opts.max_running_per_user,
+        ..RuntimeConfig::default()
+    }
+    .running_per_user();
     let settings = Settings {
         listen: "127.0.0.1:0".parse()?,
         data_dir: tmp.to_path_buf(),
         database_url: url.to_owned(),
         workspace,
-        runtime: RuntimeConfig { execution_concurrency: concurrency, ..RuntimeConfig::default() },
+        runtime: RuntimeConfig {
+            execution_concurrency: concurrency,
+            max_running_per_user: opts.max_running_per_user,
+            ..RuntimeConfig::default()
+        },
         body_limit: 1024 * 1024,
         request_timeout: Duration::from_secs(30),
     };
@@ -182,8 +196,8 @@ async fn measure(
     let frozen_rate = latencies.len() as f64 / elapsed;
     let completed_rate = at_end.completed as f64 / elapsed;
     println!(
-        "backend={backend} clients={} runs={} seconds={elapsed:.1} execution_concurrency={} (read_open, one run per planner)",
-        opts.clients, opts.clients, concurrency
+        "backend={backend} clients={} runs={} seconds={elapsed:.1} execution_concurrency={} max_running_per_user={} (read_open, one run per planner)",
+        opts.clients, opts.clients, concurrency, per_user
     );
     if !settings.is_empty() {
         println!("  postgres  {settings}");

@@ -466,16 +466,17 @@ impl Harness {
     /// Gives back the share of a call whose tool returned (storing its result does not count:
     /// results are stored in group commits, and a user's calls waiting for one would hold
     /// their share for its whole latency). A user whose calls were passed over then counts as
-    /// waiting, so the next free slot goes to the queue in its order; the loop is woken.
+    /// waiting, so the next free slot goes to the queue in its order, and the loop is woken
+    /// (it may claim their calls in slots free already).
     fn release(&self, share: share::Share) {
         let owner = share.owner().to_owned();
         drop(share);
-        if self.parked.lock().remove(&owner)
-            && let Some(waiting) = self.waiting.lock().as_mut()
-        {
-            waiting.insert(owner);
+        if self.parked.lock().remove(&owner) {
+            if let Some(waiting) = self.waiting.lock().as_mut() {
+                waiting.insert(owner);
+            }
+            self.wake();
         }
-        self.wake();
     }
 
     /// Runs one claimed invocation, then frees its slot and wakes the loop to claim more.

@@ -884,7 +884,7 @@ impl Store {
             .map(|k| {
                 format!(
                     "SELECT * FROM (SELECT i.id, i.owner_id, i.queue_tag FROM invocations i
-                     WHERE i.owner_id = ${} AND {} ORDER BY i.queue_tag, i.id LIMIT $1) AS h{k}",
+                     WHERE i.status = 'queued' AND i.owner_id = ${} AND {} ORDER BY i.queue_tag, i.id LIMIT $1) AS h{k}",
                     k + 2,
                     CLAIMABLE
                 )
@@ -960,18 +960,26 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        // Postgres: `= ANY(ARRAY(…))` makes the locking subquery an init plan, run once.
-        let (open, listed, lock, close) = match self.backend() {
-            Backend::Sqlite => ("IN (", "SELECT value FROM json_each($4)", "", ")"),
-            Backend::Postgres => {
-                ("= ANY(ARRAY(", "SELECT json_array_elements_text($4::json)", "FOR UPDATE OF i SKIP LOCKED", "))")
-            }
+        // Postgres: `= ANY(ARRAY(…))` makes the locking subquery an init plan, run once. The
+        // rows are found by id: the status test is kept from using the `status` index (a plan
+        // that scanned every queued row of the index and probed the ids would cost as much as
+        // the backlog, inside the write transaction).
+        let (open, listed, queued, lock, close) = match self.backend() {
+            Backend::Sqlite => ("IN (", "SELECT value FROM json_each($4)", "+i.status = 'queued'", "", ")"),
+            Backend::Postgres => (
+                "= ANY(ARRAY(",
+                "SELECT json_array_elements_text($4::json)",
+                "i.status || '' = 'queued'",
+                "FOR UPDATE OF i SKIP LOCKED",
+                "))",
+            ),
         };
+        let outer_queued = queued.replace("i.", "");
         let sql = format!(
             "UPDATE invocations SET status = 'running', claimed_by = $1, lease_until = $2, started_at = $3, updated_at = $3
              WHERE id {open}
-                SELECT i.id FROM invocations i WHERE i.id IN ({listed}) AND {CLAIMABLE} {lock}
-             {close} AND status = 'queued'
+                SELECT i.id FROM invocations i WHERE i.id IN ({listed}) AND {queued} AND {CLAIMABLE} {lock}
+             {close} AND {outer_queued}
              RETURNING *"
         );
         let now = ids::now();
@@ -1443,9 +1451,9 @@ const QUEUE_OWNERS: &str = "WITH RECURSIVE o(owner_id) AS (
 /// calls until some of theirs are claimed).
 pub const MAX_QUEUE_OWNERS: usize = 4096;
 
-/// The condition of a claimable invocation `i` (see [`Store::claim_ids`]).
-const CLAIMABLE: &str = "i.status = 'queued'
-    AND (i.approval_required = 0 OR EXISTS (
+/// The condition of a claimable invocation `i` (see [`Store::claim_ids`]), `i.status =
+/// 'queued'` before it.
+const CLAIMABLE: &str = "(i.approval_required = 0 OR EXISTS (
           SELECT 1 FROM approvals a
           WHERE a.invocation_id = i.id AND a.status = 'granted'
             AND a.tool_id = i.tool_id AND a.tool_call_id = i.tool_call_id
