@@ -249,9 +249,8 @@ impl Harness {
         }
     }
 
-    /// A free execution slot now for a call of `owner_id` (for a grant: the decider, as the
-    /// owner of a four-eyes call is not known yet), or None when every slot is busy, the user
-    /// holds their share of the slots ([`share`]), or another user has calls queued (the
+    /// A free execution slot now for a call of `owner_id`, or None when every slot is busy,
+    /// the user's share of running tools is taken ([`share`]), or another user has calls queued (the
     /// invocation is then left to the claim loop, which claims in queue order: a call that
     /// took a slot at its freeze would go ahead of every queued one, and a user freezing all
     /// the time would take every slot that frees). A user's own queued calls do not stop
@@ -308,6 +307,8 @@ impl Harness {
     /// `interrupted` like every call this node left running — it never ran.
     pub fn adopt(self: &Arc<Self>, inv: InvocationRow, handoff: Handoff, slot: ExecutionSlot) {
         let ExecutionSlot { permit, mut share } = slot;
+        // Slots are taken for the call's owner; should one not be, the call still runs on a
+        // share of its owner's.
         if share.owner() != inv.owner_id {
             share = self.shares.take(&inv.owner_id);
         }
@@ -379,6 +380,7 @@ impl Harness {
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut sweep = tokio::time::interval(Duration::from_secs(1));
         loop {
+            let mut lost_races = 0;
             // Claims as many as there are free execution slots, in batches: one transaction
             // of a few statements per batch instead of one per invocation. The slots are
             // taken first (a freeze or grant may take one meanwhile), one per claimed row.
@@ -393,7 +395,8 @@ impl Harness {
                 // Users holding their share of the slots are passed over until a call of theirs
                 // ends ([`share`]); the calls claimed are a prefix of the rest of the queue.
                 let full = self.shares.full();
-                let head = match self.store.queue_head(MAX_CLAIM_BATCH, &full).await {
+                let wanted = self.permits.available_permits().min(MAX_CLAIM_BATCH);
+                let head = match self.store.queue_head(wanted, &full).await {
                     Ok(head) => head,
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the queue failed");
@@ -429,7 +432,7 @@ impl Harness {
                 }
                 self.claim_transactions.fetch_add(1, Ordering::Relaxed);
                 self.claimed.fetch_add(u64::try_from(batch.len()).unwrap_or(u64::MAX), Ordering::Relaxed);
-                let all = batch.len() == free;
+                let lost = batch.len() < free;
                 for inv in batch {
                     // `free` slots are held and at most `free` rows (of `ids`) were claimed, each
                     // on the share taken for it.
@@ -438,8 +441,14 @@ impl Harness {
                 }
                 drop(held);
                 drop(shares);
-                if !all {
-                    break;
+                // Fewer claimed than read: another replica took some meanwhile (or they were
+                // cancelled); read again, a few times, rather than leave the slots idle until
+                // the next wake-up.
+                if lost {
+                    lost_races += 1;
+                    if lost_races > 3 {
+                        break;
+                    }
                 }
             }
             tokio::select! {

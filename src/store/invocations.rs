@@ -158,7 +158,7 @@ pub type ClaimedInvocation = InvocationRow;
 /// The head of the execution queue ([`Store::queue_head`]).
 #[derive(Debug, Clone, Default)]
 pub struct QueueHead {
-    /// Every user with queued invocations (at most [`MAX_QUEUE_OWNERS`]), in id order.
+    /// Every user with queued invocations, in id order.
     pub owners: Vec<String>,
     /// The first claimable invocations in queue order, as `(id, owner_id)`.
     pub calls: Vec<(String, String)>,
@@ -847,7 +847,7 @@ impl Store {
     }
 
     /// How many invocations are `queued`, counting at most `limit` (a read, no write
-    /// transaction): the claim loop takes execution slots for no more than that.
+    /// transaction; `mira bench fairness` waits for the queue to drain with it).
     pub async fn queued_count(&self, limit: usize) -> StoreResult<usize> {
         let n: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM (SELECT 1 FROM invocations WHERE status = 'queued' LIMIT $1) AS q",
@@ -859,46 +859,48 @@ impl Store {
     }
 
     /// The head of the execution queue as the claim loop reads it (a read, no write
-    /// transaction): `owners`, every user with queued invocations (at most
-    /// [`MAX_QUEUE_OWNERS`], in id order), and `calls`, the first `limit` claimable
-    /// invocations (see [`Store::claim_ids`]) in queue order (by `queue_tag`, then id; see
-    /// [`crate::harness::fair`]), passing over those of the users in `skip` (who hold their
-    /// share of the execution slots, [`crate::harness::share`]).
+    /// transaction): `owners`, every user with queued invocations (in id order), and `calls`,
+    /// the first `limit` claimable invocations (see [`Store::claim_ids`]) in queue order (by
+    /// `queue_tag`, then id; see [`crate::harness::fair`]), passing over those of the users in
+    /// `skip` (who hold their share of the execution slots, [`crate::harness::share`]).
     ///
     /// Read per user, so passing over a user costs nothing however long their backlog is:
     /// the users are found by a skip scan of the `status` index `(status, owner_id,
-    /// queue_tag, id)` (one index step per user), then each other user's first `limit`
-    /// claimable calls are read and merged by tag — two statements, the second one index
-    /// range per user.
+    /// queue_tag, id)` (one index step per user with queued invocations), then each other
+    /// user's first `limit` claimable calls (one index range each), merged by tag — two
+    /// statements of fixed text.
     pub async fn queue_head(&self, limit: usize, skip: &[String]) -> StoreResult<QueueHead> {
         let owners: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "{QUEUE_OWNERS} SELECT owner_id FROM o WHERE owner_id IS NOT NULL LIMIT {MAX_QUEUE_OWNERS}"
+            "{QUEUE_OWNERS} SELECT owner_id FROM o WHERE owner_id IS NOT NULL"
         )))
         .fetch_all(self.pool())
         .await?;
-        let read: Vec<&String> = owners.iter().filter(|o| !skip.contains(o)).collect();
-        if read.is_empty() || limit == 0 {
+        if limit == 0 || owners.iter().all(|o| skip.contains(o)) {
             return Ok(QueueHead { owners, calls: Vec::new() });
         }
-        let per_owner: Vec<String> = (0..read.len())
-            .map(|k| {
-                format!(
-                    "SELECT * FROM (SELECT i.id, i.owner_id, i.queue_tag FROM invocations i
-                     WHERE i.status = 'queued' AND i.owner_id = ${} AND {} ORDER BY i.queue_tag, i.id LIMIT $1) AS h{k}",
-                    k + 2,
-                    CLAIMABLE
-                )
-            })
-            .collect();
-        let sql = format!(
-            "SELECT id, owner_id FROM ({}) AS heads ORDER BY queue_tag, id LIMIT $1",
-            per_owner.join(" UNION ALL ")
-        );
-        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(i64::try_from(limit).unwrap_or(i64::MAX));
-        for owner in read {
-            query = query.bind(owner);
-        }
-        let calls: Vec<(String, String)> = query.fetch_all(self.pool()).await?;
+        // Each user's first calls: SQLite has no LATERAL, but runs a correlated `IN` list once
+        // per user and finds its rows by id; Postgres runs the LATERAL subquery per user.
+        let first_calls = "FROM invocations i WHERE i.status = 'queued' AND i.owner_id = o.owner_id AND ";
+        let sql = match self.backend() {
+            Backend::Sqlite => format!(
+                "{QUEUE_OWNERS} SELECT h.id, h.owner_id FROM o JOIN invocations h ON h.id IN (
+                     SELECT i.id {first_calls} {CLAIMABLE} ORDER BY i.queue_tag, i.id LIMIT $1)
+                 WHERE o.owner_id IS NOT NULL AND o.owner_id NOT IN (SELECT value FROM json_each($2))
+                 ORDER BY h.queue_tag, h.id LIMIT $1"
+            ),
+            Backend::Postgres => format!(
+                "{QUEUE_OWNERS} SELECT h.id, h.owner_id FROM o CROSS JOIN LATERAL (
+                     SELECT i.id, i.owner_id, i.queue_tag {first_calls} {CLAIMABLE}
+                     ORDER BY i.queue_tag, i.id LIMIT $1) AS h
+                 WHERE o.owner_id IS NOT NULL AND o.owner_id NOT IN (SELECT json_array_elements_text($2::json))
+                 ORDER BY h.queue_tag, h.id LIMIT $1"
+            ),
+        };
+        let calls: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(serde_json::Value::from(skip).to_string())
+            .fetch_all(self.pool())
+            .await?;
         Ok(QueueHead { owners, calls })
     }
 
@@ -1446,10 +1448,6 @@ const QUEUE_OWNERS: &str = "WITH RECURSIVE o(owner_id) AS (
     SELECT (SELECT i.owner_id FROM invocations i WHERE i.status = 'queued' AND i.owner_id > o.owner_id
             ORDER BY i.owner_id LIMIT 1)
     FROM o WHERE o.owner_id IS NOT NULL)";
-
-/// Most users [`Store::queue_head`] reads the queue of (the claim loop then sees only their
-/// calls until some of theirs are claimed).
-pub const MAX_QUEUE_OWNERS: usize = 4096;
 
 /// The condition of a claimable invocation `i` (see [`Store::claim_ids`]), `i.status =
 /// 'queued'` before it.

@@ -81,8 +81,8 @@ pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use group::GroupCommitStats;
 pub use invocations::{
-    ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, MAX_QUEUE_OWNERS,
-    NewInvocation, QueueHead,
+    ApprovalRequest, CancelRequest, ClaimedInvocation, FinalStatus, FreezeOutcome, InvocationRow, NewInvocation,
+    QueueHead,
 };
 pub use mail::{MailSendRow, MailSendState, SendClaim};
 pub use mcp::{
