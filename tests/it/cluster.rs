@@ -245,9 +245,9 @@ fn sse_channel(resp: reqwest::Response) -> mpsc::Receiver<(Option<i64>, String, 
     tokio::spawn(async move {
         use futures::StreamExt;
         let mut stream = resp.bytes_stream();
-        let mut buf = String::new();
+        let mut buf = Vec::new();
         while let Some(Ok(chunk)) = stream.next().await {
-            buf.push_str(&String::from_utf8_lossy(&chunk));
+            buf.extend_from_slice(&chunk);
             while let Some((id, event, data)) = crate::common::next_sse_block(&mut buf) {
                 if event.is_empty() {
                     continue; // a keep-alive comment

@@ -300,7 +300,7 @@ impl TestApp {
 pub async fn read_sse(resp: reqwest::Response, n: usize, timeout: Duration) -> Vec<(i64, String, Value)> {
     use futures::StreamExt;
     let mut stream = resp.bytes_stream();
-    let mut buf = String::new();
+    let mut buf = Vec::new();
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + timeout;
     while out.len() < n {
@@ -308,7 +308,7 @@ pub async fn read_sse(resp: reqwest::Response, n: usize, timeout: Duration) -> V
             Ok(Some(Ok(c))) => c,
             _ => break,
         };
-        buf.push_str(&String::from_utf8_lossy(&chunk));
+        buf.extend_from_slice(&chunk);
         while let Some((id, event, data)) = next_sse_block(&mut buf) {
             if let Some(id) = id {
                 out.push((id, event, data));
@@ -318,11 +318,19 @@ pub async fn read_sse(resp: reqwest::Response, n: usize, timeout: Duration) -> V
     out
 }
 
-/// Takes the first complete SSE block (ending in a blank line) off `buf` as (id, event, data);
+/// Takes the first complete SSE block (ending in a blank line) off `buf`, decoded. The buffer
+/// holds bytes, not text: a chunk of the stream may end inside a multi-byte character, and
+/// decoding chunk by chunk would turn its halves into two replacement characters.
+pub fn take_sse_block(buf: &mut Vec<u8>) -> Option<String> {
+    let end = buf.windows(2).position(|w| w == b"\n\n")?;
+    let block: Vec<u8> = buf.drain(..end + 2).collect();
+    Some(String::from_utf8(block).expect("an SSE block is UTF-8"))
+}
+
+/// Takes the first complete SSE block off `buf` ([`take_sse_block`]) as (id, event, data);
 /// data that is JSON is parsed, other data is a JSON string. None until a block is complete.
-pub fn next_sse_block(buf: &mut String) -> Option<(Option<i64>, String, Value)> {
-    let end = buf.find("\n\n")?;
-    let block: String = buf.drain(..end + 2).collect();
+pub fn next_sse_block(buf: &mut Vec<u8>) -> Option<(Option<i64>, String, Value)> {
+    let block = take_sse_block(buf)?;
     let (mut id, mut event, mut data) = (None, String::new(), String::new());
     for line in block.lines() {
         if let Some(v) = line.strip_prefix("id:") {

@@ -384,7 +384,7 @@ async fn gate_checks_a_handed_over_approval_like_a_stored_one(backend: Backend) 
 
 /// Reads `approvals` snapshots from an inbox stream until `n` arrived or `timeout` passed.
 async fn snapshots(resp: &mut reqwest::Response, n: usize, timeout: Duration) -> Vec<Value> {
-    let mut buf = String::new();
+    let mut buf = Vec::new();
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + timeout;
     while out.len() < n {
@@ -392,9 +392,8 @@ async fn snapshots(resp: &mut reqwest::Response, n: usize, timeout: Duration) ->
             Ok(Ok(Some(c))) => c,
             _ => break,
         };
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
+        buf.extend_from_slice(&chunk);
+        while let Some(block) = crate::common::take_sse_block(&mut buf) {
             let mut data = String::new();
             let mut is_snapshot = false;
             for line in block.lines() {

@@ -80,7 +80,7 @@ async fn page_is_embedded_and_served_with_security_headers() {
 
 /// Reads SSE events (name, data) from a response until `n` arrived or `timeout` passed.
 async fn sse_events(resp: &mut reqwest::Response, n: usize, timeout: Duration) -> Vec<(String, Value)> {
-    let mut buf = String::new();
+    let mut buf = Vec::new();
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + timeout;
     while out.len() < n {
@@ -88,9 +88,8 @@ async fn sse_events(resp: &mut reqwest::Response, n: usize, timeout: Duration) -
             Ok(Ok(Some(c))) => c,
             _ => break,
         };
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
+        buf.extend_from_slice(&chunk);
+        while let Some(block) = crate::common::take_sse_block(&mut buf) {
             let (mut event, mut data) = (String::new(), String::new());
             for line in block.lines() {
                 if let Some(v) = line.strip_prefix("event:") {
