@@ -69,8 +69,8 @@ impl Default for HttpLimits {
     }
 }
 
-/// Counts what each user holds at once of one thing (streams, turns), up to a number per
-/// user.
+/// Counts what each user holds at once of one thing (streams, turns, running tools), up to a
+/// number per user.
 #[derive(Debug)]
 pub struct PerUserLimit {
     per_user: usize,
@@ -117,9 +117,42 @@ impl PerUserLimit {
         Some(UserSlot { limit: self.clone(), user_id: user_id.to_owned() })
     }
 
+    /// For the first `n` of `users` (one entry per place wanted, in order), a place each while
+    /// its user has one left: stops at the first entry whose user has none, so the places
+    /// taken are for a prefix of `users`. All are taken under one lock: nothing taken
+    /// meanwhile pushes a user past the limit.
+    pub fn take_prefix(self: &Arc<Self>, users: &[String], n: usize) -> Vec<UserSlot> {
+        let mut held = self.held.lock();
+        let mut taken = Vec::new();
+        for user_id in users.iter().take(n) {
+            let count = held.entry(user_id.clone()).or_insert(0);
+            if *count >= self.per_user {
+                break;
+            }
+            *count += 1;
+            taken.push(UserSlot { limit: self.clone(), user_id: user_id.clone() });
+        }
+        taken
+    }
+
+    /// The most places one user holds at once.
+    pub fn per_user(&self) -> usize {
+        self.per_user
+    }
+
     /// Places `user_id` holds now.
     pub fn held(&self, user_id: &str) -> usize {
         self.held.lock().get(user_id).copied().unwrap_or(0)
+    }
+
+    /// Whether `user_id` holds every place they may.
+    pub fn is_full(&self, user_id: &str) -> bool {
+        self.held(user_id) >= self.per_user
+    }
+
+    /// The users holding every place they may.
+    pub fn full(&self) -> Vec<String> {
+        self.held.lock().iter().filter(|(_, n)| **n >= self.per_user).map(|(u, _)| u.clone()).collect()
     }
 }
 
@@ -128,6 +161,13 @@ impl PerUserLimit {
 pub struct UserSlot {
     limit: Arc<PerUserLimit>,
     user_id: String,
+}
+
+impl UserSlot {
+    /// Whose place this is.
+    pub fn user_id(&self) -> &str {
+        &self.user_id
+    }
 }
 
 impl Drop for UserSlot {
@@ -572,6 +612,39 @@ impl AsyncWrite for LimitedIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn users(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_user_holds_at_most_their_places_and_gets_them_back() {
+        let limit = PerUserLimit::new(2);
+        let a1 = limit.try_take("a").unwrap();
+        let _a2 = limit.try_take("a").unwrap();
+        assert!(limit.try_take("a").is_none(), "a third place for a");
+        assert!(limit.is_full("a"));
+        assert_eq!(limit.full(), users(&["a"]));
+        let b = limit.try_take("b").unwrap();
+        assert_eq!(b.user_id(), "b");
+        drop(a1);
+        assert!(limit.full().is_empty());
+        assert_eq!(limit.held("a"), 1);
+    }
+
+    #[test]
+    fn a_prefix_stops_at_the_first_entry_past_its_users_places() {
+        let limit = PerUserLimit::new(2);
+        let _held = limit.try_take("a").unwrap();
+        let taken = limit.take_prefix(&users(&["b", "a", "b", "a", "c"]), 10);
+        let got: Vec<&str> = taken.iter().map(UserSlot::user_id).collect();
+        assert_eq!(got, ["b", "a", "b"], "a's second entry is past a's places");
+        assert_eq!(limit.held("a"), 2);
+        drop(taken);
+        assert_eq!((limit.held("a"), limit.held("b")), (1, 0));
+        assert_eq!(limit.take_prefix(&users(&["c", "c", "c"]), 2).len(), 2, "no more than n");
+        assert_eq!(limit.held("c"), 0, "dropped places are given back");
+    }
 
     #[tokio::test]
     async fn turns_are_limited_per_user_and_freed_when_dropped() {

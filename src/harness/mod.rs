@@ -21,7 +21,6 @@
 pub use mira_core::commit;
 pub mod executor;
 pub mod fair;
-pub mod share;
 
 pub use commit::{CommitGate, GateState, SideEffects, StopNoteOutcome, StopOutcome, StopReason};
 pub use executor::{Executor, LocalExecutor};
@@ -40,6 +39,7 @@ use crate::approval::policy::{self, ApprovalRule, Decision};
 use crate::error::ErrorCode;
 pub use crate::events::Wake;
 use crate::evidence::EvidenceDraft;
+use crate::limits::{PerUserLimit, UserSlot};
 use crate::registry::{Entry, Registry, ToolError, ToolOutput};
 use crate::state::ApprovalStatus;
 use crate::store::{ApprovalRow, FinalStatus, HarnessClaim, InvocationRow, Store};
@@ -146,10 +146,20 @@ pub struct Handoff {
 }
 
 /// One free execution slot of a harness, held for an invocation claimed outside its loop
-/// (see [`Harness::slot`], [`Harness::adopt`]), counted in its user's share.
+/// (see [`Harness::slot`], [`Harness::adopt`]), counted in its user's share. A slot dropped
+/// without being handed over (the grant or freeze that took it failed, or claimed nothing)
+/// wakes the claim loop, which may have found no slot free while this one was held.
 pub struct ExecutionSlot {
-    permit: OwnedSemaphorePermit,
-    share: share::Share,
+    held: Option<(OwnedSemaphorePermit, UserSlot)>,
+    wake: Wake,
+}
+
+impl Drop for ExecutionSlot {
+    fn drop(&mut self) {
+        if self.held.take().is_some() {
+            self.wake.wake();
+        }
+    }
 }
 
 /// The executions of a started harness, and the signal that stops them.
@@ -169,8 +179,17 @@ pub struct Harness {
     running: Mutex<HashMap<String, Arc<RunningCall>>>,
     /// Execution slots (`limits.concurrency`): the loop's claims and adopted invocations.
     permits: Arc<Semaphore>,
-    /// The slots each user holds ([`share`]).
-    shares: Arc<share::Shares>,
+    /// Each user's share of the slots: the tools of one user running at once on this replica
+    /// (`limits.per_user`, `--max-running-per-user`). The queue's order ([`fair`]) decides who
+    /// starts next, not how long a start holds its slot: a user whose calls each run for
+    /// minutes could otherwise hold every slot until the execution time limit. One more
+    /// call's freeze or grant finds no slot ([`Harness::slot`]) and the claim loop passes over
+    /// that user's queued calls, which keep their place and tag. A share is counted while the
+    /// tool runs and given back when it returns ([`Harness::release`]), before its result
+    /// waits for the group commit (the slot stays busy until then): counting that latency
+    /// would make the share a throughput limit for short calls. Shares are per replica, like
+    /// the slots.
+    shares: Arc<PerUserLimit>,
     /// The claim loop's transactions and the invocations they claimed ([`ClaimStats`]).
     claim_transactions: AtomicU64,
     claimed: AtomicU64,
@@ -219,7 +238,7 @@ impl Harness {
         limits: HarnessLimits,
     ) -> Self {
         let permits = Arc::new(Semaphore::new(limits.concurrency.max(1)));
-        let shares = share::Shares::new(limits.per_user);
+        let shares = PerUserLimit::new(limits.per_user);
         Self {
             store,
             registry,
@@ -250,7 +269,7 @@ impl Harness {
     }
 
     /// A free execution slot now for a call of `owner_id`, or None when every slot is busy,
-    /// the user's share of running tools is taken ([`share`]), or another user has calls queued (the
+    /// the user's share of running tools is taken ([`Harness`]'s `shares`), or another user has calls queued (the
     /// invocation is then left to the claim loop, which claims in queue order: a call that
     /// took a slot at its freeze would go ahead of every queued one, and a user freezing all
     /// the time would take every slot that frees). A user's own queued calls do not stop
@@ -266,7 +285,7 @@ impl Harness {
         } else {
             self.shares.try_take(owner_id).and_then(|share| {
                 let permit = Arc::clone(&self.permits).try_acquire_owned().ok()?;
-                Some(ExecutionSlot { permit, share })
+                Some(ExecutionSlot { held: Some((permit, share)), wake: self.wake.clone() })
             })
         };
         if slot.is_none() {
@@ -305,13 +324,10 @@ impl Harness {
     /// `slot`, as the loop runs what it claims: same gate, lease, limits and recording. When
     /// the loop has stopped (the server is stopping), the invocation stays claimed and ends
     /// `interrupted` like every call this node left running — it never ran.
-    pub fn adopt(self: &Arc<Self>, inv: InvocationRow, handoff: Handoff, slot: ExecutionSlot) {
-        let ExecutionSlot { permit, mut share } = slot;
-        // Slots are taken for the call's owner; should one not be, the call still runs on a
-        // share of its owner's.
-        if share.owner() != inv.owner_id {
-            share = self.shares.take(&inv.owner_id);
-        }
+    pub fn adopt(self: &Arc<Self>, inv: InvocationRow, handoff: Handoff, mut slot: ExecutionSlot) {
+        let Some((permit, share)) = slot.held.take() else { return };
+        // Slots are taken for the call's owner (a grant takes it for the owner, whoever decides).
+        debug_assert_eq!(share.user_id(), inv.owner_id);
         if !self.launch(inv, handoff, permit, share) {
             tracing::warn!("an invocation was claimed while the harness stopped; it ends interrupted");
         }
@@ -324,7 +340,7 @@ impl Harness {
         inv: InvocationRow,
         handoff: Handoff,
         permit: OwnedSemaphorePermit,
-        share: share::Share,
+        share: UserSlot,
     ) -> bool {
         let mut executions = self.executions.lock();
         let Some(ex) = executions.as_mut() else { return false };
@@ -393,7 +409,7 @@ impl Harness {
                     break;
                 }
                 // Users holding their share of the slots are passed over until a call of theirs
-                // ends ([`share`]); the calls claimed are a prefix of the rest of the queue.
+                // ends (`shares`); the calls claimed are a prefix of the rest of the queue.
                 let full = self.shares.full();
                 let wanted = self.permits.available_permits().min(MAX_CLAIM_BATCH);
                 let head = match self.store.queue_head(wanted, &full).await {
@@ -419,7 +435,7 @@ impl Harness {
                     break;
                 };
                 let ids: Vec<String> = head.calls.into_iter().take(free).map(|(id, _)| id).collect();
-                let mut shares: HashMap<String, share::Share> = ids.iter().cloned().zip(shares).collect();
+                let mut shares: HashMap<String, UserSlot> = ids.iter().cloned().zip(shares).collect();
                 let batch = match self.store.claim_ids(&self.node_id, millis(self.limits.lease), &ids).await {
                     Ok(batch) => batch,
                     Err(e) => {
@@ -477,8 +493,8 @@ impl Harness {
     /// their share for its whole latency). A user whose calls were passed over then counts as
     /// waiting, so the next free slot goes to the queue in its order, and the loop is woken
     /// (it may claim their calls in slots free already).
-    fn release(&self, share: share::Share) {
-        let owner = share.owner().to_owned();
+    fn release(&self, share: UserSlot) {
+        let owner = share.user_id().to_owned();
         drop(share);
         if self.parked.lock().remove(&owner) {
             if let Some(waiting) = self.waiting.lock().as_mut() {
@@ -493,7 +509,7 @@ impl Harness {
         self: Arc<Self>,
         inv: InvocationRow,
         handoff: Handoff,
-        (permit, share): (OwnedSemaphorePermit, share::Share),
+        (permit, share): (OwnedSemaphorePermit, UserSlot),
         stopping: CancellationToken,
     ) {
         self.run_one(inv, handoff, share, stopping).await;
@@ -623,7 +639,7 @@ impl Harness {
 
     /// Executes one claimed invocation inside its `execute_tool {tool}` span (GenAI semantic
     /// conventions), a child of the request that made it runnable ([`crate::telemetry`]).
-    async fn run_one(&self, inv: InvocationRow, handoff: Handoff, share: share::Share, stopping: CancellationToken) {
+    async fn run_one(&self, inv: InvocationRow, handoff: Handoff, share: UserSlot, stopping: CancellationToken) {
         use tracing::Instrument;
         let span = tracing::info_span!(
             target: "mira::otel",
@@ -654,7 +670,7 @@ impl Harness {
         &self,
         inv: InvocationRow,
         handoff: Handoff,
-        share: share::Share,
+        share: UserSlot,
         stopping: CancellationToken,
         span: &tracing::Span,
     ) {

@@ -862,7 +862,7 @@ impl Store {
     /// transaction): `owners`, every user with queued invocations (in id order), and `calls`,
     /// the first `limit` claimable invocations (see [`Store::claim_ids`]) in queue order (by
     /// `queue_tag`, then id; see [`crate::harness::fair`]), passing over those of the users in
-    /// `skip` (who hold their share of the execution slots, [`crate::harness::share`]).
+    /// `skip` (who hold their share of the execution slots, `--max-running-per-user`).
     ///
     /// Read per user, so passing over a user costs nothing however long their backlog is:
     /// the users are found by a skip scan of the `status` index `(status, owner_id,
