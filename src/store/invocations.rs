@@ -1350,32 +1350,32 @@ SELECT x.value ->> 'id', x.value ->> 'run_id', x.value ->> 'turn_id', x.value ->
     x.value ->> 'tool_call_id', x.value ->> 'input', x.value ->> 'input_hash', x.value ->> 'approval_required',
     x.value ->> 'status', x.value ->> 'claimed_by', x.value ->> 'lease_until', x.value ->> 'started_at',
     x.value ->> 'queue_tag', $4, $4
-FROM json_each($1) AS x WHERE true ORDER BY x.key
+FROM jsonb_each($1) AS x WHERE true ORDER BY x.key
 ON CONFLICT DO NOTHING RETURNING 'i', id, 0, NULL;
 INSERT INTO invocation_traces (invocation_id, trace_parent)
-SELECT t.value ->> 'id', t.value ->> 'trace_parent' FROM json_each($7) AS t
+SELECT t.value ->> 'id', t.value ->> 'trace_parent' FROM jsonb_each($7) AS t
 WHERE EXISTS (SELECT 1 FROM invocations AS i WHERE i.id = t.value ->> 'id');
 INSERT INTO approvals (id, invocation_id, run_id, owner_id, tool_id, tool_call_id, input_hash, status, preview,
     expires_at, created_at, rule, rule_domain)
 SELECT a.value ->> 'id', a.value ->> 'invocation_id', a.value ->> 'run_id', a.value ->> 'owner_id',
     a.value ->> 'tool_id', a.value ->> 'tool_call_id', a.value ->> 'input_hash', 'pending', a.value ->> 'preview',
     a.value ->> 'expires_at', $4, a.value ->> 'rule', a.value ->> 'rule_domain'
-FROM json_each($6) AS a WHERE EXISTS (SELECT 1 FROM invocations AS i WHERE i.id = a.value ->> 'invocation_id');
+FROM jsonb_each($6) AS a WHERE EXISTS (SELECT 1 FROM invocations AS i WHERE i.id = a.value ->> 'invocation_id');
 INSERT INTO evidence (id, run_id, invocation_id, owner_id, tool_id, kind, provenance, content_sha256, excerpt,
     created_at)
 SELECT e.value ->> 'id', e.value ->> 'run_id', e.value ->> 'invocation_id', e.value ->> 'owner_id',
     e.value ->> 'tool_id', e.value ->> 'kind', e.value ->> 'provenance', e.value ->> 'content_sha256',
     e.value ->> 'excerpt', $4
-FROM json_each($3) AS e
-WHERE EXISTS (SELECT 1 FROM json_each($2) AS f JOIN invocations AS i ON i.id = f.value ->> 'id'
+FROM jsonb_each($3) AS e
+WHERE EXISTS (SELECT 1 FROM jsonb_each($2) AS f JOIN invocations AS i ON i.id = f.value ->> 'id'
               WHERE f.value ->> 'id' = e.value ->> 'invocation_id' AND +i.status = 'running'
                 AND i.claimed_by = f.value ->> 'node');
 UPDATE invocations SET status = f.value ->> 'status', result = f.value ->> 'result', finished_at = $4,
     updated_at = $4, lease_until = NULL
-FROM json_each($2) AS f
+FROM jsonb_each($2) AS f
 WHERE invocations.id = f.value ->> 'id' AND +invocations.status = 'running' AND invocations.claimed_by = f.value ->> 'node'
 RETURNING 'u', invocations.id, 0, NULL;
-SELECT 'c', id, event_seq, last_hash FROM runs WHERE id IN (SELECT value FROM json_each($5))";
+SELECT 'c', id, event_seq, last_hash FROM runs WHERE id IN (SELECT value FROM jsonb_each($5))";
 
 /// The last command of a write batch on SQLite ([`super::SqliteWriteBatch::append_and_commit`]):
 /// `$1` the events, numbered and hash-chained (`run_id, seq, type, data, content_hash,
@@ -1385,9 +1385,9 @@ const APPEND_AND_COMMIT_SQLITE: &str = "\
 INSERT INTO events (run_id, seq, type, data, content_hash, prev_hash, hash, created_at)
 SELECT e.value ->> 'run_id', e.value ->> 'seq', e.value ->> 'type', e.value ->> 'data', e.value ->> 'content_hash',
     e.value ->> 'prev_hash', e.value ->> 'hash', $3
-FROM json_each($1) AS e;
+FROM jsonb_each($1) AS e;
 UPDATE runs SET event_seq = c.value ->> 'seq', last_hash = c.value ->> 'hash'
-FROM json_each($2) AS c WHERE runs.id = c.value ->> 'id';
+FROM jsonb_each($2) AS c WHERE runs.id = c.value ->> 'id';
 COMMIT";
 
 /// The evidence insert on Postgres: `$1` a JSON array of the rows, `$2` the time.
