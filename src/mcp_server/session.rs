@@ -42,7 +42,7 @@ use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, InitializeRequestParams,
     InitializeResult, JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam,
-    ProtocolVersion, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    ProtocolVersion, RequestId, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext};
 use serde::Deserialize;
@@ -85,6 +85,18 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// how long it is); the shorter fields are shown first, so a long one never hides them.
 const ELICIT_FIELD_BYTES: usize = 512;
 
+/// Longest a waiting call whose request was cancelled waits to hear the client's
+/// `notifications/cancelled` for it (handled right after rmcp cancels the request); not heard
+/// by then, the cancel came from the session ending or the server stopping.
+const CANCEL_HEARD_WAIT: Duration = Duration::from_secs(1);
+
+/// Most request ids of a client's `notifications/cancelled` a session keeps until a waiting
+/// call reads them (ids of requests not waiting are kept too, the oldest forgotten first).
+const MAX_CANCELS_HEARD: usize = 64;
+
+/// Most fields of the input an elicitation lists ([`elicit_input`]).
+const ELICIT_FIELDS: usize = 24;
+
 /// Most calls of one session waiting at once; one more is an error result.
 pub const MAX_CALLS_IN_FLIGHT: usize = 8;
 
@@ -108,10 +120,14 @@ struct Bound {
     run_id: String,
     task: String,
     turn: Option<Turn>,
-    /// Calls that were not final when last answered, by the SHA-256 of (function name,
-    /// arguments): a repeated call waits on the same invocation. At most
-    /// [`MAX_REMEMBERED_CALLS`], the oldest forgotten first.
-    pending: HashMap<[u8; 32], String>,
+    /// Calls not known to be final, by the SHA-256 of (function name, arguments): a repeated
+    /// call waits on the same invocation. An entry is made before the freeze, and the freeze
+    /// runs inside it ([`tokio::sync::OnceCell::get_or_try_init`]), so a second identical call
+    /// sent while the first is freezing waits for that freeze instead of making its own, and a
+    /// call that fails after its freeze leaves the invocation to rejoin. Forgotten when a call
+    /// answers its final result (or the client cancels it); at most [`MAX_REMEMBERED_CALLS`],
+    /// the oldest forgotten first.
+    pending: HashMap<[u8; 32], Arc<tokio::sync::OnceCell<String>>>,
     pending_order: std::collections::VecDeque<[u8; 32]>,
     _slot: SessionSlot,
 }
@@ -137,6 +153,8 @@ pub struct Session {
     /// Set once the list watcher runs (a repeated `notifications/initialized` starts none).
     watching: std::sync::atomic::AtomicBool,
     bound: Arc<Mutex<Option<Bound>>>,
+    /// The requests the client cancelled ([`Session::stopped`]).
+    cancels: CancelsHeard,
     /// Wakes the list watcher's end when the session is dropped.
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
@@ -157,6 +175,7 @@ impl Session {
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
             watching: std::sync::atomic::AtomicBool::new(false),
             bound: Arc::new(Mutex::new(None)),
+            cancels: CancelsHeard::default(),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
         }
@@ -249,25 +268,42 @@ impl Session {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, Error> {
         let key = call_key(name, &args)?;
-        let rejoined = self.bound.lock().await.as_ref().and_then(|b| b.pending.get(&key).cloned());
-        let mut view = match rejoined {
-            Some(id) => {
+        let deadline = tokio::time::Instant::now() + CALL_WAIT;
+        let entry = self.remember(key).await?;
+        let mut frozen = None;
+        let freeze = entry.get_or_try_init(|| async {
+            let turn = self.turn(None).await?;
+            let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+            let body = CreateInvocation {
+                turn_id: turn.id,
+                tool_id: name.to_owned(),
+                tool_call_id: format!("mcp-{}-{n}", self.tag),
+                input: JsonDocument(Value::Object(args)),
+            };
+            let view = invocations::freeze_call(&self.app, user, run_id, body).await?.1;
+            let id = view.invocation_id.clone();
+            frozen = Some(view);
+            Ok::<_, Error>(id)
+        });
+        // The turn and the freeze (a round trip to the run's device, for a device's run) are
+        // bounded by the call's wait, and a client's cancel before the freeze ends just stops it.
+        let id = tokio::select! {
+            id = tokio::time::timeout_at(deadline, freeze) => match id {
+                Ok(id) => id?.clone(),
+                Err(_) => return Err(Error::Unavailable {
+                    code: ErrorCode::RequestTimeout,
+                    message: format!("freezing the call took longer than {} s", CALL_WAIT.as_secs()),
+                }),
+            },
+            () = ctx.ct.cancelled() => return Err(cancelled_before_freeze()),
+        };
+        let mut view = match frozen {
+            Some(view) => view,
+            None => {
                 let row = invocations::wait_for(&self.app, &user.user_id, &id, Duration::ZERO, |_| true).await?;
                 invocations::full_view(&self.app, row).await?
             }
-            None => {
-                let turn = self.turn(None).await?;
-                let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-                let body = CreateInvocation {
-                    turn_id: turn.id,
-                    tool_id: name.to_owned(),
-                    tool_call_id: format!("mcp-{}-{n}", self.tag),
-                    input: JsonDocument(Value::Object(args)),
-                };
-                invocations::freeze_call(&self.app, user, run_id, body).await?.1
-            }
         };
-        let deadline = tokio::time::Instant::now() + CALL_WAIT;
         let mut asked = false;
         let mut waited: u32 = 0;
         loop {
@@ -294,15 +330,7 @@ impl Session {
             let wait = invocations::wait_for(&self.app, &user.user_id, &view.invocation_id, slice, done);
             let row = tokio::select! {
                 row = wait => row?,
-                () = ctx.ct.cancelled() => {
-                    let outcome = invocations::cancel(&self.app, user, &view.invocation_id).await;
-                    tracing::info!(invocation = %view.invocation_id, ok = outcome.is_ok(), "MCP client cancelled its call");
-                    return Err(Error::conflict(
-                        ErrorCode::InvalidState,
-                        "the client cancelled the call",
-                        json!({"invocation_id": view.invocation_id}),
-                    ));
-                }
+                () = ctx.ct.cancelled() => return Err(self.stopped(user, &view.invocation_id, key, &ctx.id).await),
             };
             view = invocations::full_view(&self.app, row).await?;
             if let Some(token) = token
@@ -319,22 +347,74 @@ impl Session {
                 let _ = ctx.peer.notify_progress(note).await;
             }
         }
-        {
-            let mut guard = self.bound.lock().await;
-            if let Some(b) = guard.as_mut() {
-                if view.status.is_final() {
-                    b.pending.remove(&key);
-                } else if b.pending.insert(key, view.invocation_id.clone()).is_none() {
-                    b.pending_order.push_back(key);
-                    while b.pending_order.len() > MAX_REMEMBERED_CALLS {
-                        if let Some(old) = b.pending_order.pop_front() {
-                            b.pending.remove(&old);
-                        }
-                    }
-                }
-            }
+        if view.status.is_final() {
+            self.forget(key, &entry).await;
         }
         Ok(result_of(&view))
+    }
+
+    /// Whether the token of the `tools/call` a grant through elicitation is recorded with is
+    /// still valid: the answer comes in another request (whose token rmcp shows nobody), and
+    /// a grant is never recorded under a revoked token.
+    async fn token_still_valid(&self, user: &AuthUser) -> bool {
+        matches!(self.app.store.token_by_id(&user.token_id).await, Ok(Some(t)) if t.revoked_at.is_none())
+    }
+
+    /// The rejoin entry of call `key` ([`Bound::pending`]), made now when there is none.
+    async fn remember(&self, key: [u8; 32]) -> Result<Arc<tokio::sync::OnceCell<String>>, Error> {
+        let mut guard = self.bound.lock().await;
+        let b = guard.as_mut().ok_or(Error::NotFound("session"))?;
+        if let Some(entry) = b.pending.get(&key) {
+            return Ok(Arc::clone(entry));
+        }
+        let entry = Arc::new(tokio::sync::OnceCell::new());
+        b.pending.insert(key, Arc::clone(&entry));
+        b.pending_order.push_back(key);
+        while b.pending_order.len() > MAX_REMEMBERED_CALLS {
+            if let Some(old) = b.pending_order.pop_front() {
+                b.pending.remove(&old);
+            }
+        }
+        Ok(entry)
+    }
+
+    /// Forgets the rejoin entry of call `key` when it is still `entry` (not one made since).
+    async fn forget(&self, key: [u8; 32], entry: &Arc<tokio::sync::OnceCell<String>>) {
+        let mut guard = self.bound.lock().await;
+        if let Some(b) = guard.as_mut()
+            && b.pending.get(&key).is_some_and(|e| Arc::ptr_eq(e, entry))
+        {
+            b.pending.remove(&key);
+            b.pending_order.retain(|k| *k != key);
+        }
+    }
+
+    /// A waiting call's request was cancelled. Only a client's `notifications/cancelled` for
+    /// it ([`ServerHandler::on_cancelled`], heard within [`CANCEL_HEARD_WAIT`]) cancels the
+    /// invocation, as `POST /v1/invocations/{id}/cancel` would, and forgets it; the server
+    /// stopping or the session ending (rmcp cancels every request then) leaves the invocation
+    /// as it is, still decidable in the page and rejoinable — nobody asked to cancel it.
+    async fn stopped(&self, user: &AuthUser, invocation_id: &str, key: [u8; 32], request: &RequestId) -> Error {
+        let by_client = !self.app.shutdown.is_cancelled() && self.cancels.heard(request, CANCEL_HEARD_WAIT).await;
+        if by_client {
+            let outcome = invocations::cancel(&self.app, user, invocation_id).await;
+            tracing::info!(invocation = %invocation_id, ok = outcome.is_ok(), "MCP client cancelled its call");
+            let entry = self.bound.lock().await.as_ref().and_then(|b| b.pending.get(&key).cloned());
+            if let Some(entry) = entry {
+                self.forget(key, &entry).await;
+            }
+            Error::conflict(
+                ErrorCode::InvalidState,
+                "the client cancelled the call",
+                json!({"invocation_id": invocation_id}),
+            )
+        } else {
+            Error::Unavailable {
+                code: ErrorCode::ServerStopping,
+                message: "the session or the server ended while the call waited; the invocation is left as it is"
+                    .to_owned(),
+            }
+        }
     }
 
     /// Asks the user through form elicitation to approve the exact call, when the client
@@ -358,7 +438,15 @@ impl Session {
         if approval.rule() == ApprovalRule::FourEyes {
             return Ok(());
         }
-        let input = elicit_input(&view.input);
+        let declared: Vec<String> = self
+            .app
+            .registry
+            .get(&view.tool_id, &user.user_id)
+            .and_then(|e| {
+                e.spec().input_schema.get("properties").and_then(Value::as_object).map(|p| p.keys().cloned().collect())
+            })
+            .unwrap_or_default();
+        let input = elicit_input(&view.input, &declared);
         let message = format!(
             "Approve this exact call?\n\ntool: {}\ncall id: {}\ninput hash: {}\napproval: {}\n\ninput (the whole of it is in the approval):\n{input}",
             view.tool_id, view.tool_call_id, view.input_hash, approval_id
@@ -374,6 +462,12 @@ impl Session {
             input_hash: &view.input_hash,
         };
         match answer {
+            Ok(Some(ApprovalAnswer { approve: true })) if !self.token_still_valid(user).await => {
+                tracing::info!(
+                    approval = approval_id,
+                    "grant through elicitation refused: the call's token was revoked"
+                );
+            }
             Ok(Some(ApprovalAnswer { approve: true })) => {
                 match crate::approval::grant(
                     &self.app.store,
@@ -407,6 +501,56 @@ impl Session {
     }
 }
 
+/// The request ids of a session's client `notifications/cancelled`, kept until a waiting
+/// call takes its own ([`Session::stopped`]).
+#[derive(Default)]
+struct CancelsHeard {
+    ids: parking_lot::Mutex<std::collections::VecDeque<RequestId>>,
+    heard: tokio::sync::Notify,
+}
+
+impl CancelsHeard {
+    /// The client cancelled request `id`.
+    fn hear(&self, id: RequestId) {
+        let mut ids = self.ids.lock();
+        if ids.len() >= MAX_CANCELS_HEARD {
+            ids.pop_front();
+        }
+        ids.push_back(id);
+        drop(ids);
+        self.heard.notify_waiters();
+    }
+
+    /// Whether the client cancelled request `id`, waiting up to `within` to hear it; the id
+    /// is taken.
+    async fn heard(&self, id: &RequestId, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let notified = self.heard.notified();
+            tokio::pin!(notified);
+            // Registered before the look: a cancel heard in between still wakes this wait.
+            notified.as_mut().enable();
+            if self.take(id) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.take(id);
+            }
+        }
+    }
+
+    fn take(&self, id: &RequestId) -> bool {
+        let mut ids = self.ids.lock();
+        let found = ids.iter().position(|i| i == id);
+        found.map(|at| ids.remove(at)).is_some()
+    }
+}
+
+/// The error of a call whose client cancelled it before its invocation was frozen.
+fn cancelled_before_freeze() -> Error {
+    Error::conflict(ErrorCode::InvalidState, "the client cancelled the call before it was frozen", json!({}))
+}
+
 /// The rejoin key of a call: SHA-256 of the function name and the arguments' JSON (object keys
 /// sorted, as serde_json's map keeps them).
 fn call_key(name: &str, args: &JsonObject) -> Result<[u8; 32], Error> {
@@ -419,10 +563,13 @@ fn call_key(name: &str, args: &JsonObject) -> Result<[u8; 32], Error> {
     Ok(hash.finalize().into())
 }
 
-/// The input as an elicitation shows it: one `field: value` line per member, shortest value
-/// first (so a long text never pushes the path or the flags out of view), each string cut at
-/// [`ELICIT_FIELD_BYTES`] with its length said.
-fn elicit_input(input: &Value) -> String {
+/// The input as an elicitation shows it: one `field: value` line per member — the fields the
+/// tool's schema declares (`declared`) first, then any others; within each, shortest value
+/// first (so a long text never pushes the path or the flags out of view) — at most
+/// [`ELICIT_FIELDS`] lines, saying how many more there are; each string cut at
+/// [`ELICIT_FIELD_BYTES`] with its length said. A field name that is not plain (letters,
+/// digits, `_`, `-`, `.`) is shown quoted and escaped, so no name can forge a line.
+fn elicit_input(input: &Value, declared: &[String]) -> String {
     let cut = |v: &Value| -> String {
         match v {
             Value::String(s) if s.len() > ELICIT_FIELD_BYTES => {
@@ -443,8 +590,18 @@ fn elicit_input(input: &Value) -> String {
     match input {
         Value::Object(map) => {
             let mut fields: Vec<(&String, String)> = map.iter().map(|(k, v)| (k, cut(v))).collect();
-            fields.sort_by_key(|(k, v)| (v.len(), (*k).clone()));
-            fields.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join("\n")
+            fields.sort_by_key(|(k, v)| (!declared.contains(k), v.len(), (*k).clone()));
+            let plain =
+                |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+            let mut lines: Vec<String> = fields
+                .iter()
+                .take(ELICIT_FIELDS)
+                .map(|(k, v)| if plain(k) { format!("{k}: {v}") } else { format!("{k:?}: {v}") })
+                .collect();
+            if fields.len() > ELICIT_FIELDS {
+                lines.push(format!("… and {} more fields, not shown here", fields.len() - ELICIT_FIELDS));
+            }
+            lines.join("\n")
         }
         other => cut(other),
     }
@@ -671,6 +828,16 @@ impl ServerHandler for Session {
         meta.insert("mira/run".into(), json!({"run_id": run.id}));
         result.meta = Some(MetaObject(meta));
         Ok(result)
+    }
+
+    async fn on_cancelled(
+        &self,
+        notification: rmcp::model::CancelledNotificationParam,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        if let Some(id) = notification.request_id {
+            self.cancels.hear(id);
+        }
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
