@@ -91,6 +91,21 @@ window.open('{b}/from-popup');
     )
 }
 
+/// A page that gathers WebRTC candidates with a STUN and a TURN-over-UDP server at
+/// 127.0.0.1:`port`: without the floor's WebRTC policy Chromium sends them UDP directly.
+fn webrtc_page(port: u16) -> String {
+    format!(
+        r#"<!doctype html><html><head><title>RTC</title></head><body><h1>RTC</h1>
+<script>
+const pc = new RTCPeerConnection({{iceServers: [
+  {{urls: 'stun:127.0.0.1:{port}'}},
+  {{urls: 'turn:127.0.0.1:{port}?transport=udp', username: 'u', credential: 'p'}}]}});
+pc.createDataChannel('d');
+pc.createOffer().then((o) => pc.setLocalDescription(o));
+</script></body></html>"#
+    )
+}
+
 /// Serves the pages of origin A on a free port; `/redirect` answers 302 to `target`; `/floor`
 /// is [`floor_page`] aimed at `target`'s origin; `/ws` counts its hits in `ws_hits`.
 async fn serve_a(target: String) -> String {
@@ -119,6 +134,12 @@ async fn serve_a_counting(target: String, ws_hits: Arc<AtomicUsize>) -> String {
         .route("/second", axum::routing::get(|| async { Html("<title>Second</title><h1>Second page</h1>") }))
         .route("/inject", axum::routing::get(|| async { Html(INJECTED) }))
         .route("/canvas", axum::routing::get(|| async { Html(CANVAS) }))
+        .route(
+            "/webrtc/{port}",
+            axum::routing::get(
+                |axum::extract::Path(port): axum::extract::Path<u16>| async move { Html(webrtc_page(port)) },
+            ),
+        )
         .route("/redirect", axum::routing::get(move || async move { Redirect::temporary(&target) }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -718,6 +739,31 @@ async fn the_network_floor_polices_sockets_workers_and_popups(backend: Backend) 
     );
     assert!(refused.iter().all(|r| r["rule"] == "origin"), "{refused:?}");
     assert!(ws_hits.load(Ordering::SeqCst) > 0, "a WebSocket to the allowed origin goes through");
+}
+
+/// A page's WebRTC sends no UDP outside the proxy (STUN and TURN to a loopback port here): the
+/// flag that says so must be one Chromium knows (`--webrtc-ip-handling-policy`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webrtc_sends_no_udp_past_the_floor() {
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = udp.local_addr().unwrap().port();
+    let a = serve_a("http://127.0.0.1:9/".into()).await;
+    let mut options = Options::default();
+    options.runtime.allow_internal_urls = false;
+    options.runtime.browser = mira::tools::browser::BrowserSettings {
+        chromium: Some(chromium()),
+        allow_origins: vec![a.clone()],
+        ..Default::default()
+    };
+    let t = spawn_with(Backend::Sqlite, options).await;
+    let token = t.admin_token.clone();
+    let mut f = Fx::new(t, token).await;
+    let (_, nav) = f.approved("browser_navigate", json!({"url": format!("{a}/webrtc/{port}")})).await;
+    assert_eq!(nav["result"]["output"]["outcome"], "loaded", "{nav}");
+    // Candidate gathering starts at once and sends its first STUN request within a second.
+    let mut buf = [0u8; 2048];
+    let got = tokio::time::timeout(Duration::from_secs(4), udp.recv_from(&mut buf)).await;
+    assert!(got.is_err(), "a datagram reached 127.0.0.1:{port} past the floor: {got:?}");
 }
 
 both_backends!(

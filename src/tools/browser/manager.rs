@@ -11,7 +11,7 @@
 //! the call during which it happened. Beneath that, every connection of a user's context goes
 //! through the context's own proxy (the network floor, [`super::proxy`]), which applies the same
 //! policy to what interception never sees: workers, WebSockets, pop-ups. WebRTC may not send
-//! UDP outside the proxy (`--force-webrtc-ip-handling-policy=disable_non_proxied_udp`). Nothing here evaluates JavaScript given by a caller; the
+//! UDP outside the proxy (`--webrtc-ip-handling-policy=disable_non_proxied_udp`). Nothing here evaluates JavaScript given by a caller; the
 //! two fixed functions that clear a text field and choose a `<select>` option are this
 //! module's own.
 //!
@@ -50,7 +50,7 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// Chromium's flags: puppeteer's defaults as chromiumoxide 0.9 passes them (pop-ups allowed:
 /// they pass the network floor), headless, no extensions, no background traffic, and WebRTC
 /// kept inside the context's proxy.
-const LAUNCH_ARGS: [&str; 31] = [
+const LAUNCH_ARGS: [&str; 30] = [
     "--disable-background-networking",
     "--enable-features=NetworkService,NetworkServiceInProcess",
     "--disable-background-timer-throttling",
@@ -63,7 +63,6 @@ const LAUNCH_ARGS: [&str; 31] = [
     "--disable-features=TranslateUI",
     "--disable-hang-monitor",
     "--disable-ipc-flooding-protection",
-    "--disable-popup-blocking",
     "--disable-prompt-on-repost",
     "--disable-renderer-backgrounding",
     "--disable-sync",
@@ -80,7 +79,7 @@ const LAUNCH_ARGS: [&str; 31] = [
     "--hide-scrollbars",
     "--mute-audio",
     "--disable-gpu",
-    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
     "--no-default-browser-check",
 ];
 /// Longest a navigation waits for the page's `load` event.

@@ -42,6 +42,9 @@ pub struct PipeBrowser {
     bridge: JoinHandle<()>,
 }
 
+/// The server's environment variables a managed Chromium keeps (besides `LC_*` and `XDG_*`).
+const CHROMIUM_ENV: [&str; 7] = ["PATH", "HOME", "LANG", "TZ", "TMPDIR", "FONTCONFIG_PATH", "FONTCONFIG_FILE"];
+
 impl PipeBrowser {
     /// Starts `binary` with `args` and `--remote-debugging-pipe`, its descriptors 3 and 4 the
     /// pipe's ends, and the bridge. Errors: the pipes, the listener or the process cannot be
@@ -51,6 +54,11 @@ impl PipeBrowser {
         let (browser_reads, server_writes) = std::io::pipe()?;
         let (server_reads, browser_writes) = std::io::pipe()?;
         let mut command = tokio::process::Command::new(binary);
+        // Pages run in this process tree: it gets none of the server's environment (cluster
+        // secret, database URL, provider keys), only what Chromium needs to find its files.
+        command.env_clear().envs(std::env::vars_os().filter(|(k, _)| {
+            k.to_str().is_some_and(|k| CHROMIUM_ENV.contains(&k) || k.starts_with("LC_") || k.starts_with("XDG_"))
+        }));
         command
             .args(args)
             .arg("--remote-debugging-pipe")

@@ -15,6 +15,7 @@
 //! tell whether the page changed since.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -86,12 +87,23 @@ fn ax_str(node: &Value, field: &str) -> String {
     }
 }
 
+/// `text` on one line (runs of white space as one space, none at the ends), cut after
+/// [`MAX_LABEL_CHARS`] characters with `…`. Reads no further than it keeps: a page's name may
+/// be megabytes long.
 fn label(text: &str) -> String {
-    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    match one_line.char_indices().nth(MAX_LABEL_CHARS) {
-        Some((i, _)) => format!("{}…", &one_line[..i]),
-        None => one_line,
+    let mut out = String::new();
+    let mut chars = 0;
+    for (n, word) in text.split_whitespace().enumerate() {
+        for c in (n > 0).then_some(' ').into_iter().chain(word.chars()) {
+            if chars == MAX_LABEL_CHARS {
+                out.push('…');
+                return out;
+            }
+            out.push(c);
+            chars += 1;
+        }
     }
+    out
 }
 
 fn quoted(text: &str) -> String {
@@ -99,18 +111,20 @@ fn quoted(text: &str) -> String {
 }
 
 /// Renders `nodes` (the `nodes` array of `Accessibility.getFullAXTree`), printing at most
-/// `max_nodes` nodes and `max_bytes` bytes of text.
+/// `max_nodes` nodes and `max_bytes` bytes of text; the walk stops at the first node past
+/// them. Memory and time are linear in the tree's size whatever its shape: a node's label is
+/// computed once and shared by its descendants' stack entries (a long name over thousands of
+/// children was copied into each of them).
 pub fn render(nodes: &[Value], max_nodes: usize, max_bytes: usize) -> Rendered {
     let by_id: HashMap<&str, &Value> = nodes.iter().filter_map(|n| n["nodeId"].as_str().map(|id| (id, n))).collect();
     let root = nodes.iter().find(|n| n.get("parentId").is_none_or(Value::is_null)).or(nodes.first());
     let mut out =
         Rendered { text: String::new(), refs: HashMap::new(), digest: String::new(), nodes: 0, truncated: false };
     let mut hasher = Sha256::new();
-    // Depth-first, children in order; (node, depth).
-    // Depth-first, children in order; (node, depth, the name of the nearest printed ancestor).
-    let mut stack: Vec<(&Value, usize, String)> = root.map(|r| vec![(r, 0, String::new())]).unwrap_or_default();
+    // Depth-first, children in order; (node, depth, the label of the nearest printed ancestor).
+    let mut stack: Vec<(&Value, usize, Rc<str>)> = root.map(|r| vec![(r, 0, Rc::from(""))]).unwrap_or_default();
     let mut visited = 0usize;
-    while let Some((node, depth, parent_name)) = stack.pop() {
+    while let Some((node, depth, parent_label)) = stack.pop() {
         visited += 1;
         if visited > nodes.len() {
             break; // a cycle in a malformed tree
@@ -121,14 +135,16 @@ pub fn render(nodes: &[Value], max_nodes: usize, max_bytes: usize) -> Rendered {
         let hidden = ignored
             || HIDDEN.contains(&role.as_str())
             || (TRANSPARENT.contains(&role.as_str()) && name.is_empty())
-            || (role == "StaticText" && label(&name) == label(&parent_name))
+            || (role == "StaticText" && *label(&name) == *parent_label)
             || (role == "RootWebArea" && depth > 0 && name.is_empty());
         let shown = !hidden;
         let child_depth = if shown { depth + 1 } else { depth };
         if shown {
             if out.nodes >= max_nodes || out.text.len() >= max_bytes {
                 out.truncated = true;
-            } else {
+                break;
+            }
+            {
                 out.nodes += 1;
                 hasher.update(format!("{depth}\u{1f}{role}\u{1f}{name}\n").as_bytes());
                 let mut line =
@@ -176,9 +192,9 @@ pub fn render(nodes: &[Value], max_nodes: usize, max_bytes: usize) -> Rendered {
             .flatten()
             .filter_map(|c| c.as_str().and_then(|id| by_id.get(id).copied()))
             .collect();
-        let inherited = if shown { name.clone() } else { parent_name };
+        let inherited: Rc<str> = if shown { Rc::from(label(&name)) } else { parent_label };
         for child in children.into_iter().rev() {
-            stack.push((child, child_depth, inherited.clone()));
+            stack.push((child, child_depth, Rc::clone(&inherited)));
         }
     }
     out.digest = hex::encode(hasher.finalize());
@@ -215,5 +231,32 @@ mod tests {
         let cut = render(&nodes, 2, 10_000);
         assert!(cut.truncated);
         assert_eq!(cut.nodes, 2);
+    }
+
+    /// A page's group with a 4 MiB name over 2,000 texts: each text's stack entry carried a
+    /// copy of the name (8 GiB in all) and each text re-read it.
+    #[test]
+    fn a_long_name_over_many_children_is_read_once() {
+        let big = "x ".repeat(2 * 1024 * 1024);
+        let kids: Vec<String> = (0..2_000).map(|i| format!("t{i}")).collect();
+        let kid_ids: Vec<&str> = kids.iter().map(String::as_str).collect();
+        let mut nodes =
+            vec![node("1", "RootWebArea", "Page", None, &["g"], 1), node("g", "group", &big, Some("1"), &kid_ids, 2)];
+        nodes.extend(kids.iter().map(|id| node(id, "StaticText", id, Some("g"), &[], 3)));
+        let r = render(&nodes, 500, 1_000_000);
+        assert!(r.truncated);
+        assert_eq!(r.nodes, 500);
+        let line = r.text.lines().nth(1).unwrap();
+        assert!(line.len() < 2 * MAX_LABEL_CHARS + 20 && line.ends_with("…\""), "{line}");
+    }
+
+    #[test]
+    fn labels_are_one_line_and_cut() {
+        assert_eq!(label("  a \n\t b  "), "a b");
+        let long = "ab ".repeat(100);
+        let cut = label(&long);
+        assert_eq!(cut.chars().count(), MAX_LABEL_CHARS + 1);
+        assert!(cut.ends_with('…'));
+        assert_eq!(label(&"a".repeat(MAX_LABEL_CHARS)), "a".repeat(MAX_LABEL_CHARS));
     }
 }
