@@ -373,6 +373,60 @@ async fn rpc(
     (status, session, message)
 }
 
+/// Two identical calls sent at once wait on one invocation, and a session that ends (the
+/// stdio bridge sends DELETE when its IDE restarts it) leaves its waiting calls as they are:
+/// rmcp cancels every request of a session that ends, and only a client's
+/// `notifications/cancelled` may cancel an invocation.
+async fn a_session_that_ends_leaves_its_waiting_calls(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
+    let (_, session, init) = rpc(&t, Some(&token), None, initialize()).await;
+    let session = session.expect("a session id");
+    let run = init["result"]["_meta"]["mira/run"]["run_id"].as_str().expect("the run").to_owned();
+    rpc(&t, Some(&token), Some(&session), json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let calls: Vec<_> = (10..12)
+        .map(|id| {
+            let req = t
+                .client
+                .post(mcp_url(&t))
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-session-id", &session)
+                .header("mcp-protocol-version", "2025-11-25")
+                .bearer_auth(&token)
+                .json(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                    "params": {"name": "write_file", "arguments": {"path": "notes.txt", "content": "new\n"}}}));
+            tokio::spawn(async move { req.send().await.unwrap().text().await.unwrap_or_default() })
+        })
+        .collect();
+    let approval = pending_approval(&t, &token).await;
+    // Both calls are in (a second freeze would be a few milliseconds behind the first).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let listed = t.get(&format!("/v1/runs/{run}/invocations"), &token).await.body;
+    let invocations = listed["invocations"].as_array().cloned().unwrap_or_default();
+    assert_eq!(invocations.len(), 1, "identical calls froze one invocation: {listed}");
+    let closed = t
+        .client
+        .delete(mcp_url(&t))
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert!(closed.status().is_success(), "{}", closed.status());
+    for call in calls {
+        let _ = tokio::time::timeout(Duration::from_secs(15), call).await;
+    }
+    // rmcp gives a closed session's handlers up to 5 s to answer before cancelling them, and
+    // a cancel is written at once: past that, the call is still awaiting its approval.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let inv = approval["invocation"]["invocation_id"].as_str().unwrap();
+    let row = t.get(&format!("/v1/invocations/{inv}"), &token).await.body;
+    assert_eq!(row["status"], "awaiting_approval", "{row}");
+    let a = t.get(&format!("/v1/approvals/{}", approval["id"].as_str().unwrap()), &token).await.body;
+    assert_eq!(a["status"], "pending", "{a}");
+}
+
 fn initialize() -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
@@ -500,6 +554,7 @@ both_backends!(
     edit_declined_through_elicitation,
     edit_approved_in_the_api_while_the_client_waits,
     a_cancelled_call_cancels_its_invocation,
+    a_session_that_ends_leaves_its_waiting_calls,
     list_changed_when_an_mcp_server_is_lost,
     find_tools_reranks_a_ranked_exposure,
     the_stdio_bridge_carries_a_session,
