@@ -4,8 +4,11 @@
 //! contexts and of tabs per context, each context closed after `--browser-idle-secs` without a
 //! call and the process closed with the last context.
 //!
-//! Every tab is opened on `about:blank` with CDP `Fetch` request interception on (chromiumoxide
-//! sends `Fetch.enable` with the pattern `*` when it attaches to the target), and a task per
+//! Every tab is opened on `about:blank`, then CDP `Fetch` request interception is turned on
+//! for it (`Fetch.enable`, pattern `*`, sent here rather than by chromiumoxide's
+//! `request_intercept`, which keeps a copy of every request a page sends until its
+//! `Fetch.requestPaused` arrives — never, for a page's `blob:` requests, so a page looping
+//! over them grew the server's memory without end), and a task per
 //! tab continues each paused request that the context's [`OriginPolicy`] allows and fails the
 //! others (`Fetch.failRequest`, `BlockedByClient`), recording each refusal for the evidence of
 //! the call during which it happened. Beneath that, every connection of a user's context goes
@@ -604,7 +607,7 @@ impl BrowserManager {
         let config = chromiumoxide::handler::HandlerConfig {
             ignore_https_errors: false,
             request_timeout: COMMAND_TIMEOUT,
-            request_intercept: true,
+            request_intercept: false,
             // Every page emulates chromiumoxide's default 800×600 viewport (computer use's
             // coordinates are in it).
             viewport: Some(chromiumoxide::handler::viewport::Viewport::default()),
@@ -806,6 +809,11 @@ impl UserContext {
         let events = page.events("Fetch.requestPaused").await?;
         let interceptor =
             tokio::spawn(intercept(page.clone(), events, self.policy.clone(), self.refusals.clone(), id.clone()));
+        if let Err(e) = cdp(&page, "Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]})).await {
+            interceptor.abort();
+            page.close().await;
+            return Err(e);
+        }
         tabs.list.push(Tab { id: id.clone(), page, snapshot: None, shot: None, interceptor });
         tabs.active = Some(id.clone());
         Ok(id)
