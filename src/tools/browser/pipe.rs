@@ -14,6 +14,13 @@
 //! that finds the port and does not know the path gets `404` (and the port is closed as soon as
 //! the server's own client is in). When either side closes, the bridge ends, and with it the
 //! browser process ([`PipeBrowser`] kills it when dropped).
+//!
+//! Messages from the browser are bounded as on the attached path: an answer to a command of at
+//! most [`MAX_MESSAGE_BYTES`] (a longer one is skipped unread past its first bytes, and the
+//! command is answered with an error instead, so it fails at once rather than at its time
+//! limit), an event of at most [`MAX_EVENT_BYTES`] (a longer one — a page's 5 MB
+//! `console.log`, a request with a huge URL — is dropped). A page cannot make the one
+//! connection every user's context shares hold hundreds of megabytes.
 
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
@@ -23,8 +30,9 @@ use std::time::Duration;
 use async_tungstenite::tungstenite::Message;
 use async_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use futures::StreamExt;
+use mira_core::devtools::{MAX_EVENT_BYTES, MAX_MESSAGE_BYTES, answer_id};
 use rand::RngExt;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::net::unix::pipe;
 use tokio::task::JoinHandle;
@@ -195,14 +203,33 @@ async fn bridge(listener: TcpListener, path: String, mut to_browser: pipe::Sende
         let mut buf = Vec::new();
         loop {
             buf.clear();
-            match reader.read_until(0, &mut buf).await {
+            // At most one byte past the limit is kept; the rest of a longer message is skipped.
+            let limit = u64::try_from(MAX_MESSAGE_BYTES).unwrap_or(u64::MAX).saturating_add(1);
+            match (&mut reader).take(limit).read_until(0, &mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             }
-            if buf.last() == Some(&0) {
+            let ended = buf.last() == Some(&0);
+            if ended {
                 buf.pop();
             }
-            let Ok(text) = String::from_utf8(std::mem::take(&mut buf)) else { continue };
+            let head = String::from_utf8_lossy(&buf[..buf.len().min(32)]).into_owned();
+            let answer = answer_id(&head);
+            let text = if !ended && buf.len() > MAX_MESSAGE_BYTES {
+                if skip_past_nul(&mut reader).await.is_err() {
+                    break;
+                }
+                let Some(id) = answer else { continue };
+                tracing::warn!(id, "a DevTools answer over {MAX_MESSAGE_BYTES} bytes was skipped");
+                format!(
+                    r#"{{"id":{id},"error":{{"code":-32000,"message":"the answer is larger than {MAX_MESSAGE_BYTES} bytes"}}}}"#
+                )
+            } else if answer.is_none() && buf.len() > MAX_EVENT_BYTES {
+                continue;
+            } else {
+                let Ok(text) = String::from_utf8(std::mem::take(&mut buf)) else { continue };
+                text
+            };
             if ws_out.send(Message::text(text)).await.is_err() {
                 break;
             }
@@ -211,6 +238,22 @@ async fn bridge(listener: TcpListener, path: String, mut to_browser: pipe::Sende
     tokio::select! {
         () = down => {}
         () = up => {}
+    }
+}
+
+/// Reads and drops everything up to and including the next NUL (the end of a message).
+async fn skip_past_nul<R: AsyncBufRead + Unpin>(reader: &mut R) -> std::io::Result<()> {
+    loop {
+        let chunk = reader.fill_buf().await?;
+        if chunk.is_empty() {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if let Some(at) = chunk.iter().position(|b| *b == 0) {
+            reader.consume(at + 1);
+            return Ok(());
+        }
+        let n = chunk.len();
+        reader.consume(n);
     }
 }
 
@@ -249,5 +292,30 @@ mod tests {
             let _ = f.read_to_string(&mut status).await;
         }
         assert!(!status.contains("State:\tS") && !status.contains("State:\tR"), "the process is gone: {status}");
+    }
+
+    /// A browser writing an answer over the limit, then an event over the event limit, then a
+    /// small answer: the first command gets an error, the event is dropped, the last passes.
+    #[tokio::test]
+    async fn messages_past_the_limits_are_skipped() {
+        let script = format!(
+            r#"{{ printf '{{"id":7,"r":"'; head -c {big} /dev/zero | tr '\000' a; printf '"}}\000';
+                printf '{{"method":"E","p":"'; head -c {event} /dev/zero | tr '\000' b; printf '"}}\000';
+                printf '{{"id":8,"result":{{}}}}\000'; }} >&4; cat <&3 >/dev/null"#,
+            big = MAX_MESSAGE_BYTES + 10,
+            event = MAX_EVENT_BYTES + 10,
+        );
+        let browser = PipeBrowser::launch(Path::new("/bin/sh"), &["-c".to_owned(), script]).await.unwrap();
+        let (mut ws, _) = async_tungstenite::tokio::connect_async(browser.websocket_url()).await.unwrap();
+        let mut next = async || {
+            let m = tokio::time::timeout(Duration::from_secs(20), ws.next()).await.unwrap().unwrap().unwrap();
+            serde_json::from_str::<serde_json::Value>(m.into_text().unwrap().as_str()).unwrap()
+        };
+        let first = next().await;
+        assert_eq!(first["id"], 7, "{first}");
+        assert!(first["error"]["message"].as_str().unwrap().contains("larger than"), "{first}");
+        let second = next().await;
+        assert_eq!(second, serde_json::json!({"id": 8, "result": {}}), "the event was dropped");
+        browser.kill().await;
     }
 }
