@@ -672,6 +672,19 @@ async fn computer_use_at_points(backend: Backend) {
     assert_eq!((scrolled.status, scrolled.code()), (StatusCode::CONFLICT, "stale_snapshot"), "{scrolled:?}");
     assert_eq!(scrolled.body["error"]["details"]["reason"], "scrolled", "{scrolled:?}");
 
+    // A key goes to the page it was approved for: frozen with its tab and page, it is refused
+    // once the tab shows another page, never pressed there.
+    let key = f.freeze("browser_press", json!({"key": "Enter"})).await;
+    assert_eq!(key.body["status"], "awaiting_approval", "{key:?}");
+    assert_eq!(key.body["input"]["target"]["tab"], "t1", "{key:?}");
+    let (_, moved) = f.approved("browser_navigate", json!({"url": format!("{a}/second")})).await;
+    assert_eq!(moved["result"]["output"]["outcome"], "loaded", "{moved}");
+    f.grant(&key.body).await;
+    let refused = f.wait(&key.body).await;
+    assert_eq!(refused["result"]["error"]["code"], "stale_snapshot", "{refused}");
+    let (_, back) = f.approved("browser_navigate", json!({"url": format!("{a}/canvas")})).await;
+    assert_eq!(back["result"]["output"]["outcome"], "loaded", "{back}");
+
     // Bounds: a zero scroll, a control character, a wheel turn beyond 10000 px.
     let s7 = f.run("browser_screenshot", json!({})).await;
     let s7_id = s7["result"]["output"]["screenshot_id"].clone();

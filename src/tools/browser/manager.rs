@@ -114,7 +114,7 @@ impl chromiumoxide::Command for Raw {
     type Response = Value;
 }
 
-fn browser_error(message: impl Into<String>) -> ToolError {
+pub(super) fn browser_error(message: impl Into<String>) -> ToolError {
     ToolError::new(ErrorCode::BrowserError, message)
 }
 

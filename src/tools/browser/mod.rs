@@ -727,15 +727,33 @@ impl Tool for Press {
         self.b.availability()
     }
 
+    /// Freezes the tab the key goes to and the page it shows (`target`: the tab named, or the
+    /// active one now): a key pressed after the approval goes to that page or nowhere, never to
+    /// whatever tab is active then. Errors: no tab open; the user's browser busy for 5 s.
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let canonical = press_canonical(&input)?;
-        let current = current_url(&self.b, ctx.owner_id, canonical["tab"].as_str()).await;
-        let preview = json!({"key": canonical["key"], "url": current, "tab": canonical.get("tab")});
+        let mut canonical = press_canonical(&input)?;
+        let browser = self.b.existing(ctx.owner_id).await.ok_or_else(|| {
+            ToolError::new(ErrorCode::NotFound, "no tab is open: navigate somewhere first (browser_navigate)")
+        })?;
+        let tabs = tokio::time::timeout(std::time::Duration::from_secs(5), browser.tabs.lock())
+            .await
+            .map_err(|_| manager::browser_error("the browser is busy with another call of yours; try again"))?;
+        let tab = tabs.get(canonical["tab"].as_str())?;
+        let (_, url) = manager::main_frame(&tab.page).await?;
+        canonical["target"] = json!({"tab": tab.id, "url": url});
+        let preview = json!({"key": canonical["key"], "url": url, "tab": tab.id});
         Ok(Prepared { input: canonical, preview })
     }
 
     async fn canonicalize(&self, input: Value, _ctx: &PrepareContext<'_>) -> Result<Value, ToolError> {
         press_canonical(&input)
+    }
+
+    fn replay_input(&self, mut canonical: Value, frozen: &Value) -> Value {
+        if let Some(target) = frozen.get("target") {
+            canonical["target"] = target.clone();
+        }
+        canonical
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
@@ -744,8 +762,17 @@ impl Tool for Press {
         let tabs = browser.tabs.lock().await;
         browser.touch();
         let before = browser.take_refusals();
-        let tab = tabs.get(input["tab"].as_str())?;
+        let target = &input["target"];
+        let tab = tabs.get(target["tab"].as_str().or(input["tab"].as_str()))?;
         let (_, url) = manager::main_frame(&tab.page).await?;
+        if let Some(frozen) = target["url"].as_str()
+            && frozen != url
+        {
+            return Err(ToolError::new(
+                ErrorCode::StaleSnapshot,
+                format!("tab {} shows another page than when the call was approved ({frozen} then, {url} now)", tab.id),
+            ));
+        }
         let navigated = manager::press(&tab.page, key).await?;
         let refused = browser.take_refusals();
         let (_, now) = manager::main_frame(&tab.page).await.unwrap_or_default();
