@@ -9,6 +9,7 @@
 //! ([`Store::expired_runs`]); the condition is checked again inside each batch's write
 //! transaction. A removed run answers 404 like one that never existed.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -83,10 +84,48 @@ pub async fn sweep(store: &Store, cutoff: &str, batch: i64) -> StoreResult<Sweep
     Ok(report)
 }
 
-/// Sweeps now and then every `policy.interval` until `shutdown`.
-pub fn spawn(store: Store, policy: RetentionPolicy, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+/// Removes the files directly in `dir` last written more than `max_age` ago; returns how many.
+/// For folders of files named by their content and written again whenever they are made again
+/// (the browser's screenshots): such a file is kept for `max_age` after it was last made, like
+/// the runs that name it, even when one of those runs lives longer. A missing folder removes
+/// nothing.
+pub fn sweep_files(dir: &Path, max_age: Duration) -> std::io::Result<u64> {
+    let Some(cutoff) = std::time::SystemTime::now().checked_sub(max_age) else { return Ok(0) };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        if meta.is_file() && meta.modified()? < cutoff && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Sweeps now and then every `policy.interval` until `shutdown`: the store, then the folders
+/// of `files` ([`sweep_files`]).
+pub fn spawn(
+    store: Store,
+    policy: RetentionPolicy,
+    files: Vec<PathBuf>,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
+            for dir in &files {
+                let (dir, age) = (dir.clone(), policy.max_age);
+                match tokio::task::spawn_blocking(move || sweep_files(&dir, age)).await {
+                    Ok(Ok(0)) => {}
+                    Ok(Ok(n)) => tracing::info!(files = n, "retention removed expired files"),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "retention could not sweep a folder"),
+                    Err(e) => tracing::warn!(error = %e, "retention's folder sweep failed"),
+                }
+            }
             let cutoff = policy.cutoff();
             match sweep(&store, &cutoff, policy.batch).await {
                 Ok(r) if r.removed.runs > 0 => tracing::info!(
@@ -109,4 +148,23 @@ pub fn spawn(store: Store, policy: RetentionPolicy, shutdown: CancellationToken)
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_older_than_the_age_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old.png");
+        let new = dir.path().join("new.png");
+        std::fs::write(&old, b"x").unwrap();
+        std::fs::write(&new, b"y").unwrap();
+        let long_ago = std::time::SystemTime::now() - Duration::from_secs(3 * 86_400);
+        std::fs::File::options().write(true).open(&old).unwrap().set_modified(long_ago).unwrap();
+        assert_eq!(sweep_files(dir.path(), Duration::from_secs(86_400)).unwrap(), 1);
+        assert!(!old.exists() && new.exists());
+        assert_eq!(sweep_files(&dir.path().join("missing"), Duration::from_secs(1)).unwrap(), 0);
+    }
 }

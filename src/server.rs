@@ -238,7 +238,8 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
             interval_secs = policy.interval.as_secs(),
             "retention on"
         );
-        crate::retention::spawn(store.clone(), policy, shutdown.clone());
+        let files = vec![crate::tools::browser::screenshots_dir(&settings.data_dir)];
+        crate::retention::spawn(store.clone(), policy, files, shutdown.clone());
         if store.sqlite_auto_vacuum().await?.is_some_and(|mode| mode != 2) {
             tracing::warn!(
                 "this SQLite file predates auto_vacuum=INCREMENTAL: retention frees pages for reuse but the file does not shrink until it is converted once (docs/retention.md)"

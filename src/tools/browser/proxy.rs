@@ -273,13 +273,16 @@ impl Floor {
         Ok(stream)
     }
 
+    /// Records the refusal (with its reason, for the user's evidence) and answers the page
+    /// 403 with a fixed text: the reason may name the addresses a name resolved to, and a
+    /// page (a worker's `fetch` reads the body) could map internal names to addresses with it.
     fn refuse(&self, refused: Refusal, resource_type: &str) -> Response<ProxyBody> {
-        let message = format!("refused by the browser's origin policy: {}", refused.message);
+        let message = "refused by the browser's origin policy";
         record_refusal(
             &self.refusals,
             RefusedRequest { tab: "*".into(), resource_type: resource_type.into(), refusal: refused },
         );
-        text(StatusCode::FORBIDDEN, message)
+        text(StatusCode::FORBIDDEN, message.to_owned())
     }
 }
 
