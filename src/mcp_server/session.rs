@@ -935,7 +935,15 @@ fn internal(e: impl std::fmt::Display) -> McpError {
     McpError::internal_error("the store failed", None)
 }
 
+/// A JSON-RPC error for an error of the catalogue, `data.code` its stable code: a refusal of
+/// the request (4xx: a run gone, a task too large, a user's turns all taken) is not a fault of
+/// the server, so only 5xx answers are `internal_error`.
 fn mcp_error(e: Error) -> McpError {
+    let status = e.code().status();
     let body = e.body();
-    McpError::internal_error(body.error.message, Some(json!({"code": body.error.code})))
+    let data = Some(json!({"code": body.error.code, "status": status}));
+    match status {
+        400..=499 => McpError::invalid_request(body.error.message, data),
+        _ => McpError::internal_error(body.error.message, data),
+    }
 }
