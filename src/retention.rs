@@ -97,10 +97,11 @@ pub fn sweep_files(dir: &Path, max_age: Duration) -> std::io::Result<u64> {
         Err(e) => return Err(e),
     };
     let mut removed = 0;
-    for entry in entries {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        if meta.is_file() && meta.modified()? < cutoff && std::fs::remove_file(entry.path()).is_ok() {
+    // An entry that cannot be read (a temporary file renamed meanwhile) is passed over.
+    for entry in entries.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        let old = meta.modified().is_ok_and(|at| at < cutoff);
+        if meta.is_file() && old && std::fs::remove_file(entry.path()).is_ok() {
             removed += 1;
         }
     }

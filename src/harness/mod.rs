@@ -116,7 +116,7 @@ pub struct HarnessLimits {
     pub timeout: Duration,
     /// Claim lease; renewed every third of it while the execution runs.
     pub lease: Duration,
-    /// Executions of one user at once ([`share`]).
+    /// Executions of one user at once (the harness's `shares`).
     pub per_user: usize,
 }
 

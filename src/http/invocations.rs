@@ -344,7 +344,18 @@ pub async fn cancel(app: &App, user: &AuthUser, id: &str) -> Result<(StatusCode,
             }
         }
     }
-    let row = app.store.invocation_for(&user.user_id, id).await?.ok_or(Error::NotFound("invocation"))?;
+    let mut row = app.store.invocation_for(&user.user_id, id).await?.ok_or(Error::NotFound("invocation"))?;
+    if outcome == CancelOutcome::Finished {
+        // The tool returned, possibly because it saw this very request (recorded above) before
+        // its commit point: the answer follows what is stored once the result is in.
+        for _ in 0..100 {
+            if row.status != InvocationStatus::Running {
+                return ended(app, row).await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            row = app.store.invocation_for(&user.user_id, id).await?.ok_or(Error::NotFound("invocation"))?;
+        }
+    }
     match outcome {
         CancelOutcome::Stopped | CancelOutcome::Interrupting => Ok((StatusCode::OK, full_view(app, row).await?)),
         CancelOutcome::TooLate => Err(already_running(&row)),

@@ -272,7 +272,10 @@ impl Session {
         let entry = self.remember(key).await?;
         let mut frozen = None;
         let freeze = entry.get_or_try_init(|| async {
-            let turn = self.turn(None).await?;
+            let turn = tokio::time::timeout_at(deadline, self.turn(None)).await.map_err(|_| Error::Unavailable {
+                code: ErrorCode::RequestTimeout,
+                message: format!("ranking the call's turn took longer than {} s", CALL_WAIT.as_secs()),
+            })??;
             let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
             let body = CreateInvocation {
                 turn_id: turn.id,
@@ -285,17 +288,18 @@ impl Session {
             frozen = Some(view);
             Ok::<_, Error>(id)
         });
-        // The turn and the freeze (a round trip to the run's device, for a device's run) are
-        // bounded by the call's wait, and a client's cancel before the freeze ends just stops it.
-        let id = tokio::select! {
-            id = tokio::time::timeout_at(deadline, freeze) => match id {
-                Ok(id) => id?.clone(),
-                Err(_) => return Err(Error::Unavailable {
-                    code: ErrorCode::RequestTimeout,
-                    message: format!("freezing the call took longer than {} s", CALL_WAIT.as_secs()),
-                }),
-            },
-            () = ctx.ct.cancelled() => return Err(cancelled_before_freeze()),
+        // The freeze is never dropped half-way (its write commits in a group commit whatever
+        // its caller does): a cancel that comes meanwhile is seen by the wait below, which
+        // cancels the frozen invocation. Only the turn before it is bounded by the call's wait.
+        let id = match freeze.await {
+            Ok(id) => id.clone(),
+            Err(e) => {
+                // A call that was never frozen leaves no entry to push out live ones.
+                if entry.get().is_none() {
+                    self.forget(key, &entry).await;
+                }
+                return Err(e);
+            }
         };
         let mut view = match frozen {
             Some(view) => view,
@@ -330,7 +334,7 @@ impl Session {
             let wait = invocations::wait_for(&self.app, &user.user_id, &view.invocation_id, slice, done);
             let row = tokio::select! {
                 row = wait => row?,
-                () = ctx.ct.cancelled() => return Err(self.stopped(user, &view.invocation_id, key, &ctx.id).await),
+                () = ctx.ct.cancelled() => return Err(self.stopped(user, &view.invocation_id, (key, &entry), &ctx.id).await),
             };
             view = invocations::full_view(&self.app, row).await?;
             if let Some(token) = token
@@ -394,15 +398,18 @@ impl Session {
     /// invocation, as `POST /v1/invocations/{id}/cancel` would, and forgets it; the server
     /// stopping or the session ending (rmcp cancels every request then) leaves the invocation
     /// as it is, still decidable in the page and rejoinable — nobody asked to cancel it.
-    async fn stopped(&self, user: &AuthUser, invocation_id: &str, key: [u8; 32], request: &RequestId) -> Error {
+    async fn stopped(
+        &self,
+        user: &AuthUser,
+        invocation_id: &str,
+        (key, entry): ([u8; 32], &Arc<tokio::sync::OnceCell<String>>),
+        request: &RequestId,
+    ) -> Error {
         let by_client = !self.app.shutdown.is_cancelled() && self.cancels.heard(request, CANCEL_HEARD_WAIT).await;
         if by_client {
             let outcome = invocations::cancel(&self.app, user, invocation_id).await;
             tracing::info!(invocation = %invocation_id, ok = outcome.is_ok(), "MCP client cancelled its call");
-            let entry = self.bound.lock().await.as_ref().and_then(|b| b.pending.get(&key).cloned());
-            if let Some(entry) = entry {
-                self.forget(key, &entry).await;
-            }
+            self.forget(key, entry).await;
             Error::conflict(
                 ErrorCode::InvalidState,
                 "the client cancelled the call",
@@ -544,11 +551,6 @@ impl CancelsHeard {
         let found = ids.iter().position(|i| i == id);
         found.map(|at| ids.remove(at)).is_some()
     }
-}
-
-/// The error of a call whose client cancelled it before its invocation was frozen.
-fn cancelled_before_freeze() -> Error {
-    Error::conflict(ErrorCode::InvalidState, "the client cancelled the call before it was frozen", json!({}))
 }
 
 /// The rejoin key of a call: SHA-256 of the function name and the arguments' JSON (object keys

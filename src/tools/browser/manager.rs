@@ -50,8 +50,9 @@ use crate::store::Store;
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 /// Longest a started Chromium may take to answer on its DevTools pipe.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
-/// Chromium's flags: puppeteer's defaults as chromiumoxide 0.9 passes them (pop-ups allowed:
-/// they pass the network floor), headless, no extensions, no background traffic, and WebRTC
+/// Chromium's flags: puppeteer's defaults as chromiumoxide 0.9 passes them, except that
+/// Chromium's pop-up blocker stays on (a pop-up opened by a click still opens, and passes the
+/// network floor), headless, no extensions, no background traffic, and WebRTC
 /// kept inside the context's proxy.
 const LAUNCH_ARGS: [&str; 30] = [
     "--disable-background-networking",
