@@ -14,6 +14,7 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY crates ./crates
+COPY vendor ./vendor
 COPY src ./src
 COPY benches ./benches
 COPY migrations ./migrations
