@@ -44,6 +44,17 @@ pub const SELECT_OPTION: &str = "function(want) { if (!(this instanceof HTMLSele
     this.dispatchEvent(new Event('input', {bubbles: true})); this.dispatchEvent(new Event('change', {bubbles: true})); \
     return o.value; }";
 
+/// The fixed function that tells whether a click at an element's centre reaches it: its one
+/// argument, the node a hit test there finds (what the click would land on), is the element
+/// itself or inside it, across shadow roots, and is not a frame showing another document (a
+/// click there lands in that document); a text element counts as reached through its parent
+/// element. Returns true or false (the tools' own code).
+pub const REACHES: &str = "function(hit) { \
+    if (hit !== this && ['iframe', 'frame', 'object', 'embed', 'portal', 'fencedframe'].includes(hit.localName)) { return false; } \
+    if (this.nodeType === 3 && hit === this.parentNode) { return true; } \
+    for (let n = hit; n; n = n.parentNode || (n instanceof ShadowRoot ? n.host : null)) { if (n === this) { return true; } } \
+    return false; }";
+
 /// The largest DevTools message (and WebSocket frame) accepted from a browser, in bytes: a
 /// screenshot's answer fits; a larger one closes the connection.
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -52,14 +63,14 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
 
 /// Refuses a method outside [`ALLOWED_METHODS`], and a `Runtime.callFunctionOn` whose
-/// function is not [`CLEAR_FIELD`] or [`SELECT_OPTION`]; the sentence says why.
+/// function is not [`CLEAR_FIELD`], [`SELECT_OPTION`] or [`REACHES`]; the sentence says why.
 pub fn check_method(method: &str, params: &serde_json::Value) -> Result<(), String> {
     if !ALLOWED_METHODS.contains(&method) {
         return Err(format!("{method} is not sent to an attached browser (no cookie, storage or script access)"));
     }
     if method == "Runtime.callFunctionOn" {
         let f = params["functionDeclaration"].as_str().unwrap_or_default();
-        if f != CLEAR_FIELD && f != SELECT_OPTION {
+        if ![CLEAR_FIELD, SELECT_OPTION, REACHES].contains(&f) {
             return Err("only the tools' own fixed functions run in an attached tab".into());
         }
     }

@@ -1059,8 +1059,18 @@ pub async fn navigate(page: &TabPage, url: &str) -> Result<(bool, Option<String>
 }
 
 /// Clicks the element's centre with the left button. Returns whether a new document loaded.
+/// Errors: `stale_snapshot` (details `reason` `obscured`, and `element_at_point`) when the
+/// click would land on something else ([`reaches`]).
 pub async fn click(page: &TabPage, backend_node_id: i64) -> Result<bool, ToolError> {
     let (x, y) = centre(page, backend_node_id).await?;
+    if !reaches(page, backend_node_id, x, y).await {
+        return Err(ToolError::new(
+            ErrorCode::StaleSnapshot,
+            "something else lies over the element where it would be clicked (a dialog, a banner, another frame): \
+             take a new snapshot",
+        )
+        .with_details(json!({"reason": "obscured", "element_at_point": element_at(page, x, y).await})));
+    }
     let w = watch(page).await?;
     for kind in ["mouseMoved", "mousePressed", "mouseReleased"] {
         let mut params = json!({"type": kind, "x": x, "y": y});
@@ -1073,7 +1083,29 @@ pub async fn click(page: &TabPage, backend_node_id: i64) -> Result<bool, ToolErr
     Ok(settle(page, w).await)
 }
 
-pub(crate) use mira_core::devtools::{CLEAR_FIELD, SELECT_OPTION};
+pub(crate) use mira_core::devtools::{CLEAR_FIELD, REACHES, SELECT_OPTION};
+
+/// Whether a click at `(x, y)` reaches the element: the browser's own hit test there
+/// (`DOM.getNodeForLocation`, which skips `pointer-events: none` as a click does) finds the
+/// element or a node inside it ([`REACHES`]). A page that lays something over the approved
+/// element — a transparent layer, another site's frame — would otherwise take its click. A
+/// node of another frame cannot even be compared (the browser refuses an argument of another
+/// document's context): not reached. Any failure counts as not reached.
+async fn reaches(page: &TabPage, backend_node_id: i64, x: f64, y: f64) -> bool {
+    let Ok(found) = cdp(page, "DOM.getNodeForLocation", json!({"x": x.round() as i64, "y": y.round() as i64})).await
+    else {
+        return false;
+    };
+    let Some(hit) = found["backendNodeId"].as_i64() else { return false };
+    if hit == backend_node_id {
+        return true;
+    }
+    let Ok(resolved) = cdp(page, "DOM.resolveNode", json!({"backendNodeId": hit})).await else { return false };
+    let Some(hit_object) = resolved["object"]["objectId"].as_str().map(str::to_owned) else { return false };
+    let answer = call_on(page, backend_node_id, REACHES, json!([{"objectId": hit_object}])).await;
+    let _ = cdp(page, "Runtime.releaseObject", json!({"objectId": hit_object})).await;
+    matches!(answer, Ok(Value::Bool(true)))
+}
 
 async fn call_on(page: &TabPage, backend_node_id: i64, function: &str, args: Value) -> Result<Value, ToolError> {
     let resolved = cdp(page, "DOM.resolveNode", json!({"backendNodeId": backend_node_id})).await?;

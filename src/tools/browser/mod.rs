@@ -1173,6 +1173,7 @@ impl Tool for PointAction {
         canonical["screenshot_sha256"] = json!(shot.sha256);
         canonical["url"] = json!(shot.url);
         canonical["tab"] = json!(tab.id);
+        canonical["elements_at_points"] = json!(elements);
         let (x, y) = points[0];
         let mut preview = json!({"url": shot.url, "tab": tab.id, "screenshot_id": shot_id, "screenshot_sha256": shot.sha256,
                                  "point": {"x": x, "y": y}, "size": {"width": shot.size.0, "height": shot.size.1},
@@ -1198,7 +1199,7 @@ impl Tool for PointAction {
     }
 
     fn replay_input(&self, mut canonical: Value, frozen: &Value) -> Value {
-        for key in ["screenshot_sha256", "url", "tab"] {
+        for key in ["screenshot_sha256", "url", "tab", "elements_at_points"] {
             if let Some(v) = frozen.get(key) {
                 canonical[key] = v.clone();
             }
@@ -1223,7 +1224,19 @@ impl Tool for PointAction {
         if input["screenshot_sha256"].as_str() != Some(shot.sha256.as_str()) {
             return Err(stale("the screenshot is not the approved one: take a new screenshot"));
         }
-        let element = manager::element_at(&tab.page, x, y).await;
+        let mut elements = Vec::new();
+        for &(x, y) in &points {
+            elements.push(manager::element_at(&tab.page, x, y).await);
+        }
+        // The approval showed what lay under each point; a page that moved something else
+        // there since (a layer, another site's frame, without changing its tree) gets no
+        // action the person did not see.
+        if input.get("elements_at_points").is_some_and(|frozen| *frozen != json!(elements)) {
+            return Err(stale("what lies under the point is not what the approval showed: take a new screenshot")
+                .with_details(json!({"screenshot_id": shot_id, "reason": "element_changed",
+                                     "approved": input["elements_at_points"], "now": elements})));
+        }
+        let element = elements.swap_remove(0);
         let mut out = json!({"tab": tab.id, "screenshot_id": shot_id, "point": {"x": x, "y": y}, "element_at_point": element,
                              "url_before": shot.url});
         let tab_id = tab.id.clone();
