@@ -685,8 +685,8 @@ async fn a_registry_that_never_stops_changing_still_gets_its_tools_embedded() {
         mira::embedding::worker::Sweep::default(),
         shutdown.clone(),
     );
-    // The churn: on a thread of its own, a change every few microseconds — far more often
-    // than a round of the worker takes.
+    // The churn: on a thread of its own, a change as often as the thread is scheduled — far
+    // more often than a round of the worker takes.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let churn = std::thread::spawn({
         let (registry, stop) = (registry.clone(), stop.clone());
@@ -699,7 +699,6 @@ async fn a_registry_that_never_stops_changing_still_gets_its_tools_embedded() {
                 changes += 1;
                 std::thread::yield_now();
             }
-            changes
         }
     });
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -711,10 +710,14 @@ async fn a_registry_that_never_stops_changing_still_gets_its_tools_embedded() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let changes = churn.join().unwrap();
+    churn.join().unwrap();
     shutdown.cancel();
     worker.await.unwrap();
-    assert!(changes > 1_000, "the registry changed only {changes} times");
+    // The churn really cut the worker's rounds short (it re-syncs after each change it sees):
+    // without it, the worker syncs twice (at start, once the model is loaded) and embeds every
+    // batch in one round. Counted on the worker's side: how often the churn thread runs
+    // depends on how loaded the machine is.
+    assert!(index.syncs() >= 10, "the worker synced only {} times: the churn never cut a round", index.syncs());
 }
 
 /// The worker's sweep, end to end: a cached vector of the model that no indexed tool uses
