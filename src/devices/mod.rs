@@ -854,7 +854,9 @@ impl DeviceHub {
     /// connection here is cut, nothing was sent); once sent,
     /// when the runner stays away for a whole lease without answering: `outcome_unknown`
     /// for an execution (it may have run; it is never sent again), `device_offline` for
-    /// prepare and canonicalize (which change nothing). `cancel` ends the wait.
+    /// prepare and canonicalize (which change nothing); `request_timeout` (503) for a prepare
+    /// or canonicalize not answered within the job's validity (`job_ttl`), the runner
+    /// connected or not. `cancel` ends the wait.
     pub async fn job(
         &self,
         device_id: &str,
@@ -907,10 +909,28 @@ impl DeviceHub {
         }
         let mut away_since: Option<Instant> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(200));
+        // A prepare or canonicalize (a freeze waits on it) is bounded by the job's validity: a
+        // runner that takes the job and never answers cannot hold the freeze (an execution is
+        // bounded by its own time limit, which cancels it).
+        let answer_by = (spec.phase != JobPhase::Execute).then(|| tokio::time::Instant::now() + self.settings.job_ttl);
+        let too_late = async move {
+            match answer_by {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(too_late);
         loop {
             tokio::select! {
                 outcome = &mut rx => {
                     return outcome.map_err(|_| ToolError::new(ErrorCode::Internal, "the job's waiter was dropped"));
+                }
+                () = &mut too_late => {
+                    return Err(ToolError::new(
+                        ErrorCode::RequestTimeout,
+                        format!("the runner of device {device_id} did not answer within {} s; try again", self.settings.job_ttl.as_secs()),
+                    )
+                    .with_details(json!({"device_id": device_id})));
                 }
                 () = cancel.cancelled() => {
                     return Err(ToolError::new(ErrorCode::Cancelled, format!("stopped while device {device_id} ran it")));

@@ -34,6 +34,7 @@ both_backends!(
     internal_routes_demand_the_cluster_secret,
     a_device_folder_is_never_looked_at_on_the_host,
     an_execution_is_never_sent_to_a_device_the_store_says_is_revoked,
+    a_runner_that_never_answers_cannot_hold_a_freeze,
 );
 
 /// A runner spoken by hand: its device, its session bearer and its open stream.
@@ -331,7 +332,8 @@ async fn a_revoked_device_and_its_session_are_refused(backend: Backend) {
 
     let r = t.post(&format!("/v1/devices/{}/revoke", a.device), &alice, json!({})).await;
     assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::OK, Some("revoked")), "{r:?}");
-    assert!(a.ended(Duration::from_secs(3)).await, "the revoked device's stream did not end");
+    // Cut by the revocation itself: otherwise only a next heartbeat, which never comes, would.
+    assert!(a.ended(Duration::from_secs(10)).await, "the revoked device's stream did not end");
     let refused =
         |(status, body): (StatusCode, Value)| (status, body["error"]["code"].as_str().unwrap_or("").to_owned());
     let expect = (StatusCode::UNAUTHORIZED, "device_auth_failed".to_owned());
@@ -515,4 +517,66 @@ async fn an_execution_is_never_sent_to_a_device_the_store_says_is_revoked(backen
     assert!(next.is_none(), "an execution was sent to the revoked device: {next:#?}");
     let done = t.wait_final(&alice, &inv).await;
     assert_eq!(done["result"]["error"]["code"], "device_revoked", "{done:#}");
+}
+
+/// A connected runner that takes a freeze's prepare job and never answers (a stolen laptop's,
+/// or a stuck one) holds the freeze only as long as the job is valid: the call is answered 503
+/// `request_timeout` then, nothing is frozen, and the next call is sent to the runner again.
+async fn a_runner_that_never_answers_cannot_hold_a_freeze(backend: Backend) {
+    const JOB_TTL: Duration = Duration::from_secs(2);
+    let mut options = Options::default();
+    options.runtime.devices = mira::devices::DeviceSettings { job_ttl: JOB_TTL, ..Default::default() };
+    let t = spawn_with(backend, options).await;
+    let alice = t.user("alice").await;
+    let mut a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    let run = device_run(&t, &alice, &a, "alice-ws").await;
+    let (turn, _) = t.turn(&alice, &run, "read a file").await;
+    let started = Instant::now();
+    let call = {
+        let (base, token, run, turn) = (t.base.clone(), alice.clone(), run.clone(), turn.clone());
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(format!("{base}/v1/runs/{run}/invocations"))
+                .bearer_auth(&token)
+                .json(&json!({"turn_id": turn, "tool_id": "read_open", "tool_call_id": "r1", "input": {"path": "notes.txt"}}))
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.json::<Value>().await.unwrap())
+        })
+    };
+    let job = a.next(Duration::from_secs(30)).await.expect("the freeze's prepare job");
+    let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
+    assert_eq!(envelope["phase"], "prepare", "{envelope}");
+    let (status, body) = tokio::time::timeout(Duration::from_secs(60), call).await.unwrap().unwrap();
+    assert!(started.elapsed() >= JOB_TTL, "answered before the job's validity ran out: {body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("request_timeout")),
+        "{body}"
+    );
+    // The job's bound, not the HTTP request's (30 s) which has the same code.
+    assert!(body["error"]["message"].as_str().unwrap().contains("did not answer within 2 s"), "{body}");
+    let listed = t.get(&format!("/v1/runs/{run}/invocations"), &alice).await;
+    assert_eq!(listed.body["invocations"].as_array().map(Vec::len), Some(0), "nothing was frozen: {listed:?}");
+    // The runner is still connected: the same call is sent to it again.
+    let again = {
+        let (base, token) = (t.base.clone(), alice.clone());
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/runs/{run}/invocations"))
+                .bearer_auth(&token)
+                .json(&json!({"turn_id": turn, "tool_id": "read_open", "tool_call_id": "r1", "input": {"path": "notes.txt"}}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    let job = a.next(Duration::from_secs(30)).await.expect("the second call's prepare job");
+    assert_eq!(serde_json::from_str::<Value>(job["envelope"].as_str().unwrap()).unwrap()["phase"], "prepare");
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(60), again).await.unwrap().unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
 }
