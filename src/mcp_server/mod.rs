@@ -114,6 +114,8 @@ struct Gate {
     app: App,
     owners: Arc<SessionOwners>,
     sessions: Arc<LocalSessionManager>,
+    /// Most bytes of a posted body (`--max-body-bytes`).
+    body_limit: usize,
 }
 
 /// The `/mcp` routes: rmcp's Streamable HTTP service, one [`session::Session`] per MCP
@@ -146,7 +148,7 @@ pub fn router(app: App, body_limit: usize) -> Router<App> {
         Arc::clone(&sessions),
         config,
     );
-    let gate_state = Gate { app, owners: Arc::default(), sessions };
+    let gate_state = Gate { app, owners: Arc::default(), sessions, body_limit };
     Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn_with_state(gate_state, gate))
 }
 
@@ -157,8 +159,11 @@ pub fn router(app: App, body_limit: usize) -> Router<App> {
 /// - a request naming a session (`Mcp-Session-Id`) of another user — any message: a call,
 ///   an answer to an elicitation, a notification, the stream, its closing — or one no longer
 ///   held is answered 404 `not_found` (`session`), as for a session that does not exist;
-/// - it takes one of the caller's stream places (`--max-streams-per-user`, 429
-///   `too_many_streams`), held until its answer (a stream, for a call or `GET`) ends.
+/// - a request whose answer is a stream — a posted JSON-RPC request ([`carries_request`]),
+///   the `GET` stream — takes one of the caller's stream places (`--max-streams-per-user`,
+///   429 `too_many_streams`), held until that stream ends. Answers to the server's requests
+///   (an elicitation's), notifications (a cancel) and the closing `DELETE` take none: a user
+///   whose places are all held by calls waiting for approval can still approve or cancel them.
 async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
     let user = match AuthUser::from_request_parts(&mut parts, &gate.app).await {
@@ -171,9 +176,30 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
     {
         return crate::error::Error::NotFound("session").into_response();
     }
-    let permit = match gate.app.streams.acquire(&user.user_id) {
-        Ok(permit) => permit,
-        Err(e) => return e.into_response(),
+    let (body, opens_stream) = match parts.method {
+        axum::http::Method::POST => match axum::body::to_bytes(body, gate.body_limit).await {
+            Ok(bytes) => {
+                let opens = carries_request(&bytes);
+                (axum::body::Body::from(bytes), opens)
+            }
+            Err(_) => {
+                return crate::error::Error::TooLarge {
+                    code: crate::error::ErrorCode::BodyTooLarge,
+                    message: format!("the body is larger than {} bytes", gate.body_limit),
+                }
+                .into_response();
+            }
+        },
+        axum::http::Method::DELETE => (body, false),
+        _ => (body, true),
+    };
+    let permit = if opens_stream {
+        match gate.app.streams.acquire(&user.user_id) {
+            Ok(permit) => Some(permit),
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        None
     };
     let closing = parts.method == axum::http::Method::DELETE;
     let user_id = user.user_id.clone();
@@ -197,4 +223,17 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
         chunk
     });
     Response::from_parts(parts, axum::body::Body::from_stream(body))
+}
+
+/// Whether a posted body carries a JSON-RPC request (a message with `method` and `id`, or a
+/// batch holding one), which rmcp answers with a stream; a body of answers and notifications
+/// only is answered `202` at once. A body that is not JSON counts as a request (rmcp refuses
+/// it).
+fn carries_request(body: &[u8]) -> bool {
+    let is_request = |m: &serde_json::Value| m.get("method").is_some() && m.get("id").is_some();
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Array(messages)) => messages.iter().any(is_request),
+        Ok(message) => is_request(&message),
+        Err(_) => true,
+    }
 }

@@ -10,7 +10,7 @@ use crate::common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{Backend, TestApp, spawn};
+use common::{Backend, Options, TestApp, spawn, spawn_with};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -175,8 +175,9 @@ async fn edit_approved_in_the_api_while_the_client_waits(backend: Backend) {
     let a = pending_approval(&t, &token).await;
     let call = &a["invocation"];
     assert_eq!(call["tool_id"], "write_file");
-    // Long enough for a progress notification (every 5 s while it waits).
-    tokio::time::sleep(mira::mcp_server::session::PROGRESS_EVERY + Duration::from_secs(1)).await;
+    // Long enough for a progress notification (every 5 s while it waits), with 3 s to spare
+    // for the session's wait starting late or its notice going out late on a loaded machine.
+    tokio::time::sleep(mira::mcp_server::session::PROGRESS_EVERY + Duration::from_secs(3)).await;
     let r = t
         .post(
             &format!("/v1/approvals/{}/grant", a["id"].as_str().unwrap()),
@@ -427,6 +428,51 @@ async fn a_session_that_ends_leaves_its_waiting_calls(backend: Backend) {
     assert_eq!(a["status"], "pending", "{a}");
 }
 
+/// A user whose stream places are all held — here the one place, by a call waiting for its
+/// approval — can still cancel it: a notification (like an answer to an elicitation) opens
+/// no stream and takes no place, while another request is refused 429 `too_many_streams`.
+async fn a_user_at_the_stream_cap_can_still_cancel(backend: Backend) {
+    let mut options = Options::default();
+    options.runtime.http.streams_per_user = 1;
+    let t = spawn_with(backend, options).await;
+    let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
+    let (_, session, _) = rpc(&t, Some(&token), None, initialize()).await;
+    let session = session.expect("a session id");
+    rpc(&t, Some(&token), Some(&session), json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let call = {
+        let req = t
+            .client
+            .post(mcp_url(&t))
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .bearer_auth(&token)
+            .json(&json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
+                "params": {"name": "write_file", "arguments": {"path": "notes.txt", "content": "new\n"}}}));
+        tokio::spawn(async move { req.send().await.unwrap().text().await.unwrap_or_default() })
+    };
+    let approval = pending_approval(&t, &token).await;
+    let (status, _, refused) =
+        rpc(&t, Some(&token), Some(&session), json!({"jsonrpc": "2.0", "id": 11, "method": "tools/list"})).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{refused}");
+    assert_eq!(refused["error"]["code"], "too_many_streams", "{refused}");
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 10}});
+    let (status, _, body) = rpc(&t, Some(&token), Some(&session), cancel).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let inv = approval["invocation"]["invocation_id"].as_str().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = t.get(&format!("/v1/invocations/{inv}"), &token).await.body;
+        if row["status"] == "cancelled" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the cancel never reached the call: {row}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(30), call).await;
+    assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), "old\n");
+}
+
 fn initialize() -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
@@ -555,6 +601,7 @@ both_backends!(
     edit_approved_in_the_api_while_the_client_waits,
     a_cancelled_call_cancels_its_invocation,
     a_session_that_ends_leaves_its_waiting_calls,
+    a_user_at_the_stream_cap_can_still_cancel,
     list_changed_when_an_mcp_server_is_lost,
     find_tools_reranks_a_ranked_exposure,
     the_stdio_bridge_carries_a_session,
