@@ -17,9 +17,10 @@
 //! - Host and Origin: only the names of `--mcp-allowed-hosts` (default loopback) are
 //!   answered, and a request carrying `Origin` only when it is in `--mcp-allowed-origins`
 //!   (default none), against DNS rebinding and pages in a browser.
-//! - Limits: [`MAX_SESSIONS_PER_USER`] open sessions per user; each request (and the stream
-//!   answering it) takes one of the user's `--max-streams-per-user` places; a session idle for
-//!   five minutes is closed (rmcp's keep-alive); request bodies as the API's `--body-limit`.
+//! - Limits: [`MAX_SESSIONS_PER_USER`] open sessions per user on this replica; each request
+//!   answered by a stream takes one of the user's `--max-streams-per-user` places until the
+//!   stream ends; a session idle for five minutes is closed (rmcp's keep-alive); request bodies
+//!   as the API's `--body-limit`.
 
 pub mod bridge;
 pub mod session;
@@ -38,7 +39,8 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use crate::app::App;
 use crate::http::auth::AuthUser;
 
-/// The most MCP sessions one user may have open at once; `initialize` beyond it is refused
+/// The most MCP sessions one user may have open at once on one replica (sessions live in the
+/// replica that opened them); `initialize` beyond it is refused
 /// (`-32600`, naming the limit) until one closes (a `DELETE /mcp`, or five idle minutes).
 pub const MAX_SESSIONS_PER_USER: usize = 16;
 
