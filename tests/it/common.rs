@@ -252,17 +252,31 @@ impl TestApp {
         .await
     }
 
-    /// Polls an invocation until it reaches a final status (10 s at most).
+    /// Polls an invocation until it reaches a final status (60 s at most: on a loaded machine
+    /// claiming and running even a quick call can take seconds).
     pub async fn wait_final(&self, token: &str, invocation: &str) -> Value {
-        for _ in 0..200 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
             let r = self.get(&format!("/v1/invocations/{invocation}"), token).await;
             let status = r.body["status"].as_str().unwrap_or("");
             if !matches!(status, "queued" | "running" | "awaiting_approval") {
                 return r.body;
             }
+            assert!(tokio::time::Instant::now() < deadline, "invocation {invocation} did not finish in 60 s: {r:?}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("invocation {invocation} did not finish");
+    }
+
+    /// Every event the run has stored so far (`last_event_id` of the run, read from its
+    /// stream; 30 s at most), so a caller never waits out a window for events that do not come.
+    pub async fn run_events(&self, token: &str, run: &str) -> Vec<(i64, String, Value)> {
+        let r = self.get(&format!("/v1/runs/{run}"), token).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        let n = usize::try_from(r.body["last_event_id"].as_i64().expect("last_event_id")).unwrap();
+        let resp = self.client.get(format!("{}/v1/runs/{run}/events", self.base)).bearer_auth(token).send().await;
+        let events = read_sse(resp.expect("stream opens"), n, Duration::from_secs(30)).await;
+        assert_eq!(events.len(), n, "the run's {n} stored events did not all arrive: {events:?}");
+        events
     }
 
     /// Waits (10 s at most) until `codebase_explore` is available for the default workspace,
@@ -298,12 +312,22 @@ impl TestApp {
 /// Reads SSE events from a response until `n` events arrived or `timeout` passed.
 /// Returns (id, event, data) triples; comments are skipped.
 pub async fn read_sse(resp: reqwest::Response, n: usize, timeout: Duration) -> Vec<(i64, String, Value)> {
+    read_sse_until(resp, timeout, |events| events.len() >= n).await
+}
+
+/// Reads SSE events from a response (as [`read_sse`]) until `done` holds for the events read
+/// so far or `timeout` passed.
+pub async fn read_sse_until(
+    resp: reqwest::Response,
+    timeout: Duration,
+    done: impl Fn(&[(i64, String, Value)]) -> bool,
+) -> Vec<(i64, String, Value)> {
     use futures::StreamExt;
     let mut stream = resp.bytes_stream();
     let mut buf = Vec::new();
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + timeout;
-    while out.len() < n {
+    while !done(&out) {
         let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
             Ok(Some(Ok(c))) => c,
             _ => break,
@@ -350,6 +374,9 @@ pub struct TestTool {
     pub spec: mira::registry::ToolSpec,
     pub runs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     pub delay: Duration,
+    /// When set, each execution waits for one permit of it (or a cancel) before it answers:
+    /// a hold the test releases, where a delay would be a guess at how slow the machine is.
+    pub gate: Option<std::sync::Arc<tokio::sync::Semaphore>>,
 }
 
 impl TestTool {
@@ -369,7 +396,15 @@ impl TestTool {
             },
             runs: Default::default(),
             delay: Duration::ZERO,
+            gate: None,
         }
+    }
+
+    /// This tool with a [`TestTool::gate`]; returns the gate (no permits yet) with it.
+    pub fn gated(mut self) -> (Self, std::sync::Arc<tokio::sync::Semaphore>) {
+        let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        self.gate = Some(gate.clone());
+        (self, gate)
     }
 
     pub fn kind(mut self, kind: mira::registry::ToolKind) -> Self {
@@ -390,6 +425,12 @@ impl mira::registry::Tool for TestTool {
         ctx: &mira::registry::ExecContext,
     ) -> Result<mira::registry::ToolOutput, mira::registry::ToolError> {
         let n = self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if let Some(gate) = &self.gate {
+            tokio::select! {
+                permit = gate.acquire() => permit.expect("the gate stays open").forget(),
+                () = ctx.cancel.cancelled() => return Err(mira::registry::ToolError::new(mira::error::ErrorCode::Cancelled, "cancelled")),
+            }
+        }
         if !self.delay.is_zero() {
             tokio::select! {
                 () = tokio::time::sleep(self.delay) => {}

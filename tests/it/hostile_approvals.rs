@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::{Backend, Options, Resp, TestApp, TestTool, spawn_with};
+use mira::harness::{CommitGate, GateState, StopReason};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -615,27 +616,44 @@ async fn cancel_racing_a_grant_never_contradicts_the_file(backend: Backend) {
 }
 
 /// A tool with a commit point the test controls: it waits for `before` to pass its commit
-/// point, then for `after` to make its change (writing a file named by `value`).
+/// point, then for `after` to make its change (writing a file named by `value`). The commit
+/// gate of its latest execution is shown to the test (`gate`).
 struct Probe {
     spec: mira::registry::ToolSpec,
     dir: PathBuf,
     before: Arc<tokio::sync::Semaphore>,
     after: Arc<tokio::sync::Semaphore>,
     at: tokio::sync::watch::Sender<&'static str>,
+    gate: Arc<std::sync::Mutex<Option<CommitGate>>>,
 }
 
 struct ProbeHandle {
     before: Arc<tokio::sync::Semaphore>,
     after: Arc<tokio::sync::Semaphore>,
     at: tokio::sync::watch::Receiver<&'static str>,
+    gate: Arc<std::sync::Mutex<Option<CommitGate>>>,
 }
 
 impl ProbeHandle {
     async fn reached(&mut self, point: &'static str) {
-        tokio::time::timeout(Duration::from_secs(10), self.at.wait_for(|p| *p == point))
+        tokio::time::timeout(Duration::from_secs(30), self.at.wait_for(|p| *p == point))
             .await
             .unwrap_or_else(|_| panic!("the probe never reached {point}"))
             .unwrap();
+    }
+
+    /// Waits (30 s at most) until the commit gate of the probe's latest execution is in a
+    /// state `pred` accepts: a stop the harness applied, seen rather than slept for.
+    async fn gate_until(&self, what: &str, pred: impl Fn(&GateState) -> bool) {
+        let start = std::time::Instant::now();
+        loop {
+            let state = self.gate.lock().unwrap().as_ref().map(CommitGate::state);
+            if state.as_ref().is_some_and(&pred) {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "{what} never happened: {state:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 
@@ -645,8 +663,9 @@ fn probe(id: &str, dir: &Path) -> (Arc<Probe>, ProbeHandle) {
     let (at, rx) = tokio::sync::watch::channel("idle");
     let before = Arc::new(tokio::sync::Semaphore::new(0));
     let after = Arc::new(tokio::sync::Semaphore::new(0));
-    let handle = ProbeHandle { before: before.clone(), after: after.clone(), at: rx };
-    (Arc::new(Probe { spec, dir: dir.to_path_buf(), before, after, at }), handle)
+    let gate = Arc::new(std::sync::Mutex::new(None));
+    let handle = ProbeHandle { before: before.clone(), after: after.clone(), at: rx, gate: gate.clone() };
+    (Arc::new(Probe { spec, dir: dir.to_path_buf(), before, after, at, gate }), handle)
 }
 
 #[async_trait::async_trait]
@@ -664,6 +683,7 @@ impl mira::registry::Tool for Probe {
         input: &Value,
         ctx: &mira::registry::ExecContext,
     ) -> Result<mira::registry::ToolOutput, mira::registry::ToolError> {
+        *self.gate.lock().unwrap() = Some(ctx.commit.clone());
         self.at.send_replace("started");
         self.before.acquire().await.unwrap().forget();
         if let Err(e) = ctx.commit() {
@@ -847,7 +867,8 @@ async fn time_limit_respects_the_commit_point(backend: Backend) {
 
     let inv = approved(&f, &turn, "commit_probe", "t1", "t1.txt").await;
     p.reached("started").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    p.gate_until("the stop at the time limit", |g| matches!(g, GateState::Stopped { reason: StopReason::Timeout, .. }))
+        .await;
     p.before.add_permits(1);
     let done = f.t.wait_final(&f.alice.token, &s(&inv, "invocation_id")).await;
     assert_eq!(
@@ -860,7 +881,10 @@ async fn time_limit_respects_the_commit_point(backend: Backend) {
     let inv = approved(&f, &turn, "commit_probe", "t2", "t2.txt").await;
     p.before.add_permits(1);
     p.reached("committed").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    p.gate_until("the late stop at the time limit", |g| {
+        matches!(g, GateState::Committed { late_stop: Some((StopReason::Timeout, _)) })
+    })
+    .await;
     p.after.add_permits(1);
     let done = f.t.wait_final(&f.alice.token, &s(&inv, "invocation_id")).await;
     assert_eq!(done["status"], "completed", "{done}");
@@ -902,7 +926,10 @@ async fn cancel_through_another_replica_is_applied(backend: Backend) {
             .await
             .unwrap();
     assert_eq!(c.status(), StatusCode::ACCEPTED);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    p.gate_until("the cancel, applied by the running replica", |g| {
+        matches!(g, GateState::Stopped { reason: StopReason::Cancel, .. })
+    })
+    .await;
     p.before.add_permits(1);
     let done = f.t.wait_final(&f.alice.token, &id).await;
     assert_eq!(

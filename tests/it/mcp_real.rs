@@ -114,8 +114,7 @@ async fn everything_over_stdio() {
     )
     .await;
     assert_eq!(done["status"], "completed", "{done:#}");
-    let resp = t.client.get(format!("{}/v1/runs/{run}/events", t.base)).bearer_auth(&token).send().await.unwrap();
-    let events = common::read_sse(resp, 200, Duration::from_secs(3)).await;
+    let events = t.run_events(&token, &run).await;
     let progress = events.iter().filter(|(_, k, _)| k == "execution.progress").count();
     assert!(progress >= 2, "{events:?}");
 }

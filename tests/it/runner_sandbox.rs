@@ -215,7 +215,7 @@ async fn terminal_sandbox_on_a_device(backend: Backend) {
     .await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["result"]["output"]["sandbox"]["enforced"], false, "{done}");
-    wait_status(&t, &token, &a.device_id, "connected", Duration::from_secs(5)).await;
+    wait_status(&t, &token, &a.device_id, "connected", Duration::from_secs(30)).await;
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("mira-runner-{}", a.device_id)));
 }
 

@@ -473,7 +473,8 @@ async fn the_execution_queue_takes_users_in_turn(backend: Backend) {
     let mut options = Options::default();
     options.runtime.execution_concurrency = 1;
     let t = spawn_with(backend, options).await;
-    let hold = TestTool { delay: Duration::from_secs(2), ..TestTool::new("hold", "holds the one slot", false) };
+    // The slot is held until every call is queued, however slow the machine.
+    let (hold, release) = TestTool::new("hold", "holds the one slot", false).gated();
     t.app().registry.register(Arc::new(hold)).unwrap();
     t.app().registry.register(Arc::new(TestTool::new("quick", "answers at once", false))).unwrap();
     let (a, b) = (t.user("ann").await, t.user("bert").await);
@@ -489,6 +490,7 @@ async fn the_execution_queue_takes_users_in_turn(backend: Backend) {
     }
     let r = t.call(&b, &run_b, &turn_b, "quick", "b", json!({})).await;
     assert_eq!(r.body["status"], "queued", "{r:?}");
+    release.add_permits(1);
     let b_done = t.wait_final(&b, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(b_done["status"], "completed", "{b_done}");
     // `execution` counts the quick tool's runs: A's first call may go before B's, no more.
@@ -506,13 +508,13 @@ async fn a_user_holds_at_most_their_share_of_the_slots(backend: Backend) {
     options.runtime.execution_concurrency = 4;
     options.runtime.max_running_per_user = Some(2);
     let t = spawn_with(backend, options).await;
-    let hold = TestTool { delay: Duration::from_secs(3), ..TestTool::new("hold", "holds a slot", false) };
+    // A's calls hold their slots until the test releases them, however slow the machine.
+    let (hold, release) = TestTool::new("hold", "holds a slot", false).gated();
     t.app().registry.register(Arc::new(hold)).unwrap();
     t.app().registry.register(Arc::new(TestTool::new("quick", "answers at once", false))).unwrap();
     let (a, b) = (t.user("ann").await, t.user("bert").await);
     let (run_a, run_b) = (t.run(&a).await, t.run(&b).await);
     let ((turn_a, _), (turn_b, _)) = (t.turn(&a, &run_a, "work").await, t.turn(&b, &run_b, "work").await);
-    let start = std::time::Instant::now();
     let mut held = Vec::new();
     for i in 0..3 {
         let r = t.call(&a, &run_a, &turn_a, "hold", &format!("h{i}"), json!({})).await;
@@ -520,16 +522,25 @@ async fn a_user_holds_at_most_their_share_of_the_slots(backend: Backend) {
         assert_eq!(r.body["status"], expected, "call {i}: {r:?}");
         held.push(r.body["invocation_id"].as_str().unwrap().to_owned());
     }
+    // B's call completes while both of A's running calls still hold their slots.
     let r = t.call(&b, &run_b, &turn_b, "quick", "b", json!({})).await;
     let b_done = t.wait_final(&b, r.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(b_done["status"], "completed", "{b_done}");
-    assert!(start.elapsed() < Duration::from_millis(2500), "b waited {:?} beside a's calls", start.elapsed());
     let third = t.get(&format!("/v1/invocations/{}", held[2]), &a).await;
     assert_eq!(third.body["status"], "queued", "a's third call waits for one of a's slots: {third:?}");
+    release.add_permits(3);
+    let mut done = Vec::new();
     for id in &held {
-        assert_eq!(t.wait_final(&a, id).await["status"], "completed");
+        let v = t.wait_final(&a, id).await;
+        assert_eq!(v["status"], "completed", "{v}");
+        done.push(v);
     }
-    assert!(start.elapsed() >= Duration::from_millis(5500), "a's third call ran after one of the first two");
+    // By the stored times: a's third call started only after one of the first two finished.
+    let at = |v: &Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(v[field].as_str().unwrap_or_else(|| panic!("{field}: {v}"))).unwrap()
+    };
+    let first_free = at(&done[0], "finished_at").min(at(&done[1], "finished_at"));
+    assert!(at(&done[2], "started_at") >= first_free, "a's third call ran beside the first two: {done:#?}");
 }
 
 /// The claim loop passes over the queued calls of a user who holds their share of the slots:
@@ -539,8 +550,9 @@ async fn the_claim_loop_passes_over_a_user_at_their_share(backend: Backend) {
     options.runtime.execution_concurrency = 2;
     options.runtime.max_running_per_user = Some(1);
     let t = spawn_with(backend, options).await;
-    let hold = TestTool { delay: Duration::from_secs(4), ..TestTool::new("hold", "holds a slot", false) };
-    let brief = TestTool { delay: Duration::from_secs(1), ..TestTool::new("brief", "holds a slot briefly", false) };
+    // Both holds last until the test releases them, however slow the machine.
+    let (hold, release_hold) = TestTool::new("hold", "holds a slot", false).gated();
+    let (brief, release_brief) = TestTool::new("brief", "holds a slot briefly", false).gated();
     t.app().registry.register(Arc::new(hold)).unwrap();
     t.app().registry.register(Arc::new(brief)).unwrap();
     t.app().registry.register(Arc::new(TestTool::new("quick", "answers at once", false))).unwrap();
@@ -549,7 +561,6 @@ async fn the_claim_loop_passes_over_a_user_at_their_share(backend: Backend) {
     let (turn_a, _) = t.turn(&a, &run_a, "work").await;
     let (turn_b, _) = t.turn(&b, &run_b, "work").await;
     let (turn_c, _) = t.turn(&c, &run_c, "work").await;
-    let start = std::time::Instant::now();
     let a1 = t.call(&a, &run_a, &turn_a, "hold", "a1", json!({})).await;
     assert_eq!(a1.body["status"], "running", "{a1:?}");
     let a2 = t.call(&a, &run_a, &turn_a, "quick", "a2", json!({})).await;
@@ -558,12 +569,16 @@ async fn the_claim_loop_passes_over_a_user_at_their_share(backend: Backend) {
     assert_eq!(c1.body["status"], "running", "{c1:?}");
     let b1 = t.call(&b, &run_b, &turn_b, "quick", "b1", json!({})).await;
     assert_eq!(b1.body["status"], "queued", "every slot is busy: {b1:?}");
+    // C's slot frees; a's hold still runs.
+    release_brief.add_permits(1);
     let b_done = t.wait_final(&b, b1.body["invocation_id"].as_str().unwrap()).await;
     assert_eq!(b_done["status"], "completed", "{b_done}");
     let a2_id = a2.body["invocation_id"].as_str().unwrap();
     let a2_now = t.get(&format!("/v1/invocations/{a2_id}"), &a).await;
     assert_eq!(a2_now.body["status"], "queued", "b's call took c's slot past a's queued call: {a2_now:?}");
-    assert!(start.elapsed() < Duration::from_millis(3500), "b's call waited {:?}, as long as a's", start.elapsed());
+    let a1_now = t.get(&format!("/v1/invocations/{}", a1.body["invocation_id"].as_str().unwrap()), &a).await;
+    assert_eq!(a1_now.body["status"], "running", "{a1_now:?}");
+    release_hold.add_permits(1);
     assert_eq!(t.wait_final(&a, a2_id).await["status"], "completed");
 }
 

@@ -17,6 +17,10 @@ async fn wait_answers_when_final_or_awaiting(backend: Backend) {
     let mut slow = TestTool::new("slow_echo", "echoes its input after a while", false);
     slow.delay = Duration::from_millis(600);
     t.app().registry.register(Arc::new(slow)).unwrap();
+    // Runs until the test lets it finish: still unfinished when a short wait runs out,
+    // however slowly the machine answers that wait.
+    let (held, release) = TestTool::new("held_echo", "echoes its input when let go", false).gated();
+    t.app().registry.register(Arc::new(held)).unwrap();
     t.app().registry.register(Arc::new(TestTool::new("gated_echo", "an action that needs approval", true))).unwrap();
     let run = t.run(&token).await;
     let (turn, _) = t.turn(&token, &run, "echo things").await;
@@ -34,7 +38,7 @@ async fn wait_answers_when_final_or_awaiting(backend: Backend) {
     assert!(took < Duration::from_secs(10), "answered when final, not at wait_ms: {took:?}");
 
     // Time runs out first: the current (unfinished) state, after about wait_ms.
-    let r = t.call(&token, &run, &turn, "slow_echo", "b", json!({"value": "y"})).await;
+    let r = t.call(&token, &run, &turn, "held_echo", "b", json!({"value": "y"})).await;
     let id_b = r.body["invocation_id"].as_str().unwrap().to_owned();
     let t0 = Instant::now();
     let w = t.get(&format!("/v1/invocations/{id_b}?wait_ms=150"), &token).await;
@@ -45,6 +49,7 @@ async fn wait_answers_when_final_or_awaiting(backend: Backend) {
     // No wait_ms (and wait_ms=0): at once.
     let w = t.get(&format!("/v1/invocations/{id_b}?wait_ms=0"), &token).await;
     assert_eq!(w.status, StatusCode::OK);
+    release.add_permits(1);
     let done = t.get(&format!("/v1/invocations/{id_b}?wait_ms=20000"), &token).await;
     assert_eq!(done.body["status"], "completed", "{done:?}");
 
