@@ -43,13 +43,15 @@ const PAGE: &str = r#"<!doctype html><html><head><title>Test shop</title></head>
 
 /// Layers over buttons: a transparent `#trap` that takes clicks lies over "Real button" from
 /// the start; any key moves it over "Keep subscribed" (a style change only: the
-/// accessibility tree stays the same).
+/// accessibility tree stays the same). "Far button" is below the first screen: clicking it
+/// scrolls the page.
 const LAYERS: &str = r#"<!doctype html><html><head><title>Layers</title><style>
 button{position:fixed;left:20px;width:200px;height:40px}
 #trap{position:fixed;left:0;top:200px;width:300px;height:60px;opacity:0}</style></head><body>
 <p id="status">nothing</p>
 <button style="top:60px" onclick="document.getElementById('status').textContent='kept'"><span>Keep</span> subscribed</button>
 <button style="top:210px" onclick="document.getElementById('status').textContent='real'">Real button</button>
+<button style="position:absolute;top:1500px" onclick="document.getElementById('status').textContent='far'">Far button</button>
 <div id="trap" onclick="document.getElementById('status').textContent='trapped'"></div>
 <script>document.addEventListener('keydown', () => { document.getElementById('trap').style.top = '50px'; });</script>
 </body></html>"#;
@@ -833,6 +835,12 @@ async fn clicks_land_only_on_what_was_approved() {
         .await;
     assert_eq!(kept["status"], "completed", "{kept}");
     assert!(text(&f.snapshot().await).contains("kept"), "the click on the button's text is the button's");
+    // Below the first screen: the click scrolls there, and the check looks where it clicks.
+    let snap = f.snapshot().await;
+    let far = reference(snap["tree"].as_str().unwrap(), "Far button");
+    let (_, clicked) = f.approved("browser_click", json!({"snapshot_id": snap["snapshot_id"], "ref": far})).await;
+    assert_eq!(clicked["status"], "completed", "{clicked}");
+    assert!(text(&f.snapshot().await).contains("far"), "the far button got the click");
 
     let shot = f.run("browser_screenshot", json!({})).await;
     let click = f
@@ -851,7 +859,7 @@ async fn clicks_land_only_on_what_was_approved() {
     assert_eq!(moved["result"]["error"]["details"]["reason"], "element_changed", "{moved}");
     let tree = text(&f.snapshot().await);
     assert!(
-        tree.contains("kept") && !tree.contains("trapped"),
+        tree.contains("far") && !tree.contains("trapped"),
         "the layer moved under the point never got the click: {tree}"
     );
 }

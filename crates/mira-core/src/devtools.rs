@@ -20,6 +20,7 @@ pub const ALLOWED_METHODS: &[&str] = &[
     "Input.insertText",
     "Page.bringToFront",
     "Page.captureScreenshot",
+    "Page.createIsolatedWorld",
     "Page.enable",
     "Page.getFrameTree",
     "Page.getLayoutMetrics",
@@ -46,13 +47,20 @@ pub const SELECT_OPTION: &str = "function(want) { if (!(this instanceof HTMLSele
 
 /// The fixed function that tells whether a click at an element's centre reaches it: its one
 /// argument, the node a hit test there finds (what the click would land on), is the element
-/// itself or inside it, across shadow roots, and is not a frame showing another document (a
-/// click there lands in that document); a text element counts as reached through its parent
-/// element. Returns true or false (the tools' own code).
+/// itself or inside it in the flattened tree (through slots and shadow roots), and is not a
+/// frame showing another document (a click there lands in that document); a text element
+/// counts as reached through its parent element, a form control through its `<label>` (the
+/// visible part of a styled checkbox), a shadow button through its host (where slotted text
+/// is hit). Run in an isolated world, where the page cannot rewrite the built-ins it uses.
+/// Returns true or false (the tools' own code).
 pub const REACHES: &str = "function(hit) { \
     if (hit !== this && ['iframe', 'frame', 'object', 'embed', 'portal', 'fencedframe'].includes(hit.localName)) { return false; } \
     if (this.nodeType === 3 && hit === this.parentNode) { return true; } \
-    for (let n = hit; n; n = n.parentNode || (n instanceof ShadowRoot ? n.host : null)) { if (n === this) { return true; } } \
+    const el = hit.nodeType === 1 ? hit : hit.parentElement; \
+    const label = el && el.closest('label'); \
+    if (label && label.control === this) { return true; } \
+    if (hit.shadowRoot && hit.shadowRoot.contains(this)) { return true; } \
+    for (let n = hit; n; n = n.assignedSlot || n.parentNode || (n instanceof ShadowRoot ? n.host : null)) { if (n === this) { return true; } } \
     return false; }";
 
 /// The largest DevTools message (and WebSocket frame) accepted from a browser, in bytes: a
@@ -67,6 +75,9 @@ pub const MAX_EVENT_BYTES: usize = 1 << 20;
 pub fn check_method(method: &str, params: &serde_json::Value) -> Result<(), String> {
     if !ALLOWED_METHODS.contains(&method) {
         return Err(format!("{method} is not sent to an attached browser (no cookie, storage or script access)"));
+    }
+    if method == "Page.createIsolatedWorld" && params["grantUniveralAccess"].as_bool() == Some(true) {
+        return Err("an isolated world is created without universal access".into());
     }
     if method == "Runtime.callFunctionOn" {
         let f = params["functionDeclaration"].as_str().unwrap_or_default();

@@ -1060,51 +1060,92 @@ pub async fn navigate(page: &TabPage, url: &str) -> Result<(bool, Option<String>
 
 /// Clicks the element's centre with the left button. Returns whether a new document loaded.
 /// Errors: `stale_snapshot` (details `reason` `obscured`, and `element_at_point`) when the
-/// click would land on something else ([`reaches`]).
+/// click would land on something else ([`reaches`]) — checked before the mouse moves there
+/// and again after (the move tells the page where the press will come, and a page could put a
+/// layer there in its `mousemove` handler); `browser_error` when the check cannot run.
 pub async fn click(page: &TabPage, backend_node_id: i64) -> Result<bool, ToolError> {
     let (x, y) = centre(page, backend_node_id).await?;
-    if !reaches(page, backend_node_id, x, y).await {
-        return Err(ToolError::new(
+    // The hit test takes whole pixels: the click goes to the point tested.
+    let (x, y) = (x.round(), y.round());
+    let obscured = async || {
+        ToolError::new(
             ErrorCode::StaleSnapshot,
             "something else lies over the element where it would be clicked (a dialog, a banner, another frame): \
              take a new snapshot",
         )
-        .with_details(json!({"reason": "obscured", "element_at_point": element_at(page, x, y).await})));
+        .with_details(json!({"reason": "obscured", "element_at_point": element_at(page, x, y).await}))
+    };
+    if !reaches(page, backend_node_id, x, y).await? {
+        return Err(obscured().await);
     }
     let w = watch(page).await?;
-    for kind in ["mouseMoved", "mousePressed", "mouseReleased"] {
-        let mut params = json!({"type": kind, "x": x, "y": y});
-        if kind != "mouseMoved" {
-            params["button"] = json!("left");
-            params["clickCount"] = json!(1);
-        }
-        cdp(page, "Input.dispatchMouseEvent", params).await?;
+    mouse(page, "mouseMoved", x, y, "none", 0).await?;
+    if !reaches(page, backend_node_id, x, y).await? {
+        return Err(obscured().await);
     }
+    mouse(page, "mousePressed", x, y, "left", 1).await?;
+    mouse(page, "mouseReleased", x, y, "left", 0).await?;
     Ok(settle(page, w).await)
 }
 
 pub(crate) use mira_core::devtools::{CLEAR_FIELD, REACHES, SELECT_OPTION};
 
+/// The node a hit test finds at viewport point `(x, y)` (CSS pixels), if any.
+/// `DOM.getNodeForLocation` takes document coordinates (Blink converts them to the frame's by
+/// the layout viewport's scroll), so the page's scroll offset is added; it passes over
+/// `pointer-events: none` as a click does.
+async fn node_at(page: &TabPage, x: f64, y: f64) -> Result<Option<i64>, ToolError> {
+    let (sx, sy) = scroll_offset(page).await?;
+    let at = json!({"x": (x + sx).round() as i64, "y": (y + sy).round() as i64});
+    Ok(cdp(page, "DOM.getNodeForLocation", at).await.ok().and_then(|found| found["backendNodeId"].as_i64()))
+}
+
 /// Whether a click at `(x, y)` reaches the element: the browser's own hit test there
-/// (`DOM.getNodeForLocation`, which skips `pointer-events: none` as a click does) finds the
-/// element or a node inside it ([`REACHES`]). A page that lays something over the approved
-/// element — a transparent layer, another site's frame — would otherwise take its click. A
-/// node of another frame cannot even be compared (the browser refuses an argument of another
-/// document's context): not reached. Any failure counts as not reached.
-async fn reaches(page: &TabPage, backend_node_id: i64, x: f64, y: f64) -> bool {
-    let Ok(found) = cdp(page, "DOM.getNodeForLocation", json!({"x": x.round() as i64, "y": y.round() as i64})).await
-    else {
-        return false;
-    };
-    let Some(hit) = found["backendNodeId"].as_i64() else { return false };
+/// ([`node_at`]) finds the element or a node inside it ([`REACHES`]). A page that lays
+/// something over the approved element — a transparent layer, another site's frame — would
+/// otherwise take its click. The comparison runs in an isolated world of the main frame
+/// (`Page.createIsolatedWorld`), whose built-ins the page cannot rewrite; a node of another
+/// frame cannot even be resolved there (not reached). Errors: `browser_error` when the check
+/// itself cannot run (an attached browser's runner too old to allow it, a page gone).
+async fn reaches(page: &TabPage, backend_node_id: i64, x: f64, y: f64) -> Result<bool, ToolError> {
+    let Some(hit) = node_at(page, x, y).await? else { return Ok(false) };
     if hit == backend_node_id {
-        return true;
+        return Ok(true);
     }
-    let Ok(resolved) = cdp(page, "DOM.resolveNode", json!({"backendNodeId": hit})).await else { return false };
-    let Some(hit_object) = resolved["object"]["objectId"].as_str().map(str::to_owned) else { return false };
-    let answer = call_on(page, backend_node_id, REACHES, json!([{"objectId": hit_object}])).await;
-    let _ = cdp(page, "Runtime.releaseObject", json!({"objectId": hit_object})).await;
-    matches!(answer, Ok(Value::Bool(true)))
+    let cannot = |e: ToolError| browser_error(format!("what lies under the click could not be checked: {}", e.message));
+    let tree = cdp(page, "Page.getFrameTree", json!({})).await.map_err(cannot)?;
+    let frame = tree["frameTree"]["frame"]["id"].clone();
+    let world = cdp(page, "Page.createIsolatedWorld", json!({"frameId": frame, "worldName": "mira-reaches"}))
+        .await
+        .map_err(cannot)?;
+    let context = world["executionContextId"].clone();
+    let resolve = async |id: i64| {
+        let r = cdp(page, "DOM.resolveNode", json!({"backendNodeId": id, "executionContextId": context})).await?;
+        r["object"]["objectId"].as_str().map(str::to_owned).ok_or_else(|| browser_error("the node has no object"))
+    };
+    let element = resolve(backend_node_id).await.map_err(cannot)?;
+    let answer = match resolve(hit).await {
+        Ok(hit) => {
+            let answer = cdp(
+                page,
+                "Runtime.callFunctionOn",
+                json!({"objectId": element, "functionDeclaration": REACHES, "arguments": [{"objectId": hit}],
+                       "returnByValue": true}),
+            )
+            .await;
+            let _ = cdp(page, "Runtime.releaseObject", json!({"objectId": hit})).await;
+            Some(answer)
+        }
+        // A node of another frame (or gone since): not the element.
+        Err(_) => None,
+    };
+    let _ = cdp(page, "Runtime.releaseObject", json!({"objectId": element})).await;
+    let Some(answer) = answer else { return Ok(false) };
+    let answer = answer.map_err(cannot)?;
+    if answer.get("exceptionDetails").is_some_and(|e| !e.is_null()) {
+        return Err(browser_error("what lies under the click could not be checked: the check failed in the page"));
+    }
+    Ok(answer["result"]["value"] == json!(true))
 }
 
 async fn call_on(page: &TabPage, backend_node_id: i64, function: &str, args: Value) -> Result<Value, ToolError> {
@@ -1263,17 +1304,14 @@ pub async fn resolve_shot<'t>(
     Ok((tab, shot))
 }
 
-/// The element at `(x, y)` of the viewport: its role and name, best effort (null when none).
+/// The element at `(x, y)` of the viewport ([`node_at`]): `{node, role, name}` — its backend
+/// node id and its accessibility role and name — best effort (null when none).
 pub async fn element_at(page: &TabPage, x: f64, y: f64) -> Value {
-    let Ok(found) = cdp(page, "DOM.getNodeForLocation", json!({"x": x.round() as i64, "y": y.round() as i64})).await
-    else {
-        return Value::Null;
-    };
-    let Some(id) = found["backendNodeId"].as_i64() else { return Value::Null };
+    let Ok(Some(id)) = node_at(page, x, y).await else { return Value::Null };
     match cdp(page, "Accessibility.getPartialAXTree", json!({"backendNodeId": id, "fetchRelatives": false})).await {
         Ok(tree) => {
             let node = &tree["nodes"][0];
-            json!({"role": node["role"]["value"], "name": node["name"]["value"]})
+            json!({"node": id, "role": node["role"]["value"], "name": node["name"]["value"]})
         }
         Err(_) => Value::Null,
     }
@@ -1290,15 +1328,28 @@ async fn mouse(page: &TabPage, kind: &str, x: f64, y: f64, button: &str, buttons
 
 /// Clicks at `(x, y)` of the viewport with the left button. Returns whether a new document
 /// loaded.
-pub async fn click_at(page: &TabPage, x: f64, y: f64) -> Result<bool, ToolError> {
+pub async fn click_at(page: &TabPage, x: f64, y: f64, expect: Option<&Value>) -> Result<bool, ToolError> {
     let w = watch(page).await?;
-    press_at(page, x, y).await?;
+    press_at(page, x, y, expect).await?;
     Ok(settle(page, w).await)
 }
 
-/// Moves the mouse to `(x, y)`, presses and releases the left button.
-async fn press_at(page: &TabPage, x: f64, y: f64) -> Result<(), ToolError> {
+/// Moves the mouse to `(x, y)`, presses and releases the left button. With `expect` (the
+/// element the approval showed there, as [`element_at`]), the press is refused as
+/// `stale_snapshot` (`element_changed`) when, once the mouse is there, another element lies
+/// under it: the move tells the page where the press will come.
+async fn press_at(page: &TabPage, x: f64, y: f64, expect: Option<&Value>) -> Result<(), ToolError> {
     mouse(page, "mouseMoved", x, y, "none", 0).await?;
+    if let Some(expect) = expect {
+        let now = element_at(page, x, y).await;
+        if now != *expect {
+            return Err(ToolError::new(
+                ErrorCode::StaleSnapshot,
+                "something else lay under the point once the mouse was there: take a new screenshot",
+            )
+            .with_details(json!({"reason": "element_changed", "approved": expect, "now": now})));
+        }
+    }
     mouse(page, "mousePressed", x, y, "left", 1).await?;
     mouse(page, "mouseReleased", x, y, "left", 0).await
 }
@@ -1343,9 +1394,9 @@ fn key_of(c: char) -> (String, String, i64, String) {
 /// time as key events (`keyDown` with the character's text, `keyUp`): a text field inserts
 /// it, and a canvas app listening to key events sees each key. Returns whether a new document
 /// loaded.
-pub async fn type_at(page: &TabPage, x: f64, y: f64, text: &str) -> Result<bool, ToolError> {
+pub async fn type_at(page: &TabPage, x: f64, y: f64, text: &str, expect: Option<&Value>) -> Result<bool, ToolError> {
     let w = watch(page).await?;
-    press_at(page, x, y).await?;
+    press_at(page, x, y, expect).await?;
     for c in text.chars() {
         let (key, code, key_code, text) = key_of(c);
         let mut down = json!({"type": if text.is_empty() { "rawKeyDown" } else { "keyDown" }, "key": key, "code": code,

@@ -1236,12 +1236,14 @@ impl Tool for PointAction {
                 .with_details(json!({"screenshot_id": shot_id, "reason": "element_changed",
                                      "approved": input["elements_at_points"], "now": elements})));
         }
+        // Checked again once the mouse is at the point, before a press.
+        let approved: Vec<Value> = input["elements_at_points"].as_array().cloned().unwrap_or_default();
         let element = elements.swap_remove(0);
         let mut out = json!({"tab": tab.id, "screenshot_id": shot_id, "point": {"x": x, "y": y}, "element_at_point": element,
                              "url_before": shot.url});
         let tab_id = tab.id.clone();
         let acted = match self.kind {
-            PointKind::Click => manager::click_at(&tab.page, x, y).await,
+            PointKind::Click => manager::click_at(&tab.page, x, y, approved.first()).await,
             PointKind::Scroll => {
                 let (dx, dy) = (input["delta_x"].as_f64().unwrap_or(0.0), input["delta_y"].as_f64().unwrap_or(0.0));
                 out["delta"] = json!({"x": dx, "y": dy});
@@ -1250,7 +1252,7 @@ impl Tool for PointAction {
             PointKind::Type => {
                 let text = input["text"].as_str().unwrap_or_default();
                 out["typed_chars"] = json!(text.chars().count());
-                manager::type_at(&tab.page, x, y, text).await
+                manager::type_at(&tab.page, x, y, text, approved.first()).await
             }
             PointKind::Drag => {
                 let to = points.get(1).copied().unwrap_or((x, y));
