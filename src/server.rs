@@ -432,7 +432,7 @@ impl Server {
             crate::embedding::worker::Sweep::default(),
             app.shutdown.clone(),
         );
-        let mcp = crate::mcp_server::router(app.clone(), settings.body_limit);
+        let mcp = crate::mcp_server::router(app.clone(), settings.body_limit, settings.request_timeout);
         let router = crate::http::router(app.clone(), mcp, settings.body_limit, settings.request_timeout);
         let limits = &settings.runtime.http;
         let idle = Duration::from_secs(limits.idle_timeout_secs.max(1));

@@ -116,14 +116,17 @@ struct Gate {
     app: App,
     owners: Arc<SessionOwners>,
     sessions: Arc<LocalSessionManager>,
-    /// Most bytes of a posted body (`--max-body-bytes`).
+    /// Most bytes of a posted body (`--body-limit`).
     body_limit: usize,
+    /// How long reading a posted body may take (`--request-timeout-secs`): a body is read
+    /// before it is known whether it takes a stream place.
+    body_time: std::time::Duration,
 }
 
 /// The `/mcp` routes: rmcp's Streamable HTTP service, one [`session::Session`] per MCP
 /// session, behind [`gate`]. Served outside the API's request timeout (a call may wait for
-/// its approval), with `body_limit` bytes per request.
-pub fn router(app: App, body_limit: usize) -> Router<App> {
+/// its approval), with `body_limit` bytes per request, each body read within `body_time`.
+pub fn router(app: App, body_limit: usize, body_time: std::time::Duration) -> Router<App> {
     let counts = Arc::new(SessionCounts::default());
     let sessions = Arc::new(LocalSessionManager::default());
     let factory_app = app.clone();
@@ -150,7 +153,7 @@ pub fn router(app: App, body_limit: usize) -> Router<App> {
         Arc::clone(&sessions),
         config,
     );
-    let gate_state = Gate { app, owners: Arc::default(), sessions, body_limit };
+    let gate_state = Gate { app, owners: Arc::default(), sessions, body_limit, body_time };
     Router::new().nest_service(PATH, service).layer(axum::middleware::from_fn_with_state(gate_state, gate))
 }
 
@@ -179,19 +182,30 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
         return crate::error::Error::NotFound("session").into_response();
     }
     let (body, opens_stream) = match parts.method {
-        axum::http::Method::POST => match axum::body::to_bytes(body, gate.body_limit).await {
-            Ok(bytes) => {
-                let opens = carries_request(&bytes);
-                (axum::body::Body::from(bytes), opens)
-            }
-            Err(_) => {
-                return crate::error::Error::TooLarge {
-                    code: crate::error::ErrorCode::BodyTooLarge,
-                    message: format!("the body is larger than {} bytes", gate.body_limit),
+        // Read whole before it is known whether it takes a place, so within the API's
+        // request time: a body trickled in cannot hold a connection longer than any request.
+        axum::http::Method::POST => {
+            match tokio::time::timeout(gate.body_time, axum::body::to_bytes(body, gate.body_limit)).await {
+                Ok(Ok(bytes)) => {
+                    let opens = carries_request(&bytes);
+                    (axum::body::Body::from(bytes), opens)
                 }
-                .into_response();
+                Ok(Err(_)) => {
+                    return crate::error::Error::TooLarge {
+                        code: crate::error::ErrorCode::BodyTooLarge,
+                        message: format!("the body is larger than {} bytes", gate.body_limit),
+                    }
+                    .into_response();
+                }
+                Err(_) => {
+                    return crate::error::Error::Unavailable {
+                        code: crate::error::ErrorCode::RequestTimeout,
+                        message: format!("the body took longer than {} s to arrive", gate.body_time.as_secs()),
+                    }
+                    .into_response();
+                }
             }
-        },
+        }
         axum::http::Method::DELETE => (body, false),
         _ => (body, true),
     };
