@@ -828,6 +828,7 @@ impl DeviceHub {
             .client
             .post(&url)
             .header(SECRET_HEADER, secret)
+            .timeout(PREPARE_WAIT + Duration::from_secs(10))
             .json(&body)
             .send()
             .await
@@ -855,8 +856,8 @@ impl DeviceHub {
     /// when the runner stays away for a whole lease without answering: `outcome_unknown`
     /// for an execution (it may have run; it is never sent again), `device_offline` for
     /// prepare and canonicalize (which change nothing); `request_timeout` (503) for a prepare
-    /// or canonicalize not answered within the job's validity (`job_ttl`), the runner
-    /// connected or not. `cancel` ends the wait.
+    /// or canonicalize not answered within [`PREPARE_WAIT`] (or the job's validity, `job_ttl`,
+    /// when shorter), the runner connected or not. `cancel` ends the wait.
     pub async fn job(
         &self,
         device_id: &str,
@@ -912,7 +913,8 @@ impl DeviceHub {
         // A prepare or canonicalize (a freeze waits on it) is bounded by the job's validity: a
         // runner that takes the job and never answers cannot hold the freeze (an execution is
         // bounded by its own time limit, which cancels it).
-        let answer_by = (spec.phase != JobPhase::Execute).then(|| tokio::time::Instant::now() + self.settings.job_ttl);
+        let wait = self.settings.job_ttl.min(PREPARE_WAIT);
+        let answer_by = (spec.phase != JobPhase::Execute).then(|| tokio::time::Instant::now() + wait);
         let too_late = async move {
             match answer_by {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -928,7 +930,7 @@ impl DeviceHub {
                 () = &mut too_late => {
                     return Err(ToolError::new(
                         ErrorCode::RequestTimeout,
-                        format!("the runner of device {device_id} did not answer within {} s; try again", self.settings.job_ttl.as_secs()),
+                        format!("the runner of device {device_id} did not answer within {} s; try again", wait.as_secs()),
                     )
                     .with_details(json!({"device_id": device_id})));
                 }
@@ -969,6 +971,11 @@ impl Drop for PendingGuard<'_> {
         self.hub.inner.lock().pending.remove(&self.nonce);
     }
 }
+
+/// Longest a prepare or canonicalize job is waited for (or the job's validity, when shorter):
+/// a freeze waits on it, and a job forwarded from another replica must be answered well
+/// within the idle timeout of the connection it travels on (60 s by default).
+pub const PREPARE_WAIT: Duration = Duration::from_secs(30);
 
 /// What a job is about (the hub adds the device, the hash, the expiry and the nonce).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
