@@ -1671,9 +1671,10 @@ async fn device_terminal_actions_are_forwarded_to_the_holder_and_a_revocation_an
     assert_eq!(size, (100, 30), "the holder recorded the resize");
 
     let sleep = json!({"action": "input", "session_id": session,
-        "data": "sleep 8; echo slept-$((6*7)); exit\n", "settle_ms": 100});
+        "data": "sleep 12; echo slept-$((6*7)); exit\n", "settle_ms": 100});
     act("i2", sleep).await;
-    // A forwarded wait lasting longer than the request timeout (4 s) is not cut.
+    // A forwarded wait lasting longer than the request timeout (4 s) is not cut. (The sleep
+    // began during the input action: 12 s leaves the wait over 5 s however slow that was.)
     let (done, took) = act("w1", json!({"action": "wait", "session_id": session, "timeout_ms": 60000})).await;
     let out = &done["result"]["output"];
     assert_eq!((out["state"].as_str(), out["exit_code"].as_i64()), (Some("exited"), Some(0)), "{done:#}");
@@ -1718,7 +1719,9 @@ async fn device_terminal_actions_are_forwarded_to_the_holder_and_a_revocation_an
     // `outcome_unknown` naming the device and is never sent again; the runner moves to B or
     // C, and the wait's real result arrives there as `late_device_result` evidence.
     let sleeper = json!({"action": "start", "command": "bash",
-        "args": ["--norc", "--noprofile", "-c", "sleep 3; echo woke-$((3*3))"]});
+        "args": ["--norc", "--noprofile", "-c", "sleep 8; echo woke-$((3*3))"]});
+    // (8 s: the session must outlive the freeze, grant and forward of the wait below, and
+    // the wait's start on the device, before A is killed — however slow the machine.)
     let id = claimed_at_b("s2", sleeper).await;
     let done = c.final_of(&c.at(b), &token, &id).await;
     assert_eq!(done["status"], "completed", "{done:#}");

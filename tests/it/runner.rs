@@ -358,7 +358,12 @@ async fn two_runners_on_loopback(backend: Backend) {
 /// `outcome_unknown`, the write is not made twice (not at all here: the job never left the
 /// socket), and a restarted runner does not run it.
 async fn killed_runner_leaves_outcome_unknown(backend: Backend) {
-    let t = spawn_with(backend, options()).await;
+    // A lease long enough that the job is sent before the stopped runner's lease runs out,
+    // however slowly the grant, the claim and the send go on a loaded machine (with 2 s the
+    // call could end `device_offline`, nothing sent).
+    let mut options = options();
+    options.runtime.devices.lease = Duration::from_secs(8);
+    let t = spawn_with(backend, options).await;
     let token = t.user("kim").await;
     let root = tempfile::tempdir().unwrap();
     let mut a = device(&t, &token, "laptop", root.path()).await;
