@@ -832,7 +832,20 @@ impl DeviceHub {
             .json(&body)
             .send()
             .await
-            .map_err(|e| offline(format!("the replica holding it at {base} cannot be reached ({e})")))?;
+            .map_err(|e| {
+                if e.is_timeout() {
+                    ToolError::new(
+                        ErrorCode::RequestTimeout,
+                        format!(
+                            "the replica holding device {device_id} did not answer within {} s; try again",
+                            (PREPARE_WAIT + Duration::from_secs(10)).as_secs()
+                        ),
+                    )
+                    .with_details(json!({"device_id": device_id}))
+                } else {
+                    offline(format!("the replica holding it at {base} cannot be reached ({e})"))
+                }
+            })?;
         let status = response.status();
         let text = response.text().await.map_err(|e| offline(format!("the replica holding it failed: {e}")))?;
         if !status.is_success() {

@@ -193,7 +193,7 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
                 Ok(Err(_)) => {
                     return crate::error::Error::TooLarge {
                         code: crate::error::ErrorCode::BodyTooLarge,
-                        message: format!("the body is larger than {} bytes", gate.body_limit),
+                        message: format!("the body is larger than {} bytes, or was cut off", gate.body_limit),
                     }
                     .into_response();
                 }

@@ -168,6 +168,24 @@ async fn device_run(t: &TestApp, token: &str, runner: &HandRunner, name: &str) -
     r.body["id"].as_str().unwrap().to_owned()
 }
 
+/// Freezes `read_open` of `notes.txt` (call `r1`) in `run`'s `turn` on a task of its own (the
+/// freeze waits for the device's prepare): its HTTP status and body.
+fn spawn_read_freeze(t: &TestApp, token: &str, run: &str, turn: &str) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    let (base, token, run, turn) = (t.base.clone(), token.to_owned(), run.to_owned(), turn.to_owned());
+    tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(format!("{base}/v1/runs/{run}/invocations"))
+            .bearer_auth(&token)
+            .json(
+                &json!({"turn_id": turn, "tool_id": "read_open", "tool_call_id": "r1", "input": {"path": "notes.txt"}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    })
+}
+
 async fn late_kinds(t: &TestApp, token: &str, inv: &str) -> Vec<Value> {
     let v = t.get(&format!("/v1/invocations/{inv}"), token).await.body;
     let mut out = Vec::new();
@@ -482,19 +500,7 @@ async fn an_execution_is_never_sent_to_a_device_the_store_says_is_revoked(backen
     let mut a = hand_runner(&t, &alice, "alice-laptop", 7).await;
     let run = device_run(&t, &alice, &a, "alice-ws").await;
     let (turn, _) = t.turn(&alice, &run, "read a file").await;
-    let call = {
-        let (base, token, run, turn) = (t.base.clone(), alice.clone(), run.clone(), turn.clone());
-        tokio::spawn(async move {
-            let r = reqwest::Client::new()
-                .post(format!("{base}/v1/runs/{run}/invocations"))
-                .bearer_auth(&token)
-                .json(&json!({"turn_id": turn, "tool_id": "read_open", "tool_call_id": "r1", "input": {"path": "notes.txt"}}))
-                .send()
-                .await
-                .unwrap();
-            r.json::<Value>().await.unwrap()
-        })
-    };
+    let call = spawn_read_freeze(&t, &alice, &run, &turn);
     let job = a.next(Duration::from_secs(10)).await.expect("the freeze's prepare job");
     let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
     assert_eq!(envelope["phase"], "prepare", "{envelope}");
@@ -511,7 +517,7 @@ async fn an_execution_is_never_sent_to_a_device_the_store_says_is_revoked(backen
         "outcome": {"status": "prepared", "input": {"path": "notes.txt"}, "preview": {}}});
     let (status, body) = result_post(&t, &a.session, prepared).await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
-    let frozen = tokio::time::timeout(Duration::from_secs(10), call).await.unwrap().unwrap();
+    let (_, frozen) = tokio::time::timeout(Duration::from_secs(10), call).await.unwrap().unwrap();
     let inv = frozen["invocation_id"].as_str().unwrap_or_else(|| panic!("{frozen:#}")).to_owned();
     let next = a.next(Duration::from_secs(3)).await;
     assert!(next.is_none(), "an execution was sent to the revoked device: {next:#?}");
@@ -532,19 +538,7 @@ async fn a_runner_that_never_answers_cannot_hold_a_freeze(backend: Backend) {
     let run = device_run(&t, &alice, &a, "alice-ws").await;
     let (turn, _) = t.turn(&alice, &run, "read a file").await;
     let started = Instant::now();
-    let call = {
-        let (base, token, run, turn) = (t.base.clone(), alice.clone(), run.clone(), turn.clone());
-        tokio::spawn(async move {
-            let r = reqwest::Client::new()
-                .post(format!("{base}/v1/runs/{run}/invocations"))
-                .bearer_auth(&token)
-                .json(&json!({"turn_id": turn, "tool_id": "read_open", "tool_call_id": "r1", "input": {"path": "notes.txt"}}))
-                .send()
-                .await
-                .unwrap();
-            (r.status(), r.json::<Value>().await.unwrap())
-        })
-    };
+    let call = spawn_read_freeze(&t, &alice, &run, &turn);
     let job = a.next(Duration::from_secs(30)).await.expect("the freeze's prepare job");
     let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
     assert_eq!(envelope["phase"], "prepare", "{envelope}");
@@ -560,23 +554,11 @@ async fn a_runner_that_never_answers_cannot_hold_a_freeze(backend: Backend) {
     let listed = t.get(&format!("/v1/runs/{run}/invocations"), &alice).await;
     assert_eq!(listed.body["invocations"].as_array().map(Vec::len), Some(0), "nothing was frozen: {listed:?}");
     // The runner is still connected: the same call is sent to it again.
-    let again = {
-        let (base, token) = (t.base.clone(), alice.clone());
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(format!("{base}/v1/runs/{run}/invocations"))
-                .bearer_auth(&token)
-                .json(&json!({"turn_id": turn, "tool_id": "read_open", "tool_call_id": "r1", "input": {"path": "notes.txt"}}))
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
+    let again = spawn_read_freeze(&t, &alice, &run, &turn);
     let job = a.next(Duration::from_secs(30)).await.expect("the second call's prepare job");
     assert_eq!(serde_json::from_str::<Value>(job["envelope"].as_str().unwrap()).unwrap()["phase"], "prepare");
     assert_eq!(
-        tokio::time::timeout(Duration::from_secs(60), again).await.unwrap().unwrap(),
+        tokio::time::timeout(Duration::from_secs(60), again).await.unwrap().unwrap().0,
         StatusCode::SERVICE_UNAVAILABLE
     );
 }

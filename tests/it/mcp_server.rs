@@ -374,6 +374,21 @@ async fn rpc(
     (status, session, message)
 }
 
+/// Sends `tools/call` of `write_file` (`notes.txt` ← "new") with JSON-RPC id `id` in
+/// `session`, on a task of its own (the call waits for its approval): the answer's text.
+fn spawn_write_call(t: &TestApp, token: &str, session: &str, id: u64) -> tokio::task::JoinHandle<String> {
+    let req = t
+        .client
+        .post(mcp_url(t))
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .bearer_auth(token)
+        .json(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "write_file", "arguments": {"path": "notes.txt", "content": "new\n"}}}));
+    tokio::spawn(async move { req.send().await.unwrap().text().await.unwrap_or_default() })
+}
+
 /// Two identical calls sent at once wait on one invocation, and a session that ends (the
 /// stdio bridge sends DELETE when its IDE restarts it) leaves its waiting calls as they are:
 /// rmcp cancels every request of a session that ends, and only a client's
@@ -385,20 +400,7 @@ async fn a_session_that_ends_leaves_its_waiting_calls(backend: Backend) {
     let session = session.expect("a session id");
     let run = init["result"]["_meta"]["mira/run"]["run_id"].as_str().expect("the run").to_owned();
     rpc(&t, Some(&token), Some(&session), json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
-    let calls: Vec<_> = (10..12)
-        .map(|id| {
-            let req = t
-                .client
-                .post(mcp_url(&t))
-                .header("accept", "application/json, text/event-stream")
-                .header("mcp-session-id", &session)
-                .header("mcp-protocol-version", "2025-11-25")
-                .bearer_auth(&token)
-                .json(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                    "params": {"name": "write_file", "arguments": {"path": "notes.txt", "content": "new\n"}}}));
-            tokio::spawn(async move { req.send().await.unwrap().text().await.unwrap_or_default() })
-        })
-        .collect();
+    let calls: Vec<_> = (10..12).map(|id| spawn_write_call(&t, &token, &session, id)).collect();
     let approval = pending_approval(&t, &token).await;
     // Both calls are in (a second freeze would be a few milliseconds behind the first).
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -439,18 +441,7 @@ async fn a_user_at_the_stream_cap_can_still_cancel(backend: Backend) {
     let (_, session, _) = rpc(&t, Some(&token), None, initialize()).await;
     let session = session.expect("a session id");
     rpc(&t, Some(&token), Some(&session), json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
-    let call = {
-        let req = t
-            .client
-            .post(mcp_url(&t))
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-session-id", &session)
-            .header("mcp-protocol-version", "2025-11-25")
-            .bearer_auth(&token)
-            .json(&json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
-                "params": {"name": "write_file", "arguments": {"path": "notes.txt", "content": "new\n"}}}));
-        tokio::spawn(async move { req.send().await.unwrap().text().await.unwrap_or_default() })
-    };
+    let call = spawn_write_call(&t, &token, &session, 10);
     let approval = pending_approval(&t, &token).await;
     let (status, _, refused) =
         rpc(&t, Some(&token), Some(&session), json!({"jsonrpc": "2.0", "id": 11, "method": "tools/list"})).await;

@@ -48,20 +48,26 @@ pub const SELECT_OPTION: &str = "function(want) { if (!(this instanceof HTMLSele
 /// The fixed function that tells whether a click at an element's centre reaches it: its one
 /// argument, the node a hit test there finds (what the click would land on), is the element
 /// itself or inside it in the flattened tree (through slots and shadow roots), and is not a
-/// frame showing another document (a click there lands in that document); a text element
-/// counts as reached through its parent element, a form control through its `<label>` (the
-/// visible part of a styled checkbox), a shadow button through its host (where slotted text
-/// is hit). Run in an isolated world, where the page cannot rewrite the built-ins it uses.
-/// Returns true or false (the tools' own code).
+/// frame showing another document (a click there lands in that document). Also reached: a
+/// text element through its parent element; a form control through its `<label>` (the
+/// visible part of a styled checkbox) when nothing else interactive lies between; an element
+/// in a shadow tree through its host when the hit is the host itself and one of the host's
+/// own text children is slotted into the element (the hit test lifts text to its parent).
+/// Run in an isolated world, where the page cannot rewrite the built-ins it uses. Returns
+/// true or false (the tools' own code).
 pub const REACHES: &str = "function(hit) { \
     if (hit !== this && ['iframe', 'frame', 'object', 'embed', 'portal', 'fencedframe'].includes(hit.localName)) { return false; } \
     if (this.nodeType === 3 && hit === this.parentNode) { return true; } \
+    const up = (n) => n.assignedSlot || n.parentNode || (n instanceof ShadowRoot ? n.host : null); \
+    const inside = (from) => { for (let n = from; n; n = up(n)) { if (n === this) { return true; } } return false; }; \
+    if (inside(hit)) { return true; } \
+    for (const c of hit.childNodes) { if (c.nodeType === 3 && c.textContent.trim() && c.assignedSlot && inside(c.assignedSlot)) { return true; } } \
     const el = hit.nodeType === 1 ? hit : hit.parentElement; \
     const label = el && el.closest('label'); \
-    if (label && label.control === this) { return true; } \
-    if (hit.shadowRoot && hit.shadowRoot.contains(this)) { return true; } \
-    for (let n = hit; n; n = n.assignedSlot || n.parentNode || (n instanceof ShadowRoot ? n.host : null)) { if (n === this) { return true; } } \
-    return false; }";
+    if (!label || label.control !== this) { return false; } \
+    for (let n = el; n && n !== label; n = n.parentElement) { \
+        if (n.matches('a[href], button, input, select, textarea, [tabindex], iframe')) { return false; } } \
+    return true; }";
 
 /// The largest DevTools message (and WebSocket frame) accepted from a browser, in bytes: a
 /// screenshot's answer fits; a larger one closes the connection.

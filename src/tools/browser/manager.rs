@@ -1060,9 +1060,10 @@ pub async fn navigate(page: &TabPage, url: &str) -> Result<(bool, Option<String>
 
 /// Clicks the element's centre with the left button. Returns whether a new document loaded.
 /// Errors: `stale_snapshot` (details `reason` `obscured`, and `element_at_point`) when the
-/// click would land on something else ([`reaches`]) — checked before the mouse moves there
-/// and again after (the move tells the page where the press will come, and a page could put a
-/// layer there in its `mousemove` handler); `browser_error` when the check cannot run.
+/// click would land on something else ([`reaches`]) — checked before the mouse moves there,
+/// again after (the move tells the page where the press will come, and a page could put a
+/// layer there in its `mousemove` handler) and once more with the button held (then released
+/// away, so no click happens); `browser_error` when the check cannot run.
 pub async fn click(page: &TabPage, backend_node_id: i64) -> Result<bool, ToolError> {
     let (x, y) = centre(page, backend_node_id).await?;
     // The hit test takes whole pixels: the click goes to the point tested.
@@ -1084,18 +1085,28 @@ pub async fn click(page: &TabPage, backend_node_id: i64) -> Result<bool, ToolErr
         return Err(obscured().await);
     }
     mouse(page, "mousePressed", x, y, "left", 1).await?;
+    // Once more with the button held: a layer laid there since the last check took the press,
+    // but no click — a click needs the release on the same element, so the button is released
+    // away from the point (the top-left corner).
+    if !reaches(page, backend_node_id, x, y).await? {
+        mouse(page, "mouseReleased", 0.0, 0.0, "left", 0).await?;
+        return Err(obscured().await);
+    }
     mouse(page, "mouseReleased", x, y, "left", 0).await?;
     Ok(settle(page, w).await)
 }
 
 pub(crate) use mira_core::devtools::{CLEAR_FIELD, REACHES, SELECT_OPTION};
 
-/// The node a hit test finds at viewport point `(x, y)` (CSS pixels), if any.
-/// `DOM.getNodeForLocation` takes document coordinates (Blink converts them to the frame's by
-/// the layout viewport's scroll), so the page's scroll offset is added; it passes over
-/// `pointer-events: none` as a click does.
+/// The node a hit test finds at viewport point `(x, y)` (CSS pixels, as `DOM.getContentQuads`
+/// gives them and `Input.dispatchMouseEvent` takes them), if any. `DOM.getNodeForLocation`
+/// takes document coordinates, so the visual viewport's offset in the document is added (the
+/// scroll, and a pinch zoom's pan on an attached browser); it passes over `pointer-events:
+/// none` as a click does.
 async fn node_at(page: &TabPage, x: f64, y: f64) -> Result<Option<i64>, ToolError> {
-    let (sx, sy) = scroll_offset(page).await?;
+    let m = cdp(page, "Page.getLayoutMetrics", json!({})).await?;
+    let v = &m["cssVisualViewport"];
+    let (sx, sy) = (v["pageX"].as_f64().unwrap_or(0.0), v["pageY"].as_f64().unwrap_or(0.0));
     let at = json!({"x": (x + sx).round() as i64, "y": (y + sy).round() as i64});
     Ok(cdp(page, "DOM.getNodeForLocation", at).await.ok().and_then(|found| found["backendNodeId"].as_i64()))
 }
@@ -1340,18 +1351,24 @@ pub async fn click_at(page: &TabPage, x: f64, y: f64, expect: Option<&Value>) ->
 /// under it: the move tells the page where the press will come.
 async fn press_at(page: &TabPage, x: f64, y: f64, expect: Option<&Value>) -> Result<(), ToolError> {
     mouse(page, "mouseMoved", x, y, "none", 0).await?;
-    if let Some(expect) = expect {
-        let now = element_at(page, x, y).await;
-        if now != *expect {
-            return Err(ToolError::new(
-                ErrorCode::StaleSnapshot,
-                "something else lay under the point once the mouse was there: take a new screenshot",
-            )
-            .with_details(json!({"reason": "element_changed", "approved": expect, "now": now})));
-        }
-    }
+    still_there(page, x, y, expect).await?;
     mouse(page, "mousePressed", x, y, "left", 1).await?;
     mouse(page, "mouseReleased", x, y, "left", 0).await
+}
+
+/// With `expect` (the element the approval showed at `(x, y)`, as [`element_at`]): refused as
+/// `stale_snapshot` (`element_changed`) when another element lies there now.
+async fn still_there(page: &TabPage, x: f64, y: f64, expect: Option<&Value>) -> Result<(), ToolError> {
+    let Some(expect) = expect else { return Ok(()) };
+    let now = element_at(page, x, y).await;
+    if now == *expect {
+        return Ok(());
+    }
+    Err(ToolError::new(
+        ErrorCode::StaleSnapshot,
+        "something else lay under the point once the mouse was there: take a new screenshot",
+    )
+    .with_details(json!({"reason": "element_changed", "approved": expect, "now": now})))
 }
 
 /// Turns the mouse wheel at `(x, y)`: `delta_x`, `delta_y` CSS pixels (positive: right, down),
@@ -1424,9 +1441,10 @@ pub const DRAG_STEPS: u32 = 10;
 /// along the straight line with the button held, the release at `to`. A pointer drag (what
 /// canvas apps see); an HTML5 drag-and-drop between elements is not started by it. Returns
 /// whether a new document loaded.
-pub async fn drag(page: &TabPage, from: (f64, f64), to: (f64, f64)) -> Result<bool, ToolError> {
+pub async fn drag(page: &TabPage, from: (f64, f64), to: (f64, f64), expect: Option<&Value>) -> Result<bool, ToolError> {
     let w = watch(page).await?;
     mouse(page, "mouseMoved", from.0, from.1, "none", 0).await?;
+    still_there(page, from.0, from.1, expect).await?;
     mouse(page, "mousePressed", from.0, from.1, "left", 1).await?;
     for step in 1..=DRAG_STEPS {
         let f = f64::from(step) / f64::from(DRAG_STEPS);

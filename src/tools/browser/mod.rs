@@ -1257,7 +1257,7 @@ impl Tool for PointAction {
             PointKind::Drag => {
                 let to = points.get(1).copied().unwrap_or((x, y));
                 out["to"] = json!({"x": to.0, "y": to.1});
-                manager::drag(&tab.page, (x, y), to).await
+                manager::drag(&tab.page, (x, y), to, approved.first()).await
             }
         };
         // Coordinates are used once: whatever the action did, the screenshot no longer shows
