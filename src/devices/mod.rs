@@ -824,30 +824,34 @@ impl DeviceHub {
         };
         let url = format!("{}/internal/v1/devices/job", base.trim_end_matches('/'));
         let body = ForwardedJob { device_id: device_id.to_owned(), spec };
+        let wait = PREPARE_WAIT + Duration::from_secs(10);
+        // The timeout covers the answer's body too: a holder that stalls mid-answer is a
+        // timeout, not an offline device.
+        let failed = |e: reqwest::Error, what: &str| {
+            if e.is_timeout() {
+                ToolError::new(
+                    ErrorCode::RequestTimeout,
+                    format!(
+                        "the replica holding device {device_id} did not answer within {} s; try again",
+                        wait.as_secs()
+                    ),
+                )
+                .with_details(json!({"device_id": device_id}))
+            } else {
+                offline(format!("the replica holding it at {base} {what} ({e})"))
+            }
+        };
         let response = self
             .client
             .post(&url)
             .header(SECRET_HEADER, secret)
-            .timeout(PREPARE_WAIT + Duration::from_secs(10))
+            .timeout(wait)
             .json(&body)
             .send()
             .await
-            .map_err(|e| {
-                if e.is_timeout() {
-                    ToolError::new(
-                        ErrorCode::RequestTimeout,
-                        format!(
-                            "the replica holding device {device_id} did not answer within {} s; try again",
-                            (PREPARE_WAIT + Duration::from_secs(10)).as_secs()
-                        ),
-                    )
-                    .with_details(json!({"device_id": device_id}))
-                } else {
-                    offline(format!("the replica holding it at {base} cannot be reached ({e})"))
-                }
-            })?;
+            .map_err(|e| failed(e, "cannot be reached"))?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| offline(format!("the replica holding it failed: {e}")))?;
+        let text = response.text().await.map_err(|e| failed(e, "failed while answering"))?;
         if !status.is_success() {
             return Err(offline(format!(
                 "the replica holding it refused the job ({status}): {}",

@@ -1372,10 +1372,21 @@ async fn still_there(page: &TabPage, x: f64, y: f64, expect: Option<&Value>) -> 
 }
 
 /// Turns the mouse wheel at `(x, y)`: `delta_x`, `delta_y` CSS pixels (positive: right, down),
-/// one `mouseWheel` event. Returns whether a new document loaded.
-pub async fn scroll_at(page: &TabPage, x: f64, y: f64, delta_x: f64, delta_y: f64) -> Result<bool, ToolError> {
+/// one `mouseWheel` event. Returns whether a new document loaded. With `expect` (the element
+/// the approval showed there, as [`element_at`]), the wheel is refused as `stale_snapshot`
+/// (`element_changed`) when, once the mouse is there, another element lies under it: a page's
+/// `mousemove` handler could slide another scrollable layer under the point.
+pub async fn scroll_at(
+    page: &TabPage,
+    x: f64,
+    y: f64,
+    delta: (f64, f64),
+    expect: Option<&Value>,
+) -> Result<bool, ToolError> {
+    let (delta_x, delta_y) = delta;
     let w = watch(page).await?;
     mouse(page, "mouseMoved", x, y, "none", 0).await?;
+    still_there(page, x, y, expect).await?;
     cdp(
         page,
         "Input.dispatchMouseEvent",

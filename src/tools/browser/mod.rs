@@ -1236,7 +1236,7 @@ impl Tool for PointAction {
                 .with_details(json!({"screenshot_id": shot_id, "reason": "element_changed",
                                      "approved": input["elements_at_points"], "now": elements})));
         }
-        // Checked again once the mouse is at the point, before a press.
+        // Checked again once the mouse is at the point, before a press or a wheel turn.
         let approved: Vec<Value> = input["elements_at_points"].as_array().cloned().unwrap_or_default();
         let element = elements.swap_remove(0);
         let mut out = json!({"tab": tab.id, "screenshot_id": shot_id, "point": {"x": x, "y": y}, "element_at_point": element,
@@ -1247,7 +1247,7 @@ impl Tool for PointAction {
             PointKind::Scroll => {
                 let (dx, dy) = (input["delta_x"].as_f64().unwrap_or(0.0), input["delta_y"].as_f64().unwrap_or(0.0));
                 out["delta"] = json!({"x": dx, "y": dy});
-                manager::scroll_at(&tab.page, x, y, dx, dy).await
+                manager::scroll_at(&tab.page, x, y, (dx, dy), approved.first()).await
             }
             PointKind::Type => {
                 let text = input["text"].as_str().unwrap_or_default();
