@@ -254,7 +254,8 @@ pub struct Shot {
     pub url: String,
     /// The accessibility tree's structure digest then (default snapshot limits).
     pub digest: String,
-    /// Width and height in CSS pixels (device scale factor 1).
+    /// Width and height in CSS pixels (one image pixel per CSS pixel, whatever the screen's
+    /// device pixel ratio: [`screenshot`]).
     pub size: (u32, u32),
     /// The page's scroll offset then (layout viewport `pageX`, `pageY`, CSS pixels).
     pub scroll: (f64, f64),
@@ -1238,14 +1239,52 @@ pub async fn press(page: &TabPage, key: &str) -> Result<bool, ToolError> {
     Ok(settle(page, w).await)
 }
 
-/// A PNG screenshot of the viewport.
-pub async fn screenshot(page: &TabPage) -> Result<Vec<u8>, ToolError> {
+/// A screenshot of the viewport, one image pixel per CSS pixel.
+#[derive(Debug, Clone)]
+pub struct Capture {
+    /// The PNG.
+    pub png: Vec<u8>,
+    /// Device pixels per CSS pixel of the viewport it was taken of (`Page.getLayoutMetrics`:
+    /// `visualViewport` over `cssVisualViewport`; `window.devicePixelRatio` when not pinch
+    /// zoomed): 2 on a HiDPI screen, 1 in the managed browser.
+    pub device_pixel_ratio: f64,
+}
+
+/// A PNG screenshot of the viewport in CSS pixels, the space the point actions' coordinates
+/// (`Input.dispatchMouseEvent`) and the hit test ([`node_at`]) use. `Page.captureScreenshot`
+/// alone captures device pixels — twice as many each way on a HiDPI screen (an attached
+/// browser on a Retina display) — so a point read from such an image would be clicked at
+/// twice its place. The capture is clipped to the visual viewport (`Page.getLayoutMetrics`,
+/// `cssVisualViewport`: its offset in the document and its size, without scroll bars) at
+/// `scale` 1 / (device pixels per CSS pixel), which Chromium applies on top of the screen's
+/// own factor (no emulation: the page sees no resize). Errors: `browser_error`.
+pub async fn screenshot(page: &TabPage) -> Result<Capture, ToolError> {
     use base64::Engine as _;
-    let shot = cdp(page, "Page.captureScreenshot", json!({"format": "png"})).await?;
+    let metrics = cdp(page, "Page.getLayoutMetrics", json!({})).await?;
+    let css = &metrics["cssVisualViewport"];
+    let number = |v: &Value, key: &str| v[key].as_f64().filter(|n| n.is_finite());
+    let (Some(x), Some(y), Some(width), Some(height), Some(device_width)) = (
+        number(css, "pageX"),
+        number(css, "pageY"),
+        number(css, "clientWidth"),
+        number(css, "clientHeight"),
+        number(&metrics["visualViewport"], "clientWidth"),
+    ) else {
+        return Err(browser_error("Page.getLayoutMetrics did not give the viewport's size in CSS pixels"));
+    };
+    if width < 1.0 || height < 1.0 || device_width <= 0.0 {
+        return Err(browser_error(format!("the viewport is {width}x{height} CSS pixels: nothing to capture")));
+    }
+    let device_pixel_ratio = device_width / width;
+    let params = json!({"format": "png", "captureBeyondViewport": false,
+                        "clip": {"x": x, "y": y, "width": width.floor(), "height": height.floor(),
+                                 "scale": 1.0 / device_pixel_ratio}});
+    let shot = cdp(page, "Page.captureScreenshot", params).await?;
     let data = shot["data"].as_str().ok_or_else(|| browser_error("Page.captureScreenshot returned no data"))?;
-    base64::engine::general_purpose::STANDARD
+    let png = base64::engine::general_purpose::STANDARD
         .decode(data)
-        .map_err(|e| browser_error(format!("the screenshot is not base64: {e}")))
+        .map_err(|e| browser_error(format!("the screenshot is not base64: {e}")))?;
+    Ok(Capture { png, device_pixel_ratio })
 }
 
 /// The page's title (the accessibility root's name is not needed: `Target.getTargetInfo`).

@@ -863,7 +863,10 @@ impl Tool for Screenshot {
         let (loader_id, url) = manager::main_frame(&tab.page).await?;
         let tree = manager::read_tree(&tab.page, DEFAULT_MAX_NODES as usize, MAX_SNAPSHOT_BYTES).await?;
         let scroll = manager::scroll_offset(&tab.page).await?;
-        let png = manager::screenshot(&tab.page).await?;
+        let capture = manager::screenshot(&tab.page).await?;
+        let png = capture.png;
+        // Rounded to what a reader of the figure needs (a ratio such as 1.25 stays exact).
+        let ratio = (capture.device_pixel_ratio * 1000.0).round() / 1000.0;
         let sha = sha256_hex(&png);
         let (width, height) = png_size(&png).unwrap_or((0, 0));
         let shot_id = format!("shot_{}", &uuid::Uuid::now_v7().simple().to_string()[16..]);
@@ -881,7 +884,8 @@ impl Tool for Screenshot {
         evidence.push(EvidenceDraft {
             kind: "browser_screenshot".into(),
             provenance: json!({"tab": tab.id, "url": url, "screenshot_id": shot_id, "media_type": "image/png", "bytes": png.len(),
-                               "width": width, "height": height, "sha256": sha, "trust": "third_party",
+                               "width": width, "height": height, "device_pixel_ratio": ratio, "sha256": sha,
+                               "trust": "third_party",
                                "stored": stored.then(|| format!("browser/screenshots/{sha}.png"))}),
             content_sha256: sha.clone(),
             excerpt: format!("PNG {width}x{height}, {} bytes, of {url}", png.len()),
@@ -899,7 +903,8 @@ impl Tool for Screenshot {
         };
         tabs.get_mut(Some(&tab_id))?.shot = Some(shot);
         let mut out = json!({"screenshot_id": shot_id, "tab": tab_id, "url": url, "sha256": sha, "bytes": png.len(), "width": width,
-                             "height": height, "media_type": "image/png", "trust": "third_party"});
+                             "height": height, "device_pixel_ratio": ratio, "media_type": "image/png",
+                             "trust": "third_party"});
         if png.len() <= MAX_INLINE_PNG {
             out["png_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(&png));
         }
