@@ -1045,6 +1045,91 @@ async fn a_hidpi_screenshot_is_in_the_css_pixels_clicks_take() {
     assert!(tree.contains("quadrant clicked"), "the click landed where the screenshot shows the button: {after}");
 }
 
+/// Opens a tunnel through the network floor at `proxy` (`http://127.0.0.1:<port>`) to
+/// `target`; returns the connection when the floor took it (`200`), `None` when it closed it
+/// at accept.
+async fn tunnel(proxy: &str, target: std::net::SocketAddr) -> Option<tokio::net::TcpStream> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(proxy.trim_start_matches("http://")).await.unwrap();
+    let head = format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\n\r\n");
+    if s.write_all(head.as_bytes()).await.is_err() {
+        return None;
+    }
+    let mut answer = [0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(10), s.read(&mut answer)).await {
+        Ok(Ok(n)) if answer[..n].starts_with(b"HTTP/1.1 200") => Some(s),
+        Ok(_) => None,
+        Err(_) => panic!("the floor neither took nor closed a tunnel within 10 s"),
+    }
+}
+
+/// One user cannot starve another of the network floor: with a pool of 8 connections and 2
+/// contexts, each user's share is 4; a user holding every connection their share allows
+/// (long-lived tunnels) is refused more, and another user's page still loads. The
+/// connections return to the share when they close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_s_connections_never_starve_another_s() {
+    use mira::tools::browser::manager::{self, BrowserManager};
+    let a = serve_a("http://127.0.0.1:9/".into()).await;
+    // An upstream that holds each connection until its client closes it.
+    let holder = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let held = holder.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = holder.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let mut buf = [0u8; 256];
+                while s.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let store = mira::store::Store::connect(
+        &format!("sqlite://{}?mode=rwc", dir.path().join("mira.db").display()),
+        mira::events::EventBus::new(),
+    )
+    .await
+    .unwrap();
+    let settings =
+        mira::tools::browser::BrowserSettings { chromium: Some(chromium()), max_contexts: 2, ..Default::default() };
+    let browsers = BrowserManager::with_floor_pool(settings, dir.path(), store, true, Arc::new(Vec::<u16>::new), 8);
+
+    let alice = browsers.context("alice").await.unwrap();
+    let alice_proxy = alice.proxy_server().unwrap();
+    let mut tunnels = Vec::new();
+    for _ in 0..8 {
+        if let Some(t) = tunnel(&alice_proxy, held).await {
+            tunnels.push(t);
+        }
+    }
+
+    let bob = browsers.context("bob").await.unwrap();
+    {
+        let mut tabs = bob.tabs.lock().await;
+        bob.open_tab(&mut tabs).await.unwrap();
+        let tab = tabs.get(None).unwrap();
+        let (loaded, error) = manager::navigate(&tab.page, &format!("{a}/")).await.unwrap();
+        assert!(loaded && error.is_none(), "bob's page loads while alice holds her share: {error:?}");
+        let tree = manager::read_tree(&tab.page, 1500, 256 * 1024).await.unwrap();
+        assert!(tree.text.contains("Welcome to the test shop"), "{}", tree.text);
+    }
+    assert_eq!(tunnels.len(), 4, "alice's share of the pool of 8 is 4 connections");
+    assert!(tunnel(&alice_proxy, held).await.is_none(), "alice is still at her share");
+
+    // Closed, alice's connections return to her share.
+    drop(tunnels);
+    let mut again = None;
+    for _ in 0..100 {
+        again = tunnel(&alice_proxy, held).await;
+        if again.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(again.is_some(), "a closed tunnel gives its place back");
+    browsers.shutdown().await;
+}
+
 both_backends!(
     browse_act_and_refuse,
     missing_binary_is_browser_missing,

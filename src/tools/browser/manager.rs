@@ -305,7 +305,7 @@ enum ContextOwner {
         browser: Arc<Browser>,
         /// The context's network floor, held for its lifetime: dropping it closes its listener
         /// and connections.
-        _proxy: ContextProxy,
+        proxy: ContextProxy,
     },
     /// The granted tabs of a user's attached browser.
     Attached,
@@ -362,6 +362,12 @@ pub struct BrowserManager {
     services: ServicePorts,
     /// Connections all contexts' proxies may hold at once.
     floor_slots: Arc<tokio::sync::Semaphore>,
+    /// Connections one user's contexts' proxies may hold at once: the pool over
+    /// `--browser-max-contexts` (at most the per-context limit), so the users together never
+    /// need more than the pool and none can starve another.
+    floor_share: usize,
+    /// Each user's share of the pool, while a proxy of theirs holds it.
+    floor_shares: parking_lot::Mutex<HashMap<String, std::sync::Weak<tokio::sync::Semaphore>>>,
     state: tokio::sync::Mutex<State>,
     contexts: std::sync::atomic::AtomicUsize,
 }
@@ -399,8 +405,24 @@ impl BrowserManager {
         allow_internal: bool,
         services: ServicePorts,
     ) -> Arc<Self> {
+        Self::with_floor_pool(settings, data_dir, store, allow_internal, services, super::proxy::MAX_FLOOR_CONNECTIONS)
+    }
+
+    /// [`BrowserManager::new`] with `floor_pool` connections over all contexts' network floors
+    /// instead of [`super::proxy::MAX_FLOOR_CONNECTIONS`] (tests make it small); each user's
+    /// share is `floor_pool` / `--browser-max-contexts` (at least 1, at most the per-context
+    /// limit).
+    pub fn with_floor_pool(
+        settings: BrowserSettings,
+        data_dir: &std::path::Path,
+        store: Store,
+        allow_internal: bool,
+        services: ServicePorts,
+        floor_pool: usize,
+    ) -> Arc<Self> {
         let binary = find_chromium(settings.chromium.as_deref());
         let allow = settings.allow_origins.iter().filter_map(|o| super::policy::normalise_origin(o)).collect();
+        let floor_share = (floor_pool / settings.max_contexts.max(1)).clamp(1, super::proxy::MAX_CONNECTIONS);
         Arc::new(BrowserManager {
             binary,
             profile_root: data_dir.join("browser"),
@@ -408,7 +430,9 @@ impl BrowserManager {
             allow_internal,
             allow,
             services,
-            floor_slots: Arc::new(tokio::sync::Semaphore::new(super::proxy::MAX_FLOOR_CONNECTIONS)),
+            floor_slots: Arc::new(tokio::sync::Semaphore::new(floor_pool)),
+            floor_share,
+            floor_shares: parking_lot::Mutex::default(),
             settings,
             state: tokio::sync::Mutex::new(State::default()),
             contexts: std::sync::atomic::AtomicUsize::new(0),
@@ -533,7 +557,7 @@ impl BrowserManager {
         }));
         let refusals = Arc::default();
         let floor = Floor { policy: policy.clone(), refusals: Arc::clone(&refusals), slots: self.floor_slots.clone() };
-        let proxy = ContextProxy::start(floor)
+        let proxy = ContextProxy::start_shared(floor, self.floor_share_of(user))
             .await
             .map_err(|e| browser_error(format!("starting the context's proxy: {e}")))?;
         let params = chromiumoxide::cdp::browser_protocol::target::CreateBrowserContextParams::builder()
@@ -545,7 +569,7 @@ impl BrowserManager {
             .map_err(|_| browser_error("Target.createBrowserContext timed out"))?
             .map_err(|e| browser_error(format!("Target.createBrowserContext failed: {e}")))?;
         let ctx = Arc::new(UserContext {
-            owner: ContextOwner::Managed { context_id, browser, _proxy: proxy },
+            owner: ContextOwner::Managed { context_id, browser, proxy },
             tabs: tokio::sync::Mutex::new(Tabs::new(false)),
             policy,
             refusals,
@@ -580,6 +604,20 @@ impl BrowserManager {
         policy.rule = rule;
         policy.service_ports = (self.services)();
         Ok(())
+    }
+
+    /// The semaphore of `user`'s share of the network floor's pool: the one their open
+    /// contexts' proxies (an old one still closing included) already hold, else a new one of
+    /// `floor_share` places.
+    fn floor_share_of(&self, user: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut shares = self.floor_shares.lock();
+        if let Some(share) = shares.get(user).and_then(std::sync::Weak::upgrade) {
+            return share;
+        }
+        shares.retain(|_, share| share.strong_count() > 0);
+        let share = Arc::new(tokio::sync::Semaphore::new(self.floor_share));
+        shares.insert(user.to_owned(), Arc::downgrade(&share));
+        share
     }
 
     /// Whether `ctx` was opened for an admin whose rule is now public-only.
@@ -763,6 +801,15 @@ impl UserContext {
         }
         if tabs.active.as_deref() == Some(id) {
             tabs.active = tabs.list.first().map(|t| t.id.clone());
+        }
+    }
+
+    /// The `proxyServer` of a managed context's network floor (`http://127.0.0.1:<port>`);
+    /// `None` for an attached browser's.
+    pub fn proxy_server(&self) -> Option<String> {
+        match &self.owner {
+            ContextOwner::Managed { proxy, .. } => Some(proxy.proxy_server()),
+            ContextOwner::Attached => None,
         }
     }
 

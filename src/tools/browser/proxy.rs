@@ -29,7 +29,10 @@
 //! refuses those ports too — or keeps in a private network namespace where this loopback is not
 //! reachable (`none`).
 //!
-//! Bounds: 256 connections at once per context and [`MAX_FLOOR_CONNECTIONS`] over all contexts
+//! Bounds: 256 connections at once per context, each user's share of the pool (a semaphore of
+//! the user's, [`ContextProxy::start_shared`]: the manager gives each user
+//! [`MAX_FLOOR_CONNECTIONS`] / `--browser-max-contexts`, so the users together never hold more
+//! than the pool and none can starve another) and [`MAX_FLOOR_CONNECTIONS`] over all contexts
 //! (more are closed at accept), 30 s to send a request's head, 10 s to connect upstream (the
 //! first 4 addresses of a name), 30 s for the upstream's response head. The listener and every
 //! connection it serves end when the context's proxy is dropped.
@@ -57,7 +60,7 @@ use super::policy::{OriginPolicy, Refusal, RefusalRule, refusal};
 pub type ServicePorts = Arc<dyn Fn() -> Vec<u16> + Send + Sync>;
 
 /// Most connections one context's proxy serves at once.
-const MAX_CONNECTIONS: usize = 256;
+pub const MAX_CONNECTIONS: usize = 256;
 /// Most connections all contexts' proxies serve at once (a tunnel holds two descriptors).
 pub const MAX_FLOOR_CONNECTIONS: usize = 512;
 /// Most addresses of one name tried.
@@ -102,11 +105,24 @@ pub struct ContextProxy {
 }
 
 impl ContextProxy {
-    /// Listens on a free loopback port and serves `floor`. Errors: the listener cannot bind.
+    /// Listens on a free loopback port and serves `floor`, bounded by the per-context limit and
+    /// `floor.slots` only. Errors: the listener cannot bind.
     pub async fn start(floor: Floor) -> std::io::Result<ContextProxy> {
+        Self::listen(floor, None).await
+    }
+
+    /// [`ContextProxy::start`], each connection also taking a place of `share`: the share of
+    /// the pool of the context's owner (one semaphore per user, whichever of their contexts'
+    /// proxies hold its places), so that one user's pages cannot take every connection of the
+    /// pool. Errors: the listener cannot bind.
+    pub async fn start_shared(floor: Floor, share: Arc<tokio::sync::Semaphore>) -> std::io::Result<ContextProxy> {
+        Self::listen(floor, Some(share)).await
+    }
+
+    async fn listen(floor: Floor, share: Option<Arc<tokio::sync::Semaphore>>) -> std::io::Result<ContextProxy> {
         let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
         let address = listener.local_addr()?;
-        let task = tokio::spawn(serve(listener, floor));
+        let task = tokio::spawn(serve(listener, floor, share));
         Ok(ContextProxy { address, task })
     }
 
@@ -122,8 +138,9 @@ impl Drop for ContextProxy {
     }
 }
 
-/// Accepts connections until aborted; dropping the set on abort ends every connection.
-async fn serve(listener: TcpListener, floor: Floor) {
+/// Accepts connections until aborted; dropping the set on abort ends every connection. A
+/// connection beyond the context's limit, its owner's `share` or the pool is closed at once.
+async fn serve(listener: TcpListener, floor: Floor, share: Option<Arc<tokio::sync::Semaphore>>) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -139,13 +156,20 @@ async fn serve(listener: TcpListener, floor: Floor) {
                 if connections.len() >= MAX_CONNECTIONS {
                     continue;
                 }
+                let owners = match &share {
+                    Some(share) => match share.clone().try_acquire_owned() {
+                        Ok(place) => Some(place),
+                        Err(_) => continue,
+                    },
+                    None => None,
+                };
                 let Ok(slot) = floor.slots.clone().try_acquire_owned() else {
                     continue;
                 };
                 let served = serve_connection(stream, floor.clone());
                 connections.spawn(async move {
                     served.await;
-                    drop(slot);
+                    drop((slot, owners));
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
