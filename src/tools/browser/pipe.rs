@@ -50,8 +50,20 @@ pub struct PipeBrowser {
     bridge: JoinHandle<()>,
 }
 
-/// The server's environment variables a managed Chromium keeps (besides `LC_*` and `XDG_*`).
-const CHROMIUM_ENV: [&str; 7] = ["PATH", "HOME", "LANG", "TZ", "TMPDIR", "FONTCONFIG_PATH", "FONTCONFIG_FILE"];
+/// The server's environment variables a managed Chromium keeps (besides `LC_*` and `XDG_*`),
+/// when set: where it finds its files, its libraries (`LD_LIBRARY_PATH`, a Chromium unpacked
+/// outside the system's library paths) and the session bus (`DBUS_SESSION_BUS_ADDRESS`).
+const CHROMIUM_ENV: [&str; 9] = [
+    "PATH",
+    "HOME",
+    "LANG",
+    "TZ",
+    "TMPDIR",
+    "FONTCONFIG_PATH",
+    "FONTCONFIG_FILE",
+    "LD_LIBRARY_PATH",
+    "DBUS_SESSION_BUS_ADDRESS",
+];
 
 impl PipeBrowser {
     /// Starts `binary` with `args` and `--remote-debugging-pipe`, its descriptors 3 and 4 the
