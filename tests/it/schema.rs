@@ -426,6 +426,16 @@ async fn state_checks_keep_existing_rows(backend: Backend) {
     ] {
         assert!(indexes.contains(index), "index {index} missing after 0013: {indexes:?}");
     }
+    // 0032: the status index holds only the invocations still acted on.
+    let status_index_sql = match backend {
+        Backend::Sqlite => "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = 'invocations_status'",
+        Backend::Postgres => "SELECT indexdef::text FROM pg_indexes WHERE indexname = 'invocations_status'",
+    };
+    let definition: String = sqlx::query_scalar(status_index_sql).fetch_one(&pool).await.unwrap();
+    for status in ["awaiting_approval", "queued", "running"] {
+        assert!(definition.contains(&format!("'{status}'")), "{definition}");
+    }
+    assert!(!definition.contains("completed"), "{definition}");
     // Foreign keys still hold: a row naming a missing parent is refused…
     let orphan = exec(
         &pool,
