@@ -985,6 +985,74 @@ impl HidpiBrowser {
     }
 }
 
+impl HidpiBrowser {
+    /// Sends one DevTools command to the user's tab at `url` as the person's own DevTools
+    /// would (a WebSocket of its own to the tab); returns its result.
+    async fn devtools(&self, url: &str, method: &str, params: Value) -> Value {
+        use async_tungstenite::tungstenite::Message;
+        use futures::StreamExt as _;
+        let list: Value = reqwest::get(format!("{}/json/list", self.endpoint)).await.unwrap().json().await.unwrap();
+        let ws = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["type"] == "page" && t["url"] == url)
+            .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+            .unwrap_or_else(|| panic!("no tab at {url}: {list}"))
+            .to_owned();
+        let address = ws.trim_start_matches("ws://").split('/').next().unwrap().to_owned();
+        let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let (mut socket, _) = async_tungstenite::tokio::client_async(ws, stream).await.unwrap();
+        socket.send(Message::text(json!({"id": 1, "method": method, "params": params}).to_string())).await.unwrap();
+        while let Some(message) = socket.next().await {
+            if let Message::Text(text) = message.unwrap() {
+                let answer: Value = serde_json::from_str(text.as_str()).unwrap();
+                if answer["id"] == 1 {
+                    assert!(answer.get("error").is_none(), "{method}: {answer}");
+                    return answer["result"].clone();
+                }
+            }
+        }
+        panic!("the tab's DevTools closed before answering {method}");
+    }
+
+    /// The person pinches the tab at `url` in (twice the size) around `(x, y)`, a touch
+    /// gesture: the visual viewport zooms and pans within the layout viewport, which does not
+    /// scroll. Returns the layout metrics once the zoom took.
+    async fn pinch(&self, url: &str, x: u32, y: u32) -> Value {
+        self.devtools(url, "Input.synthesizePinchGesture", json!({"x": x, "y": y, "scaleFactor": 2})).await;
+        for _ in 0..50 {
+            let metrics = self.devtools(url, "Page.getLayoutMetrics", json!({})).await;
+            if metrics["cssVisualViewport"]["scale"].as_f64().is_some_and(|s| s > 1.5) {
+                return metrics;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the pinch zoom of {url} did not take");
+    }
+
+    /// The server (its admin) with a browser connection attached to this browser, granting
+    /// the tab at `url` (origins `a`), once its tools are available, and a turn of `task`
+    /// exposing `tools`.
+    async fn attach(&self, a: &str, url: &str, task: &str, tools: &[&str]) -> Fx {
+        let t = spawn_with(Backend::Sqlite, browser_options(a)).await;
+        let token = t.admin_token.clone();
+        let settings = json!({"endpoint": self.endpoint, "tabs": [url], "origins": [a]});
+        let created =
+            t.post("/v1/connections", &token, json!({"kind": "browser", "settings": settings, "credential": {}})).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+        assert_eq!(created.body["permissions"]["browser.attached"]["access"]["state"], "granted", "{created:?}");
+        // The granted tab is adopted once the connection's session is up.
+        for _ in 0..100 {
+            if t.get("/v1/tools/attached_browser_screenshot", &token).await.body["state"] == "available" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Fx::with_turn(t, token, task, tools).await
+    }
+}
+
 impl Drop for HidpiBrowser {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -1000,29 +1068,17 @@ impl Drop for HidpiBrowser {
 async fn a_hidpi_screenshot_is_in_the_css_pixels_clicks_take() {
     let a = serve_a("http://127.0.0.1:9/".into()).await;
     let user = HidpiBrowser::start().await;
-    user.open(&format!("{a}/quadrant")).await;
-    let t = spawn_with(Backend::Sqlite, browser_options(&a)).await;
-    let token = t.admin_token.clone();
-    let settings = json!({"endpoint": user.endpoint, "tabs": [format!("{a}/quadrant")], "origins": [a]});
-    let created =
-        t.post("/v1/connections", &token, json!({"kind": "browser", "settings": settings, "credential": {}})).await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
-    assert_eq!(created.body["permissions"]["browser.attached"]["access"]["state"], "granted", "{created:?}");
-    // The granted tab is adopted once the connection's session is up.
-    for _ in 0..100 {
-        if t.get("/v1/tools/attached_browser_screenshot", &token).await.body["state"] == "available" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut f = Fx::with_turn(
-        t,
-        token,
-        "use my attached browser: take a screenshot of my attached browser tab, click at a point of the screenshot, \
-         snapshot the page of my attached browser tab",
-        &["attached_browser_screenshot", "attached_browser_click_at", "attached_browser_snapshot"],
-    )
-    .await;
+    let url = format!("{a}/quadrant");
+    user.open(&url).await;
+    let mut f = user
+        .attach(
+            &a,
+            &url,
+            "use my attached browser: take a screenshot of my attached browser tab, click at a point of the screenshot, \
+             snapshot the page of my attached browser tab",
+            &["attached_browser_screenshot", "attached_browser_click_at", "attached_browser_snapshot"],
+        )
+        .await;
     let shot = f.run("attached_browser_screenshot", json!({})).await;
     assert_eq!(shot["status"], "completed", "{shot}");
     let out = &shot["result"]["output"];
@@ -1043,6 +1099,44 @@ async fn a_hidpi_screenshot_is_in_the_css_pixels_clicks_take() {
     let after = f.run("attached_browser_snapshot", json!({})).await;
     let tree = after["result"]["output"]["tree"].as_str().unwrap_or_default();
     assert!(tree.contains("quadrant clicked"), "the click landed where the screenshot shows the button: {after}");
+}
+
+/// A pinch zoom on an attached browser pans the visual viewport — what a screenshot shows —
+/// without scrolling the layout viewport. The screenshot records the visual viewport's offset
+/// (its clip's origin), so a point of a screenshot taken before the person pinched is refused
+/// (`stale_snapshot`, `scrolled`) instead of being clicked where the image no longer is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinch_zoom_pan_since_an_attached_screenshot_is_a_scroll() {
+    let a = serve_a("http://127.0.0.1:9/".into()).await;
+    let user = HidpiBrowser::start().await;
+    let url = format!("{a}/quadrant");
+    user.open(&url).await;
+    let mut f = user
+        .attach(
+            &a,
+            &url,
+            "use my attached browser: take a screenshot of my attached browser tab, click at a point of the screenshot",
+            &["attached_browser_screenshot", "attached_browser_click_at"],
+        )
+        .await;
+    let shot = f.run("attached_browser_screenshot", json!({})).await;
+    assert_eq!(shot["status"], "completed", "{shot}");
+    let metrics = user.pinch(&url, 400, 200).await;
+    // The pan moved the visual viewport; the layout viewport did not scroll.
+    assert_eq!(
+        (metrics["cssLayoutViewport"]["pageX"].as_f64(), metrics["cssLayoutViewport"]["pageY"].as_f64()),
+        (Some(0.0), Some(0.0)),
+        "{metrics}"
+    );
+    assert!(metrics["cssVisualViewport"]["pageX"].as_f64().unwrap() >= 100.0, "{metrics}");
+    let click = f
+        .freeze(
+            "attached_browser_click_at",
+            json!({"screenshot_id": shot["result"]["output"]["screenshot_id"], "x": 20, "y": 20}),
+        )
+        .await;
+    assert_eq!((click.status, click.code()), (StatusCode::CONFLICT, "stale_snapshot"), "{click:?}");
+    assert_eq!(click.body["error"]["details"]["reason"], "scrolled", "{click:?}");
 }
 
 /// Opens a tunnel through the network floor at `proxy` (`http://127.0.0.1:<port>`) to

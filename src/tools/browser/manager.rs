@@ -257,7 +257,8 @@ pub struct Shot {
     /// Width and height in CSS pixels (one image pixel per CSS pixel, whatever the screen's
     /// device pixel ratio: [`screenshot`]).
     pub size: (u32, u32),
-    /// The page's scroll offset then (layout viewport `pageX`, `pageY`, CSS pixels).
+    /// The page's scroll offset then: the origin of the screenshot's clip, the visual viewport's
+    /// offset in the document ([`Capture::offset`], [`scroll_offset`]; CSS pixels).
     pub scroll: (f64, f64),
     /// The `browser_screenshot` invocation that took it (its evidence holds the PNG's SHA-256).
     pub invocation_id: String,
@@ -1295,6 +1296,28 @@ pub struct Capture {
     /// `visualViewport` over `cssVisualViewport`; `window.devicePixelRatio` when not pinch
     /// zoomed): 2 on a HiDPI screen, 1 in the managed browser.
     pub device_pixel_ratio: f64,
+    /// The clip's origin: the visual viewport's offset in the document ([`scroll_offset`]) in
+    /// the same `Page.getLayoutMetrics` answer that gave the clip, unchanged after the capture.
+    /// What the image shows starts there; an action at a point of it compares this offset.
+    pub offset: (f64, f64),
+    /// The clip's width and height in CSS pixels (whole pixels, rounded down): the size the
+    /// PNG has when it holds one image pixel per CSS pixel.
+    pub size: (u32, u32),
+}
+
+/// The visual viewport of a `Page.getLayoutMetrics` answer in CSS pixels (`cssVisualViewport`):
+/// its offset in the document (`pageX`, `pageY`: the scroll, plus a pinch zoom's pan on an
+/// attached browser) and its size without scroll bars (`clientWidth`, `clientHeight`).
+fn css_visual_viewport(metrics: &Value) -> Option<((f64, f64), (f64, f64))> {
+    let css = &metrics["cssVisualViewport"];
+    let number = |key: &str| css[key].as_f64().filter(|n| n.is_finite());
+    Some(((number("pageX")?, number("pageY")?), (number("clientWidth")?, number("clientHeight")?)))
+}
+
+/// Whether the viewport moved between two readings of its offset: by a whole CSS pixel or more
+/// either way.
+fn moved(then: (f64, f64), now: (f64, f64)) -> bool {
+    (now.0 - then.0).abs() >= 1.0 || (now.1 - then.1).abs() >= 1.0
 }
 
 /// A PNG screenshot of the viewport in CSS pixels, the space the point actions' coordinates
@@ -1304,34 +1327,40 @@ pub struct Capture {
 /// twice its place. The capture is clipped to the visual viewport (`Page.getLayoutMetrics`,
 /// `cssVisualViewport`: its offset in the document and its size, without scroll bars) at
 /// `scale` 1 / (device pixels per CSS pixel), which Chromium applies on top of the screen's
-/// own factor (no emulation: the page sees no resize). Errors: `browser_error`.
+/// own factor (no emulation: the page sees no resize). The offset is read again after the
+/// capture: a page that scrolled (or a person who panned a pinch zoom) while it was taken
+/// is refused, since the image's fixed layers and the offset recorded with it might not
+/// agree. Errors: `browser_error`.
 pub async fn screenshot(page: &TabPage) -> Result<Capture, ToolError> {
     use base64::Engine as _;
     let metrics = cdp(page, "Page.getLayoutMetrics", json!({})).await?;
-    let css = &metrics["cssVisualViewport"];
-    let number = |v: &Value, key: &str| v[key].as_f64().filter(|n| n.is_finite());
-    let (Some(x), Some(y), Some(width), Some(height), Some(device_width)) = (
-        number(css, "pageX"),
-        number(css, "pageY"),
-        number(css, "clientWidth"),
-        number(css, "clientHeight"),
-        number(&metrics["visualViewport"], "clientWidth"),
-    ) else {
+    let device_width = metrics["visualViewport"]["clientWidth"].as_f64().filter(|n| n.is_finite());
+    let (Some(((x, y), (width, height))), Some(device_width)) = (css_visual_viewport(&metrics), device_width) else {
         return Err(browser_error("Page.getLayoutMetrics did not give the viewport's size in CSS pixels"));
     };
     if width < 1.0 || height < 1.0 || device_width <= 0.0 {
         return Err(browser_error(format!("the viewport is {width}x{height} CSS pixels: nothing to capture")));
     }
     let device_pixel_ratio = device_width / width;
+    let (width, height) = (width.floor(), height.floor());
     let params = json!({"format": "png", "captureBeyondViewport": false,
-                        "clip": {"x": x, "y": y, "width": width.floor(), "height": height.floor(),
+                        "clip": {"x": x, "y": y, "width": width, "height": height,
                                  "scale": 1.0 / device_pixel_ratio}});
     let shot = cdp(page, "Page.captureScreenshot", params).await?;
+    let after = scroll_offset(page).await?;
+    if moved((x, y), after) {
+        return Err(browser_error(format!(
+            "the page scrolled while the screenshot was taken (from {x},{y} to {},{} CSS pixels): take a new screenshot",
+            after.0, after.1
+        )));
+    }
     let data = shot["data"].as_str().ok_or_else(|| browser_error("Page.captureScreenshot returned no data"))?;
     let png = base64::engine::general_purpose::STANDARD
         .decode(data)
         .map_err(|e| browser_error(format!("the screenshot is not base64: {e}")))?;
-    Ok(Capture { png, device_pixel_ratio })
+    // Both at least 1 and finite (checked above), below any real viewport's u32 bound.
+    let size = (width as u32, height as u32);
+    Ok(Capture { png, device_pixel_ratio, offset: (x, y), size })
 }
 
 /// The page's title (the accessibility root's name is not needed: `Target.getTargetInfo`).
@@ -1342,11 +1371,16 @@ pub async fn title(page: &TabPage) -> String {
     }
 }
 
-/// The page's scroll offset: the layout viewport's `pageX`, `pageY` (CSS pixels).
+/// The page's scroll offset as a screenshot sees it: the visual viewport's offset in the
+/// document (`Page.getLayoutMetrics`, `cssVisualViewport` `pageX`, `pageY`, CSS pixels) — the
+/// origin of [`screenshot`]'s clip. It is the layout viewport's scroll plus a pinch zoom's pan
+/// (an attached browser), which moves what the image shows without scrolling the layout
+/// viewport. Errors: `browser_error`.
 pub async fn scroll_offset(page: &TabPage) -> Result<(f64, f64), ToolError> {
     let m = cdp(page, "Page.getLayoutMetrics", json!({})).await?;
-    let v = &m["cssLayoutViewport"];
-    Ok((v["pageX"].as_f64().unwrap_or(0.0), v["pageY"].as_f64().unwrap_or(0.0)))
+    css_visual_viewport(&m)
+        .map(|(offset, _)| offset)
+        .ok_or_else(|| browser_error("Page.getLayoutMetrics did not give the viewport's offset in CSS pixels"))
 }
 
 /// The tab whose latest screenshot is `shot_id`, checked to still show the same page: the
@@ -1385,7 +1419,7 @@ pub async fn resolve_shot<'t>(
         Some("navigated")
     } else if now.digest != shot.digest {
         Some("changed")
-    } else if (scroll.0 - shot.scroll.0).abs() >= 1.0 || (scroll.1 - shot.scroll.1).abs() >= 1.0 {
+    } else if moved(shot.scroll, scroll) {
         Some("scrolled")
     } else {
         None

@@ -862,8 +862,10 @@ impl Tool for Screenshot {
         let tab = tabs.get(input["tab"].as_str())?;
         let (loader_id, url) = manager::main_frame(&tab.page).await?;
         let tree = manager::read_tree(&tab.page, DEFAULT_MAX_NODES as usize, MAX_SNAPSHOT_BYTES).await?;
-        let scroll = manager::scroll_offset(&tab.page).await?;
+        // The offset recorded is the clip's own (the same layout metrics, unchanged after the
+        // capture), so what an action at a point compares is what the image shows.
         let capture = manager::screenshot(&tab.page).await?;
+        let scroll = capture.offset;
         let png = capture.png;
         // Rounded to what a reader of the figure needs (a ratio such as 1.25 stays exact).
         let ratio = (capture.device_pixel_ratio * 1000.0).round() / 1000.0;
