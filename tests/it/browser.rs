@@ -73,6 +73,16 @@ document.getElementById('payments').addEventListener('wheel', () => log('wheel o
 document.addEventListener('mousemove', () => { document.getElementById('payments').style.top = '20px'; }, { once: true });
 </script></body></html>"#;
 
+/// A document taller than the screen (nothing fixed), scrolled to 1200 when it loads: a red
+/// button without text at document (100, 1500), 200×100 — at (100, 300) of the viewport then.
+const TALL: &str = r#"<!doctype html><html><head><title>Tall</title><style>
+body{margin:0;height:4000px;background:#fff}
+#far{position:absolute;left:100px;top:1500px;width:200px;height:100px;background:#f00;border:0;padding:0}</style></head><body>
+<p id="status">not clicked</p>
+<button id="far" aria-label="Far" onclick="document.getElementById('status').textContent='far clicked'"></button>
+<script>scrollTo(0, 1200);</script>
+</body></html>"#;
+
 /// A button filling the viewport's bottom-right quarter, whatever the viewport's size: the
 /// point three quarters across and down any image of the viewport lies on it.
 const QUADRANT: &str = r#"<!doctype html><html><head><title>Quadrant</title><style>
@@ -177,6 +187,7 @@ async fn serve_a_counting(target: String, ws_hits: Arc<AtomicUsize>) -> String {
         .route("/layers", axum::routing::get(|| async { Html(LAYERS) }))
         .route("/wheel", axum::routing::get(|| async { Html(WHEEL) }))
         .route("/quadrant", axum::routing::get(|| async { Html(QUADRANT) }))
+        .route("/tall", axum::routing::get(|| async { Html(TALL) }))
         .route(
             "/webrtc/{port}",
             axum::routing::get(
@@ -1035,22 +1046,121 @@ impl HidpiBrowser {
     /// the tab at `url` (origins `a`), once its tools are available, and a turn of `task`
     /// exposing `tools`.
     async fn attach(&self, a: &str, url: &str, task: &str, tools: &[&str]) -> Fx {
-        let t = spawn_with(Backend::Sqlite, browser_options(a)).await;
-        let token = t.admin_token.clone();
-        let settings = json!({"endpoint": self.endpoint, "tabs": [url], "origins": [a]});
-        let created =
-            t.post("/v1/connections", &token, json!({"kind": "browser", "settings": settings, "credential": {}})).await;
-        assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
-        assert_eq!(created.body["permissions"]["browser.attached"]["access"]["state"], "granted", "{created:?}");
-        // The granted tab is adopted once the connection's session is up.
-        for _ in 0..100 {
-            if t.get("/v1/tools/attached_browser_screenshot", &token).await.body["state"] == "available" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Fx::with_turn(t, token, task, tools).await
+        attach_at(&self.endpoint, a, url, task, tools).await
     }
+
+    /// The colour `[r, g, b]` of pixel `(x, y)` of `png`, as the person's own browser decodes
+    /// it (in its first tab, `about:blank`).
+    async fn pixel(&self, png: &str, x: u64, y: u64) -> Value {
+        let decode = format!(
+            "new Promise((done) => {{ const i = new Image(); i.onload = () => {{ const c = document.createElement('canvas'); \
+             c.width = i.width; c.height = i.height; const g = c.getContext('2d'); g.drawImage(i, 0, 0); \
+             done(Array.from(g.getImageData({x}, {y}, 1, 1).data.slice(0, 3))); }}; i.src = 'data:image/png;base64,{png}'; }})"
+        );
+        let answer = self
+            .devtools(
+                "about:blank",
+                "Runtime.evaluate",
+                json!({"expression": decode, "awaitPromise": true, "returnByValue": true}),
+            )
+            .await;
+        answer["result"]["value"].clone()
+    }
+}
+
+/// The server (its admin) with a browser connection to the DevTools `endpoint`, granting the
+/// tab at `url` (origins `a`), once its tools are available, and a turn of `task` exposing
+/// `tools`.
+async fn attach_at(endpoint: &str, a: &str, url: &str, task: &str, tools: &[&str]) -> Fx {
+    let t = spawn_with(Backend::Sqlite, browser_options(a)).await;
+    let token = t.admin_token.clone();
+    let settings = json!({"endpoint": endpoint, "tabs": [url], "origins": [a]});
+    let created =
+        t.post("/v1/connections", &token, json!({"kind": "browser", "settings": settings, "credential": {}})).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["permissions"]["browser.attached"]["access"]["state"], "granted", "{created:?}");
+    // The granted tab is adopted once the connection's session is up.
+    for _ in 0..100 {
+        if t.get("/v1/tools/attached_browser_screenshot", &token).await.body["state"] == "available" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Fx::with_turn(t, token, task, tools).await
+}
+
+/// A DevTools endpoint in front of the browser at `upstream` (`http://127.0.0.1:<port>`) that
+/// sets `clip.scale` of every `Page.captureScreenshot` to 1 — a browser that ignores the scale
+/// asked for: its screenshots come in device pixels, twice the clip's CSS size each way on a
+/// HiDPI screen. Anything else passes unchanged.
+async fn scale_ignoring_devtools(upstream: &str) -> String {
+    use async_tungstenite::tungstenite::Message;
+    use futures::StreamExt as _;
+    let upstream = upstream.trim_start_matches("http://").to_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let mut head = vec![0u8; 8192];
+                let mut seen = 0;
+                for _ in 0..100 {
+                    seen = client.peek(&mut head).await.unwrap_or(0);
+                    if seen == 0 || head[..seen].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let head = String::from_utf8_lossy(&head[..seen]).into_owned();
+                let mut server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                if !head.to_ascii_lowercase().contains("upgrade: websocket") {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    return;
+                }
+                let path = head.split_whitespace().nth(1).unwrap().to_owned();
+                let Ok(inside) = async_tungstenite::tokio::accept_async(client).await else { return };
+                let Ok((outside, _)) =
+                    async_tungstenite::tokio::client_async(format!("ws://{upstream}{path}"), server).await
+                else {
+                    return;
+                };
+                let (mut to_server, mut from_server) = inside.split();
+                let (mut to_browser, mut from_browser) = outside.split();
+                let requests = async {
+                    while let Some(Ok(message)) = from_server.next().await {
+                        let message = match message {
+                            Message::Text(text) => {
+                                let mut command: Value = serde_json::from_str(text.as_str()).unwrap();
+                                if command["method"] == "Page.captureScreenshot"
+                                    && let Some(clip) = command["params"]["clip"].as_object_mut()
+                                {
+                                    clip.insert("scale".into(), json!(1));
+                                }
+                                Message::text(command.to_string())
+                            }
+                            other => other,
+                        };
+                        if to_browser.send(message).await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                let answers = async {
+                    while let Some(Ok(message)) = from_browser.next().await {
+                        if to_server.send(message).await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                tokio::select! {
+                    () = requests => {}
+                    () = answers => {}
+                }
+            });
+        }
+    });
+    format!("http://{address}")
 }
 
 impl Drop for HidpiBrowser {
@@ -1063,7 +1173,10 @@ impl Drop for HidpiBrowser {
 /// An attached browser on a HiDPI screen (device pixel ratio 2): its screenshot comes out in
 /// CSS pixels — the PNG as wide as the viewport in CSS pixels, not twice as wide — so a point
 /// read from the image is where the click lands: the point three quarters across and down the
-/// screenshot is on the button filling the viewport's bottom-right quarter.
+/// screenshot is on the button filling the viewport's bottom-right quarter. And it shows the
+/// part of the document the viewport shows: on a page scrolled to 1200 (nothing fixed), the red
+/// button at document (100, 1500) is drawn at (100, 300) of the image — the pixels there are red,
+/// those above it white — and a click there lands on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hidpi_screenshot_is_in_the_css_pixels_clicks_take() {
     let a = serve_a("http://127.0.0.1:9/".into()).await;
@@ -1075,8 +1188,13 @@ async fn a_hidpi_screenshot_is_in_the_css_pixels_clicks_take() {
             &a,
             &url,
             "use my attached browser: take a screenshot of my attached browser tab, click at a point of the screenshot, \
-             snapshot the page of my attached browser tab",
-            &["attached_browser_screenshot", "attached_browser_click_at", "attached_browser_snapshot"],
+             snapshot the page of my attached browser tab, navigate my attached browser tab",
+            &[
+                "attached_browser_screenshot",
+                "attached_browser_click_at",
+                "attached_browser_snapshot",
+                "attached_browser_navigate",
+            ],
         )
         .await;
     let shot = f.run("attached_browser_screenshot", json!({})).await;
@@ -1099,6 +1217,51 @@ async fn a_hidpi_screenshot_is_in_the_css_pixels_clicks_take() {
     let after = f.run("attached_browser_snapshot", json!({})).await;
     let tree = after["result"]["output"]["tree"].as_str().unwrap_or_default();
     assert!(tree.contains("quadrant clicked"), "the click landed where the screenshot shows the button: {after}");
+
+    // A scrolled page whose content scrolls with it.
+    let (_, nav) = f.approved("attached_browser_navigate", json!({"url": format!("{a}/tall")})).await;
+    assert_eq!(nav["status"], "completed", "{nav}");
+    let shot = f.run("attached_browser_screenshot", json!({})).await;
+    assert_eq!(shot["status"], "completed", "{shot}");
+    let out = &shot["result"]["output"];
+    let png = out["png_base64"].as_str().unwrap();
+    assert!(out["height"].as_u64().unwrap() > 400, "{out}");
+    assert_eq!(user.pixel(png, 110, 310).await, json!([255, 0, 0]), "the button is drawn where the viewport shows it");
+    assert_eq!(user.pixel(png, 290, 390).await, json!([255, 0, 0]), "the button is drawn where the viewport shows it");
+    assert_eq!(user.pixel(png, 110, 290).await, json!([255, 255, 255]), "nothing above the button");
+    let (preview, clicked) = f
+        .approved("attached_browser_click_at", json!({"screenshot_id": out["screenshot_id"], "x": 200, "y": 350}))
+        .await;
+    assert_eq!(preview["element_at_point"]["name"], "Far", "{preview}");
+    assert_eq!(clicked["status"], "completed", "{clicked}");
+    let after = f.run("attached_browser_snapshot", json!({})).await;
+    let tree = after["result"]["output"]["tree"].as_str().unwrap_or_default();
+    assert!(tree.contains("far clicked"), "the click landed on the button the screenshot shows there: {after}");
+}
+
+/// A screenshot that is not one image pixel per CSS pixel — here from a browser that ignores
+/// the clip's scale and answers in device pixels, twice as wide — is refused (`browser_error`)
+/// instead of being offered with points that would be clicked at twice their place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_screenshot_not_in_css_pixels_is_refused() {
+    let a = serve_a("http://127.0.0.1:9/".into()).await;
+    let user = HidpiBrowser::start().await;
+    let url = format!("{a}/quadrant");
+    user.open(&url).await;
+    let endpoint = scale_ignoring_devtools(&user.endpoint).await;
+    let mut f = attach_at(
+        &endpoint,
+        &a,
+        &url,
+        "use my attached browser: take a screenshot of my attached browser tab",
+        &["attached_browser_screenshot"],
+    )
+    .await;
+    let shot = f.run("attached_browser_screenshot", json!({})).await;
+    let (error, width) = (&shot["result"]["error"], &shot["result"]["output"]["width"]);
+    assert_eq!(shot["status"], "failed", "a {width} pixels wide screenshot was accepted");
+    assert_eq!(error["code"], "browser_error", "{error}");
+    assert!(error["message"].as_str().unwrap_or_default().contains("not one image pixel per CSS pixel"), "{error}");
 }
 
 /// A pinch zoom on an attached browser pans the visual viewport — what a screenshot shows —

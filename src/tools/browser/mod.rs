@@ -828,9 +828,9 @@ impl Screenshot {
     }
 }
 
-/// Width and height of a PNG from its IHDR chunk.
+/// Width and height of a PNG from its IHDR chunk (the first, as the format requires).
 fn png_size(png: &[u8]) -> Option<(u32, u32)> {
-    if png.len() < 24 || &png[..8] != b"\x89PNG\r\n\x1a\n" {
+    if png.len() < 24 || &png[..8] != b"\x89PNG\r\n\x1a\n" || &png[12..16] != b"IHDR" {
         return None;
     }
     let w = u32::from_be_bytes(png[16..20].try_into().ok()?);
@@ -870,7 +870,17 @@ impl Tool for Screenshot {
         // Rounded to what a reader of the figure needs (a ratio such as 1.25 stays exact).
         let ratio = (capture.device_pixel_ratio * 1000.0).round() / 1000.0;
         let sha = sha256_hex(&png);
-        let (width, height) = png_size(&png).unwrap_or((0, 0));
+        let (width, height) =
+            png_size(&png).ok_or_else(|| manager::browser_error("Page.captureScreenshot did not return a PNG"))?;
+        // Points are read from the image and sent as CSS pixels: an image of another scale
+        // (a browser that ignored the clip's scale) would put every action elsewhere.
+        let (css_width, css_height) = capture.size;
+        if width.abs_diff(css_width) > 1 || height.abs_diff(css_height) > 1 {
+            return Err(manager::browser_error(format!(
+                "the screenshot is {width}x{height} pixels but the viewport it shows is {css_width}x{css_height} CSS \
+                 pixels: it is not one image pixel per CSS pixel, so its points would not be where the actions go"
+            )));
+        }
         let shot_id = format!("shot_{}", &uuid::Uuid::now_v7().simple().to_string()[16..]);
         let path = self.b.shots.join(format!("{sha}.png"));
         // Written whole or not at all (a temporary file renamed over it), its time renewed.
