@@ -1302,6 +1302,39 @@ async fn a_pinch_zoom_pan_since_an_attached_screenshot_is_a_scroll() {
     assert_eq!(click.body["error"]["details"]["reason"], "scrolled", "{click:?}");
 }
 
+/// `mira serve --browser-max-contexts 513` (and 65) does not start: each user's share of the
+/// network floor's 512 connections would be below 8 (512 / 513 rounds to 0, which was raised
+/// to 1), so the server exits at once, naming the bound, instead of serving broken pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_max_contexts_beyond_a_usable_floor_share_refuses_to_start() {
+    for too_many in ["513", "65"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_mira"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--browser-max-contexts", too_many, "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg("--workspace")
+            .arg(dir.path())
+            .env_remove("DATABASE_URL")
+            .env_remove("MIRA_BROWSER_MAX_CONTEXTS")
+            .env_remove("MIRA_EMBEDDING_MODEL_DIR")
+            .env_remove("MIRA_EMBEDDING_MODEL")
+            .env("MIRA_EMBEDDING_FETCH", "false")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let Ok(status) = tokio::time::timeout(Duration::from_secs(30), serve.wait()).await else {
+            serve.kill().await.unwrap();
+            panic!("mira serve --browser-max-contexts {too_many} started (still running after 30 s)");
+        };
+        let mut stderr = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut serve.stderr.take().unwrap(), &mut stderr).await.unwrap();
+        assert!(!status.unwrap().success(), "{stderr}");
+        assert!(stderr.contains("--browser-max-contexts") && stderr.contains("at most 64"), "{too_many}: {stderr}");
+    }
+}
+
 /// Opens a tunnel through the network floor at `proxy` (`http://127.0.0.1:<port>`) to
 /// `target`; returns the connection when the floor took it (`200`), `None` when it closed it
 /// at accept.

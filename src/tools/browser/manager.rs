@@ -412,7 +412,8 @@ impl BrowserManager {
     /// [`BrowserManager::new`] with `floor_pool` connections over all contexts' network floors
     /// instead of [`super::proxy::MAX_FLOOR_CONNECTIONS`] (tests make it small); each user's
     /// share is `floor_pool` / `--browser-max-contexts` (at least 1, at most the per-context
-    /// limit).
+    /// limit; `mira serve` refuses more than [`super::proxy::MAX_CONTEXTS`] contexts, so with
+    /// the real pool it is at least [`super::proxy::MIN_FLOOR_SHARE`]).
     pub fn with_floor_pool(
         settings: BrowserSettings,
         data_dir: &std::path::Path,

@@ -68,13 +68,15 @@ pub struct BrowserSettings {
         default_value_t = 300
     )]
     pub idle_secs: u64,
-    /// Users' browser contexts open at once.
+    /// Users' browser contexts open at once; at most 64: each user gets 512 / N of the network
+    /// floor's connections, and fewer than 8 break pages (refused at start-up).
     #[arg(
         id = "browser_max_contexts",
         value_name = "N",
         long = "browser-max-contexts",
         env = "MIRA_BROWSER_MAX_CONTEXTS",
-        default_value_t = 8
+        default_value_t = 8,
+        value_parser = parse_max_contexts
     )]
     pub max_contexts: usize,
     /// Tabs one user may have open at once.
@@ -96,6 +98,24 @@ pub struct BrowserSettings {
         value_delimiter = ','
     )]
     pub allow_origins: Vec<String>,
+}
+
+/// `--browser-max-contexts`: a whole number of at most [`proxy::MAX_CONTEXTS`]. Beyond it each
+/// user's share of the network floor's pool ([`proxy::MAX_FLOOR_CONNECTIONS`] / N) would fall
+/// below [`proxy::MIN_FLOOR_SHARE`] — past 512 to 0, raised to 1 — and every user's pages
+/// would lose the connections they open beyond it. Errors: the sentence clap prints.
+fn parse_max_contexts(value: &str) -> Result<usize, String> {
+    let n: usize = value.trim().parse().map_err(|e| format!("not a whole number: {e}"))?;
+    if n > proxy::MAX_CONTEXTS {
+        return Err(format!(
+            "at most {}: each user's share of the browser's network floor is {} connections / N, and below {} \
+             the connections a page opens beyond it are closed",
+            proxy::MAX_CONTEXTS,
+            proxy::MAX_FLOOR_CONNECTIONS,
+            proxy::MIN_FLOOR_SHARE
+        ));
+    }
+    Ok(n)
 }
 
 impl Default for BrowserSettings {
@@ -1393,5 +1413,34 @@ impl Tool for Tabs {
                              "active": tabs.active.as_deref() == Some(tab.id.as_str())}));
         }
         Ok(ToolOutput { output: json!({"tabs": list, "active": tabs.active}), evidence: Vec::new() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    /// The browser's flags as `mira serve` takes them.
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        browser: super::BrowserSettings,
+    }
+
+    fn max_contexts(value: &str) -> Result<usize, String> {
+        Flags::try_parse_from(["mira", "--browser-max-contexts", value])
+            .map(|f| f.browser.max_contexts)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn browser_max_contexts_is_refused_beyond_a_usable_floor_share() {
+        assert_eq!(max_contexts("8"), Ok(8));
+        assert_eq!(max_contexts("64"), Ok(64), "512 / 64 = 8 connections each");
+        for too_many in ["65", "512", "513", "100000"] {
+            let error = max_contexts(too_many).unwrap_err();
+            assert!(error.contains("--browser-max-contexts") && error.contains("at most 64"), "{too_many}: {error}");
+        }
+        assert!(max_contexts("-1").is_err());
     }
 }

@@ -63,6 +63,13 @@ pub type ServicePorts = Arc<dyn Fn() -> Vec<u16> + Send + Sync>;
 pub const MAX_CONNECTIONS: usize = 256;
 /// Most connections all contexts' proxies serve at once (a tunnel holds two descriptors).
 pub const MAX_FLOOR_CONNECTIONS: usize = 512;
+/// Fewest connections a user's share of the pool may hold: a page loading opens several at
+/// once (Chromium up to 6 per host), and a connection beyond the share is closed at accept, so
+/// a smaller share breaks pages.
+pub const MIN_FLOOR_SHARE: usize = 8;
+/// Most users' contexts `--browser-max-contexts` may allow (64): each user's share is
+/// [`MAX_FLOOR_CONNECTIONS`] / that number, never below [`MIN_FLOOR_SHARE`].
+pub const MAX_CONTEXTS: usize = MAX_FLOOR_CONNECTIONS / MIN_FLOOR_SHARE;
 /// Most addresses of one name tried.
 const MAX_ADDRESSES: usize = 4;
 /// Longest a client may take to send a request's head.
