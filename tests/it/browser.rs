@@ -981,6 +981,16 @@ impl HidpiBrowser {
         panic!("the user's chromium did not open its debugging port {port}");
     }
 
+    /// Site A (`serve_a`), a HiDPI browser, and its tab on A's `/quadrant` page: `(A's base
+    /// URL, the browser, the page's URL)`.
+    async fn on_quadrant() -> (String, HidpiBrowser, String) {
+        let a = serve_a("http://127.0.0.1:9/".into()).await;
+        let user = HidpiBrowser::start().await;
+        let url = format!("{a}/quadrant");
+        user.open(&url).await;
+        (a, user, url)
+    }
+
     /// The user opens a tab at `url` and it loads.
     async fn open(&self, url: &str) {
         let r = reqwest::Client::new().put(format!("{}/json/new?{url}", self.endpoint)).send().await.unwrap();
@@ -1179,10 +1189,7 @@ impl Drop for HidpiBrowser {
 /// those above it white — and a click there lands on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hidpi_screenshot_is_in_the_css_pixels_clicks_take() {
-    let a = serve_a("http://127.0.0.1:9/".into()).await;
-    let user = HidpiBrowser::start().await;
-    let url = format!("{a}/quadrant");
-    user.open(&url).await;
+    let (a, user, url) = HidpiBrowser::on_quadrant().await;
     let mut f = user
         .attach(
             &a,
@@ -1244,10 +1251,7 @@ async fn a_hidpi_screenshot_is_in_the_css_pixels_clicks_take() {
 /// instead of being offered with points that would be clicked at twice their place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_screenshot_not_in_css_pixels_is_refused() {
-    let a = serve_a("http://127.0.0.1:9/".into()).await;
-    let user = HidpiBrowser::start().await;
-    let url = format!("{a}/quadrant");
-    user.open(&url).await;
+    let (a, user, url) = HidpiBrowser::on_quadrant().await;
     let endpoint = scale_ignoring_devtools(&user.endpoint).await;
     let mut f = attach_at(
         &endpoint,
@@ -1270,10 +1274,7 @@ async fn a_screenshot_not_in_css_pixels_is_refused() {
 /// (`stale_snapshot`, `scrolled`) instead of being clicked where the image no longer is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinch_zoom_pan_since_an_attached_screenshot_is_a_scroll() {
-    let a = serve_a("http://127.0.0.1:9/".into()).await;
-    let user = HidpiBrowser::start().await;
-    let url = format!("{a}/quadrant");
-    user.open(&url).await;
+    let (a, user, url) = HidpiBrowser::on_quadrant().await;
     let mut f = user
         .attach(
             &a,
