@@ -256,6 +256,8 @@ pub struct RuntimeConfig {
     pub retention: Option<crate::retention::RetentionPolicy>,
     /// Device runners: heartbeat lease, job and enrollment code lifetimes.
     pub devices: crate::devices::DeviceSettings,
+    /// The connections' periodic checks: interval, time limit, how many run at once.
+    pub connections: crate::connections::CheckSettings,
 }
 
 impl RuntimeConfig {
@@ -295,6 +297,7 @@ impl Default for RuntimeConfig {
             },
             retention: None,
             devices: crate::devices::DeviceSettings::default(),
+            connections: crate::connections::CheckSettings::default(),
         }
     }
 }

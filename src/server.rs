@@ -140,7 +140,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         store.clone(),
         crate::secret::SecretBox::load(&settings.data_dir),
         crate::tools::connection_drivers(&attached),
-        crate::connections::CHECK_INTERVAL,
+        config.connections,
         Duration::from_secs(config.search.state_refresh_secs.max(1)),
         config.allow_internal_urls,
     );

@@ -11,9 +11,14 @@
 //! A [`Driver`] per [`ConnectionKind`] validates settings and credentials and runs the check (a
 //! live round trip answering who the credential is and each permission's [`Access`]). The
 //! [`ConnectionHub`] keeps every connection and its last check in memory (availability answers
-//! without I/O), reloads what other replicas wrote every few seconds, and runs the periodic
-//! checks: a replica claims a due check with a compare-and-set on `next_check_at`, so one
-//! replica checks each connection. Credentials are JSON objects sealed with the server's
+//! without I/O), reloads what other replicas wrote every few seconds (on a timer of its own,
+//! never waiting for a check), and runs the periodic checks: a replica claims a due check with
+//! a compare-and-set on `next_check_at`, so one replica checks each connection, and only when
+//! it has a place for it ([`CheckSettings`]: a few at once, fewer per owner, so one user's
+//! connections that never answer delay neither the reload nor other users' checks). An
+//! execution reads its connection's row again before it opens the credential
+//! ([`ConnectionHub::open_frozen_current`]), so a change made through another replica counts
+//! at once, not after the next reload. Credentials are JSON objects sealed with the server's
 //! [`SecretBox`] (associated data: the connection id); they are opened only to check or to
 //! execute a call, and are never returned, logged, or put into errors, outputs or evidence.
 
@@ -227,6 +232,36 @@ pub trait Driver: Send + Sync + 'static {
 /// How often each enabled connection is checked again (the periodic health check).
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(300);
 
+/// Periodic checks of one replica running at once ([`CheckSettings::at_once`]).
+pub const CHECKS_AT_ONCE: usize = 8;
+
+/// Periodic checks of one owner's connections (the shared ones count as one owner) running
+/// at once on one replica ([`CheckSettings::per_owner`]).
+pub const CHECKS_PER_OWNER: usize = 2;
+
+/// How the periodic checks run. A replica claims a due check only when it has a free place
+/// for it (under `at_once`, and under `per_owner` for the connection's owner), so one user's
+/// connections that never answer hold at most `per_owner` places for `timeout` each while
+/// other users' checks go on, and a replica that is full leaves due checks to the others.
+/// The reload of the in-memory table runs on its own timer and never waits for a check.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckSettings {
+    /// How often each enabled connection is checked again ([`CHECK_INTERVAL`]).
+    pub interval: Duration,
+    /// Longest a check may take before it counts as unreachable ([`CHECK_TIMEOUT`]).
+    pub timeout: Duration,
+    /// Periodic checks running at once on this replica ([`CHECKS_AT_ONCE`]).
+    pub at_once: usize,
+    /// Periodic checks of one owner running at once on this replica ([`CHECKS_PER_OWNER`]).
+    pub per_owner: usize,
+}
+
+impl Default for CheckSettings {
+    fn default() -> Self {
+        Self { interval: CHECK_INTERVAL, timeout: CHECK_TIMEOUT, at_once: CHECKS_AT_ONCE, per_owner: CHECKS_PER_OWNER }
+    }
+}
+
 /// A tool's need: a connection of `kind` granting `permission`.
 #[derive(Debug, Clone)]
 pub struct ToolNeed {
@@ -342,7 +377,12 @@ pub struct ConnectionHub {
     connections: RwLock<Vec<Connection>>,
     needs: RwLock<Vec<ToolNeed>>,
     checking: Mutex<std::collections::HashSet<String>>,
-    check_interval: Duration,
+    /// Held by a reload from its read to its swap: reloads run one after the other, so an
+    /// older snapshot never replaces a newer one.
+    reloading: tokio::sync::Mutex<()>,
+    checks: CheckSettings,
+    /// Periodic checks running on this replica, by owner (`None` = shared).
+    periodic: Mutex<HashMap<Option<String>, usize>>,
     refresh: Duration,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     addresses: crate::net::AddressPolicy,
@@ -350,14 +390,14 @@ pub struct ConnectionHub {
 
 impl ConnectionHub {
     /// The hub over `store`, sealing with `secrets` (the key MCP and search secrets use),
-    /// checking each connection every `check_interval` and reloading every `refresh`.
+    /// checking each connection as `checks` says and reloading every `refresh`.
     /// `allow_internal` (`--allow-internal-urls`) lifts the internal-address rule for every
     /// connection. Nothing runs until [`ConnectionHub::start`].
     pub fn new(
         store: Store,
         secrets: Result<SecretBox, SecretError>,
         drivers: Vec<Arc<dyn Driver>>,
-        check_interval: Duration,
+        checks: CheckSettings,
         refresh: Duration,
         allow_internal: bool,
     ) -> Arc<ConnectionHub> {
@@ -368,7 +408,9 @@ impl ConnectionHub {
             connections: RwLock::new(Vec::new()),
             needs: RwLock::new(Vec::new()),
             checking: Mutex::new(std::collections::HashSet::new()),
-            check_interval,
+            reloading: tokio::sync::Mutex::new(()),
+            checks: CheckSettings { at_once: checks.at_once.max(1), per_owner: checks.per_owner.max(1), ..checks },
+            periodic: Mutex::new(HashMap::new()),
             refresh,
             tasks: Mutex::new(Vec::new()),
             addresses: crate::net::AddressPolicy::new(allow_internal),
@@ -401,12 +443,15 @@ impl ConnectionHub {
     }
 
     /// Loads the stored connections, then starts the periodic reload and checks until
-    /// `shutdown`.
+    /// `shutdown`: two tasks, so the reload never waits for a check.
     pub async fn start(self: &Arc<Self>, shutdown: CancellationToken) {
         self.reload().await;
         let this = Arc::clone(self);
-        let task = tokio::spawn(async move { this.maintain(shutdown).await });
-        self.tasks.lock().push(task);
+        let stop = shutdown.clone();
+        let reload = tokio::spawn(async move { this.reload_loop(stop).await });
+        let this = Arc::clone(self);
+        let checks = tokio::spawn(async move { this.check_loop(shutdown).await });
+        self.tasks.lock().extend([reload, checks]);
     }
 
     /// True once the background work has ended (it ends with the shutdown token).
@@ -414,7 +459,12 @@ impl ConnectionHub {
         self.tasks.lock().iter().all(tokio::task::JoinHandle::is_finished)
     }
 
-    async fn maintain(self: Arc<Self>, shutdown: CancellationToken) {
+    /// When a connection changed or checked now is next due for its periodic check (RFC 3339).
+    pub fn next_check_at(&self) -> String {
+        crate::ids::now_plus_ms(u64::try_from(self.checks.interval.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    async fn reload_loop(self: Arc<Self>, shutdown: CancellationToken) {
         let mut reload = tokio::time::interval(self.refresh.max(Duration::from_secs(1)));
         reload.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -422,42 +472,90 @@ impl ConnectionHub {
                 () = shutdown.cancelled() => break,
                 _ = reload.tick() => self.reload().await,
             }
-            let now = crate::ids::now();
-            let due: Vec<Connection> = self
-                .connections
+        }
+    }
+
+    /// Starts due periodic checks while there are free places (see [`CheckSettings`]), every
+    /// second and whenever a check ends. Each check is a task of its own (a driver that panics
+    /// on a hostile answer ends its check, never this loop); the shutdown aborts them.
+    async fn check_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.refresh.clamp(Duration::from_millis(100), Duration::from_secs(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut running = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+                Some(done) = running.join_next(), if !running.is_empty() => {
+                    if let Err(e) = done {
+                        tracing::warn!(error = %e, "a connection check failed");
+                    }
+                }
+            }
+            self.start_due_checks(&mut running).await;
+        }
+        running.abort_all();
+    }
+
+    /// Claims and starts the due checks this replica has places for: owners take turns (each
+    /// owner's most overdue first), so the first places go to as many owners as possible.
+    async fn start_due_checks(self: &Arc<Self>, running: &mut tokio::task::JoinSet<()>) {
+        let now = crate::ids::now();
+        let mut due: Vec<Connection> = {
+            let checking = self.checking.lock();
+            self.connections
                 .read()
                 .iter()
-                .filter(|c| c.enabled && c.next_check_at.as_str() <= now.as_str())
+                .filter(|c| c.enabled && c.next_check_at.as_str() <= now.as_str() && !checking.contains(&c.id))
                 .cloned()
-                .collect();
-            for conn in due {
-                let next = crate::ids::now_plus_ms(u64::try_from(self.check_interval.as_millis()).unwrap_or(u64::MAX));
-                match self.store.claim_connection_check(&conn.id, &conn.next_check_at, &next).await {
-                    Ok(true) => {
-                        // In a task of its own: a driver that panics on a hostile answer ends
-                        // its check, never this loop.
-                        let this = Arc::clone(&self);
-                        let task = tokio::spawn(async move { this.check(&conn).await });
-                        let abort = task.abort_handle();
-                        tokio::select! {
-                            () = shutdown.cancelled() => {
-                                abort.abort();
-                                break;
-                            }
-                            done = task => if let Err(e) = done {
-                                tracing::warn!(error = %e, "a connection check failed");
-                            }
-                        }
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        due.sort_by(|a, b| a.next_check_at.cmp(&b.next_check_at).then_with(|| a.id.cmp(&b.id)));
+        // Round robin over owners: the i-th due check of every owner before any (i+1)-th.
+        let mut turn: HashMap<Option<String>, usize> = HashMap::new();
+        let mut order: Vec<(usize, usize, Connection)> = due
+            .into_iter()
+            .enumerate()
+            .map(|(at, c)| {
+                let n = turn.entry(c.owner_id.clone()).or_insert(0);
+                *n += 1;
+                (*n, at, c)
+            })
+            .collect();
+        order.sort_by_key(|(n, at, _)| (*n, *at));
+        for (_, _, conn) in order {
+            let Some(place) = PeriodicPlace::take(self, conn.owner_id.clone()) else { continue };
+            let next = self.next_check_at();
+            match self.store.claim_connection_check(&conn.id, &conn.next_check_at, &next).await {
+                Ok(true) => {
+                    // Not due again here until the claimed time (the reload reads it back).
+                    if let Some(c) = self.connections.write().iter_mut().find(|c| c.id == conn.id) {
+                        c.next_check_at.clone_from(&next);
                     }
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, connection = %conn.id, "claiming a connection check failed"),
+                    let this = Arc::clone(self);
+                    running.spawn(async move {
+                        let _place = place;
+                        this.check(&conn).await;
+                    });
                 }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, connection = %conn.id, "claiming a connection check failed"),
+            }
+            if self.periodic.lock().values().sum::<usize>() >= self.checks.at_once {
+                break;
             }
         }
     }
 
     /// Reloads every stored connection (other replicas' writes and checks, local changes).
+    /// Reloads run one at a time: of two concurrent ones (two requests' writes), one that read
+    /// before the other's write would otherwise replace the table after it, and a connection
+    /// just created would be missing until the next reload.
     pub async fn reload(&self) {
+        let _one_at_a_time = self.reloading.lock().await;
         match self.store.admin_user_ids().await {
             Ok(ids) => self.addresses.set_admins(ids),
             Err(e) => tracing::warn!(error = %e, "reloading the admins failed"),
@@ -571,16 +669,46 @@ impl ConnectionHub {
         permission: &str,
     ) -> Result<Opened, ToolError> {
         let opened = self.open(user_id, id, kind, permission)?;
-        if fingerprint != Some(opened.fingerprint.as_str()) {
-            return Err(ToolError::new(
-                ErrorCode::ConnectionChanged,
-                format!(
-                    "connection {id}'s settings or credential changed after the call was frozen; freeze the call \
-                     again to use them"
-                ),
-            )
-            .with_details(serde_json::json!({"connection": id})));
+        still_frozen(id, fingerprint, &opened)?;
+        Ok(opened)
+    }
+
+    /// [`ConnectionHub::open_frozen`] for an execution: from the stored row, not this
+    /// replica's copy. Connection `id` is read again (one read by key) and this replica's copy
+    /// replaced by it (or dropped, when it is gone), so a connection deleted, disabled or
+    /// given another credential or settings through another replica is refused at once, not
+    /// only after the next reload. A store that cannot be read refuses the call
+    /// (`store_unavailable`): a credential is never used on a copy that could not be confirmed.
+    pub async fn open_frozen_current(
+        &self,
+        user_id: &str,
+        id: &str,
+        fingerprint: Option<&str>,
+        kind: ConnectionKind,
+        permission: &str,
+    ) -> Result<Opened, ToolError> {
+        let row = self.store.connection(id).await.map_err(|e| {
+            tracing::warn!(error = %e, connection = %id, "reading a connection for a call failed");
+            ToolError::new(ErrorCode::StoreUnavailable, format!("connection {id} could not be read from the store"))
+        })?;
+        let stored = row.and_then(Connection::from_row);
+        {
+            let mut conns = self.connections.write();
+            match &stored {
+                Some(c) => {
+                    if let Some(slot) = conns.iter_mut().find(|x| x.id == c.id) {
+                        *slot = c.clone();
+                    }
+                }
+                None => conns.retain(|x| x.id != id),
+            }
         }
+        let conn = stored.filter(|c| c.kind == kind && c.visible_to(user_id)).ok_or_else(|| {
+            ToolError::new(ErrorCode::NoConnection, format!("you have no {} connection {id}", kind.as_str()))
+        })?;
+        conn.usable(permission).map_err(|(code, message)| ToolError::new(code, message))?;
+        let opened = self.open_credential(&conn)?;
+        still_frozen(id, fingerprint, &opened)?;
         Ok(opened)
     }
 
@@ -614,7 +742,7 @@ impl ConnectionHub {
         })
     }
 
-    /// Runs `conn`'s check now (bounded by [`CHECK_TIMEOUT`]) and records its report in the
+    /// Runs `conn`'s check now (bounded by [`CheckSettings::timeout`]) and records its report in the
     /// store and in memory. A credential that cannot be opened is reported as
     /// `permission_unknown` for every permission.
     /// Of concurrent checks of one connection (a burst of `POST …/check`, the periodic one)
@@ -626,11 +754,13 @@ impl ConnectionHub {
         }
         let _running = Checking { hub: self, id: &conn.id };
         let report = match self.open_credential(conn) {
-            Ok(opened) => match tokio::time::timeout(CHECK_TIMEOUT, driver.check(&opened)).await {
+            Ok(opened) => match tokio::time::timeout(self.checks.timeout, driver.check(&opened)).await {
                 Ok(report) => report,
                 Err(_) => every(
                     driver.as_ref(),
-                    &Access::Unreachable { message: format!("no answer within {} s", CHECK_TIMEOUT.as_secs()) },
+                    &Access::Unreachable {
+                        message: format!("no answer within {} s", self.checks.timeout.as_secs_f64()),
+                    },
                 ),
             },
             Err(e) => every(driver.as_ref(), &Access::Unknown { message: e.message }),
@@ -653,10 +783,12 @@ impl ConnectionHub {
         }
     }
 
-    /// A call learned something about `permission` of connection `id` (a 401 →
-    /// [`Access::ReauthRequired`], a 403 for a missing scope → [`Access::Missing`], a refused
-    /// connection → [`Access::Unreachable`]): recorded at once in memory and in the store,
-    /// where it stays until the next check.
+    /// A call learned something about `permission` of connection `id` as a whole (a 401 →
+    /// [`Access::ReauthRequired`], a refused connection → [`Access::Unreachable`]): recorded
+    /// at once in memory and in the store, where it stays until the next check. Only facts
+    /// about the connection belong here, never one resource's refusal (a 403 for one
+    /// repository): on a shared connection that would hold for every user. [`Access::Missing`]
+    /// comes from checks.
     pub fn note_access(&self, id: &str, permission: &str, access: Access) {
         self.amend(id, |c| {
             c.report.get_or_insert_with(CheckReport::default).access.insert(permission.to_owned(), access);
@@ -700,6 +832,41 @@ impl ConnectionHub {
     }
 }
 
+/// A place of one periodic check on this replica ([`CheckSettings`]), held until dropped.
+struct PeriodicPlace {
+    hub: Arc<ConnectionHub>,
+    owner: Option<String>,
+}
+
+impl PeriodicPlace {
+    /// A place for a check of `owner`'s connection, if both the replica's and the owner's
+    /// bound leave one.
+    fn take(hub: &Arc<ConnectionHub>, owner: Option<String>) -> Option<PeriodicPlace> {
+        let mut periodic = hub.periodic.lock();
+        if periodic.values().sum::<usize>() >= hub.checks.at_once {
+            return None;
+        }
+        let mine = periodic.entry(owner.clone()).or_insert(0);
+        if *mine >= hub.checks.per_owner {
+            return None;
+        }
+        *mine += 1;
+        Some(PeriodicPlace { hub: Arc::clone(hub), owner })
+    }
+}
+
+impl Drop for PeriodicPlace {
+    fn drop(&mut self) {
+        let mut periodic = self.hub.periodic.lock();
+        if let Some(n) = periodic.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                periodic.remove(&self.owner);
+            }
+        }
+    }
+}
+
 /// Marks a connection's check as running until dropped.
 struct Checking<'a> {
     hub: &'a ConnectionHub,
@@ -710,6 +877,22 @@ impl Drop for Checking<'_> {
     fn drop(&mut self) {
         self.hub.checking.lock().remove(self.id);
     }
+}
+
+/// 409 `connection_changed` unless `opened` still has the `fingerprint` its call was frozen
+/// (and approved) with (None = a call frozen without one).
+fn still_frozen(id: &str, fingerprint: Option<&str>, opened: &Opened) -> Result<(), ToolError> {
+    if fingerprint == Some(opened.fingerprint.as_str()) {
+        return Ok(());
+    }
+    Err(ToolError::new(
+        ErrorCode::ConnectionChanged,
+        format!(
+            "connection {id}'s settings or credential changed after the call was frozen; freeze the call again to \
+             use them"
+        ),
+    )
+    .with_details(serde_json::json!({"connection": id})))
 }
 
 /// A report giving `access` for every permission of `driver`.

@@ -364,13 +364,6 @@ pub async fn create_connection(
     let id = crate::ids::new_id("conn");
     let (sealed, key_id) = sealed_credential(&app, body.kind, &id, &body.credential)?;
     let owner_id = (!body.shared).then(|| user.user_id.clone());
-    if owner_id.is_some() && app.store.count_connections(&user.user_id).await? >= MAX_CONNECTIONS_PER_USER {
-        return Err(Error::conflict(
-            ErrorCode::ConnectionLimit,
-            format!("a user may have at most {MAX_CONNECTIONS_PER_USER} connections"),
-            Value::Null,
-        ));
-    }
     let now = crate::ids::now();
     let row = ConnectionRow {
         id: id.clone(),
@@ -383,17 +376,21 @@ pub async fn create_connection(
         enabled: body.enabled.unwrap_or(true),
         check_json: None,
         checked_at: None,
-        next_check_at: next_check(),
+        next_check_at: app.connections.next_check_at(),
         rate_limited_until: None,
         created_at: now.clone(),
         updated_at: now,
     };
-    app.store.create_connection(&row).await?;
+    // Counted and inserted in one transaction under the user's lock: concurrent requests
+    // never pass the limit together.
+    if !app.store.create_connection(&row, MAX_CONNECTIONS_PER_USER).await? {
+        return Err(Error::conflict(
+            ErrorCode::ConnectionLimit,
+            format!("a user may have at most {MAX_CONNECTIONS_PER_USER} connections"),
+            Value::Null,
+        ));
+    }
     Ok((StatusCode::CREATED, Json(check_and_view(&app, &user, &id).await?)))
-}
-
-fn next_check() -> String {
-    crate::ids::now_plus_ms(u64::try_from(crate::connections::CHECK_INTERVAL.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The caller's connections, then the shared ones.
@@ -460,7 +457,7 @@ pub async fn update_connection(
     }
     if changed {
         (row.check_json, row.checked_at, row.rate_limited_until) = (None, None, None);
-        row.next_check_at = next_check();
+        row.next_check_at = app.connections.next_check_at();
     }
     row.updated_at = crate::ids::now();
     if !app.store.update_connection(&row).await? {

@@ -125,19 +125,14 @@ pub async fn create_skill(
     Json(body): Json<CreateSkill>,
 ) -> Result<(StatusCode, Json<SkillView>)> {
     check(&app, &user, &body)?;
-    if app.store.list_skills(&user.user_id).await?.len() >= MAX_SKILLS_PER_USER {
-        return Err(Error::conflict(
-            ErrorCode::SkillLimit,
-            format!("you have {MAX_SKILLS_PER_USER} skills, the most one user may have"),
-            serde_json::Value::Null,
-        ));
-    }
     let mut private = body.private_tools.clone();
     private.sort();
     private.dedup();
+    // Counted and inserted in one transaction under the user's lock: concurrent requests
+    // never pass the limit together.
     let row = app
         .store
-        .create_skill(&user.user_id, &body.name, &body.description, &private, &body.allow_public)
+        .create_skill(&user.user_id, &body.name, &body.description, &private, &body.allow_public, MAX_SKILLS_PER_USER)
         .await
         .map_err(|e| {
             if e.is_unique_violation() {
@@ -149,6 +144,13 @@ pub async fn create_skill(
             } else {
                 e.into()
             }
+        })?
+        .ok_or_else(|| {
+            Error::conflict(
+                ErrorCode::SkillLimit,
+                format!("you have {MAX_SKILLS_PER_USER} skills, the most one user may have"),
+                serde_json::Value::Null,
+            )
         })?;
     Ok((StatusCode::CREATED, Json(row.into())))
 }

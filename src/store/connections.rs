@@ -41,8 +41,28 @@ pub struct ConnectionRow {
 }
 
 impl Store {
-    /// Stores a new connection.
-    pub async fn create_connection(&self, row: &ConnectionRow) -> StoreResult<()> {
+    /// Stores a new connection, unless its owner owns `owner_limit` connections already
+    /// (false, nothing stored; a shared connection has no owner and no limit). The count and
+    /// the insert are one write transaction under the owner's lock ([`Store::begin_owner_write`]),
+    /// so concurrent requests never pass the limit together.
+    pub async fn create_connection(&self, row: &ConnectionRow, owner_limit: i64) -> StoreResult<bool> {
+        let (_turn, mut tx) = match &row.owner_id {
+            Some(owner) => {
+                let (turn, tx) = self.begin_owner_write(owner).await?;
+                (Some(turn), tx)
+            }
+            None => (None, self.begin_write().await?),
+        };
+        if let Some(owner) = &row.owner_id {
+            let owned: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM connections WHERE owner_id = $1")
+                .bind(owner)
+                .fetch_one(tx.conn())
+                .await?;
+            if owned >= owner_limit {
+                tx.commit().await?;
+                return Ok(false);
+            }
+        }
         sqlx::query(
             "INSERT INTO connections (id, owner_id, kind, name, settings_json, credential_ciphertext,
                  credential_key_id, enabled, check_json, checked_at, next_check_at, rate_limited_until,
@@ -63,9 +83,10 @@ impl Store {
         .bind(&row.rate_limited_until)
         .bind(&row.created_at)
         .bind(&row.updated_at)
-        .execute(self.pool())
+        .execute(tx.conn())
         .await?;
-        Ok(())
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Every stored connection, oldest first (the in-memory state is built from this).
@@ -83,14 +104,6 @@ impl Store {
     /// One connection by id (any owner: callers check who may see it).
     pub async fn connection(&self, id: &str) -> StoreResult<Option<ConnectionRow>> {
         Ok(sqlx::query_as("SELECT * FROM connections WHERE id = $1").bind(id).fetch_optional(self.pool()).await?)
-    }
-
-    /// Number of connections the user owns.
-    pub async fn count_connections(&self, owner_id: &str) -> StoreResult<i64> {
-        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM connections WHERE owner_id = $1")
-            .bind(owner_id)
-            .fetch_one(self.pool())
-            .await?)
     }
 
     /// Writes the mutable fields (name, settings, credential, enabled) of connection `row.id`

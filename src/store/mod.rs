@@ -845,6 +845,41 @@ impl WriteTx {
     }
 }
 
+/// This process's turns of the owners' limited creates ([`Store::begin_owner_write`]), striped
+/// by owner.
+static OWNER_TURNS: [tokio::sync::Mutex<()>; 64] = [const { tokio::sync::Mutex::const_new(()) }; 64];
+
+impl Store {
+    /// A write transaction that counts `owner_id`'s rows against a per-user limit and inserts
+    /// one (connections, skills), serialised with every other such transaction of the owner
+    /// until it ends; with it the process's turn of the owner, to keep until the commit. In
+    /// this process the owner's creates wait for their turn before they take a database
+    /// connection, so a burst of one user's requests never holds the pool's connections
+    /// waiting on a lock. Across replicas Postgres serialises them with a transaction-scoped
+    /// advisory lock on the owner (namespace 1835627107, "a user's limits"; 1835627105 is the
+    /// runs' event chains, 1835627106 the MCP tool rows): under READ COMMITTED two
+    /// transactions would both count the old number and both insert. SQLite's write
+    /// transaction (`BEGIN IMMEDIATE` under the writer slot) is serialised already.
+    pub(crate) async fn begin_owner_write(
+        &self,
+        owner_id: &str,
+    ) -> StoreResult<(tokio::sync::MutexGuard<'static, ()>, WriteTx)> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        owner_id.hash(&mut h);
+        let stripe = usize::try_from(h.finish() % OWNER_TURNS.len() as u64).unwrap_or(0);
+        let turn = OWNER_TURNS[stripe].lock().await;
+        let mut tx = self.begin_write().await?;
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT pg_advisory_xact_lock(1835627107, hashtext($1))")
+                .bind(owner_id)
+                .execute(tx.conn())
+                .await?;
+        }
+        Ok((turn, tx))
+    }
+}
+
 /// `postgres://user:secret@host/db` → `postgres://user:***@host/db`, for messages.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

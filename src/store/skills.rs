@@ -37,7 +37,10 @@ impl SkillRow {
 }
 
 impl Store {
-    /// Creates a skill. A name the owner already uses is a unique violation
+    /// Creates a skill, unless the owner has `limit` skills already (None, nothing stored).
+    /// The count and the insert are one write transaction under the owner's lock
+    /// ([`Store::begin_owner_write`]), so concurrent requests never pass the limit together.
+    /// A name the owner already uses is a unique violation
     /// ([`super::StoreError::is_unique_violation`]).
     pub async fn create_skill(
         &self,
@@ -46,7 +49,8 @@ impl Store {
         description: &str,
         private_tools: &[String],
         allowed_public: &[String],
-    ) -> StoreResult<SkillRow> {
+        limit: usize,
+    ) -> StoreResult<Option<SkillRow>> {
         let row = SkillRow {
             id: ids::new_id("skl"),
             owner_id: owner_id.to_owned(),
@@ -56,6 +60,15 @@ impl Store {
             allowed_public: serde_json::to_string(allowed_public).unwrap_or_else(|_| "[]".into()),
             created_at: ids::now(),
         };
+        let (_turn, mut tx) = self.begin_owner_write(owner_id).await?;
+        let owned: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM skills WHERE owner_id = $1")
+            .bind(owner_id)
+            .fetch_one(tx.conn())
+            .await?;
+        if usize::try_from(owned).unwrap_or(usize::MAX) >= limit {
+            tx.commit().await?;
+            return Ok(None);
+        }
         sqlx::query(
             "INSERT INTO skills (id, owner_id, name, description, private_tools, allowed_public, created_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -67,9 +80,10 @@ impl Store {
         .bind(&row.private_tools)
         .bind(&row.allowed_public)
         .bind(&row.created_at)
-        .execute(self.pool())
+        .execute(tx.conn())
         .await?;
-        Ok(row)
+        tx.commit().await?;
+        Ok(Some(row))
     }
 
     /// The owner's skill, or None (also for another user's skill).

@@ -9,6 +9,9 @@
 use crate::common::{self, Backend, TestApp};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 const TOKEN: &str = "ghp_connectionsTestSecretValue0123456789";
 
@@ -188,4 +191,142 @@ async fn connections_survive_a_restart(backend: Backend) {
     assert_eq!(reason(&t, &t.admin_token, "github_search_issues").await.1, "connection_unreachable");
 }
 
-both_backends!(connections_are_owned_checked_and_sealed, connections_survive_a_restart);
+/// A TCP listener that accepts every connection and never answers (the sockets are kept
+/// open): a check against it lasts its whole time limit.
+struct Silent {
+    base: String,
+    accepted: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Silent {
+    async fn start() -> Silent {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(sock);
+            }
+        });
+        Silent { base, accepted, task }
+    }
+}
+
+/// One user's connections to a host that accepts and never answers (16, the most a user may
+/// have, each check lasting its whole time limit) delay neither the reload of the connection
+/// table — a connection deleted through another replica (here: straight in the store) stops
+/// being usable here within a refresh or two — nor another user's periodic check. Checked one
+/// at a time, the 16 checks took 16 × the time limit, and the reload waited for them.
+async fn slow_connection_checks_delay_neither_the_reload_nor_other_users(backend: Backend) {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    const INTERVAL: Duration = Duration::from_secs(4);
+    let mut options = common::Options::default();
+    options.runtime.search.state_refresh_secs = 1;
+    options.runtime.connections =
+        mira::connections::CheckSettings { interval: INTERVAL, timeout: TIMEOUT, ..Default::default() };
+    let t = common::spawn_with(backend, options).await;
+    let silent = Silent::start().await;
+    let alice = t.user("alice").await;
+    let bob = t.user("bob").await;
+
+    // Alice's 16 connections: each create waits out its first check (unreachable).
+    let creates = (0..16).map(|i| {
+        let mut body = github(&silent.base);
+        body["name"] = json!(format!("slow{i}"));
+        create(&t, &alice, body)
+    });
+    let mut slow = Vec::new();
+    for r in futures::future::join_all(creates).await {
+        assert_eq!((r.status, r.body["state"].as_str()), (StatusCode::CREATED, Some("unreachable")), "{r:?}");
+        slow.push(r.body["id"].as_str().unwrap().to_owned());
+    }
+    let r = create(&t, &bob, github(&closed_port())).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let bob_conn = r.body["id"].as_str().unwrap().to_owned();
+    let bob_checked = r.body["checked_at"].as_str().unwrap().to_owned();
+    let bob_created = Instant::now();
+
+    // The periodic checks of Alice's connections have begun (the silent host is called again).
+    let start = Instant::now();
+    while silent.accepted.load(Ordering::SeqCst) <= 16 {
+        assert!(start.elapsed() < Duration::from_secs(30), "no periodic check began");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Another replica deletes one of them: gone here within a couple of refreshes.
+    assert!(t.app().store.delete_connection(&slow[15]).await.unwrap());
+    let deleted = Instant::now();
+    while t.app().connections.by_id(&slow[15]).is_some() {
+        assert!(
+            deleted.elapsed() < Duration::from_secs(5),
+            "a connection deleted elsewhere is still in this replica's table after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Bob's periodic check is due INTERVAL after his create and is not queued behind Alice's.
+    loop {
+        let v = t.get(&format!("/v1/connections/{bob_conn}"), &bob).await;
+        if v.body["checked_at"].as_str().is_some_and(|c| c != bob_checked) {
+            break;
+        }
+        assert!(
+            bob_created.elapsed() < INTERVAL + Duration::from_secs(6),
+            "bob's periodic check waited behind alice's slow ones: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The per-user connection limit holds under concurrent creates: counted and inserted in one
+/// transaction under the user's lock, so of many simultaneous POSTs exactly the limit pass.
+async fn connection_limit_holds_under_concurrent_creates(backend: Backend) {
+    let t = common::spawn(backend).await;
+    let alice = t.user("alice").await;
+    let down = closed_port();
+    let creates = (0..120).map(|i| {
+        let mut body = github(&down);
+        body["name"] = json!(format!("c{i}"));
+        create(&t, &alice, body)
+    });
+    let mut created = 0;
+    for r in futures::future::join_all(creates).await {
+        match r.status {
+            StatusCode::CREATED => created += 1,
+            _ => assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "connection_limit"), "{r:?}"),
+        }
+    }
+    let limit = usize::try_from(mira::http::connections::MAX_CONNECTIONS_PER_USER).unwrap();
+    assert_eq!(created, limit);
+    assert_eq!(t.get("/v1/connections", &alice).await.body["connections"].as_array().unwrap().len(), limit);
+    // Shared connections are no user's: the limit does not apply to them.
+    let mut shared = github(&down);
+    shared["shared"] = json!(true);
+    let admin_own = (0..limit).map(|i| {
+        let mut body = github(&down);
+        body["name"] = json!(format!("a{i}"));
+        create(&t, &t.admin_token, body)
+    });
+    for r in futures::future::join_all(admin_own).await {
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    }
+    let r = create(&t, &t.admin_token, shared).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+}
+
+both_backends!(
+    connections_are_owned_checked_and_sealed,
+    connections_survive_a_restart,
+    slow_connection_checks_delay_neither_the_reload_nor_other_users,
+    connection_limit_holds_under_concurrent_creates,
+);

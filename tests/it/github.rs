@@ -384,6 +384,19 @@ fn scripted_answer(s: &Mutex<Script>, method: &axum::http::Method, path: &str) -
         ("PUT", "/repos/octo/app/pulls/7/merge") => {
             ok(json!({"merged": true, "sha": MERGE_SHA, "message": "Pull Request successfully merged"}))
         }
+        ("GET", "/repos/octo/app/issues/1") => {
+            ok(json!({"number": 1, "title": "Bug", "state": "open", "body": "it breaks", "user": {"login": "octo"}}))
+        }
+        ("GET", "/repos/octo/app/issues/1/comments") => ok(json!([])),
+        // A repository the token may not read (outside a fine-grained token's selection, an
+        // organisation forbidding such tokens): GitHub's 403 for that resource only.
+        ("GET", p) if p.starts_with("/repos/octo/locked/") => (
+            StatusCode::FORBIDDEN,
+            [("x-accepted-github-permissions", "issues=read")],
+            axum::Json(json!({"message": "Resource not accessible by personal access token",
+                              "documentation_url": "https://docs.github.com/rest/issues/issues#get-an-issue"})),
+        )
+            .into_response(),
         _ => (StatusCode::NOT_FOUND, axum::Json(json!({"message": "Not Found"}))).into_response(),
     }
 }
@@ -841,6 +854,96 @@ async fn github_approval_is_bound_to_the_connection(backend: Backend) {
     assert_eq!(gh.merges(), 1, "{:?}", gh.seen());
 }
 
+// ---- one resource's 403 is not the connection's -----------------------------------------------
+
+/// A 403 for one repository fails that call with `scope_missing` but marks nothing on the
+/// connection: on a shared connection it would otherwise turn the permission `scope_missing`
+/// for every user (and every replica, from the store) until the next check.
+async fn github_one_repository_refused_is_not_the_connection(backend: Backend) {
+    let gh = Scripted::start("main", BASE_1).await;
+    let t = spawn(backend).await;
+    let bob = t.user("bob").await;
+    let alice = t.user("alice").await;
+    let r = t
+        .post(
+            "/v1/connections",
+            &t.admin_token,
+            json!({"kind": "github", "name": "team", "shared": true, "settings": {"base_url": gh.base},
+                   "credential": {"token": "ghp_shared"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let conn = r.body["id"].as_str().unwrap().to_owned();
+    assert_eq!(r.body["permissions"]["issues:read"]["access"]["state"], "granted", "{r:?}");
+
+    // Bob reads an issue of the refused repository: his call fails, with GitHub's reason.
+    let done = call(&t, &bob, "github_read_issue", "locked", json!({"repo": "octo/locked", "number": 1})).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["result"]["error"]["code"], "scope_missing", "{done}");
+    assert!(done["result"]["error"]["message"].as_str().unwrap().contains("not accessible"), "{done}");
+    // A store write of what a call learned is spawned: give one a moment to land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Nothing changed for anyone: not in memory, not in the store other replicas read.
+    for token in [&alice, &bob] {
+        let state = tool_state(&t, token, "github_read_issue").await;
+        assert_eq!(state["state"], "available", "{state}");
+    }
+    let view = t.get(&format!("/v1/connections/{conn}"), &alice).await;
+    assert_eq!(view.body["permissions"]["issues:read"]["access"]["state"], "granted", "{view:?}");
+    assert_eq!(view.body["state"], "ready", "{view:?}");
+    let row = t.app().store.connection(&conn).await.unwrap().unwrap();
+    assert!(!row.check_json.unwrap_or_default().contains("missing"), "a 403 of one repository was stored");
+    // Alice's call on a repository the token reads runs.
+    let done = call(&t, &alice, "github_read_issue", "ok", json!({"repo": "octo/app", "number": 1})).await;
+    assert_eq!(done["status"], "completed", "{done}");
+}
+
+// ---- an execution reads its connection again ----------------------------------------------------
+
+/// A connection disabled or deleted through another replica (straight in the store: this
+/// replica's reload is an hour away) is refused by an execution at once, nothing sent: the
+/// execution reads the connection's row, not this replica's copy.
+async fn github_execution_reads_the_connection_again(backend: Backend) {
+    let gh = Scripted::start("main", BASE_1).await;
+    let mut options = common::Options::default();
+    options.runtime.search.state_refresh_secs = 3600;
+    let t = common::spawn_with(backend, options).await;
+    let token = t.user("dev").await;
+    let view = connect(&t, &token, json!({"base_url": gh.base}), json!({"token": "ghp_replicas"})).await;
+    let conn = view["id"].as_str().unwrap().to_owned();
+    let merge = json!({"repo": "octo/app", "number": 7, "sha": EXAMPLE_HEAD_SHA});
+    let store = &t.app().store;
+
+    // Disabled elsewhere between freeze and grant.
+    let (inv, _) = freeze(&t, &token, "github_merge_pull", "other-disabled", merge.clone()).await;
+    let mut row = store.connection(&conn).await.unwrap().unwrap();
+    row.enabled = false;
+    assert!(store.update_connection(&row).await.unwrap());
+    let before = gh.seen();
+    let done = grant(&t, &token, &inv).await;
+    assert_eq!(
+        (&done["status"], &done["result"]["error"]["code"]),
+        (&json!("failed"), &json!("no_connection")),
+        "{done}"
+    );
+    assert_eq!(gh.seen(), before, "a request was sent through a connection disabled on another replica");
+
+    // Enabled again (through this replica: it reloads), then deleted elsewhere.
+    row.enabled = true;
+    assert!(store.update_connection(&row).await.unwrap());
+    t.app().connections.reload().await;
+    let (inv, _) = freeze(&t, &token, "github_merge_pull", "other-deleted", merge).await;
+    assert!(store.delete_connection(&conn).await.unwrap());
+    let done = grant(&t, &token, &inv).await;
+    assert_eq!(
+        (&done["status"], &done["result"]["error"]["code"]),
+        (&json!("failed"), &json!("no_connection")),
+        "{done}"
+    );
+    assert_eq!(gh.merges(), 0, "{:?}", gh.seen());
+}
+
 // ---- job logs: the signed URL stays secret -----------------------------------------------------
 
 async fn github_job_logs_keep_the_signed_url_secret(backend: Backend) {
@@ -963,5 +1066,7 @@ both_backends!(
     github_recorded_fixtures,
     github_merge_is_bound_to_the_base,
     github_approval_is_bound_to_the_connection,
+    github_one_repository_refused_is_not_the_connection,
+    github_execution_reads_the_connection_again,
     github_job_logs_keep_the_signed_url_secret,
 );

@@ -39,6 +39,7 @@ mod runner;
 mod runner_sandbox;
 mod schema;
 mod schemathesis;
+mod skills;
 mod spine;
 mod store;
 mod terminal;

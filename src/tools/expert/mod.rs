@@ -390,13 +390,16 @@ impl Tool for ExpertConsult {
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
-        let conn = self.hub.open_frozen(
-            &ctx.owner_id,
-            &f.connection_id,
-            f.connection_fingerprint.as_deref(),
-            ConnectionKind::Expert,
-            CONSULT,
-        )?;
+        let conn = self
+            .hub
+            .open_frozen_current(
+                &ctx.owner_id,
+                &f.connection_id,
+                f.connection_fingerprint.as_deref(),
+                ConnectionKind::Expert,
+                CONSULT,
+            )
+            .await?;
         let settings = ExpertSettings::of(&conn)?;
         let auth = parse_credential(&conn.credential).map_err(|_| {
             ToolError::new(

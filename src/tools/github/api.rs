@@ -1,8 +1,18 @@
 //! The HTTP side of a GitHub call: an `octocrab` client for one opened connection, requests
 //! with bodies read under a byte cap, and GitHub's answers turned into tool errors — and into
-//! what the connection hub should learn (a 401 means the credential must be replaced, a 403
-//! "Resource not accessible" a missing permission, `X-RateLimit-Remaining: 0` a rate limit, a
-//! refused connection an unreachable server).
+//! what the connection hub should learn about the whole connection (a 401 means the credential
+//! must be replaced, `X-RateLimit-Remaining: 0` a rate limit, a refused connection an
+//! unreachable server).
+//!
+//! A 403 is about one resource, never about the connection: "Resource not accessible by …"
+//! or an `X-Accepted-GitHub-Permissions` header fails the call with `scope_missing` (naming
+//! the permission and GitHub's message) and nothing is recorded on the connection. A
+//! fine-grained token limited to some repositories, a locked issue, an organisation that
+//! forbids such tokens all answer it for their resource only; recorded, one user's call to
+//! one such resource would turn the permission `scope_missing` for every user of a shared
+//! connection, on every replica, until the next check. Whether a connection grants a
+//! permission is decided by its checks alone (at creation or change, the owner's
+//! `POST …/check`, the periodic one).
 //!
 //! Addresses: every client of a connection applies its [`Opened::address_rule`] when it
 //! connects. Under [`AddressRule::PublicOnly`] (a non-admin's own connection, unless the
@@ -256,7 +266,8 @@ fn client_error(e: impl std::fmt::Display) -> ToolError {
 }
 
 impl Api {
-    /// A client for `conn`; `hub` learns what calls find out about `permission`.
+    /// A client for `conn` for a tool needing `permission`; `hub` learns what calls find out
+    /// about the whole connection.
     pub fn new(conn: Opened, hub: Arc<ConnectionHub>, permission: &'static str) -> Result<Api, ToolError> {
         Self::build(conn, Some(hub), permission)
     }
@@ -355,7 +366,7 @@ impl Api {
         cap: usize,
     ) -> Result<Reply, ToolError> {
         send_with(&self.octo, method, path_and_query, body, accept, cap).await.map_err(|t| {
-            self.note(Access::Unreachable { message: t.message.clone() }, true);
+            self.note(Access::Unreachable { message: t.message.clone() });
             if t.internal_address {
                 internal_address(&self.conn_id, &t.message)
             } else {
@@ -390,8 +401,8 @@ impl Api {
         Err(self.error(&reply))
     }
 
-    /// The tool error of a non-2xx answer; notes a refused credential, a missing permission
-    /// and a rate limit in the hub.
+    /// The tool error of a non-2xx answer; notes a refused credential and a rate limit in the
+    /// hub (never a 403: see the module docs).
     pub fn error(&self, reply: &Reply) -> ToolError {
         let status = reply.status.as_u16();
         let message = reply.message();
@@ -403,18 +414,18 @@ impl Api {
         }
         match status {
             401 => {
-                self.note(Access::ReauthRequired { message: message.clone() }, true);
+                self.note(Access::ReauthRequired { message: message.clone() });
                 ToolError::new(
                     ErrorCode::ReauthRequired,
                     format!("GitHub refused the connection's credential: {message}"),
                 )
                 .with_details(details)
             }
+            // One resource refused: the call fails, the connection is not marked (module docs).
             403 if message.contains("not accessible by") || reply.header("x-accepted-github-permissions").is_some() => {
-                self.note(Access::Missing { scope: self.permission.to_owned() }, false);
                 ToolError::new(
                     ErrorCode::ScopeMissing,
-                    format!("the connection's credential lacks {}: {message}", self.permission),
+                    format!("GitHub refused this request for lack of {} on it: {message}", self.permission),
                 )
                 .with_details(details)
             }
@@ -426,14 +437,12 @@ impl Api {
         }
     }
 
-    fn note(&self, access: Access, every_permission: bool) {
+    /// Records `access` for every permission of the connection (what a call learned about the
+    /// whole connection: a refused credential, an unreachable server).
+    fn note(&self, access: Access) {
         let Some(hub) = &self.hub else { return };
-        if every_permission {
-            for (p, _) in super::PERMISSIONS {
-                hub.note_access(&self.conn_id, p, access.clone());
-            }
-        } else {
-            hub.note_access(&self.conn_id, self.permission, access);
+        for (p, _) in super::PERMISSIONS {
+            hub.note_access(&self.conn_id, p, access.clone());
         }
     }
 

@@ -331,13 +331,14 @@ impl<A: Action> GithubTool<A> {
             .map_err(|e| ToolError::new(ErrorCode::Internal, format!("the canonical input does not serialise: {e}")))
     }
 
-    /// Opens the connection of a frozen or prepared call (still the one frozen: `fingerprint`)
-    /// and checks the allowlist.
-    fn api(&self, user_id: &str, input: &mut A::Input, fingerprint: Option<&str>) -> Result<Api, ToolError> {
+    /// Opens the connection of a frozen or prepared call (still the one frozen: `fingerprint`,
+    /// as stored now, not as this replica last loaded it) and checks the allowlist.
+    async fn api(&self, user_id: &str, input: &mut A::Input, fingerprint: Option<&str>) -> Result<Api, ToolError> {
         let Some(id) = input.connection_mut().clone() else {
             return Err(ToolError::new(ErrorCode::CorruptInput, "the frozen input names no connection"));
         };
-        let opened = self.hub.open_frozen(user_id, &id, fingerprint, ConnectionKind::Github, A::PERMISSION)?;
+        let opened =
+            self.hub.open_frozen_current(user_id, &id, fingerprint, ConnectionKind::Github, A::PERMISSION).await?;
         match input.repo() {
             Some(repo) => require_allowed(&opened.id, &opened.settings, repo)?,
             None if opened.settings.get("repositories").is_some() => {
@@ -367,7 +368,7 @@ impl<A: Action> Tool for GithubTool<A> {
         let requested = input.connection_mut().clone();
         let resolved = self.hub.resolve(ctx.owner_id, ConnectionKind::Github, A::PERMISSION, requested.as_deref())?;
         *input.connection_mut() = Some(resolved.id);
-        let api = self.api(ctx.owner_id, &mut input, Some(&resolved.fingerprint))?;
+        let api = self.api(ctx.owner_id, &mut input, Some(&resolved.fingerprint)).await?;
         let preview = A::derive(&api, &mut input).await?;
         let mut canonical = Self::canonical(&input)?;
         if let Some(o) = canonical.as_object_mut() {
@@ -400,7 +401,7 @@ impl<A: Action> Tool for GithubTool<A> {
         let mut frozen = input.clone();
         let fingerprint = frozen.as_object_mut().and_then(|o| o.remove(FINGERPRINT_KEY));
         let mut input: A::Input = input::frozen(&frozen)?;
-        let api = self.api(&ctx.owner_id, &mut input, fingerprint.as_ref().and_then(Value::as_str))?;
+        let api = self.api(&ctx.owner_id, &mut input, fingerprint.as_ref().and_then(Value::as_str)).await?;
         if A::WRITE {
             // A write is not abandoned half-way: it ends within the client's timeout.
             return A::run(&api, input).await;

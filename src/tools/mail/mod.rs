@@ -378,13 +378,13 @@ impl Mailbox {
 
     /// Opens connection `id` for a frozen call of `owner_id` (still the one it was frozen
     /// with, `fingerprint`): its settings, credential and the addresses it may reach.
-    pub(crate) fn open(
+    pub(crate) async fn open(
         &self,
         owner_id: &str,
         id: &str,
         fingerprint: Option<&str>,
     ) -> Result<(MailSettings, Secret, AddressRule), ToolError> {
-        let conn = self.hub.open_frozen(owner_id, id, fingerprint, ConnectionKind::Mail, READ)?;
+        let conn = self.hub.open_frozen_current(owner_id, id, fingerprint, ConnectionKind::Mail, READ).await?;
         Ok((MailSettings::of(&conn)?, Secret::of(&conn)?, conn.address_rule))
     }
 

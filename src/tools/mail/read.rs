@@ -146,7 +146,7 @@ impl Tool for MailRead {
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
         let (settings, secret, rule) =
-            self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
+            self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref()).await?;
         let raw = fetch(&settings, &secret, rule, &f).await;
         if let Err(e) = &raw {
             self.mailbox.note(&f.connection_id, e);

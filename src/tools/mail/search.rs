@@ -209,7 +209,7 @@ impl Tool for MailSearch {
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let f: Frozen = input::frozen(input)?;
         let (settings, secret, rule) =
-            self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref())?;
+            self.mailbox.open(&ctx.owner_id, &f.connection_id, f.connection_fingerprint.as_deref()).await?;
         let result = run(&settings, &secret, rule, &f).await;
         if let Err(e) = &result {
             self.mailbox.note(&f.connection_id, e);

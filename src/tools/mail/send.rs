@@ -229,13 +229,16 @@ impl Tool for MailSend {
         if sha256_hex(f.message.as_bytes()) != f.message_sha256 || !f.message.is_ascii() {
             return Err(ToolError::new(ErrorCode::CorruptInput, "the frozen message does not match its SHA-256"));
         }
-        let conn = self.hub.open_frozen(
-            &ctx.owner_id,
-            &f.connection_id,
-            f.connection_fingerprint.as_deref(),
-            ConnectionKind::Mail,
-            SEND,
-        )?;
+        let conn = self
+            .hub
+            .open_frozen_current(
+                &ctx.owner_id,
+                &f.connection_id,
+                f.connection_fingerprint.as_deref(),
+                ConnectionKind::Mail,
+                SEND,
+            )
+            .await?;
         let settings = MailSettings::of(&conn)?;
         let secret = Secret::of(&conn)?;
         if !settings.address.eq_ignore_ascii_case(&f.from) {
