@@ -98,6 +98,7 @@ async fn floor_figures(url: &str, iterations: usize) -> anyhow::Result<()> {
         })),
         refusals: std::sync::Arc::default(),
         slots: std::sync::Arc::new(tokio::sync::Semaphore::new(mira::tools::browser::proxy::MAX_FLOOR_CONNECTIONS)),
+        tunnel_idle: std::time::Duration::from_secs(120),
     };
     let proxy = ContextProxy::start(floor).await?;
     let direct = reqwest::Client::builder().no_proxy().build()?;

@@ -263,6 +263,15 @@ impl CgroupSupport {
     }
 }
 
+/// How often a group's limits struck ([`SessionCgroup::limit_events`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitEvents {
+    /// Processes killed by the memory controller (`memory.max` / `memory.limit_in_bytes`).
+    pub oom_kills: u64,
+    /// Forks (or threads) refused at `pids.max`.
+    pub pids_refused: u64,
+}
+
 /// The cgroups of one session.
 #[derive(Debug)]
 pub struct SessionCgroup {
@@ -315,6 +324,50 @@ impl SessionCgroup {
         pids
     }
 
+    /// Makes the memory controller's out-of-memory killer take the whole group at once
+    /// (cgroup v2 `memory.oom.group`) rather than its largest process; a no-op where the file
+    /// is missing (cgroup v1, no v2 memory controller). Errors: the file cannot be written.
+    pub fn kill_whole_group_on_oom(&self) -> std::io::Result<()> {
+        for d in &self.dirs {
+            let file = d.join("memory.oom.group");
+            if file.exists() {
+                write(&file, "1")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// How often the groups' limits struck so far: processes the memory controller killed
+    /// (`oom_kill` of v2 `memory.events`, or of v1 `memory.oom_control`, Linux ≥ 4.13) and
+    /// forks refused at `pids.max` (`max` of `pids.events`, v1 and v2).
+    pub fn limit_events(&self) -> LimitEvents {
+        let count = |file: &Path, key: &str| -> u64 {
+            std::fs::read_to_string(file)
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok()))
+                .unwrap_or(0)
+        };
+        let mut events = LimitEvents::default();
+        for d in &self.dirs {
+            events.oom_kills +=
+                count(&d.join("memory.events"), "oom_kill ") + count(&d.join("memory.oom_control"), "oom_kill ");
+            events.pids_refused += count(&d.join("pids.events"), "max ");
+        }
+        events
+    }
+
+    /// The groups' anonymous memory in bytes (`anon` of v2 `memory.stat`, `total_rss` of v1),
+    /// what the memory limit cannot reclaim; none where no group has a memory controller.
+    pub fn anon_bytes(&self) -> Option<u64> {
+        self.dirs.iter().find_map(|d| {
+            let stat = std::fs::read_to_string(d.join("memory.stat")).ok()?;
+            stat.lines().find_map(|l| {
+                l.strip_prefix("anon ").or_else(|| l.strip_prefix("total_rss ")).and_then(|v| v.trim().parse().ok())
+            })
+        })
+    }
+
     /// Removes the groups once their members are gone (retrying for up to `limit`: killed
     /// processes leave their group when they have exited).
     pub fn remove(&self, limit: Duration) {
@@ -336,8 +389,8 @@ impl SessionCgroup {
 }
 
 /// Removes the empty `mira-*` base groups other servers left below `group`, and their empty
-/// session groups older than a minute (a process that died without stopping leaves them):
-/// `rmdir` fails on any group that still has processes or children, and the age (session ids
+/// session (and managed browser) groups older than a minute (a process that died without
+/// stopping leaves them): `rmdir` fails on any group that still has processes or children, and the age (session ids
 /// are UUIDv7, milliseconds first) keeps a group another server just made for a starting
 /// session.
 fn remove_empty_bases(group: &Path, own: &str) {
@@ -354,7 +407,7 @@ fn remove_empty_bases(group: &Path, own: &str) {
             let created_ms = session
                 .file_name()
                 .to_str()
-                .and_then(|n| n.strip_prefix("term_"))
+                .and_then(|n| n.strip_prefix("term_").or_else(|| n.strip_prefix("browser_")))
                 .and_then(|hex| hex.get(..12))
                 .and_then(|ms| u64::from_str_radix(ms, 16).ok());
             if created_ms.is_some_and(|ms| ms + 60_000 < now_ms) {

@@ -109,6 +109,15 @@ pub fn register_core(registry: &Registry, deps: &ToolDeps) -> Result<CoreTools, 
             Arc::new(move || sandbox.service_ports())
         },
     );
+    // The managed Chromium's process tree gets a cgroup of its own below this node's groups:
+    // the sandbox's probe when it made one, else a probe of its own (the sandbox is off, or
+    // Landlock is missing, and did not look).
+    let probed = deps.sandbox.report().host.cgroup;
+    browser.set_cgroups(if probed.membership() {
+        probed
+    } else {
+        crate::sandbox::cgroup::CgroupSupport::probe(&deps.node_id)
+    });
     browser::register(registry, &browser, &deps.data_dir)?;
     browser::attached::register(
         registry,

@@ -20,15 +20,27 @@
 //!
 //! All of one user's calls run one at a time (the context's lock), so a snapshot, the check
 //! that it is still current and the action that follows cannot interleave with another call.
+//!
+//! Every page target of a context counts against `--browser-max-tabs`, the tabs the tools open
+//! and the pop-ups its pages open (`window.open`, `target=_blank`, allowed by Chromium's pop-up
+//! blocker once per user gesture) alike. A task per context ([`watch_targets`]) follows the
+//! browser's `Target.targetCreated` / `Target.targetDestroyed` events of that context's
+//! `browserContextId`: a pop-up beyond the limit is closed at once (`Target.closeTarget`) and
+//! recorded like a refused request (resource type `popup`, rule `tab_limit`) for the evidence
+//! of the call during which it appeared; one within the limit becomes a tab of the user's
+//! (interception on, `opener` naming the tab that opened it), listed and usable from the
+//! user's next call on.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chromiumoxide::cdp::browser_protocol::fetch::EventRequestPaused;
 use chromiumoxide::cdp::browser_protocol::page::{EventFrameStartedLoading, EventLoadEventFired};
-use chromiumoxide::cdp::browser_protocol::target::CreateTargetParams;
+use chromiumoxide::cdp::browser_protocol::target::{
+    CloseTargetParams, CreateTargetParams, EventTargetCreated, EventTargetDestroyed, TargetId, TargetInfo,
+};
 use chromiumoxide::{Browser, Page};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -38,12 +50,13 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::BrowserSettings;
-use super::policy::{OriginPolicy, Refusal};
+use super::policy::{OriginPolicy, Refusal, RefusalRule};
 use super::proxy::{ContextProxy, Floor, ServicePorts};
 use super::snapshot::{self, Element, Rendered};
 use crate::error::ErrorCode;
 use crate::net::AddressRule;
 use crate::registry::ToolError;
+use crate::sandbox::cgroup::{CgroupSupport, SessionCgroup};
 use crate::store::Store;
 
 /// Longest one DevTools command may take.
@@ -276,7 +289,19 @@ pub struct Tab {
     /// `browser_scroll_at`, `browser_type_at` and `browser_drag` refer to); cleared by each of
     /// those actions (coordinates are used once).
     pub shot: Option<Shot>,
+    /// The tab whose page opened this one (a pop-up), when it is a tab of the context.
+    pub opener: Option<String>,
     interceptor: JoinHandle<()>,
+}
+
+impl Tab {
+    /// The page target's id, for a managed page.
+    fn target_id(&self) -> Option<&str> {
+        match &self.page {
+            TabPage::Managed(page) => Some(page.target_id().inner().as_str()),
+            TabPage::Attached(_) => None,
+        }
+    }
 }
 
 /// The tabs of one context and which is active.
@@ -285,7 +310,6 @@ pub struct Tabs {
     pub list: Vec<Tab>,
     /// Id of the active tab.
     pub active: Option<String>,
-    next: u64,
     /// True for an attached browser's granted tabs: a tab id not among them is
     /// `tab_not_granted`.
     attached: bool,
@@ -294,7 +318,7 @@ pub struct Tabs {
 impl Tabs {
     /// No tabs yet; `attached` for an attached browser's.
     pub fn new(attached: bool) -> Tabs {
-        Tabs { list: Vec::new(), active: None, next: 1, attached }
+        Tabs { list: Vec::new(), active: None, attached }
     }
 }
 
@@ -307,6 +331,8 @@ enum ContextOwner {
         /// The context's network floor, held for its lifetime: dropping it closes its listener
         /// and connections.
         proxy: ContextProxy,
+        /// The task following the context's page targets ([`watch_targets`]).
+        watcher: JoinHandle<()>,
     },
     /// The granted tabs of a user's attached browser.
     Attached,
@@ -321,6 +347,28 @@ pub struct UserContext {
     refusals: Arc<parking_lot::Mutex<Vec<RefusedRequest>>>,
     last_used: parking_lot::Mutex<Instant>,
     max_tabs: usize,
+    /// The context's page targets, shared with its watcher.
+    targets: Arc<parking_lot::Mutex<PageTargets>>,
+    /// The number of the next tab id (`t1`, `t2`…), shared with the watcher (pop-ups).
+    next_tab: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The page targets of one managed context, as its watcher ([`watch_targets`]) and the calls
+/// see them.
+#[derive(Default)]
+struct PageTargets {
+    /// Page targets of the context now (the tools' tabs, pop-ups not closed): what counts
+    /// against `--browser-max-tabs`.
+    live: HashSet<String>,
+    /// The tab id of each target that is a tab (opened by the tools, or an adopted pop-up).
+    tab_ids: HashMap<String, String>,
+    /// Tabs the tools are opening (`Target.createTarget` sent, its `targetCreated` not seen
+    /// yet): a new page target without an opener is one of them.
+    opening: usize,
+    /// Pop-ups within the limit, interception on, not yet in the tab list.
+    pending: Vec<Tab>,
+    /// Targets of tabs that closed by themselves (a pop-up's `window.close()`).
+    gone: Vec<String>,
 }
 
 struct Running {
@@ -329,12 +377,126 @@ struct Running {
     profile: PathBuf,
     /// The process and its DevTools pipe; dropping it kills the process.
     process: super::pipe::PipeBrowser,
+    /// The cgroup the whole process tree runs in, when the host gives one.
+    cgroup: Option<Arc<SessionCgroup>>,
+    /// Set when the memory watch ([`watch_memory`]) ended the tree at its limit.
+    struck: Arc<std::sync::atomic::AtomicBool>,
+    /// The memory watch, while the browser runs with a memory limit.
+    memory_watch: Option<JoinHandle<()>>,
+}
+
+/// How long the tree's anonymous memory may stay within a tenth of its limit before the server
+/// ends the browser ([`watch_memory`]).
+const MEMORY_PINNED: Duration = Duration::from_secs(5);
+
+/// Ends the browser whose cgroup is `group` once its anonymous memory stayed within a tenth of
+/// `limit` bytes for [`MEMORY_PINNED`] (checked every second), setting `struck`. At its limit
+/// the kernel kills a process only when nothing else can be reclaimed, and first reclaims
+/// Chromium's own code pages, which the processes read back at once: seen on cgroup v1, a page
+/// taking memory without end held its browser thrashing at the limit for ten minutes, every
+/// call timing out, with no process killed.
+async fn watch_memory(group: Arc<SessionCgroup>, limit: u64, struck: Arc<std::sync::atomic::AtomicBool>) {
+    let mut since: Option<Instant> = None;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        match group.anon_bytes() {
+            Some(anon) if anon >= limit / 10 * 9 => {
+                if since.get_or_insert_with(Instant::now).elapsed() >= MEMORY_PINNED {
+                    tracing::warn!(anon, limit, "the managed browser stayed at its memory limit: ending it");
+                    struck.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let g = Arc::clone(&group);
+                    let _ = tokio::task::spawn_blocking(move || g.kill()).await;
+                    return;
+                }
+            }
+            _ => since = None,
+        }
+    }
+}
+
+/// Why a running browser is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The memory controller killed a process of its tree, or the tree stayed at its limit
+    /// ([`watch_memory`]) (`--browser-memory-max`).
+    MemoryLimit,
+    /// The process exited (killed, crashed) or its DevTools connection closed; with the forks
+    /// its process limit (`--browser-pids-max`) had refused by then.
+    Exited { forks_refused: u64 },
+}
+
+impl Ended {
+    fn describe(self, settings: &BrowserSettings) -> String {
+        match self {
+            Ended::MemoryLimit => format!(
+                "the managed browser was killed by its memory limit (--browser-memory-max {} bytes)",
+                settings.memory_max
+            ),
+            Ended::Exited { forks_refused: 0 } => {
+                "the managed browser's process ended (it was killed or crashed)".to_owned()
+            }
+            Ended::Exited { forks_refused } => format!(
+                "the managed browser's process ended (it was killed or crashed; its process limit, \
+                 --browser-pids-max {}, had refused {forks_refused} new processes or threads)",
+                settings.pids_max
+            ),
+        }
+    }
+}
+
+impl Running {
+    /// Whether the browser is over: the memory controller killed a process of its tree (the
+    /// rest of the tree is then of no use: a renderer killed leaves a dead tab, the browser
+    /// process killed leaves nothing), the process exited, or the connection closed.
+    fn ended(&mut self) -> Option<Ended> {
+        let events = self.cgroup.as_deref().map(SessionCgroup::limit_events).unwrap_or_default();
+        if events.oom_kills > 0 || self.struck.load(std::sync::atomic::Ordering::Relaxed) {
+            return Some(Ended::MemoryLimit);
+        }
+        (self.handler.is_finished() || self.process.exited())
+            .then_some(Ended::Exited { forks_refused: events.pids_refused })
+    }
 }
 
 #[derive(Default)]
 struct State {
     running: Option<Running>,
     users: HashMap<String, Arc<UserContext>>,
+    /// Users whose context ended with the browser, and why, until their next call (which is
+    /// `browser_gone`) or the idle limit.
+    lost: HashMap<String, (String, Instant)>,
+}
+
+/// Whether the managed browser's process tree is bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundState {
+    /// Each Chromium runs in a cgroup of its own with the limits reported.
+    Cgroup,
+    /// The host gives this server no cgroup it can write (see `notes`): Chromium runs
+    /// without a memory or process limit.
+    Unbounded,
+}
+
+/// The bounds of the managed browser's process tree (`--browser-memory-max`,
+/// `--browser-pids-max`), as the host lets them be enforced.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct BrowserBounds {
+    /// `cgroup` or `unbounded`.
+    pub state: BoundState,
+    /// The memory limit in force, in bytes (none: no limit, or no memory controller).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_max_bytes: Option<u64>,
+    /// The limit of processes and threads in force (none: no limit, or no pids controller).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u64>,
+    /// Times a browser was ended because its memory limit killed a process of it, since the
+    /// server started.
+    pub memory_kills: u64,
+    /// Why a limit is not in force (the host's cgroup notes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// The `/readyz` section of the managed browser.
@@ -350,6 +512,8 @@ pub struct BrowserReport {
     pub contexts: usize,
     /// Most contexts at once (`--browser-max-contexts`).
     pub max_contexts: usize,
+    /// The process tree's memory and process limits.
+    pub bounds: BrowserBounds,
 }
 
 /// The managed browser of this server.
@@ -371,6 +535,10 @@ pub struct BrowserManager {
     floor_shares: parking_lot::Mutex<HashMap<String, std::sync::Weak<tokio::sync::Semaphore>>>,
     state: tokio::sync::Mutex<State>,
     contexts: std::sync::atomic::AtomicUsize,
+    /// What the host's cgroups give (set once at start, [`BrowserManager::set_cgroups`]).
+    cgroups: std::sync::OnceLock<CgroupSupport>,
+    /// Browsers ended by their memory limit since the start.
+    memory_kills: std::sync::atomic::AtomicU64,
 }
 
 /// Finds the Chromium binary: the configured path when it is an executable file, else none
@@ -438,7 +606,77 @@ impl BrowserManager {
             settings,
             state: tokio::sync::Mutex::new(State::default()),
             contexts: std::sync::atomic::AtomicUsize::new(0),
+            cgroups: std::sync::OnceLock::new(),
+            memory_kills: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Bounds every Chromium started from now on by a cgroup of its own below `support`'s
+    /// bases (this node's `mira-<node>` groups), with `--browser-memory-max` and
+    /// `--browser-pids-max` where the host has those controllers. Without a call (or with a
+    /// `support` that has no group this server can write) Chromium runs unbounded and
+    /// `/readyz` says so. Only the first call counts.
+    pub fn set_cgroups(&self, support: CgroupSupport) {
+        let _ = self.cgroups.set(support);
+    }
+
+    /// The bounds as the host lets them be enforced.
+    pub fn bounds(&self) -> BrowserBounds {
+        let support = self.cgroups.get();
+        let usable = support.is_some_and(CgroupSupport::membership);
+        let mut notes = support.map(|s| s.notes.clone()).unwrap_or_default();
+        if support.is_none() {
+            notes.push("the host's cgroups were not probed".to_owned());
+        } else if !usable {
+            notes.push("no cgroup hierarchy is writable by this server".to_owned());
+        }
+        let memory = support.is_some_and(CgroupSupport::memory_limit) && self.settings.memory_max > 0;
+        let pids = support.is_some_and(CgroupSupport::pids_limit) && self.settings.pids_max > 0;
+        BrowserBounds {
+            state: if usable { BoundState::Cgroup } else { BoundState::Unbounded },
+            memory_max_bytes: (usable && memory).then_some(self.settings.memory_max),
+            pids_max: (usable && pids).then_some(self.settings.pids_max),
+            memory_kills: self.memory_kills.load(std::sync::atomic::Ordering::Relaxed),
+            notes,
+        }
+    }
+
+    /// Ends a browser that is over ([`Running::ended`]): its whole process tree is killed, and
+    /// every user's context is dropped and remembered as lost, so that each user's next call
+    /// says why (`browser_gone`) and a later one starts a fresh browser.
+    async fn reap_ended(&self, state: &mut State) {
+        let Some(ended) = state.running.as_mut().and_then(Running::ended) else {
+            return;
+        };
+        let why = ended.describe(&self.settings);
+        tracing::warn!(reason = %why, contexts = state.users.len(), "managed browser ended");
+        if ended == Ended::MemoryLimit {
+            self.memory_kills.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        for (user, ctx) in state.users.drain() {
+            // Its pages are gone with the process: nothing to close but its own tasks.
+            ctx.abandon();
+            state.lost.insert(user, (why.clone(), now));
+        }
+        self.contexts.store(0, std::sync::atomic::Ordering::Relaxed);
+        if let Some(running) = state.running.take() {
+            Self::stop(running).await;
+        }
+    }
+
+    /// `browser_gone` when `user`'s context ended with the browser since their last call
+    /// (said once). Errors: that.
+    fn take_loss(state: &mut State, user: &str) -> Result<(), ToolError> {
+        match state.lost.remove(user) {
+            Some((why, _)) => Err(ToolError::new(
+                ErrorCode::BrowserGone,
+                format!(
+                    "{why}; your tabs, snapshots and screenshots are gone with it. The next call starts a fresh browser"
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The stored PNG of the screenshot whose SHA-256 is `sha256` (managed and attached
@@ -478,7 +716,8 @@ impl BrowserManager {
 
     /// The `/readyz` section.
     pub async fn report(&self) -> BrowserReport {
-        let state = self.state.lock().await;
+        let mut state = self.state.lock().await;
+        self.reap_ended(&mut state).await;
         BrowserReport {
             state: if self.binary.is_none() {
                 "missing"
@@ -490,6 +729,7 @@ impl BrowserManager {
             chromium: self.binary.as_ref().map(|p| p.display().to_string()),
             contexts: state.users.len(),
             max_contexts: self.settings.max_contexts,
+            bounds: self.bounds(),
         }
     }
 
@@ -513,10 +753,13 @@ impl BrowserManager {
     }
 
     /// The context of `user`, creating it (and starting Chromium) when there is none.
-    /// Errors: `browser_missing`, `browser_limit`, `browser_error`.
+    /// Errors: `browser_missing`, `browser_limit`, `browser_error`; `browser_gone` once after
+    /// the browser the user's context was in ended (killed by its memory limit, crashed).
     pub async fn context(&self, user: &str) -> Result<Arc<UserContext>, ToolError> {
         let rule = self.rule_for(user).await?;
         let mut state = self.state.lock().await;
+        self.reap_ended(&mut state).await;
+        Self::take_loss(&mut state, user)?;
         if let Some(ctx) = state.users.get(user).cloned() {
             if !Self::demoted(&ctx, rule) {
                 ctx.policy.write().rule = rule;
@@ -538,13 +781,6 @@ impl BrowserManager {
                 format!("the managed browser already serves {} users (--browser-max-contexts)", state.users.len()),
             ));
         }
-        if state.running.as_ref().is_some_and(|r| r.handler.is_finished()) {
-            // The process or its connection ended: start again.
-            if let Some(old) = state.running.take() {
-                let _ = std::fs::remove_dir_all(&old.profile);
-            }
-            state.users.clear();
-        }
         if state.running.is_none() {
             state.running = Some(self.launch(&binary).await?);
         }
@@ -558,7 +794,12 @@ impl BrowserManager {
             service_ports: (self.services)(),
         }));
         let refusals = Arc::default();
-        let floor = Floor { policy: policy.clone(), refusals: Arc::clone(&refusals), slots: self.floor_slots.clone() };
+        let floor = Floor {
+            policy: policy.clone(),
+            refusals: Arc::clone(&refusals),
+            slots: self.floor_slots.clone(),
+            tunnel_idle: Duration::from_secs(self.settings.tunnel_idle_secs.max(1)),
+        };
         let proxy = ContextProxy::start_shared(floor, self.floor_share_of(user))
             .await
             .map_err(|e| browser_error(format!("starting the context's proxy: {e}")))?;
@@ -570,13 +811,33 @@ impl BrowserManager {
             .await
             .map_err(|_| browser_error("Target.createBrowserContext timed out"))?
             .map_err(|e| browser_error(format!("Target.createBrowserContext failed: {e}")))?;
+        let targets: Arc<parking_lot::Mutex<PageTargets>> = Arc::default();
+        let next_tab = Arc::new(std::sync::atomic::AtomicU64::new(1));
+        let watched = Watched {
+            browser: browser.clone(),
+            context_id: context_id.inner().clone(),
+            max_tabs: self.settings.max_tabs,
+            targets: targets.clone(),
+            next_tab: next_tab.clone(),
+            policy: policy.clone(),
+            refusals: Arc::clone(&refusals),
+        };
+        let watcher = match target_events(&browser).await {
+            Ok(events) => tokio::spawn(watch_targets(watched, events)),
+            Err(e) => {
+                let _ = tokio::time::timeout(Duration::from_secs(5), browser.dispose_browser_context(context_id)).await;
+                return Err(e);
+            }
+        };
         let ctx = Arc::new(UserContext {
-            owner: ContextOwner::Managed { context_id, browser, proxy },
+            owner: ContextOwner::Managed { context_id, browser, proxy, watcher },
             tabs: tokio::sync::Mutex::new(Tabs::new(false)),
             policy,
             refusals,
             last_used: parking_lot::Mutex::new(Instant::now()),
             max_tabs: self.settings.max_tabs,
+            targets,
+            next_tab,
         });
         state.users.insert(user.to_owned(), ctx.clone());
         self.contexts.store(state.users.len(), std::sync::atomic::Ordering::Relaxed);
@@ -627,9 +888,13 @@ impl BrowserManager {
         ctx.policy.read().rule == AddressRule::Any && rule == AddressRule::PublicOnly
     }
 
-    /// The context of `user` when one is open (no start).
-    pub async fn existing(&self, user: &str) -> Option<Arc<UserContext>> {
-        self.state.lock().await.users.get(user).cloned()
+    /// The context of `user` when one is open (no start). Errors: `browser_gone` once after the
+    /// browser the user's context was in ended.
+    pub async fn existing(&self, user: &str) -> Result<Option<Arc<UserContext>>, ToolError> {
+        let mut state = self.state.lock().await;
+        self.reap_ended(&mut state).await;
+        Self::take_loss(&mut state, user)?;
+        Ok(state.users.get(user).cloned())
     }
 
     async fn launch(&self, binary: &std::path::Path) -> Result<Running, ToolError> {
@@ -643,9 +908,16 @@ impl BrowserManager {
         if rustix::process::geteuid().is_root() {
             args.extend(["--no-sandbox".to_owned(), "--disable-setuid-sandbox".to_owned()]);
         }
-        let process = super::pipe::PipeBrowser::launch(binary, &args)
-            .await
-            .map_err(|e| browser_error(format!("starting {}: {e}", binary.display())))?;
+        let (cgroup, procs) = self.browser_cgroup()?;
+        let process = match super::pipe::PipeBrowser::launch(binary, &args, procs).await {
+            Ok(process) => process,
+            Err(e) => {
+                if let Some(g) = cgroup {
+                    release_cgroup(Arc::new(g)).await;
+                }
+                return Err(browser_error(format!("starting {}: {e}", binary.display())));
+            }
+        };
         let config = chromiumoxide::handler::HandlerConfig {
             ignore_https_errors: false,
             request_timeout: COMMAND_TIMEOUT,
@@ -659,13 +931,15 @@ impl BrowserManager {
             tokio::time::timeout(LAUNCH_TIMEOUT, Browser::connect_with_config(process.websocket_url(), config)).await;
         let (browser, mut handler) = match connected {
             Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => {
+            failed => {
                 process.kill().await;
-                return Err(browser_error(format!("connecting to {}: {e}", binary.display())));
-            }
-            Err(_) => {
-                process.kill().await;
-                return Err(browser_error(format!("{} did not answer within {LAUNCH_TIMEOUT:?}", binary.display())));
+                if let Some(g) = cgroup {
+                    release_cgroup(Arc::new(g)).await;
+                }
+                return Err(match failed {
+                    Ok(Err(e)) => browser_error(format!("connecting to {}: {e}", binary.display())),
+                    _ => browser_error(format!("{} did not answer within {LAUNCH_TIMEOUT:?}", binary.display())),
+                });
             }
         };
         let handler = tokio::spawn(async move {
@@ -679,13 +953,40 @@ impl BrowserManager {
             }
         });
         tracing::info!(chromium = %binary.display(), pid = ?process.pid(), "managed browser started (DevTools over a pipe)");
-        Ok(Running { browser: Arc::new(browser), handler, profile, process })
+        let cgroup = cgroup.map(Arc::new);
+        let struck = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let memory_watch = match (&cgroup, self.bounds().memory_max_bytes) {
+            (Some(g), Some(limit)) => Some(tokio::spawn(watch_memory(Arc::clone(g), limit, struck.clone()))),
+            _ => None,
+        };
+        Ok(Running { browser: Arc::new(browser), handler, profile, process, cgroup, struck, memory_watch })
     }
 
-    /// Closes contexts idle for longer than the idle limit, and the process with the last one.
+    /// A cgroup of its own for the next Chromium, with the memory and process limits the host
+    /// can enforce, and its `cgroup.procs` files for the process to join; none where the host
+    /// gives no writable group. Errors: `browser_error` when the group cannot be made.
+    fn browser_cgroup(&self) -> Result<(Option<SessionCgroup>, Vec<std::os::fd::OwnedFd>), ToolError> {
+        let Some(support) = self.cgroups.get().filter(|s| s.membership()) else {
+            return Ok((None, Vec::new()));
+        };
+        let id = format!("browser_{}", uuid::Uuid::now_v7().simple());
+        let (group, procs) = support
+            .create(&id, self.settings.pids_max, self.settings.memory_max)
+            .map_err(|e| browser_error(format!("creating the browser's cgroup: {e}")))?;
+        if let Err(e) = group.kill_whole_group_on_oom() {
+            tracing::warn!(error = %e, "memory.oom.group of the browser's cgroup");
+        }
+        Ok((Some(group), procs))
+    }
+
+    /// Closes contexts idle for longer than the idle limit, and the process with the last one;
+    /// ends a browser that is over ([`BrowserManager::reap_ended`]) and forgets the losses
+    /// older than the idle limit.
     pub async fn close_idle(&self) {
         let idle = Duration::from_secs(self.settings.idle_secs.max(1));
         let mut state = self.state.lock().await;
+        self.reap_ended(&mut state).await;
+        state.lost.retain(|_, (_, at)| at.elapsed() < idle);
         let expired: Vec<String> = state
             .users
             .iter()
@@ -706,12 +1007,21 @@ impl BrowserManager {
     }
 
     async fn stop(running: Running) {
-        let Running { browser, handler, profile, process } = running;
-        if let Ok(mut browser) = Arc::try_unwrap(browser) {
+        let Running { browser, handler, profile, process, cgroup, memory_watch, .. } = running;
+        if let Some(watch) = memory_watch {
+            watch.abort();
+        }
+        if !handler.is_finished()
+            && let Ok(mut browser) = Arc::try_unwrap(browser)
+        {
             let _ = tokio::time::timeout(Duration::from_secs(5), browser.close()).await;
         }
         handler.abort();
         process.kill().await;
+        // What is left of the tree (a renderer whose parent was killed) dies with its group.
+        if let Some(g) = cgroup {
+            release_cgroup(g).await;
+        }
         let _ = std::fs::remove_dir_all(&profile);
         tracing::info!("managed browser closed");
     }
@@ -756,6 +1066,8 @@ impl UserContext {
             refusals: Arc::default(),
             last_used: parking_lot::Mutex::new(Instant::now()),
             max_tabs: 0,
+            targets: Arc::default(),
+            next_tab: Arc::new(std::sync::atomic::AtomicU64::new(1)),
         }
     }
 
@@ -763,13 +1075,34 @@ impl UserContext {
     /// sessions are detached (its tabs stay open, their interception ends).
     pub async fn close(&self) {
         let mut tabs = self.tabs.lock().await;
-        for tab in tabs.list.drain(..) {
+        if let ContextOwner::Managed { watcher, .. } = &self.owner {
+            watcher.abort();
+        }
+        let pending = std::mem::take(&mut self.targets.lock().pending);
+        for tab in tabs.list.drain(..).chain(pending) {
             tab.interceptor.abort();
             tab.page.close().await;
         }
+        // Disposing of the context also closes every pop-up its pages opened.
         if let ContextOwner::Managed { context_id, browser, .. } = &self.owner {
             let _ =
                 tokio::time::timeout(Duration::from_secs(5), browser.dispose_browser_context(context_id.clone())).await;
+        }
+    }
+
+    /// Stops the context's own tasks (its watcher, its tabs' interception) when its browser is
+    /// gone; the proxy closes when the last holder of the context lets it go.
+    fn abandon(&self) {
+        if let ContextOwner::Managed { watcher, .. } = &self.owner {
+            watcher.abort();
+        }
+        if let Ok(tabs) = self.tabs.try_lock() {
+            for tab in &tabs.list {
+                tab.interceptor.abort();
+            }
+        }
+        for tab in self.targets.lock().pending.drain(..) {
+            tab.interceptor.abort();
         }
     }
 
@@ -791,7 +1124,7 @@ impl UserContext {
         if tabs.active.is_none() {
             tabs.active = Some(id.clone());
         }
-        tabs.list.push(Tab { id, page, snapshot: None, shot: None, interceptor });
+        tabs.list.push(Tab { id, page, snapshot: None, shot: None, opener: None, interceptor });
         Ok(())
     }
 
@@ -839,10 +1172,18 @@ impl UserContext {
                 "an attached browser's tools act only in the tabs its connection grants; they open no tab",
             ));
         };
-        if tabs.list.len() >= self.max_tabs {
+        self.adopt_popups(tabs);
+        let open = {
+            let targets = self.targets.lock();
+            (tabs.list.len() + targets.pending.len()).max(targets.live.len())
+        };
+        if open >= self.max_tabs {
             return Err(ToolError::new(
                 ErrorCode::BrowserLimit,
-                format!("{} tabs are open, the most one user may have (--browser-max-tabs)", tabs.list.len()),
+                format!(
+                    "{open} tabs are open (pop-ups included), the most one user may have (--browser-max-tabs): \
+                     close one with browser_tabs"
+                ),
             ));
         }
         let params = CreateTargetParams::builder()
@@ -850,13 +1191,21 @@ impl UserContext {
             .browser_context_id(context_id.clone())
             .build()
             .map_err(|e| browser_error(format!("Target.createTarget: {e}")))?;
-        let page = tokio::time::timeout(COMMAND_TIMEOUT, browser.new_page(params))
-            .await
-            .map_err(|_| browser_error("opening a tab timed out"))?
-            .map_err(|e| browser_error(format!("opening a tab: {e}")))?;
+        self.targets.lock().opening += 1;
+        let page = match tokio::time::timeout(COMMAND_TIMEOUT, browser.new_page(params)).await {
+            Ok(Ok(page)) => page,
+            failed => {
+                // Whether a target was made is unknown: no later page counts as this one.
+                self.targets.lock().opening = 0;
+                return Err(match failed {
+                    Ok(Err(e)) => browser_error(format!("opening a tab: {e}")),
+                    _ => browser_error("opening a tab timed out"),
+                });
+            }
+        };
+        let id = format!("t{}", self.next_tab.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        self.targets.lock().tab_ids.insert(page.target_id().inner().clone(), id.clone());
         let page = TabPage::Managed(page);
-        let id = format!("t{}", tabs.next);
-        tabs.next += 1;
         let events = page.events("Fetch.requestPaused").await?;
         let interceptor =
             tokio::spawn(intercept(page.clone(), events, self.policy.clone(), self.refusals.clone(), id.clone()));
@@ -865,9 +1214,38 @@ impl UserContext {
             page.close().await;
             return Err(e);
         }
-        tabs.list.push(Tab { id: id.clone(), page, snapshot: None, shot: None, interceptor });
+        tabs.list.push(Tab { id: id.clone(), page, snapshot: None, shot: None, opener: None, interceptor });
         tabs.active = Some(id.clone());
         Ok(id)
+    }
+
+    /// Locks the tabs for a call and brings the pop-ups the watcher took over since the last
+    /// call into the list (see [`UserContext::adopt_popups`]).
+    pub async fn lock_tabs(&self) -> tokio::sync::MutexGuard<'_, Tabs> {
+        let mut tabs = self.tabs.lock().await;
+        self.adopt_popups(&mut tabs);
+        tabs
+    }
+
+    /// Moves the pop-ups taken over within the limit into `tabs` (the active tab stays; a
+    /// pop-up is active only when no tab was), and forgets the tabs whose page closed by
+    /// itself. Nothing for an attached browser's tabs.
+    pub fn adopt_popups(&self, tabs: &mut Tabs) {
+        let (pending, gone) = {
+            let mut targets = self.targets.lock();
+            (std::mem::take(&mut targets.pending), std::mem::take(&mut targets.gone))
+        };
+        for target in gone {
+            if let Some(id) = tabs.list.iter().find(|t| t.target_id() == Some(target.as_str())).map(|t| t.id.clone()) {
+                self.drop_tab(tabs, &id);
+            }
+        }
+        for tab in pending {
+            if tabs.active.is_none() {
+                tabs.active = Some(tab.id.clone());
+            }
+            tabs.list.push(tab);
+        }
     }
 
     /// Closes tab `id`; the next remaining tab becomes active. Errors: `not_found`.
@@ -970,6 +1348,187 @@ async fn intercept(
                 record_refusal(&refusals, RefusedRequest { tab: tab.clone(), resource_type, refusal });
             }
         }
+    }
+}
+
+/// Kills what is left in the browser's cgroup and removes it (off the runtime's threads:
+/// removal waits for the killed processes to leave).
+async fn release_cgroup(group: Arc<SessionCgroup>) {
+    let _ = tokio::task::spawn_blocking(move || {
+        group.kill();
+        group.remove(Duration::from_secs(2));
+    })
+    .await;
+}
+
+/// What the browser says about a page target.
+enum TargetEvent {
+    /// `Target.targetCreated`.
+    Created(TargetInfo),
+    /// `Target.targetDestroyed`.
+    Destroyed(String),
+}
+
+/// The browser's `Target.targetCreated` and `Target.targetDestroyed` events (chromiumoxide's
+/// handler turns target discovery on at connection). Errors: `browser_error`.
+async fn target_events(browser: &Browser) -> Result<BoxStream<'static, TargetEvent>, ToolError> {
+    let listen = |e: chromiumoxide::error::CdpError| browser_error(format!("listening for page targets: {e}"));
+    let created = browser.event_listener::<EventTargetCreated>().await.map_err(listen)?;
+    let destroyed = browser.event_listener::<EventTargetDestroyed>().await.map_err(listen)?;
+    Ok(futures::stream::select(
+        created.map(|e| TargetEvent::Created(e.target_info.clone())),
+        destroyed.map(|e| TargetEvent::Destroyed(e.target_id.inner().clone())),
+    )
+    .boxed())
+}
+
+/// What the watcher of one context works with.
+struct Watched {
+    browser: Arc<Browser>,
+    /// The context's `browserContextId`.
+    context_id: String,
+    max_tabs: usize,
+    targets: Arc<parking_lot::Mutex<PageTargets>>,
+    next_tab: Arc<std::sync::atomic::AtomicU64>,
+    policy: Arc<parking_lot::RwLock<OriginPolicy>>,
+    refusals: Arc<parking_lot::Mutex<Vec<RefusedRequest>>>,
+}
+
+/// Longest taking a pop-up over may wait for chromiumoxide to attach to it.
+const ADOPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Follows the page targets of one context until aborted (the context closes). Every page
+/// target of the context counts against its tab limit; a new one that is not a tab the tools
+/// are opening is a pop-up: beyond the limit it is closed at once (`Target.closeTarget`) and
+/// recorded as a refused request (`popup`, `tab_limit`, the opener's tab), within it it is
+/// taken over as a tab ([`adopt`]).
+async fn watch_targets(w: Watched, mut events: BoxStream<'static, TargetEvent>) {
+    let w = Arc::new(w);
+    while let Some(event) = events.next().await {
+        match event {
+            TargetEvent::Created(info) => {
+                let ours = info.browser_context_id.as_ref().is_some_and(|c| *c.inner() == w.context_id);
+                if !ours || info.r#type != "page" {
+                    continue;
+                }
+                let target = info.target_id.inner().clone();
+                let (popup, over, opener) = {
+                    let mut targets = w.targets.lock();
+                    if !targets.live.insert(target.clone()) {
+                        continue;
+                    }
+                    let popup = info.opener_id.is_some() || targets.opening == 0;
+                    if !popup {
+                        targets.opening -= 1;
+                    }
+                    let opener = info.opener_id.as_ref().and_then(|o| targets.tab_ids.get(o.inner()).cloned());
+                    (popup, targets.live.len() > w.max_tabs, opener)
+                };
+                if !popup {
+                    continue;
+                }
+                if over {
+                    w.targets.lock().live.remove(&target);
+                    let closed = w.browser.execute(CloseTargetParams::new(info.target_id.clone()));
+                    if let Err(e) = tokio::time::timeout(COMMAND_TIMEOUT, closed)
+                        .await
+                        .unwrap_or(Err(chromiumoxide::error::CdpError::Timeout))
+                    {
+                        tracing::warn!(error = %e, "closing a pop-up beyond the tab limit");
+                    }
+                    let url = if info.url.is_empty() { "about:blank".to_owned() } else { info.url.clone() };
+                    let refusal = super::policy::refusal(
+                        &url,
+                        RefusalRule::TabLimit,
+                        format!(
+                            "a pop-up beyond the {} tabs one user may have (--browser-max-tabs) was closed",
+                            w.max_tabs
+                        ),
+                    );
+                    record_refusal(
+                        &w.refusals,
+                        RefusedRequest {
+                            tab: opener.unwrap_or_else(|| "*".to_owned()),
+                            resource_type: "popup".into(),
+                            refusal,
+                        },
+                    );
+                    continue;
+                }
+                let id = format!("t{}", w.next_tab.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+                w.targets.lock().tab_ids.insert(target.clone(), id.clone());
+                tokio::spawn(adopt(Arc::clone(&w), info.target_id.clone(), id, opener));
+            }
+            TargetEvent::Destroyed(target) => {
+                let mut targets = w.targets.lock();
+                if !targets.live.remove(&target) {
+                    continue;
+                }
+                if targets.tab_ids.remove(&target).is_some() {
+                    targets.gone.push(target.clone());
+                }
+                if let Some(pos) = targets.pending.iter().position(|t| t.target_id() == Some(target.as_str())) {
+                    targets.pending.remove(pos).interceptor.abort();
+                }
+            }
+        }
+    }
+}
+
+/// Takes pop-up `target` over as tab `id` of the context: waits (at most [`ADOPT_TIMEOUT`])
+/// for chromiumoxide's page of it, turns `Fetch` interception on and leaves it for the next
+/// call ([`UserContext::adopt_popups`]). A pop-up that cannot be taken over is closed: the
+/// tools could neither list nor act in it.
+async fn adopt(w: Arc<Watched>, target: TargetId, id: String, opener: Option<String>) {
+    let key = target.inner().clone();
+    let started = Instant::now();
+    let page = loop {
+        if !w.targets.lock().live.contains(&key) {
+            return;
+        }
+        if let Ok(page) = w.browser.get_page(target.clone()).await {
+            break Some(page);
+        }
+        if started.elapsed() >= ADOPT_TIMEOUT {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let tab = match page {
+        Some(page) => {
+            let page = TabPage::Managed(page);
+            match page.events("Fetch.requestPaused").await {
+                Ok(events) => {
+                    let interceptor =
+                        tokio::spawn(intercept(page.clone(), events, w.policy.clone(), w.refusals.clone(), id.clone()));
+                    match cdp(&page, "Fetch.enable", json!({"patterns": [{"urlPattern": "*"}]})).await {
+                        Ok(_) => Some(Tab { id, page, snapshot: None, shot: None, opener, interceptor }),
+                        Err(e) => {
+                            interceptor.abort();
+                            tracing::warn!(error = %e.message, "a pop-up's interception could not start");
+                            None
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e.message, "a pop-up's interception could not start");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let Some(tab) = tab else {
+        w.targets.lock().tab_ids.remove(&key);
+        tracing::warn!(target = %key, "a pop-up could not be taken over as a tab and is closed");
+        let _ = tokio::time::timeout(COMMAND_TIMEOUT, w.browser.execute(CloseTargetParams::new(target))).await;
+        return;
+    };
+    let mut targets = w.targets.lock();
+    if targets.live.contains(&key) {
+        targets.pending.push(tab);
+    } else {
+        tab.interceptor.abort();
     }
 }
 

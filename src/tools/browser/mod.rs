@@ -98,6 +98,40 @@ pub struct BrowserSettings {
         value_delimiter = ','
     )]
     pub allow_origins: Vec<String>,
+    /// Seconds a tunnel through a context's network floor (`CONNECT`: TLS, WebSockets) may
+    /// pass no byte either way before both its sides are closed (at least 1).
+    #[arg(
+        id = "browser_tunnel_idle_secs",
+        value_name = "SECS",
+        long = "browser-tunnel-idle-secs",
+        env = "MIRA_BROWSER_TUNNEL_IDLE_SECS",
+        default_value_t = 120,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub tunnel_idle_secs: u64,
+    /// Memory the managed Chromium's whole process tree may use, in bytes (its cgroup's
+    /// `memory.max`, or v1 `memory.limit_in_bytes`; 0 = no limit). Beyond it the kernel kills
+    /// a process of the tree; the server then ends the whole browser, the next call of each
+    /// user who had tabs is `browser_gone` and a later one starts a fresh browser. In force only
+    /// where the host gives this server a cgroup (`/readyz` `browser.bounds`).
+    #[arg(
+        id = "browser_memory_max",
+        value_name = "BYTES",
+        long = "browser-memory-max",
+        env = "MIRA_BROWSER_MEMORY_MAX",
+        default_value_t = 4 << 30
+    )]
+    pub memory_max: u64,
+    /// Processes and threads the managed Chromium's process tree may have at once (its
+    /// cgroup's `pids.max`; 0 = no limit); a fork beyond it fails.
+    #[arg(
+        id = "browser_pids_max",
+        value_name = "N",
+        long = "browser-pids-max",
+        env = "MIRA_BROWSER_PIDS_MAX",
+        default_value_t = 4096
+    )]
+    pub pids_max: u64,
 }
 
 /// `--browser-max-contexts`: a whole number of at most [`proxy::MAX_CONTEXTS`]. Beyond it each
@@ -120,7 +154,16 @@ fn parse_max_contexts(value: &str) -> Result<usize, String> {
 
 impl Default for BrowserSettings {
     fn default() -> Self {
-        Self { chromium: None, idle_secs: 300, max_contexts: 8, max_tabs: 8, allow_origins: Vec::new() }
+        Self {
+            chromium: None,
+            idle_secs: 300,
+            max_contexts: 8,
+            max_tabs: 8,
+            allow_origins: Vec::new(),
+            tunnel_idle_secs: 120,
+            memory_max: 4 << 30,
+            pids_max: 4096,
+        }
     }
 }
 
@@ -204,11 +247,12 @@ impl Browser {
         }
     }
 
-    /// The context of `user` when one is open (nothing starts).
-    async fn existing(&self, user: &str) -> Option<Arc<UserContext>> {
+    /// The context of `user` when one is open (nothing starts). Errors: `browser_gone` once
+    /// after the managed browser the user's context was in ended.
+    async fn existing(&self, user: &str) -> Result<Option<Arc<UserContext>>, ToolError> {
         match &self.source {
             Source::Managed(m) => m.existing(user).await,
-            Source::Attached => attached::bound().ok(),
+            Source::Attached => Ok(attached::bound().ok()),
         }
     }
 
@@ -315,7 +359,7 @@ fn navigate_canonical(input: &Value) -> Result<Value, ToolError> {
 /// The URL of the tab (the active one when `tab` is None) of `user`, when the context is
 /// open and not busy.
 async fn current_url(b: &Browser, user: &str, tab: Option<&str>) -> Option<String> {
-    let ctx = b.existing(user).await?;
+    let ctx = b.existing(user).await.ok().flatten()?;
     let tabs = ctx.tabs.try_lock().ok()?;
     let tab = tabs.get(tab).ok()?;
     manager::main_frame(&tab.page).await.ok().map(|(_, url)| url)
@@ -348,7 +392,7 @@ impl Tool for Navigate {
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let url = input["url"].as_str().unwrap_or_default().to_owned();
         let browser = self.b.context(&ctx.owner_id).await?;
-        let mut tabs = browser.tabs.lock().await;
+        let mut tabs = browser.lock_tabs().await;
         browser.touch();
         let before = browser.take_refusals();
         let tab_id = if input["new_tab"].as_bool().unwrap_or(false) || tabs.list.is_empty() {
@@ -455,7 +499,7 @@ impl Tool for SnapshotTool {
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let max_nodes = usize::try_from(input["max_nodes"].as_u64().unwrap_or(DEFAULT_MAX_NODES)).unwrap_or(1500);
         let browser = self.b.context(&ctx.owner_id).await?;
-        let mut tabs = browser.tabs.lock().await;
+        let mut tabs = browser.lock_tabs().await;
         browser.touch();
         let before = browser.take_refusals();
         let tab = tabs.get_mut(input["tab"].as_str())?;
@@ -619,9 +663,9 @@ impl Tool for ElementAction {
         let browser = self
             .b
             .existing(ctx.owner_id)
-            .await
+            .await?
             .ok_or_else(|| stale("no browser is open for you: navigate and take a snapshot first"))?;
-        let tabs = browser.tabs.lock().await;
+        let tabs = browser.lock_tabs().await;
         let (tab, element, url) = manager::resolve(&tabs, &snapshot_id, &reference, true).await?;
         canonical["element"] = json!({"role": element.role, "name": element.name});
         canonical["url"] = json!(url);
@@ -650,10 +694,10 @@ impl Tool for ElementAction {
         let browser = self
             .b
             .existing(&ctx.owner_id)
-            .await
+            .await?
             .ok_or_else(|| stale("the browser context of this snapshot was closed: take a new snapshot"))?;
         self.b.refresh_rule(&ctx.owner_id, &browser).await?;
-        let tabs = browser.tabs.lock().await;
+        let tabs = browser.lock_tabs().await;
         browser.touch();
         let before = browser.take_refusals();
         let (tab, element, url) = manager::resolve(&tabs, snapshot_id, reference, true).await?;
@@ -759,7 +803,7 @@ impl Tool for Press {
     /// whatever tab is active then. Errors: no tab open; the user's browser busy for 5 s.
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
         let mut canonical = press_canonical(&input)?;
-        let browser = self.b.existing(ctx.owner_id).await.ok_or_else(|| {
+        let browser = self.b.existing(ctx.owner_id).await?.ok_or_else(|| {
             ToolError::new(ErrorCode::NotFound, "no tab is open: navigate somewhere first (browser_navigate)")
         })?;
         let tabs = tokio::time::timeout(std::time::Duration::from_secs(5), browser.tabs.lock())
@@ -786,7 +830,7 @@ impl Tool for Press {
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let key = input["key"].as_str().unwrap_or_default();
         let browser = self.b.context(&ctx.owner_id).await?;
-        let tabs = browser.tabs.lock().await;
+        let tabs = browser.lock_tabs().await;
         browser.touch();
         let before = browser.take_refusals();
         let target = &input["target"];
@@ -876,7 +920,7 @@ impl Tool for Screenshot {
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         use base64::Engine as _;
         let browser = self.b.context(&ctx.owner_id).await?;
-        let mut tabs = browser.tabs.lock().await;
+        let mut tabs = browser.lock_tabs().await;
         browser.touch();
         let before = browser.take_refusals();
         let tab = tabs.get(input["tab"].as_str())?;
@@ -1199,9 +1243,9 @@ impl Tool for PointAction {
         let browser = self
             .b
             .existing(ctx.owner_id)
-            .await
+            .await?
             .ok_or_else(|| stale("no browser is open for you: take a screenshot first"))?;
-        let tabs = browser.tabs.lock().await;
+        let tabs = browser.lock_tabs().await;
         let (tab, shot) = manager::resolve_shot(&tabs, &shot_id, &points).await?;
         let mut elements = Vec::new();
         for &(x, y) in &points {
@@ -1251,10 +1295,10 @@ impl Tool for PointAction {
         let browser = self
             .b
             .existing(&ctx.owner_id)
-            .await
+            .await?
             .ok_or_else(|| stale("the browser context of this screenshot was closed: take a new screenshot"))?;
         self.b.refresh_rule(&ctx.owner_id, &browser).await?;
-        let mut tabs = browser.tabs.lock().await;
+        let mut tabs = browser.lock_tabs().await;
         browser.touch();
         let before = browser.take_refusals();
         let (tab, shot) = manager::resolve_shot(&tabs, shot_id, &points).await?;
@@ -1358,8 +1402,8 @@ impl Tabs {
             spec: spec(
                 "browser_tabs",
                 "List, switch or close browser tabs",
-                "List the managed browser's open tabs (id, URL, title, which is active), make one the active tab, \
-                 or close one.",
+                "List the managed browser's open tabs (id, URL, title, which is active, and for a pop-up the tab \
+                 that opened it), make one the active tab, or close one.",
                 input::schema_of::<TabsInput>(),
                 false,
             ),
@@ -1391,10 +1435,10 @@ impl Tool for Tabs {
     }
 
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
-        let Some(browser) = self.b.existing(&ctx.owner_id).await else {
+        let Some(browser) = self.b.existing(&ctx.owner_id).await? else {
             return Ok(ToolOutput { output: json!({"tabs": [], "active": null}), evidence: Vec::new() });
         };
-        let mut tabs = browser.tabs.lock().await;
+        let mut tabs = browser.lock_tabs().await;
         browser.touch();
         let target = input["tab"].as_str().unwrap_or_default();
         match input["action"].as_str() {
@@ -1410,7 +1454,7 @@ impl Tool for Tabs {
         for tab in &tabs.list {
             let (_, url) = manager::main_frame(&tab.page).await.unwrap_or_default();
             list.push(json!({"tab": tab.id, "url": url, "title": manager::title(&tab.page).await,
-                             "active": tabs.active.as_deref() == Some(tab.id.as_str())}));
+                             "active": tabs.active.as_deref() == Some(tab.id.as_str()), "opener": tab.opener}));
         }
         Ok(ToolOutput { output: json!({"tabs": list, "active": tabs.active}), evidence: Vec::new() })
     }

@@ -67,9 +67,12 @@ const CHROMIUM_ENV: [&str; 9] = [
 
 impl PipeBrowser {
     /// Starts `binary` with `args` and `--remote-debugging-pipe`, its descriptors 3 and 4 the
-    /// pipe's ends, and the bridge. Errors: the pipes, the listener or the process cannot be
-    /// made.
-    pub async fn launch(binary: &Path, args: &[String]) -> std::io::Result<PipeBrowser> {
+    /// pipe's ends, and the bridge. With `cgroup_procs` (the `cgroup.procs` files of the
+    /// browser's cgroups, opened by [`crate::sandbox::cgroup::CgroupSupport::create`]) the
+    /// process joins those groups before it runs Chromium, so its whole tree — every process it
+    /// forks — stays in them. Errors: the pipes, the listener or the process cannot be made, or
+    /// the process cannot join its groups.
+    pub async fn launch(binary: &Path, args: &[String], cgroup_procs: Vec<OwnedFd>) -> std::io::Result<PipeBrowser> {
         use command_fds::{CommandFdExt, FdMapping};
         let (browser_reads, server_writes) = std::io::pipe()?;
         let (server_reads, browser_writes) = std::io::pipe()?;
@@ -92,6 +95,22 @@ impl PipeBrowser {
                 FdMapping { parent_fd: OwnedFd::from(browser_writes), child_fd: 4 },
             ])
             .map_err(|e| std::io::Error::other(format!("mapping the DevTools pipe: {e}")))?;
+        if !cgroup_procs.is_empty() {
+            // SAFETY: runs in the forked child before exec; it only calls write(2) on
+            // descriptors the parent opened (async-signal-safe) and allocates nothing.
+            unsafe {
+                command.pre_exec(move || {
+                    use std::os::fd::AsRawFd;
+                    for fd in &cgroup_procs {
+                        // "0" is the writing process itself (cgroup v1 and v2).
+                        if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        }
         let to_browser = pipe::Sender::from_owned_fd(OwnedFd::from(server_writes))?;
         let from_browser = pipe::Receiver::from_owned_fd(OwnedFd::from(server_reads))?;
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
@@ -115,6 +134,11 @@ impl PipeBrowser {
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
+    }
+
+    /// Whether the process has exited (reaped here when it has).
+    pub fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Kills the process and waits for it (5 s at most).
@@ -279,7 +303,7 @@ mod tests {
     #[tokio::test]
     async fn one_client_with_the_path_gets_through_a_stalled_and_a_wrong_one() {
         let echo = ["-c".to_owned(), "cat <&3 >&4".to_owned()];
-        let browser = PipeBrowser::launch(Path::new("/bin/sh"), &echo).await.unwrap();
+        let browser = PipeBrowser::launch(Path::new("/bin/sh"), &echo, Vec::new()).await.unwrap();
         let url = url::Url::parse(browser.websocket_url()).unwrap();
         let address = format!("127.0.0.1:{}", url.port().unwrap());
         // A client that connects and says nothing does not hold the others back.
@@ -317,7 +341,7 @@ mod tests {
             big = MAX_MESSAGE_BYTES + 10,
             event = MAX_EVENT_BYTES + 10,
         );
-        let browser = PipeBrowser::launch(Path::new("/bin/sh"), &["-c".to_owned(), script]).await.unwrap();
+        let browser = PipeBrowser::launch(Path::new("/bin/sh"), &["-c".to_owned(), script], Vec::new()).await.unwrap();
         let (mut ws, _) = async_tungstenite::tokio::connect_async(browser.websocket_url()).await.unwrap();
         let mut next = async || {
             let m = tokio::time::timeout(Duration::from_secs(20), ws.next()).await.unwrap().unwrap().unwrap();

@@ -34,6 +34,9 @@ pub enum RefusalRule {
     Malformed,
     /// A port of this server's own services (its database, its API), whoever the user is.
     ServicePort,
+    /// A pop-up a page opened beyond the tabs one user may have (`--browser-max-tabs`): closed
+    /// at once.
+    TabLimit,
 }
 
 /// A refused URL and why.

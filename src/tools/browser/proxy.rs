@@ -34,8 +34,12 @@
 //! [`MAX_FLOOR_CONNECTIONS`] / `--browser-max-contexts`, so the users together never hold more
 //! than the pool and none can starve another) and [`MAX_FLOOR_CONNECTIONS`] over all contexts
 //! (more are closed at accept), 30 s to send a request's head, 10 s to connect upstream (the
-//! first 4 addresses of a name), 30 s for the upstream's response head. The listener and every
-//! connection it serves end when the context's proxy is dropped.
+//! first 4 addresses of a name), 30 s for the upstream's response head, and a tunnel through
+//! which no byte moved either way for [`Floor::tunnel_idle`] (`--browser-tunnel-idle-secs`) is
+//! closed on both sides — a half-closed one too (one side sent its end and the other stays open
+//! and silent), which would otherwise hold its place in the user's share for as long as the
+//! upstream kept its side open. The listener and every connection it serves end when the
+//! context's proxy is dropped.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -103,6 +107,9 @@ pub struct Floor {
     pub refusals: Arc<parking_lot::Mutex<Vec<RefusedRequest>>>,
     /// Connections all contexts' proxies may still open ([`MAX_FLOOR_CONNECTIONS`] in all).
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// Longest a tunnel may pass no byte either way before both its sides are closed
+    /// (`--browser-tunnel-idle-secs`).
+    pub tunnel_idle: Duration,
 }
 
 /// One context's proxy, listening until dropped.
@@ -188,8 +195,10 @@ async fn serve(listener: TcpListener, floor: Floor, share: Option<Arc<tokio::syn
 type Tunnel = Arc<parking_lot::Mutex<Option<(hyper::upgrade::OnUpgrade, TcpStream)>>>;
 
 /// Serves one client connection: requests until it closes, or until a `CONNECT` turns it
-/// into a tunnel, spliced here until either side closes.
+/// into a tunnel, spliced here ([`splice`]) until both directions ended, either side failed,
+/// or nothing moved for [`Floor::tunnel_idle`].
 async fn serve_connection(stream: TcpStream, floor: Floor) {
+    let idle = floor.tunnel_idle;
     let tunnel: Tunnel = Arc::default();
     let slot = tunnel.clone();
     let service = hyper::service::service_fn(move |req| {
@@ -206,14 +215,90 @@ async fn serve_connection(stream: TcpStream, floor: Floor) {
     if let Err(e) = served {
         tracing::debug!(error = %e, "browser proxy connection");
     }
-    let Some((upgrade, mut upstream)) = tunnel.lock().take() else {
+    let Some((upgrade, upstream)) = tunnel.lock().take() else {
         return;
     };
     match upgrade.await {
         Ok(client) => {
-            let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut upstream).await;
+            if splice(TokioIo::new(client), upstream, idle).await == Spliced::Idle {
+                tracing::debug!(idle_secs = idle.as_secs(), "browser proxy tunnel closed: idle");
+            }
         }
         Err(e) => tracing::debug!(error = %e, "browser proxy tunnel"),
+    }
+}
+
+/// How a tunnel's splice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spliced {
+    /// Both directions ended (each side sent its end), or one side failed.
+    Ended,
+    /// No byte moved either way for the idle limit: both sides were closed.
+    Idle,
+}
+
+/// Copies bytes both ways between `client` and `upstream` until both directions ended (an end
+/// read from one side is passed on as a shutdown of the other's writing half), either side
+/// failed, or no byte was read or written either way for `idle`. Then both sides are dropped,
+/// which closes them: a tunnel half closed by one side and kept open and silent by the other
+/// ends after `idle` like any idle tunnel.
+async fn splice<C>(client: C, upstream: TcpStream, idle: Duration) -> Spliced
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let start = tokio::time::Instant::now();
+    // Milliseconds since `start` of the last byte read or written either way.
+    let moved = AtomicU64::new(0);
+    let (client_reads, client_writes) = tokio::io::split(client);
+    let (upstream_reads, upstream_writes) = upstream.into_split();
+    let copy = async {
+        tokio::try_join!(
+            pipe(client_reads, upstream_writes, &moved, start),
+            pipe(upstream_reads, client_writes, &moved, start)
+        )
+    };
+    let watch = async {
+        loop {
+            let last = start + Duration::from_millis(moved.load(Ordering::Relaxed));
+            if last.elapsed() >= idle {
+                return;
+            }
+            tokio::time::sleep_until(last + idle).await;
+        }
+    };
+    tokio::select! {
+        _ = copy => Spliced::Ended,
+        () = watch => Spliced::Idle,
+    }
+}
+
+/// Copies `from` to `to` until `from` ends (then shuts `to`'s writing down), noting in `moved`
+/// (milliseconds since `start`) each time bytes were read or written. Errors: either side's.
+async fn pipe<R, W>(
+    mut from: R,
+    mut to: W,
+    moved: &std::sync::atomic::AtomicU64,
+    start: tokio::time::Instant,
+) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let note = || {
+        let ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        moved.fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        note();
+        to.write_all(&buf[..n]).await?;
+        note();
     }
 }
 
@@ -426,6 +511,7 @@ mod tests {
             policy: Arc::new(parking_lot::RwLock::new(policy)),
             refusals: refusals.clone(),
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_FLOOR_CONNECTIONS)),
+            tunnel_idle: Duration::from_secs(120),
         };
         (ContextProxy::start(floor).await.unwrap(), refusals)
     }
