@@ -164,10 +164,9 @@ pub async fn list_approvals(
     let page = super::Page { limit: q.limit, cursor: q.cursor };
     let limit = page.limit()?;
     let viewer = user.viewer();
-    let rows =
-        app.store.list_approvals(&viewer, status, q.run_id.as_deref(), page.cursor.as_deref(), limit + 1).await?;
-    let (rows, next_cursor) = super::Page::split(rows, limit, |r| r.id.clone());
-    let approvals = rows.into_iter().map(|r| view(r, &viewer)).collect::<Result<_>>()?;
+    let rows = app.store.list_approvals(&viewer, status, q.run_id.as_deref(), page.cursor.as_deref(), limit).await?;
+    let next_cursor = super::Page::next_cursor(&rows, |r| r.id.clone());
+    let approvals = rows.rows.into_iter().map(|r| view(r, &viewer)).collect::<Result<_>>()?;
     Ok(Json(ApprovalList { approvals, next_cursor }))
 }
 

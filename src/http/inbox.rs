@@ -2,9 +2,13 @@
 //!
 //! Run event streams are per run; a person deciding approvals needs every run at once, over
 //! one connection (a browser keeps at most six HTTP/1.1 connections per origin). This stream
-//! sends snapshots, so it needs no resume protocol: each `approvals` event carries the whole
+//! sends snapshots, so it needs no resume protocol: each `approvals` event carries the
 //! pending inbox in the shape of `GET /v1/approvals?status=pending&limit=200`
-//! (`{"approvals": [...], "next_cursor"}`, oldest first). The first event comes at once; the
+//! (`{"approvals": [...], "next_cursor"}`, oldest first) — that page: at most 200 approvals and
+//! [`crate::store::PAGE_MAX_BYTES`] of frozen inputs and previews past the first, with
+//! `next_cursor` when more are pending. Between snapshots a stream keeps only the SHA-256 of
+//! the last one it sent (to send the next only when it differs), and at most one snapshot
+//! waits for a slow client. The first event comes at once; the
 //! next ones only when the inbox changed, checked after every committed event of one of the
 //! caller's runs (on Postgres also those committed by other replicas, see
 //! [`crate::events::listen`]), after the cross-replica listener reconnects, and at least
@@ -32,6 +36,7 @@ use crate::app::App;
 use crate::error::Result;
 use crate::events::{EventKind, Heard};
 use crate::store::Viewer;
+use mira_core::evidence::sha256_hex;
 
 /// Most approvals in one snapshot (the API's page limit).
 const SNAPSHOT_LIMIT: i64 = 200;
@@ -40,13 +45,14 @@ const POLL: Duration = Duration::from_secs(15);
 /// Runs whose ownership a stream remembers before it forgets them all.
 const OWNED_CACHE: usize = 10_000;
 
+/// The inbox's first page as the JSON text of an `approvals` event.
 async fn snapshot(app: &App, viewer: &Viewer<'_>) -> Result<String> {
     let rows = app
         .store
-        .list_approvals(viewer, Some(crate::state::ApprovalStatus::Pending), None, None, SNAPSHOT_LIMIT + 1)
+        .list_approvals(viewer, Some(crate::state::ApprovalStatus::Pending), None, None, SNAPSHOT_LIMIT)
         .await?;
-    let (rows, next_cursor) = super::Page::split(rows, SNAPSHOT_LIMIT, |r| r.id.clone());
-    let approvals = rows.into_iter().map(|r| view(r, viewer)).collect::<Result<_>>()?;
+    let next_cursor = super::Page::next_cursor(&rows, |r| r.id.clone());
+    let approvals = rows.rows.into_iter().map(|r| view(r, viewer)).collect::<Result<_>>()?;
     let list = ApprovalList { approvals, next_cursor };
     serde_json::to_string(&list).map_err(|e| crate::error::Error::Internal(e.to_string()))
 }
@@ -62,13 +68,15 @@ pub async fn approvals_stream(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     // The first snapshot is read before answering, so a store failure is an HTTP error.
     let first = snapshot(&app, &user.viewer()).await?;
-    let (tx, rx) = mpsc::channel::<Event>(4);
+    // One snapshot may wait for the client; the next read waits for its place.
+    let (tx, rx) = mpsc::channel::<Event>(1);
     tokio::spawn(async move {
         // Subscribed before the first send: nothing committed after the snapshot is missed.
         let mut signals = app.store.bus().subscribe();
         let mut owned: HashMap<String, bool> = HashMap::new();
-        let mut last = first;
-        if tx.send(Event::default().event("approvals").data(last.clone())).await.is_err() {
+        // What the last snapshot was, not the snapshot: it can hold megabytes of inputs.
+        let mut last = sha256_hex(first.as_bytes());
+        if tx.send(Event::default().event("approvals").data(first)).await.is_err() {
             return;
         }
         loop {
@@ -104,12 +112,15 @@ pub async fn approvals_stream(
                 }
             }
             match snapshot(&app, &user.viewer()).await {
-                Ok(now) if now == last => {}
                 Ok(now) => {
-                    if tx.send(Event::default().event("approvals").data(now.clone())).await.is_err() {
+                    let digest = sha256_hex(now.as_bytes());
+                    if digest == last {
+                        continue;
+                    }
+                    if tx.send(Event::default().event("approvals").data(now)).await.is_err() {
                         return;
                     }
-                    last = now;
+                    last = digest;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "approval stream failed");

@@ -181,9 +181,9 @@ pub async fn list_invocations(
 ) -> Result<Json<InvocationList>> {
     let run = owned_run(&app, &user, &run_id).await?;
     let limit = page.limit()?;
-    let rows = app.store.list_invocations(&run.id, page.cursor.as_deref(), limit + 1).await?;
-    let (rows, next_cursor) = Page::split(rows, limit, |r| r.id.clone());
-    Ok(Json(InvocationList { invocations: full_views(&app, rows).await?, next_cursor }))
+    let rows = app.store.list_invocations(&run.id, page.cursor.as_deref(), limit).await?;
+    let next_cursor = Page::next_cursor(&rows, |r| r.id.clone());
+    Ok(Json(InvocationList { invocations: full_views(&app, rows.rows).await?, next_cursor }))
 }
 
 /// Longest accepted `wait_ms` of `GET /v1/invocations/{id}`, in milliseconds (30 s).

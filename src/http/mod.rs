@@ -79,6 +79,11 @@ impl Page {
         }
     }
 
+    /// The next cursor of a page read under a byte budget: its last row's key when rows follow.
+    pub fn next_cursor<T>(page: &crate::store::Paged<T>, key: impl Fn(&T) -> String) -> Option<String> {
+        if page.more { page.rows.last().map(key) } else { None }
+    }
+
     /// Splits a `limit + 1` fetch into the page and the next cursor.
     pub fn split<T>(mut rows: Vec<T>, limit: i64, key: impl Fn(&T) -> String) -> (Vec<T>, Option<String>) {
         let limit = usize::try_from(limit).unwrap_or(50);

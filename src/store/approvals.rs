@@ -13,7 +13,7 @@
 use serde::Serialize;
 use serde_json::json;
 
-use super::{Backend, ClaimedInvocation, InvocationRow, Store, StoreResult};
+use super::{Backend, ClaimedInvocation, InvocationRow, Paged, Store, StoreResult};
 use crate::events::EventKind;
 use crate::ids;
 use crate::state::{ApprovalRule, ApprovalStatus, InvocationStatus};
@@ -231,8 +231,10 @@ impl Store {
             .await?)
     }
 
-    /// The approvals `viewer` may see (optionally of one status, one run), oldest first:
-    /// their own, and for admins and approvers every four-eyes approval too.
+    /// The approvals `viewer` may see (optionally of one status, one run) after `cursor`,
+    /// oldest first: their own, and for admins and approvers every four-eyes approval too. At
+    /// most `limit`, and no more than [`super::PAGE_MAX_BYTES`] of frozen inputs and previews
+    /// past the first ([`super::sized_page_sql`]: the rows past the budget are not read).
     pub async fn list_approvals(
         &self,
         viewer: &Viewer<'_>,
@@ -240,21 +242,32 @@ impl Store {
         run_id: Option<&str>,
         cursor: Option<&str>,
         limit: i64,
-    ) -> StoreResult<Vec<ApprovalRow>> {
-        let sql = format!(
-            "{SELECT} WHERE {VISIBLE} AND ($3 IS NULL OR a.status = $3) AND ($4 IS NULL OR a.run_id = $4)
-             AND ($5 IS NULL OR a.id > $5) ORDER BY a.id LIMIT $6"
+    ) -> StoreResult<Paged<ApprovalRow>> {
+        let sql = super::sized_page_sql(
+            &format!(
+                "SELECT a.id, octet_length(i.input) + COALESCE(octet_length(a.preview), 0) AS n
+                 FROM approvals a JOIN invocations i ON i.id = a.invocation_id
+                 WHERE {VISIBLE} AND ($3 IS NULL OR a.status = $3) AND ($4 IS NULL OR a.run_id = $4)
+                   AND ($5 IS NULL OR a.id > $5) ORDER BY a.id LIMIT $6"
+            ),
+            "id",
+            // The columns of SELECT.
+            "a.*, i.input, i.turn_id, i.status AS invocation_status, u.name AS requester_name",
+            "JOIN approvals a ON a.id = s.k JOIN invocations i ON i.id = a.invocation_id JOIN users u ON u.id = a.owner_id",
+            "$7",
         );
-        Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(viewer.user_id)
             .bind(i64::from(viewer.may_second))
             .bind(status)
             // An empty filter is no filter (as it always was).
             .bind(run_id.filter(|r| !r.is_empty()))
             .bind(cursor.filter(|c| !c.is_empty()))
-            .bind(limit)
+            .bind(limit.saturating_add(1))
+            .bind(super::PAGE_MAX_BYTES)
             .fetch_all(self.pool())
-            .await?)
+            .await?;
+        Ok(Paged::of(rows, limit))
     }
 
     /// Grants approval `id` iff `who` may grant it under its stored rule (see the module

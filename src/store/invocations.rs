@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::ApprovalRule;
 use super::evidence::EvidenceDraft;
-use super::{Backend, HarnessClaim, Store, StoreError, StoreResult, WriteTx};
+use super::{Backend, HarnessClaim, Paged, Store, StoreError, StoreResult, WriteTx};
 use crate::events::{EventKind, RunSignal};
 use crate::ids;
 use crate::state::{Flag, InvocationStatus};
@@ -794,6 +794,35 @@ fn evidence_json(rows: &[(String, &InvocationRow, &EvidenceDraft)]) -> serde_jso
     )
 }
 
+/// Run `run_id`'s invocations after `after` (exclusive) in id order: at most `limit`, each read
+/// in full only while the ones before it hold fewer than `budget` bytes of input and result
+/// ([`super::sized_page_sql`]: the first always, none after the one that passes the budget).
+/// On a connection of its caller's, so a bundle reads them inside its read transaction.
+pub(super) async fn invocations_sized(
+    conn: &mut sqlx::AnyConnection,
+    run_id: &str,
+    after: Option<&str>,
+    limit: i64,
+    budget: i64,
+) -> StoreResult<Paged<InvocationRow>> {
+    let sql = super::sized_page_sql(
+        "SELECT id, octet_length(input) + COALESCE(octet_length(result), 0) AS n FROM invocations
+         WHERE run_id = $1 AND ($2 IS NULL OR id > $2) ORDER BY id LIMIT $3",
+        "id",
+        "i.*",
+        "JOIN invocations i ON i.id = s.k",
+        "$4",
+    );
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(run_id)
+        .bind(after)
+        .bind(limit.saturating_add(1))
+        .bind(budget)
+        .fetch_all(conn)
+        .await?;
+    Ok(Paged::of(rows, limit))
+}
+
 impl Store {
     /// The invocation with this call id in the run.
     ///
@@ -828,22 +857,18 @@ impl Store {
             .await?)
     }
 
-    /// A run's invocations, oldest first.
+    /// A run's invocations after `cursor`, oldest first: at most `limit`, and no more than
+    /// [`super::PAGE_MAX_BYTES`] of inputs and results past the first row
+    /// ([`invocations_sized`]).
     pub async fn list_invocations(
         &self,
         run_id: &str,
         cursor: Option<&str>,
         limit: i64,
-    ) -> StoreResult<Vec<InvocationRow>> {
-        Ok(sqlx::query_as(
-            "SELECT * FROM invocations WHERE run_id = $1 AND ($2 IS NULL OR id > $2) ORDER BY id LIMIT $3",
-        )
-        .bind(run_id)
+    ) -> StoreResult<Paged<InvocationRow>> {
+        let mut conn = self.pool().acquire().await?;
         // An empty cursor is no cursor (as it always was).
-        .bind(cursor.filter(|c| !c.is_empty()))
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?)
+        invocations_sized(&mut conn, run_id, cursor.filter(|c| !c.is_empty()), limit, super::PAGE_MAX_BYTES).await
     }
 
     /// How many invocations are `queued`, counting at most `limit` (a read, no write

@@ -167,6 +167,60 @@ impl From<serde_json::Error> for StoreError {
 /// Result of a storage call.
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// The byte budget of one page of a list whose rows carry call inputs, results or approval
+/// previews (`GET /v1/runs/{id}/invocations`, `GET /v1/approvals`, the approvals stream's
+/// snapshot): 1 MiB of those stored texts. A row can hold megabytes (an input up to the body
+/// limit, a result up to 4 MiB), so a page stops after the row that passes the budget —
+/// always at least one row — and says there is more; the row limit still applies.
+pub const PAGE_MAX_BYTES: i64 = 1024 * 1024;
+
+/// One page of a list read under a byte budget ([`PAGE_MAX_BYTES`]).
+#[derive(Debug)]
+pub struct Paged<T> {
+    /// The page, in the list's order.
+    pub rows: Vec<T>,
+    /// Whether rows follow the page's last one (cut by the row limit or by the bytes).
+    pub more: bool,
+}
+
+impl<T> Paged<T> {
+    /// The page of a read of at most `limit + 1` candidates (see [`sized_page_sql`]): the rows
+    /// the budget let through, at most `limit`; more when a row was left out.
+    fn of(rows: Vec<Listed<T>>, limit: i64) -> Paged<T> {
+        let limit = usize::try_from(limit).unwrap_or(0);
+        let listed = rows.first().map_or(0, |r| usize::try_from(r.listed).unwrap_or(0));
+        let more = rows.len() > limit || rows.len() < listed;
+        Paged { rows: rows.into_iter().take(limit).map(|r| r.row).collect(), more }
+    }
+}
+
+/// A row of a byte-bounded read ([`sized_page_sql`]) and how many candidates that read listed.
+#[derive(Debug, sqlx::FromRow)]
+struct Listed<T> {
+    #[sqlx(flatten)]
+    row: T,
+    listed: i64,
+}
+
+/// A statement that reads rows under a byte budget without loading the ones past it. `list`
+/// names the page's candidates in order, as `SELECT <key>, <stored size> AS n … ORDER BY <key>
+/// LIMIT …` (sizes by `octet_length`, which SQLite takes from the record header and Postgres
+/// from the value's header, neither reading the text). A candidate's row is read in full
+/// (`SELECT <columns> FROM s <joins>`, `s.k` its key) only while the candidates before it hold
+/// fewer than `budget` (a parameter such as `$4`) bytes: the first always, the one that passes
+/// the budget too, none after it. Each row also carries `listed`, the number of candidates, so
+/// a page cut by its bytes knows rows follow ([`Paged::of`]). One statement, so one snapshot.
+fn sized_page_sql(list: &str, key: &str, columns: &str, joins: &str, budget: &str) -> String {
+    format!(
+        "WITH f AS ({list}),
+              s AS (SELECT {key} AS k,
+                           SUM(n) OVER (ORDER BY {key} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+                    FROM f)
+         SELECT {columns}, (SELECT COUNT(*) FROM f) AS listed FROM s {joins}
+         WHERE COALESCE(s.before, 0) < {budget} ORDER BY s.k"
+    )
+}
+
 /// Which SQL dialect the store speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

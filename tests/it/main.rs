@@ -31,6 +31,7 @@ mod metrics;
 mod modules;
 mod news;
 mod openapi;
+mod pages;
 mod postgres_tls;
 mod private_pg;
 mod read_tools;

@@ -96,9 +96,9 @@ async fn list_filters_none_empty_and_cursor(backend: Backend) {
 
     let (a, _) = freeze(&f, "a", false).await;
     freeze(&f, "b", false).await;
-    assert_eq!(f.store.list_invocations(&f.run.id, None, 10).await.unwrap().len(), 2);
-    assert_eq!(f.store.list_invocations(&f.run.id, Some(""), 10).await.unwrap().len(), 2);
-    let after = f.store.list_invocations(&f.run.id, Some(&a.id), 10).await.unwrap();
+    assert_eq!(f.store.list_invocations(&f.run.id, None, 10).await.unwrap().rows.len(), 2);
+    assert_eq!(f.store.list_invocations(&f.run.id, Some(""), 10).await.unwrap().rows.len(), 2);
+    let after = f.store.list_invocations(&f.run.id, Some(&a.id), 10).await.unwrap().rows;
     assert_eq!(after.len(), 1);
     assert_ne!(after[0].id, a.id);
     assert!(f.store.list_evidence(&f.run.id, None, 10).await.unwrap().is_empty());
@@ -387,13 +387,13 @@ async fn four_eyes_decisions_and_claims(backend: Backend) {
     let outcome = f.store.grant_approval(&who(&plain.id, false), &apr, &triple).await.unwrap();
     assert!(matches!(outcome, DecideOutcome::NotFound), "{outcome:?}");
     let plain_view = Viewer { user_id: &plain.id, may_second: false };
-    assert!(f.store.list_approvals(&plain_view, None, None, None, 10).await.unwrap().is_empty());
+    assert!(f.store.list_approvals(&plain_view, None, None, None, 10).await.unwrap().rows.is_empty());
     assert!(f.store.approval_visible(&plain_view, &apr).await.unwrap().is_none());
     assert_eq!(f.store.invocation_by_id(&inv.id).await.unwrap().unwrap().status.as_str(), "awaiting_approval");
     // The approver: listed (requester named), granted, then claimable.
     let view = Viewer { user_id: &approver.id, may_second: true };
     let listed =
-        f.store.list_approvals(&view, Some(mira::state::ApprovalStatus::Pending), None, None, 10).await.unwrap();
+        f.store.list_approvals(&view, Some(mira::state::ApprovalStatus::Pending), None, None, 10).await.unwrap().rows;
     assert_eq!(
         listed.iter().map(|a| (a.id.as_str(), a.requester_name.as_str())).collect::<Vec<_>>(),
         [(apr.as_str(), "u")]
