@@ -17,8 +17,9 @@ use crate::store::RunDocument;
 use crate::verify::BUNDLE_MAX_BYTES;
 
 /// Most run bundles one server builds at once; a request waits up to [`BUNDLE_WAIT`] for a
-/// place, then gets 429 `too_many_bundles`. A bundle holds up to 64 MiB of records in memory
-/// while it is built and signed, so this bounds the memory bundles can take.
+/// place, then gets 429 `too_many_bundles`. A bundle holds its document (up to 64 MiB) and a
+/// page of rows in memory while it is built, signed and sent, so this bounds the memory
+/// bundles can take.
 pub const MAX_CONCURRENT_BUNDLES: usize = 2;
 
 /// How long a bundle request waits for a place before 429 `too_many_bundles`.
@@ -80,7 +81,7 @@ pub async fn get_bundle(
             });
         }
     };
-    let mut doc = match app.store.run_document(&run_id, BUNDLE_MAX_BYTES).await? {
+    let text = match app.store.run_bundle(&run_id, BUNDLE_MAX_BYTES).await? {
         RunDocument::Document(doc) => doc,
         RunDocument::NotFound => return Err(Error::NotFound("run")),
         RunDocument::TooLarge(bytes) => {
@@ -92,8 +93,10 @@ pub async fn get_bundle(
             });
         }
     };
-    crate::verify::sign(&mut doc, &app.bundle_key);
-    Ok(axum::Json(doc))
+    // The document was read in the form its signature covers: signed and sent as those bytes,
+    // not serialised again.
+    let body = crate::verify::sign_text(text, &app.bundle_key);
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body))
 }
 
 /// Routes of this module.

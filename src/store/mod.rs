@@ -75,7 +75,7 @@ mod writer;
 
 pub use crate::state::ApprovalRule;
 pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
-pub use bundle::RunDocument;
+pub use bundle::{BundleText, RunDocument};
 pub use connections::ConnectionRow;
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};

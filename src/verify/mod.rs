@@ -38,17 +38,29 @@ pub fn signed_bytes(doc: &Value) -> Vec<u8> {
     bytes
 }
 
-/// Signs `doc` with `key`: sets its `signature` member to
-/// `{"algorithm": "ed25519", "public_key": hex, "value": hex}`.
+/// A bundle's `signature` member: `{"algorithm": "ed25519", "public_key": hex, "value": hex}`,
+/// `value` the signature of `bytes` (the bundle's signed bytes) under `key`.
+fn signature_of(bytes: &[u8], key: &SigningKey) -> Value {
+    let value = mira_core::remote::sign(key, b"", bytes);
+    json!({"algorithm": "ed25519", "public_key": mira_core::remote::public_hex(key), "value": value})
+}
+
+/// Signs `doc` with `key`: sets its `signature` member (see [`signature_of`]).
 pub fn sign(doc: &mut Value, key: &SigningKey) {
-    let bytes = signed_bytes(doc);
-    let value = mira_core::remote::sign(key, b"", &bytes);
+    let signature = signature_of(&signed_bytes(doc), key);
     if let Some(obj) = doc.as_object_mut() {
-        obj.insert(
-            "signature".into(),
-            json!({"algorithm": "ed25519", "public_key": mira_core::remote::public_hex(key), "value": value}),
-        );
+        obj.insert("signature".into(), signature);
     }
+}
+
+/// Signs a bundle document read in its signed form ([`crate::store::Store::run_bundle`]) and
+/// answers the signed document's JSON text: those bytes themselves with the `signature`
+/// member appended (RFC 8785 puts it last), not a second serialisation. It is the RFC 8785
+/// form of the signed document, but for a record holding an integer beyond ±2^53, which keeps
+/// its stored spelling (check 1 refuses it).
+pub fn sign_text(text: crate::store::BundleText, key: &SigningKey) -> bytes::Bytes {
+    let signature = mira_core::canonical::to_canonical_string(&signature_of(text.signed_bytes(), key));
+    text.into_json(Some(&signature))
 }
 
 /// Which key a signature is checked under.
