@@ -196,12 +196,6 @@ pub async fn create_source(
     }
     if body.shared {
         user.require_admin()?;
-    } else if app.store.count_own_news_sources(&user.user_id).await? >= MAX_SOURCES_PER_USER {
-        return Err(Error::conflict(
-            ErrorCode::SourceLimit,
-            format!("a user may have at most {MAX_SOURCES_PER_USER} news sources"),
-            Value::Null,
-        ));
     }
     app.check_fetch_url(user.is_admin, &url).await?;
     let row = NewsSourceRow::new(
@@ -210,8 +204,17 @@ pub async fn create_source(
         url.clone(),
         i64::try_from(interval).unwrap_or(900),
     );
-    match app.store.create_news_source(&row).await {
-        Ok(()) => {}
+    // An own source is counted and inserted in one transaction under the user's lock:
+    // concurrent requests never pass the limit together.
+    match app.store.create_news_source_within(&row, MAX_SOURCES_PER_USER).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(Error::conflict(
+                ErrorCode::SourceLimit,
+                format!("a user may have at most {MAX_SOURCES_PER_USER} news sources"),
+                Value::Null,
+            ));
+        }
         Err(e) if e.is_unique_violation() => {
             return Err(Error::conflict(
                 ErrorCode::SourceExists,

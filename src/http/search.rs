@@ -215,13 +215,6 @@ pub async fn create_connection(
             format!("a {} connection needs api_key (or, for admins, api_key_env)", body.provider.as_str()),
         ));
     }
-    if app.store.count_search_connections(&user.user_id).await? >= MAX_CONNECTIONS_PER_USER {
-        return Err(Error::conflict(
-            ErrorCode::ConnectionLimit,
-            format!("a user may have at most {MAX_CONNECTIONS_PER_USER} search connections"),
-            serde_json::Value::Null,
-        ));
-    }
     let id = crate::ids::new_id("sconn");
     let (kind, ciphertext, key_id, env) = match (&body.api_key, &body.api_key_env) {
         (Some(key), _) => {
@@ -246,7 +239,15 @@ pub async fn create_connection(
         created_at: now.clone(),
         updated_at: now,
     };
-    app.store.create_search_connection(&row).await?;
+    // Counted and inserted in one transaction under the user's lock: concurrent requests never
+    // pass the limit together.
+    if !app.store.create_search_connection(&row, MAX_CONNECTIONS_PER_USER).await? {
+        return Err(Error::conflict(
+            ErrorCode::ConnectionLimit,
+            format!("a user may have at most {MAX_CONNECTIONS_PER_USER} search connections"),
+            serde_json::Value::Null,
+        ));
+    }
     app.search.reload().await;
     let conn = app.search.connection_for(&user.user_id, &id).ok_or(Error::Internal("connection vanished".into()))?;
     if conn.enabled {

@@ -283,8 +283,19 @@ const SOURCE_COLUMNS: &str = "id, owner_id, name, url, paused, interval_secs, ne
 impl Store {
     // ---- connections -------------------------------------------------------------------
 
-    /// Stores a new connection.
-    pub async fn create_search_connection(&self, row: &SearchConnectionRow) -> StoreResult<()> {
+    /// Stores a new connection, unless its owner has `limit` already (false, nothing stored).
+    /// The count and the insert are one write transaction under the owner's lock
+    /// ([`Store::begin_owner_write`]), so concurrent requests never pass the limit together.
+    pub async fn create_search_connection(&self, row: &SearchConnectionRow, limit: i64) -> StoreResult<bool> {
+        let (_turn, mut tx) = self.begin_owner_write(&row.owner_id).await?;
+        let owned: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM search_connections WHERE owner_id = $1")
+            .bind(&row.owner_id)
+            .fetch_one(tx.conn())
+            .await?;
+        if owned >= limit {
+            tx.commit().await?;
+            return Ok(false);
+        }
         sqlx::query(
             "INSERT INTO search_connections (id, owner_id, provider, name, base_url, credential_kind,
                  credential_ciphertext, credential_key_id, credential_env, enabled, created_at, updated_at)
@@ -302,9 +313,10 @@ impl Store {
         .bind(i64::from(row.enabled))
         .bind(&row.created_at)
         .bind(&row.updated_at)
-        .execute(self.pool())
+        .execute(tx.conn())
         .await?;
-        Ok(())
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Every stored connection of every user, oldest first (the in-memory availability
@@ -319,14 +331,6 @@ impl Store {
             .bind(id)
             .bind(owner_id)
             .fetch_optional(self.pool())
-            .await?)
-    }
-
-    /// Number of connections the user has.
-    pub async fn count_search_connections(&self, owner_id: &str) -> StoreResult<i64> {
-        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM search_connections WHERE owner_id = $1")
-            .bind(owner_id)
-            .fetch_one(self.pool())
             .await?)
     }
 
@@ -367,23 +371,33 @@ impl Store {
     /// Stores a new source. The same URL twice for one owner (or twice deployment-wide) is a
     /// unique violation.
     pub async fn create_news_source(&self, row: &NewsSourceRow) -> StoreResult<()> {
-        sqlx::query(
-            "INSERT INTO news_sources (id, owner_id, name, url, paused, interval_secs, next_fetch_at, failures,
-                 item_count, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, $9)",
-        )
-        .bind(&row.id)
-        .bind(&row.owner_id)
-        .bind(&row.name)
-        .bind(&row.url)
-        .bind(i64::from(row.paused))
-        .bind(row.interval_secs)
-        .bind(&row.next_fetch_at)
-        .bind(&row.created_at)
-        .bind(&row.updated_at)
-        .execute(self.pool())
-        .await?;
-        Ok(())
+        let mut tx = self.begin_write().await?;
+        insert_news_source(&mut tx, row).await?;
+        Ok(tx.commit().await?)
+    }
+
+    /// Stores a source, unless its owner (`row.owner_id`) owns `limit` already (false, nothing
+    /// stored): counted and inserted in one write transaction under the owner's lock
+    /// ([`Store::begin_owner_write`]), so concurrent requests never pass the limit together. A
+    /// deployment-wide source (no owner) counts against no limit. Errors as
+    /// [`Store::create_news_source`].
+    pub async fn create_news_source_within(&self, row: &NewsSourceRow, limit: i64) -> StoreResult<bool> {
+        let Some(owner_id) = row.owner_id.as_deref() else {
+            self.create_news_source(row).await?;
+            return Ok(true);
+        };
+        let (_turn, mut tx) = self.begin_owner_write(owner_id).await?;
+        let owned: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM news_sources WHERE owner_id = $1")
+            .bind(owner_id)
+            .fetch_one(tx.conn())
+            .await?;
+        if owned >= limit {
+            tx.commit().await?;
+            return Ok(false);
+        }
+        insert_news_source(&mut tx, row).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Sources visible to the user (own and deployment-wide), by id, `limit` after `cursor`.
@@ -455,14 +469,6 @@ impl Store {
     pub async fn news_source_counts(&self) -> StoreResult<Vec<(Option<String>, i64)>> {
         Ok(sqlx::query_as("SELECT owner_id, COUNT(*) FROM news_sources GROUP BY owner_id")
             .fetch_all(self.pool())
-            .await?)
-    }
-
-    /// Number of sources the user owns.
-    pub async fn count_own_news_sources(&self, user_id: &str) -> StoreResult<i64> {
-        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM news_sources WHERE owner_id = $1")
-            .bind(user_id)
-            .fetch_one(self.pool())
             .await?)
     }
 
@@ -946,4 +952,25 @@ impl Store {
         // words and bounds (a generic plan cannot tell a word in every item from a rare one).
         Ok(query.persistent(false).fetch_all(self.pool()).await?)
     }
+}
+
+/// Inserts a news source row in `tx`.
+async fn insert_news_source(tx: &mut super::WriteTx, row: &NewsSourceRow) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO news_sources (id, owner_id, name, url, paused, interval_secs, next_fetch_at, failures,
+             item_count, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, $9)",
+    )
+    .bind(&row.id)
+    .bind(&row.owner_id)
+    .bind(&row.name)
+    .bind(&row.url)
+    .bind(i64::from(row.paused))
+    .bind(row.interval_secs)
+    .bind(&row.next_fetch_at)
+    .bind(&row.created_at)
+    .bind(&row.updated_at)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
 }

@@ -880,7 +880,79 @@ async fn a_non_admins_feed_reaches_no_internal_address_at_fetch_time(backend: Ba
     assert!(s["last_success_at"].is_string(), "{s}");
 }
 
+/// A user's own news sources and search connections are counted and inserted in one write
+/// transaction under the user's lock: of many concurrent creates exactly `limit` are stored
+/// (counting first and inserting after let every one of them pass), and another user's
+/// creates are not counted against theirs.
+async fn per_user_limits_hold_under_concurrent_creates(backend: Backend) {
+    let t = spawn_with(backend, options()).await;
+    let mut users = Vec::new();
+    for name in ["sam", "ada"] {
+        let r = t.post("/v1/users", &t.admin_token, json!({"name": name})).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        users.push(r.body["user"]["id"].as_str().unwrap().to_owned());
+    }
+    let store = t.app().store.clone();
+    let limit = 5;
+    let creates = (0..40).map(|i| {
+        let store = store.clone();
+        let owner = users[0].clone();
+        tokio::spawn(async move {
+            let source = mira::store::NewsSourceRow::new(
+                Some(owner.clone()),
+                format!("s{i}"),
+                format!("http://feed.test/{i}"),
+                60,
+            );
+            let now = mira::ids::now();
+            let connection = mira::store::SearchConnectionRow {
+                id: mira::ids::new_id("sconn"),
+                owner_id: owner,
+                provider: "searxng".into(),
+                name: format!("c{i}"),
+                base_url: format!("http://search.test/{i}"),
+                credential_kind: "none".into(),
+                credential_ciphertext: None,
+                credential_key_id: None,
+                credential_env: None,
+                enabled: false,
+                created_at: now.clone(),
+                updated_at: now,
+            };
+            let (a, b) = tokio::join!(
+                store.create_news_source_within(&source, limit),
+                store.create_search_connection(&connection, limit)
+            );
+            (usize::from(a.unwrap()), usize::from(b.unwrap()))
+        })
+    });
+    let created = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y));
+    assert_eq!(created, (5, 5));
+    let pool = sqlx::AnyPool::connect(&t.db.url).await.unwrap();
+    for table in ["news_sources", "search_connections"] {
+        let n: i64 =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table} WHERE owner_id = $1")))
+                .bind(&users[0])
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(n, 5, "{table}");
+    }
+    pool.close().await;
+    // The limit is per user.
+    let other = mira::store::NewsSourceRow::new(Some(users[1].clone()), "o".into(), "http://feed.test/0".into(), 60);
+    assert!(store.create_news_source_within(&other, limit).await.unwrap());
+    // A deployment-wide source counts against no one's limit.
+    let shared = mira::store::NewsSourceRow::new(None, "d".into(), "http://feed.test/d".into(), 60);
+    assert!(store.create_news_source_within(&shared, 0).await.unwrap());
+}
+
 both_backends!(
+    per_user_limits_hold_under_concurrent_creates,
     a_non_admins_feed_reaches_no_internal_address_at_fetch_time,
     phrases_find_the_same_items_as_a_scan,
     search_ranks_the_newest_matches,
