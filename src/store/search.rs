@@ -373,7 +373,7 @@ impl Store {
     pub async fn create_news_source(&self, row: &NewsSourceRow) -> StoreResult<()> {
         let mut tx = self.begin_write().await?;
         insert_news_source(&mut tx, row).await?;
-        Ok(tx.commit().await?)
+        tx.commit().await
     }
 
     /// Stores a source, unless its owner (`row.owner_id`) owns `limit` already (false, nothing

@@ -852,9 +852,11 @@ impl AttachedTool {
         Ok((rest, requested))
     }
 
-    /// The session of connection `id` frozen with `fingerprint`, its tabs synchronised.
+    /// The session of connection `id` frozen with `fingerprint`, its tabs synchronised. The
+    /// connection is read again from the store ([`ConnectionHub::open_frozen_current`]), so one
+    /// deleted, disabled or changed through another replica is refused at once.
     async fn bind(&self, user: &str, id: &str, fingerprint: Option<&str>) -> Result<Arc<Session>, ToolError> {
-        let opened = self.hub.open_frozen(user, id, fingerprint, ConnectionKind::Browser, ATTACH)?;
+        let opened = self.hub.open_frozen_current(user, id, fingerprint, ConnectionKind::Browser, ATTACH).await?;
         let session = self.browsers.session(&opened).await.inspect_err(|e| self.note(id, e))?;
         session.sync().await.inspect_err(|e| self.note(id, e))?;
         Ok(session)
