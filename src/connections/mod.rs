@@ -529,12 +529,17 @@ impl ConnectionHub {
         for (_, _, conn) in order {
             let Some(place) = PeriodicPlace::take(self, conn.owner_id.clone()) else { continue };
             let next = self.next_check_at();
-            match self.store.claim_connection_check(&conn.id, &conn.next_check_at, &next).await {
+            let claimed = self.store.claim_connection_check(&conn.id, &conn.next_check_at, &next).await;
+            if claimed.is_ok() {
+                // Not due again here until the claimed time: claimed here, or by another
+                // replica (whose time the next reload reads back) — not claimed again every
+                // tick until then.
+                if let Some(c) = self.connections.write().iter_mut().find(|c| c.id == conn.id) {
+                    c.next_check_at.clone_from(&next);
+                }
+            }
+            match claimed {
                 Ok(true) => {
-                    // Not due again here until the claimed time (the reload reads it back).
-                    if let Some(c) = self.connections.write().iter_mut().find(|c| c.id == conn.id) {
-                        c.next_check_at.clone_from(&next);
-                    }
                     let this = Arc::clone(self);
                     running.spawn(async move {
                         let _place = place;

@@ -1665,20 +1665,23 @@ async fn a_browser_over_its_memory_limit_is_ended_and_a_fresh_one_starts() {
     let mut gone = None;
     let mut seen = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    // Polled with a navigation's freeze, which reads the tab's URL for its preview and
+    // navigates nothing (the page keeps taking memory): the first freeze after the end says
+    // so — it used to drop the loss, and the user was never told.
     while std::time::Instant::now() < deadline {
-        let s = f.run("browser_snapshot", json!({})).await;
-        if s["result"]["error"]["code"] == "browser_gone" {
-            gone = Some(s);
+        let r = f.freeze("browser_navigate", json!({"url": format!("{a}/"), "tab": "t1"})).await;
+        if r.code() == "browser_gone" {
+            gone = Some(r);
             break;
         }
-        seen.push(s["result"].clone());
+        seen.push(r.body.clone());
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let gone = gone.unwrap_or_else(|| {
         panic!("no call was browser_gone; the last ones saw {:?}", seen.iter().rev().take(2).collect::<Vec<_>>())
     });
-    assert_eq!(gone["status"], "failed", "{gone}");
-    let message = gone["result"]["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(gone.status, reqwest::StatusCode::SERVICE_UNAVAILABLE, "{gone:?}");
+    let message = gone.body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("memory limit"), "{message}");
     let ready = f.t.request(reqwest::Method::GET, "/readyz", None, None).await;
     assert_eq!(ready.body["browser"]["bounds"]["memory_kills"], 1, "{ready:?}");

@@ -357,12 +357,20 @@ fn navigate_canonical(input: &Value) -> Result<Value, ToolError> {
 }
 
 /// The URL of the tab (the active one when `tab` is None) of `user`, when the context is
-/// open and not busy.
-async fn current_url(b: &Browser, user: &str, tab: Option<&str>) -> Option<String> {
-    let ctx = b.existing(user).await.ok().flatten()?;
-    let tabs = ctx.tabs.try_lock().ok()?;
-    let tab = tabs.get(tab).ok()?;
-    manager::main_frame(&tab.page).await.ok().map(|(_, url)| url)
+/// open and not busy. Errors: `browser_gone`, once, when the managed browser the user's
+/// context was in ended (as every browser tool's freeze says it; swallowed here, the next
+/// call would start a fresh browser without the user ever being told).
+async fn current_url(b: &Browser, user: &str, tab: Option<&str>) -> Result<Option<String>, ToolError> {
+    let Some(ctx) = b.existing(user).await? else {
+        return Ok(None);
+    };
+    let Ok(tabs) = ctx.tabs.try_lock() else {
+        return Ok(None);
+    };
+    let Ok(tab) = tabs.get(tab) else {
+        return Ok(None);
+    };
+    Ok(manager::main_frame(&tab.page).await.ok().map(|(_, url)| url))
 }
 
 #[async_trait]
@@ -379,7 +387,7 @@ impl Tool for Navigate {
         let canonical = navigate_canonical(&input)?;
         let url = canonical["url"].as_str().unwrap_or_default();
         let origin = url::Url::parse(url).map(|u| policy::origin_of(&u)).unwrap_or_default();
-        let current = current_url(&self.b, ctx.owner_id, canonical["tab"].as_str()).await;
+        let current = current_url(&self.b, ctx.owner_id, canonical["tab"].as_str()).await?;
         let preview = json!({"url": url, "origin": origin, "current_url": current,
                              "tab": canonical.get("tab"), "new_tab": canonical["new_tab"]});
         Ok(Prepared { input: canonical, preview })
