@@ -401,7 +401,7 @@ catalogue! {
     Internal = (500, "internal"),
     /// The user's attached browser is gone: it cannot be reached at its debugging endpoint, the
     /// connection to it closed, or no tab it grants is open (also a ladder reason); the tools
-    /// return when the browser does. Also, once per user who had tabs, the managed browser
+    /// return when the browser does. Also, once per user who had a context, the managed browser
     /// ended since their last call (killed by its memory limit, or crashed): the next call
     /// starts a fresh one.
     BrowserGone = (503, "browser_gone"),

@@ -112,7 +112,7 @@ pub struct BrowserSettings {
     /// Memory the managed Chromium's whole process tree may use, in bytes (its cgroup's
     /// `memory.max`, or v1 `memory.limit_in_bytes`; 0 = no limit). Beyond it the kernel kills
     /// a process of the tree; the server then ends the whole browser, the next call of each
-    /// user who had tabs is `browser_gone` and a later one starts a fresh browser. In force only
+    /// user who had a context is `browser_gone` and a later one starts a fresh browser. In force only
     /// where the host gives this server a cgroup (`/readyz` `browser.bounds`).
     #[arg(
         id = "browser_memory_max",
