@@ -139,12 +139,28 @@ fn delete(ws: &Workspace, input: &Frozen, gate: &CommitGate) -> Result<ToolOutpu
         other => other?,
     };
     check_precondition(&rel, input.precondition.as_ref(), &found.state())?;
-    gate.pass()?;
+    // Moved out of reach under a hidden name first and looked at again there: what is removed
+    // is what the precondition named (a change in place since the look above, even one that
+    // kept the size and modification time, is put back and refused), and the commit point
+    // comes last (a stop that won puts it back too).
+    let hidden = workspace::sweep::delete_name(ws.node());
+    efs::rename_noreplace(dir, &located.name, dir, &hidden, &rel)?;
+    let checked = look(dir, &hidden, &rel, input.recursive)
+        .and_then(|now| if now.state() == found.state() { Ok(()) } else { Err(super::changed_meanwhile(&rel)) })
+        .and_then(|()| gate.pass());
+    if let Err(error) = checked {
+        if efs::rename_noreplace(dir, &hidden, dir, &located.name, &rel).is_ok() {
+            return Err(error);
+        }
+        // A new entry took the name meanwhile: the old one stays under its hidden name (the
+        // sweep removes it), which the error says.
+        let mut details = if error.details.is_object() { error.details.clone() } else { json!({"path": rel}) };
+        details["remainder_restored"] = json!(false);
+        return Err(error.with_details(details));
+    }
     match &found {
-        Found::File { .. } => dir.remove_file(&located.name).map_err(|e| workspace::io_error(&rel, &e))?,
+        Found::File { .. } => dir.remove_file(&hidden).map_err(|e| workspace::io_error(&rel, &e))?,
         Found::Dir(_) => {
-            let hidden = workspace::sweep::delete_name(ws.node());
-            efs::rename_noreplace(dir, &located.name, dir, &hidden, &rel)?;
             if let Err(e) = dir.remove_dir_all(&hidden) {
                 // Put back what is left, so nothing lingers under a hidden name.
                 let restored = efs::rename_noreplace(dir, &hidden, dir, &located.name, &rel).is_ok();

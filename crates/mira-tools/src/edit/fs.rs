@@ -179,6 +179,14 @@ impl Regular {
     pub fn same_version(&self, other: &Regular) -> bool {
         (self.dev, self.ino, self.size, self.mtime_ns) == (other.dev, other.ino, other.size, other.mtime_ns)
     }
+
+    /// True when this is still `before` — the same version ([`Regular::same_version`]) and
+    /// bytes that still hash to `sha256` (lowercase hex), so an in-place change that kept the
+    /// size and set the modification time back is caught too. Reads the whole file when the
+    /// version matches. The last check before a change lands.
+    pub fn unchanged(&self, before: &Regular, sha256: &str, rel: &str) -> Result<bool, ToolError> {
+        Ok(self.same_version(before) && self.sha256(rel)? == sha256)
+    }
 }
 
 /// Looks at `name` in `dir` without following it (`rel` names it in errors). A regular file
@@ -464,4 +472,44 @@ fn walk_error(rel: &str, at: &str, e: &io::Error) -> ToolError {
 
 fn leaf_error(rel: &str, e: &io::Error) -> ToolError {
     if e.raw_os_error() == Some(libc::ELOOP) { symlink_refused(rel, rel) } else { workspace::io_error(rel, e) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Seek, SeekFrom};
+
+    use super::*;
+
+    fn file_of(dir: &Dir, name: &str) -> Regular {
+        match inspect(dir, name, name) {
+            Ok(Leaf::File(f)) => f,
+            _ => panic!("{name} is not a regular file"),
+        }
+    }
+
+    /// The last check before an edit lands: a change in place that kept the size and set the
+    /// modification time back passes the version check, not the content check.
+    #[test]
+    fn a_change_in_place_with_the_old_time_is_not_unchanged() {
+        let tmp = std::env::temp_dir().join(format!("mira-fs-unchanged-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let path = tmp.join("f.txt");
+        std::fs::write(&path, "approved\n").unwrap();
+        let dir = Dir::open_ambient_dir(&tmp, cap_std::ambient_authority()).unwrap();
+        let before = file_of(&dir, "f.txt");
+        let sha = before.sha256("f.txt").unwrap();
+        assert!(file_of(&dir, "f.txt").unchanged(&before, &sha, "f.txt").unwrap());
+
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.write_all(b"swapped!\n").unwrap();
+        f.set_times(std::fs::FileTimes::new().set_modified(mtime)).unwrap();
+        drop(f);
+
+        let now = file_of(&dir, "f.txt");
+        assert!(now.same_version(&before), "same inode, size and time: the version check is blind to it");
+        assert!(!now.unchanged(&before, &sha, "f.txt").unwrap(), "the content check is not");
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
 }

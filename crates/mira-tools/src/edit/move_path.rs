@@ -237,9 +237,9 @@ fn apply(ws: &Workspace, input: &Frozen, gate: &CommitGate) -> Result<ToolOutput
             gate.pass()?;
             efs::rename_noreplace(&p.from_dir, &p.from_name, &p.to_dir, &p.to_name, &to)?;
         }
-        Some((file, _)) => {
+        Some((file, sha256)) => {
             match efs::inspect(&p.to_dir, &p.to_name, &to)? {
-                Leaf::File(now) if now.same_version(file) => {}
+                Leaf::File(now) if now.unchanged(file, sha256, &to)? => {}
                 _ => return Err(super::changed_meanwhile(&to)),
             }
             gate.pass()?;

@@ -460,7 +460,7 @@ fn apply(ws: &Workspace, input: &Frozen, gate: &CommitGate) -> Result<ToolOutput
     let e = edit(dir, &located.name, &rel, input, Some(input.precondition.as_ref()))?;
     efs::write_atomic(dir, &located.name, &rel, &e.bytes, Some(e.file.mode), Replace::Overwrite, ws.node(), || {
         match efs::inspect(dir, &located.name, &rel)? {
-            Leaf::File(now) if now.same_version(&e.file) => gate.pass(),
+            Leaf::File(now) if now.unchanged(&e.file, &e.sha256_before, &rel)? => gate.pass(),
             _ => Err(super::changed_meanwhile(&rel)),
         }
     })?;

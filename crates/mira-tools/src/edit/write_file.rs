@@ -185,7 +185,7 @@ fn write(ws: &Workspace, input: &Frozen, gate: &CommitGate) -> Result<ToolOutput
         efs::write_atomic(dir, &located.name, &rel, content.as_bytes(), mode, replace, ws.node(), || {
             match (efs::inspect(dir, &located.name, &rel)?, &before) {
                 (Leaf::Missing, None) => Ok(()),
-                (Leaf::File(now), Some(b)) if now.same_version(&b.file) => Ok(()),
+                (Leaf::File(now), Some(b)) if now.unchanged(&b.file, &b.sha256, &rel)? => Ok(()),
                 _ => Err(super::changed_meanwhile(&rel)),
             }
             .and_then(|()| gate.pass())
