@@ -252,6 +252,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let embeddings = Arc::new(Embeddings::new(settings.runtime.embedding.clone(), &settings.data_dir));
     let tool_index = Arc::new(ToolIndex::new());
     let ranker = Arc::new(IndexRanker::new(tool_index.clone(), embeddings.clone(), Mode::Hybrid));
+    let token_watch = crate::http::revocation::TokenWatch::new(store.clone(), shutdown.clone());
     Ok(App {
         store,
         registry,
@@ -268,6 +269,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         connections,
         sandbox,
         streams: crate::limits::StreamLimiter::new(settings.runtime.http.streams_per_user),
+        token_watch,
         turn_limit: crate::limits::TurnLimiter::new(settings.runtime.http.turns_per_user),
         rankings: crate::limits::FairPool::per_core(),
         node: cluster_node,

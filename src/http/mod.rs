@@ -16,6 +16,7 @@ pub mod invocations;
 pub mod limits;
 pub mod mcp;
 pub mod news;
+pub mod revocation;
 pub mod runs;
 pub mod search;
 pub mod service;

@@ -101,8 +101,10 @@ pub async fn create_token(
 }
 
 /// Revokes a token: from this answer on it is refused (401) on this replica, and within 1 s
-/// on the others. The caller's own tokens (the one in use too); admins any user's. Another
-/// user's token is 404. Revoking again keeps the first `revoked_at`.
+/// on the others; the event streams it opened end after an `error` event `unauthorized`, at
+/// once on this replica and within a few seconds on the others. The caller's own tokens (the
+/// one in use too); admins any user's. Another user's token is 404. Revoking again keeps the
+/// first `revoked_at`.
 #[utoipa::path(post, path = "/v1/tokens/{token_id}/revoke", tag = "users", params(("token_id" = String, Path)),
     responses((status = 200, body = TokenRow), (status = 404)), security(("bearer" = [])))]
 pub async fn revoke_token(
@@ -118,6 +120,7 @@ pub async fn revoke_token(
         return Err(Error::NotFound("token"));
     }
     app.store.revoke_token(&token_id).await?;
+    app.token_watch.recheck();
     Ok(Json(app.store.token_by_id(&token_id).await?.ok_or(Error::NotFound("token"))?))
 }
 

@@ -361,7 +361,7 @@ impl Session {
     /// still valid: the answer comes in another request (whose token rmcp shows nobody), and
     /// a grant is never recorded under a revoked token.
     async fn token_still_valid(&self, user: &AuthUser) -> bool {
-        matches!(self.app.store.token_by_id(&user.token_id).await, Ok(Some(t)) if t.revoked_at.is_none())
+        self.app.token_watch.still_valid(&user.token_id).await
     }
 
     /// The rejoin entry of call `key` ([`Bound::pending`]), made now when there is none.

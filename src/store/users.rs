@@ -153,6 +153,27 @@ impl Store {
             .await?)
     }
 
+    /// Of `token_ids`, the ones that still authenticate: not revoked, and of a user that
+    /// exists — what [`Store::identity_by_token`] accepts, read from the store (never from the
+    /// identity cache), for many tokens in one statement. Open streams and the MCP server's
+    /// grants through elicitation re-check their token with it ([`crate::http::revocation`]).
+    pub async fn valid_token_ids(&self, token_ids: &[&str]) -> StoreResult<std::collections::HashSet<String>> {
+        if token_ids.is_empty() {
+            return Ok(std::collections::HashSet::new());
+        }
+        let among = match self.backend {
+            super::Backend::Sqlite => "IN (SELECT value FROM json_each($1))",
+            super::Backend::Postgres => "= ANY(ARRAY(SELECT json_array_elements_text($1::json)))",
+        };
+        let ids: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT t.id FROM tokens t JOIN users u ON u.id = t.user_id WHERE t.revoked_at IS NULL AND t.id {among}"
+        )))
+        .bind(serde_json::to_string(token_ids)?)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(ids.into_iter().collect())
+    }
+
     /// Number of tokens of user `user_id` that are not revoked.
     pub async fn count_active_tokens(&self, user_id: &str) -> StoreResult<i64> {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM tokens WHERE user_id = $1 AND revoked_at IS NULL")

@@ -8,6 +8,9 @@
 //!   client address and globally (429 `enrollment_rate_limited` with `Retry-After`), a right
 //!   code from another address still works, and a code raced by several enrollments at once
 //!   enrolls exactly one key.
+//! - Open event streams (the approvals inbox, a run's events) end, after an `error` event
+//!   `unauthorized`, within seconds of their token's revocation — through the API or behind
+//!   the replica's back, as another replica's would be.
 //! - Forwarded calls: the owner's `POST /internal/v1/execute` refuses a call whose tool became
 //!   unavailable since it was frozen (the ladder's reason), and runs it once it is available.
 
@@ -26,6 +29,7 @@ both_backends!(
     wrong_enrollment_codes_are_limited_per_address_and_globally,
     a_code_raced_by_concurrent_enrollments_enrolls_once,
     the_owner_of_a_forwarded_call_rechecks_availability,
+    open_streams_end_when_their_token_is_revoked,
 );
 
 async fn status_of_me(t: &TestApp, token: &str) -> StatusCode {
@@ -283,4 +287,86 @@ async fn the_owner_of_a_forwarded_call_rechecks_availability(backend: Backend) {
     let answer = forward().await;
     assert_eq!(answer["ok"]["output"]["echo"]["value"], "x", "{answer:#}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Reads a Server-Sent Event stream until it closes or `within` passed: its events (keep-alive
+/// comments left out) as (type, data), and whether it closed cleanly.
+async fn until_closed(resp: reqwest::Response, within: std::time::Duration) -> (Vec<(String, Value)>, bool) {
+    use futures::StreamExt;
+    let mut body = resp.bytes_stream();
+    let (mut buf, mut events) = (Vec::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(chunk))) => {
+                buf.extend_from_slice(&chunk);
+                while let Some((_, event, data)) = common::next_sse_block(&mut buf) {
+                    if !event.is_empty() {
+                        events.push((event, data));
+                    }
+                }
+            }
+            Ok(None) => return (events, true),
+            Ok(Some(Err(e))) => panic!("the stream broke instead of ending: {e} (after {events:?})"),
+            Err(_) => return (events, false),
+        }
+    }
+}
+
+/// A token's open streams end once it is revoked: the approvals inbox and a run's events,
+/// each after an `error` event `unauthorized`. Revoked through the API, the streams are
+/// checked at once; revoked in the store behind this replica's back (as through another
+/// replica), within the check interval (2 s). A stream of the user's other, valid token stays
+/// open.
+async fn open_streams_end_when_their_token_is_revoked(backend: Backend) {
+    use std::time::{Duration, Instant};
+    let t = spawn(backend).await;
+    let alice = t.user("alice").await;
+    let run = t.run(&alice).await;
+    let mut tokens = Vec::new();
+    for label in ["by-api", "elsewhere"] {
+        let c = t.post("/v1/tokens", &alice, json!({"label": label})).await;
+        assert_eq!(c.status, StatusCode::CREATED, "{c:?}");
+        tokens.push((c.body["id"].as_str().unwrap().to_owned(), c.body["secret"].as_str().unwrap().to_owned()));
+    }
+    let open = |token: String, path: String| {
+        let req = t.client.get(format!("{}{path}", t.base)).bearer_auth(token);
+        async move {
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "{path}");
+            r
+        }
+    };
+    let paths = ["/v1/approvals/stream".to_owned(), format!("/v1/runs/{run}/events")];
+    let kept = open(alice.clone(), paths[0].clone()).await;
+
+    for (i, (id, secret)) in tokens.iter().enumerate() {
+        let mut streams = Vec::new();
+        for path in &paths {
+            streams.push(open(secret.clone(), path.clone()).await);
+        }
+        let started = Instant::now();
+        let bound = if i == 0 {
+            let r = t.post(&format!("/v1/tokens/{id}/revoke"), &alice, json!({})).await;
+            assert_eq!(r.status, StatusCode::OK, "{r:?}");
+            Duration::from_secs(4)
+        } else {
+            assert!(t.app().store.revoke_token(id).await.unwrap());
+            Duration::from_secs(8)
+        };
+        for (path, stream) in paths.iter().zip(streams) {
+            let (events, closed) = until_closed(stream, Duration::from_secs(20)).await;
+            let took = started.elapsed();
+            assert!(closed, "{path} of a revoked token was still open 20 s later: {events:?}");
+            assert!(took < bound, "{path} ended {took:?} after the revocation (bound {bound:?})");
+            let (event, data) = events.last().unwrap();
+            assert_eq!((event.as_str(), data["code"].as_str()), ("error", Some("unauthorized")), "{events:?}");
+        }
+        // The revoked token opens nothing more.
+        let r = t.client.get(format!("{}{}", t.base, paths[0])).bearer_auth(secret).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    }
+    let (events, closed) = until_closed(kept, Duration::from_secs(1)).await;
+    assert!(!closed, "the stream of a valid token ended: {events:?}");
+    assert_eq!(events.first().map(|e| e.0.as_str()), Some("approvals"), "{events:?}");
 }
