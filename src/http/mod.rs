@@ -241,10 +241,14 @@ pub fn router(app: App, extra: Router<App>, body_limit: usize, request_timeout: 
             },
         ));
     let streams = streams.layer(axum::middleware::from_fn_with_state(app.clone(), limits::stream_slot));
+    // The runner's and the replicas' routes are outside the request timeout (a runner's
+    // connect answers its job stream; a forwarded execution lasts as long as the tool), but
+    // their request bodies must arrive within it.
+    let bodies_in_time = axum::middleware::from_fn_with_state(request_timeout, body_within);
     api.merge(streams)
         .merge(extra)
-        .merge(cluster::internal_router())
-        .merge(devices::runner_router())
+        .merge(cluster::internal_router().layer(bodies_in_time.clone()))
+        .merge(devices::runner_router().layer(bodies_in_time))
         .merge(web::router())
         .fallback(|| async { Error::NotFound("route") })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
@@ -252,4 +256,47 @@ pub fn router(app: App, extra: Router<App>, body_limit: usize, request_timeout: 
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(TraceLayer::new_for_http())
         .with_state(app)
+}
+
+/// Middleware of routes served outside the request timeout whose handlers read a whole body
+/// (the runner's `/v1/runner/*`, the replicas' `/internal/*`): the body must have arrived
+/// within `limit` (`--request-timeout-secs`) of the request's start, else the answer is 503
+/// `request_timeout` — a body trickled in a byte at a time cannot hold a connection longer
+/// than any request. Only the body's reading is bounded: the answer (a runner's job stream,
+/// a forwarded execution) takes as long as it takes. Each route's own body limit still
+/// applies (its extractor reads the body).
+async fn body_within(
+    axum::extract::State(limit): axum::extract::State<Duration>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let deadline = tokio::time::Instant::now() + limit;
+    let late = Arc::new(AtomicBool::new(false));
+    let (parts, body) = req.into_parts();
+    let flag = Arc::clone(&late);
+    let body = futures::stream::unfold(Some(body.into_data_stream()), move |rest| {
+        let flag = Arc::clone(&flag);
+        async move {
+            let mut rest = rest?;
+            match tokio::time::timeout_at(deadline, futures::StreamExt::next(&mut rest)).await {
+                Ok(Some(chunk)) => Some((chunk, Some(rest))),
+                Ok(None) => None,
+                Err(_) => {
+                    flag.store(true, Ordering::Release);
+                    Some((Err(axum::Error::new("the request body did not arrive in time")), None))
+                }
+            }
+        }
+    });
+    let response = next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from_stream(body))).await;
+    if late.load(Ordering::Acquire) {
+        return Error::Unavailable {
+            code: ErrorCode::RequestTimeout,
+            message: format!("the request body took longer than {} s to arrive", limit.as_secs()),
+        }
+        .into_response();
+    }
+    response
 }

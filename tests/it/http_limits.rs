@@ -168,3 +168,104 @@ async fn connection_limit_queues_the_next_client() {
     let head = read_head(&mut c, Duration::from_secs(5)).await;
     assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
 }
+
+/// The runner's routes are served outside the request timeout (a runner's connect answers a
+/// stream that lasts), but their request bodies must arrive within it: a body trickled into
+/// the unauthenticated `POST /v1/runner/enroll` a byte every 300 ms is answered 503
+/// `request_timeout` once `--request-timeout-secs` (here 2 s) passed, and a runner's connect
+/// still streams beyond it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_bodies_must_arrive_within_the_request_time() {
+    let mut t = common::spawn(Backend::Sqlite).await;
+    t.settings.request_timeout = Duration::from_secs(2);
+    t.restart().await;
+    let addr = t.base.trim_start_matches("http://").to_owned();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let started = std::time::Instant::now();
+    s.write_all(
+        b"POST /v1/runner/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..199 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if wr.write_all(b" ").await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !(answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.windows(15).any(|w| w == b"request_timeout")) {
+        match tokio::time::timeout_at(deadline, rd.read(&mut buf)).await {
+            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    let took = started.elapsed();
+    trickle.abort();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 503"), "no 503 within 10 s of a trickled body ({took:?}): {text:?}");
+    assert!(text.contains("\"request_timeout\""), "{text}");
+    assert!(took >= Duration::from_millis(1900), "answered before the request time: {took:?}");
+    assert!(took < Duration::from_secs(6), "answered long after the request time: {took:?}");
+
+    // A runner's connect answers a stream that outlives the request time: pings (every
+    // lease / 3 = 5 s) still come after it.
+    let r = t.post("/v1/devices", &t.admin_token, serde_json::json!({"name": "slow"})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let device = r.body["id"].as_str().unwrap().to_owned();
+    let code = r.body["enrollment"]["code"].as_str().unwrap().to_owned();
+    let key = mira_core::remote::signing_key(&[7; 32]);
+    let enrolled = t
+        .client
+        .post(format!("{}/v1/runner/enroll", t.base))
+        .json(&serde_json::json!({"code": code, "public_key": mira_core::remote::public_hex(&key)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(enrolled.status(), StatusCode::OK);
+    let challenge: serde_json::Value = t
+        .client
+        .post(format!("{}/v1/runner/challenge", t.base))
+        .json(&serde_json::json!({"device_id": device}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let challenge = challenge["challenge"].as_str().unwrap().to_owned();
+    let signature = mira_core::remote::sign(
+        &key,
+        mira_core::remote::CONNECT_DOMAIN,
+        &mira_core::remote::connect_message(&device, &challenge),
+    );
+    let mut stream = t
+        .client
+        .post(format!("{}/v1/runner/connect", t.base))
+        .json(&serde_json::json!({"device_id": device, "challenge": challenge, "signature": signature,
+            "advertised": {"capabilities": ["fs.read"], "tools": ["read_open"], "workspaces": [{"path": "/srv/slow"}], "version": "hand"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let connected = std::time::Instant::now();
+    let (mut lines, mut buf) = (Vec::<serde_json::Value>::new(), Vec::new());
+    while connected.elapsed() < Duration::from_secs(12) && !lines.iter().any(|l| l["type"] == "ping") {
+        match tokio::time::timeout(Duration::from_secs(12), stream.chunk()).await {
+            Ok(Ok(Some(bytes))) => buf.extend_from_slice(&bytes),
+            other => panic!("the runner's stream ended after {:?}: {other:?}", connected.elapsed()),
+        }
+        while let Some(at) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=at).collect();
+            lines.push(serde_json::from_slice(&line).unwrap());
+        }
+    }
+    assert_eq!(lines.first().map(|l| l["type"].clone()), Some("welcome".into()), "{lines:?}");
+    assert!(lines.iter().any(|l| l["type"] == "ping"), "no ping within 12 s: {lines:?}");
+    assert!(connected.elapsed() > Duration::from_secs(2), "the ping came before the request time passed");
+}
