@@ -1694,3 +1694,62 @@ async fn a_browser_over_its_memory_limit_is_ended_and_a_fresh_one_starts() {
     let read = f.snapshot().await;
     assert!(read["tree"].as_str().unwrap().contains("Welcome to the test shop"), "{read}");
 }
+
+/// A navigation without `tab` runs in the tab its approval showed: the tab active at freeze
+/// time is frozen with the call, so a tab opened (and made active) before the grant is not
+/// the one navigated; with no tab open at freeze time the call opens its own; a pinned tab
+/// closed before the grant fails the call, nothing loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_navigation_runs_in_the_tab_its_approval_showed() {
+    let a = serve_a("http://127.0.0.1:9/".into()).await;
+    let t = spawn_with(Backend::Sqlite, browser_options(&a)).await;
+    let token = t.admin_token.clone();
+    let mut f = Fx::with_turn(
+        t,
+        token,
+        "use the web browser: navigate to a page, open a new tab, list and close browser tabs",
+        &["browser_navigate", "browser_tabs"],
+    )
+    .await;
+    // No tab open at freeze time: frozen as a new tab, even though one is open at the grant.
+    let early = f.freeze("browser_navigate", json!({"url": format!("{a}/tall")})).await;
+    assert_eq!(early.body["input"]["new_tab"], true, "{early:?}");
+    assert!(early.body["input"].get("tab").is_none(), "{early:?}");
+    let (_, first) = f.approved("browser_navigate", json!({"url": format!("{a}/")})).await;
+    assert_eq!(first["status"], "completed", "{first}");
+    let first_tab = first["result"]["output"]["tab"].as_str().unwrap().to_owned();
+    f.grant(&early.body).await;
+    let early = f.wait(&early.body).await;
+    assert_eq!(early["status"], "completed", "{early}");
+    assert_ne!(early["result"]["output"]["tab"], first_tab.as_str(), "a tab of its own: {early}");
+
+    // The active tab (early's) is pinned; another tab opened and made active before the grant.
+    let active = early["result"]["output"]["tab"].as_str().unwrap().to_owned();
+    let pinned = f.freeze("browser_navigate", json!({"url": format!("{a}/second")})).await;
+    assert_eq!(pinned.body["input"]["tab"], active.as_str(), "{pinned:?}");
+    assert_eq!(f.preview(&pinned.body).await["tab"], active.as_str());
+    let (_, other) = f.approved("browser_navigate", json!({"url": format!("{a}/layers"), "new_tab": true})).await;
+    assert_eq!(other["status"], "completed", "{other}");
+    let other_tab = other["result"]["output"]["tab"].as_str().unwrap().to_owned();
+    f.grant(&pinned.body).await;
+    let pinned = f.wait(&pinned.body).await;
+    assert_eq!(pinned["status"], "completed", "{pinned}");
+    assert_eq!(pinned["result"]["output"]["tab"], active.as_str(), "the approved tab, not the active one: {pinned}");
+    let tabs = f.run("browser_tabs", json!({"action": "list"})).await;
+    let list = tabs["result"]["output"]["tabs"].as_array().unwrap().clone();
+    let url_of =
+        |id: &str| list.iter().find(|t| t["tab"] == id).map(|t| t["url"].as_str().unwrap_or_default().to_owned());
+    assert!(url_of(&other_tab).unwrap().ends_with("/layers"), "the other tab kept its page: {tabs}");
+    assert!(url_of(&active).unwrap().ends_with("/second"), "{tabs}");
+
+    // The pinned tab (active again: the granted call made it so) closed before the grant:
+    // refused, nothing loaded.
+    let gone = f.freeze("browser_navigate", json!({"url": format!("{a}/tall")})).await;
+    assert_eq!(gone.body["input"]["tab"], active.as_str(), "{gone:?}");
+    let closed = f.run("browser_tabs", json!({"action": "close", "tab": active})).await;
+    assert_eq!(closed["status"], "completed", "{closed}");
+    f.grant(&gone.body).await;
+    let gone = f.wait(&gone.body).await;
+    assert_eq!(gone["status"], "failed", "{gone}");
+    assert_eq!(gone["result"]["error"]["code"], "not_found", "{gone}");
+}

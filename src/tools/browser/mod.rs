@@ -356,21 +356,22 @@ fn navigate_canonical(input: &Value) -> Result<Value, ToolError> {
     Ok(out)
 }
 
-/// The URL of the tab (the active one when `tab` is None) of `user`, when the context is
-/// open and not busy. Errors: `browser_gone`, once, when the managed browser the user's
-/// context was in ended (as every browser tool's freeze says it; swallowed here, the next
-/// call would start a fresh browser without the user ever being told).
-async fn current_url(b: &Browser, user: &str, tab: Option<&str>) -> Result<Option<String>, ToolError> {
+/// The tab a navigation will load in, and its URL: tab `tab`, or the active one when `tab` is
+/// None; None when `user` has no tab open (the navigation opens one). Waits for a call using
+/// the tabs to end, as the element actions' freeze does. Errors: `browser_gone`, once, when
+/// the managed browser the user's context was in ended; `not_found` for a named tab that is
+/// not open.
+async fn target_tab(b: &Browser, user: &str, tab: Option<&str>) -> Result<Option<(String, Option<String>)>, ToolError> {
     let Some(ctx) = b.existing(user).await? else {
         return Ok(None);
     };
-    let Ok(tabs) = ctx.tabs.try_lock() else {
+    let tabs = ctx.lock_tabs().await;
+    if tab.is_none() && tabs.list.is_empty() {
         return Ok(None);
-    };
-    let Ok(tab) = tabs.get(tab) else {
-        return Ok(None);
-    };
-    Ok(manager::main_frame(&tab.page).await.ok().map(|(_, url)| url))
+    }
+    let tab = tabs.get(tab)?;
+    let url = manager::main_frame(&tab.page).await.ok().map(|(_, url)| url);
+    Ok(Some((tab.id.clone(), url)))
 }
 
 #[async_trait]
@@ -384,11 +385,19 @@ impl Tool for Navigate {
     }
 
     async fn prepare(&self, input: Value, ctx: &PrepareContext<'_>) -> Result<Prepared, ToolError> {
-        let canonical = navigate_canonical(&input)?;
+        let mut canonical = navigate_canonical(&input)?;
+        let new_tab = canonical["new_tab"].as_bool().unwrap_or(false);
+        let current = if new_tab { None } else { target_tab(&self.b, ctx.owner_id, canonical["tab"].as_str()).await? };
+        // What the approval shows is what runs: the tab is pinned now (the active tab can
+        // change before the grant), and with none open the call opens a new tab even if one
+        // is open by then.
+        match &current {
+            Some((tab, _)) => canonical["tab"] = json!(tab),
+            None => canonical["new_tab"] = json!(true),
+        }
         let url = canonical["url"].as_str().unwrap_or_default();
         let origin = url::Url::parse(url).map(|u| policy::origin_of(&u)).unwrap_or_default();
-        let current = current_url(&self.b, ctx.owner_id, canonical["tab"].as_str()).await?;
-        let preview = json!({"url": url, "origin": origin, "current_url": current,
+        let preview = json!({"url": url, "origin": origin, "current_url": current.and_then(|(_, url)| url),
                              "tab": canonical.get("tab"), "new_tab": canonical["new_tab"]});
         Ok(Prepared { input: canonical, preview })
     }
@@ -397,17 +406,29 @@ impl Tool for Navigate {
         navigate_canonical(&input)
     }
 
+    fn replay_input(&self, mut canonical: Value, frozen: &Value) -> Value {
+        for key in ["tab", "new_tab"] {
+            if let Some(v) = frozen.get(key) {
+                canonical[key] = v.clone();
+            }
+        }
+        canonical
+    }
+
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let url = input["url"].as_str().unwrap_or_default().to_owned();
         let browser = self.b.context(&ctx.owner_id).await?;
         let mut tabs = browser.lock_tabs().await;
         browser.touch();
         let before = browser.take_refusals();
-        let tab_id = if input["new_tab"].as_bool().unwrap_or(false) || tabs.list.is_empty() {
+        // A tab pinned at freeze time must still be open (the approval named it); calls
+        // frozen before tabs were pinned use the active tab.
+        let tab_id = if let Some(pinned) = input["tab"].as_str() {
+            tabs.get_mut(Some(pinned))?.id.clone()
+        } else if input["new_tab"].as_bool().unwrap_or(false) || tabs.list.is_empty() {
             browser.open_tab(&mut tabs).await?
         } else {
-            let t = tabs.get_mut(input["tab"].as_str())?;
-            t.id.clone()
+            tabs.get_mut(None)?.id.clone()
         };
         tabs.active = Some(tab_id.clone());
         let tab = tabs.get(Some(&tab_id))?;
