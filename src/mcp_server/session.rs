@@ -81,9 +81,10 @@ pub const CALL_WAIT: Duration = Duration::from_secs(50);
 /// progress token.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-/// Most bytes of one string of the input an elicitation shows (a longer one is cut, saying
-/// how long it is); the shorter fields are shown first, so a long one never hides them.
-const ELICIT_FIELD_BYTES: usize = 512;
+/// Most bytes of the input an elicitation shows, whole: a larger input is not asked about
+/// through elicitation (nothing of a call is ever cut from what a person approves there); it
+/// waits for the page or the API, which show it all.
+const ELICIT_INPUT_BYTES: usize = 32 * 1024;
 
 /// Longest a waiting call whose request was cancelled waits to hear the client's
 /// `notifications/cancelled` for it (handled right after rmcp cancels the request); not heard
@@ -94,7 +95,8 @@ const CANCEL_HEARD_WAIT: Duration = Duration::from_secs(1);
 /// call reads them (ids of requests not waiting are kept too, the oldest forgotten first).
 const MAX_CANCELS_HEARD: usize = 64;
 
-/// Most fields of the input an elicitation lists ([`elicit_input`]).
+/// Most fields of the input an elicitation lists ([`elicit_input`]); an input with more is
+/// not asked about there.
 const ELICIT_FIELDS: usize = 24;
 
 /// Most calls of one session waiting at once; one more is an error result.
@@ -453,9 +455,15 @@ impl Session {
                 e.spec().input_schema.get("properties").and_then(Value::as_object).map(|p| p.keys().cloned().collect())
             })
             .unwrap_or_default();
-        let input = elicit_input(&view.input, &declared);
+        let Some(input) = elicit_input(&view.input, &declared) else {
+            tracing::info!(
+                approval = approval_id,
+                "not asked through elicitation: the input is too large to show whole"
+            );
+            return Ok(());
+        };
         let message = format!(
-            "Approve this exact call?\n\ntool: {}\ncall id: {}\ninput hash: {}\napproval: {}\n\ninput (the whole of it is in the approval):\n{input}",
+            "Approve this exact call?\n\ntool: {}\ncall id: {}\ninput hash: {}\napproval: {}\n\ninput:\n{input}",
             view.tool_id, view.tool_call_id, view.input_hash, approval_id
         );
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -565,48 +573,29 @@ fn call_key(name: &str, args: &JsonObject) -> Result<[u8; 32], Error> {
     Ok(hash.finalize().into())
 }
 
-/// The input as an elicitation shows it: one `field: value` line per member — the fields the
-/// tool's schema declares (`declared`) first, then any others; within each, shortest value
-/// first (so a long text never pushes the path or the flags out of view) — at most
-/// [`ELICIT_FIELDS`] lines, saying how many more there are; each string cut at
-/// [`ELICIT_FIELD_BYTES`] with its length said. A field name that is not plain (letters,
-/// digits, `_`, `-`, `.`) is shown quoted and escaped, so no name can forge a line.
-fn elicit_input(input: &Value, declared: &[String]) -> String {
-    let cut = |v: &Value| -> String {
-        match v {
-            Value::String(s) if s.len() > ELICIT_FIELD_BYTES => {
-                let end = (0..=ELICIT_FIELD_BYTES).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
-                format!("{:?}… ({} bytes in all)", &s[..end], s.len())
-            }
-            other => {
-                let text = other.to_string();
-                if text.len() > ELICIT_FIELD_BYTES {
-                    let end = (0..=ELICIT_FIELD_BYTES).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
-                    format!("{}… ({} bytes in all)", &text[..end], text.len())
-                } else {
-                    text
-                }
-            }
-        }
-    };
-    match input {
-        Value::Object(map) => {
-            let mut fields: Vec<(&String, String)> = map.iter().map(|(k, v)| (k, cut(v))).collect();
+/// The input as an elicitation shows it: one `field: value` line per member (its JSON) — the
+/// fields the tool's schema declares (`declared`) first, then any others; within each,
+/// shortest value first (so a long text never pushes the path or the flags out of view). A
+/// field name that is not plain (letters, digits, `_`, `-`, `.`) is shown quoted and escaped,
+/// so no name can forge a line. None when the input cannot be shown whole: more than
+/// [`ELICIT_FIELDS`] fields or more than [`ELICIT_INPUT_BYTES`] of text.
+fn elicit_input(input: &Value, declared: &[String]) -> Option<String> {
+    let text = match input {
+        Value::Object(map) if map.len() <= ELICIT_FIELDS => {
+            let mut fields: Vec<(&String, String)> = map.iter().map(|(k, v)| (k, v.to_string())).collect();
             fields.sort_by_key(|(k, v)| (!declared.contains(k), v.len(), (*k).clone()));
             let plain =
                 |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-            let mut lines: Vec<String> = fields
+            let lines: Vec<String> = fields
                 .iter()
-                .take(ELICIT_FIELDS)
                 .map(|(k, v)| if plain(k) { format!("{k}: {v}") } else { format!("{k:?}: {v}") })
                 .collect();
-            if fields.len() > ELICIT_FIELDS {
-                lines.push(format!("… and {} more fields, not shown here", fields.len() - ELICIT_FIELDS));
-            }
             lines.join("\n")
         }
-        other => cut(other),
-    }
+        Value::Object(_) => return None,
+        other => other.to_string(),
+    };
+    (text.len() <= ELICIT_INPUT_BYTES).then_some(text)
 }
 
 /// The form an approval elicitation asks for.

@@ -144,6 +144,31 @@ async fn edit_approved_through_elicitation(backend: Backend) {
     assert_eq!(approval["invocation"]["input_hash"], meta["input_hash"]);
 }
 
+/// An input too large to show whole in an elicitation is not asked about there (a person
+/// approves nothing of which a part was cut away): the call waits, and the page or the API
+/// decides it.
+async fn an_input_too_large_to_show_whole_is_not_elicited(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
+    let content = format!("{}\n", "lorem ipsum ".repeat(4000));
+    let (mut c, _, _) = PyClient::listed(&token, &mcp_url(&t), "edit-elicit", &["notes.txt", &content]).await;
+    let a = pending_approval(&t, &token).await;
+    let call = &a["invocation"];
+    let r = t
+        .post(
+            &format!("/v1/approvals/{}/grant", a["id"].as_str().unwrap()),
+            &token,
+            json!({"tool_id": call["tool_id"], "tool_call_id": call["tool_call_id"], "input_hash": call["input_hash"]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let called = c.step("called").await;
+    c.finish().await;
+    assert_eq!(called["result"]["is_error"], false, "{called}");
+    assert!(called["elicitations"].as_array().unwrap().is_empty(), "nothing elicited: {called}");
+    assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), content);
+}
+
 async fn edit_declined_through_elicitation(backend: Backend) {
     let t = spawn(backend).await;
     let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
@@ -588,6 +613,7 @@ async fn the_official_conformance_suite_passes(backend: Backend) {
 both_backends!(
     list_read_and_evidence,
     edit_approved_through_elicitation,
+    an_input_too_large_to_show_whole_is_not_elicited,
     edit_declined_through_elicitation,
     edit_approved_in_the_api_while_the_client_waits,
     a_cancelled_call_cancels_its_invocation,
