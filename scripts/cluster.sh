@@ -90,6 +90,9 @@ defaults
     timeout tunnel 1h
 frontend mira
     bind 127.0.0.1:$lb_port
+    # The replicas forward to each other directly (their default internal URL is their own
+    # listen address): /internal/* is not served through the load balancer.
+    http-request deny deny_status 404 if { path_beg /internal/ }
     default_backend replicas
 backend replicas
     balance roundrobin

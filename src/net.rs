@@ -21,6 +21,36 @@ pub fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
 }
 
+/// How long a replica waits to connect to another ([`cluster_client`]).
+pub const CLUSTER_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a request between replicas may take, its answer included, unless the request
+/// sets its own bound ([`cluster_client`]): a replica that accepts a forwarded request and
+/// then answers nothing cannot hold the request (and the runner's or user's request behind
+/// it) forever.
+pub const CLUSTER_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The client replicas reach each other with (requests carrying `x-mira-cluster-secret`):
+/// - it never follows a redirect: a 3xx answer is returned as it is, which every caller
+///   treats as a refusal, so the cluster secret never travels to a host the request was not
+///   addressed to;
+/// - it ignores `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` (replicas reach each other directly;
+///   a proxy would see the secret);
+/// - it connects within [`CLUSTER_CONNECT_TIMEOUT`] and every request ends within
+///   [`CLUSTER_REQUEST_TIMEOUT`] unless it sets its own time limit (a forwarded execution
+///   sets the execution time limit).
+///
+/// The internal URLs (`--internal-url`) should be `https://` or addresses of a private
+/// network: the secret is sent with every request.
+pub fn cluster_client() -> reqwest::Result<reqwest::Client> {
+    client_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .connect_timeout(CLUSTER_CONNECT_TIMEOUT)
+        .timeout(CLUSTER_REQUEST_TIMEOUT)
+        .build()
+}
+
 /// Why a URL may not be fetched on behalf of a non-admin user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrivateAddress(pub String);

@@ -199,6 +199,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         id: stable.clone(),
         process_id: node.clone(),
         config: settings.runtime.cluster.clone(),
+        execution_timeout: limits.timeout,
     });
     let cluster_executor = Arc::new(
         crate::cluster::forward::ClusterExecutor::new(local, store.clone(), cluster_node.clone())

@@ -138,7 +138,7 @@ impl ClusterExecutor {
     /// Fails only when the HTTP client cannot be built.
     pub fn new(local: Arc<LocalExecutor>, store: Store, node: Arc<Node>) -> Result<Self, reqwest::Error> {
         let process_id = node.process_id.clone();
-        let client = crate::net::client_builder().build()?;
+        let client = crate::net::cluster_client()?;
         Ok(Self { local, store, node, process_id, client })
     }
 
@@ -155,9 +155,15 @@ impl ClusterExecutor {
 /// Sends the execution of invocation `invocation_id` (claimed by process `claimed_by`) to the
 /// replica at `base`: `POST <base>/internal/v1/execute` with the cluster secret, and answers
 /// the owner's outcome. Errors: `owner_unreachable` when nothing was run (no secret here, the
-/// connection refused, the owner refused before acting), `outcome_unknown` when the request
-/// failed after it was sent (the owner may have acted; it is never sent again), `cancelled`
-/// when `cancel` fired (the closed connection stops the action on the owner).
+/// connection refused, the owner refused before acting — a redirect too: `client` is a
+/// [`crate::net::cluster_client`], which follows none), `outcome_unknown` when the request
+/// failed after it was sent (the owner may have acted; it is never sent again) or took
+/// longer than the execution time limit plus [`crate::harness::COMMITTED_GRACE`] and
+/// [`FORWARD_MARGIN`], `cancelled` when `cancel` fired (the closed connection stops the
+/// action on the owner).
+///
+/// The errors' messages go to the user whose call it is: they name no replica address and
+/// carry none of the other replica's answer; those are logged.
 pub async fn forward_execute(
     client: &reqwest::Client,
     node: &Node,
@@ -174,51 +180,58 @@ pub async fn forward_execute(
     };
     let url = format!("{}/internal/v1/execute", base.trim_end_matches('/'));
     let body = ExecuteRequest { invocation_id: invocation_id.to_owned(), claimed_by: claimed_by.to_owned() };
-    let send = client.post(&url).header(SECRET_HEADER, secret).json(&body).send();
+    let limit = node.execution_timeout.saturating_add(crate::harness::COMMITTED_GRACE).saturating_add(FORWARD_MARGIN);
+    let send = client.post(&url).header(SECRET_HEADER, secret).timeout(limit).json(&body).send();
     let response = tokio::select! {
         r = send => r,
         // Dropping the request closes the connection: the owner cancels the action.
         () = cancel.cancelled() => return Err(ToolError::new(ErrorCode::Cancelled,
             "cancelled; the forwarded action was stopped on the owner replica")),
     };
-    let unknown = |e: String| {
+    let unknown = |why: &str| {
+        tracing::warn!(invocation = invocation_id, replica = base, why, "a forwarded action failed after it was sent");
         ToolError::new(
             ErrorCode::OutcomeUnknown,
-            format!("the forwarded action failed after it was sent to {base}: {e}"),
+            "the forwarded action failed after it was sent to the owner replica; whether it ran is unknown (it is not sent again)",
         )
     };
     let response = match response {
         Ok(r) => r,
         Err(e) if e.is_connect() => {
+            tracing::warn!(invocation = invocation_id, replica = base, error = %e, "the owner replica cannot be reached");
             return Err(ToolError::new(
                 ErrorCode::OwnerUnreachable,
-                format!("the owner replica at {base} cannot be reached ({e}); nothing was run"),
+                "the owner replica cannot be reached; nothing was run",
             ));
         }
-        Err(e) => return Err(unknown(e.to_string())),
+        Err(e) => return Err(unknown(&e.to_string())),
     };
     let status = response.status();
     let text = tokio::select! {
-        t = response.text() => t.map_err(|e| unknown(e.to_string()))?,
+        t = response.text() => t.map_err(|e| unknown(&e.to_string()))?,
         () = cancel.cancelled() => return Err(ToolError::new(ErrorCode::Cancelled,
             "cancelled; the forwarded action was stopped on the owner replica")),
     };
     if !status.is_success() {
-        // The owner refused before running anything (bad secret, claim no longer held…).
+        // The owner refused before running anything (bad secret, claim no longer held…), or
+        // something that is not a replica answered (a redirect is never followed).
+        tracing::warn!(invocation = invocation_id, replica = base, %status,
+            answer = %text.chars().take(300).collect::<String>(), "the owner replica refused a forwarded action");
         return Err(ToolError::new(
             ErrorCode::OwnerUnreachable,
-            format!(
-                "the owner replica at {base} refused the forwarded action ({status}): {}",
-                text.chars().take(300).collect::<String>()
-            ),
+            format!("the owner replica refused the forwarded action ({})", status.as_u16()),
         ));
     }
     match serde_json::from_str::<ExecuteAnswer>(&text) {
         Ok(ExecuteAnswer::Ok(out)) => Ok(out),
         Ok(ExecuteAnswer::Err(e)) => Err(e),
-        Err(e) => Err(unknown(format!("unreadable answer: {e}"))),
+        Err(e) => Err(unknown(&format!("unreadable answer: {e}"))),
     }
 }
+
+/// How much longer than the execution time limit and its grace a forwarded execution may
+/// take before its request is abandoned (the harness stops the call itself before that).
+pub const FORWARD_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[async_trait]
 impl Executor for ClusterExecutor {
@@ -270,5 +283,108 @@ impl Executor for ClusterExecutor {
                 self.forward(&base, inv, &cancel).await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::http::{HeaderMap, StatusCode, header};
+    use axum::response::IntoResponse;
+    use parking_lot::Mutex;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{ErrorCode, SECRET_HEADER, forward_execute};
+    use crate::cluster::{ClusterConfig, Node};
+
+    type Seen = Arc<Mutex<Vec<HeaderMap>>>;
+
+    /// A listener on loopback that records every request's headers and answers `status`
+    /// with `location` (when given) and `body`; its base URL.
+    async fn listener(status: StatusCode, location: Option<String>, body: &'static str) -> (String, Seen) {
+        let seen: Seen = Arc::default();
+        let record = Arc::clone(&seen);
+        let app = axum::Router::new().fallback(move |headers: HeaderMap| {
+            let record = Arc::clone(&record);
+            let location = location.clone();
+            async move {
+                record.lock().push(headers);
+                let mut response = (status, body).into_response();
+                if let Some(to) = location {
+                    response.headers_mut().insert(header::LOCATION, to.parse().unwrap());
+                }
+                response
+            }
+        });
+        let socket = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", socket.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(socket, app).await });
+        (base, seen)
+    }
+
+    fn node() -> Node {
+        Node {
+            id: "node-a".into(),
+            process_id: "node-a:1".into(),
+            config: ClusterConfig { secret: Some("the-cluster-secret".into()), ..ClusterConfig::default() },
+            execution_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// A "replica" that answers a forwarded execution with a redirect to another listener:
+    /// the redirect is not followed — the other listener never sees the request, nor the
+    /// cluster secret — and the forward fails `owner_unreachable`, naming neither address.
+    #[tokio::test]
+    async fn a_redirect_is_not_followed_and_the_secret_goes_nowhere_else() {
+        let (elsewhere, seen_elsewhere) = listener(StatusCode::OK, None, "{}").await;
+        for status in [StatusCode::TEMPORARY_REDIRECT, StatusCode::FOUND, StatusCode::PERMANENT_REDIRECT] {
+            let to = format!("{elsewhere}/internal/v1/execute");
+            let (replica, seen_replica) = listener(status, Some(to), "").await;
+            let client = crate::net::cluster_client().unwrap();
+            let e = forward_execute(&client, &node(), &replica, "inv_1", "node-a:1", &CancellationToken::new())
+                .await
+                .unwrap_err();
+            assert!(
+                seen_elsewhere.lock().is_empty(),
+                "{status}: the redirect was followed to another listener, with headers {:?}",
+                seen_elsewhere.lock()
+            );
+            assert_eq!(e.code, ErrorCode::OwnerUnreachable, "{status}: {e:?}");
+            let asked = seen_replica.lock();
+            assert_eq!(asked.len(), 1, "{status}");
+            assert_eq!(asked[0].get(SECRET_HEADER).unwrap(), "the-cluster-secret");
+            assert!(!e.message.contains(&replica) && !e.message.contains(&elsewhere), "{e:?}");
+        }
+    }
+
+    /// A refusal or an unreachable owner is told to the user without the replica's address or
+    /// any of its answer (both are logged).
+    #[tokio::test]
+    async fn forward_errors_name_no_replica_and_quote_no_answer() {
+        let (replica, _) = listener(StatusCode::FORBIDDEN, None, "REPLICA-SIDE DETAIL 10.1.2.3").await;
+        let client = crate::net::cluster_client().unwrap();
+        let cancel = CancellationToken::new();
+        let e = forward_execute(&client, &node(), &replica, "inv_1", "node-a:1", &cancel).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::OwnerUnreachable, "{e:?}");
+        assert!(!e.message.contains("DETAIL") && !e.message.contains(&replica), "{e:?}");
+
+        // Nothing listens there any more: the connection is refused.
+        let gone = {
+            let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", socket.local_addr().unwrap())
+        };
+        let e = forward_execute(&client, &node(), &gone, "inv_1", "node-a:1", &cancel).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::OwnerUnreachable, "{e:?}");
+        assert!(!e.message.contains(&gone) && !e.message.contains("127.0.0.1"), "{e:?}");
+
+        // An answer that is no execution answer: unknown outcome, unquoted.
+        let (replica, _) = listener(StatusCode::OK, None, "not json DETAIL").await;
+        let e = forward_execute(&client, &node(), &replica, "inv_1", "node-a:1", &cancel).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::OutcomeUnknown, "{e:?}");
+        assert!(!e.message.contains("DETAIL") && !e.message.contains(&replica), "{e:?}");
     }
 }

@@ -94,6 +94,9 @@ pub struct Node {
     pub process_id: String,
     /// Settings.
     pub config: ClusterConfig,
+    /// The harness's execution time limit (`--execution-timeout-secs`): what a forwarded
+    /// execution may last ([`forward::forward_execute`]).
+    pub execution_timeout: Duration,
 }
 
 impl Node {

@@ -348,7 +348,7 @@ impl DeviceHub {
     ) -> Result<Self, reqwest::Error> {
         let enroll_limit =
             enroll_limit::EnrollLimiter::new(settings.enroll_failures_per_address, settings.enroll_failures_global);
-        let client = crate::net::client_builder().build()?;
+        let client = crate::net::cluster_client()?;
         Ok(Self {
             store,
             key,

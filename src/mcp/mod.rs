@@ -511,7 +511,7 @@ impl McpManager {
     /// in `mcp_owners` before they are spawned. Without it every server is this process's.
     /// Fails only when the HTTP client for forwarded connects cannot be built.
     pub fn set_node(&self, node: Arc<crate::cluster::Node>) -> anyhow::Result<()> {
-        let client = crate::net::client_builder().build()?;
+        let client = crate::net::cluster_client()?;
         let _ = self.cluster.set(ClusterLink { node, client });
         Ok(())
     }

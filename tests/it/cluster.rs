@@ -289,6 +289,12 @@ async fn snapshot_where(rx: &mut mpsc::Receiver<(Option<i64>, String, Value)>, p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_from_a_reach_a_stream_at_b_in_order_and_resumable_at_c() {
     let c = Cluster::start(3).await;
+    // The load balancer serves no /internal/ route (haproxy answers 404 itself): the
+    // replicas reach each other directly, where the route is (401 without the secret).
+    for (base, want) in [(c.lb.as_str(), StatusCode::NOT_FOUND), (c.at(0).as_str(), StatusCode::UNAUTHORIZED)] {
+        let r = c.client.post(format!("{base}/internal/v1/execute")).json(&json!({})).send().await.unwrap();
+        assert_eq!(r.status(), want, "{base}/internal/v1/execute");
+    }
     std::fs::write(c.workspace().join("hello.txt"), "hello\nworld\n").unwrap();
     let alice = c.user("alice").await;
     let (a, b, cc) = (c.at(0), c.at(1), c.at(2));
