@@ -49,7 +49,7 @@ pub struct EmbeddingState {
 /// Readiness.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Ready {
-    /// `ok` or the store error.
+    /// `ok`, or `unavailable` when the store does not answer (the error is logged).
     pub store: String,
     /// `sqlite` or `postgres`.
     pub backend: &'static str,
@@ -91,9 +91,13 @@ pub async fn healthz() -> axum::Json<Health> {
 /// The store answers; reports the embedding model's state and the sandbox.
 #[utoipa::path(get, path = "/readyz", tag = "service", responses((status = 200, body = Ready), (status = 503, body = Ready)))]
 pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
+    // Unauthenticated: the store's error (addresses, database names) is logged, not told.
     let store = match app.store.ping().await {
         Ok(()) => "ok".to_owned(),
-        Err(e) => format!("error: {e}"),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness: the store does not answer");
+            "unavailable".to_owned()
+        }
     };
     let status = if store == "ok" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let model = app.embeddings.status();

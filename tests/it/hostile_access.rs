@@ -11,6 +11,7 @@
 //! - Open event streams (the approvals inbox, a run's events) end, after an `error` event
 //!   `unauthorized`, within seconds of their token's revocation — through the API or behind
 //!   the replica's back, as another replica's would be.
+//! - `/readyz` says `unavailable`, not the store's error, to anyone.
 //! - Forwarded calls: the owner's `POST /internal/v1/execute` refuses a call whose tool became
 //!   unavailable since it was frozen (the ladder's reason), and runs it once it is available.
 
@@ -30,6 +31,7 @@ both_backends!(
     a_code_raced_by_concurrent_enrollments_enrolls_once,
     the_owner_of_a_forwarded_call_rechecks_availability,
     open_streams_end_when_their_token_is_revoked,
+    readyz_tells_no_store_error,
 );
 
 async fn status_of_me(t: &TestApp, token: &str) -> StatusCode {
@@ -369,4 +371,15 @@ async fn open_streams_end_when_their_token_is_revoked(backend: Backend) {
     let (events, closed) = until_closed(kept, Duration::from_secs(1)).await;
     assert!(!closed, "the stream of a valid token ended: {events:?}");
     assert_eq!(events.first().map(|e| e.0.as_str()), Some("approvals"), "{events:?}");
+}
+
+/// `/readyz` needs no token: a store that does not answer is `unavailable` (503), never the
+/// store's error text (database names, addresses), which is logged instead.
+async fn readyz_tells_no_store_error(backend: Backend) {
+    let t = spawn(backend).await;
+    let r = t.request(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!((r.status, r.body["store"].as_str()), (StatusCode::OK, Some("ok")), "{r:?}");
+    t.app().store.close().await;
+    let r = t.request(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!((r.status, r.body["store"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")), "{r:?}");
 }
