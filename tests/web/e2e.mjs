@@ -283,6 +283,22 @@ try {
     await sneakyCard.locator('.result .ok').waitFor();
   }
 
+  // ---- an inbox longer than one page: a page ends at 1 MiB of stored inputs, so three large
+  // edits make three pages; the page reads them all (next_cursor) and shows every card ----
+  if (gated === 'write_file') {
+    const big = [];
+    for (let n = 0; n < 3; n += 1) {
+      big.push(await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn.turn_id, tool_id: gated, tool_call_id: `call_e2e_big_${n}`, input: { path: `web-e2e-big-${n}.txt`, content: `${'x'.repeat(99)}\n`.repeat(7000) } }));
+    }
+    const page1 = await must('GET', '/v1/approvals?status=pending&limit=200');
+    check(page1.next_cursor && page1.approvals.length < 3, `the API's first page holds ${page1.approvals.length} of the 3 large approvals, with a next_cursor`);
+    for (const b of big) await page.locator(`[data-approval-id="${b.approval_id}"]`).waitFor({ timeout: 10000 });
+    check(await page.locator('#inbox-more').isHidden(), 'all 3 large approvals are shown, none said to be missing');
+    check(await page.locator('#approval-count').innerText() === '3', 'the navigation counts all 3 pending approvals');
+    for (const b of big) await must('POST', `/v1/approvals/${b.approval_id}/deny`, {});
+    for (const b of big) await page.locator(`[data-approval-id="${b.approval_id}"]`).waitFor({ state: 'detached', timeout: 10000 });
+  }
+
   // ---- the run timeline: live, with evidence, surviving a dropped connection ----
   await goto(`#/runs/${run.id}`);
   await page.waitForSelector('#timeline-state[data-state=open]');

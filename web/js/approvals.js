@@ -1,5 +1,6 @@
 // Approvals inbox: every pending approval of the signed-in user, live over
-// GET /v1/approvals/stream (snapshots of the whole inbox). Each card shows exactly what will
+// GET /v1/approvals/stream (snapshots of the inbox's first page; the following pages are read
+// with GET /v1/approvals and the snapshot's next_cursor). Each card shows exactly what will
 // run — tool, call id, input hash, canonical input; for the terminal the command, the real
 // cwd (flagged when outside the workspace), env and timeout; for edits the diff preview, the
 // frozen precondition and any path with invisible or look-alike characters (escaped, each
@@ -12,9 +13,14 @@ import { get, post, seg, ApiError, authHeaders, errorFrom } from './api.js';
 import { follow, json } from './sse.js';
 import { h, fill, dl, jsonBlock, code, badge, announce, errorBox, streamState, fmtTime, fmtMs, title } from './ui.js';
 
+/** Most pages read after a snapshot's first (200 approvals or 1 MiB of stored inputs each). */
+const MORE_PAGES = 20;
+
 /** The app-wide inbox: one stream while signed in; views subscribe to its snapshots. */
 export const inbox = {
   approvals: null,
+  /** Counts snapshots: reading a snapshot's following pages stops when a newer one came. */
+  generation: 0,
   state: { state: 'connecting' },
   listeners: new Set(),
   stream: null,
@@ -26,7 +32,7 @@ export const inbox = {
       onEvent: (ev) => {
         if (ev.event === 'approvals') {
           const list = json(ev);
-          if (list) this.set(list.approvals ?? []);
+          if (list) this.whole(list);
         } else if (ev.event === 'error') {
           const e = json(ev);
           this.setState({ state: 'reconnecting', error: new ApiError({ status: 0, code: e?.code ?? 'stream_error', message: e?.message ?? 'the stream reported an error', method: 'GET', path: '/v1/approvals/stream' }) });
@@ -45,7 +51,7 @@ export const inbox = {
   },
   startPolling() {
     const tick = async () => {
-      try { this.set((await get('/v1/approvals?status=pending&limit=200')).approvals); this.setState({ state: 'polling' }); }
+      try { await this.whole(await get('/v1/approvals?status=pending&limit=200')); this.setState({ state: 'polling' }); }
       catch (err) { this.setState({ state: 'reconnecting', error: err }); }
     };
     tick();
@@ -55,11 +61,37 @@ export const inbox = {
     if (this.stream) this.stream.close();
     if (this.poll) clearInterval(this.poll);
     this.stream = null; this.poll = null; this.approvals = null;
+    this.generation += 1;
   },
-  set(list) {
+  /**
+   * Shows the whole inbox: the first page and the pages after it (a page ends at 200
+   * approvals or 1 MiB of stored inputs, so a few large calls can fill one), up to MORE_PAGES
+   * more, shown together once read (a partial list would take cards away and bring them
+   * back). A newer snapshot (or stop) ends the reading; a page that cannot be read shows the
+   * inbox as far as it came, flagged incomplete.
+   */
+  async whole(first) {
+    const generation = ++this.generation;
+    let list = first.approvals ?? [];
+    let cursor = first.next_cursor ?? null;
+    for (let pages = 0; cursor !== null && pages < MORE_PAGES; pages += 1) {
+      let page;
+      try {
+        page = await get(`/v1/approvals?status=pending&limit=200&cursor=${encodeURIComponent(cursor)}`);
+      } catch {
+        break;
+      }
+      if (generation !== this.generation) return;
+      list = list.concat(page.approvals ?? []);
+      cursor = page.next_cursor ?? null;
+    }
+    if (generation === this.generation) this.set(list, cursor !== null);
+  },
+  set(list, more = false) {
     this.approvals = list;
-    this.onCount?.(list.length);
-    for (const l of this.listeners) l.snapshot(list);
+    this.more = more;
+    this.onCount?.(more ? `${list.length}+` : list.length);
+    for (const l of this.listeners) l.snapshot(list, more);
   },
   setState(s) {
     this.state = s;
@@ -69,7 +101,7 @@ export const inbox = {
   subscribe(l) {
     this.listeners.add(l);
     l.state(this.state);
-    if (this.approvals) l.snapshot(this.approvals);
+    if (this.approvals) l.snapshot(this.approvals, this.more);
     return () => this.listeners.delete(l);
   },
 };
@@ -78,10 +110,11 @@ export async function mount(root) {
   const status = h('p', { class: 'stream-state', 'aria-live': 'off', id: 'inbox-state' });
   const list = h('div', { class: 'cards', id: 'approvals' });
   const empty = h('p', { class: 'empty', hidden: true }, 'No approval is waiting. New requests appear here as soon as a call is frozen.');
+  const more = h('p', { class: 'more', id: 'inbox-more', hidden: true }, 'More approvals are pending than this page shows: they appear as these are decided.');
   const decided = h('ul', { class: 'decided', 'aria-label': 'Decided in this session' });
   root.append(
     title('Approvals', 'Calls waiting for your decision. What you see is exactly what will run, once.'),
-    status, empty, list,
+    status, empty, list, more,
     h('section', { 'aria-labelledby': 'decided-title' }, h('h2', { id: 'decided-title' }, 'Decided here'), decided),
   );
   const cards = new Map();
@@ -91,7 +124,8 @@ export async function mount(root) {
       if (s.state === 'polling') { status.dataset.state = 'open'; status.textContent = 'Live (polling every 3 s: this server has no inbox stream)'; }
       else streamState(status, s);
     },
-    snapshot: (approvals) => {
+    snapshot: (approvals, incomplete) => {
+      more.hidden = !incomplete;
       const ids = new Set(approvals.map((a) => a.id));
       for (const [id, card] of cards) {
         if (!ids.has(id) && !card.dataset.deciding) {
