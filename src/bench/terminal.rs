@@ -380,6 +380,7 @@ async fn start_latency(starts: usize) -> anyhow::Result<()> {
             rows: 24,
             sandbox: spec.clone(),
             hidden: Vec::new(),
+            pinned_root: None,
         };
         let start = |i: usize| {
             let (done, rx) = tokio::sync::oneshot::channel::<()>();

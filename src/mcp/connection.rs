@@ -326,6 +326,7 @@ async fn connect(
                     sb,
                     manager.store(),
                     &row.installed_by,
+                    &manager.settings().stdio_allow,
                     &command,
                     cwd.as_deref(),
                 )

@@ -116,9 +116,11 @@ pub struct McpSettings {
     pub backoff_min: Duration,
     /// Longest reconnect delay.
     pub backoff_max: Duration,
-    /// Commands non-admin users may launch as stdio MCP servers (matched against the command
-    /// as given and its file name; `*` allows any). A stdio server is a process on the server
-    /// host, so by default (empty) only admins may install one.
+    /// Commands non-admin users may launch as stdio MCP servers, matched on real paths
+    /// ([`crate::sandbox::mcp::allowed_program`]): an entry with a `/` names that program, a
+    /// bare name the program it resolves to on the server's `PATH` (outside every workspace);
+    /// `*` allows any. A stdio server is a process on the server host, so by default (empty)
+    /// only admins may install one.
     pub stdio_allow: Vec<String>,
     /// The sandbox non-admins' stdio servers run in (set by the server at start).
     pub sandbox: Option<std::sync::Arc<crate::sandbox::Sandbox>>,
@@ -129,10 +131,13 @@ pub struct McpSettings {
 }
 
 impl McpSettings {
-    /// Whether a non-admin may install a stdio server running `command`.
-    pub fn user_may_launch(&self, command: &str) -> bool {
-        let name = std::path::Path::new(command).file_name().and_then(|n| n.to_str()).unwrap_or(command);
-        self.stdio_allow.iter().any(|a| a == "*" || a == command || a == name)
+    /// Whether a non-admin may install a stdio server running `command`: the real path of the
+    /// program it names is one the allow-list admits (see [`McpSettings::stdio_allow`]);
+    /// `workspaces` are the real paths of the host's workspaces, where no bare entry may
+    /// resolve. Errors are sentences.
+    pub fn user_may_launch(&self, command: &str, workspaces: &[std::path::PathBuf]) -> std::result::Result<(), String> {
+        let path_env = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+        crate::sandbox::mcp::allowed_program(&self.stdio_allow, command, &path_env, workspaces).map(|_| ())
     }
 }
 
@@ -746,13 +751,23 @@ impl McpManager {
         validate_timeout(req.request_timeout_ms)?;
         if let config::TransportInput::Stdio(s) = &req.transport
             && !is_admin
-            && !self.settings.user_may_launch(&s.command)
         {
-            return Err(Error::Forbidden(format!(
-                "a stdio MCP server runs `{}` on the server host; only admins may install it unless the \
-                 deployment allows that command (--mcp-stdio-allow / MIRA_MCP_STDIO_ALLOW)",
-                s.command
-            )));
+            let (own, others) =
+                crate::sandbox::mcp::host_workspaces(&self.store, user_id).await.map_err(Error::Internal)?;
+            let (own_real, others_real) = (own.clone(), others.clone());
+            let workspaces: Vec<std::path::PathBuf> = own.into_iter().chain(others).collect();
+            if let Err(why) = self.settings.user_may_launch(&s.command, &workspaces) {
+                return Err(Error::Forbidden(format!(
+                    "a stdio MCP server runs `{}` on the server host; only admins may install it unless the \
+                     deployment allows that command (--mcp-stdio-allow / MIRA_MCP_STDIO_ALLOW): {why}",
+                    s.command
+                )));
+            }
+            // Its cwd is granted read-write: one of the user's workspaces (or a folder in one)
+            // by its real path. Checked again at every launch.
+            if let Some(cwd) = &s.cwd {
+                crate::sandbox::mcp::cwd_in_workspaces(cwd, &own_real, &others_real).map_err(Error::Forbidden)?;
+            }
         }
         let id = crate::ids::new_id("mcp");
         let sealed = config::seal(&req.transport, &self.secrets, &id)?;

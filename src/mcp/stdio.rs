@@ -96,6 +96,8 @@ pub struct ChildGuard {
     pub child: Child,
     /// Its process group (= its pid, spawned with `process_group(0)`).
     pgid: Option<i32>,
+    /// Its cgroup, when it is sandboxed and the host gives one (killed and removed on drop).
+    cgroup: Option<crate::sandbox::cgroup::SessionCgroup>,
 }
 
 impl ChildGuard {
@@ -115,6 +117,11 @@ impl Drop for ChildGuard {
             }
         }
         let _ = self.child.start_kill();
+        if let Some(g) = self.cgroup.take() {
+            g.kill();
+            // (Removing waits for the killed processes to leave: not on an async worker.)
+            std::thread::spawn(move || g.remove(std::time::Duration::from_secs(5)));
+        }
     }
 }
 
@@ -129,7 +136,11 @@ pub fn spawn(
     max_line: usize,
     sandbox: Option<crate::sandbox::mcp::StdioSandbox>,
 ) -> std::io::Result<StdioProcess> {
-    let mut cmd = Command::new(command);
+    // A sandboxed server runs the real path its allow-list check admitted.
+    let mut cmd = match &sandbox {
+        Some(sb) => Command::new(&sb.program),
+        None => Command::new(command),
+    };
     cmd.args(args).env_clear();
     for key in ["PATH", "HOME", "LANG", "TMPDIR", "USER"] {
         if let Ok(v) = std::env::var(key) {
@@ -151,9 +162,11 @@ pub fn spawn(
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).process_group(0);
     let spawned = cmd.spawn();
     drop(cmd);
-    let mut child = match sandbox {
-        Some(sb) => sb.prepared.finish(spawned).map(|(c, _, _)| c).map_err(|e| std::io::Error::other(e.message))?,
-        None => spawned?,
+    let (mut child, cgroup) = match sandbox {
+        Some(sb) => {
+            sb.prepared.finish(spawned).map(|(c, g, _)| (c, g)).map_err(|e| std::io::Error::other(e.message))?
+        }
+        None => (spawned?, None),
     };
     let stdin = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin"))?;
     let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout"))?;
@@ -174,7 +187,7 @@ pub fn spawn(
     let (reader, writer) = tokio::io::duplex(256 * 1024);
     tokio::spawn(pump(stdout, writer, facts.clone(), max_line));
     let pgid = child.id().and_then(|p| i32::try_from(p).ok());
-    Ok(StdioProcess { child: ChildGuard { child, pgid }, stdout: reader, stdin, stderr, facts })
+    Ok(StdioProcess { child: ChildGuard { child, pgid, cgroup }, stdout: reader, stdin, stderr, facts })
 }
 
 /// Copies stdout to `out` line by line, enforcing the guard's rules (module docs).

@@ -23,6 +23,12 @@
 //!   inheritable) with the securebits locked, and `no_new_privs`: a root server's sessions
 //!   cannot load modules, mount, open raw sockets, mknod, bypass file modes or regain any of
 //!   it through setuid programs.
+//! - **Its own PID and IPC namespaces** (in [`child`]): the program runs as pid 2 under a
+//!   minimal init, so it cannot name or signal any process outside its session — the server
+//!   included — whatever the Landlock ABI, and SysV IPC of the host and of other sessions is
+//!   out of reach. A host that cannot make a PID namespace says so (`/readyz`
+//!   `host.pid_namespace`); non-admins are then refused unless Landlock (ABI ≥ 6) scopes
+//!   signals instead.
 //! - **A cgroup per session** ([`cgroup`]) where the host allows it: `cgroup.kill` ends the
 //!   whole tree (a process that leaves the session and clears its environment included),
 //!   `pids.max` and a memory limit bound it.
@@ -48,7 +54,7 @@ pub mod mcp;
 pub use mira_sandbox::child;
 pub use mira_sandbox::{SANDBOX_HOME, SANDBOX_TMP, SYSTEM_READ_ONLY, SYSTEM_SECRETS, landlock_abi};
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -258,7 +264,10 @@ pub struct HostSupport {
     pub user_namespaces: bool,
     /// cgroup hierarchies and controllers usable for sessions.
     pub cgroup: CgroupSupport,
-    /// Result of the sandboxed self-test at start: `passed`, `skipped` or the failure.
+    /// Sandboxed processes get their own PID and IPC namespaces (found by the self-test).
+    pub pid_namespace: bool,
+    /// Result of the sandboxed self-test at start: `passed`, `passed without a PID
+    /// namespace`, `skipped` or the failure.
     pub self_test: String,
 }
 
@@ -271,8 +280,15 @@ pub struct Protections {
     pub capabilities_dropped: bool,
     /// `no_new_privs`.
     pub no_new_privs: bool,
-    /// Signals to processes outside the session are denied (Landlock ABI ≥ 6).
+    /// Signals to processes outside the session are impossible (its own PID namespace, or
+    /// Landlock ABI ≥ 6).
     pub signal_scope: bool,
+    /// Its own PID namespace (the program is pid 2 under a minimal init; no process
+    /// outside the session can be named).
+    pub pid_namespace: bool,
+    /// Its own IPC namespace (SysV IPC and POSIX message queues of the host and of other
+    /// sessions are out of reach).
+    pub ipc_namespace: bool,
     /// Abstract UNIX sockets outside the session are unreachable (Landlock ABI ≥ 6).
     pub abstract_unix_scope: bool,
     /// ptrace and `/proc/<pid>/{environ,mem}` of processes outside the session are denied.
@@ -355,19 +371,17 @@ fn sandbox_error(code: ErrorCode, message: impl Into<String>) -> ToolError {
     ToolError::new(code, message)
 }
 
-/// The database's TCP port, when it is reached over TCP.
+/// The database's TCP port, for Postgres: the URL's port (or its `port` parameter, else
+/// 5432) also when the server reaches it over a UNIX socket (`host=/run/postgresql`): the
+/// socket is out of the sandbox's view, but the same Postgres usually listens on that port of
+/// the loopback address too, where a trust-auth line would hand a session the database.
 fn database_port(url: &str) -> Option<u16> {
     let parsed = url::Url::parse(url).ok()?;
     if !matches!(parsed.scheme(), "postgres" | "postgresql") {
         return None;
     }
-    if parsed.query_pairs().any(|(k, v)| k == "host" && v.starts_with('/')) {
-        return None;
-    }
-    match parsed.host_str() {
-        None | Some("") => None,
-        Some(_) => Some(parsed.port().unwrap_or(5432)),
-    }
+    let param = parsed.query_pairs().find(|(k, _)| k == "port").and_then(|(_, v)| v.parse::<u16>().ok());
+    Some(parsed.port().or(param).unwrap_or(5432))
 }
 
 impl Sandbox {
@@ -407,7 +421,14 @@ impl Sandbox {
                 tracing::info!(swept, "session cgroups left by a previous process were killed and removed");
             }
         }
-        let host = HostSupport { landlock_abi: abi, root, user_namespaces, cgroup, self_test: "skipped".into() };
+        let host = HostSupport {
+            landlock_abi: abi,
+            root,
+            user_namespaces,
+            cgroup,
+            pid_namespace: false,
+            self_test: "skipped".into(),
+        };
         let mut sandbox = Sandbox {
             config,
             state: State::Off,
@@ -428,19 +449,40 @@ impl Sandbox {
             SandboxMode::Auto if !root && !user_namespaces => State::Unavailable(
                 "the server is not root and unprivileged user namespaces are disabled, so sessions cannot get a private mount namespace".into(),
             ),
-            SandboxMode::Auto => match sandbox.self_test() {
-                Ok(notes) => {
-                    if notes.contains(&child::note::PROC_BOUND) {
-                        sandbox.proc_view = "host_bound".into();
+            SandboxMode::Auto => {
+                // Own PID and IPC namespaces where the host makes them; else without, which
+                // leaves signals to Landlock's scoping (ABI ≥ 6) alone.
+                sandbox.host.pid_namespace = true;
+                let tested = sandbox.self_test().or_else(|with| {
+                    sandbox.host.pid_namespace = false;
+                    sandbox.self_test().map_err(|_| with.clone()).inspect(|_| {
+                        tracing::warn!(error = %with, "sandboxed processes cannot get their own PID namespace here");
+                    })
+                });
+                match tested {
+                    Ok(_) if !sandbox.host.pid_namespace && abi < 6 => {
+                        sandbox.host.self_test = "passed without a PID namespace".into();
+                        State::Unavailable(
+                            "this host gives sandboxed processes no PID namespace and its Landlock (ABI < 6) cannot scope signals, so a session could signal the server".into(),
+                        )
                     }
-                    sandbox.host.self_test = "passed".into();
-                    State::Enforced
+                    Ok(notes) => {
+                        if notes.contains(&child::note::PROC_BOUND) {
+                            sandbox.proc_view = "host_bound".into();
+                        }
+                        sandbox.host.self_test = if sandbox.host.pid_namespace {
+                            "passed".into()
+                        } else {
+                            "passed without a PID namespace".into()
+                        };
+                        State::Enforced
+                    }
+                    Err(e) => {
+                        sandbox.host.self_test = e.clone();
+                        State::Unavailable(format!("the sandbox self-test failed: {e}"))
+                    }
                 }
-                Err(e) => {
-                    sandbox.host.self_test = e.clone();
-                    State::Unavailable(format!("the sandbox self-test failed: {e}"))
-                }
-            },
+            }
         };
         match &sandbox.state {
             State::Enforced => tracing::info!(
@@ -584,7 +626,9 @@ impl Sandbox {
                 filesystem: "landlock+mount_namespace".into(),
                 capabilities_dropped: true,
                 no_new_privs: true,
-                signal_scope: abi >= 6,
+                signal_scope: abi >= 6 || self.host.pid_namespace,
+                pid_namespace: self.host.pid_namespace,
+                ipc_namespace: self.host.pid_namespace,
                 abstract_unix_scope: abi >= 6,
                 ptrace_scope: true,
                 proc: self.proc_view.clone(),
@@ -596,6 +640,12 @@ impl Sandbox {
             }
         });
         SandboxReport { state, reason, non_admin_sessions, host: self.host.clone(), protections }
+    }
+
+    /// The real paths every sandbox hides: the data dir, the SQLite files, system secrets
+    /// and `--sandbox-hide` paths.
+    pub fn secrets(&self) -> &[PathBuf] {
+        &self.secrets
     }
 
     fn hidden_inside(&self, roots: &[&Path]) -> Vec<String> {
@@ -623,7 +673,12 @@ impl Sandbox {
     }
 
     fn build_spec(&self, req: &SpecRequest<'_>) -> Result<SandboxSpec, ToolError> {
-        let mut read_write: Vec<PathBuf> = req.workspace.map(Path::to_path_buf).into_iter().collect();
+        // Every decision below compares real paths: `..` and symbolic links resolved, as the
+        // bind mounts and Landlock resolve them.
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let cwd_real = real(req.cwd);
+        let req = &SpecRequest { cwd: &cwd_real, ..req.clone() };
+        let mut read_write: Vec<PathBuf> = req.workspace.map(real).into_iter().collect();
         let mut read_only: Vec<PathBuf> =
             self.system.iter().filter(|(_, link)| link.is_none()).map(|(p, _)| p.clone()).collect();
         for extra in self.config.read_only.iter().chain(req.read_only) {
@@ -686,10 +741,6 @@ impl Sandbox {
         })
     }
 
-    fn build_ruleset(&self, spec: &SandboxSpec) -> Result<OwnedFd, String> {
-        mira_sandbox::fs_ruleset(self.host.landlock_abi, &spec.read_only, &spec.read_write)
-    }
-
     /// The network layer for `ports` (built once, then shared; see
     /// [`mira_sandbox::deny_tcp_connect_ruleset`]).
     fn net_ruleset(&self, ports: &[u16]) -> Result<Arc<OwnedFd>, String> {
@@ -707,6 +758,12 @@ impl Sandbox {
     /// Prepares the sandbox of one process: its cgroups (when `cgroup_id` is given and the
     /// host has them), its mount plan and its Landlock rulesets. `extra_hidden` are further
     /// paths to cover (other users' workspaces). Returns None when `spec` is not enforced.
+    ///
+    /// Every read-write folder is bound, and gets its Landlock rule, from an open descriptor
+    /// ([`mira_sandbox::Pinned`]): `pinned` are those the caller already holds (a run's
+    /// workspace root, opened by identity when the run started), the others are opened here;
+    /// each must still be at its path in `spec` (else 409 `sandbox_changed`), so a symlink
+    /// swapped into a folder on the way after the checks cannot redirect the bind.
     pub fn prepare(
         &self,
         spec: &SandboxSpec,
@@ -714,6 +771,7 @@ impl Sandbox {
         cgroup_id: Option<&str>,
         extra_hidden: &[PathBuf],
         pty_session: bool,
+        pinned: Vec<(String, OwnedFd)>,
     ) -> Result<Option<Prepared>, ToolError> {
         if !spec.enforced {
             return Ok(None);
@@ -724,7 +782,7 @@ impl Sandbox {
                 "the approved call is sandboxed but this server can no longer sandbox; nothing was started",
             ));
         }
-        self.prepare_inner(spec, cwd, cgroup_id, extra_hidden, pty_session).map(Some)
+        self.prepare_inner(spec, cwd, cgroup_id, extra_hidden, pty_session, pinned).map(Some)
     }
 
     fn prepare_inner(
@@ -734,9 +792,34 @@ impl Sandbox {
         cgroup_id: Option<&str>,
         extra_hidden: &[PathBuf],
         pty_session: bool,
+        mut pinned: Vec<(String, OwnedFd)>,
     ) -> Result<Prepared, ToolError> {
         let fail = |e: String| sandbox_error(ErrorCode::SandboxFailed, format!("preparing the sandbox: {e}"));
-        let ruleset = self.build_ruleset(spec).map_err(fail)?;
+        let changed = |e: String| {
+            sandbox_error(
+                ErrorCode::SandboxChanged,
+                format!("a read-write folder of the approved sandbox is not where it was: {e}; nothing was started"),
+            )
+        };
+        let mut held: Vec<(String, OwnedFd)> = Vec::new();
+        for path in &spec.read_write {
+            let fd = match pinned.iter().position(|(p, _)| p == path) {
+                Some(i) => {
+                    let (_, fd) = pinned.swap_remove(i);
+                    mira_sandbox::check_pinned(&fd, path).map_err(changed)?;
+                    fd
+                }
+                None => mira_sandbox::pin_folder(path).map_err(changed)?,
+            };
+            held.push((path.clone(), fd));
+        }
+        let pins: Vec<mira_sandbox::Pinned<'_>> =
+            held.iter().map(|(path, fd)| mira_sandbox::Pinned { path, fd: fd.as_fd() }).collect();
+        let ruleset = mira_sandbox::fs_ruleset_pinned(self.host.landlock_abi, &spec.read_only, &spec.read_write, &pins)
+            .map_err(fail)?;
+        // Covers are decided on real paths too.
+        let extra_hidden: Vec<PathBuf> =
+            extra_hidden.iter().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())).collect();
         let net_ruleset = match &spec.network {
             Some(NetworkRule::DenyTcpConnect { ports }) if !ports.is_empty() => {
                 Some(self.net_ruleset(ports).map_err(fail)?)
@@ -759,17 +842,21 @@ impl Sandbox {
             system: &self.system,
             read_only: &spec.read_only,
             read_write: &spec.read_write,
+            pinned: &pins,
             hidden: &spec.hidden,
-            extra_hidden,
+            extra_hidden: &extra_hidden,
             tmp_bytes: self.config.tmp_bytes,
         })
         .map_err(fail)?;
+        drop(pins);
         let launch = Launch::new(PlanParts {
             pty_session,
             cgroup_procs,
             mounts: Some(MountPlan {
                 userns: (!self.host.root).then(mira_sandbox::own_user_maps),
                 new_net: matches!(spec.network, Some(NetworkRule::Private)),
+                new_pid: self.host.pid_namespace,
+                new_ipc: self.host.pid_namespace,
                 stage: cstr(&self.stage).map_err(fail)?,
                 root_data: cstr(mira_sandbox::ROOT_DATA).map_err(fail)?,
                 ops,
@@ -778,6 +865,7 @@ impl Sandbox {
             ruleset,
             child_rules: mira_sandbox::view_child_rules(self.host.landlock_abi).map_err(fail)?,
             net_ruleset,
+            pinned: held.into_iter().map(|(_, fd)| fd).collect(),
         })
         .map_err(fail)?;
         std::fs::create_dir_all(&self.stage).map_err(|e| fail(format!("{}: {e}", self.stage.display())))?;
@@ -813,7 +901,8 @@ impl Sandbox {
             .map_err(|e| e.message)?;
         // The network layer is built on first use, not for the self-test.
         let spec = SandboxSpec { network: Some(NetworkRule::Open), ..spec };
-        let prepared = self.prepare_inner(&spec, Path::new("/"), None, &[], false).map_err(|e| e.message)?;
+        let prepared =
+            self.prepare_inner(&spec, Path::new("/"), None, &[], false, Vec::new()).map_err(|e| e.message)?;
         let mut cmd = std::process::Command::new(program);
         cmd.env_clear()
             .stdin(std::process::Stdio::null())
@@ -870,5 +959,22 @@ impl Prepared {
             g.remove(std::time::Duration::from_millis(500));
         }
         Err(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::database_port;
+
+    /// `auto` closes the database's port for every Postgres URL: over a UNIX socket the same
+    /// Postgres usually listens on that port at loopback too.
+    #[test]
+    fn the_database_port_is_known_for_unix_sockets_too() {
+        assert_eq!(database_port("postgres://u@db.example:6543/x"), Some(6543));
+        assert_eq!(database_port("postgres://u@127.0.0.1/x"), Some(5432));
+        assert_eq!(database_port("postgresql:///mira?host=/run/postgresql"), Some(5432));
+        assert_eq!(database_port("postgres:///mira?host=/run/postgresql&port=5433"), Some(5433));
+        assert_eq!(database_port("postgresql://%2Frun%2Fpostgresql/mira"), Some(5432));
+        assert_eq!(database_port("sqlite://data/mira.db"), None);
     }
 }

@@ -395,7 +395,10 @@ async fn readyz_reports_the_sandbox(backend: Backend) {
     let p = &sb["protections"];
     assert_eq!(p["filesystem"], "landlock+mount_namespace");
     assert_eq!((p["capabilities_dropped"].as_bool(), p["no_new_privs"].as_bool()), (Some(true), Some(true)));
-    assert_eq!(p["signal_scope"].as_bool(), Some(abi >= 6));
+    // Signals are scoped by the session's own PID namespace, or by Landlock (ABI ≥ 6).
+    let pid_namespace = sb["host"]["pid_namespace"].as_bool().unwrap();
+    assert_eq!(p["pid_namespace"].as_bool(), Some(pid_namespace), "{sb}");
+    assert_eq!(p["signal_scope"].as_bool(), Some(abi >= 6 || pid_namespace), "{sb}");
     let cg = &sb["host"]["cgroup"];
     let membership = cg["v2_base"].is_string() || cg["v1_pids_base"].is_string() || cg["v1_memory_base"].is_string();
     let expected = if cg["v2_base"].is_string() && cg["v2_kill"] == true {

@@ -38,6 +38,7 @@ mod read_tools;
 mod retention;
 mod runner;
 mod runner_sandbox;
+mod sandbox_escapes;
 mod schema;
 mod schemathesis;
 mod skills;

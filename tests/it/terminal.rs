@@ -166,6 +166,28 @@ fn alive(pid: i64) -> bool {
     }
 }
 
+/// The host pid of the process a session knows as `pid`: a sandboxed session runs in its own
+/// PID namespace (below `leader`, the session's pid, which stays outside), so the numbers it
+/// prints (`$!`) are that namespace's. `pid` itself when the session has no namespace.
+fn host_pid(leader: i64, pid: i64) -> i64 {
+    let ns_of = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let outside = ns_of(&leader.to_string());
+    let children = std::fs::read_to_string(format!("/proc/{leader}/task/{leader}/children")).unwrap_or_default();
+    let Some(ns) = children.split_whitespace().find_map(|c| ns_of(c).filter(|n| Some(n) != outside.as_ref())) else {
+        return pid;
+    };
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok(host) = name.parse::<i64>() else { continue };
+        let status = std::fs::read_to_string(format!("/proc/{host}/status")).unwrap_or_default();
+        let inner = status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last());
+        if ns_of(&name).as_ref() == Some(&ns) && inner == Some(pid.to_string().as_str()) {
+            return host;
+        }
+    }
+    panic!("no process {pid} in the session of {leader}");
+}
+
 /// Whether process `pid` is gone (or a zombie) within 30 s.
 async fn gone(pid: i64) -> bool {
     for _ in 0..600 {
@@ -213,6 +235,7 @@ async fn shell_in_strict_mode_keeps_cwd_env_and_every_action_works(backend: Back
     c.input(&id, "python3 -m http.server 0 --bind 127.0.0.1 >/dev/null 2>&1 & echo \"BG\"PID=$!\n").await;
     let out = c.until_output(&id, "BGPID=").await;
     let bg: i64 = out.rsplit("BGPID=").next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let bg = host_pid(c.session(&id).await["pid"].as_i64().unwrap(), bg);
     assert!(before.elapsed() < Duration::from_secs(15));
     assert!(alive(bg));
     // git neither pages nor waits for an editor.
@@ -325,6 +348,7 @@ async fn kill_ends_background_grandchildren(backend: Backend) {
     c.input(&id, "sleep 1000 & echo \"BG\"PID=$!\n").await;
     let out = c.until_output(&id, "BGPID=").await;
     let pid: i64 = out.rsplit("BGPID=").next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let pid = host_pid(c.session(&id).await["pid"].as_i64().unwrap(), pid);
     assert!(alive(pid));
     c.act(json!({"action": "kill", "session_id": id})).await;
     assert!(gone(pid).await, "background grandchild {pid} survived kill");
@@ -385,6 +409,7 @@ async fn kill_ends_background_grandchildren(backend: Backend) {
     let (id2, _) = c.start(json!({"command": "bash", "args": ["-c", "sleep 1000 & echo child=$!; sleep 0.5"]})).await;
     let out = c.until_output(&id2, "child=").await;
     let child: i64 = out.rsplit("child=").next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let child = host_pid(c.session(&id2).await["pid"].as_i64().unwrap(), child);
     let waited = c.act(json!({"action": "wait", "session_id": id2, "timeout_ms": 10000})).await;
     assert_eq!(waited["state"], "exited");
     assert!(gone(child).await, "orphan {child} survived its session");
@@ -592,6 +617,7 @@ async fn restart_reports_running_sessions_lost(backend: Backend) {
     let out = c.until_output(&b, "BG=").await;
     let bg: i64 = out.rsplit("BG=").next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
     let shell = c.session(&b).await["pid"].as_i64().unwrap();
+    let bg = host_pid(shell, bg);
     assert!(alive(bg));
     c.t.restart().await;
     let s = c.session(&b).await;

@@ -453,6 +453,7 @@ impl DeviceSandbox {
                     system: &self.system,
                     read_only: &spec.read_only,
                     read_write: &spec.read_write,
+                    pinned: &[],
                     hidden: &spec.hidden,
                     extra_hidden: &[],
                     tmp_bytes: TMP_BYTES,
@@ -461,6 +462,9 @@ impl DeviceSandbox {
                 let mounts = MountPlan {
                     userns: (!self.root).then(mira_sandbox::own_user_maps),
                     new_net: false,
+                    // (A device's sessions keep the host's PID and IPC namespaces for now.)
+                    new_pid: false,
+                    new_ipc: false,
                     stage: cstr(&self.stage)?,
                     root_data: cstr(mira_sandbox::ROOT_DATA)?,
                     ops,
@@ -477,6 +481,7 @@ impl DeviceSandbox {
             ruleset,
             child_rules,
             net_ruleset: None,
+            pinned: Vec::new(),
         })
     }
 

@@ -5,23 +5,36 @@
 //! C strings, file descriptors, masks — with no allocation, no lock and no formatting. The
 //! order matters:
 //!
-//! 1. signal dispositions and mask reset; `setsid` + `TIOCSCTTY` for a PTY session;
+//! 1. signal dispositions and mask reset; `setsid` + `TIOCSCTTY` for a PTY session (without a
+//!    PID namespace; with one, in the program's process, below);
 //! 2. join the session's cgroups (write `0` to each `cgroup.procs` opened by the parent);
 //! 3. with a [`MountPlan`]: a user namespace when the parent is not root (so the next steps
 //!    are permitted);
-//! 4. with a [`MountPlan`]: a private mount namespace (and a private network namespace for
-//!    `--sandbox-network none`): a fresh tmpfs root with the system bound read-only, the
-//!    workspace read-write, a private `/tmp`, `/dev` and `/proc`, secrets covered;
-//!    `pivot_root` into it; then `chdir` to the cwd (in the new root, or on the host without
-//!    a mount plan);
-//! 5. Landlock rules for the mounts the child made itself (the parent's rules name host
+//! 4. with a [`MountPlan`] asking for one: a private PID namespace. `unshare(CLONE_NEWPID)`
+//!    moves only the caller's *children* into it, so the process `std` forked (the one the
+//!    server waits for, "the supervisor") forks once more: that child is pid 1 of the new
+//!    namespace (a minimal init that reaps orphans, forwards the signals it is sent to the
+//!    program, and ends the whole namespace when the program ends), and it forks the
+//!    program's process (pid 2), which goes on with the steps below and `exec`s. The
+//!    supervisor and the init close every descriptor they inherited and never `exec`; the
+//!    supervisor ends the way the program ended (its exit code, or the same signal), so the
+//!    server's exit codes, signals and kills work as before (see [`ChildPlan::apply`]);
+//! 5. with a [`MountPlan`]: a private mount namespace, a private IPC namespace (SysV
+//!    shared memory, semaphores and message queues of other sessions and of the host are
+//!    out of reach) when asked, and a private network namespace for `--sandbox-network
+//!    none`: a fresh tmpfs root with the system bound read-only, the workspace read-write
+//!    (`nosuid,nodev`; a folder the parent pinned must be, once bound, the very folder of
+//!    its open descriptor, so a path swapped after the check cannot redirect the bind), a private `/tmp`, `/dev` and
+//!    `/proc` (a procfs of the new PID namespace), secrets covered; `pivot_root` into it;
+//!    then `chdir` to the cwd (in the new root, or on the host without a mount plan);
+//! 6. Landlock rules for the mounts the child made itself (the parent's rules name host
 //!    inodes, which the binds share);
-//! 6. every capability dropped (bounding, ambient, effective, permitted, inheritable) and the
+//! 7. every capability dropped (bounding, ambient, effective, permitted, inheritable) and the
 //!    securebits locked (a process without `CAP_SETPCAP` that is not root only clears its
 //!    sets: it has nothing to drop), then `no_new_privs`;
-//! 7. `landlock_restrict_self` with the network layer (when any) and the filesystem layer
+//! 8. `landlock_restrict_self` with the network layer (when any) and the filesystem layer
 //!    (which also scopes signals and abstract UNIX sockets to the session);
-//! 8. every inherited descriptor above 2 marked close-on-exec.
+//! 9. every inherited descriptor above 2 marked close-on-exec.
 //!
 //! A failing step writes its [`Step`] number to the report pipe and returns the errno, which
 //! `std` hands back as the spawn's error: nothing runs half-sandboxed.
@@ -29,6 +42,7 @@
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// The steps of [`ChildPlan::apply`], reported through the pipe when one fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +78,8 @@ pub enum Step {
     Restrict,
     /// `close_range`.
     CloseRange,
+    /// `unshare(CLONE_NEWPID)` and the forks of the supervisor and the namespace's init.
+    PidNamespace,
 }
 
 impl Step {
@@ -86,6 +102,7 @@ impl Step {
             NoNewPrivs,
             Restrict,
             CloseRange,
+            PidNamespace,
         ]
         .into_iter()
         .find(|s| *s as u8 == b)
@@ -109,6 +126,7 @@ impl Step {
             Step::NoNewPrivs => "setting no_new_privs",
             Step::Restrict => "applying the Landlock ruleset",
             Step::CloseRange => "closing inherited descriptors",
+            Step::PidNamespace => "entering a private PID namespace",
         }
     }
 }
@@ -145,8 +163,8 @@ pub enum Op {
         /// Mounted read-only (a cover over a secret).
         readonly: bool,
     },
-    /// A recursive bind mount, remounted read-only when asked (keeping the source's locked
-    /// flags).
+    /// A recursive bind mount, remounted read-only when asked, else `nosuid,nodev` unless
+    /// it is a device node (keeping the source's locked flags, read-only included).
     Bind {
         /// Host path.
         source: CString,
@@ -154,6 +172,11 @@ pub enum Op {
         target: CString,
         /// Read-only.
         readonly: bool,
+        /// A device node (`/dev/null`…): a writable bind kept as it is (not `nodev`).
+        device: bool,
+        /// The folder the parent pinned for this bind (an open descriptor): what got bound
+        /// must be that folder (same device and inode), else the step fails (`ESTALE`).
+        pinned: Option<libc::c_int>,
     },
     /// A private procfs with `hidepid=ptraceable` (falls back to binding the host's).
     Proc(CString),
@@ -177,6 +200,11 @@ pub struct MountPlan {
     pub userns: Option<UserMaps>,
     /// A private network namespace (`--sandbox-network none`).
     pub new_net: bool,
+    /// A private PID namespace: the program runs as pid 2 under a minimal init (pid 1),
+    /// below a supervisor that stays outside (module docs, step 4).
+    pub new_pid: bool,
+    /// A private IPC namespace (SysV IPC and POSIX message queues).
+    pub new_ipc: bool,
     /// The staging directory the new root is mounted on.
     pub stage: CString,
     /// The tmpfs options of the new root.
@@ -205,6 +233,9 @@ pub struct ChildPlan {
     pub net_ruleset: Option<Arc<OwnedFd>>,
     /// Write end of the report pipe (close-on-exec).
     pub report: OwnedFd,
+    /// Descriptors the plan's operations name (`/proc/self/fd/<n>` bind sources, close-on-exec),
+    /// held open until the spawn is done.
+    pub pinned: Vec<OwnedFd>,
 }
 
 const OLD_ROOT: &[u8] = b".old-root\0";
@@ -252,7 +283,8 @@ impl ChildPlan {
         // SAFETY (whole body): raw system calls on C strings and descriptors prepared by the
         // parent; the caller guarantees we are the forked child.
         unsafe {
-            if self.pty_session && pty_session().is_err() {
+            let new_pid = self.mounts.as_ref().is_some_and(|m| m.new_pid);
+            if self.pty_session && !new_pid && pty_session().is_err() {
                 return Err(self.fail(Step::Session));
             }
             for fd in &self.cgroup_procs {
@@ -269,7 +301,24 @@ impl ChildPlan {
                 {
                     return Err(self.fail(Step::UserNamespace));
                 }
-                let flags = libc::CLONE_NEWNS | if m.new_net { libc::CLONE_NEWNET } else { 0 };
+                if m.new_pid {
+                    // The supervisor leaves the server's session (a PTY session's processes
+                    // have their own; the program's process leads it, below).
+                    if self.pty_session {
+                        libc::setsid();
+                    }
+                    if libc::unshare(libc::CLONE_NEWPID) != 0 {
+                        return Err(self.fail(Step::PidNamespace));
+                    }
+                    // Returns only in the program's process (pid 2 of the new namespace).
+                    self.split()?;
+                    if self.pty_session && pty_session().is_err() {
+                        return Err(self.fail(Step::Session));
+                    }
+                }
+                let flags = libc::CLONE_NEWNS
+                    | if m.new_net { libc::CLONE_NEWNET } else { 0 }
+                    | if m.new_ipc { libc::CLONE_NEWIPC } else { 0 };
                 if libc::unshare(flags) != 0 {
                     return Err(self.fail(Step::Unshare));
                 }
@@ -371,6 +420,49 @@ impl ChildPlan {
         Ok(())
     }
 
+    /// The forks of a PID namespace (module docs, step 4), after `unshare(CLONE_NEWPID)`.
+    /// Returns only in the program's process; the supervisor and the init never return.
+    unsafe fn split(&self) -> std::io::Result<()> {
+        // SAFETY: fork/pipe2/close/prctl/setpgid on descriptors and integers; the callers of
+        // `apply` guarantee a forked child.
+        unsafe {
+            let mut status_pipe = [0; 2];
+            if libc::pipe2(status_pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return Err(self.fail(Step::PidNamespace));
+            }
+            let [read_end, write_end] = status_pipe;
+            let init = libc::fork();
+            if init < 0 {
+                return Err(self.fail(Step::PidNamespace));
+            }
+            if init > 0 {
+                libc::close(write_end);
+                supervise(init, read_end);
+            }
+            // pid 1 of the new namespace: it dies with the supervisor (a SIGKILL from an
+            // ancestor namespace reaches an init), and its own group, so that a signal to the
+            // supervisor's group reaches the program once (forwarded), not twice.
+            libc::close(read_end);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 || libc::setpgid(0, 0) != 0 {
+                return Err(self.fail(Step::PidNamespace));
+            }
+            let program = libc::fork();
+            if program < 0 {
+                return Err(self.fail(Step::PidNamespace));
+            }
+            if program > 0 {
+                init_of_namespace(program, write_end);
+            }
+            libc::close(write_end);
+            // The program leads its own process group, as it did without the namespace (a
+            // PTY session's leads its own session right after, `pty_session`).
+            if !self.pty_session && libc::setpgid(0, 0) != 0 {
+                return Err(self.fail(Step::PidNamespace));
+            }
+        }
+        Ok(())
+    }
+
     /// Runs one mount operation; false on failure (errno set).
     unsafe fn run_op(&self, op: &Op) -> bool {
         // SAFETY: raw system calls on prepared C strings (see `apply`).
@@ -396,7 +488,10 @@ impl ChildPlan {
                     }
                     libc::mount(c(b"tmpfs\0"), target.as_ptr(), c(b"tmpfs\0"), flags, data.as_ptr().cast()) == 0
                 }
-                Op::Bind { source, target, readonly } => bind(source.as_ptr(), target.as_ptr(), *readonly),
+                Op::Bind { source, target, readonly, device, pinned } => {
+                    bind(source.as_ptr(), target.as_ptr(), *readonly, *device)
+                        && pinned.is_none_or(|fd| same_folder(fd, target.as_ptr()))
+                }
                 Op::Proc(target) => {
                     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
                     if libc::mount(
@@ -410,7 +505,7 @@ impl ChildPlan {
                         return true;
                     }
                     self.note(note::PROC_BOUND);
-                    bind(c(b"/proc\0"), target.as_ptr(), true)
+                    bind(c(b"/proc\0"), target.as_ptr(), true, false)
                 }
                 Op::Devpts(target) => {
                     if libc::mount(
@@ -424,10 +519,150 @@ impl ChildPlan {
                         return true;
                     }
                     self.note(note::PTS_BOUND);
-                    bind(c(b"/dev/pts\0"), target.as_ptr(), false)
+                    bind(c(b"/dev/pts\0"), target.as_ptr(), false, true)
                 }
             }
         }
+    }
+}
+
+/// Where the supervisor and the init forward the signals they are sent ([`FORWARDED`]): the
+/// init (in the supervisor), the program's process group (in the init). Each process has
+/// its own copy.
+static FORWARD_TO: AtomicI32 = AtomicI32::new(0);
+
+/// The signals the supervisor and the init pass on instead of acting on them (an init
+/// ignores the others unless it handles them; SIGKILL and SIGSTOP cannot be caught: a
+/// SIGKILL to the supervisor ends the namespace through the init's parent-death signal).
+const FORWARDED: [libc::c_int; 10] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGTERM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGCONT,
+    libc::SIGTSTP,
+    libc::SIGWINCH,
+    libc::SIGALRM,
+];
+
+extern "C" fn forward(sig: libc::c_int) {
+    let to = FORWARD_TO.load(Ordering::Relaxed);
+    if to != 0 {
+        // SAFETY: kill(2) is async-signal-safe.
+        unsafe {
+            libc::kill(to, sig);
+        }
+    }
+}
+
+/// Resets every signal disposition, forwards [`FORWARDED`] to `to`, unblocks every signal,
+/// and closes every descriptor but `keep` (the server's sockets, database files, the PTY and
+/// `std`'s exec-error pipe are the program's business only: `std` reads that pipe until
+/// every copy is closed).
+unsafe fn become_helper(to: libc::pid_t, keep: libc::c_int) {
+    // SAFETY: sigaction/sigprocmask/close_range with stack structs and integers.
+    unsafe {
+        FORWARD_TO.store(to, Ordering::Relaxed);
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let handler: extern "C" fn(libc::c_int) = forward;
+        for sig in FORWARDED {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = handler as usize;
+            act.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+        let empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        let keep = u32::try_from(keep).unwrap_or(0);
+        if keep > 0 {
+            libc::syscall(libc::SYS_close_range, 0u32, keep - 1, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
+    }
+}
+
+/// The supervisor (outside the PID namespace, the process the server waits for): waits for
+/// the init, then ends as the program ended — the status the init wrote to `status`, or the
+/// init's own when it wrote none (it was killed).
+unsafe fn supervise(init: libc::pid_t, status: libc::c_int) -> ! {
+    // SAFETY: waitpid/read/_exit and the calls of `become_helper`/`end_as`.
+    unsafe {
+        become_helper(init, status);
+        let mut own = 0;
+        loop {
+            let r = libc::waitpid(init, &mut own, 0);
+            if r == init {
+                break;
+            }
+            if r < 0 && errno() != libc::EINTR {
+                libc::_exit(127);
+            }
+        }
+        let mut bytes = [0u8; 4];
+        let mut got = 0usize;
+        while got < 4 {
+            let n = libc::read(status, bytes[got..].as_mut_ptr().cast(), 4 - got);
+            if n > 0 {
+                got += n.unsigned_abs();
+            } else if n < 0 && errno() == libc::EINTR {
+                continue;
+            } else {
+                break;
+            }
+        }
+        end_as(if got == 4 { i32::from_ne_bytes(bytes) } else { own })
+    }
+}
+
+/// The init of the PID namespace (pid 1): reaps every orphan; when the program ends,
+/// writes its wait status to `status` and exits, which kills what is left in the namespace.
+unsafe fn init_of_namespace(program: libc::pid_t, status: libc::c_int) -> ! {
+    // SAFETY: waitpid/write/_exit and the calls of `become_helper`.
+    unsafe {
+        // The program leads its own process group (and a PTY session's its own session):
+        // signals go to that group, as they went to the leader's group before.
+        become_helper(-program, status);
+        loop {
+            let mut st = 0;
+            let r = libc::waitpid(-1, &mut st, 0);
+            if r == program {
+                let bytes = st.to_ne_bytes();
+                libc::write(status, bytes.as_ptr().cast(), bytes.len());
+                libc::_exit(0);
+            }
+            if r < 0 && errno() != libc::EINTR {
+                libc::_exit(127);
+            }
+        }
+    }
+}
+
+/// Ends the calling process the way wait status `status` says a process ended: the same exit
+/// code, or the same signal (without a core dump: this is a copy of the server).
+unsafe fn end_as(status: libc::c_int) -> ! {
+    // SAFETY: setrlimit/signal/sigprocmask/kill/_exit with integers and stack structs.
+    unsafe {
+        if libc::WIFSIGNALED(status) {
+            let sig = libc::WTERMSIG(status);
+            let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            libc::setrlimit(libc::RLIMIT_CORE, &none);
+            FORWARD_TO.store(0, Ordering::Relaxed);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig);
+        }
+        libc::_exit(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 127 })
     }
 }
 
@@ -455,15 +690,16 @@ fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// A recursive bind; read-only binds are remounted read-only, nosuid, nodev, keeping the
-/// flags the source had (a user namespace may not clear locked ones).
-unsafe fn bind(source: *const libc::c_char, target: *const libc::c_char, readonly: bool) -> bool {
+/// A recursive bind, remounted nosuid and nodev — and read-only when asked — keeping the
+/// flags the source had (a user namespace may not clear locked ones; a read-only source
+/// stays read-only). A writable device node (`device`) is bound as it is.
+unsafe fn bind(source: *const libc::c_char, target: *const libc::c_char, readonly: bool, device: bool) -> bool {
     // SAFETY: raw system calls on NUL-terminated strings owned by the caller.
     unsafe {
         if libc::mount(source, target, std::ptr::null(), libc::MS_BIND | libc::MS_REC, std::ptr::null()) != 0 {
             return false;
         }
-        if !readonly {
+        if device && !readonly {
             return true;
         }
         // (glibc's statvfs takes the flags from statfs(2)'s f_flags, valid since Linux 2.6.36.)
@@ -471,14 +707,35 @@ unsafe fn bind(source: *const libc::c_char, target: *const libc::c_char, readonl
         if libc::statvfs(target, &mut st) != 0 {
             return false;
         }
-        let kept = mount_flags_of(st.f_flag);
+        let mut kept = mount_flags_of(st.f_flag);
+        if readonly || st.f_flag & libc::ST_RDONLY != 0 {
+            kept |= libc::MS_RDONLY;
+        }
         libc::mount(
             std::ptr::null(),
             target,
             std::ptr::null(),
-            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | kept,
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | kept,
             std::ptr::null(),
         ) == 0
+    }
+}
+
+/// Whether the folder at `path` (a bind just made) is the open folder `fd`: same device and
+/// inode. False with `ESTALE` when it is another one.
+unsafe fn same_folder(fd: libc::c_int, path: *const libc::c_char) -> bool {
+    // SAFETY: fstat/stat into zeroed stack structs.
+    unsafe {
+        let mut want: libc::stat = std::mem::zeroed();
+        let mut got: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut want) != 0 || libc::stat(path, &mut got) != 0 {
+            return false;
+        }
+        if want.st_dev == got.st_dev && want.st_ino == got.st_ino {
+            return true;
+        }
+        *libc::__errno_location() = libc::ESTALE;
+        false
     }
 }
 

@@ -10,10 +10,14 @@
 //!   read-write folders bound read-write, a private `/tmp` (also `HOME`, [`SANDBOX_HOME`]),
 //!   a private `/dev` and `/proc`; paths to hide inside those folders are covered by an
 //!   empty read-only tmpfs (a `/dev/null` bind for a file). Nothing else exists in it;
+//! - **its own PID and IPC namespaces** (with the private view, when asked): it cannot name,
+//!   let alone signal, a process outside its session (the server included) whatever the
+//!   Landlock ABI, nor reach another session's or the host's SysV IPC;
 //! - **Landlock** ([`fs_ruleset`]): read+execute on the read-only folders, everything on the
 //!   read-write ones, nothing elsewhere; since ABI 6 signals and abstract UNIX sockets are
 //!   scoped to the process's domain; Landlock's ptrace rule denies `/proc/<pid>/{environ,mem,
-//!   root,fd}` of processes outside it;
+//!   root,fd}` of processes outside it. A folder the caller pinned (an open descriptor) gets
+//!   its rule and its bind from that descriptor, never from its path again;
 //! - **no privilege**: every capability dropped with the securebits locked, and
 //!   `no_new_privs` (setuid programs gain nothing);
 //! - every inherited descriptor above 2 closed at `exec`.
@@ -25,7 +29,7 @@ pub mod child;
 
 use std::collections::BTreeSet;
 use std::ffi::CString;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -131,18 +135,33 @@ pub fn masks(abi: i32) -> (landlock::BitFlags<AccessFs>, landlock::BitFlags<Acce
 /// `read_write` and on [`DEVICES`], nothing elsewhere; signals and abstract UNIX sockets
 /// scoped to the domain on ABI ≥ 6. Paths that do not exist are an error.
 pub fn fs_ruleset(abi: i32, read_only: &[String], read_write: &[String]) -> Result<OwnedFd, String> {
+    fs_ruleset_pinned(abi, read_only, read_write, &[])
+}
+
+/// [`fs_ruleset`], where the read-write folders named in `pinned` get their rule from that
+/// open descriptor (the folder the caller checked), not by opening their path again.
+pub fn fs_ruleset_pinned(
+    abi: i32,
+    read_only: &[String],
+    read_write: &[String],
+    pinned: &[Pinned<'_>],
+) -> Result<OwnedFd, String> {
     let (all, read) = masks(abi);
     let err = |e: landlock::RulesetError| format!("building the Landlock ruleset: {e}");
     let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::BestEffort).handle_access(all).map_err(err)?;
     if abi >= 6 {
         ruleset = ruleset.scope(Scope::from_all(ABI::V6)).map_err(err)?;
     }
+    let by_path: Vec<&String> = read_write.iter().filter(|p| !pinned.iter().any(|f| f.path == p.as_str())).collect();
+    let by_fd = pinned.iter().filter(|f| read_write.iter().any(|p| p.as_str() == f.path));
     let created = ruleset
         .create()
         .map_err(err)?
         .add_rules(path_beneath_rules(read_only, read))
         .map_err(err)?
-        .add_rules(path_beneath_rules(read_write, all))
+        .add_rules(path_beneath_rules(by_path, all))
+        .map_err(err)?
+        .add_rules(by_fd.map(|f| Ok::<_, landlock::RulesetError>(landlock::PathBeneath::new(f.fd, all))))
         .map_err(err)?
         .add_rules(path_beneath_rules(DEVICES, all))
         .map_err(err)?;
@@ -194,6 +213,47 @@ pub fn host_view_child_rules(abi: i32) -> Result<Vec<(CString, u64)>, String> {
     Ok(vec![(cstr("/dev/pts")?, all.bits()), (cstr("/proc")?, read.bits() & !(AccessFs::Execute as u64))])
 }
 
+/// A read-write folder the caller holds open: its Landlock rule is built from `fd`, and the
+/// child checks that the folder it bound at `path` is that very folder (device and inode of
+/// the bind against `fstat(fd)`; a mismatch fails the spawn), so a symlink swapped into its
+/// path after the caller checked it can redirect neither. (The descriptor itself cannot be
+/// the bind's source: it names a mount of the parent's mount namespace, which a bind in the
+/// child's new one refuses with `EINVAL`.) `path` is the folder's real path (the kernel's
+/// path of `fd`), as listed in the view's `read_write`.
+#[derive(Debug, Clone, Copy)]
+pub struct Pinned<'a> {
+    /// The real path, as in `read_write`.
+    pub path: &'a str,
+    /// The open folder (kept open, and close-on-exec, until the spawn is done).
+    pub fd: std::os::fd::BorrowedFd<'a>,
+}
+
+/// Opens the folder at `path` (absolute and real) without following a symlink at its last
+/// component and checks that the kernel's path of the open folder is `path` itself (no
+/// symlink on the way): the descriptor for [`Pinned`]. Errors name what differed.
+pub fn pin_folder(path: &str) -> Result<OwnedFd, String> {
+    let c = cstr(path)?;
+    // SAFETY: open(2) on a NUL-terminated path; the descriptor is owned right below.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("opening {path}: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    check_pinned(&fd, path)?;
+    Ok(fd)
+}
+
+/// Checks that the open folder `fd` is at `path` now (the kernel's path of the descriptor).
+pub fn check_pinned(fd: &impl std::os::fd::AsRawFd, path: &str) -> Result<(), String> {
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| format!("reading the path of the open folder {path}: {e}"))?;
+    if real != Path::new(path) {
+        return Err(format!("{path} now leads to {} (a folder on the way was replaced)", real.display()));
+    }
+    Ok(())
+}
+
 /// What a private view shows.
 #[derive(Debug, Clone)]
 pub struct View<'a> {
@@ -205,8 +265,10 @@ pub struct View<'a> {
     pub system: &'a [(PathBuf, Option<PathBuf>)],
     /// Folders bound read-only.
     pub read_only: &'a [String],
-    /// Folders bound read-write.
+    /// Folders bound read-write (`nosuid,nodev`).
     pub read_write: &'a [String],
+    /// Those of `read_write` held open by the caller: bound from the descriptor.
+    pub pinned: &'a [Pinned<'a>],
     /// Paths covered (an empty read-only tmpfs, a `/dev/null` bind for a file).
     pub hidden: &'a [String],
     /// Further paths covered when they lie strictly inside one of the view's folders.
@@ -267,7 +329,17 @@ pub fn mount_ops(view: &View<'_>) -> Result<Vec<Op>, String> {
             }
             Kind::Bind(readonly) => {
                 ensure(&mut ops, path)?;
-                ops.push(Op::Bind { source: cstr(path)?, target: at(path)?, readonly: *readonly });
+                let pinned = (!*readonly)
+                    .then(|| view.pinned.iter().find(|f| Path::new(f.path) == path.as_path()))
+                    .flatten()
+                    .map(|f| f.fd.as_raw_fd());
+                ops.push(Op::Bind {
+                    source: cstr(path)?,
+                    target: at(path)?,
+                    readonly: *readonly,
+                    device: false,
+                    pinned,
+                });
             }
         }
     }
@@ -277,7 +349,7 @@ pub fn mount_ops(view: &View<'_>) -> Result<Vec<Op>, String> {
     for node in ["null", "zero", "full", "random", "urandom", "tty"] {
         let p = dev.join(node);
         ops.push(Op::Touch(at(&p)?));
-        ops.push(Op::Bind { source: cstr(&p)?, target: at(&p)?, readonly: false });
+        ops.push(Op::Bind { source: cstr(&p)?, target: at(&p)?, readonly: false, device: true, pinned: None });
     }
     ops.push(Op::Mkdir(at(&dev.join("pts"))?));
     ops.push(Op::Devpts(at(&dev.join("pts"))?));
@@ -312,7 +384,13 @@ pub fn mount_ops(view: &View<'_>) -> Result<Vec<Op>, String> {
             // its target's path instead; links inside a folder resolve in the sandbox's
             // own view anyway.
             Ok(m) if m.file_type().is_symlink() => {}
-            Ok(_) => ops.push(Op::Bind { source: cstr("/dev/null")?, target: at(&h)?, readonly: true }),
+            Ok(_) => ops.push(Op::Bind {
+                source: cstr("/dev/null")?,
+                target: at(&h)?,
+                readonly: true,
+                device: false,
+                pinned: None,
+            }),
             Err(_) => {}
         }
     }
@@ -349,6 +427,8 @@ pub struct PlanParts {
     pub child_rules: Vec<(CString, u64)>,
     /// The network ruleset, when any ([`deny_tcp_connect_ruleset`]).
     pub net_ruleset: Option<Arc<OwnedFd>>,
+    /// Descriptors the mount operations name ([`Pinned`]), held until the spawn is done.
+    pub pinned: Vec<OwnedFd>,
 }
 
 /// The user namespace maps of a parent that is not root: its uid and gid onto themselves.
@@ -402,8 +482,9 @@ impl Launch {
         }
         // SAFETY: both descriptors were just created and are owned by nothing else.
         let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let PlanParts { pty_session, cgroup_procs, mounts, cwd, ruleset, child_rules, net_ruleset } = parts;
-        let plan = ChildPlan { pty_session, cgroup_procs, mounts, cwd, ruleset, child_rules, net_ruleset, report: tx };
+        let PlanParts { pty_session, cgroup_procs, mounts, cwd, ruleset, child_rules, net_ruleset, pinned } = parts;
+        let plan =
+            ChildPlan { pty_session, cgroup_procs, mounts, cwd, ruleset, child_rules, net_ruleset, report: tx, pinned };
         Ok(Launch { plan: Arc::new(plan), report: rx })
     }
 
@@ -459,13 +540,198 @@ mod tests {
         ops.iter()
             .filter_map(|op| match op {
                 Op::Tmpfs { target, readonly: true, .. } => Some(target),
-                Op::Bind { source, target, readonly: true } if source.as_bytes() == b"/dev/null" => Some(target),
+                Op::Bind { source, target, readonly: true, .. } if source.as_bytes() == b"/dev/null" => Some(target),
                 _ => None,
             })
             .map(|t| {
                 Path::new("/").join(Path::new(std::ffi::OsStr::from_bytes(t.as_bytes())).strip_prefix(stage).unwrap())
             })
             .collect()
+    }
+
+    /// A workspace whose path is swapped for a symlink to another folder after the caller
+    /// pinned (opened) it, right before the spawn: a plan built from the pinned descriptor
+    /// starts nothing (the child finds another folder bound at the path); the control, built
+    /// from the path as before, binds the other folder read-write and reads its secret.
+    #[test]
+    fn a_workspace_swapped_after_it_was_pinned_is_not_bound() {
+        use std::os::fd::AsFd;
+        use std::process::{Command, Stdio};
+        if landlock_abi() < 1 || (!is_root() && !user_namespaces_allowed()) {
+            eprintln!("no Landlock or no namespaces here: nothing to test");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let (ws, victim, stage) = (base.join("ws"), base.join("victim"), base.join("stage"));
+        for d in [&ws, &victim, &stage] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(victim.join("secret"), "VICTIM-SECRET").unwrap();
+        let ws_s = ws.to_string_lossy().into_owned();
+        let pinned_fd = pin_folder(&ws_s).unwrap();
+        // The swap: the workspace moves away and its path now leads to the victim.
+        std::fs::rename(&ws, base.join("ws-moved")).unwrap();
+        std::os::unix::fs::symlink(&victim, &ws).unwrap();
+        let abi = landlock_abi();
+        let system = system_folders();
+        let read_only: Vec<String> =
+            system.iter().filter(|(_, l)| l.is_none()).map(|(p, _)| p.to_string_lossy().into_owned()).collect();
+        let read_write = vec![ws_s.clone()];
+        let run = |pinned: &[Pinned<'_>]| {
+            let ops = mount_ops(&View {
+                stage: &stage,
+                system: &system,
+                read_only: &read_only,
+                read_write: &read_write,
+                pinned,
+                hidden: &[],
+                extra_hidden: &[],
+                tmp_bytes: 1 << 20,
+            })
+            .unwrap();
+            let launch = Launch::new(PlanParts {
+                pty_session: false,
+                cgroup_procs: Vec::new(),
+                mounts: Some(child::MountPlan {
+                    userns: (!is_root()).then(own_user_maps),
+                    new_net: false,
+                    new_pid: true,
+                    new_ipc: true,
+                    stage: cstr(&stage).unwrap(),
+                    root_data: cstr(ROOT_DATA).unwrap(),
+                    ops,
+                }),
+                cwd: cstr("/").unwrap(),
+                ruleset: fs_ruleset_pinned(abi, &read_only, &read_write, pinned).unwrap(),
+                child_rules: view_child_rules(abi).unwrap(),
+                net_ruleset: None,
+                pinned: Vec::new(),
+            })
+            .unwrap();
+            let mut cmd = Command::new("/bin/sh");
+            cmd.args(["-c", &format!("cat {ws_s}/secret")])
+                .env_clear()
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null());
+            launch.install(&mut cmd);
+            let spawned = cmd.spawn();
+            drop(cmd);
+            launch
+                .finish(spawned)
+                .map(|(c, _)| String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout).into_owned())
+        };
+        let control = run(&[]);
+        assert_eq!(control.as_deref().ok(), Some("VICTIM-SECRET"), "the control reads the victim");
+        let pinned = [Pinned { path: &ws_s, fd: pinned_fd.as_fd() }];
+        match run(&pinned) {
+            Err(Failure::Step(child::Step::Mount, _)) => {}
+            other => panic!("a swapped workspace was bound: {:?}", other.map_err(|e| e.to_string())),
+        }
+        assert!(check_pinned(&pinned_fd, &ws_s).is_err(), "the parent's check sees the swap too");
+    }
+
+    /// Runs `sh -c script` in a private view of the system folders whose Landlock ruleset is
+    /// of ABI 5 at most (no signal scoping), with (`isolate`) or without private PID and IPC
+    /// namespaces; (status, stdout + stderr).
+    fn run_isolated(stage: &Path, script: &str, isolate: bool) -> (std::process::ExitStatus, String) {
+        use std::process::{Command, Stdio};
+        let abi = landlock_abi().min(5);
+        let system = system_folders();
+        let read_only: Vec<String> =
+            system.iter().filter(|(_, l)| l.is_none()).map(|(p, _)| p.to_string_lossy().into_owned()).collect();
+        let ops = mount_ops(&View {
+            stage,
+            system: &system,
+            read_only: &read_only,
+            read_write: &[],
+            pinned: &[],
+            hidden: &[],
+            extra_hidden: &[],
+            tmp_bytes: 1 << 20,
+        })
+        .unwrap();
+        let launch = Launch::new(PlanParts {
+            pty_session: false,
+            cgroup_procs: Vec::new(),
+            mounts: Some(child::MountPlan {
+                userns: (!is_root()).then(own_user_maps),
+                new_net: false,
+                new_pid: isolate,
+                new_ipc: isolate,
+                stage: cstr(stage).unwrap(),
+                root_data: cstr(ROOT_DATA).unwrap(),
+                ops,
+            }),
+            cwd: cstr("/").unwrap(),
+            ruleset: fs_ruleset(abi, &read_only, &[]).unwrap(),
+            child_rules: view_child_rules(abi).unwrap(),
+            net_ruleset: None,
+            pinned: Vec::new(),
+        })
+        .unwrap();
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", script])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        launch.install(&mut cmd);
+        let spawned = cmd.spawn();
+        drop(cmd);
+        let (child, _) = launch.finish(spawned).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status, format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    }
+
+    /// Without Landlock's signal scoping (ABI < 6), a sandboxed process in its own PID
+    /// namespace cannot signal a process of the same uid outside it (here a sacrificial
+    /// `sleep`; the server in real life), nor see a SysV shared memory segment made outside;
+    /// it runs as pid 2 under the namespace's init, and its exit code and the signal that
+    /// ended it come back to the parent. The control, without the namespaces, reaches both.
+    #[test]
+    fn a_pid_and_ipc_namespace_keep_the_host_out_of_reach() {
+        use std::os::unix::process::ExitStatusExt;
+        if landlock_abi() < 1 || (!is_root() && !user_namespaces_allowed()) {
+            eprintln!("no Landlock or no namespaces here: nothing to test");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let stage = std::fs::canonicalize(dir.path()).unwrap().join("stage");
+        std::fs::create_dir_all(&stage).unwrap();
+        let mut victim = std::process::Command::new("sleep").arg("120").spawn().unwrap();
+        let key = 0x4d1a_0000 ^ i32::try_from(std::process::id() & 0xffff).unwrap();
+        // SAFETY: shmget with plain integers; the segment is removed below.
+        let shm = unsafe { libc::shmget(key, 4096, libc::IPC_CREAT | 0o600) };
+        assert!(shm >= 0, "shmget: {}", std::io::Error::last_os_error());
+        let script = format!(
+            "echo pid=$$; kill -0 {victim} && echo SIGNAL-SENT || echo SIGNAL-DENIED; \
+             kill -STOP {victim} 2>/dev/null; ipcs -m 2>&1; exit 7",
+            victim = victim.id()
+        );
+        let key_text = format!("0x{key:08x}");
+        let (status, out) = run_isolated(&stage, &script, false);
+        let control = (out.contains("SIGNAL-SENT"), out.contains(&key_text));
+        // SAFETY: kill only sends a signal (the control may have stopped the victim).
+        unsafe { libc::kill(i32::try_from(victim.id()).unwrap(), libc::SIGCONT) };
+        let (isolated_status, isolated) = run_isolated(&stage, &script, true);
+        let (killed, _) = run_isolated(&stage, "kill -TERM $$; sleep 5", true);
+        let victim_state = std::fs::read_to_string(format!("/proc/{}/stat", victim.id())).unwrap();
+        let _ = victim.kill();
+        let _ = victim.wait();
+        // SAFETY: removes the segment made above.
+        unsafe { libc::shmctl(shm, libc::IPC_RMID, std::ptr::null_mut()) };
+        assert_eq!(status.code(), Some(7), "{out}");
+        assert_eq!(control, (true, true), "the control reaches the victim and the segment: {out}");
+        assert_eq!(isolated_status.code(), Some(7), "the exit code comes back: {isolated}");
+        assert!(isolated.contains("pid=2"), "{isolated}");
+        assert!(isolated.contains("SIGNAL-DENIED") && !isolated.contains("SIGNAL-SENT"), "{isolated}");
+        assert!(!isolated.contains(&key_text), "the host's SysV segment is visible: {isolated}");
+        let state = victim_state.rsplit(')').next().unwrap_or("").trim_start().chars().next();
+        assert_eq!(state, Some('S'), "the victim was not stopped: {victim_state}");
+        assert_eq!(killed.signal(), Some(libc::SIGTERM), "the signal that ended it comes back: {killed:?}");
     }
 
     /// Covers: what is hidden inside the view's folders, not twice inside a covered folder,
@@ -489,6 +755,7 @@ mod tests {
             system: &[],
             read_only: &[],
             read_write: &read_write,
+            pinned: &[],
             hidden: &hidden,
             extra_hidden: &extra,
             tmp_bytes: 0,

@@ -107,6 +107,10 @@ pub struct StartSpec {
     pub sandbox: SandboxSpec,
     /// Further paths to cover inside the sandbox's folders (other users' workspaces).
     pub hidden: Vec<std::path::PathBuf>,
+    /// The run's workspace root as the run holds it open (its real path, a descriptor of
+    /// it): the sandbox binds it, and builds its Landlock rule, from this descriptor, never
+    /// by its path again. None: every read-write folder is opened by its path at spawn.
+    pub pinned_root: Option<Arc<(String, std::os::fd::OwnedFd)>>,
 }
 
 /// A live session.
@@ -625,8 +629,24 @@ impl TerminalHost {
             }
         }
         cmd.env(SESSION_ENV, id).stdin(stdio(&slave)?).stdout(stdio(&slave)?).stderr(stdio(&slave)?);
-        let prepared =
-            self.sandbox.prepare(&spec.sandbox, std::path::Path::new(&spec.cwd), Some(id), &spec.hidden, true)?;
+        let pinned = match &spec.pinned_root {
+            Some(root) => {
+                let fd = root
+                    .1
+                    .try_clone()
+                    .map_err(|e| failed(ErrorCode::SandboxFailed, format!("holding the workspace open: {e}")))?;
+                vec![(root.0.clone(), fd)]
+            }
+            None => Vec::new(),
+        };
+        let prepared = self.sandbox.prepare(
+            &spec.sandbox,
+            std::path::Path::new(&spec.cwd),
+            Some(id),
+            &spec.hidden,
+            true,
+            pinned,
+        )?;
         match &prepared {
             Some(p) => p.install(&mut cmd),
             None => {

@@ -1219,9 +1219,13 @@ impl Tool for TerminalSession {
                 ));
             }
         }
-        // The sandbox that applies now must be the one approved.
+        // The sandbox that applies now must be the one approved. It is decided, bound and
+        // Landlock-ruled from the workspace root the run holds open (by identity), at the
+        // real path of that open folder — never by looking its path up again, where a
+        // symlink swapped into a folder on the way would lead elsewhere.
         let is_admin = self.is_admin(&ctx.owner_id).await?;
-        let root = ctx.workspace()?.root();
+        let (root_path, root_fd) = pinned_root(ctx.workspace()?)?;
+        let root = root_path.as_path();
         let sandbox = self.host.sandbox().spec(&SpecRequest {
             workspace: Some(root),
             cwd: Path::new(&cwd),
@@ -1255,6 +1259,7 @@ impl Tool for TerminalSession {
         let spec = StartSpec {
             sandbox,
             hidden,
+            pinned_root: Some(std::sync::Arc::new((root_path.to_string_lossy().into_owned(), root_fd))),
             owner_id: ctx.owner_id.clone(),
             run_id: ctx.run_id.clone(),
             invocation_id: ctx.invocation_id.clone(),
@@ -1280,6 +1285,23 @@ impl Tool for TerminalSession {
         let _ = done.send(());
         Ok(out)
     }
+}
+
+/// The workspace root the run holds open, as a new descriptor of the same open folder, with
+/// the folder's real path now (the kernel's path of the descriptor). 409 `stale_target`
+/// when it cannot be read (the folder was removed).
+fn pinned_root(ws: &crate::workspace::Workspace) -> Result<(PathBuf, std::os::fd::OwnedFd), ToolError> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let stale = |e: std::io::Error| {
+        let message = format!("the workspace {} cannot be held open: {e}", ws.root().display());
+        ToolError::new(ErrorCode::StaleTarget, message)
+    };
+    let fd = ws.dir().as_fd().try_clone_to_owned().map_err(stale)?;
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(stale)?;
+    if !real.is_absolute() || !real.is_dir() {
+        return Err(stale(std::io::Error::other(format!("it is now {}", real.display()))));
+    }
+    Ok((real, fd))
 }
 
 #[cfg(test)]

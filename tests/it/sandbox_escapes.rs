@@ -1,0 +1,169 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Escapes from the sandbox of non-admins' processes found by a security review, replayed
+//! through the API: a stdio MCP server's cwd that only looks like it is in the user's
+//! workspace (`..`, a symlink the user's terminal made), a user's script named like an
+//! allow-listed command, and what sessions share with the host (PID and IPC namespaces).
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{Backend, Options, TestApp, spawn_with};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+fn options() -> Options {
+    let mut o = Options::default();
+    o.runtime.workspace_roots = vec![std::env::temp_dir()];
+    o
+}
+
+async fn install(t: &TestApp, token: &str, name: &str, stdio: Value) -> common::Resp {
+    t.post("/v1/mcp/servers", token, json!({"name": name, "transport": {"stdio": stdio}})).await
+}
+
+/// A non-admin's stdio server may write in its cwd, so the cwd is judged by its real path:
+/// `<workspace>/../…/<data dir>` and a symlink to the data dir inside the workspace are
+/// refused at install; a real folder of the workspace swapped for such a symlink after the
+/// install is refused at the next launch — the admin token never reaches the server.
+async fn a_stdio_servers_cwd_is_judged_by_its_real_path(backend: Backend) {
+    let t = spawn_with(backend, options()).await;
+    let data = std::fs::canonicalize(&t.data_dir).unwrap();
+    let ws = std::fs::canonicalize(&t.workspace).unwrap();
+    assert!(!data.starts_with(&ws), "the data dir is outside the workspace here");
+    let token = std::fs::read_to_string(data.join("admin.token")).unwrap().trim().to_owned();
+    let alice = t.user("alice").await;
+    let script = "cat admin.token >&2; echo attempt >&2; exit 3";
+    let up = "../".repeat(ws.components().count() - 1);
+    let traversal = format!("{}/{up}{}", ws.display(), data.strip_prefix("/").unwrap().display());
+    assert!(std::path::Path::new(&traversal).starts_with(&ws), "the text starts with the workspace");
+    std::os::unix::fs::symlink(&data, ws.join("to-data")).unwrap();
+    for (name, cwd) in [("dots", traversal.clone()), ("link", ws.join("to-data").to_string_lossy().into_owned())] {
+        let r = install(&t, &alice, name, json!({"command": "sh", "args": ["-c", script], "cwd": cwd})).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{name}: {r:?}");
+        assert!(r.body.to_string().contains("not inside one of your workspaces"), "{r:?}");
+    }
+
+    // A real folder when installed, a symlink to the data dir at the next launch.
+    let later = ws.join("later");
+    std::fs::create_dir(&later).unwrap();
+    let r = install(&t, &alice, "later", json!({"command": "sh", "args": ["-c", script], "cwd": later})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let id = r.body["id"].as_str().unwrap().to_owned();
+    let mut swapped = false;
+    let mut refused = false;
+    let mut seen = String::new();
+    for _ in 0..300 {
+        let v = t.get(&format!("/v1/mcp/servers/{id}"), &alice).await.body;
+        let tail = v["connection"]["stderr_tail"].as_str().unwrap_or("").to_owned();
+        let error = v["connection"]["last_error"].as_str().unwrap_or("").to_owned();
+        seen.push_str(&tail);
+        if !swapped && tail.contains("attempt") {
+            std::fs::rename(&later, ws.join("later-moved")).unwrap();
+            std::os::unix::fs::symlink(&data, &later).unwrap();
+            swapped = true;
+        }
+        if swapped && error.contains("not inside one of your workspaces") {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(swapped, "the server ran once in its real folder: {seen}");
+    assert!(!seen.contains(&token), "a non-admin's MCP server read the admin token: {seen}");
+    assert!(refused, "the launch after the swap was refused: {seen}");
+}
+
+/// `--mcp-stdio-allow sh` admits the `sh` of the server's PATH, not a user's script named
+/// `sh` in their workspace (by path or through a symlink), nor a path that names no file.
+async fn the_allow_list_is_matched_on_real_paths(backend: Backend) {
+    let mut o = options();
+    o.runtime.mcp.stdio_allow = vec!["sh".into()];
+    let t = spawn_with(backend, o).await;
+    let alice = t.user("alice").await;
+    let ws = std::fs::canonicalize(&t.workspace).unwrap();
+    let own = ws.join("bin/sh");
+    std::fs::create_dir_all(own.parent().unwrap()).unwrap();
+    std::fs::write(&own, "#!/bin/sh\necho mine\n").unwrap();
+    std::os::unix::fs::symlink(&own, ws.join("sh-link")).unwrap();
+    for command in [own.to_string_lossy().into_owned(), ws.join("sh-link").to_string_lossy().into_owned()] {
+        let r = install(&t, &alice, "mine", json!({"command": command, "args": ["-c", "exit 0"]})).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{command}: {r:?}");
+    }
+    let r = install(&t, &alice, "missing", json!({"command": "/opt/bin/sh"})).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{r:?}");
+    let r = install(&t, &alice, "system", json!({"command": "sh", "args": ["-c", "exit 0"]})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+}
+
+both_backends!(a_stdio_servers_cwd_is_judged_by_its_real_path, the_allow_list_is_matched_on_real_paths);
+
+/// A terminal session runs in its own PID namespace (its shell is pid 2, under the
+/// namespace's init; the server's pid names nothing there) and its own IPC namespace (a SysV
+/// segment the host made is not listed).
+async fn a_session_has_its_own_pid_and_ipc_namespaces(backend: Backend) {
+    let t = spawn_with(backend, options()).await;
+    let ready = t.request(reqwest::Method::GET, "/readyz", None, None).await;
+    let sb = &ready.body["sandbox"];
+    if sb["state"] != "enforced" {
+        eprintln!("the sandbox is not enforced here: {sb}");
+        return;
+    }
+    assert_eq!(sb["host"]["pid_namespace"], true, "{sb}");
+    assert_eq!(
+        (sb["protections"]["pid_namespace"].as_bool(), sb["protections"]["ipc_namespace"].as_bool()),
+        (Some(true), Some(true)),
+        "{sb}"
+    );
+    assert_eq!(sb["protections"]["signal_scope"], true, "{sb}");
+    let key = 0x4d1b_0000 ^ i32::try_from(std::process::id() & 0xffff).unwrap() ^ (backend as i32);
+    // SAFETY: shmget with plain integers; the segment is removed below.
+    let shm = unsafe { libc::shmget(key, 4096, libc::IPC_CREAT | 0o600) };
+    assert!(shm >= 0, "shmget: {}", std::io::Error::last_os_error());
+    let alice = t.user("alice").await;
+    let run = t.run(&alice).await;
+    let (turn, _) = t.turn(&alice, &run, "run commands in a terminal").await;
+    let server = std::process::id();
+    let script = format!(
+        "echo pid=$$; kill -0 {server} 2>/dev/null && echo SIGNAL-SENT || echo SIGNAL-DENIED; ipcs -m; echo finished"
+    );
+    let r = t
+        .call(
+            &alice,
+            &run,
+            &turn,
+            "terminal_session",
+            "call_0",
+            json!({"action": "start", "command": "sh", "args": ["-c", script], "settle_ms": 2000}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let inv = r.body;
+    let g = t
+        .post(
+            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+            &alice,
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+        )
+        .await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    let id = inv["invocation_id"].as_str().unwrap();
+    let mut done = Value::Null;
+    for _ in 0..400 {
+        done = t.get(&format!("/v1/invocations/{id}"), &alice).await.body;
+        if !matches!(done["status"].as_str().unwrap_or(""), "queued" | "running" | "awaiting_approval") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // SAFETY: removes the segment made above.
+    unsafe { libc::shmctl(shm, libc::IPC_RMID, std::ptr::null_mut()) };
+    let text = done["result"]["output"]["output"].as_str().unwrap_or_default();
+    assert!(text.contains("finished"), "{done}");
+    assert!(text.contains("pid=2"), "the session's shell is pid 2 of its own namespace: {done}");
+    assert!(text.contains("SIGNAL-DENIED") && !text.contains("SIGNAL-SENT"), "{done}");
+    assert!(!text.contains(&format!("0x{key:08x}")), "the host's SysV segment is visible: {done}");
+    assert!(text.contains("Shared Memory Segments"), "ipcs ran: {done}");
+}
+
+both_backends!(a_session_has_its_own_pid_and_ipc_namespaces);
