@@ -215,6 +215,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
             mira_core::remote::signing_key(&signing),
             settings.runtime.devices,
             cluster_node.clone(),
+            registry.clone(),
         )
         .context("building the device hub's HTTP client")?,
     );

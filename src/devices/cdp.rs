@@ -87,10 +87,11 @@ impl DeviceDown for CdpDownSender {
 impl DeviceBrowsers for DeviceHub {
     fn is_owned_by<'a>(&'a self, owner_id: &'a str, device_id: &'a str) -> BoxFuture<'a, Result<bool, ToolError>> {
         Box::pin(async move {
+            // A revoked device is nobody's to attach a browser through.
             self.store
                 .device_for(owner_id, device_id)
                 .await
-                .map(|d| d.is_some())
+                .map(|d| d.is_some_and(|d| d.revoked_at.is_none()))
                 .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))
         })
     }

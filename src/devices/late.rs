@@ -15,6 +15,7 @@ use mira_core::remote::{JobOutcome, JobResult};
 use serde_json::{Value, json};
 
 use crate::evidence::EvidenceDraft;
+use crate::registry::Registry;
 use crate::state::InvocationStatus;
 use crate::store::{Store, StoreError};
 
@@ -64,14 +65,18 @@ pub fn draft(device_id: &str, result: &JobResult, status_kept: &str) -> Option<E
 }
 
 /// Attaches `result`, which `device_id`'s runner delivered while no call waited for it, to
-/// its invocation: only when that invocation runs on a run bound to `device_id` (a runner
-/// speaks for its own device only; checked before anything waits) and once it has ended
-/// `interrupted` or `cancelled` after it started (waiting up to `wait` while it is still
-/// `running`, a call that is still giving up; one that has not started never reached the
-/// device and is dropped at once). Returns the evidence id, None when nothing was attached
-/// (unknown invocation, another device's, not started, completed or failed, already attached).
+/// its invocation: only when that invocation is a call of a tool that runs on the device
+/// (its capability in `registry` says it works in the workspace,
+/// [`super::executor::runs_on_device`]: a host tool's call never reached the device) on a run
+/// bound to `device_id` (a runner speaks for its own device only; both checked before
+/// anything waits) and once it has ended `interrupted` or `cancelled` after it started
+/// (waiting up to `wait` while it is still `running`, a call that is still giving up; one
+/// that has not started never reached the device and is dropped at once). Returns the
+/// evidence id, None when nothing was attached (unknown invocation, a host tool's, another
+/// device's, not started, completed or failed, already attached).
 pub async fn attach(
     store: &Store,
+    registry: &Registry,
     device_id: &str,
     result: JobResult,
     wait: Duration,
@@ -80,6 +85,12 @@ pub async fn attach(
         tracing::warn!(device = device_id, invocation = %result.invocation_id, "a late result names an unknown invocation; dropped");
         return Ok(None);
     };
+    let capability = registry.get_any(&first.tool_id).and_then(|e| e.spec().capability.clone());
+    if !super::executor::runs_on_device(capability.as_deref()) {
+        tracing::warn!(device = device_id, invocation = %first.id, tool = %first.tool_id,
+            "a late result names a call of a tool that does not run on a device; dropped");
+        return Ok(None);
+    }
     let run = store.run_for(&first.owner_id, &first.run_id).await?;
     if run.and_then(|r| r.device_id).as_deref() != Some(device_id) {
         tracing::warn!(device = device_id, invocation = %first.id, "a runner delivered a result for another device's invocation; dropped");

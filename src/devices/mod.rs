@@ -19,8 +19,11 @@
 //! prepare or canonicalize job asked on another replica goes to the holder
 //! (`/internal/v1/devices/job`); an execution claimed on another replica (a Read or Edit
 //! call, a terminal action on the device) goes through the same `/internal/v1/execute` as
-//! host terminal and MCP actions ([`executor::RemoteExecutor`]). A revocation made on another
-//! replica is told to the holder (`/internal/v1/devices/cut`), which cuts the runner at once.
+//! host terminal and MCP actions ([`executor::RemoteExecutor`]). A revocation, or a new key
+//! enrolled for the device, made on another replica is told to the holder
+//! (`/internal/v1/devices/cut`), which cuts the runner at once. Only a runner's heartbeat
+//! renews its lease here, and every job asks the store whether the device is still the
+//! connection's before it is sent.
 //! A runner that reconnects through another replica moves the holder there.
 
 pub mod cdp;
@@ -211,6 +214,8 @@ pub struct DeviceHub {
     client: reqwest::Client,
     /// DevTools channels to devices' browsers, by channel id ([`cdp`]).
     cdp_channels: Mutex<HashMap<String, cdp::Channel>>,
+    /// The tools, for which of them run on a device ([`late::attach`]).
+    registry: Arc<crate::registry::Registry>,
 }
 
 /// Where a device's live connection is, seen from this replica.
@@ -226,13 +231,21 @@ pub enum Holder {
 }
 
 /// A job forwarded to the replica holding the device (`POST /internal/v1/devices/job`):
-/// prepare and canonicalize only (an execution goes through `/internal/v1/execute`).
+/// prepare and canonicalize only (an execution goes through `/internal/v1/execute`). It
+/// names the call only; the holder reads the run and takes the owner, the device and the
+/// workspace from it ([`DeviceHub::forwarded_spec`]), so the cluster secret alone does not
+/// get a job signed for any device, user or folder.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ForwardedJob {
-    /// The device.
-    pub device_id: String,
-    /// The job.
-    pub spec: JobSpec,
+    /// The run (bound to the device).
+    pub run_id: String,
+    /// `prepare` or `canonicalize`.
+    pub phase: JobPhase,
+    /// The tool.
+    pub tool_id: String,
+    /// The input.
+    pub input: Value,
 }
 
 /// Answer of `POST /internal/v1/devices/job`.
@@ -252,14 +265,15 @@ pub const HOLDER_CUT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Body of `POST /internal/v1/devices/cut`.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct CutRequest {
-    /// The revoked device.
+    /// The device revoked, or enrolled with a new key.
     pub device_id: String,
 }
 
 /// Answer of `POST /internal/v1/devices/cut`.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct CutAnswer {
-    /// Whether this replica held a connection of the device and cut it.
+    /// Whether this replica held a connection of the device the store no longer names and
+    /// cut it.
     pub cut: bool,
 }
 
@@ -338,13 +352,15 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl DeviceHub {
-    /// A hub of replica `node` signing jobs with `key`. Fails only when the HTTP client
-    /// (for forwarding to the replica holding a device) cannot be built.
+    /// A hub of replica `node` signing jobs with `key`, for the tools of `registry`. Fails
+    /// only when the HTTP client (for forwarding to the replica holding a device) cannot be
+    /// built.
     pub fn new(
         store: Store,
         key: SigningKey,
         settings: DeviceSettings,
         node: Arc<Node>,
+        registry: Arc<crate::registry::Registry>,
     ) -> Result<Self, reqwest::Error> {
         let enroll_limit =
             enroll_limit::EnrollLimiter::new(settings.enroll_failures_per_address, settings.enroll_failures_global);
@@ -360,6 +376,7 @@ impl DeviceHub {
             node,
             client,
             cdp_channels: Mutex::new(HashMap::new()),
+            registry,
         })
     }
 
@@ -417,10 +434,10 @@ impl DeviceHub {
         }
         let attempt = self.enroll_limit.begin(client).map_err(HubError::Limited)?;
         let sha = crate::evidence::sha256_hex(req.code.trim().as_bytes());
-        let row = match self.store.enroll_device(&sha, &req.public_key, &crate::ids::now()).await {
-            Ok(Some(row)) => {
+        let enrolled = match self.store.enroll_device(&sha, &req.public_key, &crate::ids::now()).await {
+            Ok(Some(enrolled)) => {
                 self.enroll_limit.refund(attempt);
-                row
+                enrolled
             }
             Ok(None) => {
                 tracing::info!(client = ?client, "a wrong enrollment code");
@@ -435,7 +452,20 @@ impl DeviceHub {
                 return Err(e.into());
             }
         };
+        let row = enrolled.device;
         tracing::info!(device = %row.id, "device enrolled");
+        // A new key ends the earlier runner's session as a revocation does: the store cleared
+        // its holder and session (its heartbeats are refused everywhere); its connection is
+        // cut here, and on the replica that held it.
+        if enrolled.before.public_key.is_some() {
+            self.cut_here(&row.id, "enrolled with a new key");
+            match self.holder_address(&enrolled.before).await {
+                Ok(Some(base)) => self.tell_holder_to_cut(&base, &row.id).await,
+                Ok(None) => {}
+                Err(e) => tracing::warn!(device = %row.id, error = %e,
+                    "the replica holding the earlier runner could not be read; it cuts that runner at its next heartbeat"),
+            }
+        }
         Ok(EnrollAnswer { device_id: row.id, name: row.name, server_public_key: self.public_key() })
     }
 
@@ -473,8 +503,8 @@ impl DeviceHub {
         if !self.store.take_runner_challenge(&sha, &req.device_id, &crate::ids::now()).await? {
             return Err(failed("the challenge is unknown, used or expired"));
         }
-        let public =
-            row.public_key.as_deref().and_then(mira_core::remote::parse_public).ok_or_else(|| failed("no key"))?;
+        let key = row.public_key.as_deref().ok_or_else(|| failed("no key"))?;
+        let public = mira_core::remote::parse_public(key).ok_or_else(|| failed("no key"))?;
         let message = mira_core::remote::connect_message(&req.device_id, &req.challenge);
         if !mira_core::remote::verify(&public, mira_core::remote::CONNECT_DOMAIN, &message, &req.signature) {
             return Err(failed("the signature does not verify under the enrolled key"));
@@ -488,10 +518,14 @@ impl DeviceHub {
         let holder = (self.node.id.as_str(), self.node.process_id.as_str());
         if !self
             .store
-            .hold_device(&req.device_id, holder, &session_sha, &crate::ids::now(), advertised.as_deref())
+            .hold_device(&req.device_id, holder, &session_sha, &crate::ids::now(), advertised.as_deref(), key)
             .await?
         {
-            return Err(HubError::Refused(ErrorCode::DeviceRevoked, format!("device {} was revoked", req.device_id)));
+            // Revoked, or enrolled with another key since the signature was checked.
+            return Err(match self.store.device_by_id(&req.device_id).await?.and_then(|r| r.revoked_at) {
+                Some(_) => HubError::Refused(ErrorCode::DeviceRevoked, format!("device {} was revoked", req.device_id)),
+                None => failed("the device was enrolled with another key meanwhile"),
+            });
         }
         let heartbeat = self.settings.lease / 3;
         let welcome = ServerMessage::Welcome {
@@ -503,7 +537,7 @@ impl DeviceHub {
         let cut = CancellationToken::new();
         let conn = Arc::new(Connection {
             session: session.clone(),
-            session_sha,
+            session_sha: session_sha.clone(),
             tx,
             cut: cut.clone(),
             last_beat: Mutex::new(Instant::now()),
@@ -513,11 +547,17 @@ impl DeviceHub {
             old.cut.cancel();
             self.drop_cdp_channels(&req.device_id);
         }
-        // A revocation between `hold_device` and the insert above found no connection here to
-        // cut: read the row again, so that a revoked device's runner never stays attached.
-        if self.store.device_by_id(&req.device_id).await?.is_none_or(|row| row.revoked_at.is_some()) {
-            self.cut_here(&req.device_id);
+        // A revocation or a new enrollment between `hold_device` and the insert above found no
+        // connection here to cut: read the row again, so that the runner of a revoked device,
+        // or of a key replaced since, never stays attached.
+        let now = self.store.device_by_id(&req.device_id).await?;
+        if now.as_ref().is_none_or(|row| row.revoked_at.is_some()) {
+            self.cut_here(&req.device_id, "revoked");
             return Err(HubError::Refused(ErrorCode::DeviceRevoked, format!("device {} was revoked", req.device_id)));
+        }
+        if now.as_ref().is_some_and(|row| row.public_key.as_deref() != Some(key)) {
+            self.cut_connection_here(&req.device_id, &session_sha, "enrolled with a new key");
+            return Err(failed("the device was enrolled with another key meanwhile"));
         }
         tracing::info!(device = %req.device_id, "runner connected");
         Ok(Attached { rx, cut, guard: DetachGuard { hub: Arc::clone(self), device_id: req.device_id, session } })
@@ -557,7 +597,7 @@ impl DeviceHub {
             }
             drop(inner);
             self.drop_cdp_channels(&device);
-            tracing::info!(device = %device, "a runner connection replaced elsewhere (or revoked) was cut");
+            tracing::info!(device = %device, "a runner connection replaced elsewhere (revoked, or enrolled with a new key) was cut");
             return Err(Self::session_refused());
         }
         *conn.last_beat.lock() = Instant::now();
@@ -580,8 +620,10 @@ impl DeviceHub {
     /// `interrupted` with `outcome_unknown`, or cancelled) is attached to its invocation as
     /// evidence of kind `late_device_result` ([`late::attach`]); its status stays.
     pub async fn deliver_here(&self, session: &str, result: JobResult) -> Result<(), HubError> {
+        // A result does not renew the lease: only a heartbeat does, which asks the store
+        // whether the device is still this connection's (a revoked runner posting results
+        // instead of heartbeats goes offline after its lease).
         let (device, conn) = self.by_session(session).ok_or_else(Self::session_refused)?;
-        *conn.last_beat.lock() = Instant::now();
         let waiter = {
             let mut inner = self.inner.lock();
             match inner.pending.get(&result.nonce) {
@@ -607,6 +649,14 @@ impl DeviceHub {
                     "a runner delivered a prepare result no call waits for any more; dropped")
             }
             None => {
+                // Evidence from a connection the device row no longer names (revoked, enrolled
+                // with a new key, replaced elsewhere) is refused, and that connection is cut.
+                let row = self.store.device_by_id(&device).await?;
+                if row.is_none_or(|r| r.revoked_at.is_some() || r.session_sha256.as_deref() != Some(&conn.session_sha))
+                {
+                    self.cut_connection_here(&device, &conn.session_sha, "no longer the device's connection");
+                    return Err(Self::session_refused());
+                }
                 tracing::warn!(device = %device, invocation = %result.invocation_id, late = result.late,
                     "a runner delivered a result no call waits for any more; attaching it to its invocation");
                 let Ok(slot) = Arc::clone(&self.late_slots).try_acquire_owned() else {
@@ -615,9 +665,10 @@ impl DeviceHub {
                     return Ok(());
                 };
                 let store = self.store.clone();
+                let registry = Arc::clone(&self.registry);
                 let wait = self.settings.lease * 3;
                 tokio::spawn(async move {
-                    if let Err(e) = late::attach(&store, &device, result, wait).await {
+                    if let Err(e) = late::attach(&store, &registry, &device, result, wait).await {
                         tracing::warn!(device = %device, error = %e, "attaching a late device result failed");
                     }
                     drop(slot);
@@ -671,7 +722,7 @@ impl DeviceHub {
             return Ok(false);
         }
         // A connection here that the row no longer named (replaced elsewhere) goes too.
-        self.cut_here(device_id);
+        self.cut_here(device_id, "revoked");
         if let Some(row) = before
             && let Some(base) = self.holder_address(&row).await?
         {
@@ -680,33 +731,55 @@ impl DeviceHub {
         Ok(true)
     }
 
-    /// Cuts this process's connection of `device_id`, if it has one: the runner's stream
-    /// ends (it connects again and is refused). True when there was one.
-    fn cut_here(&self, device_id: &str) -> bool {
+    /// Cuts this process's connection of `device_id`, if it has one (`why` is logged): the
+    /// runner's stream ends (it connects again and is refused). True when there was one.
+    fn cut_here(&self, device_id: &str, why: &str) -> bool {
         let Some(conn) = self.inner.lock().connections.remove(device_id) else { return false };
         conn.cut.cancel();
         self.drop_cdp_channels(device_id);
-        tracing::info!(device = device_id, "revoked device's runner cut");
+        tracing::info!(device = device_id, why, "a device's runner was cut");
         true
     }
 
-    /// The holder's side of a revocation made on another replica
-    /// (`POST /internal/v1/devices/cut`): cuts this process's connection of `device_id` when
-    /// the store says the device is revoked (a device that is not revoked is left alone).
-    /// True when a connection was cut.
-    pub async fn cut_revoked_here(&self, device_id: &str) -> Result<bool, StoreError> {
-        let revoked = self.store.device_by_id(device_id).await?.is_some_and(|row| row.revoked_at.is_some());
-        Ok(revoked && self.cut_here(device_id))
+    /// Cuts this process's connection of `device_id` only while it is the one whose session
+    /// has SHA-256 `session_sha` (a newer connection is left alone). True when it was cut.
+    fn cut_connection_here(&self, device_id: &str, session_sha: &str, why: &str) -> bool {
+        let conn = {
+            let mut inner = self.inner.lock();
+            if inner.connections.get(device_id).is_none_or(|c| c.session_sha != session_sha) {
+                return false;
+            }
+            inner.connections.remove(device_id)
+        };
+        let Some(conn) = conn else { return false };
+        conn.cut.cancel();
+        self.drop_cdp_channels(device_id);
+        tracing::info!(device = device_id, why, "a device's runner was cut");
+        true
     }
 
-    /// Asks the replica at `base` to cut its connection of the revoked `device_id`; a failure
-    /// is logged (that replica cuts the runner at its next heartbeat instead).
+    /// The holder's side of a revocation or a new enrollment made on another replica
+    /// (`POST /internal/v1/devices/cut`): cuts this process's connection of `device_id` when
+    /// the store no longer names it — the device is revoked or gone, or its row holds another
+    /// session (or none: enrolled with a new key). A connection the row still names is left
+    /// alone. True when a connection was cut.
+    pub async fn cut_stale_here(&self, device_id: &str) -> Result<bool, StoreError> {
+        let Some(conn) = self.inner.lock().connections.get(device_id).cloned() else { return Ok(false) };
+        let row = self.store.device_by_id(device_id).await?;
+        let current =
+            row.is_some_and(|r| r.revoked_at.is_none() && r.session_sha256.as_deref() == Some(&conn.session_sha));
+        Ok(!current && self.cut_connection_here(device_id, &conn.session_sha, "no longer the device's connection"))
+    }
+
+    /// Asks the replica at `base` to cut its connection of `device_id`, revoked or enrolled
+    /// with a new key; a failure is logged (that replica cuts the runner at its next
+    /// heartbeat instead).
     async fn tell_holder_to_cut(&self, base: &str, device_id: &str) {
         let Some(secret) = self.node.config.secret.as_deref().filter(|s| !s.is_empty()) else {
             tracing::warn!(
                 device = device_id,
                 holder = base,
-                "the revoked device's runner is held by another replica and this one has no --cluster-secret to tell it; it is cut at its next heartbeat"
+                "the device's earlier runner is held by another replica and this one has no --cluster-secret to tell it; it is cut at its next heartbeat"
             );
             return;
         };
@@ -722,12 +795,17 @@ impl DeviceHub {
         match sent {
             Ok(r) if r.status().is_success() => {
                 let cut = r.json::<CutAnswer>().await.is_ok_and(|a| a.cut);
-                tracing::info!(device = device_id, holder = base, cut, "told the holder replica of the revocation");
+                tracing::info!(
+                    device = device_id,
+                    holder = base,
+                    cut,
+                    "told the holder replica to cut the device's runner"
+                );
             }
             Ok(r) => tracing::warn!(device = device_id, holder = base, status = %r.status(),
-                "the holder replica refused to cut the revoked device's runner; it is cut at its next heartbeat"),
+                "the holder replica refused to cut the device's runner; it is cut at its next heartbeat"),
             Err(e) => tracing::warn!(device = device_id, holder = base, error = %e,
-                "the holder replica could not be told of the revocation; it cuts the runner at its next heartbeat"),
+                "the holder replica could not be told to cut the device's runner; it cuts it at its next heartbeat"),
         }
     }
 
@@ -799,6 +877,51 @@ impl DeviceHub {
         }
     }
 
+    /// The holder's side of `POST /internal/v1/devices/job`: the device and the job of
+    /// `job`, read from its run — the run's owner, the device the run is bound to, the run's
+    /// workspace — never from the request. Refused: an execution (400 `invalid_field`: those
+    /// come through `/internal/v1/execute` under their claim), an unknown run (404
+    /// `not_found`), a run not bound to a device, or bound to a device that is not its
+    /// owner's or is gone (403 `forbidden`), a run without its workspace
+    /// (`workspace_unavailable`).
+    pub async fn forwarded_spec(&self, job: ForwardedJob) -> Result<(String, JobSpec), HubError> {
+        if job.phase == JobPhase::Execute {
+            return Err(HubError::Refused(
+                ErrorCode::InvalidField,
+                "executions are forwarded through /internal/v1/execute, under the claim of the invocation".into(),
+            ));
+        }
+        let scope = self
+            .store
+            .run_scope_any_owner(&job.run_id)
+            .await?
+            .ok_or_else(|| HubError::Refused(ErrorCode::NotFound, format!("run {} is unknown", job.run_id)))?;
+        let run = scope.run;
+        let forbidden = |why: String| HubError::Refused(ErrorCode::Forbidden, why);
+        let device = run
+            .device_id
+            .filter(|d| d != crate::availability::LOCAL_DEVICE_ID)
+            .ok_or_else(|| forbidden(format!("run {} is not bound to a device", run.id)))?;
+        let row = self.store.device_by_id(&device).await?;
+        if row.is_none_or(|d| d.owner_id != run.owner_id) {
+            return Err(forbidden(format!("run {} is bound to device {device}, which is not its owner's", run.id)));
+        }
+        let ws = scope.workspace.ok_or_else(|| {
+            HubError::Refused(ErrorCode::WorkspaceUnavailable, format!("workspace {} is gone", run.workspace_id))
+        })?;
+        let spec = JobSpec {
+            phase: job.phase,
+            invocation_id: String::new(),
+            run_id: run.id,
+            owner_id: run.owner_id,
+            tool_id: job.tool_id,
+            input: job.input,
+            approval_id: None,
+            workspace: ws.path,
+        };
+        Ok((device, spec))
+    }
+
     /// Sends one job to `device_id`'s runner wherever it is connected: here, or through the
     /// replica holding it (`POST /internal/v1/devices/job`). For prepare and canonicalize
     /// only (they change nothing; an execution goes through the harness's executor, which
@@ -823,7 +946,9 @@ impl DeviceHub {
             return Err(offline("it is connected to another replica and this one has no --cluster-secret".into()));
         };
         let url = format!("{}/internal/v1/devices/job", base.trim_end_matches('/'));
-        let body = ForwardedJob { device_id: device_id.to_owned(), spec };
+        // Only what names the call: the holder takes the owner, the device and the workspace
+        // from the run's row.
+        let body = ForwardedJob { run_id: spec.run_id, phase: spec.phase, tool_id: spec.tool_id, input: spec.input };
         let wait = PREPARE_WAIT + Duration::from_secs(10);
         // The timeout covers the answer's body too: a holder that stalls mid-answer is a
         // timeout, not an offline device.
@@ -867,9 +992,12 @@ impl DeviceHub {
 
     /// Sends one signed job to `device_id`'s runner and waits for its outcome.
     ///
-    /// Errors: `device_offline` when no runner holds a lease (nothing was sent);
-    /// `device_revoked` for an execution on a device the store says is revoked (its
-    /// connection here is cut, nothing was sent); once sent,
+    /// Errors: `device_offline` when no runner holds a lease here, or the store no longer
+    /// names this process's connection as the device's (enrolled with a new key, connected
+    /// again elsewhere: that connection is cut; nothing was sent); `device_revoked` when the
+    /// store says the device is revoked (its connection here is cut, nothing was sent);
+    /// `request_timeout` for a prepare or canonicalize whose job the runner's stream did not
+    /// take (it stopped reading) within the wait below; once sent,
     /// when the runner stays away for a whole lease without answering: `outcome_unknown`
     /// for an execution (it may have run; it is never sent again), `device_offline` for
     /// prepare and canonicalize (which change nothing); `request_timeout` (503) for a prepare
@@ -886,22 +1014,27 @@ impl DeviceHub {
                 .with_details(json!({"device_id": device_id}))
         };
         let conn = self.live(device_id).ok_or_else(|| offline("; nothing was sent to it"))?;
-        if spec.phase == JobPhase::Execute {
-            // A revocation made on another replica that could not tell this one leaves the
-            // connection here until the runner's next heartbeat: an execution asks the store.
-            let row = self
-                .store
-                .device_by_id(device_id)
-                .await
-                .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?;
-            if let Some(at) = row.as_ref().and_then(|r| r.revoked_at.as_deref()) {
-                self.cut_here(device_id);
-                return Err(ToolError::new(
-                    ErrorCode::DeviceRevoked,
-                    format!("device {device_id} was revoked at {at}; nothing was sent to it"),
-                )
-                .with_details(json!({"device_id": device_id})));
-            }
+        // A revocation or a new enrollment made on another replica that could not tell this
+        // one leaves the connection here until the runner's next heartbeat: every job asks the
+        // store whether the device is still this connection's.
+        let row = self
+            .store
+            .device_by_id(device_id)
+            .await
+            .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?;
+        if let Some(at) = row.as_ref().and_then(|r| r.revoked_at.as_deref()) {
+            self.cut_here(device_id, "revoked");
+            return Err(ToolError::new(
+                ErrorCode::DeviceRevoked,
+                format!("device {device_id} was revoked at {at}; nothing was sent to it"),
+            )
+            .with_details(json!({"device_id": device_id})));
+        }
+        if row.as_ref().and_then(|r| r.session_sha256.as_deref()) != Some(conn.session_sha.as_str()) {
+            self.cut_connection_here(device_id, &conn.session_sha, "no longer the device's connection");
+            return Err(offline(
+                "here: the runner connected here was replaced (enrolled with a new key, or connected again elsewhere); nothing was sent to it",
+            ));
         }
         let nonce = random_hex(16);
         let envelope = JobEnvelope {
@@ -922,14 +1055,10 @@ impl DeviceHub {
         let (tx, mut rx) = oneshot::channel();
         self.inner.lock().pending.insert(nonce.clone(), (device_id.to_owned(), tx));
         let _forget = PendingGuard { hub: self, nonce: nonce.clone() };
-        if conn.tx.send(ServerMessage::Job(SignedJob::seal(&envelope, &self.key))).await.is_err() {
-            return Err(offline("; nothing was sent to it"));
-        }
-        let mut away_since: Option<Instant> = None;
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
         // A prepare or canonicalize (a freeze waits on it) is bounded by the job's validity: a
         // runner that takes the job and never answers cannot hold the freeze (an execution is
-        // bounded by its own time limit, which cancels it).
+        // bounded by its own time limit, which cancels it). The bound starts before the send:
+        // a runner that stops reading its stream fills it, and the send waits for room.
         let wait = self.settings.job_ttl.min(PREPARE_WAIT);
         let answer_by = (spec.phase != JobPhase::Execute).then(|| tokio::time::Instant::now() + wait);
         let too_late = async move {
@@ -939,18 +1068,35 @@ impl DeviceHub {
             }
         };
         tokio::pin!(too_late);
+        let timed_out = || {
+            ToolError::new(
+                ErrorCode::RequestTimeout,
+                format!("the runner of device {device_id} did not answer within {} s; try again", wait.as_secs()),
+            )
+            .with_details(json!({"device_id": device_id}))
+        };
+        tokio::select! {
+            sent = conn.tx.send(ServerMessage::Job(SignedJob::seal(&envelope, &self.key))) => {
+                if sent.is_err() {
+                    return Err(offline("; nothing was sent to it"));
+                }
+            }
+            () = &mut too_late => return Err(timed_out()),
+            () = cancel.cancelled() => {
+                return Err(ToolError::new(
+                    ErrorCode::Cancelled,
+                    format!("stopped while the runner of device {device_id} did not read its stream; nothing was sent to it"),
+                ));
+            }
+        }
+        let mut away_since: Option<Instant> = None;
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
         loop {
             tokio::select! {
                 outcome = &mut rx => {
                     return outcome.map_err(|_| ToolError::new(ErrorCode::Internal, "the job's waiter was dropped"));
                 }
-                () = &mut too_late => {
-                    return Err(ToolError::new(
-                        ErrorCode::RequestTimeout,
-                        format!("the runner of device {device_id} did not answer within {} s; try again", wait.as_secs()),
-                    )
-                    .with_details(json!({"device_id": device_id})));
-                }
+                () = &mut too_late => return Err(timed_out()),
                 () = cancel.cancelled() => {
                     return Err(ToolError::new(ErrorCode::Cancelled, format!("stopped while device {device_id} ran it")));
                 }

@@ -35,11 +35,10 @@ impl DeviceHub {
     /// (unknown bearer), 404 `terminal_session_not_found` (no such session on that device),
     /// 409 `terminal_session_ended` (it was recorded ended, e.g. `lost`).
     async fn device_session(&self, session: &str, id: &str) -> Result<TerminalSessionRow, HubError> {
+        // Output does not renew the lease: only a heartbeat does, which asks the store
+        // whether the device is still this connection's.
         let device = match self.by_session(session) {
-            Some((device, conn)) => {
-                *conn.last_beat.lock() = std::time::Instant::now();
-                device
-            }
+            Some((device, _)) => device,
             // In a cluster the post may land on a replica that does not hold the runner's
             // connection: the output goes to the shared store all the same, for a session
             // token that a live holder still has.

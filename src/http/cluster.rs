@@ -194,40 +194,46 @@ pub async fn internal_mcp_discover(
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
-/// `POST /internal/v1/devices/job`: a prepare or canonicalize job for a device whose runner
-/// this replica holds, asked through another replica ([`crate::devices::DeviceHub::job_anywhere`]).
-/// Answers the runner's outcome or the job's error (`device_offline` when the runner is not
-/// connected here any more); 400 for an execution (those come through `/internal/v1/execute`,
-/// under the claimer's lease); 401 without the cluster secret.
+/// `POST /internal/v1/devices/job` `{run_id, phase, tool_id, input}`: a prepare or
+/// canonicalize job for a run bound to a device whose runner this replica holds, asked through
+/// another replica ([`crate::devices::DeviceHub::job_anywhere`]). The request names the call
+/// only: the owner, the device and the workspace the job is signed for are the run's
+/// ([`crate::devices::DeviceHub::forwarded_spec`]; any other field is refused). Answers the
+/// runner's outcome or the job's error (`device_offline` when the runner is not connected here
+/// any more); 400 for an execution (those come through `/internal/v1/execute`, under the
+/// claimer's lease) or a tool that does not run on a device; 404 for an unknown run; 403 for a
+/// run not bound to a device of its owner; 401 without the cluster secret.
 pub async fn internal_device_job(
     State(app): State<App>,
     _caller: ClusterCaller,
     Json(body): Json<crate::devices::ForwardedJob>,
 ) -> Result<axum::Json<crate::devices::ForwardedAnswer>> {
     use crate::devices::ForwardedAnswer;
-    if body.spec.phase == mira_core::remote::JobPhase::Execute {
+    let capability = app.registry.get_any(&body.tool_id).and_then(|e| e.spec().capability.clone());
+    if !crate::devices::executor::runs_on_device(capability.as_deref()) {
         return Err(Error::bad_request(
             ErrorCode::InvalidField,
-            "executions are forwarded through /internal/v1/execute, under the claim of the invocation",
+            format!("{} does not run on a device; only its calls are prepared there", body.tool_id),
         ));
     }
-    let answer = match app.devices.job(&body.device_id, body.spec, &CancellationToken::new()).await {
+    let (device, spec) = app.devices.forwarded_spec(body).await?;
+    let answer = match app.devices.job(&device, spec, &CancellationToken::new()).await {
         Ok(outcome) => ForwardedAnswer::Ok(outcome),
         Err(e) => ForwardedAnswer::Err(e),
     };
     Ok(axum::Json(answer))
 }
 
-/// `POST /internal/v1/devices/cut` `{device_id}`: a device revoked on another replica; this
-/// replica cuts its runner's connection at once when it holds one
-/// ([`crate::devices::DeviceHub::cut_revoked_here`]; a device the store does not say is
-/// revoked is left alone). Answers `{cut}`; 401 without the cluster secret.
+/// `POST /internal/v1/devices/cut` `{device_id}`: a device revoked, or enrolled with a new key,
+/// on another replica; this replica cuts its runner's connection at once when it holds one the
+/// store no longer names ([`crate::devices::DeviceHub::cut_stale_here`]; the connection the
+/// device row still names is left alone). Answers `{cut}`; 401 without the cluster secret.
 pub async fn internal_device_cut(
     State(app): State<App>,
     _caller: ClusterCaller,
     Json(body): Json<crate::devices::CutRequest>,
 ) -> Result<axum::Json<crate::devices::CutAnswer>> {
-    let cut = app.devices.cut_revoked_here(&body.device_id).await?;
+    let cut = app.devices.cut_stale_here(&body.device_id).await?;
     Ok(axum::Json(crate::devices::CutAnswer { cut }))
 }
 

@@ -1,7 +1,16 @@
 //! Devices with remote runners: enrollment codes, public keys, revocation, last seen
 //! (docs/runner.md). The rows themselves are [`super::DeviceRow`].
 
-use super::{DeviceRow, Store, StoreResult, WorkspaceRow};
+use super::{DeviceRow, RunScopeRow, Store, StoreResult, WorkspaceRow};
+
+/// A device enrolled with a new key ([`Store::enroll_device`]).
+#[derive(Debug, Clone)]
+pub struct Enrolled {
+    /// The device as it is now: the new key, no holder.
+    pub device: DeviceRow,
+    /// The device just before: the holder of the earlier runner's connection, if any.
+    pub before: DeviceRow,
+}
 
 impl Store {
     /// Sets a new one-time enrollment code (its SHA-256 `code_sha256`, valid until
@@ -30,34 +39,57 @@ impl Store {
     /// Uses the enrollment code whose SHA-256 is `code_sha256` at `now`: the device takes
     /// `public_key` and the code is spent. None when no unexpired code of a device that is not
     /// revoked matches (the code works once).
-    pub async fn enroll_device(
-        &self,
-        code_sha256: &str,
-        public_key: &str,
-        now: &str,
-    ) -> StoreResult<Option<DeviceRow>> {
-        let row: Option<DeviceRow> = sqlx::query_as(
-            "SELECT * FROM devices WHERE enroll_code_sha256 = $1 AND enroll_expires_at > $2 AND revoked_at IS NULL",
+    ///
+    /// A new key ends the earlier runner's session as a revocation does, in the same
+    /// transaction: the holder and the session hash are cleared (that runner's heartbeats are
+    /// refused from now on, on every replica) and the device's terminal sessions still
+    /// `running` are recorded `lost` (they were on the earlier runner). The row is locked
+    /// first, so the holder returned in [`Enrolled::before`] is the one replaced (the caller
+    /// cuts that connection) and a connect under the earlier key that waited on the lock
+    /// finds the key changed ([`Store::hold_device`]).
+    pub async fn enroll_device(&self, code_sha256: &str, public_key: &str, now: &str) -> StoreResult<Option<Enrolled>> {
+        let mut tx = self.begin_write().await?;
+        // A no-op update locks the row (Postgres; SQLite's write transaction is serialised).
+        let locked = sqlx::query(
+            "UPDATE devices SET enroll_code_sha256 = enroll_code_sha256
+             WHERE enroll_code_sha256 = $1 AND enroll_expires_at > $2 AND revoked_at IS NULL",
         )
         .bind(code_sha256)
         .bind(now)
-        .fetch_optional(self.pool())
+        .execute(tx.conn())
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        let done = sqlx::query(
-            "UPDATE devices SET public_key = $1, enrolled_at = $2, enroll_code_sha256 = NULL, enroll_expires_at = NULL
-             WHERE id = $3 AND enroll_code_sha256 = $4",
+        if locked.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let before: Option<DeviceRow> = sqlx::query_as("SELECT * FROM devices WHERE enroll_code_sha256 = $1")
+            .bind(code_sha256)
+            .fetch_optional(tx.conn())
+            .await?;
+        let Some(before) = before else { return Ok(None) };
+        sqlx::query(
+            "UPDATE devices SET public_key = $1, enrolled_at = $2, enroll_code_sha256 = NULL, enroll_expires_at = NULL,
+                holder_node_id = NULL, holder_process_id = NULL, session_sha256 = NULL
+             WHERE id = $3",
         )
         .bind(public_key)
         .bind(now)
-        .bind(&row.id)
-        .bind(code_sha256)
-        .execute(self.pool())
+        .bind(&before.id)
+        .execute(tx.conn())
         .await?;
-        if done.rows_affected() != 1 {
-            return Ok(None);
-        }
-        self.device_by_id(&row.id).await
+        sqlx::query(
+            "UPDATE terminal_sessions SET state = 'lost', ended_at = $1,
+                end_reason = 'the device was enrolled with a new key: the earlier runner''s sessions are gone; the output it had sent is kept'
+             WHERE state = 'running' AND node_id = $2",
+        )
+        .bind(now)
+        .bind(&before.id)
+        .execute(tx.conn())
+        .await?;
+        let device: Option<DeviceRow> =
+            sqlx::query_as("SELECT * FROM devices WHERE id = $1").bind(&before.id).fetch_optional(tx.conn()).await?;
+        let Some(device) = device else { return Ok(None) };
+        tx.commit().await?;
+        Ok(Some(Enrolled { device, before }))
     }
 
     /// The device `id` whoever owns it (for a runner authenticating with the device key).
@@ -94,8 +126,9 @@ impl Store {
 
     /// Records that `holder` (the replica's node id, its process id) holds device `id`'s live
     /// connection, with session token SHA-256 `session_sha256`, at `now` (its heartbeat), and
-    /// what the runner advertised (JSON). Replaces an earlier holder. False when the device
-    /// was revoked meanwhile.
+    /// what the runner advertised (JSON), for a runner that proved it holds the key
+    /// `public_key`. Replaces an earlier holder. False when the device was revoked meanwhile
+    /// or enrolled with another key ([`Store::enroll_device`]).
     pub async fn hold_device(
         &self,
         id: &str,
@@ -103,11 +136,12 @@ impl Store {
         session_sha256: &str,
         now: &str,
         advertised: Option<&str>,
+        public_key: &str,
     ) -> StoreResult<bool> {
         let done = sqlx::query(
             "UPDATE devices SET holder_node_id = $1, holder_process_id = $2, session_sha256 = $3, last_seen_at = $4,
                 advertised = COALESCE($5, advertised)
-             WHERE id = $6 AND revoked_at IS NULL",
+             WHERE id = $6 AND revoked_at IS NULL AND public_key = $7",
         )
         .bind(holder.0)
         .bind(holder.1)
@@ -115,6 +149,7 @@ impl Store {
         .bind(now)
         .bind(advertised)
         .bind(id)
+        .bind(public_key)
         .execute(self.pool())
         .await?;
         Ok(done.rows_affected() == 1)
@@ -189,6 +224,20 @@ impl Store {
             .bind(session_sha256)
             .fetch_optional(self.pool())
             .await?)
+    }
+
+    /// Run `run_id` whoever owns it, with its workspace (its owner's or a shared one): what
+    /// the replica holding a device reads for a job forwarded to it (`/internal/v1/devices/job`),
+    /// which takes the owner, the device and the workspace from here, never from the request.
+    pub async fn run_scope_any_owner(&self, run_id: &str) -> StoreResult<Option<RunScopeRow>> {
+        let owner: Option<String> = sqlx::query_scalar("SELECT owner_id FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_optional(self.pool())
+            .await?;
+        match owner {
+            Some(owner) => self.run_scope_for(&owner, run_id, None).await,
+            None => Ok(None),
+        }
     }
 
     /// Registers the workspace `path` (absolute, on the device `device_id`; not looked at

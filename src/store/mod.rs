@@ -77,6 +77,7 @@ pub use crate::state::ApprovalRule;
 pub use approvals::{ApprovalRow, DecideOutcome, Decider, GrantRequest, HarnessClaim, Viewer};
 pub use bundle::{BundleText, RunDocument};
 pub use connections::ConnectionRow;
+pub use devices::Enrolled;
 pub use events::EventRow;
 pub use evidence::{EvidenceDraft, EvidenceRow};
 pub use group::GroupCommitStats;

@@ -19,6 +19,17 @@
 //! - Every `/internal/v1/*` route refuses a request without the exact cluster secret (no
 //!   header, a prefix, a longer value, another case), and every one is refused when no secret
 //!   is configured, whatever the header says.
+//! - Enrolling a device with a new key ends its earlier runner as a revocation does: its
+//!   stream is cut, its session and key are refused everywhere, its terminal sessions are
+//!   `lost`, and no job goes to it — also when the enrollment was recorded by another replica
+//!   that could not cut it here.
+//! - A job forwarded with the cluster secret (`/internal/v1/devices/job`) names the call only:
+//!   the owner, the device and the workspace it is signed for are its run's.
+//! - A late result lands only on a call of a tool that runs on the device (never a host
+//!   tool's call of a run bound to it).
+//! - Results and terminal output do not keep a runner live (only heartbeats, which ask the
+//!   store); a revoked device is nobody's to attach a browser through.
+//! - A runner that stops reading its stream cannot hold a freeze at the send of its job.
 
 use crate::common;
 
@@ -35,6 +46,11 @@ both_backends!(
     a_device_folder_is_never_looked_at_on_the_host,
     an_execution_is_never_sent_to_a_device_the_store_says_is_revoked,
     a_runner_that_never_answers_cannot_hold_a_freeze,
+    enrolling_a_new_key_ends_the_earlier_runner,
+    a_new_key_enrolled_elsewhere_gets_the_earlier_runner_no_job,
+    a_forwarded_job_is_signed_for_its_runs_owner_device_and_workspace,
+    only_heartbeats_keep_a_runner_live,
+    a_runner_that_stops_reading_its_stream_cannot_hold_a_freeze,
 );
 
 /// A runner spoken by hand: its device, its session bearer and its open stream.
@@ -92,15 +108,28 @@ async fn hand_runner(t: &TestApp, token: &str, name: &str, seed: u8) -> HandRunn
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let device = r.body["id"].as_str().unwrap().to_owned();
     let code = r.body["enrollment"]["code"].as_str().unwrap().to_owned();
+    assert_eq!(enroll(t, &code, seed).await.0, StatusCode::OK);
+    connect(t, &device, name, seed).await.unwrap_or_else(|(status, body)| panic!("{status}: {body}"))
+}
+
+/// `POST /v1/runner/enroll` of key `seed` with `code`: (status, body).
+async fn enroll(t: &TestApp, code: &str, seed: u8) -> (StatusCode, Value) {
     let key = mira_core::remote::signing_key(&[seed; 32]);
-    let client = streaming_client();
-    let r = client
+    let r = streaming_client()
         .post(format!("{}/v1/runner/enroll", t.base))
         .json(&json!({"code": code, "public_key": mira_core::remote::public_hex(&key)}))
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+    let status = r.status();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// A challenge of `device` signed with key `seed`, and the connect: the runner with its
+/// stream and session, or the refusal (status, body).
+async fn connect(t: &TestApp, device: &str, name: &str, seed: u8) -> Result<HandRunner, (StatusCode, Value)> {
+    let key = mira_core::remote::signing_key(&[seed; 32]);
+    let client = streaming_client();
     let r: Value = client
         .post(format!("{}/v1/runner/challenge", t.base))
         .json(&json!({"device_id": device}))
@@ -110,11 +139,11 @@ async fn hand_runner(t: &TestApp, token: &str, name: &str, seed: u8) -> HandRunn
         .json()
         .await
         .unwrap();
-    let challenge = r["challenge"].as_str().unwrap().to_owned();
+    let challenge = r["challenge"].as_str().unwrap_or_else(|| panic!("{r}")).to_owned();
     let signature = mira_core::remote::sign(
         &key,
         mira_core::remote::CONNECT_DOMAIN,
-        &mira_core::remote::connect_message(&device, &challenge),
+        &mira_core::remote::connect_message(device, &challenge),
     );
     let stream = client
         .post(format!("{}/v1/runner/connect", t.base))
@@ -124,12 +153,15 @@ async fn hand_runner(t: &TestApp, token: &str, name: &str, seed: u8) -> HandRunn
         .send()
         .await
         .unwrap();
-    assert_eq!(stream.status(), StatusCode::OK);
-    let mut runner = HandRunner { device, session: String::new(), stream, buf: Vec::new() };
+    if stream.status() != StatusCode::OK {
+        let status = stream.status();
+        return Err((status, stream.json().await.unwrap_or(Value::Null)));
+    }
+    let mut runner = HandRunner { device: device.to_owned(), session: String::new(), stream, buf: Vec::new() };
     let welcome = runner.next(Duration::from_secs(5)).await.expect("a welcome line");
     assert_eq!(welcome["type"], "welcome", "{welcome}");
     runner.session = welcome["session"].as_str().unwrap().to_owned();
-    runner
+    Ok(runner)
 }
 
 /// `POST /v1/runner/<route>` with `session` as the bearer: (status, error code).
@@ -275,12 +307,36 @@ async fn a_runner_speaks_only_for_its_own_device(backend: Backend) {
     let text = answer.to_string();
     assert!(text.contains("answered by alice") && !text.contains("answered by bob"), "{status}: {answer:#}");
 
-    // 3. Late results: bob's runner names alice's interrupted call; alice's runner names her
-    // call cancelled while it awaited approval (never sent anywhere), then her interrupted one.
+    // 3. Late results. A Read call on alice's device run, sent to her runner, whose answer is
+    // then recorded lost (`interrupted`, as when the runner stays away: a late result may land
+    // on it).
+    let device_run = run.clone();
+    let (turn, _) = t.turn(&alice, &device_run, "read a file").await;
+    let call = spawn_read_freeze(&t, &alice, &device_run, &turn);
+    let job = a.next(Duration::from_secs(10)).await.expect("the freeze's prepare job");
+    let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
+    assert_eq!(envelope["phase"], "prepare", "{envelope}");
+    let prepared = json!({"nonce": envelope["nonce"], "invocation_id": "", "late": false,
+        "outcome": {"status": "prepared", "input": {"path": "notes.txt"}, "preview": {}}});
+    assert_eq!(result_post(&t, &a.session, prepared).await.0, StatusCode::NO_CONTENT);
+    let (status, frozen) = tokio::time::timeout(Duration::from_secs(10), call).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{frozen:#}");
+    let on_device = frozen["invocation_id"].as_str().unwrap().to_owned();
+    let job = a.next(Duration::from_secs(10)).await.expect("the execution's job");
+    let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
+    assert_eq!((envelope["phase"].as_str(), envelope["invocation_id"].as_str()), (Some("execute"), Some(&*on_device)));
+    let error = json!({"nonce": envelope["nonce"], "invocation_id": on_device, "late": false,
+        "outcome": {"status": "error", "error": {"code": "not_found", "message": "gone", "details": null}}});
+    assert_eq!(result_post(&t, &a.session, error).await.0, StatusCode::NO_CONTENT);
+    let done = t.wait_final(&alice, &on_device).await;
+    assert_eq!(done["status"], "failed", "{done:#}");
+
+    // Host-tool calls of a run bound to alice's device (a probe needing approval, frozen in
+    // the host's default workspace): one recorded `interrupted` after it started — as a host
+    // call whose replica died is — and one cancelled while it awaited approval. Neither was
+    // ever sent to a device.
     let probe = common::TestTool::new("hostile_device_probe", "a probe needing approval", true);
     t.app().registry.register(std::sync::Arc::new(probe)).unwrap();
-    // A run bound to alice's device in the host's default workspace: the probe (a host tool)
-    // has a host folder to be frozen in.
     let r = t.post("/v1/runs", &alice, json!({"device_id": a.device})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
     let run = r.body["id"].as_str().unwrap().to_owned();
@@ -294,28 +350,35 @@ async fn a_runner_speaks_only_for_its_own_device(backend: Backend) {
     let (interrupted, cancelled) = (frozen[0].clone(), frozen[1].clone());
     sqlx::any::install_default_drivers();
     let pool = sqlx::AnyPool::connect(&t.db.url).await.unwrap();
-    sqlx::query(
-        "UPDATE invocations SET status = 'interrupted', started_at = '2026-01-01T00:00:00.000Z',
-                finished_at = '2026-01-01T00:00:01.000Z' WHERE id = $1",
-    )
-    .bind(&interrupted)
-    .execute(&pool)
-    .await
-    .unwrap();
+    for id in [&interrupted, &on_device] {
+        sqlx::query(
+            "UPDATE invocations SET status = 'interrupted', started_at = '2026-01-01T00:00:00.000Z',
+                    finished_at = '2026-01-01T00:00:01.000Z' WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
     pool.close().await;
     let r = t.post(&format!("/v1/invocations/{cancelled}/cancel"), &alice, json!({})).await;
     assert_eq!((r.status, r.body["status"].as_str()), (StatusCode::OK, Some("cancelled")), "{r:?}");
 
-    let (status, _) = result_post(&t, &b.session, late_output("n-bob", &interrupted, "bob")).await;
+    // Bob's runner names alice's device call; alice's runner names the host call interrupted
+    // after it started (a host tool: never sent to her device), the call cancelled before it
+    // started, and then her device call.
+    let (status, _) = result_post(&t, &b.session, late_output("n-bob", &on_device, "bob")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = result_post(&t, &a.session, late_output("n-a0", &interrupted, "alice")).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let (status, _) = result_post(&t, &a.session, late_output("n-a1", &cancelled, "alice")).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, _) = result_post(&t, &a.session, late_output("n-a2", &interrupted, "alice")).await;
+    let (status, _) = result_post(&t, &a.session, late_output("n-a2", &on_device, "alice")).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let start = Instant::now();
     let late = loop {
-        let late = late_kinds(&t, &alice, &interrupted).await;
+        let late = late_kinds(&t, &alice, &on_device).await;
         if !late.is_empty() {
             break late;
         }
@@ -323,9 +386,12 @@ async fn a_runner_speaks_only_for_its_own_device(backend: Backend) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let late_again = late_kinds(&t, &alice, &interrupted).await;
+    let late_again = late_kinds(&t, &alice, &on_device).await;
     assert_eq!(late_again.len(), 1, "{late_again:#?}");
     assert_eq!(late[0]["provenance"]["device_id"], a.device.as_str(), "{late:#?}");
+    assert!(late[0]["excerpt"].as_str().unwrap().contains("alice"), "{late:#?}");
+    let on_host_call = late_kinds(&t, &alice, &interrupted).await;
+    assert!(on_host_call.is_empty(), "a late device result landed on a host tool's call: {on_host_call:#?}");
     let on_cancelled = late_kinds(&t, &alice, &cancelled).await;
     assert!(on_cancelled.is_empty(), "a late result landed on a call that never started: {on_cancelled:#?}");
     let v = t.get(&format!("/v1/invocations/{cancelled}"), &alice).await.body;
@@ -399,9 +465,10 @@ async fn internal_routes_demand_the_cluster_secret(backend: Backend) {
     let device = a.device.clone();
     let bodies = |route: &str| match route {
         "/internal/v1/execute" => json!({"invocation_id": "inv_0123456789abcdef0123456789abcdef", "claimed_by": "x"}),
-        "/internal/v1/devices/job" => json!({"device_id": device, "spec": {"phase": "canonicalize",
-            "invocation_id": "", "run_id": "", "owner_id": "", "tool_id": "read_open", "input": {}, "approval_id": null,
-            "workspace": "/srv/alice-laptop"}}),
+        "/internal/v1/devices/job" => {
+            json!({"run_id": "run_0123456789abcdef0123456789abcdef", "phase": "canonicalize", "tool_id": "read_open",
+                "input": {}})
+        }
         "/internal/v1/runner/results" => late_output("n", "inv_0123456789abcdef0123456789abcdef", "x"),
         "/internal/v1/mcp/connect" | "/internal/v1/mcp/discover" => json!({"server_id": "mcp_0"}),
         _ => json!({"device_id": device}),
@@ -561,4 +628,336 @@ async fn a_runner_that_never_answers_cannot_hold_a_freeze(backend: Backend) {
         tokio::time::timeout(Duration::from_secs(60), again).await.unwrap().unwrap().0,
         StatusCode::SERVICE_UNAVAILABLE
     );
+}
+
+/// `POST /v1/devices/{id}/enrollment-code`: the new code.
+async fn new_code(t: &TestApp, token: &str, device: &str) -> String {
+    let r = t.post(&format!("/v1/devices/{device}/enrollment-code"), token, json!({})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    r.body["code"].as_str().unwrap().to_owned()
+}
+
+/// The status of `token`'s device `id` in `GET /v1/devices`.
+async fn device_status(t: &TestApp, token: &str, id: &str) -> String {
+    let v = t.get("/v1/devices", token).await.body;
+    let d = v["devices"].as_array().unwrap().iter().find(|d| d["id"] == id).unwrap_or_else(|| panic!("{v}"));
+    d["status"].as_str().unwrap().to_owned()
+}
+
+fn error_code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("")
+}
+
+/// A running terminal session of `device` (as the holder records it before a `start`).
+async fn running_session(t: &TestApp, owner_id: &str, run: &str, device: &str, id: &str) {
+    let origin = mira::store::SessionOrigin {
+        owner_id: owner_id.to_owned(),
+        run_id: run.to_owned(),
+        invocation_id: "inv_0123456789abcdef0123456789abcdef".into(),
+    };
+    let launch = mira::store::SessionLaunch {
+        command: "sh".into(),
+        cols: 80,
+        rows: 24,
+        timeout_ms: 60_000,
+        ..Default::default()
+    };
+    let row = mira::store::TerminalSessionRow::new_running(id.to_owned(), device.to_owned(), origin, launch);
+    t.app().store.insert_terminal_session(&row).await.unwrap();
+}
+
+/// A new machine enrolled for a device (a new code, a new key) ends the earlier machine's
+/// runner exactly as a revocation would: its stream ends at once, its session is refused on
+/// every runner route, its key no longer connects, its terminal sessions are `lost`, and the
+/// device's jobs go to the new runner only.
+async fn enrolling_a_new_key_ends_the_earlier_runner(backend: Backend) {
+    let t = spawn(backend).await;
+    let alice = t.user("alice").await;
+    let alice_id = t.get("/v1/me", &alice).await.body["id"].as_str().unwrap().to_owned();
+    let mut old = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    let device = old.device.clone();
+    let run = device_run(&t, &alice, &old, "alice-ws").await;
+    let (turn, _) = t.turn(&alice, &run, "read a file").await;
+    let session_id = "tss_00000000000000000000000000000001";
+    running_session(&t, &alice_id, &run, &device, session_id).await;
+    let (status, _) = runner_post(&t, &old.session, "heartbeat", Vec::new().into(), false).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    let code = new_code(&t, &alice, &device).await;
+    // A new code alone changes nothing: the runner keeps its connection until a key enrolls.
+    let (status, _) = runner_post(&t, &old.session, "heartbeat", Vec::new().into(), false).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "a new code cut the runner");
+    let (status, body) = enroll(&t, &code, 8).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(old.ended(Duration::from_secs(10)).await, "the earlier runner's stream did not end at the new enrollment");
+
+    let refused = |(status, body): (StatusCode, Value)| (status, error_code(&body).to_owned());
+    let expect = (StatusCode::UNAUTHORIZED, "device_auth_failed".to_owned());
+    assert_eq!(refused(runner_post(&t, &old.session, "heartbeat", Vec::new().into(), false).await), expect);
+    assert_eq!(refused(result_post(&t, &old.session, late_output("n", "inv_0", "x")).await), expect);
+    let q = format!("terminal/output?session_id={session_id}&offset=0");
+    assert_eq!(refused(runner_post(&t, &old.session, &q, b"x".to_vec().into(), false).await), expect);
+    // The earlier key connects no more.
+    let again = connect(&t, &device, "alice-ws", 7).await.err().expect("the earlier key connected again");
+    assert_eq!(refused(again), expect);
+    let stored = t.app().store.terminal_session_for_any(session_id).await.unwrap().unwrap();
+    assert_eq!(stored.state.to_string(), "lost", "{stored:?}");
+    assert_eq!(device_status(&t, &alice, &device).await, "offline");
+    let (status, body) = spawn_read_freeze(&t, &alice, &run, &turn).await.unwrap();
+    assert_ne!(status, StatusCode::CREATED, "{body:#}");
+    assert!(body.to_string().contains("device_offline"), "{status}: {body:#}");
+
+    // The new machine's runner connects and gets the device's jobs.
+    let mut new = connect(&t, &device, "alice-ws", 8).await.unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(device_status(&t, &alice, &device).await, "connected");
+    let call = spawn_read_freeze(&t, &alice, &run, &turn);
+    let job = new.next(Duration::from_secs(10)).await.expect("the new runner gets the prepare job");
+    let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
+    assert_eq!((envelope["phase"].as_str(), envelope["device_id"].as_str()), (Some("prepare"), Some(&*device)));
+    let error = json!({"nonce": envelope["nonce"], "invocation_id": "", "late": false,
+        "outcome": {"status": "error", "error": {"code": "not_found", "message": "answered by the new machine", "details": null}}});
+    assert_eq!(result_post(&t, &new.session, error).await.0, StatusCode::NO_CONTENT);
+    let (_, answer) = tokio::time::timeout(Duration::from_secs(10), call).await.unwrap().unwrap();
+    assert!(answer.to_string().contains("answered by the new machine"), "{answer:#}");
+}
+
+/// A new key enrolled as another replica records it, when it cannot reach the replica holding
+/// the earlier runner (the store only: the connection here is not cut by the enrollment):
+/// the earlier runner is sent no job — the freeze is `device_offline` and its connection is
+/// cut — and its heartbeat is refused.
+async fn a_new_key_enrolled_elsewhere_gets_the_earlier_runner_no_job(backend: Backend) {
+    let t = spawn(backend).await;
+    let alice = t.user("alice").await;
+    let mut old = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    let run = device_run(&t, &alice, &old, "alice-ws").await;
+    let (turn, _) = t.turn(&alice, &run, "read a file").await;
+    let code = new_code(&t, &alice, &old.device).await;
+    let key = mira_core::remote::public_hex(&mira_core::remote::signing_key(&[8; 32]));
+    let sha = mira::evidence::sha256_hex(code.as_bytes());
+    let enrolled = t.app().store.enroll_device(&sha, &key, &mira::ids::now()).await.unwrap();
+    assert!(enrolled.is_some());
+
+    let (status, body) = spawn_read_freeze(&t, &alice, &run, &turn).await.unwrap();
+    let next = old.next(Duration::from_secs(2)).await;
+    assert!(next.is_none(), "a job was sent to the earlier runner: {next:#?}");
+    assert_ne!(status, StatusCode::CREATED, "{body:#}");
+    assert!(body.to_string().contains("device_offline"), "{status}: {body:#}");
+    let (status, body) = runner_post(&t, &old.session, "heartbeat", Vec::new().into(), false).await;
+    assert_eq!((status, error_code(&body)), (StatusCode::UNAUTHORIZED, "device_auth_failed"));
+    assert!(old.ended(Duration::from_secs(10)).await, "the earlier runner's stream did not end");
+}
+
+/// `/internal/v1/devices/job` with the cluster secret: the request names the call only (run,
+/// phase, tool, input); the job is signed for the run's owner, the device the run is bound to
+/// and the run's workspace. A forged owner, device or workspace is refused, as is a run whose
+/// device is not its owner's, an execution, a host tool, an unknown run and a run on the host;
+/// nothing reaches a runner. A legitimate forwarded prepare still works.
+async fn a_forwarded_job_is_signed_for_its_runs_owner_device_and_workspace(backend: Backend) {
+    let secret = "cluster-s3cret";
+    let mut options = Options::default();
+    options.runtime.cluster.secret = Some(secret.into());
+    let t = spawn_with(backend, options).await;
+    let alice = t.user("alice").await;
+    let bob = t.user("bob").await;
+    let alice_id = t.get("/v1/me", &alice).await.body["id"].as_str().unwrap().to_owned();
+    let bob_id = t.get("/v1/me", &bob).await.body["id"].as_str().unwrap().to_owned();
+    let mut a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    let mut b = hand_runner(&t, &bob, "bob-laptop", 9).await;
+    let alice_run = device_run(&t, &alice, &a, "alice-ws").await;
+    let bob_run = device_run(&t, &bob, &b, "bob-ws").await;
+    let host_run = t.run(&alice).await;
+    let probe = common::TestTool::new("hostile_forward_probe", "a host tool", false);
+    t.app().registry.register(std::sync::Arc::new(probe)).unwrap();
+    let job = |body: Value| {
+        let t = &t;
+        async move { internal(t, "/internal/v1/devices/job", Some(secret), "x", &body).await }
+    };
+    let call =
+        |run: &str| json!({"run_id": run, "phase": "prepare", "tool_id": "read_open", "input": {"path": "id_ed25519"}});
+
+    // The former shape: a device and a whole job of the caller's choosing (another user's
+    // run and owner, a folder of alice's device that is no workspace of hers).
+    let forged = json!({"device_id": a.device, "spec": {"phase": "prepare", "invocation_id": "", "run_id": bob_run,
+        "owner_id": bob_id, "tool_id": "read_open", "input": {"path": "id_ed25519"}, "approval_id": null,
+        "workspace": "/home/alice/.ssh"}});
+    let (status, body) = job(forged).await;
+    assert!(status.is_client_error() && status != StatusCode::UNAUTHORIZED, "{status}: {body}");
+    // The call named, with a forged owner, device or workspace beside it.
+    for (field, value) in
+        [("owner_id", bob_id.as_str()), ("device_id", b.device.as_str()), ("workspace", "/home/alice/.ssh")]
+    {
+        let mut body = call(&alice_run);
+        body[field] = json!(value);
+        let (status, answer) = job(body).await;
+        assert!(status.is_client_error() && status != StatusCode::UNAUTHORIZED, "{field}: {status}: {answer}");
+    }
+    // Bob's run, its row pointing at alice's device (a device that is not the run's owner's).
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&t.db.url).await.unwrap();
+    sqlx::query("UPDATE runs SET device_id = $1 WHERE id = $2")
+        .bind(&a.device)
+        .bind(&bob_run)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let (status, body) = job(call(&bob_run)).await;
+    assert_eq!((status, error_code(&body)), (StatusCode::FORBIDDEN, "forbidden"), "{body}");
+    // An execution, a host tool, an unknown run, a run on the host.
+    let mut execute = call(&alice_run);
+    execute["phase"] = json!("execute");
+    let (status, body) = job(execute).await;
+    assert_eq!((status, error_code(&body)), (StatusCode::BAD_REQUEST, "invalid_field"), "{body}");
+    let mut host_tool = call(&alice_run);
+    host_tool["tool_id"] = json!("hostile_forward_probe");
+    let (status, body) = job(host_tool).await;
+    assert_eq!((status, error_code(&body)), (StatusCode::BAD_REQUEST, "invalid_field"), "{body}");
+    let (status, body) = job(call("run_0123456789abcdef0123456789abcdef")).await;
+    assert_eq!((status, error_code(&body)), (StatusCode::NOT_FOUND, "not_found"), "{body}");
+    let (status, body) = job(call(&host_run)).await;
+    assert_eq!((status, error_code(&body)), (StatusCode::FORBIDDEN, "forbidden"), "{body}");
+    for (who, runner) in [("alice", &mut a), ("bob", &mut b)] {
+        let next = runner.next(Duration::from_secs(1)).await;
+        assert!(next.is_none(), "a refused forward reached {who}'s runner: {next:#?}");
+    }
+
+    // The legitimate forward (a freeze on another replica): signed for alice, her device and
+    // her run's workspace.
+    let forwarded = {
+        let (base, body) = (t.base.clone(), call(&alice_run));
+        tokio::spawn(async move {
+            let r = reqwest::Client::new()
+                .post(format!("{base}/internal/v1/devices/job"))
+                .header("x-mira-cluster-secret", secret)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+        })
+    };
+    let line = a.next(Duration::from_secs(10)).await.expect("the forwarded prepare reaches alice's runner");
+    let envelope: Value = serde_json::from_str(line["envelope"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (
+            envelope["phase"].as_str(),
+            envelope["device_id"].as_str(),
+            envelope["owner_id"].as_str(),
+            envelope["run_id"].as_str(),
+            envelope["workspace"].as_str()
+        ),
+        (
+            Some("prepare"),
+            Some(a.device.as_str()),
+            Some(alice_id.as_str()),
+            Some(alice_run.as_str()),
+            Some("/srv/alice-ws")
+        ),
+        "{envelope:#}"
+    );
+    let prepared = json!({"nonce": envelope["nonce"], "invocation_id": "", "late": false,
+        "outcome": {"status": "prepared", "input": {"path": "id_ed25519"}, "preview": {"by": "alice"}}});
+    assert_eq!(result_post(&t, &a.session, prepared).await.0, StatusCode::NO_CONTENT);
+    let (status, answer) = tokio::time::timeout(Duration::from_secs(10), forwarded).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["ok"]["status"], "prepared", "{answer}");
+    assert_eq!(answer["ok"]["preview"]["by"], "alice", "{answer}");
+}
+
+/// A runner that posts results and terminal output but no heartbeat (which asks the store
+/// whether the device is still its connection's) goes offline after its lease; a heartbeat
+/// makes it connected again. A device revoked (in the store) is nobody's to attach a browser
+/// through.
+async fn only_heartbeats_keep_a_runner_live(backend: Backend) {
+    const LEASE: Duration = Duration::from_millis(1500);
+    let mut options = Options::default();
+    options.runtime.devices = mira::devices::DeviceSettings { lease: LEASE, ..Default::default() };
+    let t = spawn_with(backend, options).await;
+    let alice = t.user("alice").await;
+    let alice_id = t.get("/v1/me", &alice).await.body["id"].as_str().unwrap().to_owned();
+    let a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    assert_eq!(device_status(&t, &alice, &a.device).await, "connected");
+    let until = Instant::now() + LEASE * 3;
+    let q = "terminal/output?session_id=tss_0123456789abcdef0123456789abcdef&offset=0";
+    while Instant::now() < until {
+        let answer = json!({"nonce": "n", "invocation_id": "", "late": false,
+            "outcome": {"status": "canonical", "input": {}}});
+        assert_eq!(result_post(&t, &a.session, answer).await.0, StatusCode::NO_CONTENT);
+        let (status, body) = runner_post(&t, &a.session, q, b"x".to_vec().into(), false).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(device_status(&t, &alice, &a.device).await, "offline", "results kept the runner live");
+    let (status, _) = runner_post(&t, &a.session, "heartbeat", Vec::new().into(), false).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(device_status(&t, &alice, &a.device).await, "connected");
+
+    use mira::tools::browser::device::DeviceBrowsers;
+    let hub = t.app().devices.clone();
+    assert!(hub.is_owned_by(&alice_id, &a.device).await.unwrap());
+    // Revoked as another replica records it when it cannot reach this one: the row only.
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&t.db.url).await.unwrap();
+    sqlx::query("UPDATE devices SET revoked_at = '2026-01-01T00:00:00.000Z' WHERE id = $1")
+        .bind(&a.device)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert!(!hub.is_owned_by(&alice_id, &a.device).await.unwrap(), "a revoked device's browser could be attached");
+}
+
+/// A runner that stops reading its stream (its buffers and the connection's queue fill up)
+/// cannot hold a freeze at the send of its job: the prepare wait (the job's validity here)
+/// covers the send too, so every prepare is answered `request_timeout` in time.
+async fn a_runner_that_stops_reading_its_stream_cannot_hold_a_freeze(backend: Backend) {
+    const JOB_TTL: Duration = Duration::from_secs(2);
+    const JOBS: usize = 200;
+    let mut options = Options::default();
+    options.runtime.devices = mira::devices::DeviceSettings { job_ttl: JOB_TTL, ..Default::default() };
+    let t = spawn_with(backend, options).await;
+    let alice = t.user("alice").await;
+    let alice_id = t.get("/v1/me", &alice).await.body["id"].as_str().unwrap().to_owned();
+    // Never read again.
+    let a = hand_runner(&t, &alice, "alice-laptop", 7).await;
+    let run = device_run(&t, &alice, &a, "alice-ws").await;
+    let hub = t.app().devices.clone();
+    // 160 KiB a job: the stream's socket buffers and the connection's queue (64 lines) fill
+    // long before the last one.
+    let padding = "x".repeat(160 * 1024);
+    let started = Instant::now();
+    let jobs: Vec<_> = (0..JOBS)
+        .map(|i| {
+            let (hub, device) = (hub.clone(), a.device.clone());
+            let spec = mira::devices::JobSpec {
+                phase: mira_core::remote::JobPhase::Prepare,
+                invocation_id: String::new(),
+                run_id: run.clone(),
+                owner_id: alice_id.clone(),
+                tool_id: "read_open".into(),
+                input: json!({"path": format!("{i}-{padding}")}),
+                approval_id: None,
+                workspace: "/srv/alice-ws".into(),
+            };
+            // Spread over a second, so that the store (each job reads the device row first) is
+            // not asked 200 times at once; all of them overlap within the jobs' wait all the same.
+            let after = Duration::from_millis(5 * i as u64);
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let cancel = tokio_util::sync::CancellationToken::new();
+                tokio::time::timeout(Duration::from_secs(20), hub.job(&device, spec, &cancel)).await
+            })
+        })
+        .collect();
+    let mut held = 0;
+    for job in jobs {
+        match job.await.unwrap() {
+            Err(_) => held += 1,
+            Ok(Ok(outcome)) => panic!("a runner that reads nothing answered: {outcome:?}"),
+            Ok(Err(e)) => assert_eq!(e.code, mira::error::ErrorCode::RequestTimeout, "{e:?}"),
+        }
+    }
+    assert_eq!(held, 0, "{held} of {JOBS} prepares were held past their wait (at the send)");
+    assert!(started.elapsed() < Duration::from_secs(16), "{:?}", started.elapsed());
+    drop(a);
 }

@@ -43,7 +43,8 @@ pub trait DeviceDown: Send + Sync {
 
 /// The device runners of this process, as the attached browser uses them.
 pub trait DeviceBrowsers: Send + Sync {
-    /// Whether `device_id` is `owner_id`'s own device. Errors: the store's (`store_error`).
+    /// Whether `device_id` is `owner_id`'s own device and not revoked. Errors: the store's
+    /// (`store_error`).
     fn is_owned_by<'a>(&'a self, owner_id: &'a str, device_id: &'a str) -> BoxFuture<'a, Result<bool, ToolError>>;
     /// Opens a channel to the browser of `device_id`'s runner. Errors: `browser_gone` (no
     /// runner here, no browser capability, too many channels, the stream full).
