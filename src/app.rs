@@ -66,8 +66,8 @@ pub struct App {
     /// Open event streams per user (the cap of `--max-streams-per-user`).
     pub streams: Arc<crate::limits::StreamLimiter>,
     /// The tokens of open event streams, re-checked so a revoked token's streams end
-    /// ([`crate::http::revocation`]).
-    pub token_watch: Arc<crate::http::revocation::TokenWatch>,
+    /// ([`crate::revocation`]).
+    pub token_watch: Arc<crate::revocation::TokenWatch>,
     /// Turns in progress per user (the cap of `--max-turns-per-user`).
     pub turn_limit: Arc<crate::limits::TurnLimiter>,
     /// The cores that rank turns, given to users in turn ([`crate::limits::FairPool`]).

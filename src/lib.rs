@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod net;
 pub mod registry;
 pub mod retention;
+pub mod revocation;
 pub mod sandbox;
 pub mod secret;
 pub mod server;

@@ -254,7 +254,7 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
     let embeddings = Arc::new(Embeddings::new(settings.runtime.embedding.clone(), &settings.data_dir));
     let tool_index = Arc::new(ToolIndex::new());
     let ranker = Arc::new(IndexRanker::new(tool_index.clone(), embeddings.clone(), Mode::Hybrid));
-    let token_watch = crate::http::revocation::TokenWatch::new(store.clone(), shutdown.clone());
+    let token_watch = crate::revocation::TokenWatch::new(store.clone(), shutdown.clone());
     Ok(App {
         store,
         registry,

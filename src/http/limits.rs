@@ -27,6 +27,6 @@ pub async fn stream_slot(
         return Ok(response);
     }
     let (parts, body) = response.into_parts();
-    let body = super::revocation::end_on_revocation(body, verdict, permit);
+    let body = crate::revocation::end_on_revocation(body, verdict, permit);
     Ok(axum::response::Response::from_parts(parts, body))
 }

@@ -16,7 +16,6 @@ pub mod invocations;
 pub mod limits;
 pub mod mcp;
 pub mod news;
-pub mod revocation;
 pub mod runs;
 pub mod search;
 pub mod service;

@@ -156,7 +156,7 @@ impl Store {
     /// Of `token_ids`, the ones that still authenticate: not revoked, and of a user that
     /// exists — what [`Store::identity_by_token`] accepts, read from the store (never from the
     /// identity cache), for many tokens in one statement. Open streams and the MCP server's
-    /// grants through elicitation re-check their token with it ([`crate::http::revocation`]).
+    /// grants through elicitation re-check their token with it ([`crate::revocation`]).
     pub async fn valid_token_ids(&self, token_ids: &[&str]) -> StoreResult<std::collections::HashSet<String>> {
         if token_ids.is_empty() {
             return Ok(std::collections::HashSet::new());
