@@ -342,6 +342,19 @@ async fn data_dir_inside_the_workspace_is_never_opened(backend: Backend) {
             assert!(text.contains("outside_workspace"), "{tool} {input}: {text}");
         }
     }
+    // Nor is the data dir listed: not its files, not the folder.
+    let r = t.call(&token, &run, &turn, "read_discover", "l0", json!({})).await;
+    let listing = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    let entries = listing["result"]["output"]["entries"].as_array().unwrap();
+    assert!(entries.iter().any(|e| e["path"] == "d"), "{listing}");
+    assert!(!listing["result"].to_string().contains("admin.token"), "{listing}");
+    assert!(!entries.iter().any(|e| e["path"] == "data"), "{listing}");
+    let r = t.call(&token, &run, &turn, "read_discover", "l1", json!({"path": "data"})).await;
+    let text = match r.body["invocation_id"].as_str() {
+        Some(id) => t.wait_final(&token, id).await["result"].to_string(),
+        None => r.body["error"].to_string(),
+    };
+    assert!(text.contains("outside_workspace") && !text.contains("admin.token"), "{text}");
     let edits = [
         ("write_file", json!({"path": "data/x.txt", "content": "x"})),
         ("write_file", json!({"path": "d/admin.token", "content": "x"})),

@@ -342,6 +342,28 @@ pub fn reserve(dir: &Path) -> io::Result<()> {
 /// Whether the opened handle `fd`, or its entry `name` when given, is a reserved folder or
 /// lies beneath one ([`reserve`]). A handle whose path cannot be read counts as reserved.
 pub fn is_reserved(fd: &impl AsRawFd, name: Option<&str>) -> bool {
+    is_reserved_beneath(fd, name.map(Path::new))
+}
+
+/// As [`is_reserved`], for the path `beneath` the handle (one name or several components).
+pub fn is_reserved_beneath(fd: &impl AsRawFd, beneath: Option<&Path>) -> bool {
+    let reserved = RESERVED.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if reserved.is_empty() {
+        return false;
+    }
+    let Ok(mut path) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+        return true;
+    };
+    if let Some(beneath) = beneath {
+        path.push(beneath);
+    }
+    reserved.iter().any(|r| path.starts_with(r))
+}
+
+/// Whether a reserved folder ([`reserve`]) is the opened handle `fd` (or its entry `name`
+/// when given) or lies beneath it: a recursive delete or a move of that folder would take
+/// the server's own folder with it. A handle whose path cannot be read counts as holding one.
+pub fn holds_reserved(fd: &impl AsRawFd, name: Option<&str>) -> bool {
     let reserved = RESERVED.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     if reserved.is_empty() {
         return false;
@@ -352,7 +374,16 @@ pub fn is_reserved(fd: &impl AsRawFd, name: Option<&str>) -> bool {
     if let Some(name) = name {
         path.push(name);
     }
-    reserved.iter().any(|r| path.starts_with(r))
+    reserved.iter().any(|r| r.starts_with(&path))
+}
+
+/// The `outside_workspace` error for a folder that holds one of the server's own folders.
+pub fn reserved_held(rel: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::OutsideWorkspace,
+        format!("{rel} holds the server's data dir, which no tool deletes or moves"),
+    )
+    .with_details(json!({"path": rel, "reserved": true}))
 }
 
 /// The `outside_workspace` error for a path that is one of the server's own folders.

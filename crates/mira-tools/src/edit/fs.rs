@@ -60,7 +60,9 @@ pub struct Located {
 }
 
 /// Opens the parent directory of `rel` (normalised, not the root) beneath the workspace
-/// root, one component at a time, refusing symlinks and non-directories on the way.
+/// root, one component at a time, refusing symlinks and non-directories on the way. A
+/// target that is, lies in or holds one of the server's own folders (its data dir) is
+/// `outside_workspace` with `details.reserved`.
 pub fn locate(ws: &Workspace, rel: &str, parents: Parents) -> Result<Located, ToolError> {
     let mut parts: Vec<&str> = rel.split('/').collect();
     let name = match parts.pop() {
@@ -109,6 +111,9 @@ pub fn locate(ws: &Workspace, rel: &str, parents: Parents) -> Result<Located, To
     }
     if workspace::is_reserved(&dir, Some(&name)) {
         return Err(workspace::reserved_refused(rel));
+    }
+    if workspace::holds_reserved(&dir, Some(&name)) {
+        return Err(workspace::reserved_held(rel));
     }
     Ok(Located { dir: Some(dir), name, missing_dirs: missing })
 }
@@ -337,9 +342,13 @@ pub struct TreeSummary {
 
 /// Walks the directory `name` in `dir` (`rel` is its workspace path), never following
 /// symlinks, up to [`MAX_WALK_ENTRIES`] entries. The manifest names entries relative to the
-/// walked directory, so a tree keeps its fingerprint when it is moved.
+/// walked directory, so a tree keeps its fingerprint when it is moved. A tree holding one of
+/// the server's own folders is `outside_workspace` with `details.reserved`.
 pub fn walk_tree(dir: &Dir, name: &str, rel: &str) -> Result<TreeSummary, ToolError> {
     let top = dir.open_dir_nofollow(name).map_err(|e| walk_error(rel, rel, &e))?;
+    if workspace::holds_reserved(&top, None) {
+        return Err(workspace::reserved_held(rel));
+    }
     let mut stack = vec![(top, String::new())];
     let mut lines: Vec<(String, String)> = Vec::new();
     let mut summary = TreeSummary::default();

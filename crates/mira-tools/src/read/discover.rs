@@ -5,8 +5,10 @@
 //! `query` entries come in path order; with one, names are matched fuzzily (the `nucleo`
 //! matcher used by the Helix editor) and come best first. On a shared server files with
 //! more than one hard link are not listed (counted in `skipped_hard_links`, with a `note`;
-//! see [`mira_core::workspace::HardLinks`]). At most 200,000 entries are
-//! scanned; results are paginated with an opaque cursor.
+//! see [`mira_core::workspace::HardLinks`]). The server's own folders (its data dir, where
+//! it lies inside the workspace) are neither listed nor walked into, like every other tool
+//! refuses to open them ([`workspace::is_reserved`]); starting in one is `outside_workspace`.
+//! At most 200,000 entries are scanned; results are paginated with an opaque cursor.
 
 use async_trait::async_trait;
 use nucleo_matcher::pattern::{AtomKind, CaseMatching, Normalization, Pattern};
@@ -176,11 +178,23 @@ fn discover(
     // beneath the root (no symlinked folder leading out).
     let real_root = ws.walk_root();
     let real_start = super::grep::start_beneath(ws, &rel)?;
+    // The server's own folders are neither walked nor listed, contents and all: compared by
+    // the kernel's path of the start folder as opened (a symlink named as `path` resolved)
+    // joined with each entry's path beneath it (the walk follows no symlink below).
+    let start = std::fs::File::open(&real_start).map_err(|e| workspace::io_error(&rel, &e))?;
+    if workspace::is_reserved(&start, None) {
+        return Err(workspace::reserved_refused(&rel));
+    }
     let hide_hard_links = ws.hard_links() == workspace::HardLinks::Refuse;
     let mut skipped_hard_links = 0usize;
 
     let mut walker = ignore::WalkBuilder::new(&real_start);
     walker.follow_links(false).sort_by_file_name(|a, b| a.cmp(b)).require_git(false);
+    let walked_from = real_start.clone();
+    walker.filter_entry(move |entry| match entry.path().strip_prefix(&walked_from) {
+        Ok(beneath) if !beneath.as_os_str().is_empty() => !workspace::is_reserved_beneath(&start, Some(beneath)),
+        _ => true,
+    });
     if let Some(depth) = input.max_depth {
         walker.max_depth(usize::try_from(depth).ok());
     }

@@ -7,8 +7,16 @@
 //! (a NUL byte in the first 8 KiB) and invalid UTF-8 are answered with `binary_file` and
 //! `invalid_utf8` rather than garbled text; UTF-16 files with a byte-order mark are decoded.
 //! Line endings are returned as stored (a CRLF file's text keeps its CRLFs).
+//!
+//! Files larger than [`MAX_FILE_BYTES`] (the Edit tools' limit, so every file an edit can
+//! refer to by `expected_sha256` can be hashed here) are refused with `file_too_large`
+//! before a byte is read — a sparse file of a terabyte would otherwise be hashed to its end
+//! — and the pass stops at the limit if the file grows meanwhile. A cancel, the time limit
+//! or the server stopping ends the pass between two reads (`cancelled`).
 
 use std::io::Read;
+
+use tokio_util::sync::CancellationToken;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
@@ -31,6 +39,9 @@ pub const MAX_MAX_BYTES: u64 = 1024 * 1024;
 pub const BINARY_SNIFF_BYTES: usize = 8192;
 /// Largest UTF-16 file decoded, in bytes.
 pub const MAX_UTF16_BYTES: u64 = 16 * 1024 * 1024;
+/// Largest file read (and hashed), in bytes: the Edit tools' limit
+/// ([`crate::edit::fs::MAX_EDIT_BYTES`]).
+pub const MAX_FILE_BYTES: u64 = crate::edit::fs::MAX_EDIT_BYTES;
 
 /// The input of `read_open` (also its canonical input, defaults filled).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -72,7 +83,7 @@ impl ReadOpen {
                 title: "Open a file".into(),
                 description: "Open a known workspace file, whole or a line range (1-based, inclusive). Returns the text \
                     with its SHA-256, line count and line-ending style; large output is truncated with a marker; binary \
-                    and non-UTF-8 files are reported as such."
+                    and non-UTF-8 files are reported as such; files over 64 MiB are refused (file_too_large)."
                     .into(),
                 input_schema: input::schema_of::<OpenInput>(),
                 requires_approval: false,
@@ -120,7 +131,8 @@ impl Tool for ReadOpen {
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let input: OpenInput = input::frozen(input)?;
         let ws = ctx.workspace()?.clone();
-        blocking(move || open(&ws, &input)).await
+        let cancel = ctx.cancel.clone();
+        blocking(move || open(&ws, &input, &cancel)).await
     }
 }
 
@@ -137,7 +149,17 @@ struct Scan {
     truncated: bool,
 }
 
-fn scan(mut file: impl Read, start: u64, end: u64, max_bytes: usize, rel: &str) -> Result<Scan, ToolError> {
+/// One pass over `file` (at most [`MAX_FILE_BYTES`], else `file_too_large`), stopping with
+/// `cancelled` between two reads once `cancel` is cancelled.
+fn scan(
+    file: impl Read,
+    start: u64,
+    end: u64,
+    max_bytes: usize,
+    rel: &str,
+    cancel: &CancellationToken,
+) -> Result<Scan, ToolError> {
+    let mut file = file.take(MAX_FILE_BYTES + 1);
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut s = Scan {
@@ -156,9 +178,16 @@ fn scan(mut file: impl Read, start: u64, end: u64, max_bytes: usize, rel: &str) 
     let mut prev: u8 = 0;
     let mut sniffed = false;
     loop {
+        if cancel.is_cancelled() {
+            return Err(ToolError::new(ErrorCode::Cancelled, "the invocation was cancelled"));
+        }
         let n = file.read(&mut buf).map_err(|e| workspace::io_error(rel, &e))?;
         if n == 0 {
             break;
+        }
+        if s.size + n as u64 > MAX_FILE_BYTES {
+            // The file grew past the limit since it was opened.
+            return Err(too_large(rel, s.size + n as u64));
         }
         let chunk = &buf[..n];
         if !sniffed {
@@ -226,19 +255,35 @@ fn keep_line(s: &mut Scan, line: &mut Vec<u8>, line_no: u64, max_bytes: usize) {
     line.clear();
 }
 
-fn open(ws: &Workspace, input: &OpenInput) -> Result<ToolOutput, ToolError> {
+/// `file_too_large` for `rel` of `size` bytes (or more).
+fn too_large(rel: &str, size: u64) -> ToolError {
+    ToolError::new(
+        ErrorCode::FileTooLarge,
+        format!(
+            "{rel} is {size} bytes; read_open reads files up to {MAX_FILE_BYTES} bytes (grep searches files up to \
+             {} bytes; a terminal session can read parts of a larger one)",
+            super::grep::MAX_FILE_BYTES
+        ),
+    )
+    .with_details(json!({"path": rel, "size": size, "max": MAX_FILE_BYTES}))
+}
+
+fn open(ws: &Workspace, input: &OpenInput, cancel: &CancellationToken) -> Result<ToolOutput, ToolError> {
     let rel = input.path.clone();
     let start = input.start_line.unwrap_or(1);
     let end = input.end_line.unwrap_or(u64::MAX);
     let max_bytes = usize::try_from(input.max_bytes()).unwrap_or(262_144);
     let (file, meta) = ws.open_regular(&rel)?;
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_large(&rel, meta.len()));
+    }
     let mut bom = [0u8; 2];
     let bom_len = std::os::unix::fs::FileExt::read_at(&file, &mut bom, 0).map_err(|e| workspace::io_error(&rel, &e))?;
     let utf16 = bom_len == 2 && (bom == [0xFF, 0xFE] || bom == [0xFE, 0xFF]);
     let (scan, encoding) = if utf16 {
-        (decode_utf16(file, &rel, meta.len(), start, end, max_bytes)?, "utf-16")
+        (decode_utf16(file, &rel, meta.len(), start, end, max_bytes, cancel)?, "utf-16")
     } else {
-        (scan(&file, start, end, max_bytes, &rel)?, "utf-8")
+        (scan(&file, start, end, max_bytes, &rel, cancel)?, "utf-8")
     };
     if scan.total_lines > 0 && start > scan.total_lines {
         return Err(ToolError::new(
@@ -320,6 +365,7 @@ fn decode_utf16(
     start: u64,
     end: u64,
     max_bytes: usize,
+    cancel: &CancellationToken,
 ) -> Result<Scan, ToolError> {
     if size > MAX_UTF16_BYTES {
         return Err(ToolError::new(
@@ -336,8 +382,78 @@ fn decode_utf16(
             format!("{rel} has a UTF-16 byte-order mark but is not valid UTF-16"),
         ));
     }
-    let mut s = scan(text.as_bytes(), start, end, max_bytes, rel)?;
+    let mut s = scan(text.as_bytes(), start, end, max_bytes, rel, cancel)?;
     s.sha256 = mira_core::evidence::sha256_hex(&raw);
     s.size = raw.len() as u64;
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// A fresh workspace folder (removed by the caller) and the workspace on it.
+    fn scratch(name: &str) -> (PathBuf, Workspace) {
+        let dir = std::env::temp_dir().join(format!("mira-read-open-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ws = Workspace::open(&dir).unwrap();
+        (dir, ws)
+    }
+
+    fn whole(path: &str) -> OpenInput {
+        OpenInput { path: path.into(), start_line: None, end_line: None, max_bytes: None }
+    }
+
+    /// A sparse file of a terabyte costs nothing to make and, with text in its first 8 KiB
+    /// (so it is not found binary), would be hashed to its end: it is refused from its size,
+    /// at once, with the limit in the details.
+    #[test]
+    fn a_sparse_file_past_the_limit_is_refused_unread() {
+        let (dir, ws) = scratch("sparse");
+        std::fs::write(dir.join("huge.log"), "x\n".repeat(8192)).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(dir.join("huge.log")).unwrap();
+        file.set_len(1 << 40).unwrap();
+        let began = Instant::now();
+        let e = open(&ws, &whole("huge.log"), &CancellationToken::new()).err().unwrap();
+        assert!(began.elapsed() < Duration::from_secs(5), "refused without reading: {:?}", began.elapsed());
+        assert_eq!(e.code, ErrorCode::FileTooLarge, "{e}");
+        assert_eq!(e.details["size"], 1u64 << 40);
+        assert_eq!(e.details["max"], MAX_FILE_BYTES);
+        // One byte over the limit too; a range does not change it (the whole file is hashed).
+        file.set_len(MAX_FILE_BYTES + 1).unwrap();
+        let ranged = OpenInput { start_line: Some(1), end_line: Some(1), ..whole("huge.log") };
+        let e = open(&ws, &ranged, &CancellationToken::new()).err().unwrap();
+        assert_eq!(e.code, ErrorCode::FileTooLarge, "{e}");
+        // At the limit it is read and hashed whole.
+        file.set_len(MAX_FILE_BYTES).unwrap();
+        let out = open(&ws, &ranged, &CancellationToken::new()).unwrap();
+        assert_eq!(out.output["size_bytes"], MAX_FILE_BYTES);
+        assert_eq!(out.output["content"], "x\n");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file that grows past the limit while it is read stops the pass there.
+    #[test]
+    fn a_file_growing_past_the_limit_is_not_read_to_its_end() {
+        let endless = std::io::repeat(b'a');
+        let e = scan(endless, 1, u64::MAX, 16, "growing.txt", &CancellationToken::new()).err().unwrap();
+        assert_eq!(e.code, ErrorCode::FileTooLarge, "{e}");
+    }
+
+    /// A cancelled call (a cancel, the time limit, the server stopping) stops reading.
+    #[test]
+    fn a_cancelled_call_stops_reading() {
+        let (dir, ws) = scratch("cancel");
+        std::fs::write(dir.join("notes.txt"), "line\n".repeat(100_000)).unwrap();
+        let cancel = CancellationToken::new();
+        assert!(open(&ws, &whole("notes.txt"), &cancel).is_ok());
+        cancel.cancel();
+        let e = open(&ws, &whole("notes.txt"), &cancel).err().unwrap();
+        assert_eq!(e.code, ErrorCode::Cancelled, "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
