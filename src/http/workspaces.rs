@@ -146,31 +146,36 @@ fn lexical(path: &str) -> Option<PathBuf> {
 }
 
 /// The one answer a non-admin gets for every path they may not register (403
-/// `workspace_path_not_allowed`): a missing path, a file, a folder outside the roots, a
-/// folder they cannot read — all alike, so the answer says nothing about the path.
+/// `workspace_path_not_allowed`): a missing path, a file, a folder outside the roots, a root
+/// itself, a folder they cannot read — all alike, so the answer says nothing about the path.
 fn not_allowed(path: &str) -> Error {
     Error::ForbiddenCode {
         code: ErrorCode::WorkspacePathNotAllowed,
         message: format!(
             "workspace path {path:?} is not allowed: users other than admins may register only an existing folder \
-             under the workspace roots this server allows"
+             inside one of the workspace roots this server allows (not a root itself)"
         ),
     }
 }
 
 /// The canonical folder and its root identity a non-admin may register at `raw`, or the
-/// single refusal: the path must lie under a configured root as text first (nothing outside
-/// the roots is even looked at), then as resolved (symlinks followed), and be a folder.
+/// single refusal: the path must lie strictly inside a configured root as text first
+/// (nothing outside the roots is even looked at), then as resolved (symlinks followed), be a
+/// folder and contain no root (a root is where every user's folders are), and the folder
+/// opened must be the one at the resolved path ([`crate::workspace::open_root`]: a folder on
+/// the way swapped for a symlink meanwhile is refused). Whether it overlaps another user's
+/// workspace is checked when it is stored ([`crate::store::Store::create_workspace`]).
 fn user_path(app: &App, raw: &str) -> Result<(PathBuf, RootIdentity)> {
     let roots: Vec<PathBuf> =
         app.config.workspace_roots.iter().filter_map(|root| std::fs::canonicalize(root).ok()).collect();
-    let under_roots = |p: &std::path::Path| roots.iter().any(|r| p.starts_with(r));
+    let inside_roots = |p: &std::path::Path| roots.iter().any(|r| p.starts_with(r) && p != r);
+    let holds_a_root = |p: &std::path::Path| roots.iter().any(|r| r.starts_with(p));
     let text = lexical(raw).ok_or_else(|| not_allowed(raw))?;
-    if !under_roots(&text) {
+    if !inside_roots(&text) {
         return Err(not_allowed(raw));
     }
     let path = std::fs::canonicalize(&text).map_err(|_| not_allowed(raw))?;
-    if !under_roots(&path) || !path.is_dir() {
+    if !inside_roots(&path) || holds_a_root(&path) || !path.is_dir() {
         return Err(not_allowed(raw));
     }
     let (_, identity) = crate::workspace::open_root(&path).map_err(|_| not_allowed(raw))?;
@@ -192,13 +197,15 @@ fn admin_path(raw: &str) -> Result<(PathBuf, RootIdentity)> {
 }
 
 /// Registers a workspace: admins anywhere (precise 400 `invalid_workspace_path` errors),
-/// others only an existing folder inside the configured roots, with one answer (403
-/// `workspace_path_not_allowed`) for every other path. The root folder's identity (device,
-/// inode) is recorded: if another folder later takes its path, its tools stop
-/// (`workspace_changed`) until an admin re-registers it. With `device_id`, the folder is on
-/// that device of the caller (404 `not_found` when the caller has no such device).
+/// others only an existing folder inside the configured roots (not a root itself), with one
+/// answer (403 `workspace_path_not_allowed`) for every other path, and 409
+/// `workspace_path_taken` for a folder that is, contains or lies inside another user's
+/// workspace. The root folder's identity (device, inode) is recorded: if another folder later
+/// takes its path, its tools stop (`workspace_changed`) until an admin re-registers it. With
+/// `device_id`, the folder is on that device of the caller (404 `not_found` when the caller
+/// has no such device).
 #[utoipa::path(post, path = "/v1/workspaces", tag = "workspaces", request_body = CreateWorkspace,
-    responses((status = 201, body = WorkspaceView), (status = 400), (status = 403), (status = 404)), security(("bearer" = [])))]
+    responses((status = 201, body = WorkspaceView), (status = 400), (status = 403), (status = 404), (status = 409)), security(("bearer" = [])))]
 pub async fn create_workspace(
     State(app): State<App>,
     user: AuthUser,
@@ -216,8 +223,21 @@ pub async fn create_workspace(
         return Ok((StatusCode::CREATED, Json(row.into())));
     }
     let (path, identity) = if user.is_admin { admin_path(&body.path)? } else { user_path(&app, &body.path)? };
-    let row =
-        app.store.create_workspace(&user.user_id, &body.name, &path.to_string_lossy(), &identity.encode()).await?;
+    let row = app
+        .store
+        .create_workspace(&user.user_id, &body.name, &path.to_string_lossy(), &identity.encode(), !user.is_admin)
+        .await?
+        .ok_or_else(|| {
+            Error::conflict(
+                ErrorCode::WorkspacePathTaken,
+                format!(
+                    "workspace path {:?} is, contains or lies inside another user's workspace; users other than \
+                     admins may register only a folder no other user's workspace overlaps",
+                    body.path
+                ),
+                serde_json::json!({"path": body.path}),
+            )
+        })?;
     Ok((StatusCode::CREATED, Json(row.into())))
 }
 

@@ -6,6 +6,11 @@ use super::{Store, StoreResult};
 use crate::events::EventKind;
 use crate::ids;
 
+/// This process's turn of host workspace registrations ([`Store::create_workspace`]): they
+/// wait for it before taking a database connection, so a burst of registrations never holds
+/// the pool's connections waiting on the advisory lock.
+static WORKSPACE_REGISTRATION: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A device a user's work can run on.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct DeviceRow {
@@ -224,15 +229,46 @@ impl Store {
         Ok(row)
     }
 
-    /// Creates a workspace owned by `owner_id` on the server host, with root identity
-    /// `identity`.
+    /// Creates a workspace owned by `owner_id` on the server host at the canonical folder
+    /// `path`, with root identity `identity`. Every host registration runs in one write
+    /// transaction serialised with all the others (this process's turn, then on Postgres a
+    /// transaction-scoped advisory lock with a fixed key, namespace 1835627108 "workspace
+    /// registration"; SQLite's write transaction is serialised already), so two registrations
+    /// of nested folders at once cannot both pass the check. With `exclusive` (a non-admin's
+    /// registration) the folder may not be, contain or lie inside another user's host
+    /// workspace, nor be one by identity (`identity` equal to its recorded one): then nothing
+    /// is stored and the answer is `Ok(None)`. Deployment-wide workspaces, the owner's own
+    /// and those on devices do not count.
     pub async fn create_workspace(
         &self,
         owner_id: &str,
         name: &str,
         path: &str,
         identity: &str,
-    ) -> StoreResult<WorkspaceRow> {
+        exclusive: bool,
+    ) -> StoreResult<Option<WorkspaceRow>> {
+        let _turn = WORKSPACE_REGISTRATION.lock().await;
+        let mut tx = self.begin_write().await?;
+        if self.backend == super::Backend::Postgres {
+            sqlx::query("SELECT pg_advisory_xact_lock(1835627108, 0)").execute(tx.conn()).await?;
+        }
+        if exclusive {
+            let others: Vec<(String, Option<String>)> = sqlx::query_as(
+                "SELECT path, root_identity FROM workspaces \
+                 WHERE device_id IS NULL AND owner_id IS NOT NULL AND owner_id <> $1",
+            )
+            .bind(owner_id)
+            .fetch_all(tx.conn())
+            .await?;
+            let new = std::path::Path::new(path);
+            let overlaps = |(other, other_identity): &(String, Option<String>)| {
+                let other = std::path::Path::new(other);
+                new.starts_with(other) || other.starts_with(new) || other_identity.as_deref() == Some(identity)
+            };
+            if others.iter().any(overlaps) {
+                return Ok(None);
+            }
+        }
         let now = ids::now();
         let row = WorkspaceRow {
             id: ids::new_id("ws"),
@@ -255,9 +291,10 @@ impl Store {
         .bind(&row.created_at)
         .bind(&row.root_identity)
         .bind(&row.root_registered_at)
-        .execute(self.pool())
+        .execute(tx.conn())
         .await?;
-        Ok(row)
+        tx.commit().await?;
+        Ok(Some(row))
     }
 
     /// Records `identity` as workspace `id`'s root identity, now (an admin re-registered it,

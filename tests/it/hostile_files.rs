@@ -305,11 +305,105 @@ async fn workspace_paths_are_no_oracle_for_non_admins(backend: Backend) {
     assert!(r.body["error"]["message"].as_str().unwrap().contains("not a directory"), "{r:?}");
 }
 
+/// With `--workspace-roots <roots>`, a non-admin cannot register a root itself (every other
+/// user's folders would be theirs to read and write through the Read and Edit tools), nor
+/// another user's workspace, a folder inside one or a folder holding one — not by its own
+/// path, not through a symlink, not with `..` — while their own folders may nest, and admins
+/// still register anywhere.
+async fn non_admins_cannot_register_a_root_or_another_users_workspace(backend: Backend) {
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = std::fs::canonicalize(tmp.path()).unwrap().join("roots");
+    for dir in ["team/yan", "yan-alone/sub", "xia", "other"] {
+        std::fs::create_dir_all(roots.join(dir)).unwrap();
+    }
+    std::fs::write(roots.join("team/yan/secret.txt"), "YAN-SECRET\n").unwrap();
+    std::os::unix::fs::symlink(roots.join("team/yan"), roots.join("link-to-yan")).unwrap();
+    let mut options = Options::default();
+    options.runtime.workspace_roots = vec![roots.clone()];
+    let t = spawn_with(backend, options).await;
+    let yan = t.user("yan").await;
+    let xia = t.user("xia").await;
+    let register = |token: &str, path: String| {
+        let (t, token) = (&t, token.to_owned());
+        async move { t.post("/v1/workspaces", &token, json!({"name": "ws", "path": path})).await }
+    };
+    let at = |rel: &str| roots.join(rel).display().to_string();
+
+    for path in [at("team/yan"), at("yan-alone")] {
+        let r = register(&yan, path).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    }
+    // The root itself, however it is written: the one refusal of paths not allowed.
+    for path in [roots.display().to_string(), format!("{}/", roots.display()), at("."), at("xia/..")] {
+        let r = register(&xia, path.clone()).await;
+        assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "workspace_path_not_allowed"), "{path}: {r:?}");
+    }
+    // Yan's folders: equal (also through a symlink and with `..`), inside, holding them.
+    for path in
+        [at("team/yan"), at("link-to-yan"), at("xia/../team/yan"), at("yan-alone/sub"), at("team"), at("team/yan/")]
+    {
+        let r = register(&xia, path.clone()).await;
+        assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "workspace_path_taken"), "{path}: {r:?}");
+        assert_eq!(r.body["error"]["details"]["path"], path.as_str(), "{r:?}");
+    }
+    let listed = t.get("/v1/workspaces", &xia).await;
+    assert!(!listed.body.to_string().contains("yan"), "nothing was stored for xia: {listed:?}");
+    // A folder nobody else holds; yan's own folders may nest; an admin registers anywhere.
+    let r = register(&xia, at("xia")).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let r = register(&yan, at("yan-alone/sub")).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let admin = t.admin_token.clone();
+    for path in [at("team/yan"), roots.display().to_string()] {
+        let r = register(&admin, path).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    }
+    // An admin's workspace is another user's too for a non-admin.
+    let r = register(&xia, at("other")).await;
+    assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "workspace_path_taken"), "inside the admin's: {r:?}");
+}
+
+/// Registrations of nested folders by different users at the same moment are serialised:
+/// of a chain of folders each inside the previous one, registered concurrently by as many
+/// users, exactly one is stored.
+async fn concurrent_registrations_of_nested_folders_store_one(backend: Backend) {
+    let tmp = tempfile::tempdir().unwrap();
+    let roots = std::fs::canonicalize(tmp.path()).unwrap().join("roots");
+    let mut options = Options::default();
+    options.runtime.workspace_roots = vec![roots.clone()];
+    let t = spawn_with(backend, options).await;
+    const USERS: usize = 8;
+    let mut tokens = Vec::new();
+    for i in 0..USERS {
+        tokens.push(t.user(&format!("u{i}")).await);
+    }
+    for round in 0..4 {
+        let mut chain = roots.join(format!("round{round}"));
+        let mut paths = Vec::new();
+        for i in 0..USERS {
+            chain = chain.join(format!("d{i}"));
+            paths.push(chain.display().to_string());
+        }
+        std::fs::create_dir_all(&chain).unwrap();
+        // Deepest first, so the later requests are the outer folders.
+        let answers = futures::future::join_all(tokens.iter().zip(paths.iter().rev()).map(|(token, path)| {
+            let t = &t;
+            async move { t.post("/v1/workspaces", token, json!({"name": "nested", "path": path})).await }
+        }))
+        .await;
+        let created = answers.iter().filter(|r| r.status == StatusCode::CREATED).count();
+        let taken = answers.iter().filter(|r| r.code() == "workspace_path_taken").count();
+        assert_eq!((created, taken), (1, USERS - 1), "round {round}: {answers:?}");
+    }
+}
+
 both_backends!(
     workspace_root_swapped_for_a_symlink_runs_nothing,
     hard_links_to_outside_files_are_not_read,
     a_single_user_deployment_may_allow_hard_link_reads,
     workspace_paths_are_no_oracle_for_non_admins,
+    non_admins_cannot_register_a_root_or_another_users_workspace,
+    concurrent_registrations_of_nested_folders_store_one,
 );
 
 /// The default `cargo run -- serve` layout, data dir inside the workspace: no Read or Edit

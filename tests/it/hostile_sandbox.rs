@@ -415,6 +415,45 @@ async fn readyz_reports_the_sandbox(backend: Backend) {
     );
 }
 
+/// A folder two users registered (rows from before registrations were refused when they
+/// overlap another user's workspace, stored here as the store took them then): the sandbox
+/// covers other users' workspaces only strictly inside the folders it shows, so it cannot
+/// hide bob's workspace from alice's session at alice's own root. The session does not
+/// start (`workspace_path_taken`) rather than show bob's files.
+async fn a_folder_another_user_also_registered_starts_no_session(backend: Backend) {
+    let t = spawn_with(backend, options(false)).await;
+    let shared = tempfile::tempdir().unwrap();
+    let path = std::fs::canonicalize(shared.path()).unwrap();
+    std::fs::write(path.join("bob-secret.txt"), "BOB-SHARED-SECRET").unwrap();
+    let bob = t.user("bob").await;
+    let r = t.post("/v1/workspaces", &bob, json!({"name": "bob's", "path": path})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let alice_token = t.user("alice").await;
+    let alice_id = t.get("/v1/me", &alice_token).await.body["id"].as_str().unwrap().to_owned();
+    let (_, identity) = mira::workspace::open_root(&path).unwrap();
+    let row = t
+        .app()
+        .store
+        .create_workspace(&alice_id, "alice's", path.to_str().unwrap(), &identity.encode(), false)
+        .await
+        .unwrap()
+        .unwrap();
+    let r = t.post("/v1/runs", &alice_token, json!({"workspace_id": row.id})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let run = r.body["id"].as_str().unwrap().to_owned();
+    let (turn, _) = t.turn(&alice_token, &run, "run commands in a terminal").await;
+    let alice = User { token: alice_token, run, turn, calls: Default::default() };
+    let done = alice
+        .run_call(&t, json!({"action": "start", "command": "sh", "args": ["-c", "cat bob-secret.txt"], "settle_ms": 0}))
+        .await;
+    assert_eq!(
+        (done["status"].as_str(), done["result"]["error"]["code"].as_str()),
+        (Some("failed"), Some("workspace_path_taken")),
+        "{done}"
+    );
+    assert!(!alice.run_record(&t).await.contains("BOB-SHARED-SECRET"));
+}
+
 both_backends!(
     secrets_of_the_data_dir_stay_hidden,
     setsid_escapee_dies_with_its_session,
@@ -422,6 +461,7 @@ both_backends!(
     the_sandbox_is_frozen_and_shown,
     an_unsandboxed_server_refuses_non_admins,
     readyz_reports_the_sandbox,
+    a_folder_another_user_also_registered_starts_no_session,
 );
 
 /// A non-admin's stdio MCP server runs in the sandbox too: one whose command reads the

@@ -281,6 +281,10 @@ catalogue! {
     Unavailable = (409, "unavailable"),
     /// The workspace root is not the folder registered.
     WorkspaceChanged = (409, "workspace_changed"),
+    /// The folder is, contains or lies inside another user's workspace: a non-admin cannot
+    /// register it, and a sandboxed terminal does not start in a workspace whose folder is
+    /// also another user's.
+    WorkspacePathTaken = (409, "workspace_path_taken"),
     /// A body larger than `--body-limit`.
     BodyTooLarge = (413, "body_too_large"),
     /// A run bundle (`GET /v1/runs/{id}/bundle`) larger than the server builds (64 MiB of

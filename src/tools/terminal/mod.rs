@@ -1242,8 +1242,11 @@ impl Tool for TerminalSession {
             )
             .with_details(json!({"approved": input.get("sandbox"), "now": sandbox})));
         };
-        // Other users' workspaces inside this sandbox's folders are covered too.
-        let hidden = if is_admin || !sandbox.enforced {
+        // Other users' workspaces inside this sandbox's folders are covered too. One at the
+        // workspace's own folder (two users registered the same folder) cannot be covered —
+        // the sandbox covers only what lies strictly inside the folders it shows — so the
+        // session does not start rather than show another user's workspace.
+        let hidden: Vec<PathBuf> = if is_admin || !sandbox.enforced {
             Vec::new()
         } else {
             self.host
@@ -1253,9 +1256,19 @@ impl Tool for TerminalSession {
                 .map_err(|e| ToolError::new(ErrorCode::StoreError, e.to_string()))?
                 .into_iter()
                 .map(PathBuf::from)
-                .filter(|p| p.as_path() != root)
                 .collect()
         };
+        if hidden.iter().any(|p| p.as_path() == root) {
+            return Err(ToolError::new(
+                ErrorCode::WorkspacePathTaken,
+                format!(
+                    "the workspace's folder {} is also another user's workspace; a sandboxed session cannot hide it, \
+                     so none starts there",
+                    root.display()
+                ),
+            )
+            .with_details(json!({"path": root})));
+        }
         let spec = StartSpec {
             sandbox,
             hidden,

@@ -68,6 +68,10 @@ pub enum RootChange {
     Replaced,
     /// No identity was recorded for this workspace (it cannot be checked).
     NotRecorded,
+    /// The folder the path led to when opened is not at that path as the kernel names it: a
+    /// folder on the way to the root is a symlink (or was swapped for one while it was opened),
+    /// so the path leads somewhere else.
+    Redirected,
 }
 
 impl RootChange {
@@ -79,6 +83,9 @@ impl RootChange {
             Self::NotADirectory => "the registered root path is no longer a directory",
             Self::Replaced => "a different directory is now at the registered root path",
             Self::NotRecorded => "no root identity was recorded for this workspace",
+            Self::Redirected => {
+                "a folder on the way to the registered root path is a symlink, so the path leads elsewhere"
+            }
         }
     }
 }
@@ -121,8 +128,14 @@ impl RootError {
     }
 }
 
-/// Opens the folder at `path` itself, never following a symlink there
-/// (`O_DIRECTORY|O_NOFOLLOW`), and returns the handle with its identity.
+/// Opens the folder at `path` (absolute and canonical: no symlink on the way, no `.` or `..`)
+/// itself, never following a symlink there (`O_DIRECTORY|O_NOFOLLOW`), and returns the
+/// handle with its identity. `O_NOFOLLOW` guards only the last component, so the opened
+/// folder is then checked to be the one at `path`: the kernel's path of the open handle
+/// (`/proc/self/fd/<fd>`) must be `path` itself, else a folder on the way was a symlink — or
+/// was swapped for one while the path was resolved — and the handle is some other folder
+/// (`Changed` with [`RootChange::Redirected`]). Where `/proc` is not mounted, `path` must
+/// canonicalise to itself and name a folder of the handle's identity.
 pub fn open_root(path: &Path) -> Result<(File, RootIdentity), RootError> {
     let opened = std::fs::OpenOptions::new()
         .read(true)
@@ -147,7 +160,24 @@ pub fn open_root(path: &Path) -> Result<(File, RootIdentity), RootError> {
         }
     };
     let meta = file.metadata().map_err(|e| RootError::Unavailable(e.to_string()))?;
-    Ok((file, RootIdentity { dev: meta.dev(), ino: meta.ino() }))
+    let identity = RootIdentity { dev: meta.dev(), ino: meta.ino() };
+    if !opened_at(&file, identity, path) {
+        return Err(RootError::Changed { change: RootChange::Redirected, found: Some(identity) });
+    }
+    Ok((file, identity))
+}
+
+/// Whether the open folder `file` (of identity `identity`) is the one at `path`: the
+/// kernel's path of the handle is `path`, or, without `/proc`, `path` canonicalises to itself
+/// and names a folder of that identity.
+fn opened_at(file: &File, identity: RootIdentity, path: &Path) -> bool {
+    match std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) {
+        Ok(real) => real == path,
+        Err(_) => {
+            std::fs::canonicalize(path).is_ok_and(|c| c == path)
+                && std::fs::metadata(path).is_ok_and(|m| m.dev() == identity.dev && m.ino() == identity.ino)
+        }
+    }
 }
 
 /// Whether the Read tools open files with more than one hard link.
@@ -444,5 +474,53 @@ mod tests {
             assert_eq!(normalize(bad).map_err(|e| e.code).err(), Some(ErrorCode::OutsideWorkspace), "{bad}");
         }
         assert_eq!(normalize("a\0b").map_err(|e| e.code).err(), Some(ErrorCode::InvalidPath));
+    }
+
+    /// A fresh, canonical temporary folder (removed by the caller).
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mira-root-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.canonicalize().unwrap()
+    }
+
+    fn change_of(r: Result<(File, RootIdentity), RootError>) -> Option<RootChange> {
+        match r {
+            Err(RootError::Changed { change, .. }) => Some(change),
+            _ => None,
+        }
+    }
+
+    /// `O_NOFOLLOW` guards the last component only: a folder on the way that is a symlink
+    /// (as when a user's terminal swaps one in between the canonicalisation that passed the
+    /// checks and the open) would make the handle, and the pinned identity, some other
+    /// folder. The handle's real path must be the path checked.
+    #[test]
+    fn a_root_reached_through_a_symlinked_folder_is_refused() {
+        let base = scratch("redirect");
+        std::fs::create_dir_all(base.join("outside/target")).unwrap();
+        std::fs::create_dir_all(base.join("roots")).unwrap();
+        std::os::unix::fs::symlink(base.join("outside"), base.join("roots/swapped")).unwrap();
+
+        // The real folder opens, with its identity.
+        let (_, real) = open_root(&base.join("outside/target")).unwrap();
+        // Reached through a symlinked component: the same folder, but not the path checked.
+        let via = base.join("roots/swapped/target");
+        assert_eq!(change_of(open_root(&via)), Some(RootChange::Redirected));
+        // A pinned root re-opened by path after such a swap is refused, not followed, even
+        // though the folder reached is the very one registered.
+        match Workspace::open_pinned(&via, Some(real)) {
+            Err(RootError::Changed { change: RootChange::Redirected, found }) => assert_eq!(found, Some(real)),
+            other => panic!("expected redirected, got {:?}", other.err()),
+        }
+        // A path that does not name the folder the way the kernel does (`..`) is refused too.
+        let dotted = base.join("roots/../outside/target");
+        assert_eq!(change_of(open_root(&dotted)), Some(RootChange::Redirected));
+        // The last component as a symlink stays `symlink`.
+        std::os::unix::fs::symlink(base.join("outside/target"), base.join("roots/last")).unwrap();
+        assert_eq!(change_of(open_root(&base.join("roots/last"))), Some(RootChange::Symlink));
+        // The canonical path works, pinned too.
+        assert!(Workspace::open_pinned(&base.join("outside/target"), Some(real)).is_ok());
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }
