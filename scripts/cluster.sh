@@ -117,13 +117,24 @@ CFG
     ;;
   stop)
     [ -n "$dir" ] || die "--dir is required"
-    [ -f "$dir/haproxy.pid" ] && kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true
+    dir=$(cd "$dir" && pwd)
+    # A pid file may outlive its process (a replica killed with -9 by a test, a crashed load
+    # balancer) and the kernel reuses pids: only a process whose command line still names this
+    # cluster's file (r<i>/data, haproxy.cfg) is signalled, never whoever has the pid now.
+    ours() { # pidfile marker -> prints the pid when it is still the cluster's process
+      [ -f "$1" ] || return 0
+      local pid; pid=$(cat "$1")
+      case "$pid" in ''|*[!0-9]*) return 0 ;; esac
+      tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$2" && echo "$pid" || true
+    }
+    pid=$(ours "$dir/haproxy.pid" "$dir/haproxy.cfg"); [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
     for f in "$dir"/r*.pid; do
-      [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+      i=${f##*/r}; i=${i%.pid}
+      pid=$(ours "$f" "$dir/r$i/data"); [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
     done
     for f in "$dir"/r*.pid; do
-      [ -f "$f" ] || continue
-      for _ in $(seq 1 150); do kill -0 "$(cat "$f")" 2>/dev/null || break; sleep 0.1; done
+      i=${f##*/r}; i=${i%.pid}
+      for _ in $(seq 1 150); do [ -n "$(ours "$f" "$dir/r$i/data")" ] || break; sleep 0.1; done
     done
     echo "cluster.sh: stopped the cluster in $dir" >&2
     ;;

@@ -81,6 +81,15 @@ async fn run_attempts(
     assert_eq!(done["status"], "completed", "{done}");
     let id = done["result"]["output"]["session_id"].as_str().unwrap().to_owned();
     let mut text = done["result"]["output"]["output"].as_str().unwrap().to_owned();
+    // How each action returned, and how the session ended (shown when the output falls short).
+    let how = |v: &Value| {
+        let o = &v["result"]["output"];
+        format!(
+            "{} state={} exit_code={} signal={} end_reason={}",
+            o["returned_because"], o["state"], o["exit_code"], o["signal"], o["end_reason"]
+        )
+    };
+    let mut ends = vec![how(&done)];
     if !text.contains("DONE-42") {
         let w = term(
             t,
@@ -93,8 +102,9 @@ async fn run_attempts(
         .await;
         assert_eq!(w["status"], "completed", "{w}");
         text.push_str(w["result"]["output"]["output"].as_str().unwrap());
+        ends.push(how(&w));
     }
-    assert!(text.contains("DONE-42"), "{text}");
+    assert!(text.contains("DONE-42"), "{text}\n(start, wait: {ends:?})");
     (done, text, id)
 }
 

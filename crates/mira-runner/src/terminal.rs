@@ -253,7 +253,10 @@ impl DevSession {
                 *req = Some((state, reason));
             }
         }
-        kill_session(self.pid, &self.id);
+        // Once the leader was reaped its pid (and so its session and group id) may name
+        // another process by now: only the environment marker finds what it left.
+        let leader = if self.exit_info().is_some() { 0 } else { self.pid };
+        kill_session(leader, &self.id);
     }
 
     async fn write_input(self: &Arc<Self>, data: Vec<u8>) -> Result<(), ToolError> {

@@ -30,6 +30,10 @@ pub const INHERITED_ENV: [&str; 10] =
 /// twice, so that a process forked meanwhile does not survive. A process that both leaves
 /// the session and clears its environment escapes this scan; the session's cgroup
 /// (the host's `Session::kill_tree`) catches it where the host has one.
+///
+/// `sid` must be a leader not yet reaped, or reaped just now: the kernel reuses pids, so a
+/// leader reaped a while ago may name another process (group, session) — pass `0` then,
+/// which leaves the environment marker alone to find what the session left.
 pub fn kill_session(sid: i32, id: &str) {
     for _ in 0..2 {
         if sid > 1 {

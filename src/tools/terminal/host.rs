@@ -269,12 +269,14 @@ impl Session {
     }
 
     /// Kills every process of the session: its cgroup (when it has one) and the session
-    /// scan of [`kill_session`].
+    /// scan of [`kill_session`] — by the leader's pid only until its end is published (the
+    /// waiter reaps the leader and calls this first): after that the pid may name another
+    /// process, and only the environment marker finds what the session left.
     pub fn kill_tree(&self) {
         if let Some(g) = &self.cgroup {
             g.kill();
         }
-        kill_session(self.pid, &self.id);
+        kill_session(if self.ended() { 0 } else { self.pid }, &self.id);
     }
 }
 
