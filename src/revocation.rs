@@ -1,7 +1,8 @@
 //! Open event streams end when their token stops authenticating.
 //!
-//! A stream (run events, the approvals inbox, terminal output) is authenticated once, when it
-//! opens (`http::limits::stream_slot`); it may then stay open for hours. [`TokenWatch`]
+//! A stream (run events, the approvals inbox, terminal output; on `/mcp`, a call's answer
+//! stream and the session's `GET` stream) is authenticated once, when it opens
+//! (`http::limits::stream_slot`, `mcp_server`'s gate); it may then stay open for hours. [`TokenWatch`]
 //! keeps every open stream's token under watch: every [`CHECK_EVERY`] one statement reads
 //! which of the watched tokens still authenticate ([`crate::store::Store::valid_token_ids`]:
 //! not revoked, their user still there), and the streams of a token that does not end with an

@@ -257,7 +257,7 @@ impl Executor for RemoteExecutor {
                         e.message
                     ),
                 )
-                .with_details(json!({"device_id": device, "invocation_id": inv.id, "holder": base}))
+                .with_details(json!({"device_id": device, "invocation_id": inv.id}))
             } else {
                 e
             }

@@ -963,7 +963,10 @@ impl DeviceHub {
                 )
                 .with_details(json!({"device_id": device_id}))
             } else {
-                offline(format!("the replica holding it at {base} {what} ({e})"))
+                // The replica's address and the client's error (which names it) go to the
+                // log, not to the user.
+                tracing::warn!(device = device_id, replica = %base, error = %e, "a device job was not forwarded: {what}");
+                offline(format!("the replica holding its runner {what}"))
             }
         };
         let response = self
@@ -978,15 +981,17 @@ impl DeviceHub {
         let status = response.status();
         let text = response.text().await.map_err(|e| failed(e, "failed while answering"))?;
         if !status.is_success() {
-            return Err(offline(format!(
-                "the replica holding it refused the job ({status}): {}",
-                text.chars().take(300).collect::<String>()
-            )));
+            tracing::warn!(device = device_id, replica = %base, %status,
+                answer = %text.chars().take(300).collect::<String>(), "the holder replica refused a forwarded device job");
+            return Err(offline(format!("the replica holding its runner refused the job ({})", status.as_u16())));
         }
         match serde_json::from_str::<ForwardedAnswer>(&text) {
             Ok(ForwardedAnswer::Ok(outcome)) => Ok(outcome),
             Ok(ForwardedAnswer::Err(e)) => Err(e),
-            Err(e) => Err(offline(format!("the replica holding it answered unreadably: {e}"))),
+            Err(e) => {
+                tracing::warn!(device = device_id, replica = %base, error = %e, "the holder replica answered a device job unreadably");
+                Err(offline("the replica holding its runner answered unreadably".into()))
+            }
         }
     }
 

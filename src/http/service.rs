@@ -91,11 +91,21 @@ pub async fn healthz() -> axum::Json<Health> {
 /// The store answers; reports the embedding model's state and the sandbox.
 #[utoipa::path(get, path = "/readyz", tag = "service", responses((status = 200, body = Ready), (status = 503, body = Ready)))]
 pub async fn readyz(State(app): State<App>) -> impl IntoResponse {
-    // Unauthenticated: the store's error (addresses, database names) is logged, not told.
+    // Unauthenticated: the store's error (addresses, database names) is logged, not told —
+    // once when the store stops answering and once when it answers again (a load balancer
+    // asks every half second).
+    static STORE_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let store = match app.store.ping().await {
-        Ok(()) => "ok".to_owned(),
+        Ok(()) => {
+            if STORE_DOWN.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                tracing::info!("readiness: the store answers again");
+            }
+            "ok".to_owned()
+        }
         Err(e) => {
-            tracing::warn!(error = %e, "readiness: the store does not answer");
+            if !STORE_DOWN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(error = %e, "readiness: the store does not answer");
+            }
             "unavailable".to_owned()
         }
     };

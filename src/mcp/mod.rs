@@ -904,7 +904,11 @@ impl McpManager {
             .timeout(timeout)
             .send()
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| {
+                // The client's error names the replica's address: for the log only.
+                tracing::warn!(server = id, replica = %owner.address, error = %e, "the owner replica of an MCP server was not reached");
+                unreachable(if e.is_timeout() { "it did not answer in time".into() } else { "it was not reached".into() })
+            })?;
         let status = response.status();
         if status.is_success() {
             return Ok(());

@@ -169,6 +169,8 @@ pub fn router(app: App, body_limit: usize, body_time: std::time::Duration) -> Ro
 ///   429 `too_many_streams`), held until that stream ends. Answers to the server's requests
 ///   (an elicitation's), notifications (a cancel) and the closing `DELETE` take none: a user
 ///   whose places are all held by calls waiting for approval can still approve or cancel them.
+///   Such a stream ends (after an `error` event `unauthorized`) once its token is revoked or
+///   its user removed, as the API's streams do ([`crate::revocation`]).
 async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
     let user = match AuthUser::from_request_parts(&mut parts, &gate.app).await {
@@ -217,6 +219,9 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
     } else {
         None
     };
+    // A stream stays open for as long as its token authenticates (as the API's streams do,
+    // [`crate::revocation`]): watched from before the handler runs.
+    let verdict = opens_stream.then(|| gate.app.token_watch.watch(&user.token_id));
     let closing = parts.method == axum::http::Method::DELETE;
     let user_id = user.user_id.clone();
     parts.extensions.insert(user);
@@ -234,11 +239,11 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
         return response;
     }
     let (parts, body) = response.into_parts();
-    let body = futures::StreamExt::map(body.into_data_stream(), move |chunk| {
-        let _place = &permit;
-        chunk
-    });
-    Response::from_parts(parts, axum::body::Body::from_stream(body))
+    let body = match verdict {
+        Some(verdict) => crate::revocation::end_on_revocation(body, verdict, permit),
+        None => body,
+    };
+    Response::from_parts(parts, body)
 }
 
 /// Whether a posted body carries a JSON-RPC request (a message with `method` and `id`, or a

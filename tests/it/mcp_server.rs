@@ -489,6 +489,33 @@ async fn a_user_at_the_stream_cap_can_still_cancel(backend: Backend) {
     assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), "old\n");
 }
 
+/// An MCP stream — here a call waiting for its approval — ends once its token is revoked, as
+/// the API's streams do: an `error` event `unauthorized`, then the end of the body; the
+/// session's token opens nothing more.
+async fn a_stream_ends_when_its_token_is_revoked(backend: Backend) {
+    let t = spawn(backend).await;
+    let ada = user_with_file(&t, "ada", "notes.txt", "old\n").await;
+    let c = t.post("/v1/tokens", &ada, json!({"label": "ide"})).await;
+    assert_eq!(c.status, StatusCode::CREATED, "{c:?}");
+    let (id, token) = (c.body["id"].as_str().unwrap().to_owned(), c.body["secret"].as_str().unwrap().to_owned());
+    let (_, session, _) = rpc(&t, Some(&token), None, initialize()).await;
+    let session = session.expect("a session id");
+    rpc(&t, Some(&token), Some(&session), json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let call = spawn_write_call(&t, &token, &session, 10);
+    pending_approval(&t, &ada).await;
+    let r = t.post(&format!("/v1/tokens/{id}/revoke"), &ada, json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let text = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("the stream of a revoked token was still open 10 s later")
+        .unwrap();
+    assert!(text.contains("event: error") && text.contains("\"unauthorized\""), "{text}");
+    let (status, _, _) =
+        rpc(&t, Some(&token), Some(&session), json!({"jsonrpc": "2.0", "id": 11, "method": "tools/list"})).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), "old\n");
+}
+
 fn initialize() -> Value {
     json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
@@ -619,6 +646,7 @@ both_backends!(
     a_cancelled_call_cancels_its_invocation,
     a_session_that_ends_leaves_its_waiting_calls,
     a_user_at_the_stream_cap_can_still_cancel,
+    a_stream_ends_when_its_token_is_revoked,
     list_changed_when_an_mcp_server_is_lost,
     find_tools_reranks_a_ranked_exposure,
     the_stdio_bridge_carries_a_session,
