@@ -402,7 +402,14 @@ impl Sandbox {
                 }
             }
         }
-        secrets.extend(mira_sandbox::system_secrets());
+        let (system_secrets, complete) = mira_sandbox::system_secrets();
+        if !complete {
+            tracing::warn!(
+                limit = mira_sandbox::SCAN_LIMIT,
+                "the system folders hold more entries than the sandbox looks at: restricted files past them are not covered (name them with --sandbox-hide)"
+            );
+        }
+        secrets.extend(system_secrets);
         for p in config.hide.iter().cloned() {
             secrets.push(std::fs::canonicalize(&p).unwrap_or(p));
         }

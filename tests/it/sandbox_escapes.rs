@@ -96,6 +96,73 @@ async fn the_allow_list_is_matched_on_real_paths(backend: Backend) {
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
 }
 
+/// Files of `/etc` that others may not read (a service's configuration with its password, a
+/// host key) are covered in a session's view, though the folder is shown read-only and the
+/// session keeps the server's uid, which owns them; a readable neighbour stays readable.
+async fn restricted_system_files_are_hidden(backend: Backend) {
+    use std::os::unix::fs::PermissionsExt;
+    /// Removes the files it names on drop (the test's own files in `/etc`).
+    struct Remove(Vec<std::path::PathBuf>);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    let tag = format!("{}-{}", std::process::id(), backend as i32);
+    let secret = std::path::PathBuf::from(format!("/etc/mira-it-secret-{tag}.conf"));
+    let open = std::path::PathBuf::from(format!("/etc/mira-it-open-{tag}.conf"));
+    let _remove = Remove(vec![secret.clone(), open.clone()]);
+    if std::fs::write(&secret, "password=HIDDEN-VALUE\n").is_err() {
+        eprintln!("/etc is not writable here: nothing to test");
+        return;
+    }
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(&open, "setting=SHOWN-VALUE\n").unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // Made before the server starts: the sandbox reads the system folders when it is built.
+    let t = spawn_with(backend, options()).await;
+    let ready = t.request(reqwest::Method::GET, "/readyz", None, None).await;
+    if ready.body["sandbox"]["state"] != "enforced" {
+        eprintln!("the sandbox is not enforced here: {}", ready.body["sandbox"]);
+        return;
+    }
+    let alice = t.user("alice").await;
+    let run = t.run(&alice).await;
+    let (turn, _) = t.turn(&alice, &run, "run commands in a terminal").await;
+    let script = format!("cat {} {}; echo finished", secret.display(), open.display());
+    let r = t
+        .call(
+            &alice,
+            &run,
+            &turn,
+            "terminal_session",
+            "call_0",
+            json!({"action": "start", "command": "sh", "args": ["-c", script], "settle_ms": 2000}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let inv = r.body;
+    let hidden = inv["input"]["sandbox"]["hidden"].to_string();
+    assert!(hidden.contains(&*secret.to_string_lossy()), "the approval shows the file covered: {inv}");
+    let g = t
+        .post(
+            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+            &alice,
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+        )
+        .await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    let done = t.wait_final(&alice, inv["invocation_id"].as_str().unwrap()).await;
+    let text = done["result"]["output"]["output"].as_str().unwrap_or_default();
+    assert!(text.contains("finished"), "{done}");
+    assert!(!text.contains("HIDDEN-VALUE"), "a session read a file of /etc others may not read: {done}");
+    assert!(text.contains("SHOWN-VALUE"), "a readable file of /etc stays readable: {done}");
+}
+
+both_backends!(restricted_system_files_are_hidden);
+
 both_backends!(a_stdio_servers_cwd_is_judged_by_its_real_path, the_allow_list_is_matched_on_real_paths);
 
 /// A terminal session runs in its own PID namespace (its shell is pid 2, under the

@@ -159,7 +159,14 @@ impl DeviceSandbox {
     pub fn new(mode: SandboxMode, allow_unsandboxed: bool, state_dir: &Path, device_id: &str) -> DeviceSandbox {
         let state_dir = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
         let mut secrets = vec![state_dir.clone()];
-        secrets.extend(mira_sandbox::system_secrets());
+        let (system_secrets, complete) = mira_sandbox::system_secrets();
+        if !complete {
+            tracing::warn!(
+                limit = mira_sandbox::SCAN_LIMIT,
+                "the system folders hold more entries than the sandbox looks at: restricted files past them are not covered"
+            );
+        }
+        secrets.extend(system_secrets);
         let name: String =
             device_id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '-' }).collect();
         let tmp_base = std::fs::canonicalize(std::env::temp_dir()).unwrap_or_else(|_| std::env::temp_dir());

@@ -119,9 +119,71 @@ pub fn system_folders() -> Vec<(PathBuf, Option<PathBuf>)> {
         .collect()
 }
 
-/// [`SYSTEM_SECRETS`] that exist, as real paths.
-pub fn system_secrets() -> Vec<PathBuf> {
-    SYSTEM_SECRETS.iter().map(PathBuf::from).map(|p| std::fs::canonicalize(&p).unwrap_or(p)).collect()
+/// The system folders whose restricted entries are covered in every sandbox
+/// ([`restricted_under`]): configuration and add-on software, where keys and passwords live.
+pub const SYSTEM_SCANNED: [&str; 2] = ["/etc", "/opt"];
+
+/// Most entries [`system_secrets`] looks at under [`SYSTEM_SCANNED`] (a huge `/opt` is not
+/// walked whole; what lies past the limit is not covered, and a warning says so).
+pub const SCAN_LIMIT: usize = 50_000;
+
+/// What every sandbox covers in the system folders, as real paths: [`SYSTEM_SECRETS`], and
+/// every file and folder under [`SYSTEM_SCANNED`] that others may not read
+/// ([`restricted_under`]) — SSH host keys, a database's or mail server's configuration with
+/// its passwords, a service's private keys: a sandboxed process keeps the server's uid (0 for
+/// a root server), which owns such files even without capabilities. Read when the sandbox is
+/// built (at start): a restricted file made later is covered from the next start. The flag
+/// is false when the walk stopped at [`SCAN_LIMIT`] (the caller warns).
+pub fn system_secrets() -> (Vec<PathBuf>, bool) {
+    let mut all: Vec<PathBuf> =
+        SYSTEM_SECRETS.iter().map(PathBuf::from).map(|p| std::fs::canonicalize(&p).unwrap_or(p)).collect();
+    let roots: Vec<&Path> = SYSTEM_SCANNED.iter().map(Path::new).collect();
+    let (found, complete) = restricted_under(&roots, SCAN_LIMIT);
+    all.extend(found);
+    (all, complete)
+}
+
+/// The entries under `roots` that others may not read, found by a walk that follows no
+/// symbolic link and stays on each root's filesystem: a folder without `o+x` (nothing in it
+/// can be reached by others; it is listed, not entered), a file or other entry without
+/// `o+r`. (A folder without `o+r` but with `o+x` is entered: its files are judged one by
+/// one.) The walk looks at `limit` entries at most; the flag is false when it stopped there.
+pub fn restricted_under(roots: &[&Path], limit: usize) -> (Vec<PathBuf>, bool) {
+    use std::os::unix::fs::MetadataExt;
+    let mut found = Vec::new();
+    let mut seen = 0usize;
+    for root in roots {
+        let Ok(top) = std::fs::symlink_metadata(root) else { continue };
+        if !top.is_dir() {
+            continue;
+        }
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries.flatten() {
+                seen += 1;
+                if seen > limit {
+                    return (found, false);
+                }
+                let path = entry.path();
+                let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+                let mode = meta.mode();
+                if meta.file_type().is_symlink() {
+                    continue;
+                }
+                if meta.is_dir() {
+                    if mode & 0o001 == 0 {
+                        found.push(path);
+                    } else if meta.dev() == top.dev() {
+                        stack.push(path);
+                    }
+                } else if mode & 0o004 == 0 {
+                    found.push(path);
+                }
+            }
+        }
+    }
+    (found, true)
 }
 
 /// Masks of the filesystem rights the kernel of Landlock ABI `abi` handles: (all,
@@ -534,6 +596,39 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    /// Restricted entries are found (a folder others cannot enter as a whole, without its
+    /// contents), readable ones and symbolic links are not, and the walk stops at its limit.
+    #[test]
+    fn restricted_entries_are_found_and_nothing_else() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        std::fs::create_dir_all(root.join("app/private")).unwrap();
+        std::fs::create_dir_all(root.join("app/listless")).unwrap();
+        for (f, m) in [
+            ("app/open.conf", 0o644),
+            ("app/secret.conf", 0o640),
+            ("app/private/key.pem", 0o644),
+            ("app/listless/token", 0o600),
+            ("app/listless/public", 0o644),
+        ] {
+            std::fs::write(root.join(f), "x").unwrap();
+            mode(&root.join(f), m);
+        }
+        mode(&root.join("app/private"), 0o750);
+        mode(&root.join("app/listless"), 0o711);
+        std::os::unix::fs::symlink("/etc/shadow", root.join("app/link")).unwrap();
+        let (mut found, complete) = restricted_under(&[&root], 1000);
+        found.sort();
+        assert!(complete);
+        let expected: Vec<PathBuf> =
+            ["app/listless/token", "app/private", "app/secret.conf"].iter().map(|p| root.join(p)).collect();
+        assert_eq!(found, expected);
+        let (_, complete) = restricted_under(&[&root], 3);
+        assert!(!complete, "the walk stops at its limit");
+    }
 
     /// Mount targets of `ops` that cover (read-only tmpfs or a `/dev/null` bind), below `stage`.
     fn covers(ops: &[Op], stage: &Path) -> Vec<PathBuf> {
