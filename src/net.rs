@@ -241,11 +241,14 @@ impl AddressPolicy {
     }
 }
 
-/// `builder` with [`PublicResolver`] when `rule` is [`AddressRule::PublicOnly`].
+/// `builder` with [`PublicResolver`] when `rule` is [`AddressRule::PublicOnly`], and then no
+/// proxy from the environment (`HTTP(S)_PROXY`, `ALL_PROXY`): through a proxy the proxy
+/// resolves the host name, so the resolver would never see it and a name that resolves to an
+/// internal address (or is re-pointed there after it was checked) would be reached.
 pub fn with_rule(builder: reqwest::ClientBuilder, rule: AddressRule) -> reqwest::ClientBuilder {
     match rule {
         AddressRule::Any => builder,
-        AddressRule::PublicOnly => builder.dns_resolver(std::sync::Arc::new(PublicResolver)),
+        AddressRule::PublicOnly => builder.no_proxy().dns_resolver(std::sync::Arc::new(PublicResolver)),
     }
 }
 
@@ -318,6 +321,35 @@ mod tests {
         assert!(refused, "{err:?}");
         let followed = client(AddressRule::Any).post(format!("http://127.0.0.1:{port}/away")).send().await.unwrap();
         assert_eq!(followed.text().await.unwrap(), "reached");
+    }
+
+    /// A proxy (here set on the builder; from the environment alike) would resolve the host
+    /// name itself: a `PublicOnly` client uses none, so its resolver refuses `localhost`,
+    /// and the proxy is never contacted; an `Any` client goes through it.
+    #[tokio::test]
+    async fn public_only_clients_use_no_proxy() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+        let contacted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = contacted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = proxy.accept().await {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                let _ =
+                    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\nconnection: close\r\n\r\nproxied").await;
+            }
+        });
+        let client =
+            |rule| with_rule(client_builder().proxy(reqwest::Proxy::all(&proxy_url).unwrap()), rule).build().unwrap();
+        let err = client(AddressRule::PublicOnly).get("http://localhost:9/secret").send().await.unwrap_err();
+        // (The resolver's refusal comes wrapped in an `io::Error`, whose `source` skips it.)
+        assert!(format!("{err:?}").contains("localhost is an internal address"), "{err:?}");
+        assert_eq!(contacted.load(std::sync::atomic::Ordering::SeqCst), 0, "the proxy was used");
+        let through = client(AddressRule::Any).get("http://localhost:9/secret").send().await.unwrap();
+        assert_eq!(through.text().await.unwrap(), "proxied");
     }
 
     #[test]

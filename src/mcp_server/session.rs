@@ -81,9 +81,9 @@ pub const CALL_WAIT: Duration = Duration::from_secs(50);
 /// progress token.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-/// Most bytes of the input an elicitation shows, whole: a larger input is not asked about
-/// through elicitation (nothing of a call is ever cut from what a person approves there); it
-/// waits for the page or the API, which show it all.
+/// Most bytes of the input and its preview an elicitation shows, whole: a larger call is not
+/// asked about through elicitation (nothing of a call is ever cut from what a person approves
+/// there); it waits for the page or the API, which show it all.
 const ELICIT_INPUT_BYTES: usize = 32 * 1024;
 
 /// Longest a waiting call whose request was cancelled waits to hear the client's
@@ -455,15 +455,25 @@ impl Session {
                 e.spec().input_schema.get("properties").and_then(Value::as_object).map(|p| p.keys().cloned().collect())
             })
             .unwrap_or_default();
-        let Some(input) = elicit_input(&view.input, &declared) else {
+        // The preview (what the approval page shows: a diff, a mail's decoded body…) comes
+        // with the input, both whole: an input that holds its content only encoded (a mail's
+        // MIME bytes in base64) or by hash is read from the preview.
+        let preview: Option<Value> = approval.preview.as_deref().and_then(|p| serde_json::from_str(p).ok());
+        let shown = elicit_input(&view.input, &declared).and_then(|input| match &preview {
+            None => Some((input, String::new())),
+            Some(p) => elicit_input(p, &[])
+                .filter(|p| input.len() + p.len() <= ELICIT_INPUT_BYTES)
+                .map(|p| (input, format!("\n\npreview (as the approval page shows it):\n{p}"))),
+        });
+        let Some((input, preview)) = shown else {
             tracing::info!(
                 approval = approval_id,
-                "not asked through elicitation: the input is too large to show whole"
+                "not asked through elicitation: the input and its preview are too large to show whole"
             );
             return Ok(());
         };
         let message = format!(
-            "Approve this exact call?\n\ntool: {}\ncall id: {}\ninput hash: {}\napproval: {}\n\ninput:\n{input}",
+            "Approve this exact call?\n\ntool: {}\ncall id: {}\ninput hash: {}\napproval: {}\n\ninput:\n{input}{preview}",
             view.tool_id, view.tool_call_id, view.input_hash, approval_id
         );
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());

@@ -139,6 +139,9 @@ async fn edit_approved_through_elicitation(backend: Backend) {
     for part in ["write_file", meta["tool_call_id"].as_str().unwrap(), meta["input_hash"].as_str().unwrap()] {
         assert!(asked.contains(part), "{part} missing from the elicitation: {asked}");
     }
+    // With what the approval page shows (here the diff), whole.
+    let preview = asked.split_once("preview (as the approval page shows it):\n").map(|(_, p)| p).unwrap_or_default();
+    assert!(preview.contains("-old") && preview.contains("+lorem ipsum"), "the preview is shown: {asked}");
     let approval = t.get(&format!("/v1/approvals/{}", meta["approval_id"].as_str().unwrap()), &token).await.body;
     assert_eq!(approval["status"], "granted", "{approval}");
     assert_eq!(approval["invocation"]["input_hash"], meta["input_hash"]);

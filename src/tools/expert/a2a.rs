@@ -32,6 +32,10 @@ pub const MAX_CARD_BYTES: usize = 64 * 1024;
 pub const MAX_LINE_BYTES: usize = 512 * 1024;
 /// Largest answer (the text of the task's artifacts and status messages) kept, in bytes.
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
+
+/// Bytes each artifact counts towards [`MAX_ANSWER_BYTES`] beyond its id and text: an expert
+/// cannot make the answer hold thousands of empty artifacts for free.
+pub const ARTIFACT_OVERHEAD: usize = 64;
 /// Largest non-streaming JSON-RPC answer read, in bytes.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Most SSE events of one answer.
@@ -161,7 +165,10 @@ pub struct Progress {
     pub task_id: Option<String>,
     /// The context's id.
     pub context_id: Option<String>,
+    /// (id, text) in order of first appearance.
     artifacts: Vec<(String, String)>,
+    /// Index of each artifact id in `artifacts`.
+    artifact_index: std::collections::HashMap<String, usize>,
     /// The text of the last status message (an input-required question, a failure reason).
     pub status_text: String,
     /// A direct `Message` answer's text.
@@ -192,8 +199,10 @@ impl Progress {
             .then(|| self.artifacts.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join("\n\n"))
     }
 
+    /// Counts what is held: each artifact's id and text plus [`ARTIFACT_OVERHEAD`] (so that
+    /// many empty artifacts count too), the status and message text.
     fn recount(&mut self) {
-        self.bytes = self.artifacts.iter().map(|(_, t)| t.len()).sum::<usize>()
+        self.bytes = self.artifacts.iter().map(|(id, t)| id.len() + t.len() + ARTIFACT_OVERHEAD).sum::<usize>()
             + self.status_text.len()
             + self.message_text.as_ref().map_or(0, String::len);
     }
@@ -217,12 +226,15 @@ impl Progress {
     }
 
     fn artifact(&mut self, artifact: &Value, append: bool) {
-        let id = artifact.get("artifactId").and_then(Value::as_str).unwrap_or("").to_owned();
+        let id = cap_id(artifact.get("artifactId").and_then(Value::as_str).unwrap_or(""));
         let text = parts_text(artifact.get("parts"));
-        match self.artifacts.iter_mut().find(|(a, _)| *a == id) {
+        match self.artifact_index.get(&id).and_then(|i| self.artifacts.get_mut(*i)) {
             Some((_, t)) if append => t.push_str(&text),
             Some((_, t)) => *t = text,
-            None => self.artifacts.push((id, text)),
+            None => {
+                self.artifact_index.insert(id.clone(), self.artifacts.len());
+                self.artifacts.push((id, text));
+            }
         }
     }
 
@@ -681,6 +693,24 @@ async fn read_sse(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Artifact ids are cut like task ids and, with each artifact's overhead, count towards
+    /// the answer's size: many empty artifacts with long ids exceed it.
+    #[test]
+    fn artifacts_count_their_ids_and_their_number() {
+        let mut p = Progress::default();
+        let long = "x".repeat(10_000);
+        p.apply(&serde_json::json!({"artifactUpdate": {"artifact": {"artifactId": long, "parts": [{"text": "a"}]}}}));
+        p.apply(&serde_json::json!({"artifactUpdate": {"append": true, "artifact": {"artifactId": long, "parts": [{"text": "b"}]}}}));
+        assert_eq!(p.artifacts.len(), 1);
+        assert_eq!(p.artifacts[0].0.len(), 200);
+        assert_eq!(p.answer(), "ab");
+        let many: Vec<serde_json::Value> =
+            (0..5_000).map(|i| serde_json::json!({"artifactId": format!("a{i}"), "parts": []})).collect();
+        p.apply(&serde_json::json!({"task": {"id": "t", "artifacts": many}}));
+        assert_eq!(p.artifacts.len(), 5_001);
+        assert!(p.bytes > MAX_ANSWER_BYTES, "5,000 empty artifacts hold {} bytes", p.bytes);
+    }
 
     #[tokio::test]
     async fn public_only_refuses_internal_addresses_at_each_request() {

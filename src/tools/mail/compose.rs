@@ -122,12 +122,42 @@ fn err(code: ErrorCode, message: impl Into<String>) -> ToolError {
     ToolError::new(code, message)
 }
 
-/// Refuses CR, LF and every other control character (tab included) in a header field.
+/// Refuses CR, LF and every other control character (tab included) in a header field (400
+/// `header_injection`), and invisible characters that change how it reads (400
+/// `invalid_field`): bidirectional controls (an attachment `invoice\u{202E}fdp.exe` reads
+/// `invoiceexe.pdf` in the approval and to the recipient), zero-width spaces and joiners other
+/// than U+200D (which emoji sequences use), word joiners, the byte-order mark, the soft hyphen.
 pub fn no_controls(field: &str, value: &str) -> Result<(), ToolError> {
     if let Some(c) = value.chars().find(|c| c.is_control()) {
         return Err(err(
             ErrorCode::HeaderInjection,
             format!("{field} contains the control character U+{:04X}; header fields cannot contain CR, LF or other control characters", c as u32),
+        )
+        .with_details(serde_json::json!({"field": field})));
+    }
+    let invisible = |c: &char| {
+        matches!(
+            c,
+            '\u{00AD}'
+                | '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'
+                | '\u{200C}'
+                | '\u{200E}'
+                | '\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
+    };
+    if let Some(c) = value.chars().find(invisible) {
+        return Err(err(
+            ErrorCode::InvalidField,
+            format!(
+                "{field} contains the invisible character U+{:04X}, which changes how it reads; remove it",
+                c as u32
+            ),
         )
         .with_details(serde_json::json!({"field": field})));
     }
@@ -413,6 +443,25 @@ mod tests {
         assert_eq!(validate(&fields(&to, "hi", &[])).err().map(|e| e.code), Some(ErrorCode::HeaderInjection));
         let to = vec!["not an address".to_owned()];
         assert_eq!(validate(&fields(&to, "hi", &[])).err().map(|e| e.code), Some(ErrorCode::InvalidAddress));
+    }
+
+    /// An attachment named `invoice<RLO>fdp.exe` reads `invoiceexe.pdf`; a subject with a
+    /// zero-width space hides a word: refused. An emoji sequence (U+200D) is kept.
+    #[test]
+    fn invisible_characters_that_change_a_header_are_refused() {
+        let to = vec!["bob@example.test".to_owned()];
+        let att = |name: &str| {
+            vec![AttachmentInput {
+                filename: name.into(),
+                content_type: Some("application/octet-stream".into()),
+                content_base64: base64::engine::general_purpose::STANDARD.encode(b"x"),
+            }]
+        };
+        let code =
+            |subject: &str, atts: &[AttachmentInput]| validate(&fields(&to, subject, atts)).err().map(|e| e.code);
+        assert_eq!(code("hi", &att("invoice\u{202E}fdp.exe")), Some(ErrorCode::InvalidField));
+        assert_eq!(code("pay\u{200B}ment", &[]), Some(ErrorCode::InvalidField));
+        assert_eq!(code("family \u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467}", &att("a.txt")), None);
     }
 
     #[test]
