@@ -811,6 +811,25 @@ impl BrowserManager {
             .await
             .map_err(|_| browser_error("Target.createBrowserContext timed out"))?
             .map_err(|e| browser_error(format!("Target.createBrowserContext failed: {e}")))?;
+        // A page may not save files: downloads are denied in the context (fail closed: a
+        // context whose downloads could not be denied is not used).
+        let deny = chromiumoxide::cdp::browser_protocol::browser::SetDownloadBehaviorParams::builder()
+            .behavior(chromiumoxide::cdp::browser_protocol::browser::SetDownloadBehaviorBehavior::Deny)
+            .browser_context_id(context_id.clone())
+            .build()
+            .map_err(|e| browser_error(format!("Browser.setDownloadBehavior: {e}")));
+        let denied = match deny {
+            Ok(params) => match tokio::time::timeout(COMMAND_TIMEOUT, browser.execute(params)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(browser_error(format!("Browser.setDownloadBehavior failed: {e}"))),
+                Err(_) => Err(browser_error("Browser.setDownloadBehavior timed out")),
+            },
+            Err(e) => Err(e),
+        };
+        if let Err(e) = denied {
+            let _ = tokio::time::timeout(Duration::from_secs(5), browser.dispose_browser_context(context_id)).await;
+            return Err(e);
+        }
         let targets: Arc<parking_lot::Mutex<PageTargets>> = Arc::default();
         let next_tab = Arc::new(std::sync::atomic::AtomicU64::new(1));
         let watched = Watched {
