@@ -316,9 +316,15 @@ async fn shutdown_signal() {
 }
 
 fn main() -> ExitCode {
+    // A PID namespace's supervisor or init started as this binary: its loop, never returning.
+    mira_sandbox::child::run_helper_if_asked();
     // Before the runtime starts its threads (see the function's docs).
     mira::limits::tune_allocator();
     tune_mimalloc();
+    // The supervisor and init of a session's PID namespace become this very binary again
+    // (the running one, even if its file was replaced since) instead of staying copies of
+    // the server's memory.
+    mira::sandbox::set_pid_helper(PathBuf::from("/proc/self/exe"));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -28,7 +28,9 @@
 //!   included — whatever the Landlock ABI, and SysV IPC of the host and of other sessions is
 //!   out of reach. A host that cannot make a PID namespace says so (`/readyz`
 //!   `host.pid_namespace`); non-admins are then refused unless Landlock (ABI ≥ 6) scopes
-//!   signals instead.
+//!   signals instead. The init and the supervisor above it (the process the server waits
+//!   for) run the server's own binary as a small helper image ([`set_pid_helper`],
+//!   [`child::run_helper_if_asked`]) rather than staying copies of the server's memory.
 //! - **A cgroup per session** ([`cgroup`]) where the host allows it: `cgroup.kill` ends the
 //!   whole tree (a process that leaves the session and clears its environment included),
 //!   `pids.max` and a memory limit bound it.
@@ -56,8 +58,8 @@ pub use mira_sandbox::{SANDBOX_HOME, SANDBOX_TMP, SYSTEM_READ_ONLY, SYSTEM_SECRE
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use mira_sandbox::child::MountPlan;
 use mira_sandbox::{Failure, Launch, PlanParts, View, cstr, within};
@@ -365,6 +367,21 @@ impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sandbox").field("state", &self.state).finish_non_exhaustive()
     }
+}
+
+/// The program a PID namespace's supervisor and init `execve` ([`set_pid_helper`]).
+static PID_HELPER: OnceLock<PathBuf> = OnceLock::new();
+
+/// Names the binary the supervisor and the init of every PID namespace `execve` right after
+/// their forks, so that they hold a small helper image instead of a copy of the server's
+/// memory ([`child::MountPlan::pid_helper`], module docs of [`child`], step 4): a binary
+/// whose `main` calls [`child::run_helper_if_asked`] first — the `mira` binary, as
+/// `/proc/self/exe` in the server (still the running binary if its file was replaced), the
+/// built `mira` in tests that run the server inside another binary. Process-wide, set once
+/// before the first session starts: a later call changes nothing and returns false. Unset,
+/// they stay copies of the server (as in a test harness that sets none).
+pub fn set_pid_helper(path: PathBuf) -> bool {
+    PID_HELPER.set(path).is_ok()
 }
 
 fn sandbox_error(code: ErrorCode, message: impl Into<String>) -> ToolError {
@@ -863,6 +880,10 @@ impl Sandbox {
                 userns: (!self.host.root).then(mira_sandbox::own_user_maps),
                 new_net: matches!(spec.network, Some(NetworkRule::Private)),
                 new_pid: self.host.pid_namespace,
+                pid_helper: match PID_HELPER.get() {
+                    Some(path) if self.host.pid_namespace => Some(cstr(path).map_err(fail)?),
+                    _ => None,
+                },
                 new_ipc: self.host.pid_namespace,
                 stage: cstr(&self.stage).map_err(fail)?,
                 root_data: cstr(mira_sandbox::ROOT_DATA).map_err(fail)?,

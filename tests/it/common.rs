@@ -147,6 +147,9 @@ pub async fn spawn(backend: Backend) -> TestApp {
 }
 
 pub async fn spawn_with(backend: Backend, options: Options) -> TestApp {
+    // The server runs inside this test binary: its PID namespaces' supervisor and init run
+    // the built `mira` as their helper image, as they run the server's own binary in `mira`.
+    mira::sandbox::set_pid_helper(env!("CARGO_BIN_EXE_mira").into());
     let tmp = tempfile::tempdir().expect("tempdir");
     let workspace = tmp.path().join("ws");
     let data_dir = if options.data_in_workspace { workspace.join("data") } else { tmp.path().join("data") };

@@ -167,7 +167,8 @@ both_backends!(a_stdio_servers_cwd_is_judged_by_its_real_path, the_allow_list_is
 
 /// A terminal session runs in its own PID namespace (its shell is pid 2, under the
 /// namespace's init; the server's pid names nothing there) and its own IPC namespace (a SysV
-/// segment the host made is not listed).
+/// segment the host made is not listed). The supervisor the server waits for and the init
+/// below it run the helper image, not copies of the server.
 async fn a_session_has_its_own_pid_and_ipc_namespaces(backend: Backend) {
     let t = spawn_with(backend, options()).await;
     let ready = t.request(reqwest::Method::GET, "/readyz", None, None).await;
@@ -192,7 +193,7 @@ async fn a_session_has_its_own_pid_and_ipc_namespaces(backend: Backend) {
     let (turn, _) = t.turn(&alice, &run, "run commands in a terminal").await;
     let server = std::process::id();
     let script = format!(
-        "echo pid=$$; kill -0 {server} 2>/dev/null && echo SIGNAL-SENT || echo SIGNAL-DENIED; ipcs -m; echo finished"
+        "echo pid=$$; kill -0 {server} 2>/dev/null && echo SIGNAL-SENT || echo SIGNAL-DENIED; ipcs -m; echo finished; exec sleep 600"
     );
     let r = t
         .call(
@@ -231,6 +232,80 @@ async fn a_session_has_its_own_pid_and_ipc_namespaces(backend: Backend) {
     assert!(text.contains("SIGNAL-DENIED") && !text.contains("SIGNAL-SENT"), "{done}");
     assert!(!text.contains(&format!("0x{key:08x}")), "the host's SysV segment is visible: {done}");
     assert!(text.contains("Shared Memory Segments"), "ipcs ran: {done}");
+    // The supervisor (the pid the session reports) and its child, the namespace's init,
+    // run the helper image; below them the session's program.
+    assert_eq!(done["result"]["output"]["state"], "running", "{done}");
+    let supervisor = done["result"]["output"]["pid"].as_u64().expect("the session's pid");
+    let helper = b"\0__mira-pid-namespace-helper\0";
+    let cmdline = |pid: u64| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let runs_helper = |pid: u64| cmdline(pid).windows(helper.len()).any(|w| w == helper);
+    let mut init = Vec::new();
+    for _ in 0..100 {
+        init = children_of(supervisor);
+        if runs_helper(supervisor) && init.len() == 1 && runs_helper(init[0]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let shown = |pid: u64| String::from_utf8_lossy(&cmdline(pid)).replace('\0', " ");
+    assert!(runs_helper(supervisor), "the supervisor {supervisor} runs `{}`", shown(supervisor));
+    assert_eq!(init.len(), 1, "the supervisor {supervisor} has one child, the init: {init:?}");
+    assert!(runs_helper(init[0]), "the init {} runs `{}`", init[0], shown(init[0]));
+    let program = children_of(init[0]);
+    assert_eq!(program.len(), 1, "the init has one child, the program: {program:?}");
+    assert!(cmdline(program[0]).starts_with(b"sleep\x00600\x00"), "the program runs `{}`", shown(program[0]));
+    let session = done["result"]["output"]["session_id"].as_str().expect("session id").to_owned();
+    let input = json!({"action": "kill", "session_id": session});
+    let r = t.call(&alice, &run, &turn, "terminal_session", "call_1", input).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let inv = r.body;
+    let g = t
+        .post(
+            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+            &alice,
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+        )
+        .await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    let id = inv["invocation_id"].as_str().unwrap();
+    let mut killed = Value::Null;
+    for _ in 0..400 {
+        killed = t.get(&format!("/v1/invocations/{id}"), &alice).await.body;
+        if !matches!(killed["status"].as_str().unwrap_or(""), "queued" | "running" | "awaiting_approval") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(killed["result"]["output"]["state"], "killed", "{killed}");
+    // Gone, or a zombie nobody reaped yet.
+    let stat = |pid: u64| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let gone = |pid: u64| stat(pid).rsplit_once(')').is_none_or(|(_, rest)| rest.trim_start().starts_with('Z'));
+    for _ in 0..100 {
+        if [supervisor, init[0], program[0]].into_iter().all(gone) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for p in [supervisor, init[0], program[0]] {
+        assert!(gone(p), "process {p} outlived the kill of its session: {}", stat(p));
+    }
+}
+
+/// The pids whose parent is `parent` (from `/proc/<pid>/stat`).
+fn children_of(parent: u64) -> Vec<u64> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // "pid (comm) state ppid …": the comm may hold spaces and parentheses.
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u64>().ok());
+        if ppid == Some(parent) {
+            found.push(pid);
+        }
+    }
+    found
 }
 
 both_backends!(a_session_has_its_own_pid_and_ipc_namespaces);

@@ -471,6 +471,7 @@ impl DeviceSandbox {
                     new_net: false,
                     // (A device's sessions keep the host's PID and IPC namespaces for now.)
                     new_pid: false,
+                    pid_helper: None,
                     new_ipc: false,
                     stage: cstr(&self.stage)?,
                     root_data: cstr(mira_sandbox::ROOT_DATA)?,

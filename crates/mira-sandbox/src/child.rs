@@ -16,9 +16,24 @@
 //!    namespace (a minimal init that reaps orphans, forwards the signals it is sent to the
 //!    program, and ends the whole namespace when the program ends), and it forks the
 //!    program's process (pid 2), which goes on with the steps below and `exec`s. The
-//!    supervisor and the init close every descriptor they inherited and never `exec`; the
-//!    supervisor ends the way the program ended (its exit code, or the same signal), so the
-//!    server's exit codes, signals and kills work as before (see [`ChildPlan::apply`]);
+//!    supervisor and the init are forks of the whole server: left as they are, each would
+//!    keep the server's heap of the moment alive, page by page, as the server's own copy
+//!    changes (copy-on-write). With a helper image ([`MountPlan::pid_helper`], the server's
+//!    own binary), each `execve`s it right after its fork, as
+//!    `<helper> `[`HELPER_ARG`]` supervise <init pid> <status fd>` and
+//!    `<helper> `[`HELPER_ARG`]` init <program pid> <status fd>`, with an environment of
+//!    allocator options only (no transparent huge pages: `HELPER_ENV`),
+//!    every signal blocked (one sent meanwhile waits, and is forwarded once the helper
+//!    runs) and only the standard descriptors and its end of the status pipe open; the
+//!    binary's `main` hands over to [`run_helper_if_asked`] first thing, which runs the
+//!    same loop as before and never returns. Without a helper, or when its `execve` fails,
+//!    they run that loop in the fork itself. The init's parent-death signal (`SIGKILL`, set
+//!    before its fork of the program) survives the `execve` of a binary that is neither
+//!    set-user-ID nor file-capable (prctl(2)); the helper sets it again all the same. Either
+//!    way they close every descriptor they
+//!    inherited; the supervisor ends the way the program ended (its exit code, or the same
+//!    signal), so the server's exit codes, signals and kills work as before (see
+//!    [`ChildPlan::apply`]);
 //! 5. with a [`MountPlan`]: a private mount namespace, a private IPC namespace (SysV
 //!    shared memory, semaphores and message queues of other sessions and of the host are
 //!    out of reach) when asked, and a private network namespace for `--sandbox-network
@@ -39,7 +54,7 @@
 //! A failing step writes its [`Step`] number to the report pipe and returns the errno, which
 //! `std` hands back as the spawn's error: nothing runs half-sandboxed.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -203,6 +218,11 @@ pub struct MountPlan {
     /// A private PID namespace: the program runs as pid 2 under a minimal init (pid 1),
     /// below a supervisor that stays outside (module docs, step 4).
     pub new_pid: bool,
+    /// With `new_pid`: the program the supervisor and the init `execve` so as not to stay
+    /// copies of the server (an absolute path, e.g. `/proc/self/exe`; its `main` must call
+    /// [`run_helper_if_asked`] first). None: they stay forks of the server (a caller that is
+    /// not such a binary, e.g. a test harness).
+    pub pid_helper: Option<CString>,
     /// A private IPC namespace (SysV IPC and POSIX message queues).
     pub new_ipc: bool,
     /// The staging directory the new root is mounted on.
@@ -437,6 +457,7 @@ impl ChildPlan {
             }
             if init > 0 {
                 libc::close(write_end);
+                self.exec_helper(SUPERVISE, init, read_end);
                 supervise(init, read_end);
             }
             // pid 1 of the new namespace: it dies with the supervisor (a SIGKILL from an
@@ -451,6 +472,7 @@ impl ChildPlan {
                 return Err(self.fail(Step::PidNamespace));
             }
             if program > 0 {
+                self.exec_helper(INIT, program, write_end);
                 init_of_namespace(program, write_end);
             }
             libc::close(write_end);
@@ -461,6 +483,42 @@ impl ChildPlan {
             }
         }
         Ok(())
+    }
+
+    /// Replaces the supervisor or the init with the helper image ([`MountPlan::pid_helper`]):
+    /// `<helper> HELPER_ARG <role> <pid> <fd>`, environment [`HELPER_ENV`], every signal blocked (the
+    /// helper unblocks them once it forwards them), every descriptor but 0–2 and `fd` closed
+    /// at `exec`, `fd` kept open. Returns only without a helper or when `execve` failed (the
+    /// caller then runs the loop in this process, which resets the mask and closes the rest).
+    unsafe fn exec_helper(&self, role: &CStr, pid: libc::pid_t, fd: libc::c_int) {
+        let Some(path) = self.mounts.as_ref().and_then(|m| m.pid_helper.as_ref()) else {
+            return;
+        };
+        // SAFETY: sigprocmask/close_range/fcntl/execve with stack buffers, integers and C
+        // strings prepared by the parent; async-signal-safe.
+        unsafe {
+            let mut pid_buf = [0u8; DECIMAL_LEN];
+            let mut fd_buf = [0u8; DECIMAL_LEN];
+            let (Some(pid_arg), Some(fd_arg)) = (decimal(pid, &mut pid_buf), decimal(fd, &mut fd_buf)) else {
+                return;
+            };
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::sigprocmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
+            // Only the standard descriptors (closed by the helper) and `fd` cross the exec.
+            // (Without close_range's CLOEXEC flag the helper still closes the rest.)
+            let keep = u32::try_from(fd).unwrap_or(0);
+            if keep > 3 {
+                libc::syscall(libc::SYS_close_range, 3u32, keep - 1, libc::CLOSE_RANGE_CLOEXEC);
+            }
+            libc::syscall(libc::SYS_close_range, keep.max(2) + 1, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return;
+            }
+            let argv = [path.as_ptr(), HELPER_ARG.as_ptr(), role.as_ptr(), pid_arg, fd_arg, std::ptr::null()];
+            let envp = [HELPER_ENV[0].as_ptr(), HELPER_ENV[1].as_ptr(), std::ptr::null()];
+            libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        }
     }
 
     /// Runs one mount operation; false on failure (errno set).
@@ -522,6 +580,73 @@ impl ChildPlan {
                     bind(c(b"/dev/pts\0"), target.as_ptr(), false, true)
                 }
             }
+        }
+    }
+}
+
+/// `argv[1]` of the server's binary run as the supervisor or the init of a PID namespace
+/// (module docs, step 4; [`run_helper_if_asked`]).
+pub const HELPER_ARG: &CStr = c"__mira-pid-namespace-helper";
+/// The helper's whole environment: mimalloc (the server binary's allocator; other
+/// allocators ignore them) without transparent huge pages nor memory committed ahead of
+/// use, which it decides before `main` — a 2 MiB huge page of its first arena alone would
+/// be half of a helper's private memory.
+const HELPER_ENV: [&CStr; 2] = [c"MIMALLOC_ALLOW_THP=0", c"MIMALLOC_ARENA_EAGER_COMMIT=0"];
+/// `argv[2]` of the supervisor: `<helper> HELPER_ARG supervise <init pid> <status fd>`.
+const SUPERVISE: &CStr = c"supervise";
+/// `argv[2]` of the init: `<helper> HELPER_ARG init <program pid> <status fd>`.
+const INIT: &CStr = c"init";
+/// Room for a non-negative `i32` in decimal and its NUL.
+const DECIMAL_LEN: usize = 11;
+
+/// Writes non-negative `n` in decimal, NUL-terminated, into `buf` without allocating; a
+/// pointer to the C string (inside `buf`), or None for a negative `n`.
+fn decimal(n: i32, buf: &mut [u8; DECIMAL_LEN]) -> Option<*const libc::c_char> {
+    let mut n = u32::try_from(n).ok()?;
+    let mut i = DECIMAL_LEN - 1;
+    buf[i] = 0;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    Some(buf[i..].as_ptr().cast())
+}
+
+/// Runs the supervisor or the init of a PID namespace when this process was started as one
+/// (`argv[1]` is [`HELPER_ARG`], module docs step 4) and never returns then: it ends the way
+/// the program ended (supervisor), or with 0 once it passed on the program's wait status
+/// (init); with 127 for arguments it cannot use (`argv[2]` `supervise` or `init`, `argv[3]`
+/// a pid, `argv[4]` a descriptor, in decimal). Returns at once, having changed nothing,
+/// otherwise.
+///
+/// To be called first thing in `main` of a binary named as [`MountPlan::pid_helper`],
+/// before it starts threads or changes any process setting.
+pub fn run_helper_if_asked() {
+    let mut args = std::env::args_os();
+    if args.nth(1).is_none_or(|a| a.as_encoded_bytes() != HELPER_ARG.to_bytes()) {
+        return;
+    }
+    let role = args.next();
+    let number = |a: Option<std::ffi::OsString>| a.and_then(|a| a.to_str()?.parse::<i32>().ok()).filter(|n| *n > 0);
+    let (pid, fd) = (number(args.next()), number(args.next()));
+    let role = role.as_ref().map(|r| r.as_encoded_bytes());
+    // SAFETY: this process is the helper image `exec_helper` started (single-threaded, the
+    // pid its child, the descriptor its end of the status pipe); the loops make raw system
+    // calls on integers and stack buffers.
+    unsafe {
+        match (role, pid, fd) {
+            (Some(r), Some(pid), Some(fd)) if r == SUPERVISE.to_bytes() => supervise(pid, fd),
+            (Some(r), Some(pid), Some(fd)) if r == INIT.to_bytes() => {
+                // Kept across `execve` (prctl(2)) unless the exec changed the credentials (a
+                // set-user-ID binary or one with file capabilities): set again either way.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                init_of_namespace(pid, fd)
+            }
+            _ => libc::_exit(127),
         }
     }
 }
@@ -846,5 +971,23 @@ unsafe fn clear_capability_sets() -> bool {
         let mut header = CapHeader { version: CAPABILITY_VERSION_3, pid: 0 };
         let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
         libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DECIMAL_LEN, decimal};
+
+    /// The helper's pid and descriptor arguments, formatted without allocating.
+    #[test]
+    fn numbers_are_written_in_decimal_with_their_nul() {
+        let mut buf = [0u8; DECIMAL_LEN];
+        for n in [0, 7, 10, 4_194_304, i32::MAX] {
+            let p = decimal(n, &mut buf).expect("non-negative");
+            // SAFETY: `decimal` returned a pointer to a NUL-terminated string inside `buf`.
+            let s = unsafe { std::ffi::CStr::from_ptr(p) };
+            assert_eq!(s.to_str().expect("ASCII"), n.to_string());
+        }
+        assert!(decimal(-1, &mut buf).is_none());
     }
 }
