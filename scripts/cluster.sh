@@ -53,7 +53,7 @@ case "$cmd" in
     [ -x "$haproxy" ] || die "haproxy not found: run scripts/setup-cluster.sh"
     [ -n "$dir" ] || dir=$(mktemp -d /tmp/mira-cluster.XXXXXX)
     mkdir -p "$dir/ws"
-    dir=$(cd "$dir" && pwd)
+    dir=$(cd "$dir" && pwd -P)
     if [ ! -s "$dir/secret" ]; then
       (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/secret")
     fi
@@ -117,7 +117,7 @@ CFG
     ;;
   stop)
     [ -n "$dir" ] || die "--dir is required"
-    dir=$(cd "$dir" && pwd)
+    dir=$(cd "$dir" && pwd -P)
     # A pid file may outlive its process (a replica killed with -9 by a test, a crashed load
     # balancer) and the kernel reuses pids: only a process whose command line still names this
     # cluster's file (r<i>/data, haproxy.cfg) is signalled, never whoever has the pid now.
@@ -135,6 +135,7 @@ CFG
     for f in "$dir"/r*.pid; do
       i=${f##*/r}; i=${i%.pid}
       for _ in $(seq 1 150); do [ -n "$(ours "$f" "$dir/r$i/data")" ] || break; sleep 0.1; done
+      [ -z "$(ours "$f" "$dir/r$i/data")" ] || echo "cluster.sh: replica $i (pid $(cat "$f")) is still running" >&2
     done
     echo "cluster.sh: stopped the cluster in $dir" >&2
     ;;

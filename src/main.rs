@@ -234,6 +234,19 @@ fn init_tracing(json: bool) -> Option<opentelemetry_sdk::trace::SdkTracerProvide
 }
 
 async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
+    // The supervisor and init of a session's PID namespace become this very binary again
+    // (the running one, even if its file was replaced since) instead of staying copies of
+    // the server's memory.
+    mira::sandbox::set_pid_helper(PathBuf::from("/proc/self/exe"));
+    if !cfg.allow_internal_urls
+        && ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()))
+    {
+        tracing::warn!(
+            "a proxy is set in the environment: non-admins' outbound connections (GitHub, web sources, experts, HTTP MCP servers) do not use it (a proxy would resolve names past the public-address check); where the proxy is the only way out they fail"
+        );
+    }
     let workspace = match &cfg.workspace {
         Some(w) => w.clone(),
         None => std::env::current_dir().context("reading the current directory")?,
@@ -321,10 +334,6 @@ fn main() -> ExitCode {
     // Before the runtime starts its threads (see the function's docs).
     mira::limits::tune_allocator();
     tune_mimalloc();
-    // The supervisor and init of a session's PID namespace become this very binary again
-    // (the running one, even if its file was replaced since) instead of staying copies of
-    // the server's memory.
-    mira::sandbox::set_pid_helper(PathBuf::from("/proc/self/exe"));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

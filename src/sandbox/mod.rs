@@ -378,9 +378,20 @@ static PID_HELPER: OnceLock<PathBuf> = OnceLock::new();
 /// whose `main` calls [`child::run_helper_if_asked`] first — the `mira` binary, as
 /// `/proc/self/exe` in the server (still the running binary if its file was replaced), the
 /// built `mira` in tests that run the server inside another binary. Process-wide, set once
-/// before the first session starts: a later call changes nothing and returns false. Unset,
-/// they stay copies of the server (as in a test harness that sets none).
+/// before the first session starts: a later call changes nothing and returns false. The
+/// binary is first run once as the helper would be ([`child::helper_answers`]); one that
+/// does not answer (it needs `LD_LIBRARY_PATH`, or the server runs under a loader or an
+/// emulator) is not used: false, with a warning. Unset, they stay copies of the server (as
+/// in a test harness that sets none).
 pub fn set_pid_helper(path: PathBuf) -> bool {
+    if PID_HELPER.get().is_some() {
+        return false;
+    }
+    if !child::helper_answers(&path) {
+        tracing::warn!(helper = %path.display(),
+            "the binary does not run as the PID-namespace helper: each session's supervisor and init stay copies of the server's memory");
+        return false;
+    }
     PID_HELPER.set(path).is_ok()
 }
 

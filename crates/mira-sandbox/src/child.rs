@@ -587,6 +587,33 @@ impl ChildPlan {
 /// `argv[1]` of the server's binary run as the supervisor or the init of a PID namespace
 /// (module docs, step 4; [`run_helper_if_asked`]).
 pub const HELPER_ARG: &CStr = c"__mira-pid-namespace-helper";
+
+/// The role [`helper_answers`] asks for: the helper exits [`PROBE_EXIT`] at once.
+const PROBE: &CStr = c"probe";
+
+/// What a helper asked to [`PROBE`] exits with.
+const PROBE_EXIT: i32 = 71;
+
+/// Whether `path` runs as the helper in the environment the forks give it (no environment
+/// but [`HELPER_ENV`]): `<path> HELPER_ARG probe` exits [`PROBE_EXIT`]. A binary that needs
+/// `LD_LIBRARY_PATH`, or a `/proc/self/exe` that is a loader or an emulator rather than the
+/// server, fails here instead of failing every session after its `execve`.
+pub fn helper_answers(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let mut cmd = std::process::Command::new(path);
+    cmd.arg(std::ffi::OsStr::from_bytes(HELPER_ARG.to_bytes()))
+        .arg(std::ffi::OsStr::from_bytes(PROBE.to_bytes()))
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for kv in HELPER_ENV {
+        if let Some((k, v)) = kv.to_str().ok().and_then(|s| s.split_once('=')) {
+            cmd.env(k, v);
+        }
+    }
+    cmd.status().is_ok_and(|s| s.code() == Some(PROBE_EXIT))
+}
 /// The helper's whole environment: mimalloc (the server binary's allocator; other
 /// allocators ignore them) without transparent huge pages nor memory committed ahead of
 /// use, which it decides before `main` — a 2 MiB huge page of its first arena alone would
@@ -631,16 +658,19 @@ pub fn run_helper_if_asked() {
         return;
     }
     let role = args.next();
-    let number = |a: Option<std::ffi::OsString>| a.and_then(|a| a.to_str()?.parse::<i32>().ok()).filter(|n| *n > 0);
-    let (pid, fd) = (number(args.next()), number(args.next()));
+    let number = |a: Option<std::ffi::OsString>| a.and_then(|a| a.to_str()?.parse::<i32>().ok());
+    // A pid of 1 or less would make the forwarding signal whole process groups (`kill(-1)`):
+    // refused, as is an init that is not pid 1 of its namespace.
+    let (pid, fd) = (number(args.next()).filter(|p| *p > 1), number(args.next()).filter(|f| *f > 2));
     let role = role.as_ref().map(|r| r.as_encoded_bytes());
     // SAFETY: this process is the helper image `exec_helper` started (single-threaded, the
     // pid its child, the descriptor its end of the status pipe); the loops make raw system
     // calls on integers and stack buffers.
     unsafe {
         match (role, pid, fd) {
+            (Some(r), _, _) if r == PROBE.to_bytes() => libc::_exit(PROBE_EXIT),
             (Some(r), Some(pid), Some(fd)) if r == SUPERVISE.to_bytes() => supervise(pid, fd),
-            (Some(r), Some(pid), Some(fd)) if r == INIT.to_bytes() => {
+            (Some(r), Some(pid), Some(fd)) if r == INIT.to_bytes() && libc::getpid() == 1 => {
                 // Kept across `execve` (prctl(2)) unless the exec changed the credentials (a
                 // set-user-ID binary or one with file capabilities): set again either way.
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
@@ -770,7 +800,8 @@ unsafe fn init_of_namespace(program: libc::pid_t, status: libc::c_int) -> ! {
 }
 
 /// Ends the calling process the way wait status `status` says a process ended: the same exit
-/// code, or the same signal (without a core dump: this is a copy of the server).
+/// code, or the same signal (without a core dump: without a helper image this is a copy of
+/// the server, with one it holds nothing worth dumping).
 unsafe fn end_as(status: libc::c_int) -> ! {
     // SAFETY: setrlimit/signal/sigprocmask/kill/_exit with integers and stack structs.
     unsafe {

@@ -120,11 +120,14 @@ pub fn system_folders() -> Vec<(PathBuf, Option<PathBuf>)> {
 }
 
 /// The system folders whose restricted entries are covered in every sandbox
-/// ([`restricted_under`]): configuration and add-on software, where keys and passwords live.
-pub const SYSTEM_SCANNED: [&str; 2] = ["/etc", "/opt"];
+/// ([`restricted_under`]): the configuration, where host keys and services' passwords live.
+/// (Not `/opt`: workspaces and software trees live there, and a tree a strict umask made
+/// unreadable to others is users' work, not a secret; its secrets are named with
+/// `--sandbox-hide`.)
+pub const SYSTEM_SCANNED: [&str; 1] = ["/etc"];
 
-/// Most entries [`system_secrets`] looks at under [`SYSTEM_SCANNED`] (a huge `/opt` is not
-/// walked whole; what lies past the limit is not covered, and a warning says so).
+/// Most entries [`system_secrets`] looks at under [`SYSTEM_SCANNED`] (what lies past the
+/// limit is not covered, and a warning says so).
 pub const SCAN_LIMIT: usize = 50_000;
 
 /// What every sandbox covers in the system folders, as real paths: [`SYSTEM_SECRETS`], and

@@ -167,8 +167,9 @@ pub struct Progress {
     pub context_id: Option<String>,
     /// (id, text) in order of first appearance.
     artifacts: Vec<(String, String)>,
-    /// Index of each artifact id in `artifacts`.
-    artifact_index: std::collections::HashMap<String, usize>,
+    /// Index in `artifacts` by the SHA-256 of each artifact's whole id (ids are shown cut,
+    /// [`cap_id`]; two that share their first 200 characters stay apart).
+    artifact_index: std::collections::HashMap<[u8; 32], usize>,
     /// The text of the last status message (an input-required question, a failure reason).
     pub status_text: String,
     /// A direct `Message` answer's text.
@@ -226,14 +227,16 @@ impl Progress {
     }
 
     fn artifact(&mut self, artifact: &Value, append: bool) {
-        let id = cap_id(artifact.get("artifactId").and_then(Value::as_str).unwrap_or(""));
+        use sha2::Digest;
+        let full = artifact.get("artifactId").and_then(Value::as_str).unwrap_or("");
+        let key: [u8; 32] = sha2::Sha256::digest(full.as_bytes()).into();
         let text = parts_text(artifact.get("parts"));
-        match self.artifact_index.get(&id).and_then(|i| self.artifacts.get_mut(*i)) {
+        match self.artifact_index.get(&key).and_then(|i| self.artifacts.get_mut(*i)) {
             Some((_, t)) if append => t.push_str(&text),
             Some((_, t)) => *t = text,
             None => {
-                self.artifact_index.insert(id.clone(), self.artifacts.len());
-                self.artifacts.push((id, text));
+                self.artifact_index.insert(key, self.artifacts.len());
+                self.artifacts.push((cap_id(full), text));
             }
         }
     }

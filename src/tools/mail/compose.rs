@@ -126,7 +126,8 @@ fn err(code: ErrorCode, message: impl Into<String>) -> ToolError {
 /// `header_injection`), and invisible characters that change how it reads (400
 /// `invalid_field`): bidirectional controls (an attachment `invoice\u{202E}fdp.exe` reads
 /// `invoiceexe.pdf` in the approval and to the recipient), zero-width spaces and joiners other
-/// than U+200D (which emoji sequences use), word joiners, the byte-order mark, the soft hyphen.
+/// than U+200D (which emoji sequences use), word joiners, the byte-order mark, the soft hyphen
+/// — and `=?` (an RFC 2047 encoded word, decoded by the reader's client into any of those).
 pub fn no_controls(field: &str, value: &str) -> Result<(), ToolError> {
     if let Some(c) = value.chars().find(|c| c.is_control()) {
         return Err(err(
@@ -151,6 +152,15 @@ pub fn no_controls(field: &str, value: &str) -> Result<(), ToolError> {
                 | '\u{FEFF}'
         )
     };
+    // An RFC 2047 encoded-word is sent as it is (lettre leaves ASCII words alone) and decoded
+    // by the recipient's client: what the approval showed would not be what is read.
+    if value.contains("=?") {
+        return Err(err(
+            ErrorCode::InvalidField,
+            format!("{field} contains \"=?\", the start of an encoded word, which mail clients decode; write the text itself"),
+        )
+        .with_details(serde_json::json!({"field": field})));
+    }
     if let Some(c) = value.chars().find(invisible) {
         return Err(err(
             ErrorCode::InvalidField,
@@ -461,6 +471,7 @@ mod tests {
             |subject: &str, atts: &[AttachmentInput]| validate(&fields(&to, subject, atts)).err().map(|e| e.code);
         assert_eq!(code("hi", &att("invoice\u{202E}fdp.exe")), Some(ErrorCode::InvalidField));
         assert_eq!(code("pay\u{200B}ment", &[]), Some(ErrorCode::InvalidField));
+        assert_eq!(code("=?utf-8?b?aW52b2ljZeKArmZkcC5leGU=?=", &[]), Some(ErrorCode::InvalidField));
         assert_eq!(code("family \u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467}", &att("a.txt")), None);
     }
 
