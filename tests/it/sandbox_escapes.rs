@@ -132,29 +132,10 @@ async fn restricted_system_files_are_hidden(backend: Backend) {
     let run = t.run(&alice).await;
     let (turn, _) = t.turn(&alice, &run, "run commands in a terminal").await;
     let script = format!("cat {} {}; echo finished", secret.display(), open.display());
-    let r = t
-        .call(
-            &alice,
-            &run,
-            &turn,
-            "terminal_session",
-            "call_0",
-            json!({"action": "start", "command": "sh", "args": ["-c", script], "settle_ms": 2000}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    let inv = r.body;
+    let input = json!({"action": "start", "command": "sh", "args": ["-c", script], "settle_ms": 2000});
+    let (inv, done) = approved(&t, &alice, (&run, &turn), "call_0", input).await;
     let hidden = inv["input"]["sandbox"]["hidden"].to_string();
     assert!(hidden.contains(&*secret.to_string_lossy()), "the approval shows the file covered: {inv}");
-    let g = t
-        .post(
-            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
-            &alice,
-            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
-        )
-        .await;
-    assert_eq!(g.status, StatusCode::OK, "{g:?}");
-    let done = t.wait_final(&alice, inv["invocation_id"].as_str().unwrap()).await;
     let text = done["result"]["output"]["output"].as_str().unwrap_or_default();
     assert!(text.contains("finished"), "{done}");
     assert!(!text.contains("HIDDEN-VALUE"), "a session read a file of /etc others may not read: {done}");
@@ -195,35 +176,8 @@ async fn a_session_has_its_own_pid_and_ipc_namespaces(backend: Backend) {
     let script = format!(
         "echo pid=$$; kill -0 {server} 2>/dev/null && echo SIGNAL-SENT || echo SIGNAL-DENIED; ipcs -m; echo finished; exec sleep 600"
     );
-    let r = t
-        .call(
-            &alice,
-            &run,
-            &turn,
-            "terminal_session",
-            "call_0",
-            json!({"action": "start", "command": "sh", "args": ["-c", script], "settle_ms": 2000}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    let inv = r.body;
-    let g = t
-        .post(
-            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
-            &alice,
-            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
-        )
-        .await;
-    assert_eq!(g.status, StatusCode::OK, "{g:?}");
-    let id = inv["invocation_id"].as_str().unwrap();
-    let mut done = Value::Null;
-    for _ in 0..400 {
-        done = t.get(&format!("/v1/invocations/{id}"), &alice).await.body;
-        if !matches!(done["status"].as_str().unwrap_or(""), "queued" | "running" | "awaiting_approval") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let input = json!({"action": "start", "command": "sh", "args": ["-c", script], "settle_ms": 2000});
+    let (_, done) = approved(&t, &alice, (&run, &turn), "call_0", input).await;
     // SAFETY: removes the segment made above.
     unsafe { libc::shmctl(shm, libc::IPC_RMID, std::ptr::null_mut()) };
     let text = done["result"]["output"]["output"].as_str().unwrap_or_default();
@@ -256,26 +210,7 @@ async fn a_session_has_its_own_pid_and_ipc_namespaces(backend: Backend) {
     assert!(cmdline(program[0]).starts_with(b"sleep\x00600\x00"), "the program runs `{}`", shown(program[0]));
     let session = done["result"]["output"]["session_id"].as_str().expect("session id").to_owned();
     let input = json!({"action": "kill", "session_id": session});
-    let r = t.call(&alice, &run, &turn, "terminal_session", "call_1", input).await;
-    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
-    let inv = r.body;
-    let g = t
-        .post(
-            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
-            &alice,
-            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
-        )
-        .await;
-    assert_eq!(g.status, StatusCode::OK, "{g:?}");
-    let id = inv["invocation_id"].as_str().unwrap();
-    let mut killed = Value::Null;
-    for _ in 0..400 {
-        killed = t.get(&format!("/v1/invocations/{id}"), &alice).await.body;
-        if !matches!(killed["status"].as_str().unwrap_or(""), "queued" | "running" | "awaiting_approval") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (_, killed) = approved(&t, &alice, (&run, &turn), "call_1", input).await;
     assert_eq!(killed["result"]["output"]["state"], "killed", "{killed}");
     // Gone, or a zombie nobody reaped yet.
     let stat = |pid: u64| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -289,6 +224,24 @@ async fn a_session_has_its_own_pid_and_ipc_namespaces(backend: Backend) {
     for p in [supervisor, init[0], program[0]] {
         assert!(gone(p), "process {p} outlived the kill of its session: {}", stat(p));
     }
+}
+
+/// Calls `terminal_session` with `input` as `call_id` in `(run, turn)`, grants its approval
+/// and waits for its end: (the invocation as frozen, as it ended).
+async fn approved(t: &TestApp, token: &str, (run, turn): (&str, &str), call_id: &str, input: Value) -> (Value, Value) {
+    let r = t.call(token, run, turn, "terminal_session", call_id, input).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let inv = r.body;
+    let g = t
+        .post(
+            &format!("/v1/approvals/{}/grant", inv["approval_id"].as_str().unwrap()),
+            token,
+            json!({"tool_id": inv["tool_id"], "tool_call_id": inv["tool_call_id"], "input_hash": inv["input_hash"]}),
+        )
+        .await;
+    assert_eq!(g.status, StatusCode::OK, "{g:?}");
+    let done = t.wait_final(token, inv["invocation_id"].as_str().unwrap()).await;
+    (inv, done)
 }
 
 /// The pids whose parent is `parent` (from `/proc/<pid>/stat`).
