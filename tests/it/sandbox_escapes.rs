@@ -136,8 +136,8 @@ async fn restricted_system_files_are_hidden(backend: Backend) {
     let (inv, done) = approved(&t, &alice, (&run, &turn), "call_0", input).await;
     let hidden = inv["input"]["sandbox"]["hidden"].to_string();
     assert!(hidden.contains(&*secret.to_string_lossy()), "the approval shows the file covered: {inv}");
-    let text = done["result"]["output"]["output"].as_str().unwrap_or_default();
-    assert!(text.contains("finished"), "{done}");
+    let text = &output_until(&t, &alice, &done, "finished").await;
+    assert!(text.contains("finished"), "{text}\n{done}");
     assert!(!text.contains("HIDDEN-VALUE"), "a session read a file of /etc others may not read: {done}");
     assert!(text.contains("SHOWN-VALUE"), "a readable file of /etc stays readable: {done}");
 }
@@ -178,10 +178,10 @@ async fn a_session_has_its_own_pid_and_ipc_namespaces(backend: Backend) {
     );
     let input = json!({"action": "start", "command": "sh", "args": ["-c", script], "settle_ms": 2000});
     let (_, done) = approved(&t, &alice, (&run, &turn), "call_0", input).await;
+    let text = &output_until(&t, &alice, &done, "finished").await;
     // SAFETY: removes the segment made above.
     unsafe { libc::shmctl(shm, libc::IPC_RMID, std::ptr::null_mut()) };
-    let text = done["result"]["output"]["output"].as_str().unwrap_or_default();
-    assert!(text.contains("finished"), "{done}");
+    assert!(text.contains("finished"), "{text}\n{done}");
     assert!(text.contains("pid=2"), "the session's shell is pid 2 of its own namespace: {done}");
     assert!(text.contains("SIGNAL-DENIED") && !text.contains("SIGNAL-SENT"), "{done}");
     assert!(!text.contains(&format!("0x{key:08x}")), "the host's SysV segment is visible: {done}");
@@ -242,6 +242,22 @@ async fn approved(t: &TestApp, token: &str, (run, turn): (&str, &str), call_id: 
     assert_eq!(g.status, StatusCode::OK, "{g:?}");
     let done = t.wait_final(token, inv["invocation_id"].as_str().unwrap()).await;
     (inv, done)
+}
+
+/// The stored output of the session `done` (a start's final invocation) started, once it
+/// holds `needle` (on a loaded machine a session may stay quiet past its start's settle
+/// time), or as it is after 30 s.
+async fn output_until(t: &TestApp, token: &str, done: &Value, needle: &str) -> String {
+    let session = done["result"]["output"]["session_id"].as_str().unwrap_or_default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = t.get(&format!("/v1/terminal-sessions/{session}/output"), token).await;
+        let text = r.body["output"].as_str().unwrap_or_default().to_owned();
+        if text.contains(needle) || std::time::Instant::now() > deadline {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The pids whose parent is `parent` (from `/proc/<pid>/stat`).
