@@ -672,42 +672,9 @@ mod tests {
         std::fs::rename(&ws, base.join("ws-moved")).unwrap();
         std::os::unix::fs::symlink(&victim, &ws).unwrap();
         let abi = landlock_abi();
-        let system = system_folders();
-        let read_only: Vec<String> =
-            system.iter().filter(|(_, l)| l.is_none()).map(|(p, _)| p.to_string_lossy().into_owned()).collect();
         let read_write = vec![ws_s.clone()];
         let run = |pinned: &[Pinned<'_>]| {
-            let ops = mount_ops(&View {
-                stage: &stage,
-                system: &system,
-                read_only: &read_only,
-                read_write: &read_write,
-                pinned,
-                hidden: &[],
-                extra_hidden: &[],
-                tmp_bytes: 1 << 20,
-            })
-            .unwrap();
-            let launch = Launch::new(PlanParts {
-                pty_session: false,
-                cgroup_procs: Vec::new(),
-                mounts: Some(child::MountPlan {
-                    userns: (!is_root()).then(own_user_maps),
-                    new_net: false,
-                    new_pid: true,
-                    pid_helper: None,
-                    new_ipc: true,
-                    stage: cstr(&stage).unwrap(),
-                    root_data: cstr(ROOT_DATA).unwrap(),
-                    ops,
-                }),
-                cwd: cstr("/").unwrap(),
-                ruleset: fs_ruleset_pinned(abi, &read_only, &read_write, pinned).unwrap(),
-                child_rules: view_child_rules(abi).unwrap(),
-                net_ruleset: None,
-                pinned: Vec::new(),
-            })
-            .unwrap();
+            let launch = view_launch(&stage, abi, &read_write, pinned, true);
             let mut cmd = Command::new("/bin/sh");
             cmd.args(["-c", &format!("cat {ws_s}/secret")])
                 .env_clear()
@@ -731,12 +698,10 @@ mod tests {
         assert!(check_pinned(&pinned_fd, &ws_s).is_err(), "the parent's check sees the swap too");
     }
 
-    /// Runs `sh -c script` in a private view of the system folders whose Landlock ruleset is
-    /// of ABI 5 at most (no signal scoping), with (`isolate`) or without private PID and IPC
-    /// namespaces; (status, stdout + stderr).
-    fn run_isolated(stage: &Path, script: &str, isolate: bool) -> (std::process::ExitStatus, String) {
-        use std::process::{Command, Stdio};
-        let abi = landlock_abi().min(5);
+    /// A launch into a private view of the system folders (read-only) and `read_write` (those
+    /// in `pinned` from their descriptors) staged at `stage`, with a Landlock ruleset of ABI
+    /// `abi`, with (`isolate`) or without private PID and IPC namespaces; cwd `/`.
+    fn view_launch(stage: &Path, abi: i32, read_write: &[String], pinned: &[Pinned<'_>], isolate: bool) -> Launch {
         let system = system_folders();
         let read_only: Vec<String> =
             system.iter().filter(|(_, l)| l.is_none()).map(|(p, _)| p.to_string_lossy().into_owned()).collect();
@@ -744,14 +709,14 @@ mod tests {
             stage,
             system: &system,
             read_only: &read_only,
-            read_write: &[],
-            pinned: &[],
+            read_write,
+            pinned,
             hidden: &[],
             extra_hidden: &[],
             tmp_bytes: 1 << 20,
         })
         .unwrap();
-        let launch = Launch::new(PlanParts {
+        Launch::new(PlanParts {
             pty_session: false,
             cgroup_procs: Vec::new(),
             mounts: Some(child::MountPlan {
@@ -765,12 +730,20 @@ mod tests {
                 ops,
             }),
             cwd: cstr("/").unwrap(),
-            ruleset: fs_ruleset(abi, &read_only, &[]).unwrap(),
+            ruleset: fs_ruleset_pinned(abi, &read_only, read_write, pinned).unwrap(),
             child_rules: view_child_rules(abi).unwrap(),
             net_ruleset: None,
             pinned: Vec::new(),
         })
-        .unwrap();
+        .unwrap()
+    }
+
+    /// Runs `sh -c script` in a private view of the system folders whose Landlock ruleset is
+    /// of ABI 5 at most (no signal scoping), with (`isolate`) or without private PID and IPC
+    /// namespaces; (status, stdout + stderr).
+    fn run_isolated(stage: &Path, script: &str, isolate: bool) -> (std::process::ExitStatus, String) {
+        use std::process::{Command, Stdio};
+        let launch = view_launch(stage, landlock_abi().min(5), &[], &[], isolate);
         let mut cmd = Command::new("/bin/sh");
         cmd.args(["-c", script])
             .env_clear()
