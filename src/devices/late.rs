@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use hmac::{KeyInit, Mac};
 use mira_core::remote::{JobOutcome, JobResult};
 use serde_json::{Value, json};
 
@@ -23,6 +24,64 @@ use crate::store::{Store, StoreError};
 pub const LATE_RESULT_KIND: &str = "late_device_result";
 /// Most of the tool's own evidence entries listed in the provenance.
 const MAX_LISTED_EVIDENCE: usize = 32;
+
+/// Job nonces that name what they were issued for: 16 random bytes and an HMAC-SHA-256
+/// (RFC 2104) of them with the device and the invocation, under a key derived from the
+/// control plane's job-signing key (so every replica, sharing `MIRA_SECRET_KEY`, checks what
+/// another issued, also after a restart). A runner journals the nonce of every execution it
+/// starts and delivers a late result with it; a late result whose nonce was not issued for
+/// its device and invocation is dropped — a runner cannot attach what it claims to another
+/// of its device's calls than the one it was sent.
+///
+/// Shape: 96 lowercase hex digits (32 random, then the MAC's first 32 bytes as 64).
+pub struct JobNonces {
+    /// The 32-byte key zero-padded to SHA-256's block, as HMAC pads a shorter key.
+    key: [u8; 64],
+}
+
+impl JobNonces {
+    /// Nonces keyed from `signing_key` (its 32 secret bytes, hashed with a label of this use).
+    pub fn new(signing_key: &mira_core::remote::SigningKey) -> Self {
+        use sha2::Digest;
+        let derived =
+            sha2::Sha256::new().chain_update(b"mira job nonce mac\0").chain_update(signing_key.to_bytes()).finalize();
+        let mut key = [0u8; 64];
+        key[..32].copy_from_slice(&derived);
+        Self { key }
+    }
+
+    fn mac(&self, device_id: &str, invocation_id: &str, random: &str) -> [u8; 32] {
+        let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new(&self.key.into());
+        for part in [device_id, invocation_id, random] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part.as_bytes());
+        }
+        mac.finalize().into_bytes().into()
+    }
+
+    /// A new nonce for a job of `invocation_id` (empty for a prepare or canonicalize) sent to
+    /// `device_id`.
+    pub fn issue(&self, device_id: &str, invocation_id: &str) -> String {
+        use rand::RngExt;
+        let mut random = [0u8; 16];
+        rand::rng().fill(&mut random);
+        let random = hex::encode(random);
+        let mac = hex::encode(self.mac(device_id, invocation_id, &random));
+        format!("{random}{mac}")
+    }
+
+    /// Whether `nonce` was issued by [`JobNonces::issue`] for `device_id` and `invocation_id`
+    /// (compared in constant time).
+    pub fn names(&self, device_id: &str, invocation_id: &str, nonce: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        if nonce.len() != 96 || !nonce.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return false;
+        }
+        let (random, mac) = nonce.split_at(32);
+        let Ok(mac) = hex::decode(mac) else { return false };
+        self.mac(device_id, invocation_id, random).ct_eq(&mac[..]).into()
+    }
+}
 
 /// What a late outcome says: `succeeded` or `failed`, and the JSON it returned.
 fn describe(outcome: &JobOutcome) -> Option<(&'static str, Value, Option<Value>)> {
@@ -134,6 +193,23 @@ mod tests {
 
     fn result(outcome: JobOutcome) -> JobResult {
         JobResult { nonce: "n".into(), invocation_id: "inv_1".into(), outcome, late: true }
+    }
+
+    #[test]
+    fn a_nonce_names_its_device_and_invocation_only() {
+        let nonces = JobNonces::new(&mira_core::remote::SigningKey::from_bytes(&[7; 32]));
+        let nonce = nonces.issue("dev_1", "inv_1");
+        assert_eq!(nonce.len(), 96);
+        assert!(nonces.names("dev_1", "inv_1", &nonce));
+        assert!(!nonces.names("dev_1", "inv_2", &nonce));
+        assert!(!nonces.names("dev_2", "inv_1", &nonce));
+        assert!(!nonces.names("dev_1", "inv_1", &nonce.to_uppercase()));
+        assert!(!nonces.names("dev_1", "inv_1", &nonce[..95]));
+        // Fields are length-prefixed: moving a boundary changes the MAC.
+        assert!(!nonces.names("dev_1i", "nv_1", &nonce));
+        let other = JobNonces::new(&mira_core::remote::SigningKey::from_bytes(&[8; 32]));
+        assert!(!other.names("dev_1", "inv_1", &nonce));
+        assert_ne!(nonces.issue("dev_1", "inv_1"), nonce);
     }
 
     #[test]

@@ -210,6 +210,8 @@ pub struct DeviceHub {
     terminal_wake: tokio::sync::watch::Sender<u64>,
     /// [`LATE_ATTACH_SLOTS`].
     late_slots: Arc<tokio::sync::Semaphore>,
+    /// Issues and checks the jobs' nonces (a late result must carry one issued for its call).
+    nonces: late::JobNonces,
     node: Arc<Node>,
     client: reqwest::Client,
     /// DevTools channels to devices' browsers, by channel id ([`cdp`]).
@@ -367,6 +369,7 @@ impl DeviceHub {
         let client = crate::net::cluster_client()?;
         Ok(Self {
             store,
+            nonces: late::JobNonces::new(&key),
             key,
             settings,
             inner: Mutex::new(Inner::default()),
@@ -393,6 +396,11 @@ impl DeviceHub {
     /// The control plane's public key (hex), which runners pin at enrollment.
     pub fn public_key(&self) -> String {
         mira_core::remote::public_hex(&self.key)
+    }
+
+    /// The jobs' nonces: what a late result's nonce must have been issued by.
+    pub fn nonces(&self) -> &late::JobNonces {
+        &self.nonces
     }
 
     /// The settings.
@@ -618,7 +626,8 @@ impl DeviceHub {
     /// Takes a job result from the connection holding `session` in this process: the
     /// waiting call gets it. A result nobody waits for any more (the call ended meanwhile:
     /// `interrupted` with `outcome_unknown`, or cancelled) is attached to its invocation as
-    /// evidence of kind `late_device_result` ([`late::attach`]); its status stays.
+    /// evidence of kind `late_device_result` ([`late::attach`]) when its nonce was issued for
+    /// that device and invocation ([`late::JobNonces`]; else dropped); its status stays.
     pub async fn deliver_here(&self, session: &str, result: JobResult) -> Result<(), HubError> {
         // A result does not renew the lease: only a heartbeat does, which asks the store
         // whether the device is still this connection's (a revoked runner posting results
@@ -656,6 +665,11 @@ impl DeviceHub {
                 {
                     self.cut_connection_here(&device, &conn.session_sha, "no longer the device's connection");
                     return Err(Self::session_refused());
+                }
+                if !self.nonces.names(&device, &result.invocation_id, &result.nonce) {
+                    tracing::warn!(device = %device, invocation = %result.invocation_id,
+                        "a runner delivered a late result whose nonce was not issued for that call; dropped");
+                    return Ok(());
                 }
                 tracing::warn!(device = %device, invocation = %result.invocation_id, late = result.late,
                     "a runner delivered a result no call waits for any more; attaching it to its invocation");
@@ -1041,7 +1055,7 @@ impl DeviceHub {
                 "here: the runner connected here was replaced (enrolled with a new key, or connected again elsewhere); nothing was sent to it",
             ));
         }
-        let nonce = random_hex(16);
+        let nonce = self.nonces.issue(device_id, &spec.invocation_id);
         let envelope = JobEnvelope {
             version: PROTOCOL_VERSION,
             device_id: device_id.to_owned(),

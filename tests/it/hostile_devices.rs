@@ -316,6 +316,7 @@ async fn a_runner_speaks_only_for_its_own_device(backend: Backend) {
     let job = a.next(Duration::from_secs(10)).await.expect("the freeze's prepare job");
     let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
     assert_eq!(envelope["phase"], "prepare", "{envelope}");
+    let prepare_nonce = envelope["nonce"].as_str().unwrap().to_owned();
     let prepared = json!({"nonce": envelope["nonce"], "invocation_id": "", "late": false,
         "outcome": {"status": "prepared", "input": {"path": "notes.txt"}, "preview": {}}});
     assert_eq!(result_post(&t, &a.session, prepared).await.0, StatusCode::NO_CONTENT);
@@ -325,6 +326,7 @@ async fn a_runner_speaks_only_for_its_own_device(backend: Backend) {
     let job = a.next(Duration::from_secs(10)).await.expect("the execution's job");
     let envelope: Value = serde_json::from_str(job["envelope"].as_str().unwrap()).unwrap();
     assert_eq!((envelope["phase"].as_str(), envelope["invocation_id"].as_str()), (Some("execute"), Some(&*on_device)));
+    let execute_nonce = envelope["nonce"].as_str().unwrap().to_owned();
     let error = json!({"nonce": envelope["nonce"], "invocation_id": on_device, "late": false,
         "outcome": {"status": "error", "error": {"code": "not_found", "message": "gone", "details": null}}});
     assert_eq!(result_post(&t, &a.session, error).await.0, StatusCode::NO_CONTENT);
@@ -367,14 +369,29 @@ async fn a_runner_speaks_only_for_its_own_device(backend: Backend) {
     // Bob's runner names alice's device call; alice's runner names the host call interrupted
     // after it started (a host tool: never sent to her device), the call cancelled before it
     // started, and then her device call.
-    let (status, _) = result_post(&t, &b.session, late_output("n-bob", &on_device, "bob")).await;
+    // Each with a nonce issued for that device and call, as if it had been sent (the checks
+    // after the nonce's are what this tests).
+    let nonce = |device: &str, inv: &str| t.app().devices.nonces().issue(device, inv);
+    let (status, _) = result_post(&t, &b.session, late_output(&nonce(&b.device, &on_device), &on_device, "bob")).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
-    let (status, _) = result_post(&t, &a.session, late_output("n-a0", &interrupted, "alice")).await;
+    let (status, _) =
+        result_post(&t, &a.session, late_output(&nonce(&a.device, &interrupted), &interrupted, "alice")).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
-    let (status, _) = result_post(&t, &a.session, late_output("n-a1", &cancelled, "alice")).await;
+    let (status, _) =
+        result_post(&t, &a.session, late_output(&nonce(&a.device, &cancelled), &cancelled, "alice")).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
+    // Her runner names her device call with nonces not issued for its execution: one made
+    // up, the prepare's (issued for no invocation), one issued for her other call, and the
+    // execution's with its last digit changed.
+    let mut altered = execute_nonce.clone();
+    let last = if altered.ends_with('0') { "1" } else { "0" };
+    altered.replace_range(95.., last);
+    for nonce in ["n-a2".to_owned(), prepare_nonce, nonce(&a.device, &interrupted), altered] {
+        let (status, _) = result_post(&t, &a.session, late_output(&nonce, &on_device, "forged")).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, _) = result_post(&t, &a.session, late_output("n-a2", &on_device, "alice")).await;
+    let (status, _) = result_post(&t, &a.session, late_output(&execute_nonce, &on_device, "alice")).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let start = Instant::now();
     let late = loop {
@@ -389,7 +406,8 @@ async fn a_runner_speaks_only_for_its_own_device(backend: Backend) {
     let late_again = late_kinds(&t, &alice, &on_device).await;
     assert_eq!(late_again.len(), 1, "{late_again:#?}");
     assert_eq!(late[0]["provenance"]["device_id"], a.device.as_str(), "{late:#?}");
-    assert!(late[0]["excerpt"].as_str().unwrap().contains("alice"), "{late:#?}");
+    let excerpt = late[0]["excerpt"].as_str().unwrap();
+    assert!(excerpt.contains("alice") && !excerpt.contains("forged"), "{late:#?}");
     let on_host_call = late_kinds(&t, &alice, &interrupted).await;
     assert!(on_host_call.is_empty(), "a late device result landed on a host tool's call: {on_host_call:#?}");
     let on_cancelled = late_kinds(&t, &alice, &cancelled).await;
