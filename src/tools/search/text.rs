@@ -88,9 +88,7 @@ pub fn html_to_text(html: &str) -> String {
         let name: String = tag.chars().take_while(|c| c.is_ascii_alphanumeric()).collect::<String>().to_lowercase();
         rest = &tail[gt + 1..];
         if (name == "script" || name == "style") && !tail[1..].starts_with('/') {
-            let close = format!("</{name}");
-            let lower = rest.to_ascii_lowercase();
-            rest = match lower.find(&close) {
+            rest = match find_close_tag(rest, &name) {
                 Some(i) => rest[i..].find('>').map_or("", |j| &rest[i + j + 1..]),
                 None => "",
             };
@@ -99,6 +97,17 @@ pub fn html_to_text(html: &str) -> String {
     }
     out.push_str(rest);
     collapse_whitespace(&decode_entities(&out))
+}
+
+/// Where the first `</name` (ASCII case ignored) starts in `text`. Scans from the start
+/// up to that point only, without copying: a document of many `<script></script>` pairs
+/// stays linear (lower-casing the rest at each one was quadratic — a 1 MiB feed field took
+/// seconds).
+fn find_close_tag(text: &str, name: &str) -> Option<usize> {
+    let bytes = text.as_bytes();
+    text.match_indices("</")
+        .map(|(i, _)| i)
+        .find(|&i| bytes.get(i + 2..i + 2 + name.len()).is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes())))
 }
 
 /// `text` with every run of whitespace replaced by one space, trimmed.
@@ -164,6 +173,17 @@ mod tests {
         assert_eq!(html_to_text("a < b and c > d"), "a < b and c > d");
         assert_eq!(html_to_text("<STYLE>p{}</STYLE>visible"), "visible");
         assert_eq!(html_to_text("x <unclosed"), "x <unclosed");
+    }
+
+    #[test]
+    fn many_script_blocks_take_linear_time() {
+        assert_eq!(html_to_text("a<ScRiPt>x</sCrIpT >b<style>y</STYLE>c<script>never closed"), "a b c");
+        // 4 MiB of empty script blocks: quadratic work (the rest lower-cased at each block)
+        // would take minutes here; linear work takes milliseconds.
+        let html = "<script></script>".repeat(4 << 20 >> 4) + "end";
+        let started = std::time::Instant::now();
+        assert_eq!(html_to_text(&html), "end");
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "{:?}", started.elapsed());
     }
 
     #[test]

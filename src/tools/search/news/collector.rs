@@ -45,6 +45,8 @@ pub struct Collector {
     fetch_timeout: Duration,
     max_feed_bytes: u64,
     max_items: usize,
+    /// Most items a source keeps (`--news-max-items-per-source`).
+    keep: i64,
     concurrency: usize,
     wake: Notify,
     /// Items inserted since the store's search statistics were last refreshed.
@@ -142,6 +144,7 @@ impl Collector {
             fetch_timeout,
             max_feed_bytes: config.news_max_feed_bytes,
             max_items: config.news_max_items_per_fetch.max(1),
+            keep: i64::try_from(config.news_max_items_per_source.max(1)).unwrap_or(i64::MAX),
             concurrency: config.news_concurrency.max(1),
             wake: Notify::new(),
             inserted_since_analyze: std::sync::atomic::AtomicU64::new(0),
@@ -269,11 +272,20 @@ impl Collector {
                     .map(|()| FetchOutcome::NotModified)
             }
             Ok(Response::Ok { body, etag, last_modified, content_type }) => {
-                match feed::parse(&body, content_type.as_deref(), &source.url, self.max_items) {
+                // Parsing up to the feed cap (16 MiB by default) is CPU work: on a blocking
+                // thread, so that a large or hostile feed never holds a worker the API needs.
+                let bytes = body.len();
+                let (url, max_items) = (source.url.clone(), self.max_items);
+                let parsed = tokio::task::spawn_blocking(move || {
+                    feed::parse(&body, content_type.as_deref(), &url, max_items).map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("the parser stopped: {e}")));
+                match parsed {
                     Ok(parsed) => {
                         let next = crate::ids::now_plus_ms(millis(interval));
                         let last = json!({
-                            "at": now, "status": 200, "duration_ms": duration_ms, "bytes": body.len(),
+                            "at": now, "status": 200, "duration_ms": duration_ms, "bytes": bytes,
                             "entries": parsed.entries, "truncated": parsed.truncated, "skipped": parsed.skipped,
                             "max_items": self.max_items,
                         });
@@ -285,6 +297,7 @@ impl Collector {
                             feed_title: parsed.title.as_deref(),
                             feed_format: parsed.format,
                             items: &parsed.items,
+                            keep: self.keep,
                         };
                         self.store.record_news_fetch(&source.id, &rec, &last).await.map(FetchOutcome::Stored)
                     }
