@@ -152,6 +152,9 @@ pub struct FetchRecord<'a> {
     pub feed_format: &'a str,
     /// Items to upsert, deduplicated by `dedup_key` already.
     pub items: &'a [NewNewsItem],
+    /// Most items the source keeps: after the upsert, older ones (by `effective_at`, then
+    /// id) beyond this many are removed in the same transaction.
+    pub keep: i64,
 }
 
 /// How an upsert went.
@@ -163,6 +166,8 @@ pub struct UpsertCounts {
     pub updated: u64,
     /// Items seen before without change.
     pub unchanged: u64,
+    /// Older items removed to keep the source within its limit ([`FetchRecord::keep`]).
+    pub removed: u64,
 }
 
 /// Sort order of a news search.
@@ -230,6 +235,9 @@ pub struct NewsHit {
 /// Items per upsert statement (14 parameters each; well under SQLite's 32,766 and
 /// Postgres' 65,535 parameter limits).
 pub const UPSERT_CHUNK: usize = 100;
+
+/// Most older items one fetch removes to keep its source within [`FetchRecord::keep`].
+const MAX_REMOVED_PER_FETCH: i64 = 100_000;
 
 /// Both back-ends rank (BM25 on SQLite, `ts_rank_cd` on Postgres) only the newest this many
 /// matches of a query (by `effective_at`, then id, both descending): ranking every match of a
@@ -569,7 +577,22 @@ impl Store {
             counts.updated += returned.len() as u64 - inserted;
             counts.unchanged += (chunk.len() - returned.len()) as u64;
         }
+        // A feed that brings new ids at every fetch must not fill the disk every user shares:
+        // the source keeps its newest `keep` items. (At most `MAX_REMOVED_PER_FETCH` go per
+        // fetch, so a lowered limit is reached over a few fetches.)
+        counts.removed = sqlx::query(
+            "DELETE FROM news_items WHERE source_id = $1 AND id IN (
+                 SELECT id FROM news_items WHERE source_id = $1
+                 ORDER BY effective_at DESC, id DESC LIMIT $3 OFFSET $2)",
+        )
+        .bind(source_id)
+        .bind(rec.keep.max(1))
+        .bind(MAX_REMOVED_PER_FETCH)
+        .execute(tx.conn())
+        .await?
+        .rows_affected();
         let mut last_fetch = last_fetch.clone();
+        last_fetch["removed"] = counts.removed.into();
         last_fetch["inserted"] = counts.inserted.into();
         last_fetch["updated"] = counts.updated.into();
         last_fetch["unchanged"] = counts.unchanged.into();

@@ -569,6 +569,7 @@ async fn the_store_reads_the_query_language_and_takes_concurrent_fetches(backend
                 feed_title: None,
                 feed_format: "rss",
                 items: &items,
+                keep: 10_000,
             };
             store.record_news_fetch(&id, &rec, &json!({})).await.unwrap()
         })
@@ -668,6 +669,7 @@ async fn search_ranks_the_newest_matches(backend: Backend) {
                 feed_title: None,
                 feed_format: "rss",
                 items: &items,
+                keep: 10_000,
             };
             store.record_news_fetch(&id, &rec, &json!({})).await.unwrap();
         }
@@ -776,6 +778,7 @@ async fn phrases_find_the_same_items_as_a_scan(backend: Backend) {
         feed_title: None,
         feed_format: "rss",
         items: &items,
+        keep: 10_000,
     };
     store.record_news_fetch(&source.id, &rec, &json!({})).await.unwrap();
     store.refresh_news_statistics().await.unwrap();
@@ -951,7 +954,64 @@ async fn per_user_limits_hold_under_concurrent_creates(backend: Backend) {
     assert!(store.create_news_source_within(&shared, 0).await.unwrap());
 }
 
+/// A source keeps its newest `keep` items: a feed that brings new ids at every fetch (a
+/// hostile one, or a busy one) does not grow the table without end. The removal happens in
+/// the fetch's transaction, oldest (by publication time) first, and the source's count
+/// follows.
+async fn a_source_keeps_its_newest_items_only(backend: Backend) {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = common::TestDb::new(backend, tmp.path()).await;
+    let store = mira::server::open_store(tmp.path(), &db.url).await.unwrap();
+    let source = mira::store::NewsSourceRow::new(None, "s".into(), "http://127.0.0.1:9/p".into(), 60);
+    store.create_news_source(&source).await.unwrap();
+    let base = chrono::DateTime::parse_from_rfc3339("2025-01-01T00:00:00Z").unwrap().with_timezone(&chrono::Utc);
+    let item = |i: i64| mira::store::NewNewsItem {
+        dedup_key: format!("guid:{i}"),
+        guid: Some(format!("{i}")),
+        url: None,
+        title: format!("item {i}"),
+        summary: String::new(),
+        content: String::new(),
+        author: None,
+        published_at: Some(mira::ids::format_time(base + chrono::Duration::minutes(i))),
+        content_sha256: mira::evidence::sha256_hex(format!("{i}").as_bytes()),
+    };
+    let mut removed = Vec::new();
+    for fetch in 0..4i64 {
+        // Each fetch: 4 new ids, listed newest last; one of them older than all kept.
+        let items: Vec<_> =
+            [fetch * 10 + 1, fetch * 10 + 2, fetch * 10 + 3, fetch - 100].into_iter().map(item).collect();
+        let now = mira::ids::now();
+        let rec = mira::store::FetchRecord {
+            now: &now,
+            next_fetch_at: &now,
+            etag: None,
+            last_modified: None,
+            feed_title: None,
+            feed_format: "rss",
+            items: &items,
+            keep: 5,
+        };
+        removed.push(store.record_news_fetch(&source.id, &rec, &json!({})).await.unwrap().removed);
+    }
+    assert_eq!(removed, [0, 3, 4, 4], "removed per fetch");
+    let row = store.news_source(&source.id).await.unwrap().unwrap();
+    assert_eq!(row.item_count, 5);
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
+    let mut kept: Vec<String> = sqlx::query_scalar("SELECT guid FROM news_items WHERE source_id = $1")
+        .bind(&source.id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    kept.sort();
+    assert_eq!(kept, ["22", "23", "31", "32", "33"].map(String::from), "the newest five stay");
+    pool.close().await;
+    store.close().await;
+}
+
 both_backends!(
+    a_source_keeps_its_newest_items_only,
     per_user_limits_hold_under_concurrent_creates,
     a_non_admins_feed_reaches_no_internal_address_at_fetch_time,
     phrases_find_the_same_items_as_a_scan,

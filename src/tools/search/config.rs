@@ -49,6 +49,8 @@ const DEFAULT_NEWS_MIN_INTERVAL_SECS: u64 = 60;
 const DEFAULT_NEWS_FETCH_TIMEOUT_SECS: u64 = 30;
 const DEFAULT_NEWS_MAX_FEED_BYTES: u64 = 16 * 1024 * 1024;
 const DEFAULT_NEWS_MAX_ITEMS_PER_FETCH: usize = 1000;
+/// Default of `--news-max-items-per-source`.
+const DEFAULT_NEWS_MAX_ITEMS_PER_SOURCE: usize = 10_000;
 const DEFAULT_NEWS_CONCURRENCY: usize = 4;
 
 /// Web search providers for every user (deployment-wide connections) and the limits of
@@ -105,6 +107,11 @@ pub struct SearchConfig {
     /// Most entries stored from one fetch (the first ones in document order).
     #[arg(long, env = "MIRA_NEWS_MAX_ITEMS_PER_FETCH", default_value_t = DEFAULT_NEWS_MAX_ITEMS_PER_FETCH)]
     pub news_max_items_per_fetch: usize,
+    /// Most items a source keeps: after each fetch its older items beyond this many (by
+    /// publication time, else collection time) are removed. A feed that brings new ids at
+    /// every fetch cannot fill the disk all users share.
+    #[arg(long, env = "MIRA_NEWS_MAX_ITEMS_PER_SOURCE", default_value_t = DEFAULT_NEWS_MAX_ITEMS_PER_SOURCE)]
+    pub news_max_items_per_source: usize,
     /// Feeds fetched at once by this server.
     #[arg(long, env = "MIRA_NEWS_CONCURRENCY", default_value_t = DEFAULT_NEWS_CONCURRENCY)]
     pub news_concurrency: usize,
@@ -129,6 +136,7 @@ impl Default for SearchConfig {
             news_fetch_timeout_secs: DEFAULT_NEWS_FETCH_TIMEOUT_SECS,
             news_max_feed_bytes: DEFAULT_NEWS_MAX_FEED_BYTES,
             news_max_items_per_fetch: DEFAULT_NEWS_MAX_ITEMS_PER_FETCH,
+            news_max_items_per_source: DEFAULT_NEWS_MAX_ITEMS_PER_SOURCE,
             news_concurrency: DEFAULT_NEWS_CONCURRENCY,
         }
     }
