@@ -175,6 +175,18 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
         .with_context(|| format!("workspace {} does not exist", settings.workspace.display()))?;
     let (_, identity) = crate::workspace::open_root(&workspace)
         .map_err(|e| anyhow::anyhow!("workspace {}: {:?}", workspace.display(), e))?;
+    // Every user reads the default workspace: one that holds a workspace root would show
+    // everyone the private workspaces registered under that root.
+    for root in &settings.runtime.workspace_roots {
+        let real = std::fs::canonicalize(root).unwrap_or_else(|_| root.clone());
+        if real.starts_with(&workspace) {
+            anyhow::bail!(
+                "the default workspace {} holds the workspace root {}: every user could read the private workspaces registered under it through the default one; give --workspace a folder outside every --workspace-roots entry",
+                workspace.display(),
+                real.display()
+            );
+        }
+    }
     store.upsert_default_workspace(&workspace.to_string_lossy(), &identity.encode()).await?;
     adopt_root_identities(&store).await?;
     let stable = deps.node_id.clone();

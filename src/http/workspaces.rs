@@ -231,8 +231,9 @@ pub async fn create_workspace(
             Error::conflict(
                 ErrorCode::WorkspacePathTaken,
                 format!(
-                    "workspace path {:?} is, contains or lies inside another user's workspace; users other than \
-                     admins may register only a folder no other user's workspace overlaps",
+                    "workspace path {:?} is, contains or lies inside another user's workspace or a \
+                     deployment-wide one; users other than admins may register only a folder no other \
+                     user's workspace and no deployment-wide workspace overlaps",
                     body.path
                 ),
                 serde_json::json!({"path": body.path}),

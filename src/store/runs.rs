@@ -236,8 +236,9 @@ impl Store {
     /// registration"; SQLite's write transaction is serialised already), so two registrations
     /// of nested folders at once cannot both pass the check. With `exclusive` (a non-admin's
     /// registration) the folder may not be, contain or lie inside another user's host
-    /// workspace, nor be one by identity (`identity` equal to its recorded one): then nothing
-    /// is stored and the answer is `Ok(None)`. Deployment-wide workspaces, the owner's own
+    /// workspace or a deployment-wide one (every user reads those: a private workspace inside
+    /// one would not be private), nor be one by identity (`identity` equal to its recorded
+    /// one): then nothing is stored and the answer is `Ok(None)`. The owner's own workspaces
     /// and those on devices do not count.
     pub async fn create_workspace(
         &self,
@@ -255,7 +256,7 @@ impl Store {
         if exclusive {
             let others: Vec<(String, Option<String>)> = sqlx::query_as(
                 "SELECT path, root_identity FROM workspaces \
-                 WHERE device_id IS NULL AND owner_id IS NOT NULL AND owner_id <> $1",
+                 WHERE device_id IS NULL AND (owner_id IS NULL OR owner_id <> $1)",
             )
             .bind(owner_id)
             .fetch_all(tx.conn())

@@ -397,7 +397,28 @@ async fn concurrent_registrations_of_nested_folders_store_one(backend: Backend) 
     }
 }
 
+/// Every user reads the default workspace: a non-admin cannot register a folder inside it
+/// (or holding it) as a private workspace, where other users would read it through the
+/// default one.
+async fn a_private_workspace_cannot_lie_in_the_default_one(backend: Backend) {
+    let mut options = Options::default();
+    options.runtime.workspace_roots = vec![std::env::temp_dir()];
+    let t = spawn_with(backend, options).await;
+    let user = t.user("mallory").await;
+    let inside = t.workspace.join("mine");
+    std::fs::create_dir_all(&inside).unwrap();
+    let holding = t.workspace.parent().unwrap().to_path_buf();
+    for path in [&inside, &holding] {
+        let r = t.post("/v1/workspaces", &user, json!({"name": "mine", "path": path})).await;
+        assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "workspace_path_taken"), "{}: {r:?}", path.display());
+    }
+    let elsewhere = tempfile::tempdir().unwrap();
+    let r = t.post("/v1/workspaces", &user, json!({"name": "mine", "path": elsewhere.path()})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+}
+
 both_backends!(
+    a_private_workspace_cannot_lie_in_the_default_one,
     workspace_root_swapped_for_a_symlink_runs_nothing,
     hard_links_to_outside_files_are_not_read,
     a_single_user_deployment_may_allow_hard_link_reads,

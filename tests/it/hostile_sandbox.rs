@@ -242,7 +242,19 @@ async fn what_a_session_may_see(backend: Backend) {
     for (dir, name) in [(&inner, "inner"), (&outer_path, "outer")] {
         std::fs::write(dir.join("bob-secret.txt"), format!("BOB-{name}-SECRET")).unwrap();
         let r = t.post("/v1/workspaces", &bob_token, json!({"name": name, "path": dir})).await;
-        assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        if name == "outer" {
+            assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+            continue;
+        }
+        // One inside the default workspace is refused now; as registered before that rule
+        // (written to the store directly), sessions must still not see it.
+        assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "workspace_path_taken"), "{r:?}");
+        let bob_id = t.get("/v1/me", &bob_token).await.body["id"].as_str().unwrap().to_owned();
+        let real = std::fs::canonicalize(dir).unwrap();
+        let (_, identity) = mira::workspace::open_root(&real).unwrap();
+        let (path, identity) = (real.to_string_lossy().into_owned(), identity.encode());
+        let stored = t.app().store.create_workspace(&bob_id, name, &path, &identity, false).await.unwrap();
+        assert!(stored.is_some());
     }
     std::fs::write(t.workspace.join("mine.txt"), "ALICE-OWN-FILE").unwrap();
     let data = std::fs::canonicalize(&t.data_dir).unwrap();
