@@ -13,7 +13,7 @@ use super::error::{Json, Path};
 use crate::app::App;
 use crate::error::ErrorCode;
 use crate::error::{Error, Result};
-use crate::store::WorkspaceRow;
+use crate::store::{MAX_HOST_WORKSPACES_PER_USER, RegistrationRefused, WorkspaceRow};
 use crate::workspace::{RootChange, RootError, RootIdentity, Workspace};
 
 /// Whether a workspace's root is still the folder that was registered.
@@ -227,8 +227,13 @@ pub async fn create_workspace(
         .store
         .create_workspace(&user.user_id, &body.name, &path.to_string_lossy(), &identity.encode(), !user.is_admin)
         .await?
-        .ok_or_else(|| {
-            Error::conflict(
+        .map_err(|refused| match refused {
+            RegistrationRefused::AtLimit => Error::conflict(
+                ErrorCode::WorkspaceLimit,
+                format!("you already hold {MAX_HOST_WORKSPACES_PER_USER} workspaces on this server, the most a user may register; use one of them"),
+                serde_json::json!({"limit": MAX_HOST_WORKSPACES_PER_USER}),
+            ),
+            RegistrationRefused::Overlaps => Error::conflict(
                 ErrorCode::WorkspacePathTaken,
                 format!(
                     "workspace path {:?} is, contains or lies inside another user's workspace or a \
@@ -237,7 +242,7 @@ pub async fn create_workspace(
                     body.path
                 ),
                 serde_json::json!({"path": body.path}),
-            )
+            ),
         })?;
     Ok((StatusCode::CREATED, Json(row.into())))
 }

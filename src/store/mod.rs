@@ -91,7 +91,9 @@ pub use mcp::{
 };
 pub use replicas::{DEAD_REPLICA_REASON, ReplicaRow};
 pub use retention::RetentionCounts;
-pub use runs::{DeviceRow, RunRow, RunScopeRow, TurnRow, WorkspaceRow};
+pub use runs::{
+    DeviceRow, MAX_HOST_WORKSPACES_PER_USER, RegistrationRefused, RunRow, RunScopeRow, TurnRow, WorkspaceRow,
+};
 pub use search::{
     FetchRecord, NEWS_RANK_POOL, NewNewsItem, NewsHit, NewsQuery, NewsSort, NewsSourceRow, SearchConnectionRow,
     UpsertCounts,

@@ -6,6 +6,19 @@ use super::{Store, StoreResult};
 use crate::events::EventKind;
 use crate::ids;
 
+/// Most host workspaces a non-admin may hold (each is indexed and watched by the server):
+/// one more is 409 `workspace_limit`.
+pub const MAX_HOST_WORKSPACES_PER_USER: i64 = 64;
+
+/// Why a non-admin's host workspace registration stored nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistrationRefused {
+    /// The folder is, holds or lies in another user's or a deployment-wide workspace.
+    Overlaps,
+    /// The owner holds [`MAX_HOST_WORKSPACES_PER_USER`] host workspaces already.
+    AtLimit,
+}
+
 /// This process's turn of host workspace registrations ([`Store::create_workspace`]): they
 /// wait for it before taking a database connection, so a burst of registrations never holds
 /// the pool's connections waiting on the advisory lock.
@@ -238,8 +251,9 @@ impl Store {
     /// registration) the folder may not be, contain or lie inside another user's host
     /// workspace or a deployment-wide one (every user reads those: a private workspace inside
     /// one would not be private), nor be one by identity (`identity` equal to its recorded
-    /// one): then nothing is stored and the answer is `Ok(None)`. The owner's own workspaces
-    /// and those on devices do not count.
+    /// one), and the owner may hold at most [`MAX_HOST_WORKSPACES_PER_USER`] host workspaces:
+    /// else nothing is stored and the answer says why. The owner's own workspaces and those
+    /// on devices do not count as overlaps.
     pub async fn create_workspace(
         &self,
         owner_id: &str,
@@ -247,13 +261,21 @@ impl Store {
         path: &str,
         identity: &str,
         exclusive: bool,
-    ) -> StoreResult<Option<WorkspaceRow>> {
+    ) -> StoreResult<Result<WorkspaceRow, RegistrationRefused>> {
         let _turn = WORKSPACE_REGISTRATION.lock().await;
         let mut tx = self.begin_write().await?;
         if self.backend == super::Backend::Postgres {
             sqlx::query("SELECT pg_advisory_xact_lock(1835627108, 0)").execute(tx.conn()).await?;
         }
         if exclusive {
+            let held: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM workspaces WHERE device_id IS NULL AND owner_id = $1")
+                    .bind(owner_id)
+                    .fetch_one(tx.conn())
+                    .await?;
+            if held >= MAX_HOST_WORKSPACES_PER_USER {
+                return Ok(Err(RegistrationRefused::AtLimit));
+            }
             let others: Vec<(String, Option<String>)> = sqlx::query_as(
                 "SELECT path, root_identity FROM workspaces \
                  WHERE device_id IS NULL AND (owner_id IS NULL OR owner_id <> $1)",
@@ -267,7 +289,7 @@ impl Store {
                 new.starts_with(other) || other.starts_with(new) || other_identity.as_deref() == Some(identity)
             };
             if others.iter().any(overlaps) {
-                return Ok(None);
+                return Ok(Err(RegistrationRefused::Overlaps));
             }
         }
         let now = ids::now();
@@ -295,7 +317,7 @@ impl Store {
         .execute(tx.conn())
         .await?;
         tx.commit().await?;
-        Ok(Some(row))
+        Ok(Ok(row))
     }
 
     /// Records `identity` as workspace `id`'s root identity, now (an admin re-registered it,

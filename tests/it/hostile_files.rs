@@ -399,8 +399,8 @@ async fn concurrent_registrations_of_nested_folders_store_one(backend: Backend) 
 
 /// Every user reads the default workspace: a non-admin cannot register a folder inside it
 /// (or holding it) as a private workspace, where other users would read it through the
-/// default one.
-async fn a_private_workspace_cannot_lie_in_the_default_one(backend: Backend) {
+/// default one. And a non-admin's host workspaces are counted.
+async fn a_private_workspace_cannot_lie_in_the_default_one_and_they_are_counted(backend: Backend) {
     let mut options = Options::default();
     options.runtime.workspace_roots = vec![std::env::temp_dir()];
     let t = spawn_with(backend, options).await;
@@ -415,10 +415,28 @@ async fn a_private_workspace_cannot_lie_in_the_default_one(backend: Backend) {
     let elsewhere = tempfile::tempdir().unwrap();
     let r = t.post("/v1/workspaces", &user, json!({"name": "mine", "path": elsewhere.path()})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+
+    // A non-admin holds at most 64 host workspaces (each is indexed and watched); an admin
+    // registers more.
+    let many = tempfile::tempdir().unwrap();
+    let limit = mira::store::MAX_HOST_WORKSPACES_PER_USER;
+    for i in 1..=limit {
+        let dir = many.path().join(format!("w{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        let r = t.post("/v1/workspaces", &user, json!({"name": format!("w{i}"), "path": dir})).await;
+        if i < limit {
+            assert_eq!(r.status, StatusCode::CREATED, "{i}: {r:?}");
+        } else {
+            assert_eq!((r.status, r.code()), (StatusCode::CONFLICT, "workspace_limit"), "{r:?}");
+            assert_eq!(r.body["error"]["details"]["limit"], limit, "{r:?}");
+            let r = t.post("/v1/workspaces", &t.admin_token, json!({"name": "admin's", "path": dir})).await;
+            assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+        }
+    }
 }
 
 both_backends!(
-    a_private_workspace_cannot_lie_in_the_default_one,
+    a_private_workspace_cannot_lie_in_the_default_one_and_they_are_counted,
     workspace_root_swapped_for_a_symlink_runs_nothing,
     hard_links_to_outside_files_are_not_read,
     a_single_user_deployment_may_allow_hard_link_reads,

@@ -254,7 +254,7 @@ async fn what_a_session_may_see(backend: Backend) {
         let (_, identity) = mira::workspace::open_root(&real).unwrap();
         let (path, identity) = (real.to_string_lossy().into_owned(), identity.encode());
         let stored = t.app().store.create_workspace(&bob_id, name, &path, &identity, false).await.unwrap();
-        assert!(stored.is_some());
+        assert!(stored.is_ok());
     }
     std::fs::write(t.workspace.join("mine.txt"), "ALICE-OWN-FILE").unwrap();
     let data = std::fs::canonicalize(&t.data_dir).unwrap();

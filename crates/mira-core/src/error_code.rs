@@ -281,6 +281,8 @@ catalogue! {
     Unavailable = (409, "unavailable"),
     /// The workspace root is not the folder registered.
     WorkspaceChanged = (409, "workspace_changed"),
+    /// A non-admin holds the most host workspaces a user may register (64).
+    WorkspaceLimit = (409, "workspace_limit"),
     /// The folder is, contains or lies inside another user's workspace: a non-admin cannot
     /// register it, and a sandboxed terminal does not start in a workspace whose folder is
     /// also another user's.
