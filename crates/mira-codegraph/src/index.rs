@@ -44,7 +44,16 @@ use crate::lang::{FileParser, Lang};
 use crate::persist;
 use mira_core::availability::Availability;
 use mira_core::error_code::ErrorCode;
-use mira_core::workspace::Workspace;
+use mira_core::workspace::{self, RootError, RootIdentity, Workspace};
+
+/// The [`IndexError::Root`] of a root that cannot be opened by identity.
+fn root_error(root: &Path, e: &RootError) -> IndexError {
+    let message = match e {
+        RootError::Changed { change, .. } => change.describe().to_owned(),
+        RootError::Unavailable(message) => message.clone(),
+    };
+    IndexError::Root { path: root.to_path_buf(), source: std::io::Error::other(message) }
+}
 
 /// Folder names never indexed: third-party code vendored into the tree, package caches and
 /// virtual environments.
@@ -186,8 +195,17 @@ pub struct SkippedFile {
 
 const MAX_SKIP_EXAMPLES: usize = 20;
 
+/// The skip reason of a file the workspace boundary refused as leading outside: counted as
+/// `unreadable`, never among the examples.
+const OUTSIDE: &str = "outside_workspace";
+
 impl Skipped {
     fn add(&mut self, path: &str, reason: &'static str, size: u64) {
+        if reason == OUTSIDE {
+            // A path that leads out of the workspace is counted, never named or measured.
+            self.unreadable += 1;
+            return;
+        }
         match reason {
             "too_large" => self.too_large += 1,
             "binary" => self.binary += 1,
@@ -231,6 +249,9 @@ pub struct Timings {
 pub struct WorkspaceIndex {
     root: PathBuf,
     ws: Workspace,
+    /// The root as the walks name it: the open root handle (`/proc/self/fd/<fd>`), so a
+    /// swap at the root path never redirects them ([`Workspace::walk_root`]).
+    walk_root: PathBuf,
     config: IndexConfig,
     graph: RwLock<Graph>,
     phase: Mutex<Phase>,
@@ -264,20 +285,51 @@ impl CodeGraphs {
     }
 
     /// The index of `root`, starting its build if there is none (or the last one was
-    /// cancelled). Errors when the root cannot be opened.
+    /// cancelled). The root is opened once, by identity: no symlink is followed at the root
+    /// itself and the folder opened must be the one at the canonical path
+    /// ([`mira_core::workspace::open_root`]); the index works through that handle from then
+    /// on. Errors when the root cannot be opened.
     pub fn ensure(&self, root: &Path) -> Result<Arc<WorkspaceIndex>, IndexError> {
         let canonical =
             std::fs::canonicalize(root).map_err(|source| IndexError::Root { path: root.to_path_buf(), source })?;
+        self.ensure_with(&canonical, None, || {
+            let (_, identity) = workspace::open_root(&canonical).map_err(|e| root_error(&canonical, &e))?;
+            Workspace::open_pinned(&canonical, Some(identity)).map_err(|e| root_error(&canonical, &e))
+        })
+    }
+
+    /// The index of the open workspace `ws` (a run's, opened by identity with
+    /// [`Workspace::open_pinned`]), starting its build on that very handle if there is none,
+    /// if the last one was cancelled, or if the index of its root works in another folder
+    /// than `ws` (the root was replaced since): a query never reads a graph of some other
+    /// folder than the one the run's workspace holds.
+    pub fn ensure_workspace(&self, ws: &Workspace) -> Result<Arc<WorkspaceIndex>, IndexError> {
+        let identity = ws.identity().map_err(|source| IndexError::Root { path: ws.root().to_path_buf(), source })?;
+        let canonical = ws.root().to_path_buf();
+        self.ensure_with(&canonical, Some(identity), || Ok(ws.clone()))
+    }
+
+    fn ensure_with(
+        &self,
+        canonical: &Path,
+        identity: Option<RootIdentity>,
+        open: impl FnOnce() -> Result<Workspace, IndexError>,
+    ) -> Result<Arc<WorkspaceIndex>, IndexError> {
         let mut map = self.indexes.lock();
-        if let Some(ix) = map.get(&canonical)
+        if let Some(ix) = map.get(canonical)
             && (ix.phase() != Phase::Cancelled || self.shutdown.is_cancelled())
+            && identity.is_none_or(|want| ix.ws.identity().is_ok_and(|found| found == want))
         {
             return Ok(ix.clone());
         }
-        let ws = Workspace::open(&canonical).map_err(|source| IndexError::Root { path: canonical.clone(), source })?;
+        let ws = open()?;
+        if let Some(old) = map.get(canonical) {
+            old.cancel();
+        }
         let ix = Arc::new(WorkspaceIndex {
-            snapshot: persist::snapshot_path(&self.data_dir, &canonical),
-            root: canonical.clone(),
+            snapshot: persist::snapshot_path(&self.data_dir, canonical),
+            root: canonical.to_path_buf(),
+            walk_root: ws.walk_root(),
             ws,
             config: self.config.clone(),
             graph: RwLock::new(Graph::new()),
@@ -295,7 +347,7 @@ impl CodeGraphs {
             watch_error: Mutex::new(None),
             finished: AtomicBool::new(false),
         });
-        map.insert(canonical, ix.clone());
+        map.insert(canonical.to_path_buf(), ix.clone());
         drop(map);
         let worker = ix.clone();
         let spawned = std::thread::Builder::new().name("codegraph-index".into()).spawn(move || worker.run());
@@ -505,7 +557,7 @@ impl WorkspaceIndex {
         let mut out = Vec::new();
         let mut vendored = 0u64;
         let mut over = 0u64;
-        let mut builder = ignore::WalkBuilder::new(self.root.join(start));
+        let mut builder = ignore::WalkBuilder::new(self.walk_root.join(start));
         builder.follow_links(false).require_git(false).sort_by_file_name(|a, b| a.cmp(b)).filter_entry(|e| {
             !(e.file_type().is_some_and(|t| t.is_dir())
                 && e.depth() > 0
@@ -518,9 +570,17 @@ impl WorkspaceIndex {
                 self.check_cancel()?;
             }
             let Ok(entry) = entry else { continue };
-            let Some(ft) = entry.file_type() else { continue };
-            let Ok(rel) = entry.path().strip_prefix(&self.root) else { continue };
+            let Ok(rel) = entry.path().strip_prefix(&self.walk_root) else { continue };
             let rel = rel.to_string_lossy().replace('\\', "/");
+            // The walker enters folders by path: a folder swapped for a symlink after its
+            // parent was listed would lead it out. Only the very entry at `rel` beneath the
+            // root (same device and inode through the root's capability) is kept, counted
+            // or named; kinds and sizes come from that check.
+            // (The start folder is the walk's own root, reached by following its path.)
+            let walked = if entry.depth() == 0 { std::fs::metadata(entry.path()).ok() } else { entry.metadata().ok() };
+            let Some(walked) = walked else { continue };
+            let Some(meta) = self.ws.entry_beneath(&rel, &walked) else { continue };
+            let ft = meta.file_type();
             if ft.is_dir() {
                 if let Some(w) = watcher.as_deref_mut() {
                     match w.watch(entry.path(), notify::RecursiveMode::NonRecursive) {
@@ -535,7 +595,8 @@ impl WorkspaceIndex {
                         }
                     }
                 }
-                let vendored_here = std::fs::read_dir(entry.path()).map_or(0, |rd| {
+                let listing = if rel.is_empty() { self.ws.dir().entries() } else { self.ws.dir().read_dir(&rel) };
+                let vendored_here = listing.map_or(0, |rd| {
                     rd.filter_map(Result::ok)
                         .filter(|c| {
                             c.file_type().is_ok_and(|t| t.is_dir())
@@ -550,10 +611,10 @@ impl WorkspaceIndex {
                 continue;
             }
             if GENERATED_SUFFIXES.iter().any(|s| rel.ends_with(s)) {
-                self.skipped.lock().add(&rel, "generated", entry.metadata().map_or(0, |m| m.len()));
+                self.skipped.lock().add(&rel, "generated", meta.len());
                 continue;
             }
-            let size = entry.metadata().map_or(0, |m| m.len());
+            let size = meta.len();
             if size > self.config.max_file_bytes {
                 self.skipped.lock().add(&rel, "too_large", size);
                 continue;
@@ -635,8 +696,10 @@ impl WorkspaceIndex {
     /// Reads one file through the workspace boundary and classifies or parses it.
     fn read_and_parse(&self, rel: &str, parser: &mut FileParser) -> Outcome {
         let Some(lang) = Lang::of_path(rel) else { return Outcome::Skipped { reason: "unreadable", size: 0 } };
-        let Ok((file, meta)) = self.ws.open_regular(rel) else {
-            return Outcome::Skipped { reason: "unreadable", size: 0 };
+        let (file, meta) = match self.ws.open_regular(rel) {
+            Ok(opened) => opened,
+            Err(e) if e.code == ErrorCode::OutsideWorkspace => return Outcome::Skipped { reason: OUTSIDE, size: 0 },
+            Err(_) => return Outcome::Skipped { reason: "unreadable", size: 0 },
         };
         let size = meta.len();
         if size > self.config.max_file_bytes {
@@ -668,6 +731,7 @@ impl WorkspaceIndex {
         let pending = self.pending.clone();
         let events = self.events.clone();
         let root = self.root.clone();
+        let walk_root = self.walk_root.clone();
         let handler = move |res: notify::Result<notify::Event>| {
             let Ok(ev) = res else { return };
             if matches!(ev.kind, notify::EventKind::Access(_)) {
@@ -676,7 +740,7 @@ impl WorkspaceIndex {
             let rels = ev
                 .paths
                 .iter()
-                .filter_map(|p| p.strip_prefix(&root).ok())
+                .filter_map(|p| p.strip_prefix(&walk_root).or_else(|_| p.strip_prefix(&root)).ok())
                 .map(|p| p.to_string_lossy().replace('\\', "/"))
                 .filter(|p| !p.is_empty());
             pending.lock().extend(rels);
@@ -746,7 +810,9 @@ impl WorkspaceIndex {
                 rescan = true;
                 continue;
             }
-            match std::fs::symlink_metadata(self.root.join(rel)) {
+            // Looked up through the root's capability: a path that leads out (a symlinked
+            // folder on the way) is gone as far as the index goes, never walked or named.
+            match self.ws.dir().symlink_metadata(rel) {
                 Err(_) => {
                     let prefix = format!("{rel}/");
                     let mut g = self.graph.write();
@@ -760,7 +826,10 @@ impl WorkspaceIndex {
                         // The update loop walks it again with the watcher to watch it.
                         requeue.push(rel.clone());
                     }
-                    if self.is_included(rel, &mut listings)
+                    // Walked only where the folder's path, as the root's capability resolves
+                    // it, is the path itself (no symlinked folder on the way).
+                    if self.ws.dir().canonicalize(rel).is_ok_and(|c| c == Path::new(rel))
+                        && self.is_included(rel, &mut listings)
                         && let Ok(files) = self.walk(Path::new(rel), watcher.as_deref_mut())
                     {
                         for (f, _) in files {
@@ -828,12 +897,20 @@ impl WorkspaceIndex {
     }
 
     fn list_included(&self, dir: &str) -> HashSet<String> {
-        let mut builder = ignore::WalkBuilder::new(self.root.join(dir));
+        let mut builder = ignore::WalkBuilder::new(self.walk_root.join(dir));
         builder.max_depth(Some(1)).follow_links(false).require_git(false);
         builder
             .build()
             .filter_map(Result::ok)
             .filter(|e| e.depth() == 1)
+            .filter(|e| {
+                let rel = if dir.is_empty() {
+                    e.file_name().to_string_lossy().into_owned()
+                } else {
+                    format!("{dir}/{}", e.file_name().to_string_lossy())
+                };
+                e.metadata().is_ok_and(|walked| self.ws.entry_beneath(&rel, &walked).is_some())
+            })
             .filter(|e| {
                 !(e.file_type().is_some_and(|t| t.is_dir())
                     && VENDORED_DIRS.contains(&e.file_name().to_string_lossy().as_ref()))
@@ -873,4 +950,78 @@ pub fn classify(bytes: &[u8]) -> Option<&'static str> {
         return Some("not_utf8");
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh canonical folder (removed by the caller).
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mira-codegraph-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.canonicalize().unwrap()
+    }
+
+    fn ready(graphs: &CodeGraphs, root: &Path) -> Arc<WorkspaceIndex> {
+        let ix = graphs.ensure(root).unwrap();
+        let began = Instant::now();
+        while ix.phase() != Phase::Ready {
+            assert!(began.elapsed() < Duration::from_secs(30), "{:?}", ix.phase());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        ix
+    }
+
+    /// Another user's folder reached through a symlinked folder of the workspace — there at
+    /// the walk, or queued as changed paths beneath it (as a watch on a folder swapped for
+    /// such a symlink reports them) — is never indexed, counted or named: not its files, not
+    /// the ones skipped as too large, generated or unreadable.
+    #[test]
+    fn a_symlinked_folder_leading_out_is_neither_indexed_nor_named() {
+        let base = scratch("out");
+        let (root, other) = (base.join("alice"), base.join("bob"));
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::write(root.join("src/lib.rs"), "pub fn mine() {}\n").unwrap();
+        std::fs::create_dir_all(other.join("private")).unwrap();
+        std::fs::write(other.join("private/bob_secret.rs"), "pub fn secret() {}\n").unwrap();
+        std::fs::write(other.join("private/bob_big.rs"), "// x\n".repeat(4096)).unwrap();
+        std::fs::write(other.join("private/bob_gen.min.js"), "var a;\n").unwrap();
+        std::os::unix::fs::symlink(&other, root.join("z")).unwrap();
+        let config = IndexConfig { watch: false, max_file_bytes: 1024, ..IndexConfig::default() };
+        let graphs = CodeGraphs::new(base.join("data"), CancellationToken::new(), config);
+        let ix = ready(&graphs, &root);
+
+        let leaked = |ix: &WorkspaceIndex| {
+            let skipped = serde_json::to_string(&ix.skipped()).unwrap();
+            let paths = ix.graph().paths();
+            (skipped.contains("bob") || paths.iter().any(|p| p.contains("bob")), skipped, paths)
+        };
+        assert_eq!(ix.graph().paths(), vec!["src/lib.rs".to_owned()]);
+        assert!(!leaked(&ix).0, "{:?}", leaked(&ix));
+
+        // Changed paths beneath the symlink: files and the folder itself.
+        ix.notify_changed(
+            ["z/private/bob_secret.rs", "z/private/bob_big.rs", "z/private/bob_gen.min.js", "z/private", "z"]
+                .map(str::to_owned),
+        );
+        ix.sync();
+        let (leak, skipped, paths) = leaked(&ix);
+        assert!(!leak, "skipped {skipped}, indexed {paths:?}");
+        assert_eq!(ix.skipped().unreadable, 0, "{skipped}");
+        assert_eq!(paths, vec!["src/lib.rs".to_owned()]);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// A file the boundary refuses as leading outside is counted, never named.
+    #[test]
+    fn outside_skips_are_counted_without_a_name() {
+        let mut skipped = Skipped::default();
+        skipped.add("z/private/bob_secret.rs", OUTSIDE, 0);
+        skipped.add("src/big.rs", "too_large", 9);
+        assert_eq!((skipped.unreadable, skipped.too_large), (1, 1));
+        assert_eq!(skipped.examples.len(), 1);
+        assert_eq!(skipped.examples[0].path, "src/big.rs");
+    }
 }

@@ -262,7 +262,7 @@ impl Tool for CodebaseExplore {
     async fn execute(&self, input: &Value, ctx: &ExecContext) -> Result<ToolOutput, ToolError> {
         let ix = self
             .graphs
-            .ensure(ctx.workspace()?.root())
+            .ensure_workspace(ctx.workspace()?)
             .map_err(|e| ToolError::new(ErrorCode::IndexFailed, format!("the workspace cannot be indexed: {e}")))?;
         // Every replica indexes the shared workspace itself (docs/architecture.md, Replicas):
         // a call claimed here before this replica's own index is ready waits for it, within

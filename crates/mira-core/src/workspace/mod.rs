@@ -300,6 +300,37 @@ impl Workspace {
         Ok((file, meta))
     }
 
+    /// The identity (device and inode) of the open root folder.
+    pub fn identity(&self) -> io::Result<RootIdentity> {
+        let meta = self.dir.dir_metadata()?;
+        Ok(RootIdentity { dev: cap_std::fs::MetadataExt::dev(&meta), ino: cap_std::fs::MetadataExt::ino(&meta) })
+    }
+
+    /// Whether the entry `rel` (workspace-relative, `""`/`"."` for the root) that a walk by
+    /// path found, with the metadata `walked` it read there (`lstat`), is really the entry at
+    /// `rel` beneath this root: `rel` is looked up through the root's capability (no symlink
+    /// followed at its end, none that leads out on the way) and must be the same file — the
+    /// same device and inode — as the one the walker saw. Returns that metadata (to take
+    /// sizes and kinds from), or None.
+    ///
+    /// A walker that opens subfolders by path (the `ignore` walker) follows a folder swapped
+    /// for a symlink between the listing of its parent and its being entered, and would then
+    /// list what lies beyond — another user's folder. Every entry a walk yields passes this
+    /// check before it is listed, counted or recorded: a swap in either direction during the
+    /// walk drops the entry, so nothing outside is named or measured.
+    pub fn entry_beneath(&self, rel: &str, walked: &std::fs::Metadata) -> Option<cap_std::fs::Metadata> {
+        use std::os::unix::fs::MetadataExt as _;
+        let rel = rel.trim_start_matches("./");
+        let meta = if rel.is_empty() || rel == "." {
+            self.dir.dir_metadata().ok()?
+        } else {
+            self.dir.symlink_metadata(rel).ok()?
+        };
+        let same = cap_std::fs::MetadataExt::dev(&meta) == walked.dev()
+            && cap_std::fs::MetadataExt::ino(&meta) == walked.ino();
+        same.then_some(meta)
+    }
+
     /// Checks that `rel` (already normalised) resolves beneath the root, following
     /// symlinks the way an open would. A missing target is fine here (the tool reports it).
     pub fn check_beneath(&self, rel: &str) -> Result<(), ToolError> {
@@ -521,6 +552,47 @@ mod tests {
         assert_eq!(change_of(open_root(&base.join("roots/last"))), Some(RootChange::Symlink));
         // The canonical path works, pinned too.
         assert!(Workspace::open_pinned(&base.join("outside/target"), Some(real)).is_ok());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// A folder swapped for a symlink to a folder outside after a walker (by path) read an
+    /// entry beneath it: the entry is not beneath the workspace, whichever way the swap went.
+    #[test]
+    fn entry_beneath_refuses_what_a_swapped_folder_led_to() {
+        let base = scratch("beneath");
+        let (root, other) = (base.join("alice"), base.join("bob"));
+        std::fs::create_dir_all(root.join("z")).unwrap();
+        std::fs::write(root.join("z/own.txt"), "mine").unwrap();
+        std::fs::create_dir_all(other.join("private")).unwrap();
+        std::fs::write(other.join("private/secret.txt"), "secret!").unwrap();
+        let ws = Workspace::open(&root).unwrap();
+        let walk = ws.walk_root();
+
+        // Her own entry, as the walker sees it: accepted, with the capability's metadata.
+        let own = std::fs::symlink_metadata(walk.join("z/own.txt")).unwrap();
+        assert_eq!(ws.entry_beneath("z/own.txt", &own).map(|m| m.len()), Some(4));
+        let top = std::fs::metadata(&walk).unwrap();
+        assert!(ws.entry_beneath("", &top).is_some_and(|m| m.is_dir()));
+
+        // z becomes a symlink to the other folder; the walker, by path, reaches its file.
+        std::fs::rename(root.join("z"), root.join("z.r")).unwrap();
+        std::os::unix::fs::symlink(&other, root.join("z")).unwrap();
+        let seen = std::fs::symlink_metadata(walk.join("z/private/secret.txt")).unwrap();
+        assert_eq!(seen.len(), 7, "the walk by path did leave the workspace");
+        assert!(ws.entry_beneath("z/private/secret.txt", &seen).is_none());
+        assert!(ws.entry_beneath("z/private", &std::fs::symlink_metadata(walk.join("z/private")).unwrap()).is_none());
+        // The symlink itself is an entry of the workspace (listed as what it is).
+        let link = std::fs::symlink_metadata(walk.join("z")).unwrap();
+        assert!(ws.entry_beneath("z", &link).is_some_and(|m| m.file_type().is_symlink()));
+
+        // Swapped back before the check: the name leads to her folder, not to that file.
+        std::fs::remove_file(root.join("z")).unwrap();
+        std::fs::rename(root.join("z.r"), root.join("z")).unwrap();
+        assert!(ws.entry_beneath("z/private/secret.txt", &seen).is_none());
+        // A file of hers at the same name is another inode: still refused for what was seen.
+        std::fs::create_dir_all(root.join("z/private")).unwrap();
+        std::fs::write(root.join("z/private/secret.txt"), "hers").unwrap();
+        assert!(ws.entry_beneath("z/private/secret.txt", &seen).is_none());
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -8,6 +8,10 @@
 //! see [`mira_core::workspace::HardLinks`]). The server's own folders (its data dir, where
 //! it lies inside the workspace) are neither listed nor walked into, like every other tool
 //! refuses to open them ([`workspace::is_reserved`]); starting in one is `outside_workspace`.
+//! The walker enters folders by path, so every entry it yields must be the entry at that
+//! path beneath the root ([`Workspace::entry_beneath`]: same device and inode through the
+//! root's capability) before it is listed or counted: a folder swapped for a symlink during
+//! the walk lists nothing beyond it, and kinds and sizes come from that check.
 //! At most 200,000 entries are scanned; results are paginated with an opaque cursor.
 
 use async_trait::async_trait;
@@ -202,6 +206,7 @@ fn discover(
     let pattern = query.map(|q| Pattern::new(q, CaseMatching::Smart, Normalization::Smart, AtomKind::Fuzzy));
     let mut found = Vec::new();
     let mut scanned = 0usize;
+    let mut walked_entries = 0usize;
     let mut scan_capped = false;
     let mut buf = Vec::new();
     for entry in walker.build() {
@@ -212,19 +217,35 @@ fn discover(
         if entry.depth() == 0 {
             continue;
         }
-        scanned += 1;
-        if scanned > MAX_SCANNED {
+        walked_entries += 1;
+        if walked_entries > MAX_SCANNED {
             scan_capped = true;
             break;
         }
         let Ok(path) = entry.path().strip_prefix(&real_root) else { continue };
         let path = path.to_string_lossy().into_owned();
-        let ft = entry.file_type();
-        let kind = match ft {
-            Some(t) if t.is_dir() => "dir",
-            Some(t) if t.is_file() => "file",
-            Some(t) if t.is_symlink() => "symlink",
-            _ => "other",
+        #[cfg(test)]
+        tests::ON_ENTRY.with(|hook| {
+            if let Some(hook) = hook.borrow_mut().as_mut() {
+                hook(&path);
+            }
+        });
+        // The walker opens each subfolder by path: one swapped for a symlink after its parent
+        // was listed would lead it out. Every entry must be the very entry at its path
+        // beneath the root (same device and inode, looked up through the root's capability);
+        // kinds and sizes come from that lookup, never from what the walk reached.
+        let Ok(walked) = entry.metadata() else { continue };
+        let Some(meta) = ws.entry_beneath(&path, &walked) else { continue };
+        scanned += 1;
+        let ft = meta.file_type();
+        let kind = if ft.is_dir() {
+            "dir"
+        } else if ft.is_file() {
+            "file"
+        } else if ft.is_symlink() {
+            "symlink"
+        } else {
+            "other"
         };
         if (kind_filter == EntryKind::File && kind != "file") || (kind_filter == EntryKind::Dir && kind != "dir") {
             continue;
@@ -236,8 +257,8 @@ fn discover(
             }
             None => None,
         };
-        let meta = if kind == "file" { entry.metadata().ok() } else { None };
-        if hide_hard_links && meta.as_ref().is_some_and(|m| std::os::unix::fs::MetadataExt::nlink(m) > 1) {
+        let meta = (kind == "file").then_some(meta);
+        if hide_hard_links && meta.as_ref().is_some_and(|m| cap_std::fs::MetadataExt::nlink(m) > 1) {
             skipped_hard_links += 1;
             continue;
         }
@@ -289,4 +310,93 @@ fn discover(
         }),
         evidence: vec![evidence],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    type Hook = Box<dyn FnMut(&str)>;
+
+    thread_local! {
+        /// Called with each entry's path as the walk yields it, before it is judged: the tests
+        /// swap folders there, between the walker's listing of a folder and its entering one.
+        pub(super) static ON_ENTRY: RefCell<Option<Hook>> = RefCell::new(None);
+    }
+
+    /// A fresh canonical folder (removed by the caller).
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mira-discover-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.canonicalize().unwrap()
+    }
+
+    fn run(ws: &Workspace, query: Option<&str>) -> Value {
+        let input = DiscoverInput {
+            query: query.map(str::to_owned),
+            path: None,
+            kind: None,
+            max_depth: None,
+            limit: Some(MAX_LIMIT),
+            cursor: None,
+        };
+        discover(ws, &input, &tokio_util::sync::CancellationToken::new()).unwrap().output
+    }
+
+    fn paths(out: &Value) -> Vec<String> {
+        out["entries"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap().to_owned()).collect()
+    }
+
+    /// The attack of a user who swaps a folder of her workspace for a symlink to another
+    /// user's folder while she lists it, made deterministic: `z/` is listed as a folder with
+    /// the root, then, while the walker is still in `a/`, it becomes a symlink to the other
+    /// folder, which the walker enters by path. Nothing of the other folder — names, sizes —
+    /// is listed; `z` itself (a folder of hers when it was listed) may be.
+    #[test]
+    fn a_folder_swapped_for_a_symlink_during_the_walk_lists_nothing_beyond_it() {
+        let base = scratch("swap");
+        let (root, other) = (base.join("alice"), base.join("bob"));
+        std::fs::create_dir_all(root.join("a")).unwrap();
+        std::fs::create_dir_all(root.join("z")).unwrap();
+        std::fs::write(root.join("a/notes.txt"), "mine").unwrap();
+        std::fs::write(root.join("z/own.txt"), "mine").unwrap();
+        std::fs::create_dir_all(other.join("private")).unwrap();
+        std::fs::write(other.join("private/bob_salary_review_2026.txt"), "x".repeat(4242)).unwrap();
+        let ws = Workspace::open(&root).unwrap();
+
+        // Unswapped: her own files.
+        assert!(paths(&run(&ws, None)).contains(&"z/own.txt".to_owned()));
+
+        let swap = |root: &Path, other: &Path| {
+            std::fs::rename(root.join("z"), root.join("z.r")).unwrap();
+            std::os::unix::fs::symlink(other, root.join("z")).unwrap();
+        };
+        for query in [None, Some("salary")] {
+            let (r, o) = (root.clone(), other.clone());
+            let mut swapped = false;
+            ON_ENTRY.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |path: &str| {
+                    if path == "a/notes.txt" && !swapped {
+                        swapped = true;
+                        swap(&r, &o);
+                    }
+                }));
+            });
+            let out = run(&ws, query);
+            ON_ENTRY.with(|h| *h.borrow_mut() = None);
+            let listed = paths(&out);
+            assert!(listed.iter().all(|p| !p.contains("private") && !p.contains("salary")), "{out}");
+            assert!(!out.to_string().contains("4242"), "no size of the other folder: {out}");
+            // Swap back for the next round.
+            if std::fs::symlink_metadata(root.join("z")).unwrap().is_symlink() {
+                std::fs::remove_file(root.join("z")).unwrap();
+                std::fs::rename(root.join("z.r"), root.join("z")).unwrap();
+            }
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }
