@@ -435,9 +435,57 @@ async fn a_private_workspace_cannot_lie_in_the_default_one_and_they_are_counted(
     }
 }
 
+/// A folder of the workspace that is a symlink to another user's folder: neither
+/// `read_discover` (by query or by path) nor `codebase_explore` (its results and its
+/// `index.skipped` examples) names or measures anything beyond it. The race of swapping a
+/// folder for such a symlink during the walk is replayed deterministically in the unit tests
+/// of `read_discover` (mira-tools) and of `Workspace::entry_beneath` (mira-core).
+async fn a_symlinked_folder_leading_out_is_never_listed(backend: Backend) {
+    let t = spawn(backend).await;
+    let bob = scratch(&t).join("bob");
+    std::fs::create_dir_all(bob.join("private")).unwrap();
+    std::fs::write(bob.join("private/bob_salary_review_2026.txt"), "x".repeat(4242)).unwrap();
+    std::fs::write(bob.join("private/bob_secret.rs"), "pub fn bob_secret() {}\n").unwrap();
+    std::fs::write(bob.join("private/bob_big.rs"), "// x\n".repeat(300_000)).unwrap();
+    std::fs::create_dir_all(t.workspace.join("src")).unwrap();
+    std::fs::write(t.workspace.join("src/lib.rs"), "pub fn mine() {}\n").unwrap();
+    std::os::unix::fs::symlink(&bob, t.workspace.join("z")).unwrap();
+    let token = t.user("alice").await;
+    let run = t.run(&token).await;
+    let (turn, _) = t.turn(&token, &run, "find the salary file").await;
+    for (i, input) in [json!({"query": "salary"}), json!({}), json!({"path": "z"})].into_iter().enumerate() {
+        let r = t.call(&token, &run, &turn, "read_discover", &format!("d{i}"), input.clone()).await;
+        let text = match r.body["invocation_id"].as_str() {
+            Some(id) => t.wait_final(&token, id).await["result"].to_string(),
+            None => r.body["error"].to_string(),
+        };
+        assert!(!text.contains("bob_") && !text.contains("private") && !text.contains("4242"), "{input}: {text}");
+    }
+    // The code graph: wait for its index, then ask in a turn that exposes it.
+    let mut available = false;
+    for _ in 0..400 {
+        let v = t.get(&format!("/v1/tools/codebase_explore?turn={turn}"), &token).await;
+        if v.body["state"] == "available" || v.body["state"] == "exposed" {
+            available = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(available, "the code graph never became available");
+    let (turn, _) = t.turn(&token, &run, "explore the code").await;
+    let r = t.call(&token, &run, &turn, "codebase_explore", "c", json!({"kind": "overview"})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let done = t.wait_final(&token, r.body["invocation_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let text = done["result"].to_string();
+    assert!(!text.contains("bob_") && !text.contains("private/"), "{text}");
+    assert!(done["result"]["output"]["index"]["files"].as_u64().is_some_and(|n| n >= 1), "{text}");
+}
+
 both_backends!(
     a_private_workspace_cannot_lie_in_the_default_one_and_they_are_counted,
     workspace_root_swapped_for_a_symlink_runs_nothing,
+    a_symlinked_folder_leading_out_is_never_listed,
     hard_links_to_outside_files_are_not_read,
     a_single_user_deployment_may_allow_hard_link_reads,
     workspace_paths_are_no_oracle_for_non_admins,

@@ -8,7 +8,12 @@
 //! 2. walk the root with the `ignore` walker (`.gitignore`, `.ignore` and hidden files
 //!    respected; symlinks never followed, so symlink loops cannot trap the walk), skipping
 //!    vendored folders ([`VENDORED_DIRS`]), generated file names, unsupported extensions and
-//!    files over [`IndexConfig::max_file_bytes`]; at most [`IndexConfig::max_files`] files;
+//!    files over [`IndexConfig::max_file_bytes`]; at most [`IndexConfig::max_files`] files.
+//!    The walk goes from the root handle opened by identity, and every entry it yields must be
+//!    the entry at its path beneath that handle, by device and inode
+//!    ([`Workspace::entry_beneath`]), before it is kept, counted or named: a folder swapped for
+//!    a symlink during the walk leads it nowhere. Changed paths are looked up the same way;
+//!    a file refused as leading outside is counted as `unreadable`, never named;
 //! 3. read each file through the workspace boundary ([`mira_core::workspace::Workspace::open_regular`]),
 //!    skip binary (a NUL byte in the first 8 KiB), generated (a marker in the first 1 KiB) and
 //!    minified files (a line over 5,000 bytes, or a mean line over 300 bytes), hash it, and

@@ -12,7 +12,9 @@
 //! `unavailable` with `workspace_changed` and nothing executes in it until an admin
 //! re-registers it. Everything a call then does goes through that one open handle (file
 //! opens through cap-std, directory walks through `/proc/self/fd/<fd>`), so a swap during
-//! the call cannot redirect it either.
+//! the call cannot redirect it either. A walk by path still enters each subfolder by its
+//! name, so each entry it yields is kept only if it is the entry at that name beneath the
+//! handle, by device and inode ([`Workspace::entry_beneath`]).
 
 pub mod lookalike;
 pub mod sweep;
