@@ -279,3 +279,23 @@ fn carries_request(body: &[u8]) -> bool {
         Err(_) => true,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::carries_elicitation_answer;
+
+    #[test]
+    fn an_elicitation_answer_is_told_from_other_posts() {
+        let accept = br#"{"jsonrpc":"2.0","id":3,"result":{"action":"accept","content":{"approve":true}}}"#;
+        assert!(carries_elicitation_answer(accept));
+        let batch = br#"[{"jsonrpc":"2.0","method":"notifications/progress"},{"jsonrpc":"2.0","id":"a","result":{"action":"decline"}}]"#;
+        assert!(carries_elicitation_answer(batch));
+        // A call, a notification, another answer, and a body that is not JSON are not.
+        let call =
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":{"action":"accept"}}}"#;
+        assert!(!carries_elicitation_answer(call));
+        assert!(!carries_elicitation_answer(br#"{"jsonrpc":"2.0","method":"notifications/cancelled"}"#));
+        assert!(!carries_elicitation_answer(br#"{"jsonrpc":"2.0","id":5,"result":{}}"#));
+        assert!(!carries_elicitation_answer(b"not json"));
+    }
+}
