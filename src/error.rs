@@ -26,6 +26,10 @@ pub enum Error {
         /// Human sentence.
         message: String,
     },
+    /// The caller's token lacks the scope this action needs (403 `token_scope_missing`,
+    /// details `{"needed": scope}`).
+    #[error("this action needs a token with the `{0}` scope")]
+    ScopeMissing(crate::auth::Scope),
     /// The object does not exist or is not the caller's (404).
     #[error("{0} not found")]
     NotFound(&'static str),
@@ -122,6 +126,7 @@ impl Error {
         match self {
             Error::Unauthorized => ErrorCode::Unauthorized,
             Error::Forbidden(_) => ErrorCode::Forbidden,
+            Error::ScopeMissing(_) => ErrorCode::TokenScopeMissing,
             Error::NotFound(_) => ErrorCode::NotFound,
             Error::InputInvalid { .. } => ErrorCode::InputInvalid,
             Error::UnsupportedMediaType(_) => ErrorCode::UnsupportedMediaType,

@@ -228,7 +228,7 @@ pub struct GrantBody {
 #[utoipa::path(post, path = "/v1/approvals/{approval_id}/grant", tag = "approvals", params(("approval_id" = String, Path)),
     request_body = GrantBody,
     responses((status = 200, body = ApprovalView), (status = 404),
-        (status = 403, description = "four_eyes_required: the requester of a four-eyes approval; nothing was granted"),
+        (status = 403, description = "four_eyes_required: the requester of a four-eyes approval; nothing was granted; token_scope_missing: the token lacks the approve scope"),
         (status = 409, description = "approval_mismatch, approval_decided or approval_expired")),
     security(("bearer" = [])))]
 pub async fn grant(
@@ -242,7 +242,7 @@ pub async fn grant(
     // A free execution slot for the call's owner lets the grant claim its call: it starts
     // without a second transaction and without waiting for the harness loop.
     let (row, claimed, slot) =
-        approval::grant(&app.store, &app.registry, &user.decider(), &id, &triple, &*app.harness).await?;
+        approval::grant(&app.store, &app.registry, &user.decider()?, &id, &triple, &*app.harness).await?;
     let handoff = Handoff { prepared_in: None, granted: claimed.as_ref().map(|_| row.clone()) };
     app.harness.start_claimed(claimed, handoff, slot, &row.owner_id);
     Ok(Json(view(row, &user.viewer())?))
@@ -261,7 +261,7 @@ pub struct DenyBody {
 /// may deny a four-eyes approval).
 #[utoipa::path(post, path = "/v1/approvals/{approval_id}/deny", tag = "approvals", params(("approval_id" = String, Path)),
     request_body = DenyBody,
-    responses((status = 200, body = ApprovalView), (status = 404), (status = 409, description = "approval_decided or approval_expired")),
+    responses((status = 200, body = ApprovalView), (status = 403, description = "token_scope_missing: the token lacks the approve scope"), (status = 404), (status = 409, description = "approval_decided or approval_expired")),
     security(("bearer" = [])))]
 pub async fn deny(
     State(app): State<App>,
@@ -272,7 +272,7 @@ pub async fn deny(
     if body.reason.as_ref().is_some_and(|r| r.len() > 2000) {
         return Err(Error::invalid_field("reason", "reason must be at most 2000 characters"));
     }
-    let row = approval::deny(&app.store, &user.decider(), &id, body.reason.as_deref()).await?;
+    let row = approval::deny(&app.store, &user.decider()?, &id, body.reason.as_deref()).await?;
     Ok(Json(view(row, &user.viewer())?))
 }
 

@@ -5,8 +5,25 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 
 use crate::app::App;
-use crate::auth;
+use crate::auth::{self, Scope, Scopes};
 use crate::error::Error;
+
+/// The routes a token without the `plan` scope may use (each checks the scope it needs
+/// itself, [`AuthUser::require_scope`]): who am I, the tokens (`manage`, and revoking the
+/// token in use), the approvals and their inbox (`approve` to decide). Every other route
+/// needs `plan`, checked when the caller is authenticated — a new route needs it unless it is
+/// added here. Matched against the route's template (`axum::extract::MatchedPath`).
+const WITHOUT_PLAN: &[&str] = &[
+    "/v1/me",
+    "/v1/tokens",
+    "/v1/tokens/{token_id}/revoke",
+    "/v1/approvals",
+    "/v1/approvals/stream",
+    "/v1/approvals/{approval_id}",
+    "/v1/approvals/{approval_id}/screenshot",
+    "/v1/approvals/{approval_id}/grant",
+    "/v1/approvals/{approval_id}/deny",
+];
 
 /// The authenticated caller.
 #[derive(Debug, Clone)]
@@ -21,6 +38,8 @@ pub struct AuthUser {
     pub is_approver: bool,
     /// The token used (recorded on approval decisions).
     pub token_id: String,
+    /// What the token used may do ([`AuthUser::require_scope`]).
+    pub scopes: Scopes,
 }
 
 impl AuthUser {
@@ -29,18 +48,27 @@ impl AuthUser {
         if self.is_admin { Ok(()) } else { Err(Error::Forbidden("this action needs an admin token".into())) }
     }
 
+    /// 403 `token_scope_missing` (details `{"needed": scope}`) unless the token used holds
+    /// `scope`.
+    pub fn require_scope(&self, scope: Scope) -> Result<(), Error> {
+        if self.scopes.contains(scope) { Ok(()) } else { Err(Error::ScopeMissing(scope)) }
+    }
+
     /// The caller as a viewer of approvals (admins and approvers see four-eyes approvals).
     pub fn viewer(&self) -> crate::store::Viewer<'_> {
         crate::store::Viewer { user_id: &self.user_id, may_second: self.is_admin || self.is_approver }
     }
 
-    /// The caller deciding an approval, with the token used.
-    pub fn decider(&self) -> crate::store::Decider<'_> {
-        crate::store::Decider {
+    /// The caller deciding an approval, with the token used: 403 `token_scope_missing`
+    /// unless the token holds [`Scope::Approve`]. Every decision (the API's grant and deny,
+    /// an MCP elicitation's answer) takes a decider, so none is made without that scope.
+    pub fn decider(&self) -> Result<crate::store::Decider<'_>, Error> {
+        self.require_scope(Scope::Approve)?;
+        Ok(crate::store::Decider {
             user_id: &self.user_id,
             token_id: &self.token_id,
             may_second: self.is_admin || self.is_approver,
-        }
+        })
     }
 }
 
@@ -61,12 +89,18 @@ impl FromRequestParts<App> for AuthUser {
             .filter(|t| !t.is_empty() && t.len() <= 512)
             .ok_or(Error::Unauthorized)?;
         let identity = app.store.identity_by_token(&auth::hash_token(token)).await?.ok_or(Error::Unauthorized)?;
-        Ok(AuthUser {
+        let user = AuthUser {
             user_id: identity.user_id,
             name: identity.name,
             is_admin: identity.is_admin,
             is_approver: identity.is_approver,
             token_id: identity.token_id,
-        })
+            scopes: identity.scopes,
+        };
+        let route = parts.extensions.get::<axum::extract::MatchedPath>().map(axum::extract::MatchedPath::as_str);
+        if !route.is_some_and(|r| WITHOUT_PLAN.contains(&r)) {
+            user.require_scope(Scope::Plan)?;
+        }
+        Ok(user)
     }
 }

@@ -63,6 +63,7 @@ impl Error {
             Error::BadRequest { message, details, .. } | Error::Conflict { message, details, .. } => {
                 (message.clone(), details.clone())
             }
+            Error::ScopeMissing(scope) => (self.to_string(), json!({"needed": scope})),
             Error::InputInvalid { errors } => (self.to_string(), json!({"errors": errors})),
             Error::Tool(e) => (e.message.clone(), e.details.clone()),
             other => (other.to_string(), Value::Null),

@@ -37,7 +37,8 @@ pub struct CreatedUser {
     pub token: String,
 }
 
-/// Creates a user (admin only).
+/// Creates a user (admin only, with a token holding `manage`: the new user's token holds
+/// every scope).
 #[utoipa::path(post, path = "/v1/users", tag = "users", request_body = CreateUser,
     responses((status = 201, body = CreatedUser), (status = 403), (status = 409)), security(("bearer" = [])))]
 pub async fn create_user(
@@ -46,6 +47,8 @@ pub async fn create_user(
     Json(body): Json<CreateUser>,
 ) -> Result<(StatusCode, Json<CreatedUser>)> {
     user.require_admin()?;
+    // The new user's first token holds every scope: making one is managing tokens.
+    user.require_scope(crate::auth::Scope::Manage)?;
     let (user, token) = create(&app.store, &body.name, Roles { admin: body.admin, approver: body.approver }).await?;
     Ok((StatusCode::CREATED, Json(CreatedUser { user, token })))
 }
@@ -81,12 +84,24 @@ pub struct Me {
     pub is_admin: bool,
     /// Approver: may grant other users' four-eyes approvals (admins may too).
     pub is_approver: bool,
+    /// The id of the token in use.
+    pub token_id: String,
+    /// What the token in use may do (`plan`, `approve`, `manage`).
+    #[schema(value_type = Vec<crate::auth::Scope>)]
+    pub scopes: crate::auth::Scopes,
 }
 
 /// Who the token belongs to.
 #[utoipa::path(get, path = "/v1/me", tag = "users", responses((status = 200, body = Me), (status = 401)), security(("bearer" = [])))]
 pub async fn me(user: AuthUser) -> Json<Me> {
-    Json(Me { id: user.user_id, name: user.name, is_admin: user.is_admin, is_approver: user.is_approver })
+    Json(Me {
+        id: user.user_id,
+        name: user.name,
+        is_admin: user.is_admin,
+        is_approver: user.is_approver,
+        token_id: user.token_id,
+        scopes: user.scopes,
+    })
 }
 
 /// Routes of this module.

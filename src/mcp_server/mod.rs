@@ -170,7 +170,11 @@ pub fn router(app: App, body_limit: usize, body_time: std::time::Duration) -> Ro
 ///   (an elicitation's), notifications (a cancel) and the closing `DELETE` take none: a user
 ///   whose places are all held by calls waiting for approval can still approve or cancel them.
 ///   Such a stream ends (after an `error` event `unauthorized`) once its token is revoked or
-///   its user removed, as the API's streams do ([`crate::revocation`]).
+///   its user removed, as the API's streams do ([`crate::revocation`]);
+/// - an answer to an elicitation ([`carries_elicitation_answer`]) sent with a token without
+///   the `approve` scope is refused (403 `token_scope_missing`): the session's elicitations
+///   ask for approvals, and only such a token may decide one (the session asks none of a
+///   call made with such a token; this also holds when another of the user's tokens made it).
 async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
     let user = match AuthUser::from_request_parts(&mut parts, &gate.app).await {
@@ -189,6 +193,9 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
         axum::http::Method::POST => {
             match tokio::time::timeout(gate.body_time, axum::body::to_bytes(body, gate.body_limit)).await {
                 Ok(Ok(bytes)) => {
+                    if !user.scopes.contains(crate::auth::Scope::Approve) && carries_elicitation_answer(&bytes) {
+                        return crate::error::Error::ScopeMissing(crate::auth::Scope::Approve).into_response();
+                    }
                     let opens = carries_request(&bytes);
                     (axum::body::Body::from(bytes), opens)
                 }
@@ -246,6 +253,20 @@ async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Respons
     Response::from_parts(parts, body)
 }
 
+/// Whether a posted body carries an answer to an elicitation: a JSON-RPC response (an `id`,
+/// no `method`) whose `result` has an `action` (`accept`, `decline`, `cancel`), or a batch
+/// holding one.
+fn carries_elicitation_answer(body: &[u8]) -> bool {
+    let is_answer = |m: &serde_json::Value| {
+        m.get("method").is_none() && m.get("id").is_some() && m.get("result").and_then(|r| r.get("action")).is_some()
+    };
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Array(messages)) => messages.iter().any(is_answer),
+        Ok(message) => is_answer(&message),
+        Err(_) => false,
+    }
+}
+
 /// Whether a posted body carries a JSON-RPC request (a message with `method` and `id`, or a
 /// batch holding one), which rmcp answers with a stream; a body of answers and notifications
 /// only is answered `202` at once. A body that is not JSON counts as a request (rmcp refuses
@@ -256,5 +277,25 @@ fn carries_request(body: &[u8]) -> bool {
         Ok(serde_json::Value::Array(messages)) => messages.iter().any(is_request),
         Ok(message) => is_request(&message),
         Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::carries_elicitation_answer;
+
+    #[test]
+    fn an_elicitation_answer_is_told_from_other_posts() {
+        let accept = br#"{"jsonrpc":"2.0","id":3,"result":{"action":"accept","content":{"approve":true}}}"#;
+        assert!(carries_elicitation_answer(accept));
+        let batch = br#"[{"jsonrpc":"2.0","method":"notifications/progress"},{"jsonrpc":"2.0","id":"a","result":{"action":"decline"}}]"#;
+        assert!(carries_elicitation_answer(batch));
+        // A call, a notification, another answer, and a body that is not JSON are not.
+        let call =
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":{"action":"accept"}}}"#;
+        assert!(!carries_elicitation_answer(call));
+        assert!(!carries_elicitation_answer(br#"{"jsonrpc":"2.0","method":"notifications/cancelled"}"#));
+        assert!(!carries_elicitation_answer(br#"{"jsonrpc":"2.0","id":5,"result":{}}"#));
+        assert!(!carries_elicitation_answer(b"not json"));
     }
 }

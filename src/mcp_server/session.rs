@@ -427,8 +427,11 @@ impl Session {
     }
 
     /// Asks the user through form elicitation to approve the exact call, when the client
-    /// supports it and the caller may decide it (not a four-eyes approval). Accepting grants
-    /// the frozen triple; declining denies it; anything else leaves it pending.
+    /// supports it and the caller may decide it (its token holds the `approve` scope, and not
+    /// a four-eyes approval). Accepting grants the frozen triple; declining denies it;
+    /// anything else leaves it pending. A token without `approve` (an agent's `plan` token)
+    /// is never asked: the call waits for a decision in the page or the API, as for a client
+    /// without elicitation.
     async fn ask(
         &self,
         user: &AuthUser,
@@ -438,6 +441,11 @@ impl Session {
         deadline: tokio::time::Instant,
     ) -> Result<(), Error> {
         use rmcp::service::{ElicitationError, ElicitationMode};
+        // The decider needs the `approve` scope: without it nothing is asked, so no answer of
+        // this session's client can decide the approval.
+        let Ok(decider) = user.decider() else {
+            return Ok(());
+        };
         if !ctx.peer.supported_elicitation_modes().contains(&ElicitationMode::Form) {
             return Ok(());
         }
@@ -497,7 +505,7 @@ impl Session {
                 match crate::approval::grant(
                     &self.app.store,
                     &self.app.registry,
-                    &user.decider(),
+                    &decider,
                     approval_id,
                     &triple,
                     &*self.app.harness,
@@ -515,8 +523,7 @@ impl Session {
             }
             Ok(Some(ApprovalAnswer { approve: false })) | Err(ElicitationError::UserDeclined) => {
                 let reason = "declined in the MCP client";
-                if let Err(e) = crate::approval::deny(&self.app.store, &user.decider(), approval_id, Some(reason)).await
-                {
+                if let Err(e) = crate::approval::deny(&self.app.store, &decider, approval_id, Some(reason)).await {
                     tracing::info!(approval = approval_id, error = %e, "deny through elicitation refused");
                 }
             }

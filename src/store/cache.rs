@@ -79,26 +79,59 @@ impl IdentityCache {
         entries.by_hash.insert(token_sha256.to_owned(), (identity.clone(), start.at));
     }
 
-    /// Forgets the token with row id `token_id` (and keeps lookups already under way from
-    /// remembering it).
-    pub(crate) fn forget_token(&self, token_id: &str) {
+    /// Forgets the tokens with row ids `token_ids` (and keeps lookups already under way from
+    /// remembering them).
+    pub(crate) fn forget_tokens(&self, token_ids: &[String]) {
         let mut entries = self.entries.lock();
         entries.generation += 1;
-        entries.by_hash.retain(|_, (identity, _)| identity.token_id != token_id);
+        entries.by_hash.retain(|_, (identity, _)| !token_ids.contains(&identity.token_id));
     }
 }
 
 impl Store {
-    /// Revokes the token with row id `token_id` (sets `revoked_at`; a revoked token stays
-    /// revoked) and forgets it in this process's cache, so that it is refused at once here
-    /// and within [`IDENTITY_TTL`] on other replicas. Returns whether it was valid until now.
+    /// Revokes the token with row id `token_id` and its descendants — the tokens it made
+    /// (`parent_token_id`), the tokens they made, and so on — in one write transaction (sets
+    /// `revoked_at`; a revoked token stays revoked), and forgets them in this process's
+    /// cache, so that they are refused at once here and within [`IDENTITY_TTL`] on other
+    /// replicas. Returns whether `token_id` itself was valid until now.
     pub async fn revoke_token(&self, token_id: &str) -> StoreResult<bool> {
-        let done = sqlx::query("UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
-            .bind(crate::ids::now())
-            .bind(token_id)
-            .execute(self.pool())
-            .await?;
-        self.identities.forget_token(token_id);
-        Ok(done.rows_affected() == 1)
+        Ok(self.revoke_token_tree(token_id).await?.iter().any(|id| id == token_id))
+    }
+
+    /// [`Store::revoke_token`], answering the ids of every token it revoked now (`token_id`
+    /// first when it was valid; tokens revoked before are not repeated).
+    ///
+    /// The tree is walked from the top, each token revoked before its children are read: the
+    /// update locks the token's row, and [`Store::create_token`] locks the parent's row
+    /// before adding a child of it, so a token made concurrently from a member of the tree
+    /// is either seen here or refused there (on Postgres; SQLite has one writer anyway).
+    pub async fn revoke_token_tree(&self, token_id: &str) -> StoreResult<Vec<String>> {
+        let now = crate::ids::now();
+        let mut tx = self.begin_write().await?;
+        let mut revoked = Vec::new();
+        let mut seen: Vec<String> = Vec::new();
+        let mut todo = vec![token_id.to_owned()];
+        while let Some(id) = todo.pop() {
+            if seen.contains(&id) {
+                continue;
+            }
+            let done = sqlx::query("UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
+                .bind(&now)
+                .bind(&id)
+                .execute(tx.conn())
+                .await?;
+            if done.rows_affected() == 1 {
+                revoked.push(id.clone());
+            }
+            let children: Vec<String> = sqlx::query_scalar("SELECT id FROM tokens WHERE parent_token_id = $1")
+                .bind(&id)
+                .fetch_all(tx.conn())
+                .await?;
+            todo.extend(children);
+            seen.push(id);
+        }
+        tx.commit().await?;
+        self.identities.forget_tokens(&seen);
+        Ok(revoked)
     }
 }

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::{Store, StoreResult};
+use crate::auth::Scopes;
 use crate::ids;
 use crate::state::Flag;
 
@@ -38,6 +39,9 @@ pub struct TokenIdentity {
     pub is_approver: bool,
     /// The token row, recorded on decisions ("from which token").
     pub token_id: String,
+    /// What the token may do.
+    #[sqlx(try_from = "String")]
+    pub scopes: Scopes,
 }
 
 /// The roles a user is created with.
@@ -79,14 +83,18 @@ impl Store {
             .bind(&user.created_at)
             .execute(tx.conn())
             .await?;
-        sqlx::query("INSERT INTO tokens (id, user_id, token_sha256, label, created_at) VALUES ($1, $2, $3, $4, $5)")
-            .bind(ids::new_id("tok"))
-            .bind(&user.id)
-            .bind(token_sha256)
-            .bind("initial")
-            .bind(&user.created_at)
-            .execute(tx.conn())
-            .await?;
+        // A user's first token holds every scope (it is the person's own).
+        sqlx::query(
+            "INSERT INTO tokens (id, user_id, token_sha256, label, created_at, scopes) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(ids::new_id("tok"))
+        .bind(&user.id)
+        .bind(token_sha256)
+        .bind("initial")
+        .bind(&user.created_at)
+        .bind(Scopes::ALL.stored())
+        .execute(tx.conn())
+        .await?;
         tx.commit().await?;
         Ok(user)
     }
@@ -100,7 +108,7 @@ impl Store {
             Err(start) => start,
         };
         let row: Option<IdentityRow> = sqlx::query_as(
-            "SELECT u.id AS user_id, u.name, u.is_admin, u.is_approver, t.id AS token_id, t.last_used_at
+            "SELECT u.id AS user_id, u.name, u.is_admin, u.is_approver, t.id AS token_id, t.scopes, t.last_used_at
              FROM tokens t JOIN users u ON u.id = t.user_id
              WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
         )
@@ -138,7 +146,8 @@ impl Store {
     /// The tokens of user `user_id` (revoked ones too), oldest first. Never their hashes.
     pub async fn list_tokens(&self, user_id: &str) -> StoreResult<Vec<TokenRow>> {
         Ok(sqlx::query_as(
-            "SELECT id, user_id, label, created_at, last_used_at, revoked_at FROM tokens WHERE user_id = $1 ORDER BY id",
+            "SELECT id, user_id, label, scopes, parent_token_id, created_at, last_used_at, revoked_at
+             FROM tokens WHERE user_id = $1 ORDER BY id",
         )
         .bind(user_id)
         .fetch_all(self.pool())
@@ -147,10 +156,13 @@ impl Store {
 
     /// The token with row id `token_id`, whoever owns it.
     pub async fn token_by_id(&self, token_id: &str) -> StoreResult<Option<TokenRow>> {
-        Ok(sqlx::query_as("SELECT id, user_id, label, created_at, last_used_at, revoked_at FROM tokens WHERE id = $1")
-            .bind(token_id)
-            .fetch_optional(self.pool())
-            .await?)
+        Ok(sqlx::query_as(
+            "SELECT id, user_id, label, scopes, parent_token_id, created_at, last_used_at, revoked_at
+             FROM tokens WHERE id = $1",
+        )
+        .bind(token_id)
+        .fetch_optional(self.pool())
+        .await?)
     }
 
     /// Of `token_ids`, the ones that still authenticate: not revoked, and of a user that
@@ -182,25 +194,55 @@ impl Store {
             .await?)
     }
 
-    /// Adds a token (given as its SHA-256 hex) to user `user_id`, labelled `label`.
-    pub async fn create_token(&self, user_id: &str, label: &str, token_sha256: &str) -> StoreResult<TokenRow> {
+    /// Adds a token (given as its SHA-256 hex) to user `user_id`, labelled `label`, holding
+    /// `scopes`, made by token `parent_token_id` (revoking that token revokes this one,
+    /// [`Store::revoke_token`]). The caller checks that `scopes` are the parent's or fewer.
+    /// None when the parent is revoked (also by a revocation that raced this: the parent's
+    /// row is locked first, see [`Store::revoke_token_tree`]).
+    pub async fn create_token(
+        &self,
+        user_id: &str,
+        label: &str,
+        token_sha256: &str,
+        scopes: Scopes,
+        parent_token_id: Option<&str>,
+    ) -> StoreResult<Option<TokenRow>> {
         let row = TokenRow {
             id: ids::new_id("tok"),
             user_id: user_id.to_owned(),
             label: label.to_owned(),
+            scopes,
+            parent_token_id: parent_token_id.map(str::to_owned),
             created_at: ids::now(),
             last_used_at: None,
             revoked_at: None,
         };
-        sqlx::query("INSERT INTO tokens (id, user_id, token_sha256, label, created_at) VALUES ($1, $2, $3, $4, $5)")
-            .bind(&row.id)
-            .bind(user_id)
-            .bind(token_sha256)
-            .bind(&row.label)
-            .bind(&row.created_at)
-            .execute(self.pool())
-            .await?;
-        Ok(row)
+        let mut tx = self.begin_write().await?;
+        if let Some(parent) = parent_token_id {
+            // A no-op update: locks the parent's row while it is still valid.
+            let valid = sqlx::query("UPDATE tokens SET revoked_at = NULL WHERE id = $1 AND revoked_at IS NULL")
+                .bind(parent)
+                .execute(tx.conn())
+                .await?;
+            if valid.rows_affected() != 1 {
+                return Ok(None);
+            }
+        }
+        sqlx::query(
+            "INSERT INTO tokens (id, user_id, token_sha256, label, created_at, scopes, parent_token_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&row.id)
+        .bind(user_id)
+        .bind(token_sha256)
+        .bind(&row.label)
+        .bind(&row.created_at)
+        .bind(scopes.stored())
+        .bind(&row.parent_token_id)
+        .execute(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(Some(row))
     }
 }
 
@@ -224,6 +266,14 @@ pub struct TokenRow {
     pub user_id: String,
     /// Its label (`initial` for a user's first token).
     pub label: String,
+    /// What it may do: `plan`, `approve`, `manage` (a user's first token, and every token
+    /// made before scopes existed, holds all three).
+    #[sqlx(try_from = "String")]
+    #[schema(value_type = Vec<crate::auth::Scope>)]
+    pub scopes: Scopes,
+    /// `tok_…`: the token that made this one (`POST /v1/tokens`); revoking that token
+    /// revoked this one too. Null for a user's first token and tokens made before scopes.
+    pub parent_token_id: Option<String>,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339: when it last authenticated a request, to the minute

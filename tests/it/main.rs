@@ -46,6 +46,7 @@ mod spine;
 mod store;
 mod terminal;
 mod throughput;
+mod token_scopes;
 mod traces;
 mod verify;
 mod wait;

@@ -172,6 +172,42 @@ async fn an_input_too_large_to_show_whole_is_not_elicited(backend: Backend) {
     assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), content);
 }
 
+/// A session whose token lacks the `approve` scope (an agent's `plan` token) is never asked
+/// to approve through elicitation, although its client offers it (and would accept): the call
+/// stays `awaiting_approval` until a person decides it in the page or the API.
+async fn a_plan_token_is_not_asked_to_approve(backend: Backend) {
+    let t = spawn(backend).await;
+    let person = user_with_file(&t, "ada", "notes.txt", "old\n").await;
+    let r = t.post("/v1/tokens", &person, json!({"label": "agent", "scopes": ["plan"]})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let agent = r.body["secret"].as_str().unwrap().to_owned();
+    let (mut c, _, _) = PyClient::listed(&agent, &mcp_url(&t), "edit-elicit", &["notes.txt", "by the agent\n"]).await;
+    let a = pending_approval(&t, &person).await;
+    // Still pending a while later: nothing answered for it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let id = a["id"].as_str().unwrap();
+    let seen = t.get(&format!("/v1/approvals/{id}"), &person).await.body;
+    assert_eq!(seen["status"], "pending", "{seen}");
+    let inv =
+        t.get(&format!("/v1/invocations/{}", seen["invocation"]["invocation_id"].as_str().unwrap()), &person).await;
+    assert_eq!(inv.body["status"], "awaiting_approval", "{inv:?}");
+    assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), "old\n");
+    let call = &a["invocation"];
+    let r = t
+        .post(
+            &format!("/v1/approvals/{id}/grant"),
+            &person,
+            json!({"tool_id": call["tool_id"], "tool_call_id": call["tool_call_id"], "input_hash": call["input_hash"]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let called = c.step("called").await;
+    c.finish().await;
+    assert_eq!(called["result"]["is_error"], false, "{called}");
+    assert!(called["elicitations"].as_array().unwrap().is_empty(), "nothing elicited: {called}");
+    assert_eq!(std::fs::read_to_string(t.workspace.join("notes.txt")).unwrap(), "by the agent\n");
+}
+
 async fn edit_declined_through_elicitation(backend: Backend) {
     let t = spawn(backend).await;
     let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
@@ -644,6 +680,7 @@ both_backends!(
     list_read_and_evidence,
     edit_approved_through_elicitation,
     an_input_too_large_to_show_whole_is_not_elicited,
+    a_plan_token_is_not_asked_to_approve,
     edit_declined_through_elicitation,
     edit_approved_in_the_api_while_the_client_waits,
     a_cancelled_call_cancels_its_invocation,

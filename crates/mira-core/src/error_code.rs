@@ -183,6 +183,9 @@ catalogue! {
     /// The tab named is not one the attached browser's connection grants (`settings.tabs`): the
     /// attached-browser tools act only in the tabs the user chose.
     TabNotGranted = (403, "tab_not_granted"),
+    /// The bearer token lacks the scope the action needs (`plan`, `approve` or `manage`;
+    /// `details.needed` names it).
+    TokenScopeMissing = (403, "token_scope_missing"),
     /// A non-admin asked for a workspace path outside the allowed roots.
     WorkspacePathNotAllowed = (403, "workspace_path_not_allowed"),
     /// The cwd does not exist.
