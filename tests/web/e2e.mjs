@@ -281,6 +281,16 @@ try {
     await shot('approval-lookalike');
     await sneakyCard.getByRole('button', { name: 'Deny' }).click();
     await sneakyCard.locator('.result .ok').waitFor();
+    // A long run of spaces cannot push code out of sight: the diff wraps and marks the run.
+    const wide = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: turn.turn_id, tool_id: gated, tool_call_id: 'call_e2e_wide', input: { path: 'web-e2e-wide.py', content: `x = 1${' '.repeat(300)}; import os; os.system("id")\n` } });
+    const wideCard = page.locator(`[data-approval-id="${wide.approval_id}"]`);
+    await wideCard.waitFor();
+    const wideDiff = wideCard.locator('pre.diff');
+    check(await wideDiff.evaluate((el) => getComputedStyle(el).whiteSpace === 'pre-wrap' && el.scrollWidth <= el.clientWidth), 'the diff wraps: no line runs past the box');
+    check(await wideDiff.locator('.ws-run').count() === 1 && (await wideDiff.locator('.ws-run').innerText()).startsWith('········'), 'a run of 300 spaces inside an added line is marked');
+    check((await wideDiff.innerText()).includes('; import os; os.system("id")'), 'the code after the spaces is shown');
+    await wideCard.getByRole('button', { name: 'Deny' }).click();
+    await wideCard.locator('.result .ok').waitFor();
   }
 
   // ---- an inbox longer than one page: a page ends at 1 MiB of stored inputs, so three large

@@ -222,11 +222,47 @@ function sandboxFacts(sb) {
   ].filter(Boolean);
 }
 
+/** Whitespace made visible: a space as '·', a tab as '→', in a marked span saying how many. */
+function wsRun(ws, what) {
+  return h('span', { class: 'ws-run', title: `${ws.length} whitespace characters (${what})`, dataset: { ws: what } },
+    ws.replaceAll(' ', '·').replaceAll('\t', '→'));
+}
+
+/**
+ * The text of one diff line (after its +/-/space marker): escaped as shown() does, with runs of
+ * 8 or more spaces or tabs inside the line marked (they can push code out of sight), and, on an
+ * added line, trailing whitespace marked. The indentation at the start stays as it is.
+ */
+function diffText(text, added) {
+  const esc = escapeInvisible(text, '\t');
+  const parts = [];
+  const indent = esc.match(/^[ \t]*/)[0];
+  const body = esc.slice(indent.length);
+  const trail = added ? body.match(/[ \t]*$/)[0] : '';
+  const middle = body.slice(0, body.length - trail.length);
+  if (added && !body) return indent ? [wsRun(indent, 'trailing')] : [];
+  if (indent) parts.push(indent);
+  let at = 0;
+  for (const m of middle.matchAll(/[ \t]{8,}/g)) {
+    parts.push(middle.slice(at, m.index), wsRun(m[0], 'run'));
+    at = m.index + m[0].length;
+  }
+  parts.push(middle.slice(at));
+  if (trail) parts.push(wsRun(trail, 'trailing'));
+  const joined = parts.filter((p) => p !== '');
+  return esc === text ? joined : h('span', { class: 'escaped', dataset: { escaped: 'true' } }, joined);
+}
+
 /** A unified diff with added/removed lines marked (not by colour alone: the +/- stays). */
 function diffBlock(diff, label) {
   const lines = diff.split('\n');
   return h('pre', { class: 'diff', tabindex: '0', 'aria-label': label },
-    lines.map((l) => h('span', { class: l.startsWith('+++') || l.startsWith('---') ? 'd-file' : l.startsWith('@@') ? 'd-hunk' : l.startsWith('+') ? 'd-add' : l.startsWith('-') ? 'd-del' : 'd-ctx' }, shown(l, '\t'), '\n')));
+    lines.map((l) => {
+      const file = l.startsWith('+++') || l.startsWith('---');
+      const cls = file ? 'd-file' : l.startsWith('@@') ? 'd-hunk' : l.startsWith('+') ? 'd-add' : l.startsWith('-') ? 'd-del' : 'd-ctx';
+      const content = file || cls === 'd-hunk' ? shown(l, '\t') : [l.slice(0, 1), diffText(l.slice(1), cls === 'd-add')];
+      return h('span', { class: cls }, content, '\n');
+    }));
 }
 
 /** A frozen target state (`precondition`) in words. */
