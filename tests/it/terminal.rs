@@ -560,6 +560,44 @@ async fn invisible_and_bidi_characters_are_flagged_and_refused_in_call_ids(backe
     }
 }
 
+/// An action on a session (input, signal, wait…) shows in its approval preview which program
+/// the session runs and where (`session: {id, command_line, cwd}`), also once it has ended.
+async fn session_actions_preview_the_session_they_go_to(backend: Backend) {
+    let c = setup(backend).await;
+    let (id, _) = c.start(json!({"command": "bash", "args": ["--norc", "--noprofile"], "settle_ms": 300})).await;
+    let preview = |inv: Value| {
+        let t = &c.t;
+        let token = &c.token;
+        async move {
+            let a = t.get(&format!("/v1/approvals/{}", inv["approval_id"].as_str().unwrap()), token).await;
+            assert_eq!(a.status, StatusCode::OK, "{a:?}");
+            a.body["preview"]["tool"].clone()
+        }
+    };
+    let input = c.freeze(json!({"action": "input", "session_id": id, "data": "echo hi\u{202e}\n"})).await;
+    let p = preview(input.clone()).await;
+    assert_eq!(p["action"], "input", "{p}");
+    assert_eq!(p["session"]["id"], id.as_str(), "{p}");
+    assert_eq!(p["session"]["command_line"], "bash --norc --noprofile", "{p}");
+    assert_eq!(p["session"]["cwd"], c.t.workspace.to_str().unwrap(), "{p}");
+    assert_eq!(p["text_flags"], json!(["bidi_control"]), "{p}");
+    let r =
+        c.t.post(&format!("/v1/approvals/{}/deny", input["approval_id"].as_str().unwrap()), &c.token, json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let signal = c.freeze(json!({"action": "signal", "session_id": id, "signal": "interrupt"})).await;
+    assert_eq!(preview(signal.clone()).await["session"]["command_line"], "bash --norc --noprofile");
+    let r =
+        c.t.post(&format!("/v1/approvals/{}/deny", signal["approval_id"].as_str().unwrap()), &c.token, json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    // Ended: a wait still names the program.
+    c.act(json!({"action": "kill", "session_id": id})).await;
+    let wait = c.freeze(json!({"action": "wait", "session_id": id, "timeout_ms": 100})).await;
+    let p = preview(wait).await;
+    assert_eq!(p["session"]["id"], id.as_str(), "{p}");
+    assert_eq!(p["session"]["command_line"], "bash --norc --noprofile", "{p}");
+    assert_ne!(p["session"]["state"], "running", "{p}");
+}
+
 async fn bad_inputs_are_refused_clearly(backend: Backend) {
     let c = setup(backend).await;
     let bob = c.t.user("bob").await;
@@ -961,6 +999,7 @@ both_backends!(
     restart_reports_running_sessions_lost,
     bad_inputs_are_refused_clearly,
     invisible_and_bidi_characters_are_flagged_and_refused_in_call_ids,
+    session_actions_preview_the_session_they_go_to,
 );
 
 macro_rules! sqlite_only {

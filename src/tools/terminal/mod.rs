@@ -1192,11 +1192,19 @@ impl Tool for TerminalSession {
                 Ok(s) => {
                     json!({"id": s.id, "command_line": s.command_line, "cwd": s.cwd, "pid": s.pid, "state": "running"})
                 }
+                // Ended: the caller's stored row still says which program it ran, and where.
                 Err(e)
                     if matches!(action.as_str(), "wait" | "kill" | "output")
                         && e.code == ErrorCode::TerminalSessionEnded =>
                 {
-                    json!({"id": prepared.input["session_id"], "state": e.details["state"]})
+                    match self.host.store().terminal_session_for(ctx.owner_id, id).await.map_err(store_error)? {
+                        Some(row) => {
+                            let f = Facts::stored(&row);
+                            json!({"id": f.id, "command_line": f.command_line, "cwd": f.cwd, "pid": f.pid,
+                                   "state": e.details["state"]})
+                        }
+                        None => json!({"id": prepared.input["session_id"], "state": e.details["state"]}),
+                    }
                 }
                 Err(e) => return Err(e),
             };
