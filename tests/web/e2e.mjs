@@ -291,6 +291,30 @@ try {
     check((await wideDiff.innerText()).includes('; import os; os.system("id")'), 'the code after the spaces is shown');
     await wideCard.getByRole('button', { name: 'Deny' }).click();
     await wideCard.locator('.result .ok').waitFor();
+    // A move that overwrites says what it overwrites; a recursive delete says so, with the tree.
+    const et = await must('POST', `/v1/runs/${run.id}/turns`, { task: 'move a file over another one and delete a folder recursively' });
+    const exposed = (id) => et.exposure.tools.some((t) => t.id === id);
+    if (!exposed('move_path') || !exposed('delete_path')) log('skipped: move_path/delete_path not in the exposure of this turn');
+    if (process.env.MIRA_WORKSPACE && exposed('move_path') && exposed('delete_path')) {
+      const ws = process.env.MIRA_WORKSPACE;
+      writeFileSync(join(ws, 'web-e2e-dest.txt'), 'y'.repeat(2048));
+      mkdirSync(join(ws, 'web-e2e-dir', 'sub'), { recursive: true });
+      writeFileSync(join(ws, 'web-e2e-dir', 'a.txt'), 'a');
+      writeFileSync(join(ws, 'web-e2e-dir', 'sub', 'b.txt'), 'b');
+      const mv = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: et.turn_id, tool_id: 'move_path', tool_call_id: 'call_e2e_move', input: { from: 'web-e2e-1.txt', to: 'web-e2e-dest.txt', overwrite: true } });
+      const mvCard = page.locator(`[data-approval-id="${mv.approval_id}"]`);
+      await mvCard.waitFor();
+      const over = await mvCard.locator('.overwrites').innerText();
+      check(over.includes('overwrites web-e2e-dest.txt') && over.includes('2 KiB'), `a move shows what it overwrites (${over})`);
+      await mvCard.getByRole('button', { name: 'Deny' }).click();
+      await mvCard.locator('.result .ok').waitFor();
+      const del = await must('POST', `/v1/runs/${run.id}/invocations`, { turn_id: et.turn_id, tool_id: 'delete_path', tool_call_id: 'call_e2e_delete', input: { path: 'web-e2e-dir', recursive: true } });
+      const delCard = page.locator(`[data-approval-id="${del.approval_id}"]`);
+      await delCard.waitFor();
+      check(await delCard.locator('.recursive').count() === 1 && (await delCard.locator('.tree').innerText()).includes('2 file(s), 1 folder(s)'), 'a recursive delete is flagged and shows its tree');
+      await delCard.getByRole('button', { name: 'Deny' }).click();
+      await delCard.locator('.result .ok').waitFor();
+    }
   }
 
   // ---- an inbox longer than one page: a page ends at 1 MiB of stored inputs, so three large

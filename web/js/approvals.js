@@ -312,7 +312,50 @@ function pathFlagsBlock(flags) {
         c.looks_like ? h('span', {}, ' — looks like ', code(c.looks_like)) : null)))))));
 }
 
-function editFacts(tool) {
+/** A size in words: "48 KB (49 152 bytes)". */
+function sizeWords(n) {
+  if (typeof n !== 'number') return '? bytes';
+  return n < 1000 ? `${n} bytes` : `${fmtBytes(n)} (${n} bytes)`;
+}
+
+/** What a file or directory (move_path's `source`, delete_path's preview) holds, in words. */
+function entryWords(e) {
+  if (!e) return null;
+  if (e.kind === 'directory' && e.tree) return treeWords(e.tree);
+  if (e.kind === 'file') return `file · sha256 ${e.sha256 ?? '—'} · ${sizeWords(e.size)}`;
+  return e.kind ?? '—';
+}
+
+/** A directory tree (files, folders, bytes, the first entries) in words. */
+function treeWords(t) {
+  return h('span', { class: 'tree' },
+    `directory with ${t.files ?? '?'} file(s), ${t.dirs ?? '?'} folder(s)${t.others ? `, ${t.others} other entr${t.others > 1 ? 'ies' : 'y'}` : ''}, ${sizeWords(t.bytes)}`,
+    t.truncated ? h('strong', { class: 'flag-outside', role: 'note' }, ' ⚠ More entries than counted (the walk stopped)') : null,
+    t.sample?.length ? h('ul', { class: 'paths' }, t.sample.map((p) => h('li', {}, code(p)))) : null);
+}
+
+/** move_path and delete_path facts: what is moved or deleted, what is overwritten. */
+function moveDeleteFacts(tool, input) {
+  if (tool.action === 'move_path') {
+    const over = tool.overwrites;
+    return [
+      tool.source ? ['Moves', entryWords(tool.source)] : null,
+      ['Overwrite allowed', input?.overwrite ? 'yes' : 'no'],
+      over ? ['Overwrites', h('strong', { class: 'flag-outside overwrites', role: 'note' }, '⚠ overwrites ', code(tool.to), ` (${sizeWords(over.size)}, sha256 ${over.sha256 ?? '—'})`)]
+        : ['Overwrites', 'nothing (the destination does not exist)'],
+    ];
+  }
+  if (tool.action === 'delete_path') {
+    const recursive = tool.kind === 'directory' || input?.recursive;
+    return [
+      ['Deletes', tool.kind === 'directory' ? treeWords(tool.tree ?? {}) : entryWords(tool)],
+      recursive ? ['Recursive', h('strong', { class: 'flag-outside recursive', role: 'note' }, '⚠ Recursive: the folder and everything in it is deleted')] : null,
+    ];
+  }
+  return [];
+}
+
+function editFacts(tool, input) {
   const facts = [
     tool.action ? ['Edit', code(tool.action)] : null,
     tool.path ? ['Path', pathValue(tool, 'path')] : null,
@@ -324,6 +367,7 @@ function editFacts(tool) {
     tool.before ? ['Before', `sha256 ${tool.before.sha256 ?? '—'} · ${tool.before.size ?? '?'} bytes`] : null,
     tool.after ? ['After', `sha256 ${tool.after.sha256 ?? '—'} · ${tool.after.size ?? '?'} bytes`] : null,
     tool.diff_summary ? ['Change', `+${tool.diff_summary.lines_added} −${tool.diff_summary.lines_removed} lines in ${tool.diff_summary.hunks} hunk(s)`] : null,
+    ...moveDeleteFacts(tool, input),
     tool.note ? ['Note', shown(tool.note)] : null,
     tool.precondition ? ['Runs only if', h('span', { class: 'precondition' }, preconditionText(tool.precondition),
       h('span', { class: 'hint' }, ' (frozen in the input; otherwise nothing is written: stale_target)'))] : null,
@@ -481,11 +525,11 @@ function approvalCard(a, onDecided) {
   if (isTerminal) sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Terminal'), dl(terminalFacts(inv, tool))));
   if (isTerminal && inv.input?.sandbox) sections.push(h('section', { class: 'what-runs sandbox' }, h('h3', {}, 'Sandbox'), dl(sandboxFacts(inv.input.sandbox))));
   if (tool && typeof tool.diff === 'string') {
-    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool)),
+    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool, inv.input)),
       tool.diff ? diffBlock(tool.diff, `Diff preview of ${tool.path ?? 'the edit'}`) : h('p', {}, 'No change in content.'),
       tool.diff_truncated ? h('p', { class: 'hint' }, 'The diff was cut for the preview; the canonical input below is complete.') : null));
   } else if (tool && tool.action && !isTerminal) {
-    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool))));
+    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool, inv.input))));
   }
   if (tool && Array.isArray(tool.path_flags) && tool.path_flags.length) sections.push(pathFlagsBlock(tool.path_flags));
   if (tool && tool.screenshot && tool.screenshot.sha256) sections.push(screenshotBlock(a, tool));
