@@ -167,6 +167,19 @@ pub async fn freeze(
         )
         .into());
     }
+    // The call id is shown to the approver and sent back in the grant: a control, format or
+    // bidirectional character in it would print as something else (or as nothing).
+    if let Some(c) = req.tool_call_id.chars().find(|&c| crate::workspace::lookalike::text_flag(c, &[]).is_some()) {
+        return Err(Error::invalid_field(
+            "tool_call_id",
+            format!(
+                "tool_call_id must not contain control, format, bidirectional or unusual whitespace characters \
+                 (found U+{:04X})",
+                u32::from(c)
+            ),
+        )
+        .into());
+    }
     let turn = stage.turns.turn_for(stage.store, user_id, &req.turn_id).await?;
     let turn = turn.filter(|t| t.run_id == run.id).ok_or(Error::NotFound("turn"))?;
     let exposure = &turn.exposure;

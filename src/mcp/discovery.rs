@@ -2,9 +2,10 @@
 //!
 //! A tool is rejected (and recorded with its reason) when its name is not 1–128 characters
 //! of `A-Z a-z 0-9 _ - .` (the MCP 2025-11-25 tool-name guidance, minus `/`, which cannot
-//! sit in a tool id path segment), when its name repeats an earlier tool of the listing,
-//! when `inputSchema` is missing or not an object of `"type": "object"`, or when its
-//! definition is over [`MAX_DEFINITION_BYTES`]. The rest of the
+//! sit in a tool id path segment) or is made only of dots (`.`, `..`: a path segment of its
+//! own), when its name repeats an earlier tool of the listing, when `inputSchema` is missing
+//! or not an object of `"type": "object"`, or when its definition is over
+//! [`MAX_DEFINITION_BYTES`]. The rest of the
 //! listing still works. An `inputSchema` is compiled in the dialect it declares (or reads as,
 //! [`crate::registry::schema`]); one that compiles in no dialect leaves its tool listed (`ok`)
 //! but `unavailable` with `schema_unusable` and the problem, never failing the others.
@@ -136,11 +137,13 @@ async fn list(live: &Live, slot: &ServerSlot) -> Result<Vec<McpToolRow>, Discove
     Err(DiscoveryError::TooManyPages)
 }
 
-/// Whether a tool name is acceptable (see the module docs).
+/// Whether a tool name is acceptable (see the module docs): not one made only of dots
+/// (`.`, `..` would be a path segment of their own in `…/tools/{name}/…` routes).
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 128
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        && !name.bytes().all(|b| b == b'.')
 }
 
 fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> McpToolRow {
@@ -181,7 +184,10 @@ fn check(tool: &Value, index: usize, seen: &mut HashSet<String>, now: &str) -> M
         reject(&mut row, "the tool has no name".into());
     } else if !valid_name(&name) {
         let shown = &name[..name.floor_char_boundary(MAX_REJECTED_NAME_BYTES)];
-        reject(&mut row, format!("invalid_name: {shown:?} is not 1-128 characters of A-Z a-z 0-9 _ - ."));
+        reject(
+            &mut row,
+            format!("invalid_name: {shown:?} is not 1-128 characters of A-Z a-z 0-9 _ - . (and not only dots)"),
+        );
         if name.len() > MAX_REJECTED_NAME_BYTES {
             // Cut, it could equal a valid name of the listing: `#` keeps it apart.
             row.name = format!("{}#{index}", &name[..name.floor_char_boundary(MAX_REJECTED_NAME_BYTES - 12)]);
@@ -257,6 +263,14 @@ mod tests {
         assert!(s.rejection.unwrap_or_default().contains("a string"));
         let n = check(&serde_json::json!({"name": "bad name!", "inputSchema": {"type": "object"}}), 4, &mut seen, "t");
         assert!(n.rejection.unwrap_or_default().starts_with("invalid_name"));
+        // Names made only of dots would be `.` / `..` segments of the tool routes.
+        for dots in [".", "..", "..."] {
+            let d = check(&serde_json::json!({"name": dots, "inputSchema": {"type": "object"}}), 5, &mut seen, "t");
+            assert!(d.rejection.unwrap_or_default().starts_with("invalid_name"), "{dots}");
+        }
+        for fine in [".hidden", "a.b", "v1..2"] {
+            assert!(valid_name(fine), "{fine}");
+        }
         let long = check(
             &serde_json::json!({"name": "!".repeat(100_000), "description": "d".repeat(50_000), "inputSchema": {}}),
             4,

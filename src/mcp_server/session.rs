@@ -480,10 +480,21 @@ impl Session {
             );
             return Ok(());
         };
-        let message = format!(
-            "Approve this exact call?\n\ntool: {}\ncall id: {}\ninput hash: {}\napproval: {}\n\ninput:\n{input}{preview}",
-            view.tool_id, view.tool_call_id, view.input_hash, approval_id
+        // Characters that print as nothing or reorder the text are written as `\u{XXXX}`, so
+        // the person reads the call's bytes (the lines' own newlines stay).
+        let (body, escaped) = crate::workspace::lookalike::escape_text(
+            &format!(
+                "tool: {}\ncall id: {}\ninput hash: {}\napproval: {}\n\ninput:\n{input}{preview}",
+                view.tool_id, view.tool_call_id, view.input_hash, approval_id
+            ),
+            &['\n'],
         );
+        let warning = if escaped {
+            "\n\n⚠ This call contains invisible or direction-changing characters, shown escaped as \\u{…}."
+        } else {
+            ""
+        };
+        let message = format!("Approve this exact call?{warning}\n\n{body}");
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let answer = tokio::select! {
             answer = ctx.peer.elicit_with_timeout::<ApprovalAnswer>(message, Some(left)) => answer,

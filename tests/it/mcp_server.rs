@@ -147,6 +147,21 @@ async fn edit_approved_through_elicitation(backend: Backend) {
     assert_eq!(approval["invocation"]["input_hash"], meta["input_hash"]);
 }
 
+/// An input with bidirectional controls is shown escaped in the elicitation (`\u{202e}`, never
+/// the raw character, which would reorder the lines the person reads), with a warning.
+async fn elicitation_shows_bidi_controls_escaped(backend: Backend) {
+    let t = spawn(backend).await;
+    let token = user_with_file(&t, "ada", "notes.txt", "old\n").await;
+    let content = "x = 1 \u{202e}\u{2066}; import os #\u{2069}\u{2066}# ok\u{2069}\u{202c}\n";
+    let (mut c, _, _) = PyClient::listed(&token, &mcp_url(&t), "edit-elicit", &["notes.txt", content]).await;
+    let called = c.step("called").await;
+    c.finish().await;
+    let asked = called["elicitations"][0].as_str().unwrap();
+    assert!(asked.contains("\\u{202e}") && asked.contains("\\u{2066}"), "escaped: {asked}");
+    assert!(!asked.contains('\u{202e}') && !asked.contains('\u{2066}'), "no raw bidi control: {asked:?}");
+    assert!(asked.contains("invisible or direction-changing characters, shown escaped"), "{asked}");
+}
+
 /// An input too large to show whole in an elicitation is not asked about there (a person
 /// approves nothing of which a part was cut away): the call waits, and the page or the API
 /// decides it.
@@ -679,6 +694,7 @@ async fn the_official_conformance_suite_passes(backend: Backend) {
 both_backends!(
     list_read_and_evidence,
     edit_approved_through_elicitation,
+    elicitation_shows_bidi_controls_escaped,
     an_input_too_large_to_show_whole_is_not_elicited,
     a_plan_token_is_not_asked_to_approve,
     edit_declined_through_elicitation,

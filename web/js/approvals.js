@@ -11,7 +11,7 @@
 
 import { get, post, seg, ApiError, authHeaders, errorFrom } from './api.js';
 import { follow, json } from './sse.js';
-import { h, fill, dl, jsonBlock, code, badge, announce, errorBox, streamState, fmtTime, fmtMs, title } from './ui.js';
+import { h, fill, dl, jsonBlock, code, shown, escapeInvisible, badge, announce, errorBox, streamState, fmtTime, fmtMs, title } from './ui.js';
 
 /** Most pages read after a snapshot's first (200 approvals or 1 MiB of stored inputs each). */
 const MORE_PAGES = 20;
@@ -162,7 +162,7 @@ function terminalFacts(inv, tool) {
       ['Session', s.id ? code(s.id) : code(input.session_id)],
       s.command_line ? ['Session command', code(s.command_line)] : null,
       s.cwd ? ['Session cwd', code(s.cwd)] : null,
-      input.data !== undefined ? ['Bytes to send', h('pre', { class: 'json' }, JSON.stringify(input.data))] : null,
+      input.data !== undefined ? ['Bytes to send', h('pre', { class: 'json' }, shown(JSON.stringify(input.data)))] : null,
       input.signal ? ['Signal', code(input.signal)] : null,
       input.cols ? ['Size', `${input.cols} × ${input.rows}`] : null,
       input.timeout_ms !== undefined ? ['Timeout', fmtMs(input.timeout_ms)] : null,
@@ -222,11 +222,47 @@ function sandboxFacts(sb) {
   ].filter(Boolean);
 }
 
+/** Whitespace made visible: a space as '·', a tab as '→', in a marked span saying how many. */
+function wsRun(ws, what) {
+  return h('span', { class: 'ws-run', title: `${ws.length} whitespace characters (${what})`, dataset: { ws: what } },
+    ws.replaceAll(' ', '·').replaceAll('\t', '→'));
+}
+
+/**
+ * The text of one diff line (after its +/-/space marker): escaped as shown() does, with runs of
+ * 8 or more spaces or tabs inside the line marked (they can push code out of sight), and, on an
+ * added line, trailing whitespace marked. The indentation at the start stays as it is.
+ */
+function diffText(text, added) {
+  const esc = escapeInvisible(text, '\t');
+  const parts = [];
+  const indent = esc.match(/^[ \t]*/)[0];
+  const body = esc.slice(indent.length);
+  const trail = added ? body.match(/[ \t]*$/)[0] : '';
+  const middle = body.slice(0, body.length - trail.length);
+  if (added && !body) return indent ? [wsRun(indent, 'trailing')] : [];
+  if (indent) parts.push(indent);
+  let at = 0;
+  for (const m of middle.matchAll(/[ \t]{8,}/g)) {
+    parts.push(middle.slice(at, m.index), wsRun(m[0], 'run'));
+    at = m.index + m[0].length;
+  }
+  parts.push(middle.slice(at));
+  if (trail) parts.push(wsRun(trail, 'trailing'));
+  const joined = parts.filter((p) => p !== '');
+  return esc === text ? joined : h('span', { class: 'escaped', dataset: { escaped: 'true' } }, joined);
+}
+
 /** A unified diff with added/removed lines marked (not by colour alone: the +/- stays). */
 function diffBlock(diff, label) {
   const lines = diff.split('\n');
   return h('pre', { class: 'diff', tabindex: '0', 'aria-label': label },
-    lines.map((l) => h('span', { class: l.startsWith('+++') || l.startsWith('---') ? 'd-file' : l.startsWith('@@') ? 'd-hunk' : l.startsWith('+') ? 'd-add' : l.startsWith('-') ? 'd-del' : 'd-ctx' }, `${l}\n`)));
+    lines.map((l) => {
+      const file = l.startsWith('+++') || l.startsWith('---');
+      const cls = file ? 'd-file' : l.startsWith('@@') ? 'd-hunk' : l.startsWith('+') ? 'd-add' : l.startsWith('-') ? 'd-del' : 'd-ctx';
+      const content = file || cls === 'd-hunk' ? shown(l, '\t') : [l.slice(0, 1), diffText(l.slice(1), cls === 'd-add')];
+      return h('span', { class: cls }, content, '\n');
+    }));
 }
 
 /** A frozen target state (`precondition`) in words. */
@@ -254,10 +290,6 @@ const FLAG_WORDS = {
   not_nfc: 'decomposed character (not NFC)',
 };
 
-/** Text with every invisible, control, bidirectional or unusual space character written as \u{…}. */
-const escapeInvisible = (text) => String(text ?? '').replace(/[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]/gu,
-  (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
-
 /** A path field shown so that it cannot pass for another path: escaped when flagged. */
 function pathValue(tool, field) {
   const flagged = (tool.path_flags ?? []).find((f) => f.field === field);
@@ -280,19 +312,63 @@ function pathFlagsBlock(flags) {
         c.looks_like ? h('span', {}, ' — looks like ', code(c.looks_like)) : null)))))));
 }
 
-function editFacts(tool) {
+/** A size in words: "48 KB (49 152 bytes)". */
+function sizeWords(n) {
+  if (typeof n !== 'number') return '? bytes';
+  return n < 1000 ? `${n} bytes` : `${fmtBytes(n)} (${n} bytes)`;
+}
+
+/** What a file or directory (move_path's `source`, delete_path's preview) holds, in words. */
+function entryWords(e) {
+  if (!e) return null;
+  if (e.kind === 'directory' && e.tree) return treeWords(e.tree);
+  if (e.kind === 'file') return `file · sha256 ${e.sha256 ?? '—'} · ${sizeWords(e.size)}`;
+  return e.kind ?? '—';
+}
+
+/** A directory tree (files, folders, bytes, the first entries) in words. */
+function treeWords(t) {
+  return h('span', { class: 'tree' },
+    `directory with ${t.files ?? '?'} file(s), ${t.dirs ?? '?'} folder(s)${t.others ? `, ${t.others} other entr${t.others > 1 ? 'ies' : 'y'}` : ''}, ${sizeWords(t.bytes)}`,
+    t.truncated ? h('strong', { class: 'flag-outside', role: 'note' }, ' ⚠ More entries than counted (the walk stopped)') : null,
+    t.sample?.length ? h('ul', { class: 'paths' }, t.sample.map((p) => h('li', {}, code(p)))) : null);
+}
+
+/** move_path and delete_path facts: what is moved or deleted, what is overwritten. */
+function moveDeleteFacts(tool, input) {
+  if (tool.action === 'move_path') {
+    const over = tool.overwrites;
+    return [
+      tool.source ? ['Moves', entryWords(tool.source)] : null,
+      ['Overwrite allowed', input?.overwrite ? 'yes' : 'no'],
+      over ? ['Overwrites', h('strong', { class: 'flag-outside overwrites', role: 'note' }, '⚠ overwrites ', code(tool.to), ` (${sizeWords(over.size)}, sha256 ${over.sha256 ?? '—'})`)]
+        : ['Overwrites', 'nothing (the destination does not exist)'],
+    ];
+  }
+  if (tool.action === 'delete_path') {
+    const recursive = tool.kind === 'directory' || input?.recursive;
+    return [
+      ['Deletes', tool.kind === 'directory' ? treeWords(tool.tree ?? {}) : entryWords(tool)],
+      recursive ? ['Recursive', h('strong', { class: 'flag-outside recursive', role: 'note' }, '⚠ Recursive: the folder and everything in it is deleted')] : null,
+    ];
+  }
+  return [];
+}
+
+function editFacts(tool, input) {
   const facts = [
     tool.action ? ['Edit', code(tool.action)] : null,
     tool.path ? ['Path', pathValue(tool, 'path')] : null,
-    tool.resolved_path ? ['Resolved path', code(escapeInvisible(tool.resolved_path))] : null,
+    tool.resolved_path ? ['Resolved path', code(tool.resolved_path)] : null,
     tool.from ? ['From', pathValue(tool, 'from')] : null,
     tool.to ? ['To', pathValue(tool, 'to')] : null,
     tool.creates !== undefined ? ['Creates the file', tool.creates ? 'yes' : 'no (overwrites)'] : null,
-    tool.create_dirs?.length ? ['Creates folders', tool.create_dirs.join(', ')] : null,
+    tool.create_dirs?.length ? ['Creates folders', shown(tool.create_dirs.join(', '))] : null,
     tool.before ? ['Before', `sha256 ${tool.before.sha256 ?? '—'} · ${tool.before.size ?? '?'} bytes`] : null,
     tool.after ? ['After', `sha256 ${tool.after.sha256 ?? '—'} · ${tool.after.size ?? '?'} bytes`] : null,
     tool.diff_summary ? ['Change', `+${tool.diff_summary.lines_added} −${tool.diff_summary.lines_removed} lines in ${tool.diff_summary.hunks} hunk(s)`] : null,
-    tool.note ? ['Note', tool.note] : null,
+    ...moveDeleteFacts(tool, input),
+    tool.note ? ['Note', shown(tool.note)] : null,
     tool.precondition ? ['Runs only if', h('span', { class: 'precondition' }, preconditionText(tool.precondition),
       h('span', { class: 'hint' }, ' (frozen in the input; otherwise nothing is written: stale_target)'))] : null,
   ].filter(Boolean);
@@ -419,11 +495,11 @@ function screenshotBlock(a, tool) {
   return h('section', { class: 'what-runs computer-use', dataset: { gesture: tool.gesture ?? 'click' } },
     h('h3', {}, 'Computer use'),
     dl([
-      ['Action', h('span', { class: 'gesture' }, words)],
+      ['Action', h('span', { class: 'gesture' }, shown(words))],
       tool.url ? ['Page', code(tool.url)] : null,
       ['Screenshot', h('span', {}, code(shot.screenshot_id), ` · ${shot.width} × ${shot.height} · sha256 `, code(shot.sha256, 'screenshot-sha256'))],
       shot.invocation_id ? ['Evidence', h('span', {}, `${shot.evidence_kind ?? 'browser_screenshot'} of invocation `, code(shot.invocation_id))] : null,
-      tool.gesture === 'type' ? ['Text typed', h('pre', { class: 'json' }, JSON.stringify(tool.text ?? ''))] : null,
+      tool.gesture === 'type' ? ['Text typed', h('pre', { class: 'json' }, shown(JSON.stringify(tool.text ?? '')))] : null,
     ].filter(Boolean)),
     canvas, state);
 }
@@ -449,22 +525,22 @@ function approvalCard(a, onDecided) {
   if (isTerminal) sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Terminal'), dl(terminalFacts(inv, tool))));
   if (isTerminal && inv.input?.sandbox) sections.push(h('section', { class: 'what-runs sandbox' }, h('h3', {}, 'Sandbox'), dl(sandboxFacts(inv.input.sandbox))));
   if (tool && typeof tool.diff === 'string') {
-    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool)),
+    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool, inv.input)),
       tool.diff ? diffBlock(tool.diff, `Diff preview of ${tool.path ?? 'the edit'}`) : h('p', {}, 'No change in content.'),
       tool.diff_truncated ? h('p', { class: 'hint' }, 'The diff was cut for the preview; the canonical input below is complete.') : null));
   } else if (tool && tool.action && !isTerminal) {
-    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool))));
+    sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool, inv.input))));
   }
   if (tool && Array.isArray(tool.path_flags) && tool.path_flags.length) sections.push(pathFlagsBlock(tool.path_flags));
   if (tool && tool.screenshot && tool.screenshot.sha256) sections.push(screenshotBlock(a, tool));
   const isMcp = Boolean(tool && tool.mcp_server_id);
   if (isMcp) {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'External MCP call'), dl([
-      ['Server', h('span', {}, tool.mcp_server ?? '', ' ', h('a', { href: `#/mcp/${encodeURIComponent(tool.mcp_server_id)}` }, tool.mcp_server_id))],
+      ['Server', h('span', {}, shown(tool.mcp_server ?? ''), ' ', h('a', { href: `#/mcp/${encodeURIComponent(tool.mcp_server_id)}` }, shown(tool.mcp_server_id)))],
       ['MCP tool', code(tool.mcp_tool)],
-      tool.definition ? ['Definition the call is frozen against', h('span', { class: 'mcp-definition' }, tool.definition.description ?? '—', ' ', code(tool.definition_sha256 ?? ''))] : null,
+      tool.definition ? ['Definition the call is frozen against', h('span', { class: 'mcp-definition' }, shown(tool.definition.description ?? '—', '\n\t'), ' ', code(tool.definition_sha256 ?? ''))] : null,
       ['Server annotations', tool.annotations ? jsonBlock(tool.annotations, 'MCP annotations') : 'none'],
-      tool.note ? ['Note', tool.note] : null,
+      tool.note ? ['Note', shown(tool.note)] : null,
     ].filter(Boolean))));
   }
   if (tool && !isTerminal && !isMcp && typeof tool.diff !== 'string' && !tool.action) {
@@ -473,7 +549,7 @@ function approvalCard(a, onDecided) {
 
   const card = h('article', { class: 'card approval', 'aria-labelledby': headingId, dataset: { approvalId: a.id, tool: inv.tool_id } },
     h('h2', { id: headingId }, code(inv.tool_id, 'tool-id'), ' ', badge(a.status)),
-    reasons.length ? h('ul', { class: 'reasons' }, reasons.map((r) => h('li', {}, typeof r === 'string' ? r : JSON.stringify(r)))) : null,
+    reasons.length ? h('ul', { class: 'reasons' }, reasons.map((r) => h('li', {}, shown(typeof r === 'string' ? r : JSON.stringify(r))))) : null,
     dl([
       ['Tool', code(inv.tool_id, 'tool-id')],
       ['Call id', code(inv.tool_call_id, 'call-id')],
@@ -491,6 +567,13 @@ function approvalCard(a, onDecided) {
       h('span', { class: 'deny-group' }, h('label', { for: `deny-reason-${a.id}` }, 'Reason to deny'), reason, denyBtn)),
     result,
   );
+  // Anything shown escaped (or flagged by the server): said at the top of the card, in words.
+  const textFlags = Array.isArray(tool?.text_flags) ? tool.text_flags : [];
+  if (card.querySelector('[data-escaped]') || textFlags.length) {
+    card.querySelector('h2').after(h('p', { class: 'flag-outside escaped-warning', role: 'note' },
+      '⚠ This call contains invisible or direction-changing characters, shown escaped as \\u{…}',
+      textFlags.length ? ` (${textFlags.map((k) => FLAG_WORDS[k] ?? k).join(', ')})` : '', '.'));
+  }
 
   const decide = async (kind) => {
     approveBtn.disabled = true; denyBtn.disabled = true;
@@ -501,7 +584,7 @@ function approvalCard(a, onDecided) {
       const body = kind === 'grant' ? triple : (reason.value.trim() ? { reason: reason.value.trim() } : {});
       const out = await post(path, body);
       card.dataset.decided = out.status;
-      const words = out.status === 'granted' ? `Approved ${inv.tool_id} (${inv.tool_call_id}); it runs once.` : `Denied ${inv.tool_id} (${inv.tool_call_id}).`;
+      const words = escapeInvisible(out.status === 'granted' ? `Approved ${inv.tool_id} (${inv.tool_call_id}); it runs once.` : `Denied ${inv.tool_id} (${inv.tool_call_id}).`);
       const follow = foreign ? null : h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'Follow it in the run timeline.');
       fill(result, h('p', { class: 'ok' }, words, follow ? ' ' : null, follow));
       announce(words);

@@ -170,7 +170,10 @@ function toolTable(s, msg, rerender) {
         const on = Boolean(t.agent_access);
         const changed = Boolean(t.definition_review);
         const btn = h('button', { type: 'button', class: 'secondary', 'aria-label': `${on ? 'Turn off' : 'Turn on'} agent access for ${t.name}` }, on ? 'Turn off' : 'Turn on');
-        btn.addEventListener('click', () => setAccess(t, { enabled: !on }, btn, `Agent access ${on ? 'off' : 'on'} for ${t.name}`));
+        // Turning on accepts the definition this row shows, by its fingerprint: if the server
+        // lists another one by now, the API refuses (409 definition_changed) instead.
+        const body = !on && t.definition_sha256 ? { enabled: true, definition_sha256: t.definition_sha256 } : { enabled: !on };
+        btn.addEventListener('click', () => setAccess(t, body, btn, `Agent access ${on ? 'off' : 'on'} for ${t.name}`));
         const stuck = stagesOf(t).find((x) => x.status !== 'ok');
         const dialect = t.input_schema_dialect;
         return h('tr', { dataset: { tool: t.name } },

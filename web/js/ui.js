@@ -43,13 +43,43 @@ export function dl(pairs, cls = 'facts') {
   return h('dl', { class: cls }, pairs.filter((p) => p && p[1] !== undefined).map(([k, v]) => [h('dt', {}, k), h('dd', {}, v ?? '—')]));
 }
 
-/** Pretty JSON in a <pre>. */
-export function jsonBlock(value, label) {
-  return h('pre', { class: 'json', tabindex: '0', 'aria-label': label ?? 'JSON' }, JSON.stringify(value, null, 2));
+// Characters that print as nothing, as a space, or change the order text prints in: controls,
+// format characters (bidirectional controls U+202A–202E, U+2066–2069, U+200E/200F, U+061C,
+// zero-width characters…), line/paragraph separators and unusual spaces.
+const INVISIBLE = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]/gu;
+
+/**
+ * Text with every invisible, control, bidirectional or unusual space character written as
+ * \u{…}, except the characters of `keep` (a multi-line block keeps '\n', a diff line '\t').
+ */
+export function escapeInvisible(text, keep = '') {
+  return String(text ?? '').replace(INVISIBLE, (c) => (keep.includes(c) ? c : `\\u{${c.codePointAt(0).toString(16)}}`));
 }
 
-/** Monospace text that may wrap anywhere (ids, hashes, paths). */
-export const code = (text, cls = '') => h('code', { class: `mono ${cls}` }, text ?? '—');
+/**
+ * Text from a call's input or preview, shown as its bytes: escaped by escapeInvisible, inside
+ * a span marked data-escaped when anything was (the approval card then shows a warning).
+ */
+export function shown(text, keep = '') {
+  const raw = String(text ?? '');
+  const esc = escapeInvisible(raw, keep);
+  return esc === raw ? raw : h('span', { class: 'escaped', dataset: { escaped: 'true' } }, esc);
+}
+
+/** Pretty JSON in a <pre> (escaped as shown() does, after stringify: its newlines stay). */
+export function jsonBlock(value, label) {
+  const raw = JSON.stringify(value, null, 2) ?? '';
+  const esc = escapeInvisible(raw, '\n');
+  return h('pre', { class: 'json', tabindex: '0', 'aria-label': label ?? 'JSON', dataset: esc === raw ? {} : { escaped: 'true' } }, esc);
+}
+
+/** Monospace text that may wrap anywhere (ids, hashes, paths); escaped as shown() does. */
+export function code(text, cls = '') {
+  if (text === undefined || text === null) return h('code', { class: `mono ${cls}` }, '—');
+  const raw = String(text);
+  const esc = escapeInvisible(raw);
+  return h('code', { class: `mono ${cls}`, dataset: esc === raw ? {} : { escaped: 'true' } }, esc);
+}
 
 /** A status badge; the word is always shown, colour only reinforces it. */
 export function badge(word, kind = word) {

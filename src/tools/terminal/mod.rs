@@ -517,7 +517,15 @@ fn prepare_start(input: &StartInput, ws_root: &Path, starter: &Starter<'_>) -> R
         "sandbox": sandbox,
     });
     let outside = !cwd.starts_with(ws_root);
+    // Characters that print as nothing or reorder the text (a U+202E that makes `; curl …|sh`
+    // read as a comment): flagged, and the page shows the text escaped.
+    let text_flags = crate::workspace::lookalike::text_flags(
+        std::iter::once(command.as_str())
+            .chain(args.iter().map(String::as_str))
+            .chain(input.env.iter().flatten().flat_map(|(k, v)| std::iter::once(k.as_str()).chain(v.as_deref()))),
+    );
     let preview = json!({
+        "text_flags": text_flags,
         "command_line": host::shell_words(&command, &args),
         "program": program,
         "cwd": cwd.to_string_lossy(),
@@ -1184,15 +1192,26 @@ impl Tool for TerminalSession {
                 Ok(s) => {
                     json!({"id": s.id, "command_line": s.command_line, "cwd": s.cwd, "pid": s.pid, "state": "running"})
                 }
+                // Ended: the caller's stored row still says which program it ran, and where.
                 Err(e)
                     if matches!(action.as_str(), "wait" | "kill" | "output")
                         && e.code == ErrorCode::TerminalSessionEnded =>
                 {
-                    json!({"id": prepared.input["session_id"], "state": e.details["state"]})
+                    match self.host.store().terminal_session_for(ctx.owner_id, id).await.map_err(store_error)? {
+                        Some(row) => {
+                            let f = Facts::stored(&row);
+                            json!({"id": f.id, "command_line": f.command_line, "cwd": f.cwd, "pid": f.pid,
+                                   "state": e.details["state"]})
+                        }
+                        None => json!({"id": prepared.input["session_id"], "state": e.details["state"]}),
+                    }
                 }
                 Err(e) => return Err(e),
             };
             prepared.preview = json!({"action": action, "session": session});
+            if let Some(data) = prepared.input["data"].as_str() {
+                prepared.preview["text_flags"] = json!(crate::workspace::lookalike::text_flags([data]));
+            }
         }
         Ok(prepared)
     }

