@@ -494,3 +494,27 @@ pub fn listening_ports_of_tree(root: u32) -> Vec<u16> {
     }
     ports
 }
+
+/// Reads a Server-Sent Event stream until it closes or `within` passed: its events (keep-alive
+/// comments left out) as (type, data), and whether it closed cleanly.
+pub async fn until_closed(resp: reqwest::Response, within: std::time::Duration) -> (Vec<(String, Value)>, bool) {
+    use futures::StreamExt;
+    let mut body = resp.bytes_stream();
+    let (mut buf, mut events) = (Vec::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(chunk))) => {
+                buf.extend_from_slice(&chunk);
+                while let Some((_, event, data)) = next_sse_block(&mut buf) {
+                    if !event.is_empty() {
+                        events.push((event, data));
+                    }
+                }
+            }
+            Ok(None) => return (events, true),
+            Ok(Some(Err(e))) => panic!("the stream broke instead of ending: {e} (after {events:?})"),
+            Err(_) => return (events, false),
+        }
+    }
+}

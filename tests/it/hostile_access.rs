@@ -291,30 +291,6 @@ async fn the_owner_of_a_forwarded_call_rechecks_availability(backend: Backend) {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-/// Reads a Server-Sent Event stream until it closes or `within` passed: its events (keep-alive
-/// comments left out) as (type, data), and whether it closed cleanly.
-async fn until_closed(resp: reqwest::Response, within: std::time::Duration) -> (Vec<(String, Value)>, bool) {
-    use futures::StreamExt;
-    let mut body = resp.bytes_stream();
-    let (mut buf, mut events) = (Vec::new(), Vec::new());
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        match tokio::time::timeout_at(deadline, body.next()).await {
-            Ok(Some(Ok(chunk))) => {
-                buf.extend_from_slice(&chunk);
-                while let Some((_, event, data)) = common::next_sse_block(&mut buf) {
-                    if !event.is_empty() {
-                        events.push((event, data));
-                    }
-                }
-            }
-            Ok(None) => return (events, true),
-            Ok(Some(Err(e))) => panic!("the stream broke instead of ending: {e} (after {events:?})"),
-            Err(_) => return (events, false),
-        }
-    }
-}
-
 /// A token's open streams end once it is revoked: the approvals inbox and a run's events,
 /// each after an `error` event `unauthorized`. Revoked through the API, the streams are
 /// checked at once; revoked in the store behind this replica's back (as through another
@@ -357,7 +333,7 @@ async fn open_streams_end_when_their_token_is_revoked(backend: Backend) {
             Duration::from_secs(8)
         };
         for (path, stream) in paths.iter().zip(streams) {
-            let (events, closed) = until_closed(stream, Duration::from_secs(20)).await;
+            let (events, closed) = common::until_closed(stream, Duration::from_secs(20)).await;
             let took = started.elapsed();
             assert!(closed, "{path} of a revoked token was still open 20 s later: {events:?}");
             assert!(took < bound, "{path} ended {took:?} after the revocation (bound {bound:?})");
@@ -368,7 +344,7 @@ async fn open_streams_end_when_their_token_is_revoked(backend: Backend) {
         let r = t.client.get(format!("{}{}", t.base, paths[0])).bearer_auth(secret).send().await.unwrap();
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     }
-    let (events, closed) = until_closed(kept, Duration::from_secs(1)).await;
+    let (events, closed) = common::until_closed(kept, Duration::from_secs(1)).await;
     assert!(!closed, "the stream of a valid token ended: {events:?}");
     assert_eq!(events.first().map(|e| e.0.as_str()), Some("approvals"), "{events:?}");
 }

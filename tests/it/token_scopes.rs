@@ -157,7 +157,7 @@ async fn revoking_a_token_revokes_the_tokens_it_made_and_ends_their_streams(back
         assert_eq!((me.status, me.code()), (StatusCode::UNAUTHORIZED, "unauthorized"), "{me:?}");
     }
     for stream in streams {
-        let (events, closed) = until_closed(stream, Duration::from_secs(20)).await;
+        let (events, closed) = common::until_closed(stream, Duration::from_secs(20)).await;
         assert!(closed, "a descendant's stream was still open 20 s later: {events:?}");
         assert!(started.elapsed() < Duration::from_secs(4), "ended {:?} after the revocation", started.elapsed());
         let (event, data) = events.last().unwrap();
@@ -171,7 +171,7 @@ async fn revoking_a_token_revokes_the_tokens_it_made_and_ends_their_streams(back
     // Tokens not made by it stay valid, and their streams open.
     assert_eq!(t.get("/v1/me", &alice).await.status, StatusCode::OK);
     assert_eq!(t.get("/v1/me", &sibling).await.status, StatusCode::OK);
-    let (events, closed) = until_closed(kept, Duration::from_secs(1)).await;
+    let (events, closed) = common::until_closed(kept, Duration::from_secs(1)).await;
     assert!(!closed, "the stream of a valid token ended: {events:?}");
 
     // A revoked token makes nothing more.
@@ -239,27 +239,4 @@ async fn a_token_without_plan_reaches_only_tokens_and_approvals(backend: Backend
         )
         .await;
     assert_eq!(g.status, StatusCode::OK, "{g:?}");
-}
-
-/// Reads Server-Sent Events until the stream ends or `within` passes: (events, ended).
-async fn until_closed(resp: reqwest::Response, within: Duration) -> (Vec<(String, Value)>, bool) {
-    use futures::StreamExt;
-    let mut body = resp.bytes_stream();
-    let (mut buf, mut events) = (Vec::new(), Vec::new());
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        match tokio::time::timeout_at(deadline, body.next()).await {
-            Ok(Some(Ok(chunk))) => {
-                buf.extend_from_slice(&chunk);
-                while let Some((_, event, data)) = common::next_sse_block(&mut buf) {
-                    if !event.is_empty() {
-                        events.push((event, data));
-                    }
-                }
-            }
-            Ok(None) => return (events, true),
-            Ok(Some(Err(e))) => panic!("the stream broke instead of ending: {e} (after {events:?})"),
-            Err(_) => return (events, false),
-        }
-    }
 }
