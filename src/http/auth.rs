@@ -25,6 +25,21 @@ const WITHOUT_PLAN: &[&str] = &[
     "/v1/approvals/{approval_id}/deny",
 ];
 
+/// Routes that change what later calls may reach without an approval of their own, or where
+/// a stored credential is sent: they need [`Scope::Manage`] as well as `plan` (an agent's
+/// `plan` token must not re-point a person's GitHub or mail connection at a server of its
+/// choosing, accept an MCP server's disclaimer or a changed tool definition for them, or
+/// enroll a device whose runner computes their calls' previews). Matched like
+/// [`WITHOUT_PLAN`], with the method.
+const NEED_MANAGE: &[(&str, &str)] = &[
+    ("PATCH", "/v1/connections/{connection_id}"),
+    ("POST", "/v1/mcp/servers/{server_id}/disclaimer/accept"),
+    ("PUT", "/v1/mcp/servers/{server_id}/tools/{tool_name}/agent-access"),
+    ("PATCH", "/v1/mcp/servers/{server_id}"),
+    ("POST", "/v1/devices"),
+    ("POST", "/v1/devices/{device_id}/enrollment-code"),
+];
+
 /// The authenticated caller.
 #[derive(Debug, Clone)]
 pub struct AuthUser {
@@ -32,10 +47,16 @@ pub struct AuthUser {
     pub user_id: String,
     /// User name.
     pub name: String,
-    /// Admins may create users and register any workspace.
+    /// Admins may create users and register any workspace — through a token that holds
+    /// [`Scope::Manage`] only: an admin's `plan` token (an agent's) has no admin power, which
+    /// would reach the server host (stdio MCP servers, internal addresses) past every
+    /// approval.
     pub is_admin: bool,
     /// Approvers (and admins) may decide other users' four-eyes approvals.
     pub is_approver: bool,
+    /// The person is an admin or an approver (whatever the token's scopes): may see and, with
+    /// [`Scope::Approve`], decide other users' four-eyes approvals.
+    pub may_second: bool,
     /// The token used (recorded on approval decisions).
     pub token_id: String,
     /// What the token used may do ([`AuthUser::require_scope`]).
@@ -56,7 +77,7 @@ impl AuthUser {
 
     /// The caller as a viewer of approvals (admins and approvers see four-eyes approvals).
     pub fn viewer(&self) -> crate::store::Viewer<'_> {
-        crate::store::Viewer { user_id: &self.user_id, may_second: self.is_admin || self.is_approver }
+        crate::store::Viewer { user_id: &self.user_id, may_second: self.may_second }
     }
 
     /// The caller deciding an approval, with the token used: 403 `token_scope_missing`
@@ -64,11 +85,7 @@ impl AuthUser {
     /// an MCP elicitation's answer) takes a decider, so none is made without that scope.
     pub fn decider(&self) -> Result<crate::store::Decider<'_>, Error> {
         self.require_scope(Scope::Approve)?;
-        Ok(crate::store::Decider {
-            user_id: &self.user_id,
-            token_id: &self.token_id,
-            may_second: self.is_admin || self.is_approver,
-        })
+        Ok(crate::store::Decider { user_id: &self.user_id, token_id: &self.token_id, may_second: self.may_second })
     }
 }
 
@@ -92,14 +109,18 @@ impl FromRequestParts<App> for AuthUser {
         let user = AuthUser {
             user_id: identity.user_id,
             name: identity.name,
-            is_admin: identity.is_admin,
+            is_admin: identity.is_admin && identity.scopes.contains(Scope::Manage),
             is_approver: identity.is_approver,
+            may_second: identity.is_admin || identity.is_approver,
             token_id: identity.token_id,
             scopes: identity.scopes,
         };
         let route = parts.extensions.get::<axum::extract::MatchedPath>().map(axum::extract::MatchedPath::as_str);
         if !route.is_some_and(|r| WITHOUT_PLAN.contains(&r)) {
             user.require_scope(Scope::Plan)?;
+        }
+        if route.is_some_and(|r| NEED_MANAGE.iter().any(|(m, p)| *p == r && parts.method.as_str() == *m)) {
+            user.require_scope(Scope::Manage)?;
         }
         Ok(user)
     }

@@ -120,14 +120,21 @@ impl Store {
                 .bind(&id)
                 .execute(tx.conn())
                 .await?;
-            if done.rows_affected() == 1 {
+            let now_revoked = done.rows_affected() == 1;
+            if now_revoked {
                 revoked.push(id.clone());
             }
-            let children: Vec<String> = sqlx::query_scalar("SELECT id FROM tokens WHERE parent_token_id = $1")
-                .bind(&id)
-                .fetch_all(tx.conn())
-                .await?;
-            todo.extend(children);
+            // A token revoked before had its tree revoked with it (and makes nothing since):
+            // only the one asked for and those revoked now are looked below, so revoking
+            // again never walks every token a user ever made.
+            if now_revoked || id == token_id {
+                let children: Vec<String> =
+                    sqlx::query_scalar("SELECT id FROM tokens WHERE parent_token_id = $1 AND revoked_at IS NULL")
+                        .bind(&id)
+                        .fetch_all(tx.conn())
+                        .await?;
+                todo.extend(children);
+            }
             seen.push(id);
         }
         tx.commit().await?;

@@ -23,6 +23,7 @@ both_backends!(
     revoking_a_token_revokes_the_tokens_it_made_and_ends_their_streams,
     tokens_made_before_scopes_and_with_users_hold_every_scope,
     a_token_without_plan_reaches_only_tokens_and_approvals,
+    an_admins_plan_token_has_no_admin_power_and_cannot_repoint_what_needs_manage,
 );
 
 /// A new token of `token`'s user with `scopes`: (id, secret).
@@ -239,4 +240,54 @@ async fn a_token_without_plan_reaches_only_tokens_and_approvals(backend: Backend
         )
         .await;
     assert_eq!(g.status, StatusCode::OK, "{g:?}");
+}
+
+/// An admin's `plan` token (an agent's) acts as an ordinary user's: no admin-only operation,
+/// no admin rule (internal addresses, any MCP command). And routes that would let a `plan`
+/// token send a stored credential elsewhere, accept for a person, or enroll a device need
+/// `manage` too — checked before the object is looked at.
+async fn an_admins_plan_token_has_no_admin_power_and_cannot_repoint_what_needs_manage(backend: Backend) {
+    let t = spawn(backend).await;
+    let admin = t.admin_token.clone();
+    let (_, plan) = token_with(&t, &admin, json!(["plan"])).await;
+    let me = t.get("/v1/me", &plan).await;
+    assert_eq!(me.status, StatusCode::OK, "{me:?}");
+    let r = t.get("/metrics", &plan).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "forbidden"), "{r:?}");
+    let r = t.client.get(format!("{}/metrics", t.base)).bearer_auth(&admin).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    // Admins register any folder; this token only inside the roots (none here).
+    let r = t.post("/v1/workspaces", &plan, json!({"name": "etc", "path": "/etc"})).await;
+    assert_eq!((r.status, r.code()), (StatusCode::FORBIDDEN, "workspace_path_not_allowed"), "{r:?}");
+
+    let id = "x_0123456789abcdef0123456789abcdef";
+    let needs_manage: [(&str, String, Value); 6] = [
+        ("PATCH", format!("/v1/connections/{id}"), json!({"settings": {}})),
+        ("PATCH", format!("/v1/mcp/servers/{id}"), json!({"default_agent_access": true})),
+        ("POST", format!("/v1/mcp/servers/{id}/disclaimer/accept"), json!({})),
+        ("PUT", format!("/v1/mcp/servers/{id}/tools/t/agent-access"), json!({"enabled": true})),
+        ("POST", "/v1/devices".to_owned(), json!({"name": "laptop"})),
+        ("POST", format!("/v1/devices/{id}/enrollment-code"), json!({})),
+    ];
+    for (method, path, body) in needs_manage {
+        let r = t
+            .client
+            .request(method.parse().unwrap(), format!("{}{path}", t.base))
+            .bearer_auth(&plan)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("token_scope_missing")),
+            "{method} {path}: {v}"
+        );
+        assert_eq!(v["error"]["details"], json!({"needed": "manage"}), "{method} {path}: {v}");
+    }
+    // With `manage` the same route goes on to look at the object.
+    let r = t.post("/v1/devices", &admin, json!({"name": "laptop"})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
 }
