@@ -584,6 +584,12 @@ async fn session_actions_preview_the_session_they_go_to(backend: Backend) {
     let r =
         c.t.post(&format!("/v1/approvals/{}/deny", input["approval_id"].as_str().unwrap()), &c.token, json!({})).await;
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    // Keystrokes (Enter, Ctrl-C, an arrow key) are not flagged: the warning would be everywhere.
+    let keys = c.freeze(json!({"action": "input", "session_id": id, "data": "ls\r\u{3}\u{1b}[A"})).await;
+    assert_eq!(preview(keys.clone()).await["text_flags"], json!([]));
+    let r =
+        c.t.post(&format!("/v1/approvals/{}/deny", keys["approval_id"].as_str().unwrap()), &c.token, json!({})).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
     let signal = c.freeze(json!({"action": "signal", "session_id": id, "signal": "interrupt"})).await;
     assert_eq!(preview(signal.clone()).await["session"]["command_line"], "bash --norc --noprofile");
     let r =

@@ -164,7 +164,7 @@ function terminalFacts(inv, tool) {
       s.cwd ? ['Session cwd', code(s.cwd)] : null,
       input.data !== undefined ? ['Bytes to send', h('pre', { class: 'json' }, shown(JSON.stringify(input.data)))] : null,
       input.signal ? ['Signal', code(input.signal)] : null,
-      input.cols ? ['Size', `${input.cols} × ${input.rows}`] : null,
+      input.cols ? ['Size', shown(`${input.cols} × ${input.rows}`)] : null,
       input.timeout_ms !== undefined ? ['Timeout', fmtMs(input.timeout_ms)] : null,
     ].filter(Boolean);
   }
@@ -183,7 +183,7 @@ function terminalFacts(inv, tool) {
     ['Command', code(cmd || '(default shell)', 'command')],
     input.program && input.program !== input.command ? ['Program', code(input.program)] : null,
     ['Working directory', h('span', {}, code(cwd, 'cwd'), outside ? h('strong', { class: 'flag-outside', role: 'note' }, ' ⚠ Outside the workspace') : null,
-      tool?.workspace ? h('span', { class: 'hint' }, ` (workspace ${tool.workspace})`) : null)],
+      tool?.workspace ? h('span', { class: 'hint' }, ' (workspace ', shown(tool.workspace), ')') : null)],
     ['Environment', envTable],
     ['Timeout', fmtMs(input.timeout_ms ?? tool?.timeout_ms)],
   ].filter(Boolean);
@@ -206,7 +206,7 @@ function pathList(list) {
 function sandboxFacts(sb) {
   if (!sb.enforced) {
     return [['Sandbox', h('strong', { class: 'flag-outside', role: 'note' }, '⚠ Not sandboxed: runs with the server\'s own access')],
-      sb.reason ? ['Why', sb.reason] : null].filter(Boolean);
+      sb.reason ? ['Why', shown(sb.reason)] : null].filter(Boolean);
   }
   const net = sb.network ?? {};
   const netText = net.mode === 'deny_tcp_connect' ? `open, except TCP connect to port${net.ports.length > 1 ? 's' : ''} ${net.ports.join(', ')}`
@@ -216,7 +216,7 @@ function sandboxFacts(sb) {
     ['Read-write', pathList(sb.read_write)],
     ['Read-only', pathList(sb.read_only)],
     ['Hidden', pathList(sb.hidden)],
-    sb.private ? ['Private', `${sb.private.tmp} (${fmtBytes(sb.private.tmp_bytes)}), HOME ${sb.private.home}; /proc: ${sb.private.proc}`] : null,
+    sb.private ? ['Private', shown(`${sb.private.tmp} (${fmtBytes(sb.private.tmp_bytes)}), HOME ${sb.private.home}; /proc: ${sb.private.proc}`)] : null,
     ['Network', netText],
     ['Limits', [lim.pids_max ? `${lim.pids_max} processes` : 'no process limit', lim.memory_max_bytes ? `${fmtBytes(lim.memory_max_bytes)} memory` : 'no memory limit', `tree kill: ${lim.tree_kill ?? '—'}`].join(' · ')],
   ].filter(Boolean);
@@ -269,9 +269,9 @@ function diffBlock(diff, label) {
 function stateText(s) {
   if (!s) return 'not recorded';
   if (s.state === 'absent') return 'does not exist';
-  if (s.state === 'file') return `file with sha256 ${s.sha256}`;
-  if (s.state === 'directory') return `directory with manifest sha256 ${s.manifest_sha256}`;
-  return JSON.stringify(s);
+  if (s.state === 'file') return escapeInvisible(`file with sha256 ${s.sha256}`);
+  if (s.state === 'directory') return escapeInvisible(`directory with manifest sha256 ${s.manifest_sha256}`);
+  return escapeInvisible(JSON.stringify(s));
 }
 
 /** The frozen precondition of an edit: the state the preview showed, required at execution. */
@@ -385,11 +385,11 @@ function fourEyesBlock(a) {
   const note = !pending ? null
     : mine ? h('p', { class: 'needs-other', role: 'note', id: `needs-other-${a.id}` },
       h('strong', {}, 'Needs another person: '), 'an admin or approver other than you must approve this call. You may still deny it (withdraw the call).')
-      : h('p', { class: 'second-person', role: 'note' }, h('strong', {}, 'You are the second person: '), `${who.name ?? 'another user'} asked for this call; approving it runs it once.`);
+      : h('p', { class: 'second-person', role: 'note' }, h('strong', {}, 'You are the second person: '), shown(who.name ?? 'another user'), ' asked for this call; approving it runs it once.');
   return h('section', { class: 'what-runs four-eyes', dataset: { rule: a.rule, requester: who.user_id ?? '' } },
     h('h3', {}, 'Four-eyes approval'),
     dl([
-      ['Requested by', h('span', { class: 'requester' }, who.name ?? '?', mine ? ' (you)' : '', ' ', h('span', { class: 'hint' }, who.user_id ?? ''))],
+      ['Requested by', h('span', { class: 'requester' }, shown(who.name ?? '?'), mine ? ' (you)' : '', ' ', h('span', { class: 'hint' }, who.user_id ?? ''))],
       ['Rule', h('span', { class: 'rule' }, a.rule_domain ? `four-eyes for ${a.rule_domain} calls: granted by a person other than the requester (an admin or approver)` : 'four-eyes: granted by a person other than the requester (an admin or approver)')],
     ]),
     note);
@@ -463,7 +463,7 @@ async function sha256Hex(buf) {
 function screenshotBlock(a, tool) {
   const shot = tool.screenshot;
   const words = gestureWords(tool);
-  const canvas = h('canvas', { class: 'shot', width: shot.width, height: shot.height, role: 'img', 'aria-label': `Screenshot ${shot.screenshot_id} of ${tool.url ?? 'the page'}: ${words}` });
+  const canvas = h('canvas', { class: 'shot', width: shot.width, height: shot.height, role: 'img', 'aria-label': escapeInvisible(`Screenshot ${shot.screenshot_id} of ${tool.url ?? 'the page'}: ${words}`) });
   const state = h('p', { class: 'hint', 'aria-live': 'polite' }, 'Loading the screenshot…');
   const load = async () => {
     const path = `/v1/approvals/${seg(a.id)}/screenshot`;
@@ -526,7 +526,7 @@ function approvalCard(a, onDecided) {
   if (isTerminal && inv.input?.sandbox) sections.push(h('section', { class: 'what-runs sandbox' }, h('h3', {}, 'Sandbox'), dl(sandboxFacts(inv.input.sandbox))));
   if (tool && typeof tool.diff === 'string') {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool, inv.input)),
-      tool.diff ? diffBlock(tool.diff, `Diff preview of ${tool.path ?? 'the edit'}`) : h('p', {}, 'No change in content.'),
+      tool.diff ? diffBlock(tool.diff, escapeInvisible(`Diff preview of ${tool.path ?? 'the edit'}`)) : h('p', {}, 'No change in content.'),
       tool.diff_truncated ? h('p', { class: 'hint' }, 'The diff was cut for the preview; the canonical input below is complete.') : null));
   } else if (tool && tool.action && !isTerminal) {
     sections.push(h('section', { class: 'what-runs' }, h('h3', {}, 'Edit'), dl(editFacts(tool, inv.input))));
@@ -589,7 +589,7 @@ function approvalCard(a, onDecided) {
       fill(result, h('p', { class: 'ok' }, words, follow ? ' ' : null, follow));
       announce(words);
       onDecided(h('span', {}, badge(out.status), ' ', code(inv.tool_id), ' ', code(inv.tool_call_id),
-        foreign ? ` · requested by ${a.requested_by?.name ?? '?'}` : [' · ', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'timeline')]));
+        foreign ? [' · requested by ', shown(a.requested_by?.name ?? '?')] : [' · ', h('a', { href: `#/runs/${encodeURIComponent(a.run_id)}` }, 'timeline')]));
       setTimeout(() => {
         delete card.dataset.deciding;
         if (inbox.approvals?.some((x) => x.id === a.id)) return;

@@ -6,7 +6,7 @@
 // on a server without those routes it says so.
 
 import { api, get, seg } from './api.js';
-import { h, fill, dl, code, badge, errorBox, notAvailable, reasonText, title, announce, jsonBlock } from './ui.js';
+import { h, fill, dl, code, shown, badge, errorBox, notAvailable, reasonText, title, announce, jsonBlock } from './ui.js';
 
 const LABEL = {
   install: 'Install', enabled: 'Enabled', connect: 'Connect', disclaimer: 'Disclaimer accepted',
@@ -141,7 +141,7 @@ async function server(body, id) {
         ['Last error', s.connection?.last_error ?? undefined], ['Request timeout', s.request_timeout_ms ? `${s.request_timeout_ms} ms` : undefined],
       ]),
       stageList,
-      s.disclaimer ? h('details', {}, h('summary', {}, s.disclaimer_accepted_at ? 'Disclaimer (accepted)' : 'Disclaimer (not accepted)'), h('p', {}, s.disclaimer)) : null,
+      s.disclaimer ? h('details', {}, h('summary', {}, s.disclaimer_accepted_at ? 'Disclaimer (accepted)' : 'Disclaimer (not accepted)'), h('p', {}, shown(s.disclaimer, '\n\t'))) : null,
       s.connection?.stderr_tail ? h('details', {}, h('summary', {}, 'Server stderr (tail)'), h('pre', { class: 'excerpt' }, s.connection.stderr_tail)) : null,
       toolTable(s, msg, () => render(true)));
   };
@@ -196,7 +196,7 @@ function review(t, setAccess) {
   const r = t.definition_review;
   const side = (heading, d, sha) => h('div', { class: 'definition' },
     h('h4', {}, heading),
-    dl([['Description', h('p', { class: 'description' }, d?.description ?? '—')], ['Title', d?.title ?? '—'], ['Fingerprint', code(sha)]]),
+    dl([['Description', h('p', { class: 'description' }, shown(d?.description ?? '—', '\n\t'))], ['Title', shown(d?.title ?? '—')], ['Fingerprint', code(sha)]]),
     h('details', { open: true }, h('summary', {}, 'Input schema'), jsonBlock(d?.input_schema ?? null, `${heading} input schema`)),
     d?.annotations ? h('details', {}, h('summary', {}, 'Annotations'), jsonBlock(d.annotations, `${heading} annotations`)) : null,
     d?.output_schema ? h('details', {}, h('summary', {}, 'Output schema'), jsonBlock(d.output_schema, `${heading} output schema`)) : null);

@@ -45,8 +45,10 @@ export function dl(pairs, cls = 'facts') {
 
 // Characters that print as nothing, as a space, or change the order text prints in: controls,
 // format characters (bidirectional controls U+202A–202E, U+2066–2069, U+200E/200F, U+061C,
-// zero-width characters…), line/paragraph separators and unusual spaces.
-const INVISIBLE = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]/gu;
+// zero-width characters…), line/paragraph separators, unusual spaces, and the default-ignorable
+// characters outside those classes that print blank (Hangul fillers U+3164/U+115F/U+1160/U+FFA0,
+// variation selectors, U+034F, U+180B–180F) and the blank Braille pattern U+2800.
+const INVISIBLE = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Default_Ignorable_Code_Point}\u00a0\u1680\u2000-\u200a\u202f\u205f\u2800\u3000]/gu;
 
 /**
  * Text with every invisible, control, bidirectional or unusual space character written as

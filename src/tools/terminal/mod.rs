@@ -1210,7 +1210,14 @@ impl Tool for TerminalSession {
             };
             prepared.preview = json!({"action": action, "session": session});
             if let Some(data) = prepared.input["data"].as_str() {
-                prepared.preview["text_flags"] = json!(crate::workspace::lookalike::text_flags([data]));
+                // Keystrokes are control characters by nature (Enter, Ctrl-C, arrows): flagging
+                // them would put the warning on nearly every input. What changes how the
+                // bytes read (bidi controls, invisible characters) is still flagged.
+                let flags: Vec<_> = crate::workspace::lookalike::text_flags([data])
+                    .into_iter()
+                    .filter(|k| *k != crate::workspace::lookalike::FlagKind::Control)
+                    .collect();
+                prepared.preview["text_flags"] = json!(flags);
             }
         }
         Ok(prepared)
