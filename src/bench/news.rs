@@ -180,6 +180,7 @@ async fn bench(args: &NewsBench, url: &str, tmp: &std::path::Path) -> anyhow::Re
         news_concurrency: args.concurrency.max(1),
         news_max_items_per_fetch: per_feed,
         news_max_items_per_source: per_feed,
+        news_max_items_per_user: usize::MAX,
         news_max_feed_bytes: 1 << 30,
         news_fetch_timeout_secs: 600,
         ..SearchConfig::default()

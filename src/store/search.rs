@@ -155,6 +155,9 @@ pub struct FetchRecord<'a> {
     /// Most items the source keeps: after the upsert, older ones (by `effective_at`, then
     /// id) beyond this many are removed in the same transaction.
     pub keep: i64,
+    /// Most items a user's own sources keep together: a user's source keeps at most what its
+    /// owner's other sources leave of this (a deployment-wide source only `keep`).
+    pub keep_per_owner: i64,
 }
 
 /// How an upsert went.
@@ -580,13 +583,27 @@ impl Store {
         // A feed that brings new ids at every fetch must not fill the disk every user shares:
         // the source keeps its newest `keep` items. (At most `MAX_REMOVED_PER_FETCH` go per
         // fetch, so a lowered limit is reached over a few fetches.)
+        // A user's 500 sources must not each keep `keep` either: their owner's other sources'
+        // counts (kept on their rows) leave this one the rest of `keep_per_owner`.
+        let (owner, others): (Option<String>, i64) = sqlx::query_as(
+            "SELECT s.owner_id, CAST(COALESCE((SELECT SUM(o.item_count) FROM news_sources o
+                 WHERE o.owner_id = s.owner_id AND o.id <> s.id), 0) AS BIGINT)
+             FROM news_sources s WHERE s.id = $1",
+        )
+        .bind(source_id)
+        .fetch_one(tx.conn())
+        .await?;
+        let keep = match owner {
+            Some(_) => rec.keep.min(rec.keep_per_owner.saturating_sub(others)).max(0),
+            None => rec.keep.max(1),
+        };
         counts.removed = sqlx::query(
             "DELETE FROM news_items WHERE source_id = $1 AND id IN (
                  SELECT id FROM news_items WHERE source_id = $1
                  ORDER BY effective_at DESC, id DESC LIMIT $3 OFFSET $2)",
         )
         .bind(source_id)
-        .bind(rec.keep.max(1))
+        .bind(keep)
         .bind(MAX_REMOVED_PER_FETCH)
         .execute(tx.conn())
         .await?

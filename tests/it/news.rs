@@ -570,6 +570,7 @@ async fn the_store_reads_the_query_language_and_takes_concurrent_fetches(backend
                 feed_format: "rss",
                 items: &items,
                 keep: 10_000,
+                keep_per_owner: 100_000,
             };
             store.record_news_fetch(&id, &rec, &json!({})).await.unwrap()
         })
@@ -670,6 +671,7 @@ async fn search_ranks_the_newest_matches(backend: Backend) {
                 feed_format: "rss",
                 items: &items,
                 keep: 10_000,
+                keep_per_owner: 100_000,
             };
             store.record_news_fetch(&id, &rec, &json!({})).await.unwrap();
         }
@@ -779,6 +781,7 @@ async fn phrases_find_the_same_items_as_a_scan(backend: Backend) {
         feed_format: "rss",
         items: &items,
         keep: 10_000,
+        keep_per_owner: 100_000,
     };
     store.record_news_fetch(&source.id, &rec, &json!({})).await.unwrap();
     store.refresh_news_statistics().await.unwrap();
@@ -991,6 +994,7 @@ async fn a_source_keeps_its_newest_items_only(backend: Backend) {
             feed_format: "rss",
             items: &items,
             keep: 5,
+            keep_per_owner: 100_000,
         };
         removed.push(store.record_news_fetch(&source.id, &rec, &json!({})).await.unwrap().removed);
     }
@@ -1007,6 +1011,42 @@ async fn a_source_keeps_its_newest_items_only(backend: Backend) {
     kept.sort();
     assert_eq!(kept, ["22", "23", "31", "32", "33"].map(String::from), "the newest five stay");
     pool.close().await;
+
+    // A user's sources keep `keep_per_owner` items together: with 4 in one, another keeps 2.
+    let user = store.create_user("reader", false, &mira::auth::hash_token("r")).await.unwrap();
+    let fetch = |id: String, items: Vec<mira::store::NewNewsItem>| {
+        let store = store.clone();
+        async move {
+            let now = mira::ids::now();
+            let rec = mira::store::FetchRecord {
+                now: &now,
+                next_fetch_at: &now,
+                etag: None,
+                last_modified: None,
+                feed_title: None,
+                feed_format: "rss",
+                items: &items,
+                keep: 5,
+                keep_per_owner: 6,
+            };
+            store.record_news_fetch(&id, &rec, &json!({})).await.unwrap().removed
+        }
+    };
+    let mut own = Vec::new();
+    for name in ["a", "b"] {
+        let row =
+            mira::store::NewsSourceRow::new(Some(user.id.clone()), name.into(), format!("http://feed.test/{name}"), 60);
+        store.create_news_source(&row).await.unwrap();
+        own.push(row.id);
+    }
+    assert_eq!(fetch(own[0].clone(), (100..104).map(item).collect()).await, 0);
+    assert_eq!(fetch(own[1].clone(), (200..204).map(item).collect()).await, 2, "the user's other source holds 4 of 6");
+    let counts: Vec<i64> = futures::future::join_all(own.iter().map(|id| store.news_source(id)))
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap().item_count)
+        .collect();
+    assert_eq!(counts, [4, 2]);
     store.close().await;
 }
 

@@ -51,6 +51,8 @@ const DEFAULT_NEWS_MAX_FEED_BYTES: u64 = 16 * 1024 * 1024;
 const DEFAULT_NEWS_MAX_ITEMS_PER_FETCH: usize = 1000;
 /// Default of `--news-max-items-per-source`.
 const DEFAULT_NEWS_MAX_ITEMS_PER_SOURCE: usize = 10_000;
+/// Default of `--news-max-items-per-user`.
+const DEFAULT_NEWS_MAX_ITEMS_PER_USER: usize = 100_000;
 const DEFAULT_NEWS_CONCURRENCY: usize = 4;
 
 /// Web search providers for every user (deployment-wide connections) and the limits of
@@ -112,6 +114,11 @@ pub struct SearchConfig {
     /// every fetch cannot fill the disk all users share.
     #[arg(long, env = "MIRA_NEWS_MAX_ITEMS_PER_SOURCE", default_value_t = DEFAULT_NEWS_MAX_ITEMS_PER_SOURCE)]
     pub news_max_items_per_source: usize,
+    /// Most items a user's own sources keep together: a source keeps at most what its
+    /// owner's other sources leave of this (newest first), so one user's many sources cannot
+    /// fill the disk either. Deployment-wide sources count against no one.
+    #[arg(long, env = "MIRA_NEWS_MAX_ITEMS_PER_USER", default_value_t = DEFAULT_NEWS_MAX_ITEMS_PER_USER)]
+    pub news_max_items_per_user: usize,
     /// Feeds fetched at once by this server.
     #[arg(long, env = "MIRA_NEWS_CONCURRENCY", default_value_t = DEFAULT_NEWS_CONCURRENCY)]
     pub news_concurrency: usize,
@@ -137,6 +144,7 @@ impl Default for SearchConfig {
             news_max_feed_bytes: DEFAULT_NEWS_MAX_FEED_BYTES,
             news_max_items_per_fetch: DEFAULT_NEWS_MAX_ITEMS_PER_FETCH,
             news_max_items_per_source: DEFAULT_NEWS_MAX_ITEMS_PER_SOURCE,
+            news_max_items_per_user: DEFAULT_NEWS_MAX_ITEMS_PER_USER,
             news_concurrency: DEFAULT_NEWS_CONCURRENCY,
         }
     }

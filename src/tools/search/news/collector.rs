@@ -47,6 +47,8 @@ pub struct Collector {
     max_items: usize,
     /// Most items a source keeps (`--news-max-items-per-source`).
     keep: i64,
+    /// Most items a user's sources keep together (`--news-max-items-per-user`).
+    keep_per_owner: i64,
     concurrency: usize,
     wake: Notify,
     /// Items inserted since the store's search statistics were last refreshed.
@@ -145,6 +147,7 @@ impl Collector {
             max_feed_bytes: config.news_max_feed_bytes,
             max_items: config.news_max_items_per_fetch.max(1),
             keep: i64::try_from(config.news_max_items_per_source.max(1)).unwrap_or(i64::MAX),
+            keep_per_owner: i64::try_from(config.news_max_items_per_user).unwrap_or(i64::MAX),
             concurrency: config.news_concurrency.max(1),
             wake: Notify::new(),
             inserted_since_analyze: std::sync::atomic::AtomicU64::new(0),
@@ -298,6 +301,7 @@ impl Collector {
                             feed_format: parsed.format,
                             items: &parsed.items,
                             keep: self.keep,
+                            keep_per_owner: self.keep_per_owner,
                         };
                         self.store.record_news_fetch(&source.id, &rec, &last).await.map(FetchOutcome::Stored)
                     }
