@@ -29,7 +29,9 @@
 //! whatever is queued ([`WorkspaceIndex::sync`]), so it never answers from a graph older than the
 //! changes the watcher has seen. Progress and skip counts are kept for availability messages
 //! and results. Everything stops with the server's shutdown token (or [`WorkspaceIndex::cancel`]),
-//! which ends the walk, the workers and the watcher.
+//! which ends the walk, the workers and the watcher. At most [`MAX_CONCURRENT_BUILDS`] builds
+//! (steps 1–4) run at once per process; the others wait for a slot (cancellable), so many
+//! workspaces opened at once cannot take every core and their parse memory together.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::Read;
@@ -39,7 +41,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use notify::Watcher;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
@@ -273,6 +275,47 @@ pub struct WorkspaceIndex {
     watching: AtomicUsize,
     watch_error: Mutex<Option<String>>,
     finished: AtomicBool,
+    builds: Arc<BuildSlots>,
+}
+
+/// Builds (load, walk, parse, save: a whole workspace) running at once per [`CodeGraphs`];
+/// more wait for a slot. Each uses up to [`IndexConfig::workers`] parser threads.
+pub const MAX_CONCURRENT_BUILDS: usize = 2;
+
+/// Slots for builds: a counting semaphore for the index threads (plain threads, not tasks).
+struct BuildSlots {
+    used: Mutex<usize>,
+    freed: Condvar,
+    max: usize,
+}
+
+/// A build's slot, given back when dropped.
+struct BuildSlot(Arc<BuildSlots>);
+
+impl BuildSlots {
+    fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self { used: Mutex::new(0), freed: Condvar::new(), max: max.max(1) })
+    }
+
+    /// Waits for a slot; None when `cancel` fires first (checked at least every 200 ms).
+    fn acquire(self: &Arc<Self>, cancel: &CancellationToken) -> Option<BuildSlot> {
+        let mut used = self.used.lock();
+        while *used >= self.max {
+            if cancel.is_cancelled() {
+                return None;
+            }
+            self.freed.wait_for(&mut used, Duration::from_millis(200));
+        }
+        *used += 1;
+        Some(BuildSlot(Arc::clone(self)))
+    }
+}
+
+impl Drop for BuildSlot {
+    fn drop(&mut self) {
+        *self.0.used.lock() -= 1;
+        self.0.freed.notify_one();
+    }
 }
 
 /// Every workspace's index, by canonical root.
@@ -281,12 +324,19 @@ pub struct CodeGraphs {
     shutdown: CancellationToken,
     config: IndexConfig,
     indexes: Mutex<HashMap<PathBuf, Arc<WorkspaceIndex>>>,
+    builds: Arc<BuildSlots>,
 }
 
 impl CodeGraphs {
     /// A registry of indexes saving under `data_dir`, stopping with `shutdown`.
     pub fn new(data_dir: PathBuf, shutdown: CancellationToken, config: IndexConfig) -> Self {
-        Self { data_dir, shutdown, config, indexes: Mutex::new(HashMap::new()) }
+        Self {
+            data_dir,
+            shutdown,
+            config,
+            indexes: Mutex::new(HashMap::new()),
+            builds: BuildSlots::new(MAX_CONCURRENT_BUILDS),
+        }
     }
 
     /// The index of `root`, starting its build if there is none (or the last one was
@@ -351,6 +401,7 @@ impl CodeGraphs {
             watching: AtomicUsize::new(0),
             watch_error: Mutex::new(None),
             finished: AtomicBool::new(false),
+            builds: Arc::clone(&self.builds),
         });
         map.insert(canonical.to_path_buf(), ix.clone());
         drop(map);
@@ -480,7 +531,14 @@ impl WorkspaceIndex {
 
     fn run(self: Arc<Self>) {
         let started = Instant::now();
-        let result = self.build(started);
+        let result = match self.builds.acquire(&self.cancel) {
+            Some(slot) => {
+                let built = self.build(started);
+                drop(slot);
+                built
+            }
+            None => Err(IndexError::Cancelled),
+        };
         match result {
             Ok(watcher) => {
                 self.set_phase(Phase::Ready);
@@ -960,6 +1018,31 @@ pub fn classify(bytes: &[u8]) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn builds_wait_for_a_slot_and_a_cancel_ends_the_wait() {
+        let slots = BuildSlots::new(1);
+        let cancel = CancellationToken::new();
+        let first = slots.acquire(&cancel).unwrap();
+        let waiting = {
+            let (slots, cancel) = (Arc::clone(&slots), cancel.clone());
+            std::thread::spawn(move || slots.acquire(&cancel).map(|_| Instant::now()))
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let freed_at = Instant::now();
+        drop(first);
+        let got = waiting.join().unwrap().expect("the second build gets the slot once it is free");
+        assert!(got >= freed_at, "the second build started before the first gave its slot back");
+        let held = slots.acquire(&cancel).unwrap();
+        let cancelled = {
+            let (slots, cancel) = (Arc::clone(&slots), cancel.clone());
+            std::thread::spawn(move || slots.acquire(&cancel).is_none())
+        };
+        cancel.cancel();
+        assert!(cancelled.join().unwrap(), "a cancelled wait gives up");
+        drop(held);
+        assert_eq!(*slots.used.lock(), 0);
+    }
 
     /// A fresh canonical folder (removed by the caller).
     fn scratch(name: &str) -> PathBuf {
