@@ -298,7 +298,20 @@ pub async fn build(settings: &Settings, store: Store) -> anyhow::Result<App> {
 /// Records the root identity of host workspaces registered before identities were kept
 /// (as found now; logged), so that every host workspace is held by identity from then on.
 async fn adopt_root_identities(store: &Store) -> anyhow::Result<()> {
-    for ws in store.host_workspaces().await? {
+    let all = store.host_workspaces().await?;
+    // Registrations made before a user's workspace could not overlap a deployment-wide one:
+    // every user reads the latter, so the former is not private. Said at every start.
+    for shared in all.iter().filter(|w| w.owner_id.is_none()) {
+        let shared_path = std::path::Path::new(&shared.path);
+        for own in all.iter().filter(|w| w.owner_id.is_some()) {
+            let own_path = std::path::Path::new(&own.path);
+            if own_path.starts_with(shared_path) || shared_path.starts_with(own_path) {
+                tracing::warn!(workspace = %own.id, path = %own.path, shared = %shared.path,
+                    "a user's workspace overlaps a deployment-wide one (registered before this was refused): every user reads it through the deployment-wide workspace");
+            }
+        }
+    }
+    for ws in all {
         if ws.root_identity.is_some() {
             continue;
         }
